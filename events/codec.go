@@ -1,0 +1,212 @@
+package events
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// EnvelopeFormat is the version of the envelope layout itself. Payload
+// schemas are versioned per type, in the registry below.
+const EnvelopeFormat = 1
+
+var (
+	// ErrUnknownType: the journal holds an event type this nexus does not know.
+	ErrUnknownType = errors.New("unknown event type")
+	// ErrSchemaTooNew: the event was written by a newer nexus; it must not be
+	// misread as the older schema.
+	ErrSchemaTooNew = errors.New("event written by a newer schema")
+	// ErrMalformed: the bytes are not a well-formed event.
+	ErrMalformed = errors.New("malformed event")
+)
+
+// DecodeError says which event failed to decode and why. errors.Is works
+// against the three sentinels above.
+type DecodeError struct {
+	Type      Type
+	Schema    uint16
+	Supported uint16
+	Err       error
+}
+
+func (e *DecodeError) Error() string {
+	switch {
+	case errors.Is(e.Err, ErrSchemaTooNew):
+		return fmt.Sprintf("event %s schema %d is newer than supported %d: upgrade nexus", e.Type, e.Schema, e.Supported)
+	case e.Type != "":
+		return fmt.Sprintf("event %s (schema %d): %v", e.Type, e.Schema, e.Err)
+	default:
+		return e.Err.Error()
+	}
+}
+
+func (e *DecodeError) Unwrap() error { return e.Err }
+
+// typeSpec is what the codec knows about one event type.
+type typeSpec struct {
+	current uint16
+	zero    reflect.Type
+	// upcast decodes an older schema's payload straight into the current
+	// payload type. Missing entries mean that version never existed.
+	upcast map[uint16]func(raw []byte) (Payload, error)
+}
+
+func spec(p Payload, current uint16) typeSpec {
+	return typeSpec{current: current, zero: reflect.TypeOf(p)}
+}
+
+var registry = map[Type]typeSpec{
+	SandboxCreated:     withUpcast(spec(SandboxCreatedEvent{}, 2), 1, upcastSandboxCreatedV1),
+	SandboxForked:      spec(SandboxForkedEvent{}, 1),
+	SandboxRestored:    spec(SandboxRestoredEvent{}, 1),
+	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
+	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
+	SandboxFailed:      spec(SandboxFailedEvent{}, 1),
+	SandboxRemoved:     spec(SandboxRemovedEvent{}, 1),
+	DiskMaterialised:   spec(DiskMaterialisedEvent{}, 1),
+	IntentWritten:      spec(IntentWrittenEvent{}, 1),
+	IntentRetired:      spec(IntentRetiredEvent{}, 1),
+	SupervisorStarted:  spec(SupervisorStartedEvent{}, 1),
+	SupervisorStopped:  spec(SupervisorStoppedEvent{}, 1),
+	SnapshotTaken:      spec(SnapshotTakenEvent{}, 1),
+	VolumeCreated:      spec(VolumeCreatedEvent{}, 1),
+	VolumeAttached:     spec(VolumeAttachedEvent{}, 1),
+	VolumeDetached:     spec(VolumeDetachedEvent{}, 1),
+	VolumeRemoved:      spec(VolumeRemovedEvent{}, 1),
+	FlushAcknowledged:  spec(FlushAcknowledgedEvent{}, 1),
+	OverlayRecovered:   spec(OverlayRecoveredEvent{}, 1),
+	WarningRaised:      spec(WarningRaisedEvent{}, 1),
+	ReapDecided:        spec(ReapDecidedEvent{}, 1),
+	ResourceReclaimed:  spec(ResourceReclaimedEvent{}, 1),
+	RunOpened:          spec(RunOpenedEvent{}, 1),
+	RunClosed:          spec(RunClosedEvent{}, 1),
+	ImageCachePrepared: spec(ImageCachePreparedEvent{}, 1),
+	ImageCacheUsed:     spec(ImageCacheUsedEvent{}, 1),
+	ImageCachePruned:   spec(ImageCachePrunedEvent{}, 1),
+	SagaStarted:        spec(SagaStartedEvent{}, 1),
+	SagaFinished:       spec(SagaFinishedEvent{}, 1),
+	SagaCompensated:    spec(SagaCompensatedEvent{}, 1),
+}
+
+func withUpcast(s typeSpec, from uint16, f func([]byte) (Payload, error)) typeSpec {
+	if s.upcast == nil {
+		s.upcast = map[uint16]func([]byte) (Payload, error){}
+	}
+	s.upcast[from] = f
+	return s
+}
+
+// CurrentSchema returns the schema version nexus writes for t (0 if unknown).
+func CurrentSchema(t Type) uint16 { return registry[t].current }
+
+// wire is the on-journal layout. Short keys keep every event small; the
+// payload stays raw until its type and schema are known.
+type wire struct {
+	Format    uint8              `msgpack:"f"`
+	ID        []byte             `msgpack:"id"`
+	Type      string             `msgpack:"t"`
+	Schema    uint16             `msgpack:"v"`
+	Sandbox   string             `msgpack:"sb,omitempty"`
+	Time      int64              `msgpack:"ts"`
+	Saga      string             `msgpack:"saga,omitempty"`
+	Step      string             `msgpack:"step,omitempty"`
+	Causation string             `msgpack:"cause,omitempty"`
+	Payload   msgpack.RawMessage `msgpack:"p"`
+}
+
+// Encode serialises e. The payload must be the registered type for e.Type
+// at its current schema; anything else is a programming error reported as one.
+func Encode(e Event) ([]byte, error) {
+	s, ok := registry[e.Type]
+	if !ok {
+		return nil, fmt.Errorf("encode: %w: %q", ErrUnknownType, e.Type)
+	}
+	if e.Payload == nil || reflect.TypeOf(e.Payload) != s.zero {
+		return nil, fmt.Errorf("encode %s: payload is %T, want %v", e.Type, e.Payload, s.zero)
+	}
+	if e.Schema != s.current {
+		return nil, fmt.Errorf("encode %s: schema %d, only %d can be written", e.Type, e.Schema, s.current)
+	}
+	payload, err := msgpack.Marshal(e.Payload)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s payload: %w", e.Type, err)
+	}
+	return msgpack.Marshal(&wire{
+		Format: EnvelopeFormat, ID: e.ID[:], Type: string(e.Type), Schema: e.Schema,
+		Sandbox: e.Sandbox, Time: e.Time.UnixNano(), Saga: e.Saga, Step: e.Step,
+		Causation: e.Causation, Payload: payload,
+	})
+}
+
+// Decode parses one event. Older schemas are upcast to the current payload
+// type; an unknown type, a newer schema or damaged bytes return a
+// *DecodeError. It never panics on any input.
+func Decode(data []byte) (Event, error) {
+	var w wire
+	if err := strictUnmarshal(data, &w); err != nil {
+		return Event{}, &DecodeError{Err: fmt.Errorf("%w: envelope: %v", ErrMalformed, err)}
+	}
+	if w.Format > EnvelopeFormat {
+		return Event{}, &DecodeError{Type: Type(w.Type), Err: fmt.Errorf("%w: envelope format %d", ErrSchemaTooNew, w.Format)}
+	}
+	if w.Format == 0 || len(w.ID) != len(ulid.ULID{}) {
+		return Event{}, &DecodeError{Type: Type(w.Type), Err: fmt.Errorf("%w: envelope format %d, id of %d bytes", ErrMalformed, w.Format, len(w.ID))}
+	}
+	t := Type(w.Type)
+	s, ok := registry[t]
+	if !ok {
+		return Event{}, &DecodeError{Type: t, Schema: w.Schema, Err: ErrUnknownType}
+	}
+	fail := func(err error) (Event, error) {
+		return Event{}, &DecodeError{Type: t, Schema: w.Schema, Supported: s.current, Err: err}
+	}
+	if w.Schema > s.current {
+		return fail(ErrSchemaTooNew)
+	}
+	var payload Payload
+	switch {
+	case w.Schema == s.current:
+		ptr := reflect.New(s.zero)
+		if err := strictUnmarshal(w.Payload, ptr.Interface()); err != nil {
+			return fail(fmt.Errorf("%w: payload: %v", ErrMalformed, err))
+		}
+		payload = ptr.Elem().Interface().(Payload)
+	case s.upcast[w.Schema] != nil:
+		p, err := s.upcast[w.Schema](w.Payload)
+		if err != nil {
+			return fail(fmt.Errorf("%w: upcast from schema %d: %v", ErrMalformed, w.Schema, err))
+		}
+		payload = p
+	default:
+		return fail(fmt.Errorf("%w: schema %d never existed", ErrMalformed, w.Schema))
+	}
+	var id ulid.ULID
+	copy(id[:], w.ID)
+	return Event{
+		Envelope: Envelope{
+			ID: id, Type: t, Schema: s.current, Sandbox: w.Sandbox,
+			Time: time.Unix(0, w.Time).UTC(), Saga: w.Saga, Step: w.Step, Causation: w.Causation,
+		},
+		Payload: payload,
+	}, nil
+}
+
+// strictUnmarshal refuses unknown fields and trailing bytes: within one
+// schema version an unexpected field means damage or a mislabelled writer.
+func strictUnmarshal(data []byte, v any) error {
+	r := bytes.NewReader(data)
+	d := msgpack.NewDecoder(r) // bytes.Reader is a ByteScanner, so d reads r unbuffered
+	d.DisallowUnknownFields(true)
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if r.Len() != 0 {
+		return errors.New("trailing bytes")
+	}
+	return nil
+}

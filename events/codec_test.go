@@ -1,0 +1,226 @@
+package events
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+var (
+	testID      = ulid.MustParse("01JDQ4Z6X1M9A3Y0C5TB2R8NKV")
+	testSandbox = "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
+	testTime    = time.Date(2026, 12, 3, 9, 0, 0, 123456789, time.UTC)
+)
+
+// samples holds one non-trivial payload per registered type, so a new type
+// without a sample fails TestEveryTypeRoundTrips.
+var samples = []Payload{
+	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}},
+	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}},
+	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process"},
+	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
+	SandboxStoppedEvent{Reason: "user"},
+	SandboxFailedEvent{Reason: "OverlayDiskFull", Message: "no space"},
+	SandboxRemovedEvent{},
+	DiskMaterialisedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, Method: "reflink", AllocatedBytes: 4096, ApparentBytes: 1 << 30},
+	IntentWrittenEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}, Covers: []string{"disks/x.raw"}},
+	IntentRetiredEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}},
+	SupervisorStartedEvent{Pid: 7, Start: 11, Socket: "supervisors/x/supervisor.sock", StateDir: Resource{KindSupervisorState, "supervisors/x"}},
+	SupervisorStoppedEvent{Pid: 7, Reason: "rm"},
+	SnapshotTakenEvent{SnapshotID: "s1", Dir: Resource{KindSnapshot, "snapshots/x/s1"}, AllocatedBytes: 10},
+	VolumeCreatedEvent{Name: "data", Path: "volumes/data/disk.ext4", SizeBytes: 1 << 20},
+	VolumeAttachedEvent{Name: "data", GuestPath: "/data", ReadOnly: true},
+	VolumeDetachedEvent{Name: "data"},
+	VolumeRemovedEvent{Name: "data"},
+	FlushAcknowledgedEvent{Run: "r1", Overlay: "disks/x-workspace.ext4"},
+	OverlayRecoveredEvent{Overlay: "o", OldBytes: 1, NewBytes: 2, FreeBefore: 0, FreeAfter: 5},
+	WarningRaisedEvent{Reason: "OverlayDiskFull", Message: "grown by 64 MiB"},
+	ReapDecidedEvent{Plan: "p", Resource: Resource{KindRawDisk, "disks/x.raw"}, Verdict: "orphan", Reason: "no owner"},
+	ResourceReclaimedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, By: "reap", AllocatedBytes: 4096},
+	RunOpenedEvent{RunID: "r", Pid: 1, Start: 2, Driver: "process"},
+	RunClosedEvent{RunID: "r", Reason: "clean"},
+	ImageCachePreparedEvent{CacheID: "c", Ref: "img:1", Identity: "sha256:x", Layout: 1, Path: "images/c"},
+	ImageCacheUsedEvent{CacheID: "c", LastUseMs: 5},
+	ImageCachePrunedEvent{CacheID: "c", AllocatedBytes: 5},
+	SagaStartedEvent{Kind: "create", Steps: []string{"intent", "disk", "commit"}},
+	SagaFinishedEvent{},
+	SagaCompensatedEvent{Reason: "ENOSPC"},
+}
+
+func TestEveryTypeRoundTrips(t *testing.T) {
+	seen := map[Type]bool{}
+	for _, p := range samples {
+		e := New(testID, testTime, testSandbox, p).InSaga("saga-1", "commit")
+		e.Causation = "cmd-1"
+		data, err := Encode(e)
+		if err != nil {
+			t.Fatalf("encode %s: %v", p.EventType(), err)
+		}
+		got, err := Decode(data)
+		if err != nil {
+			t.Fatalf("decode %s: %v", p.EventType(), err)
+		}
+		if !reflect.DeepEqual(got, e) {
+			t.Errorf("%s: round trip\n got %+v\nwant %+v", p.EventType(), got, e)
+		}
+		seen[p.EventType()] = true
+	}
+	for _, typ := range Types() {
+		if !seen[typ] {
+			t.Errorf("type %s has no sample in this test", typ)
+		}
+	}
+}
+
+func rawEvent(t *testing.T, w wire) []byte {
+	t.Helper()
+	if w.Format == 0 {
+		w.Format = EnvelopeFormat
+	}
+	if w.ID == nil {
+		w.ID = testID[:]
+	}
+	data, err := msgpack.Marshal(&w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func payloadBytes(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
+	good := payloadBytes(t, SandboxRemovedEvent{})
+	cases := []struct {
+		name string
+		data []byte
+		want error
+	}{
+		{"unknown type", rawEvent(t, wire{Type: "sandbox.teleported", Schema: 1, Payload: good}), ErrUnknownType},
+		{"newer payload schema", rawEvent(t, wire{Type: string(SandboxRemoved), Schema: 2, Payload: good}), ErrSchemaTooNew},
+		{"newer envelope", rawEvent(t, wire{Format: EnvelopeFormat + 1, Type: string(SandboxRemoved), Schema: 1, Payload: good}), ErrSchemaTooNew},
+		{"schema zero", rawEvent(t, wire{Type: string(SandboxRemoved), Schema: 0, Payload: good}), ErrMalformed},
+		{"short id", rawEvent(t, wire{ID: []byte{1, 2}, Type: string(SandboxRemoved), Schema: 1, Payload: good}), ErrMalformed},
+		{"unknown payload field", rawEvent(t, wire{Type: string(SandboxRemoved), Schema: 1, Payload: payloadBytes(t, map[string]int{"surprise": 1})}), ErrMalformed},
+		{"payload of wrong shape", rawEvent(t, wire{Type: string(SandboxStopped), Schema: 1, Payload: payloadBytes(t, []int{1, 2})}), ErrMalformed},
+		{"not msgpack", []byte("{\"json\": true}"), ErrMalformed},
+		{"empty", nil, ErrMalformed},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Decode(c.data)
+			if !errors.Is(err, c.want) {
+				t.Fatalf("Decode = %v, want %v", err, c.want)
+			}
+			var de *DecodeError
+			if !errors.As(err, &de) {
+				t.Fatalf("error %T is not a *DecodeError", err)
+			}
+		})
+	}
+}
+
+func TestDecodeTruncatedNeverPanics(t *testing.T) {
+	data, err := Encode(New(testID, testTime, testSandbox, samples[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < len(data); n++ {
+		if _, err := Decode(data[:n]); err == nil {
+			t.Fatalf("prefix of %d/%d bytes decoded without error", n, len(data))
+		}
+	}
+}
+
+func TestUpcastSandboxCreatedV1(t *testing.T) {
+	v1 := payloadBytes(t, sandboxCreatedV1{Handle: "h", Image: "img", Driver: "process", Disk: "disks/x.raw"})
+	got, err := Decode(rawEvent(t, wire{Type: string(SandboxCreated), Schema: 1, Sandbox: testSandbox, Payload: v1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := SandboxCreatedEvent{Handle: "h", Image: "img", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}}
+	if !reflect.DeepEqual(got.Payload, want) {
+		t.Fatalf("upcast = %+v, want %+v", got.Payload, want)
+	}
+	if got.Schema != 2 {
+		t.Fatalf("upcast event reports schema %d, want the current 2", got.Schema)
+	}
+}
+
+func TestEncodeRefusesMismatchedPayload(t *testing.T) {
+	e := New(testID, testTime, "", SandboxRemovedEvent{})
+	e.Payload = SandboxStoppedEvent{}
+	if _, err := Encode(e); err == nil {
+		t.Fatal("encoded a sandbox.removed envelope around a sandbox.stopped payload")
+	}
+	e = New(testID, testTime, "", SandboxRemovedEvent{})
+	e.Schema = 1
+	e.Type = SandboxCreated
+	if _, err := Encode(e); err == nil {
+		t.Fatal("encoded with a payload of another type")
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	got, err := Subject(SandboxCreated, testSandbox)
+	if err != nil || got != "nexus.events.sandbox.created."+testSandbox {
+		t.Fatalf("Subject = %q, %v", got, err)
+	}
+	if got, _ := Subject(VolumeCreated, ""); got != "nexus.events.volume.created._" {
+		t.Fatalf("no-sandbox subject = %q", got)
+	}
+	if _, err := Subject(SandboxCreated, "not.a.ulid"); err == nil {
+		t.Fatal("accepted a sandbox token with dots")
+	}
+	filters := map[[2]string]string{
+		{"", ""}:                      "nexus.events.*.*.*",
+		{"reap", ""}:                  "nexus.events.reap.*.*",
+		{"reap.decided", testSandbox}: "nexus.events.reap.decided." + testSandbox,
+	}
+	for in, want := range filters {
+		if got, err := FilterSubject(in[0], in[1]); err != nil || got != want {
+			t.Errorf("FilterSubject(%q,%q) = %q, %v; want %q", in[0], in[1], got, err, want)
+		}
+	}
+	for _, bad := range []string{"reaps", "reap.*", "sandbox.created.x", ">"} {
+		if _, err := FilterSubject(bad, ""); !errors.Is(err, ErrUnknownType) {
+			t.Errorf("FilterSubject(%q) = %v, want ErrUnknownType", bad, err)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	for _, p := range samples {
+		data, err := Encode(New(testID, testTime, testSandbox, p))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(data)
+	}
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e, err := Decode(data)
+		if err != nil {
+			return
+		}
+		// Anything that decodes must re-encode and decode to the same event.
+		again, err := Encode(e)
+		if err != nil {
+			t.Fatalf("decoded event does not re-encode: %v", err)
+		}
+		if _, err := Decode(again); err != nil {
+			t.Fatalf("re-encoded event does not decode: %v", err)
+		}
+	})
+}

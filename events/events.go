@@ -1,0 +1,169 @@
+// Package events defines every lifecycle fact nexus records in its journal,
+// and their versioned msgpack encoding. It is pure: no I/O, no clock, no
+// randomness; callers supply ids and times.
+package events
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// Type names a kind of event. It is always "<category>.<action>", two NATS
+// subject tokens, so subscribers can filter by either.
+type Type string
+
+// Every event type nexus writes. The set is closed: decoding any other type
+// is an error (ErrUnknownType), never a silent default.
+const (
+	SandboxCreated  Type = "sandbox.created"
+	SandboxForked   Type = "sandbox.forked"
+	SandboxRestored Type = "sandbox.restored"
+	SandboxStarted  Type = "sandbox.started"
+	SandboxStopped  Type = "sandbox.stopped"
+	SandboxFailed   Type = "sandbox.failed"
+	SandboxRemoved  Type = "sandbox.removed"
+
+	DiskMaterialised Type = "disk.materialised"
+	IntentWritten    Type = "intent.written"
+	IntentRetired    Type = "intent.retired"
+
+	SupervisorStarted Type = "supervisor.started"
+	SupervisorStopped Type = "supervisor.stopped"
+
+	SnapshotTaken Type = "snapshot.taken"
+
+	VolumeCreated  Type = "volume.created"
+	VolumeAttached Type = "volume.attached"
+	VolumeDetached Type = "volume.detached"
+	VolumeRemoved  Type = "volume.removed"
+
+	FlushAcknowledged Type = "flush.acknowledged"
+	OverlayRecovered  Type = "overlay.recovered"
+	WarningRaised     Type = "warning.raised"
+
+	ReapDecided       Type = "reap.decided"
+	ResourceReclaimed Type = "resource.reclaimed"
+
+	RunOpened Type = "run.opened"
+	RunClosed Type = "run.closed"
+
+	ImageCachePrepared Type = "imagecache.prepared"
+	ImageCacheUsed     Type = "imagecache.used"
+	ImageCachePruned   Type = "imagecache.pruned"
+
+	SagaStarted     Type = "saga.started"
+	SagaFinished    Type = "saga.finished"
+	SagaCompensated Type = "saga.compensated"
+)
+
+// SubjectPrefix is the first two tokens of every journal subject.
+const SubjectPrefix = "nexus.events"
+
+// NoSandbox is the subject token used for events that belong to no sandbox
+// (volumes, runs, reap plans), so every subject has the same token count.
+const NoSandbox = "_"
+
+// Envelope is what every event carries besides its payload.
+type Envelope struct {
+	ID        ulid.ULID // unique event id; also the journal's de-duplication id unless MsgID overrides it
+	Type      Type
+	Schema    uint16    // payload schema version
+	Sandbox   string    // owning sandbox ULID, or "" for none
+	Time      time.Time // when the fact took effect, as the caller saw it
+	Saga      string    // saga id, or ""
+	Step      string    // saga step name, or ""
+	Causation string    // id of the event or command that caused this one
+}
+
+// Payload is the typed body of an event.
+type Payload interface {
+	EventType() Type
+}
+
+// Event is one decoded lifecycle fact.
+type Event struct {
+	Envelope
+	Payload Payload
+}
+
+// New builds an event around p, stamping the envelope's type and current
+// schema version from the payload so the two can never disagree.
+func New(id ulid.ULID, at time.Time, sandbox string, p Payload) Event {
+	t := p.EventType()
+	return Event{
+		Envelope: Envelope{ID: id, Type: t, Schema: registry[t].current, Sandbox: sandbox, Time: at.UTC()},
+		Payload:  p,
+	}
+}
+
+// InSaga returns a copy of e attributed to a saga step.
+func (e Event) InSaga(saga, step string) Event {
+	e.Saga, e.Step = saga, step
+	return e
+}
+
+// Subject is where e is published: nexus.events.<category>.<action>.<sandbox>.
+func (e Event) Subject() (string, error) {
+	return Subject(e.Type, e.Sandbox)
+}
+
+// Subject builds the journal subject for an event type and sandbox.
+func Subject(t Type, sandbox string) (string, error) {
+	if _, ok := registry[t]; !ok {
+		return "", fmt.Errorf("%w: %q", ErrUnknownType, t)
+	}
+	token := NoSandbox
+	if sandbox != "" {
+		if _, err := ulid.ParseStrict(sandbox); err != nil {
+			return "", fmt.Errorf("sandbox %q is not a ULID: %w", sandbox, err)
+		}
+		token = sandbox
+	}
+	return SubjectPrefix + "." + string(t) + "." + token, nil
+}
+
+// FilterSubject is the subject filter selecting events of a type (a full
+// type such as "reap.decided", a category such as "reap", or "" for all) and
+// of one sandbox ("" for all).
+func FilterSubject(t string, sandbox string) (string, error) {
+	category, action := "*", "*"
+	if t != "" {
+		parts := strings.Split(t, ".")
+		switch {
+		case len(parts) == 1 && categories[parts[0]]:
+			category = parts[0]
+		case len(parts) == 2 && registry[Type(t)].current != 0:
+			category, action = parts[0], parts[1]
+		default:
+			return "", fmt.Errorf("%w: %q", ErrUnknownType, t)
+		}
+	}
+	token := "*"
+	if sandbox != "" {
+		if _, err := ulid.ParseStrict(sandbox); err != nil {
+			return "", fmt.Errorf("sandbox %q is not a ULID: %w", sandbox, err)
+		}
+		token = sandbox
+	}
+	return SubjectPrefix + "." + category + "." + action + "." + token, nil
+}
+
+// Types lists every known event type, for help text and tests.
+func Types() []Type {
+	out := make([]Type, 0, len(registry))
+	for t := range registry {
+		out = append(out, t)
+	}
+	return out
+}
+
+var categories = func() map[string]bool {
+	m := map[string]bool{}
+	for t := range registry {
+		m[strings.SplitN(string(t), ".", 2)[0]] = true
+	}
+	return m
+}()

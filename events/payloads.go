@@ -1,0 +1,247 @@
+package events
+
+// ResourceKind names a class of host resource nexus owns. The names are the
+// `kind` field of `nexus reap --json`.
+type ResourceKind string
+
+const (
+	KindRawDisk           ResourceKind = "raw-disk"
+	KindWorkspaceDisk     ResourceKind = "workspace-disk"
+	KindCreateIntent      ResourceKind = "create-intent"
+	KindShadowIntent      ResourceKind = "shadow-intent"
+	KindShadowDisk        ResourceKind = "shadow-disk"
+	KindAPISocket         ResourceKind = "api-socket"
+	KindVsockSocket       ResourceKind = "vsock-socket"
+	KindIIDSocket         ResourceKind = "iid-socket"
+	KindSupervisorState   ResourceKind = "supervisor-state"
+	KindBuilderSupervisor ResourceKind = "builder-supervisor"
+	KindSnapshot          ResourceKind = "snapshot"
+	KindCgroup            ResourceKind = "cgroup"
+	KindRecord            ResourceKind = "record"
+)
+
+// Resource is one host resource, by kind and path relative to the state
+// root (relative so a journal copied elsewhere still describes its tree).
+type Resource struct {
+	Kind ResourceKind `msgpack:"kind" json:"kind"`
+	Path string       `msgpack:"path" json:"path"`
+}
+
+// SandboxCreatedEvent (schema 2) says: the sandbox is
+// committed, and it owns every resource listed.
+type SandboxCreatedEvent struct {
+	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
+	Image     string     `msgpack:"image" json:"image"`
+	Driver    string     `msgpack:"driver" json:"driver"`
+	Resources []Resource `msgpack:"resources" json:"resources"`
+}
+
+// SandboxForkedEvent: a child sandbox was committed from a running parent.
+type SandboxForkedEvent struct {
+	Parent    string     `msgpack:"parent" json:"parent"`
+	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
+	Image     string     `msgpack:"image" json:"image"`
+	Driver    string     `msgpack:"driver" json:"driver"`
+	Resources []Resource `msgpack:"resources" json:"resources"`
+}
+
+// SandboxRestoredEvent: a sandbox was committed from a snapshot.
+type SandboxRestoredEvent struct {
+	Snapshot  string     `msgpack:"snapshot" json:"snapshot"`
+	Source    string     `msgpack:"source" json:"source"`
+	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
+	Image     string     `msgpack:"image" json:"image"`
+	Driver    string     `msgpack:"driver" json:"driver"`
+	Resources []Resource `msgpack:"resources" json:"resources"`
+}
+
+// SandboxStartedEvent: the VMM answered on its API socket. The pid and its
+// start time (clock ticks since boot, /proc/<pid>/stat field 22) identify
+// the process; a pid alone can be reused.
+type SandboxStartedEvent struct {
+	Driver    string     `msgpack:"driver" json:"driver"`
+	VMMPid    int        `msgpack:"pid" json:"pid"`
+	VMMStart  uint64     `msgpack:"start_ticks" json:"start_ticks"`
+	Sockets   []Resource `msgpack:"sockets" json:"sockets"`
+	RunMarker string     `msgpack:"run,omitempty" json:"run,omitempty"`
+}
+
+type SandboxStoppedEvent struct {
+	Reason string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+}
+
+// SandboxFailedEvent puts a sandbox in Error with a condition.
+type SandboxFailedEvent struct {
+	Reason  string `msgpack:"reason" json:"reason"`
+	Message string `msgpack:"message" json:"message"`
+}
+
+type SandboxRemovedEvent struct{}
+
+// DiskMaterialisedEvent: a disk file exists and belongs to the sandbox.
+type DiskMaterialisedEvent struct {
+	Resource       Resource `msgpack:"resource" json:"resource"`
+	Method         string   `msgpack:"method" json:"method"` // reflink, sparse-copy, mkfs
+	AllocatedBytes int64    `msgpack:"allocated" json:"allocated"`
+	ApparentBytes  int64    `msgpack:"apparent" json:"apparent"`
+}
+
+// IntentWrittenEvent: a leased intent file is on disk and covers Covers.
+type IntentWrittenEvent struct {
+	Resource Resource `msgpack:"resource" json:"resource"`
+	Covers   []string `msgpack:"covers,omitempty" json:"covers,omitempty"`
+}
+
+type IntentRetiredEvent struct {
+	Resource Resource `msgpack:"resource" json:"resource"`
+}
+
+type SupervisorStartedEvent struct {
+	Pid      int      `msgpack:"pid" json:"pid"`
+	Start    uint64   `msgpack:"start_ticks" json:"start_ticks"`
+	Socket   string   `msgpack:"socket" json:"socket"`
+	StateDir Resource `msgpack:"state_dir" json:"state_dir"`
+}
+
+type SupervisorStoppedEvent struct {
+	Pid    int    `msgpack:"pid" json:"pid"`
+	Reason string `msgpack:"reason,omitempty" json:"reason,omitempty"`
+}
+
+type SnapshotTakenEvent struct {
+	SnapshotID     string   `msgpack:"snapshot" json:"snapshot"`
+	Dir            Resource `msgpack:"dir" json:"dir"`
+	AllocatedBytes int64    `msgpack:"allocated" json:"allocated"`
+}
+
+type VolumeCreatedEvent struct {
+	Name      string `msgpack:"name" json:"name"`
+	Path      string `msgpack:"path" json:"path"`
+	SizeBytes int64  `msgpack:"size" json:"size"`
+}
+
+type VolumeAttachedEvent struct {
+	Name      string `msgpack:"name" json:"name"`
+	GuestPath string `msgpack:"guest_path" json:"guest_path"`
+	ReadOnly  bool   `msgpack:"read_only,omitempty" json:"read_only,omitempty"`
+}
+
+type VolumeDetachedEvent struct {
+	Name string `msgpack:"name" json:"name"`
+}
+
+type VolumeRemovedEvent struct {
+	Name string `msgpack:"name" json:"name"`
+}
+
+// FlushAcknowledgedEvent: the guest flushed its filesystem for run Run
+// before it stopped; only then may the overlay be trusted offline.
+type FlushAcknowledgedEvent struct {
+	Run     string `msgpack:"run" json:"run"`
+	Overlay string `msgpack:"overlay" json:"overlay"`
+}
+
+type OverlayRecoveredEvent struct {
+	Overlay    string `msgpack:"overlay" json:"overlay"`
+	OldBytes   int64  `msgpack:"old_bytes" json:"old_bytes"`
+	NewBytes   int64  `msgpack:"new_bytes" json:"new_bytes"`
+	FreeBefore int64  `msgpack:"free_before" json:"free_before"`
+	FreeAfter  int64  `msgpack:"free_after" json:"free_after"`
+}
+
+// WarningRaisedEvent is an operator-facing warning (for example reason
+// OverlayDiskFull).
+type WarningRaisedEvent struct {
+	Reason  string `msgpack:"reason" json:"reason"`
+	Message string `msgpack:"message" json:"message"`
+}
+
+// ReapDecidedEvent records one verdict of a reap plan.
+type ReapDecidedEvent struct {
+	Plan     string   `msgpack:"plan" json:"plan"`
+	Resource Resource `msgpack:"resource" json:"resource"`
+	Owner    string   `msgpack:"owner,omitempty" json:"owner,omitempty"`
+	Verdict  string   `msgpack:"verdict" json:"verdict"`
+	Reason   string   `msgpack:"reason" json:"reason"`
+	Apply    bool     `msgpack:"apply,omitempty" json:"apply,omitempty"`
+}
+
+// ResourceReclaimedEvent: a resource was deleted and the delete verified.
+type ResourceReclaimedEvent struct {
+	Resource       Resource `msgpack:"resource" json:"resource"`
+	By             string   `msgpack:"by" json:"by"` // rm, reap, recover, sweep
+	AllocatedBytes int64    `msgpack:"allocated,omitempty" json:"allocated,omitempty"`
+}
+
+type RunOpenedEvent struct {
+	RunID  string `msgpack:"run" json:"run"`
+	Pid    int    `msgpack:"pid" json:"pid"`
+	Start  uint64 `msgpack:"start_ticks" json:"start_ticks"`
+	Driver string `msgpack:"driver" json:"driver"`
+}
+
+type RunClosedEvent struct {
+	RunID  string `msgpack:"run" json:"run"`
+	Reason string `msgpack:"reason" json:"reason"`
+}
+
+type ImageCachePreparedEvent struct {
+	CacheID  string `msgpack:"cache_id" json:"cache_id"`
+	Ref      string `msgpack:"ref" json:"ref"`
+	Identity string `msgpack:"identity" json:"identity"`
+	Layout   int    `msgpack:"layout" json:"layout"`
+	Path     string `msgpack:"path" json:"path"`
+}
+
+type ImageCacheUsedEvent struct {
+	CacheID   string `msgpack:"cache_id" json:"cache_id"`
+	LastUseMs int64  `msgpack:"last_use_ms" json:"last_use_ms"`
+}
+
+type ImageCachePrunedEvent struct {
+	CacheID        string `msgpack:"cache_id" json:"cache_id"`
+	AllocatedBytes int64  `msgpack:"allocated" json:"allocated"`
+}
+
+// SagaStartedEvent opens a saga; every later event of the saga carries its id.
+type SagaStartedEvent struct {
+	Kind  string   `msgpack:"kind" json:"kind"` // create, fork, restore, rm, recover-overlay, reap
+	Steps []string `msgpack:"steps" json:"steps"`
+}
+
+type SagaFinishedEvent struct{}
+
+type SagaCompensatedEvent struct {
+	Reason string `msgpack:"reason" json:"reason"`
+}
+
+func (SandboxCreatedEvent) EventType() Type     { return SandboxCreated }
+func (SandboxForkedEvent) EventType() Type      { return SandboxForked }
+func (SandboxRestoredEvent) EventType() Type    { return SandboxRestored }
+func (SandboxStartedEvent) EventType() Type     { return SandboxStarted }
+func (SandboxStoppedEvent) EventType() Type     { return SandboxStopped }
+func (SandboxFailedEvent) EventType() Type      { return SandboxFailed }
+func (SandboxRemovedEvent) EventType() Type     { return SandboxRemoved }
+func (DiskMaterialisedEvent) EventType() Type   { return DiskMaterialised }
+func (IntentWrittenEvent) EventType() Type      { return IntentWritten }
+func (IntentRetiredEvent) EventType() Type      { return IntentRetired }
+func (SupervisorStartedEvent) EventType() Type  { return SupervisorStarted }
+func (SupervisorStoppedEvent) EventType() Type  { return SupervisorStopped }
+func (SnapshotTakenEvent) EventType() Type      { return SnapshotTaken }
+func (VolumeCreatedEvent) EventType() Type      { return VolumeCreated }
+func (VolumeAttachedEvent) EventType() Type     { return VolumeAttached }
+func (VolumeDetachedEvent) EventType() Type     { return VolumeDetached }
+func (VolumeRemovedEvent) EventType() Type      { return VolumeRemoved }
+func (FlushAcknowledgedEvent) EventType() Type  { return FlushAcknowledged }
+func (OverlayRecoveredEvent) EventType() Type   { return OverlayRecovered }
+func (WarningRaisedEvent) EventType() Type      { return WarningRaised }
+func (ReapDecidedEvent) EventType() Type        { return ReapDecided }
+func (ResourceReclaimedEvent) EventType() Type  { return ResourceReclaimed }
+func (RunOpenedEvent) EventType() Type          { return RunOpened }
+func (RunClosedEvent) EventType() Type          { return RunClosed }
+func (ImageCachePreparedEvent) EventType() Type { return ImageCachePrepared }
+func (ImageCacheUsedEvent) EventType() Type     { return ImageCacheUsed }
+func (ImageCachePrunedEvent) EventType() Type   { return ImageCachePruned }
+func (SagaStartedEvent) EventType() Type        { return SagaStarted }
+func (SagaFinishedEvent) EventType() Type       { return SagaFinished }
+func (SagaCompensatedEvent) EventType() Type    { return SagaCompensated }

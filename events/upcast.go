@@ -1,0 +1,23 @@
+package events
+
+// sandboxCreatedV1 is sandbox.created as schema 1 wrote it: one OS disk path
+// and nothing else. Schema 2 lists every owned resource by kind, so the
+// ownership projection can attribute sockets, intents and state dirs too.
+type sandboxCreatedV1 struct {
+	Handle string `msgpack:"handle,omitempty"`
+	Image  string `msgpack:"image"`
+	Driver string `msgpack:"driver"`
+	Disk   string `msgpack:"disk"`
+}
+
+func upcastSandboxCreatedV1(raw []byte) (Payload, error) {
+	var old sandboxCreatedV1
+	if err := strictUnmarshal(raw, &old); err != nil {
+		return nil, err
+	}
+	p := SandboxCreatedEvent{Handle: old.Handle, Image: old.Image, Driver: old.Driver}
+	if old.Disk != "" {
+		p.Resources = []Resource{{Kind: KindRawDisk, Path: old.Disk}}
+	}
+	return p, nil
+}

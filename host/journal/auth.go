@@ -1,0 +1,78 @@
+package journal
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// internalUser is nexus's own identity; it may only connect in process, so
+// a TCP listener never exposes it.
+const internalUser = "nexus"
+
+func randomSecret() (string, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("journal: random secret: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// RandomSecret is a fresh password for a subscriber identity.
+func RandomSecret() (string, error) { return randomSecret() }
+
+func serverOptions(dir string, opts Options, internalPass string) (*server.Options, error) {
+	so := &server.Options{
+		ServerName: "nexus-journal",
+		JetStream:  true,
+		StoreDir:   dir,
+		// Every append is fsynced before it is acknowledged; the default
+		// (a two-minute sync interval) can lose acknowledged events on power loss.
+		SyncAlways: true,
+		DontListen: opts.Listen == "",
+		NoLog:      true,
+		NoSigs:     true,
+		Users: []*server.User{{
+			Username:               internalUser,
+			Password:               internalPass,
+			AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeInProcess: {}},
+		}},
+	}
+	if opts.Listen == "" {
+		return so, nil
+	}
+	if opts.Subscriber == nil {
+		return nil, errors.New("journal: a listener needs subscriber credentials")
+	}
+	host, port, err := net.SplitHostPort(opts.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("journal: --listen %q: %w", opts.Listen, err)
+	}
+	so.Host = host
+	if so.Port, err = strconv.Atoi(port); err != nil {
+		return nil, fmt.Errorf("journal: --listen %q: bad port", opts.Listen)
+	}
+	if so.Port == 0 {
+		so.Port = server.RANDOM_PORT
+	}
+	// Subscribers get live events only: subscribe on the event subjects,
+	// publish nowhere, so they can neither append nor reach the JetStream
+	// API (stream delete, purge, consumer creation). History is served by
+	// `nexus events`, which goes through nexus's own checks.
+	so.Users = append(so.Users, &server.User{
+		Username: opts.Subscriber.User,
+		Password: opts.Subscriber.PasswordHash,
+		Permissions: &server.Permissions{
+			Publish:   &server.SubjectPermission{Deny: []string{">"}},
+			Subscribe: &server.SubjectPermission{Allow: []string{Subjects}},
+		},
+		AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeStandard: {}},
+	})
+	return so, nil
+}

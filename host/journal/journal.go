@@ -1,0 +1,373 @@
+// Package journal owns the embedded NATS JetStream server that stores
+// nexus's event journal. It is the only package that imports nats-server;
+// the rest of nexus sees Append, Read, Follow and Get over opaque bytes.
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/host/lease"
+)
+
+const (
+	// StreamName is the one stream holding every lifecycle event.
+	StreamName = "NEXUS"
+	// Subjects is the stream's subject space; see events.Subject.
+	Subjects = "nexus.events.>"
+	// Format is the on-disk layout version of the journal directory. A
+	// directory stamped with a higher number was written by a newer nexus.
+	Format = 1
+
+	formatFile = "FORMAT"
+	lockFile   = "LOCK"
+	// account is the NATS account holding the stream; every user is in the
+	// global account, which also names the store's directory.
+	account = "$G"
+)
+
+var (
+	// ErrLocked means another process owns the store; talk to it instead.
+	ErrLocked = errors.New("journal is owned by another process")
+	// ErrNewerFormat means the directory was written by a newer nexus.
+	ErrNewerFormat = errors.New("journal written by a newer nexus")
+	// ErrConflict means an expected-last-sequence append lost a race.
+	ErrConflict = errors.New("journal moved on: expected last sequence does not match")
+)
+
+// Options configure Open.
+type Options struct {
+	// Dir is <state-root>/journal.
+	Dir string
+	// Listen, if set ("127.0.0.1:0" picks a free port), exposes NATS on TCP
+	// for external subscribers. Empty opens no port at all.
+	Listen string
+	// Subscriber is the read-only identity for external clients; required
+	// when Listen is set.
+	Subscriber *Credentials
+}
+
+// Credentials name a NATS user. PasswordHash is a bcrypt hash; the server
+// never holds the clear password of a subscriber.
+type Credentials struct {
+	User         string
+	PasswordHash string
+}
+
+// Journal is an open, exclusively owned journal.
+type Journal struct {
+	dir    string
+	lease  *lease.Lease
+	srv    *server.Server
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	stream jetstream.Stream
+}
+
+// Record is one stored event, as bytes.
+type Record struct {
+	Seq     uint64
+	Subject string
+	MsgID   string
+	Time    time.Time
+	Data    []byte
+}
+
+// Open takes the store's lock, verifies every message block, and starts the
+// embedded server. It never creates a second owner: if the lock is held it
+// returns ErrLocked without touching the store.
+func Open(ctx context.Context, opts Options) (*Journal, error) {
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("journal %s: %w", dir, err)
+	}
+	l, err := lease.TryAcquire(filepath.Join(dir, lockFile))
+	if errors.Is(err, lease.ErrHeld) {
+		return nil, fmt.Errorf("%w: %v", ErrLocked, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("journal %s: %w", dir, err)
+	}
+	j := &Journal{dir: dir, lease: l}
+	if err := j.start(ctx, opts); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return j, nil
+}
+
+func (j *Journal) start(ctx context.Context, opts Options) error {
+	if err := checkFormat(j.dir); err != nil {
+		return err
+	}
+	// The file store truncates a block it cannot parse as it loads it, so
+	// damage must be caught before the server ever sees the directory.
+	if err := VerifyStreamBlocks(filepath.Join(j.dir, "jetstream", account, "streams", StreamName, "msgs"), StreamName); err != nil {
+		return err
+	}
+	internalPass, err := randomSecret()
+	if err != nil {
+		return err
+	}
+	sopts, err := serverOptions(j.dir, opts, internalPass)
+	if err != nil {
+		return err
+	}
+	srv, err := server.NewServer(sopts)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	j.srv = srv
+	srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		return fmt.Errorf("journal: embedded NATS server did not become ready")
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.UserInfo(internalUser, internalPass),
+		nats.Name("nexus"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("journal: connect in process: %w", err)
+	}
+	j.nc = nc
+	if j.js, err = jetstream.New(nc); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	j.stream, err = j.js.CreateOrUpdateStream(ctx, streamConfig())
+	if err != nil {
+		return fmt.Errorf("journal: open stream %s: %w", StreamName, err)
+	}
+	return writeFormat(j.dir)
+}
+
+func streamConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:       StreamName,
+		Subjects:   []string{Subjects},
+		Storage:    jetstream.FileStorage,
+		Retention:  jetstream.LimitsPolicy,
+		MaxMsgs:    -1,
+		MaxBytes:   -1,
+		Replicas:   1,
+		Duplicates: 2 * time.Minute,
+		// The journal is append-only: nothing, not even nexus, deletes or
+		// purges history. PersistMode stays default: async would turn the
+		// server's SyncAlways off for this stream.
+		DenyDelete:  true,
+		DenyPurge:   true,
+		AllowDirect: true,
+	}
+}
+
+func checkFormat(dir string) error {
+	data, err := os.ReadFile(filepath.Join(dir, formatFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	v, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(string(data), "nexus-journal")))
+	if err != nil {
+		return fmt.Errorf("journal: %s is damaged: %q", filepath.Join(dir, formatFile), data)
+	}
+	if v > Format {
+		return fmt.Errorf("%w: %s says format %d, this nexus reads up to %d", ErrNewerFormat, dir, v, Format)
+	}
+	return nil
+}
+
+func writeFormat(dir string) error {
+	path := filepath.Join(dir, formatFile)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	content := fmt.Sprintf("nexus-journal %d\n", Format)
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	return nil
+}
+
+// Dir is the journal directory.
+func (j *Journal) Dir() string { return j.dir }
+
+// ClientURL is the TCP address external subscribers dial, or "" if none.
+func (j *Journal) ClientURL() string {
+	if j.srv == nil || j.srv.Addr() == nil {
+		return ""
+	}
+	return j.srv.ClientURL()
+}
+
+// Close stops the server and releases the lock, in that order, so no other
+// process can open the store while this server still has its files open.
+func (j *Journal) Close() error {
+	if j.nc != nil {
+		j.nc.Drain()
+		j.nc.Close()
+	}
+	if j.srv != nil {
+		j.srv.Shutdown()
+		j.srv.WaitForShutdown()
+	}
+	return j.lease.Release()
+}
+
+// Message is one append.
+type Message struct {
+	Subject string
+	// ID de-duplicates: a retried append with the same ID is stored once.
+	ID   string
+	Data []byte
+	// ExpectLastSeq, if set, makes the append fail with ErrConflict unless
+	// the stream's last sequence is exactly *ExpectLastSeq.
+	ExpectLastSeq *uint64
+}
+
+// Ack is the journal's acknowledgement of an append, given only after the
+// message is on disk (the server runs with SyncAlways).
+type Ack struct {
+	Seq       uint64
+	Duplicate bool
+}
+
+// Append stores m durably. A retry after a crash with the same ID returns the
+// original sequence with Duplicate set, also when ExpectLastSeq no longer
+// holds, because the server checks the expected sequence before the id.
+func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
+	if m.ID == "" {
+		return Ack{}, errors.New("journal append: message id is required")
+	}
+	popts := []jetstream.PublishOpt{jetstream.WithMsgID(m.ID), jetstream.WithExpectStream(StreamName)}
+	if m.ExpectLastSeq != nil {
+		popts = append(popts, jetstream.WithExpectLastSequence(*m.ExpectLastSeq))
+	}
+	ack, err := j.js.PublishMsg(ctx, &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}, popts...)
+	if err == nil {
+		return Ack{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
+	}
+	var apiErr *jetstream.APIError
+	if m.ExpectLastSeq != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		seq, found, ferr := j.findMsgID(ctx, *m.ExpectLastSeq+1, m.ID)
+		if ferr != nil {
+			return Ack{}, fmt.Errorf("journal append %s: %w (and looking it up: %v)", m.ID, ErrConflict, ferr)
+		}
+		if found {
+			return Ack{Seq: seq, Duplicate: true}, nil
+		}
+		return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, ErrConflict)
+	}
+	return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, err)
+}
+
+// findMsgID looks for id among records from seq on: the tail written since
+// the writer last looked.
+func (j *Journal) findMsgID(ctx context.Context, from uint64, id string) (uint64, bool, error) {
+	var seq uint64
+	err := j.Read(ctx, from, Subjects, func(r Record) error {
+		if r.MsgID == id {
+			seq = r.Seq
+			return errStop
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	return seq, seq != 0, nil
+}
+
+var errStop = errors.New("stop")
+
+// LastSeq is the sequence of the newest record (0 for an empty journal).
+func (j *Journal) LastSeq(ctx context.Context) (uint64, error) {
+	info, err := j.stream.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("journal: %w", err)
+	}
+	return info.State.LastSeq, nil
+}
+
+// Get returns the record at seq.
+func (j *Journal) Get(ctx context.Context, seq uint64) (Record, error) {
+	m, err := j.stream.GetMsg(ctx, seq)
+	if err != nil {
+		return Record{}, fmt.Errorf("journal: get %d: %w", seq, err)
+	}
+	return Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}, nil
+}
+
+// Read calls fn for every record at or after from that matches filter, up
+// to the newest record that existed when Read began, then returns. If fn
+// returns an error, Read stops and returns it.
+func (j *Journal) Read(ctx context.Context, from uint64, filter string, fn func(Record) error) error {
+	return j.consume(ctx, from, filter, false, fn)
+}
+
+// Follow is Read that does not stop at the end: it waits for new records
+// until ctx is done, then returns ctx.Err().
+func (j *Journal) Follow(ctx context.Context, from uint64, filter string, fn func(Record) error) error {
+	return j.consume(ctx, from, filter, true, fn)
+}
+
+func (j *Journal) consume(ctx context.Context, from uint64, filter string, follow bool, fn func(Record) error) error {
+	if from == 0 {
+		from = 1
+	}
+	cons, err := j.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{filter},
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from,
+	})
+	if err != nil {
+		return fmt.Errorf("journal: read from %d: %w", from, err)
+	}
+	if !follow && cons.CachedInfo().NumPending == 0 {
+		return nil
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
+	if err != nil {
+		return fmt.Errorf("journal: read from %d: %w", from, err)
+	}
+	defer it.Stop()
+	stopOnCancel := context.AfterFunc(ctx, it.Stop)
+	defer stopOnCancel()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("journal: read: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("journal: read: %w", err)
+		}
+		rec := Record{
+			Seq: meta.Sequence.Stream, Subject: msg.Subject(), MsgID: msg.Headers().Get(jetstream.MsgIDHeader),
+			Time: meta.Timestamp, Data: msg.Data(),
+		}
+		if err := fn(rec); err != nil {
+			if errors.Is(err, errStop) {
+				return nil
+			}
+			return err
+		}
+		if !follow && meta.NumPending == 0 {
+			return nil
+		}
+	}
+}

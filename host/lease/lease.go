@@ -1,0 +1,71 @@
+// Package lease provides flock(2) leases: exclusive locks the kernel drops
+// when their holder dies for any reason, SIGKILL and reboot included.
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrHeld means another open file description holds the lease.
+var ErrHeld = errors.New("lease is held")
+
+// Lease is a held exclusive flock on one file.
+type Lease struct {
+	f *os.File
+}
+
+// TryAcquire takes an exclusive lease on path without waiting, creating the
+// file (mode 0600) if needed. It records the holder's pid in the file so a
+// refusal can name who holds it.
+func TryAcquire(path string) (*Lease, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%s: %w%s", path, ErrHeld, holderSuffix(path))
+		}
+		return nil, fmt.Errorf("flock %s: %w", path, err)
+	}
+	// The pid is advisory text for error messages; the flock is the truth.
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return &Lease{f: f}, nil
+}
+
+// Release drops the lease. Closing the descriptor is what releases a flock,
+// so this is also what process death does.
+func (l *Lease) Release() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// Holder returns the pid recorded by the current or last holder of path, or 0.
+func Holder(path string) int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(data)))
+	return pid
+}
+
+func holderSuffix(path string) string {
+	if pid := Holder(path); pid > 0 {
+		return fmt.Sprintf(" (by pid %d)", pid)
+	}
+	return ""
+}
