@@ -10,6 +10,7 @@ require (
 	github.com/oklog/ulid/v2 v2.1.2
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	golang.org/x/sys v0.50.0
+	pgregory.net/rapid v1.3.0
 )
 
 require (

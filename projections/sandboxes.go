@@ -1,0 +1,210 @@
+package projections
+
+import (
+	"sort"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/nexus-sandbox/nexus/events"
+)
+
+// State is where a sandbox is in its lifecycle.
+type State string
+
+const (
+	StateCreating State = "creating" // a create saga is under way, nothing committed
+	StateStopped  State = "stopped"  // committed, no VMM
+	StateRunning  State = "running"
+	StateError    State = "error"
+)
+
+// Process identifies a host process by pid and start time; a pid alone can
+// be reused by an unrelated process.
+type Process struct {
+	Pid        int    `msgpack:"pid" json:"pid"`
+	StartTicks uint64 `msgpack:"start" json:"start_ticks"`
+}
+
+// Condition is a Kubernetes-style status condition (Ready=False, reason).
+type Condition struct {
+	Type    string `msgpack:"type" json:"type"`
+	Status  string `msgpack:"status" json:"status"`
+	Reason  string `msgpack:"reason" json:"reason"`
+	Message string `msgpack:"message" json:"message"`
+}
+
+// Attachment is a named volume attached to a sandbox.
+type Attachment struct {
+	Name      string `msgpack:"name" json:"name"`
+	GuestPath string `msgpack:"guest" json:"guest_path"`
+	ReadOnly  bool   `msgpack:"ro,omitempty" json:"read_only,omitempty"`
+}
+
+// Sandbox is the journal's view of one sandbox.
+type Sandbox struct {
+	ID         string       `msgpack:"id" json:"id"`
+	Handle     string       `msgpack:"handle,omitempty" json:"handle,omitempty"`
+	Image      string       `msgpack:"image,omitempty" json:"image,omitempty"`
+	Driver     string       `msgpack:"driver,omitempty" json:"driver,omitempty"`
+	Parent     string       `msgpack:"parent,omitempty" json:"parent,omitempty"`
+	Snapshot   string       `msgpack:"snapshot,omitempty" json:"snapshot,omitempty"`
+	State      State        `msgpack:"state" json:"state"`
+	Saga       string       `msgpack:"saga,omitempty" json:"saga,omitempty"`
+	CreatedAt  time.Time    `msgpack:"created" json:"created_at"`
+	UpdatedAt  time.Time    `msgpack:"updated" json:"updated_at"`
+	VMM        *Process     `msgpack:"vmm,omitempty" json:"vmm,omitempty"`
+	Supervisor *Process     `msgpack:"sup,omitempty" json:"supervisor,omitempty"`
+	Volumes    []Attachment `msgpack:"vols,omitempty" json:"volumes,omitempty"`
+	Conditions []Condition  `msgpack:"conds,omitempty" json:"conditions,omitempty"`
+	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots,omitempty"`
+	LastRun    string       `msgpack:"run,omitempty" json:"last_run,omitempty"`
+	FlushedRun string       `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
+	Seq        uint64       `msgpack:"seq" json:"seq"`
+}
+
+// Sandboxes is every sandbox that exists or is being created. Removed
+// sandboxes leave the view; their history stays in the journal.
+type Sandboxes struct {
+	seq  uint64
+	byID map[string]*Sandbox
+}
+
+// NewSandboxes returns an empty view.
+func NewSandboxes() *Sandboxes { return &Sandboxes{byID: map[string]*Sandbox{}} }
+
+func (*Sandboxes) Name() string  { return "sandboxes" }
+func (s *Sandboxes) Seq() uint64 { return s.seq }
+
+// Get returns the sandbox with id, or nil.
+func (s *Sandboxes) Get(id string) *Sandbox { return s.byID[id] }
+
+// ByHandle returns the sandbox carrying handle, or nil.
+func (s *Sandboxes) ByHandle(handle string) *Sandbox {
+	for _, sb := range s.byID {
+		if sb.Handle == handle {
+			return sb
+		}
+	}
+	return nil
+}
+
+// List returns every sandbox, oldest first.
+func (s *Sandboxes) List() []*Sandbox {
+	out := make([]*Sandbox, 0, len(s.byID))
+	for _, sb := range s.byID {
+		out = append(out, sb)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Len is the number of sandboxes in the view.
+func (s *Sandboxes) Len() int { return len(s.byID) }
+
+func (s *Sandboxes) Apply(seq uint64, e events.Event) {
+	s.seq = seq
+	if e.Sandbox == "" {
+		return
+	}
+	sb := s.byID[e.Sandbox]
+	touch := func() {
+		sb.UpdatedAt = e.Time
+		sb.Seq = seq
+	}
+	switch p := e.Payload.(type) {
+	case events.SagaStartedEvent:
+		if sb == nil && (p.Kind == "create" || p.Kind == "fork" || p.Kind == "restore") {
+			sb = &Sandbox{ID: e.Sandbox, State: StateCreating, Saga: e.Saga, CreatedAt: e.Time}
+			s.byID[e.Sandbox] = sb
+			touch()
+		}
+		return
+	case events.SagaCompensatedEvent:
+		// A create that was rolled back never produced a sandbox.
+		if sb != nil && sb.State == StateCreating && sb.Saga == e.Saga {
+			delete(s.byID, e.Sandbox)
+		}
+		return
+	case events.SandboxCreatedEvent:
+		sb = s.commit(e, p.Handle, p.Image, p.Driver)
+	case events.SandboxForkedEvent:
+		sb = s.commit(e, p.Handle, p.Image, p.Driver)
+		sb.Parent = p.Parent
+	case events.SandboxRestoredEvent:
+		sb = s.commit(e, p.Handle, p.Image, p.Driver)
+		sb.Parent, sb.Snapshot = p.Source, p.Snapshot
+	case events.SandboxRemovedEvent:
+		delete(s.byID, e.Sandbox)
+		return
+	}
+	if sb == nil {
+		return // an event about a sandbox the view has not seen committed
+	}
+	switch p := e.Payload.(type) {
+	case events.SandboxStartedEvent:
+		sb.State = StateRunning
+		sb.VMM = &Process{Pid: p.VMMPid, StartTicks: p.VMMStart}
+		sb.LastRun = p.RunMarker
+		sb.Conditions = nil
+	case events.SandboxStoppedEvent:
+		sb.State = StateStopped
+		sb.VMM = nil
+	case events.SandboxFailedEvent:
+		sb.State = StateError
+		sb.VMM = nil
+		sb.Conditions = []Condition{{Type: "Ready", Status: "False", Reason: p.Reason, Message: p.Message}}
+	case events.SupervisorStartedEvent:
+		sb.Supervisor = &Process{Pid: p.Pid, StartTicks: p.Start}
+	case events.SupervisorStoppedEvent:
+		sb.Supervisor = nil
+	case events.VolumeAttachedEvent:
+		sb.Volumes = append(sb.Volumes, Attachment{Name: p.Name, GuestPath: p.GuestPath, ReadOnly: p.ReadOnly})
+	case events.VolumeDetachedEvent:
+		kept := sb.Volumes[:0]
+		for _, v := range sb.Volumes {
+			if v.Name != p.Name {
+				kept = append(kept, v)
+			}
+		}
+		sb.Volumes = kept
+		if len(sb.Volumes) == 0 {
+			sb.Volumes = nil
+		}
+	case events.SnapshotTakenEvent:
+		sb.Snapshots = append(sb.Snapshots, p.SnapshotID)
+	case events.FlushAcknowledgedEvent:
+		sb.FlushedRun = p.Run
+	}
+	touch()
+}
+
+// commit turns a creating (or unseen) sandbox into a committed, stopped one.
+func (s *Sandboxes) commit(e events.Event, handle, image, driver string) *Sandbox {
+	sb := s.byID[e.Sandbox]
+	if sb == nil {
+		sb = &Sandbox{ID: e.Sandbox, CreatedAt: e.Time}
+		s.byID[e.Sandbox] = sb
+	}
+	sb.Handle, sb.Image, sb.Driver = handle, image, driver
+	sb.State, sb.Saga = StateStopped, ""
+	return sb
+}
+
+func (s *Sandboxes) MarshalState() ([]byte, error) {
+	return msgpack.Marshal(s.List())
+}
+
+func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
+	var list []*Sandbox
+	if err := strictDecode(data, &list); err != nil {
+		return err
+	}
+	byID := make(map[string]*Sandbox, len(list))
+	for _, sb := range list {
+		sb.CreatedAt, sb.UpdatedAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC()
+		byID[sb.ID] = sb
+	}
+	s.seq, s.byID = seq, byID
+	return nil
+}
