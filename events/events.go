@@ -167,3 +167,13 @@ var categories = func() map[string]bool {
 	}
 	return m
 }()
+
+// DedupID is the journal message id of e. A saga step's id is derived from
+// the saga and step alone, so a step retried after a crash, even with a new
+// event id, is recognised as the same append.
+func (e Event) DedupID() string {
+	if e.Saga != "" && e.Step != "" {
+		return "saga." + e.Saga + "." + e.Step
+	}
+	return e.ID.String()
+}

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// lockWait is how long a command waits for another command that holds the
+// state root without a daemon.
+const lockWait = 10 * time.Second
+
+func withBackend(ctx context.Context, g *globals, fn func(control.Backend) error) error {
+	b, err := control.Connect(ctx, g.stateDir, lockWait)
+	if err != nil {
+		return err
+	}
+	return errors.Join(fn(b), b.Close())
+}
+
+func daemonCmd(g *globals) *cobra.Command {
+	var o control.DaemonOptions
+	c := &cobra.Command{
+		Use:   "daemon",
+		Short: "Keep the journal open and serve commands (and, with --listen, subscribers)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.LockWait = lockWait
+			o.Ready = func(st control.Status) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: serving %s (pid %d)\n", st.Root, st.Pid)
+				if st.SubscriberURL != "" {
+					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: subscribers at %s, credentials in %s/%s\n", st.SubscriberURL, st.Root, control.SubscriberFile)
+				}
+			}
+			return control.RunDaemon(cmd.Context(), g.stateDir, o)
+		},
+	}
+	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
+	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback")
+	return c
+}
+
+func eventsCmd(g *globals) *cobra.Command {
+	var q node.Query
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "events",
+		Short: "Print the journal, one event a line",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := events.FilterSubject(q.Type, q.Sandbox); err != nil {
+				return usageError{err}
+			}
+			return withBackend(cmd.Context(), g, func(b control.Backend) error {
+				out := cmd.OutOrStdout()
+				err := b.Events(cmd.Context(), q, func(r node.Record) error {
+					if asJSON {
+						return json.NewEncoder(out).Encode(eventJSON(r))
+					}
+					_, err := fmt.Fprintln(out, eventLine(r))
+					return err
+				})
+				if q.Follow && errors.Is(err, context.Canceled) {
+					return nil // interrupted by the user: the normal end of --follow
+				}
+				return err
+			})
+		},
+	}
+	c.Flags().BoolVar(&q.Follow, "follow", false, "keep printing new events")
+	c.Flags().Uint64Var(&q.Since, "since", 0, "start at this journal sequence")
+	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ULID)")
+	c.Flags().StringVar(&q.Type, "type", "", "only this event type (e.g. sandbox.created) or category (e.g. reap)")
+	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	return c
+}
+
+type jsonEvent struct {
+	Seq       uint64         `json:"seq"`
+	ID        string         `json:"id"`
+	Type      events.Type    `json:"type"`
+	Schema    uint16         `json:"schema"`
+	Sandbox   string         `json:"sandbox,omitempty"`
+	Time      time.Time      `json:"time"`
+	Saga      string         `json:"saga,omitempty"`
+	Step      string         `json:"step,omitempty"`
+	Causation string         `json:"causation,omitempty"`
+	Data      events.Payload `json:"data"`
+}
+
+func eventJSON(r node.Record) jsonEvent {
+	e := r.Event
+	return jsonEvent{Seq: r.Seq, ID: e.ID.String(), Type: e.Type, Schema: e.Schema, Sandbox: e.Sandbox,
+		Time: e.Time, Saga: e.Saga, Step: e.Step, Causation: e.Causation, Data: e.Payload}
+}
+
+func eventLine(r node.Record) string {
+	e := r.Event
+	sb := e.Sandbox
+	if sb == "" {
+		sb = "-"
+	}
+	data, _ := json.Marshal(e.Payload)
+	line := fmt.Sprintf("%6d  %s  %-20s %-26s %s", r.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type, sb, data)
+	if e.Saga != "" {
+		line += "  saga=" + e.Saga + " step=" + e.Step
+	}
+	return line
+}
+
+func lsCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withBackend(cmd.Context(), g, func(b control.Backend) error {
+				list, err := b.Sandboxes(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					if list == nil {
+						list = []projections.Sandbox{}
+					}
+					return printJSON(cmd.OutOrStdout(), list)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tHANDLE\tSTATE\tIMAGE\tDRIVER\tCREATED")
+				for _, sb := range list {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func inspectCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "inspect ID|HANDLE",
+		Short: "Show one sandbox",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withBackend(cmd.Context(), g, func(b control.Backend) error {
+				list, err := b.Sandboxes(cmd.Context())
+				if err != nil {
+					return err
+				}
+				sb, err := findSandbox(list, args[0])
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return printJSON(cmd.OutOrStdout(), sb)
+				}
+				return printSandbox(cmd.OutOrStdout(), sb)
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func findSandbox(list []projections.Sandbox, ref string) (projections.Sandbox, error) {
+	for _, sb := range list {
+		if sb.ID == ref || strings.EqualFold(sb.ID, ref) || (sb.Handle != "" && sb.Handle == ref) {
+			return sb, nil
+		}
+	}
+	return projections.Sandbox{}, fmt.Errorf("no sandbox %q", ref)
+}
+
+func printSandbox(w io.Writer, sb projections.Sandbox) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "ID:\t%s\nHandle:\t%s\nState:\t%s\nImage:\t%s\nDriver:\t%s\nCreated:\t%s\nUpdated:\t%s\n",
+		sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339Nano), sb.UpdatedAt.Format(time.RFC3339Nano))
+	if sb.Parent != "" {
+		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
+	}
+	if sb.VMM != nil {
+		fmt.Fprintf(tw, "VMM:\tpid %d (start %d)\n", sb.VMM.Pid, sb.VMM.StartTicks)
+	}
+	if sb.Supervisor != nil {
+		fmt.Fprintf(tw, "Supervisor:\tpid %d (start %d)\n", sb.Supervisor.Pid, sb.Supervisor.StartTicks)
+	}
+	for _, v := range sb.Volumes {
+		fmt.Fprintf(tw, "Volume:\t%s at %s\n", v.Name, v.GuestPath)
+	}
+	for _, c := range sb.Conditions {
+		fmt.Fprintf(tw, "Condition:\t%s=%s reason=%s: %s\n", c.Type, c.Status, c.Reason, c.Message)
+	}
+	fmt.Fprintf(tw, "Journal seq:\t%d\n", sb.Seq)
+	return tw.Flush()
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

@@ -1,0 +1,126 @@
+// Command nexus manages the lifecycle of microVM sandboxes and every host
+// resource they leave behind. This file parses and maps errors to exit
+// codes; the work lives in the packages it calls.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// usageError marks bad input: exit 2, not 1.
+type usageError struct{ err error }
+
+func (u usageError) Error() string { return u.err.Error() }
+func (u usageError) Unwrap() error { return u.err }
+
+type globals struct {
+	stateDir string
+	driver   string
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := newRoot().ExecuteContext(ctx)
+	stop()
+	os.Exit(exitCode(err))
+}
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(err.Error()))
+	var u usageError
+	// cobra reports unknown subcommands as plain errors; they are usage errors too.
+	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
+		return 2
+	}
+	return 1
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+func newRoot() *cobra.Command {
+	g := &globals{}
+	root := &cobra.Command{
+		Use:           "nexus",
+		Short:         "Lifecycle manager for microVM sandboxes and the host resources they own",
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if g.driver != "" && g.driver != "cloud-hypervisor" && g.driver != "process" {
+				return usageError{fmt.Errorf("--driver %q: want cloud-hypervisor or process", g.driver)}
+			}
+			return nil
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
+	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: cloud-hypervisor or process (env NEXUS_DRIVER)")
+	root.AddCommand(
+		versionCmd(),
+		daemonCmd(g),
+		eventsCmd(g),
+		lsCmd(g),
+		inspectCmd(g),
+		demoCmd(g),
+	)
+	addNotBuilt(root)
+	return root
+}
+
+// defaultStateDir follows NEXUS_STATE_DIR, then the XDG state directory.
+func defaultStateDir() string {
+	if d := os.Getenv("NEXUS_STATE_DIR"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_STATE_HOME"); d != "" {
+		return filepath.Join(d, "nexus")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "nexus")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("nexus-%d", os.Getuid()))
+}
+
+// exactArgs is cobra.ExactArgs reporting a usage error.
+func exactArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
+}
+
+func noArgs(cmd *cobra.Command, args []string) error {
+	if err := cobra.NoArgs(cmd, args); err != nil {
+		return usageError{err}
+	}
+	return nil
+}
+
+func versionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the nexus version",
+		Args:  noArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "nexus %s\n", version)
+		},
+	}
+}

@@ -1,0 +1,155 @@
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// Client talks to a daemon over its control socket.
+type Client struct {
+	http *http.Client
+}
+
+// NewClient returns a client for the daemon socket at sock.
+func NewClient(sock string) *Client {
+	return &Client{http: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}}}
+}
+
+const base = "http://nexus"
+
+func (c *Client) Close() error {
+	c.http.CloseIdleConnections()
+	return nil
+}
+
+// Status asks the daemon who it is.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := c.getJSON(ctx, "/v1/status", &st)
+	return st, err
+}
+
+func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
+	var list []projections.Sandbox
+	err := c.getJSON(ctx, "/v1/sandboxes", &list)
+	return list, err
+}
+
+func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
+	req := appendRequest{}
+	for _, e := range evs {
+		data, err := events.Encode(e)
+		if err != nil {
+			return nil, err
+		}
+		req.Events = append(req.Events, data)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/append", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	var out appendResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("daemon: append: %w", err)
+	}
+	switch {
+	case out.Conflict:
+		return out.Seqs, fmt.Errorf("daemon: %w: %s", journal.ErrConflict, out.Error)
+	case out.Error != "":
+		return out.Seqs, fmt.Errorf("daemon: %s", out.Error)
+	}
+	return out.Seqs, nil
+}
+
+func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) error) error {
+	v := url.Values{}
+	if q.Since > 0 {
+		v.Set("since", strconv.FormatUint(q.Since, 10))
+	}
+	if q.Sandbox != "" {
+		v.Set("sandbox", q.Sandbox)
+	}
+	if q.Type != "" {
+		v.Set("type", q.Type)
+	}
+	if q.Follow {
+		v.Set("follow", "1")
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/events?"+v.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	for sc.Scan() {
+		var rec wireRecord
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			return fmt.Errorf("daemon: events: %w", err)
+		}
+		if rec.Error != "" {
+			return errors.New(rec.Error)
+		}
+		e, err := events.Decode(rec.Data)
+		if err != nil {
+			return fmt.Errorf("journal event %d: %w", rec.Seq, err)
+		}
+		if err := fn(node.Record{Seq: rec.Seq, Event: e}); err != nil {
+			return err
+		}
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return sc.Err()
+}
+
+func (c *Client) getJSON(ctx context.Context, path string, v any) error {
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon: %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}

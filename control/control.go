@@ -1,0 +1,97 @@
+// Package control is how a nexus command reaches the state root's journal:
+// in process when no daemon runs, over the daemon's unix socket when one
+// does. Both paths implement Backend, so commands never know which it is.
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// SocketName is the daemon's control socket, directly under the state root.
+const SocketName = "nexus.sock"
+
+// Backend is what commands need from a state root.
+type Backend interface {
+	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
+	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
+	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	Close() error
+}
+
+// Local serves a Backend from a node this process owns.
+type Local struct{ *node.Node }
+
+func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
+	var out []projections.Sandbox
+	l.View(func(s *projections.Sandboxes, _ *projections.Ownership, _ *projections.Sagas) {
+		for _, sb := range s.List() {
+			out = append(out, *sb)
+		}
+	})
+	return out, nil
+}
+
+// ErrBusy means the state root stayed owned by another process that serves
+// no control socket (another command running without a daemon) until the
+// wait ran out.
+var ErrBusy = errors.New("state root is busy")
+
+// Connect reaches the state root at root: the daemon if one answers on its
+// socket, else the journal opened in this process. While another process
+// holds the journal without serving a socket (a daemon starting up, or a
+// short command), it retries until wait has passed. It never opens the
+// store while someone else has it.
+func Connect(ctx context.Context, root string, wait time.Duration) (Backend, error) {
+	root, err := node.PrepareRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(root, SocketName)
+	deadline := time.Now().Add(wait)
+	backoff := 5 * time.Millisecond
+	for {
+		if c, err := dial(ctx, sock); err == nil {
+			return c, nil
+		}
+		n, err := node.Open(ctx, root, node.Options{})
+		if err == nil {
+			return Local{n}, nil
+		}
+		if !errors.Is(err, journal.ErrLocked) {
+			return nil, err
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %v; it serves no %s (start `nexus daemon` to share the state root)", ErrBusy, err, SocketName)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 200*time.Millisecond)
+	}
+}
+
+// dial returns a client if a daemon answers on sock.
+func dial(ctx context.Context, sock string) (*Client, error) {
+	if _, err := os.Lstat(sock); err != nil {
+		return nil, err
+	}
+	c := NewClient(sock)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := c.Status(pctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}

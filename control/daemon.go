@@ -1,0 +1,168 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+// SubscriberFile holds the external subscribers' credentials, 0600, under
+// the state root. It is generated on the first start with --listen.
+const SubscriberFile = "subscriber.json"
+
+// SubscriberCredentials is the content of SubscriberFile.
+type SubscriberCredentials struct {
+	User     string `json:"user"`
+	Password string `json:"password"`
+	URL      string `json:"url,omitempty"`
+	Subjects string `json:"subjects"`
+}
+
+// DaemonOptions configure RunDaemon.
+type DaemonOptions struct {
+	// Listen exposes NATS to subscribers on this TCP address ("" = none).
+	Listen string
+	// AllowRemote permits a Listen address that is not loopback.
+	AllowRemote bool
+	// LockWait is how long to wait for a command that holds the journal.
+	LockWait time.Duration
+	// Ready, if set, is called once the daemon serves its socket.
+	Ready func(Status)
+}
+
+// RunDaemon owns the state root until ctx is done: it keeps the journal
+// open, serves commands on the control socket and, if asked, subscribers.
+func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
+	root, err := node.PrepareRoot(root)
+	if err != nil {
+		return err
+	}
+	jo := journal.Options{}
+	var creds *SubscriberCredentials
+	if o.Listen != "" {
+		if err := checkListen(o.Listen, o.AllowRemote); err != nil {
+			return err
+		}
+		if creds, err = loadOrCreateSubscriber(root); err != nil {
+			return err
+		}
+		hash, err := bcrypt.GenerateFromPassword([]byte(creds.Password), bcrypt.DefaultCost)
+		if err != nil {
+			return err
+		}
+		jo.Listen = o.Listen
+		jo.Subscriber = &journal.Credentials{User: creds.User, PasswordHash: string(hash)}
+	}
+	n, err := openWaiting(ctx, root, jo, o.LockWait)
+	if err != nil {
+		return err
+	}
+	defer n.Close()
+	if creds != nil {
+		creds.URL = n.Journal().ClientURL()
+		if err := writeSubscriber(root, creds); err != nil {
+			return err
+		}
+	}
+	served := make(chan error, 1)
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { served <- Serve(sctx, n) }()
+	if o.Ready != nil {
+		// Serve creates the socket almost at once; wait until it answers so
+		// Ready means a client can connect.
+		if err := waitAnswering(ctx, filepath.Join(root, SocketName), served); err != nil {
+			return err
+		}
+		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL()})
+	}
+	return <-served
+}
+
+func openWaiting(ctx context.Context, root string, jo journal.Options, wait time.Duration) (*node.Node, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		n, err := node.Open(ctx, root, node.Options{Journal: jo})
+		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func waitAnswering(ctx context.Context, sock string, served <-chan error) error {
+	for {
+		if c, err := dial(ctx, sock); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case err := <-served:
+			return fmt.Errorf("control socket: %v", err)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+func checkListen(addr string, allowRemote bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %w", addr, err)
+	}
+	if allowRemote {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("--listen %q is not a loopback address (pass --allow-remote to expose the journal beyond this host)", addr)
+}
+
+func loadOrCreateSubscriber(root string) (*SubscriberCredentials, error) {
+	path := filepath.Join(root, SubscriberFile)
+	data, err := os.ReadFile(path)
+	if err == nil {
+		var c SubscriberCredentials
+		if err := json.Unmarshal(data, &c); err != nil || c.User == "" || c.Password == "" {
+			return nil, fmt.Errorf("%s is damaged; remove it to generate new credentials", path)
+		}
+		return &c, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	pw, err := journal.RandomSecret()
+	if err != nil {
+		return nil, err
+	}
+	c := &SubscriberCredentials{User: "subscriber", Password: pw, Subjects: journal.Subjects}
+	return c, writeSubscriber(root, c)
+}
+
+func writeSubscriber(root string, c *SubscriberCredentials) error {
+	data, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return err
+	}
+	return durable.WriteFile(filepath.Join(root, SubscriberFile), append(data, '\n'), 0o600)
+}

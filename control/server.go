@@ -1,0 +1,149 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+// Status describes a running daemon.
+type Status struct {
+	Pid           int    `json:"pid"`
+	Root          string `json:"root"`
+	SubscriberURL string `json:"subscriber_url,omitempty"`
+}
+
+// wireRecord carries one event as its journal bytes, so the client decodes
+// with the same code, and the same errors, as a local reader.
+type wireRecord struct {
+	Seq   uint64 `json:"seq,omitempty"`
+	Data  []byte `json:"data,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+type appendRequest struct {
+	Events [][]byte `json:"events"`
+}
+
+type appendResponse struct {
+	Seqs     []uint64 `json:"seqs"`
+	Error    string   `json:"error,omitempty"`
+	Conflict bool     `json:"conflict,omitempty"`
+}
+
+// Serve answers control requests for n on <root>/nexus.sock (mode 0600)
+// until ctx is done. The caller owns n's journal lock, so any socket file
+// already there is a dead daemon's and is replaced.
+func Serve(ctx context.Context, n *node.Node) error {
+	sock := filepath.Join(n.Root(), SocketName)
+	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("control socket %s: %w", sock, err)
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("control socket: %w", err)
+	}
+	srv := &http.Server{Handler: handler(n), BaseContext: func(net.Listener) context.Context { return ctx }}
+	stop := context.AfterFunc(ctx, func() { srv.Close() })
+	defer stop()
+	err = srv.Serve(ln)
+	os.Remove(sock)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+func handler(n *node.Node) http.Handler {
+	mux := http.NewServeMux()
+	local := Local{n}
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL()})
+	})
+	mux.HandleFunc("POST /v1/append", func(w http.ResponseWriter, r *http.Request) {
+		var req appendRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeJSON(w, http.StatusBadRequest, appendResponse{Error: "bad append request: " + err.Error()})
+			return
+		}
+		evs := make([]events.Event, 0, len(req.Events))
+		for _, data := range req.Events {
+			e, err := events.Decode(data)
+			if err != nil {
+				writeJSON(w, http.StatusBadRequest, appendResponse{Error: err.Error()})
+				return
+			}
+			evs = append(evs, e)
+		}
+		seqs, err := n.Append(r.Context(), evs...)
+		if err != nil {
+			writeJSON(w, http.StatusConflict, appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict)})
+			return
+		}
+		writeJSON(w, http.StatusOK, appendResponse{Seqs: seqs})
+	})
+	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
+		q, err := parseQuery(r)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, wireRecord{Error: err.Error()})
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		enc := json.NewEncoder(w)
+		flusher, _ := w.(http.Flusher)
+		err = n.Events(r.Context(), q, func(rec node.Record) error {
+			data, err := events.Encode(rec.Event)
+			if err != nil {
+				return err
+			}
+			if err := enc.Encode(wireRecord{Seq: rec.Seq, Data: data}); err != nil {
+				return err
+			}
+			if q.Follow && flusher != nil {
+				flusher.Flush()
+			}
+			return nil
+		})
+		if err != nil && r.Context().Err() == nil {
+			enc.Encode(wireRecord{Error: err.Error()})
+		}
+	})
+	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+		list, _ := local.Sandboxes(r.Context())
+		writeJSON(w, http.StatusOK, list)
+	})
+	return mux
+}
+
+func parseQuery(r *http.Request) (node.Query, error) {
+	v := r.URL.Query()
+	q := node.Query{Sandbox: v.Get("sandbox"), Type: v.Get("type"), Follow: v.Get("follow") == "1"}
+	if s := v.Get("since"); s != "" {
+		since, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return q, fmt.Errorf("since %q: not a sequence number", s)
+		}
+		q.Since = since
+	}
+	return q, nil
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}

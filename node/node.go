@@ -1,0 +1,331 @@
+// Package node owns one state root while it is open: the journal, the
+// projections folded from it, and their snapshots. Exactly one node per
+// state root exists at a time; other processes reach it through control.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// ErrStateRoot means the state root cannot be used as given.
+var ErrStateRoot = errors.New("unusable state root")
+
+// snapshotEvery bounds the tail a restart replays: a snapshot is written
+// after this many events were folded since the last one.
+const snapshotEvery = 10000
+
+// Options configure Open.
+type Options struct {
+	Journal journal.Options // Dir is filled in from the state root
+	Clock   func() time.Time
+}
+
+// Record is one journal event with its sequence.
+type Record struct {
+	Seq   uint64
+	Event events.Event
+}
+
+// Node is an open state root.
+type Node struct {
+	root    string
+	j       *journal.Journal
+	clock   func() time.Time
+	mu      sync.Mutex // serialises appends so expected-sequence checks hold
+	entropy io.Reader
+
+	views     []projections.Projection
+	sandboxes *projections.Sandboxes
+	ownership *projections.Ownership
+	sagas     *projections.Sagas
+	lastID    ulid.ULID
+	sinceSnap int
+}
+
+// Open opens the state root at root, creating it (0700) if missing.
+func Open(ctx context.Context, root string, opts Options) (*Node, error) {
+	root, err := PrepareRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	jo := opts.Journal
+	jo.Dir = filepath.Join(root, "journal")
+	j, err := journal.Open(ctx, jo)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		root: root, j: j, clock: opts.Clock, entropy: ulid.Monotonic(cryptoReader{}, 0),
+		sandboxes: projections.NewSandboxes(), ownership: projections.NewOwnership(), sagas: projections.NewSagas(),
+	}
+	if n.clock == nil {
+		n.clock = time.Now
+	}
+	n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas}
+	if err := n.load(ctx); err != nil {
+		j.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// PrepareRoot makes root absolute, creates it 0700 if missing, and refuses
+// a root that is not a directory, is a symlink, is writable by group or
+// others, belongs to another user, or cannot be written.
+func PrepareRoot(root string) (string, error) {
+	if root == "" {
+		return "", fmt.Errorf("%w: empty path", ErrStateRoot)
+	}
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrStateRoot, err)
+	}
+	if err := os.MkdirAll(abs, 0o700); err != nil {
+		return "", fmt.Errorf("%w: %s: %v", ErrStateRoot, abs, errors.Unwrap(err))
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(abs, &st); err != nil {
+		return "", fmt.Errorf("%w: %s: %v", ErrStateRoot, abs, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+		return "", fmt.Errorf("%w: %s is not a directory", ErrStateRoot, abs)
+	case st.Uid != uint32(os.Geteuid()):
+		return "", fmt.Errorf("%w: %s belongs to uid %d, not %d", ErrStateRoot, abs, st.Uid, os.Geteuid())
+	case st.Mode&0o022 != 0:
+		return "", fmt.Errorf("%w: %s is writable by group or others (mode %04o)", ErrStateRoot, abs, st.Mode&0o7777)
+	}
+	if err := unix.Access(abs, unix.W_OK); err != nil {
+		return "", fmt.Errorf("%w: %s is not writable: %v", ErrStateRoot, abs, err)
+	}
+	return abs, nil
+}
+
+// Root is the absolute state root.
+func (n *Node) Root() string { return n.root }
+
+// Journal exposes the journal, for the daemon's subscriber listener.
+func (n *Node) Journal() *journal.Journal { return n.j }
+
+// load restores each projection from its snapshot when the snapshot still
+// matches the journal, then folds the tail. A snapshot that does not decode
+// or whose last event is not in the journal is ignored, and the projection
+// is rebuilt from the start.
+func (n *Node) load(ctx context.Context) error {
+	from := uint64(0)
+	restored := true
+	for _, v := range n.views {
+		snap, err := n.readSnapshot(ctx, v)
+		if err != nil {
+			restored = false
+			break
+		}
+		if from == 0 || snap.Seq < from {
+			from = snap.Seq
+		}
+	}
+	if !restored {
+		n.sandboxes, n.ownership, n.sagas = projections.NewSandboxes(), projections.NewOwnership(), projections.NewSagas()
+		n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas}
+		from = 0
+	}
+	folded := 0
+	err := n.j.Read(ctx, from+1, journal.Subjects, func(r journal.Record) error {
+		e, err := events.Decode(r.Data)
+		if err != nil {
+			return fmt.Errorf("journal event %d: %w", r.Seq, err)
+		}
+		for _, v := range n.views {
+			if r.Seq > v.Seq() {
+				v.Apply(r.Seq, e)
+			}
+		}
+		n.lastID = e.ID
+		folded++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if from > 0 && folded == 0 {
+		// Nothing after the snapshot: its recorded event id is the last one.
+		rec, err := n.j.Get(ctx, from)
+		if err == nil {
+			if e, err := events.Decode(rec.Data); err == nil {
+				n.lastID = e.ID
+			}
+		}
+	}
+	n.sinceSnap = folded
+	if folded >= snapshotEvery {
+		return n.writeSnapshots()
+	}
+	return nil
+}
+
+func (n *Node) snapshotPath(v projections.Projection) string {
+	return filepath.Join(n.root, "projections", v.Name()+".snap")
+}
+
+func (n *Node) readSnapshot(ctx context.Context, v projections.Projection) (projections.Snapshot, error) {
+	data, err := os.ReadFile(n.snapshotPath(v))
+	if err != nil {
+		return projections.Snapshot{}, err
+	}
+	snap, err := projections.DecodeSnapshot(data, v)
+	if err != nil {
+		return snap, err
+	}
+	if snap.Seq == 0 {
+		return snap, nil
+	}
+	// The snapshot must describe this journal, not an earlier or replaced one.
+	rec, err := n.j.Get(ctx, snap.Seq)
+	if err != nil {
+		return snap, err
+	}
+	e, err := events.Decode(rec.Data)
+	if err != nil {
+		return snap, err
+	}
+	if e.ID != snap.EventID {
+		return snap, fmt.Errorf("%w: event %d is not the one the snapshot covered", projections.ErrBadSnapshot, snap.Seq)
+	}
+	return snap, nil
+}
+
+func (n *Node) writeSnapshots() error {
+	dir := filepath.Join(n.root, "projections")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, v := range n.views {
+		data, err := projections.EncodeSnapshot(v, n.lastID)
+		if err != nil {
+			return err
+		}
+		if err := durable.WriteFile(n.snapshotPath(v), data, 0o600); err != nil {
+			return err
+		}
+	}
+	n.sinceSnap = 0
+	return nil
+}
+
+// Close snapshots the projections and closes the journal.
+func (n *Node) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var err error
+	if n.sinceSnap > 0 {
+		err = n.writeSnapshots()
+	}
+	return errors.Join(err, n.j.Close())
+}
+
+// NewID mints an event or sandbox ULID.
+func (n *Node) NewID() ulid.ULID {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return ulid.MustNew(ulid.Timestamp(n.clock()), n.entropy)
+}
+
+// Now is the node's clock.
+func (n *Node) Now() time.Time { return n.clock() }
+
+// Append journals evs in order, each synced before the next, asserting the
+// journal has not moved since this node last folded it, then folds them.
+// It returns each event's sequence.
+func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	seqs := make([]uint64, 0, len(evs))
+	for _, e := range evs {
+		seq, err := n.appendLocked(ctx, e)
+		if err != nil {
+			return seqs, err
+		}
+		seqs = append(seqs, seq)
+	}
+	return seqs, nil
+}
+
+func (n *Node) appendLocked(ctx context.Context, e events.Event) (uint64, error) {
+	subject, err := e.Subject()
+	if err != nil {
+		return 0, err
+	}
+	data, err := events.Encode(e)
+	if err != nil {
+		return 0, err
+	}
+	last := n.sandboxes.Seq()
+	ack, err := n.j.Append(ctx, journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last})
+	if err != nil {
+		return 0, err
+	}
+	if ack.Duplicate {
+		return ack.Seq, nil // already folded when it was first appended
+	}
+	for _, v := range n.views {
+		v.Apply(ack.Seq, e)
+	}
+	n.lastID = e.ID
+	n.sinceSnap++
+	if n.sinceSnap >= snapshotEvery {
+		if err := n.writeSnapshots(); err != nil {
+			return ack.Seq, fmt.Errorf("event %d stored; snapshot failed: %w", ack.Seq, err)
+		}
+	}
+	return ack.Seq, nil
+}
+
+// Query selects journal events.
+type Query struct {
+	Since   uint64 // first sequence (0 = from the start)
+	Sandbox string // "" = all
+	Type    string // full type, category, or "" = all
+	Follow  bool
+}
+
+// Events calls fn for every event matching q, in journal order. Without
+// Follow it stops at the end of the journal; with it, when ctx is done.
+func (n *Node) Events(ctx context.Context, q Query, fn func(Record) error) error {
+	filter, err := events.FilterSubject(q.Type, q.Sandbox)
+	if err != nil {
+		return err
+	}
+	read := n.j.Read
+	if q.Follow {
+		read = n.j.Follow
+	}
+	return read(ctx, q.Since, filter, func(r journal.Record) error {
+		e, err := events.Decode(r.Data)
+		if err != nil {
+			return fmt.Errorf("journal event %d: %w", r.Seq, err)
+		}
+		return fn(Record{Seq: r.Seq, Event: e})
+	})
+}
+
+// View runs fn with the projections held still.
+func (n *Node) View(fn func(s *projections.Sandboxes, o *projections.Ownership, g *projections.Sagas)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	fn(n.sandboxes, n.ownership, n.sagas)
+}
