@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
+)
+
+var nexusBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nexus-cli-test-")
+	if err != nil {
+		panic(err)
+	}
+	nexusBin = filepath.Join(dir, "nexus")
+	if out, err := exec.Command("go", "build", "-o", nexusBin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build nexus: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func nexus(t *testing.T, root string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(nexusBin, append([]string{"--state-dir", root}, args...)...)
+	cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return result{code, out.String(), errb.String()}
+}
+
+// wantFailure asserts exit code and a single-line error naming the cause.
+func wantFailure(t *testing.T, r result, code int, mention string) {
+	t.Helper()
+	if r.code != code {
+		t.Fatalf("exit %d, want %d (stderr %q)", r.code, code, r.stderr)
+	}
+	lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+	if len(lines) != 1 || !strings.HasPrefix(lines[0], "nexus: ") {
+		t.Fatalf("want one 'nexus: ...' error line, got %q", r.stderr)
+	}
+	if !strings.Contains(r.stderr, mention) {
+		t.Fatalf("error %q does not mention %q", r.stderr, mention)
+	}
+}
+
+func TestUsageErrorsExitTwo(t *testing.T) {
+	root := t.TempDir()
+	wantFailure(t, nexus(t, root, "events", "--no-such-flag"), 2, "unknown flag")
+	wantFailure(t, nexus(t, root, "frobnicate"), 2, "unknown command")
+	wantFailure(t, nexus(t, root, "events", "--since", "minus-one"), 2, "since")
+	wantFailure(t, nexus(t, root, "events", "--type", "sandbox.teleported"), 2, "unknown event type")
+	wantFailure(t, nexus(t, root, "events", "--sandbox", "not-a-ulid"), 2, "not a ULID")
+	wantFailure(t, nexus(t, root, "inspect"), 2, "accepts 1 arg")
+	wantFailure(t, nexus(t, root, "--driver", "qemu", "ls"), 2, "--driver")
+}
+
+func TestNotBuiltCommandsRefuse(t *testing.T) {
+	for _, args := range [][]string{{"create", "--image", "x"}, {"reap"}, {"volume", "ls"}, {"image-cache", "list"}} {
+		wantFailure(t, nexus(t, t.TempDir(), args...), 1, "not implemented yet")
+	}
+}
+
+func TestDemoEventsLsInspect(t *testing.T) {
+	root := t.TempDir()
+	r := nexus(t, root, "demo")
+	if r.code != 0 {
+		t.Fatalf("demo: %+v", r)
+	}
+	id := strings.Fields(r.stdout)[len(strings.Fields(r.stdout))-1]
+	if _, err := ulid.ParseStrict(id); err != nil {
+		t.Fatalf("demo printed %q, no sandbox id", r.stdout)
+	}
+	r = nexus(t, root, "events", "--json")
+	var types []string
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	for sc.Scan() {
+		var e struct {
+			Seq     uint64 `json:"seq"`
+			Type    string `json:"type"`
+			Sandbox string `json:"sandbox"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			t.Fatalf("events --json line %q: %v", sc.Text(), err)
+		}
+		if e.Seq != uint64(len(types)+1) || e.Sandbox != id {
+			t.Fatalf("event %+v out of order or of another sandbox", e)
+		}
+		types = append(types, e.Type)
+	}
+	if len(types) != 10 || types[0] != "saga.started" || types[3] != "sandbox.created" || types[8] != "sandbox.removed" {
+		t.Fatalf("demo journaled %v", types)
+	}
+	if r := nexus(t, root, "events", "--type", "sandbox", "--since", "5"); strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, "sandbox.removed") {
+		t.Fatalf("filtered events: %q", r.stdout)
+	}
+	if r := nexus(t, root, "events", "--sandbox", ulid.Make().String()); r.code != 0 || r.stdout != "" {
+		t.Fatalf("events of another sandbox: %+v", r)
+	}
+	// The demo sandbox was removed, so ls is empty and inspect refuses.
+	if r := nexus(t, root, "ls", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Fatalf("ls --json = %+v", r)
+	}
+	wantFailure(t, nexus(t, root, "inspect", id), 1, "no sandbox")
+}
+
+func TestDaemonServesCommands(t *testing.T) {
+	root := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d := exec.CommandContext(ctx, nexusBin, "--state-dir", root, "daemon")
+	stderr, err := d.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stderr).ReadString('\n')
+	if err != nil || !strings.Contains(line, "serving") {
+		t.Fatalf("daemon said %q, %v", line, err)
+	}
+	if r := nexus(t, root, "demo"); r.code != 0 {
+		t.Fatalf("demo through daemon: %+v", r)
+	}
+	if r := nexus(t, root, "events"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
+		t.Fatalf("events through daemon: %+v", r)
+	}
+	if err := d.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Wait(); err != nil {
+		t.Fatalf("daemon exit after SIGTERM: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "nexus.sock")); !os.IsNotExist(err) {
+		t.Fatalf("control socket left behind: %v", err)
+	}
+	if r := nexus(t, root, "events"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
+		t.Fatalf("events after the daemon stopped: %+v", r)
+	}
+}
+
+// storeDigest hashes every file of the journal store (not the LOCK file,
+// whose pid text changes with each owner).
+func storeDigest(t *testing.T, dir string) map[string][32]byte {
+	t.Helper()
+	out := map[string][32]byte{}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == "LOCK" {
+			return err
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		out[p] = sha256.Sum256(data)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameDigest(a, b map[string][32]byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func blockFile(t *testing.T, root string) string {
+	t.Helper()
+	blocks, _ := filepath.Glob(filepath.Join(root, "journal", "jetstream", "$G", "streams", "NEXUS", "msgs", "*.blk"))
+	if len(blocks) == 0 {
+		t.Fatal("no message block in the journal")
+	}
+	return blocks[0]
+}
+
+func TestDamagedJournalIsRefusedAndNotRewritten(t *testing.T) {
+	damage := map[string]func(t *testing.T, path string){
+		"truncated": func(t *testing.T, path string) {
+			info, _ := os.Stat(path)
+			if err := os.Truncate(path, info.Size()-7); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"corrupted": func(t *testing.T, path string) {
+			data, _ := os.ReadFile(path)
+			data[len(data)/2] ^= 0x5a
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+	}
+	for name, spoil := range damage {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			if r := nexus(t, root, "demo"); r.code != 0 {
+				t.Fatalf("demo: %+v", r)
+			}
+			os.RemoveAll(filepath.Join(root, "projections")) // force a full read of the journal
+			spoil(t, blockFile(t, root))
+			before := storeDigest(t, filepath.Join(root, "journal"))
+			for _, cmd := range []string{"ls", "events"} {
+				wantFailure(t, nexus(t, root, cmd), 1, "damaged")
+			}
+			if after := storeDigest(t, filepath.Join(root, "journal")); !sameDigest(before, after) {
+				t.Fatal("a refused open changed the journal")
+			}
+		})
+	}
+}
+
+func TestNewerJournalIsRefused(t *testing.T) {
+	t.Run("format stamp", func(t *testing.T) {
+		root := t.TempDir()
+		nexus(t, root, "demo")
+		os.WriteFile(filepath.Join(root, "journal", "FORMAT"), []byte("nexus-journal 7\n"), 0o600)
+		before := storeDigest(t, filepath.Join(root, "journal"))
+		wantFailure(t, nexus(t, root, "ls"), 1, "newer nexus")
+		if !sameDigest(before, storeDigest(t, filepath.Join(root, "journal"))) {
+			t.Fatal("journal changed")
+		}
+	})
+	t.Run("event schema", func(t *testing.T) {
+		root := t.TempDir()
+		nexus(t, root, "demo")
+		os.RemoveAll(filepath.Join(root, "projections"))
+		appendFutureEvent(t, filepath.Join(root, "journal"))
+		before := storeDigest(t, filepath.Join(root, "journal"))
+		wantFailure(t, nexus(t, root, "ls"), 1, "newer than supported")
+		wantFailure(t, nexus(t, root, "events"), 1, "newer than supported")
+		if !sameDigest(before, storeDigest(t, filepath.Join(root, "journal"))) {
+			t.Fatal("journal changed")
+		}
+	})
+}
+
+// appendFutureEvent writes what a newer nexus would: a known type at a
+// schema this build has never heard of.
+func appendFutureEvent(t *testing.T, dir string) {
+	t.Helper()
+	j, err := journal.Open(context.Background(), journal.Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	id := ulid.Make()
+	data, err := msgpack.Marshal(map[string]any{"f": 1, "id": id[:], "t": "sandbox.stopped", "v": 9, "ts": time.Now().UnixNano(), "p": map[string]any{"hover": true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Append(context.Background(), journal.Message{Subject: "nexus.events.sandbox.stopped._", ID: id.String(), Data: data}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnusableStateRoot(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	os.WriteFile(file, nil, 0o600)
+	wantFailure(t, nexus(t, file, "ls"), 1, "state root")
+
+	open := filepath.Join(dir, "open")
+	os.Mkdir(open, 0o777)
+	os.Chmod(open, 0o777)
+	wantFailure(t, nexus(t, open, "ls"), 1, "writable by group or others")
+
+	// A read-only mount is unwritable even for root; mode bits are not.
+	ro := filepath.Join(dir, "ro")
+	os.Mkdir(ro, 0o700)
+	if out, err := exec.Command("mount", "--bind", "-o", "ro", ro, ro).CombinedOutput(); err != nil {
+		t.Logf("read-only case not run: cannot bind-mount here: %v %s", err, out)
+		return
+	}
+	defer exec.Command("umount", ro).Run()
+	wantFailure(t, nexus(t, ro, "ls"), 1, "not writable")
+}
