@@ -1,0 +1,150 @@
+// Package intent publishes the leased markers written before any disk is
+// materialised (RL-5, RL-6): the ULID-keyed create intent and the
+// handle-keyed shadow intent. An intent becomes visible only already
+// leased, and the lease lives exactly as long as its creator.
+package intent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/durable"
+)
+
+// SchemaVersion is the version of the intent file's JSON.
+const SchemaVersion = 1
+
+// Intent is what the marker says: who is being created and which paths the
+// creator may have materialised.
+type Intent struct {
+	Schema  int      `json:"schema"`
+	Kind    string   `json:"kind"` // create or shadow
+	Sandbox string   `json:"sandbox"`
+	Handle  string   `json:"handle,omitempty"`
+	Saga    string   `json:"saga"`
+	Covers  []string `json:"covers"` // paths relative to the state root
+	Pid     int      `json:"pid"`
+}
+
+// Held is a published intent whose lease this process holds.
+type Held struct {
+	Path string
+	f    *os.File
+}
+
+// Publish stages the intent under a temporary name, takes the exclusive
+// flock on it, writes and fsyncs it, renames it into place and fsyncs the
+// directory. The flock travels with the inode through the rename, so the
+// marker is never visible unleased. An existing marker is never replaced.
+func Publish(path string, in Intent) (*Held, error) {
+	in.Schema = SchemaVersion
+	in.Pid = os.Getpid()
+	data, err := json.Marshal(in)
+	if err != nil {
+		return nil, err
+	}
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".stage-*")
+	if err != nil {
+		return nil, fmt.Errorf("intent %s: %w", path, err)
+	}
+	fail := func(err error) (*Held, error) {
+		f.Close()
+		os.Remove(f.Name())
+		return nil, fmt.Errorf("intent %s: %w", path, err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return fail(err)
+	}
+	if err := f.Chmod(0o600); err != nil {
+		return fail(err)
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(err)
+	}
+	// RENAME_NOREPLACE: two creators of one name must not silently swap markers.
+	if err := unix.Renameat2(unix.AT_FDCWD, f.Name(), unix.AT_FDCWD, path, unix.RENAME_NOREPLACE); err != nil {
+		return fail(err)
+	}
+	if err := durable.SyncDir(dir); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Held{Path: path, f: f}, nil
+}
+
+// Release drops the lease without removing the marker. Callers release only
+// after the journal acknowledged the event that makes the intent redundant
+// (RL-6), so a reaper that sees the lease free also sees the owner.
+func (h *Held) Release() error {
+	if h == nil || h.f == nil {
+		return nil
+	}
+	err := h.f.Close()
+	h.f = nil
+	return err
+}
+
+// Retire removes the marker at path and fsyncs its directory. A marker
+// already gone is not an error.
+func Retire(path string) error {
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("retire intent %s: %w", path, err)
+	}
+	return durable.SyncDir(filepath.Dir(path))
+}
+
+// ErrUnreadable means the marker exists but cannot be read or parsed; the
+// reaper must keep what it might cover (RL-9).
+var ErrUnreadable = errors.New("intent unreadable")
+
+// Read parses the marker at path.
+func Read(path string) (Intent, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Intent{}, err
+		}
+		return Intent{}, fmt.Errorf("%w: %s: %v", ErrUnreadable, path, err)
+	}
+	defer f.Close()
+	var in Intent
+	data, err := io.ReadAll(io.LimitReader(f, 1<<20))
+	if err == nil {
+		err = json.Unmarshal(data, &in)
+	}
+	if err != nil {
+		return Intent{}, fmt.Errorf("%w: %s: %v", ErrUnreadable, path, err)
+	}
+	if in.Schema > SchemaVersion {
+		return Intent{}, fmt.Errorf("%w: %s: schema %d is newer than %d", ErrUnreadable, path, in.Schema, SchemaVersion)
+	}
+	return in, nil
+}
+
+// LeaseHeld reports whether some process holds the marker's lease, by
+// trying a non-blocking shared flock on it (never blocking a creator).
+func LeaseHeld(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("probe lease %s: %w", path, err)
+	}
+	return false, nil
+}

@@ -1,0 +1,87 @@
+// Package layout names every path under a state root. It is pure: it
+// computes names and parses them back, and never touches the filesystem.
+// The names are the public contract in SPEC.md.
+package layout
+
+import (
+	"path/filepath"
+	"strings"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// Root is an absolute state root.
+type Root string
+
+func (r Root) join(parts ...string) string {
+	return filepath.Join(append([]string{string(r)}, parts...)...)
+}
+
+func (r Root) Journal() string     { return r.join("journal") }
+func (r Root) Disks() string       { return r.join("disks") }
+func (r Root) RunDir() string      { return r.join("run") }
+func (r Root) Supervisors() string { return r.join("supervisors") }
+func (r Root) Builders() string    { return r.join("builder-supervisors") }
+func (r Root) Snapshots() string   { return r.join("snapshots") }
+func (r Root) Images() string      { return r.join("images") }
+func (r Root) Volumes() string     { return r.join("volumes") }
+func (r Root) Records() string     { return r.join("sandboxes") }
+func (r Root) Logs() string        { return r.join("logs") }
+
+func (r Root) Record(id string) string        { return r.join("sandboxes", id, "record.json") }
+func (r Root) RawDisk(id string) string       { return r.join("disks", id+".raw") }
+func (r Root) WorkspaceDisk(id string) string { return r.join("disks", id+"-workspace.ext4") }
+func (r Root) CreateIntent(id string) string  { return r.join("disks", id+".create-intent.json") }
+func (r Root) APISocket(id string) string     { return r.join("run", "sb-"+id+".sock") }
+func (r Root) VsockSocket(id string) string   { return r.join("run", "sb-"+id+".vsock") }
+func (r Root) IIDSocket(id string) string     { return r.join("run", "sb-"+id+".iid") }
+func (r Root) SupervisorDir(id string) string { return r.join("supervisors", id) }
+func (r Root) BuilderDir(id string) string    { return r.join("builder-supervisors", id) }
+func (r Root) SnapshotsOf(id string) string   { return r.join("snapshots", id) }
+func (r Root) Snapshot(id, snap string) string {
+	return r.join("snapshots", id, snap)
+}
+func (r Root) VMMLog(id string) string        { return r.join("logs", id+".vmm.log") }
+func (r Root) SupervisorLog(id string) string { return r.join("logs", id+".supervisor.log") }
+
+// SafeHandle is a handle usable in a file name: "/" becomes "_".
+func SafeHandle(handle string) string { return strings.ReplaceAll(handle, "/", "_") }
+
+func (r Root) ShadowDisk(handle, name string) string {
+	return r.join("disks", SafeHandle(handle)+".shadow."+name+".ext4")
+}
+func (r Root) ShadowIntent(handle string) string {
+	return r.join("disks", SafeHandle(handle)+".shadow-intent.json")
+}
+
+// ForkShadowDisk is a fork child's copy of a parent's shadow disk (RL-14).
+func (r Root) ForkShadowDisk(child, parentHandle, name string) string {
+	return r.join("disks", child+"-"+SafeHandle(parentHandle)+".shadow."+name+".ext4")
+}
+
+func (r Root) VolumeDir(name string) string  { return r.join("volumes", name) }
+func (r Root) VolumeDisk(name string) string { return r.join("volumes", name, "disk.ext4") }
+
+// Rel is path relative to the root, as events record it, so a journal
+// copied elsewhere still describes its own tree.
+func (r Root) Rel(path string) string {
+	rel, err := filepath.Rel(string(r), path)
+	if err != nil || strings.HasPrefix(rel, "..") {
+		return path
+	}
+	return rel
+}
+
+// Abs turns an event's relative path back into a path under r.
+func (r Root) Abs(rel string) string {
+	if filepath.IsAbs(rel) {
+		return rel
+	}
+	return r.join(rel)
+}
+
+// IsULID reports whether s is a canonical sandbox id.
+func IsULID(s string) bool {
+	_, err := ulid.ParseStrict(s)
+	return err == nil && strings.ToUpper(s) == s
+}
