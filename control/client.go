@@ -53,6 +53,12 @@ func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	return list, err
 }
 
+func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
+	var list []projections.OpenSaga
+	err := c.getJSON(ctx, "/v1/sagas", &list)
+	return list, err
+}
+
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
 	req := appendRequest{}
 	for _, e := range evs {

@@ -25,6 +25,7 @@ type Backend interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Close() error
 }
 
@@ -36,6 +37,16 @@ func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	l.View(func(s *projections.Sandboxes, _ *projections.Ownership, _ *projections.Sagas) {
 		for _, sb := range s.List() {
 			out = append(out, *sb)
+		}
+	})
+	return out, nil
+}
+
+func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
+	var out []projections.OpenSaga
+	l.View(func(_ *projections.Sandboxes, _ *projections.Ownership, g *projections.Sagas) {
+		for _, sg := range g.Open() {
+			out = append(out, *sg)
 		}
 	})
 	return out, nil

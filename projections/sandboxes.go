@@ -58,6 +58,9 @@ type Sandbox struct {
 	Volumes    []Attachment `msgpack:"vols,omitempty" json:"volumes,omitempty"`
 	Conditions []Condition  `msgpack:"conds,omitempty" json:"conditions,omitempty"`
 	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots,omitempty"`
+	// Resources is what the journal says this sandbox owns right now,
+	// including resources of a create still in flight.
+	Resources []events.Resource `msgpack:"res,omitempty" json:"resources,omitempty"`
 	LastRun    string       `msgpack:"run,omitempty" json:"last_run,omitempty"`
 	FlushedRun string       `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
 	Seq        uint64       `msgpack:"seq" json:"seq"`
@@ -142,9 +145,28 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		return // an event about a sandbox the view has not seen committed
 	}
 	switch p := e.Payload.(type) {
+	case events.SandboxCreatedEvent:
+		sb.claim(p.Resources...)
+	case events.SandboxForkedEvent:
+		sb.claim(p.Resources...)
+	case events.SandboxRestoredEvent:
+		sb.claim(p.Resources...)
+	case events.DiskMaterialisedEvent:
+		sb.claim(p.Resource)
+	case events.IntentWrittenEvent:
+		sb.claim(p.Resource)
+	case events.IntentRetiredEvent:
+		sb.release(p.Resource.Path)
+	case events.ResourceReclaimedEvent:
+		sb.release(p.Resource.Path)
+	case events.SnapshotTakenEvent:
+		sb.claim(p.Dir)
+	}
+	switch p := e.Payload.(type) {
 	case events.SandboxStartedEvent:
 		sb.State = StateRunning
 		sb.VMM = &Process{Pid: p.VMMPid, StartTicks: p.VMMStart}
+		sb.claim(p.Sockets...)
 		sb.LastRun = p.RunMarker
 		sb.Conditions = nil
 	case events.SandboxStoppedEvent:
@@ -156,6 +178,7 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		sb.Conditions = []Condition{{Type: "Ready", Status: "False", Reason: p.Reason, Message: p.Message}}
 	case events.SupervisorStartedEvent:
 		sb.Supervisor = &Process{Pid: p.Pid, StartTicks: p.Start}
+		sb.claim(p.StateDir)
 	case events.SupervisorStoppedEvent:
 		sb.Supervisor = nil
 	case events.VolumeAttachedEvent:
@@ -177,6 +200,36 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		sb.FlushedRun = p.Run
 	}
 	touch()
+}
+
+func (sb *Sandbox) claim(rs ...events.Resource) {
+	for _, r := range rs {
+		if r.Path != "" && !sb.Owns(r.Path) {
+			sb.Resources = append(sb.Resources, r)
+		}
+	}
+}
+
+func (sb *Sandbox) release(path string) {
+	for i, r := range sb.Resources {
+		if r.Path == path {
+			sb.Resources = append(sb.Resources[:i:i], sb.Resources[i+1:]...)
+			break
+		}
+	}
+	if len(sb.Resources) == 0 {
+		sb.Resources = nil
+	}
+}
+
+// Owns reports whether the sandbox owns the resource at path.
+func (sb *Sandbox) Owns(path string) bool {
+	for _, r := range sb.Resources {
+		if r.Path == path {
+			return true
+		}
+	}
+	return false
 }
 
 // commit turns a creating (or unseen) sandbox into a committed, stopped one.

@@ -40,8 +40,8 @@ func runDemo(ctx context.Context, j sagas.Journal) (string, error) {
 	}
 	intent := res(events.KindCreateIntent, "disks/"+id+".create-intent.json")
 	raw := res(events.KindRawDisk, "disks/"+id+".raw")
-	emit := func(p events.Payload) func(context.Context) (events.Payload, error) {
-		return func(context.Context) (events.Payload, error) { return p, nil }
+	emit := func(p events.Payload) func(context.Context) ([]events.Payload, error) {
+		return func(context.Context) ([]events.Payload, error) { return sagas.One(p), nil }
 	}
 	create := &sagas.Saga{Kind: "create", Sandbox: id, Steps: []sagas.Step{
 		{Name: "intent", Do: emit(events.IntentWrittenEvent{Resource: intent, Covers: []string{raw.Path}})},
