@@ -59,6 +59,12 @@ func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) 
 	return list, err
 }
 
+func (c *Client) Volumes(ctx context.Context) ([]projections.Volume, error) {
+	var list []projections.Volume
+	err := c.getJSON(ctx, "/v1/volumes", &list)
+	return list, err
+}
+
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
 	req := appendRequest{}
 	for _, e := range evs {

@@ -26,6 +26,7 @@ type Backend interface {
 	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
+	Volumes(ctx context.Context) ([]projections.Volume, error)
 	Close() error
 }
 
@@ -34,8 +35,8 @@ type Local struct{ *node.Node }
 
 func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	var out []projections.Sandbox
-	l.View(func(s *projections.Sandboxes, _ *projections.Ownership, _ *projections.Sagas) {
-		for _, sb := range s.List() {
+	l.View(func(v node.Views) {
+		for _, sb := range v.Sandboxes.List() {
 			out = append(out, *sb)
 		}
 	})
@@ -44,9 +45,19 @@ func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 	var out []projections.OpenSaga
-	l.View(func(_ *projections.Sandboxes, _ *projections.Ownership, g *projections.Sagas) {
-		for _, sg := range g.Open() {
+	l.View(func(v node.Views) {
+		for _, sg := range v.Sagas.Open() {
 			out = append(out, *sg)
+		}
+	})
+	return out, nil
+}
+
+func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
+	var out []projections.Volume
+	l.View(func(v node.Views) {
+		for _, vol := range v.Volumes.List() {
+			out = append(out, *vol)
 		}
 	})
 	return out, nil

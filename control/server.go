@@ -126,6 +126,10 @@ func handler(n *node.Node) http.Handler {
 		list, _ := local.Sandboxes(r.Context())
 		writeJSON(w, http.StatusOK, list)
 	})
+	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
+		list, _ := local.Volumes(r.Context())
+		writeJSON(w, http.StatusOK, list)
+	})
 	mux.HandleFunc("GET /v1/sagas", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())
 		writeJSON(w, http.StatusOK, list)

@@ -82,6 +82,7 @@ var registry = map[Type]typeSpec{
 	OverlayRecovered:   spec(OverlayRecoveredEvent{}, 1),
 	WarningRaised:      spec(WarningRaisedEvent{}, 1),
 	ReapDecided:        spec(ReapDecidedEvent{}, 1),
+	ResourceCreated:    spec(ResourceCreatedEvent{}, 1),
 	ResourceReclaimed:  spec(ResourceReclaimedEvent{}, 1),
 	RunOpened:          spec(RunOpenedEvent{}, 1),
 	RunClosed:          spec(RunClosedEvent{}, 1),

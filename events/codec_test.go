@@ -40,6 +40,7 @@ var samples = []Payload{
 	OverlayRecoveredEvent{Overlay: "o", OldBytes: 1, NewBytes: 2, FreeBefore: 0, FreeAfter: 5},
 	WarningRaisedEvent{Reason: "OverlayDiskFull", Message: "grown by 64 MiB"},
 	ReapDecidedEvent{Plan: "p", Resource: Resource{KindRawDisk, "disks/x.raw"}, Verdict: "orphan", Reason: "no owner"},
+	ResourceCreatedEvent{Resource: Resource{KindSupervisorState, "supervisors/x"}},
 	ResourceReclaimedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, By: "reap", AllocatedBytes: 4096},
 	RunOpenedEvent{RunID: "r", Pid: 1, Start: 2, Driver: "process"},
 	RunClosedEvent{RunID: "r", Reason: "clean"},

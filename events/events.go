@@ -44,6 +44,7 @@ const (
 	OverlayRecovered  Type = "overlay.recovered"
 	WarningRaised     Type = "warning.raised"
 
+	ResourceCreated   Type = "resource.created"
 	ReapDecided       Type = "reap.decided"
 	ResourceReclaimed Type = "resource.reclaimed"
 

@@ -166,6 +166,12 @@ type ReapDecidedEvent struct {
 	Apply    bool     `msgpack:"apply,omitempty" json:"apply,omitempty"`
 }
 
+// ResourceCreatedEvent: a resource other than a disk (a state directory,
+// a record directory) exists and belongs to the sandbox.
+type ResourceCreatedEvent struct {
+	Resource Resource `msgpack:"resource" json:"resource"`
+}
+
 // ResourceReclaimedEvent: a resource was deleted and the delete verified.
 type ResourceReclaimedEvent struct {
 	Resource       Resource `msgpack:"resource" json:"resource"`
@@ -236,6 +242,7 @@ func (FlushAcknowledgedEvent) EventType() Type  { return FlushAcknowledged }
 func (OverlayRecoveredEvent) EventType() Type   { return OverlayRecovered }
 func (WarningRaisedEvent) EventType() Type      { return WarningRaised }
 func (ReapDecidedEvent) EventType() Type        { return ReapDecided }
+func (ResourceCreatedEvent) EventType() Type    { return ResourceCreated }
 func (ResourceReclaimedEvent) EventType() Type  { return ResourceReclaimed }
 func (RunOpenedEvent) EventType() Type          { return RunOpened }
 func (RunClosedEvent) EventType() Type          { return RunClosed }

@@ -53,6 +53,7 @@ type Node struct {
 	sandboxes *projections.Sandboxes
 	ownership *projections.Ownership
 	sagas     *projections.Sagas
+	volumes   *projections.Volumes
 	lastID    ulid.ULID
 	sinceSnap int
 }
@@ -71,12 +72,11 @@ func Open(ctx context.Context, root string, opts Options) (*Node, error) {
 	}
 	n := &Node{
 		root: root, j: j, clock: opts.Clock, entropy: ulid.Monotonic(cryptoReader{}, 0),
-		sandboxes: projections.NewSandboxes(), ownership: projections.NewOwnership(), sagas: projections.NewSagas(),
 	}
 	if n.clock == nil {
 		n.clock = time.Now
 	}
-	n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas}
+	n.resetViews()
 	if err := n.load(ctx); err != nil {
 		j.Close()
 		return nil, err
@@ -140,8 +140,7 @@ func (n *Node) load(ctx context.Context) error {
 		}
 	}
 	if !restored {
-		n.sandboxes, n.ownership, n.sagas = projections.NewSandboxes(), projections.NewOwnership(), projections.NewSagas()
-		n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas}
+		n.resetViews()
 		from = 0
 	}
 	folded := 0
@@ -176,6 +175,12 @@ func (n *Node) load(ctx context.Context) error {
 		return n.writeSnapshots()
 	}
 	return nil
+}
+
+func (n *Node) resetViews() {
+	n.sandboxes, n.ownership = projections.NewSandboxes(), projections.NewOwnership()
+	n.sagas, n.volumes = projections.NewSagas(), projections.NewVolumes()
+	n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas, n.volumes}
 }
 
 func (n *Node) snapshotPath(v projections.Projection) string {
@@ -323,9 +328,17 @@ func (n *Node) Events(ctx context.Context, q Query, fn func(Record) error) error
 	})
 }
 
-// View runs fn with the projections held still.
-func (n *Node) View(fn func(s *projections.Sandboxes, o *projections.Ownership, g *projections.Sagas)) {
+// Views are the projections a node keeps current.
+type Views struct {
+	Sandboxes *projections.Sandboxes
+	Ownership *projections.Ownership
+	Sagas     *projections.Sagas
+	Volumes   *projections.Volumes
+}
+
+// View runs fn with the projections held still; fn must not keep them.
+func (n *Node) View(fn func(Views)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	fn(n.sandboxes, n.ownership, n.sagas)
+	fn(Views{n.sandboxes, n.ownership, n.sagas, n.volumes})
 }

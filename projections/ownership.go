@@ -82,6 +82,8 @@ func (o *Ownership) Apply(seq uint64, e events.Event) {
 		o.claim(id, p.Resource)
 	case events.IntentWrittenEvent:
 		o.claim(id, p.Resource)
+	case events.ResourceCreatedEvent:
+		o.claim(id, p.Resource)
 	case events.SupervisorStartedEvent:
 		o.claim(id, p.StateDir)
 	case events.SnapshotTakenEvent:

@@ -94,6 +94,7 @@ func TestSnapshotThenTailEqualsFullFold(t *testing.T) {
 		func() Projection { return NewSandboxes() },
 		func() Projection { return NewOwnership() },
 		func() Projection { return NewSagas() },
+		func() Projection { return NewVolumes() },
 	}
 	rapid.Check(t, func(t *rapid.T) {
 		evs := genHistory(t)

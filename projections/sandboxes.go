@@ -60,10 +60,10 @@ type Sandbox struct {
 	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots,omitempty"`
 	// Resources is what the journal says this sandbox owns right now,
 	// including resources of a create still in flight.
-	Resources []events.Resource `msgpack:"res,omitempty" json:"resources,omitempty"`
-	LastRun    string       `msgpack:"run,omitempty" json:"last_run,omitempty"`
-	FlushedRun string       `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
-	Seq        uint64       `msgpack:"seq" json:"seq"`
+	Resources  []events.Resource `msgpack:"res,omitempty" json:"resources,omitempty"`
+	LastRun    string            `msgpack:"run,omitempty" json:"last_run,omitempty"`
+	FlushedRun string            `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
+	Seq        uint64            `msgpack:"seq" json:"seq"`
 }
 
 // Sandboxes is every sandbox that exists or is being created. Removed
@@ -154,6 +154,8 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 	case events.DiskMaterialisedEvent:
 		sb.claim(p.Resource)
 	case events.IntentWrittenEvent:
+		sb.claim(p.Resource)
+	case events.ResourceCreatedEvent:
 		sb.claim(p.Resource)
 	case events.IntentRetiredEvent:
 		sb.release(p.Resource.Path)
