@@ -1,0 +1,78 @@
+package fsx
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestRemoveNeverFollowsSymlinks(t *testing.T) {
+	root, outside := t.TempDir(), t.TempDir()
+	victim := filepath.Join(outside, "precious")
+	os.WriteFile(victim, []byte("keep me"), 0o600)
+	os.MkdirAll(filepath.Join(outside, "dir"), 0o700)
+	os.WriteFile(filepath.Join(outside, "dir", "inner"), []byte("keep me too"), 0o600)
+
+	os.MkdirAll(filepath.Join(root, "disks"), 0o700)
+	os.Symlink(victim, filepath.Join(root, "disks", "x.raw"))                   // the resource is a link
+	os.Symlink(filepath.Join(outside, "dir"), filepath.Join(root, "snapshots")) // a parent is a link
+	os.MkdirAll(filepath.Join(root, "supervisors", "A"), 0o700)
+	os.Symlink(victim, filepath.Join(root, "supervisors", "A", "link")) // a link inside a tree
+	os.Symlink(filepath.Join(outside, "dir"), filepath.Join(root, "supervisors", "A", "dirlink"))
+
+	if err := Remove(root, "disks/x.raw"); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("Remove(link) = %v, want ErrSymlink", err)
+	}
+	if err := Remove(root, "snapshots/inner"); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("Remove through linked parent = %v, want ErrSymlink", err)
+	}
+	if err := Remove(root, "supervisors/A"); err != nil {
+		t.Fatalf("Remove(tree with links) = %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(root, "supervisors", "A")); !os.IsNotExist(err) {
+		t.Fatal("tree not removed")
+	}
+	for _, p := range []string{victim, filepath.Join(outside, "dir", "inner")} {
+		if data, err := os.ReadFile(p); err != nil || len(data) == 0 {
+			t.Fatalf("%s outside the root was touched: %v", p, err)
+		}
+	}
+	for _, bad := range []string{"../x", "/etc/passwd", ".", ""} {
+		if err := Remove(root, bad); err == nil {
+			t.Errorf("Remove(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestRemoveFilesAndMissing(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "disks"), 0o700)
+	os.WriteFile(filepath.Join(root, "disks", "a.raw"), nil, 0o600)
+	if ok, _ := Lexists(root, "disks/a.raw"); !ok {
+		t.Fatal("Lexists false for a file")
+	}
+	if err := Remove(root, "disks/a.raw"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := Lexists(root, "disks/a.raw"); ok {
+		t.Fatal("file survived Remove")
+	}
+	if err := Remove(root, "disks/a.raw"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("second Remove = %v, want ErrNotExist", err)
+	}
+	if err := Remove(root, "nodir/a.raw"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Remove under a missing dir = %v", err)
+	}
+}
+
+func TestEnsureDirRefusesSymlinks(t *testing.T) {
+	root := t.TempDir()
+	if err := EnsureDir(root, "disks"); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(t.TempDir(), filepath.Join(root, "run"))
+	if err := EnsureDir(root, "run"); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("EnsureDir(linked) = %v", err)
+	}
+}
