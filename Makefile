@@ -33,9 +33,14 @@ test: setup
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 
+# Benchmarks report ratios against a baseline measured in the same run;
+# see docs/benchmarks.md for what each measures and the figures.
 bench: setup
-	$(GO) test -run '^$$' -bench . -benchtime 2000x ./host/journal/
-	$(GO) test -run '^$$' -bench . -benchtime 3x ./node/
+	$(GO) test -run '^$$' -bench 'Append|RawWrite' -benchtime 2000x ./host/journal/
+	$(GO) test -run '^$$' -bench 'Replay100k' -benchtime 5x -benchmem ./host/journal/
+	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
+	$(GO) test -run TestOwnershipMemory100k -v ./projections/
+	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 
 clean:
 	rm -rf bin $(STATE_DIR)

@@ -112,7 +112,11 @@ func (o *Ownership) claim(id ulid.ULID, r events.Resource) {
 	}
 	if prev, ok := o.byPath[r.Path]; ok {
 		if prev.sandbox == id {
-			o.byPath[r.Path] = owned{sandbox: id, kind: o.kindOf(r.Kind)}
+			// Re-assigning would replace the map's key with this event's copy
+			// of the string; keep the first and save the memory.
+			if k := o.kindOf(r.Kind); k != prev.kind {
+				o.byPath[r.Path] = owned{sandbox: id, kind: k}
+			}
 			return
 		}
 		// A path claimed again by another sandbox moves to it; the first
