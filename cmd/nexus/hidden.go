@@ -1,0 +1,50 @@
+//go:build wip
+
+package main
+
+import (
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/host/vmm"
+)
+
+// vmmProcessCmd is the process driver's VMM: a host process serving the
+// Cloud Hypervisor API subset on the sandbox's API socket. nexus spawns it;
+// it also stands in for cloud-hypervisor in the driver's tests.
+func vmmProcessCmd() *cobra.Command {
+	var api string
+	c := &cobra.Command{
+		Use: "vmm-process --api-socket PATH", Hidden: true, Args: noArgs,
+		Short: "Serve the Cloud Hypervisor API subset as a plain process (process driver)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return vmm.Serve(cmd.Context(), api, os.Stderr)
+		},
+	}
+	c.Flags().StringVar(&api, "api-socket", "", "API socket path (required)")
+	c.MarkFlagRequired("api-socket")
+	return c
+}
+
+// supervisorCmd is a sandbox's perimeter supervisor, spawned detached.
+func supervisorCmd() *cobra.Command {
+	var o supervisor.ServeOptions
+	c := &cobra.Command{
+		Use: "supervisor --sandbox ID --state-dir DIR --iid-socket PATH", Hidden: true, Args: noArgs,
+		Short: "Run a sandbox's perimeter supervisor",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.Now, o.Log = time.Now, os.Stderr
+			return supervisor.Serve(cmd.Context(), o)
+		},
+	}
+	c.Flags().StringVar(&o.SandboxID, "sandbox", "", "sandbox ULID (required)")
+	c.Flags().StringVar(&o.StateDir, "state-dir", "", "supervisors/<ULID> directory (required)")
+	c.Flags().StringVar(&o.IIDSocket, "iid-socket", "", "instance-identity socket path (required)")
+	for _, f := range []string{"sandbox", "state-dir", "iid-socket"} {
+		c.MarkFlagRequired(f)
+	}
+	return c
+}

@@ -1,0 +1,348 @@
+//go:build wip
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// withManager connects to the state root and builds the lifecycle manager
+// for the chosen driver.
+func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) error) error {
+	root, err := node.PrepareRoot(g.stateDir)
+	if err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	driver := g.driver
+	if driver == "" {
+		driver = lifecycle.DriverCloudHypervisor
+	}
+	return withBackend(ctx, g, func(b control.Backend) error {
+		return fn(&lifecycle.Manager{
+			Root: layout.Root(root), B: b,
+			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
+			Hook:   crashHook(os.Getenv("NEXUS_CRASH_AT")),
+		})
+	})
+}
+
+// crashHook kills this process with SIGKILL at one saga step, for the crash
+// tests: NEXUS_CRASH_AT=<saga>.<step> (after the step's events are
+// journaled) or <saga>.<step>:before (after its effect, before its events).
+func crashHook(at string) func(kind, step string, phase sagas.Phase) {
+	if at == "" {
+		return nil
+	}
+	want, phase := at, sagas.AfterRecord
+	if w, ok := strings.CutSuffix(at, ":before"); ok {
+		want, phase = w, sagas.BeforeRecord
+	}
+	return func(kind, step string, p sagas.Phase) {
+		if kind+"."+step == want && p == phase {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {}
+		}
+	}
+}
+
+func printResult(cmd *cobra.Command, asJSON bool, v any, human func()) error {
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), v)
+	}
+	human()
+	return nil
+}
+
+func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
+	fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", sb.ID, sb.State, dash(sb.Handle))
+}
+
+func createCmd(g *globals) *cobra.Command {
+	var spec lifecycle.CreateSpec
+	var shadows, volumes []string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "create --image IMG",
+		Short: "Create and boot a sandbox",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, s := range shadows {
+				name, src, ok := strings.Cut(s, "=")
+				if !ok || name == "" || src == "" {
+					return usageError{fmt.Errorf("--shadow %q: want NAME=SRC", s)}
+				}
+				spec.Shadows = append(spec.Shadows, lifecycle.Shadow{Name: name, Source: src})
+			}
+			for _, v := range volumes {
+				name, guest, ok := strings.Cut(v, ":")
+				if !ok || name == "" || guest == "" {
+					return usageError{fmt.Errorf("--volume %q: want NAME:GUESTPATH", v)}
+				}
+				spec.Volumes = append(spec.Volumes, lifecycle.Mount{Name: name, GuestPath: guest})
+			}
+			if spec.Image == "" {
+				return usageError{fmt.Errorf("--image is required")}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				sb, err := m.Create(cmd.Context(), spec)
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+			})
+		},
+	}
+	c.Flags().StringVar(&spec.Image, "image", "", "OS disk image to copy (a regular file)")
+	c.Flags().StringVar(&spec.Handle, "handle", "", "human handle for the sandbox (unique)")
+	c.Flags().StringVar(&spec.Workspace, "workspace", "", "directory to build the workspace disk from")
+	c.Flags().StringArrayVar(&shadows, "shadow", nil, "NAME=SRC: a per-sandbox copy of SRC (needs --handle)")
+	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
+	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func forkCmd(g *globals) *cobra.Command {
+	spec := lifecycle.ForkSpec{Count: 1}
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "fork ID",
+		Short: "Fork a sandbox into new children",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec.Parent = args[0]
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				children, err := m.Fork(cmd.Context(), spec)
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, children, func() {
+					for _, sb := range children {
+						sandboxLine(cmd, sb)
+					}
+				})
+			})
+		},
+	}
+	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
+	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
+	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+// simpleCmd is a command taking one sandbox reference and printing it.
+func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecycle.Manager, string) (projections.Sandbox, error)) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: use + " ID", Short: short, Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				sb, err := run(cmd.Context(), m, args[0])
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func startCmd(g *globals) *cobra.Command {
+	return simpleCmd(g, "start", "Boot a stopped sandbox", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+		return m.Start(ctx, ref)
+	})
+}
+
+func stopCmd(g *globals) *cobra.Command {
+	return simpleCmd(g, "stop", "Stop a running sandbox", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+		return m.Stop(ctx, ref)
+	})
+}
+
+func rmCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use: "rm ID", Short: "Remove a sandbox and every resource it owns (never its volumes' files)", Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return m.Remove(cmd.Context(), args[0]) })
+		},
+	}
+}
+
+func snapshotCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running)", Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				snap, err := m.Snapshot(cmd.Context(), args[0])
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, map[string]string{"snapshot": snap}, func() { fmt.Fprintln(cmd.OutOrStdout(), snap) })
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func restoreCmd(g *globals) *cobra.Command {
+	var asJSON, force bool
+	c := &cobra.Command{
+		Use: "restore SNAPSHOT", Short: "Create a new sandbox from a snapshot", Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				sb, err := m.Restore(cmd.Context(), args[0], force)
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+			})
+		},
+	}
+	c.Flags().BoolVar(&force, "force", false, "skip the disk-space preflight")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func recoverCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "recover", Short: "Resume or compensate unfinished sagas; reconcile sandboxes with their processes", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				rep, err := m.Recover(cmd.Context())
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, rep, func() {
+					w := cmd.OutOrStdout()
+					fmt.Fprintf(w, "sagas: %d compensated, %d resumed, %d in flight\n", len(rep.Compensated), len(rep.Resumed), len(rep.InFlight))
+					fmt.Fprintf(w, "sandboxes: %d stopped (VMM gone), %d supervisors restarted, %d orphaned supervisors killed, %d VMs unpaused\n",
+						len(rep.Stopped), len(rep.Restarted), len(rep.Killed), len(rep.Unpaused))
+					fmt.Fprintf(w, "intents without a saga cleaned: %d\n", len(rep.Intents))
+				})
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func volumeCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "volume", Short: "Manage named volumes (user-owned; never reaped)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return usageError{fmt.Errorf("volume needs a subcommand: create, ls, rm, prune")} }}
+	var size string
+	var asJSON bool
+	create := &cobra.Command{Use: "create NAME --size S", Short: "Create a named ext4 volume", Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := parseSize(size)
+			if err != nil {
+				return usageError{fmt.Errorf("--size %q: %v", size, err)}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				v, err := m.VolumeCreate(cmd.Context(), args[0], n)
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, v, func() { fmt.Fprintf(cmd.OutOrStdout(), "%s\t%d\n", v.Name, v.SizeBytes) })
+			})
+		}}
+	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M or 2G (required)")
+	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	create.MarkFlagRequired("size")
+	var lsJSON bool
+	ls := &cobra.Command{Use: "ls", Short: "List named volumes", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				vols, err := m.Volumes(cmd.Context())
+				if err != nil {
+					return err
+				}
+				if vols == nil {
+					vols = []projections.Volume{}
+				}
+				return printResult(cmd, lsJSON, vols, func() {
+					fmt.Fprintln(cmd.OutOrStdout(), "NAME\tSIZE\tATTACHED")
+					for _, v := range vols {
+						fmt.Fprintf(cmd.OutOrStdout(), "%s\t%d\t%s\n", v.Name, v.SizeBytes, dash(strings.Join(v.AttachedTo, ",")))
+					}
+				})
+			})
+		}}
+	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
+	rm := &cobra.Command{Use: "rm NAME", Short: "Delete a volume and its files (refused while attached)", Args: exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return m.VolumeRemove(cmd.Context(), args[0]) })
+		}}
+	var apply, detached, pruneJSON bool
+	prune := &cobra.Command{Use: "prune", Short: "Clear stale attachments; with --include-detached also delete unattached volumes", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				rep, err := m.VolumePrune(cmd.Context(), apply, detached)
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, pruneJSON, rep, func() {
+					verb := "would clear"
+					if apply {
+						verb = "cleared"
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "%s %d stale attachment(s); %d detached volume(s); removed %d\n", verb, len(rep.Stale), len(rep.Detached), len(rep.Removed))
+				})
+			})
+		}}
+	prune.Flags().BoolVar(&apply, "apply", false, "act (default: report only)")
+	prune.Flags().BoolVar(&detached, "include-detached", false, "with --apply, delete volumes no sandbox has attached")
+	prune.Flags().BoolVar(&pruneJSON, "json", false, "print JSON")
+	c.AddCommand(create, ls, rm, prune)
+	return c
+}
+
+// parseSize reads 123, 512K, 64M, 2G, 1T (binary units).
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(strings.ToUpper(s))
+	s = strings.TrimSuffix(strings.TrimSuffix(s, "IB"), "B")
+	mult := int64(1)
+	if n := len(s); n > 0 {
+		switch s[n-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult > 1 {
+			s = s[:n-1]
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v <= 0 || v > (1<<50)/mult {
+		return 0, fmt.Errorf("want a positive size such as 512M or 2G")
+	}
+	return v * mult, nil
+}

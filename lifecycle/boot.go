@@ -1,0 +1,315 @@
+//go:build wip
+
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// Driver names the VMM nexus spawns. Both drivers are driven through the
+// same Cloud Hypervisor REST API on the same socket; only the binary and
+// the kernel requirement differ.
+type Driver struct {
+	Name     string // "cloud-hypervisor" or "process"
+	Exe      string // the nexus binary: the process driver's VMM, and every supervisor
+	CHBinary string // cloud-hypervisor, for the cloud-hypervisor driver
+	Kernel   string // NEXUS_KERNEL_PATH, for the cloud-hypervisor driver
+}
+
+const (
+	DriverCloudHypervisor = "cloud-hypervisor"
+	DriverProcess         = "process"
+)
+
+// Preflight refuses a driver that cannot boot anything, before any byte
+// of a sandbox is written.
+func (d Driver) Preflight() error {
+	switch d.Name {
+	case DriverProcess:
+		return nil
+	case DriverCloudHypervisor:
+		if d.Kernel == "" {
+			return errors.New("NEXUS_KERNEL_PATH is not set: the cloud-hypervisor driver needs a guest kernel (or use --driver process)")
+		}
+		if err := regularFile(d.Kernel); err != nil {
+			return fmt.Errorf("NEXUS_KERNEL_PATH: %v", err)
+		}
+		if _, err := exec.LookPath(d.chBinary()); err != nil {
+			return fmt.Errorf("cloud-hypervisor driver: %v", err)
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown driver %q", d.Name)
+	}
+}
+
+func (d Driver) chBinary() string {
+	if d.CHBinary != "" {
+		return d.CHBinary
+	}
+	return "cloud-hypervisor"
+}
+
+func (d Driver) vmmArgv(apiSocket string) []string {
+	if d.Name == DriverCloudHypervisor {
+		return []string{d.chBinary(), "--api-socket", apiSocket}
+	}
+	return []string{d.Exe, "vmm-process", "--api-socket", apiSocket}
+}
+
+func (d Driver) config(disks []vmm.DiskConfig, vsock string) vmm.Config {
+	c := vmm.Config{
+		Disks:  disks,
+		Memory: &vmm.MemoryConfig{Size: 512 << 20},
+		Cpus:   &vmm.CpusConfig{BootVcpus: 1, MaxVcpus: 1},
+		Vsock:  &vmm.VsockConfig{Cid: 3, Socket: vsock},
+	}
+	if d.Name == DriverCloudHypervisor {
+		c.Payload = &vmm.PayloadConfig{Kernel: d.Kernel, Cmdline: "console=ttyS0 root=/dev/vda rw"}
+	}
+	return c
+}
+
+func nowUTC() time.Time { return time.Now().UTC() }
+
+// waitFor polls check until it succeeds, the process dies, or the timeout
+// passes. There is no signal to wait on: readiness is a socket answering.
+func waitFor(ctx context.Context, who proc.Identity, timeout time.Duration, what string, check func(context.Context) error) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		last = check(cctx)
+		cancel()
+		if last == nil {
+			return nil
+		}
+		if alive, _ := proc.Alive(who); !alive {
+			return fmt.Errorf("%s exited before answering: %v", what, last)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s did not answer within %s: %v", what, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// bootSteps start the sandbox's perimeter supervisor, then its VMM. With
+// restoreFrom set, the VMM restores that snapshot instead of booting cold.
+func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
+	var sup, vm proc.Identity
+	stateDir := m.Root.SupervisorDir(id)
+	api, vsock, iid := m.Root.APISocket(id), m.Root.VsockSocket(id), m.Root.IIDSocket(id)
+	return []sagas.Step{{
+		Name: "supervisor",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			var err error
+			sup, err = m.startSupervisor(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return sagas.One(events.SupervisorStartedEvent{Pid: sup.Pid, Start: sup.StartTicks,
+				Socket: m.rel(filepath.Join(stateDir, supervisor.SocketName)), StateDir: m.res(events.KindSupervisorState, stateDir)}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) {
+			if sup.Pid == 0 {
+				return nil, nil
+			}
+			return m.stopSupervisor(sup)
+		},
+	}, {
+		Name: "vmm",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			sb, err := m.Find(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			vm, err = proc.SpawnDetached(m.Driver.vmmArgv(api), os.Environ(), m.Root.VMMLog(id))
+			if err != nil {
+				return nil, fmt.Errorf("spawn VMM: %w", err)
+			}
+			c := vmm.NewClient(api)
+			if err := waitFor(ctx, vm, m.startTimeout(), "VMM", func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
+				return nil, err
+			}
+			// A restore brings its own configuration (re-pointed at this
+			// sandbox's disks); a cold boot is configured here.
+			if restoreFrom != "" {
+				err = c.Restore(ctx, restoreFrom)
+				if err == nil {
+					err = c.Resume(ctx)
+				}
+			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock)); err == nil {
+				err = c.Boot(ctx)
+			}
+			if err != nil {
+				proc.Terminate(vm, time.Second)
+				return nil, err
+			}
+			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
+				RunMarker: ulid.Make().String(),
+				Sockets: []events.Resource{
+					m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, vsock), m.res(events.KindIIDSocket, iid),
+				}}), nil
+		},
+		Undo: func(ctx context.Context) ([]events.Payload, error) {
+			if vm.Pid == 0 {
+				return nil, nil
+			}
+			return m.stopVMM(ctx, id, vm, false)
+		},
+	}}
+}
+
+// vmDisks lists the disks a sandbox boots with: its own, then its volumes.
+func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.DiskConfig {
+	var disks []vmm.DiskConfig
+	for _, r := range sb.Resources {
+		switch r.Kind {
+		case events.KindRawDisk, events.KindWorkspaceDisk, events.KindShadowDisk:
+			disks = append(disks, vmm.DiskConfig{Path: m.Root.Abs(r.Path)})
+		}
+	}
+	for _, v := range sb.Volumes {
+		disks = append(disks, vmm.DiskConfig{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly})
+	}
+	return disks
+}
+
+func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
+	stateDir := m.Root.SupervisorDir(id)
+	argv := []string{m.Driver.Exe, "supervisor", "--sandbox", id, "--state-dir", stateDir, "--iid-socket", m.Root.IIDSocket(id)}
+	who, err := proc.SpawnDetached(argv, os.Environ(), m.Root.SupervisorLog(id))
+	if err != nil {
+		return who, fmt.Errorf("spawn supervisor: %w", err)
+	}
+	err = waitFor(ctx, who, m.startTimeout(), "supervisor", func(ctx context.Context) error {
+		_, err := supervisor.Ping(ctx, stateDir)
+		return err
+	})
+	if err != nil {
+		proc.Terminate(who, time.Second)
+	}
+	return who, err
+}
+
+func (m *Manager) stopSupervisor(who proc.Identity) ([]events.Payload, error) {
+	if err := proc.Terminate(who, 5*time.Second); err != nil {
+		return nil, err
+	}
+	return sagas.One(events.SupervisorStoppedEvent{Pid: who.Pid, Reason: "stopped"}), nil
+}
+
+// stopVMM asks the VMM to shut down through its API, makes sure the
+// process is gone, then removes the sandbox's sockets (RL-11). flush asks
+// the guest to flush its filesystem first and, only if it confirms,
+// journals the flush acknowledgement.
+func (m *Manager) stopVMM(ctx context.Context, id string, who proc.Identity, flush bool) ([]events.Payload, error) {
+	var ps []events.Payload
+	api := m.Root.APISocket(id)
+	c := vmm.NewClient(api)
+	if flush {
+		if err := vmm.GuestFlush(ctx, m.Root.VsockSocket(id)); err == nil {
+			sb, _ := m.Find(ctx, id)
+			ps = append(ps, events.FlushAcknowledgedEvent{Run: sb.LastRun, Overlay: m.rel(m.Root.WorkspaceDisk(id))})
+		}
+	}
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	c.Shutdown(sctx)
+	c.ShutdownVMM(sctx)
+	cancel()
+	if err := proc.Terminate(who, 5*time.Second); err != nil {
+		return ps, fmt.Errorf("stop VMM pid %d: %w", who.Pid, err)
+	}
+	ps = append(ps, events.SandboxStoppedEvent{Reason: "stopped"})
+	for _, r := range []events.Resource{
+		m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)),
+	} {
+		more, err := m.reclaim(r, true, "stop")
+		if err != nil {
+			return ps, err
+		}
+		ps = append(ps, more...)
+	}
+	return ps, nil
+}
+
+// Start boots a stopped sandbox.
+func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, error) {
+	sb, err := m.Find(ctx, ref)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State != projections.StateStopped {
+		return sb, fmt.Errorf("%w: sandbox %s is %s, not stopped", ErrRefused, sb.ID, sb.State)
+	}
+	if err := m.Driver.Preflight(); err != nil {
+		return sb, fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	if err := m.saga("start", sb.ID, m.bootSteps(sb.ID, "")).Run(ctx, m.B); err != nil {
+		return sb, err
+	}
+	m.writeRecord(ctx, sb.ID)
+	return m.Find(ctx, sb.ID)
+}
+
+// Stop shuts a running sandbox down: guest flush, VMM, sockets, supervisor.
+func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, error) {
+	sb, err := m.Find(ctx, ref)
+	if err != nil {
+		return sb, err
+	}
+	if sb.State != projections.StateRunning {
+		return sb, fmt.Errorf("%w: sandbox %s is %s, not running", ErrRefused, sb.ID, sb.State)
+	}
+	if err := m.saga("stop", sb.ID, m.stopSteps(sb)).Run(ctx, m.B); err != nil {
+		return sb, err
+	}
+	m.writeRecord(ctx, sb.ID)
+	return m.Find(ctx, sb.ID)
+}
+
+// stopSteps stop whatever of the sandbox still runs.
+func (m *Manager) stopSteps(sb projections.Sandbox) []sagas.Step {
+	var steps []sagas.Step
+	if sb.VMM != nil {
+		who := proc.Identity{Pid: sb.VMM.Pid, StartTicks: sb.VMM.StartTicks}
+		steps = append(steps, sagas.Step{Name: "vmm-stop", Do: func(ctx context.Context) ([]events.Payload, error) {
+			return m.stopVMM(ctx, sb.ID, who, true)
+		}})
+	}
+	if sb.Supervisor != nil {
+		who := proc.Identity{Pid: sb.Supervisor.Pid, StartTicks: sb.Supervisor.StartTicks}
+		steps = append(steps, sagas.Step{Name: "supervisor-stop", Do: func(context.Context) ([]events.Payload, error) {
+			ps, err := m.stopSupervisor(who)
+			if err != nil {
+				return ps, err
+			}
+			more, err := m.reclaim(m.res(events.KindIIDSocket, m.Root.IIDSocket(sb.ID)), sb.Owns(m.rel(m.Root.IIDSocket(sb.ID))), "stop")
+			return append(ps, more...), err
+		}})
+	}
+	return steps
+}
+
+var _ = fsx.Remove

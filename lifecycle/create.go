@@ -1,0 +1,450 @@
+//go:build wip
+
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/disk"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/intent"
+	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// Shadow is a --shadow NAME=SRC: a per-sandbox copy of SRC (an image file,
+// or a directory turned into an ext4 image), keyed by the sandbox handle.
+type Shadow struct{ Name, Source string }
+
+// Mount is a --volume NAME:GUESTPATH.
+type Mount struct{ Name, GuestPath string }
+
+// CreateSpec is what `nexus create` asks for.
+type CreateSpec struct {
+	Image     string
+	Handle    string
+	Workspace string
+	Shadows   []Shadow
+	Volumes   []Mount
+	Force     bool // skip the disk-space preflight
+}
+
+var (
+	handleRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
+	nameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+)
+
+// ValidName reports whether s may name a shadow disk or a volume.
+func ValidName(s string) bool { return nameRE.MatchString(s) }
+
+// workspaceSlack is room left in a workspace image beyond its contents.
+const workspaceSlack = 64 << 20
+
+// Create runs the create saga and boots the sandbox.
+func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sandbox, error) {
+	plan, err := m.planCreate(ctx, spec)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	id := ulid.Make().String()
+	s := m.saga("create", id, nil)
+	s.ID = ulid.Make().String()
+
+	// Intents come first, before saga.started: from the moment the journal
+	// names this sandbox, a leased marker on disk says its creator lives.
+	held, intents, err := m.publishIntents(id, s.ID, spec.Handle, plan.covers(m, id))
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	defer releaseAll(held)
+
+	s.Steps = append(s.Steps, sagas.Step{
+		Name: "intents",
+		Do: func(context.Context) ([]events.Payload, error) {
+			var ps []events.Payload
+			for _, in := range intents {
+				ps = append(ps, events.IntentWrittenEvent{Resource: in.res, Covers: in.covers})
+			}
+			return ps, nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) { return m.retireIntents(held, intents) },
+	})
+	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan)...)
+	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
+		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources}
+	}))
+	s.Steps = append(s.Steps, m.retireStep(held, intents))
+	s.Steps = append(s.Steps, m.attachSteps(spec.Volumes, false)...)
+	s.Steps = append(s.Steps, m.bootSteps(id, "")...)
+	if err := s.Run(ctx, m.B); err != nil {
+		return projections.Sandbox{}, err
+	}
+	if err := m.writeRecord(ctx, id); err != nil {
+		return projections.Sandbox{}, err
+	}
+	return m.Find(ctx, id)
+}
+
+type createPlan struct {
+	image          string
+	workspaceBytes int64
+	shadowIsDir    map[string]bool
+}
+
+func (p createPlan) covers(m *Manager, id string) []string {
+	return []string{m.rel(m.Root.RawDisk(id)), m.rel(m.Root.WorkspaceDisk(id)), m.rel(m.Root.SupervisorDir(id)), m.rel(filepath.Dir(m.Root.Record(id)))}
+}
+
+// planCreate checks everything it can before anything is written:
+// arguments, the kernel, and the disk space the new disks will take.
+func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, error) {
+	plan := createPlan{shadowIsDir: map[string]bool{}}
+	refuse := func(format string, a ...any) (createPlan, error) {
+		return plan, fmt.Errorf("%w: %s", ErrRefused, fmt.Sprintf(format, a...))
+	}
+	if spec.Image == "" {
+		return refuse("--image is required")
+	}
+	image, err := filepath.Abs(spec.Image)
+	if err != nil {
+		return refuse("image %q: %v", spec.Image, err)
+	}
+	plan.image = image
+	if err := regularFile(image); err != nil {
+		return refuse("image: %v", err)
+	}
+	if spec.Handle != "" {
+		if !handleRE.MatchString(spec.Handle) || strings.Contains(spec.Handle, "..") {
+			return refuse("handle %q: use letters, digits, '.', '_', '-', '/'", spec.Handle)
+		}
+		if _, err := m.Find(ctx, spec.Handle); err == nil {
+			return refuse("handle %q is already in use", spec.Handle)
+		}
+	}
+	if len(spec.Shadows) > 0 && spec.Handle == "" {
+		return refuse("--shadow needs --handle: shadow disks are keyed by the sandbox handle")
+	}
+	seen := map[string]bool{}
+	var need int64
+	for _, sh := range spec.Shadows {
+		if !ValidName(sh.Name) || seen[sh.Name] {
+			return refuse("shadow name %q: want a unique lowercase name", sh.Name)
+		}
+		seen[sh.Name] = true
+		info, err := os.Lstat(sh.Source)
+		if err != nil {
+			return refuse("shadow %s: %v", sh.Name, err)
+		}
+		switch {
+		case info.IsDir():
+			plan.shadowIsDir[sh.Name] = true
+			size, err := treeBytes(sh.Source)
+			if err != nil {
+				return refuse("shadow %s: %v", sh.Name, err)
+			}
+			need += size + workspaceSlack
+		case info.Mode().IsRegular():
+			size, err := disk.Stat(sh.Source)
+			if err != nil {
+				return refuse("shadow %s: %v", sh.Name, err)
+			}
+			need += size.Allocated
+		default:
+			return refuse("shadow %s: %s is neither a regular file nor a directory", sh.Name, sh.Source)
+		}
+	}
+	plan.workspaceBytes = m.overlayBytes()
+	if spec.Workspace != "" {
+		info, err := os.Stat(spec.Workspace)
+		if err != nil {
+			return refuse("--workspace: %v", err)
+		}
+		if !info.IsDir() {
+			return refuse("--workspace %s is not a directory", spec.Workspace)
+		}
+		size, err := treeBytes(spec.Workspace)
+		if err != nil {
+			return refuse("--workspace: %v", err)
+		}
+		plan.workspaceBytes = max(plan.workspaceBytes, roundMiB(2*size+workspaceSlack))
+		need += size + workspaceSlack
+	}
+	if err := m.checkVolumes(ctx, spec.Volumes); err != nil {
+		return plan, err
+	}
+	if err := m.Driver.Preflight(); err != nil {
+		return plan, fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs"); err != nil {
+		return plan, err
+	}
+	imageSize, err := disk.Stat(image)
+	if err != nil {
+		return refuse("image: %v", err)
+	}
+	need += imageSize.Allocated
+	if !spec.Force {
+		if err := disk.Preflight(m.Root.Disks(), need); err != nil {
+			return plan, fmt.Errorf("%w: %v (--force skips this check)", ErrRefused, err)
+		}
+	}
+	return plan, nil
+}
+
+func (m *Manager) checkVolumes(ctx context.Context, mounts []Mount) error {
+	if len(mounts) == 0 {
+		return nil
+	}
+	vols, err := m.B.Volumes(ctx)
+	if err != nil {
+		return err
+	}
+	byName := map[string]projections.Volume{}
+	for _, v := range vols {
+		byName[v.Name] = v
+	}
+	seen := map[string]bool{}
+	for _, mt := range mounts {
+		v, ok := byName[mt.Name]
+		switch {
+		case !ok:
+			return fmt.Errorf("%w: no volume %q (create it with `nexus volume create`)", ErrNotFound, mt.Name)
+		case seen[mt.Name]:
+			return fmt.Errorf("%w: volume %q given twice", ErrRefused, mt.Name)
+		case len(v.AttachedTo) > 0:
+			return fmt.Errorf("%w: volume %q is attached to %s; a writable volume is never shared", ErrRefused, mt.Name, strings.Join(v.AttachedTo, ", "))
+		case !strings.HasPrefix(mt.GuestPath, "/"):
+			return fmt.Errorf("%w: volume %q: guest path %q is not absolute", ErrRefused, mt.Name, mt.GuestPath)
+		}
+		seen[mt.Name] = true
+	}
+	return nil
+}
+
+type publishedIntent struct {
+	res    events.Resource
+	covers []string
+}
+
+// publishIntents takes the shadow intent first (RL-17: shadow disks are
+// written before anything else can name them), then the create intent.
+func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*intent.Held, []publishedIntent, error) {
+	var held []*intent.Held
+	var out []publishedIntent
+	type want struct {
+		kind   events.ResourceKind
+		path   string
+		covers []string
+	}
+	var wants []want
+	if handle != "" {
+		wants = append(wants, want{events.KindShadowIntent, m.Root.ShadowIntent(handle), nil})
+	}
+	wants = append(wants, want{events.KindCreateIntent, m.Root.CreateIntent(id), covers})
+	for _, w := range wants {
+		h, err := intent.Publish(w.path, intent.Intent{Kind: string(w.kind), Sandbox: id, Handle: handle, Saga: saga, Covers: w.covers})
+		if err != nil {
+			releaseAll(held)
+			for _, in := range out {
+				intent.Retire(m.Root.Abs(in.res.Path))
+			}
+			if errors.Is(err, fs.ErrExist) {
+				return nil, nil, fmt.Errorf("%w: %s exists: another create of this handle is in flight or crashed (run `nexus recover`)", ErrRefused, w.path)
+			}
+			return nil, nil, err
+		}
+		held = append(held, h)
+		out = append(out, publishedIntent{res: m.res(w.kind, w.path), covers: w.covers})
+	}
+	return held, out, nil
+}
+
+func releaseAll(held []*intent.Held) {
+	for _, h := range held {
+		h.Release()
+	}
+}
+
+func (m *Manager) retireIntents(held []*intent.Held, intents []publishedIntent) ([]events.Payload, error) {
+	releaseAll(held)
+	var ps []events.Payload
+	for _, in := range intents {
+		if ok, _ := fsx.Lexists(string(m.Root), in.res.Path); !ok {
+			continue // retired already (compensation after commit)
+		}
+		if err := intent.Retire(m.Root.Abs(in.res.Path)); err != nil {
+			return ps, err
+		}
+		ps = append(ps, events.IntentRetiredEvent{Resource: in.res})
+	}
+	return ps, nil
+}
+
+// materialiseSteps writes the sandbox's disks and supervisor state.
+func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan) []sagas.Step {
+	raw := m.res(events.KindRawDisk, m.Root.RawDisk(id))
+	ws := m.res(events.KindWorkspaceDisk, m.Root.WorkspaceDisk(id))
+	steps := []sagas.Step{
+		m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) { return disk.Clone(plan.image, dst) }),
+		m.diskStep("workspace-disk", ws, func(dst string) (disk.Method, error) {
+			return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
+		}),
+	}
+	for _, sh := range spec.Shadows {
+		sh := sh
+		r := m.res(events.KindShadowDisk, m.Root.ShadowDisk(spec.Handle, sh.Name))
+		steps = append(steps, m.diskStep("shadow."+sh.Name, r, func(dst string) (disk.Method, error) {
+			if plan.shadowIsDir[sh.Name] {
+				size, err := treeBytes(sh.Source)
+				if err != nil {
+					return "", err
+				}
+				return disk.MethodMkfs, disk.MakeExt4(dst, roundMiB(2*size+workspaceSlack), sh.Source)
+			}
+			return disk.Clone(sh.Source, dst)
+		}))
+	}
+	return append(steps, m.supervisorStateStep(id, ""), m.recordDirStep(id))
+}
+
+// diskStep materialises one disk; its undo deletes it.
+func (m *Manager) diskStep(name string, r events.Resource, make func(dst string) (disk.Method, error)) sagas.Step {
+	return sagas.Step{
+		Name: name,
+		Do: func(context.Context) ([]events.Payload, error) {
+			method, err := make(m.Root.Abs(r.Path))
+			if err != nil {
+				return nil, err
+			}
+			size, err := disk.Stat(m.Root.Abs(r.Path))
+			if err != nil {
+				return nil, err
+			}
+			return sagas.One(events.DiskMaterialisedEvent{Resource: r, Method: string(method), AllocatedBytes: size.Allocated, ApparentBytes: size.Apparent}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+	}
+}
+
+// supervisorStateStep creates supervisors/<id>/ (0700) and its MITM CA,
+// minted once here and re-seeded into every later supervisor (RL-18, RL-19).
+// A fork or restore child seeds from the parent's CA so TLS sessions the
+// guest trusts keep validating.
+func (m *Manager) supervisorStateStep(id, seedFrom string) sagas.Step {
+	r := m.res(events.KindSupervisorState, m.Root.SupervisorDir(id))
+	return sagas.Step{
+		Name: "supervisor-state",
+		Do: func(context.Context) ([]events.Payload, error) {
+			dir := m.Root.SupervisorDir(id)
+			if err := supervisor.EnsureStateDir(dir); err != nil {
+				return nil, err
+			}
+			if seedFrom != "" {
+				if ca, err := supervisor.LoadCA(m.Root.SupervisorDir(seedFrom), nowUTC()); err == nil {
+					if err := supervisor.SaveCA(dir, ca); err != nil {
+						return nil, err
+					}
+				}
+			}
+			if _, _, err := supervisor.SeedOrMint(dir, id, nowUTC()); err != nil {
+				return nil, err
+			}
+			return sagas.One(events.ResourceCreatedEvent{Resource: r}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+	}
+}
+
+// recordDirStep creates sandboxes/<id>/, where the derived record lives.
+func (m *Manager) recordDirStep(id string) sagas.Step {
+	dir := filepath.Dir(m.Root.Record(id))
+	r := m.res(events.KindRecord, dir)
+	return sagas.Step{
+		Name: "record-dir",
+		Do: func(context.Context) ([]events.Payload, error) {
+			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return nil, err
+			}
+			return sagas.One(events.ResourceCreatedEvent{Resource: r}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+	}
+}
+
+// commitStep journals the sandbox as committed, owning every resource the
+// saga has materialised so far.
+func (m *Manager) commitStep(id string, committed func([]events.Resource) events.Payload) sagas.Step {
+	return sagas.Step{
+		Name: "commit",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			sb, err := m.Find(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			var owned []events.Resource
+			for _, r := range sb.Resources {
+				if r.Kind != events.KindCreateIntent && r.Kind != events.KindShadowIntent {
+					owned = append(owned, r)
+				}
+			}
+			return sagas.One(committed(owned)), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) {
+			return sagas.One(events.SandboxRemovedEvent{}), nil
+		},
+	}
+}
+
+// retireStep follows commit: only once the journal has acknowledged the
+// commit are the leases released and the markers removed (RL-6: a reaper
+// that sees a free lease also sees the commit).
+func (m *Manager) retireStep(held []*intent.Held, intents []publishedIntent) sagas.Step {
+	return sagas.Step{
+		Name: "retire-intents",
+		Do:   func(context.Context) ([]events.Payload, error) { return m.retireIntents(held, intents) },
+	}
+}
+
+func regularFile(path string) error {
+	info, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", path)
+	}
+	return nil
+}
+
+// treeBytes is the apparent size of every regular file under dir, the
+// basis of a workspace image's size.
+func treeBytes(dir string) (int64, error) {
+	var total int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			info, err := d.Info()
+			if err != nil {
+				return err
+			}
+			total += info.Size()
+		}
+		return nil
+	})
+	return total, err
+}
+
+func roundMiB(n int64) int64 { return (n + (1<<20 - 1)) &^ (1<<20 - 1) }

@@ -1,0 +1,390 @@
+//go:build wip
+
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/disk"
+	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// ForkSpec is what `nexus fork` asks for.
+type ForkSpec struct {
+	Parent string
+	Count  int
+	Force  bool
+	// ReadOnlyVolumes attaches the parent's named volumes to every child
+	// read-only. Without it a parent with volumes is refused: a writable
+	// volume is never shared between sandboxes.
+	ReadOnlyVolumes bool
+}
+
+// sourceDisk is one disk a child copies, and where the copy goes.
+type sourceDisk struct {
+	kind events.ResourceKind
+	src  string // absolute
+	dst  string // absolute
+	name string // step name
+}
+
+// Fork creates Count children of a committed sandbox, each a full set of
+// copy-on-write disks owned by the child (RL-14), one saga per child.
+func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbox, error) {
+	parent, err := m.Find(ctx, spec.Parent)
+	if err != nil {
+		return nil, err
+	}
+	if parent.State == projections.StateCreating {
+		return nil, fmt.Errorf("%w: sandbox %s is still being created", ErrRefused, parent.ID)
+	}
+	if spec.Count < 1 || spec.Count > 256 {
+		return nil, fmt.Errorf("%w: --count %d: want 1..256", ErrRefused, spec.Count)
+	}
+	if len(parent.Volumes) > 0 && !spec.ReadOnlyVolumes {
+		names := make([]string, len(parent.Volumes))
+		for i, v := range parent.Volumes {
+			names[i] = v.Name
+		}
+		return nil, fmt.Errorf("%w: sandbox %s has named volume(s) %s attached; children would share a writable volume (pass --readonly-volumes to attach them read-only to the children)", ErrRefused, parent.ID, strings.Join(names, ", "))
+	}
+	sources := m.parentDisks(parent)
+	if err := m.preflightCopies(sources, spec.Count, spec.Force); err != nil {
+		return nil, err
+	}
+	resume, err := m.pauseIfRunning(ctx, parent)
+	if err != nil {
+		return nil, err
+	}
+	defer resume()
+	var mounts []Mount
+	for _, v := range parent.Volumes {
+		mounts = append(mounts, Mount{Name: v.Name, GuestPath: v.GuestPath})
+	}
+	var children []projections.Sandbox
+	for i := 0; i < spec.Count; i++ {
+		child := ulid.Make().String()
+		copies := m.childCopies(parent, child, sources)
+		committed := func(rs []events.Resource) events.Payload {
+			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs}
+		}
+		if err := m.runChild(ctx, "fork", child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
+			return children, err
+		}
+		sb, err := m.Find(ctx, child)
+		if err != nil {
+			return children, err
+		}
+		children = append(children, sb)
+	}
+	return children, nil
+}
+
+// parentDisks lists the disks of sb a child copies: OS, workspace, shadows.
+func (m *Manager) parentDisks(sb projections.Sandbox) []sourceDisk {
+	var out []sourceDisk
+	for _, r := range sb.Resources {
+		switch r.Kind {
+		case events.KindRawDisk, events.KindWorkspaceDisk, events.KindShadowDisk:
+			out = append(out, sourceDisk{kind: r.Kind, src: m.Root.Abs(r.Path)})
+		}
+	}
+	return out
+}
+
+// childCopies names each copy after the child: <child>.raw,
+// <child>-workspace.ext4, <child>-<parentSafeHandle>.shadow.<name>.ext4.
+func (m *Manager) childCopies(parent projections.Sandbox, child string, sources []sourceDisk) []sourceDisk {
+	out := make([]sourceDisk, 0, len(sources))
+	for _, s := range sources {
+		c := s
+		switch s.kind {
+		case events.KindRawDisk:
+			c.dst, c.name = m.Root.RawDisk(child), "os-disk"
+		case events.KindWorkspaceDisk:
+			c.dst, c.name = m.Root.WorkspaceDisk(child), "workspace-disk"
+		case events.KindShadowDisk:
+			name := shadowName(s.src)
+			handle := parent.Handle
+			if handle == "" {
+				handle = parent.ID
+			}
+			c.dst, c.name = m.Root.ForkShadowDisk(child, handle, name), "shadow."+name
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// shadowName extracts <name> from ...shadow.<name>.ext4.
+func shadowName(path string) string {
+	base := filepath.Base(path)
+	if i := strings.LastIndex(base, ".shadow."); i >= 0 {
+		return strings.TrimSuffix(base[i+len(".shadow."):], ".ext4")
+	}
+	return strings.TrimSuffix(base, ".ext4")
+}
+
+func (m *Manager) preflightCopies(sources []sourceDisk, count int, force bool) error {
+	var footprint int64
+	for _, s := range sources {
+		size, err := disk.Stat(s.src)
+		if err != nil {
+			return fmt.Errorf("%w: measure %s: %v", ErrRefused, s.src, err)
+		}
+		footprint += size.Allocated
+	}
+	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs", "snapshots"); err != nil {
+		return err
+	}
+	if force {
+		return nil
+	}
+	if err := disk.Preflight(m.Root.Disks(), footprint*int64(count)); err != nil {
+		return fmt.Errorf("%w: %d x %d bytes: %v (--force skips this check)", ErrRefused, count, footprint, err)
+	}
+	return nil
+}
+
+// pauseIfRunning pauses a running sandbox's VM so its disks are copied at
+// one instant; the returned func resumes it. recover resumes a VM a
+// crashed fork left paused.
+func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (func(), error) {
+	if sb.State != projections.StateRunning {
+		return func() {}, nil
+	}
+	c := vmm.NewClient(m.Root.APISocket(sb.ID))
+	if err := c.Pause(ctx); err != nil {
+		return nil, fmt.Errorf("pause %s: %w", sb.ID, err)
+	}
+	return func() { c.Resume(context.WithoutCancel(ctx)) }, nil
+}
+
+// runChild runs the create-like saga of a fork or restore child.
+func (m *Manager) runChild(ctx context.Context, kind, child, seedCA string, copies []sourceDisk,
+	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step) error {
+	s := m.saga(kind, child, nil)
+	s.ID = ulid.Make().String()
+	covers := []string{m.rel(m.Root.SupervisorDir(child)), m.rel(filepath.Dir(m.Root.Record(child))), m.rel(m.Root.SnapshotsOf(child))}
+	for _, c := range copies {
+		covers = append(covers, m.rel(c.dst))
+	}
+	held, intents, err := m.publishIntents(child, s.ID, "", covers)
+	if err != nil {
+		return err
+	}
+	defer releaseAll(held)
+	s.Steps = append(s.Steps, sagas.Step{
+		Name: "intents",
+		Do: func(context.Context) ([]events.Payload, error) {
+			var ps []events.Payload
+			for _, in := range intents {
+				ps = append(ps, events.IntentWrittenEvent{Resource: in.res, Covers: in.covers})
+			}
+			return ps, nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) { return m.retireIntents(held, intents) },
+	})
+	for _, c := range copies {
+		c := c
+		s.Steps = append(s.Steps, m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) { return disk.Clone(c.src, dst) }))
+	}
+	if stage != nil {
+		s.Steps = append(s.Steps, *stage)
+	}
+	s.Steps = append(s.Steps, m.supervisorStateStep(child, seedCA), m.recordDirStep(child))
+	s.Steps = append(s.Steps, m.commitStep(child, committed), m.retireStep(held, intents))
+	s.Steps = append(s.Steps, m.attachSteps(mounts, readOnly)...)
+	s.Steps = append(s.Steps, m.bootSteps(child, restoreFrom)...)
+	if err := s.Run(ctx, m.B); err != nil {
+		return err
+	}
+	return m.writeRecord(ctx, child)
+}
+
+// manifest describes a snapshot directory.
+type manifest struct {
+	Sandbox string         `json:"sandbox"`
+	Image   string         `json:"image"`
+	Handle  string         `json:"handle,omitempty"`
+	VMState bool           `json:"vm_state"`
+	Disks   []manifestDisk `json:"disks"`
+}
+
+type manifestDisk struct {
+	Kind events.ResourceKind `json:"kind"`
+	File string              `json:"file"`
+}
+
+// Snapshot captures a sandbox into snapshots/<id>/<snapshot>/ (RL-15):
+// its disks, and the VM state when it runs.
+func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
+	sb, err := m.Find(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	if sb.State != projections.StateRunning && sb.State != projections.StateStopped {
+		return "", fmt.Errorf("%w: sandbox %s is %s", ErrRefused, sb.ID, sb.State)
+	}
+	snap := ulid.Make().String()
+	dir := m.Root.Snapshot(sb.ID, snap)
+	r := m.res(events.KindSnapshot, dir)
+	sources := m.parentDisks(sb)
+	if err := m.preflightCopies(sources, 1, false); err != nil {
+		return "", err
+	}
+	step := sagas.Step{
+		Name: "capture",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			if err := os.MkdirAll(m.Root.SnapshotsOf(sb.ID), 0o700); err != nil {
+				return nil, err
+			}
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				return nil, err
+			}
+			resume, err := m.pauseIfRunning(ctx, sb)
+			if err != nil {
+				return nil, err
+			}
+			defer resume()
+			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning}
+			if man.VMState {
+				if err := vmm.NewClient(m.Root.APISocket(sb.ID)).Snapshot(ctx, dir); err != nil {
+					return nil, err
+				}
+			}
+			var allocated int64
+			for _, s := range sources {
+				file := filepath.Base(s.src)
+				if _, err := disk.Clone(s.src, filepath.Join(dir, file)); err != nil {
+					return nil, err
+				}
+				size, _ := disk.Stat(filepath.Join(dir, file))
+				allocated += size.Allocated
+				man.Disks = append(man.Disks, manifestDisk{Kind: s.kind, File: file})
+			}
+			data, _ := json.MarshalIndent(man, "", "  ")
+			if err := durable.WriteFile(filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
+				return nil, err
+			}
+			return sagas.One(events.SnapshotTakenEvent{SnapshotID: snap, Dir: r, AllocatedBytes: allocated}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+	}
+	if err := m.saga("snapshot", sb.ID, []sagas.Step{step}).Run(ctx, m.B); err != nil {
+		return "", err
+	}
+	return snap, nil
+}
+
+// Restore creates a new sandbox from a snapshot, through the fork path.
+func (m *Manager) Restore(ctx context.Context, snap string, force bool) (projections.Sandbox, error) {
+	list, err := m.sandboxes(ctx)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	var source *projections.Sandbox
+	for i := range list {
+		for _, s := range list[i].Snapshots {
+			if s == strings.ToUpper(snap) {
+				source = &list[i]
+			}
+		}
+	}
+	if source == nil {
+		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, snap)
+	}
+	dir := m.Root.Snapshot(source.ID, strings.ToUpper(snap))
+	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		return projections.Sandbox{}, fmt.Errorf("snapshot %s: %w", snap, err)
+	}
+	var man manifest
+	if err := json.Unmarshal(data, &man); err != nil {
+		return projections.Sandbox{}, fmt.Errorf("snapshot %s: manifest: %w", snap, err)
+	}
+	child := ulid.Make().String()
+	var sources []sourceDisk
+	for _, d := range man.Disks {
+		if strings.ContainsRune(d.File, '/') || d.File == ".." {
+			return projections.Sandbox{}, fmt.Errorf("snapshot %s: manifest names %q outside the snapshot", snap, d.File)
+		}
+		sources = append(sources, sourceDisk{kind: d.Kind, src: filepath.Join(dir, d.File)})
+	}
+	if err := m.preflightCopies(sources, 1, force); err != nil {
+		return projections.Sandbox{}, err
+	}
+	copies := m.childCopies(*source, child, sources)
+	restoreFrom := ""
+	var stage *sagas.Step
+	if man.VMState {
+		restoreFrom = filepath.Join(m.Root.SnapshotsOf(child), "restore")
+		r := m.res(events.KindSnapshot, restoreFrom)
+		stage = &sagas.Step{
+			Name: "stage-restore",
+			Do: func(context.Context) ([]events.Payload, error) {
+				if err := m.stageRestore(dir, restoreFrom, child, copies); err != nil {
+					return nil, err
+				}
+				return sagas.One(events.ResourceCreatedEvent{Resource: r}), nil
+			},
+			Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+		}
+	}
+	committed := func(rs []events.Resource) events.Payload {
+		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Image: man.Image, Driver: m.Driver.Name, Resources: rs}
+	}
+	if err := m.runChild(ctx, "restore", child, source.ID, copies, committed, nil, false, restoreFrom, stage); err != nil {
+		return projections.Sandbox{}, err
+	}
+	return m.Find(ctx, child)
+}
+
+// stageRestore writes the VM state of a snapshot, re-pointed at the
+// child's own disk copies, under the child's snapshots directory: the VMM
+// restores a configuration by its disk paths, and the parent's disks must
+// never be opened by a child.
+func (m *Manager) stageRestore(dir, stage, child string, copies []sourceDisk) error {
+	var cfg vmm.Config
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return fmt.Errorf("snapshot config: %w", err)
+	}
+	cfg.Disks = nil
+	for _, c := range copies {
+		cfg.Disks = append(cfg.Disks, vmm.DiskConfig{Path: c.dst})
+	}
+	if cfg.Vsock != nil {
+		cfg.Vsock.Socket = m.Root.VsockSocket(child)
+	}
+	if err := os.MkdirAll(stage, 0o700); err != nil {
+		return err
+	}
+	out, _ := json.MarshalIndent(cfg, "", "  ")
+	if err := durable.WriteFile(filepath.Join(stage, "config.json"), out, 0o600); err != nil {
+		return err
+	}
+	state, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return durable.WriteFile(filepath.Join(stage, "state.json"), state, 0o600)
+}

@@ -1,0 +1,136 @@
+//go:build wip
+
+// Package lifecycle composes the sandbox flows (create, fork, snapshot,
+// restore, start, stop, rm, recover, volumes) from host operations, saga
+// steps and journal events. Each flow is a sagas.Saga whose steps call host/
+// and return the events that say what they did; this package decides what
+// the steps are, host/ does them, the journal remembers them.
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+var (
+	// ErrRefused marks an operation refused before it changed anything.
+	ErrRefused = errors.New("refused")
+	// ErrNotFound marks an unknown sandbox, snapshot or volume.
+	ErrNotFound = errors.New("not found")
+)
+
+// Manager runs flows against one state root.
+type Manager struct {
+	Root   layout.Root
+	B      control.Backend
+	Driver Driver
+	// Hook runs around every saga step (crash tests set it).
+	Hook func(kind, step string, phase sagas.Phase)
+	// OverlayMiB is the size of a new sandbox's workspace (overlay) disk.
+	OverlayMiB int64
+	// StartTimeout bounds how long a VMM or supervisor may take to answer.
+	StartTimeout time.Duration
+}
+
+func (m *Manager) overlayBytes() int64 {
+	if m.OverlayMiB <= 0 {
+		return 256 << 20
+	}
+	return m.OverlayMiB << 20
+}
+
+func (m *Manager) startTimeout() time.Duration {
+	if m.StartTimeout <= 0 {
+		return 15 * time.Second
+	}
+	return m.StartTimeout
+}
+
+func (m *Manager) saga(kind, sandbox string, steps []sagas.Step) *sagas.Saga {
+	return &sagas.Saga{Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook}
+}
+
+// sandboxes returns the current view of every sandbox.
+func (m *Manager) sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
+	return m.B.Sandboxes(ctx)
+}
+
+// Find resolves an id or handle to a committed or in-flight sandbox.
+func (m *Manager) Find(ctx context.Context, ref string) (projections.Sandbox, error) {
+	list, err := m.sandboxes(ctx)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	for _, sb := range list {
+		if sb.ID == strings.ToUpper(ref) || (sb.Handle != "" && sb.Handle == ref) {
+			return sb, nil
+		}
+	}
+	return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
+}
+
+func (m *Manager) rel(path string) string { return m.Root.Rel(path) }
+
+func (m *Manager) res(kind events.ResourceKind, path string) events.Resource {
+	return events.Resource{Kind: kind, Path: m.rel(path)}
+}
+
+// ensureDirs creates the state-root directories a flow writes into,
+// refusing any that is a symlink.
+func (m *Manager) ensureDirs(rels ...string) error {
+	for _, rel := range rels {
+		if err := fsx.EnsureDir(string(m.Root), rel); err != nil {
+			return fmt.Errorf("%w: %v", ErrRefused, err)
+		}
+	}
+	return nil
+}
+
+// reclaim deletes a resource symlink-safely and says so; a resource that is
+// already gone yields no event unless the journal still owned it.
+func (m *Manager) reclaim(r events.Resource, owned bool, by string) ([]events.Payload, error) {
+	err := fsx.Remove(string(m.Root), r.Path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if !owned {
+			return nil, nil
+		}
+	case err != nil:
+		return nil, err
+	}
+	return sagas.One(events.ResourceReclaimedEvent{Resource: r, By: by}), nil
+}
+
+// writeRecord publishes sandboxes/<id>/record.json, the derived record an
+// operator or another tool can read without the journal. It is rebuilt
+// from the journal on every lifecycle change, so it can never be the only
+// copy of anything.
+func (m *Manager) writeRecord(ctx context.Context, id string) error {
+	sb, err := m.Find(ctx, id)
+	if err != nil {
+		return err
+	}
+	data, err := json.MarshalIndent(sb, "", "  ")
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(m.Root.Record(id))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return durable.WriteFile(m.Root.Record(id), append(data, '\n'), 0o600)
+}

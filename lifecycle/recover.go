@@ -1,0 +1,452 @@
+//go:build wip
+
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/intent"
+	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// RecoverReport lists what recover did, by sandbox or saga id.
+type RecoverReport struct {
+	InFlight    []string `json:"in_flight"`   // sagas whose creator still holds its lease: left alone
+	Compensated []string `json:"compensated"` // sagas rolled back
+	Resumed     []string `json:"resumed"`     // sagas finished
+	Stopped     []string `json:"stopped"`     // sandboxes whose VMM was gone
+	Restarted   []string `json:"restarted"`   // supervisors replaced (CA re-seeded)
+	Killed      []string `json:"killed"`      // orphaned supervisors terminated (RL-13)
+	Unpaused    []string `json:"unpaused"`    // VMs a crashed fork or snapshot left paused
+	Intents     []string `json:"intents"`     // unjournaled intents whose covered files were removed
+}
+
+// Recover brings the state root back to what the journal says, after any
+// crash: every unfinished saga is resumed or compensated, every sandbox the
+// journal calls running is checked by pid + start time and API socket, and
+// supervisors are restarted or, when orphaned, killed.
+func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
+	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Stopped: []string{},
+		Restarted: []string{}, Killed: []string{}, Unpaused: []string{}, Intents: []string{}}
+	open, err := m.B.OpenSagas(ctx)
+	if err != nil {
+		return rep, err
+	}
+	for _, sg := range open {
+		if err := m.recoverSaga(ctx, sg, &rep); err != nil {
+			return rep, fmt.Errorf("recover saga %s (%s of %s): %w", sg.ID, sg.Kind, sg.Sandbox, err)
+		}
+	}
+	if err := m.sweepIntents(ctx, &rep); err != nil {
+		return rep, err
+	}
+	list, err := m.sandboxes(ctx)
+	if err != nil {
+		return rep, err
+	}
+	for _, sb := range list {
+		if err := m.recoverSandbox(ctx, sb, &rep); err != nil {
+			return rep, fmt.Errorf("recover sandbox %s: %w", sb.ID, err)
+		}
+	}
+	return rep, nil
+}
+
+// creatorAlive reports whether the process that ran a saga still holds its
+// create intent's lease. Intents are published before saga.started, so a
+// saga whose lease is free (or whose intent is gone) has no live creator.
+func (m *Manager) creatorAlive(sandbox string) bool {
+	held, err := intent.LeaseHeld(m.Root.CreateIntent(sandbox))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return true // RL-9: cannot tell, so assume it lives
+	}
+	return held
+}
+
+func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep *RecoverReport) error {
+	sb, findErr := m.Find(ctx, sg.Sandbox)
+	done := map[string]bool{}
+	for _, d := range sg.Done {
+		done[d] = true
+	}
+	resume := func(steps []sagas.Step) error {
+		s := &sagas.Saga{ID: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Steps: steps, Done: done, Hook: m.Hook}
+		done[string(events.SagaStarted)] = true // never journal the start twice
+		if err := s.Run(ctx, m.B); err != nil {
+			return err
+		}
+		rep.Resumed = append(rep.Resumed, sg.ID)
+		return nil
+	}
+	compensate := func(steps []sagas.Step, reason string) error {
+		s := &sagas.Saga{ID: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Steps: steps, Hook: m.Hook}
+		if err := s.Compensate(ctx, m.B, reason); err != nil {
+			return err
+		}
+		rep.Compensated = append(rep.Compensated, sg.ID)
+		return nil
+	}
+	switch sg.Kind {
+	case "create", "fork", "restore":
+		if m.creatorAlive(sg.Sandbox) {
+			rep.InFlight = append(rep.InFlight, sg.ID)
+			return nil
+		}
+		if findErr == nil && sb.State != projections.StateCreating {
+			// Committed: what remains is bookkeeping. The sandbox is left
+			// stopped (recoverSandbox stops a VMM the crash left without an
+			// event); the user starts it again.
+			return resume([]sagas.Step{m.retireLeftoverIntents(sb), m.stopUnrecorded(sb.ID)})
+		}
+		return compensate([]sagas.Step{m.undoUncommitted(sg.Sandbox)}, "creator died before commit")
+	case "rm":
+		if findErr != nil {
+			return resume(nil) // removed already; only the saga's end is missing
+		}
+		return resume(m.removeSteps(sb))
+	case "stop":
+		if findErr != nil {
+			return resume(nil)
+		}
+		return resume(m.stopSteps(sb))
+	case "start":
+		if findErr != nil || sb.State == projections.StateRunning {
+			return resume(nil)
+		}
+		return compensate([]sagas.Step{m.stopUnrecorded(sg.Sandbox), {Name: "supervisor-stop", Undo: func(context.Context) ([]events.Payload, error) {
+			if sb.Supervisor == nil {
+				return m.killUnrecordedSupervisor(sg.Sandbox)
+			}
+			return m.stopSupervisor(proc.Identity{Pid: sb.Supervisor.Pid, StartTicks: sb.Supervisor.StartTicks})
+		}}}, "starter died before the VMM was recorded")
+	case "snapshot":
+		// The snapshot never got its event: drop the partial directory.
+		return compensate([]sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
+			return m.dropUnrecordedSnapshots(ctx, sb)
+		}}}, "snapshot interrupted")
+	default:
+		return compensate(nil, "unknown saga kind "+sg.Kind)
+	}
+}
+
+// undoUncommitted is the compensation of a create-like saga whose creator
+// died before commit: stop anything it spawned, delete everything it may
+// have materialised (what the journal recorded, plus what its intents
+// cover), then retire the intents.
+func (m *Manager) undoUncommitted(id string) sagas.Step {
+	return sagas.Step{Name: "materialise", Undo: func(ctx context.Context) ([]events.Payload, error) {
+		var ps []events.Payload
+		stopped, err := m.stopUnrecordedVMM(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		ps = append(ps, stopped...)
+		more, err := m.killUnrecordedSupervisor(id)
+		if err != nil {
+			return ps, err
+		}
+		ps = append(ps, more...)
+		sb, _ := m.Find(ctx, id)
+		targets := map[string]events.Resource{}
+		var order []string
+		add := func(r events.Resource) {
+			if _, ok := targets[r.Path]; !ok {
+				targets[r.Path] = r
+				order = append(order, r.Path)
+			}
+		}
+		var intents []events.Resource
+		for _, r := range sb.Resources {
+			if r.Kind == events.KindCreateIntent || r.Kind == events.KindShadowIntent {
+				intents = append(intents, r)
+				continue
+			}
+			add(r)
+		}
+		for _, ip := range []string{m.Root.CreateIntent(id)} {
+			in, err := intent.Read(ip)
+			if err != nil {
+				continue
+			}
+			for _, c := range in.Covers {
+				add(events.Resource{Kind: kindOfPath(c), Path: c})
+			}
+			if in.Handle != "" {
+				intents = append(intents, m.res(events.KindShadowIntent, m.Root.ShadowIntent(in.Handle)))
+			}
+			intents = append(intents, m.res(events.KindCreateIntent, ip))
+		}
+		for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)), m.res(events.KindIIDSocket, m.Root.IIDSocket(id))} {
+			add(r)
+		}
+		for _, p := range order {
+			r := targets[p]
+			more, err := m.reclaim(r, sb.Owns(r.Path), "recover")
+			if err != nil {
+				return ps, err
+			}
+			ps = append(ps, more...)
+		}
+		seen := map[string]bool{}
+		for _, r := range intents {
+			if seen[r.Path] {
+				continue
+			}
+			seen[r.Path] = true
+			if err := intent.Retire(m.Root.Abs(r.Path)); err != nil {
+				return ps, err
+			}
+			ps = append(ps, events.IntentRetiredEvent{Resource: r})
+		}
+		return ps, nil
+	}}
+}
+
+// kindOfPath names the kind of a path an intent covers, from its layout.
+func kindOfPath(rel string) events.ResourceKind {
+	base := filepath.Base(rel)
+	switch {
+	case strings.HasPrefix(rel, "supervisors/"):
+		return events.KindSupervisorState
+	case strings.HasPrefix(rel, "sandboxes/"):
+		return events.KindRecord
+	case strings.HasPrefix(rel, "snapshots/"):
+		return events.KindSnapshot
+	case strings.Contains(base, ".shadow."):
+		return events.KindShadowDisk
+	case strings.HasSuffix(base, "-workspace.ext4"):
+		return events.KindWorkspaceDisk
+	default:
+		return events.KindRawDisk
+	}
+}
+
+// retireLeftoverIntents finishes a committed create whose creator died
+// before retiring its markers.
+func (m *Manager) retireLeftoverIntents(sb projections.Sandbox) sagas.Step {
+	return sagas.Step{Name: "retire-intents", Do: func(context.Context) ([]events.Payload, error) {
+		var ps []events.Payload
+		for _, r := range sb.Resources {
+			if r.Kind != events.KindCreateIntent && r.Kind != events.KindShadowIntent {
+				continue
+			}
+			if err := intent.Retire(m.Root.Abs(r.Path)); err != nil {
+				return ps, err
+			}
+			ps = append(ps, events.IntentRetiredEvent{Resource: r})
+		}
+		return ps, nil
+	}}
+}
+
+// stopUnrecorded stops a VMM that answers on the sandbox's socket although
+// the journal never recorded it starting (a crash between spawn and event).
+func (m *Manager) stopUnrecorded(id string) sagas.Step {
+	do := func(ctx context.Context) ([]events.Payload, error) { return m.stopUnrecordedVMM(ctx, id) }
+	return sagas.Step{Name: "recover.vmm", Do: do, Undo: do}
+}
+
+func (m *Manager) stopUnrecordedVMM(ctx context.Context, id string) ([]events.Payload, error) {
+	sb, err := m.Find(ctx, id)
+	if err == nil && sb.State == projections.StateRunning {
+		return nil, nil // recorded: recoverSandbox judges it
+	}
+	c := vmm.NewClient(m.Root.APISocket(id))
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := c.Ping(pctx); err != nil {
+		if vmm.IsDead(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("VMM socket of %s is ambiguous, not touching it: %w", id, err)
+	}
+	c.Shutdown(pctx)
+	c.ShutdownVMM(pctx)
+	if err := waitGone(ctx, func() bool {
+		_, err := c.Ping(pctx)
+		return vmm.IsDead(err)
+	}); err != nil {
+		return nil, fmt.Errorf("VMM of %s: %w", id, err)
+	}
+	return nil, nil
+}
+
+// killUnrecordedSupervisor terminates a supervisor the journal never saw
+// start: it answers on its socket with its pid.
+func (m *Manager) killUnrecordedSupervisor(id string) ([]events.Payload, error) {
+	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := supervisor.Ping(pctx, m.Root.SupervisorDir(id))
+	if err != nil || info.Pid == 0 {
+		return nil, nil
+	}
+	who, err := proc.Of(info.Pid)
+	if err != nil {
+		return nil, nil
+	}
+	if err := proc.Terminate(who, 5*time.Second); err != nil {
+		return nil, err
+	}
+	return sagas.One(events.SupervisorStoppedEvent{Pid: who.Pid, Reason: "orphaned"}), nil
+}
+
+func waitGone(ctx context.Context, gone func() bool) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for delay := 2 * time.Millisecond; !gone(); delay = min(2*delay, 100*time.Millisecond) {
+		if time.Now().After(deadline) {
+			return errors.New("still answering after shutdown")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+	return nil
+}
+
+func (m *Manager) dropUnrecordedSnapshots(ctx context.Context, sb projections.Sandbox) ([]events.Payload, error) {
+	entries, err := os.ReadDir(m.Root.SnapshotsOf(sb.ID))
+	if err != nil {
+		return nil, nil
+	}
+	var ps []events.Payload
+	for _, e := range entries {
+		rel := m.rel(m.Root.Snapshot(sb.ID, e.Name()))
+		if sb.Owns(rel) || e.Name() == "restore" {
+			continue
+		}
+		more, err := m.reclaim(events.Resource{Kind: events.KindSnapshot, Path: rel}, false, "recover")
+		if err != nil {
+			return ps, err
+		}
+		ps = append(ps, more...)
+	}
+	return ps, nil
+}
+
+// sweepIntents handles create intents that reached the disk but not the
+// journal (a crash between publishing the marker and saga.started): their
+// lease is free, no sandbox exists, so what they cover is removed.
+func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
+	entries, err := os.ReadDir(m.Root.Disks())
+	if err != nil {
+		return nil
+	}
+	list, err := m.sandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, sb := range list {
+		known[sb.ID] = true
+	}
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".create-intent.json")
+		if !ok || !layout.IsULID(id) || known[id] || m.creatorAlive(id) {
+			continue
+		}
+		s := &sagas.Saga{ID: ulid.Make().String(), Kind: "recover", Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}
+		if err := s.Compensate(ctx, m.B, "intent without a journaled saga"); err != nil {
+			return err
+		}
+		rep.Intents = append(rep.Intents, id)
+	}
+	return nil
+}
+
+// recoverSandbox checks a committed sandbox against its processes.
+func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, rep *RecoverReport) error {
+	if sb.State == projections.StateCreating {
+		return nil
+	}
+	var steps []sagas.Step
+	vmmAlive := false
+	if sb.VMM != nil {
+		who := proc.Identity{Pid: sb.VMM.Pid, StartTicks: sb.VMM.StartTicks}
+		alive, _ := proc.Alive(who)
+		if alive {
+			c := vmm.NewClient(m.Root.APISocket(sb.ID))
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			info, err := c.Info(pctx)
+			if err == nil && info.State == "Paused" {
+				if c.Resume(pctx) == nil {
+					rep.Unpaused = append(rep.Unpaused, sb.ID)
+				}
+			}
+			cancel()
+			vmmAlive = err == nil
+			if !vmmAlive {
+				// The process lives but does not answer: it is not a VMM we
+				// can drive. Stop it before calling the sandbox stopped.
+				proc.Terminate(who, 5*time.Second)
+			}
+		}
+		if !vmmAlive {
+			steps = append(steps, sagas.Step{Name: "vmm-gone", Do: func(context.Context) ([]events.Payload, error) {
+				ps := []events.Payload{events.SandboxStoppedEvent{Reason: "vmm-gone"}}
+				for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(sb.ID)), m.res(events.KindVsockSocket, m.Root.VsockSocket(sb.ID))} {
+					more, err := m.reclaim(r, true, "recover")
+					if err != nil {
+						return ps, err
+					}
+					ps = append(ps, more...)
+				}
+				return ps, nil
+			}})
+			rep.Stopped = append(rep.Stopped, sb.ID)
+		}
+	}
+	if sb.Supervisor != nil {
+		who := proc.Identity{Pid: sb.Supervisor.Pid, StartTicks: sb.Supervisor.StartTicks}
+		alive, _ := proc.Alive(who)
+		switch {
+		case vmmAlive && !alive:
+			// RL-19: the replacement is seeded with the persisted CA, so the
+			// guest's trust anchor keeps working.
+			steps = append(steps, sagas.Step{Name: "supervisor-restart", Do: func(ctx context.Context) ([]events.Payload, error) {
+				ps := []events.Payload{events.SupervisorStoppedEvent{Pid: who.Pid, Reason: "gone"}}
+				next, err := m.startSupervisor(ctx, sb.ID)
+				if err != nil {
+					return ps, err
+				}
+				stateDir := m.Root.SupervisorDir(sb.ID)
+				return append(ps, events.SupervisorStartedEvent{Pid: next.Pid, Start: next.StartTicks,
+					Socket: m.rel(filepath.Join(stateDir, supervisor.SocketName)), StateDir: m.res(events.KindSupervisorState, stateDir)}), nil
+			}})
+			rep.Restarted = append(rep.Restarted, sb.ID)
+		case !vmmAlive:
+			// RL-13: a supervisor whose sandbox no longer runs is killed,
+			// but only if pid AND start time still match.
+			steps = append(steps, sagas.Step{Name: "supervisor-orphan", Do: func(context.Context) ([]events.Payload, error) {
+				if alive {
+					rep.Killed = append(rep.Killed, sb.ID)
+				}
+				ps, err := m.stopSupervisor(who)
+				if err != nil {
+					return ps, err
+				}
+				more, err := m.reclaim(m.res(events.KindIIDSocket, m.Root.IIDSocket(sb.ID)), sb.Owns(m.rel(m.Root.IIDSocket(sb.ID))), "recover")
+				return append(ps, more...), err
+			}})
+		}
+	}
+	if len(steps) == 0 {
+		return nil
+	}
+	return m.saga("recover", sb.ID, steps).Run(ctx, m.B)
+}
