@@ -1,0 +1,49 @@
+package replay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/nexus-sandbox/nexus/events"
+)
+
+func rec(t *testing.T, seq uint64, e events.Event) Record {
+	t.Helper()
+	data, err := events.Encode(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Record{Seq: seq, MsgID: e.DedupID(), Data: data}
+}
+
+func TestVerify(t *testing.T) {
+	at := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	sb := ulid.Make().String()
+	start := events.New(ulid.Make(), at, sb, events.SagaStartedEvent{Kind: "create"}).InSaga("s1", "saga.started")
+	disk := events.New(ulid.Make(), at, sb, events.DiskMaterialisedEvent{}).InSaga("s1", "os-disk")
+	clean := []Record{rec(t, 1, start), rec(t, 2, disk)}
+
+	rep := Verify(clean)
+	if !rep.OK() || rep.Events != 2 || len(rep.OpenSagas) != 1 || rep.OpenSagas[0].ID != "s1" {
+		t.Fatalf("clean journal with an open saga: %+v", rep)
+	}
+
+	future, _ := msgpack.Marshal(map[string]any{"f": 1, "id": make([]byte, 16), "t": "sandbox.stopped", "v": 9, "ts": 0, "p": map[string]any{}})
+	damaged := []Record{
+		clean[0],
+		rec(t, 3, disk), // gap: 2 is missing
+		{Seq: 4, MsgID: clean[0].MsgID, Data: clean[0].Data}, // the same id stored twice
+		{Seq: 5, MsgID: "x", Data: []byte("garbage")},
+		{Seq: 6, MsgID: "y", Data: future},
+	}
+	rep = Verify(damaged)
+	if rep.OK() || len(rep.Gaps) != 1 || len(rep.DuplicateID) != 1 || len(rep.Undecodable) != 1 || len(rep.NewerSchema) != 1 {
+		t.Fatalf("damaged journal report: %+v", rep)
+	}
+	if rep.Gaps[0] != "2..2" {
+		t.Fatalf("gap %q", rep.Gaps[0])
+	}
+}
