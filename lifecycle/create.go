@@ -69,17 +69,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	}
 	defer releaseAll(held)
 
-	s.Steps = append(s.Steps, sagas.Step{
-		Name: "intents",
-		Do: func(context.Context) ([]events.Payload, error) {
-			var ps []events.Payload
-			for _, in := range intents {
-				ps = append(ps, events.IntentWrittenEvent{Resource: in.res, Covers: in.covers})
-			}
-			return ps, nil
-		},
-		Undo: func(context.Context) ([]events.Payload, error) { return m.retireIntents(held, intents) },
-	})
+	s.Steps = append(s.Steps, m.intentsStep(held, intents))
 	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
 		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources}
@@ -268,6 +258,22 @@ func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*i
 		out = append(out, publishedIntent{res: m.res(w.kind, w.path), covers: w.covers})
 	}
 	return held, out, nil
+}
+
+// intentsStep journals intents already published and leased; its undo
+// releases and retires them, after every later step has been undone.
+func (m *Manager) intentsStep(held []*intent.Held, intents []publishedIntent) sagas.Step {
+	return sagas.Step{
+		Name: "intents",
+		Do: func(context.Context) ([]events.Payload, error) {
+			var ps []events.Payload
+			for _, in := range intents {
+				ps = append(ps, events.IntentWrittenEvent{Resource: in.res, Covers: in.covers})
+			}
+			return ps, nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) { return m.retireIntents(held, intents) },
+	}
 }
 
 func releaseAll(held []*intent.Held) {

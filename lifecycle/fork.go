@@ -186,17 +186,7 @@ func (m *Manager) runChild(ctx context.Context, kind, child, seedCA string, copi
 		return err
 	}
 	defer releaseAll(held)
-	s.Steps = append(s.Steps, sagas.Step{
-		Name: "intents",
-		Do: func(context.Context) ([]events.Payload, error) {
-			var ps []events.Payload
-			for _, in := range intents {
-				ps = append(ps, events.IntentWrittenEvent{Resource: in.res, Covers: in.covers})
-			}
-			return ps, nil
-		},
-		Undo: func(context.Context) ([]events.Payload, error) { return m.retireIntents(held, intents) },
-	})
+	s.Steps = append(s.Steps, m.intentsStep(held, intents))
 	for _, c := range copies {
 		c := c
 		s.Steps = append(s.Steps, m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) { return disk.Clone(c.src, dst) }))
