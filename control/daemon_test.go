@@ -187,10 +187,10 @@ func readSubscriber(t *testing.T, root string) control.SubscriberCredentials {
 
 // dialSubscriber connects as an external subscriber would, retrying only a
 // handshake that did not finish. The server checks a bcrypt hash inside the
-// handshake, and gives it about two seconds (its auth timeout and first
-// PING); under -race that check alone takes over a second, so a busy host
-// can time a handshake out before the server has said yes or no. An answer,
-// refusal included, is returned at once.
+// handshake and gives the whole of it about two seconds (its auth timeout
+// and first PING), which a CPU-starved host running -race can exceed before
+// the server has said yes or no. An answer, refusal included, is returned
+// at once.
 func dialSubscriber(t *testing.T, url string, opts ...nats.Option) (*nats.Conn, error) {
 	t.Helper()
 	opts = append(opts, nats.NoReconnect(), nats.Timeout(30*time.Second))
