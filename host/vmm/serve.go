@@ -1,0 +1,547 @@
+package vmm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	stdlog "log"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Serve is the process driver's VMM: it answers CH's API on apiSocket and
+// plays the VM's part with real kernel objects, so that everything the host
+// checks about a VMM holds of it. It holds every disk open from vm.create on,
+// as a VMM holds its images, and from boot on it serves the vsock socket as a
+// stand-in guest agent whose "flush" fsyncs the writable disks.
+//
+// Serve returns nil after vmm.shutdown or when ctx is done (SIGTERM handling
+// is the caller's, by cancelling ctx); either way it first releases the disks
+// and vsock socket, then stops answering and removes the API socket, so that
+// a refused API socket never coexists with disks still held.
+func Serve(ctx context.Context, apiSocket string, log io.Writer) error {
+	return serve(ctx, apiSocket, log, nil)
+}
+
+// serve is Serve with a hook called once the API socket accepts
+// connections; tests use it to wait on a signal rather than poll.
+func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) error {
+	if log == nil {
+		log = io.Discard
+	}
+	s := &server{log: &logger{w: log}, stop: make(chan struct{})}
+	l, err := listenUnix(apiSocket)
+	if err != nil {
+		return fmt.Errorf("vmm: API socket: %w", err)
+	}
+	hs := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          stdlog.New(s.log, "vmm http: ", 0),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(l) }()
+	s.log.Printf("serving %s on %s (pid %d)", Version, apiSocket, os.Getpid())
+	if ready != nil {
+		ready()
+	}
+
+	var serveErr error
+	served := false
+	select {
+	case <-ctx.Done():
+		s.log.Printf("context done: %v", context.Cause(ctx))
+	case <-s.stop:
+	case serveErr = <-errc:
+		served = true
+	}
+
+	s.op.Lock()
+	s.stopping = true
+	s.releaseVM()
+	s.op.Unlock()
+
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	if !served {
+		serveErr = <-errc
+	}
+	l.Close() // Shutdown closed it already; this is the no-op twin for the error path
+	s.log.Printf("stopped")
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("vmm: serving API: %w", serveErr)
+}
+
+type server struct {
+	log *logger
+
+	// op serializes API calls and teardown, so every state change sees the
+	// previous one complete, files and sockets included. The stand-in agent
+	// never takes it, which lets teardown wait for the agent's goroutines.
+	op       sync.Mutex
+	vm       *vm // nil: no VM created
+	stopping bool
+
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+type vm struct {
+	state State
+	cfg   Config
+	disks []disk // nil while shut down
+	agent *agent // nil while shut down or without vsock
+}
+
+type disk struct {
+	f        *os.File
+	writable bool
+}
+
+// apiError carries the HTTP status CH would give.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+// CH answers failed VM actions with 500 and the error text.
+func failed(format string, args ...any) error {
+	return &apiError{http.StatusInternalServerError, fmt.Sprintf(format, args...)}
+}
+
+func badRequest(format string, args ...any) error {
+	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+type route struct {
+	method string
+	fn     func(*server, *http.Request) (any, error)
+}
+
+var routes = map[string]route{
+	pathPing:        {http.MethodGet, (*server).ping},
+	pathShutdownVMM: {http.MethodPut, (*server).shutdownVMM},
+	pathCreate:      {http.MethodPut, (*server).create},
+	pathBoot:        {http.MethodPut, (*server).boot},
+	pathShutdown:    {http.MethodPut, (*server).shutdown},
+	pathDelete:      {http.MethodPut, (*server).delete},
+	pathInfo:        {http.MethodGet, (*server).info},
+	pathPause:       {http.MethodPut, (*server).pause},
+	pathResume:      {http.MethodPut, (*server).resume},
+	pathSnapshot:    {http.MethodPut, (*server).snapshot},
+	pathRestore:     {http.MethodPut, (*server).restore},
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	rt, ok := routes[r.URL.Path]
+	if !ok {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	// CH's router answers a known path with the wrong method 400, not 405.
+	if r.Method != rt.method {
+		http.Error(w, fmt.Sprintf("%s wants %s", r.URL.Path, rt.method), http.StatusBadRequest)
+		return
+	}
+	s.op.Lock()
+	var out any
+	var err error
+	if s.stopping {
+		err = &apiError{http.StatusServiceUnavailable, "VMM is shutting down"}
+	} else {
+		out, err = rt.fn(s, r)
+	}
+	s.op.Unlock()
+
+	op := strings.TrimPrefix(r.URL.Path, "/api/v1/")
+	if err != nil {
+		status := http.StatusInternalServerError
+		var ae *apiError
+		if errors.As(err, &ae) {
+			status = ae.status
+		}
+		s.log.Printf("%s: %d: %v", op, status, err)
+		http.Error(w, err.Error(), status)
+		return
+	}
+	if out == nil {
+		if r.Method != http.MethodGet {
+			s.log.Printf("%s: ok", op)
+		}
+		w.WriteHeader(http.StatusNoContent)
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(out)
+	}
+	// Stopping after the answer is written, as CH answers vmm.shutdown
+	// before it exits; Serve's http.Server.Shutdown lets this reply finish.
+	if r.URL.Path == pathShutdownVMM {
+		s.stopOnce.Do(func() { close(s.stop) })
+	}
+}
+
+func (s *server) ping(*http.Request) (any, error) {
+	return pingResponse{Version: Version, Pid: os.Getpid()}, nil
+}
+
+func (s *server) shutdownVMM(*http.Request) (any, error) {
+	s.stopping = true
+	s.releaseVM()
+	return nil, nil
+}
+
+func (s *server) create(r *http.Request) (any, error) {
+	if s.vm != nil {
+		return nil, failed("VM is already created")
+	}
+	var cfg Config
+	if err := decodeBody(r, &cfg); err != nil {
+		return nil, err
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	disks, err := openDisks(cfg.Disks)
+	if err != nil {
+		return nil, err
+	}
+	s.vm = &vm{state: StateCreated, cfg: cfg, disks: disks}
+	return nil, nil
+}
+
+func (s *server) boot(*http.Request) (any, error) {
+	v := s.vm
+	if v == nil {
+		return nil, failed("cannot boot: VM is not created")
+	}
+	if v.state != StateCreated && v.state != StateShutdown {
+		return nil, failed("cannot boot: VM is %s", v.state)
+	}
+	if v.disks == nil {
+		disks, err := openDisks(v.cfg.Disks)
+		if err != nil {
+			return nil, err
+		}
+		v.disks = disks
+	}
+	if v.cfg.Vsock != nil {
+		a, err := startAgent(v.cfg.Vsock.Socket, v.disks, false, s.log)
+		if err != nil {
+			return nil, failed("cannot boot: vsock: %v", err)
+		}
+		v.agent = a
+	}
+	v.state = StateRunning
+	return nil, nil
+}
+
+func (s *server) shutdown(*http.Request) (any, error) {
+	v := s.vm
+	if v == nil {
+		return nil, failed("cannot shut down: VM is not created")
+	}
+	if v.state != StateRunning && v.state != StatePaused {
+		return nil, failed("cannot shut down: VM is %s", v.state)
+	}
+	v.release()
+	v.state = StateShutdown
+	return nil, nil
+}
+
+func (s *server) delete(*http.Request) (any, error) {
+	s.releaseVM()
+	s.vm = nil
+	return nil, nil
+}
+
+func (s *server) info(*http.Request) (any, error) {
+	if s.vm == nil {
+		return nil, failed("VM is not created")
+	}
+	return Info{State: s.vm.state, Config: s.vm.cfg}, nil
+}
+
+func (s *server) pause(*http.Request) (any, error) {
+	v := s.vm
+	if v == nil || v.state != StateRunning {
+		return nil, failed("cannot pause: VM is %s", stateOf(v))
+	}
+	if v.agent != nil {
+		v.agent.setPaused(true)
+	}
+	v.state = StatePaused
+	return nil, nil
+}
+
+func (s *server) resume(*http.Request) (any, error) {
+	v := s.vm
+	if v == nil || v.state != StatePaused {
+		return nil, failed("cannot resume: VM is %s", stateOf(v))
+	}
+	if v.agent != nil {
+		v.agent.setPaused(false)
+	}
+	v.state = StateRunning
+	return nil, nil
+}
+
+func (s *server) snapshot(r *http.Request) (any, error) {
+	v := s.vm
+	// CH snapshots only a paused VM, so a host that forgets to pause fails
+	// here too rather than only on real CH.
+	if v == nil || v.state != StatePaused {
+		return nil, failed("cannot snapshot: VM is %s, not Paused", stateOf(v))
+	}
+	var req snapshotRequest
+	if err := decodeBody(r, &req); err != nil {
+		return nil, err
+	}
+	dir, err := dirOfURL(req.DestinationURL)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeSnapshot(dir, v.cfg, snapshotState{State: v.state, TakenAt: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
+		return nil, failed("cannot snapshot: %v", err)
+	}
+	return nil, nil
+}
+
+func (s *server) restore(r *http.Request) (any, error) {
+	if s.vm != nil {
+		return nil, failed("cannot restore: VM is already created")
+	}
+	var req restoreRequest
+	if err := decodeBody(r, &req); err != nil {
+		return nil, err
+	}
+	dir, err := dirOfURL(req.SourceURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := readSnapshot(dir)
+	if err != nil {
+		return nil, failed("cannot restore: %v", err)
+	}
+	disks, err := openDisks(cfg.Disks)
+	if err != nil {
+		return nil, failed("cannot restore: %v", err)
+	}
+	v := &vm{state: StatePaused, cfg: cfg, disks: disks}
+	if cfg.Vsock != nil {
+		// CH recreates the vsock device, socket included, at restore; the
+		// guest behind it stays frozen until resume.
+		a, err := startAgent(cfg.Vsock.Socket, disks, true, s.log)
+		if err != nil {
+			v.release()
+			return nil, failed("cannot restore: vsock: %v", err)
+		}
+		v.agent = a
+	}
+	s.vm = v
+	return nil, nil
+}
+
+// releaseVM frees the VM's kernel objects but keeps its state for vm.info.
+func (s *server) releaseVM() {
+	if s.vm != nil {
+		s.vm.release()
+	}
+}
+
+// release stops the agent before closing the disks so that a flush in
+// progress completes against open files.
+func (v *vm) release() {
+	if v.agent != nil {
+		v.agent.close()
+		v.agent = nil
+	}
+	for _, d := range v.disks {
+		d.f.Close()
+	}
+	v.disks = nil
+}
+
+func stateOf(v *vm) string {
+	if v == nil {
+		return "not created"
+	}
+	return string(v.state)
+}
+
+func (c *Config) validate() error {
+	if c.Payload.Kernel == "" && c.Payload.Firmware == "" {
+		return failed("invalid VM config: payload needs a kernel or firmware")
+	}
+	for i, d := range c.Disks {
+		if d.Path == "" {
+			return failed("invalid VM config: disk %d has no path", i)
+		}
+	}
+	if c.Vsock != nil && c.Vsock.Socket == "" {
+		return failed("invalid VM config: vsock has no socket")
+	}
+	// CH's defaults, so vm.info shows what CH would.
+	if c.Cpus.BootVcpus == 0 {
+		c.Cpus.BootVcpus = 1
+	}
+	if c.Cpus.MaxVcpus == 0 {
+		c.Cpus.MaxVcpus = c.Cpus.BootVcpus
+	}
+	if c.Cpus.BootVcpus < 0 || c.Cpus.MaxVcpus < c.Cpus.BootVcpus {
+		return failed("invalid VM config: cpus boot_vcpus %d, max_vcpus %d", c.Cpus.BootVcpus, c.Cpus.MaxVcpus)
+	}
+	if c.Memory.Size == 0 {
+		c.Memory.Size = 512 << 20
+	}
+	if c.Memory.Size < 0 {
+		return failed("invalid VM config: memory size %d", c.Memory.Size)
+	}
+	return nil
+}
+
+// openDisks opens every disk as a VMM would, never creating one: a missing
+// image is an error, as with CH.
+func openDisks(cfgs []Disk) ([]disk, error) {
+	disks := make([]disk, 0, len(cfgs))
+	for _, c := range cfgs {
+		flag := os.O_RDWR
+		if c.Readonly {
+			flag = os.O_RDONLY
+		}
+		f, err := os.OpenFile(c.Path, flag, 0)
+		if err != nil {
+			for _, d := range disks {
+				d.f.Close()
+			}
+			return nil, failed("cannot open disk: %v", err)
+		}
+		disks = append(disks, disk{f: f, writable: !c.Readonly})
+	}
+	return disks, nil
+}
+
+func decodeBody(r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err := dec.Decode(v); err != nil {
+		return badRequest("cannot parse request body: %v", err)
+	}
+	return nil
+}
+
+func dirOfURL(u string) (string, error) {
+	dir, ok := strings.CutPrefix(u, "file://")
+	if !ok || !filepath.IsAbs(dir) {
+		return "", badRequest("want a file:// URL with an absolute path, got %q", u)
+	}
+	return filepath.Clean(dir), nil
+}
+
+func writeSnapshot(dir string, cfg Config, st snapshotState) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for name, v := range map[string]any{snapshotConfigFile: cfg, snapshotStateFile: st} {
+		data, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := writeFileDurable(filepath.Join(dir, name), append(data, '\n')); err != nil {
+			return err
+		}
+	}
+	return syncDir(dir)
+}
+
+// writeFileDurable replaces path atomically so that a crash mid-snapshot
+// leaves the previous file or the new one, never half of one.
+func writeFileDurable(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+func readSnapshot(dir string) (Config, error) {
+	var cfg Config
+	data, err := os.ReadFile(filepath.Join(dir, snapshotConfigFile))
+	if err != nil {
+		return cfg, err
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return cfg, fmt.Errorf("%s: %w", snapshotConfigFile, err)
+	}
+	if err := cfg.validate(); err != nil {
+		return cfg, fmt.Errorf("%s: %w", snapshotConfigFile, err)
+	}
+	var st snapshotState
+	data, err = os.ReadFile(filepath.Join(dir, snapshotStateFile))
+	if err != nil {
+		return cfg, err
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		return cfg, fmt.Errorf("%s: %w", snapshotStateFile, err)
+	}
+	if st.State != StatePaused {
+		return cfg, fmt.Errorf("%s: snapshot of a %q VM; CH snapshots only paused ones", snapshotStateFile, st.State)
+	}
+	return cfg, nil
+}
+
+// logger makes one io.Writer safe for the concurrent goroutines that log.
+type logger struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *logger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+func (l *logger) Printf(format string, args ...any) {
+	line := time.Now().UTC().Format("2006-01-02T15:04:05.000Z") + " vmm: " + fmt.Sprintf(format, args...)
+	if !strings.HasSuffix(line, "\n") {
+		line += "\n"
+	}
+	l.Write([]byte(line))
+}

@@ -1,0 +1,621 @@
+package vmm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as the process driver's VMM: run with envSocket
+// set, it serves that socket until vmm.shutdown or SIGTERM, so tests exercise
+// a real separate process as the host will.
+const envSocket = "NEXUS_VMM_TEST_SERVE_SOCKET"
+
+func TestMain(m *testing.M) {
+	if sock := os.Getenv(envSocket); sock != "" {
+		os.Exit(childMain(sock))
+	}
+	os.Exit(m.Run())
+}
+
+func childMain(sock string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	ready := os.NewFile(3, "ready")
+	err := serve(ctx, sock, os.Stderr, func() {
+		ready.Write([]byte("ready\n"))
+		ready.Close()
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "serve:", err)
+		return 1
+	}
+	return 0
+}
+
+type vmmProc struct {
+	cmd    *exec.Cmd
+	sock   string
+	client *Client
+	stderr *bytes.Buffer
+	exited chan struct{}
+	err    error // Wait's result, once exited is closed
+}
+
+// startVMM runs the stand-in VMM as a child on sock and returns once it
+// accepts connections (it says so on a pipe; nothing is polled).
+func startVMM(t *testing.T, sock string) *vmmProc {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &vmmProc{sock: sock, client: NewClient(sock), stderr: new(bytes.Buffer), exited: make(chan struct{})}
+	p.cmd = exec.Command(exe, "-test.run=^$")
+	// The race runtime otherwise sleeps a second at exit before reporting.
+	p.cmd.Env = append(os.Environ(), envSocket+"="+sock, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	p.cmd.ExtraFiles = []*os.File{w}
+	p.cmd.Stderr = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.exited
+		if t.Failed() || os.Getenv("VMM_DEBUG") != "" {
+			t.Logf("VMM stderr:\n%s", p.stderr)
+		}
+	})
+	line, err := bufio.NewReader(r).ReadString('\n')
+	r.Close()
+	if line != "ready\n" {
+		<-p.exited
+		t.Fatalf("VMM did not start: %q, %v; exit %v; stderr:\n%s", line, err, p.err, p.stderr)
+	}
+	return p
+}
+
+func (p *vmmProc) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case <-p.exited:
+		return p.err
+	case <-time.After(10 * time.Second):
+		t.Fatal("VMM did not exit")
+		return nil
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func makeDisk(t *testing.T, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, make([]byte, 1<<16), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// openFiles maps each file pid holds open to its open flags (from fdinfo).
+func openFiles(t *testing.T, pid int) map[string]int {
+	t.Helper()
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]int{}
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		info, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/fdinfo/" + e.Name())
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(l, "flags:"); ok {
+				flags, _ := strconv.ParseInt(strings.TrimSpace(v), 8, 64)
+				files[target] = int(flags)
+			}
+		}
+	}
+	return files
+}
+
+func wantStatus(t *testing.T, err error, status int) {
+	t.Helper()
+	var ae *APIError
+	if !errors.As(err, &ae) || ae.Status != status {
+		t.Fatalf("got %v, want HTTP %d", err, status)
+	}
+	if IsDead(err) {
+		t.Fatalf("IsDead(%v) on an answering VMM", err)
+	}
+	if strings.Contains(err.Error(), "\n") {
+		t.Fatalf("error spans lines: %q", err)
+	}
+}
+
+type agentConn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func dialAgent(t *testing.T, path string) *agentConn {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &agentConn{c, bufio.NewReader(c)}
+}
+
+func (a *agentConn) ask(t *testing.T, line string) string {
+	t.Helper()
+	a.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := a.c.Write([]byte(line + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	reply, err := a.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("%q: %v", line, err)
+	}
+	return strings.TrimSuffix(reply, "\n")
+}
+
+func TestLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	sock := filepath.Join(dir, "api.sock")
+	vsock := filepath.Join(dir, "vsock.sock")
+	p := startVMM(t, sock)
+	c := p.client
+
+	fi, err := os.Lstat(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("API socket mode %v", fi.Mode())
+	}
+	if v, err := c.Ping(ctx); err != nil || v != Version {
+		t.Fatalf("Ping = %q, %v", v, err)
+	}
+
+	// Wrong state before any VM exists.
+	wantStatus(t, c.Boot(ctx), http.StatusInternalServerError)
+	_, err = c.Info(ctx)
+	wantStatus(t, err, http.StatusInternalServerError)
+	wantStatus(t, c.Pause(ctx), http.StatusInternalServerError)
+
+	rw := makeDisk(t, dir, "rootfs.img")
+	ro := makeDisk(t, dir, "base.img")
+	cfg := Config{
+		Payload: Payload{Kernel: "/boot/vmlinux", Cmdline: "console=hvc0"},
+		Disks:   []Disk{{Path: rw}, {Path: ro, Readonly: true}},
+		Memory:  Memory{Size: 256 << 20},
+		Cpus:    Cpus{BootVcpus: 2},
+		Vsock:   &Vsock{Cid: 3, Socket: vsock},
+	}
+	if err := c.Create(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c.Create(ctx, cfg), http.StatusInternalServerError)
+	info, err := c.Info(ctx)
+	if err != nil || info.State != StateCreated {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	// Disks are held from create on: writable ones O_RDWR, readonly O_RDONLY.
+	files := openFiles(t, p.cmd.Process.Pid)
+	if f, ok := files[rw]; !ok || f&syscall.O_ACCMODE != syscall.O_RDWR {
+		t.Fatalf("rw disk: held=%v flags %o", ok, f)
+	}
+	if f, ok := files[ro]; !ok || f&syscall.O_ACCMODE != syscall.O_RDONLY {
+		t.Fatalf("ro disk: held=%v flags %o", ok, f)
+	}
+	wantStatus(t, c.Resume(ctx), http.StatusInternalServerError)
+	if _, err := os.Lstat(vsock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("vsock socket before boot: %v", err)
+	}
+
+	if err := c.Boot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c.Boot(ctx), http.StatusInternalServerError)
+	info, err = c.Info(ctx)
+	if err != nil || info.State != StateRunning {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	want := cfg
+	want.Cpus.MaxVcpus = 2
+	if fmt.Sprint(info.Config.Payload, info.Config.Disks, info.Config.Memory, info.Config.Cpus, *info.Config.Vsock) !=
+		fmt.Sprint(want.Payload, want.Disks, want.Memory, want.Cpus, *want.Vsock) {
+		t.Fatalf("Info config %+v, want %+v", info.Config, want)
+	}
+
+	fi, err = os.Lstat(vsock)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("vsock socket: %v, %v", fi, err)
+	}
+	ag := dialAgent(t, vsock)
+	if got := ag.ask(t, "CONNECT 1024"); !strings.HasPrefix(got, "OK ") {
+		t.Fatalf("CONNECT -> %q", got)
+	}
+	if got := ag.ask(t, "ping"); got != "pong" {
+		t.Fatalf("ping -> %q", got)
+	}
+	if err := os.WriteFile(rw, []byte("guest data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got := ag.ask(t, "flush"); got != "flushed" {
+		t.Fatalf("flush -> %q", got)
+	}
+	if got := ag.ask(t, "bogus"); !strings.HasPrefix(got, "error") {
+		t.Fatalf("bogus -> %q", got)
+	}
+
+	// Snapshot needs a paused VM, as on CH.
+	snap := filepath.Join(dir, "snap", "one")
+	wantStatus(t, c.Snapshot(ctx, snap), http.StatusInternalServerError)
+	if err := c.Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c.Pause(ctx), http.StatusInternalServerError)
+	if info, err := c.Info(ctx); err != nil || info.State != StatePaused {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	// A paused guest answers nothing. Silence has no event to wait for, so
+	// this one check needs a deadline.
+	ag.c.SetDeadline(time.Now().Add(200 * time.Millisecond))
+	ag.c.Write([]byte("ping\n"))
+	if _, err := ag.r.ReadString('\n'); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("paused agent answered: %v", err)
+	}
+	if err := c.Snapshot(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(snap); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("snapshot dir: %v, %v", fi, err)
+	}
+	for _, name := range []string{"config.json", "state.json"} {
+		fi, err := os.Stat(filepath.Join(snap, name))
+		if err != nil || fi.Mode().Perm() != 0o600 || fi.Size() == 0 {
+			t.Fatalf("%s: %v, %v", name, fi, err)
+		}
+	}
+	state, _ := os.ReadFile(filepath.Join(snap, "state.json"))
+	if !strings.Contains(string(state), `"state": "Paused"`) || !strings.Contains(string(state), `"taken_at"`) {
+		t.Fatalf("state.json = %s", state)
+	}
+	if err := c.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The ping sent while paused is answered on resume.
+	ag.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if got, err := ag.r.ReadString('\n'); err != nil || got != "pong\n" {
+		t.Fatalf("after resume: %q, %v", got, err)
+	}
+
+	if err := c.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := c.Info(ctx); err != nil || info.State != StateShutdown {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	files = openFiles(t, p.cmd.Process.Pid)
+	if _, ok := files[rw]; ok {
+		t.Fatal("rw disk still held after vm.shutdown")
+	}
+	if _, ok := files[ro]; ok {
+		t.Fatal("ro disk still held after vm.shutdown")
+	}
+	if _, err := os.Lstat(vsock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("vsock socket after vm.shutdown: %v", err)
+	}
+	// The agent's connection died with the VM.
+	ag.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := ag.r.ReadString('\n'); err != io.EOF {
+		t.Fatalf("agent connection after shutdown: %v", err)
+	}
+
+	// CH can boot a shut-down VM again.
+	if err := c.Boot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := dialAgent(t, vsock).ask(t, "ping"); got != "pong" {
+		t.Fatalf("ping after reboot -> %q", got)
+	}
+
+	if err := c.ShutdownVMM(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.wait(t); err != nil {
+		t.Fatalf("VMM exit: %v", err)
+	}
+	for _, path := range []string{sock, vsock} {
+		if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s after vmm.shutdown: %v", path, err)
+		}
+	}
+	if _, err := c.Ping(ctx); !IsDead(err) {
+		t.Fatalf("Ping after exit: %v, want dead", err)
+	}
+}
+
+func TestRestore(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	disk := makeDisk(t, dir, "rootfs.img")
+	vsock := filepath.Join(dir, "v.sock")
+	cfg := Config{
+		Payload: Payload{Kernel: "/boot/vmlinux"},
+		Disks:   []Disk{{Path: disk}},
+		Vsock:   &Vsock{Cid: 7, Socket: vsock},
+	}
+	snap := filepath.Join(dir, "snap")
+
+	a := startVMM(t, filepath.Join(dir, "a.sock"))
+	for _, step := range []func(context.Context) error{
+		func(ctx context.Context) error { return a.client.Create(ctx, cfg) },
+		a.client.Boot, a.client.Pause,
+		func(ctx context.Context) error { return a.client.Snapshot(ctx, snap) },
+		a.client.ShutdownVMM,
+	} {
+		if err := step(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.wait(t); err != nil {
+		t.Fatal(err)
+	}
+
+	b := startVMM(t, filepath.Join(dir, "b.sock"))
+	wantStatus(t, b.client.Restore(ctx, filepath.Join(dir, "nosnap")), http.StatusInternalServerError)
+	if err := b.client.Restore(ctx, snap); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, b.client.Restore(ctx, snap), http.StatusInternalServerError)
+	info, err := b.client.Info(ctx)
+	if err != nil || info.State != StatePaused || info.Config.Vsock == nil || info.Config.Vsock.Cid != 7 {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	if _, ok := openFiles(t, b.cmd.Process.Pid)[disk]; !ok {
+		t.Fatal("restored VMM does not hold the disk")
+	}
+	if err := b.client.Resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := b.client.Info(ctx); err != nil || info.State != StateRunning {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	if got := dialAgent(t, vsock).ask(t, "flush"); got != "flushed" {
+		t.Fatalf("flush -> %q", got)
+	}
+
+	// A snapshot whose disks are gone cannot be restored.
+	if err := os.Remove(disk); err != nil {
+		t.Fatal(err)
+	}
+	c := startVMM(t, filepath.Join(dir, "c.sock"))
+	wantStatus(t, c.client.Restore(ctx, snap), http.StatusInternalServerError)
+	if _, err := c.client.Info(ctx); err == nil {
+		t.Fatal("failed restore left a VM")
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	p := startVMM(t, filepath.Join(dir, "api.sock"))
+	c := p.client
+
+	wantStatus(t, c.Create(ctx, Config{}), http.StatusInternalServerError) // no kernel
+	wantStatus(t, c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: filepath.Join(dir, "missing.img")}}}),
+		http.StatusInternalServerError)
+	wantStatus(t, c.do(ctx, http.MethodPut, "/api/v1/vm.nonesuch", nil, nil), http.StatusNotFound)
+	wantStatus(t, c.do(ctx, http.MethodGet, pathBoot, nil, nil), http.StatusBadRequest)
+	wantStatus(t, c.do(ctx, http.MethodPut, pathCreate, "not a config", nil), http.StatusBadRequest)
+
+	// A create that failed on its second disk released the first.
+	good := makeDisk(t, dir, "good.img")
+	wantStatus(t, c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: good}, {Path: filepath.Join(dir, "missing.img")}}}),
+		http.StatusInternalServerError)
+	if _, ok := openFiles(t, p.cmd.Process.Pid)[good]; ok {
+		t.Fatal("failed create still holds a disk")
+	}
+
+	// vm.delete releases a created-but-never-booted VM's disks.
+	if err := c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: good}}}); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c.Shutdown(ctx), http.StatusInternalServerError)
+	if err := c.Delete(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := openFiles(t, p.cmd.Process.Pid)[good]; ok {
+		t.Fatal("deleted VM still holds a disk")
+	}
+	if _, err := c.Info(ctx); err == nil {
+		t.Fatal("Info after delete succeeded")
+	}
+}
+
+func TestIsDead(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+
+	_, err := NewClient(filepath.Join(dir, "missing.sock")).Ping(ctx)
+	if !IsDead(err) {
+		t.Fatalf("missing socket: IsDead(%v) = false", err)
+	}
+
+	// A socket file with nobody listening, as a crashed server leaves.
+	stale := filepath.Join(dir, "stale.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	_, err = NewClient(stale).Ping(ctx)
+	if !IsDead(err) || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("stale socket: IsDead(%v) = false", err)
+	}
+
+	// A listener that never answers: a timeout proves nothing.
+	hung := filepath.Join(dir, "hung.sock")
+	hl, err := net.Listen("unix", hung)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hl.Close()
+	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = NewClient(hung).Ping(tctx)
+	if err == nil || IsDead(err) {
+		t.Fatalf("hung server: IsDead(%v) = true", err)
+	}
+
+	p := startVMM(t, filepath.Join(dir, "live.sock"))
+	if _, err := p.client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	err = p.client.Boot(ctx)
+	if err == nil || IsDead(err) {
+		t.Fatalf("live server's refusal: IsDead(%v) = true", err)
+	}
+	if IsDead(nil) || IsDead(errors.New("connection refused")) {
+		t.Fatal("IsDead of nil or a plain error")
+	}
+}
+
+func TestSIGKILLLeavesDeadSocket(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	sock := filepath.Join(dir, "api.sock")
+	p := startVMM(t, sock)
+	if _, err := p.client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.wait(t)
+	if _, err := os.Lstat(sock); err != nil {
+		t.Fatalf("SIGKILL should leave the socket file: %v", err)
+	}
+	_, err := p.client.Ping(ctx)
+	if !IsDead(err) || !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("after SIGKILL: IsDead(%v) = false", err)
+	}
+
+	// A new VMM takes over the leftover socket.
+	q := startVMM(t, sock)
+	if _, err := q.client.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSIGTERM(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	sock := filepath.Join(dir, "api.sock")
+	vsock := filepath.Join(dir, "v.sock")
+	disk := makeDisk(t, dir, "d.img")
+	p := startVMM(t, sock)
+	if err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: disk}}, Vsock: &Vsock{Cid: 3, Socket: vsock}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.client.Boot(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	if err := p.wait(t); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	for _, path := range []string{sock, vsock} {
+		if _, err := os.Lstat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s after SIGTERM: %v", path, err)
+		}
+	}
+}
+
+func TestServeRefusesLiveOrForeignPath(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	sock := filepath.Join(dir, "api.sock")
+	p := startVMM(t, sock)
+
+	// In-process: Serve must refuse a socket something answers on, and leave
+	// it be.
+	if err := Serve(ctx, sock, nil); err == nil {
+		t.Fatal("Serve over a live VMM's socket succeeded")
+	}
+	if _, err := p.client.Ping(ctx); err != nil {
+		t.Fatalf("live VMM hurt by a refused Serve: %v", err)
+	}
+
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Serve(ctx, plain, nil); err == nil {
+		t.Fatal("Serve over a regular file succeeded")
+	}
+	if data, err := os.ReadFile(plain); err != nil || string(data) != "keep me" {
+		t.Fatalf("regular file touched: %q, %v", data, err)
+	}
+}
+
+func TestServeInProcessContext(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "api.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	var log bytes.Buffer
+	go func() { done <- serve(ctx, sock, &log, func() { close(ready) }) }()
+	<-ready
+	if _, err := NewClient(sock).Ping(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("socket after cancel: %v", err)
+	}
+	if !strings.Contains(log.String(), "stopped") {
+		t.Fatalf("log: %s", log.String())
+	}
+}
