@@ -73,15 +73,18 @@ func (d Driver) vmmArgv(apiSocket string) []string {
 	return []string{d.Exe, "vmm-process", "--api-socket", apiSocket}
 }
 
-func (d Driver) config(disks []vmm.DiskConfig, vsock string) vmm.Config {
+func (d Driver) config(disks []vmm.Disk, vsock string) vmm.Config {
 	c := vmm.Config{
 		Disks:  disks,
-		Memory: &vmm.MemoryConfig{Size: 512 << 20},
-		Cpus:   &vmm.CpusConfig{BootVcpus: 1, MaxVcpus: 1},
-		Vsock:  &vmm.VsockConfig{Cid: 3, Socket: vsock},
+		Memory: vmm.Memory{Size: 512 << 20},
+		Cpus:   vmm.Cpus{BootVcpus: 1, MaxVcpus: 1},
+		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
+		// The process driver boots no kernel; it still names one, as the
+		// API requires a payload.
+		Payload: vmm.Payload{Kernel: "process-driver", Cmdline: "console=ttyS0 root=/dev/vda rw"},
 	}
 	if d.Name == DriverCloudHypervisor {
-		c.Payload = &vmm.PayloadConfig{Kernel: d.Kernel, Cmdline: "console=ttyS0 root=/dev/vda rw"}
+		c.Payload.Kernel = d.Kernel
 	}
 	return c
 }
@@ -182,16 +185,16 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 }
 
 // vmDisks lists the disks a sandbox boots with: its own, then its volumes.
-func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.DiskConfig {
-	var disks []vmm.DiskConfig
+func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
+	var disks []vmm.Disk
 	for _, r := range sb.Resources {
 		switch r.Kind {
 		case events.KindRawDisk, events.KindWorkspaceDisk, events.KindShadowDisk:
-			disks = append(disks, vmm.DiskConfig{Path: m.Root.Abs(r.Path)})
+			disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path)})
 		}
 	}
 	for _, v := range sb.Volumes {
-		disks = append(disks, vmm.DiskConfig{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly})
+		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly})
 	}
 	return disks
 }

@@ -357,7 +357,7 @@ func (m *Manager) stageRestore(dir, stage, child string, copies []sourceDisk) er
 	}
 	cfg.Disks = nil
 	for _, c := range copies {
-		cfg.Disks = append(cfg.Disks, vmm.DiskConfig{Path: c.dst})
+		cfg.Disks = append(cfg.Disks, vmm.Disk{Path: c.dst})
 	}
 	if cfg.Vsock != nil {
 		cfg.Vsock.Socket = m.Root.VsockSocket(child)

@@ -291,10 +291,10 @@ func (m *Manager) killUnrecordedSupervisor(id string) ([]events.Payload, error) 
 	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	info, err := supervisor.Ping(pctx, m.Root.SupervisorDir(id))
-	if err != nil || info.Pid == 0 {
+	if err != nil || info.PID == 0 {
 		return nil, nil
 	}
-	who, err := proc.Of(info.Pid)
+	who, err := proc.Of(info.PID)
 	if err != nil {
 		return nil, nil
 	}
