@@ -269,7 +269,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			if err := durable.WriteFile(filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
 				return nil, err
 			}
-			return sagas.One(events.SnapshotTakenEvent{SnapshotID: snap, Dir: r, AllocatedBytes: allocated}), nil
+			ps := []events.Payload{events.SnapshotTakenEvent{SnapshotID: snap, Dir: r, AllocatedBytes: allocated}}
+			if parent := m.res(events.KindSnapshot, m.Root.SnapshotsOf(sb.ID)); !sb.Owns(parent.Path) {
+				ps = append([]events.Payload{events.ResourceCreatedEvent{Resource: parent}}, ps...)
+			}
+			return ps, nil
 		},
 		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
 	}
@@ -328,7 +332,10 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 				if err := m.stageRestore(dir, restoreFrom, child, copies); err != nil {
 					return nil, err
 				}
-				return sagas.One(events.ResourceCreatedEvent{Resource: r}), nil
+				return []events.Payload{
+					events.ResourceCreatedEvent{Resource: m.res(events.KindSnapshot, m.Root.SnapshotsOf(child))},
+					events.ResourceCreatedEvent{Resource: r},
+				}, nil
 			},
 			Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
 		}
