@@ -63,7 +63,11 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 
 	// Intents come first, before saga.started: from the moment the journal
 	// names this sandbox, a leased marker on disk says its creator lives.
-	held, intents, err := m.publishIntents(id, s.ID, spec.Handle, plan.covers(m, id))
+	covers := plan.covers(m, id)
+	for _, sh := range spec.Shadows {
+		covers = append(covers, m.rel(m.Root.ShadowDisk(spec.Handle, sh.Name)))
+	}
+	held, intents, err := m.publishIntents(id, s.ID, spec.Handle, covers)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}

@@ -110,7 +110,7 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 			// Committed: what remains is bookkeeping. The sandbox is left
 			// stopped (recoverSandbox stops a VMM the crash left without an
 			// event); the user starts it again.
-			return resume([]sagas.Step{m.retireLeftoverIntents(sb), m.stopUnrecorded(sb.ID)})
+			return resume([]sagas.Step{m.retireLeftoverIntents(sb), m.stopUnrecorded(sb.ID), m.stopUnrecordedSupervisor(sb)})
 		}
 		return compensate([]sagas.Step{m.undoUncommitted(sg.Sandbox)}, "creator died before commit")
 	case "rm":
@@ -302,6 +302,22 @@ func (m *Manager) killUnrecordedSupervisor(id string) ([]events.Payload, error) 
 		return nil, err
 	}
 	return sagas.One(events.SupervisorStoppedEvent{Pid: who.Pid, Reason: "orphaned"}), nil
+}
+
+// stopUnrecordedSupervisor kills a supervisor spawned by a crashed boot
+// before the journal recorded it, and removes the IID socket it served.
+func (m *Manager) stopUnrecordedSupervisor(sb projections.Sandbox) sagas.Step {
+	return sagas.Step{Name: "recover.supervisor", Do: func(context.Context) ([]events.Payload, error) {
+		if sb.Supervisor != nil {
+			return nil, nil // recorded: recoverSandbox judges it
+		}
+		ps, err := m.killUnrecordedSupervisor(sb.ID)
+		if err != nil {
+			return ps, err
+		}
+		more, err := m.reclaim(m.res(events.KindIIDSocket, m.Root.IIDSocket(sb.ID)), false, "recover")
+		return append(ps, more...), err
+	}}
 }
 
 func waitGone(ctx context.Context, gone func() bool) error {

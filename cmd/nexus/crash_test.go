@@ -67,7 +67,7 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 		for _, phase := range []string{":before", ""} {
 			point := "create." + step + phase
 			t.Run(point, func(t *testing.T) {
-				root := t.TempDir()
+				root := shortRoot(t)
 				crashAt(t, root, point, "create", "--image", image, "--handle", "crash/h", "--shadow", "cfg="+src)
 				recoverClean(t, root)
 				committed := i > commitAt || (i == commitAt && phase == "")
@@ -103,7 +103,7 @@ func TestCrashAtEveryRemoveStep(t *testing.T) {
 		for _, phase := range []string{":before", ""} {
 			point := "rm." + step + phase
 			t.Run(point, func(t *testing.T) {
-				root := t.TempDir()
+				root := shortRoot(t)
 				sb := createJSON(t, root, "--image", image)
 				crashAt(t, root, point, "rm", sb.ID)
 				recoverClean(t, root)
@@ -117,7 +117,7 @@ func TestCrashDuringFork(t *testing.T) {
 	image := makeImage(t)
 	for _, point := range []string{"fork.os-disk:before", "fork.workspace-disk", "fork.commit:before", "fork.commit", "fork.vmm:before"} {
 		t.Run(point, func(t *testing.T) {
-			root := t.TempDir()
+			root := shortRoot(t)
 			parent := createJSON(t, root, "--image", image)
 			crashAt(t, root, point, "fork", parent.ID)
 			recoverClean(t, root)

@@ -144,7 +144,7 @@ func assertClean(t *testing.T, root string) {
 }
 
 func TestLifecycleEndToEnd(t *testing.T) {
-	root := t.TempDir()
+	root := shortRoot(t)
 	image := makeImage(t)
 	ws := t.TempDir()
 	os.WriteFile(filepath.Join(ws, "hello.txt"), []byte("hello"), 0o644)
@@ -229,7 +229,7 @@ func TestLifecycleEndToEnd(t *testing.T) {
 }
 
 func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
-	root := t.TempDir()
+	root := shortRoot(t)
 	image := makeImage(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
 	sum := func() string {
@@ -258,7 +258,7 @@ func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
 }
 
 func TestBadInputLeavesNothing(t *testing.T) {
-	root := t.TempDir()
+	root := shortRoot(t)
 	image := makeImage(t)
 	dir := t.TempDir()
 	cases := []struct {
@@ -294,7 +294,7 @@ func TestBadInputLeavesNothing(t *testing.T) {
 }
 
 func TestSymlinkedStateDirIsRefused(t *testing.T) {
-	root := t.TempDir()
+	root := shortRoot(t)
 	outside := t.TempDir()
 	os.Symlink(outside, filepath.Join(root, "disks"))
 	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "symbolic link")
@@ -334,7 +334,7 @@ func TestENOSPCCompensates(t *testing.T) {
 // on the real socket (Cloud Hypervisor itself cannot run here). The driver
 // must pass the kernel in vm.create's payload, as Cloud Hypervisor needs.
 func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
-	root := t.TempDir()
+	root := shortRoot(t)
 	bin := t.TempDir()
 	fake := filepath.Join(bin, "cloud-hypervisor")
 	os.WriteFile(fake, []byte("#!/bin/sh\nexec "+nexusBin+" vmm-process \"$@\"\n"), 0o755)
@@ -360,3 +360,16 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 }
 
 func init() { buildFlags = []string{"-tags", "wip"} }
+
+// shortRoot is a state root with a short path: unix socket paths (the
+// supervisor's socket lives inside the state root) are limited to 107 bytes,
+// and t.TempDir() names grow with the test's name.
+func shortRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "nx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
