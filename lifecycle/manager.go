@@ -1,5 +1,3 @@
-//go:build wip
-
 // Package lifecycle composes the sandbox flows (create, fork, snapshot,
 // restore, start, stop, rm, recover, volumes) from host operations, saga
 // steps and journal events. Each flow is a sagas.Saga whose steps call host/

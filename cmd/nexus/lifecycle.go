@@ -1,5 +1,3 @@
-//go:build wip
-
 package main
 
 import (
@@ -252,7 +250,9 @@ func recoverCmd(g *globals) *cobra.Command {
 
 func volumeCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "volume", Short: "Manage named volumes (user-owned; never reaped)", Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return usageError{fmt.Errorf("volume needs a subcommand: create, ls, rm, prune")} }}
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError{fmt.Errorf("volume needs a subcommand: create, ls, rm, prune")}
+		}}
 	var size string
 	var asJSON bool
 	create := &cobra.Command{Use: "create NAME --size S", Short: "Create a named ext4 volume", Args: exactArgs(1),

@@ -1,5 +1,3 @@
-//go:build wip
-
 package main
 
 import (
@@ -358,8 +356,6 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 	mustOK(t, nexusEnv(t, root, env, "--driver", "cloud-hypervisor", "rm", sb.ID), "rm")
 	assertNothingLeft(t, root)
 }
-
-func init() { buildFlags = []string{"-tags", "wip"} }
 
 // shortRoot is a state root with a short path: unix socket paths (the
 // supervisor's socket lives inside the state root) are limited to 107 bytes,
