@@ -49,6 +49,12 @@ const (
 	// copyChunk is large so the per-syscall cost vanishes against the
 	// per-byte cost of copying.
 	copyChunk = 1 << 20
+	// writebackEvery is how much is written between writeback kicks. Starting
+	// writeback while the copy runs, instead of leaving it all to the final
+	// fsync, overlaps device time with copy time: 200 MiB on virtio ext4 went
+	// from ~295 ms to ~180 ms with kicks every 2-8 MiB, while 64 MiB windows,
+	// or waiting for each window, gave back much of that (docs/benchmarks-disk.md).
+	writebackEvery = 8 << 20
 )
 
 // Stat reports the sizes of the regular file at path. It uses Lstat so a
@@ -192,7 +198,7 @@ func reflinkUnsupported(err error) bool {
 // user buffer rather than copy_file_range: the zero scan has to read every
 // data byte anyway, and on a filesystem without reflink copy_file_range is a
 // splice of the same pages, so it would add a second pass over the data and
-// allocate whatever zero runs it is handed (measured: no faster, see
+// allocate whatever zero runs it is handed (measured ~13% slower, see
 // docs/benchmarks-disk.md).
 func sparseCopy(in, out *os.File, size int64) error {
 	if err := out.Truncate(size); err != nil {
@@ -243,9 +249,19 @@ func sparseCopy(in, out *os.File, size int64) error {
 
 // zeroSkipWriter writes b at off to out, leaving every all-zero block
 // (aligned to holeBlock in file offsets) unwritten and coalescing the rest
-// into one pwrite per run.
+// into one pwrite per run. Offsets must increase from call to call.
 type zeroSkipWriter struct {
-	out *os.File
+	out      *os.File
+	pending  int64 // written since the last writeback kick
+	kickFrom int64 // start of the range not yet kicked
+}
+
+// kick starts asynchronous writeback of what was written since the last
+// kick. Errors are ignored: it is only a head start, and the fsync that
+// ends every clone reports whatever writeback went wrong.
+func (w *zeroSkipWriter) kick(end int64) {
+	_ = unix.SyncFileRange(int(w.out.Fd()), w.kickFrom, end-w.kickFrom, unix.SYNC_FILE_RANGE_WRITE)
+	w.kickFrom, w.pending = end, 0
 }
 
 func (w *zeroSkipWriter) write(b []byte, off int64) error {
@@ -254,9 +270,14 @@ func (w *zeroSkipWriter) write(b []byte, off int64) error {
 		if run < 0 {
 			return nil
 		}
-		_, err := w.out.WriteAt(b[run:end], off+int64(run))
+		if _, err := w.out.WriteAt(b[run:end], off+int64(run)); err != nil {
+			return err
+		}
+		if w.pending += int64(end - run); w.pending >= writebackEvery {
+			w.kick(off + int64(end))
+		}
 		run = -1
-		return err
+		return nil
 	}
 	for i := 0; i < len(b); {
 		j := min(i+holeBlock-int((off+int64(i))%holeBlock), len(b))
