@@ -24,17 +24,13 @@ import (
 
 var nexusBin string
 
-// buildFlags are passed to the build of the binary under test (the wip
-// build adds its tag, so the binary has the same commands as the tests).
-var buildFlags []string
-
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "nexus-cli-test-")
 	if err != nil {
 		panic(err)
 	}
 	nexusBin = filepath.Join(dir, "nexus")
-	if out, err := exec.Command("go", append(append([]string{"build"}, buildFlags...), "-o", nexusBin, ".")...).CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", nexusBin, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build nexus: %v\n%s", err, out)
 		os.Exit(1)
 	}

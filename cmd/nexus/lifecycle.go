@@ -346,10 +346,3 @@ func parseSize(s string) (int64, error) {
 	}
 	return v * mult, nil
 }
-
-func init() {
-	lifecycleCommands = func(g *globals) []*cobra.Command {
-		return []*cobra.Command{createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
-			rmCmd(g), recoverCmd(g), volumeCmd(g), vmmProcessCmd(), supervisorCmd()}
-	}
-}

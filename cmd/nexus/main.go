@@ -25,10 +25,6 @@ type usageError struct{ err error }
 func (u usageError) Error() string { return u.err.Error() }
 func (u usageError) Unwrap() error { return u.err }
 
-// lifecycleCommands is set by the lifecycle flows' files, which build only
-// with the wip tag until they are finished (lifecycle/WIP.md).
-var lifecycleCommands func(*globals) []*cobra.Command
-
 type globals struct {
 	stateDir string
 	driver   string
@@ -82,10 +78,9 @@ func newRoot() *cobra.Command {
 		lsCmd(g),
 		inspectCmd(g),
 		demoCmd(g),
+		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
+		rmCmd(g), recoverCmd(g), volumeCmd(g), vmmProcessCmd(), supervisorCmd(),
 	)
-	if lifecycleCommands != nil {
-		root.AddCommand(lifecycleCommands(g)...)
-	}
 	addNotBuilt(root)
 	return root
 }

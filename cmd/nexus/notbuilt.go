@@ -23,33 +23,10 @@ func addNotBuilt(root *cobra.Command) {
 		}
 		return c
 	}
-	for _, c := range []*cobra.Command{
-		stub("create", "Create a sandbox"),
-		stub("fork", "Fork a sandbox"),
-		stub("snapshot", "Snapshot a sandbox"),
-		stub("restore", "Restore a sandbox from a snapshot"),
-		stub("start", "Start a sandbox"),
-		stub("stop", "Stop a sandbox"),
-		stub("rm", "Remove a sandbox"),
-		stub("recover", "Resume or compensate unfinished sagas"),
-		stub("create", "Create a sandbox"),
-		stub("fork", "Fork a sandbox"),
-		stub("snapshot", "Snapshot a sandbox"),
-		stub("restore", "Restore a sandbox from a snapshot"),
-		stub("start", "Start a sandbox"),
-		stub("stop", "Stop a sandbox"),
-		stub("rm", "Remove a sandbox"),
-		stub("recover", "Resume or compensate unfinished sagas"),
-		stub("volume", "Manage named volumes", "create", "ls", "rm", "prune"),
+	root.AddCommand(
 		stub("reap", "Report or delete orphaned resources"),
 		stub("run", "Run a command with sandboxes bound to its lifetime"),
-		stub("volume", "Manage named volumes", "create", "ls", "rm", "prune"),
 		stub("image-cache", "Manage prepared image disks", "list", "prune"),
 		stub("replay", "Audit the journal", "timeline", "at", "diff", "verify"),
-	} {
-		if found, _, err := root.Find([]string{c.Name()}); err == nil && found != root {
-			continue // the real command is built in
-		}
-		root.AddCommand(c)
-	}
+	)
 }
