@@ -17,7 +17,7 @@ import (
 )
 
 // makeImage writes a sparse 64 MiB "OS image" with a few MiB of data.
-func makeImage(t *testing.T) string {
+func makeImage(t testing.TB) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "base.raw")
 	f, err := os.Create(path)
@@ -38,12 +38,12 @@ func makeImage(t *testing.T) string {
 	return path
 }
 
-func proc(t *testing.T, root string, args ...string) result {
+func proc(t testing.TB, root string, args ...string) result {
 	t.Helper()
 	return nexus(t, root, append([]string{"--driver", "process"}, args...)...)
 }
 
-func mustOK(t *testing.T, r result, what string) result {
+func mustOK(t testing.TB, r result, what string) result {
 	t.Helper()
 	if r.code != 0 {
 		t.Fatalf("%s: exit %d: %s", what, r.code, r.stderr)
@@ -51,7 +51,7 @@ func mustOK(t *testing.T, r result, what string) result {
 	return r
 }
 
-func sandboxes(t *testing.T, root string) []projections.Sandbox {
+func sandboxes(t testing.TB, root string) []projections.Sandbox {
 	t.Helper()
 	r := mustOK(t, nexus(t, root, "ls", "--json"), "ls")
 	var list []projections.Sandbox
@@ -61,7 +61,7 @@ func sandboxes(t *testing.T, root string) []projections.Sandbox {
 	return list
 }
 
-func createJSON(t *testing.T, root string, args ...string) projections.Sandbox {
+func createJSON(t testing.TB, root string, args ...string) projections.Sandbox {
 	t.Helper()
 	r := mustOK(t, proc(t, root, append([]string{"create", "--json"}, args...)...), "create")
 	var sb projections.Sandbox
@@ -389,7 +389,7 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 // shortRoot is a state root outside t.TempDir(), whose names grow with the
 // test's name; short paths keep failure messages readable. Deep roots work
 // too (TestDeepStateRootBeyondSunPath).
-func shortRoot(t *testing.T) string {
+func shortRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "nx")
 	if err != nil {
