@@ -182,7 +182,16 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 			if err != nil {
 				continue
 			}
+			if in.Sandbox != id {
+				// Not this sandbox's marker: trust none of it, delete nothing.
+				ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntent", Message: fmt.Sprintf("%s names sandbox %q; nothing it covers was removed", m.rel(ip), in.Sandbox)})
+				continue
+			}
 			for _, c := range in.Covers {
+				if !layout.CoveredBy(c, id, in.Handle) {
+					ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntentCover", Message: fmt.Sprintf("%s covers %q, which is not a path of sandbox %s; kept", m.rel(ip), c, id)})
+					continue
+				}
 				add(events.Resource{Kind: kindOfPath(c), Path: c})
 			}
 			if in.Handle != "" {

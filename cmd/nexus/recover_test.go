@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -139,4 +140,49 @@ func TestRecoverKillsTheSupervisorOfADeadVMM(t *testing.T) {
 	}
 	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
 	assertNothingLeft(t, root)
+}
+
+// TestRecoverTrustsAnIntentOnlyForItsOwnSandbox: recover deletes what an
+// uncommitted create's intent covers, so a damaged or planted marker that
+// names a volume or another sandbox's disk must cover nothing there.
+func TestRecoverTrustsAnIntentOnlyForItsOwnSandbox(t *testing.T) {
+	root := shortRoot(t)
+	image := makeImage(t)
+	mustOK(t, proc(t, root, "volume", "create", "keep", "--size", "16M"), "volume create")
+	other := createJSON(t, root, "--image", image)
+	crashAt(t, root, "create.os-disk", "create", "--image", image)
+
+	matches, _ := filepath.Glob(filepath.Join(root, "disks", "*.create-intent.json"))
+	if len(matches) != 1 {
+		t.Fatalf("want the crashed create's intent, found %v", matches)
+	}
+	data, err := os.ReadFile(matches[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in map[string]any
+	if err := json.Unmarshal(data, &in); err != nil {
+		t.Fatal(err)
+	}
+	in["covers"] = append(in["covers"].([]any), "volumes/keep", "disks/"+other.ID+".raw", "journal")
+	data, _ = json.Marshal(in)
+	if err := os.WriteFile(matches[0], data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	volBefore := volumeSum(t, root, "keep")
+
+	recoverClean(t, root)
+	if volumeSum(t, root, "keep") != volBefore {
+		t.Fatal("recover touched a volume an intent claimed to cover")
+	}
+	if _, err := os.Stat(filepath.Join(root, "disks", other.ID+".raw")); err != nil {
+		t.Fatalf("recover deleted another sandbox's disk: %v", err)
+	}
+	if r := nexus(t, root, "events", "--type", "warning.raised"); strings.Count(r.stdout, "ForeignIntentCover") != 3 {
+		t.Fatalf("want three ForeignIntentCover warnings, got:\n%s", r.stdout)
+	}
+	if list := sandboxes(t, root); len(list) != 1 || list[0].ID != other.ID || list[0].State != projections.StateRunning {
+		t.Fatalf("after recover: %+v", list)
+	}
+	mustOK(t, proc(t, root, "rm", other.ID), "rm")
 }
