@@ -6,7 +6,7 @@ BIN       := bin/nexus
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
 
-.PHONY: all setup build demo test bench clean
+.PHONY: all setup build demo test bench soak clean
 
 all: build
 
@@ -32,6 +32,13 @@ demo: setup build
 test: setup
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
+
+# The model-based crash harness with a long budget (the test suite runs a
+# short one): random lifecycles, SIGKILL at random saga steps, invariants
+# after every operation. NEXUS_MODEL_SEED=N replays one sequence.
+soak: setup
+	NEXUS_MODEL_RUNS=$${NEXUS_MODEL_RUNS:-40} NEXUS_MODEL_OPS=$${NEXUS_MODEL_OPS:-30} \
+	  $(GO) test -run TestModelRandomLifecycles -count=1 -v -timeout 3h ./cmd/nexus/
 
 # Benchmarks report ratios against a baseline measured in the same run;
 # see docs/benchmarks.md for what each measures and the figures.
