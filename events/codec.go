@@ -153,7 +153,7 @@ func Encode(e Event) ([]byte, error) {
 // *DecodeError. It never panics on any input.
 func Decode(data []byte) (Event, error) {
 	var w wire
-	if err := strictUnmarshal(data, &w); err != nil {
+	if err := StrictUnmarshal(data, &w); err != nil {
 		return Event{}, &DecodeError{Err: fmt.Errorf("%w: envelope: %v", ErrMalformed, err)}
 	}
 	if w.Format > EnvelopeFormat {
@@ -181,7 +181,7 @@ func Decode(data []byte) (Event, error) {
 		payload = w.decoded
 	case w.Schema == s.current:
 		ptr := reflect.New(s.zero)
-		if err := strictUnmarshal(w.Payload, ptr.Interface()); err != nil {
+		if err := StrictUnmarshal(w.Payload, ptr.Interface()); err != nil {
 			return fail(fmt.Errorf("%w: payload: %v", ErrMalformed, err))
 		}
 		payload = ptr.Elem().Interface().(Payload)
@@ -214,9 +214,11 @@ type pooledDec struct {
 
 var decPool = sync.Pool{New: func() any { p := &pooledDec{}; p.d = msgpack.NewDecoder(&p.r); return p }}
 
-// strictUnmarshal refuses unknown fields and trailing bytes: within one
-// schema version an unexpected field means damage or a mislabelled writer.
-func strictUnmarshal(data []byte, v any) error {
+// StrictUnmarshal decodes one msgpack value from data into v, refusing
+// unknown fields and trailing bytes: within one schema version an
+// unexpected field means damage or a mislabelled writer. Projections decode
+// their snapshots with it too.
+func StrictUnmarshal(data []byte, v any) error {
 	p := decPool.Get().(*pooledDec)
 	defer decPool.Put(p)
 	p.r.Reset(data)

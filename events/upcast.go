@@ -12,7 +12,7 @@ type sandboxCreatedV1 struct {
 
 func upcastSandboxCreatedV1(raw []byte) (Payload, error) {
 	var old sandboxCreatedV1
-	if err := strictUnmarshal(raw, &old); err != nil {
+	if err := StrictUnmarshal(raw, &old); err != nil {
 		return nil, err
 	}
 	p := SandboxCreatedEvent{Handle: old.Handle, Image: old.Image, Driver: old.Driver}
