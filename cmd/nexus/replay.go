@@ -23,6 +23,9 @@ var errJournalProblems = errors.New("the journal has problems (listed above)")
 
 type replayFlags struct {
 	journalDir string
+	natsURL    string
+	stream     string
+	natsCreds  string
 	asJSON     bool
 }
 
@@ -36,6 +39,9 @@ func replayCmd(g *globals) *cobra.Command {
 			"modifies the store it audits.",
 	}
 	c.PersistentFlags().StringVar(&f.journalDir, "journal", "", "audit this journal directory instead of the state root's")
+	c.PersistentFlags().StringVar(&f.natsURL, "nats", "", "audit a mirror stream on this NATS server (a fleet's, see daemon --mirror) instead")
+	c.PersistentFlags().StringVar(&f.stream, "stream", "", "the mirror stream to read with --nats (NEXUS_<HOST>)")
+	c.PersistentFlags().StringVar(&f.natsCreds, "nats-creds", "", "NATS .creds file for --nats")
 	c.PersistentFlags().BoolVar(&f.asJSON, "json", false, "print JSON")
 	c.AddCommand(replayTimelineCmd(g, f), replayAtCmd(g, f), replayVerifyCmd(g, f))
 	return c
@@ -44,6 +50,17 @@ func replayCmd(g *globals) *cobra.Command {
 // readJournal returns every record of the audited journal, read from a
 // copy made in a scratch directory that is removed before returning.
 func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Record, error) {
+	var recs []replay.Record
+	collect := func(r journal.Record) error {
+		recs = append(recs, replay.Record{Seq: r.Seq, MsgID: r.MsgID, Data: r.Data})
+		return nil
+	}
+	if f.natsURL != "" {
+		if f.stream == "" || f.journalDir != "" {
+			return nil, usageError{errors.New("--nats needs --stream, and excludes --journal")}
+		}
+		return recs, journal.ReadMirror(ctx, f.natsURL, f.natsCreds, f.stream, collect)
+	}
 	dir := f.journalDir
 	if dir == "" {
 		dir = filepath.Join(g.stateDir, "journal")
@@ -58,12 +75,7 @@ func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Reco
 		return nil, err
 	}
 	defer j.Close()
-	var recs []replay.Record
-	err = j.Read(ctx, 1, "", func(r journal.Record) error {
-		recs = append(recs, replay.Record{Seq: r.Seq, MsgID: r.MsgID, Data: r.Data})
-		return nil
-	})
-	return recs, err
+	return recs, j.Read(ctx, 1, "", collect)
 }
 
 func replayTimelineCmd(g *globals, f *replayFlags) *cobra.Command {

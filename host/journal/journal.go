@@ -342,10 +342,14 @@ func (j *Journal) Follow(ctx context.Context, from uint64, filter string, fn fun
 }
 
 func (j *Journal) consume(ctx context.Context, from uint64, filter string, follow bool, fn func(Record) error) error {
+	return consume(ctx, j.stream, from, filter, follow, fn)
+}
+
+func consume(ctx context.Context, stream jetstream.Stream, from uint64, filter string, follow bool, fn func(Record) error) error {
 	if from == 0 {
 		from = 1
 	}
-	cons, err := j.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from,

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -137,4 +138,29 @@ func (j *Journal) MirrorStatus() (ok bool, lastErr string) {
 		return false, j.mirrorErr.Error()
 	}
 	return j.mirrorSet, ""
+}
+
+// ReadMirror reads every record of a mirror stream on the fleet (or any
+// JetStream holding nexus events) at natsURL, in order, for replay. It only
+// reads: an ordered consumer, nothing acknowledged or deleted. Subjects
+// keep the mirror's host prefix.
+func ReadMirror(ctx context.Context, natsURL, credsFile, stream string, fn func(Record) error) error {
+	opts := []nats.Option{nats.Name("nexus replay")}
+	if credsFile != "" {
+		opts = append(opts, nats.UserCredentials(credsFile))
+	}
+	nc, err := nats.Connect(natsURL, opts...)
+	if err != nil {
+		return fmt.Errorf("journal: connect to %s: %w", natsURL, err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("journal: stream %s at %s: %w", stream, natsURL, err)
+	}
+	return consume(ctx, s, 1, "", false, fn)
 }

@@ -145,6 +145,18 @@ func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
 			t.Fatalf("mirror subject %q is not prefixed by the host", msg.Subject)
 		}
 	}
+
+	// replay reads the mirror as it reads a journal: ids kept, in order.
+	var recs []Record
+	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", m.StreamName(), func(r Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 12 || recs[0].MsgID != "m-0" || recs[11].MsgID != "m-11" || recs[11].Seq != 12 {
+		t.Fatalf("ReadMirror: %d records, first %+v", len(recs), recs[0])
+	}
 }
 
 // TestFleetCannotWriteTheJournal: everything the fleet can send over the

@@ -45,7 +45,7 @@ type Listener struct {
 	path string
 	id   fileID
 	once sync.Once
-	err      error
+	err  error
 }
 
 // Path is the socket's path as the caller named it.
