@@ -71,12 +71,16 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	for _, v := range parent.Volumes {
 		mounts = append(mounts, Mount{Name: v.Name, GuestPath: v.GuestPath})
 	}
+	boot, err := m.bootstrapOf(ctx, parent.ID)
+	if err != nil {
+		return nil, err
+	}
 	var children []projections.Sandbox
 	for i := 0; i < spec.Count; i++ {
 		child := ulid.Make().String()
 		copies := m.childCopies(parent, child, sources)
 		committed := func(rs []events.Resource) events.Payload {
-			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs}
+			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
 		}
 		if err := m.runChild(ctx, "fork", child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
 			return children, err
