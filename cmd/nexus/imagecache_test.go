@@ -19,6 +19,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -478,4 +479,46 @@ func TestImageCachePruneRacesCreate(t *testing.T) {
 		}
 	}
 	t.Logf("prunes: %d removed the unused entry, %d found nothing to remove, %d refused", removed, clean, refused)
+}
+
+// TestImageCacheDamagedEntryStopsCreate: an entry under the image's cache
+// ID that lacks its identity is not reused; create fails and leaves no
+// sandbox behind.
+func TestImageCacheDamagedEntryStopsCreate(t *testing.T) {
+	root := shortRoot(t)
+	image := makeImage(t)
+	_, id, err := imagecache.IdentityOf(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeLegacyEntry(t, root, id, []byte("not the image"))
+	wantFailure(t, proc(t, root, "create", "--image", image), 1, "damaged image cache entry")
+	assertNothingLeft(t, root)
+}
+
+// TestImageCachePruneAgeAndSize: --older-than keeps recently used entries,
+// --max-bytes evicts the least recently used until the cache fits.
+func TestImageCachePruneAgeAndSize(t *testing.T) {
+	root := shortRoot(t)
+	os.MkdirAll(filepath.Join(root, "images"), 0o700)
+	now := time.Now()
+	for i, name := range []string{"e-old", "e-mid", "e-new"} {
+		p := writeLegacyEntry(t, root, name, bytes.Repeat([]byte{9}, 4096))
+		at := now.Add(-time.Duration(3-i) * 24 * time.Hour) // 3d, 2d, 1d ago
+		os.Chtimes(p, at, at)
+	}
+	if rep := pruneJSON(t, root, "--dry-run", "--older-than", "36h"); len(rep.Removed) != 2 {
+		t.Fatalf("older than 36h: %+v", rep)
+	}
+	rep := pruneJSON(t, root, "--max-bytes", "8192")
+	if len(rep.Removed) != 1 || rep.Removed[0].CacheID != "e-old" || rep.CacheBytes != 8192 {
+		t.Fatalf("max-bytes 8192: %+v", rep)
+	}
+	rep = pruneJSON(t, root, "--older-than", "36h", "--max-bytes", "0")
+	if len(rep.Removed) != 1 || rep.Removed[0].CacheID != "e-mid" {
+		t.Fatalf("older than 36h and max 0: %+v", rep)
+	}
+	if rows := cacheList(t, root); len(rows) != 1 || rows[0].CacheID != "e-new" {
+		t.Fatalf("left: %+v", rows)
+	}
 }
