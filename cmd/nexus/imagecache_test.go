@@ -371,8 +371,8 @@ func TestImageCacheCLIParsing(t *testing.T) {
 	mustOK(t, nexus(t, root, "image-cache", "prune", "--unused"), "prune of an empty cache")
 }
 
-// startDaemon runs `nexus daemon` on root until the test ends.
-func startDaemon(t *testing.T, root string) {
+// startCacheDaemon runs `nexus daemon` on root until the test ends.
+func startCacheDaemon(t *testing.T, root string) {
 	t.Helper()
 	d := exec.Command(nexusBin, "--state-dir", root, "daemon")
 	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
@@ -399,7 +399,7 @@ func startDaemon(t *testing.T, root string) {
 func TestImageCachePruneRacesCreate(t *testing.T) {
 	root := shortRoot(t)
 	image := makeImage(t)
-	startDaemon(t, root)
+	startCacheDaemon(t, root)
 	var removed, clean, refused int
 	for round := 0; round < 4; round++ {
 		first := createJSON(t, root, "--image", image)
