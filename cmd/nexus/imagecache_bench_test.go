@@ -128,3 +128,84 @@ func BenchmarkImageCacheList10k(b *testing.B) {
 		paired(b)
 	})
 }
+
+// BenchmarkCreateColdVsWarmCache times `nexus create` (daemon running)
+// when the image is not yet in the cache (prepare, then clone the entry:
+// two copies) and when it is (one copy, as before the cache existed),
+// against `cp --sparse=always` + fsync of the same image. The image is
+// 256 MiB with 64 MiB of data; touching it between cold runs gives it a
+// new identity, so each cold create prepares a new entry.
+func BenchmarkCreateColdVsWarmCache(b *testing.B) {
+	image := filepath.Join(b.TempDir(), "base.raw")
+	f, err := os.Create(image)
+	if err != nil {
+		b.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i*7 + 1)
+	}
+	for i := 0; i < 64; i++ {
+		f.WriteAt(chunk, int64(i)*4<<20)
+	}
+	f.Truncate(256 << 20)
+	f.Sync()
+	f.Close()
+	root, err := os.MkdirTemp("", "nxc")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	d := exec.Command(nexusBin, "--state-dir", root, "daemon")
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	stderr, _ := d.StderrPipe()
+	if err := d.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { d.Process.Signal(os.Interrupt); d.Wait() }()
+	buf := make([]byte, 256)
+	if n, err := stderr.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "serving") {
+		b.Fatalf("daemon: %q %v", buf[:n], err)
+	}
+	create := func() time.Duration {
+		t0 := time.Now()
+		out, err := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "create", "--json", "--image", image).Output()
+		el := time.Since(t0)
+		if err != nil {
+			b.Fatalf("create: %v", err)
+		}
+		var sb struct{ ID string }
+		json.Unmarshal(out, &sb)
+		runQuiet(b, nexusBin, "--state-dir", root, "--driver", "process", "rm", sb.ID)
+		return el
+	}
+	cp := func() time.Duration {
+		dst := filepath.Join(root, "cp.raw")
+		t0 := time.Now()
+		runQuiet(b, "cp", "--sparse=always", image, dst)
+		g, _ := os.Open(dst)
+		g.Sync()
+		g.Close()
+		el := time.Since(t0)
+		os.Remove(dst)
+		return el
+	}
+	var cold, warm, cpT time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		now := time.Now()
+		os.Chtimes(image, now, now) // new ctime: a new identity, a cache miss
+		cold += create()
+		warm += create()
+		cpT += cp()
+		b.StopTimer()
+		runQuiet(b, nexusBin, "--state-dir", root, "image-cache", "prune", "--unused")
+		b.StartTimer()
+	}
+	n := float64(b.N)
+	b.ReportMetric(float64(cold.Milliseconds())/n, "cold-ms")
+	b.ReportMetric(float64(warm.Milliseconds())/n, "warm-ms")
+	b.ReportMetric(float64(cpT.Milliseconds())/n, "cp-fsync-ms")
+	b.ReportMetric(float64(cold)/float64(cpT), "cold/cp")
+	b.ReportMetric(float64(warm)/float64(cpT), "warm/cp")
+}
