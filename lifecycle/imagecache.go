@@ -238,7 +238,10 @@ func (m *Manager) PruneImageCache(ctx context.Context, opts CachePruneOptions) (
 	rep := CachePruneReport{DryRun: opts.DryRun}
 	if !opts.DryRun {
 		if ok, err := fsx.Lexists(string(m.Root), "images"); err != nil || !ok {
-			return rep, err
+			return rep, err // no cache, nothing to prune
+		}
+		if err := m.ensureDirs("images"); err != nil {
+			return rep, err // images/ is a symlink: the lease is never opened through it
 		}
 		l, err := lease.TryAcquireNaming(m.Root.ImageLease())
 		if err != nil {

@@ -522,3 +522,24 @@ func TestImageCachePruneAgeAndSize(t *testing.T) {
 		t.Fatalf("left: %+v", rows)
 	}
 }
+
+// TestImageCacheRefusesSymlinkedImagesDir: when images/ itself is a
+// symlink, list and prune refuse and nothing behind it is touched.
+func TestImageCacheRefusesSymlinkedImagesDir(t *testing.T) {
+	root := shortRoot(t)
+	outside := t.TempDir()
+	target := filepath.Join(outside, "unused", "disk.raw")
+	os.MkdirAll(filepath.Dir(target), 0o700)
+	os.WriteFile(target, []byte("precious"), 0o600)
+	if err := os.Symlink(outside, filepath.Join(root, "images")); err != nil {
+		t.Fatal(err)
+	}
+	wantFailure(t, nexus(t, root, "image-cache", "list"), 1, "symbolic link")
+	wantFailure(t, nexus(t, root, "image-cache", "prune", "--unused"), 1, "symbolic link")
+	if _, err := os.Stat(target); err != nil {
+		t.Fatal("entry behind a symlinked images/ was touched:", err)
+	}
+	if _, err := os.Lstat(filepath.Join(outside, ".lease")); !os.IsNotExist(err) {
+		t.Fatal("the lease was opened through the symlink")
+	}
+}
