@@ -64,7 +64,7 @@ func spec(p Payload, current uint16) typeSpec {
 var registry = map[Type]typeSpec{
 	SandboxCreated:     withUpcast(withUpcast(spec(SandboxCreatedEvent{}, 3), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]),
 	SandboxForked:      withUpcast(spec(SandboxForkedEvent{}, 2), 1, addedFields[SandboxForkedEvent]),
-	SandboxRestored:    spec(SandboxRestoredEvent{}, 1),
+	SandboxRestored:    withUpcast(spec(SandboxRestoredEvent{}, 2), 1, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
 	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
 	SandboxFailed:      spec(SandboxFailedEvent{}, 1),

@@ -22,7 +22,7 @@ var (
 var samples = []Payload{
 	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}, Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}},
 	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}},
-	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process"},
+	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}},
 	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
 	SandboxStoppedEvent{Reason: "user"},
 	SandboxFailedEvent{Reason: "OverlayDiskFull", Message: "no space"},
@@ -160,7 +160,8 @@ func TestUpcastSandboxCreatedV1(t *testing.T) {
 	}
 }
 
-// TestUpcastAddedBootstrap: sandbox.created v2 and sandbox.forked v1 were
+// TestUpcastAddedBootstrap: sandbox.created v2, sandbox.forked v1 and
+// sandbox.restored v1 were
 // written before the image cache; they decode with no bootstrap recorded,
 // which prune reads as "protects every entry".
 func TestUpcastAddedBootstrap(t *testing.T) {
@@ -192,6 +193,21 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	}
 	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 2 {
 		t.Fatalf("forked v1 upcast = %+v (schema %d)", f, got.Schema)
+	}
+	type restoredV1 struct {
+		Snapshot  string     `msgpack:"snapshot"`
+		Source    string     `msgpack:"source"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+	}
+	r1 := payloadBytes(t, restoredV1{Snapshot: "s", Source: testSandbox, Image: "img", Driver: "process"})
+	got, err = Decode(rawEvent(t, wire{Type: string(SandboxRestored), Schema: 1, Sandbox: testSandbox, Payload: r1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 2 {
+		t.Fatalf("restored v1 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded bootstrap is not written at all, so the bytes stay what
 	// the previous schema would have produced.

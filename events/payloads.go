@@ -63,6 +63,8 @@ type SandboxForkedEvent struct {
 }
 
 // SandboxRestoredEvent: a sandbox was committed from a snapshot.
+// Bootstrap (schema 2) comes from the snapshot's manifest; a snapshot taken
+// before the image cache has none.
 type SandboxRestoredEvent struct {
 	Snapshot  string     `msgpack:"snapshot" json:"snapshot"`
 	Source    string     `msgpack:"source" json:"source"`
@@ -70,6 +72,7 @@ type SandboxRestoredEvent struct {
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
+	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 }
 
 // SandboxStartedEvent: the VMM answered on its API socket. The pid and its

@@ -81,9 +81,9 @@ func (c *ImageCache) Apply(seq uint64, e events.Event) {
 	case events.SandboxForkedEvent:
 		c.users[e.Sandbox] = p.Bootstrap
 	case events.SandboxRestoredEvent:
-		// A restored disk comes from a snapshot whose manifest records no
-		// cache entry: it protects every entry, like a pre-cache sandbox.
-		c.users[e.Sandbox] = events.Bootstrap{}
+		// From the snapshot's manifest; a snapshot older than the cache
+		// records none, and the sandbox then protects every entry.
+		c.users[e.Sandbox] = p.Bootstrap
 	case events.SandboxRemovedEvent:
 		delete(c.users, e.Sandbox)
 	case events.SagaStartedEvent:

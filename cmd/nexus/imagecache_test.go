@@ -543,3 +543,51 @@ func TestImageCacheRefusesSymlinkedImagesDir(t *testing.T) {
 		t.Fatal("the lease was opened through the symlink")
 	}
 }
+
+// TestImageCacheForkAndRestoreKeepTheReference: a fork inherits its
+// parent's entry and a restore takes it from the snapshot's manifest, so
+// each protects that entry (and only it) after the original is gone.
+func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
+	root := shortRoot(t)
+	image := makeImage(t)
+	sb := createJSON(t, root, "--image", image)
+	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
+	r := mustOK(t, proc(t, root, "fork", sb.ID, "--json"), "fork")
+	var kids []struct{ ID string }
+	if err := json.Unmarshal([]byte(r.stdout), &kids); err != nil || len(kids) != 1 {
+		t.Fatalf("fork --json: %v %s", err, r.stdout)
+	}
+	var restored struct{ ID string }
+	json.Unmarshal([]byte(mustOK(t, proc(t, root, "restore", snap, "--json"), "restore").stdout), &restored)
+	os.MkdirAll(filepath.Join(root, "images"), 0o700)
+	writeLegacyEntry(t, root, "other-entry", []byte("x"))
+	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+
+	rows := cacheList(t, root)
+	if len(rows) != 2 {
+		t.Fatalf("list: %+v", rows)
+	}
+	var imageRow lifecycle.CacheListing
+	for _, row := range rows {
+		if row.CacheID != "other-entry" {
+			imageRow = row
+		}
+	}
+	want := []string{kids[0].ID, restored.ID}
+	if want[0] > want[1] {
+		want[0], want[1] = want[1], want[0]
+	}
+	if fmt.Sprint(imageRow.Sandboxes) != fmt.Sprint(want) {
+		t.Fatalf("entry referenced by %v, want the fork and the restore %v", imageRow.Sandboxes, want)
+	}
+	rep := pruneJSON(t, root)
+	if len(rep.Removed) != 1 || rep.Removed[0].CacheID != "other-entry" {
+		t.Fatalf("prune: %+v", rep)
+	}
+	for _, s := range sandboxes(t, root) {
+		mustOK(t, proc(t, root, "rm", s.ID), "rm")
+	}
+	if rep := pruneJSON(t, root); len(rep.Removed) != 1 || rep.Removed[0].CacheID != imageRow.CacheID {
+		t.Fatalf("prune after the fork and restore are gone: %+v", rep)
+	}
+}
