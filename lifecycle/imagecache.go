@@ -47,8 +47,7 @@ func (m *Manager) bootstrapOf(ctx context.Context, id string) (events.Bootstrap,
 }
 
 // imageCacheStep prepares plan's image into the cache unless a committed
-// entry of the same identity exists, and journals the entry (when the
-// journal does not know it yet) and its use. It has no undo: an entry is
+// entry of the same identity exists, and journals the entry and its use. It has no undo: an entry is
 // shared, owned by no sandbox, and prunable once nothing references it.
 func (m *Manager) imageCacheStep(plan createPlan) sagas.Step {
 	return sagas.Step{
@@ -57,25 +56,15 @@ func (m *Manager) imageCacheStep(plan createPlan) sagas.Step {
 			now := nowUTC().UnixMilli()
 			id := imagecache.Identity{CacheID: plan.boot.CacheID, Ref: plan.image, Identity: plan.boot.Identity,
 				Layout: imagecache.LayoutVersion, PreparedMs: now}
-			committed, _, err := imagecache.Prepare(m.Root, plan.image, id)
-			if err != nil {
+			if _, _, err := imagecache.Prepare(m.Root, plan.image, id); err != nil {
 				return nil, err
 			}
-			var ps []events.Payload
-			known := false
-			if !committed {
-				st, err := m.B.ImageCache(ctx)
-				if err != nil {
-					return nil, err
-				}
-				for _, ent := range st.Entries {
-					known = known || ent.CacheID == id.CacheID
-				}
-			}
-			if !known {
-				ps = append(ps, events.ImageCachePreparedEvent{CacheID: id.CacheID, Ref: id.Ref, Identity: id.Identity,
-					Layout: id.Layout, Path: m.rel(m.Root.ImageEntry(id.CacheID))})
-			}
+			// Journaled on every use, not only when this create committed the
+			// entry: folding it again is harmless, and it adopts an entry a
+			// create killed before journaling left behind, without fetching
+			// the whole cache projection to find out.
+			ps := []events.Payload{events.ImageCachePreparedEvent{CacheID: id.CacheID, Ref: id.Ref, Identity: id.Identity,
+				Layout: id.Layout, Path: m.rel(m.Root.ImageEntry(id.CacheID))}}
 			return append(ps, events.ImageCacheUsedEvent{CacheID: id.CacheID, LastUseMs: now}), nil
 		},
 	}
