@@ -90,6 +90,11 @@ func Prepare(root layout.Root, src string, id Identity) (committed bool, method 
 	if err != nil {
 		return false, "", fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
 	}
+	// The identity was taken before the copy; an image rewritten meanwhile
+	// would commit content the identity does not describe.
+	if now, _, err := IdentityOf(src); err != nil || now != id.Identity {
+		return false, "", fmt.Errorf("image cache: prepare %s: %s changed while it was copied; try again", id.CacheID, src)
+	}
 	data, err := json.MarshalIndent(id, "", "  ")
 	if err != nil {
 		return false, "", err

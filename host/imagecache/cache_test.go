@@ -155,3 +155,20 @@ func TestRemoveNeverFollows(t *testing.T) {
 		t.Fatalf("images/ holds %v", names)
 	}
 }
+
+// TestPrepareRefusesImageChangedDuringCopy: an identity taken before the
+// image was rewritten is not committed over the new content.
+func TestPrepareRefusesImageChangedDuringCopy(t *testing.T) {
+	root := layout.Root(t.TempDir())
+	image := testImage(t)
+	stale := identityFor(t, image)
+	f, _ := os.OpenFile(image, os.O_WRONLY, 0)
+	f.WriteAt([]byte("rewritten"), 0)
+	f.Close()
+	if _, _, err := Prepare(root, image, stale); err == nil {
+		t.Fatal("committed an entry whose identity no longer matches the image")
+	}
+	if names, _ := os.ReadDir(root.Images()); len(names) != 0 {
+		t.Fatalf("left %v", names)
+	}
+}
