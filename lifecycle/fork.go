@@ -284,7 +284,14 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			}
 			return ps, nil
 		},
-		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+		Undo: func(context.Context) ([]events.Payload, error) {
+			ps, err := m.reclaim(r, false, "compensation")
+			if err != nil {
+				return ps, err
+			}
+			more, err := m.dropEmptySnapshotsDir(sb, "compensation")
+			return append(ps, more...), err
+		},
 	}
 	if err := m.saga("snapshot", sb.ID, []sagas.Step{step}).Run(ctx, m.B); err != nil {
 		return "", err

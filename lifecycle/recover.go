@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
@@ -350,7 +352,27 @@ func (m *Manager) dropUnrecordedSnapshots(ctx context.Context, sb projections.Sa
 		}
 		ps = append(ps, more...)
 	}
-	return ps, nil
+	more, err := m.dropEmptySnapshotsDir(sb, "recover")
+	return append(ps, more...), err
+}
+
+// dropEmptySnapshotsDir removes snapshots/<id>/ when the journal does not
+// own it: the capture step creates it itself for a sandbox's first
+// snapshot, so an uncommitted capture must drop it too, but only while it
+// is empty (rmdir cannot take a concurrent capture's directory).
+func (m *Manager) dropEmptySnapshotsDir(sb projections.Sandbox, by string) ([]events.Payload, error) {
+	parent := m.rel(m.Root.SnapshotsOf(sb.ID))
+	if sb.Owns(parent) {
+		return nil, nil
+	}
+	switch err := fsx.RemoveEmptyDir(string(m.Root), parent); {
+	case err == nil:
+		return sagas.One(events.ResourceReclaimedEvent{Resource: events.Resource{Kind: events.KindSnapshot, Path: parent}, By: by}), nil
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, unix.ENOTEMPTY):
+		return nil, nil
+	default:
+		return nil, err
+	}
 }
 
 // sweepIntents handles create intents that reached the disk but not the
