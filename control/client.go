@@ -65,6 +65,12 @@ func (c *Client) Volumes(ctx context.Context) ([]projections.Volume, error) {
 	return list, err
 }
 
+func (c *Client) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+	var st projections.ImageCacheState
+	err := c.getJSON(ctx, "/v1/imagecache", &st)
+	return st, err
+}
+
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
 	req := appendRequest{}
 	for _, e := range evs {

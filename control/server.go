@@ -125,6 +125,10 @@ func handler(n *node.Node) http.Handler {
 		list, _ := local.Volumes(r.Context())
 		writeJSON(w, http.StatusOK, list)
 	})
+	mux.HandleFunc("GET /v1/imagecache", func(w http.ResponseWriter, r *http.Request) {
+		st, _ := local.ImageCache(r.Context())
+		writeJSON(w, http.StatusOK, st)
+	})
 	mux.HandleFunc("GET /v1/sagas", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())
 		writeJSON(w, http.StatusOK, list)

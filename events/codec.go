@@ -62,9 +62,9 @@ func spec(p Payload, current uint16) typeSpec {
 }
 
 var registry = map[Type]typeSpec{
-	SandboxCreated:     withUpcast(spec(SandboxCreatedEvent{}, 2), 1, upcastSandboxCreatedV1),
-	SandboxForked:      spec(SandboxForkedEvent{}, 1),
-	SandboxRestored:    spec(SandboxRestoredEvent{}, 1),
+	SandboxCreated:     withUpcast(withUpcast(spec(SandboxCreatedEvent{}, 3), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]),
+	SandboxForked:      withUpcast(spec(SandboxForkedEvent{}, 2), 1, addedFields[SandboxForkedEvent]),
+	SandboxRestored:    withUpcast(spec(SandboxRestoredEvent{}, 2), 1, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
 	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
 	SandboxFailed:      spec(SandboxFailedEvent{}, 1),

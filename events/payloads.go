@@ -27,25 +27,44 @@ type Resource struct {
 	Path string       `msgpack:"path" json:"path"`
 }
 
-// SandboxCreatedEvent (schema 2) says: the sandbox is
-// committed, and it owns every resource listed.
+// SandboxCreatedEvent (schema 3) says: the sandbox is
+// committed, and it owns every resource listed. Bootstrap names the image
+// cache entry its OS disk was cloned from (schema 3); a sandbox without it
+// predates the image cache and protects every entry from prune.
 type SandboxCreatedEvent struct {
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
+	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 }
 
+// Bootstrap is the image cache entry a sandbox's OS disk came from: its
+// cache ID and the identity of the image it was prepared from. The zero
+// value means "not recorded".
+type Bootstrap struct {
+	CacheID  string `msgpack:"cache_id,omitempty" json:"cache_id,omitempty"`
+	Identity string `msgpack:"identity,omitempty" json:"identity,omitempty"`
+}
+
+// IsZero lets msgpack and encoding/json omit an unrecorded bootstrap.
+func (b Bootstrap) IsZero() bool { return b == Bootstrap{} }
+
 // SandboxForkedEvent: a child sandbox was committed from a running parent.
+// Bootstrap (schema 2) is the parent's: the child's OS disk descends from
+// the same image cache entry.
 type SandboxForkedEvent struct {
 	Parent    string     `msgpack:"parent" json:"parent"`
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
+	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 }
 
 // SandboxRestoredEvent: a sandbox was committed from a snapshot.
+// Bootstrap (schema 2) comes from the snapshot's manifest; a snapshot taken
+// before the image cache has none.
 type SandboxRestoredEvent struct {
 	Snapshot  string     `msgpack:"snapshot" json:"snapshot"`
 	Source    string     `msgpack:"source" json:"source"`
@@ -53,6 +72,7 @@ type SandboxRestoredEvent struct {
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
+	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 }
 
 // SandboxStartedEvent: the VMM answered on its API socket. The pid and its

@@ -21,3 +21,15 @@ func upcastSandboxCreatedV1(raw []byte) (Payload, error) {
 	}
 	return p, nil
 }
+
+// addedFields upcasts a schema that differs from the current one only by
+// fields added since (sandbox.created v2, sandbox.forked v1 lack
+// Bootstrap): the old bytes decode strictly into the current type, and the
+// new fields stay zero.
+func addedFields[P Payload](raw []byte) (Payload, error) {
+	var p P
+	if err := StrictUnmarshal(raw, &p); err != nil {
+		return nil, err
+	}
+	return p, nil
+}

@@ -26,6 +26,5 @@ func addNotBuilt(root *cobra.Command) {
 	root.AddCommand(
 		stub("reap", "Report or delete orphaned resources"),
 		stub("run", "Run a command with sandboxes bound to its lifetime"),
-		stub("image-cache", "Manage prepared image disks", "list", "prune"),
 	)
 }
