@@ -322,6 +322,10 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 		it.Error = msg
 		rep.Failed = append(rep.Failed, it)
 	}
+	reaping := map[string]bool{}
+	for _, it := range rep.Orphans {
+		reaping[it.entry.Rel] = true
+	}
 	for _, it := range rep.Orphans {
 		e := it.entry
 		if e.Kind == events.KindSupervisorProcess {
@@ -339,8 +343,10 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 			continue
 		}
 		// A create reusing a shadow disk's handle publishes its shadow intent
-		// before writing the disk: if one exists now, the name is taken again.
-		if e.Kind == events.KindShadowDisk && e.Handle != "" && !e.Legacy {
+		// before writing the disk: if one exists now that this reap did not
+		// judge an orphan itself, the name is taken again. (While the judged
+		// one exists, no new one can be published: RENAME_NOREPLACE.)
+		if e.Kind == events.KindShadowDisk && e.Handle != "" && !e.Legacy && !reaping[reaper.ShadowIntentRel(e.Handle)] {
 			if ok, _ := b.Exists(reaper.ShadowIntentRel(e.Handle)); ok {
 				it.Verdict, it.Reason = reaper.Live, "shadow intent for "+e.Handle+" appeared before the delete"
 				rep.Kept = append(rep.Kept, it)
