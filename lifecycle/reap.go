@@ -89,6 +89,11 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		return ReapReport{}, err
 	}
 	leases := probeLeases(root, sc.Entries)
+	if m.Hook != nil {
+		// Between the two observations RL-7 orders: tests freeze the reaper
+		// here while a real creator commits and releases its lease.
+		m.Hook("reap", "observe-leases", sagas.AfterRecord)
+	}
 	// 2. Supervisor history before the sandboxes, so every supervisor it
 	// lists belongs to a sandbox the later read already shows, unless gone.
 	sups := reaper.NewSupervisors()

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -432,17 +431,7 @@ func pausedCreate(t *testing.T, root, at string, args ...string) (*exec.Cmd, *st
 		cmd.Process.Kill()
 		t.Fatalf("creator said %q, %v", line, err)
 	}
-	// The line is written just before SIGSTOP: wait until the kernel shows it stopped.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		stat, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "stat"))
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'T' {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("creator never stopped")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitStopped(t, cmd.Process.Pid)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
@@ -500,6 +489,64 @@ func TestReapKeepsInFlightCreate(t *testing.T) {
 			mustOK(t, proc(t, root, "rm", sb.ID), "rm")
 		})
 	}
+}
+
+// The RL-7 window itself: the reaper is frozen after probing the leases and
+// before reading the journal, while a real creator commits and releases its
+// lease; the reaper then sees the commit, so it deletes nothing.
+func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
+	image := makeImage(t)
+	root := shortRoot(t)
+	startDaemon(t, root)
+	creator, out := pausedCreate(t, root, "create.os-disk:before", "--image", image)
+	reap := exec.Command(nexusBin, "--state-dir", root, "reap", "--apply", "--json")
+	reap.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_PAUSE_AT=reap.observe-leases")
+	var reapOut strings.Builder
+	reap.Stdout = &reapOut
+	stderr, _ := reap.StderrPipe()
+	if err := reap.Start(); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(stderr)
+	if line, err := br.ReadString('\n'); err != nil || !strings.Contains(line, "paused at reap.observe-leases") {
+		t.Fatalf("reaper said %q, %v", line, err)
+	}
+	go func() {
+		for {
+			if _, err := br.ReadString('\n'); err != nil {
+				return
+			}
+		}
+	}()
+	// The creator runs to the end: commit, lease released, intents retired.
+	creator.Process.Signal(syscall.SIGCONT)
+	if err := creator.Wait(); err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	var sb struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal([]byte(out.String()), &sb)
+	if _, err := os.Stat(filepath.Join(root, "disks", sb.ID+".create-intent.json")); !os.IsNotExist(err) {
+		t.Fatal("create intent not retired: the window was not exercised")
+	}
+	waitStopped(t, reap.Process.Pid)
+	reap.Process.Signal(syscall.SIGCONT)
+	if err := reap.Wait(); err != nil {
+		t.Fatalf("reap: %v", err)
+	}
+	var rep reapJSON
+	if err := json.Unmarshal([]byte(reapOut.String()), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Deleted) != 0 {
+		t.Fatalf("reap deleted %v of a create that committed between its observations", paths(rep.Deleted))
+	}
+	if k := has(rep.Kept, filepath.Join(root, "disks", sb.ID+".raw")); k == nil || k.Verdict != "owned" {
+		t.Fatalf("the committed disk: %+v", k)
+	}
+	assertClean(t, root)
+	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
 }
 
 // After any crash, one recover plus one reap --apply leaves no orphan, and
@@ -576,4 +623,21 @@ func TestReapTwoStateRoots(t *testing.T) {
 	assertClean(t, rootB)
 	mustOK(t, proc(t, rootA, "rm", a.ID), "rm a")
 	mustOK(t, proc(t, rootB, "rm", b.ID), "rm b")
+}
+
+// waitStopped waits (wait4 WUNTRACED, no polling) until the child pid has
+// stopped itself: its "paused" line is written just before its SIGSTOP.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(pid, &ws, syscall.WUNTRACED, nil)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil || !ws.Stopped() {
+			t.Fatalf("pid %d did not stop: %v (status %v)", pid, err, ws)
+		}
+		return
+	}
 }
