@@ -361,10 +361,9 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 		err := b.Remove(e.Rel)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
-			// Someone finished the job between scan and delete: not a failure.
-			it.Reason += " (already gone at delete time)"
-			it.Allocated = 0
-			rep.Deleted = append(rep.Deleted, it)
+			// Someone (a concurrent rm, another reaper) finished the job
+			// between scan and delete: not a failure, and not ours to claim.
+			// It stays listed in orphans only.
 		case err != nil:
 			fail(it, oneLine(err.Error()))
 		default:

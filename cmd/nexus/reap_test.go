@@ -641,3 +641,164 @@ func waitStopped(t *testing.T, pid int) {
 		return
 	}
 }
+
+// TestReapConcurrentWithLifecycle runs `reap --apply` in a loop through the
+// daemon while 50 creates, forks and rms run concurrently as real
+// processes, with the real /proc and socket gates. A violation is any
+// deletion of something that was not planted as an orphan (everything else
+// on disk belongs to a sandbox that is owned or in flight), any lifecycle
+// command failing, or anything left untracked at the end.
+func TestReapConcurrentWithLifecycle(t *testing.T) {
+	bin := nexusBin
+	if raceEnabled {
+		bin = filepath.Join(t.TempDir(), "nexus-race")
+		if out, err := exec.Command("go", "build", "-race", "-o", bin, ".").CombinedOutput(); err != nil {
+			t.Fatalf("build -race: %v\n%s", err, out)
+		}
+	}
+	image := makeImage(t)
+	root := shortRoot(t)
+	d := exec.Command(bin, "--state-dir", root, "daemon")
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	dErr, _ := d.StderrPipe()
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bufio.NewReader(dErr).ReadString('\n'); err != nil || !strings.Contains(line, "serving") {
+		t.Fatalf("daemon: %q %v", line, err)
+	}
+	defer func() { d.Process.Signal(syscall.SIGTERM); d.Wait() }()
+	withRoot := func(args ...string) []string { return append([]string{"--state-dir", root, "--driver", "process"}, args...) }
+
+	planted := map[string]bool{}
+	for i := 0; i < 5; i++ {
+		_, list := orphansOf(t, root)
+		for _, p := range list {
+			planted[p] = true
+		}
+	}
+
+	stop := make(chan struct{})
+	type reapResult struct {
+		passes, violations int
+		problems           []string
+		deleted            map[string]bool
+	}
+	reapDone := make(chan reapResult)
+	go func() {
+		res := reapResult{deleted: map[string]bool{}}
+		for {
+			select {
+			case <-stop:
+				reapDone <- res
+				return
+			default:
+			}
+			cmd := exec.Command(bin, "--state-dir", root, "reap", "--apply", "--json")
+			cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+			var out, errb strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &errb
+			err := cmd.Run()
+			res.passes++
+			var rep reapJSON
+			if jerr := json.Unmarshal([]byte(out.String()), &rep); jerr != nil || err != nil {
+				res.violations++
+				res.problems = append(res.problems, "reap pass failed: "+errb.String())
+				continue
+			}
+			for _, del := range rep.Deleted {
+				res.deleted[del.Path] = true
+				if !planted[del.Path] {
+					res.violations++
+					res.problems = append(res.problems, "deleted "+del.Path+" ("+del.Reason+")")
+				}
+			}
+			if len(rep.Failed) > 0 {
+				res.violations++
+				res.problems = append(res.problems, "failed: "+rep.Failed[0].Path+": "+rep.Failed[0].Error)
+			}
+		}
+	}()
+
+	const workers, perWorker = 5, 10 // 50 lifecycle operations
+	type opResult struct{ problems []string }
+	results := make(chan opResult, workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			var res opResult
+			ops := 0
+			do := func(args ...string) string {
+				ops++
+				cmd := exec.Command(bin, withRoot(args...)...)
+				cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+				var out, errb strings.Builder
+				cmd.Stdout, cmd.Stderr = &out, &errb
+				if err := cmd.Run(); err != nil {
+					res.problems = append(res.problems, strings.Join(args, " ")+": "+errb.String())
+				}
+				return out.String()
+			}
+			for ops < perWorker {
+				var parent struct {
+					ID string `json:"id"`
+				}
+				json.Unmarshal([]byte(do("create", "--json", "--image", image)), &parent)
+				if parent.ID == "" {
+					continue
+				}
+				var children []struct {
+					ID string `json:"id"`
+				}
+				json.Unmarshal([]byte(do("fork", "--json", parent.ID)), &children)
+				for _, c := range children {
+					do("rm", c.ID)
+				}
+				if ops%4 == 0 {
+					do("create", "--json", "--image", image) // left running, checked at the end
+				}
+				do("rm", parent.ID)
+			}
+			results <- res
+		}()
+	}
+	var problems []string
+	for w := 0; w < workers; w++ {
+		problems = append(problems, (<-results).problems...)
+	}
+	close(stop)
+	reaped := <-reapDone
+	// One last pass after the churn: every planted orphan must be gone.
+	final, r := reapRun(t, root, "--apply")
+	if r.code != 0 {
+		t.Fatalf("final reap: %+v", r)
+	}
+	for _, del := range final.Deleted {
+		reaped.deleted[del.Path] = true
+		if !planted[del.Path] {
+			reaped.violations++
+			reaped.problems = append(reaped.problems, "final pass deleted "+del.Path)
+		}
+	}
+	for p := range planted {
+		if exists(p) {
+			problems = append(problems, "planted orphan survived: "+p)
+		}
+	}
+	t.Logf("reap passes: %d, violations: %d, lifecycle problems: %d, orphans reclaimed: %d/%d (race-instrumented binaries: %v)",
+		reaped.passes, reaped.violations, len(problems), len(reaped.deleted), len(planted), raceEnabled)
+	if reaped.passes < 2 {
+		t.Fatalf("only %d reap passes ran during the churn", reaped.passes)
+	}
+	if reaped.violations > 0 || len(problems) > 0 {
+		t.Fatalf("violations: %v\nlifecycle problems: %v", reaped.problems, problems)
+	}
+	assertClean(t, root)
+	for _, sb := range sandboxes(t, root) {
+		for _, res := range sb.Resources {
+			if !exists(filepath.Join(root, res.Path)) {
+				t.Fatalf("sandbox %s lost %s", sb.ID, res.Path)
+			}
+		}
+		mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	}
+}
