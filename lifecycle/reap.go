@@ -61,8 +61,11 @@ type ReapReport struct {
 	Allocated int64 `json:"allocated"`
 	// Journal says why the journal could not be read, when it could not.
 	Journal string `json:"journal,omitempty"`
-	// ProcReads is how many /proc/<pid>/cmdline files the run read.
+	// ProcReads is how many /proc/<pid>/cmdline files the run read, over
+	// ProcScans whole scans (a scan that met a vanished process is retried
+	// whole, never per resource).
 	ProcReads int `json:"proc_reads"`
+	ProcScans int `json:"proc_scans"`
 	// ScanErrors are directories that could not be listed.
 	ScanErrors []string `json:"scan_errors,omitempty"`
 }
@@ -204,6 +207,7 @@ func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string
 	for i := 0; i < procScanAttempts; i++ {
 		procs = liveness.ScanProcs(procRoot)
 		rep.ProcReads += procs.Reads
+		rep.ProcScans++
 		if len(procs.Incomplete) == 0 {
 			break
 		}
