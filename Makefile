@@ -41,6 +41,8 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
+	$(GO) test -run '^$$' -bench 'ReapScanClassify' -benchtime 1x -timeout 30m ./lifecycle/
+	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/
 
 clean:
 	rm -rf bin $(STATE_DIR)

@@ -73,8 +73,9 @@ type ReapReport struct {
 // ErrPlanNotFound means --plan named no recorded reap plan.
 var ErrPlanNotFound = errors.New("no such reap plan")
 
-// planChunk bounds the entries of one reap event.
-const planChunk = 500
+// planChunk bounds the entries of one reap event (about 200 bytes each,
+// well under the journal's 1 MiB message limit). Each event costs an fsync.
+const planChunk = 2000
 
 // procScanAttempts: a scan that met a vanished or unreadable cmdline is
 // repeated whole (never per resource) before its ambiguity is accepted.
@@ -362,7 +363,11 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 				continue
 			}
 		}
-		err := b.Remove(e.Rel)
+		remove := b.Remove
+		if !e.Dir {
+			remove = b.RemoveFile // the scan saw a file, not a link: one unlinkat
+		}
+		err := remove(e.Rel)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			// Someone (a concurrent rm, another reaper) finished the job

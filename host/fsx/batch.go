@@ -99,6 +99,30 @@ func (b *Batch) Remove(rel string) error {
 	return nil
 }
 
+// RemoveFile deletes rel, which the caller has just seen to be a regular
+// file or socket, with a single unlinkat by descriptor and no stat first.
+// If it has since become a directory, it falls back to Remove. If it has
+// since become a symlink, the link itself is unlinked: unlinkat never
+// follows the last component, so the target is never reached.
+func (b *Batch) RemoveFile(rel string) error {
+	pfd, base, err := b.parent(rel)
+	if err != nil {
+		return err
+	}
+	err = unix.Unlinkat(pfd, base, 0)
+	switch {
+	case err == nil:
+		b.dirty[pfd] = true
+		return nil
+	case errors.Is(err, unix.ENOENT):
+		return os.ErrNotExist
+	case errors.Is(err, unix.EISDIR), errors.Is(err, unix.EPERM):
+		return b.Remove(rel)
+	default:
+		return fmt.Errorf("remove %s: %w", filepath.Join(b.root, rel), err)
+	}
+}
+
 // Exists reports whether rel exists (a symlink counts; it is not followed).
 func (b *Batch) Exists(rel string) (bool, error) {
 	pfd, base, err := b.parent(rel)

@@ -45,6 +45,22 @@ func TestBatchNeverFollowsSymlinks(t *testing.T) {
 	if err := b.Remove("disks/y.raw"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("second Remove = %v, want ErrNotExist", err)
 	}
+	// A file that became a directory since the scan is removed as a tree;
+	// one that became a link loses the link, never the target.
+	os.MkdirAll(filepath.Join(root, "disks", "was-file"), 0o700)
+	os.WriteFile(filepath.Join(root, "disks", "was-file", "x"), nil, 0o600)
+	os.Symlink(victim, filepath.Join(root, "disks", "became-link"))
+	for _, rel := range []string{"disks/was-file", "disks/became-link"} {
+		if err := b.RemoveFile(rel); err != nil {
+			t.Fatalf("RemoveFile(%s) = %v", rel, err)
+		}
+		if still, _ := b.Exists(rel); still {
+			t.Fatalf("%s survived RemoveFile", rel)
+		}
+	}
+	if err := b.RemoveFile("snapshots/inner"); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("RemoveFile through a linked parent = %v", err)
+	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}

@@ -205,11 +205,47 @@ type Gate struct {
 	Root    string
 	Procs   *Procs
 	Timeout time.Duration
+
+	// listed holds one fresh listing per directory (disks/, run/), taken
+	// when first needed, which is after the journal was read. A socket or
+	// intent missing from it cannot matter: it did not exist then.
+	listed map[string]map[string]bool
 }
 
 func (g *Gate) Process(id string, ignore []int) reaper.Probe { return g.Procs.Process(id, ignore) }
 
+// inListing reports whether dir/name existed in dir's fresh listing. A
+// listing that fails answers true, so the caller probes for real.
+func (g *Gate) inListing(dir, name string) bool {
+	if g.listed == nil {
+		g.listed = map[string]map[string]bool{}
+	}
+	set, ok := g.listed[dir]
+	if !ok {
+		f, err := os.Open(filepath.Join(g.Root, dir))
+		if err == nil {
+			var names []string
+			names, err = f.Readdirnames(-1)
+			f.Close()
+			if err == nil {
+				set = make(map[string]bool, len(names))
+				for _, n := range names {
+					set[n] = true
+				}
+			}
+		}
+		if errors.Is(err, os.ErrNotExist) {
+			set, err = map[string]bool{}, nil
+		}
+		g.listed[dir] = set // nil on error: probe everything
+	}
+	return set == nil || set[name]
+}
+
 func (g *Gate) Socket(id string) reaper.Probe {
+	if !g.inListing("run", "sb-"+id+".sock") {
+		return reaper.Probe{State: reaper.Dead}
+	}
 	return ProbeSocket(filepath.Join(g.Root, "run", "sb-"+id+".sock"), g.timeout())
 }
 
@@ -217,7 +253,15 @@ func (g *Gate) SupervisorSocket(id string) reaper.Probe {
 	return ProbeSocket(filepath.Join(g.Root, "supervisors", id, "supervisor.sock"), g.timeout())
 }
 
-func (g *Gate) Intent(rel string) reaper.Lease { return ProbeIntent(filepath.Join(g.Root, rel)) }
+// Intent probes an intent the first scan did not list: one fresh listing
+// of its directory, and a real probe only if it is there now.
+func (g *Gate) Intent(rel string) reaper.Lease {
+	dir, name := filepath.Split(rel)
+	if !g.inListing(filepath.Clean(dir), name) {
+		return reaper.Lease{State: reaper.LeaseGone}
+	}
+	return ProbeIntent(filepath.Join(g.Root, rel))
+}
 
 func (g *Gate) timeout() time.Duration {
 	if g.Timeout <= 0 {

@@ -154,3 +154,35 @@ func TestProbeIntent(t *testing.T) {
 
 // fakeULID is a 26-character ULID ending in n's four digits.
 func fakeULID(n int) string { return "01HZZZZZZZZZZZZZZZZZZZ" + strconv.Itoa(n) }
+
+// The gate's fresh listing: a socket or intent absent from it is dead or
+// gone without a probe; one present is probed for real.
+func TestGateUsesAFreshListing(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "run"), 0o700)
+	os.MkdirAll(filepath.Join(root, "disks"), 0o700)
+	g := &Gate{Root: root, Procs: &Procs{byULID: map[string][]int{}}}
+	l, err := net.Listen("unix", filepath.Join(root, "run", "sb-"+id+".sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if p := g.Socket(id); p.State != reaper.Alive {
+		t.Fatalf("listening API socket: %+v", p)
+	}
+	if p := g.Socket("01HZZZZZZZZZZZZZZZZZZZZZZQ"); p.State != reaper.Dead {
+		t.Fatalf("absent API socket: %+v", p)
+	}
+	h, err := intent.Publish(filepath.Join(root, "disks", id+".create-intent.json"), intent.Intent{Kind: "create", Sandbox: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	g2 := &Gate{Root: root, Procs: g.Procs}
+	if l := g2.Intent("disks/" + id + ".create-intent.json"); l.State != reaper.LeaseHeld {
+		t.Fatalf("late intent: %+v", l)
+	}
+	if l := g2.Intent("disks/none.create-intent.json"); l.State != reaper.LeaseGone {
+		t.Fatalf("absent intent: %+v", l)
+	}
+}
