@@ -173,5 +173,3 @@ func BenchmarkReapApply10k(b *testing.B) {
 	b.ReportMetric(float64(rmT.Nanoseconds())/float64(b.N), "rm-ns/op")
 	b.ReportMetric(float64(reapT)/float64(rmT), "reap/rm")
 }
-
-

@@ -440,7 +440,6 @@ func pausedCreate(t *testing.T, root, at string, args ...string) (*exec.Cmd, *st
 	return cmd, out
 }
 
-
 // RL-7 with a real concurrent creator: a create frozen after materialising
 // a disk but before journaling it holds its leases; reap --apply (even the
 // /proc gate sees no VMM yet) must keep it, and the create then completes.
@@ -668,7 +667,9 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 		t.Fatalf("daemon: %q %v", line, err)
 	}
 	defer func() { d.Process.Signal(syscall.SIGTERM); d.Wait() }()
-	withRoot := func(args ...string) []string { return append([]string{"--state-dir", root, "--driver", "process"}, args...) }
+	withRoot := func(args ...string) []string {
+		return append([]string{"--state-dir", root, "--driver", "process"}, args...)
+	}
 
 	planted := map[string]bool{}
 	for i := 0; i < 5; i++ {
