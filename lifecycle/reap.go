@@ -70,6 +70,10 @@ type ReapReport struct {
 	ScanErrors []string `json:"scan_errors,omitempty"`
 }
 
+// ErrJournalUnreadable wraps a failure to read the journal's views: the
+// caller keeps everything (ReapUnreadable) rather than judging without them.
+var ErrJournalUnreadable = errors.New("journal cannot be fully read")
+
 // ErrPlanNotFound means --plan named no recorded reap plan.
 var ErrPlanNotFound = errors.New("no such reap plan")
 
@@ -105,15 +109,15 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		sups.Apply(r.Event)
 		return nil
 	}); err != nil {
-		return ReapReport{}, err
+		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
 	}
 	sbs, err := m.B.Sandboxes(ctx)
 	if err != nil {
-		return ReapReport{}, err
+		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
 	}
 	open, err := m.B.OpenSagas(ctx)
 	if err != nil {
-		return ReapReport{}, err
+		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
 	}
 	j := reaper.NewJournal(sbs, open)
 	entries := append(sc.Entries, supervisorEntries(sups.Gone(j))...)

@@ -99,24 +99,30 @@ func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecyc
 	if err != nil {
 		return nil, err
 	}
+	unreadable := func(why error) (*lifecycle.ReapReport, error) {
+		rep, serr := lifecycle.ReapUnreadable(root, why.Error(), o)
+		if serr != nil {
+			return nil, serr
+		}
+		if o.Apply {
+			return &rep, fmt.Errorf("reap --apply refused, nothing deleted: journal cannot be fully read: %v", why)
+		}
+		return &rep, nil
+	}
 	b, err := control.Connect(ctx, root, lockWait)
 	if err != nil {
 		if errors.Is(err, node.ErrStateRoot) || errors.Is(err, control.ErrBusy) || ctx.Err() != nil {
 			return nil, err
 		}
-		rep, serr := lifecycle.ReapUnreadable(root, err.Error(), o)
-		if serr != nil {
-			return nil, serr
-		}
-		if o.Apply {
-			return &rep, fmt.Errorf("reap --apply refused, nothing deleted: journal cannot be fully read: %v", err)
-		}
-		return &rep, nil
+		return unreadable(err)
 	}
 	m := &lifecycle.Manager{Root: layout.Root(root), B: b, Hook: testHooks()}
 	rep, err := m.Reap(ctx, o)
 	err = errors.Join(err, b.Close())
-	if err != nil && errors.Is(err, lifecycle.ErrPlanNotFound) {
+	switch {
+	case errors.Is(err, lifecycle.ErrJournalUnreadable) && ctx.Err() == nil:
+		return unreadable(err)
+	case errors.Is(err, lifecycle.ErrPlanNotFound):
 		return nil, err
 	}
 	return &rep, err
