@@ -2,8 +2,10 @@ package lifecycle
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,5 +122,42 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 	again, err := m.Reap(ctx, ReapOptions{Apply: true})
 	if err != nil || len(again.Deleted) != 0 {
 		t.Fatalf("second pass deleted %+v (%v)", again.Deleted, err)
+	}
+}
+
+// RL-18: a supervisor state dir whose own supervisor.sock answers is kept
+// live even when nothing else names its sandbox; once the socket is gone it
+// is reclaimed (its CA key with it).
+func TestReapKeepsStateDirWithLiveSupervisorSocket(t *testing.T) {
+	ctx := context.Background()
+	root := shortRoot(t)
+	n, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	id := ulid.Make().String()
+	dir := filepath.Join(root, "supervisors", id)
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, "mitm-ca.pem"), []byte("key"), 0o600)
+	l, err := net.Listen("unix", filepath.Join(dir, "supervisor.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := m.Reap(ctx, ReapOptions{Apply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Kept) != 1 || rep.Kept[0].Verdict != "live" || !strings.Contains(rep.Kept[0].Reason, "supervisor socket answers") {
+		t.Fatalf("kept %+v deleted %+v", rep.Kept, rep.Deleted)
+	}
+	l.Close()
+	rep, err = m.Reap(ctx, ReapOptions{Apply: true})
+	if err != nil || len(rep.Deleted) != 1 {
+		t.Fatalf("after the supervisor went: %+v %v", rep, err)
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Fatal("state dir survived")
 	}
 }

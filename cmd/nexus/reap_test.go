@@ -803,3 +803,31 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 		mustOK(t, proc(t, root, "rm", sb.ID), "rm")
 	}
 }
+
+// RL-9: an intent that cannot be read keeps what it might cover, and the
+// report says so distinctly; the reaper neither hangs on it nor deletes it.
+func TestReapUnreadableIntentKeeps(t *testing.T) {
+	root := shortRoot(t)
+	id := ulid.Make().String()
+	write(t, filepath.Join(root, "disks", id+".raw"), 100)
+	if err := syscall.Mkfifo(filepath.Join(root, "disks", id+".create-intent.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rep, r := reapRun(t, root, "--apply")
+	if r.code != 0 || len(rep.Deleted) != 0 {
+		t.Fatalf("apply: exit %d deleted %v", r.code, paths(rep.Deleted))
+	}
+	for _, p := range []string{id + ".raw", id + ".create-intent.json"} {
+		k := has(rep.Kept, filepath.Join(root, "disks", p))
+		if k == nil || k.Verdict != "ambiguous" || !strings.Contains(k.Reason, "intent unreadable") || !strings.Contains(k.Reason, "inspect") {
+			t.Fatalf("%s: %+v", p, k)
+		}
+		if !exists(filepath.Join(root, "disks", p)) {
+			t.Fatalf("%s deleted", p)
+		}
+	}
+	human := mustOK(t, nexus(t, root, "reap"), "reap").stdout
+	if !strings.Contains(human, "intent unreadable") {
+		t.Fatalf("human report hides the unreadable intent:\n%s", human)
+	}
+}

@@ -29,14 +29,25 @@ const MaxCmdline = 512 << 10
 // ProbeIntent opens the intent at path, tries a shared non-blocking flock
 // (never blocking the creator), and reads what it covers.
 func ProbeIntent(path string) reaper.Lease {
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
+	// O_NOFOLLOW: a link is not an intent (and its target is not ours to
+	// lock); O_NONBLOCK: a FIFO planted under an intent's name must not hang
+	// the reaper on open.
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
 		return reaper.Lease{State: reaper.LeaseGone}
 	}
 	if err != nil {
-		return reaper.Lease{State: reaper.LeaseUnreadable, Err: err.Error()}
+		return reaper.Lease{State: reaper.LeaseUnreadable, Err: (&os.PathError{Op: "open", Path: path, Err: err}).Error()}
 	}
+	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
+	if info, err := f.Stat(); err != nil || !info.Mode().IsRegular() {
+		why := "not a regular file"
+		if err != nil {
+			why = err.Error()
+		}
+		return reaper.Lease{State: reaper.LeaseUnreadable, Err: why}
+	}
 	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
 	var l reaper.Lease
 	switch {

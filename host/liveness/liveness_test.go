@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/reaper"
 )
@@ -145,6 +147,20 @@ func TestProbeIntent(t *testing.T) {
 	}
 	if l := ProbeIntent(filepath.Join(dir, "gone.json")); l.State != reaper.LeaseGone {
 		t.Fatalf("absent intent: %+v", l)
+	}
+	// A FIFO or a link under an intent's name is unreadable, and probing it
+	// neither hangs nor follows the link.
+	fifo := filepath.Join(dir, "fifo.create-intent.json")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if l := ProbeIntent(fifo); l.State != reaper.LeaseUnreadable || !strings.Contains(l.Err, "regular") {
+		t.Fatalf("fifo intent: %+v", l)
+	}
+	link := filepath.Join(dir, "link.create-intent.json")
+	os.Symlink(path, link)
+	if l := ProbeIntent(link); l.State != reaper.LeaseUnreadable {
+		t.Fatalf("symlinked intent: %+v", l)
 	}
 	// A marker that cannot be opened is unreadable, not free (RL-9).
 	if l := ProbeIntent(filepath.Join(path, "below-a-file")); l.State != reaper.LeaseUnreadable || l.Err == "" {
