@@ -831,3 +831,62 @@ func TestReapUnreadableIntentKeeps(t *testing.T) {
 		t.Fatalf("human report hides the unreadable intent:\n%s", human)
 	}
 }
+
+// A delete that fails lands in failed with its error, the rest is still
+// deleted, and --apply exits non-zero. The failure is real: the orphan is a
+// mount point (a bind mount), which unlink refuses with EBUSY.
+func TestReapApplyFailureExitsNonZero(t *testing.T) {
+	root := shortRoot(t)
+	id := ulid.Make().String()
+	busy := filepath.Join(root, "disks", id+".raw")
+	write(t, busy, 10)
+	write(t, filepath.Join(root, "disks", id+"-workspace.ext4"), 10)
+	src := filepath.Join(t.TempDir(), "src")
+	write(t, src, 10)
+	if out, err := exec.Command("mount", "--bind", src, busy).CombinedOutput(); err != nil {
+		t.Skipf("cannot bind-mount here, failure path not exercised: %v %s", err, out)
+	}
+	defer exec.Command("umount", busy).Run()
+	rep, r := reapRun(t, root, "--apply")
+	if r.code != 1 || !strings.Contains(r.stderr, "could not be deleted") {
+		t.Fatalf("exit %d stderr %q", r.code, r.stderr)
+	}
+	if len(rep.Failed) != 1 || rep.Failed[0].Path != busy || rep.Failed[0].Error == "" {
+		t.Fatalf("failed %+v", rep.Failed)
+	}
+	if has(rep.Deleted, filepath.Join(root, "disks", id+"-workspace.ext4")) == nil {
+		t.Fatalf("the deletable orphan was not deleted: %v", paths(rep.Deleted))
+	}
+	if evs := mustOK(t, nexus(t, root, "events", "--type", "reap.applied"), "events").stdout; !strings.Contains(evs, "busy") {
+		t.Fatalf("the failure is not journaled: %s", evs)
+	}
+}
+
+// The verify pass: a path that exists again after its delete reported
+// success moves to failed with the contract's message. A real process
+// re-creates the file in a tight loop; 2,000 other orphans are deleted
+// between its unlink and the verify pass, so it is back by then.
+func TestReapVerifyPassCatchesASurvivor(t *testing.T) {
+	root := shortRoot(t)
+	hot := filepath.Join(root, "disks", "hot.shadow.ext4")
+	write(t, hot, 10)
+	for i := 0; i < 2000; i++ {
+		write(t, filepath.Join(root, "disks", "o"+strings.Repeat("x", 3)+ulid.Make().String()[20:]+".shadow.ext4"), 0)
+	}
+	loop := exec.Command("sh", "-c", `while :; do : > "$1"; done`, "sh", hot)
+	if err := loop.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { loop.Process.Kill(); loop.Wait() }()
+	rep, r := reapRun(t, root, "--apply")
+	if r.code != 1 {
+		t.Fatalf("exit %d, want 1 (stderr %q)", r.code, r.stderr)
+	}
+	f := has(rep.Failed, hot)
+	if f == nil || f.Error != "delete reported success but the path still exists" {
+		t.Fatalf("failed %+v", rep.Failed)
+	}
+	if has(rep.Deleted, hot) != nil || len(rep.Deleted) < 1990 {
+		t.Fatalf("deleted %d, hot in deleted: %v", len(rep.Deleted), has(rep.Deleted, hot) != nil)
+	}
+}
