@@ -120,6 +120,16 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
 	}
 	j := reaper.NewJournal(sbs, open)
+	if ref := o.Filter.Sandbox; ref != "" && !layout.IsULID(ref) {
+		// --sandbox HANDLE: the sandbox's ULID if it still exists, and the
+		// handle itself for its shadow disks either way.
+		o.Filter.Sandbox, o.Filter.Handle = "", layout.SafeHandle(ref)
+		for _, sb := range sbs {
+			if sb.Handle == ref {
+				o.Filter.Sandbox = sb.ID
+			}
+		}
+	}
 	entries := append(sc.Entries, supervisorEntries(sups.Gone(j))...)
 	rep := m.judge(o, entries, leases, j, sc)
 	if o.Plan != "" {

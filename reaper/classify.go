@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"path"
 	"sort"
-	"strings"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -387,20 +386,27 @@ func Order(ds []Decision) {
 
 // Filter selects which entries a run reports and may delete.
 type Filter struct {
-	Kind      events.ResourceKind
-	Sandbox   string
+	Kind    events.ResourceKind
+	Sandbox string // a ULID
+	// Handle (a safe handle) also matches handle-keyed shadow disks and
+	// intents, whose sandbox may be gone.
+	Handle    string
 	OlderThan int64 // seconds; 0 = any age
 	NowUnix   int64
 }
 
-// Match reports whether d passes f. --sandbox matches the resolved owner
-// or the id/handle in the name.
+// Match reports whether d passes f. --sandbox matches the resolved owner,
+// the ULID in the name, or the handle of a shadow disk or intent.
 func (f Filter) Match(d Decision) bool {
 	if f.Kind != "" && d.Entry.Kind != f.Kind {
 		return false
 	}
-	if f.Sandbox != "" && d.Owner != f.Sandbox && d.Entry.ID != f.Sandbox && !strings.EqualFold(d.Entry.Handle, f.Sandbox) {
-		return false
+	if f.Sandbox != "" || f.Handle != "" {
+		byID := f.Sandbox != "" && (d.Owner == f.Sandbox || d.Entry.ID == f.Sandbox)
+		byHandle := f.Handle != "" && d.Entry.Handle == f.Handle
+		if !byID && !byHandle {
+			return false
+		}
 	}
 	if f.OlderThan > 0 && !d.Entry.ModTime.IsZero() && f.NowUnix-d.Entry.ModTime.Unix() < f.OlderThan {
 		return false

@@ -284,6 +284,10 @@ func TestFilterAndOrder(t *testing.T) {
 	if (Filter{Sandbox: idA}).Match(old) || !(Filter{Sandbox: idB}).Match(old) {
 		t.Fatal("--sandbox")
 	}
+	shadow := Decision{Entry: Identify("disks", "team_web.shadow.cfg.ext4", false), Owner: "team_web"}
+	if !(Filter{Handle: "team_web"}).Match(shadow) || (Filter{Handle: "team_web"}).Match(old) || (Filter{Sandbox: idB}).Match(shadow) {
+		t.Fatal("--sandbox HANDLE")
+	}
 	ds := []Decision{{Entry: Entry{Kind: events.KindCreateIntent, Rel: "a"}}, {Entry: Entry{Kind: events.KindRawDisk, Rel: "b"}}, {Entry: Entry{Kind: events.KindSupervisorProcess, Rel: "c"}}}
 	Order(ds)
 	if ds[0].Entry.Kind != events.KindSupervisorProcess || ds[2].Entry.Kind != events.KindCreateIntent {

@@ -290,6 +290,10 @@ func TestReapFilters(t *testing.T) {
 	if got := paths(rep.Orphans); len(got) != 1 || got[0] != old {
 		t.Fatalf("--sandbox %s: %v", b, got)
 	}
+	rep, _ = reapRun(t, root, "--sandbox", "gone/h")
+	if got := paths(rep.Orphans); len(got) != 2 || has(rep.Orphans, filepath.Join(root, "disks", "gone_h.shadow.cfg.ext4")) == nil {
+		t.Fatalf("--sandbox gone/h: %v", got)
+	}
 	rep, _ = reapRun(t, root, "--older-than", "24h")
 	if got := paths(rep.Orphans); len(got) != 1 || got[0] != old {
 		t.Fatalf("--older-than 24h: %v", got)
@@ -552,7 +556,7 @@ func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 // a second reap --apply deletes nothing.
 func TestReapIdempotentAfterCrash(t *testing.T) {
 	image := makeImage(t)
-	for _, point := range []string{"create.os-disk:before", "create.supervisor-state", "create.commit", "create.vmm:before", "rm.reclaim:before", "reap.delete:before", "reap.decide"} {
+	for _, point := range []string{"create.os-disk:before", "create.supervisor-state", "create.commit", "create.vmm:before", "rm.reclaim:before", "fork.commit:before", "fork.os-disk", "reap.delete:before", "reap.decide"} {
 		t.Run(point, func(t *testing.T) {
 			root := shortRoot(t)
 			if strings.HasPrefix(point, "create.") {
@@ -560,9 +564,12 @@ func TestReapIdempotentAfterCrash(t *testing.T) {
 			} else {
 				sb := createJSON(t, root, "--image", image)
 				orphansOf(t, root)
-				if strings.HasPrefix(point, "rm.") {
+				switch {
+				case strings.HasPrefix(point, "rm."):
 					crashAt(t, root, point, "rm", sb.ID)
-				} else {
+				case strings.HasPrefix(point, "fork."):
+					crashAt(t, root, point, "fork", sb.ID)
+				default:
 					r := nexusEnv(t, root, []string{"NEXUS_CRASH_AT=" + point}, "reap", "--apply")
 					if r.code != -1 {
 						t.Fatalf("reap did not die at %s: %+v", point, r)
