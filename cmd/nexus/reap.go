@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
 	"syscall"
 	"time"
@@ -206,8 +207,14 @@ func pauseHook(at string) func(kind, step string, phase sagas.Phase) {
 	}
 	return func(kind, step string, p sagas.Phase) {
 		if kind+"."+step == want && p == phase {
+			// A self-sent SIGSTOP may take effect a little after kill(2)
+			// returns; waiting for the SIGCONT itself makes the pause exact.
+			cont := make(chan os.Signal, 1)
+			signal.Notify(cont, syscall.SIGCONT)
+			defer signal.Stop(cont)
 			fmt.Fprintf(os.Stderr, "nexus: paused at %s (pid %d)\n", at, os.Getpid())
 			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			<-cont
 		}
 	}
 }
