@@ -83,6 +83,7 @@ var registry = map[Type]typeSpec{
 	OverlayRecovered:   spec(OverlayRecoveredEvent{}, 1),
 	WarningRaised:      spec(WarningRaisedEvent{}, 1),
 	ReapDecided:        spec(ReapDecidedEvent{}, 1),
+	ReapApplied:        spec(ReapAppliedEvent{}, 1),
 	ResourceCreated:    spec(ResourceCreatedEvent{}, 1),
 	ResourceReclaimed:  spec(ResourceReclaimedEvent{}, 1),
 	RunOpened:          spec(RunOpenedEvent{}, 1),

@@ -18,6 +18,9 @@ const (
 	KindSnapshot          ResourceKind = "snapshot"
 	KindCgroup            ResourceKind = "cgroup"
 	KindRecord            ResourceKind = "record"
+	// KindSupervisorProcess is a detached supervisor process (RL-13); its
+	// path in a reap report is /proc/<pid>.
+	KindSupervisorProcess ResourceKind = "supervisor-process"
 )
 
 // Resource is one host resource, by kind and path relative to the state
@@ -176,14 +179,40 @@ type WarningRaisedEvent struct {
 	Message string `msgpack:"message" json:"message"`
 }
 
-// ReapDecidedEvent records one verdict of a reap plan.
+// ReapEntry is one resource as a reap run judged it: the `R` of
+// `nexus reap --json`, with the path relative to the state root.
+type ReapEntry struct {
+	Kind      ResourceKind `msgpack:"kind" json:"kind"`
+	Path      string       `msgpack:"path" json:"path"`
+	Owner     string       `msgpack:"owner,omitempty" json:"owner,omitempty"`
+	Verdict   string       `msgpack:"verdict" json:"verdict"`
+	Reason    string       `msgpack:"reason" json:"reason"`
+	Allocated int64        `msgpack:"allocated,omitempty" json:"allocated,omitempty"`
+	Error     string       `msgpack:"error,omitempty" json:"error,omitempty"`
+}
+
+// ReapDecidedEvent records (part of) a reap plan: every verdict that was
+// not "owned" (orphans, and what was kept live or ambiguous, with why).
+// Owned resources are only counted; the journal already names them. A plan
+// with many entries is split into parts so no event grows without bound.
 type ReapDecidedEvent struct {
-	Plan     string   `msgpack:"plan" json:"plan"`
-	Resource Resource `msgpack:"resource" json:"resource"`
-	Owner    string   `msgpack:"owner,omitempty" json:"owner,omitempty"`
-	Verdict  string   `msgpack:"verdict" json:"verdict"`
-	Reason   string   `msgpack:"reason" json:"reason"`
-	Apply    bool     `msgpack:"apply,omitempty" json:"apply,omitempty"`
+	Plan    string      `msgpack:"plan" json:"plan"`
+	Apply   bool        `msgpack:"apply,omitempty" json:"apply,omitempty"`
+	Part    int         `msgpack:"part" json:"part"`
+	Parts   int         `msgpack:"parts" json:"parts"`
+	Scanned int         `msgpack:"scanned" json:"scanned"`
+	Owned   int         `msgpack:"owned" json:"owned"`
+	Entries []ReapEntry `msgpack:"entries" json:"entries"`
+}
+
+// ReapAppliedEvent records what a `reap --apply` deleted (verified gone by
+// a second stat) and what it failed to delete, per plan, in parts.
+type ReapAppliedEvent struct {
+	Plan    string      `msgpack:"plan" json:"plan"`
+	Part    int         `msgpack:"part" json:"part"`
+	Parts   int         `msgpack:"parts" json:"parts"`
+	Deleted []ReapEntry `msgpack:"deleted" json:"deleted"`
+	Failed  []ReapEntry `msgpack:"failed" json:"failed"`
 }
 
 // ResourceCreatedEvent: a resource other than a disk (a state directory,
@@ -262,6 +291,7 @@ func (FlushAcknowledgedEvent) EventType() Type  { return FlushAcknowledged }
 func (OverlayRecoveredEvent) EventType() Type   { return OverlayRecovered }
 func (WarningRaisedEvent) EventType() Type      { return WarningRaised }
 func (ReapDecidedEvent) EventType() Type        { return ReapDecided }
+func (ReapAppliedEvent) EventType() Type        { return ReapApplied }
 func (ResourceCreatedEvent) EventType() Type    { return ResourceCreated }
 func (ResourceReclaimedEvent) EventType() Type  { return ResourceReclaimed }
 func (RunOpenedEvent) EventType() Type          { return RunOpened }

@@ -138,6 +138,10 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		return compensate([]sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
 			return m.dropUnrecordedSnapshots(ctx, sb)
 		}}}, "snapshot interrupted")
+	case "reap":
+		// Deleting orphans is idempotent and the next reap re-derives its
+		// plan from the disk and the journal: close the interrupted run.
+		return compensate(nil, "reap interrupted; the next reap judges again")
 	default:
 		return compensate(nil, "unknown saga kind "+sg.Kind)
 	}

@@ -8,8 +8,6 @@ package main
 //	BenchmarkFork16VsCreates    fork --count 16 ÷ 16 sequential creates, time and allocated bytes
 
 import (
-	"bufio"
-	"context"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -98,26 +96,6 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// startDaemon runs `nexus daemon` on root until the benchmark ends, so
-// commands skip opening the journal themselves, as on a real host.
-func startDaemon(b *testing.B, root string) {
-	b.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	d := exec.CommandContext(ctx, nexusBin, "--state-dir", root, "daemon")
-	d.Cancel = func() error { return d.Process.Signal(syscall.SIGTERM) }
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		b.Fatal(err)
-	}
-	if line, err := bufio.NewReader(stderr).ReadString('\n'); err != nil || !strings.Contains(line, "serving") {
-		b.Fatalf("daemon said %q, %v", line, err)
-	}
-	b.Cleanup(func() { cancel(); d.Wait() })
-}
 
 func rmAll(b *testing.B, root string) {
 	b.Helper()

@@ -92,7 +92,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 }
 
 func TestNotBuiltCommandsRefuse(t *testing.T) {
-	for _, args := range [][]string{{"reap"}, {"run", "--", "true"}} {
+	for _, args := range [][]string{{"run", "--", "true"}} {
 		wantFailure(t, nexus(t, t.TempDir(), args...), 1, "not implemented yet")
 	}
 }

@@ -80,7 +80,7 @@ func newRoot() *cobra.Command {
 		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
-		imageCacheCmd(g),
+		imageCacheCmd(g), reapCmd(g),
 	)
 	addNotBuilt(root)
 	return root

@@ -40,7 +40,8 @@ type modelRun struct {
 // TestModelRandomLifecycles runs random sequences of create, fork,
 // snapshot, restore, start, stop, rm and volume operations, killing about a
 // third of them at a random saga step, with `nexus recover` after each
-// kill. After every operation it checks the invariants: every sandbox owns
+// kill. After every operation it runs `reap --apply` (which must delete
+// nothing owned and leave no orphan) and checks the invariants: every sandbox owns
 // files that exist (nothing owned was deleted), nothing under the root is
 // untracked, no volume's bytes changed, the journal verifies and replays to
 // the same sandboxes as the live projection. At the end everything is
@@ -159,6 +160,15 @@ func (m *modelRun) step() {
 		if r.code == -1 {
 			m.crashes++
 		}
+		if m.rng.IntN(2) == 0 {
+			// A reap that runs before anyone recovered: whatever the dead
+			// saga left is in flight (an open saga names it) and must be
+			// kept, or the recover below, and the checks after it, fail.
+			m.log = append(m.log, "nexus reap --apply")
+			if _, r := reapRun(m.t, m.root, "--apply"); r.code != 0 {
+				m.t.Fatalf("reap --apply before recover: exit %d: %s", r.code, r.stderr)
+			}
+		}
 		m.run("recover")
 		return
 	}
@@ -178,6 +188,7 @@ func (m *modelRun) run(args ...string) {
 func (m *modelRun) check() {
 	t := m.t
 	t.Helper()
+	m.reapTwice(sandboxes(t, m.root))
 	list := sandboxes(t, m.root)
 	for _, sb := range list {
 		if sb.State == projections.StateCreating {
@@ -204,6 +215,42 @@ func (m *modelRun) check() {
 		}
 	}
 	m.checkReplay(list)
+}
+
+// reapTwice runs `reap --apply` and then a dry run: the apply deletes
+// nothing any sandbox owns and fails nothing, and the dry run after it
+// finds no orphan left (recover plus one reap leaves none).
+func (m *modelRun) reapTwice(before []projections.Sandbox) {
+	t := m.t
+	t.Helper()
+	owned := map[string]string{}
+	for _, sb := range before {
+		for _, r := range sb.Resources {
+			owned[r.Path] = sb.ID
+		}
+	}
+	run := func(args ...string) reapJSON {
+		rep, r := reapRun(t, m.root, args...)
+		if r.code != 0 {
+			t.Fatalf("reap %v: exit %d: %s", args, r.code, r.stderr)
+		}
+		return rep
+	}
+	applied := run("--apply")
+	for _, d := range applied.Deleted {
+		rel, _ := filepath.Rel(m.root, d.Path)
+		for dir := rel; dir != "." && dir != "/"; dir = filepath.Dir(dir) {
+			if sb, ok := owned[dir]; ok {
+				t.Fatalf("reap deleted %s, owned by %s", d.Path, sb)
+			}
+		}
+	}
+	if len(applied.Failed) > 0 {
+		t.Fatalf("reap failed to delete %v", paths(applied.Failed))
+	}
+	if again := run(); len(again.Orphans) > 0 {
+		t.Fatalf("orphans left after recover and reap --apply: %v", paths(again.Orphans))
+	}
 }
 
 // checkReplay: the journal verifies, and a fold from scratch over it gives

@@ -24,7 +24,6 @@ func addNotBuilt(root *cobra.Command) {
 		return c
 	}
 	root.AddCommand(
-		stub("reap", "Report or delete orphaned resources"),
 		stub("run", "Run a command with sandboxes bound to its lifetime"),
 	)
 }
