@@ -253,8 +253,9 @@ func (m *modelRun) reapTwice(before []projections.Sandbox) {
 	}
 }
 
-// checkReplay: the journal verifies, and a fold from scratch over it gives
-// the sandboxes the live projections report.
+// checkReplay: the journal verifies, `replay diff` finds the state root
+// matching it, and a fold from scratch over it gives the sandboxes the live
+// projections report.
 func (m *modelRun) checkReplay(list []projections.Sandbox) {
 	t := m.t
 	t.Helper()
@@ -262,6 +263,9 @@ func (m *modelRun) checkReplay(list []projections.Sandbox) {
 	var rep replay.Report
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 0 || !rep.OK() || len(rep.OpenSagas) != 0 {
 		t.Fatalf("replay verify: exit %d %v %+v %s", r.code, err, rep, r.stderr)
+	}
+	if r := nexus(t, m.root, "replay", "diff"); r.code != 0 {
+		t.Fatalf("replay diff after recover and reap: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	var st struct {
 		Sandboxes []projections.Sandbox `json:"sandboxes"`

@@ -9,17 +9,22 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
 // errJournalProblems is verify's refusal: the report has been printed.
 var errJournalProblems = errors.New("the journal has problems (listed above)")
+
+// errDivergence is diff's: the divergences have been printed.
+var errDivergence = errors.New("the state root and its journal disagree (listed above)")
 
 type replayFlags struct {
 	journalDir string
@@ -43,7 +48,7 @@ func replayCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().StringVar(&f.stream, "stream", "", "the mirror stream to read with --nats (NEXUS_<HOST>)")
 	c.PersistentFlags().StringVar(&f.natsCreds, "nats-creds", "", "NATS .creds file for --nats")
 	c.PersistentFlags().BoolVar(&f.asJSON, "json", false, "print JSON")
-	c.AddCommand(replayTimelineCmd(g, f), replayAtCmd(g, f), replayVerifyCmd(g, f))
+	c.AddCommand(replayTimelineCmd(g, f), replayAtCmd(g, f), replayVerifyCmd(g, f), replayDiffCmd(g, f))
 	return c
 }
 
@@ -212,5 +217,69 @@ func printVerify(out io.Writer, rep replay.Report) {
 	fmt.Fprintf(out, "unfinished sagas: %d\n", len(rep.OpenSagas))
 	for _, sg := range rep.OpenSagas {
 		fmt.Fprintf(out, "  %s: %s of %s, done %v\n", sg.ID, sg.Kind, sg.Sandbox, sg.Done)
+	}
+}
+
+func replayDiffCmd(g *globals, f *replayFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "diff",
+		Short: "Where the state root and the journal disagree: untracked files, missing owned resources, unfinished sagas, reaps of owned paths (exit 1 on any)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			recs, err := readJournal(cmd.Context(), g, f)
+			if err != nil {
+				return err
+			}
+			res, err := scan.Root(g.stateDir)
+			if err != nil {
+				return err
+			}
+			if len(res.Errors) > 0 {
+				return fmt.Errorf("scan incomplete, a diff would be wrong: %s", strings.Join(res.Errors, "; "))
+			}
+			onDisk := make([]string, 0, len(res.Entries))
+			for _, e := range res.Entries {
+				onDisk = append(onDisk, e.Rel)
+			}
+			present := func(rel string) bool {
+				_, err := os.Lstat(filepath.Join(g.stateDir, rel))
+				return err == nil
+			}
+			d, err := replay.Diff(recs, onDisk, present)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if f.asJSON {
+				if err := printJSON(out, d); err != nil {
+					return err
+				}
+			} else {
+				printDiff(out, d)
+			}
+			if !d.Empty() {
+				return errDivergence
+			}
+			return nil
+		},
+	}
+}
+
+func printDiff(out io.Writer, d replay.Divergence) {
+	fmt.Fprintf(out, "on disk, attributed by no event: %d\n", len(d.Untracked))
+	for _, p := range d.Untracked {
+		fmt.Fprintf(out, "  %s\n", p)
+	}
+	fmt.Fprintf(out, "owned by the journal, missing on disk: %d\n", len(d.Missing))
+	for _, m := range d.Missing {
+		fmt.Fprintf(out, "  %s (%s of %s)\n", m.Path, m.Kind, m.Sandbox)
+	}
+	fmt.Fprintf(out, "unfinished sagas: %d\n", len(d.OpenSagas))
+	for _, sg := range d.OpenSagas {
+		fmt.Fprintf(out, "  %s: %s of %s, done %v\n", sg.ID, sg.Kind, sg.Sandbox, sg.Done)
+	}
+	fmt.Fprintf(out, "reaped while owned: %d\n", len(d.ReapedOwned))
+	for _, r := range d.ReapedOwned {
+		fmt.Fprintf(out, "  seq %d: %s (owned by %s)\n", r.Seq, r.Path, r.Owner)
 	}
 }

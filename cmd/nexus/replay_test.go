@@ -90,8 +90,11 @@ func TestReplayAuditsACrashedCreate(t *testing.T) {
 	wantFailure(t, nexus(t, root, "replay", "at", "yesterday"), 2, "neither a journal sequence")
 	wantFailure(t, nexus(t, root, "replay", "verify", "--journal", t.TempDir()), 1, "not a nexus journal")
 
+	wantFailure(t, nexus(t, root, "replay", "diff"), 1, "disagree")
+
 	recoverClean(t, root)
 	mustOK(t, nexus(t, root, "replay", "verify"), "verify after recover")
+	mustOK(t, nexus(t, root, "replay", "diff"), "diff after recover")
 	if r := mustOK(t, nexus(t, root, "replay", "timeline", id), "timeline after recover"); !strings.Contains(r.stdout, "saga.compensated") {
 		t.Fatalf("timeline after recover lacks the compensation:\n%s", r.stdout)
 	}
