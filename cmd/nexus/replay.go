@@ -52,19 +52,19 @@ func replayCmd(g *globals) *cobra.Command {
 	return c
 }
 
-// readJournal returns every record of the audited journal, read from a
-// copy made in a scratch directory that is removed before returning.
-func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Record, error) {
-	var recs []replay.Record
-	collect := func(r journal.Record) error {
-		recs = append(recs, replay.Record{Seq: r.Seq, MsgID: r.MsgID, Data: r.Data})
+// eachRecord calls fn with every record of the audited journal, in order:
+// a fleet mirror (--nats), or a copy of the journal directory made in a
+// scratch directory that is removed before returning.
+func eachRecord(ctx context.Context, g *globals, f *replayFlags, fn func(replay.Record)) error {
+	pass := func(r journal.Record) error {
+		fn(replay.Record{Seq: r.Seq, MsgID: r.MsgID, Data: r.Data})
 		return nil
 	}
 	if f.natsURL != "" {
 		if f.stream == "" || f.journalDir != "" {
-			return nil, usageError{errors.New("--nats needs --stream, and excludes --journal")}
+			return usageError{errors.New("--nats needs --stream, and excludes --journal")}
 		}
-		return recs, journal.ReadMirror(ctx, f.natsURL, f.natsCreds, f.stream, collect)
+		return journal.ReadMirror(ctx, f.natsURL, f.natsCreds, f.stream, pass)
 	}
 	dir := f.journalDir
 	if dir == "" {
@@ -72,15 +72,22 @@ func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Reco
 	}
 	scratch, err := os.MkdirTemp("", "nexus-replay-")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer os.RemoveAll(scratch)
 	j, err := journal.OpenCopy(ctx, dir, scratch)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer j.Close()
-	return recs, j.Read(ctx, 1, "", collect)
+	return j.Read(ctx, 1, "", pass)
+}
+
+// readJournal returns every record of the audited journal.
+func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Record, error) {
+	var recs []replay.Record
+	err := eachRecord(ctx, g, f, func(r replay.Record) { recs = append(recs, r) })
+	return recs, err
 }
 
 func replayTimelineCmd(g *globals, f *replayFlags) *cobra.Command {
@@ -181,11 +188,11 @@ func replayVerifyCmd(g *globals, f *replayFlags) *cobra.Command {
 		Short: "Re-decode every event; check sequence continuity, unique message ids, finished sagas (exit 1 on a problem)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			recs, err := readJournal(cmd.Context(), g, f)
-			if err != nil {
+			v := replay.NewVerifier()
+			if err := eachRecord(cmd.Context(), g, f, v.Add); err != nil {
 				return err
 			}
-			rep := replay.Verify(recs)
+			rep := v.Report()
 			out := cmd.OutOrStdout()
 			if f.asJSON {
 				if err := printJSON(out, rep); err != nil {
