@@ -6,7 +6,7 @@ BIN       := bin/nexus
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
 
-.PHONY: all setup build demo test bench soak clean
+.PHONY: all setup build demo test bench soak fuzz clean
 
 all: build
 
@@ -39,6 +39,15 @@ test: setup
 soak: setup
 	NEXUS_MODEL_RUNS=$${NEXUS_MODEL_RUNS:-40} NEXUS_MODEL_OPS=$${NEXUS_MODEL_OPS:-30} \
 	  $(GO) test -run TestModelRandomLifecycles -count=1 -v -timeout 3h ./cmd/nexus/
+
+# Every fuzz target for FUZZTIME each; their seed corpora are checked in
+# under testdata/fuzz and also run by `make test`.
+FUZZTIME ?= 30s
+FUZZ_TARGETS := events:FuzzDecode layout:FuzzCoveredBy projections:FuzzUnmarshalState \
+	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity
+fuzz: setup
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "fuzz $$pkg $$fn"; $(GO) test ./$$pkg/ -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) || exit 1; done
 
 # Benchmarks report ratios against a baseline measured in the same run;
 # see docs/benchmarks.md for what each measures and the figures.
