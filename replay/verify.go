@@ -94,3 +94,41 @@ func Verify(records []Record) Report {
 	}
 	return v.Report()
 }
+
+// verifyBatch is how many records travel together to the verifying
+// goroutine: large enough that the channel costs nothing per record.
+const verifyBatch = 512
+
+// Concurrent runs v on its own goroutine, so decoding and checking overlap
+// reading the journal (which costs a core of its own on the consumer side).
+// add must be called from one goroutine, in stored order; finish returns
+// the report once every added record has been checked.
+func (v *Verifier) Concurrent() (add func(Record), finish func() Report) {
+	batches := make(chan []Record, 4)
+	done := make(chan struct{})
+	go func() {
+		for b := range batches {
+			for _, r := range b {
+				v.Add(r)
+			}
+		}
+		close(done)
+	}()
+	batch := make([]Record, 0, verifyBatch)
+	add = func(r Record) {
+		batch = append(batch, r)
+		if len(batch) == verifyBatch {
+			batches <- batch
+			batch = make([]Record, 0, verifyBatch)
+		}
+	}
+	finish = func() Report {
+		if len(batch) > 0 {
+			batches <- batch
+		}
+		close(batches)
+		<-done
+		return v.Report()
+	}
+	return add, finish
+}

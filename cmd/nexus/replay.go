@@ -188,11 +188,12 @@ func replayVerifyCmd(g *globals, f *replayFlags) *cobra.Command {
 		Short: "Re-decode every event; check sequence continuity, unique message ids, finished sagas (exit 1 on a problem)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			v := replay.NewVerifier()
-			if err := eachRecord(cmd.Context(), g, f, v.Add); err != nil {
+			add, finish := replay.NewVerifier().Concurrent()
+			err := eachRecord(cmd.Context(), g, f, add)
+			rep := finish()
+			if err != nil {
 				return err
 			}
-			rep := v.Report()
 			out := cmd.OutOrStdout()
 			if f.asJSON {
 				if err := printJSON(out, rep); err != nil {
