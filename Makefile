@@ -54,6 +54,7 @@ fuzz: setup
 bench: setup
 	$(GO) test -run '^$$' -bench 'Append|RawWrite' -benchtime 2000x ./host/journal/
 	$(GO) test -run '^$$' -bench 'Replay100k' -benchtime 5x -benchmem ./host/journal/
+	$(GO) test -run '^$$' -bench 'Verify1M' -benchtime 1x -timeout 20m ./host/journal/
 	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
