@@ -44,7 +44,8 @@ soak: setup
 # under testdata/fuzz and also run by `make test`.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := events:FuzzDecode layout:FuzzCoveredBy projections:FuzzUnmarshalState \
-	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity
+	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity \
+	lifecycle:FuzzArgumentsThatBecomePaths
 fuzz: setup
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz $$pkg $$fn"; $(GO) test ./$$pkg/ -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) || exit 1; done
