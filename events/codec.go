@@ -219,19 +219,28 @@ var decPool = sync.Pool{New: func() any { p := &pooledDec{}; p.d = msgpack.NewDe
 // unknown fields and trailing bytes: within one schema version an
 // unexpected field means damage or a mislabelled writer. Projections decode
 // their snapshots with it too.
+//
+// The value is first walked without decoding (Skip): every element it
+// declares must be present in data. msgpack v5.4's slice decoder allocates
+// a declared length up front whatever its alloc-limit setting, so five
+// damaged bytes announcing 0xdddddddd elements would otherwise ask for
+// gigabytes (found by FuzzUnmarshalState). After the walk, no declared
+// length exceeds len(data), which bounds what decoding can allocate.
 func StrictUnmarshal(data []byte, v any) error {
 	p := decPool.Get().(*pooledDec)
 	defer decPool.Put(p)
 	p.r.Reset(data)
 	p.d.Reset(&p.r)
-	p.d.DisallowUnknownFields(true)
-	if err := p.d.Decode(v); err != nil {
+	if err := p.d.Skip(); err != nil {
 		return err
 	}
 	if p.r.Len() != 0 {
 		return errors.New("trailing bytes")
 	}
-	return nil
+	p.r.Reset(data)
+	p.d.Reset(&p.r)
+	p.d.DisallowUnknownFields(true)
+	return p.d.Decode(v)
 }
 
 // DecodeMsgpack decodes the envelope in one pass: the payload, written last

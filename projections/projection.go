@@ -5,7 +5,6 @@
 package projections
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -68,9 +67,7 @@ func EncodeSnapshot(p Projection, lastID ulid.ULID) ([]byte, error) {
 // format returns ErrBadSnapshot and leaves p as it was.
 func DecodeSnapshot(data []byte, p Projection) (Snapshot, error) {
 	var f snapshotFile
-	d := msgpack.NewDecoder(bytes.NewReader(data))
-	d.DisallowUnknownFields(true)
-	if err := d.Decode(&f); err != nil {
+	if err := events.StrictUnmarshal(data, &f); err != nil {
 		return Snapshot{}, fmt.Errorf("%w: %v", ErrBadSnapshot, err)
 	}
 	switch {
