@@ -17,6 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -36,6 +37,9 @@ type CreateSpec struct {
 	Shadows   []Shadow
 	Volumes   []Mount
 	Force     bool // skip the disk-space preflight
+	// ID, when set, is the new sandbox's ULID, chosen by the caller so it
+	// can be written to a client ledger before the create starts.
+	ID string
 }
 
 var (
@@ -55,7 +59,10 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	id := ulid.Make().String()
+	id := spec.ID
+	if id == "" {
+		id = ulid.Make().String()
+	}
 	s := m.saga("create", id, nil)
 	s.ID = ulid.Make().String()
 
@@ -115,6 +122,14 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	plan.image = image
 	if err := regularFile(image); err != nil {
 		return refuse("image: %v", err)
+	}
+	if spec.ID != "" {
+		if !layout.IsULID(spec.ID) {
+			return refuse("id %q is not a canonical ULID", spec.ID)
+		}
+		if _, err := m.Find(ctx, spec.ID); err == nil {
+			return refuse("id %q is already in use", spec.ID)
+		}
 	}
 	if spec.Handle != "" {
 		if !handleRE.MatchString(spec.Handle) || strings.Contains(spec.Handle, "..") {

@@ -80,6 +80,7 @@ func newRoot() *cobra.Command {
 		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), vmmProcessCmd(), supervisorCmd(),
+		runCmd(g), ledgerCmd(g),
 	)
 	addNotBuilt(root)
 	return root

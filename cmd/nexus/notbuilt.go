@@ -25,7 +25,6 @@ func addNotBuilt(root *cobra.Command) {
 	}
 	root.AddCommand(
 		stub("reap", "Report or delete orphaned resources"),
-		stub("run", "Run a command with sandboxes bound to its lifetime"),
 		stub("image-cache", "Manage prepared image disks", "list", "prune"),
 		stub("replay", "Audit the journal", "timeline", "at", "diff", "verify"),
 	)

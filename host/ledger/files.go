@@ -326,3 +326,13 @@ func SelfRecord(run, driver, nexus string) (format.Record, error) {
 	}
 	return format.Record{Schema: format.Schema, Run: run, Pid: id.Pid, StartTimeMs: ms, Driver: driver, Nexus: nexus}, nil
 }
+
+// Exists reports whether any of run's files is still there.
+func Exists(dir, run string) bool {
+	for _, p := range []string{recordPath(dir, run), listPath(dir, run, Sandboxes), listPath(dir, run, Networks)} {
+		if _, err := os.Lstat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
