@@ -257,6 +257,7 @@ func TestKeepNeverEntersLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { exec.Command(nexusBin, "--state-dir", root, "rm", kept.ID).Run() })
 	bound, err := c.Create(ctx, client.CreateSpec{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -275,4 +276,10 @@ func TestKeepNeverEntersLedger(t *testing.T) {
 	if !live[kept.ID] || live[bound.ID] {
 		t.Fatalf("after close: %v (kept %s, bound %s)", live, kept.ID, bound.ID)
 	}
+	// A sweep after this process's run is gone still leaves it alone.
+	nexus(t, root, "ledger", "sweep")
+	if !liveIDs(t, root)[kept.ID] {
+		t.Fatal("a sweep removed the kept sandbox")
+	}
+	nexus(t, root, "rm", kept.ID)
 }

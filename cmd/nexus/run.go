@@ -73,6 +73,11 @@ func runBound(ctx context.Context, g *globals, keep bool, argv []string) (int, e
 			env = append(env, kv)
 		}
 	}
+	// The command's own nexus calls reach the same state root and driver.
+	env = append(env, "NEXUS_STATE_DIR="+root)
+	if g.driver != "" {
+		env = append(env, "NEXUS_DRIVER="+g.driver)
+	}
 	var cl *client.Client
 	if !keep {
 		exe, err := os.Executable()
