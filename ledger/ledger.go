@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 )
 
@@ -31,17 +30,29 @@ var ErrMalformed = errors.New("malformed ledger file")
 // swept: its owner may well be alive and we cannot tell.
 var ErrSchemaTooNew = errors.New("ledger schema newer than this nexus")
 
-var (
-	runIDRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
-	// A sandbox reference as `nexus rm` takes it: a ULID or a handle.
-	nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
-)
+// ValidRunID reports whether s may name a run (and so three files):
+// [A-Za-z0-9][A-Za-z0-9_-]{0,127}. Checked by hand, not by regexp: a sweep
+// checks every file name under runs/.
+func ValidRunID(s string) bool { return validToken(s, "_-") }
 
-// ValidRunID reports whether s may name a run (and so three files).
-func ValidRunID(s string) bool { return runIDRE.MatchString(s) }
+// ValidName reports whether s may be a line of a .sandboxes or .networks
+// file: a sandbox reference as `nexus rm` takes it (a ULID or a handle),
+// [A-Za-z0-9][A-Za-z0-9._/-]{0,127} without "..".
+func ValidName(s string) bool { return validToken(s, "._/-") && !strings.Contains(s, "..") }
 
-// ValidName reports whether s may be a line of a .sandboxes or .networks file.
-func ValidName(s string) bool { return nameRE.MatchString(s) && !strings.Contains(s, "..") }
+func validToken(s, extra string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || strings.IndexByte(extra, c) < 0) {
+			return false
+		}
+	}
+	return true
+}
 
 // Record is <run-id>.json.
 type Record struct {
@@ -75,7 +86,7 @@ func (r Record) validate() error {
 		return fmt.Errorf("%w: pid %d", ErrMalformed, r.Pid)
 	case r.StartTimeMs <= 0:
 		return fmt.Errorf("%w: start_time_ms %d", ErrMalformed, r.StartTimeMs)
-	case r.Driver == "" || !nameRE.MatchString(r.Driver):
+	case !ValidName(r.Driver):
 		return fmt.Errorf("%w: driver %q", ErrMalformed, r.Driver)
 	case r.Nexus != "" && !strings.HasPrefix(r.Nexus, "/"):
 		return fmt.Errorf("%w: nexus path %q is not absolute", ErrMalformed, r.Nexus)
@@ -88,40 +99,42 @@ func (r Record) validate() error {
 // want (the file's own name). A newer schema is ErrSchemaTooNew, checked
 // before anything else so a newer client may add fields.
 func ParseRecord(data []byte, want string) (Record, error) {
-	var probe struct {
-		Schema *int `json:"schema"`
-	}
-	if err := json.Unmarshal(data, &probe); err != nil {
-		return Record{}, fmt.Errorf("%w: %v", ErrMalformed, err)
-	}
-	if probe.Schema == nil {
-		return Record{}, fmt.Errorf("%w: no schema", ErrMalformed)
-	}
-	if *probe.Schema > Schema {
-		return Record{}, fmt.Errorf("%w: %d > %d", ErrSchemaTooNew, *probe.Schema, Schema)
-	}
+	// One pass into raw fields (json.Unmarshal also rejects trailing data),
+	// then each field exactly: encoding/json would match keys
+	// case-insensitively and ignore unknown ones; the format does neither.
 	var present map[string]json.RawMessage
 	if err := json.Unmarshal(data, &present); err != nil {
 		return Record{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 	}
-	fields := []string{"schema", "run", "pid", "start_time_ms", "driver", "nexus"}
-	for _, f := range fields {
-		if _, ok := present[f]; !ok {
-			return Record{}, fmt.Errorf("%w: missing %q", ErrMalformed, f)
-		}
-	}
-	// encoding/json matches keys case-insensitively; the format does not.
-	if len(present) != len(fields) {
-		return Record{}, fmt.Errorf("%w: %d fields, want exactly %d", ErrMalformed, len(present), len(fields))
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	var r Record
-	if err := dec.Decode(&r); err != nil {
-		return Record{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	rawSchema, ok := present["schema"]
+	if !ok {
+		return Record{}, fmt.Errorf("%w: no schema", ErrMalformed)
 	}
-	if dec.More() {
-		return Record{}, fmt.Errorf("%w: data after the object", ErrMalformed)
+	if err := json.Unmarshal(rawSchema, &r.Schema); err != nil {
+		return Record{}, fmt.Errorf("%w: schema: %v", ErrMalformed, err)
+	}
+	if r.Schema > Schema {
+		return Record{}, fmt.Errorf("%w: %d > %d", ErrSchemaTooNew, r.Schema, Schema)
+	}
+	fields := []struct {
+		name string
+		dst  any
+	}{{"run", &r.Run}, {"pid", &r.Pid}, {"start_time_ms", &r.StartTimeMs}, {"driver", &r.Driver}, {"nexus", &r.Nexus}}
+	if len(present) != len(fields)+1 {
+		return Record{}, fmt.Errorf("%w: %d fields, want exactly %d", ErrMalformed, len(present), len(fields)+1)
+	}
+	for _, f := range fields {
+		raw, ok := present[f.name]
+		if ok && string(raw) == "null" {
+			return Record{}, fmt.Errorf("%w: %s is null", ErrMalformed, f.name)
+		}
+		if !ok {
+			return Record{}, fmt.Errorf("%w: missing %q", ErrMalformed, f.name)
+		}
+		if err := json.Unmarshal(raw, f.dst); err != nil {
+			return Record{}, fmt.Errorf("%w: %s: %v", ErrMalformed, f.name, err)
+		}
 	}
 	if err := r.validate(); err != nil {
 		return Record{}, err

@@ -296,14 +296,7 @@ func StartTimeMs(ticks uint64) (int64, error) {
 // OwnerOf reads what runs under pid now: whether a process (not a zombie)
 // has it, and when that process started.
 func OwnerOf(pid int) (format.Owner, error) {
-	id, err := proc.Of(pid)
-	if errors.Is(err, proc.ErrGone) {
-		return format.Owner{}, nil
-	}
-	if err != nil {
-		return format.Owner{}, err
-	}
-	alive, err := proc.Alive(id)
+	id, alive, err := proc.Running(pid)
 	if err != nil || !alive {
 		return format.Owner{}, err
 	}
@@ -325,6 +318,39 @@ func SelfRecord(run, driver, nexus string) (format.Record, error) {
 		return format.Record{}, err
 	}
 	return format.Record{Schema: format.Schema, Run: run, Pid: id.Pid, StartTimeMs: ms, Driver: driver, Nexus: nexus}, nil
+}
+
+// MaxRecordBytes bounds a record file; a larger one is malformed.
+const MaxRecordBytes = 4096
+
+// readRecord reads a record with the fewest syscalls (open, read, close):
+// on the happy path a sweep does this once per live run, and os.ReadFile's
+// fstat, poller registration and EOF read would double the cost.
+func readRecord(path string) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, MaxRecordBytes+1)
+	n := 0
+	for n < len(buf) {
+		m, err := unix.Read(fd, buf[n:])
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if m == 0 {
+			break
+		}
+		n += m
+	}
+	if n > MaxRecordBytes {
+		return nil, fmt.Errorf("%s: larger than %d bytes", path, MaxRecordBytes)
+	}
+	return buf[:n], nil
 }
 
 // Exists reports whether any of run's files is still there.

@@ -82,58 +82,68 @@ func scan(dir string) ([]entry, error) {
 type Planned struct {
 	format.Observation
 	format.Decision
-	Sandboxes, Networks []string
+	Sandboxes, Networks []string // read only when the run is swept
 	entry               entry
 }
 
-// observe reads a run's files and, when the rule needs it, its owner.
+// observe decides on a run from its record alone (and, when the rule needs
+// them, the owner's /proc entry or the files' age): the happy path reads one
+// small file and one /proc entry per run. Invalid lines in the lists do not
+// make a run unparseable; they are skipped when the run is swept.
 func observe(dir string, e entry, self format.Self, now time.Time) (Planned, error) {
 	p := Planned{entry: e}
 	p.Run = e.run
-	var newest time.Time
-	read := func(path string, exists bool) []byte {
-		if !exists {
-			return nil
-		}
-		data, err := os.ReadFile(path)
-		if err != nil {
-			if p.ParseErr == nil {
-				p.ParseErr = fmt.Errorf("%w: %v", format.ErrMalformed, err)
-			}
-			return nil
-		}
-		if st, err := os.Stat(path); err == nil && st.ModTime().After(newest) {
-			newest = st.ModTime()
-		}
-		return data
-	}
-	recData := read(recordPath(dir, e.run), e.record)
 	if e.record {
-		if rec, err := format.ParseRecord(recData, e.run); err != nil {
-			p.ParseErr = err
-		} else {
-			p.Record = rec
+		data, err := readRecord(recordPath(dir, e.run))
+		switch {
+		case err != nil:
+			p.ParseErr = fmt.Errorf("%w: %v", format.ErrMalformed, err)
+		default:
+			p.Record, p.ParseErr = format.ParseRecord(data, e.run)
 		}
 	} else {
 		p.ParseErr = fmt.Errorf("%w: no record file", format.ErrMalformed)
 	}
-	var err error
-	if p.Sandboxes, err = format.ParseNames(read(listPath(dir, e.run, Sandboxes), e.sbx)); err != nil && p.ParseErr == nil {
-		p.ParseErr = err
-	}
-	if p.Networks, err = format.ParseNames(read(listPath(dir, e.run, Networks), e.network)); err != nil && p.ParseErr == nil {
-		p.ParseErr = err
-	}
-	if !newest.IsZero() {
-		p.Age = now.Sub(newest)
+	if p.ParseErr != nil && !errors.Is(p.ParseErr, format.ErrSchemaTooNew) {
+		p.Age = now.Sub(newestMtime(dir, e))
 	}
 	if format.NeedsOwner(p.Observation, self) {
+		var err error
 		if p.Owner, err = OwnerOf(p.Record.Pid); err != nil {
 			return p, fmt.Errorf("ledger %s: owner pid %d: %w", e.run, p.Record.Pid, err)
 		}
 	}
 	p.Decision = format.Decide(p.Observation, self)
 	return p, nil
+}
+
+// newestMtime is the latest change to any of a run's files: a writer that
+// is mid-write touches one of them.
+func newestMtime(dir string, e entry) time.Time {
+	var newest time.Time
+	for _, path := range []string{recordPath(dir, e.run), listPath(dir, e.run, Sandboxes), listPath(dir, e.run, Networks)} {
+		if st, err := os.Stat(path); err == nil && st.ModTime().After(newest) {
+			newest = st.ModTime()
+		}
+	}
+	return newest
+}
+
+// readLists reads a run's two lists; a missing list is empty.
+func readLists(dir, run string) (sandboxes, networks []string) {
+	for _, k := range []Kind{Sandboxes, Networks} {
+		data, err := os.ReadFile(listPath(dir, run, k))
+		if err != nil {
+			continue
+		}
+		names, _ := format.ParseNames(data) // valid names even when a line is not
+		if k == Sandboxes {
+			sandboxes = names
+		} else {
+			networks = names
+		}
+	}
+	return sandboxes, networks
 }
 
 // Plan decides on every run under dir without changing anything. It is the
@@ -260,6 +270,7 @@ func sweepRun(ctx context.Context, dir string, e entry, self format.Self, by str
 	if !forced {
 		o.Reason = p.Reason
 	}
+	p.Sandboxes, p.Networks = readLists(dir, e.run)
 	for _, name := range p.Sandboxes {
 		found, err := act.RemoveSandbox(ctx, name)
 		if err != nil {
@@ -271,14 +282,8 @@ func sweepRun(ctx context.Context, dir string, e entry, self format.Self, by str
 		} else {
 			o.NotFound = append(o.NotFound, name)
 		}
-		// Dropped as soon as it is gone, so an interrupted sweep leaves a
-		// list of exactly what may remain.
-		if e.sbx {
-			if err := dropLocked(dir, e.run, Sandboxes, name); err != nil {
-				o.Error = err.Error()
-				return nil
-			}
-		}
+		// Not dropped one by one: nothing adds to a dead run's list, and a
+		// name re-swept after an interrupted sweep is just "not found".
 	}
 	for _, name := range p.Networks {
 		if _, err := act.RemoveNetwork(ctx, name); err != nil {
