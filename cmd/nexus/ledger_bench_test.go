@@ -124,7 +124,7 @@ func BenchmarkSweepDead1000x10(b *testing.B) {
 		}
 		b.StartTimer()
 		t0 := time.Now()
-		out, err := hostledger.Apply(ctx, dir, plan, self, "init", sweepActions{m})
+		out, err := hostledger.Apply(ctx, dir, plan, self, "init", newSweepActions(m))
 		sweep += time.Since(t0)
 		b.StopTimer()
 		if err != nil || len(out) != benchRuns || len(out[0].NotFound) != benchNames {

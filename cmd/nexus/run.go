@@ -165,9 +165,23 @@ func removeBound(ctx context.Context, m *lifecycle.Manager, ref string) error {
 
 // sweepActions carries a sweep's removals out with the lifecycle manager
 // and journals its decisions.
-type sweepActions struct{ m *lifecycle.Manager }
+type sweepActions struct {
+	m         *lifecycle.Manager
+	recovered *bool
+}
+
+func newSweepActions(m *lifecycle.Manager) sweepActions { return sweepActions{m, new(bool)} }
 
 func (a sweepActions) RemoveSandbox(ctx context.Context, name string) (bool, error) {
+	// A dead owner may have died inside a create (or a sweeper inside an
+	// rm): recover first, once, so those sagas are compensated or finished
+	// and a VMM spawned but never journaled is stopped, before rm runs.
+	if !*a.recovered {
+		if _, err := a.m.Recover(ctx); err != nil {
+			return false, fmt.Errorf("recover before sweeping: %w", err)
+		}
+		*a.recovered = true
+	}
 	sb, err := a.m.Find(ctx, name)
 	if errors.Is(err, lifecycle.ErrNotFound) {
 		return false, nil
@@ -280,7 +294,7 @@ func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledge
 	var out []hostledger.Outcome
 	err = withManager(ctx, g, func(m *lifecycle.Manager) error {
 		var err error
-		out, err = hostledger.Apply(ctx, dir, plan, self, by, sweepActions{m})
+		out, err = hostledger.Apply(ctx, dir, plan, self, by, newSweepActions(m))
 		return err
 	})
 	return out, err
@@ -303,7 +317,7 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	}
 	ctx := context.WithoutCancel(cmd.Context())
 	return withManager(ctx, g, func(m *lifecycle.Manager) error {
-		o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", sweepActions{m})
+		o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", newSweepActions(m))
 		fmt.Fprintf(cmd.ErrOrStderr(), "nexus watchdog: run %s: removed %v, not found %v %s%s\n", run, o.Removed, o.NotFound, o.Skipped, o.Error)
 		if err == nil && o.Error != "" {
 			err = errors.New(o.Error)
