@@ -326,8 +326,16 @@ const MaxRecordBytes = 4096
 // readRecord reads a record with the fewest syscalls (open, read, close):
 // on the happy path a sweep does this once per live run, and os.ReadFile's
 // fstat, poller registration and EOF read would double the cost.
-func readRecord(path string) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+// dirfd, when >= 0, is the ledger directory: opening relative to it skips
+// walking the state root's path once per run.
+func readRecord(dirfd int, path string) ([]byte, error) {
+	var fd int
+	var err error
+	if dirfd >= 0 {
+		fd, err = unix.Openat(dirfd, filepath.Base(path), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	} else {
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	}
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}

@@ -90,11 +90,11 @@ type Planned struct {
 // them, the owner's /proc entry or the files' age): the happy path reads one
 // small file and one /proc entry per run. Invalid lines in the lists do not
 // make a run unparseable; they are skipped when the run is swept.
-func observe(dir string, e entry, self format.Self, now time.Time) (Planned, error) {
+func observe(dirfd int, dir string, e entry, self format.Self, now time.Time) (Planned, error) {
 	p := Planned{entry: e}
 	p.Run = e.run
 	if e.record {
-		data, err := readRecord(recordPath(dir, e.run))
+		data, err := readRecord(dirfd, recordPath(dir, e.run))
 		switch {
 		case err != nil:
 			p.ParseErr = fmt.Errorf("%w: %v", format.ErrMalformed, err)
@@ -153,9 +153,15 @@ func Plan(dir string, self format.Self, now time.Time) ([]Planned, error) {
 	if err != nil {
 		return nil, err
 	}
+	dirfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		dirfd = -1
+	} else {
+		defer unix.Close(dirfd)
+	}
 	out := make([]Planned, 0, len(entries))
 	for _, e := range entries {
-		p, err := observe(dir, e, self, now)
+		p, err := observe(dirfd, dir, e, self, now)
 		if err != nil {
 			// A /proc read that fails for another reason than "gone" is
 			// ambiguity: keep.
@@ -258,7 +264,7 @@ func sweepRun(ctx context.Context, dir string, e entry, self format.Self, by str
 		return nil
 	}
 	// Decide again under the lock, on what the files say now.
-	p, err := observe(dir, e, self, time.Now())
+	p, err := observe(-1, dir, e, self, time.Now())
 	if err != nil {
 		o.Error = err.Error()
 		return nil
