@@ -75,6 +75,7 @@ type Client struct {
 	watchdog *os.File // write end of the watchdog's stdin; only we hold it
 	wdPid    int
 	sweep    []hostledger.Outcome
+	sweepErr error
 	closed   bool
 }
 
@@ -136,6 +137,14 @@ func (c *Client) Swept() []hostledger.Outcome {
 	return c.sweep
 }
 
+// SweepErr is why the init-time sweep failed, or nil. A failed sweep does
+// not stop the run; what it could not remove waits for the next sweep.
+func (c *Client) SweepErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sweepErr
+}
+
 // Env is the environment a child process needs to create sandboxes into
 // this run (what `nexus run` gives its command).
 func (c *Client) Env() []string {
@@ -159,12 +168,10 @@ func (c *Client) beginLocked(ctx context.Context) error {
 	}
 	dir := hostledger.Dir(c.opts.StateDir)
 	// The sweep runs once per process, before our own first create.
+	// A sweep that fails (a dead run's sandbox that will not go) must not
+	// stop this process from working: its leftovers wait for the next sweep.
 	if c.opts.Reaper.Sweeps() {
-		out, err := Sweep(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, c.opts.RunID)
-		if err != nil {
-			return err
-		}
-		c.sweep = out
+		c.sweep, c.sweepErr = Sweep(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, c.opts.RunID)
 	}
 	rec, err := hostledger.SelfRecord(c.opts.RunID, c.opts.Driver, c.opts.Nexus)
 	if err != nil {

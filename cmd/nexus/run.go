@@ -91,6 +91,9 @@ func runBound(ctx context.Context, g *globals, keep bool, argv []string) (int, e
 		if err := cl.Begin(ctx); err != nil {
 			return 0, err
 		}
+		if err := cl.SweepErr(); err != nil {
+			fmt.Fprintf(os.Stderr, "nexus: run: init-time sweep (continuing): %s\n", oneLine(err.Error()))
+		}
 		env = append(env, cl.Env()...)
 	}
 	child.Env = env
