@@ -6,6 +6,7 @@ package main
 // binary's sweep does with them.
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -172,9 +173,37 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 
 // TestRacingSweepsRemoveEachSandboxOnce: two nexus processes sweep the same
 // dead run at once; each sandbox is removed once (one sandbox.removed) and
-// neither reports an error.
+// neither reports an error. Without a daemon the journal lock orders them
+// (the second finds the run gone); with one they run side by side and the
+// run's flock decides.
 func TestRacingSweepsRemoveEachSandboxOnce(t *testing.T) {
+	t.Run("no-daemon", func(t *testing.T) { racingSweeps(t, false) })
+	t.Run("daemon", func(t *testing.T) { racingSweeps(t, true) })
+}
+
+func startDaemon(t *testing.T, root string) {
+	t.Helper()
+	d := exec.Command(nexusBin, "--state-dir", root, "daemon")
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	stderr, err := d.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Process.Signal(syscall.SIGTERM); d.Wait() })
+	line, err := bufio.NewReader(stderr).ReadString('\n')
+	if err != nil || !strings.Contains(line, "serving") {
+		t.Fatalf("daemon said %q, %v", line, err)
+	}
+}
+
+func racingSweeps(t *testing.T, daemon bool) {
 	root := shortRoot(t)
+	if daemon {
+		startDaemon(t, root)
+	}
 	img := makeImage(t)
 	var ids []string
 	for range 3 {

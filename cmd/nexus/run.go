@@ -15,12 +15,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/client"
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
-	"github.com/nexus-sandbox/nexus/projections"
 )
 
 func driverOf(g *globals) string {
@@ -176,15 +176,6 @@ type sweepActions struct {
 func newSweepActions(m *lifecycle.Manager) sweepActions { return sweepActions{m, new(bool)} }
 
 func (a sweepActions) RemoveSandbox(ctx context.Context, name string) (bool, error) {
-	// A dead owner may have died inside a create (or a sweeper inside an
-	// rm): recover first, once, so those sagas are compensated or finished
-	// and a VMM spawned but never journaled is stopped, before rm runs.
-	if !*a.recovered {
-		if _, err := a.m.Recover(ctx); err != nil {
-			return false, fmt.Errorf("recover before sweeping: %w", err)
-		}
-		*a.recovered = true
-	}
 	sb, err := a.m.Find(ctx, name)
 	if errors.Is(err, lifecycle.ErrNotFound) {
 		return false, nil
@@ -192,15 +183,13 @@ func (a sweepActions) RemoveSandbox(ctx context.Context, name string) (bool, err
 	if err != nil {
 		return false, err
 	}
-	if sb.State == projections.StateCreating {
-		// Its creator died with the run (we hold the journal, so no live
-		// creator is mid-saga without a daemon): compensate, then look again.
-		if _, err := a.m.Recover(ctx); err != nil {
-			return false, err
-		}
-		if _, err := a.m.Find(ctx, name); errors.Is(err, lifecycle.ErrNotFound) {
-			return true, nil
-		}
+	if err := a.finishStranded(ctx, sb.ID); err != nil {
+		return false, err
+	}
+	if sb, err = a.m.Find(ctx, name); errors.Is(err, lifecycle.ErrNotFound) {
+		return true, nil // an uncommitted create, compensated
+	} else if err != nil {
+		return false, err
 	}
 	if err := a.m.Remove(ctx, sb.ID); err != nil {
 		if errors.Is(err, lifecycle.ErrNotFound) {
@@ -209,6 +198,37 @@ func (a sweepActions) RemoveSandbox(ctx context.Context, name string) (bool, err
 		return false, err
 	}
 	return true, nil
+}
+
+// finishStranded runs recover when the sandbox has an unfinished saga: the
+// dead owner died inside its create (maybe after spawning a VMM it never
+// journaled), or a killed sweeper inside its rm. Recover compensates or
+// finishes those before rm runs. It is only safe while this process owns
+// the journal: then every open saga's runner is dead. Behind a daemon
+// another command may be mid-saga, so the sweep refuses and leaves the run
+// for a later sweep (or `nexus recover`).
+func (a sweepActions) finishStranded(ctx context.Context, id string) error {
+	if *a.recovered {
+		return nil
+	}
+	open, err := a.m.B.OpenSagas(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sg := range open {
+		if sg.Sandbox != id {
+			continue
+		}
+		if _, local := a.m.B.(control.Local); !local {
+			return fmt.Errorf("sandbox %s has an unfinished %s saga and a daemon serves the state root: run `nexus recover`", id, sg.Kind)
+		}
+		if _, err := a.m.Recover(ctx); err != nil {
+			return fmt.Errorf("recover before sweeping: %w", err)
+		}
+		*a.recovered = true
+		return nil
+	}
+	return nil
 }
 
 // RemoveNetwork: nexus has no network resources yet, so a listed network
@@ -303,6 +323,9 @@ func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledge
 	return out, err
 }
 
+// watchdogPatience bounds how long a watchdog waits for a busy journal.
+const watchdogPatience = 5 * time.Minute
+
 func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	if !ledger.ValidRunID(run) {
 		return usageError{fmt.Errorf("--run %q is not a run id", run)}
@@ -319,14 +342,23 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 		return nil // a clean shutdown left nothing to do
 	}
 	ctx := context.WithoutCancel(cmd.Context())
-	return withManager(ctx, g, func(m *lifecycle.Manager) error {
-		o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", newSweepActions(m))
-		fmt.Fprintf(cmd.ErrOrStderr(), "nexus watchdog: run %s: removed %v, not found %v %s%s\n", run, o.Removed, o.NotFound, o.Skipped, o.Error)
-		if err == nil && o.Error != "" {
-			err = errors.New(o.Error)
+	// The owner may have died while one of its own nexus commands holds the
+	// journal (a create that goes on to finish): keep waiting for it rather
+	// than leave the run to a later sweep.
+	deadline := time.Now().Add(watchdogPatience)
+	for {
+		err = withManager(ctx, g, func(m *lifecycle.Manager) error {
+			o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", newSweepActions(m))
+			fmt.Fprintf(cmd.ErrOrStderr(), "nexus watchdog: run %s: removed %v, not found %v %s%s\n", run, o.Removed, o.NotFound, o.Skipped, o.Error)
+			if err == nil && o.Error != "" {
+				err = errors.New(o.Error)
+			}
+			return err
+		})
+		if !errors.Is(err, control.ErrBusy) || time.Now().After(deadline) {
+			return err
 		}
-		return err
-	})
+	}
 }
 
 func printOutcomes(cmd *cobra.Command, asJSON bool, out []hostledger.Outcome) error {
