@@ -283,3 +283,32 @@ func TestKeepNeverEntersLedger(t *testing.T) {
 	}
 	nexus(t, root, "rm", kept.ID)
 }
+
+// TestHappyPathSweepSpawnsNothing: with only live runs the sweep decides in
+// process; the nexus binary is needed (and run) only once a run is dead.
+func TestHappyPathSweepSpawnsNothing(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "runs")
+	os.MkdirAll(dir, 0o700)
+	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process", Reaper: ledger.ModeSweep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Begin(context.Background()); err != nil { // writes a live run: ours
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	missing := filepath.Join(t.TempDir(), "no-nexus-here")
+	out, err := client.Sweep(context.Background(), missing, root, "process", "another-run")
+	if err != nil || len(out) != 1 || out[0].Verdict != "keep" {
+		t.Fatalf("live-only sweep: %+v %v", out, err)
+	}
+	os.WriteFile(filepath.Join(dir, "dead.json"), []byte(`{"schema":1,"run":"dead","pid":4194304,"start_time_ms":1,"driver":"process","nexus":""}`), 0o600)
+	if _, err := client.Sweep(context.Background(), missing, root, "process", "another-run"); err == nil {
+		t.Fatal("a dead run was swept without running nexus")
+	}
+	out, err = client.Sweep(context.Background(), nexusBin, root, "process", "another-run")
+	if err != nil || len(out) != 2 {
+		t.Fatalf("sweep with a dead run: %+v %v", out, err)
+	}
+}
