@@ -284,6 +284,7 @@ func TestRunBindsAndKeeps(t *testing.T) {
 	}
 	mustOK(t, proc(t, root, "rm", list[0].ID), "rm")
 	wantFailure(t, proc(t, root, "run"), 2, "needs a command")
+	wantFailure(t, proc(t, root, "ledger", "watchdog", "--run", "x"), 2, "owner's pipe")
 	wantFailure(t, proc(t, root, "run", "--", "/no/such/program"), 1, "no such file")
 }
 

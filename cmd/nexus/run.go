@@ -330,6 +330,11 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	if !ledger.ValidRunID(run) {
 		return usageError{fmt.Errorf("--run %q is not a run id", run)}
 	}
+	// EOF on anything but the owner's pipe (a terminal, /dev/null) would
+	// sweep a live run.
+	if st, err := os.Stdin.Stat(); err != nil || st.Mode()&os.ModeNamedPipe == 0 {
+		return usageError{errors.New("ledger watchdog: stdin must be the run owner's pipe")}
+	}
 	// Blocks until every holder of the write end has closed it: the owner
 	// exited (any way) or shut down cleanly.
 	io.Copy(io.Discard, os.Stdin)
