@@ -1,10 +1,14 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // deadRun writes by hand the ledger of a run whose owner is gone.
@@ -68,5 +72,40 @@ func TestSweepKilledMidRemoveIsFinished(t *testing.T) {
 			}
 			assertNothingLeft(t, root)
 		})
+	}
+}
+
+// TestRunForwardsSIGTERM: SIGTERM to `nexus run` reaches the command as
+// SIGTERM; once it exits, its sandboxes are removed and nexus run exits with
+// the command's status.
+func TestRunForwardsSIGTERM(t *testing.T) {
+	root := shortRoot(t)
+	img := makeImage(t)
+	ready := filepath.Join(t.TempDir(), "ready")
+	script := fmt.Sprintf(`%s --driver process create --image %s >/dev/null || exit 9; trap 'kill $!; exit 5' TERM; sleep 600 & echo up > %s; wait`, nexusBin, img, ready)
+	cmd := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "run", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if data, _ := os.ReadFile(ready); strings.HasSuffix(string(data), "\n") {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatal("command never became ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	err := cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 5 {
+		t.Fatalf("nexus run exit: %v, want the command's 5", err)
+	}
+	assertNothingLeft(t, root)
+	if left, _ := os.ReadDir(filepath.Join(root, "runs")); len(left) != 0 {
+		t.Fatalf("ledger left %v", left)
 	}
 }
