@@ -260,7 +260,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			for _, p := range plan {
 				out = append(out, hostledger.Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
 			}
-			return printOutcomes(cmd, lsJSON, out)
+			return printOutcomes(cmd, lsJSON, out, false)
 		}}
 	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
 
@@ -272,7 +272,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := printOutcomes(cmd, sweepJSON, out); err != nil {
+			if err := printOutcomes(cmd, sweepJSON, out, true); err != nil {
 				return err
 			}
 			for _, o := range out {
@@ -366,14 +366,15 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	}
 }
 
-func printOutcomes(cmd *cobra.Command, asJSON bool, out []hostledger.Outcome) error {
+// printOutcomes prints one line per run; acted adds what a sweep did.
+func printOutcomes(cmd *cobra.Command, asJSON bool, out []hostledger.Outcome, acted bool) error {
 	if asJSON {
 		return printJSON(cmd.OutOrStdout(), out)
 	}
 	w := cmd.OutOrStdout()
 	for _, o := range out {
 		extra := ""
-		if o.Verdict == string(ledger.Sweep) {
+		if acted && o.Verdict == string(ledger.Sweep) && o.Skipped == "" {
 			extra = fmt.Sprintf("\tremoved %d, not found %d", len(o.Removed), len(o.NotFound))
 		}
 		if o.Skipped != "" {
