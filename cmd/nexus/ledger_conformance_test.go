@@ -129,8 +129,23 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 	// newer schema: never ours to judge.
 	writeHand(t, dir, "future-run.json", `{"schema":2,"run":"future-run","pid":1,"owner":{"pid":1}}`)
 
+	// ledger ls decides the same and changes nothing.
+	var listed []sweepOutcome
+	r := mustOK(t, proc(t, root, "ledger", "ls", "--json"), "ledger ls")
+	if err := json.Unmarshal([]byte(r.stdout), &listed); err != nil || len(listed) != 7 {
+		t.Fatalf("ledger ls: %v %q", err, r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dead-run.json")); err != nil {
+		t.Fatal("ledger ls removed a ledger")
+	}
 	got := map[string]sweepOutcome{}
+	for _, o := range listed {
+		got[o.Run] = o
+	}
 	for _, o := range sweepJSON(t, root) {
+		if got[o.Run].Verdict != o.Verdict {
+			t.Errorf("%s: ls said %s, sweep did %s", o.Run, got[o.Run].Verdict, o.Verdict)
+		}
 		got[o.Run] = o
 		if o.Error != "" {
 			t.Errorf("%s: %s", o.Run, o.Error)
