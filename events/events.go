@@ -46,6 +46,7 @@ const (
 
 	ResourceCreated   Type = "resource.created"
 	ReapDecided       Type = "reap.decided"
+	ReapApplied       Type = "reap.applied"
 	ResourceReclaimed Type = "resource.reclaimed"
 
 	RunOpened Type = "run.opened"

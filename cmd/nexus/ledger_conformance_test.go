@@ -6,7 +6,6 @@ package main
 // binary's sweep does with them.
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -194,24 +193,6 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 func TestRacingSweepsRemoveEachSandboxOnce(t *testing.T) {
 	t.Run("no-daemon", func(t *testing.T) { racingSweeps(t, false) })
 	t.Run("daemon", func(t *testing.T) { racingSweeps(t, true) })
-}
-
-func startDaemon(t *testing.T, root string) {
-	t.Helper()
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Process.Signal(syscall.SIGTERM); d.Wait() })
-	line, err := bufio.NewReader(stderr).ReadString('\n')
-	if err != nil || !strings.Contains(line, "serving") {
-		t.Fatalf("daemon said %q, %v", line, err)
-	}
 }
 
 func racingSweeps(t *testing.T, daemon bool) {

@@ -37,7 +37,7 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 		return fn(&lifecycle.Manager{
 			Root: layout.Root(root), B: b,
 			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
-			Hook:   crashHook(os.Getenv("NEXUS_CRASH_AT")),
+			Hook:   testHooks(),
 		})
 	})
 }

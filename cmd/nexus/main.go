@@ -79,10 +79,9 @@ func newRoot() *cobra.Command {
 		inspectCmd(g),
 		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
-		rmCmd(g), recoverCmd(g), volumeCmd(g), vmmProcessCmd(), supervisorCmd(),
-		runCmd(g), ledgerCmd(g),
+		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g),
 	)
-	addNotBuilt(root)
 	return root
 }
 
