@@ -44,7 +44,8 @@ soak: setup
 # under testdata/fuzz and also run by `make test`.
 FUZZTIME ?= 30s
 FUZZ_TARGETS := events:FuzzDecode layout:FuzzCoveredBy projections:FuzzUnmarshalState \
-	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity
+	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity \
+	lifecycle:FuzzArgumentsThatBecomePaths
 fuzz: setup
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz $$pkg $$fn"; $(GO) test ./$$pkg/ -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) || exit 1; done
@@ -54,6 +55,7 @@ fuzz: setup
 bench: setup
 	$(GO) test -run '^$$' -bench 'Append|RawWrite' -benchtime 2000x ./host/journal/
 	$(GO) test -run '^$$' -bench 'Replay100k' -benchtime 5x -benchmem ./host/journal/
+	$(GO) test -run '^$$' -bench 'Verify1M' -benchtime 1x -timeout 20m ./host/journal/
 	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/

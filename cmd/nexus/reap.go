@@ -197,16 +197,15 @@ func testHooks() func(kind, step string, phase sagas.Phase) {
 	}
 }
 
+// pauseHook stops this process (SIGSTOP, after saying so on stderr) at one
+// saga step until it is sent SIGCONT: NEXUS_PAUSE_AT=<saga>.<step>[:before].
 func pauseHook(at string) func(kind, step string, phase sagas.Phase) {
-	if at == "" {
+	match := atStep(at)
+	if match == nil {
 		return nil
 	}
-	want, phase := at, sagas.AfterRecord
-	if w, ok := strings.CutSuffix(at, ":before"); ok {
-		want, phase = w, sagas.BeforeRecord
-	}
 	return func(kind, step string, p sagas.Phase) {
-		if kind+"."+step == want && p == phase {
+		if match(kind, step, p) {
 			// A self-sent SIGSTOP may take effect a little after kill(2)
 			// returns; waiting for the SIGCONT itself makes the pause exact.
 			cont := make(chan os.Signal, 1)

@@ -108,18 +108,25 @@ func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*
 	}
 }
 
-func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
-	fleetDir := t.TempDir()
-	clientPort, leafPort := freePort(t), freePort(t)
-	fleet := startFleet(t, fleetDir, clientPort, leafPort)
+// openMirrored opens a fresh journal mirroring, as host "host-a", to the
+// fleet's leaf port.
+func openMirrored(t *testing.T, leafPort int) (*Journal, *Mirror) {
+	t.Helper()
 	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, leafPort))
 	m := &Mirror{URL: u, Domain: fleetDomain, Host: "host-a"}
-
 	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer j.Close()
+	t.Cleanup(func() { j.Close() })
+	return j, m
+}
+
+func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
+	fleetDir := t.TempDir()
+	clientPort, leafPort := freePort(t), freePort(t)
+	fleet := startFleet(t, fleetDir, clientPort, leafPort)
+	j, m := openMirrored(t, leafPort)
 	appendN(t, j, 0, 5)
 	got := awaitMirrored(t, fleet, m.StreamName(), 5)
 	if ok, msg := j.MirrorStatus(); !ok {
@@ -165,13 +172,7 @@ func TestFleetCannotWriteTheJournal(t *testing.T) {
 	leafPort := freePort(t)
 	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
 	defer fleet.Shutdown()
-	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, leafPort))
-	m := &Mirror{URL: u, Domain: fleetDomain, Host: "host-a"}
-	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer j.Close()
+	j, m := openMirrored(t, leafPort)
 	appendN(t, j, 0, 3)
 	awaitMirrored(t, fleet, m.StreamName(), 3)
 
