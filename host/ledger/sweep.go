@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -159,18 +162,40 @@ func Plan(dir string, self format.Self, now time.Time) ([]Planned, error) {
 	} else {
 		defer unix.Close(dirfd)
 	}
-	out := make([]Planned, 0, len(entries))
-	for _, e := range entries {
-		p, err := observe(dirfd, dir, e, self, now)
-		if err != nil {
-			// A /proc read that fails for another reason than "gone" is
-			// ambiguity: keep.
-			p.Decision = format.Decision{Verdict: format.Keep, Reason: "owner unreadable: " + err.Error()}
-		}
-		out = append(out, p)
+	out := make([]Planned, len(entries))
+	// Each run costs two small reads, all syscall time: spread them over the
+	// CPUs. Small directories are not worth the goroutines.
+	workers := min(runtime.GOMAXPROCS(0), (len(entries)+planChunk-1)/planChunk)
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for range max(workers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				end := int(next.Add(planChunk))
+				start := end - planChunk
+				if start >= len(entries) {
+					return
+				}
+				for i := start; i < min(end, len(entries)); i++ {
+					p, err := observe(dirfd, dir, entries[i], self, now)
+					if err != nil {
+						// A /proc read that fails for another reason than
+						// "gone" is ambiguity: keep.
+						p.Decision = format.Decision{Verdict: format.Keep, Reason: "owner unreadable: " + err.Error()}
+					}
+					out[i] = p
+				}
+			}
+		}()
 	}
+	wg.Wait()
 	return out, nil
 }
+
+// planChunk is how many runs a Plan worker takes at a time.
+const planChunk = 64
 
 // AnySweep reports whether a plan has a run to sweep.
 func AnySweep(plan []Planned) bool {
