@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -255,5 +256,36 @@ func TestLockedRunIsSkipped(t *testing.T) {
 	out, _ = Apply(context.Background(), dir, plan, self, "init", act)
 	if out[0].Skipped != "" || act.removed["a"] != 1 {
 		t.Fatalf("after unlock: %+v", out)
+	}
+}
+
+// TestPlanManyRunsKeepsOrderAndVerdicts exercises the parallel plan: 300
+// runs, every third dead, each verdict where its run is.
+func TestPlanManyRunsKeepsOrderAndVerdicts(t *testing.T) {
+	dir := t.TempDir()
+	me, err := SelfRecord("x", "process", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := deadPid(t)
+	for i := range 300 {
+		pid := me.Pid
+		if i%3 == 0 {
+			pid = dead
+		}
+		openRun(t, dir, fmt.Sprintf("run-%03d", i), "process", pid, me.StartTimeMs)
+	}
+	plan, err := Plan(dir, format.Self{Driver: "process"}, time.Now())
+	if err != nil || len(plan) != 300 {
+		t.Fatalf("plan: %d runs, %v", len(plan), err)
+	}
+	for i, p := range plan {
+		want := format.Keep
+		if i%3 == 0 {
+			want = format.Sweep
+		}
+		if p.Run != fmt.Sprintf("run-%03d", i) || p.Verdict != want {
+			t.Fatalf("plan[%d] = %s %s, want run-%03d %s", i, p.Run, p.Verdict, i, want)
+		}
 	}
 }
