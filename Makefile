@@ -45,7 +45,7 @@ soak: setup
 FUZZTIME ?= 30s
 FUZZ_TARGETS := events:FuzzDecode layout:FuzzCoveredBy projections:FuzzUnmarshalState \
 	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity \
-	lifecycle:FuzzArgumentsThatBecomePaths
+	lifecycle:FuzzArgumentsThatBecomePaths ledger:FuzzParseRecord ledger:FuzzParseNames
 fuzz: setup
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz $$pkg $$fn"; $(GO) test ./$$pkg/ -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) || exit 1; done
@@ -63,6 +63,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Lifecycle100|Fork16' -benchtime 1x -timeout 30m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ReapScanClassify' -benchtime 1x -timeout 30m ./lifecycle/
 	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/
+	$(GO) test -run '^$$' -bench 'SweepHappyPath|SweepDead' -benchtime 1x ./cmd/nexus/
 
 clean:
 	rm -rf bin $(STATE_DIR)

@@ -46,6 +46,7 @@ var samples = []Payload{
 	ResourceReclaimedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, By: "reap", AllocatedBytes: 4096},
 	RunOpenedEvent{RunID: "r", Pid: 1, Start: 2, Driver: "process"},
 	RunClosedEvent{RunID: "r", Reason: "clean"},
+	RunSweptEvent{RunID: "r", Verdict: "sweep", Reason: "owner gone", Pid: 3, Driver: "process", By: "init", Removed: []string{"a"}, NotFound: []string{"b"}, Networks: []string{"n"}},
 	ImageCachePreparedEvent{CacheID: "c", Ref: "img:1", Identity: "sha256:x", Layout: 1, Path: "images/c"},
 	ImageCacheUsedEvent{CacheID: "c", LastUseMs: 5},
 	ImageCachePrunedEvent{CacheID: "c", AllocatedBytes: 5},

@@ -51,6 +51,7 @@ const (
 
 	RunOpened Type = "run.opened"
 	RunClosed Type = "run.closed"
+	RunSwept  Type = "run.swept"
 
 	ImageCachePrepared Type = "imagecache.prepared"
 	ImageCacheUsed     Type = "imagecache.used"

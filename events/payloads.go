@@ -240,6 +240,21 @@ type RunClosedEvent struct {
 	Reason string `msgpack:"reason" json:"reason"`
 }
 
+// RunSweptEvent is one sweep decision about a client run's ledger
+// (<state-root>/runs/): the verdict, the rule behind it, and for a swept run
+// what was removed and what was already gone.
+type RunSweptEvent struct {
+	RunID    string   `msgpack:"run" json:"run"`
+	Verdict  string   `msgpack:"verdict" json:"verdict"`
+	Reason   string   `msgpack:"reason" json:"reason"`
+	Pid      int      `msgpack:"pid,omitempty" json:"pid,omitempty"`
+	Driver   string   `msgpack:"driver,omitempty" json:"driver,omitempty"`
+	By       string   `msgpack:"by" json:"by"` // "init" (init-time sweep), "watchdog", "cli"
+	Removed  []string `msgpack:"removed,omitempty" json:"removed,omitempty"`
+	NotFound []string `msgpack:"not_found,omitempty" json:"not_found,omitempty"`
+	Networks []string `msgpack:"networks,omitempty" json:"networks,omitempty"`
+}
+
 type ImageCachePreparedEvent struct {
 	CacheID  string `msgpack:"cache_id" json:"cache_id"`
 	Ref      string `msgpack:"ref" json:"ref"`
@@ -296,6 +311,7 @@ func (ResourceCreatedEvent) EventType() Type    { return ResourceCreated }
 func (ResourceReclaimedEvent) EventType() Type  { return ResourceReclaimed }
 func (RunOpenedEvent) EventType() Type          { return RunOpened }
 func (RunClosedEvent) EventType() Type          { return RunClosed }
+func (RunSweptEvent) EventType() Type           { return RunSwept }
 func (ImageCachePreparedEvent) EventType() Type { return ImageCachePrepared }
 func (ImageCacheUsedEvent) EventType() Type     { return ImageCacheUsed }
 func (ImageCachePrunedEvent) EventType() Type   { return ImageCachePruned }

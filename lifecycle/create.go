@@ -18,6 +18,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -37,6 +38,9 @@ type CreateSpec struct {
 	Shadows   []Shadow
 	Volumes   []Mount
 	Force     bool // skip the disk-space preflight
+	// ID, when set, is the new sandbox's ULID, chosen by the caller so it
+	// can be written to a client ledger before the create starts.
+	ID string
 }
 
 var (
@@ -64,7 +68,10 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 		return projections.Sandbox{}, err
 	}
 	defer cache.Release()
-	id := ulid.Make().String()
+	id := spec.ID
+	if id == "" {
+		id = ulid.Make().String()
+	}
 	s := m.saga("create", id, nil)
 	s.ID = ulid.Make().String()
 
@@ -131,6 +138,14 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	plan.image = image
 	if err := regularFile(image); err != nil {
 		return refuse("image: %v", err)
+	}
+	if spec.ID != "" {
+		if !layout.IsULID(spec.ID) {
+			return refuse("id %q is not a canonical ULID", spec.ID)
+		}
+		if _, err := m.Find(ctx, spec.ID); err == nil {
+			return refuse("id %q is already in use", spec.ID)
+		}
 	}
 	if plan.boot.Identity, plan.boot.CacheID, err = imagecache.IdentityOf(image); err != nil {
 		return refuse("%v", err)

@@ -91,12 +91,6 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	wantFailure(t, nexus(t, root, "--driver", "qemu", "ls"), 2, "--driver")
 }
 
-func TestNotBuiltCommandsRefuse(t *testing.T) {
-	for _, args := range [][]string{{"run", "--", "true"}} {
-		wantFailure(t, nexus(t, t.TempDir(), args...), 1, "not implemented yet")
-	}
-}
-
 func TestDemoEventsLsInspect(t *testing.T) {
 	root := t.TempDir()
 	r := nexus(t, root, "demo")

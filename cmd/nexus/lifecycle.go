@@ -110,6 +110,9 @@ func createCmd(g *globals) *cobra.Command {
 				return usageError{fmt.Errorf("--image is required")}
 			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				if err := bindToRun(m, &spec); err != nil {
+					return err
+				}
 				sb, err := m.Create(cmd.Context(), spec)
 				if err != nil {
 					return err
@@ -192,7 +195,7 @@ func rmCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use: "rm ID", Short: "Remove a sandbox and every resource it owns (never its volumes' files)", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return m.Remove(cmd.Context(), args[0]) })
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return removeBound(cmd.Context(), m, args[0]) })
 		},
 	}
 }

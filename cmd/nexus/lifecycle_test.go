@@ -82,7 +82,7 @@ func untracked(t *testing.T, root string) []string {
 			owned[r.Path] = true
 		}
 	}
-	containers := map[string]bool{"disks": true, "run": true, "supervisors": true, "sandboxes": true, "snapshots": true, "builder-supervisors": true, "logs": true, "volumes": true}
+	containers := map[string]bool{"disks": true, "run": true, "supervisors": true, "sandboxes": true, "snapshots": true, "builder-supervisors": true, "logs": true, "volumes": true, "runs": true}
 	var out []string
 	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {

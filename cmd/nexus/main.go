@@ -80,9 +80,8 @@ func newRoot() *cobra.Command {
 		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g),
 	)
-	addNotBuilt(root)
 	return root
 }
 

@@ -1,0 +1,385 @@
+// Package client lets a Go program create and remove nexus sandboxes that
+// are bound to its own process: every sandbox it creates is listed in the
+// program's run ledger (<state-root>/runs/) before the create starts, an
+// init-time sweep reaps the runs of dead processes before the first create,
+// and a watchdog process reaps this run within seconds if the program dies
+// by SIGKILL, OOM or a crashed CI step.
+//
+// The client reaches nexus by running the nexus binary, one short process
+// per operation, so it never holds the state root's journal lock between
+// calls and works the same with or without `nexus daemon`.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/ledger"
+)
+
+// EnvRunID names the run a `nexus create` or `nexus rm` records its sandbox
+// in. The client sets it for the nexus processes it runs; `nexus run` sets
+// it for its command.
+const EnvRunID = "NEXUS_RUN_ID"
+
+// EnvReaper is the NEXUS_REAPER switch: on (default), sweep, off.
+const EnvReaper = "NEXUS_REAPER"
+
+// Options configure a Client. Zero values take the environment's choice.
+type Options struct {
+	Nexus    string      // path of the nexus binary; default: "nexus" on PATH
+	StateDir string      // state root; default: $NEXUS_STATE_DIR, else nexus's own default
+	Driver   string      // VMM driver; default: $NEXUS_DRIVER, else cloud-hypervisor
+	Reaper   ledger.Mode // default: ParseMode($NEXUS_REAPER)
+	RunID    string      // default: a new ULID
+}
+
+// Sandbox is what `nexus create --json` reports, in the fields a caller
+// usually needs.
+type Sandbox struct {
+	ID     string `json:"id"`
+	Handle string `json:"handle,omitempty"`
+	State  string `json:"state"`
+	Driver string `json:"driver"`
+}
+
+// CreateSpec is one sandbox to create.
+type CreateSpec struct {
+	Image     string
+	Handle    string
+	Workspace string
+	// Keep leaves the sandbox out of the ledger: it is never reaped, and
+	// outlives this process (reuse immunity).
+	Keep bool
+}
+
+// Client is one run. It is safe for concurrent use.
+type Client struct {
+	opts Options
+
+	mu       sync.Mutex
+	run      *hostledger.Run
+	watchdog *os.File // write end of the watchdog's stdin; only we hold it
+	wdPid    int
+	sweep    []hostledger.Outcome
+	sweepErr error
+	closed   bool
+}
+
+// New makes a client; nothing is written until the first Create.
+func New(opts Options) (*Client, error) {
+	if opts.Nexus == "" {
+		p, err := exec.LookPath("nexus")
+		if err != nil {
+			return nil, fmt.Errorf("client: nexus binary: %w", err)
+		}
+		opts.Nexus = p
+	}
+	abs, err := filepath.Abs(opts.Nexus)
+	if err != nil {
+		return nil, err
+	}
+	opts.Nexus = abs
+	if opts.StateDir == "" {
+		opts.StateDir = os.Getenv("NEXUS_STATE_DIR")
+	}
+	if opts.StateDir == "" {
+		return nil, errors.New("client: no state root (set Options.StateDir or NEXUS_STATE_DIR)")
+	}
+	if opts.StateDir, err = filepath.Abs(opts.StateDir); err != nil {
+		return nil, err
+	}
+	if opts.Driver == "" {
+		opts.Driver = os.Getenv("NEXUS_DRIVER")
+	}
+	if opts.Driver == "" {
+		opts.Driver = "cloud-hypervisor"
+	}
+	if opts.Reaper == "" {
+		opts.Reaper = ledger.ParseMode(os.Getenv(EnvReaper))
+	}
+	if opts.RunID == "" {
+		opts.RunID = ulid.Make().String()
+	}
+	if !ledger.ValidRunID(opts.RunID) {
+		return nil, fmt.Errorf("client: run id %q: want letters, digits, '_' and '-'", opts.RunID)
+	}
+	return &Client{opts: opts}, nil
+}
+
+// RunID is this client's run id.
+func (c *Client) RunID() string { return c.opts.RunID }
+
+// WatchdogPid is the watchdog's pid, or 0 if none was spawned (yet).
+func (c *Client) WatchdogPid() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.wdPid
+}
+
+// Swept is what the init-time sweep did (nil before it ran, or when off).
+func (c *Client) Swept() []hostledger.Outcome {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sweep
+}
+
+// SweepErr is why the init-time sweep failed, or nil. A failed sweep does
+// not stop the run; what it could not remove waits for the next sweep.
+func (c *Client) SweepErr() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sweepErr
+}
+
+// Env is the environment a child process needs to create sandboxes into
+// this run (what `nexus run` gives its command).
+func (c *Client) Env() []string {
+	return []string{EnvRunID + "=" + c.opts.RunID, "NEXUS_STATE_DIR=" + c.opts.StateDir, "NEXUS_DRIVER=" + c.opts.Driver}
+}
+
+// Begin opens the run now instead of at the first Create: the init-time
+// sweep, the record, the watchdog. Calling it again does nothing.
+func (c *Client) Begin(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.beginLocked(ctx)
+}
+
+func (c *Client) beginLocked(ctx context.Context) error {
+	if c.closed {
+		return errors.New("client: closed")
+	}
+	if c.run != nil {
+		return nil
+	}
+	dir := hostledger.Dir(c.opts.StateDir)
+	// The sweep runs once per process, before our own first create.
+	// A sweep that fails (a dead run's sandbox that will not go) must not
+	// stop this process from working: its leftovers wait for the next sweep.
+	if c.opts.Reaper.Sweeps() {
+		c.sweep, c.sweepErr = Sweep(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, c.opts.RunID)
+	}
+	rec, err := hostledger.SelfRecord(c.opts.RunID, c.opts.Driver, c.opts.Nexus)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	run, err := hostledger.Open(dir, rec)
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if c.opts.Reaper.Watches() {
+		if err := c.spawnWatchdog(); err != nil {
+			run.Close()
+			return err
+		}
+	}
+	c.run = run
+	return nil
+}
+
+// spawnWatchdog starts `nexus ledger watchdog` detached, its stdin the read
+// end of a pipe whose write end stays only here: os.Pipe opens both ends
+// O_CLOEXEC, and the child gets the read end as fd 0 alone, so nothing else
+// we spawn inherits the write end. When this process dies, for any reason,
+// the kernel closes it and the watchdog reads EOF.
+func (c *Client) spawnWatchdog() error {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("client: watchdog pipe: %w", err)
+	}
+	defer r.Close()
+	logDir := filepath.Join(c.opts.StateDir, "logs")
+	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		w.Close()
+		return err
+	}
+	logf, err := os.OpenFile(filepath.Join(logDir, "run-"+c.opts.RunID+".watchdog.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		w.Close()
+		return err
+	}
+	defer logf.Close()
+	cmd := exec.Command(c.opts.Nexus, "--state-dir", c.opts.StateDir, "--driver", c.opts.Driver,
+		"ledger", "watchdog", "--run", c.opts.RunID)
+	cmd.Env = withoutRunEnv(os.Environ())
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = r, logf, logf
+	// Its own session: a ^C or hangup aimed at us must not reach it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		w.Close()
+		return fmt.Errorf("client: spawn watchdog: %w", err)
+	}
+	go cmd.Wait() // reap it if it exits while we live
+	c.watchdog, c.wdPid = w, cmd.Process.Pid
+	return nil
+}
+
+// Sweep is the init-time sweep: it decides on every other run in this
+// process (a directory scan and a /proc read per run) and runs
+// `nexus ledger sweep` only when some run is to be swept, so the common
+// case opens no journal and spawns nothing.
+func Sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostledger.Outcome, error) {
+	me := ledger.Self{Run: self, Driver: driver}
+	plan, err := hostledger.Plan(hostledger.Dir(stateDir), me, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("client: sweep: %w", err)
+	}
+	if !hostledger.AnySweep(plan) {
+		out := make([]hostledger.Outcome, 0, len(plan))
+		for _, p := range plan {
+			out = append(out, hostledger.Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
+		}
+		return out, nil
+	}
+	args := []string{"ledger", "sweep", "--json"}
+	if self != "" {
+		args = append(args, "--exclude", self)
+	}
+	stdout, err := runNexus(ctx, nexus, stateDir, driver, nil, args...)
+	if err != nil {
+		return nil, fmt.Errorf("client: sweep: %w", err)
+	}
+	var out []hostledger.Outcome
+	if err := json.Unmarshal(stdout, &out); err != nil {
+		return nil, fmt.Errorf("client: sweep output: %w", err)
+	}
+	return out, nil
+}
+
+// Create creates and boots a sandbox; unless spec.Keep, it is listed in
+// this run's ledger before the create starts.
+func (c *Client) Create(ctx context.Context, spec CreateSpec) (Sandbox, error) {
+	args := []string{"create", "--json", "--image", spec.Image}
+	if spec.Handle != "" {
+		args = append(args, "--handle", spec.Handle)
+	}
+	if spec.Workspace != "" {
+		args = append(args, "--workspace", spec.Workspace)
+	}
+	var env []string
+	if !spec.Keep {
+		c.mu.Lock()
+		err := c.beginLocked(ctx)
+		c.mu.Unlock()
+		if err != nil {
+			return Sandbox{}, err
+		}
+		env = []string{EnvRunID + "=" + c.opts.RunID}
+	}
+	out, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, env, args...)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	var sb Sandbox
+	if err := json.Unmarshal(out, &sb); err != nil {
+		return Sandbox{}, fmt.Errorf("client: create output: %w", err)
+	}
+	return sb, nil
+}
+
+// Remove tears a sandbox down and drops it from the ledger.
+func (c *Client) Remove(ctx context.Context, ref string) error {
+	_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", ref)
+	return err
+}
+
+// Close is the clean shutdown: every sandbox still listed is removed, the
+// ledger files are deleted, and the watchdog's pipe is closed (it finds
+// nothing left and exits).
+func (c *Client) Close(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.run == nil {
+		return nil
+	}
+	var errs []error
+	names, _ := c.run.Names(hostledger.Sandboxes)
+	for _, n := range names {
+		_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", n)
+		if err != nil && !isNotFound(err) {
+			errs = append(errs, err)
+			continue
+		}
+		errs = append(errs, c.run.Drop(hostledger.Sandboxes, n))
+	}
+	if err := errors.Join(errs...); err != nil {
+		// Leave the ledger: the watchdog, or a later sweep, finishes the job.
+		c.closeWatchdog()
+		return err
+	}
+	err := c.run.Close()
+	c.closeWatchdog()
+	return err
+}
+
+func (c *Client) closeWatchdog() {
+	if c.watchdog != nil {
+		c.watchdog.Close()
+		c.watchdog = nil
+	}
+}
+
+// Error is a failed nexus command: its exit code and its one-line error.
+type Error struct {
+	Args []string
+	Code int
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("nexus %s: exit %d: %s", strings.Join(e.Args, " "), e.Code, e.Msg)
+}
+
+func isNotFound(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && strings.Contains(e.Msg, "not found")
+}
+
+func withoutRunEnv(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, EnvRunID+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// runNexus runs one nexus command; extra env entries are added to ours
+// without NEXUS_RUN_ID, so only the ones we pass bind a sandbox to a run.
+func runNexus(ctx context.Context, nexus, stateDir, driver string, env []string, args ...string) ([]byte, error) {
+	full := append([]string{"--state-dir", stateDir, "--driver", driver}, args...)
+	cmd := exec.CommandContext(ctx, nexus, full...)
+	cmd.Env = append(withoutRunEnv(os.Environ()), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		msg := strings.TrimSpace(errb.String())
+		msg = strings.TrimPrefix(msg, "nexus: ")
+		return nil, &Error{Args: args, Code: ee.ExitCode(), Msg: msg}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nexus %s: %w", strings.Join(args, " "), err)
+	}
+	return out.Bytes(), nil
+}

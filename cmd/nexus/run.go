@@ -1,0 +1,389 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/client"
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/ledger"
+	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+func driverOf(g *globals) string {
+	if g.driver == "" {
+		return lifecycle.DriverCloudHypervisor
+	}
+	return g.driver
+}
+
+// runCmd binds every sandbox its command creates (through NEXUS_RUN_ID) to
+// the command's lifetime.
+func runCmd(g *globals) *cobra.Command {
+	var keep bool
+	c := &cobra.Command{
+		Use:   "run [--keep] -- CMD [ARG...]",
+		Short: "Run a command with sandboxes bound to its lifetime",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("run needs a command after --")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			code, err := runBound(cmd.Context(), g, keep, args)
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				// The command's own exit status, after the cleanup.
+				os.Exit(code)
+			}
+			return nil
+		},
+	}
+	c.Flags().SetInterspersed(false)
+	c.Flags().BoolVar(&keep, "keep", false, "do not bind: sandboxes the command creates are kept (never listed, never reaped)")
+	return c
+}
+
+func runBound(ctx context.Context, g *globals, keep bool, argv []string) (int, error) {
+	root, err := node.PrepareRoot(g.stateDir)
+	if err != nil {
+		return 0, err
+	}
+	child := exec.Command(argv[0], argv[1:]...)
+	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
+	env := []string{}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, client.EnvRunID+"=") {
+			env = append(env, kv)
+		}
+	}
+	// The command's own nexus calls reach the same state root and driver.
+	env = append(env, "NEXUS_STATE_DIR="+root)
+	if g.driver != "" {
+		env = append(env, "NEXUS_DRIVER="+g.driver)
+	}
+	var cl *client.Client
+	if !keep {
+		exe, err := os.Executable()
+		if err != nil {
+			return 0, err
+		}
+		cl, err = client.New(client.Options{Nexus: exe, StateDir: root, Driver: driverOf(g)})
+		if err != nil {
+			return 0, err
+		}
+		if err := cl.Begin(ctx); err != nil {
+			return 0, err
+		}
+		if err := cl.SweepErr(); err != nil {
+			fmt.Fprintf(os.Stderr, "nexus: run: init-time sweep (continuing): %s\n", oneLine(err.Error()))
+		}
+		env = append(env, cl.Env()...)
+	}
+	child.Env = env
+	code, runErr := waitForwarding(ctx, child)
+	if cl != nil {
+		// The command's sandboxes go with it; the cleanup must finish even
+		// when we were asked to stop.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		if err := cl.Close(cctx); err != nil {
+			return code, errors.Join(runErr, fmt.Errorf("run %s: cleanup: %w", cl.RunID(), err))
+		}
+	}
+	return code, runErr
+}
+
+// waitForwarding runs child and passes SIGINT/SIGTERM (which cancel ctx)
+// on to it as SIGTERM, then waits for it.
+func waitForwarding(ctx context.Context, child *exec.Cmd) (int, error) {
+	if err := child.Start(); err != nil {
+		return 0, fmt.Errorf("run: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			child.Process.Signal(syscall.SIGTERM)
+		case <-done:
+		}
+	}()
+	err := child.Wait()
+	close(done)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal()), nil
+		}
+		return ee.ExitCode(), nil
+	}
+	return 0, err
+}
+
+// bindToRun lists a new sandbox in the run named by NEXUS_RUN_ID, the
+// instant before its create starts, under an id chosen now.
+func bindToRun(m *lifecycle.Manager, spec *lifecycle.CreateSpec) error {
+	run := os.Getenv(client.EnvRunID)
+	if run == "" {
+		return nil
+	}
+	lr, err := hostledger.Attach(hostledger.Dir(string(m.Root)), run)
+	if err != nil {
+		return fmt.Errorf("%s=%s: %w", client.EnvRunID, run, err)
+	}
+	spec.ID = ulid.Make().String()
+	return lr.Add(hostledger.Sandboxes, spec.ID)
+}
+
+// removeBound removes a sandbox and then drops it from NEXUS_RUN_ID's run.
+func removeBound(ctx context.Context, m *lifecycle.Manager, ref string) error {
+	id := ref
+	if sb, err := m.Find(ctx, ref); err == nil {
+		id = sb.ID
+	}
+	err := m.Remove(ctx, ref)
+	if run := os.Getenv(client.EnvRunID); run != "" && (err == nil || errors.Is(err, lifecycle.ErrNotFound)) {
+		if lr, aerr := hostledger.Attach(hostledger.Dir(string(m.Root)), run); aerr == nil {
+			return errors.Join(err, lr.Drop(hostledger.Sandboxes, id))
+		}
+	}
+	return err
+}
+
+// sweepActions carries a sweep's removals out with the lifecycle manager
+// and journals its decisions.
+type sweepActions struct {
+	m         *lifecycle.Manager
+	recovered *bool
+}
+
+func newSweepActions(m *lifecycle.Manager) sweepActions { return sweepActions{m, new(bool)} }
+
+func (a sweepActions) RemoveSandbox(ctx context.Context, name string) (bool, error) {
+	sb, err := a.m.Find(ctx, name)
+	if errors.Is(err, lifecycle.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := a.finishStranded(ctx, sb.ID); err != nil {
+		return false, err
+	}
+	if sb, err = a.m.Find(ctx, name); errors.Is(err, lifecycle.ErrNotFound) {
+		return true, nil // an uncommitted create, compensated
+	} else if err != nil {
+		return false, err
+	}
+	if err := a.m.Remove(ctx, sb.ID); err != nil {
+		if errors.Is(err, lifecycle.ErrNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// finishStranded runs recover when the sandbox has an unfinished saga: the
+// dead owner died inside its create (maybe after spawning a VMM it never
+// journaled), or a killed sweeper inside its rm. Recover compensates or
+// finishes those before rm runs. It is only safe while this process owns
+// the journal: then every open saga's runner is dead. Behind a daemon
+// another command may be mid-saga, so the sweep refuses and leaves the run
+// for a later sweep (or `nexus recover`).
+func (a sweepActions) finishStranded(ctx context.Context, id string) error {
+	if *a.recovered {
+		return nil
+	}
+	open, err := a.m.B.OpenSagas(ctx)
+	if err != nil {
+		return err
+	}
+	for _, sg := range open {
+		if sg.Sandbox != id {
+			continue
+		}
+		if _, local := a.m.B.(control.Local); !local {
+			return fmt.Errorf("sandbox %s has an unfinished %s saga and a daemon serves the state root: run `nexus recover`", id, sg.Kind)
+		}
+		if _, err := a.m.Recover(ctx); err != nil {
+			return fmt.Errorf("recover before sweeping: %w", err)
+		}
+		*a.recovered = true
+		return nil
+	}
+	return nil
+}
+
+// RemoveNetwork: nexus has no network resources yet, so a listed network
+// can only be one that does not exist ("not found" is ignored).
+func (sweepActions) RemoveNetwork(context.Context, string) (bool, error) { return false, nil }
+
+func (a sweepActions) Record(ctx context.Context, ev events.RunSweptEvent) error {
+	_, err := a.m.B.Append(ctx, events.New(ulid.Make(), time.Now().UTC(), "", ev))
+	return err
+}
+
+func ledgerCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "ledger", Short: "Client-run ledgers under <state-root>/runs/ (see docs/ledger.md)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError{errors.New("ledger needs a subcommand: ls, sweep")}
+		}}
+	var lsJSON bool
+	ls := &cobra.Command{Use: "ls", Short: "Show every run and what a sweep would decide", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			root, err := node.PrepareRoot(g.stateDir)
+			if err != nil {
+				return err
+			}
+			plan, err := hostledger.Plan(hostledger.Dir(root), ledger.Self{Driver: driverOf(g)}, time.Now())
+			if err != nil {
+				return err
+			}
+			out := make([]hostledger.Outcome, 0, len(plan))
+			for _, p := range plan {
+				out = append(out, hostledger.Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
+			}
+			return printOutcomes(cmd, lsJSON, out, false)
+		}}
+	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
+
+	var sweepJSON bool
+	var exclude string
+	sweep := &cobra.Command{Use: "sweep", Short: "Remove the sandboxes and ledgers of dead runs", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			out, err := sweepRuns(cmd.Context(), g, exclude, "init")
+			if err != nil {
+				return err
+			}
+			if err := printOutcomes(cmd, sweepJSON, out, true); err != nil {
+				return err
+			}
+			for _, o := range out {
+				if o.Error != "" {
+					return fmt.Errorf("sweep of run %s failed: %s", o.Run, o.Error)
+				}
+			}
+			return nil
+		}}
+	sweep.Flags().BoolVar(&sweepJSON, "json", false, "print JSON")
+	sweep.Flags().StringVar(&exclude, "exclude", "", "the caller's own run, never swept")
+	sweep.Flags().MarkHidden("exclude")
+
+	var run string
+	watchdog := &cobra.Command{Use: "watchdog --run RUN", Hidden: true, Args: noArgs,
+		Short: "Wait for EOF on stdin (the run's owner died or closed), then sweep the run",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return watchRun(cmd, g, run)
+		}}
+	watchdog.Flags().StringVar(&run, "run", "", "run id (required)")
+	watchdog.MarkFlagRequired("run")
+	c.AddCommand(ls, sweep, watchdog)
+	return c
+}
+
+// sweepRuns plans without the journal and opens it only if a run is to be
+// swept, so a sweep with nothing to do costs a scan.
+func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledger.Outcome, error) {
+	root, err := node.PrepareRoot(g.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	dir := hostledger.Dir(root)
+	self := ledger.Self{Run: exclude, Driver: driverOf(g)}
+	plan, err := hostledger.Plan(dir, self, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	if !hostledger.AnySweep(plan) {
+		return hostledger.Apply(ctx, dir, plan, self, by, nil)
+	}
+	var out []hostledger.Outcome
+	err = withManager(ctx, g, func(m *lifecycle.Manager) error {
+		var err error
+		out, err = hostledger.Apply(ctx, dir, plan, self, by, newSweepActions(m))
+		return err
+	})
+	return out, err
+}
+
+// watchdogPatience bounds how long a watchdog waits for a busy journal.
+const watchdogPatience = 5 * time.Minute
+
+func watchRun(cmd *cobra.Command, g *globals, run string) error {
+	if !ledger.ValidRunID(run) {
+		return usageError{fmt.Errorf("--run %q is not a run id", run)}
+	}
+	// EOF on anything but the owner's pipe (a terminal, /dev/null) would
+	// sweep a live run.
+	if st, err := os.Stdin.Stat(); err != nil || st.Mode()&os.ModeNamedPipe == 0 {
+		return usageError{errors.New("ledger watchdog: stdin must be the run owner's pipe")}
+	}
+	// Blocks until every holder of the write end has closed it: the owner
+	// exited (any way) or shut down cleanly.
+	io.Copy(io.Discard, os.Stdin)
+	root, err := node.PrepareRoot(g.stateDir)
+	if err != nil {
+		return err
+	}
+	dir := hostledger.Dir(root)
+	if !hostledger.Exists(dir, run) {
+		return nil // a clean shutdown left nothing to do
+	}
+	ctx := context.WithoutCancel(cmd.Context())
+	// The owner may have died while one of its own nexus commands holds the
+	// journal (a create that goes on to finish): keep waiting for it rather
+	// than leave the run to a later sweep.
+	deadline := time.Now().Add(watchdogPatience)
+	for {
+		err = withManager(ctx, g, func(m *lifecycle.Manager) error {
+			o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", newSweepActions(m))
+			fmt.Fprintf(cmd.ErrOrStderr(), "nexus watchdog: run %s: removed %v, not found %v %s%s\n", run, o.Removed, o.NotFound, o.Skipped, o.Error)
+			if err == nil && o.Error != "" {
+				err = errors.New(o.Error)
+			}
+			return err
+		})
+		if !errors.Is(err, control.ErrBusy) || time.Now().After(deadline) {
+			return err
+		}
+	}
+}
+
+// printOutcomes prints one line per run; acted adds what a sweep did.
+func printOutcomes(cmd *cobra.Command, asJSON bool, out []hostledger.Outcome, acted bool) error {
+	if asJSON {
+		return printJSON(cmd.OutOrStdout(), out)
+	}
+	w := cmd.OutOrStdout()
+	for _, o := range out {
+		extra := ""
+		if acted && o.Verdict == string(ledger.Sweep) && o.Skipped == "" {
+			extra = fmt.Sprintf("\tremoved %d, not found %d", len(o.Removed), len(o.NotFound))
+		}
+		if o.Skipped != "" {
+			extra += "\tskipped: " + o.Skipped
+		}
+		if o.Error != "" {
+			extra += "\terror: " + o.Error
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s%s\n", o.Run, o.Verdict, o.Reason, extra)
+	}
+	return nil
+}

@@ -1,0 +1,291 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/events"
+	format "github.com/nexus-sandbox/nexus/ledger"
+)
+
+// recorder backs Actions with counters; what it stands in for (lifecycle
+// rm, the journal) is exercised by the cmd/nexus and client tests.
+type recorder struct {
+	mu      sync.Mutex
+	live    map[string]bool
+	removed map[string]int
+	swept   []events.RunSweptEvent
+	during  func(name string)
+}
+
+func newRecorder(live ...string) *recorder {
+	r := &recorder{live: map[string]bool{}, removed: map[string]int{}}
+	for _, n := range live {
+		r.live[n] = true
+	}
+	return r
+}
+
+func (r *recorder) RemoveSandbox(_ context.Context, name string) (bool, error) {
+	if r.during != nil {
+		r.during(name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.live[name] {
+		return false, nil
+	}
+	delete(r.live, name)
+	r.removed[name]++
+	return true, nil
+}
+
+func (r *recorder) RemoveNetwork(context.Context, string) (bool, error) { return false, nil }
+
+func (r *recorder) Record(_ context.Context, ev events.RunSweptEvent) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.swept = append(r.swept, ev)
+	return nil
+}
+
+// deadPid is the pid of a process that has exited and been reaped.
+func deadPid(t *testing.T) int {
+	t.Helper()
+	c := exec.Command("true")
+	if err := c.Run(); err != nil {
+		t.Fatal(err)
+	}
+	return c.Process.Pid
+}
+
+func openRun(t *testing.T, dir, run, driver string, pid int, startMs int64, names ...string) *Run {
+	t.Helper()
+	r, err := Open(dir, format.Record{Schema: 1, Run: run, Pid: pid, StartTimeMs: startMs, Driver: driver})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if err := r.Add(Sandboxes, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+func TestAddDropCloseKeepSuperset(t *testing.T) {
+	dir := t.TempDir()
+	self, err := SelfRecord("RUNA", "process", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(dir, self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"a", "b", "c"} {
+		if err := r.Add(Sandboxes, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Close(); err == nil {
+		t.Fatal("close with names listed must refuse")
+	}
+	r.Drop(Sandboxes, "b")
+	if got, _ := r.Names(Sandboxes); len(got) != 2 || got[0] != "a" || got[1] != "c" {
+		t.Fatalf("names %v", got)
+	}
+	// A torn append (no newline) must not merge with the next name.
+	f, _ := os.OpenFile(listPath(dir, "RUNA", Sandboxes), os.O_WRONLY|os.O_APPEND, 0)
+	f.WriteString("torn")
+	f.Close()
+	r.Add(Sandboxes, "d")
+	if got, _ := r.Names(Sandboxes); len(got) != 4 || got[2] != "torn" || got[3] != "d" {
+		t.Fatalf("after torn append: %v", got)
+	}
+	for _, n := range []string{"a", "c", "torn", "d"} {
+		r.Drop(Sandboxes, n)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("clean close left %v", left)
+	}
+}
+
+func TestPlanDecidesOnRealProcesses(t *testing.T) {
+	dir := t.TempDir()
+	me, err := SelfRecord("SELF", "process", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	openRun(t, dir, "SELF", "process", me.Pid, me.StartTimeMs, "mine")
+	openRun(t, dir, "LIVE", "process", me.Pid, me.StartTimeMs+1500, "x")
+	openRun(t, dir, "REUSED", "process", me.Pid, me.StartTimeMs-10_000, "y")
+	openRun(t, dir, "DEAD", "process", deadPid(t), me.StartTimeMs, "z")
+	openRun(t, dir, "OTHER", "cloud-hypervisor", deadPid(t), me.StartTimeMs, "w")
+	os.WriteFile(filepath.Join(dir, "YOUNG.json"), []byte(`{"schema":1,"run":`), 0o600)
+	os.WriteFile(filepath.Join(dir, "OLD.json"), []byte(`garbage`), 0o600)
+	os.WriteFile(filepath.Join(dir, "OLD.sandboxes"), []byte("v\n"), 0o600)
+	old := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(filepath.Join(dir, "OLD.json"), old, old)
+	os.Chtimes(filepath.Join(dir, "OLD.sandboxes"), old, old)
+	os.WriteFile(filepath.Join(dir, ".DEAD.json.tmp-1"), nil, 0o600) // not a run
+
+	plan, err := Plan(dir, format.Self{Run: "SELF", Driver: "process"}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"SELF": format.ReasonSelf, "LIVE": format.ReasonOwnerAlive, "REUSED": format.ReasonPidReused,
+		"DEAD": format.ReasonOwnerGone, "OTHER": format.ReasonOtherDriver,
+		"YOUNG": format.ReasonUnparseableYoung, "OLD": format.ReasonUnparseableOld,
+	}
+	if len(plan) != len(want) {
+		t.Fatalf("plan has %d runs, want %d: %+v", len(plan), len(want), plan)
+	}
+	for _, p := range plan {
+		if want[p.Run] != p.Reason {
+			t.Errorf("%s: %s (%s), want %s", p.Run, p.Verdict, p.Reason, want[p.Run])
+		}
+	}
+	act := newRecorder("mine", "x", "y", "z", "w", "v")
+	out, err := Apply(context.Background(), dir, plan, format.Self{Run: "SELF", Driver: "process"}, "init", act)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"y", "z", "v"} {
+		if act.removed[n] != 1 {
+			t.Errorf("%s removed %d times, want 1 (%+v)", n, act.removed[n], out)
+		}
+	}
+	for _, n := range []string{"mine", "x", "w"} {
+		if !act.live[n] {
+			t.Errorf("%s of a kept run was removed", n)
+		}
+	}
+	if len(act.swept) != 3 {
+		t.Fatalf("journaled %d sweeps, want 3", len(act.swept))
+	}
+	for _, run := range []string{"REUSED", "DEAD", "OLD"} {
+		for _, suf := range []string{".json", ".sandboxes", ".networks"} {
+			if _, err := os.Lstat(filepath.Join(dir, run+suf)); !os.IsNotExist(err) {
+				t.Errorf("%s%s survived its sweep", run, suf)
+			}
+		}
+	}
+}
+
+// TestRacingSweepsRemoveEachOnce: two sweepers over the same dead runs, the
+// first held inside a removal until the second has planned and tried.
+func TestRacingSweepsRemoveEachOnce(t *testing.T) {
+	dir := t.TempDir()
+	var names []string
+	for _, run := range []string{"R1", "R2", "R3"} {
+		var list []string
+		for _, s := range []string{"a", "b", "c"} {
+			list = append(list, run+"-"+s)
+		}
+		openRun(t, dir, run, "process", deadPid(t), 1_700_000_000_000, list...)
+		names = append(names, list...)
+	}
+	act := newRecorder(names...)
+	self := format.Self{Run: "ME", Driver: "process"}
+	var wg sync.WaitGroup
+	outs := make([][]Outcome, 4)
+	errs := make([]error, 4)
+	for i := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			plan, err := Plan(dir, self, time.Now())
+			if err == nil {
+				outs[i], err = Apply(context.Background(), dir, plan, self, "init", act)
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	for i := range outs {
+		if errs[i] != nil {
+			t.Fatalf("sweeper %d: %v", i, errs[i])
+		}
+		for _, o := range outs[i] {
+			if o.Error != "" {
+				t.Fatalf("sweeper %d: %+v", i, o)
+			}
+		}
+	}
+	for _, n := range names {
+		if act.removed[n] != 1 {
+			t.Errorf("%s removed %d times", n, act.removed[n])
+		}
+	}
+	if len(act.swept) != 3 {
+		t.Errorf("journaled %d sweeps for 3 runs", len(act.swept))
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("left %v", left)
+	}
+}
+
+// TestLockedRunIsSkipped: a run whose lock another sweeper holds is left to
+// it, without error and without removals.
+func TestLockedRunIsSkipped(t *testing.T) {
+	dir := t.TempDir()
+	openRun(t, dir, "R1", "process", deadPid(t), 1_700_000_000_000, "a")
+	lk, err := lockRecord(recordPath(dir, "R1"), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self := format.Self{Driver: "process"}
+	plan, _ := Plan(dir, self, time.Now())
+	act := newRecorder("a")
+	out, err := Apply(context.Background(), dir, plan, self, "init", act)
+	if err != nil || len(out) != 1 || out[0].Skipped == "" || act.removed["a"] != 0 {
+		t.Fatalf("out %+v err %v removed %v", out, err, act.removed)
+	}
+	lk.Close()
+	out, _ = Apply(context.Background(), dir, plan, self, "init", act)
+	if out[0].Skipped != "" || act.removed["a"] != 1 {
+		t.Fatalf("after unlock: %+v", out)
+	}
+}
+
+// TestPlanManyRunsKeepsOrderAndVerdicts exercises the parallel plan: 300
+// runs, every third dead, each verdict where its run is.
+func TestPlanManyRunsKeepsOrderAndVerdicts(t *testing.T) {
+	dir := t.TempDir()
+	me, err := SelfRecord("x", "process", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := deadPid(t)
+	for i := range 300 {
+		pid := me.Pid
+		if i%3 == 0 {
+			pid = dead
+		}
+		openRun(t, dir, fmt.Sprintf("run-%03d", i), "process", pid, me.StartTimeMs)
+	}
+	plan, err := Plan(dir, format.Self{Driver: "process"}, time.Now())
+	if err != nil || len(plan) != 300 {
+		t.Fatalf("plan: %d runs, %v", len(plan), err)
+	}
+	for i, p := range plan {
+		want := format.Keep
+		if i%3 == 0 {
+			want = format.Sweep
+		}
+		if p.Run != fmt.Sprintf("run-%03d", i) || p.Verdict != want {
+			t.Fatalf("plan[%d] = %s %s, want run-%03d %s", i, p.Run, p.Verdict, i, want)
+		}
+	}
+}
