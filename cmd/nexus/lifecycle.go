@@ -29,6 +29,10 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 	if err != nil {
 		return err
 	}
+	cfg, err := loadConfig(root)
+	if err != nil {
+		return err
+	}
 	driver := g.driver
 	if driver == "" {
 		driver = lifecycle.DriverCloudHypervisor
@@ -36,8 +40,9 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 	return withBackend(ctx, g, func(b control.Backend) error {
 		return fn(&lifecycle.Manager{
 			Root: layout.Root(root), B: b,
-			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
-			Hook:   crashHook(os.Getenv("NEXUS_CRASH_AT")),
+			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
+			Hook:       crashHook(os.Getenv("NEXUS_CRASH_AT")),
+			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 		})
 	})
 }
