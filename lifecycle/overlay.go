@@ -53,8 +53,9 @@ func refuseOverlay(reason, format string, args ...any) error {
 }
 
 // LowWater is the usable space below which an overlay counts as full and
-// is recovered: the larger of 32 MiB and 1/32 of its size.
-func LowWater(sizeBytes int64) int64 { return max(32<<20, sizeBytes/32) }
+// is recovered: the larger of 8 MiB and 1/32 of its size (32 MiB of a
+// 1 GiB overlay).
+func LowWater(sizeBytes int64) int64 { return max(8<<20, sizeBytes/32) }
 
 // overlayPlan is what the read-only check decided.
 type overlayPlan struct {

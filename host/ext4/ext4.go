@@ -41,19 +41,27 @@ var Tools = []struct {
 	{"dumpe2fs", []string{"-V"}},
 }
 
-// Lookup finds a tool on PATH or in the sbin directories a daemon's PATH
-// may lack.
+// PathEnv names directories (colon-separated) that, when set, are the only
+// place the tools are looked for: for e2fsprogs installed outside PATH,
+// and for testing what a host without them does.
+const PathEnv = "NEXUS_E2FSPROGS_PATH"
+
+// Lookup finds a tool in $NEXUS_E2FSPROGS_PATH when set, else on PATH or
+// in the sbin directories a daemon's PATH may lack.
 func Lookup(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
+	dirs := []string{"/usr/sbin", "/sbin"}
+	if only := os.Getenv(PathEnv); only != "" {
+		dirs = strings.Split(only, ":")
+	} else if p, err := exec.LookPath(name); err == nil {
 		return p, nil
 	}
-	for _, dir := range []string{"/usr/sbin", "/sbin"} {
+	for _, dir := range dirs {
 		p := dir + "/" + name
 		if info, err := os.Stat(p); err == nil && info.Mode().IsRegular() && info.Mode().Perm()&0o111 != 0 {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("%w: %s not found on PATH, /usr/sbin or /sbin (install e2fsprogs)", ErrToolMissing, name)
+	return "", fmt.Errorf("%w: %s not found in %s (install e2fsprogs)", ErrToolMissing, name, strings.Join(dirs, ":"))
 }
 
 // Preflight checks every tool is present and answers its probe with an

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/host/disk"
@@ -154,5 +155,25 @@ func TestGrowKeepsFiles(t *testing.T) {
 	}
 	if _, err := ext4.ReadFile(ctx, img, "/nope"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("missing file: %v", err)
+	}
+}
+
+func TestPreflightNamesAMissingOrFakeTool(t *testing.T) {
+	dir := t.TempDir()
+	for _, tool := range []string{"e2fsck", "mkfs.ext4", "debugfs", "dumpe2fs"} {
+		real, err := ext4.Lookup(tool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.Symlink(real, filepath.Join(dir, tool))
+	}
+	t.Setenv(ext4.PathEnv, dir)
+	if _, err := ext4.Preflight(ctx); !errors.Is(err, ext4.ErrToolMissing) || !strings.Contains(err.Error(), "resize2fs not found") {
+		t.Fatalf("missing resize2fs: %v", err)
+	}
+	// Present but not e2fsprogs: the probe catches it.
+	os.WriteFile(filepath.Join(dir, "resize2fs"), []byte("#!/bin/sh\nexit 1\n"), 0o755)
+	if _, err := ext4.Preflight(ctx); !errors.Is(err, ext4.ErrToolMissing) || !strings.Contains(err.Error(), "resize2fs") {
+		t.Fatalf("fake resize2fs: %v", err)
 	}
 }
