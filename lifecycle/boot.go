@@ -127,23 +127,6 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 	stateDir := m.Root.SupervisorDir(id)
 	api, vsock, iid := m.Root.APISocket(id), m.Root.VsockSocket(id), m.Root.IIDSocket(id)
 	return []sagas.Step{{
-		Name: "supervisor",
-		Do: func(ctx context.Context) ([]events.Payload, error) {
-			var err error
-			sup, err = m.startSupervisor(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			return sagas.One(events.SupervisorStartedEvent{Pid: sup.Pid, Start: sup.StartTicks,
-				Socket: m.rel(filepath.Join(stateDir, supervisor.SocketName)), StateDir: m.res(events.KindSupervisorState, stateDir)}), nil
-		},
-		Undo: func(context.Context) ([]events.Payload, error) {
-			if sup.Pid == 0 {
-				return nil, nil
-			}
-			return m.stopSupervisor(sup)
-		},
-	}, {
 		// The run marker is journaled before the VMM spawns: a run that
 		// dies without a FlushAcknowledged for it is then known to be
 		// unacknowledged, and its overlay is never edited offline.
@@ -164,6 +147,23 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				return nil, nil
 			}
 			return sagas.One(events.FlushRestoredEvent{Run: run, Previous: prevRun, PreviousFlushed: prevFlushed}), nil
+		},
+	}, {
+		Name: "supervisor",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			var err error
+			sup, err = m.startSupervisor(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return sagas.One(events.SupervisorStartedEvent{Pid: sup.Pid, Start: sup.StartTicks,
+				Socket: m.rel(filepath.Join(stateDir, supervisor.SocketName)), StateDir: m.res(events.KindSupervisorState, stateDir)}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) {
+			if sup.Pid == 0 {
+				return nil, nil
+			}
+			return m.stopSupervisor(sup)
 		},
 	}, {
 		Name: "vmm",

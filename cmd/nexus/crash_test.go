@@ -59,7 +59,7 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 	image := makeImage(t)
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
-	steps := []string{"intents", "os-disk", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "supervisor", "vmm"}
+	steps := []string{"intents", "os-disk", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
 	commitAt := 6
 	for i, step := range steps {
 		for _, phase := range []string{":before", ""} {

@@ -93,7 +93,7 @@ func untracked(t *testing.T, root string) []string {
 		switch {
 		case rel == ".", containers[rel]:
 			return nil
-		case top == "journal", top == "projections", top == "logs", top == "volumes", rel == "nexus.sock":
+		case top == "journal", top == "projections", top == "logs", top == "volumes", rel == "nexus.sock", rel == "config.toml":
 			return filepath.SkipDir
 		}
 		for dir := rel; dir != "." && dir != "/"; dir = filepath.Dir(dir) {
