@@ -39,7 +39,7 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 	}
 	return withBackend(ctx, g, func(b control.Backend) error {
 		return fn(&lifecycle.Manager{
-			Root: layout.Root(root), B: b,
+			Root: layout.Root(root), B: failAppends(b),
 			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
 			Hook:       crashHook(os.Getenv("NEXUS_CRASH_AT")),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,

@@ -352,7 +352,9 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 	kernel := filepath.Join(bin, "vmlinux")
 	os.WriteFile(kernel, []byte("not really a kernel"), 0o600)
 	env := []string{"NEXUS_CH_BINARY=" + fake, "NEXUS_KERNEL_PATH=" + kernel}
-	ch := func(args ...string) result { return nexusEnv(t, root, env, append([]string{"--driver", "cloud-hypervisor"}, args...)...) }
+	ch := func(args ...string) result {
+		return nexusEnv(t, root, env, append([]string{"--driver", "cloud-hypervisor"}, args...)...)
+	}
 	r := mustOK(t, ch("create", "--image", makeImage(t), "--json"), "create")
 	var sb projections.Sandbox
 	json.Unmarshal([]byte(r.stdout), &sb)
@@ -404,4 +406,48 @@ func TestBadConfigIsRefused(t *testing.T) {
 	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "unknown key vm.overlay_disk_mb")
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_warn_fill_ratio = 2\n"), 0o600)
 	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "overlay_warn_fill_ratio")
+}
+
+// Regression 6, without a crash: writing the overlay-published event fails
+// after the rename and directory fsync. The start fails, and the next start
+// reads the published image with every saved file.
+func TestPublishEventWriteFailureKeepsPublishedImage(t *testing.T) {
+	root := overlayRoot(t, 64)
+	sb, fillSize := stoppedWithFiles(t, root, false, true)
+	img := overlayOf(root, sb.ID)
+	before := fileSize(t, img)
+	r := nexusEnv(t, root, []string{"NEXUS_FAIL_APPEND=overlay.recovered"}, "--driver", "process", "start", sb.ID)
+	wantFailure(t, r, 1, "injected failure")
+	if fileSize(t, img) <= before {
+		t.Fatal("the published (grown) overlay is not in place after the failed event")
+	}
+	assertFilesIntact(t, img, fillSize)
+	mustOK(t, proc(t, root, "start", sb.ID), "start after the failed event")
+	assertFilesIntact(t, img, fillSize)
+	assertClean(t, root)
+	recoverClean(t, root)
+}
+
+// Killed while holding a private copy, then `nexus recover` (not start):
+// the copy is dropped and released in the journal, the original is
+// byte-for-byte the same, and a start then recovers it.
+func TestRecoverDropsAnInterruptedCopy(t *testing.T) {
+	for _, point := range []string{"start.overlay-copy", "start.overlay-grow"} {
+		t.Run(point, func(t *testing.T) {
+			root := overlayRoot(t, 64)
+			sb, fillSize := stoppedWithFiles(t, root, false, true)
+			img := overlayOf(root, sb.ID)
+			sum := ext4test.SHA256(t, img)
+			crashAt(t, root, point, "start", sb.ID)
+			recoverClean(t, root)
+			if _, err := os.Lstat(filepath.Join(root, "disks", sb.ID+".overlay-staging.ext4")); !os.IsNotExist(err) {
+				t.Fatalf("recover left the private copy: %v", err)
+			}
+			if ext4test.SHA256(t, img) != sum {
+				t.Fatal("recover changed the original overlay")
+			}
+			mustOK(t, proc(t, root, "start", sb.ID), "start after recover")
+			assertFilesIntact(t, img, fillSize)
+		})
+	}
 }
