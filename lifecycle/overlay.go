@@ -93,13 +93,24 @@ func planOverlay(lastRun, flushedRun string, c ext4.Check, warnRatio float64) (o
 
 // growthFor is how much to add to an overlay with check c so that it has at
 // least LowWater of usable space afterwards: MinGrowth or more, in whole
-// MiB. New block groups carry their own metadata and reserved share, so
-// only ~90% of what is added becomes usable.
+// MiB. resize2fs keeps the reserved share of the grown file system, and new
+// block groups carry their own metadata (~3%), so the estimate works from
+// free blocks and the reserved fraction rather than today's usable figure
+// (which is floored at zero when root has eaten into the reserve).
 func growthFor(c ext4.Check) int64 {
+	size := c.Bytes()
+	free := (c.Blocks - c.UsedBlocks) * c.BlockSize
+	reservedFrac := float64(c.ReservedBlocks) / float64(max(1, c.Blocks))
+	usableAfter := func(g int64) int64 {
+		return free + g*97/100 - int64(reservedFrac*float64(size+g))
+	}
 	g := int64(MinGrowth)
-	for range 3 {
-		need := LowWater(c.Bytes()+g) - c.UsableBytes()
-		g = max(g, roundMiB(need*10/9))
+	for range 4 {
+		short := LowWater(size+g) - usableAfter(g)
+		if short <= 0 {
+			break
+		}
+		g = roundMiB(g + short*11/10)
 	}
 	return g
 }

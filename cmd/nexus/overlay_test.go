@@ -27,7 +27,7 @@ func overlayRoot(t *testing.T, mib int) string {
 	return root
 }
 
-func writeConfig(t *testing.T, root string, mib int) {
+func writeConfig(t testing.TB, root string, mib int) {
 	t.Helper()
 	cfg := "[vm]\noverlay_disk_mib = " + itoa(mib) + "\n"
 	if err := os.WriteFile(filepath.Join(root, "config.toml"), []byte(cfg), 0o600); err != nil {
