@@ -160,7 +160,9 @@ func (m *Manager) overlaySteps(sb projections.Sandbox) []sagas.Step {
 			if !plan.Recover {
 				return nil, nil
 			}
-			if _, err := disk.Clone(overlay, staging); err != nil {
+			// Not fsynced here: preen and resize2fs rewrite the copy next,
+			// and publish fsyncs it once before the rename.
+			if err := disk.CopyScratch(overlay, staging); err != nil {
 				return nil, refuseOverlay(ReasonOverlayDiskFull, "copy overlay for recovery: %v; free host space or increase %s", err, ConfigKey)
 			}
 			return sagas.One(events.ResourceCreatedEvent{Resource: stagingRes}), nil
