@@ -14,6 +14,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -27,8 +28,7 @@ type Client struct {
 func NewClient(sock string) *Client {
 	return &Client{http: &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
+			return unixsock.Dial(ctx, sock)
 		},
 	}}}
 }
@@ -63,6 +63,12 @@ func (c *Client) Volumes(ctx context.Context) ([]projections.Volume, error) {
 	var list []projections.Volume
 	err := c.getJSON(ctx, "/v1/volumes", &list)
 	return list, err
+}
+
+func (c *Client) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+	var st projections.ImageCacheState
+	err := c.getJSON(ctx, "/v1/imagecache", &st)
+	return st, err
 }
 
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {

@@ -27,6 +27,7 @@ type Backend interface {
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
+	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
 	Close() error
 }
 
@@ -61,6 +62,12 @@ func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
 		}
 	})
 	return out, nil
+}
+
+func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+	var st projections.ImageCacheState
+	l.View(func(v node.Views) { st = v.Images.State() })
+	return st, nil
 }
 
 // ErrBusy means the state root stayed owned by another process that serves

@@ -35,6 +35,8 @@ type DaemonOptions struct {
 	Listen string
 	// AllowRemote permits a Listen address that is not loopback.
 	AllowRemote bool
+	// Mirror, if set, replicates the journal to a fleet's JetStream.
+	Mirror *journal.Mirror
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket.
@@ -48,7 +50,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	if err != nil {
 		return err
 	}
-	jo := journal.Options{}
+	jo := journal.Options{Mirror: o.Mirror}
 	var creds *SubscriberCredentials
 	if o.Listen != "" {
 		if err := checkListen(o.Listen, o.AllowRemote); err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -45,23 +46,17 @@ type appendResponse struct {
 // until ctx is done. The caller owns n's journal lock, so any socket file
 // already there is a dead daemon's and is replaced.
 func Serve(ctx context.Context, n *node.Node) error {
-	sock := filepath.Join(n.Root(), SocketName)
-	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("control socket %s: %w", sock, err)
-	}
-	ln, err := net.Listen("unix", sock)
+	// Holding the journal lock, we know any socket file there is a dead
+	// daemon's; Listen replaces it because it refuses connections.
+	ln, err := unixsock.Listen(filepath.Join(n.Root(), SocketName))
 	if err != nil {
-		return fmt.Errorf("control socket: %w", err)
-	}
-	if err := os.Chmod(sock, 0o600); err != nil {
-		ln.Close()
 		return fmt.Errorf("control socket: %w", err)
 	}
 	srv := &http.Server{Handler: handler(n), BaseContext: func(net.Listener) context.Context { return ctx }}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
 	err = srv.Serve(ln)
-	os.Remove(sock)
+	ln.Close()
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}
@@ -129,6 +124,10 @@ func handler(n *node.Node) http.Handler {
 	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())
 		writeJSON(w, http.StatusOK, list)
+	})
+	mux.HandleFunc("GET /v1/imagecache", func(w http.ResponseWriter, r *http.Request) {
+		st, _ := local.ImageCache(r.Context())
+		writeJSON(w, http.StatusOK, st)
 	})
 	mux.HandleFunc("GET /v1/sagas", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())

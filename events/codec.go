@@ -62,9 +62,9 @@ func spec(p Payload, current uint16) typeSpec {
 }
 
 var registry = map[Type]typeSpec{
-	SandboxCreated:     withUpcast(spec(SandboxCreatedEvent{}, 2), 1, upcastSandboxCreatedV1),
-	SandboxForked:      spec(SandboxForkedEvent{}, 1),
-	SandboxRestored:    spec(SandboxRestoredEvent{}, 1),
+	SandboxCreated:     withUpcast(withUpcast(spec(SandboxCreatedEvent{}, 3), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]),
+	SandboxForked:      withUpcast(spec(SandboxForkedEvent{}, 2), 1, addedFields[SandboxForkedEvent]),
+	SandboxRestored:    withUpcast(spec(SandboxRestoredEvent{}, 2), 1, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
 	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
 	SandboxFailed:      spec(SandboxFailedEvent{}, 1),
@@ -85,6 +85,7 @@ var registry = map[Type]typeSpec{
 	OverlayRecovered:   spec(OverlayRecoveredEvent{}, 1),
 	WarningRaised:      spec(WarningRaisedEvent{}, 1),
 	ReapDecided:        spec(ReapDecidedEvent{}, 1),
+	ReapApplied:        spec(ReapAppliedEvent{}, 1),
 	ResourceCreated:    spec(ResourceCreatedEvent{}, 1),
 	ResourceReclaimed:  spec(ResourceReclaimedEvent{}, 1),
 	RunOpened:          spec(RunOpenedEvent{}, 1),
@@ -155,7 +156,7 @@ func Encode(e Event) ([]byte, error) {
 // *DecodeError. It never panics on any input.
 func Decode(data []byte) (Event, error) {
 	var w wire
-	if err := strictUnmarshal(data, &w); err != nil {
+	if err := StrictUnmarshal(data, &w); err != nil {
 		return Event{}, &DecodeError{Err: fmt.Errorf("%w: envelope: %v", ErrMalformed, err)}
 	}
 	if w.Format > EnvelopeFormat {
@@ -183,7 +184,7 @@ func Decode(data []byte) (Event, error) {
 		payload = w.decoded
 	case w.Schema == s.current:
 		ptr := reflect.New(s.zero)
-		if err := strictUnmarshal(w.Payload, ptr.Interface()); err != nil {
+		if err := StrictUnmarshal(w.Payload, ptr.Interface()); err != nil {
 			return fail(fmt.Errorf("%w: payload: %v", ErrMalformed, err))
 		}
 		payload = ptr.Elem().Interface().(Payload)
@@ -216,9 +217,11 @@ type pooledDec struct {
 
 var decPool = sync.Pool{New: func() any { p := &pooledDec{}; p.d = msgpack.NewDecoder(&p.r); return p }}
 
-// strictUnmarshal refuses unknown fields and trailing bytes: within one
-// schema version an unexpected field means damage or a mislabelled writer.
-func strictUnmarshal(data []byte, v any) error {
+// StrictUnmarshal decodes one msgpack value from data into v, refusing
+// unknown fields and trailing bytes: within one schema version an
+// unexpected field means damage or a mislabelled writer. Projections decode
+// their snapshots with it too.
+func StrictUnmarshal(data []byte, v any) error {
 	p := decPool.Get().(*pooledDec)
 	defer decPool.Put(p)
 	p.r.Reset(data)

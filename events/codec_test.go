@@ -1,6 +1,7 @@
 package events
 
 import (
+	"bytes"
 	"errors"
 	"reflect"
 	"testing"
@@ -19,9 +20,9 @@ var (
 // samples holds one non-trivial payload per registered type, so a new type
 // without a sample fails TestEveryTypeRoundTrips.
 var samples = []Payload{
-	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}},
-	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}},
-	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process"},
+	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}, Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}},
+	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}},
+	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}},
 	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
 	SandboxStoppedEvent{Reason: "user"},
 	SandboxFailedEvent{Reason: "OverlayDiskFull", Message: "no space"},
@@ -41,7 +42,8 @@ var samples = []Payload{
 	FlushRestoredEvent{Run: "r2", Previous: "r1", PreviousFlushed: "r1"},
 	OverlayRecoveredEvent{Overlay: "o", OldBytes: 1, NewBytes: 2, FreeBefore: 0, FreeAfter: 5},
 	WarningRaisedEvent{Reason: "OverlayDiskFull", Message: "grown by 64 MiB"},
-	ReapDecidedEvent{Plan: "p", Resource: Resource{KindRawDisk, "disks/x.raw"}, Verdict: "orphan", Reason: "no owner"},
+	ReapDecidedEvent{Plan: "p", Part: 1, Parts: 1, Scanned: 3, Owned: 2, Entries: []ReapEntry{{Kind: KindRawDisk, Path: "disks/x.raw", Verdict: "orphan", Reason: "no owner", Allocated: 4096}}},
+	ReapAppliedEvent{Plan: "p", Part: 1, Parts: 1, Deleted: []ReapEntry{{Kind: KindRawDisk, Path: "disks/x.raw", Verdict: "orphan", Reason: "no owner"}}, Failed: []ReapEntry{{Kind: KindAPISocket, Path: "run/sb-x.sock", Verdict: "orphan", Reason: "r", Error: "EBUSY"}}},
 	ResourceCreatedEvent{Resource: Resource{KindSupervisorState, "supervisors/x"}},
 	ResourceReclaimedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, By: "reap", AllocatedBytes: 4096},
 	RunOpenedEvent{RunID: "r", Pid: 1, Start: 2, Driver: "process"},
@@ -156,8 +158,68 @@ func TestUpcastSandboxCreatedV1(t *testing.T) {
 	if !reflect.DeepEqual(got.Payload, want) {
 		t.Fatalf("upcast = %+v, want %+v", got.Payload, want)
 	}
-	if got.Schema != 2 {
-		t.Fatalf("upcast event reports schema %d, want the current 2", got.Schema)
+	if got.Schema != 3 {
+		t.Fatalf("upcast event reports schema %d, want the current 3", got.Schema)
+	}
+}
+
+// TestUpcastAddedBootstrap: sandbox.created v2, sandbox.forked v1 and
+// sandbox.restored v1 were
+// written before the image cache; they decode with no bootstrap recorded,
+// which prune reads as "protects every entry".
+func TestUpcastAddedBootstrap(t *testing.T) {
+	type createdV2 struct {
+		Handle    string     `msgpack:"handle,omitempty"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+	}
+	v2 := payloadBytes(t, createdV2{Image: "img", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}})
+	got, err := Decode(rawEvent(t, wire{Type: string(SandboxCreated), Schema: 2, Sandbox: testSandbox, Payload: v2}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := SandboxCreatedEvent{Image: "img", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}}
+	if !reflect.DeepEqual(got.Payload, want) || !got.Payload.(SandboxCreatedEvent).Bootstrap.IsZero() {
+		t.Fatalf("v2 upcast = %+v, want %+v", got.Payload, want)
+	}
+	type forkedV1 struct {
+		Parent    string     `msgpack:"parent"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+	}
+	v1 := payloadBytes(t, forkedV1{Parent: testSandbox, Image: "img", Driver: "process"})
+	got, err = Decode(rawEvent(t, wire{Type: string(SandboxForked), Schema: 1, Sandbox: testSandbox, Payload: v1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 2 {
+		t.Fatalf("forked v1 upcast = %+v (schema %d)", f, got.Schema)
+	}
+	type restoredV1 struct {
+		Snapshot  string     `msgpack:"snapshot"`
+		Source    string     `msgpack:"source"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+	}
+	r1 := payloadBytes(t, restoredV1{Snapshot: "s", Source: testSandbox, Image: "img", Driver: "process"})
+	got, err = Decode(rawEvent(t, wire{Type: string(SandboxRestored), Schema: 1, Sandbox: testSandbox, Payload: r1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 2 {
+		t.Fatalf("restored v1 upcast = %+v (schema %d)", r, got.Schema)
+	}
+	// An unrecorded bootstrap is not written at all, so the bytes stay what
+	// the previous schema would have produced.
+	data, err := Encode(New(testID, testTime, testSandbox, want))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, []byte("bootstrap")) {
+		t.Fatal("a zero bootstrap was encoded")
 	}
 }
 

@@ -48,6 +48,7 @@ const (
 
 	ResourceCreated   Type = "resource.created"
 	ReapDecided       Type = "reap.decided"
+	ReapApplied       Type = "reap.applied"
 	ResourceReclaimed Type = "resource.reclaimed"
 
 	RunOpened Type = "run.opened"

@@ -21,6 +21,9 @@ const (
 	// KindOverlayStaging is the private copy an overlay recovery repairs
 	// and grows before publishing it over the workspace disk.
 	KindOverlayStaging ResourceKind = "overlay-staging"
+	// KindSupervisorProcess is a detached supervisor process (RL-13); its
+	// path in a reap report is /proc/<pid>.
+	KindSupervisorProcess ResourceKind = "supervisor-process"
 )
 
 // Resource is one host resource, by kind and path relative to the state
@@ -30,25 +33,44 @@ type Resource struct {
 	Path string       `msgpack:"path" json:"path"`
 }
 
-// SandboxCreatedEvent (schema 2) says: the sandbox is
-// committed, and it owns every resource listed.
+// SandboxCreatedEvent (schema 3) says: the sandbox is
+// committed, and it owns every resource listed. Bootstrap names the image
+// cache entry its OS disk was cloned from (schema 3); a sandbox without it
+// predates the image cache and protects every entry from prune.
 type SandboxCreatedEvent struct {
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
+	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 }
 
+// Bootstrap is the image cache entry a sandbox's OS disk came from: its
+// cache ID and the identity of the image it was prepared from. The zero
+// value means "not recorded".
+type Bootstrap struct {
+	CacheID  string `msgpack:"cache_id,omitempty" json:"cache_id,omitempty"`
+	Identity string `msgpack:"identity,omitempty" json:"identity,omitempty"`
+}
+
+// IsZero lets msgpack and encoding/json omit an unrecorded bootstrap.
+func (b Bootstrap) IsZero() bool { return b == Bootstrap{} }
+
 // SandboxForkedEvent: a child sandbox was committed from a running parent.
+// Bootstrap (schema 2) is the parent's: the child's OS disk descends from
+// the same image cache entry.
 type SandboxForkedEvent struct {
 	Parent    string     `msgpack:"parent" json:"parent"`
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
+	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 }
 
 // SandboxRestoredEvent: a sandbox was committed from a snapshot.
+// Bootstrap (schema 2) comes from the snapshot's manifest; a snapshot taken
+// before the image cache has none.
 type SandboxRestoredEvent struct {
 	Snapshot  string     `msgpack:"snapshot" json:"snapshot"`
 	Source    string     `msgpack:"source" json:"source"`
@@ -56,6 +78,7 @@ type SandboxRestoredEvent struct {
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
+	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 }
 
 // SandboxStartedEvent: the VMM answered on its API socket. The pid and its
@@ -183,14 +206,40 @@ type WarningRaisedEvent struct {
 	Message string `msgpack:"message" json:"message"`
 }
 
-// ReapDecidedEvent records one verdict of a reap plan.
+// ReapEntry is one resource as a reap run judged it: the `R` of
+// `nexus reap --json`, with the path relative to the state root.
+type ReapEntry struct {
+	Kind      ResourceKind `msgpack:"kind" json:"kind"`
+	Path      string       `msgpack:"path" json:"path"`
+	Owner     string       `msgpack:"owner,omitempty" json:"owner,omitempty"`
+	Verdict   string       `msgpack:"verdict" json:"verdict"`
+	Reason    string       `msgpack:"reason" json:"reason"`
+	Allocated int64        `msgpack:"allocated,omitempty" json:"allocated,omitempty"`
+	Error     string       `msgpack:"error,omitempty" json:"error,omitempty"`
+}
+
+// ReapDecidedEvent records (part of) a reap plan: every verdict that was
+// not "owned" (orphans, and what was kept live or ambiguous, with why).
+// Owned resources are only counted; the journal already names them. A plan
+// with many entries is split into parts so no event grows without bound.
 type ReapDecidedEvent struct {
-	Plan     string   `msgpack:"plan" json:"plan"`
-	Resource Resource `msgpack:"resource" json:"resource"`
-	Owner    string   `msgpack:"owner,omitempty" json:"owner,omitempty"`
-	Verdict  string   `msgpack:"verdict" json:"verdict"`
-	Reason   string   `msgpack:"reason" json:"reason"`
-	Apply    bool     `msgpack:"apply,omitempty" json:"apply,omitempty"`
+	Plan    string      `msgpack:"plan" json:"plan"`
+	Apply   bool        `msgpack:"apply,omitempty" json:"apply,omitempty"`
+	Part    int         `msgpack:"part" json:"part"`
+	Parts   int         `msgpack:"parts" json:"parts"`
+	Scanned int         `msgpack:"scanned" json:"scanned"`
+	Owned   int         `msgpack:"owned" json:"owned"`
+	Entries []ReapEntry `msgpack:"entries" json:"entries"`
+}
+
+// ReapAppliedEvent records what a `reap --apply` deleted (verified gone by
+// a second stat) and what it failed to delete, per plan, in parts.
+type ReapAppliedEvent struct {
+	Plan    string      `msgpack:"plan" json:"plan"`
+	Part    int         `msgpack:"part" json:"part"`
+	Parts   int         `msgpack:"parts" json:"parts"`
+	Deleted []ReapEntry `msgpack:"deleted" json:"deleted"`
+	Failed  []ReapEntry `msgpack:"failed" json:"failed"`
 }
 
 // ResourceCreatedEvent: a resource other than a disk (a state directory,
@@ -271,6 +320,7 @@ func (FlushRestoredEvent) EventType() Type      { return FlushRestored }
 func (OverlayRecoveredEvent) EventType() Type   { return OverlayRecovered }
 func (WarningRaisedEvent) EventType() Type      { return WarningRaised }
 func (ReapDecidedEvent) EventType() Type        { return ReapDecided }
+func (ReapAppliedEvent) EventType() Type        { return ReapApplied }
 func (ResourceCreatedEvent) EventType() Type    { return ResourceCreated }
 func (ResourceReclaimedEvent) EventType() Type  { return ResourceReclaimed }
 func (RunOpenedEvent) EventType() Type          { return RunOpened }

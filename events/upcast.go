@@ -12,12 +12,24 @@ type sandboxCreatedV1 struct {
 
 func upcastSandboxCreatedV1(raw []byte) (Payload, error) {
 	var old sandboxCreatedV1
-	if err := strictUnmarshal(raw, &old); err != nil {
+	if err := StrictUnmarshal(raw, &old); err != nil {
 		return nil, err
 	}
 	p := SandboxCreatedEvent{Handle: old.Handle, Image: old.Image, Driver: old.Driver}
 	if old.Disk != "" {
 		p.Resources = []Resource{{Kind: KindRawDisk, Path: old.Disk}}
+	}
+	return p, nil
+}
+
+// addedFields upcasts a schema that differs from the current one only by
+// fields added since (sandbox.created v2, sandbox.forked v1 lack
+// Bootstrap): the old bytes decode strictly into the current type, and the
+// new fields stay zero.
+func addedFields[P Payload](raw []byte) (Payload, error) {
+	var p P
+	if err := StrictUnmarshal(raw, &p); err != nil {
+		return nil, err
 	}
 	return p, nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -55,6 +56,14 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
+	// The cache lease is shared from before the entry is prepared until the
+	// commit naming it is journaled: a prune either sees the reference or
+	// cannot take the lease.
+	cache, err := m.shareCache(ctx)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	defer cache.Release()
 	id := ulid.Make().String()
 	s := m.saga("create", id, nil)
 	s.ID = ulid.Make().String()
@@ -71,12 +80,18 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	}
 	defer releaseAll(held)
 
-	s.Steps = append(s.Steps, m.intentsStep(held, intents))
+	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan))
 	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
-		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources}
+		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot}
 	}))
-	s.Steps = append(s.Steps, m.retireStep(held, intents))
+	retire := m.retireStep(held, intents)
+	retireDo := retire.Do
+	retire.Do = func(ctx context.Context) ([]events.Payload, error) {
+		cache.Release() // the commit, and with it the reference, is journaled
+		return retireDo(ctx)
+	}
+	s.Steps = append(s.Steps, retire)
 	s.Steps = append(s.Steps, m.attachSteps(spec.Volumes, false)...)
 	s.Steps = append(s.Steps, m.bootSteps(id, "")...)
 	if err := s.Run(ctx, m.B); err != nil {
@@ -90,6 +105,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 
 type createPlan struct {
 	image          string
+	boot           events.Bootstrap // the cache entry the OS disk is cloned from
 	workspaceBytes int64
 	shadowIsDir    map[string]bool
 }
@@ -115,6 +131,9 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	plan.image = image
 	if err := regularFile(image); err != nil {
 		return refuse("image: %v", err)
+	}
+	if plan.boot.Identity, plan.boot.CacheID, err = imagecache.IdentityOf(image); err != nil {
+		return refuse("%v", err)
 	}
 	if spec.Handle != "" {
 		if !handleRE.MatchString(spec.Handle) || strings.Contains(spec.Handle, "..") {
@@ -178,7 +197,7 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err := m.Driver.Preflight(); err != nil {
 		return plan, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
-	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs"); err != nil {
+	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs", "images"); err != nil {
 		return plan, err
 	}
 	imageSize, err := disk.Stat(image)
@@ -186,6 +205,9 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 		return refuse("image: %v", err)
 	}
 	need += imageSize.Allocated
+	if ok, _ := fsx.Lexists(string(m.Root), m.rel(m.Root.ImageEntry(plan.boot.CacheID))); !ok {
+		need += imageSize.Allocated // the cache entry is prepared first
+	}
 	if !spec.Force {
 		if err := disk.Preflight(m.Root.Disks(), need); err != nil {
 			return plan, fmt.Errorf("%w: %v (--force skips this check)", ErrRefused, err)
@@ -304,7 +326,11 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan) 
 	raw := m.res(events.KindRawDisk, m.Root.RawDisk(id))
 	ws := m.res(events.KindWorkspaceDisk, m.Root.WorkspaceDisk(id))
 	steps := []sagas.Step{
-		m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) { return disk.Clone(plan.image, dst) }),
+		// From the cache entry, not the image: the entry is what the commit
+		// records as the bootstrap, and the image may change meanwhile.
+		m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) {
+			return disk.Clone(m.Root.ImageDisk(plan.boot.CacheID), dst)
+		}),
 		m.diskStep("workspace-disk", ws, func(dst string) (disk.Method, error) {
 			return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
 		}),

@@ -71,12 +71,16 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	for _, v := range parent.Volumes {
 		mounts = append(mounts, Mount{Name: v.Name, GuestPath: v.GuestPath})
 	}
+	boot, err := m.bootstrapOf(ctx, parent.ID)
+	if err != nil {
+		return nil, err
+	}
 	var children []projections.Sandbox
 	for i := 0; i < spec.Count; i++ {
 		child := ulid.Make().String()
 		copies := m.childCopies(parent, child, sources)
 		committed := func(rs []events.Resource) events.Payload {
-			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs}
+			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
 		}
 		if err := m.runChild(ctx, "fork", child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
 			return children, err
@@ -209,6 +213,9 @@ type manifest struct {
 	Handle  string         `json:"handle,omitempty"`
 	VMState bool           `json:"vm_state"`
 	Disks   []manifestDisk `json:"disks"`
+	// Bootstrap is the image cache entry the sandbox came from, carried to
+	// a restored sandbox so it protects that entry only.
+	Bootstrap events.Bootstrap `json:"bootstrap,omitzero"`
 }
 
 type manifestDisk struct {
@@ -247,7 +254,11 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				return nil, err
 			}
 			defer resume()
-			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning}
+			boot, err := m.bootstrapOf(ctx, sb.ID)
+			if err != nil {
+				return nil, err
+			}
+			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning, Bootstrap: boot}
 			if man.VMState {
 				if err := vmm.NewClient(m.Root.APISocket(sb.ID)).Snapshot(ctx, dir); err != nil {
 					return nil, err
@@ -273,7 +284,14 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			}
 			return ps, nil
 		},
-		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+		Undo: func(context.Context) ([]events.Payload, error) {
+			ps, err := m.reclaim(r, false, "compensation")
+			if err != nil {
+				return ps, err
+			}
+			more, err := m.dropEmptySnapshotsDir(sb, "compensation")
+			return append(ps, more...), err
+		},
 	}
 	if err := m.saga("snapshot", sb.ID, []sagas.Step{step}).Run(ctx, m.B); err != nil {
 		return "", err
@@ -339,7 +357,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 		}
 	}
 	committed := func(rs []events.Resource) events.Payload {
-		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Image: man.Image, Driver: m.Driver.Name, Resources: rs}
+		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Image: man.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: man.Bootstrap}
 	}
 	if err := m.runChild(ctx, "restore", child, source.ID, copies, committed, nil, false, restoreFrom, stage); err != nil {
 		return projections.Sandbox{}, err

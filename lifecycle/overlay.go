@@ -67,18 +67,24 @@ type overlayPlan struct {
 // planOverlay is the pure decision of the offline preparation, from the
 // journal's run marker and acknowledgement and the read-only check of the
 // saved overlay. It never looks at the superblock's free count.
+//
+// Without an acknowledgement of the last run, nexus edits nothing: an
+// overlay that would need recovery (low space, errors) or whose journal
+// needs replay is refused, both for an unacknowledged run and for a legacy
+// overlay that never had one. A clean, roomy overlay nexus would not touch
+// boots as it is, acknowledged or not (a VMM that died leaves one).
 func planOverlay(lastRun, flushedRun string, c ext4.Check, warnRatio float64) (overlayPlan, error) {
-	if lastRun != "" && flushedRun != lastRun {
-		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
-			"the overlay's last run %s has no flush acknowledgement; its saved blocks cannot be trusted offline", lastRun)
-	}
-	if lastRun == "" && c.NeedsRecovery {
-		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
-			"the overlay's journal needs recovery and no run of it was flush-acknowledged")
-	}
+	acked := lastRun != "" && flushedRun == lastRun
 	low := c.UsableBytes() < LowWater(c.Bytes())
 	corrupt := !c.Clean && !c.NeedsRecovery
-	if low || corrupt {
+	switch {
+	case !acked && lastRun != "" && (low || corrupt || c.NeedsRecovery):
+		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
+			"the overlay needs recovery but its last run %s has no flush acknowledgement; its saved blocks cannot be trusted offline", lastRun)
+	case !acked && (low || corrupt || c.NeedsRecovery):
+		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
+			"the overlay needs recovery (journal needing replay, low space or errors) and no run of it was flush-acknowledged")
+	case low || corrupt:
 		return overlayPlan{Recover: true, Grow: low}, nil
 	}
 	if warnRatio <= 0 {

@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
@@ -139,6 +141,10 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		return compensate([]sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
 			return m.dropUnrecordedSnapshots(ctx, sb)
 		}}}, "snapshot interrupted")
+	case "reap":
+		// Deleting orphans is idempotent and the next reap re-derives its
+		// plan from the disk and the journal: close the interrupted run.
+		return compensate(nil, "reap interrupted; the next reap judges again")
 	default:
 		return compensate(nil, "unknown saga kind "+sg.Kind)
 	}
@@ -183,7 +189,16 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 			if err != nil {
 				continue
 			}
+			if in.Sandbox != id {
+				// Not this sandbox's marker: trust none of it, delete nothing.
+				ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntent", Message: fmt.Sprintf("%s names sandbox %q; nothing it covers was removed", m.rel(ip), in.Sandbox)})
+				continue
+			}
 			for _, c := range in.Covers {
+				if !layout.CoveredBy(c, id, in.Handle) {
+					ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntentCover", Message: fmt.Sprintf("%s covers %q, which is not a path of sandbox %s; kept", m.rel(ip), c, id)})
+					continue
+				}
 				add(events.Resource{Kind: kindOfPath(c), Path: c})
 			}
 			if in.Handle != "" {
@@ -353,7 +368,27 @@ func (m *Manager) dropUnrecordedSnapshots(ctx context.Context, sb projections.Sa
 		}
 		ps = append(ps, more...)
 	}
-	return ps, nil
+	more, err := m.dropEmptySnapshotsDir(sb, "recover")
+	return append(ps, more...), err
+}
+
+// dropEmptySnapshotsDir removes snapshots/<id>/ when the journal does not
+// own it: the capture step creates it itself for a sandbox's first
+// snapshot, so an uncommitted capture must drop it too, but only while it
+// is empty (rmdir cannot take a concurrent capture's directory).
+func (m *Manager) dropEmptySnapshotsDir(sb projections.Sandbox, by string) ([]events.Payload, error) {
+	parent := m.rel(m.Root.SnapshotsOf(sb.ID))
+	if sb.Owns(parent) {
+		return nil, nil
+	}
+	switch err := fsx.RemoveEmptyDir(string(m.Root), parent); {
+	case err == nil:
+		return sagas.One(events.ResourceReclaimedEvent{Resource: events.Resource{Kind: events.KindSnapshot, Path: parent}, By: by}), nil
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, unix.ENOTEMPTY):
+		return nil, nil
+	default:
+		return nil, err
+	}
 }
 
 // sweepIntents handles create intents that reached the disk but not the

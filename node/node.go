@@ -54,6 +54,7 @@ type Node struct {
 	ownership *projections.Ownership
 	sagas     *projections.Sagas
 	volumes   *projections.Volumes
+	images    *projections.ImageCache
 	lastID    ulid.ULID
 	sinceSnap int
 }
@@ -180,7 +181,8 @@ func (n *Node) load(ctx context.Context) error {
 func (n *Node) resetViews() {
 	n.sandboxes, n.ownership = projections.NewSandboxes(), projections.NewOwnership()
 	n.sagas, n.volumes = projections.NewSagas(), projections.NewVolumes()
-	n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas, n.volumes}
+	n.images = projections.NewImageCache()
+	n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas, n.volumes, n.images}
 }
 
 func (n *Node) snapshotPath(v projections.Projection) string {
@@ -334,11 +336,12 @@ type Views struct {
 	Ownership *projections.Ownership
 	Sagas     *projections.Sagas
 	Volumes   *projections.Volumes
+	Images    *projections.ImageCache
 }
 
 // View runs fn with the projections held still; fn must not keep them.
 func (n *Node) View(fn func(Views)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	fn(Views{n.sandboxes, n.ownership, n.sagas, n.volumes})
+	fn(Views{n.sandboxes, n.ownership, n.sagas, n.volumes, n.images})
 }

@@ -193,7 +193,7 @@ func (o *Ownership) MarshalState() ([]byte, error) {
 
 func (o *Ownership) UnmarshalState(seq uint64, data []byte) error {
 	var st ownershipState
-	if err := strictDecode(data, &st); err != nil {
+	if err := events.StrictUnmarshal(data, &st); err != nil {
 		return err
 	}
 	fresh := NewOwnership()

@@ -90,16 +90,3 @@ func DecodeSnapshot(data []byte, p Projection) (Snapshot, error) {
 	copy(id[:], f.EventID)
 	return Snapshot{Seq: f.Seq, EventID: id}, nil
 }
-
-func strictDecode(data []byte, v any) error {
-	r := bytes.NewReader(data)
-	d := msgpack.NewDecoder(r)
-	d.DisallowUnknownFields(true)
-	if err := d.Decode(v); err != nil {
-		return err
-	}
-	if r.Len() != 0 {
-		return errors.New("trailing bytes")
-	}
-	return nil
-}

@@ -74,7 +74,7 @@ func (s *Sagas) MarshalState() ([]byte, error) { return msgpack.Marshal(s.Open()
 
 func (s *Sagas) UnmarshalState(seq uint64, data []byte) error {
 	var list []*OpenSaga
-	if err := strictDecode(data, &list); err != nil {
+	if err := events.StrictUnmarshal(data, &list); err != nil {
 		return err
 	}
 	open := make(map[string]*OpenSaga, len(list))

@@ -262,7 +262,7 @@ func (s *Sandboxes) MarshalState() ([]byte, error) {
 
 func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
 	var list []*Sandbox
-	if err := strictDecode(data, &list); err != nil {
+	if err := events.StrictUnmarshal(data, &list); err != nil {
 		return err
 	}
 	byID := make(map[string]*Sandbox, len(list))

@@ -76,7 +76,7 @@ func (v *Volumes) MarshalState() ([]byte, error) { return msgpack.Marshal(v.List
 
 func (v *Volumes) UnmarshalState(seq uint64, data []byte) error {
 	var list []*Volume
-	if err := strictDecode(data, &list); err != nil {
+	if err := events.StrictUnmarshal(data, &list); err != nil {
 		return err
 	}
 	m := make(map[string]*Volume, len(list))

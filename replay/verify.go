@@ -35,36 +35,100 @@ func (r Report) OK() bool {
 	return len(r.Gaps) == 0 && len(r.DuplicateID) == 0 && len(r.Undecodable) == 0 && len(r.NewerSchema) == 0
 }
 
-// Verify checks records, which must be given in stored order.
-func Verify(records []Record) Report {
-	rep := Report{Gaps: []string{}, DuplicateID: []string{}, Undecodable: []string{}, NewerSchema: []string{}}
-	seen := make(map[string]uint64, len(records))
-	sagas := projections.NewSagas()
-	var last uint64
-	for _, r := range records {
-		rep.Events++
-		if r.Seq != last+1 {
-			rep.Gaps = append(rep.Gaps, fmt.Sprintf("%d..%d", last+1, r.Seq-1))
-		}
-		last = r.Seq
-		if first, dup := seen[r.MsgID]; dup {
-			rep.DuplicateID = append(rep.DuplicateID, fmt.Sprintf("%s at %d and %d", r.MsgID, first, r.Seq))
-		} else {
-			seen[r.MsgID] = r.Seq
-		}
-		e, err := events.Decode(r.Data)
-		switch {
-		case errors.Is(err, events.ErrSchemaTooNew):
-			rep.NewerSchema = append(rep.NewerSchema, fmt.Sprintf("%d: %v", r.Seq, err))
-			continue
-		case err != nil:
-			rep.Undecodable = append(rep.Undecodable, fmt.Sprintf("%d: %v", r.Seq, err))
-			continue
-		}
-		sagas.Apply(r.Seq, e)
+// Verifier checks records one at a time, in stored order, so a journal of
+// any length is verified in constant memory apart from the id set.
+type Verifier struct {
+	rep   Report
+	seen  map[string]uint64
+	sagas *projections.Sagas
+	last  uint64
+}
+
+// NewVerifier returns an empty Verifier.
+func NewVerifier() *Verifier {
+	return &Verifier{
+		rep:  Report{Gaps: []string{}, DuplicateID: []string{}, Undecodable: []string{}, NewerSchema: []string{}},
+		seen: map[string]uint64{}, sagas: projections.NewSagas(),
 	}
-	for _, sg := range sagas.Open() {
+}
+
+// Add checks the next record.
+func (v *Verifier) Add(r Record) {
+	v.rep.Events++
+	if r.Seq != v.last+1 {
+		v.rep.Gaps = append(v.rep.Gaps, fmt.Sprintf("%d..%d", v.last+1, r.Seq-1))
+	}
+	v.last = r.Seq
+	if first, dup := v.seen[r.MsgID]; dup {
+		v.rep.DuplicateID = append(v.rep.DuplicateID, fmt.Sprintf("%s at %d and %d", r.MsgID, first, r.Seq))
+	} else {
+		v.seen[r.MsgID] = r.Seq
+	}
+	e, err := events.Decode(r.Data)
+	switch {
+	case errors.Is(err, events.ErrSchemaTooNew):
+		v.rep.NewerSchema = append(v.rep.NewerSchema, fmt.Sprintf("%d: %v", r.Seq, err))
+		return
+	case err != nil:
+		v.rep.Undecodable = append(v.rep.Undecodable, fmt.Sprintf("%d: %v", r.Seq, err))
+		return
+	}
+	v.sagas.Apply(r.Seq, e)
+}
+
+// Report is what the records added so far show.
+func (v *Verifier) Report() Report {
+	rep := v.rep
+	rep.OpenSagas = nil
+	for _, sg := range v.sagas.Open() {
 		rep.OpenSagas = append(rep.OpenSagas, *sg)
 	}
 	return rep
+}
+
+// Verify checks records, which must be given in stored order.
+func Verify(records []Record) Report {
+	v := NewVerifier()
+	for _, r := range records {
+		v.Add(r)
+	}
+	return v.Report()
+}
+
+// verifyBatch is how many records travel together to the verifying
+// goroutine: large enough that the channel costs nothing per record.
+const verifyBatch = 512
+
+// Concurrent runs v on its own goroutine, so decoding and checking overlap
+// reading the journal (which costs a core of its own on the consumer side).
+// add must be called from one goroutine, in stored order; finish returns
+// the report once every added record has been checked.
+func (v *Verifier) Concurrent() (add func(Record), finish func() Report) {
+	batches := make(chan []Record, 4)
+	done := make(chan struct{})
+	go func() {
+		for b := range batches {
+			for _, r := range b {
+				v.Add(r)
+			}
+		}
+		close(done)
+	}()
+	batch := make([]Record, 0, verifyBatch)
+	add = func(r Record) {
+		batch = append(batch, r)
+		if len(batch) == verifyBatch {
+			batches <- batch
+			batch = make([]Record, 0, verifyBatch)
+		}
+	}
+	finish = func() Report {
+		if len(batch) > 0 {
+			batches <- batch
+		}
+		close(batches)
+		<-done
+		return v.Report()
+	}
+	return add, finish
 }

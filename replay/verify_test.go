@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -45,5 +46,24 @@ func TestVerify(t *testing.T) {
 	}
 	if rep.Gaps[0] != "2..2" {
 		t.Fatalf("gap %q", rep.Gaps[0])
+	}
+}
+
+func TestConcurrentVerifierMatchesSerial(t *testing.T) {
+	at := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	var recs []Record
+	for i := 1; i <= 3*verifyBatch+7; i++ {
+		e := events.New(ulid.Make(), at, ulid.Make().String(), events.SagaStartedEvent{Kind: "create"}).InSaga(fmt.Sprintf("s%d", i), "saga.started")
+		recs = append(recs, rec(t, uint64(i), e))
+	}
+	recs = append(recs, Record{Seq: uint64(len(recs) + 2), MsgID: recs[0].MsgID, Data: []byte("x")})
+	want := Verify(recs)
+	add, finish := NewVerifier().Concurrent()
+	for _, r := range recs {
+		add(r)
+	}
+	got := finish()
+	if got.Events != want.Events || len(got.OpenSagas) != len(want.OpenSagas) || len(got.Gaps) != 1 || len(got.DuplicateID) != 1 || len(got.Undecodable) != 1 {
+		t.Fatalf("concurrent %+v\nserial %+v", got, want)
 	}
 }

@@ -44,12 +44,12 @@ type result struct {
 	stdout, stderr string
 }
 
-func nexus(t *testing.T, root string, args ...string) result {
+func nexus(t testing.TB, root string, args ...string) result {
 	t.Helper()
 	return nexusEnv(t, root, nil, args...)
 }
 
-func nexusEnv(t *testing.T, root string, env []string, args ...string) result {
+func nexusEnv(t testing.TB, root string, env []string, args ...string) result {
 	t.Helper()
 	cmd := exec.Command(nexusBin, append([]string{"--state-dir", root}, args...)...)
 	cmd.Env = append(append(os.Environ(), "NEXUS_STATE_DIR="), env...)
@@ -92,7 +92,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 }
 
 func TestNotBuiltCommandsRefuse(t *testing.T) {
-	for _, args := range [][]string{{"reap"}, {"run", "--", "true"}, {"replay", "verify"}, {"image-cache", "list"}} {
+	for _, args := range [][]string{{"run", "--", "true"}} {
 		wantFailure(t, nexus(t, t.TempDir(), args...), 1, "not implemented yet")
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -32,14 +35,30 @@ func withBackend(ctx context.Context, g *globals, fn func(control.Backend) error
 
 func daemonCmd(g *globals) *cobra.Command {
 	var o control.DaemonOptions
+	var mirrorURL string
+	m := &journal.Mirror{}
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Keep the journal open and serve commands (and, with --listen, subscribers)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if mirrorURL != "" {
+				u, err := parseMirrorURL(mirrorURL)
+				if err != nil {
+					return usageError{err}
+				}
+				m.URL = u
+				if m.Host == "" {
+					m.Host = defaultMirrorHost()
+				}
+				o.Mirror = m
+			}
 			o.LockWait = lockWait
 			o.Ready = func(st control.Status) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: serving %s (pid %d)\n", st.Root, st.Pid)
+				if o.Mirror != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: mirroring to stream %s in JetStream domain %q via %s\n", o.Mirror.StreamName(), o.Mirror.Domain, o.Mirror.URL.Redacted())
+				}
 				if st.SubscriberURL != "" {
 					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: subscribers at %s, credentials in %s/%s\n", st.SubscriberURL, st.Root, control.SubscriberFile)
 				}
@@ -49,7 +68,37 @@ func daemonCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
 	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback")
+	c.Flags().StringVar(&mirrorURL, "mirror", "", "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT)")
+	c.Flags().StringVar(&m.Domain, "mirror-domain", "fleet", "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
+	c.Flags().StringVar(&m.Host, "mirror-host", "", "this host's name in the fleet: subject prefix and stream suffix (default: the hostname)")
+	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
 	return c
+}
+
+func parseMirrorURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("--mirror %q: want nats-leaf://[user:pass@]HOST:PORT", s)
+	}
+	switch u.Scheme {
+	case "nats-leaf", "nats", "tls":
+	default:
+		return nil, fmt.Errorf("--mirror %q: scheme %q: want nats-leaf, nats or tls", s, u.Scheme)
+	}
+	return u, nil
+}
+
+// defaultMirrorHost is the hostname reduced to the characters a subject
+// token and a stream name may hold.
+func defaultMirrorHost() string {
+	h, _ := os.Hostname()
+	h, _, _ = strings.Cut(h, ".")
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, h)
 }
 
 func eventsCmd(g *globals) *cobra.Command {

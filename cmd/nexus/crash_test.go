@@ -59,8 +59,8 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 	image := makeImage(t)
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
-	steps := []string{"intents", "os-disk", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
-	commitAt := 6
+	steps := []string{"intents", "image-cache", "os-disk", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
+	commitAt := 7
 	for i, step := range steps {
 		for _, phase := range []string{":before", ""} {
 			point := "create." + step + phase
@@ -134,5 +134,83 @@ func TestCrashDuringFork(t *testing.T) {
 			}
 			assertNothingLeft(t, root)
 		})
+	}
+}
+
+// TestCrashDuringSnapshot kills `nexus snapshot` around its one step. A
+// capture never journaled is compensated (its directory removed, the paused
+// VM resumed); a journaled one is a snapshot that restores.
+func TestCrashDuringSnapshot(t *testing.T) {
+	image := makeImage(t)
+	for _, point := range []string{"snapshot.capture:before", "snapshot.capture"} {
+		t.Run(point, func(t *testing.T) {
+			root := shortRoot(t)
+			sb := createJSON(t, root, "--image", image)
+			crashAt(t, root, point, "snapshot", sb.ID)
+			recoverClean(t, root)
+			list := sandboxes(t, root)
+			if len(list) != 1 || list[0].State != "running" {
+				t.Fatalf("after a crashed snapshot and recover: %+v (the paused VM must be resumed)", list)
+			}
+			journaled := !strings.HasSuffix(point, ":before")
+			if got := len(list[0].Snapshots); got != map[bool]int{true: 1, false: 0}[journaled] {
+				t.Fatalf("%d snapshots recorded", got)
+			}
+			entries, _ := os.ReadDir(filepath.Join(root, "snapshots", sb.ID))
+			if journaled != (len(entries) == 1) {
+				t.Fatalf("snapshots/%s holds %d entries, journaled=%v", sb.ID, len(entries), journaled)
+			}
+			if journaled {
+				mustOK(t, proc(t, root, "restore", list[0].Snapshots[0]), "restore the crashed-after snapshot")
+			}
+			for _, s := range sandboxes(t, root) {
+				mustOK(t, proc(t, root, "rm", s.ID), "rm")
+			}
+			assertNothingLeft(t, root)
+		})
+	}
+}
+
+// TestCrashAtEveryRestoreStep kills `nexus restore` before and after each
+// step of its fork-path saga. Before commit the child is compensated and
+// only the source remains; after it the restored child exists and owns
+// every file it made.
+func TestCrashAtEveryRestoreStep(t *testing.T) {
+	image := makeImage(t)
+	steps := []string{"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "supervisor", "vmm"}
+	commitAt := 6
+	for i, step := range steps {
+		for _, phase := range []string{":before", ""} {
+			point := "restore." + step + phase
+			t.Run(point, func(t *testing.T) {
+				root := shortRoot(t)
+				src := createJSON(t, root, "--image", image)
+				snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", src.ID), "snapshot").stdout)
+				crashAt(t, root, point, "restore", snap)
+				recoverClean(t, root)
+				list := sandboxes(t, root)
+				committed := i > commitAt || (i == commitAt && phase == "")
+				if want := map[bool]int{true: 2, false: 1}[committed]; len(list) != want {
+					t.Fatalf("%d sandboxes after recover, want %d", len(list), want)
+				}
+				for _, sb := range list {
+					if sb.ID == src.ID {
+						continue
+					}
+					if sb.Parent != src.ID {
+						t.Fatalf("restored child's parent = %q", sb.Parent)
+					}
+					for _, want := range []string{"disks/" + sb.ID + ".raw", "disks/" + sb.ID + "-workspace.ext4"} {
+						if _, err := os.Stat(filepath.Join(root, want)); err != nil || !sb.Owns(want) {
+							t.Fatalf("restored child lost %s: %v (owns=%v)", want, err, sb.Owns(want))
+						}
+					}
+				}
+				for _, sb := range list {
+					mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+				}
+				assertNothingLeft(t, root)
+			})
+		}
 	}
 }

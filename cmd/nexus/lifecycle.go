@@ -41,16 +41,16 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 		return fn(&lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b),
 			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
-			Hook:       crashHook(os.Getenv("NEXUS_CRASH_AT")),
+			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 		})
 	})
 }
 
-// crashHook kills this process with SIGKILL at one saga step, for the crash
-// tests: NEXUS_CRASH_AT=<saga>.<step> (after the step's events are
-// journaled) or <saga>.<step>:before (after its effect, before its events).
-func crashHook(at string) func(kind, step string, phase sagas.Phase) {
+// atStep matches a saga hook's arguments against <saga>.<step> (after the
+// step's events are journaled) or <saga>.<step>:before (after its effect,
+// before its events); "" matches nothing and gives nil.
+func atStep(at string) func(kind, step string, p sagas.Phase) bool {
 	if at == "" {
 		return nil
 	}
@@ -58,8 +58,18 @@ func crashHook(at string) func(kind, step string, phase sagas.Phase) {
 	if w, ok := strings.CutSuffix(at, ":before"); ok {
 		want, phase = w, sagas.BeforeRecord
 	}
+	return func(kind, step string, p sagas.Phase) bool { return kind+"."+step == want && p == phase }
+}
+
+// crashHook kills this process with SIGKILL at one saga step, for the crash
+// tests: NEXUS_CRASH_AT=<saga>.<step>[:before].
+func crashHook(at string) func(kind, step string, phase sagas.Phase) {
+	match := atStep(at)
+	if match == nil {
+		return nil
+	}
 	return func(kind, step string, p sagas.Phase) {
-		if kind+"."+step == want && p == phase {
+		if match(kind, step, p) {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {}
 		}

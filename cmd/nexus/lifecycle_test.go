@@ -17,7 +17,7 @@ import (
 )
 
 // makeImage writes a sparse 64 MiB "OS image" with a few MiB of data.
-func makeImage(t *testing.T) string {
+func makeImage(t testing.TB) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "base.raw")
 	f, err := os.Create(path)
@@ -38,12 +38,12 @@ func makeImage(t *testing.T) string {
 	return path
 }
 
-func proc(t *testing.T, root string, args ...string) result {
+func proc(t testing.TB, root string, args ...string) result {
 	t.Helper()
 	return nexus(t, root, append([]string{"--driver", "process"}, args...)...)
 }
 
-func mustOK(t *testing.T, r result, what string) result {
+func mustOK(t testing.TB, r result, what string) result {
 	t.Helper()
 	if r.code != 0 {
 		t.Fatalf("%s: exit %d: %s", what, r.code, r.stderr)
@@ -51,7 +51,7 @@ func mustOK(t *testing.T, r result, what string) result {
 	return r
 }
 
-func sandboxes(t *testing.T, root string) []projections.Sandbox {
+func sandboxes(t testing.TB, root string) []projections.Sandbox {
 	t.Helper()
 	r := mustOK(t, nexus(t, root, "ls", "--json"), "ls")
 	var list []projections.Sandbox
@@ -61,7 +61,7 @@ func sandboxes(t *testing.T, root string) []projections.Sandbox {
 	return list
 }
 
-func createJSON(t *testing.T, root string, args ...string) projections.Sandbox {
+func createJSON(t testing.TB, root string, args ...string) projections.Sandbox {
 	t.Helper()
 	r := mustOK(t, proc(t, root, append([]string{"create", "--json"}, args...)...), "create")
 	var sb projections.Sandbox
@@ -93,7 +93,9 @@ func untracked(t *testing.T, root string) []string {
 		switch {
 		case rel == ".", containers[rel]:
 			return nil
-		case top == "journal", top == "projections", top == "logs", top == "volumes", rel == "nexus.sock", rel == "config.toml":
+		// images/ is the shared image cache: owned by no sandbox, tracked by
+		// the image cache projection (imagecache_test.go checks it).
+		case top == "journal", top == "projections", top == "logs", top == "volumes", top == "images", rel == "nexus.sock", rel == "config.toml":
 			return filepath.SkipDir
 		}
 		for dir := rel; dir != "." && dir != "/"; dir = filepath.Dir(dir) {
@@ -220,6 +222,35 @@ func TestLifecycleEndToEnd(t *testing.T) {
 	if list := sandboxes(t, root); len(list) != 0 {
 		t.Fatalf("after rm: %d sandboxes", len(list))
 	}
+	assertClean(t, root)
+	if left := liveProcesses(t, root); len(left) > 0 {
+		t.Fatalf("processes outlived rm: %v", left)
+	}
+}
+
+// TestDeepStateRootBeyondSunPath runs a sandbox's whole life under a state
+// root so deep that its socket paths exceed sockaddr_un's 108 bytes: every
+// socket is then bound and dialled through its directory's descriptor.
+func TestDeepStateRootBeyondSunPath(t *testing.T) {
+	root := filepath.Join(shortRoot(t), strings.Repeat("deep", 20))
+	if n := len(filepath.Join(root, "supervisors", "01JABCDEFGHJKMNPQRSTVWXYZ0", "supervisor.sock")); n < 140 {
+		t.Fatalf("root not deep enough: %d", n)
+	}
+	sb := createJSON(t, root, "--image", makeImage(t))
+	if sb.State != projections.StateRunning {
+		t.Fatalf("created sandbox: %+v", sb)
+	}
+	for _, sock := range []string{"sb-" + sb.ID + ".sock", "sb-" + sb.ID + ".vsock", "sb-" + sb.ID + ".iid"} {
+		if fi, err := os.Lstat(filepath.Join(root, "run", sock)); err != nil || fi.Mode().Type() != fs.ModeSocket {
+			t.Fatalf("run/%s: %v %v", sock, fi, err)
+		}
+	}
+	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
+	if r := nexus(t, root, "events", "--type", "flush.acknowledged", "--sandbox", sb.ID); strings.Count(r.stdout, "\n") != 1 {
+		t.Fatalf("the guest flush over the deep vsock path was not acknowledged: %q", r.stdout)
+	}
+	mustOK(t, proc(t, root, "start", sb.ID), "start")
+	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
 	assertClean(t, root)
 	if left := liveProcesses(t, root); len(left) > 0 {
 		t.Fatalf("processes outlived rm: %v", left)
@@ -357,10 +388,10 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 	assertNothingLeft(t, root)
 }
 
-// shortRoot is a state root with a short path: unix socket paths (the
-// supervisor's socket lives inside the state root) are limited to 107 bytes,
-// and t.TempDir() names grow with the test's name.
-func shortRoot(t *testing.T) string {
+// shortRoot is a state root outside t.TempDir(), whose names grow with the
+// test's name; short paths keep failure messages readable. Deep roots work
+// too (TestDeepStateRootBeyondSunPath).
+func shortRoot(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "nx")
 	if err != nil {

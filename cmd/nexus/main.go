@@ -79,7 +79,8 @@ func newRoot() *cobra.Command {
 		inspectCmd(g),
 		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
-		rmCmd(g), recoverCmd(g), volumeCmd(g), vmmProcessCmd(), supervisorCmd(),
+		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
+		imageCacheCmd(g), reapCmd(g),
 	)
 	addNotBuilt(root)
 	return root

@@ -24,9 +24,6 @@ func addNotBuilt(root *cobra.Command) {
 		return c
 	}
 	root.AddCommand(
-		stub("reap", "Report or delete orphaned resources"),
 		stub("run", "Run a command with sandboxes bound to its lifetime"),
-		stub("image-cache", "Manage prepared image disks", "list", "prune"),
-		stub("replay", "Audit the journal", "timeline", "at", "diff", "verify"),
 	)
 }

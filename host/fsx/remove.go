@@ -89,6 +89,24 @@ func Remove(root, rel string) error {
 	return unix.Fsync(pfd)
 }
 
+// RemoveEmptyDir deletes the directory rel beneath root only if it is
+// empty, atomically (rmdir): a directory that gained an entry meanwhile is
+// left alone and reported with unix.ENOTEMPTY.
+func RemoveEmptyDir(root, rel string) error {
+	pfd, base, err := openParent(root, rel)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	if err := unix.Unlinkat(pfd, base, unix.AT_REMOVEDIR); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return os.ErrNotExist
+		}
+		return fmt.Errorf("rmdir %s: %w", filepath.Join(root, rel), err)
+	}
+	return unix.Fsync(pfd)
+}
+
 // removeTree deletes directory name in dirfd and everything below it, by
 // descriptor. Links inside are unlinked as links; their targets are never
 // reached.

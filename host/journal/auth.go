@@ -44,6 +44,13 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 			AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeInProcess: {}},
 		}},
 	}
+	if m := opts.Mirror; m != nil {
+		if err := m.validate(); err != nil {
+			return nil, err
+		}
+		so.JetStreamDomain = m.localDomain()
+		so.LeafNode.Remotes = []*server.RemoteLeafOpts{m.leafRemote()}
+	}
 	if opts.Listen == "" {
 		return so, nil
 	}

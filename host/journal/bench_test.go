@@ -28,6 +28,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/replay"
 )
 
 var benchT0 = time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
@@ -430,4 +431,51 @@ func BenchmarkReplay100k(b *testing.B) {
 		b.ReportMetric(n/foldDur.Seconds(), "fold-events/s")
 		b.ReportMetric(float64(rawDur)/float64(foldDur), "ratio")
 	})
+}
+
+// BenchmarkVerify1M is `nexus replay verify` over 1,000,000 events: a
+// journal.Read feeding replay.Verifier (decode, continuity, id uniqueness,
+// saga closure) against journal.Read alone counting bytes, paired in each
+// op. ratio = verify events/s ÷ raw events/s (target ≥ 0.7). Run with
+// -benchtime 1x: one op reads the million events twice.
+func BenchmarkVerify1M(b *testing.B) {
+	const n = 1_000_000
+	dir := filepath.Join(b.TempDir(), "journal")
+	start := time.Now()
+	total := benchBuildJournal(b, dir, n)
+	b.Logf("fixture: %d events, %d payload bytes, built in %v", n, total, time.Since(start).Round(time.Second))
+	j := benchOpen(b, dir)
+	ctx := context.Background()
+	var rawDur, verifyDur time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		var size int64
+		if err := j.Read(ctx, 1, journal.Subjects, func(r journal.Record) error {
+			size += int64(len(r.Data))
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		rawDur += time.Since(t0)
+		if size != total {
+			b.Fatalf("raw read %d bytes, want %d", size, total)
+		}
+
+		t0 = time.Now()
+		add, finish := replay.NewVerifier().Concurrent()
+		if err := j.Read(ctx, 1, journal.Subjects, func(r journal.Record) error {
+			add(replay.Record{Seq: r.Seq, MsgID: r.MsgID, Data: r.Data})
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		rep := finish()
+		verifyDur += time.Since(t0)
+		if !rep.OK() || rep.Events != n {
+			b.Fatalf("verify of the fixture: %d events, ok=%v", rep.Events, rep.OK())
+		}
+	}
+	b.ReportMetric(float64(n)*float64(b.N)/rawDur.Seconds(), "raw-events/s")
+	b.ReportMetric(float64(n)*float64(b.N)/verifyDur.Seconds(), "verify-events/s")
+	b.ReportMetric(rawDur.Seconds()/verifyDur.Seconds(), "ratio")
 }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -55,6 +56,8 @@ type Options struct {
 	// Subscriber is the read-only identity for external clients; required
 	// when Listen is set.
 	Subscriber *Credentials
+	// Mirror, if set, replicates the journal to a fleet's JetStream.
+	Mirror *Mirror
 }
 
 // Credentials name a NATS user. PasswordHash is a bcrypt hash; the server
@@ -72,6 +75,11 @@ type Journal struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	stream jetstream.Stream
+
+	mirrorStop context.CancelFunc
+	mirrorMu   sync.Mutex
+	mirrorErr  error
+	mirrorSet  bool
 }
 
 // Record is one stored event, as bytes.
@@ -148,7 +156,15 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("journal: open stream %s: %w", StreamName, err)
 	}
-	return writeFormat(j.dir)
+	if err := writeFormat(j.dir); err != nil {
+		return err
+	}
+	if opts.Mirror != nil {
+		mctx, stop := context.WithCancel(context.Background())
+		j.mirrorStop = stop
+		go j.keepMirror(mctx, opts.Mirror)
+	}
+	return nil
 }
 
 func streamConfig() jetstream.StreamConfig {
@@ -214,6 +230,9 @@ func (j *Journal) ClientURL() string {
 // Close stops the server and releases the lock, in that order, so no other
 // process can open the store while this server still has its files open.
 func (j *Journal) Close() error {
+	if j.mirrorStop != nil {
+		j.mirrorStop()
+	}
 	if j.nc != nil {
 		j.nc.Drain()
 		j.nc.Close()
@@ -323,10 +342,14 @@ func (j *Journal) Follow(ctx context.Context, from uint64, filter string, fn fun
 }
 
 func (j *Journal) consume(ctx context.Context, from uint64, filter string, follow bool, fn func(Record) error) error {
+	return consume(ctx, j.stream, from, filter, follow, fn)
+}
+
+func consume(ctx context.Context, stream jetstream.Stream, from uint64, filter string, follow bool, fn func(Record) error) error {
 	if from == 0 {
 		from = 1
 	}
-	cons, err := j.stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{filter},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    from,

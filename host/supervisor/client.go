@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // Ping asks the supervisor serving stateDir who it is and which CA it holds.
@@ -21,8 +23,7 @@ func Ping(ctx context.Context, stateDir string) (PingInfo, error) {
 func getJSON(ctx context.Context, sock, urlPath string, out any) error {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", sock)
+			return unixsock.Dial(ctx, sock)
 		},
 		// One request per call; a pooled connection would outlive it.
 		DisableKeepAlives: true,

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // agent stands in for the guest agent behind CH's vsock socket. Its line
@@ -19,7 +21,7 @@ import (
 // guest cannot: a host that asks the guest to flush after pausing it hangs
 // here as it would on CH, instead of passing.
 type agent struct {
-	l     *unixListener
+	l     *unixsock.Listener
 	disks []disk
 	log   *logger
 	done  chan struct{}
@@ -32,7 +34,7 @@ type agent struct {
 }
 
 func startAgent(path string, disks []disk, paused bool, log *logger) (*agent, error) {
-	l, err := listenUnix(path)
+	l, err := unixsock.Listen(path)
 	if err != nil {
 		return nil, err
 	}

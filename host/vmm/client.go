@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // Client calls a VMM's REST API on its unix socket. Give every call a context
@@ -26,8 +28,7 @@ type Client struct {
 func NewClient(apiSocket string) *Client {
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", apiSocket)
+			return unixsock.Dial(ctx, apiSocket)
 		},
 		// A fresh connection per call: a pooled connection to a VMM that has
 		// since died fails with EOF or ECONNRESET, which says nothing, where a

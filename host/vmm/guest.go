@@ -4,9 +4,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // GuestAgentPort is the guest vsock port the guest agent listens on.
@@ -16,8 +17,7 @@ const GuestAgentPort = 1024
 // its filesystems, and returns nil only when the agent confirms. A nil
 // return is what entitles the host to journal a flush acknowledgement.
 func GuestFlush(ctx context.Context, vsockSocket string) error {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", vsockSocket)
+	conn, err := unixsock.Dial(ctx, vsockSocket)
 	if err != nil {
 		return fmt.Errorf("guest flush: %w", err)
 	}

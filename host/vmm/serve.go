@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // Serve is the process driver's VMM: it answers CH's API on apiSocket and
@@ -36,7 +38,7 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 		log = io.Discard
 	}
 	s := &server{log: &logger{w: log}, stop: make(chan struct{})}
-	l, err := listenUnix(apiSocket)
+	l, err := unixsock.Listen(apiSocket)
 	if err != nil {
 		return fmt.Errorf("vmm: API socket: %w", err)
 	}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/lifecycle"
+)
+
+// imageCacheCmd is `nexus image-cache list|prune`: prepared image disks
+// under images/, protected by journal references and the cache lease.
+func imageCacheCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "image-cache", Short: "List and prune prepared image disks (images/)", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError{fmt.Errorf("image-cache: want a subcommand: list or prune")}
+		}}
+	var listJSON bool
+	list := &cobra.Command{Use: "list", Short: "List cache entries: id, image, allocated, apparent, last use (Unix ms), layout, sandboxes", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				rows, _, err := m.ImageCacheList(cmd.Context())
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, listJSON, rows, func() {
+					w := cmd.OutOrStdout()
+					for _, r := range rows {
+						fmt.Fprintln(w, cacheRow(r))
+					}
+				})
+			})
+		}}
+	list.Flags().BoolVar(&listJSON, "json", false, "print JSON")
+
+	var unused, dryRun, pruneJSON bool
+	var olderThan, maxBytes string
+	prune := &cobra.Command{Use: "prune --unused [--dry-run] [--older-than DUR] [--max-bytes N]",
+		Short: "Remove committed entries no persisted sandbox references", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			opts, err := pruneOptions(unused, dryRun, olderThan, maxBytes)
+			if err != nil {
+				return usageError{err}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				rep, err := m.PruneImageCache(cmd.Context(), opts)
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, pruneJSON, rep, func() {
+					w := cmd.OutOrStdout()
+					verb := "removed"
+					if rep.DryRun {
+						verb = "would remove"
+					}
+					for _, r := range rep.Removed {
+						fmt.Fprintf(w, "%s\t%s\t%d\n", verb, r.CacheID, r.Allocated)
+					}
+					fmt.Fprintf(w, "%s %d entries, %d allocated bytes\n", verb, len(rep.Removed), rep.AllocatedBytes)
+				})
+			})
+		}}
+	prune.Flags().BoolVar(&unused, "unused", false, "remove entries no persisted sandbox references (required)")
+	prune.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be removed; take no lease, change nothing")
+	prune.Flags().StringVar(&olderThan, "older-than", "", "only entries last used longer ago than DUR (e.g. 36h, 7d)")
+	prune.Flags().StringVar(&maxBytes, "max-bytes", "", "evict least recently used unreferenced entries until the cache's allocated bytes fit in N (e.g. 0, 512M, 20G)")
+	prune.Flags().BoolVar(&pruneJSON, "json", false, "print JSON")
+	c.AddCommand(list, prune)
+	return c
+}
+
+// cacheRow is one tab-separated list line; unknown values print as "-".
+func cacheRow(r lifecycle.CacheListing) string {
+	ref, last, layout := "-", "-", "-"
+	if r.Ref != nil {
+		ref = *r.Ref
+	}
+	if r.LastUseMs != nil {
+		last = strconv.FormatInt(*r.LastUseMs, 10)
+	}
+	if r.Layout != nil {
+		layout = strconv.Itoa(*r.Layout)
+	}
+	return strings.Join([]string{r.CacheID, ref, strconv.FormatInt(r.Allocated, 10), strconv.FormatInt(r.Apparent, 10),
+		last, layout, dash(strings.Join(r.Sandboxes, ","))}, "\t")
+}
+
+func pruneOptions(unused, dryRun bool, olderThan, maxBytes string) (lifecycle.CachePruneOptions, error) {
+	opts := lifecycle.CachePruneOptions{DryRun: dryRun, MaxBytes: -1}
+	if !unused {
+		return opts, fmt.Errorf("prune needs --unused (the only selection it supports: entries no sandbox references)")
+	}
+	if olderThan != "" {
+		d, err := parseAge(olderThan)
+		if err != nil {
+			return opts, fmt.Errorf("--older-than %q: %v", olderThan, err)
+		}
+		opts.OlderThan = d
+	}
+	if maxBytes != "" {
+		if strings.TrimSpace(maxBytes) == "0" {
+			opts.MaxBytes = 0
+		} else {
+			n, err := parseSize(maxBytes)
+			if err != nil {
+				return opts, fmt.Errorf("--max-bytes %q: %v", maxBytes, err)
+			}
+			opts.MaxBytes = n
+		}
+	}
+	return opts, nil
+}
+
+// parseAge reads a Go duration (90m, 36h) or whole days (7d).
+func parseAge(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n <= 0 || n > 100000 {
+			return 0, fmt.Errorf("want a positive duration such as 36h or 7d")
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("want a positive duration such as 36h or 7d")
+	}
+	return d, nil
+}

@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/reaper"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+var reapKinds = []events.ResourceKind{
+	events.KindRawDisk, events.KindWorkspaceDisk, events.KindCreateIntent, events.KindShadowIntent,
+	events.KindShadowDisk, events.KindAPISocket, events.KindVsockSocket, events.KindIIDSocket,
+	events.KindSupervisorState, events.KindBuilderSupervisor, events.KindSnapshot, events.KindRecord,
+	events.KindSupervisorProcess,
+}
+
+func reapCmd(g *globals) *cobra.Command {
+	var o lifecycle.ReapOptions
+	var kind, olderThan string
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "reap",
+		Short: "Report orphaned resources (dry run); --apply deletes them",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Plan != "" && !o.Apply {
+				return usageError{errors.New("--plan needs --apply (a dry run makes a new plan)")}
+			}
+			if o.Plan != "" && !layout.IsULID(strings.ToUpper(o.Plan)) {
+				return usageError{fmt.Errorf("--plan %q is not a plan id", o.Plan)}
+			}
+			o.Plan = strings.ToUpper(o.Plan)
+			if kind != "" {
+				known := false
+				for _, k := range reapKinds {
+					known = known || string(k) == kind
+				}
+				if !known {
+					return usageError{fmt.Errorf("--kind %q: want one of %v", kind, reapKinds)}
+				}
+				o.Filter.Kind = events.ResourceKind(kind)
+			}
+			if olderThan != "" {
+				d, err := time.ParseDuration(olderThan)
+				if err != nil || d < 0 {
+					return usageError{fmt.Errorf("--older-than %q: want a duration such as 30m or 24h", olderThan)}
+				}
+				o.Filter.OlderThan = int64(d / time.Second)
+				if o.Filter.OlderThan == 0 && d > 0 {
+					o.Filter.OlderThan = 1
+				}
+			}
+			if layout.IsULID(strings.ToUpper(o.Filter.Sandbox)) {
+				o.Filter.Sandbox = strings.ToUpper(o.Filter.Sandbox)
+			}
+			rep, err := runReap(cmd.Context(), g, o)
+			if rep == nil {
+				return err
+			}
+			if perr := printResult(cmd, asJSON, rep, func() { reapHuman(cmd, rep) }); perr != nil {
+				return perr
+			}
+			if err != nil {
+				return err
+			}
+			if len(rep.Failed) > 0 {
+				return fmt.Errorf("reap --apply: %d resource(s) could not be deleted (see failed)", len(rep.Failed))
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&o.Apply, "apply", false, "delete the orphans (default: report only)")
+	c.Flags().StringVar(&o.Plan, "plan", "", "with --apply: delete only what this dry run's plan listed, re-checking each entry")
+	c.Flags().StringVar(&kind, "kind", "", "only resources of this kind")
+	c.Flags().StringVar(&o.Filter.Sandbox, "sandbox", "", "only resources of this sandbox (ULID, or handle for shadow disks)")
+	c.Flags().StringVar(&olderThan, "older-than", "", "only resources whose mtime is older than this duration")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+// runReap reaches the journal and reaps. A journal that cannot be fully
+// read (damaged, newer schema) is not an error to stop at: the scan still
+// runs, everything is kept, and the report says why (RL-9).
+func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecycle.ReapReport, error) {
+	root, err := node.PrepareRoot(g.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	unreadable := func(why error) (*lifecycle.ReapReport, error) {
+		rep, serr := lifecycle.ReapUnreadable(root, why.Error(), o)
+		if serr != nil {
+			return nil, serr
+		}
+		if o.Apply {
+			return &rep, fmt.Errorf("reap --apply refused, nothing deleted: journal cannot be fully read: %v", why)
+		}
+		return &rep, nil
+	}
+	b, err := control.Connect(ctx, root, lockWait)
+	if err != nil {
+		if errors.Is(err, node.ErrStateRoot) || errors.Is(err, control.ErrBusy) || ctx.Err() != nil {
+			return nil, err
+		}
+		return unreadable(err)
+	}
+	m := &lifecycle.Manager{Root: layout.Root(root), B: b, Hook: testHooks()}
+	rep, err := m.Reap(ctx, o)
+	err = errors.Join(err, b.Close())
+	switch {
+	case errors.Is(err, lifecycle.ErrJournalUnreadable) && ctx.Err() == nil:
+		return unreadable(err)
+	case errors.Is(err, lifecycle.ErrPlanNotFound):
+		return nil, err
+	}
+	return &rep, err
+}
+
+func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
+	w := cmd.OutOrStdout()
+	mode := "dry run"
+	if rep.Apply {
+		mode = "apply"
+	}
+	owned := 0
+	for _, it := range rep.Kept {
+		if it.Verdict == reaper.Owned {
+			owned++
+		}
+	}
+	if rep.Journal != "" {
+		fmt.Fprintf(w, "journal cannot be fully read, everything is kept: %s\n", rep.Journal)
+	}
+	fmt.Fprintf(w, "reap (%s): %d scanned, %d orphan(s), %d kept (%d owned)\n", mode, rep.Scanned, len(rep.Orphans), len(rep.Kept), owned)
+	line := func(tag string, it lifecycle.ReapItem) {
+		fmt.Fprintf(w, "  %-9s %-18s %s  owner=%s  %d bytes  %s", tag, it.Kind, it.Path, dash(it.Owner), it.Allocated, it.Reason)
+		if it.Error != "" {
+			fmt.Fprintf(w, "  error: %s", it.Error)
+		}
+		fmt.Fprintln(w)
+	}
+	if !rep.Apply {
+		for _, it := range rep.Orphans {
+			line("orphan", it)
+		}
+	}
+	for _, it := range rep.Kept {
+		if it.Verdict != reaper.Owned {
+			line(string(it.Verdict), it)
+		}
+	}
+	for _, it := range rep.Deleted {
+		line("deleted", it)
+	}
+	for _, it := range rep.Failed {
+		line("FAILED", it)
+	}
+	for _, e := range rep.ScanErrors {
+		fmt.Fprintf(w, "  unreadable directory (nothing in it judged): %s\n", e)
+	}
+	if rep.Apply {
+		fmt.Fprintf(w, "deleted %d (%d bytes allocated), failed %d\n", len(rep.Deleted), rep.Allocated, len(rep.Failed))
+	} else if rep.Plan != "" {
+		fmt.Fprintf(w, "would free %d bytes allocated; plan %s: apply exactly it with `nexus reap --apply --plan %s`\n", rep.Allocated, rep.Plan, rep.Plan)
+	}
+}
+
+// testHooks are the saga hooks the tests drive through the environment:
+// NEXUS_CRASH_AT kills the process at a step, NEXUS_PAUSE_AT stops it there
+// (SIGSTOP, after saying so on stderr) until it is sent SIGCONT, so a test
+// can look at the state root with a real creator frozen mid-flight.
+func testHooks() func(kind, step string, phase sagas.Phase) {
+	crash := crashHook(os.Getenv("NEXUS_CRASH_AT"))
+	pause := pauseHook(os.Getenv("NEXUS_PAUSE_AT"))
+	if crash == nil || pause == nil {
+		if crash != nil {
+			return crash
+		}
+		return pause
+	}
+	return func(kind, step string, p sagas.Phase) {
+		crash(kind, step, p)
+		pause(kind, step, p)
+	}
+}
+
+// pauseHook stops this process (SIGSTOP, after saying so on stderr) at one
+// saga step until it is sent SIGCONT: NEXUS_PAUSE_AT=<saga>.<step>[:before].
+func pauseHook(at string) func(kind, step string, phase sagas.Phase) {
+	match := atStep(at)
+	if match == nil {
+		return nil
+	}
+	return func(kind, step string, p sagas.Phase) {
+		if match(kind, step, p) {
+			// A self-sent SIGSTOP may take effect a little after kill(2)
+			// returns; waiting for the SIGCONT itself makes the pause exact.
+			cont := make(chan os.Signal, 1)
+			signal.Notify(cont, syscall.SIGCONT)
+			defer signal.Stop(cont)
+			fmt.Fprintf(os.Stderr, "nexus: paused at %s (pid %d)\n", at, os.Getpid())
+			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+			<-cont
+		}
+	}
+}

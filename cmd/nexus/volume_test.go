@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+// appendRaw writes events straight into a state root's journal, as an
+// older nexus (or one with the TBD-PD-22 defect) would have left them.
+func appendRaw(t *testing.T, root string, evs ...events.Event) {
+	t.Helper()
+	ctx := context.Background()
+	n, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if _, err := n.Append(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func volumeSum(t *testing.T, root, name string) string {
+	t.Helper()
+	out, err := exec.Command("sha256sum", filepath.Join(root, "volumes", name, "disk.ext4")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+func prune(t *testing.T, root string, args ...string) lifecycle.PruneReport {
+	t.Helper()
+	out := mustOK(t, proc(t, root, append([]string{"volume", "prune", "--json"}, args...)...), "volume prune").stdout
+	var rep lifecycle.PruneReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("volume prune --json: %v\n%s", err, out)
+	}
+	return rep
+}
+
+// TestVolumePruneClearsStaleAttachments covers TBD-PD-22 for journals that
+// already hold the defect: an attachment naming a sandbox that no longer
+// exists blocks `volume rm` until `volume prune --apply` clears it. A dry
+// run changes nothing, a live sandbox's attachment is never cleared, and no
+// volume byte changes until the user's explicit rm.
+func TestVolumePruneClearsStaleAttachments(t *testing.T) {
+	root := shortRoot(t)
+	mustOK(t, proc(t, root, "volume", "create", "stale", "--size", "16M"), "volume create stale")
+	mustOK(t, proc(t, root, "volume", "create", "inuse", "--size", "16M"), "volume create inuse")
+	live := createJSON(t, root, "--image", makeImage(t), "--volume", "inuse:/data")
+	gone := ulid.Make().String()
+	appendRaw(t, root, events.New(ulid.Make(), time.Now().UTC(), gone, events.VolumeAttachedEvent{Name: "stale", GuestPath: "/data"}))
+	staleSum, inuseSum := volumeSum(t, root, "stale"), volumeSum(t, root, "inuse")
+
+	wantFailure(t, proc(t, root, "volume", "rm", "stale"), 1, "attached")
+	dry := prune(t, root)
+	if dry.Apply || !slices.Equal(dry.Stale, []string{"stale@" + gone}) || len(dry.Removed) != 0 {
+		t.Fatalf("dry run: %+v", dry)
+	}
+	wantFailure(t, proc(t, root, "volume", "rm", "stale"), 1, "attached") // the dry run changed nothing
+
+	applied := prune(t, root, "--apply", "--include-detached=false")
+	if !slices.Equal(applied.Stale, []string{"stale@" + gone}) || !slices.Contains(applied.Detached, "stale") || slices.Contains(applied.Detached, "inuse") {
+		t.Fatalf("apply: %+v", applied)
+	}
+	if again := prune(t, root, "--apply"); len(again.Stale) != 0 {
+		t.Fatalf("second prune found stale attachments again: %+v", again)
+	}
+	if r := nexus(t, root, "events", "--type", "volume.detached", "--sandbox", gone); r.code != 0 || r.stdout == "" {
+		t.Fatalf("the cleared attachment is not a journal event: %q %q", r.stdout, r.stderr)
+	}
+	if volumeSum(t, root, "stale") != staleSum || volumeSum(t, root, "inuse") != inuseSum {
+		t.Fatal("prune changed a volume's bytes")
+	}
+	wantFailure(t, proc(t, root, "volume", "rm", "inuse"), 1, "attached")
+	mustOK(t, proc(t, root, "volume", "rm", "stale"), "volume rm stale after prune")
+	if _, err := os.Stat(filepath.Join(root, "volumes", "stale")); !os.IsNotExist(err) {
+		t.Fatalf("volume rm left volumes/stale: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "volumes", "inuse", "disk.ext4")); err != nil {
+		t.Fatalf("the attached volume went missing: %v", err)
+	}
+	mustOK(t, proc(t, root, "rm", live.ID), "rm")
+}

@@ -1,0 +1,207 @@
+package journal
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+const (
+	fleetDomain = "fleet"
+	leafUser    = "host-a"
+	leafPass    = "s3cret-leaf"
+)
+
+// startFleet runs a second embedded nats-server standing in for the
+// fleet's JetStream: its own domain, a leaf-node listener with a password.
+// A restart passes the ports of the first run, so the host's link finds
+// the fleet where it was.
+func startFleet(t *testing.T, dir string, clientPort, leafPort int) *server.Server {
+	t.Helper()
+	o := &server.Options{
+		ServerName: "fleet", Host: "127.0.0.1", Port: clientPort,
+		JetStream: true, JetStreamDomain: fleetDomain, StoreDir: dir,
+		NoLog: true, NoSigs: true,
+	}
+	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", leafPort
+	o.LeafNode.Username, o.LeafNode.Password = leafUser, leafPass
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("fleet server not ready")
+	}
+	return s
+}
+
+// mirrored reads the fleet's mirror stream from the start.
+// freePort asks the kernel for an unused port.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func mirrored(t *testing.T, fleet *server.Server, stream string) []*nats.Msg {
+	t.Helper()
+	nc, err := nats.Connect(fleet.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*nats.Msg
+	for seq := uint64(1); seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("get %d: %v", seq, err)
+		}
+		out = append(out, &nats.Msg{Subject: m.Subject, Data: m.Data, Header: m.Header})
+	}
+	return out
+}
+
+// awaitMirrored waits until the fleet holds n messages of the mirror; the
+// fleet pulls asynchronously, so this is the signal, with a deadline.
+func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*nats.Msg {
+	t.Helper()
+	// The fleet retries a mirror whose source went away with a growing
+	// backoff; after an outage it resumes within about 40 s here.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		got := mirrored(t, fleet, stream)
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleet mirror holds %d of %d messages after 30 s", len(got), n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// openMirrored opens a fresh journal mirroring, as host "host-a", to the
+// fleet's leaf port.
+func openMirrored(t *testing.T, leafPort int) (*Journal, *Mirror) {
+	t.Helper()
+	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, leafPort))
+	m := &Mirror{URL: u, Domain: fleetDomain, Host: "host-a"}
+	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	return j, m
+}
+
+func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
+	fleetDir := t.TempDir()
+	clientPort, leafPort := freePort(t), freePort(t)
+	fleet := startFleet(t, fleetDir, clientPort, leafPort)
+	j, m := openMirrored(t, leafPort)
+	appendN(t, j, 0, 5)
+	got := awaitMirrored(t, fleet, m.StreamName(), 5)
+	if ok, msg := j.MirrorStatus(); !ok {
+		t.Fatalf("mirror status: %v %q", ok, msg)
+	}
+
+	// The fleet goes away; the journal keeps appending.
+	fleet.Shutdown()
+	fleet.WaitForShutdown()
+	appendN(t, j, 5, 7)
+	fleet = startFleet(t, fleetDir, clientPort, leafPort)
+	defer fleet.Shutdown()
+
+	got = awaitMirrored(t, fleet, m.StreamName(), 12)
+	if len(got) != 12 {
+		t.Fatalf("mirror holds %d messages, want exactly 12 (no duplicates)", len(got))
+	}
+	for i, msg := range got {
+		if want := fmt.Sprintf("event %d", i); string(msg.Data) != want {
+			t.Fatalf("mirror message %d = %q, want %q (order)", i+1, msg.Data, want)
+		}
+		if !strings.HasPrefix(msg.Subject, "host-a.nexus.events.") {
+			t.Fatalf("mirror subject %q is not prefixed by the host", msg.Subject)
+		}
+	}
+
+	// replay reads the mirror as it reads a journal: ids kept, in order.
+	var recs []Record
+	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", m.StreamName(), func(r Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 12 || recs[0].MsgID != "m-0" || recs[11].MsgID != "m-11" || recs[11].Seq != 12 {
+		t.Fatalf("ReadMirror: %d records, first %+v", len(recs), recs[0])
+	}
+}
+
+// TestFleetCannotWriteTheJournal: everything the fleet can send over the
+// link that would change the journal is refused by the embedded server.
+func TestFleetCannotWriteTheJournal(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	j, m := openMirrored(t, leafPort)
+	appendN(t, j, 0, 3)
+	awaitMirrored(t, fleet, m.StreamName(), 3)
+
+	nc, err := nats.Connect(fleet.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	// A publish into the journal's subjects from the fleet side.
+	if err := nc.Publish("nexus.events.sandbox.created.x", []byte("injected")); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	// JetStream API calls addressed to this host's domain.
+	local, err := jetstream.NewWithDomain(nc, m.localDomain())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := local.DeleteStream(ctx, StreamName); err == nil {
+		t.Fatal("the fleet deleted the journal stream")
+	}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel2()
+	if _, err := local.UpdateStream(ctx2, jetstream.StreamConfig{Name: StreamName, Subjects: []string{Subjects}}); err == nil {
+		t.Fatal("the fleet updated the journal stream")
+	}
+	if recs := readAll(t, j, 1, ""); len(recs) != 3 {
+		t.Fatalf("journal holds %d records after the fleet's attempts, want 3", len(recs))
+	}
+}

@@ -1,0 +1,306 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/imagecache"
+	"github.com/nexus-sandbox/nexus/host/lease"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// cacheLeaseWait bounds how long a create waits for a prune to finish.
+const cacheLeaseWait = 30 * time.Second
+
+// shareCache takes the image cache lease shared, for a create or a
+// preparation: while any holds it, no prune can take it exclusively.
+func (m *Manager) shareCache(ctx context.Context) (*lease.Lease, error) {
+	if err := m.ensureDirs("images"); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, cacheLeaseWait)
+	defer cancel()
+	l, err := lease.AcquireShared(wctx, m.Root.ImageLease())
+	if err != nil {
+		return nil, fmt.Errorf("%w: image cache is being pruned: %v", ErrRefused, err)
+	}
+	return l, nil
+}
+
+// bootstrapOf is the cache entry sandbox id's OS disk came from, as the
+// journal recorded it (zero if it recorded none).
+func (m *Manager) bootstrapOf(ctx context.Context, id string) (events.Bootstrap, error) {
+	st, err := m.B.ImageCache(ctx)
+	if err != nil {
+		return events.Bootstrap{}, err
+	}
+	return st.Bootstrap(id), nil
+}
+
+// imageCacheStep prepares plan's image into the cache unless a committed
+// entry of the same identity exists, and journals the entry and its use. It has no undo: an entry is
+// shared, owned by no sandbox, and prunable once nothing references it.
+func (m *Manager) imageCacheStep(plan createPlan) sagas.Step {
+	return sagas.Step{
+		Name: "image-cache",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			now := nowUTC().UnixMilli()
+			id := imagecache.Identity{CacheID: plan.boot.CacheID, Ref: plan.image, Identity: plan.boot.Identity,
+				Layout: imagecache.LayoutVersion, PreparedMs: now}
+			if _, _, err := imagecache.Prepare(m.Root, plan.image, id); err != nil {
+				return nil, err
+			}
+			// Journaled on every use, not only when this create committed the
+			// entry: folding it again is harmless, and it adopts an entry a
+			// create killed before journaling left behind, without fetching
+			// the whole cache projection to find out.
+			ps := []events.Payload{events.ImageCachePreparedEvent{CacheID: id.CacheID, Ref: id.Ref, Identity: id.Identity,
+				Layout: id.Layout, Path: m.rel(m.Root.ImageEntry(id.CacheID))}}
+			return append(ps, events.ImageCacheUsedEvent{CacheID: id.CacheID, LastUseMs: now}), nil
+		},
+	}
+}
+
+// CacheListing is one row of `nexus image-cache list`. Nil fields are
+// unknown: the entry was created without metadata.
+type CacheListing struct {
+	CacheID   string   `json:"cache_id"`
+	Ref       *string  `json:"image_ref"`
+	Allocated int64    `json:"allocated_bytes"`
+	Apparent  int64    `json:"apparent_bytes"`
+	LastUseMs *int64   `json:"last_use_ms"`
+	Layout    *int     `json:"layout_version"`
+	Sandboxes []string `json:"sandboxes"`
+
+	ageMs int64 // last use, else preparation, else the disk's mtime
+}
+
+// ImageCacheList joins the committed entries on disk with what the journal
+// knows about them. It takes no lease. An entry the journal does not know
+// (prepared by a create that died before journaling it) falls back to its
+// identity file; one with neither shows unknowns.
+func (m *Manager) ImageCacheList(ctx context.Context) ([]CacheListing, []imagecache.Skipped, error) {
+	st, err := m.B.ImageCache(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	list, skipped, err := m.listWith(st)
+	return list, skipped, err
+}
+
+func (m *Manager) listWith(st projections.ImageCacheState) ([]CacheListing, []imagecache.Skipped, error) {
+	found, skipped, err := imagecache.Scan(m.Root)
+	if err != nil {
+		return nil, nil, err
+	}
+	known := make(map[string]*projections.CacheEntry, len(st.Entries))
+	for i := range st.Entries {
+		known[st.Entries[i].CacheID] = &st.Entries[i]
+	}
+	refs, unattributed := st.References()
+	out := make([]CacheListing, 0, len(found))
+	for _, e := range found {
+		l := CacheListing{CacheID: e.CacheID, Allocated: e.Allocated, Apparent: e.Apparent, ageMs: e.ModMs}
+		if ent := known[e.CacheID]; ent != nil {
+			if ent.Ref != "" {
+				l.Ref = &ent.Ref
+			}
+			if ent.Layout != 0 {
+				l.Layout = &ent.Layout
+			}
+			if ent.LastUseMs != 0 {
+				l.LastUseMs = &ent.LastUseMs
+				l.ageMs = ent.LastUseMs
+			}
+		} else if id, err := imagecache.ReadIdentity(m.Root, e.CacheID); err == nil {
+			if id.Ref != "" {
+				l.Ref = &id.Ref
+			}
+			if id.Layout != 0 {
+				l.Layout = &id.Layout
+			}
+			if id.PreparedMs != 0 {
+				l.ageMs = id.PreparedMs
+			}
+		}
+		l.Sandboxes = append(append([]string{}, refs[e.CacheID]...), unattributed...)
+		sort.Strings(l.Sandboxes)
+		out = append(out, l)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].CacheID < out[j].CacheID })
+	return out, skipped, nil
+}
+
+// CachePruneOptions is `image-cache prune --unused [--dry-run] [--older-than]
+// [--max-bytes]`.
+type CachePruneOptions struct {
+	DryRun    bool
+	OlderThan time.Duration // 0: any age
+	MaxBytes  int64         // -1: no size target
+}
+
+// KeptEntry is an entry prune left, and why.
+type KeptEntry struct {
+	CacheID string `json:"cache_id"`
+	Reason  string `json:"reason"`
+}
+
+// CachePruneReport is what prune removed (or, dry, would remove).
+type CachePruneReport struct {
+	DryRun         bool                 `json:"dry_run"`
+	Removed        []CacheListing       `json:"removed"`
+	AllocatedBytes int64                `json:"allocated_bytes"` // before removal
+	Kept           []KeptEntry          `json:"kept"`
+	Skipped        []imagecache.Skipped `json:"skipped"`
+	CacheBytes     int64                `json:"cache_bytes_after"`
+}
+
+// ErrIncomplete marks a prune refused because a sandbox-producing saga is
+// open: the sandbox it leaves, and the entry it references, are unknown.
+var ErrIncomplete = errors.New("incomplete sandbox state")
+
+// planPrune decides, purely, which entries an unused-prune removes:
+// nothing while a create, fork or restore is unfinished; nothing while a
+// persisted sandbox records no bootstrap (it may use any entry); never an
+// entry a persisted sandbox references; with OlderThan only entries unused
+// for that long; with MaxBytes only the least recently used until the
+// whole cache fits.
+func planPrune(list []CacheListing, st projections.ImageCacheState, opts CachePruneOptions, nowMs int64) (remove []CacheListing, kept []KeptEntry, err error) {
+	if len(st.Pending) > 0 {
+		var open []string
+		for _, p := range st.Pending {
+			open = append(open, fmt.Sprintf("%s saga %s of sandbox %s", p.Kind, p.Saga, p.Sandbox))
+		}
+		return nil, nil, fmt.Errorf("%w: %s is unfinished; let it finish or run `nexus recover`", ErrIncomplete, strings.Join(open, ", "))
+	}
+	refs, unattributed := st.References()
+	var candidates []CacheListing
+	var total int64
+	for _, l := range list {
+		total += l.Allocated
+		switch {
+		case len(unattributed) > 0:
+			kept = append(kept, KeptEntry{l.CacheID, "sandbox " + strings.Join(unattributed, ", ") + " records no bootstrap identity and protects every entry"})
+		case len(refs[l.CacheID]) > 0:
+			kept = append(kept, KeptEntry{l.CacheID, "referenced by " + strings.Join(refs[l.CacheID], ", ")})
+		case opts.OlderThan > 0 && l.ageMs > nowMs-opts.OlderThan.Milliseconds():
+			kept = append(kept, KeptEntry{l.CacheID, "used within " + opts.OlderThan.String()})
+		default:
+			candidates = append(candidates, l)
+		}
+	}
+	// Least recently used first; ties by id so the plan is deterministic.
+	sort.SliceStable(candidates, func(i, j int) bool {
+		if candidates[i].ageMs != candidates[j].ageMs {
+			return candidates[i].ageMs < candidates[j].ageMs
+		}
+		return candidates[i].CacheID < candidates[j].CacheID
+	})
+	for _, c := range candidates {
+		if opts.MaxBytes >= 0 && total <= opts.MaxBytes {
+			kept = append(kept, KeptEntry{c.CacheID, fmt.Sprintf("cache fits in %d bytes", opts.MaxBytes)})
+			continue
+		}
+		remove = append(remove, c)
+		total -= c.Allocated
+	}
+	sort.Slice(kept, func(i, j int) bool { return kept[i].CacheID < kept[j].CacheID })
+	return remove, kept, nil
+}
+
+// PruneImageCache removes committed entries no persisted sandbox
+// references. A real prune holds the cache lease exclusively (refusing,
+// with the holders named, if a create holds it), reads the references
+// only once it holds it, and journals each removal; it works whether or
+// not the daemon runs, because both coordinate through the lease and the
+// journal. A dry run takes no lease and changes nothing.
+func (m *Manager) PruneImageCache(ctx context.Context, opts CachePruneOptions) (CachePruneReport, error) {
+	rep := CachePruneReport{DryRun: opts.DryRun}
+	if !opts.DryRun {
+		if ok, err := fsx.Lexists(string(m.Root), "images"); err != nil || !ok {
+			return rep, err // no cache, nothing to prune
+		}
+		if err := m.ensureDirs("images"); err != nil {
+			return rep, err // images/ is a symlink: the lease is never opened through it
+		}
+		l, err := lease.TryAcquireNaming(m.Root.ImageLease())
+		if err != nil {
+			if errors.Is(err, lease.ErrHeld) {
+				return rep, fmt.Errorf("%w: image cache is in use: %v", ErrRefused, err)
+			}
+			return rep, err
+		}
+		defer l.Release()
+	}
+	st, err := m.B.ImageCache(ctx)
+	if err != nil {
+		return rep, err
+	}
+	list, skipped, err := m.listWith(st)
+	if err != nil {
+		return rep, err
+	}
+	rep.Skipped = skipped
+	remove, kept, err := planPrune(list, st, opts, nowUTC().UnixMilli())
+	if err != nil {
+		return rep, fmt.Errorf("%w: %w", ErrRefused, err)
+	}
+	rep.Kept = kept
+	for _, l := range list {
+		rep.CacheBytes += l.Allocated
+	}
+	if opts.DryRun {
+		rep.Removed = remove
+		for _, r := range remove {
+			rep.AllocatedBytes += r.Allocated
+			rep.CacheBytes -= r.Allocated
+		}
+		return rep, nil
+	}
+	if err := imagecache.RemoveLeftovers(m.Root); err != nil {
+		return rep, err
+	}
+	for _, r := range remove {
+		if err := imagecache.Remove(m.Root, r.CacheID); err != nil {
+			return rep, err
+		}
+		rep.Removed = append(rep.Removed, r)
+		rep.AllocatedBytes += r.Allocated
+		rep.CacheBytes -= r.Allocated
+		if err := m.appendCache(ctx, events.ImageCachePrunedEvent{CacheID: r.CacheID, AllocatedBytes: r.Allocated}); err != nil {
+			return rep, err
+		}
+	}
+	// Entries the journal still lists but the disk no longer holds (a prune
+	// killed between delete and journal): with the lease held exclusively
+	// no create can be preparing them, so the journal is told.
+	onDisk := make(map[string]bool, len(list))
+	for _, l := range list {
+		onDisk[l.CacheID] = true
+	}
+	for _, ent := range st.Entries {
+		if onDisk[ent.CacheID] {
+			continue
+		}
+		if ok, err := fsx.Lexists(string(m.Root), "images/"+ent.CacheID); err == nil && !ok {
+			if err := m.appendCache(ctx, events.ImageCachePrunedEvent{CacheID: ent.CacheID}); err != nil {
+				return rep, err
+			}
+		}
+	}
+	return rep, nil
+}
+
+func (m *Manager) appendCache(ctx context.Context, p events.Payload) error {
+	_, err := m.B.Append(ctx, events.New(ulid.Make(), nowUTC(), "", p))
+	return err
+}

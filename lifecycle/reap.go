@@ -1,0 +1,432 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/liveness"
+	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/host/scan"
+	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/reaper"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// ReapOptions select what a reap looks at and whether it deletes.
+type ReapOptions struct {
+	Apply bool
+	// Plan, with Apply, deletes only what that dry run's plan listed.
+	Plan   string
+	Filter reaper.Filter
+	// ProcRoot is /proc unless a test says otherwise.
+	ProcRoot      string
+	SocketTimeout time.Duration
+}
+
+// ReapItem is one `R` of `nexus reap --json`: the contract in SPEC.md,
+// plus the allocated bytes (st_blocks*512).
+type ReapItem struct {
+	Kind      events.ResourceKind `json:"kind"`
+	Path      string              `json:"path"`
+	Owner     string              `json:"owner"`
+	Verdict   reaper.Verdict      `json:"verdict"`
+	Reason    string              `json:"reason"`
+	Allocated int64               `json:"allocated"`
+	Error     string              `json:"error,omitempty"`
+
+	entry reaper.Entry
+}
+
+// ReapReport is `nexus reap --json`.
+type ReapReport struct {
+	Apply   bool       `json:"apply"`
+	Plan    string     `json:"plan"`
+	Scanned int        `json:"scanned"`
+	Orphans []ReapItem `json:"orphans"`
+	Kept    []ReapItem `json:"kept"`
+	Deleted []ReapItem `json:"deleted"`
+	Failed  []ReapItem `json:"failed"`
+	// Allocated is the total of orphans (dry run) or of deleted (apply).
+	Allocated int64 `json:"allocated"`
+	// Journal says why the journal could not be read, when it could not.
+	Journal string `json:"journal,omitempty"`
+	// ProcReads is how many /proc/<pid>/cmdline files the run read, over
+	// ProcScans whole scans (a scan that met a vanished process is retried
+	// whole, never per resource).
+	ProcReads int `json:"proc_reads"`
+	ProcScans int `json:"proc_scans"`
+	// ScanErrors are directories that could not be listed.
+	ScanErrors []string `json:"scan_errors,omitempty"`
+}
+
+// ErrJournalUnreadable wraps a failure to read the journal's views: the
+// caller keeps everything (ReapUnreadable) rather than judging without them.
+var ErrJournalUnreadable = errors.New("journal cannot be fully read")
+
+// ErrPlanNotFound means --plan named no recorded reap plan.
+var ErrPlanNotFound = errors.New("no such reap plan")
+
+// planChunk bounds the entries of one reap event (about 200 bytes each,
+// well under the journal's 1 MiB message limit). Each event costs an fsync.
+const planChunk = 2000
+
+// procScanAttempts: a scan that met a vanished or unreadable cmdline is
+// repeated whole (never per resource) before its ambiguity is accepted.
+const procScanAttempts = 3
+
+// Reap classifies every reapable resource of the state root and, with
+// Apply, deletes the orphans: ownership from the journal, joined with a
+// fresh scan, intent leases probed before the journal is read (RL-7) and
+// the liveness gate (RL-8).
+func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
+	root := string(m.Root)
+	// 1. The scan, then every listed intent's lease, BEFORE the journal.
+	sc, err := scan.Root(root)
+	if err != nil {
+		return ReapReport{}, err
+	}
+	leases := probeLeases(root, sc.Entries)
+	if m.Hook != nil {
+		// Between the two observations RL-7 orders: tests freeze the reaper
+		// here while a real creator commits and releases its lease.
+		m.Hook("reap", "observe-leases", sagas.AfterRecord)
+	}
+	// 2. Supervisor history before the sandboxes, so every supervisor it
+	// lists belongs to a sandbox the later read already shows, unless gone.
+	sups := reaper.NewSupervisors()
+	if err := m.B.Events(ctx, node.Query{Type: "supervisor"}, func(r node.Record) error {
+		sups.Apply(r.Event)
+		return nil
+	}); err != nil {
+		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
+	}
+	sbs, err := m.B.Sandboxes(ctx)
+	if err != nil {
+		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
+	}
+	open, err := m.B.OpenSagas(ctx)
+	if err != nil {
+		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
+	}
+	j := reaper.NewJournal(sbs, open)
+	if ref := o.Filter.Sandbox; ref != "" && !layout.IsULID(ref) {
+		// --sandbox HANDLE: the sandbox's ULID if it still exists, and the
+		// handle itself for its shadow disks either way.
+		o.Filter.Sandbox, o.Filter.Handle = "", layout.SafeHandle(ref)
+		for _, sb := range sbs {
+			if sb.Handle == ref {
+				o.Filter.Sandbox = sb.ID
+			}
+		}
+	}
+	entries := append(sc.Entries, supervisorEntries(sups.Gone(j))...)
+	rep := m.judge(o, entries, leases, j, sc)
+	if o.Plan != "" {
+		if err := m.bindToPlan(ctx, o.Plan, &rep); err != nil {
+			return rep, err
+		}
+	} else {
+		rep.Plan = ulid.Make().String()
+	}
+	if !o.Apply {
+		for _, p := range planEvents(rep, false) {
+			if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now(), "", p)); err != nil {
+				return rep, fmt.Errorf("record reap plan: %w", err)
+			}
+		}
+		return rep, nil
+	}
+	s := &sagas.Saga{Kind: "reap", Hook: m.Hook, Steps: []sagas.Step{
+		{Name: "decide", Do: func(context.Context) ([]events.Payload, error) { return planEvents(rep, true), nil }},
+		{Name: "delete", Do: func(context.Context) ([]events.Payload, error) { return m.applyReap(&rep) }},
+	}}
+	if err := s.Run(ctx, m.B); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// ReapUnreadable reports a state root whose journal cannot be fully read:
+// everything is kept, and the report says why (RL-9).
+func ReapUnreadable(root string, why string, o ReapOptions) (ReapReport, error) {
+	sc, err := scan.Root(root)
+	if err != nil {
+		return ReapReport{}, err
+	}
+	m := &Manager{Root: layout.Root(root)}
+	rep := m.judge(o, sc.Entries, probeLeases(root, sc.Entries), reaper.UnreadableJournal(why), sc)
+	rep.Journal = why
+	return rep, nil
+}
+
+func probeLeases(root string, entries []reaper.Entry) map[string]reaper.Lease {
+	leases := map[string]reaper.Lease{}
+	for _, e := range entries {
+		if e.Kind != events.KindCreateIntent && e.Kind != events.KindShadowIntent {
+			continue
+		}
+		l := liveness.ProbeIntent(filepath.Join(root, e.Rel))
+		leases[e.Rel] = l
+		// A staged marker speaks for the final name too (it is flocked first).
+		final := reaper.CreateIntentRel(e.ID)
+		if e.Kind == events.KindShadowIntent {
+			final = reaper.ShadowIntentRel(e.Handle)
+		}
+		if final != e.Rel {
+			if prev, ok := leases[final]; !ok || l.State > prev.State {
+				leases[final] = l
+			}
+		}
+	}
+	return leases
+}
+
+// supervisorEntries turns recorded supervisors of gone sandboxes into
+// process resources, but only those whose pid still runs with the recorded
+// start time (RL-13): a reused pid is someone else.
+func supervisorEntries(recorded []reaper.Recorded) []reaper.Entry {
+	var out []reaper.Entry
+	for _, r := range recorded {
+		who := proc.Identity{Pid: r.Pid, StartTicks: r.StartTicks}
+		alive, err := proc.Alive(who)
+		e := reaper.Entry{Kind: events.KindSupervisorProcess, Rel: "/proc/" + strconv.Itoa(r.Pid), ID: r.Sandbox, Pid: r.Pid, StartTicks: r.StartTicks}
+		switch {
+		case err != nil:
+			e.StatErr = err.Error()
+		case !alive:
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string]reaper.Lease, j *reaper.Journal, sc scan.Result) ReapReport {
+	procRoot := o.ProcRoot
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
+	rep := ReapReport{Apply: o.Apply, Orphans: []ReapItem{}, Kept: []ReapItem{}, Deleted: []ReapItem{}, Failed: []ReapItem{}, ScanErrors: sc.Errors}
+	var procs *liveness.Procs
+	for i := 0; i < procScanAttempts; i++ {
+		procs = liveness.ScanProcs(procRoot)
+		rep.ProcReads += procs.Reads
+		rep.ProcScans++
+		if len(procs.Incomplete) == 0 {
+			break
+		}
+	}
+	gate := &liveness.Gate{Root: string(m.Root), Procs: procs, Timeout: o.SocketTimeout}
+	ds := reaper.Classify(reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Gate: gate})
+	reaper.Order(ds)
+	rep.Scanned = len(sc.Entries)
+	if o.Filter.OlderThan > 0 && o.Filter.NowUnix == 0 {
+		o.Filter.NowUnix = time.Now().Unix()
+	}
+	for _, d := range ds {
+		if !o.Filter.Match(d) {
+			continue
+		}
+		it := m.item(d)
+		if d.Verdict == reaper.Orphan {
+			if d.Entry.Dir {
+				it.Allocated = scan.TreeAllocated(string(m.Root), d.Entry.Rel)
+			}
+			rep.Orphans = append(rep.Orphans, it)
+			rep.Allocated += it.Allocated
+		} else {
+			rep.Kept = append(rep.Kept, it)
+		}
+	}
+	return rep
+}
+
+func (m *Manager) item(d reaper.Decision) ReapItem {
+	p := d.Entry.Rel
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(string(m.Root), p)
+	}
+	return ReapItem{Kind: d.Entry.Kind, Path: p, Owner: d.Owner, Verdict: d.Verdict, Reason: d.Reason, Allocated: d.Entry.Allocated, entry: d.Entry}
+}
+
+// bindToPlan narrows the orphans to those plan id listed. Each was just
+// judged again (lease, owner, liveness); one that changed is kept, saying so.
+func (m *Manager) bindToPlan(ctx context.Context, id string, rep *ReapReport) error {
+	planned := map[string]bool{}
+	found := false
+	err := m.B.Events(ctx, node.Query{Type: string(events.ReapDecided)}, func(r node.Record) error {
+		p, ok := r.Event.Payload.(events.ReapDecidedEvent)
+		if !ok || p.Plan != id {
+			return nil
+		}
+		found = true
+		for _, e := range p.Entries {
+			if e.Verdict == string(reaper.Orphan) {
+				planned[string(e.Kind)+" "+e.Path] = true
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("%w: %s", ErrPlanNotFound, id)
+	}
+	rep.Plan = id
+	key := func(it ReapItem) string { return string(it.Kind) + " " + it.entry.Rel }
+	var orphans []ReapItem
+	rep.Allocated = 0
+	for _, it := range rep.Orphans {
+		if planned[key(it)] {
+			orphans = append(orphans, it)
+			rep.Allocated += it.Allocated
+			continue
+		}
+		it.Reason = "not in plan " + id + " (an orphan now: " + it.Reason + ")"
+		rep.Kept = append(rep.Kept, it)
+	}
+	for i, it := range rep.Kept {
+		if planned[key(it)] {
+			rep.Kept[i].Reason = "changed since plan " + id + ": now " + string(it.Verdict) + ": " + it.Reason
+		}
+	}
+	rep.Orphans = append([]ReapItem{}, orphans...)
+	return nil
+}
+
+func toEntry(it ReapItem) events.ReapEntry {
+	return events.ReapEntry{Kind: it.Kind, Path: it.entry.Rel, Owner: it.Owner, Verdict: string(it.Verdict), Reason: it.Reason, Allocated: it.Allocated, Error: it.Error}
+}
+
+// planEvents records every verdict that is not "owned", in parts.
+func planEvents(rep ReapReport, apply bool) []events.Payload {
+	var list []events.ReapEntry
+	owned := 0
+	for _, it := range rep.Orphans {
+		list = append(list, toEntry(it))
+	}
+	for _, it := range rep.Kept {
+		if it.Verdict == reaper.Owned {
+			owned++
+			continue
+		}
+		list = append(list, toEntry(it))
+	}
+	parts := max(1, (len(list)+planChunk-1)/planChunk)
+	out := make([]events.Payload, 0, parts)
+	for i := 0; i < parts; i++ {
+		chunk := list[min(i*planChunk, len(list)):min((i+1)*planChunk, len(list))]
+		out = append(out, events.ReapDecidedEvent{Plan: rep.Plan, Apply: apply, Part: i + 1, Parts: parts, Scanned: rep.Scanned, Owned: owned, Entries: append([]events.ReapEntry{}, chunk...)})
+	}
+	return out
+}
+
+// applyReap stops orphaned supervisors, deletes every orphan symlink-safely,
+// re-stats what it deleted (the verify pass), and returns the events that
+// say what was deleted and what failed.
+func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
+	b, err := fsx.NewBatch(string(m.Root))
+	if err != nil {
+		return nil, err
+	}
+	var removed []ReapItem
+	fail := func(it ReapItem, msg string) {
+		it.Error = msg
+		rep.Failed = append(rep.Failed, it)
+	}
+	reaping := map[string]bool{}
+	for _, it := range rep.Orphans {
+		reaping[it.entry.Rel] = true
+	}
+	for _, it := range rep.Orphans {
+		e := it.entry
+		if e.Kind == events.KindSupervisorProcess {
+			who := proc.Identity{Pid: e.Pid, StartTicks: e.StartTicks}
+			if err := proc.Terminate(who, 5*time.Second); err != nil {
+				fail(it, err.Error())
+				continue
+			}
+			if alive, _ := proc.Alive(who); alive {
+				fail(it, "terminate reported success but the process still runs")
+				continue
+			}
+			rep.Deleted = append(rep.Deleted, it)
+			rep.Allocated += it.Allocated
+			continue
+		}
+		// A create reusing a shadow disk's handle publishes its shadow intent
+		// before writing the disk: if one exists now that this reap did not
+		// judge an orphan itself, the name is taken again. (While the judged
+		// one exists, no new one can be published: RENAME_NOREPLACE.)
+		if e.Kind == events.KindShadowDisk && e.Handle != "" && !e.Legacy && !reaping[reaper.ShadowIntentRel(e.Handle)] {
+			if ok, _ := b.Exists(reaper.ShadowIntentRel(e.Handle)); ok {
+				it.Verdict, it.Reason = reaper.Live, "shadow intent for "+e.Handle+" appeared before the delete"
+				rep.Kept = append(rep.Kept, it)
+				continue
+			}
+		}
+		remove := b.Remove
+		if !e.Dir {
+			remove = b.RemoveFile // the scan saw a file, not a link: one unlinkat
+		}
+		err := remove(e.Rel)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			// Someone (a concurrent rm, another reaper) finished the job
+			// between scan and delete: not a failure, and not ours to claim.
+			// It stays listed in orphans only.
+		case err != nil:
+			fail(it, oneLine(err.Error()))
+		default:
+			removed = append(removed, it)
+		}
+	}
+	// Verify pass: a reported success is not evidence of a removal.
+	for _, it := range removed {
+		still, err := b.Exists(it.entry.Rel)
+		switch {
+		case err != nil:
+			fail(it, "verify: "+oneLine(err.Error()))
+		case still:
+			fail(it, "delete reported success but the path still exists")
+		default:
+			rep.Deleted = append(rep.Deleted, it)
+			rep.Allocated += it.Allocated
+		}
+	}
+	if err := b.Close(); err != nil {
+		return nil, fmt.Errorf("sync reaped directories: %w", err)
+	}
+	return appliedEvents(rep), nil
+}
+
+func appliedEvents(rep *ReapReport) []events.Payload {
+	n := max(len(rep.Deleted), len(rep.Failed))
+	parts := max(1, (n+planChunk-1)/planChunk)
+	out := make([]events.Payload, 0, parts)
+	conv := func(list []ReapItem, i int) []events.ReapEntry {
+		out := []events.ReapEntry{}
+		for _, it := range list[min(i*planChunk, len(list)):min((i+1)*planChunk, len(list))] {
+			out = append(out, toEntry(it))
+		}
+		return out
+	}
+	for i := 0; i < parts; i++ {
+		out = append(out, events.ReapAppliedEvent{Plan: rep.Plan, Part: i + 1, Parts: parts, Deleted: conv(rep.Deleted, i), Failed: conv(rep.Failed, i)})
+	}
+	return out
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -1,0 +1,163 @@
+package lifecycle
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+func shortRoot(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "nx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// RL-13: a detached supervisor the journal recorded for a sandbox that is
+// gone is killed by reap --apply, but only when its pid AND start time
+// still match; a process under a recorded pid with another start time is
+// someone else and is left alone (and, naming the sandbox, keeps its state).
+func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
+	ctx := context.Background()
+	root := shortRoot(t)
+	n, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	spawn := func(id string) proc.Identity {
+		t.Helper()
+		dir := filepath.Join(root, "supervisors", id)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "mitm-ca.pem"), []byte("key"), 0o600)
+		who, err := proc.SpawnDetached([]string{"sh", "-c", "sleep 120; :", "supervisor", "--sandbox", id, "--state-dir", dir}, nil, filepath.Join(root, id+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { proc.Terminate(who, time.Second) })
+		return who
+	}
+	record := func(id string, who proc.Identity) {
+		t.Helper()
+		for _, p := range []events.Payload{
+			events.SandboxCreatedEvent{Image: "img", Driver: "process"},
+			events.SupervisorStartedEvent{Pid: who.Pid, Start: who.StartTicks, Socket: "supervisors/" + id + "/supervisor.sock", StateDir: events.Resource{Kind: events.KindSupervisorState, Path: "supervisors/" + id}},
+			events.SandboxRemovedEvent{}, // removed without the supervisor ever stopping
+		} {
+			if _, err := n.Append(ctx, events.New(ulid.Make(), time.Now(), id, p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	orphan, reused := ulid.Make().String(), ulid.Make().String()
+	orphanWho := spawn(orphan)
+	record(orphan, orphanWho)
+	reusedWho := spawn(reused)
+	record(reused, proc.Identity{Pid: reusedWho.Pid, StartTicks: reusedWho.StartTicks + 1})
+
+	dry, err := m.Reap(ctx, ReapOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawProc bool
+	for _, o := range dry.Orphans {
+		if o.Kind == events.KindSupervisorProcess {
+			sawProc = o.Owner == orphan
+		}
+	}
+	if !sawProc {
+		t.Fatalf("dry run did not list the orphaned supervisor: %+v", dry.Orphans)
+	}
+	if alive, _ := proc.Alive(orphanWho); !alive {
+		t.Fatal("dry run killed a process")
+	}
+
+	rep, err := m.Reap(ctx, ReapOptions{Apply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Failed) != 0 {
+		t.Fatalf("failed: %+v", rep.Failed)
+	}
+	if alive, _ := proc.Alive(orphanWho); alive {
+		t.Fatal("orphaned supervisor with matching pid and start time survived")
+	}
+	if _, err := os.Lstat(filepath.Join(root, "supervisors", orphan)); !os.IsNotExist(err) {
+		t.Fatal("the killed supervisor's state dir was not reclaimed in the same pass")
+	}
+	if alive, _ := proc.Alive(reusedWho); !alive {
+		t.Fatal("a process whose start time does not match the record was killed")
+	}
+	if _, err := os.Lstat(filepath.Join(root, "supervisors", reused)); err != nil {
+		t.Fatal("state dir named by a live process was deleted")
+	}
+	var kept bool
+	for _, k := range rep.Kept {
+		if k.Path == filepath.Join(root, "supervisors", reused) && k.Verdict == "live" {
+			kept = true
+		}
+	}
+	if !kept {
+		t.Fatalf("state dir of %s not kept live: %+v", reused, rep.Kept)
+	}
+	// Nothing left to do.
+	again, err := m.Reap(ctx, ReapOptions{Apply: true})
+	if err != nil || len(again.Deleted) != 0 {
+		t.Fatalf("second pass deleted %+v (%v)", again.Deleted, err)
+	}
+}
+
+// RL-18: a supervisor state dir whose own supervisor.sock answers is kept
+// live even when nothing else names its sandbox; once the socket is gone it
+// is reclaimed (its CA key with it).
+func TestReapKeepsStateDirWithLiveSupervisorSocket(t *testing.T) {
+	ctx := context.Background()
+	root := shortRoot(t)
+	n, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	id := ulid.Make().String()
+	dir := filepath.Join(root, "supervisors", id)
+	os.MkdirAll(dir, 0o700)
+	os.WriteFile(filepath.Join(dir, "mitm-ca.pem"), []byte("key"), 0o600)
+	l, err := net.Listen("unix", filepath.Join(dir, "supervisor.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := m.Reap(ctx, ReapOptions{Apply: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Kept) != 1 || rep.Kept[0].Verdict != "live" || !strings.Contains(rep.Kept[0].Reason, "supervisor socket answers") {
+		t.Fatalf("kept %+v deleted %+v", rep.Kept, rep.Deleted)
+	}
+	l.Close()
+	rep, err = m.Reap(ctx, ReapOptions{Apply: true})
+	if err != nil || len(rep.Deleted) != 1 {
+		t.Fatalf("after the supervisor went: %+v %v", rep, err)
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Fatal("state dir survived")
+	}
+}

@@ -1,0 +1,305 @@
+package reaper
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+const (
+	idA = "01HZZZZZZZZZZZZZZZZZZZZZZA" // a sandbox the journal knows
+	idB = "01HZZZZZZZZZZZZZZZZZZZZZZB" // gone
+	idC = "01HZZZZZZZZZZZZZZZZZZZZZZC" // gone, fork child
+)
+
+// fakeGate is the liveness gate's evidence as a table, counting the
+// questions asked so a test can show the gate runs once per ULID.
+type fakeGate struct {
+	procs    map[string]Probe
+	sockets  map[string]Probe
+	sups     map[string]Probe
+	intents  map[string]Lease
+	asked    map[string]int
+	procPids map[string][]int
+}
+
+func newGate() *fakeGate {
+	return &fakeGate{procs: map[string]Probe{}, sockets: map[string]Probe{}, sups: map[string]Probe{}, intents: map[string]Lease{}, asked: map[string]int{}, procPids: map[string][]int{}}
+}
+
+func (g *fakeGate) Process(id string, ignore []int) Probe {
+	g.asked["proc "+id]++
+	if pids, ok := g.procPids[id]; ok {
+		for _, p := range pids {
+			found := false
+			for _, i := range ignore {
+				found = found || i == p
+			}
+			if !found {
+				return Probe{State: Alive, Detail: "pid names it"}
+			}
+		}
+		return Probe{State: Dead}
+	}
+	return g.procs[id]
+}
+func (g *fakeGate) Socket(id string) Probe           { g.asked["sock "+id]++; return g.sockets[id] }
+func (g *fakeGate) SupervisorSocket(id string) Probe { return g.sups[id] }
+func (g *fakeGate) Intent(rel string) Lease          { g.asked["intent "+rel]++; return g.intents[rel] }
+
+func journal() *Journal {
+	return NewJournal([]projections.Sandbox{{
+		ID: idA, Handle: "team/web",
+		Resources: []events.Resource{
+			{Kind: events.KindRawDisk, Path: "disks/" + idA + ".raw"},
+			{Kind: events.KindSnapshot, Path: "snapshots/" + idA + "/SNAP1"},
+			// A name no pattern parses, attributed by the journal.
+			{Kind: events.KindRawDisk, Path: "disks/imported-by-hand.img"},
+		},
+	}}, []projections.OpenSaga{{ID: "S1", Kind: "recover", Sandbox: "01HZZZZZZZZZZZZZZZZZZZZZZD"}})
+}
+
+func entry(dir, name string) Entry { return Identify(dir, name, false) }
+
+func one(t *testing.T, in Inputs, e Entry) Decision {
+	t.Helper()
+	in.Entries = []Entry{e}
+	if in.Gate == nil {
+		in.Gate = newGate()
+	}
+	if in.Journal == nil {
+		in.Journal = journal()
+	}
+	return Classify(in)[0]
+}
+
+func want(t *testing.T, d Decision, v Verdict, owner, mention string) {
+	t.Helper()
+	if d.Verdict != v || d.Owner != owner || !strings.Contains(d.Reason, mention) {
+		t.Fatalf("%s: got %s owner=%q %q; want %s owner=%q mentioning %q", d.Entry.Rel, d.Verdict, d.Owner, d.Reason, v, owner, mention)
+	}
+}
+
+func TestIdentifyNames(t *testing.T) {
+	cases := []struct {
+		dir, name string
+		kind      events.ResourceKind
+		id, h     string
+		legacy    bool
+		unparsed  bool
+	}{
+		{"disks", idA + ".raw", events.KindRawDisk, idA, "", false, false},
+		{"disks", idA + "-workspace.ext4", events.KindWorkspaceDisk, idA, "", false, false},
+		{"disks", idA + ".create-intent.json", events.KindCreateIntent, idA, "", false, false},
+		{"disks", "." + idA + ".create-intent.json.stage-123", events.KindCreateIntent, idA, "", false, false},
+		{"disks", "team_web.shadow-intent.json", events.KindShadowIntent, "", "team_web", false, false},
+		{"disks", "team_web.shadow.cfg.ext4", events.KindShadowDisk, "", "team_web", false, false},
+		{"disks", idC + "-team_web.shadow.cfg.ext4", events.KindShadowDisk, idC, idC + "-team_web", false, false},
+		{"disks", "old.shadow.ext4", events.KindShadowDisk, "", "", true, false},
+		{"disks", "notes.txt", events.KindRawDisk, "", "", false, true},
+		{"disks", strings.ToLower(idA) + ".raw", events.KindRawDisk, "", "", false, true},
+		{"run", "sb-" + idA + ".sock", events.KindAPISocket, idA, "", false, false},
+		{"run", "sb-" + idA + ".vsock", events.KindVsockSocket, idA, "", false, false},
+		{"run", "sb-" + idA + ".iid", events.KindIIDSocket, idA, "", false, false},
+		{"run", "other.sock", events.KindAPISocket, "", "", false, true},
+		{"supervisors", idA, events.KindSupervisorState, idA, "", false, false},
+		{"builder-supervisors", idA, events.KindBuilderSupervisor, idA, "", false, false},
+		{"snapshots", idA, events.KindSnapshot, idA, "", false, false},
+		{"sandboxes", idA, events.KindRecord, idA, "", false, false},
+	}
+	for _, c := range cases {
+		e := Identify(c.dir, c.name, false)
+		if e.Kind != c.kind || e.ID != c.id || e.Handle != c.h || e.Legacy != c.legacy || e.Unparsed != c.unparsed {
+			t.Errorf("%s/%s: got %+v", c.dir, c.name, e)
+		}
+	}
+}
+
+// Owner from the journal first, even for a name that does not parse.
+func TestOwnerFromJournalFirst(t *testing.T) {
+	want(t, one(t, Inputs{}, entry("disks", "imported-by-hand.img")), Owned, idA, "journal attributes")
+	want(t, one(t, Inputs{}, entry("disks", idA+".raw")), Owned, idA, "journal attributes")
+	// A directory holding a journaled path is owned by that path's sandbox.
+	want(t, one(t, Inputs{}, Identify("snapshots", idA, true)), Owned, idA, "journal")
+	// Not journaled, but the name's ULID is a known sandbox.
+	want(t, one(t, Inputs{}, entry("run", "sb-"+idA+".iid")), Owned, idA, "owner from the name")
+	want(t, one(t, Inputs{}, entry("disks", "team_web.shadow.cfg.ext4")), Owned, idA, "handle team_web")
+	// An unparsed, unjournaled name is kept (RL-3).
+	want(t, one(t, Inputs{}, entry("disks", "notes.txt")), Ambiguous, "", "does not parse")
+}
+
+// RL-14: a fork child's shadow copy belongs to the child.
+func TestForkChildShadowCopy(t *testing.T) {
+	j := NewJournal([]projections.Sandbox{{ID: idC, Parent: idA}}, nil)
+	want(t, one(t, Inputs{Journal: j}, entry("disks", idC+"-team_web.shadow.cfg.ext4")), Owned, idC, "exists")
+	// Child gone: reclaimable like anything else, through the ULID gate.
+	g := newGate()
+	want(t, one(t, Inputs{Gate: g}, entry("disks", idC+"-team_web.shadow.cfg.ext4")), Orphan, idC, "API socket dead")
+	if g.asked["proc "+idC] != 1 {
+		t.Fatal("the fork child's ULID did not go through the liveness gate")
+	}
+}
+
+func TestLegacyAndHandleShadowDisks(t *testing.T) {
+	want(t, one(t, Inputs{}, entry("disks", "old.shadow.ext4")), Orphan, "", "legacy")
+	g := newGate()
+	want(t, one(t, Inputs{Gate: g}, entry("disks", "gone_h.shadow.cfg.ext4")), Orphan, "gone_h", "no sandbox has handle")
+	if g.asked["proc gone_h"] != 0 {
+		t.Fatal("a handle-keyed disk was sent through the ULID gate")
+	}
+}
+
+// RL-7 / RL-17: held leases keep; an unreadable intent keeps, and says so.
+func TestLeases(t *testing.T) {
+	held := map[string]Lease{CreateIntentRel(idB): {State: LeaseHeld, Covers: []string{"disks/custom-" + idB + ".img"}}}
+	want(t, one(t, Inputs{Leases: held}, entry("disks", idB+".raw")), Live, idB, "create intent lease is held")
+	want(t, one(t, Inputs{Leases: held}, entry("disks", idB+".create-intent.json")), Live, idB, "lease is held")
+	want(t, one(t, Inputs{Leases: held}, entry("supervisors", idB)), Live, idB, "create intent lease is held")
+	// A covered path with no parseable name is still protected.
+	d := one(t, Inputs{Leases: held}, entry("disks", "custom-"+idB+".img"))
+	want(t, d, Live, "", "covered by")
+
+	shadow := map[string]Lease{ShadowIntentRel("new_h"): {State: LeaseHeld}}
+	want(t, one(t, Inputs{Leases: shadow}, entry("disks", "new_h.shadow.cfg.ext4")), Live, "new_h", "shadow intent lease is held")
+
+	bad := map[string]Lease{CreateIntentRel(idB): {State: LeaseUnreadable, Err: "permission denied"}}
+	want(t, one(t, Inputs{Leases: bad}, entry("disks", idB+".raw")), Ambiguous, idB, "intent unreadable (permission denied)")
+
+	free := map[string]Lease{CreateIntentRel(idB): {State: LeaseFree}}
+	want(t, one(t, Inputs{Leases: free}, entry("disks", idB+".create-intent.json")), Orphan, idB, "API socket dead")
+	want(t, one(t, Inputs{Leases: free}, entry("disks", idB+".raw")), Orphan, idB, "API socket dead")
+}
+
+// The readdir residual: an intent the scan did not list but that exists
+// at classification time keeps the resource.
+func TestIntentAppearingAfterTheScanKeeps(t *testing.T) {
+	g := newGate()
+	g.intents[CreateIntentRel(idB)] = Lease{State: LeaseFree}
+	want(t, one(t, Inputs{Gate: g}, entry("disks", idB+".raw")), Live, idB, "appeared after the scan")
+	g.intents[ShadowIntentRel("late_h")] = Lease{State: LeaseHeld}
+	want(t, one(t, Inputs{Gate: g}, entry("disks", "late_h.shadow.cfg.ext4")), Live, "late_h", "appeared after the scan")
+}
+
+// RL-8: the gate, asked once per ULID; RL-9: inconclusive keeps.
+func TestLivenessGate(t *testing.T) {
+	g := newGate()
+	g.procs[idB] = Probe{State: Alive, Detail: "pid 7 names " + idB}
+	entries := []Entry{entry("disks", idB+".raw"), entry("disks", idB+"-workspace.ext4"), entry("run", "sb-"+idB+".sock")}
+	for _, d := range Classify(Inputs{Entries: entries, Journal: journal(), Gate: g}) {
+		want(t, d, Live, idB, "pid 7")
+	}
+	if g.asked["proc "+idB] != 1 || g.asked["sock "+idB] != 0 {
+		t.Fatalf("gate asked %v: want /proc once, no socket probe after a live process", g.asked)
+	}
+	cases := []struct {
+		proc, sock Probe
+		v          Verdict
+		mention    string
+	}{
+		{Probe{State: Unsure, Detail: "pid 9: command line longer than 524288 bytes"}, Probe{}, Ambiguous, "/proc scan inconclusive"},
+		{Probe{}, Probe{State: Alive, Detail: "accepts"}, Live, "API socket answers"},
+		{Probe{}, Probe{State: Unsure, Detail: "i/o timeout"}, Ambiguous, "API socket probe inconclusive"},
+		{Probe{}, Probe{}, Orphan, "API socket dead"},
+	}
+	for _, c := range cases {
+		g := newGate()
+		g.procs[idB], g.sockets[idB] = c.proc, c.sock
+		want(t, one(t, Inputs{Gate: g}, entry("disks", idB+".raw")), c.v, idB, c.mention)
+	}
+}
+
+// RL-18: a responsive supervisor socket inside the directory keeps it.
+func TestSupervisorStateSocket(t *testing.T) {
+	g := newGate()
+	g.sups[idB] = Probe{State: Alive, Detail: "supervisor.sock accepts"}
+	want(t, one(t, Inputs{Gate: g}, Identify("supervisors", idB, true)), Live, idB, "supervisor socket answers")
+	g.sups[idB] = Probe{State: Unsure, Detail: "timeout"}
+	want(t, one(t, Inputs{Gate: g}, Identify("supervisors", idB, true)), Ambiguous, idB, "inconclusive")
+	g.sups[idB] = Probe{}
+	want(t, one(t, Inputs{Gate: g}, Identify("supervisors", idB, true)), Orphan, idB, "dead")
+}
+
+func TestAmbiguityKeeps(t *testing.T) {
+	e := entry("disks", idB+".raw")
+	e.StatErr = "permission denied"
+	want(t, one(t, Inputs{}, e), Ambiguous, idB, "stat failed")
+	ln := entry("disks", idB+".raw")
+	ln.Symlink = true
+	want(t, one(t, Inputs{}, ln), Ambiguous, idB, "symbolic link")
+	// A journal that cannot be fully read keeps everything, even the legacy kind.
+	for _, e := range []Entry{entry("disks", "old.shadow.ext4"), entry("disks", idB+".raw")} {
+		d := one(t, Inputs{Journal: UnreadableJournal("event 7: schema 9 is newer than supported 1")}, e)
+		if d.Verdict != Ambiguous || !strings.Contains(d.Reason, "schema 9") {
+			t.Fatalf("unreadable journal: %+v", d)
+		}
+	}
+	// An open saga of an unknown sandbox: recover's to finish.
+	want(t, one(t, Inputs{}, entry("disks", "01HZZZZZZZZZZZZZZZZZZZZZZD.raw")), Live, "01HZZZZZZZZZZZZZZZZZZZZZZD", "saga")
+}
+
+// RL-13: a recorded supervisor of a gone sandbox is an orphan, and its
+// own command line is then no evidence that the sandbox lives.
+func TestOrphanSupervisorProcess(t *testing.T) {
+	g := newGate()
+	g.procPids[idB] = []int{4242}
+	sup := Entry{Kind: events.KindSupervisorProcess, Rel: "/proc/4242", ID: idB, Pid: 4242, StartTicks: 99}
+	ds := Classify(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
+	want(t, ds[1], Orphan, idB, "pid and start time still match")
+	want(t, ds[0], Orphan, idB, "dead")
+	// Another process naming the ULID still keeps the state.
+	g.procPids[idB] = []int{4242, 5000}
+	ds = Classify(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
+	want(t, ds[0], Live, idB, "pid names it")
+	// A supervisor of a sandbox that still exists is recover's business.
+	want(t, one(t, Inputs{}, Entry{Kind: events.KindSupervisorProcess, Rel: "/proc/1", ID: idA, Pid: 1}), Owned, idA, "exists")
+}
+
+func TestSupervisorHistory(t *testing.T) {
+	s := NewSupervisors()
+	ev := func(sb string, p events.Payload) events.Event { return events.New([16]byte{1}, time.Unix(0, 0), sb, p) }
+	s.Apply(ev(idA, events.SupervisorStartedEvent{Pid: 10, Start: 1}))
+	s.Apply(ev(idB, events.SupervisorStartedEvent{Pid: 20, Start: 2}))
+	s.Apply(ev(idB, events.SupervisorStartedEvent{Pid: 21, Start: 3}))
+	s.Apply(ev(idB, events.SupervisorStoppedEvent{Pid: 20}))
+	gone := s.Gone(journal())
+	if len(gone) != 1 || gone[0].Sandbox != idB || gone[0].Pid != 21 || gone[0].StartTicks != 3 {
+		t.Fatalf("gone supervisors: %+v", gone)
+	}
+}
+
+func TestFilterAndOrder(t *testing.T) {
+	now := time.Unix(10_000, 0)
+	old := Decision{Entry: Entry{Kind: events.KindRawDisk, ID: idB, ModTime: now.Add(-2 * time.Hour)}, Owner: idB}
+	young := Decision{Entry: Entry{Kind: events.KindRawDisk, ID: idB, ModTime: now.Add(-time.Minute)}, Owner: idB}
+	f := Filter{OlderThan: 3600, NowUnix: now.Unix()}
+	if !f.Match(old) || f.Match(young) {
+		t.Fatal("--older-than")
+	}
+	if (Filter{Kind: events.KindSnapshot}).Match(old) || !(Filter{Kind: events.KindRawDisk}).Match(old) {
+		t.Fatal("--kind")
+	}
+	if (Filter{Sandbox: idA}).Match(old) || !(Filter{Sandbox: idB}).Match(old) {
+		t.Fatal("--sandbox")
+	}
+	shadow := Decision{Entry: Identify("disks", "team_web.shadow.cfg.ext4", false), Owner: "team_web"}
+	if !(Filter{Handle: "team_web"}).Match(shadow) || (Filter{Handle: "team_web"}).Match(old) || (Filter{Sandbox: idB}).Match(shadow) {
+		t.Fatal("--sandbox HANDLE")
+	}
+	ds := []Decision{{Entry: Entry{Kind: events.KindCreateIntent, Rel: "a"}}, {Entry: Entry{Kind: events.KindRawDisk, Rel: "b"}}, {Entry: Entry{Kind: events.KindSupervisorProcess, Rel: "c"}}}
+	Order(ds)
+	if ds[0].Entry.Kind != events.KindSupervisorProcess || ds[2].Entry.Kind != events.KindCreateIntent {
+		t.Fatalf("apply order: %v", ds)
+	}
+}
+
+// The volumes exclusion is structural (RL-10): the boundary itself.
+func TestDirsNeverIncludeVolumes(t *testing.T) {
+	for _, d := range Dirs {
+		if d == "volumes" || d == "images" || d == "caches" || strings.Contains(d, "/") {
+			t.Fatalf("scan boundary includes %q", d)
+		}
+	}
+}

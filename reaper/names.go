@@ -1,0 +1,130 @@
+// Package reaper decides, without any I/O, which host resources under a
+// state root are orphans: it joins what a filesystem scan found with the
+// journal's ownership, the intent leases probed before the journal was
+// read (RL-7), and the liveness gate (RL-8), and resolves every doubt to
+// KEEP (RL-9). host/ gathers the observations; lifecycle applies verdicts.
+package reaper
+
+import (
+	"strings"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/layout"
+)
+
+// Dirs are the only directories a reap scans, relative to the state root.
+// volumes/ is user-owned and structurally absent (RL-10); images/ belongs to
+// the image-cache prune; caches/ holds the shared builder cache, never reaped.
+var Dirs = []string{"disks", "run", "supervisors", "builder-supervisors", "snapshots", "sandboxes"}
+
+// Entry is one resource found on disk, named back into what it is.
+type Entry struct {
+	Kind events.ResourceKind
+	// Rel is the path relative to the state root (for a process, /proc/<pid>).
+	Rel string
+	// ID is the sandbox ULID the name carries ("" if none).
+	ID string
+	// Handle is the safe handle a shadow disk or shadow intent is keyed by.
+	Handle string
+	// Legacy marks the old <x>.shadow.ext4 name, which embeds no handle.
+	Legacy bool
+	// Unparsed marks a name no pattern of its directory matches.
+	Unparsed bool
+	// Symlink marks a link where a resource should be: never followed,
+	// never deleted, reported for an operator.
+	Symlink bool
+	Dir     bool
+	ModTime time.Time
+	// Allocated is st_blocks*512 (for a directory: of its whole tree).
+	Allocated int64
+	// StatErr is a stat failure other than "not there" (RL-9 keeps it).
+	StatErr string
+	// Pid and StartTicks identify a supervisor-process entry.
+	Pid        int
+	StartTicks uint64
+}
+
+const (
+	createIntentSuffix = ".create-intent.json"
+	shadowIntentSuffix = ".shadow-intent.json"
+	stageInfix         = ".stage-"
+)
+
+// CreateIntentRel is the create intent covering sandbox id.
+func CreateIntentRel(id string) string { return "disks/" + id + createIntentSuffix }
+
+// ShadowIntentRel is the shadow intent covering the shadow disks of a safe handle.
+func ShadowIntentRel(safeHandle string) string { return "disks/" + safeHandle + shadowIntentSuffix }
+
+// Identify names the entry `name` found directly in scanned directory dir
+// (one of Dirs). ok is false for names that are not resources at all
+// (nothing of that directory's shape); such names are reported unparsed.
+func Identify(dir, name string, isDir bool) Entry {
+	e := Entry{Rel: dir + "/" + name, Dir: isDir}
+	switch dir {
+	case "disks":
+		identifyDisk(&e, name)
+	case "run":
+		rest, ok := strings.CutPrefix(name, "sb-")
+		for _, s := range []struct {
+			ext  string
+			kind events.ResourceKind
+		}{{".sock", events.KindAPISocket}, {".vsock", events.KindVsockSocket}, {".iid", events.KindIIDSocket}} {
+			if id, cut := strings.CutSuffix(rest, s.ext); ok && cut && layout.IsULID(id) {
+				e.Kind, e.ID = s.kind, id
+				return e
+			}
+		}
+		e.Kind, e.Unparsed = events.KindAPISocket, true
+	default:
+		e.Kind = map[string]events.ResourceKind{
+			"supervisors":         events.KindSupervisorState,
+			"builder-supervisors": events.KindBuilderSupervisor,
+			"snapshots":           events.KindSnapshot,
+			"sandboxes":           events.KindRecord,
+		}[dir]
+		if layout.IsULID(name) {
+			e.ID = name
+		} else {
+			e.Unparsed = true
+		}
+	}
+	return e
+}
+
+func identifyDisk(e *Entry, name string) {
+	// A staged intent (".<final name>.stage-XXXX") is flocked before it is
+	// renamed into place, so it is judged by its lease like the final one.
+	probe := name
+	if strings.HasPrefix(name, ".") {
+		if i := strings.LastIndex(name, stageInfix); i > 0 {
+			probe = name[1:i]
+		}
+	}
+	switch {
+	case strings.HasSuffix(probe, createIntentSuffix) && layout.IsULID(strings.TrimSuffix(probe, createIntentSuffix)):
+		e.Kind, e.ID = events.KindCreateIntent, strings.TrimSuffix(probe, createIntentSuffix)
+	case strings.HasSuffix(probe, shadowIntentSuffix) && len(probe) > len(shadowIntentSuffix):
+		e.Kind, e.Handle = events.KindShadowIntent, strings.TrimSuffix(probe, shadowIntentSuffix)
+	case strings.HasSuffix(name, ".raw") && layout.IsULID(strings.TrimSuffix(name, ".raw")):
+		e.Kind, e.ID = events.KindRawDisk, strings.TrimSuffix(name, ".raw")
+	case strings.HasSuffix(name, "-workspace.ext4") && layout.IsULID(strings.TrimSuffix(name, "-workspace.ext4")):
+		e.Kind, e.ID = events.KindWorkspaceDisk, strings.TrimSuffix(name, "-workspace.ext4")
+	case strings.HasSuffix(name, ".overlay-staging.ext4") && layout.IsULID(strings.TrimSuffix(name, ".overlay-staging.ext4")):
+		// An overlay recovery's private copy (layout.OverlayStaging).
+		e.Kind, e.ID = events.KindOverlayStaging, strings.TrimSuffix(name, ".overlay-staging.ext4")
+	case strings.HasSuffix(name, ".shadow.ext4") && len(name) > len(".shadow.ext4"):
+		e.Kind, e.Legacy = events.KindShadowDisk, true
+	case strings.Contains(name, ".shadow.") && strings.HasSuffix(name, ".ext4"):
+		e.Kind = events.KindShadowDisk
+		e.Handle = name[:strings.Index(name, ".shadow.")]
+		// RL-14: <childULID>-<parentSafeHandle>.shadow.<name>.ext4 belongs to
+		// the fork child. A ULID never contains '-', so the split is unique.
+		if len(e.Handle) > 27 && e.Handle[26] == '-' && layout.IsULID(e.Handle[:26]) {
+			e.ID = e.Handle[:26]
+		}
+	default:
+		e.Kind, e.Unparsed = events.KindRawDisk, true
+	}
+}

@@ -1,0 +1,140 @@
+package replay
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// ErrUnreadable means a record of the journal does not decode; timeline and
+// at refuse rather than describe a history with a hole in it (verify lists
+// every such record).
+var ErrUnreadable = errors.New("journal record does not decode")
+
+// Entry is one event of a timeline.
+type Entry struct {
+	Seq       uint64         `json:"seq"`
+	Time      time.Time      `json:"time"`
+	Type      events.Type    `json:"type"`
+	Sandbox   string         `json:"sandbox,omitempty"`
+	Saga      string         `json:"saga,omitempty"`
+	Step      string         `json:"step,omitempty"`
+	Causation string         `json:"causation,omitempty"`
+	ID        string         `json:"id"`
+	Payload   events.Payload `json:"payload"`
+}
+
+// decoded is a record whose event decoded.
+type decoded struct {
+	seq uint64
+	ev  events.Event
+}
+
+func decodeAll(records []Record) ([]decoded, error) {
+	out := make([]decoded, 0, len(records))
+	for _, r := range records {
+		e, err := events.Decode(r.Data)
+		if err != nil {
+			return nil, fmt.Errorf("%w: seq %d: %v", ErrUnreadable, r.Seq, err)
+		}
+		out = append(out, decoded{r.Seq, e})
+	}
+	return out, nil
+}
+
+// Resolve turns ref, a sandbox ULID or handle, into the ULID the journal
+// knows it by. A handle names the newest sandbox committed with it, removed
+// or not, since an audit is usually about a sandbox that is gone.
+func Resolve(records []Record, ref string) (string, error) {
+	evs, err := decodeAll(records)
+	if err != nil {
+		return "", err
+	}
+	upper := strings.ToUpper(ref)
+	found := ""
+	for _, d := range evs {
+		if d.ev.Sandbox == upper {
+			return upper, nil
+		}
+		if handleOf(d.ev.Payload) == ref && ref != "" {
+			found = d.ev.Sandbox
+		}
+	}
+	if found == "" {
+		return "", fmt.Errorf("no event names sandbox %q", ref)
+	}
+	return found, nil
+}
+
+func handleOf(p events.Payload) string {
+	switch p := p.(type) {
+	case events.SandboxCreatedEvent:
+		return p.Handle
+	case events.SandboxForkedEvent:
+		return p.Handle
+	case events.SandboxRestoredEvent:
+		return p.Handle
+	}
+	return ""
+}
+
+// Timeline returns every event of sandbox id, in journal order, including
+// those of sagas run on its behalf.
+func Timeline(records []Record, id string) ([]Entry, error) {
+	evs, err := decodeAll(records)
+	if err != nil {
+		return nil, err
+	}
+	out := []Entry{}
+	for _, d := range evs {
+		if d.ev.Sandbox != id {
+			continue
+		}
+		out = append(out, Entry{Seq: d.seq, Time: d.ev.Time, Type: d.ev.Type, Sandbox: d.ev.Sandbox, Saga: d.ev.Saga,
+			Step: d.ev.Step, Causation: d.ev.Causation, ID: d.ev.ID.String(), Payload: d.ev.Payload})
+	}
+	return out, nil
+}
+
+// Point selects a place in the journal: a sequence, or the last event at or
+// before a time.
+type Point struct {
+	Seq  uint64    // 0 = not by sequence
+	Time time.Time // zero = not by time
+}
+
+// State is the projections as they stood at a point.
+type State struct {
+	Seq       uint64                  `json:"seq"`
+	Time      time.Time               `json:"time"`
+	Sandboxes []*projections.Sandbox  `json:"sandboxes"`
+	Ownership []projections.OwnedPath `json:"ownership"`
+	Volumes   []*projections.Volume   `json:"volumes"`
+	OpenSagas []*projections.OpenSaga `json:"open_sagas"`
+}
+
+// At folds every event up to p into fresh projections.
+func At(records []Record, p Point) (State, error) {
+	evs, err := decodeAll(records)
+	if err != nil {
+		return State{}, err
+	}
+	sbs, own, vols, sg := projections.NewSandboxes(), projections.NewOwnership(), projections.NewVolumes(), projections.NewSagas()
+	var st State
+	for _, d := range evs {
+		if (p.Seq != 0 && d.seq > p.Seq) || (!p.Time.IsZero() && d.ev.Time.After(p.Time)) {
+			break
+		}
+		sbs.Apply(d.seq, d.ev)
+		own.Apply(d.seq, d.ev)
+		vols.Apply(d.seq, d.ev)
+		sg.Apply(d.seq, d.ev)
+		st.Seq, st.Time = d.seq, d.ev.Time
+	}
+	st.Sandboxes, st.Ownership, st.Volumes, st.OpenSagas = sbs.List(), own.List(), vols.List(), sg.Open()
+	return st, nil
+}
