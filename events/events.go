@@ -40,7 +40,9 @@ const (
 	VolumeDetached Type = "volume.detached"
 	VolumeRemoved  Type = "volume.removed"
 
+	FlushPending      Type = "flush.pending"
 	FlushAcknowledged Type = "flush.acknowledged"
+	FlushRestored     Type = "flush.restored"
 	OverlayRecovered  Type = "overlay.recovered"
 	WarningRaised     Type = "warning.raised"
 

@@ -18,6 +18,9 @@ const (
 	KindSnapshot          ResourceKind = "snapshot"
 	KindCgroup            ResourceKind = "cgroup"
 	KindRecord            ResourceKind = "record"
+	// KindOverlayStaging is the private copy an overlay recovery repairs
+	// and grows before publishing it over the workspace disk.
+	KindOverlayStaging ResourceKind = "overlay-staging"
 	// KindSupervisorProcess is a detached supervisor process (RL-13); its
 	// path in a reap report is /proc/<pid>.
 	KindSupervisorProcess ResourceKind = "supervisor-process"
@@ -164,12 +167,36 @@ type FlushAcknowledgedEvent struct {
 	Overlay string `msgpack:"overlay" json:"overlay"`
 }
 
+// FlushPendingEvent: run marker Run is journaled before the VMM of a new
+// run spawns, so a run that dies without a FlushAcknowledged for it is
+// known to be unacknowledged. Previous and PreviousFlushed are the run
+// marker and acknowledgement it replaces, for FlushRestored.
+type FlushPendingEvent struct {
+	Run             string `msgpack:"run" json:"run"`
+	Previous        string `msgpack:"previous,omitempty" json:"previous,omitempty"`
+	PreviousFlushed string `msgpack:"previous_flushed,omitempty" json:"previous_flushed,omitempty"`
+	Overlay         string `msgpack:"overlay" json:"overlay"`
+}
+
+// FlushRestoredEvent: the VMM of run Run failed before a VM existed, so
+// the overlay was never used by it: the previous run marker and
+// acknowledgement state are back in force.
+type FlushRestoredEvent struct {
+	Run             string `msgpack:"run" json:"run"`
+	Previous        string `msgpack:"previous,omitempty" json:"previous,omitempty"`
+	PreviousFlushed string `msgpack:"previous_flushed,omitempty" json:"previous_flushed,omitempty"`
+}
+
+// OverlayRecoveredEvent: a repaired (and possibly grown) private copy of
+// the overlay was renamed over it and its directory fsynced. Free figures
+// are usable bytes (checked free minus reserved blocks).
 type OverlayRecoveredEvent struct {
 	Overlay    string `msgpack:"overlay" json:"overlay"`
 	OldBytes   int64  `msgpack:"old_bytes" json:"old_bytes"`
 	NewBytes   int64  `msgpack:"new_bytes" json:"new_bytes"`
 	FreeBefore int64  `msgpack:"free_before" json:"free_before"`
 	FreeAfter  int64  `msgpack:"free_after" json:"free_after"`
+	Replayed   bool   `msgpack:"replayed,omitempty" json:"replayed,omitempty"`
 }
 
 // WarningRaisedEvent is an operator-facing warning (for example reason
@@ -303,6 +330,8 @@ func (VolumeAttachedEvent) EventType() Type     { return VolumeAttached }
 func (VolumeDetachedEvent) EventType() Type     { return VolumeDetached }
 func (VolumeRemovedEvent) EventType() Type      { return VolumeRemoved }
 func (FlushAcknowledgedEvent) EventType() Type  { return FlushAcknowledged }
+func (FlushPendingEvent) EventType() Type       { return FlushPending }
+func (FlushRestoredEvent) EventType() Type      { return FlushRestored }
 func (OverlayRecoveredEvent) EventType() Type   { return OverlayRecovered }
 func (WarningRaisedEvent) EventType() Type      { return WarningRaised }
 func (ReapDecidedEvent) EventType() Type        { return ReapDecided }

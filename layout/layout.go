@@ -32,6 +32,12 @@ func (r Root) Record(id string) string        { return r.join("sandboxes", id, "
 func (r Root) RawDisk(id string) string       { return r.join("disks", id+".raw") }
 func (r Root) WorkspaceDisk(id string) string { return r.join("disks", id+"-workspace.ext4") }
 func (r Root) CreateIntent(id string) string  { return r.join("disks", id+".create-intent.json") }
+
+// OverlayStaging is the private copy an overlay recovery repairs and grows
+// before renaming it over WorkspaceDisk (same directory, so the rename is
+// atomic).
+func (r Root) OverlayStaging(id string) string { return r.join("disks", id+".overlay-staging.ext4") }
+
 func (r Root) APISocket(id string) string     { return r.join("run", "sb-"+id+".sock") }
 func (r Root) VsockSocket(id string) string   { return r.join("run", "sb-"+id+".vsock") }
 func (r Root) IIDSocket(id string) string     { return r.join("run", "sb-"+id+".iid") }

@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
@@ -119,9 +120,35 @@ func waitFor(ctx context.Context, who proc.Identity, timeout time.Duration, what
 // restoreFrom set, the VMM restores that snapshot instead of booting cold.
 func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 	var sup, vm proc.Identity
+	// run is this boot's run marker; vmBegun says a VM may exist (vm.create
+	// or vm.restore was sent), after which the overlay may have been used.
+	var run, prevRun, prevFlushed string
+	var vmBegun bool
 	stateDir := m.Root.SupervisorDir(id)
 	api, vsock, iid := m.Root.APISocket(id), m.Root.VsockSocket(id), m.Root.IIDSocket(id)
 	return []sagas.Step{{
+		// The run marker is journaled before the VMM spawns: a run that
+		// dies without a FlushAcknowledged for it is then known to be
+		// unacknowledged, and its overlay is never edited offline.
+		Name: "run-mark",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			sb, err := m.Find(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			run, prevRun, prevFlushed = ulid.Make().String(), sb.LastRun, sb.FlushedRun
+			return sagas.One(events.FlushPendingEvent{Run: run, Previous: prevRun, PreviousFlushed: prevFlushed,
+				Overlay: m.rel(m.Root.WorkspaceDisk(id))}), nil
+		},
+		// A VMM that failed before any VM existed never touched the
+		// overlay: the previous marker and acknowledgement hold again.
+		Undo: func(context.Context) ([]events.Payload, error) {
+			if run == "" || vmBegun {
+				return nil, nil
+			}
+			return sagas.One(events.FlushRestoredEvent{Run: run, Previous: prevRun, PreviousFlushed: prevFlushed}), nil
+		},
+	}, {
 		Name: "supervisor",
 		Do: func(ctx context.Context) ([]events.Payload, error) {
 			var err error
@@ -155,6 +182,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			}
 			// A restore brings its own configuration (re-pointed at this
 			// sandbox's disks); a cold boot is configured here.
+			vmBegun = true
 			if restoreFrom != "" {
 				err = c.Restore(ctx, restoreFrom)
 				if err == nil {
@@ -168,7 +196,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				return nil, err
 			}
 			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
-				RunMarker: ulid.Make().String(),
+				RunMarker: run,
 				Sockets: []events.Resource{
 					m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, vsock), m.res(events.KindIIDSocket, iid),
 				}}), nil
@@ -226,27 +254,46 @@ func (m *Manager) stopSupervisor(who proc.Identity) ([]events.Payload, error) {
 // the guest to flush its filesystem first and, only if it confirms,
 // journals the flush acknowledgement.
 func (m *Manager) stopVMM(ctx context.Context, id string, who proc.Identity, flush bool) ([]events.Payload, error) {
-	var ps []events.Payload
-	api := m.Root.APISocket(id)
-	c := vmm.NewClient(api)
-	if flush {
-		if err := vmm.GuestFlush(ctx, m.Root.VsockSocket(id)); err == nil {
-			sb, _ := m.Find(ctx, id)
-			ps = append(ps, events.FlushAcknowledgedEvent{Run: sb.LastRun, Overlay: m.rel(m.Root.WorkspaceDisk(id))})
-		}
+	ps, err := m.terminateVMM(ctx, id, who, flush)
+	if err != nil {
+		return nil, err
 	}
+	more, err := m.reclaimVMMSockets(id, func(string) bool { return true })
+	return append(ps, more...), err
+}
+
+// terminateVMM flushes the guest (when asked), shuts the VMM down and
+// makes sure its process is gone. The FlushAcknowledged event is returned
+// only when the guest confirmed its flush AND the termination succeeded: a
+// failed flush or a failed termination never yields one.
+func (m *Manager) terminateVMM(ctx context.Context, id string, who proc.Identity, flush bool) ([]events.Payload, error) {
+	flushed := false
+	if flush {
+		flushed = vmm.GuestFlush(ctx, m.Root.VsockSocket(id)) == nil
+	}
+	c := vmm.NewClient(m.Root.APISocket(id))
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	c.Shutdown(sctx)
 	c.ShutdownVMM(sctx)
 	cancel()
 	if err := proc.Terminate(who, 5*time.Second); err != nil {
-		return ps, fmt.Errorf("stop VMM pid %d: %w", who.Pid, err)
+		return nil, fmt.Errorf("stop VMM pid %d: %w", who.Pid, err)
 	}
-	ps = append(ps, events.SandboxStoppedEvent{Reason: "stopped"})
+	var ps []events.Payload
+	if flushed {
+		sb, _ := m.Find(ctx, id)
+		ps = append(ps, events.FlushAcknowledgedEvent{Run: sb.LastRun, Overlay: m.rel(m.Root.WorkspaceDisk(id))})
+	}
+	return append(ps, events.SandboxStoppedEvent{Reason: "stopped"}), nil
+}
+
+// reclaimVMMSockets removes the API and vsock sockets (RL-11).
+func (m *Manager) reclaimVMMSockets(id string, owned func(rel string) bool) ([]events.Payload, error) {
+	var ps []events.Payload
 	for _, r := range []events.Resource{
-		m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)),
+		m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)),
 	} {
-		more, err := m.reclaim(r, true, "stop")
+		more, err := m.reclaim(r, owned(r.Path), "stop")
 		if err != nil {
 			return ps, err
 		}
@@ -261,13 +308,25 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 	if err != nil {
 		return sb, err
 	}
-	if sb.State != projections.StateStopped {
+	// A sandbox a refused start left in Error (no VMM) may be started again.
+	if sb.State != projections.StateStopped && (sb.State != projections.StateError || sb.VMM != nil) {
 		return sb, fmt.Errorf("%w: sandbox %s is %s, not stopped", ErrRefused, sb.ID, sb.State)
 	}
 	if err := m.Driver.Preflight(); err != nil {
 		return sb, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
-	if err := m.saga("start", sb.ID, m.bootSteps(sb.ID, "")).Run(ctx, m.B); err != nil {
+	if _, err := ext4.Preflight(ctx); err != nil {
+		return sb, fmt.Errorf("%w: start %s: overlay preparation: %v", ErrRefused, sb.ID, err)
+	}
+	steps := append(m.overlaySteps(sb), m.bootSteps(sb.ID, "")...)
+	if err := m.saga("start", sb.ID, steps).Run(ctx, m.B); err != nil {
+		var refusal *OverlayRefusal
+		if errors.As(err, &refusal) {
+			if ferr := m.failStart(ctx, sb.ID, refusal); ferr != nil {
+				err = errors.Join(err, ferr)
+			}
+			m.writeRecord(ctx, sb.ID)
+		}
 		return sb, err
 	}
 	m.writeRecord(ctx, sb.ID)
@@ -295,8 +354,16 @@ func (m *Manager) stopSteps(sb projections.Sandbox) []sagas.Step {
 	var steps []sagas.Step
 	if sb.VMM != nil {
 		who := proc.Identity{Pid: sb.VMM.Pid, StartTicks: sb.VMM.StartTicks}
+		// The acknowledgement and the stop are journaled as soon as the
+		// VMM is gone, before the sockets are reclaimed, so a later
+		// failure cannot lose a successful flush.
 		steps = append(steps, sagas.Step{Name: "vmm-stop", Do: func(ctx context.Context) ([]events.Payload, error) {
-			return m.stopVMM(ctx, sb.ID, who, true)
+			return m.terminateVMM(ctx, sb.ID, who, true)
+		}})
+	}
+	if sb.VMM != nil || sb.Owns(m.rel(m.Root.APISocket(sb.ID))) || sb.Owns(m.rel(m.Root.VsockSocket(sb.ID))) {
+		steps = append(steps, sagas.Step{Name: "vmm-sockets", Do: func(ctx context.Context) ([]events.Payload, error) {
+			return m.reclaimVMMSockets(sb.ID, sb.Owns)
 		}})
 	}
 	if sb.Supervisor != nil {

@@ -38,8 +38,12 @@ type Manager struct {
 	Driver Driver
 	// Hook runs around every saga step (crash tests set it).
 	Hook func(kind, step string, phase sagas.Phase)
-	// OverlayMiB is the size of a new sandbox's workspace (overlay) disk.
+	// OverlayMiB is the size of a new sandbox's workspace (overlay) disk
+	// (config overlay_disk_mib); existing overlays are never resized to it.
 	OverlayMiB int64
+	// WarnFillRatio is the overlay fill ratio at which start raises an
+	// OverlayNearlyFull warning (config overlay_warn_fill_ratio).
+	WarnFillRatio float64
 	// StartTimeout bounds how long a VMM or supervisor may take to answer.
 	StartTimeout time.Duration
 }

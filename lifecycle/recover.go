@@ -127,7 +127,10 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		if findErr != nil || sb.State == projections.StateRunning {
 			return resume(nil)
 		}
-		return compensate([]sagas.Step{m.stopUnrecorded(sg.Sandbox), {Name: "supervisor-stop", Undo: func(context.Context) ([]events.Payload, error) {
+		// A private overlay copy an interrupted recovery left is dropped;
+		// the original overlay (or the published one) is never touched.
+		dropCopy := sagas.Step{Name: "overlay-copy", Undo: func(ctx context.Context) ([]events.Payload, error) { return m.dropStaging(ctx, sg.Sandbox) }}
+		return compensate([]sagas.Step{dropCopy, m.stopUnrecorded(sg.Sandbox), {Name: "supervisor-stop", Undo: func(context.Context) ([]events.Payload, error) {
 			if sb.Supervisor == nil {
 				return m.killUnrecordedSupervisor(sg.Sandbox)
 			}

@@ -198,8 +198,18 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		}
 	case events.SnapshotTakenEvent:
 		sb.Snapshots = append(sb.Snapshots, p.SnapshotID)
+	case events.FlushPendingEvent:
+		sb.LastRun = p.Run
 	case events.FlushAcknowledgedEvent:
-		sb.FlushedRun = p.Run
+		// Only an acknowledgement of the current run counts; a late one
+		// for an older run must not vouch for the newer one.
+		if p.Run == sb.LastRun {
+			sb.FlushedRun = p.Run
+		}
+	case events.FlushRestoredEvent:
+		if sb.LastRun == p.Run {
+			sb.LastRun, sb.FlushedRun = p.Previous, p.PreviousFlushed
+		}
 	}
 	touch()
 }

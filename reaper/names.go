@@ -111,6 +111,9 @@ func identifyDisk(e *Entry, name string) {
 		e.Kind, e.ID = events.KindRawDisk, strings.TrimSuffix(name, ".raw")
 	case strings.HasSuffix(name, "-workspace.ext4") && layout.IsULID(strings.TrimSuffix(name, "-workspace.ext4")):
 		e.Kind, e.ID = events.KindWorkspaceDisk, strings.TrimSuffix(name, "-workspace.ext4")
+	case strings.HasSuffix(name, ".overlay-staging.ext4") && layout.IsULID(strings.TrimSuffix(name, ".overlay-staging.ext4")):
+		// An overlay recovery's private copy (layout.OverlayStaging).
+		e.Kind, e.ID = events.KindOverlayStaging, strings.TrimSuffix(name, ".overlay-staging.ext4")
 	case strings.HasSuffix(name, ".shadow.ext4") && len(name) > len(".shadow.ext4"):
 		e.Kind, e.Legacy = events.KindShadowDisk, true
 	case strings.Contains(name, ".shadow.") && strings.HasSuffix(name, ".ext4"):

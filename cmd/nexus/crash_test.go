@@ -59,7 +59,7 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 	image := makeImage(t)
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
-	steps := []string{"intents", "image-cache", "os-disk", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "supervisor", "vmm"}
+	steps := []string{"intents", "image-cache", "os-disk", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
 	commitAt := 7
 	for i, step := range steps {
 		for _, phase := range []string{":before", ""} {
@@ -177,7 +177,7 @@ func TestCrashDuringSnapshot(t *testing.T) {
 // every file it made.
 func TestCrashAtEveryRestoreStep(t *testing.T) {
 	image := makeImage(t)
-	steps := []string{"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "supervisor", "vmm"}
+	steps := []string{"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
 	commitAt := 6
 	for i, step := range steps {
 		for _, phase := range []string{":before", ""} {

@@ -29,15 +29,20 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 	if err != nil {
 		return err
 	}
+	cfg, err := loadConfig(root)
+	if err != nil {
+		return err
+	}
 	driver := g.driver
 	if driver == "" {
 		driver = lifecycle.DriverCloudHypervisor
 	}
 	return withBackend(ctx, g, func(b control.Backend) error {
 		return fn(&lifecycle.Manager{
-			Root: layout.Root(root), B: b,
-			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
-			Hook:   testHooks(),
+			Root: layout.Root(root), B: failAppends(b),
+			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
+			Hook:       testHooks(),
+			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 		})
 	})
 }

@@ -18,11 +18,13 @@ import (
 // Crash points per saga, as the crash tests name them. A random action may
 // kill its command at any of them, before or after the step's events.
 var sagaSteps = map[string][]string{
-	"create":   {"intents", "image-cache", "os-disk", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "supervisor", "vmm"},
-	"fork":     {"intents", "os-disk", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "supervisor", "vmm"},
-	"restore":  {"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "supervisor", "vmm"},
+	"create":   {"intents", "image-cache", "os-disk", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
+	"fork":     {"intents", "os-disk", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
+	"restore":  {"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
 	"rm":       {"vmm-stop", "supervisor-stop", "reclaim", "remove"},
 	"snapshot": {"capture"},
+	"start":    {"overlay-check", "run-mark", "supervisor", "vmm"},
+	"stop":     {"vmm-stop", "vmm-sockets", "supervisor-stop"},
 }
 
 // modelRun is one random sequence of lifecycle operations on one state
@@ -133,11 +135,11 @@ func (m *modelRun) step() {
 		saga, args = "restore", []string{"restore", snaps[m.rng.IntN(len(snaps))]}
 	case op == 6:
 		if sb, ok := m.pick(list, projections.StateRunning); ok {
-			args = []string{"stop", sb.ID}
+			saga, args = "stop", []string{"stop", sb.ID}
 		}
 	case op == 7:
 		if sb, ok := m.pick(list, projections.StateStopped); ok {
-			args = []string{"start", sb.ID}
+			saga, args = "start", []string{"start", sb.ID}
 		}
 	default:
 		sb, _ := m.pick(list, "")

@@ -10,6 +10,9 @@ import (
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
+// GuestAgentPort is the guest vsock port the guest agent listens on.
+const GuestAgentPort = 1024
+
 // GuestFlush asks the guest agent, through the VM's vsock socket, to flush
 // its filesystems, and returns nil only when the agent confirms. A nil
 // return is what entitles the host to journal a flush acknowledgement.
@@ -24,10 +27,20 @@ func GuestFlush(ctx context.Context, vsockSocket string) error {
 		deadline = dl
 	}
 	conn.SetDeadline(deadline)
+	// Cloud Hypervisor's vsock socket first routes the connection to a
+	// guest port ("CONNECT <port>" -> "OK <n>"); the process driver's agent
+	// speaks the same handshake.
+	r := bufio.NewReader(conn)
+	if _, err := fmt.Fprintf(conn, "CONNECT %d\n", GuestAgentPort); err != nil {
+		return fmt.Errorf("guest flush: %w", err)
+	}
+	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
+		return fmt.Errorf("guest flush: vsock handshake to port %d: %q %v", GuestAgentPort, strings.TrimSpace(line), err)
+	}
 	if _, err := conn.Write([]byte("flush\n")); err != nil {
 		return fmt.Errorf("guest flush: %w", err)
 	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
+	line, err := r.ReadString('\n')
 	if err != nil {
 		return fmt.Errorf("guest flush: %w", err)
 	}

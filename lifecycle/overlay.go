@@ -1,0 +1,286 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/disk"
+	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/ext4"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// Reasons a start refusal carries in the sandbox's Ready=False condition.
+const (
+	ReasonOverlayDiskFull    = "OverlayDiskFull"
+	ReasonProvisioningFailed = "ProvisioningFailed"
+	// ReasonOverlayNearlyFull is the warning raised when an overlay's fill
+	// ratio passes the configured threshold before it needs recovery.
+	ReasonOverlayNearlyFull = "OverlayNearlyFull"
+)
+
+// ConfigKey is how messages name the setting an operator can change.
+const ConfigKey = "[vm] overlay_disk_mib"
+
+const (
+	// MinGrowth is the least an overlay recovery grows an overlay by.
+	MinGrowth = 64 << 20
+	// DefaultWarnFillRatio is the fill ratio above which start warns.
+	DefaultWarnFillRatio = 0.9
+	// maxGrowRounds bounds the grow-then-measure loop.
+	maxGrowRounds = 4
+)
+
+// OverlayRefusal is a start refused by the overlay preparation. The
+// original overlay is untouched whenever one is returned.
+type OverlayRefusal struct {
+	Reason  string
+	Message string
+}
+
+func (r *OverlayRefusal) Error() string { return r.Reason + ": " + r.Message }
+func (r *OverlayRefusal) Unwrap() error { return ErrRefused }
+
+func refuseOverlay(reason, format string, args ...any) error {
+	return &OverlayRefusal{Reason: reason, Message: fmt.Sprintf(format, args...)}
+}
+
+// LowWater is the usable space below which an overlay counts as full and
+// is recovered: the larger of 8 MiB and 1/32 of its size (32 MiB of a
+// 1 GiB overlay).
+func LowWater(sizeBytes int64) int64 { return max(8<<20, sizeBytes/32) }
+
+// overlayPlan is what the read-only check decided.
+type overlayPlan struct {
+	Recover bool   // work on a private copy, then publish it
+	Grow    bool   // the copy must grow (low space)
+	Warn    string // a usage warning to raise when nothing else is done
+}
+
+// planOverlay is the pure decision of the offline preparation, from the
+// journal's run marker and acknowledgement and the read-only check of the
+// saved overlay. It never looks at the superblock's free count.
+//
+// Without an acknowledgement of the last run, nexus edits nothing: an
+// overlay that would need recovery (low space, errors) or whose journal
+// needs replay is refused, both for an unacknowledged run and for a legacy
+// overlay that never had one. A clean, roomy overlay nexus would not touch
+// boots as it is, acknowledged or not (a VMM that died leaves one).
+func planOverlay(lastRun, flushedRun string, c ext4.Check, warnRatio float64) (overlayPlan, error) {
+	acked := lastRun != "" && flushedRun == lastRun
+	low := c.UsableBytes() < LowWater(c.Bytes())
+	corrupt := !c.Clean && !c.NeedsRecovery
+	switch {
+	case !acked && lastRun != "" && (low || corrupt || c.NeedsRecovery):
+		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
+			"the overlay needs recovery but its last run %s has no flush acknowledgement; its saved blocks cannot be trusted offline", lastRun)
+	case !acked && (low || corrupt || c.NeedsRecovery):
+		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
+			"the overlay needs recovery (journal needing replay, low space or errors) and no run of it was flush-acknowledged")
+	case low || corrupt:
+		return overlayPlan{Recover: true, Grow: low}, nil
+	}
+	if warnRatio <= 0 {
+		warnRatio = DefaultWarnFillRatio
+	}
+	if r := c.FillRatio(); r >= warnRatio {
+		return overlayPlan{Warn: fmt.Sprintf("VM overlay is %.0f%% full (warning threshold %.0f%%, %d MiB usable); remove files or increase %s for new sandboxes",
+			100*r, 100*warnRatio, c.UsableBytes()>>20, ConfigKey)}, nil
+	}
+	return overlayPlan{}, nil
+}
+
+// growthFor is how much to add to an overlay with check c so that it has at
+// least LowWater of usable space afterwards: MinGrowth or more, in whole
+// MiB. resize2fs keeps the reserved share of the grown file system, and new
+// block groups carry their own metadata (~3%), so the estimate works from
+// free blocks and the reserved fraction rather than today's usable figure
+// (which is floored at zero when root has eaten into the reserve).
+func growthFor(c ext4.Check) int64 {
+	size := c.Bytes()
+	free := (c.Blocks - c.UsedBlocks) * c.BlockSize
+	reservedFrac := float64(c.ReservedBlocks) / float64(max(1, c.Blocks))
+	usableAfter := func(g int64) int64 {
+		return free + g*97/100 - int64(reservedFrac*float64(size+g))
+	}
+	g := int64(MinGrowth)
+	for range 4 {
+		short := LowWater(size+g) - usableAfter(g)
+		if short <= 0 {
+			break
+		}
+		g = roundMiB(g + short*11/10)
+	}
+	return g
+}
+
+// overlaySteps are the offline preparation of a stopped sandbox's
+// overlay (its workspace disk), run by start before anything boots:
+// check -> copy -> repair -> grow -> publish. Only the private copy is ever
+// written; the original changes only by the publish rename.
+func (m *Manager) overlaySteps(sb projections.Sandbox) []sagas.Step {
+	overlay := m.Root.WorkspaceDisk(sb.ID)
+	staging := m.Root.OverlayStaging(sb.ID)
+	stagingRes := m.res(events.KindOverlayStaging, staging)
+	var plan overlayPlan
+	var before, after ext4.Check
+	var replayed bool
+	return []sagas.Step{{
+		Name: "overlay-check",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			// A copy left by an interrupted recovery is never trusted.
+			ps, err := m.dropStaging(ctx, sb.ID)
+			if err != nil {
+				return nil, err
+			}
+			if _, err := os.Lstat(overlay); errors.Is(err, os.ErrNotExist) {
+				return nil, refuseOverlay(ReasonOverlayDiskFull,
+					"overlay %s is missing; a published overlay is never recreated empty", m.rel(overlay))
+			}
+			before, err = ext4.CheckImage(ctx, overlay)
+			if errors.Is(err, ext4.ErrNotExt4) {
+				return nil, refuseOverlay(ReasonProvisioningFailed, "overlay %s is not ext4: %v", m.rel(overlay), err)
+			}
+			if err != nil {
+				return nil, refuseOverlay(ReasonOverlayDiskFull, "read-only check of overlay %s: %v", m.rel(overlay), err)
+			}
+			plan, err = planOverlay(sb.LastRun, sb.FlushedRun, before, m.WarnFillRatio)
+			if err != nil {
+				return nil, err
+			}
+			if plan.Warn != "" {
+				ps = append(ps, events.WarningRaisedEvent{Reason: ReasonOverlayNearlyFull, Message: plan.Warn})
+			}
+			return ps, nil
+		},
+	}, {
+		Name: "overlay-copy",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			if !plan.Recover {
+				return nil, nil
+			}
+			// Not fsynced here: preen and resize2fs rewrite the copy next,
+			// and publish fsyncs it once before the rename.
+			if err := disk.CopyScratch(overlay, staging); err != nil {
+				return nil, refuseOverlay(ReasonOverlayDiskFull, "copy overlay for recovery: %v; free host space or increase %s", err, ConfigKey)
+			}
+			return sagas.One(events.ResourceCreatedEvent{Resource: stagingRes}), nil
+		},
+		Undo: func(ctx context.Context) ([]events.Payload, error) { return m.dropStaging(ctx, sb.ID) },
+	}, {
+		Name: "overlay-repair",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			if !plan.Recover {
+				return nil, nil
+			}
+			if _, err := ext4.Preen(ctx, staging); err != nil {
+				if errors.Is(err, ext4.ErrInteractiveRepair) {
+					return nil, refuseOverlay(ReasonOverlayDiskFull, "overlay %s %v; it was left untouched", m.rel(overlay), err)
+				}
+				return nil, refuseOverlay(ReasonOverlayDiskFull, "repair of the overlay's copy: %v", err)
+			}
+			var err error
+			after, err = ext4.CheckImage(ctx, staging)
+			if err != nil {
+				return nil, refuseOverlay(ReasonOverlayDiskFull, "check of the repaired copy: %v", err)
+			}
+			if !after.Clean || after.NeedsRecovery {
+				return nil, refuseOverlay(ReasonOverlayDiskFull, "the repaired copy is still not clean: %v", after.Problems)
+			}
+			if after.UsedBlocks < before.UsedBlocks || after.UsedInodes < before.UsedInodes {
+				return nil, refuseOverlay(ReasonOverlayDiskFull,
+					"journal replay or repair would release saved data (blocks %d -> %d, inodes %d -> %d); overlay %s left untouched",
+					before.UsedBlocks, after.UsedBlocks, before.UsedInodes, after.UsedInodes, m.rel(overlay))
+			}
+			replayed = before.NeedsRecovery
+			return nil, nil
+		},
+	}, {
+		Name: "overlay-grow",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			if !plan.Grow {
+				return nil, nil
+			}
+			for round := 0; after.UsableBytes() < LowWater(after.Bytes()); round++ {
+				if round == maxGrowRounds {
+					return nil, refuseOverlay(ReasonOverlayDiskFull, "overlay still has only %d MiB usable after growing to %d MiB; increase %s",
+						after.UsableBytes()>>20, after.Bytes()>>20, ConfigKey)
+				}
+				size := after.Bytes() + growthFor(after)
+				if err := disk.Preflight(filepath.Dir(staging), size-after.Bytes()); err != nil {
+					return nil, refuseOverlay(ReasonOverlayDiskFull, "grow overlay to %d MiB: %v; free host space or increase %s for new sandboxes", size>>20, err, ConfigKey)
+				}
+				if err := ext4.Grow(ctx, staging, size); err != nil {
+					return nil, refuseOverlay(ReasonOverlayDiskFull, "grow overlay to %d MiB: %v", size>>20, err)
+				}
+				var err error
+				if after, err = ext4.CheckImage(ctx, staging); err != nil || !after.Clean {
+					return nil, refuseOverlay(ReasonOverlayDiskFull, "check of the grown copy: %v %v", err, after.Problems)
+				}
+			}
+			return nil, nil
+		},
+	}, {
+		Name: "overlay-publish",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			if !plan.Recover {
+				return nil, nil
+			}
+			// resize2fs and e2fsck write through their own descriptors:
+			// make the copy durable before it takes the overlay's name.
+			if err := syncFile(staging); err != nil {
+				return nil, err
+			}
+			if err := os.Rename(staging, overlay); err != nil {
+				return nil, fmt.Errorf("publish overlay: %w", err)
+			}
+			if err := durable.SyncDir(filepath.Dir(overlay)); err != nil {
+				return nil, fmt.Errorf("publish overlay: %w", err)
+			}
+			ps := []events.Payload{
+				events.OverlayRecoveredEvent{Overlay: m.rel(overlay), OldBytes: before.Bytes(), NewBytes: after.Bytes(),
+					FreeBefore: before.UsableBytes(), FreeAfter: after.UsableBytes(), Replayed: replayed},
+				events.ResourceReclaimedEvent{Resource: stagingRes, By: "publish"},
+			}
+			if grown := after.Bytes() - before.Bytes(); grown > 0 {
+				ps = append(ps, events.WarningRaisedEvent{Reason: ReasonOverlayDiskFull, Message: fmt.Sprintf(
+					"VM overlay was nearly full and grew by %d MiB for recovery (%d MiB usable now); remove files or increase %s for new sandboxes",
+					grown>>20, after.UsableBytes()>>20, ConfigKey)})
+			}
+			return ps, nil
+		},
+	}}
+}
+
+// dropStaging removes a private copy an interrupted or refused recovery
+// left, and releases it in the journal if the journal owned it.
+func (m *Manager) dropStaging(ctx context.Context, id string) ([]events.Payload, error) {
+	owned := false
+	if sb, err := m.Find(ctx, id); err == nil {
+		owned = sb.Owns(m.rel(m.Root.OverlayStaging(id)))
+	}
+	return m.reclaim(m.res(events.KindOverlayStaging, m.Root.OverlayStaging(id)), owned, "recover-overlay")
+}
+
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// failStart journals the Error state of a sandbox whose start the overlay
+// preparation refused, with its Ready=False condition.
+func (m *Manager) failStart(ctx context.Context, id string, r *OverlayRefusal) error {
+	_, err := m.B.Append(ctx, events.New(ulid.Make(), nowUTC(), id, events.SandboxFailedEvent{Reason: r.Reason, Message: r.Message}))
+	return err
+}
