@@ -9,7 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/host/vmm"
@@ -397,6 +399,33 @@ func shortRoot(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		if left := killProcessesUnder(dir); len(left) > 0 && !t.Failed() {
+			t.Logf("killed processes the test left running under its state root: %v", left)
+		}
+		os.RemoveAll(dir)
+	})
 	return dir
+}
+
+// killProcessesUnder SIGKILLs every process whose command line names a path
+// below root (the detached VMMs and supervisors of sandboxes a test did not
+// remove), so no test's processes outlive it, and returns their command lines.
+func killProcessesUnder(root string) []string {
+	var killed []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(cmdline), root+"/") {
+			continue
+		}
+		if syscall.Kill(pid, syscall.SIGKILL) == nil {
+			killed = append(killed, strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " "))
+		}
+	}
+	return killed
 }
