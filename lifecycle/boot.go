@@ -92,10 +92,14 @@ func nowUTC() time.Time { return time.Now().UTC() }
 
 // waitFor polls check until it succeeds, the process dies, or the timeout
 // passes. There is no signal to wait on: readiness is a socket answering.
+// A freshly spawned process answers within tens of milliseconds, which is
+// on every create's path, so the first second polls every few milliseconds
+// (a refused dial costs microseconds); only a slow start backs off.
 func waitFor(ctx context.Context, who proc.Identity, timeout time.Duration, what string, check func(context.Context) error) error {
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
+	deadline := start.Add(timeout)
 	var last error
-	for delay := 2 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
+	for delay := time.Millisecond; ; delay = pollDelay(time.Since(start), delay) {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		last = check(cctx)
 		cancel()
@@ -114,6 +118,15 @@ func waitFor(ctx context.Context, who proc.Identity, timeout time.Duration, what
 		case <-time.After(delay):
 		}
 	}
+}
+
+// pollDelay is waitFor's next pause: 3 ms while a process is expected to
+// come up, then doubling up to 100 ms.
+func pollDelay(waited, last time.Duration) time.Duration {
+	if waited < time.Second {
+		return 3 * time.Millisecond
+	}
+	return min(max(last, 3*time.Millisecond)*2, 100*time.Millisecond)
 }
 
 // bootSteps start the sandbox's perimeter supervisor, then its VMM. With
