@@ -23,11 +23,30 @@ build:
 	$(GO) build -o $(BIN) ./cmd/nexus
 
 # The main job on the embedded default journal, with the process driver.
+# The main job, for real with the process driver: a sandbox from a sparse
+# image, a fork, a snapshot and its restore, a stop and start, an audit,
+# then removal and a reap that must find nothing.
+NX := $(BIN) --state-dir $(STATE_DIR)
+DEMO_IMAGE := $(STATE_DIR).image.raw
 demo: setup build
-	@rm -rf $(STATE_DIR)
-	$(BIN) --state-dir $(STATE_DIR) demo
-	$(BIN) --state-dir $(STATE_DIR) events
-	$(BIN) --state-dir $(STATE_DIR) ls
+	@rm -rf $(STATE_DIR) $(DEMO_IMAGE)
+	@truncate -s 256M $(DEMO_IMAGE) && head -c 8M /dev/urandom | dd of=$(DEMO_IMAGE) conv=notrunc status=none
+	$(NX) create --image $(DEMO_IMAGE) --handle demo/one
+	$(NX) fork demo/one --count 2
+	$(NX) snapshot demo/one > $(STATE_DIR).snap
+	$(NX) restore $$(cat $(STATE_DIR).snap)
+	$(NX) stop demo/one
+	$(NX) start demo/one
+	$(NX) ls
+	$(NX) image-cache list
+	$(NX) reap
+	$(NX) replay verify
+	$(NX) replay timeline demo/one
+	@for id in $$($(NX) ls --json | sed -n 's/.*"id": "\([0-9A-Z]*\)".*/\1/p'); do $(NX) rm $$id; done
+	$(NX) reap --apply
+	$(NX) replay diff
+	$(NX) ls
+	@rm -f $(STATE_DIR).snap $(DEMO_IMAGE)
 
 test: setup
 	$(GO) vet ./...
@@ -66,4 +85,4 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'SweepHappyPath|SweepDead' -benchtime 1x ./cmd/nexus/
 
 clean:
-	rm -rf bin $(STATE_DIR)
+	rm -rf bin $(STATE_DIR) $(DEMO_IMAGE) $(STATE_DIR).snap
