@@ -371,25 +371,6 @@ func TestImageCacheCLIParsing(t *testing.T) {
 	mustOK(t, nexus(t, root, "image-cache", "prune", "--unused"), "prune of an empty cache")
 }
 
-// startCacheDaemon runs `nexus daemon` on root until the test ends.
-func startCacheDaemon(t *testing.T, root string) {
-	t.Helper()
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Process.Signal(syscall.SIGTERM); d.Wait() })
-	line, err := bufio.NewReader(stderr).ReadString('\n')
-	if err != nil || !strings.Contains(line, "serving") {
-		t.Fatalf("daemon said %q, %v", line, err)
-	}
-}
-
 // TestImageCachePruneRacesCreate: with the daemon running, real `nexus
 // create` processes of one image race real `nexus image-cache prune`
 // processes over an entry that starts each round unreferenced. Every
@@ -399,7 +380,7 @@ func startCacheDaemon(t *testing.T, root string) {
 func TestImageCachePruneRacesCreate(t *testing.T) {
 	root := shortRoot(t)
 	image := makeImage(t)
-	startCacheDaemon(t, root)
+	startDaemon(t, root)
 	var removed, clean, refused int
 	for round := 0; round < 4; round++ {
 		first := createJSON(t, root, "--image", image)
