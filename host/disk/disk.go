@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -181,22 +180,6 @@ func cloneInto(in, out *os.File, size int64) (Method, error) {
 	return MethodSparseCopy, nil
 }
 
-// openDirect opens a second, O_DIRECT descriptor on the copy's output, or
-// returns nil where the filesystem refuses direct I/O (tmpfs). The copy is
-// fsynced before it counts, so the page cache buys it nothing; writing
-// around it costs no page allocation, which on a VM host whose free memory
-// is handed back to the hypervisor is most of a buffered copy's time
-// (measured: 200 MiB in ~0.3 s direct against ~0.9 s buffered once freed
-// pages were reported, docs/benchmarks-disk.md), and it leaves the host's
-// cached images in memory.
-func openDirect(out *os.File) *os.File {
-	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", out.Fd()), unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil
-	}
-	return os.NewFile(uintptr(fd), out.Name())
-}
-
 // reflinkUnsupported separates "this filesystem pair cannot share extents"
 // (fall back to copying) from real failures such as ENOSPC or EIO, which a
 // copy would only hit again, later and slower.
@@ -231,10 +214,7 @@ func sparseCopy(in, out *os.File, size int64) error {
 	// the disk busy while the zero scan runs. Advisory, so errors don't matter.
 	_ = unix.Fadvise(int(in.Fd()), 0, 0, unix.FADV_SEQUENTIAL)
 
-	w := &zeroSkipWriter{out: out, direct: openDirect(out)}
-	if w.direct != nil {
-		defer w.direct.Close()
-	}
+	w := &zeroSkipWriter{out: out}
 	// Reading (and scanning for zeros) overlaps writing: one goroutine
 	// writes chunks in offset order while this one reads ahead, so the copy
 	// takes about as long as the slower of the two instead of their sum.
@@ -244,7 +224,7 @@ func sparseCopy(in, out *os.File, size int64) error {
 	}
 	free := make(chan []byte, copyBuffers)
 	for range copyBuffers {
-		free <- alignedBuffer(copyChunk)
+		free <- make([]byte, copyChunk)
 	}
 	full := make(chan chunk, copyBuffers)
 	var writeFailed atomic.Bool
@@ -319,9 +299,8 @@ func readData(in *os.File, size int64, next func(pos int64, n int) ([]byte, bool
 // into one pwrite per run. Offsets must increase from call to call.
 type zeroSkipWriter struct {
 	out      *os.File
-	direct   *os.File // O_DIRECT twin of out, or nil
-	pending  int64    // written since the last writeback kick
-	kickFrom int64    // start of the range not yet kicked
+	pending  int64 // written since the last writeback kick
+	kickFrom int64 // start of the range not yet kicked
 }
 
 // kick starts asynchronous writeback of what was written since the last
@@ -338,19 +317,7 @@ func (w *zeroSkipWriter) write(b []byte, off int64) error {
 		if run < 0 {
 			return nil
 		}
-		at := off + int64(run)
-		if w.direct != nil && at%directAlign == 0 && (end-run)%directAlign == 0 {
-			_, err := w.direct.WriteAt(b[run:end], at)
-			if !errors.Is(err, unix.EINVAL) {
-				run = -1
-				return err
-			}
-			// The filesystem or device wants another alignment: carry on
-			// buffered, which is always correct.
-			w.direct.Close()
-			w.direct = nil
-		}
-		if _, err := w.out.WriteAt(b[run:end], at); err != nil {
+		if _, err := w.out.WriteAt(b[run:end], off+int64(run)); err != nil {
 			return err
 		}
 		if w.pending += int64(end - run); w.pending >= writebackEvery {
@@ -371,19 +338,6 @@ func (w *zeroSkipWriter) write(b []byte, off int64) error {
 		i = j
 	}
 	return flush(len(b))
-}
-
-// directAlign is the offset, length and memory alignment direct writes
-// use: the page size, which every block device's logical block divides.
-const directAlign = 4 << 10
-
-// alignedBuffer returns n bytes starting at a directAlign boundary, as
-// O_DIRECT requires of the memory it transfers. Go's heap does not move
-// objects, so the alignment holds for the buffer's life.
-func alignedBuffer(n int) []byte {
-	raw := make([]byte, n+directAlign)
-	skip := (directAlign - int(uintptr(unsafe.Pointer(&raw[0]))%directAlign)) % directAlign
-	return raw[skip : skip+n : skip+n]
 }
 
 var zeroBlock [holeBlock]byte
