@@ -18,14 +18,23 @@ import (
 
 const id = "01HZZZZZZZZZZZZZZZZZZZZZZB"
 
-// startNamed runs a real process whose command line carries args.
+// startNamed runs a real process whose command line carries args. It is a
+// shell blocked in the `read` builtin, so it never forks: a forked child
+// carries its parent's command line until it execs, and would be a second
+// process naming the same ULID for a moment.
 func startNamed(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("sh", append([]string{"-c", "sleep 60; :"}, args...)...)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", append([]string{"-c", "read -r _", "sh"}, args...)...)
+	cmd.Stdin = r
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	r.Close()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); w.Close() })
 	return cmd
 }
 
