@@ -62,7 +62,7 @@ soak: setup
 # Every fuzz target for FUZZTIME each; their seed corpora are checked in
 # under testdata/fuzz and also run by `make test`.
 FUZZTIME ?= 30s
-FUZZ_TARGETS := events:FuzzDecode layout:FuzzCoveredBy projections:FuzzUnmarshalState \
+FUZZ_TARGETS := events:FuzzDecode events:FuzzCheckBounds layout:FuzzCoveredBy projections:FuzzUnmarshalState \
 	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity \
 	lifecycle:FuzzArgumentsThatBecomePaths ledger:FuzzParseRecord ledger:FuzzParseNames
 fuzz: setup

@@ -221,25 +221,14 @@ var decPool = sync.Pool{New: func() any { p := &pooledDec{}; p.d = msgpack.NewDe
 // StrictUnmarshal decodes one msgpack value from data into v, refusing
 // unknown fields and trailing bytes: within one schema version an
 // unexpected field means damage or a mislabelled writer. Projections decode
-// their snapshots with it too.
-//
-// The value is first walked without decoding (Skip): every element it
-// declares must be present in data. msgpack v5.4's slice decoder allocates
-// a declared length up front whatever its alloc-limit setting, so five
-// damaged bytes announcing 0xdddddddd elements would otherwise ask for
-// gigabytes (found by FuzzUnmarshalState). After the walk, no declared
-// length exceeds len(data), which bounds what decoding can allocate.
+// their snapshots with it too. checkBounds runs first, so no length the
+// data declares can make decoding allocate more than the data could hold.
 func StrictUnmarshal(data []byte, v any) error {
-	p := decPool.Get().(*pooledDec)
-	defer decPool.Put(p)
-	p.r.Reset(data)
-	p.d.Reset(&p.r)
-	if err := p.d.Skip(); err != nil {
+	if err := checkBounds(data); err != nil {
 		return err
 	}
-	if p.r.Len() != 0 {
-		return errors.New("trailing bytes")
-	}
+	p := decPool.Get().(*pooledDec)
+	defer decPool.Put(p)
 	p.r.Reset(data)
 	p.d.Reset(&p.r)
 	p.d.DisallowUnknownFields(true)
