@@ -39,7 +39,7 @@ func (r Report) OK() bool {
 // any length is verified in constant memory apart from the id set.
 type Verifier struct {
 	rep   Report
-	seen  map[string]uint64
+	seen  idSet
 	sagas *projections.Sagas
 	last  uint64
 }
@@ -48,7 +48,7 @@ type Verifier struct {
 func NewVerifier() *Verifier {
 	return &Verifier{
 		rep:  Report{Gaps: []string{}, DuplicateID: []string{}, Undecodable: []string{}, NewerSchema: []string{}},
-		seen: map[string]uint64{}, sagas: projections.NewSagas(),
+		seen: newIDSet(), sagas: projections.NewSagas(),
 	}
 }
 
@@ -59,10 +59,8 @@ func (v *Verifier) Add(r Record) {
 		v.rep.Gaps = append(v.rep.Gaps, fmt.Sprintf("%d..%d", v.last+1, r.Seq-1))
 	}
 	v.last = r.Seq
-	if first, dup := v.seen[r.MsgID]; dup {
+	if first, dup := v.seen.add(r.MsgID, r.Seq); dup {
 		v.rep.DuplicateID = append(v.rep.DuplicateID, fmt.Sprintf("%s at %d and %d", r.MsgID, first, r.Seq))
-	} else {
-		v.seen[r.MsgID] = r.Seq
 	}
 	e, err := events.Decode(r.Data)
 	switch {

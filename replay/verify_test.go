@@ -67,3 +67,16 @@ func TestConcurrentVerifierMatchesSerial(t *testing.T) {
 		t.Fatalf("concurrent %+v\nserial %+v", got, want)
 	}
 }
+
+func TestIDSetFindsRepeats(t *testing.T) {
+	s := newIDSet()
+	for i := range 1000 {
+		if _, dup := s.add(fmt.Sprintf("id-%d", i), uint64(i+1)); dup {
+			t.Fatalf("id-%d reported twice on first sight", i)
+		}
+	}
+	if first, dup := s.add("id-7", 5000); !dup || first != 8 {
+		t.Fatalf("repeat of id-7: first=%d dup=%v", first, dup)
+	}
+
+}
