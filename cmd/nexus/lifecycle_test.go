@@ -118,22 +118,44 @@ func untracked(t *testing.T, root string) []string {
 	return out
 }
 
-// liveProcesses lists processes whose command line names root: the VMMs
-// and supervisors of sandboxes under it.
-func liveProcesses(t *testing.T, root string) []string {
-	t.Helper()
-	var out []string
+// testProcess is a process whose command line names a path below a root.
+type testProcess struct {
+	pid     int
+	cmdline string // arguments joined by spaces
+	zombie  bool
+}
+
+// processesUnder scans /proc for processes (other than this one) whose
+// command line names a path below root: the VMMs and supervisors of
+// sandboxes under it.
+func processesUnder(root string) []testProcess {
+	var out []testProcess
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
 		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		if err != nil || !strings.Contains(string(data), root+"/") {
 			continue
 		}
 		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
+		i := strings.LastIndexByte(string(stat), ')')
+		zombie := i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+		out = append(out, testProcess{pid: pid, cmdline: strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " ")), zombie: zombie})
+	}
+	return out
+}
+
+// liveProcesses lists the processes under root that are not zombies.
+func liveProcesses(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range processesUnder(root) {
+		if !p.zombie {
+			out = append(out, strconv.Itoa(p.pid)+":"+p.cmdline)
 		}
-		out = append(out, e.Name()+":"+strings.ReplaceAll(string(data), "\x00", " "))
 	}
 	return out
 }
@@ -263,10 +285,7 @@ func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
 	root := shortRoot(t)
 	image := makeImage(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
-	sum := func() string {
-		out, _ := exec.Command("sha256sum", filepath.Join(root, "volumes", "data", "disk.ext4")).Output()
-		return string(out)
-	}
+	sum := func() string { return volumeSum(t, root, "data") }
 	before := sum()
 	sb := createJSON(t, root, "--image", image, "--volume", "data:/data")
 	wantFailure(t, proc(t, root, "create", "--image", image, "--volume", "data:/other"), 1, "never shared")
@@ -408,23 +427,14 @@ func shortRoot(t testing.TB) string {
 	return dir
 }
 
-// killProcessesUnder SIGKILLs every process whose command line names a path
-// below root (the detached VMMs and supervisors of sandboxes a test did not
-// remove), so no test's processes outlive it, and returns their command lines.
+// killProcessesUnder SIGKILLs every process under root (the detached VMMs
+// and supervisors of sandboxes a test did not remove), so no test's
+// processes outlive it, and returns their command lines.
 func killProcessesUnder(root string) []string {
 	var killed []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !strings.Contains(string(cmdline), root+"/") {
-			continue
-		}
-		if syscall.Kill(pid, syscall.SIGKILL) == nil {
-			killed = append(killed, strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " "))
+	for _, p := range processesUnder(root) {
+		if !p.zombie && syscall.Kill(p.pid, syscall.SIGKILL) == nil {
+			killed = append(killed, p.cmdline)
 		}
 	}
 	return killed
