@@ -54,6 +54,10 @@ func Resolve(records []Record, ref string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return resolve(evs, ref)
+}
+
+func resolve(evs []decoded, ref string) (string, error) {
 	upper := strings.ToUpper(ref)
 	found := ""
 	for _, d := range evs {
@@ -89,6 +93,24 @@ func Timeline(records []Record, id string) ([]Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	return timeline(evs, id), nil
+}
+
+// TimelineOf resolves ref (Resolve) and returns its Timeline, decoding the
+// journal once for both.
+func TimelineOf(records []Record, ref string) (string, []Entry, error) {
+	evs, err := decodeAll(records)
+	if err != nil {
+		return "", nil, err
+	}
+	id, err := resolve(evs, ref)
+	if err != nil {
+		return "", nil, err
+	}
+	return id, timeline(evs, id), nil
+}
+
+func timeline(evs []decoded, id string) []Entry {
 	out := []Entry{}
 	for _, d := range evs {
 		if d.ev.Sandbox != id {
@@ -97,7 +119,7 @@ func Timeline(records []Record, id string) ([]Entry, error) {
 		out = append(out, Entry{Seq: d.seq, Time: d.ev.Time, Type: d.ev.Type, Sandbox: d.ev.Sandbox, Saga: d.ev.Saga,
 			Step: d.ev.Step, Causation: d.ev.Causation, ID: d.ev.ID.String(), Payload: d.ev.Payload})
 	}
-	return out, nil
+	return out
 }
 
 // Point selects a place in the journal: a sequence, or the last event at or

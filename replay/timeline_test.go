@@ -50,6 +50,9 @@ func TestTimelineOfARemovedSandboxByHandle(t *testing.T) {
 	if _, err := Resolve(recs, "nobody"); err == nil {
 		t.Fatal("an unknown handle resolved")
 	}
+	if gotID, both, err := TimelineOf(recs, "dev/a"); err != nil || gotID != a || len(both) != len(tl) {
+		t.Fatalf("TimelineOf(dev/a) = %q, %d entries, %v; want %s and %d", gotID, len(both), err, a, len(tl))
+	}
 }
 
 func TestAtSequenceAndTime(t *testing.T) {

@@ -100,11 +100,7 @@ func replayTimelineCmd(g *globals, f *replayFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			id, err := replay.Resolve(recs, args[0])
-			if err != nil {
-				return err
-			}
-			entries, err := replay.Timeline(recs, id)
+			_, entries, err := replay.TimelineOf(recs, args[0])
 			if err != nil {
 				return err
 			}
