@@ -31,6 +31,7 @@ const (
 	ReasonSchemaTooNew     = "written by a newer schema"
 	ReasonOtherDriver      = "another driver's run"
 	ReasonOwnerAlive       = "owner alive (pid and start time match)"
+	ReasonOwnerLocked      = "owner alive (holds its record's liveness lock)"
 	ReasonOwnerGone        = "owner gone"
 	ReasonPidReused        = "pid reused by another process (start time differs)"
 	ReasonWatchdog         = "owner closed its watchdog pipe"
@@ -49,6 +50,10 @@ type Observation struct {
 	ParseErr error  // the record (or a list) did not parse, or is missing
 	Age      time.Duration
 	Owner    Owner // read only for parsed records of our driver
+	// Locked: a live process holds a POSIX or OFD lock on the record (see
+	// docs/ledger.md, "The liveness lock"). Locks die with their holder,
+	// so this is proof of life that pid reuse cannot fake.
+	Locked bool
 }
 
 // Self is the sweeping process.
@@ -66,10 +71,11 @@ type Decision struct {
 // NeedsOwner reports whether Decide will look at o.Owner, so the edge reads
 // /proc only for those runs.
 func NeedsOwner(o Observation, self Self) bool {
-	return o.Run != self.Run && o.ParseErr == nil && o.Record.Driver == self.Driver
+	return o.Run != self.Run && !o.Locked && o.ParseErr == nil && o.Record.Driver == self.Driver
 }
 
-// Decide is the sweep rule of the ledger, in order: own run keep;
+// Decide is the sweep rule of the ledger, in order: own run keep; record
+// locked by a live process keep (whatever it says: its writer lives);
 // unparseable keep under an hour, sweep after; newer schema keep; other
 // driver keep; pid + start time (within StartTolerance) of a running
 // process keep; else sweep.
@@ -77,6 +83,8 @@ func Decide(o Observation, self Self) Decision {
 	switch {
 	case o.Run == self.Run:
 		return Decision{Keep, ReasonSelf}
+	case o.Locked:
+		return Decision{Keep, ReasonOwnerLocked}
 	case errors.Is(o.ParseErr, ErrSchemaTooNew):
 		return Decision{Keep, ReasonSchemaTooNew}
 	case o.ParseErr != nil && o.Age < UnparseableGrace:

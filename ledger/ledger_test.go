@@ -109,24 +109,26 @@ func TestDecideExhaustive(t *testing.T) {
 			for _, age := range ages {
 				for _, drv := range drivers {
 					for _, ow := range owners {
-						n++
-						r := rec
-						r.Driver = drv
-						o := Observation{Run: run, Record: r, ParseErr: pe, Age: age, Owner: ow}
-						got := Decide(o, self)
-						want := spec(o, self)
-						if got != want {
-							t.Errorf("%+v: got %+v, want %+v", o, got, want)
-						}
-						if NeedsOwner(o, self) != (run != "SELF" && pe == nil && drv == "process") {
-							t.Errorf("NeedsOwner(%+v) wrong", o)
+						for _, locked := range []bool{false, true} {
+							n++
+							r := rec
+							r.Driver = drv
+							o := Observation{Run: run, Record: r, ParseErr: pe, Age: age, Owner: ow, Locked: locked}
+							got := Decide(o, self)
+							want := spec(o, self)
+							if got != want {
+								t.Errorf("%+v: got %+v, want %+v", o, got, want)
+							}
+							if NeedsOwner(o, self) != (run != "SELF" && !locked && pe == nil && drv == "process") {
+								t.Errorf("NeedsOwner(%+v) wrong", o)
+							}
 						}
 					}
 				}
 			}
 		}
 	}
-	if n != 2*3*4*2*6 {
+	if n != 2*3*4*2*6*2 {
 		t.Fatalf("walked %d cases", n)
 	}
 }
@@ -135,6 +137,10 @@ func TestDecideExhaustive(t *testing.T) {
 func spec(o Observation, self Self) Decision {
 	if o.Run == self.Run {
 		return Decision{Keep, ReasonSelf}
+	}
+	// A lock on the record is held by a live process: its writer.
+	if o.Locked {
+		return Decision{Keep, ReasonOwnerLocked}
 	}
 	if o.ParseErr != nil {
 		if errors.Is(o.ParseErr, ErrSchemaTooNew) {

@@ -39,9 +39,11 @@ func listPath(dir, run string, k Kind) string {
 	return filepath.Join(dir, run+string(k))
 }
 
-// Run is this process's own run, open for appends.
+// Run is a run open for appends: this process's own (then it holds the
+// run's liveness lock) or, through Attach, its parent's.
 type Run struct {
 	dir, id string
+	live    *os.File // the liveness lock; nil for an attached run
 }
 
 // ID is the run id.
@@ -80,8 +82,17 @@ func Open(dir string, rec format.Record) (*Run, error) {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
 	r := &Run{dir: dir, id: rec.Run}
+	// Only the owner may claim the run's liveness: a record written for
+	// another process (a test's, a tool's) is judged by its pid and start
+	// time alone. Without
+	// the lock (a filesystem that refuses OFD locks) the run is still
+	// judged correctly, by pid and start time.
+	if isSelf(rec) {
+		r.live, _ = holdLiveness(recordPath(dir, rec.Run))
+	}
 	for _, k := range []Kind{Sandboxes, Networks} {
 		if err := durable.WriteFile(listPath(dir, rec.Run, k), nil, 0o600); err != nil {
+			r.release()
 			return nil, fmt.Errorf("ledger: %w", err)
 		}
 	}
@@ -240,7 +251,25 @@ func (r *Run) Close() error {
 			return fmt.Errorf("ledger %s: %w: %s", r.id, ErrNotEmpty, strings.Join(names, ", "))
 		}
 	}
-	return deleteFiles(r.dir, r.id)
+	if err := deleteFiles(r.dir, r.id); err != nil {
+		return err
+	}
+	r.release()
+	return nil
+}
+
+// isSelf reports whether rec names this very process (pid and start time).
+func isSelf(rec format.Record) bool {
+	me, err := SelfRecord(rec.Run, rec.Driver, rec.Nexus)
+	return err == nil && me.Pid == rec.Pid && me.StartTimeMs == rec.StartTimeMs
+}
+
+// release drops the liveness lock (the files are gone, or never were).
+func (r *Run) release() {
+	if r.live != nil {
+		r.live.Close()
+		r.live = nil
+	}
 }
 
 // deleteFiles removes a run's files, the record last, then fsyncs the dir.
@@ -323,23 +352,30 @@ func SelfRecord(run, driver, nexus string) (format.Record, error) {
 // MaxRecordBytes bounds a record file; a larger one is malformed.
 const MaxRecordBytes = 4096
 
-// readRecord reads a record with the fewest syscalls (open, read, close):
-// on the happy path a sweep does this once per live run, and os.ReadFile's
-// fstat, poller registration and EOF read would double the cost.
-// dirfd, when >= 0, is the ledger directory: opening relative to it skips
-// walking the state root's path once per run.
-func readRecord(dirfd int, path string) ([]byte, error) {
+// probeRecord opens a record and asks whether its liveness lock is held;
+// only when it is not does it read the record. It uses the fewest syscalls
+// (open, fcntl, read, close): on the happy path a sweep does this once per
+// live run, and os.ReadFile's fstat, poller registration and EOF read would
+// double the cost. dirfd, when >= 0, is the ledger directory: opening
+// relative to it skips walking the state root's path once per run.
+func probeRecord(dirfd int, path string) (locked bool, data []byte, err error) {
+	// O_NONBLOCK: a FIFO swapped in under a record's name after the scan
+	// must not hang the sweep on open (regular files ignore the flag).
+	const flags = unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW | unix.O_NONBLOCK
 	var fd int
-	var err error
 	if dirfd >= 0 {
-		fd, err = unix.Openat(dirfd, filepath.Base(path), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		fd, err = unix.Openat(dirfd, filepath.Base(path), flags, 0)
 	} else {
-		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+		fd, err = unix.Open(path, flags, 0)
 	}
 	if err != nil {
-		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+		return false, nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	defer unix.Close(fd)
+	// A failed probe is no evidence either way: read the record.
+	if locked, err := lockedByOther(fd); err == nil && locked {
+		return true, nil, nil
+	}
 	buf := make([]byte, MaxRecordBytes+1)
 	n := 0
 	for n < len(buf) {
@@ -348,7 +384,7 @@ func readRecord(dirfd int, path string) ([]byte, error) {
 			continue
 		}
 		if err != nil {
-			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+			return false, nil, &os.PathError{Op: "read", Path: path, Err: err}
 		}
 		if m == 0 {
 			break
@@ -356,9 +392,9 @@ func readRecord(dirfd int, path string) ([]byte, error) {
 		n += m
 	}
 	if n > MaxRecordBytes {
-		return nil, fmt.Errorf("%s: larger than %d bytes", path, MaxRecordBytes)
+		return false, nil, fmt.Errorf("%s: larger than %d bytes", path, MaxRecordBytes)
 	}
-	return buf[:n], nil
+	return false, buf[:n], nil
 }
 
 // Exists reports whether any of run's files is still there.

@@ -90,15 +90,21 @@ type Planned struct {
 }
 
 // observe decides on a run from its record alone (and, when the rule needs
-// them, the owner's /proc entry or the files' age): the happy path reads one
-// small file and one /proc entry per run. Invalid lines in the lists do not
+// them, the owner's /proc entry or the files' age): the happy path opens one
+// small file per run and finds its liveness lock held; a record without the
+// lock costs a read of it and of one /proc entry. Invalid lines in the lists do not
 // make a run unparseable; they are skipped when the run is swept.
 func observe(dirfd int, dir string, e entry, self format.Self, now time.Time) (Planned, error) {
 	p := Planned{entry: e}
 	p.Run = e.run
 	if e.record {
-		data, err := readRecord(dirfd, recordPath(dir, e.run))
+		locked, data, err := probeRecord(dirfd, recordPath(dir, e.run))
 		switch {
+		case locked:
+			// Its owner is alive: nothing else about the run matters.
+			p.Locked = true
+			p.Decision = format.Decide(p.Observation, self)
+			return p, nil
 		case err != nil:
 			p.ParseErr = fmt.Errorf("%w: %v", format.ErrMalformed, err)
 		default:
