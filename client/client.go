@@ -26,6 +26,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/events"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/ledger"
 )
@@ -76,7 +77,11 @@ type Client struct {
 	wdPid    int
 	sweep    []hostledger.Outcome
 	sweepErr error
-	closed   bool
+	// kept are the init-time sweep's keep decisions, decided in this
+	// process without a journal; the next nexus process we run journals
+	// them (the first create, or Begin's own).
+	kept   []events.RunKeptEvent
+	closed bool
 }
 
 // New makes a client; nothing is written until the first Create.
@@ -152,11 +157,47 @@ func (c *Client) Env() []string {
 }
 
 // Begin opens the run now instead of at the first Create: the init-time
-// sweep, the record, the watchdog. Calling it again does nothing.
+// sweep, the record, the watchdog. Calling it again does nothing. With no
+// create to carry them, the sweep's keep decisions are journaled by a
+// `nexus ledger journal-kept` of their own; a failure to do so is reported
+// by SweepErr, and the next Create tries again.
 func (c *Client) Begin(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.beginLocked(ctx)
+	if err := c.beginLocked(ctx); err != nil {
+		return err
+	}
+	if len(c.kept) == 0 {
+		return nil
+	}
+	stdin, err := json.Marshal(c.kept)
+	if err == nil {
+		_, err = runNexusIn(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, nil, stdin, "ledger", "journal-kept")
+	}
+	if err != nil {
+		c.sweepErr = errors.Join(c.sweepErr, fmt.Errorf("client: journal the sweep's keep decisions: %w", err))
+		return nil
+	}
+	c.kept = nil
+	return nil
+}
+
+// takeKept hands the pending keep decisions to one nexus process; putBack
+// returns them if that process failed (they are journaled at least once).
+func (c *Client) takeKept() []events.RunKeptEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.kept
+	c.kept = nil
+	return k
+}
+
+func (c *Client) putBack(k []events.RunKeptEvent) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.kept == nil {
+		c.kept = k
+	}
 }
 
 func (c *Client) beginLocked(ctx context.Context) error {
@@ -171,7 +212,11 @@ func (c *Client) beginLocked(ctx context.Context) error {
 	// A sweep that fails (a dead run's sandbox that will not go) must not
 	// stop this process from working: its leftovers wait for the next sweep.
 	if c.opts.Reaper.Sweeps() {
-		c.sweep, c.sweepErr = Sweep(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, c.opts.RunID)
+		var journaled bool
+		c.sweep, journaled, c.sweepErr = sweep(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, c.opts.RunID)
+		if c.sweepErr == nil && !journaled {
+			c.kept = hostledger.KeptEvents("init", ledger.Self{Run: c.opts.RunID, Driver: c.opts.Driver}, time.Now(), c.sweep)
+		}
 	}
 	rec, err := hostledger.SelfRecord(c.opts.RunID, c.opts.Driver, c.opts.Nexus)
 	if err != nil {
@@ -229,21 +274,26 @@ func (c *Client) spawnWatchdog() error {
 }
 
 // Sweep is the init-time sweep: it decides on every other run in this
-// process (a directory scan and a /proc read per run) and runs
-// `nexus ledger sweep` only when some run is to be swept, so the common
-// case opens no journal and spawns nothing.
+// process (a directory scan, and per run one open that finds the owner's
+// liveness lock, or a record and /proc read) and runs `nexus ledger sweep`
+// only when some run is to be swept, so the common case opens no journal
+// and spawns nothing. Its keep decisions are then not journaled yet: a
+// Client hands them to its next nexus process.
 func Sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostledger.Outcome, error) {
+	out, _, err := sweep(ctx, nexus, stateDir, driver, self)
+	return out, err
+}
+
+// sweep is Sweep, also reporting whether the decisions were journaled
+// (by the `nexus ledger sweep` it ran).
+func sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostledger.Outcome, bool, error) {
 	me := ledger.Self{Run: self, Driver: driver}
 	plan, err := hostledger.Plan(hostledger.Dir(stateDir), me, time.Now())
 	if err != nil {
-		return nil, fmt.Errorf("client: sweep: %w", err)
+		return nil, false, fmt.Errorf("client: sweep: %w", err)
 	}
 	if !hostledger.AnySweep(plan) {
-		out := make([]hostledger.Outcome, 0, len(plan))
-		for _, p := range plan {
-			out = append(out, hostledger.Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
-		}
-		return out, nil
+		return hostledger.Outcomes(plan), false, nil
 	}
 	args := []string{"ledger", "sweep", "--json"}
 	if self != "" {
@@ -251,13 +301,13 @@ func Sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostled
 	}
 	stdout, err := runNexus(ctx, nexus, stateDir, driver, nil, args...)
 	if err != nil {
-		return nil, fmt.Errorf("client: sweep: %w", err)
+		return nil, false, fmt.Errorf("client: sweep: %w", err)
 	}
 	var out []hostledger.Outcome
 	if err := json.Unmarshal(stdout, &out); err != nil {
-		return nil, fmt.Errorf("client: sweep output: %w", err)
+		return nil, true, fmt.Errorf("client: sweep output: %w", err)
 	}
-	return out, nil
+	return out, true, nil
 }
 
 // Create creates and boots a sandbox; unless spec.Keep, it is listed in
@@ -280,8 +330,18 @@ func (c *Client) Create(ctx context.Context, spec CreateSpec) (Sandbox, error) {
 		}
 		env = []string{EnvRunID + "=" + c.opts.RunID}
 	}
-	out, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, env, args...)
+	var stdin []byte
+	kept := c.takeKept()
+	if len(kept) > 0 {
+		var err error
+		if stdin, err = json.Marshal(kept); err != nil {
+			return Sandbox{}, err
+		}
+		args = append(args, "--journal-kept")
+	}
+	out, err := runNexusIn(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, env, stdin, args...)
 	if err != nil {
+		c.putBack(kept)
 		return Sandbox{}, err
 	}
 	var sb Sandbox
@@ -366,9 +426,17 @@ func withoutRunEnv(env []string) []string {
 // runNexus runs one nexus command; extra env entries are added to ours
 // without NEXUS_RUN_ID, so only the ones we pass bind a sandbox to a run.
 func runNexus(ctx context.Context, nexus, stateDir, driver string, env []string, args ...string) ([]byte, error) {
+	return runNexusIn(ctx, nexus, stateDir, driver, env, nil, args...)
+}
+
+// runNexusIn is runNexus with stdin (nil: none).
+func runNexusIn(ctx context.Context, nexus, stateDir, driver string, env []string, stdin []byte, args ...string) ([]byte, error) {
 	full := append([]string{"--state-dir", stateDir, "--driver", driver}, args...)
 	cmd := exec.CommandContext(ctx, nexus, full...)
 	cmd.Env = append(withoutRunEnv(os.Environ()), env...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/client"
+	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/ledger"
 )
 
@@ -310,5 +311,109 @@ func TestHappyPathSweepSpawnsNothing(t *testing.T) {
 	out, err = client.Sweep(context.Background(), nexusBin, root, "process", "another-run")
 	if err != nil || len(out) != 2 {
 		t.Fatalf("sweep with a dead run: %+v %v", out, err)
+	}
+}
+
+// keptEvents reads every run.kept event of root: sweeper -> run -> reason.
+func keptEvents(t *testing.T, root string) map[string]map[string]string {
+	t.Helper()
+	bySweeper := map[string]map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(nexus(t, root, "events", "--type", "run.kept", "--json")), "\n") {
+		if line == "" {
+			continue
+		}
+		var ev struct {
+			Data struct {
+				By, Sweeper string
+				Kept        []struct {
+					Reason string
+					Runs   []string
+				}
+			}
+		}
+		if err := json.Unmarshal([]byte(line), &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Data.By != "init" || bySweeper[ev.Data.Sweeper] != nil {
+			t.Fatalf("run.kept %s: want one event per sweep, by init", line)
+		}
+		runs := map[string]string{}
+		for _, g := range ev.Data.Kept {
+			for _, r := range g.Runs {
+				runs[r] = g.Reason
+			}
+		}
+		bySweeper[ev.Data.Sweeper] = runs
+	}
+	return bySweeper
+}
+
+// TestKeepDecisionsAreJournaled: the happy-path sweep decides in the
+// client's own process, and its keep decisions reach the journal through
+// the next nexus process the client runs: `ledger journal-kept` for Begin,
+// the first create otherwise. Every kept run is named with its rule.
+func TestKeepDecisionsAreJournaled(t *testing.T) {
+	root := shortRoot(t)
+	dir := filepath.Join(root, "runs")
+	os.MkdirAll(dir, 0o700)
+	// A live owner that does not take the liveness lock (as a client in
+	// another language may): judged by pid and start time.
+	sleeper := exec.Command("sleep", "300")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	owner, err := hostledger.OwnerOf(sleeper.Process.Pid)
+	if err != nil || !owner.Running {
+		t.Fatalf("sleeper: %+v %v", owner, err)
+	}
+	write := func(run, driver string, pid int, start int64) {
+		rec := fmt.Sprintf(`{"schema":1,"run":%q,"pid":%d,"start_time_ms":%d,"driver":%q,"nexus":""}`, run, pid, start, driver)
+		if err := os.WriteFile(filepath.Join(dir, run+".json"), []byte(rec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("foreign-live", "process", sleeper.Process.Pid, owner.StartTimeMs)
+	write("other-driver", "cloud-hypervisor", 4194304, 1)
+
+	ctx := context.Background()
+	first, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process", Reaper: ledger.ModeSweep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Begin(ctx); err != nil || first.SweepErr() != nil {
+		t.Fatalf("begin: %v, sweep: %v", err, first.SweepErr())
+	}
+	defer first.Close(ctx)
+	kept := keptEvents(t, root)
+	want := map[string]string{"foreign-live": ledger.ReasonOwnerAlive, "other-driver": ledger.ReasonOtherDriver}
+	if fmt.Sprint(kept[first.RunID()]) != fmt.Sprint(want) || len(kept) != 1 {
+		t.Fatalf("after Begin: %v, want %s: %v", kept, first.RunID(), want)
+	}
+
+	second, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process", Reaper: ledger.ModeSweep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := second.Create(ctx, client.CreateSpec{Image: image(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close(ctx)
+	kept = keptEvents(t, root)
+	// The first client's own run is alive by its liveness lock.
+	want[first.RunID()] = ledger.ReasonOwnerLocked
+	if fmt.Sprint(kept[second.RunID()]) != fmt.Sprint(want) || len(kept) != 2 {
+		t.Fatalf("after Create: %v, want %s: %v", kept, second.RunID(), want)
+	}
+	// Only the first create carries them.
+	if err := second.Remove(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := second.Create(ctx, client.CreateSpec{Image: image(t)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(nexus(t, root, "events", "--type", "run.kept"), "\n"); n != 2 {
+		t.Fatalf("%d run.kept events, want 2", n)
 	}
 }

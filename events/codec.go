@@ -91,6 +91,7 @@ var registry = map[Type]typeSpec{
 	RunOpened:          spec(RunOpenedEvent{}, 1),
 	RunClosed:          spec(RunClosedEvent{}, 1),
 	RunSwept:           spec(RunSweptEvent{}, 1),
+	RunKept:            spec(RunKeptEvent{}, 1),
 	ImageCachePrepared: spec(ImageCachePreparedEvent{}, 1),
 	ImageCacheUsed:     spec(ImageCacheUsedEvent{}, 1),
 	ImageCachePruned:   spec(ImageCachePrunedEvent{}, 1),

@@ -49,6 +49,7 @@ var samples = []Payload{
 	RunOpenedEvent{RunID: "r", Pid: 1, Start: 2, Driver: "process"},
 	RunClosedEvent{RunID: "r", Reason: "clean"},
 	RunSweptEvent{RunID: "r", Verdict: "sweep", Reason: "owner gone", Pid: 3, Driver: "process", By: "init", Removed: []string{"a"}, NotFound: []string{"b"}, Networks: []string{"n"}},
+	RunKeptEvent{By: "init", Sweeper: "s", Driver: "process", AtMs: 7, Part: 1, Parts: 1, Kept: []KeptRuns{{Reason: "owner alive", Runs: []string{"a", "b"}}}},
 	ImageCachePreparedEvent{CacheID: "c", Ref: "img:1", Identity: "sha256:x", Layout: 1, Path: "images/c"},
 	ImageCacheUsedEvent{CacheID: "c", LastUseMs: 5},
 	ImageCachePrunedEvent{CacheID: "c", AllocatedBytes: 5},

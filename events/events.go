@@ -54,6 +54,7 @@ const (
 	RunOpened Type = "run.opened"
 	RunClosed Type = "run.closed"
 	RunSwept  Type = "run.swept"
+	RunKept   Type = "run.kept"
 
 	ImageCachePrepared Type = "imagecache.prepared"
 	ImageCacheUsed     Type = "imagecache.used"

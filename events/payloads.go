@@ -282,6 +282,26 @@ type RunSweptEvent struct {
 	Networks []string `msgpack:"networks,omitempty" json:"networks,omitempty"`
 }
 
+// RunKeptEvent is every keep decision of one sweep (a swept run has its
+// own run.swept): the runs the sweeper left alone, grouped by the rule
+// that kept them. One event per sweep, not per run, so the happy path of a
+// client's start costs one append however many runs are live.
+type RunKeptEvent struct {
+	By      string     `msgpack:"by" json:"by"`                               // "init" (a client's init-time sweep), "cli"
+	Sweeper string     `msgpack:"sweeper,omitempty" json:"sweeper,omitempty"` // the sweeping process's own run, if it has one
+	Driver  string     `msgpack:"driver" json:"driver"`                       // the sweeper's driver
+	AtMs    int64      `msgpack:"at_ms" json:"at_ms"`                         // when the sweep decided, Unix ms
+	Part    int        `msgpack:"part" json:"part"`                           // 1..Parts: a large sweep is split over events
+	Parts   int        `msgpack:"parts" json:"parts"`
+	Kept    []KeptRuns `msgpack:"kept" json:"kept"`
+}
+
+// KeptRuns are the runs one rule kept.
+type KeptRuns struct {
+	Reason string   `msgpack:"reason" json:"reason"`
+	Runs   []string `msgpack:"runs" json:"runs"`
+}
+
 type ImageCachePreparedEvent struct {
 	CacheID  string `msgpack:"cache_id" json:"cache_id"`
 	Ref      string `msgpack:"ref" json:"ref"`
@@ -341,6 +361,7 @@ func (ResourceReclaimedEvent) EventType() Type  { return ResourceReclaimed }
 func (RunOpenedEvent) EventType() Type          { return RunOpened }
 func (RunClosedEvent) EventType() Type          { return RunClosed }
 func (RunSweptEvent) EventType() Type           { return RunSwept }
+func (RunKeptEvent) EventType() Type            { return RunKept }
 func (ImageCachePreparedEvent) EventType() Type { return ImageCachePrepared }
 func (ImageCacheUsedEvent) EventType() Type     { return ImageCacheUsed }
 func (ImageCachePrunedEvent) EventType() Type   { return ImageCachePruned }

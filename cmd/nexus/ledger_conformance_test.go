@@ -16,6 +16,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/ledger"
 )
 
 // handStartMs computes a process's start time as docs/ledger.md says:
@@ -175,12 +178,37 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 	if strings.Join(left, " ") != "alive-run.json alive-run.networks alive-run.sandboxes ch-run.json ch-run.sandboxes future-run.json young-run.json young-run.sandboxes" {
 		t.Fatalf("files left: %v", left)
 	}
-	// Each sweep decision that acted is in the journal.
+	// Each sweep decision is in the journal: one run.swept per swept run,
+	// one run.kept naming every kept run with its rule.
 	ev := mustOK(t, nexus(t, root, "events", "--type", "run.swept", "--json"), "events").stdout
 	for _, run := range []string{"dead-run", "reused-run", "old-run"} {
 		if !strings.Contains(ev, `"run":"`+run+`"`) {
 			t.Errorf("no run.swept event for %s in %s", run, ev)
 		}
+	}
+	keptLines := strings.Split(strings.TrimSpace(mustOK(t, nexus(t, root, "events", "--type", "run.kept", "--json"), "events").stdout), "\n")
+	var kept struct {
+		Data events.RunKeptEvent `json:"data"`
+	}
+	if len(keptLines) != 1 || json.Unmarshal([]byte(keptLines[0]), &kept) != nil {
+		t.Fatalf("run.kept events: %q", keptLines)
+	}
+	keptBy := map[string]string{}
+	for _, g := range kept.Data.Kept {
+		for _, run := range g.Runs {
+			keptBy[run] = g.Reason
+		}
+	}
+	wantKept := map[string]string{"alive-run": ledger.ReasonOwnerAlive, "ch-run": ledger.ReasonOtherDriver,
+		"young-run": ledger.ReasonUnparseableYoung, "future-run": ledger.ReasonSchemaTooNew}
+	if fmt.Sprint(keptBy) != fmt.Sprint(wantKept) || kept.Data.By != "init" || kept.Data.Driver != "process" {
+		t.Errorf("run.kept %+v, want %v", kept.Data, wantKept)
+	}
+	// Bad input to the hidden journal-kept is refused with one line.
+	bad := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "ledger", "journal-kept")
+	bad.Stdin = strings.NewReader(`[{"by":"init","driver":"process","part":1,"parts":1,"kept":[{"reason":"x","runs":["../x"]}]}]`)
+	if out, err := bad.CombinedOutput(); err == nil || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
+		t.Errorf("journal-kept of a bad run id: %v %q", err, out)
 	}
 	mustOK(t, proc(t, root, "rm", c.ID), "rm")
 }

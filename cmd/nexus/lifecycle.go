@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
@@ -91,7 +92,7 @@ func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
 func createCmd(g *globals) *cobra.Command {
 	var spec lifecycle.CreateSpec
 	var shadows, volumes []string
-	var asJSON bool
+	var asJSON, journalKeptIn bool
 	c := &cobra.Command{
 		Use:   "create --image IMG",
 		Short: "Create and boot a sandbox",
@@ -114,7 +115,19 @@ func createCmd(g *globals) *cobra.Command {
 			if spec.Image == "" {
 				return usageError{fmt.Errorf("--image is required")}
 			}
+			var kept []events.RunKeptEvent
+			if journalKeptIn {
+				var err error
+				if kept, err = readKept(cmd.InOrStdin()); err != nil {
+					return err
+				}
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				// The client's init-time sweep ran before this, its first
+				// create: its decisions go in first.
+				if err := journalKept(cmd.Context(), m, kept); err != nil {
+					return err
+				}
 				if err := bindToRun(m, &spec); err != nil {
 					return err
 				}
@@ -133,6 +146,8 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVar(&journalKeptIn, "journal-kept", false, "first journal the run.kept events (a JSON array) on stdin")
+	c.Flags().MarkHidden("journal-kept")
 	return c
 }
 

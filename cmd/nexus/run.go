@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -240,6 +241,47 @@ func (a sweepActions) Record(ctx context.Context, ev events.RunSweptEvent) error
 	return err
 }
 
+func (a sweepActions) RecordKept(ctx context.Context, ev events.RunKeptEvent) error {
+	return journalKept(ctx, a.m, []events.RunKeptEvent{ev})
+}
+
+// journalKept appends the keep decisions of a sweep.
+func journalKept(ctx context.Context, m *lifecycle.Manager, evs []events.RunKeptEvent) error {
+	for _, ev := range evs {
+		if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now().UTC(), "", ev)); err != nil {
+			return fmt.Errorf("journal run.kept: %w", err)
+		}
+	}
+	return nil
+}
+
+// readKept reads the run.kept events a client hands over on stdin: the
+// keep decisions of the init-time sweep it ran in its own process, which
+// opens no journal (see docs/ledger.md).
+func readKept(r io.Reader) ([]events.RunKeptEvent, error) {
+	data, err := io.ReadAll(io.LimitReader(r, 64<<20))
+	if err != nil {
+		return nil, fmt.Errorf("--journal-kept: stdin: %w", err)
+	}
+	var evs []events.RunKeptEvent
+	if err := json.Unmarshal(data, &evs); err != nil {
+		return nil, usageError{fmt.Errorf("--journal-kept: stdin is not a JSON array of run.kept events: %v", err)}
+	}
+	for _, ev := range evs {
+		if ev.By == "" || ev.Driver == "" || ev.Part < 1 || ev.Part > ev.Parts || len(ev.Kept) == 0 {
+			return nil, usageError{fmt.Errorf("--journal-kept: incomplete run.kept event (by %q, driver %q, part %d of %d, %d groups)", ev.By, ev.Driver, ev.Part, ev.Parts, len(ev.Kept))}
+		}
+		for _, k := range ev.Kept {
+			for _, run := range k.Runs {
+				if !ledger.ValidRunID(run) {
+					return nil, usageError{fmt.Errorf("--journal-kept: %q is not a run id", run)}
+				}
+			}
+		}
+	}
+	return evs, nil
+}
+
 func ledgerCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "ledger", Short: "Client-run ledgers under <state-root>/runs/ (see docs/ledger.md)", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -256,11 +298,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := make([]hostledger.Outcome, 0, len(plan))
-			for _, p := range plan {
-				out = append(out, hostledger.Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
-			}
-			return printOutcomes(cmd, lsJSON, out, false)
+			return printOutcomes(cmd, lsJSON, hostledger.Outcomes(plan), false)
 		}}
 	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
 
@@ -286,6 +324,16 @@ func ledgerCmd(g *globals) *cobra.Command {
 	sweep.Flags().StringVar(&exclude, "exclude", "", "the caller's own run, never swept")
 	sweep.Flags().MarkHidden("exclude")
 
+	journal := &cobra.Command{Use: "journal-kept", Hidden: true, Args: noArgs,
+		Short: "Journal the run.kept events (JSON) on stdin: a client's in-process sweep decisions",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			evs, err := readKept(cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return journalKept(cmd.Context(), m, evs) })
+		}}
+
 	var run string
 	watchdog := &cobra.Command{Use: "watchdog --run RUN", Hidden: true, Args: noArgs,
 		Short: "Wait for EOF on stdin (the run's owner died or closed), then sweep the run",
@@ -294,12 +342,12 @@ func ledgerCmd(g *globals) *cobra.Command {
 		}}
 	watchdog.Flags().StringVar(&run, "run", "", "run id (required)")
 	watchdog.MarkFlagRequired("run")
-	c.AddCommand(ls, sweep, watchdog)
+	c.AddCommand(ls, sweep, journal, watchdog)
 	return c
 }
 
-// sweepRuns plans without the journal and opens it only if a run is to be
-// swept, so a sweep with nothing to do costs a scan.
+// sweepRuns plans without the journal and opens it only if there is a
+// decision to journal, so a sweep of an empty ledger costs a scan.
 func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledger.Outcome, error) {
 	root, err := node.PrepareRoot(g.stateDir)
 	if err != nil {
@@ -311,8 +359,8 @@ func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledge
 	if err != nil {
 		return nil, err
 	}
-	if !hostledger.AnySweep(plan) {
-		return hostledger.Apply(ctx, dir, plan, self, by, nil)
+	if !hostledger.AnySweep(plan) && hostledger.KeptEvents(by, self, time.Now(), hostledger.Outcomes(plan)) == nil {
+		return hostledger.Outcomes(plan), nil
 	}
 	var out []hostledger.Outcome
 	err = withManager(ctx, g, func(m *lifecycle.Manager) error {

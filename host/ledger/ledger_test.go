@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nexus-sandbox/nexus/events"
 	format "github.com/nexus-sandbox/nexus/ledger"
 )
@@ -21,6 +23,7 @@ type recorder struct {
 	live    map[string]bool
 	removed map[string]int
 	swept   []events.RunSweptEvent
+	kept    []events.RunKeptEvent
 	during  func(name string)
 }
 
@@ -47,6 +50,13 @@ func (r *recorder) RemoveSandbox(_ context.Context, name string) (bool, error) {
 }
 
 func (r *recorder) RemoveNetwork(context.Context, string) (bool, error) { return false, nil }
+
+func (r *recorder) RecordKept(_ context.Context, ev events.RunKeptEvent) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.kept = append(r.kept, ev)
+	return nil
+}
 
 func (r *recorder) Record(_ context.Context, ev events.RunSweptEvent) error {
 	r.mu.Lock()
@@ -174,6 +184,19 @@ func TestPlanDecidesOnRealProcesses(t *testing.T) {
 	if len(act.swept) != 3 {
 		t.Fatalf("journaled %d sweeps, want 3", len(act.swept))
 	}
+	// Every keep but our own run's is journaled, in one event.
+	if len(act.kept) != 1 {
+		t.Fatalf("journaled %d run.kept events, want 1: %+v", len(act.kept), act.kept)
+	}
+	keptBy := map[string]string{}
+	for _, g := range act.kept[0].Kept {
+		for _, run := range g.Runs {
+			keptBy[run] = g.Reason
+		}
+	}
+	if len(keptBy) != 3 || keptBy["LIVE"] != format.ReasonOwnerAlive || keptBy["OTHER"] != format.ReasonOtherDriver || keptBy["YOUNG"] != format.ReasonUnparseableYoung {
+		t.Fatalf("journaled keeps %v", keptBy)
+	}
 	for _, run := range []string{"REUSED", "DEAD", "OLD"} {
 		for _, suf := range []string{".json", ".sandboxes", ".networks"} {
 			if _, err := os.Lstat(filepath.Join(dir, run+suf)); !os.IsNotExist(err) {
@@ -287,5 +310,67 @@ func TestPlanManyRunsKeepsOrderAndVerdicts(t *testing.T) {
 		if p.Run != fmt.Sprintf("run-%03d", i) || p.Verdict != want {
 			t.Fatalf("plan[%d] = %s %s, want run-%03d %s", i, p.Run, p.Verdict, i, want)
 		}
+	}
+}
+
+// TestKeptEventsGroupAndSplit: keeps are grouped by reason, the sweeper's
+// own run is left out, and a large sweep is split into numbered parts that
+// together name every kept run exactly once.
+func TestKeptEventsGroupAndSplit(t *testing.T) {
+	self := format.Self{Run: "ME", Driver: "process"}
+	if evs := KeptEvents("init", self, time.Now(), []Outcome{{Run: "ME", Verdict: "keep", Reason: format.ReasonSelf}}); evs != nil {
+		t.Fatalf("only our own run: %+v", evs)
+	}
+	var out []Outcome
+	for i := range 2*keptPerEvent + 10 {
+		reason := format.ReasonOwnerLocked
+		if i%3 == 0 {
+			reason = format.ReasonOtherDriver
+		}
+		out = append(out, Outcome{Run: fmt.Sprintf("r%05d", i), Verdict: "keep", Reason: reason})
+	}
+	out = append(out, Outcome{Run: "gone", Verdict: "sweep", Reason: format.ReasonOwnerGone}, Outcome{Run: "ME", Verdict: "keep", Reason: format.ReasonSelf})
+	evs := KeptEvents("init", self, time.UnixMilli(42), out)
+	if len(evs) != 3 {
+		t.Fatalf("%d events, want 3", len(evs))
+	}
+	seen := map[string]string{}
+	for i, ev := range evs {
+		if ev.Part != i+1 || ev.Parts != 3 || ev.By != "init" || ev.Sweeper != "ME" || ev.Driver != "process" || ev.AtMs != 42 {
+			t.Fatalf("event %d header %+v", i, ev)
+		}
+		n := 0
+		for _, g := range ev.Kept {
+			for _, run := range g.Runs {
+				if _, dup := seen[run]; dup {
+					t.Fatalf("%s named twice", run)
+				}
+				seen[run] = g.Reason
+				n++
+			}
+		}
+		if n > keptPerEvent {
+			t.Fatalf("event %d names %d runs", i, n)
+		}
+	}
+	if len(seen) != 2*keptPerEvent+10 {
+		t.Fatalf("%d runs journaled", len(seen))
+	}
+	for _, o := range out[:2*keptPerEvent+10] {
+		if seen[o.Run] != o.Reason {
+			t.Fatalf("%s: %q, want %q", o.Run, seen[o.Run], o.Reason)
+		}
+	}
+	// Round trip through the journal's codec: the event stays in bounds.
+	data, err := events.Encode(events.New(ulid.Make(), time.Now(), "", evs[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := events.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := back.Payload.(events.RunKeptEvent); len(got.Kept) != len(evs[0].Kept) || len(data) > 128<<10 {
+		t.Fatalf("decoded %d groups from %d bytes", len(got.Kept), len(data))
 	}
 }

@@ -220,8 +220,10 @@ type Actions interface {
 	RemoveSandbox(ctx context.Context, name string) (found bool, err error)
 	// RemoveNetwork is the same for a network.
 	RemoveNetwork(ctx context.Context, name string) (found bool, err error)
-	// Record journals a sweep decision.
+	// Record journals the decision to sweep a run, with what it removed.
 	Record(ctx context.Context, ev events.RunSweptEvent) error
+	// RecordKept journals a sweep's keep decisions.
+	RecordKept(ctx context.Context, ev events.RunKeptEvent) error
 }
 
 // Outcome is what a sweep did with one run.
@@ -236,10 +238,10 @@ type Outcome struct {
 	Error    string   `json:"error,omitempty"`
 }
 
-// Apply sweeps every run the plan says to sweep, each under its flock, and
-// reports every run. A failed removal leaves that run's ledger in place for
-// the next sweep and is reported, not returned; the error return is for a
-// failure to journal.
+// Apply sweeps every run the plan says to sweep, each under its flock, then
+// journals the keep decisions (KeptEvents), and reports every run. A failed
+// removal leaves that run's ledger in place for the next sweep and is
+// reported, not returned; the error return is for a failure to journal.
 func Apply(ctx context.Context, dir string, plan []Planned, self format.Self, by string, act Actions) ([]Outcome, error) {
 	out := make([]Outcome, 0, len(plan))
 	for _, p := range plan {
@@ -251,7 +253,73 @@ func Apply(ctx context.Context, dir string, plan []Planned, self format.Self, by
 		}
 		out = append(out, o)
 	}
+	for _, ev := range KeptEvents(by, self, time.Now(), out) {
+		if err := act.RecordKept(ctx, ev); err != nil {
+			return out, fmt.Errorf("journal the sweep's keep decisions: %w", err)
+		}
+	}
 	return out, nil
+}
+
+// Outcomes are a plan's decisions as a sweep that acted on none of them
+// reports them.
+func Outcomes(plan []Planned) []Outcome {
+	out := make([]Outcome, 0, len(plan))
+	for _, p := range plan {
+		out = append(out, Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
+	}
+	return out
+}
+
+// keptPerEvent bounds the runs one run.kept event names (about 30 bytes
+// each), far below the journal's message size limit.
+const keptPerEvent = 2000
+
+// KeptEvents renders a sweep's keep decisions as run.kept events: every
+// kept run but the sweeper's own, grouped by reason in the order the
+// reasons first occur, split into parts of at most keptPerEvent runs. A
+// sweep that kept nothing gives none.
+func KeptEvents(by string, self format.Self, at time.Time, out []Outcome) []events.RunKeptEvent {
+	var groups []events.KeptRuns
+	index := map[string]int{}
+	n := 0
+	for _, o := range out {
+		if o.Verdict != string(format.Keep) || o.Reason == format.ReasonSelf {
+			continue
+		}
+		i, ok := index[o.Reason]
+		if !ok {
+			i = len(groups)
+			index[o.Reason] = i
+			groups = append(groups, events.KeptRuns{Reason: o.Reason})
+		}
+		groups[i].Runs = append(groups[i].Runs, o.Run)
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	var evs []events.RunKeptEvent
+	cur := events.RunKeptEvent{By: by, Sweeper: self.Run, Driver: self.Driver, AtMs: at.UnixMilli()}
+	room := keptPerEvent
+	for _, g := range groups {
+		for len(g.Runs) > 0 {
+			take := min(room, len(g.Runs))
+			cur.Kept = append(cur.Kept, events.KeptRuns{Reason: g.Reason, Runs: g.Runs[:take]})
+			g.Runs, room = g.Runs[take:], room-take
+			if room == 0 {
+				evs = append(evs, cur)
+				cur.Kept, room = nil, keptPerEvent
+			}
+		}
+	}
+	if len(cur.Kept) > 0 {
+		evs = append(evs, cur)
+	}
+	for i := range evs {
+		evs[i].Part, evs[i].Parts = i+1, len(evs)
+	}
+	return evs
 }
 
 // SweepOwn sweeps one run whatever its owner's state: the watchdog calls it
