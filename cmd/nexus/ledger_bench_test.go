@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/durable"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -186,4 +189,45 @@ func shortBenchRoot(b *testing.B) string {
 		b.Fatal(err)
 	}
 	return dir
+}
+
+// BenchmarkJournalKept1000: what journaling the keep decisions of a sweep
+// over 1,000 live runs adds to the client's first create: one run.kept
+// event naming the 1,000 runs, appended (and fsynced) to a real journal.
+// Baseline: appending one small event (a run.swept naming one sandbox) to
+// the same journal, the cost of any single journaled step.
+func BenchmarkJournalKept1000(b *testing.B) {
+	ctx := context.Background()
+	root := shortBenchRoot(b)
+	defer os.RemoveAll(root)
+	n, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer n.Close()
+	out := make([]hostledger.Outcome, benchRuns)
+	for i := range out {
+		out[i] = hostledger.Outcome{Run: ulid.Make().String(), Verdict: "keep", Reason: ledger.ReasonOwnerLocked}
+	}
+	kept := hostledger.KeptEvents("init", ledger.Self{Run: ulid.Make().String(), Driver: "process"}, time.Now(), out)
+	if len(kept) != 1 {
+		b.Fatalf("%d events", len(kept))
+	}
+	small := events.RunSweptEvent{RunID: "r", Verdict: "sweep", Reason: ledger.ReasonOwnerGone, By: "init", NotFound: []string{ulid.Make().String()}}
+	var keptT, base time.Duration
+	for range b.N {
+		t0 := time.Now()
+		if _, err := n.Append(ctx, events.New(ulid.Make(), time.Now(), "", kept[0])); err != nil {
+			b.Fatal(err)
+		}
+		keptT += time.Since(t0)
+		t0 = time.Now()
+		if _, err := n.Append(ctx, events.New(ulid.Make(), time.Now(), "", small)); err != nil {
+			b.Fatal(err)
+		}
+		base += time.Since(t0)
+	}
+	b.ReportMetric(float64(keptT.Microseconds())/float64(b.N)/1000, "ms/kept-event")
+	b.ReportMetric(float64(base.Microseconds())/float64(b.N)/1000, "ms/small-event")
+	b.ReportMetric(float64(keptT)/float64(base), "ratio")
 }
