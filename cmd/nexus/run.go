@@ -261,20 +261,20 @@ func journalKept(ctx context.Context, m *lifecycle.Manager, evs []events.RunKept
 func readKept(r io.Reader) ([]events.RunKeptEvent, error) {
 	data, err := io.ReadAll(io.LimitReader(r, 64<<20))
 	if err != nil {
-		return nil, fmt.Errorf("--journal-kept: stdin: %w", err)
+		return nil, fmt.Errorf("run.kept events on stdin: %w", err)
 	}
 	var evs []events.RunKeptEvent
 	if err := json.Unmarshal(data, &evs); err != nil {
-		return nil, usageError{fmt.Errorf("--journal-kept: stdin is not a JSON array of run.kept events: %v", err)}
+		return nil, usageError{fmt.Errorf("stdin is not a JSON array of run.kept events: %v", err)}
 	}
 	for _, ev := range evs {
 		if ev.By == "" || ev.Driver == "" || ev.Part < 1 || ev.Part > ev.Parts || len(ev.Kept) == 0 {
-			return nil, usageError{fmt.Errorf("--journal-kept: incomplete run.kept event (by %q, driver %q, part %d of %d, %d groups)", ev.By, ev.Driver, ev.Part, ev.Parts, len(ev.Kept))}
+			return nil, usageError{fmt.Errorf("incomplete run.kept event on stdin (by %q, driver %q, part %d of %d, %d groups)", ev.By, ev.Driver, ev.Part, ev.Parts, len(ev.Kept))}
 		}
 		for _, k := range ev.Kept {
 			for _, run := range k.Runs {
 				if !ledger.ValidRunID(run) {
-					return nil, usageError{fmt.Errorf("--journal-kept: %q is not a run id", run)}
+					return nil, usageError{fmt.Errorf("run.kept event on stdin: %q is not a run id", run)}
 				}
 			}
 		}
