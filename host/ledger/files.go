@@ -84,9 +84,8 @@ func Open(dir string, rec format.Record) (*Run, error) {
 	r := &Run{dir: dir, id: rec.Run}
 	// Only the owner may claim the run's liveness: a record written for
 	// another process (a test's, a tool's) is judged by its pid and start
-	// time alone. Without
-	// the lock (a filesystem that refuses OFD locks) the run is still
-	// judged correctly, by pid and start time.
+	// time alone. Without the lock (a filesystem that refuses OFD locks)
+	// our own run is judged the same way, still correctly.
 	if isSelf(rec) {
 		r.live, _ = holdLiveness(recordPath(dir, rec.Run))
 	}
