@@ -85,6 +85,8 @@ type Saga struct {
 var (
 	// ErrCompensated wraps the error of a step that failed and was undone.
 	ErrCompensated = errors.New("saga compensated")
+	// ErrNotStarted means saga.started was not journaled: nothing ran.
+	ErrNotStarted = errors.New("saga not started")
 	// ErrLeftOpen means compensation stopped at a step it could not undo
 	// or could not journal; the saga stays open for `nexus recover`.
 	ErrLeftOpen = errors.New("saga left open for `nexus recover`")
@@ -101,14 +103,14 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 	}
 	if len(s.Done) == 0 {
 		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("%s: not started: %w", s.Kind, context.Cause(ctx))
+			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, context.Cause(ctx))
 		}
 		names := make([]string, len(s.Steps))
 		for i, st := range s.Steps {
 			names[i] = st.Name
 		}
 		if err := s.record(ctx, j, true, string(events.SagaStarted), events.SagaStartedEvent{Kind: s.Kind, Steps: names}); err != nil {
-			return fmt.Errorf("%s: start: %w", s.Kind, err)
+			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, err)
 		}
 	}
 	pivot := -1
@@ -135,7 +137,9 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 		}
 		s.hook(st.Name, AfterRecord)
 	}
-	if err := s.record(ctx, j, true, string(events.SagaFinished), events.SagaFinishedEvent{}); err != nil {
+	// Every step took effect and is journaled: the end is a fact, not a
+	// decision (and after rm the sandbox has no state left to expect).
+	if err := s.record(ctx, j, false, string(events.SagaFinished), events.SagaFinishedEvent{}); err != nil {
 		return fmt.Errorf("%s: finish: %w", s.Kind, err)
 	}
 	return nil
@@ -185,7 +189,7 @@ func (s *Saga) compensate(ctx context.Context, j Journal, failed, pivot int, cau
 	if err := s.record(cctx, j, false, string(events.SagaCompensated), events.SagaCompensatedEvent{Reason: cause.Error()}); err != nil {
 		return fmt.Errorf("%w: %w (closing it: %w; %d step(s) undone)", ErrLeftOpen, cause, err, undone)
 	}
-	return fmt.Errorf("%w: %w", ErrCompensated, cause)
+	return fmt.Errorf("%w (%d step(s) undone and journaled): %w", ErrCompensated, undone, cause)
 }
 
 func orDefault(d, def time.Duration) time.Duration {
