@@ -63,7 +63,24 @@ func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := guard.Decide(c.cmd, sb, open); err != nil {
+	err = guard.Decide(c.cmd, sb, open)
+	var r *guard.Refusal
+	if errors.As(err, &r) && r.Saga != nil && r.Saga.Sandbox == id {
+		// We hold the sandbox's lease, so the saga's runner is dead:
+		// finish it the way recover would, then decide on what it left.
+		var rep RecoverReport
+		if rerr := m.recoverSaga(ctx, *r.Saga, &rep); rerr != nil {
+			return fmt.Errorf("refused: %w (finishing it: %v)", err, rerr)
+		}
+		if sb, err = m.Find(ctx, id); err != nil {
+			return err
+		}
+		if open, err = m.B.OpenSagas(ctx); err != nil {
+			return err
+		}
+		err = guard.Decide(c.cmd, sb, open)
+	}
+	if err != nil {
 		return fmt.Errorf("refused: %w", err)
 	}
 	c.sb = sb

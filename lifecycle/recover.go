@@ -458,6 +458,9 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 			continue
 		}
 		s := &sagas.Saga{ID: ulid.Make().String(), Kind: "recover", Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}
+		if err := s.Begin(ctx, m.B); err != nil {
+			return err
+		}
 		if err := s.Compensate(ctx, m.B, "intent without a journaled saga"); err != nil {
 			return err
 		}

@@ -151,6 +151,20 @@ func (s *Saga) hook(step string, phase Phase) {
 	}
 }
 
+// Begin journals saga.started for a saga that will only be compensated
+// (recover cleaning up after a runner that died before its own start was
+// journaled): every event of a saga must fall inside its start and end.
+func (s *Saga) Begin(ctx context.Context, j Journal) error {
+	if s.ID == "" {
+		s.ID = ulid.Make().String()
+	}
+	names := make([]string, len(s.Steps))
+	for i, st := range s.Steps {
+		names[i] = st.Name
+	}
+	return s.record(ctx, j, false, string(events.SagaStarted), events.SagaStartedEvent{Kind: s.Kind, Steps: names})
+}
+
 // Compensate undoes every step (newest first) and closes the saga as
 // compensated. Recovery calls it for a saga whose process died.
 func (s *Saga) Compensate(ctx context.Context, j Journal, reason string) error {
