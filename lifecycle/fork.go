@@ -13,9 +13,9 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
-	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"

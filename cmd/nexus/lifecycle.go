@@ -44,7 +44,7 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
-			Wait:       g.wait,
+			Wait: g.wait,
 		})
 	})
 }
