@@ -302,8 +302,16 @@ func TestDaemonRestartMidCreatesLosesNothing(t *testing.T) {
 		}
 		cmds = append(cmds, c)
 	}
-	// Let the creates get going, then restart the daemon under them.
-	waitFor(t, func() bool { return len(sandboxesRaw(root)) > 0 })
+	// Restart the daemon once a create has committed and is booting: the
+	// window where an unguarded compensation deleted committed disks.
+	waitFor(t, func() bool {
+		for _, sb := range sandboxes(t, root) {
+			if sb.State != projections.StateCreating && sb.VMM == nil {
+				return true
+			}
+		}
+		return false
+	})
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	d.cmd.Wait()
 	for _, c := range cmds {
@@ -322,19 +330,6 @@ func TestDaemonRestartMidCreatesLosesNothing(t *testing.T) {
 		}
 	}
 	journalMatchesDisk(t, root)
-}
-
-// sandboxesRaw lists disks/ without going through nexus (a command would
-// queue behind the creates when there is no daemon).
-func sandboxesRaw(root string) []string {
-	entries, _ := os.ReadDir(filepath.Join(root, "disks"))
-	var out []string
-	for _, e := range entries {
-		if strings.HasSuffix(e.Name(), ".raw") {
-			out = append(out, e.Name())
-		}
-	}
-	return out
 }
 
 func waitFor(t *testing.T, cond func() bool) {
