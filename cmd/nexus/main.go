@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -37,12 +38,17 @@ type globals struct {
 // under its (then released) runner lease for `nexus recover`.
 var errInterrupted = errors.New("interrupted")
 
+// interrupted is set by the first signal: a command that then fails failed
+// because of it (a step may see only context.Canceled), so it exits 130.
+var interrupted atomic.Bool
+
 func main() {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	go func() {
 		s := <-sigs
+		interrupted.Store(true)
 		cancel(fmt.Errorf("%w by %s", errInterrupted, s))
 		<-sigs
 		fmt.Fprintln(os.Stderr, "nexus: aborted; anything this command left unfinished is finished by `nexus recover`")
@@ -57,7 +63,7 @@ func exitCode(err error) int {
 		return 0
 	}
 	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(err.Error()))
-	if errors.Is(err, errInterrupted) {
+	if errors.Is(err, errInterrupted) || interrupted.Load() {
 		return 130
 	}
 	var u usageError
