@@ -400,3 +400,47 @@ func TestDaemonShutdown(t *testing.T) {
 		t.Fatalf("a local Connect created %s: %v", control.SocketName, err)
 	}
 }
+
+// One sandbox is read by id or handle, with or without a daemon, without
+// listing every sandbox.
+func TestSandboxByRef(t *testing.T) {
+	for _, viaDaemon := range []bool{false, true} {
+		root := t.TempDir()
+		n, err := node.Open(context.Background(), root, node.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := ulid.Make().String()
+		e := events.New(ulid.Make(), time.Now(), id, events.SagaStartedEvent{Kind: "create"})
+		e.Saga = ulid.Make().String()
+		h := events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{Handle: "a/b"})
+		h.Saga = e.Saga
+		if _, err := n.Append(context.Background(), e, h); err != nil {
+			t.Fatal(err)
+		}
+		var b control.Backend = control.Local{Node: n}
+		if viaDaemon {
+			ctx, cancel := context.WithCancel(context.Background())
+			go control.Serve(ctx, n)
+			defer cancel()
+			c := control.NewClient(filepath.Join(root, control.SocketName))
+			for i := 0; i < 500; i++ {
+				if _, err := c.Status(context.Background()); err == nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			b = c
+		}
+		for _, ref := range []string{id, strings.ToLower(id), "a/b"} {
+			sb, found, err := b.Sandbox(context.Background(), ref)
+			if err != nil || !found || sb.ID != id {
+				t.Fatalf("daemon=%v Sandbox(%q) = %+v %v %v", viaDaemon, ref, sb.ID, found, err)
+			}
+		}
+		if _, found, err := b.Sandbox(context.Background(), "a_b"); err != nil || found {
+			t.Fatalf("daemon=%v unknown handle found=%v err=%v", viaDaemon, found, err)
+		}
+		n.Close()
+	}
+}

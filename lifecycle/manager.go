@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
@@ -80,16 +79,14 @@ func (m *Manager) sandboxes(ctx context.Context) ([]projections.Sandbox, error) 
 
 // Find resolves an id or handle to a committed or in-flight sandbox.
 func (m *Manager) Find(ctx context.Context, ref string) (projections.Sandbox, error) {
-	list, err := m.sandboxes(ctx)
+	sb, found, err := m.B.Sandbox(ctx, ref)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	for _, sb := range list {
-		if sb.ID == strings.ToUpper(ref) || (sb.Handle != "" && sb.Handle == ref) {
-			return sb, nil
-		}
+	if !found {
+		return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
 	}
-	return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
+	return sb, nil
 }
 
 func (m *Manager) rel(path string) string { return m.Root.Rel(path) }
