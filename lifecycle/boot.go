@@ -321,6 +321,10 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 	if err != nil {
 		return sb, err
 	}
+	// An exited sandbox starts like one after a crash (lifecycle/exits.go).
+	if sb, err = m.settleExited(ctx, sb); err != nil {
+		return sb, err
+	}
 	// A sandbox a refused start left in Error (no VMM) may be started again.
 	if sb.State != projections.StateStopped && (sb.State != projections.StateError || sb.VMM != nil) {
 		return sb, fmt.Errorf("%w: sandbox %s is %s, not stopped", ErrRefused, sb.ID, sb.State)
@@ -352,7 +356,8 @@ func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, er
 	if err != nil {
 		return sb, err
 	}
-	if sb.State != projections.StateRunning {
+	// Stopping an exited sandbox settles what its dead VMM left.
+	if sb.State != projections.StateRunning && sb.State != projections.StateExited {
 		return sb, fmt.Errorf("%w: sandbox %s is %s, not running", ErrRefused, sb.ID, sb.State)
 	}
 	if err := m.saga("stop", sb.ID, m.stopSteps(sb)).Run(ctx, m.B); err != nil {
