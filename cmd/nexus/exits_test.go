@@ -130,6 +130,7 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 	image := makeImage(t)
 	a := createJSON(t, root, "--image", image)
 	b := createJSON(t, root, "--image", image)
+	c := createJSON(t, root, "--image", image)
 
 	killAndAwait(t, a.VMM)
 	e := awaitVMMExited(t, root, a.ID)
@@ -163,6 +164,14 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 		t.Fatalf("after recover: %+v", sb)
 	}
 
+	// rm of an exited sandbox: everything reclaimed, its supervisor too.
+	killAndAwait(t, c.VMM)
+	awaitVMMExited(t, root, c.ID)
+	mustOK(t, proc(t, root, "rm", c.ID), "rm exited sandbox")
+	if alive, _ := hostproc.Alive(hostproc.Identity{Pid: c.Supervisor.Pid, StartTicks: c.Supervisor.StartTicks}); alive {
+		t.Fatal("rm of an exited sandbox left its supervisor running")
+	}
+
 	mustOK(t, proc(t, root, "stop", a.ID), "stop")
 	mustOK(t, proc(t, root, "rm", a.ID), "rm")
 	mustOK(t, proc(t, root, "rm", b.ID), "rm")
@@ -173,8 +182,13 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 		t.Fatalf("daemon: %v", err)
 	}
 	got := exitEvents(t, root)
-	if len(got) != 2 || got[0].Type != events.VMMExited || got[1].Type != events.VMMExited || got[0].Sandbox != a.ID || got[1].Sandbox != b.ID {
-		t.Fatalf("exit events %+v; want exactly the two SIGKILLs, none for what start, recover, stop and rm stopped", got)
+	var gotIDs []string
+	for _, e := range got {
+		gotIDs = append(gotIDs, string(e.Type)+" "+e.Sandbox)
+	}
+	want := []string{"vmm.exited " + a.ID, "vmm.exited " + b.ID, "vmm.exited " + c.ID}
+	if !slices.Equal(gotIDs, want) {
+		t.Fatalf("exit events %v; want exactly the three SIGKILLs %v, none for what start, recover, stop and rm stopped", gotIDs, want)
 	}
 	assertNothingLeft(t, root)
 }
