@@ -69,7 +69,9 @@ func (m *Manager) startTimeout() time.Duration {
 }
 
 func (m *Manager) saga(kind, sandbox string, steps []sagas.Step) *sagas.Saga {
-	return &sagas.Saga{ID: ulid.Make().String(), Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook}
+	// rm and stop are teardowns: finished forward, never compensated.
+	forward := kind == "rm" || kind == "stop"
+	return &sagas.Saga{ID: ulid.Make().String(), Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook, Forward: forward}
 }
 
 // sandboxes returns the current view of every sandbox.
