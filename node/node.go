@@ -29,6 +29,10 @@ var ErrStateRoot = errors.New("unusable state root")
 // after this many events were folded since the last one.
 const snapshotEvery = 10000
 
+// snapshotRetry is how many events after a failed snapshot the next try
+// comes.
+const snapshotRetry = 100
+
 // Options configure Open.
 type Options struct {
 	Journal journal.Options // Dir is filled in from the state root
@@ -282,7 +286,8 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event) (uint64, error)
 		return 0, err
 	}
 	last := n.sandboxes.Seq()
-	ack, err := n.j.Append(ctx, journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last})
+	ack, err := n.j.Append(ctx, journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last,
+		Reserve: freesSpace(e, n.sagaKind(e))})
 	if err != nil {
 		return 0, err
 	}
@@ -295,8 +300,12 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event) (uint64, error)
 	n.lastID = e.ID
 	n.sinceSnap++
 	if n.sinceSnap >= snapshotEvery {
+		// A snapshot only shortens the next start's replay. The event is
+		// stored and folded, so a snapshot that fails (ENOSPC on the
+		// projections directory) must not fail the append; it is retried
+		// snapshotRetry events later.
 		if err := n.writeSnapshots(); err != nil {
-			return ack.Seq, fmt.Errorf("event %d stored; snapshot failed: %w", ack.Seq, err)
+			n.sinceSnap = snapshotEvery - snapshotRetry
 		}
 	}
 	return ack.Seq, nil
