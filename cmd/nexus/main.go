@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -41,7 +43,11 @@ func exitCode(err error) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(err.Error()))
+	msg := err.Error()
+	if ce := (*journal.CorruptError)(nil); errors.As(err, &ce) {
+		msg += "; if only the end of the last block is torn, `nexus journal repair --backup DIR` copies the store aside and cuts it"
+	}
+	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(msg))
 	var u usageError
 	// cobra reports unknown subcommands as plain errors; they are usage errors too.
 	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
@@ -80,7 +86,7 @@ func newRoot() *cobra.Command {
 		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g),
 	)
 	return root
 }
