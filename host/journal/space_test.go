@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/host/smallfs"
 )
@@ -143,6 +144,53 @@ func TestStoreLimitFollowsTheDisk(t *testing.T) {
 	for i := range 120 {
 		if err := appendOne(j, i, 32<<10, false); err != nil {
 			t.Fatalf("append %d (%d KiB in the journal) after space was freed: %v", i, i*32, err)
+		}
+	}
+}
+
+// TestFollowSurvivesReopen: a follower started before the store broke
+// receives the records appended after it was reopened.
+func TestFollowSurvivesReopen(t *testing.T) {
+	mnt := smallfs.Mount(t, 32<<20)
+	j := openSpace(t, filepath.Join(mnt, "journal"), Space{})
+	if err := appendOne(j, 0, 100, false); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan string, 10000)
+	done := make(chan error, 1)
+	go func() {
+		done <- j.Follow(ctx, 1, Subjects, func(r Record) error { got <- r.MsgID; return nil })
+	}()
+	if id := <-got; id != "m-0" {
+		t.Fatalf("first followed record %s", id)
+	}
+	filler := smallfs.Fill(t, mnt, 0)
+	var err error
+	for i := 1; i < 5000 && err == nil; i++ {
+		err = appendOne(j, i, 4000, false)
+	}
+	if !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("filling the disk: %v", err)
+	}
+	os.Remove(filler)
+	if err := appendOne(j, 20000, 100, false); err != nil {
+		t.Fatalf("append after space was freed: %v", err)
+	}
+	// A generous bound, not a timing claim: the ordered consumer notices
+	// the restarted JetStream by missed heartbeats and recreates itself.
+	deadline := time.After(3 * time.Minute)
+	for {
+		select {
+		case id := <-got:
+			if id == "m-20000" {
+				return
+			}
+		case err := <-done:
+			t.Fatalf("Follow ended across the reopen: %v", err)
+		case <-deadline:
+			t.Fatal("the follower never received the record appended after the reopen")
 		}
 	}
 }
