@@ -3,12 +3,14 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -94,5 +96,61 @@ func TestReserveAdmitsFreeingSagas(t *testing.T) {
 	n.View(func(v Views) { open = len(v.Sagas.Open()) })
 	if open != 0 {
 		t.Fatalf("%d sagas left open", open)
+	}
+}
+
+// TestSnapshotOnFullProjectionsKeepsAppending: the append that triggers a
+// projections snapshot succeeds even when projections/ is out of space
+// (its event is stored and folded), and the snapshot is written once space
+// is back.
+func TestSnapshotOnFullProjectionsKeepsAppending(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("SKIPPED: needs root to mount a full filesystem at projections/; this test did not run")
+	}
+	root := t.TempDir()
+	// tmpfs keeps 10,000 fsynced appends quick; projections/ gets its own.
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "size=256m,mode=0700"); err != nil {
+		t.Skipf("SKIPPED: mount tmpfs: %v; this test did not run", err)
+	}
+	t.Cleanup(func() { unix.Unmount(root, unix.MNT_DETACH) })
+	proj := filepath.Join(root, "projections")
+	os.Mkdir(proj, 0o700)
+	if err := unix.Mount("tmpfs", proj, "tmpfs", 0, "size=16m,mode=0700"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Unmount(proj, unix.MNT_DETACH) })
+	filler := smallfs.Fill(t, proj, 0)
+
+	ctx := context.Background()
+	n, err := Open(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	appendVolumes := func(from, count int) {
+		t.Helper()
+		evs := make([]events.Event, 0, count)
+		for i := from; i < from+count; i++ {
+			evs = append(evs, events.New(ulid.Make(), time.Now(), "", events.VolumeCreatedEvent{Name: fmt.Sprintf("v%d", i), Path: "volumes/v", SizeBytes: 1}))
+		}
+		if _, err := n.Append(ctx, evs...); err != nil {
+			t.Fatalf("append of events %d..%d with projections/ full: %v", from, from+count-1, err)
+		}
+	}
+	for i := 0; i < snapshotEvery; i += 1000 {
+		appendVolumes(i, 1000)
+	}
+	if snaps, _ := filepath.Glob(filepath.Join(proj, "*.snap")); len(snaps) != 0 {
+		t.Fatalf("snapshots written to a full filesystem: %v", snaps)
+	}
+	var vols int
+	n.View(func(v Views) { vols = len(v.Volumes.List()) })
+	if vols != snapshotEvery {
+		t.Fatalf("%d volumes folded, want %d", vols, snapshotEvery)
+	}
+	os.Remove(filler)
+	appendVolumes(snapshotEvery, snapshotRetry)
+	if snaps, _ := filepath.Glob(filepath.Join(proj, "*.snap")); len(snaps) != len(n.views) {
+		t.Fatalf("after space came back: %d snapshots, want %d", len(snaps), len(n.views))
 	}
 }
