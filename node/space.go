@@ -11,8 +11,11 @@ import (
 // journal and disk (recover), and must keep working on a nearly full disk.
 var freeingSagas = map[string]bool{"rm": true, "reap": true, "recover": true}
 
-// freeingTypes record space that was, or is about to be, given back.
+// freeingTypes record space that was, or is about to be, given back. A
+// reap dry run's plan (reap.decided) is admitted too: it is how an
+// operator sees what --apply --plan would free.
 var freeingTypes = map[events.Type]bool{
+	events.ReapDecided:       true,
 	events.SagaCompensated:   true,
 	events.SandboxRemoved:    true,
 	events.ResourceReclaimed: true,

@@ -42,7 +42,9 @@ func TestFreesSpace(t *testing.T) {
 		{"volume removed", ev(events.VolumeRemovedEvent{Name: "v"}, ""), "", true},
 		{"volume created", ev(events.VolumeCreatedEvent{Name: "v"}, ""), "", false},
 		{"image cache pruned", ev(events.ImageCachePrunedEvent{}, ""), "", true},
-		{"reap dry run", ev(events.ReapDecidedEvent{}, ""), "", false},
+		{"reap dry run", ev(events.ReapDecidedEvent{}, ""), "", true},
+		{"stop saga", ev(events.SupervisorStoppedEvent{Pid: 1}, "supervisor-stop"), "stop", false},
+		{"snapshot taken", ev(events.SnapshotTakenEvent{}, "capture"), "snapshot", false},
 		{"run swept", ev(events.RunSweptEvent{}, ""), "", true},
 	}
 	for _, c := range cases {

@@ -57,7 +57,11 @@ func TestFullDiskDaemon(t *testing.T) {
 	filler2 := smallfs.Fill(t, mnt, 8<<20)
 	defer os.Remove(filler2)
 	_, planted := orphansOf(t, root)
-	rr := mustOK(t, nexus(t, root, "reap", "--apply"), "reap --apply on a nearly full disk")
+	var plan struct {
+		Plan string `json:"plan"`
+	}
+	json.Unmarshal([]byte(mustOK(t, nexus(t, root, "reap", "--json"), "reap dry run on a nearly full disk").stdout), &plan)
+	rr := mustOK(t, nexus(t, root, "reap", "--apply", "--plan", plan.Plan), "reap --apply --plan on a nearly full disk")
 	for _, p := range planted {
 		if exists(p) {
 			t.Fatalf("reap --apply left %s:\n%s", p, rr.stdout)
