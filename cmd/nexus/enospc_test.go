@@ -70,7 +70,7 @@ func TestFullDiskDaemon(t *testing.T) {
 	// Below the floor nothing is admitted, not even rm.
 	filler3 := smallfs.Fill(t, mnt, 1<<20)
 	defer os.Remove(filler3)
-	wantFailure(t, proc(t, root, "rm", a.ID), 1, "even rm and reap --apply need")
+	wantFailure(t, proc(t, root, "rm", a.ID), 1, "even rm, reap and recover need")
 
 	// Space freed: the same daemon takes writes again.
 	for _, f := range []string{filler, filler2, filler3} {

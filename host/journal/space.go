@@ -57,10 +57,10 @@ func (e *SpaceError) Error() string {
 	case e.Cause != "":
 		return fmt.Sprintf("%s: the store failed to write (%s); free space there, the next append reopens the store", where, e.Cause)
 	case e.Need > e.Floor:
-		return fmt.Sprintf("%s: %s free, appends need %s; free space there (rm and reap --apply work down to %s)",
+		return fmt.Sprintf("%s: %s free, appends need %s; free space there (rm, reap and recover still work down to %s)",
 			where, human(e.Free), human(e.Need), human(e.Floor))
 	}
-	return fmt.Sprintf("%s: %s free, even rm and reap --apply need %s; free space there", where, human(e.Free), human(e.Need))
+	return fmt.Sprintf("%s: %s free, even rm, reap and recover need %s; free space there", where, human(e.Free), human(e.Need))
 }
 
 func (e *SpaceError) Unwrap() error { return ErrNoSpace }

@@ -71,7 +71,7 @@ func TestSpaceReserve(t *testing.T) {
 	filler2 := smallfs.Fill(t, mnt, 1<<20)
 	err = appendOne(j, 7, 100, true)
 	wantNoSpace(t, err, mnt)
-	if !strings.Contains(err.Error(), "even rm and reap --apply") {
+	if !strings.Contains(err.Error(), "even rm, reap and recover") {
 		t.Fatalf("below the floor the error should say even freeing operations are refused: %v", err)
 	}
 	os.Remove(filler2)
