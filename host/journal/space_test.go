@@ -194,3 +194,14 @@ func TestFollowSurvivesReopen(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCheckSpace is the free-space check each append pays (one
+// statfs); compare with BenchmarkAppendSynced.
+func BenchmarkCheckSpace(b *testing.B) {
+	j := &Journal{dir: b.TempDir(), space: DefaultSpace(1 << 40)}
+	for b.Loop() {
+		if err := j.checkSpace(false); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
