@@ -177,7 +177,11 @@ func (n *Node) load(ctx context.Context) error {
 	}
 	n.sinceSnap = folded
 	if folded >= snapshotEvery {
-		return n.writeSnapshots()
+		// Best effort, as after an append: a full projections/ must not
+		// keep the state root from opening for reads.
+		if err := n.writeSnapshots(); err != nil {
+			n.sinceSnap = snapshotEvery - snapshotRetry
+		}
 	}
 	return nil
 }

@@ -150,6 +150,19 @@ func TestSnapshotOnFullProjectionsKeepsAppending(t *testing.T) {
 	if vols != snapshotEvery {
 		t.Fatalf("%d volumes folded, want %d", vols, snapshotEvery)
 	}
+	// Closing cannot snapshot either; opening again, which folds the whole
+	// journal and would snapshot it, must still work for reads.
+	if err := n.Close(); !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("Close with projections/ full: %v, want the snapshot's ENOSPC", err)
+	}
+	if n, err = Open(ctx, root, Options{}); err != nil {
+		t.Fatalf("Open with projections/ full: %v", err)
+	}
+	defer n.Close()
+	n.View(func(v Views) { vols = len(v.Volumes.List()) })
+	if vols != snapshotEvery {
+		t.Fatalf("reopened: %d volumes folded, want %d", vols, snapshotEvery)
+	}
 	os.Remove(filler)
 	appendVolumes(snapshotEvery, snapshotRetry)
 	if snaps, _ := filepath.Glob(filepath.Join(proj, "*.snap")); len(snaps) != len(n.views) {
