@@ -1,25 +1,35 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/smallfs"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// TestFullDiskDaemon fills the real filesystem under a daemon's state root:
-// writes are refused with one line naming the filesystem, reads keep being
-// answered, rm and reap --apply still work (they free space), and once
-// space is freed writes work again through the same daemon process.
-func TestFullDiskDaemon(t *testing.T) {
+// TestFullDisk fills the real filesystem under a state root, with a daemon
+// and without: writes are refused with one line naming the filesystem,
+// reads keep being answered, rm and reap still work (they free space), and
+// once space is freed writes work again, through the same daemon process.
+func TestFullDisk(t *testing.T) {
+	t.Run("daemon", func(t *testing.T) { fullDisk(t, true) })
+	t.Run("local", func(t *testing.T) { fullDisk(t, false) })
+}
+
+func fullDisk(t *testing.T, withDaemon bool) {
 	mnt := smallfs.Mount(t, 256<<20) // reserve 16 MiB, floor 2 MiB
 	root := filepath.Join(mnt, "root")
 	image := makeImage(t)
-	d := startDaemon(t, root)
+	var d *daemon
+	if withDaemon {
+		d = startDaemon(t, root)
+	}
 	a := createJSON(t, root, "--image", image)
 	b := createJSON(t, root, "--image", image)
 	eventsBefore := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n")
@@ -29,7 +39,7 @@ func TestFullDiskDaemon(t *testing.T) {
 	wantFailure(t, proc(t, root, "stop", a.ID), 1, "no space left on the filesystem mounted at "+mnt+" ")
 	wantFailure(t, proc(t, root, "create", "--image", image, "--force"), 1, "no space left on the filesystem mounted at "+mnt+" ")
 
-	// Reads, through the daemon that refused the writes.
+	// Reads (through the daemon that refused the writes, if one runs).
 	list := sandboxes(t, root)
 	if len(list) != 2 {
 		t.Fatalf("ls on a full disk lists %d sandboxes, want 2", len(list))
@@ -78,8 +88,11 @@ func TestFullDiskDaemon(t *testing.T) {
 	}
 	mustOK(t, proc(t, root, "stop", a.ID), "stop after space was freed")
 	c := createJSON(t, root, "--image", image)
-	if d.cmd.ProcessState != nil {
-		t.Fatalf("the daemon exited: %v", d.cmd.ProcessState)
+	if d != nil {
+		st, err := control.NewClient(filepath.Join(root, control.SocketName)).Status(context.Background())
+		if err != nil || st.Pid != d.cmd.Process.Pid {
+			t.Fatalf("the daemon answering is %+v (%v), want the one started before the disk filled (pid %d)", st, err, d.cmd.Process.Pid)
+		}
 	}
 	mustOK(t, proc(t, root, "rm", a.ID), "rm")
 	mustOK(t, proc(t, root, "rm", c.ID), "rm")
