@@ -25,12 +25,19 @@ var freeingTypes = map[events.Type]bool{
 	events.RunSwept:          true,
 }
 
+// exitTypes are facts the world imposed (a process exited), not decisions
+// that take space: refusing them would leave a dead sandbox shown running.
+var exitTypes = map[events.Type]bool{
+	events.VMMExited:        true,
+	events.SupervisorExited: true,
+}
+
 // freesSpace reports whether e may use the journal's space reserve. kind
 // is the kind of the saga e belongs to ("" if none or unknown). A
 // compensation's events ("undo.<step>") always may: an undo deletes what
 // its step made, and a refused undo would leave the saga open.
 func freesSpace(e events.Event, kind string) bool {
-	return freeingSagas[kind] || freeingTypes[e.Type] || strings.HasPrefix(e.Step, "undo.")
+	return freeingSagas[kind] || freeingTypes[e.Type] || exitTypes[e.Type] || strings.HasPrefix(e.Step, "undo.")
 }
 
 // sagaKind is the kind of the saga e belongs to: from e itself when it

@@ -46,6 +46,8 @@ func TestFreesSpace(t *testing.T) {
 		{"stop saga", ev(events.SupervisorStoppedEvent{Pid: 1}, "supervisor-stop"), "stop", false},
 		{"snapshot taken", ev(events.SnapshotTakenEvent{}, "capture"), "snapshot", false},
 		{"run swept", ev(events.RunSweptEvent{}, ""), "", true},
+		{"vmm exited", ev(events.VMMExitedEvent{}, ""), "", true},
+		{"supervisor exited", ev(events.SupervisorExitedEvent{}, ""), "", true},
 	}
 	for _, c := range cases {
 		if got := freesSpace(c.e, c.kind); got != c.want {

@@ -12,7 +12,9 @@ import (
 
 func journalCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "journal", Short: "Maintain the journal store (<state-root>/journal)", Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return usageError{errors.New("journal needs a subcommand: repair")} }}
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError{errors.New("journal needs a subcommand: repair")}
+		}}
 	var backup string
 	var asJSON bool
 	repair := &cobra.Command{
