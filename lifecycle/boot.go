@@ -72,12 +72,15 @@ func (d Driver) vmmArgv(apiSocket string) []string {
 	return []string{d.Exe, "vmm-process", "--api-socket", apiSocket}
 }
 
-func (d Driver) config(disks []vmm.Disk, vsock string) vmm.Config {
+// config is vm.create's body. The guest kernel logs to ttyS0, CH's serial
+// port, whose default mode (Null) drops every line: it goes to serialLog.
+func (d Driver) config(disks []vmm.Disk, vsock, serialLog string) vmm.Config {
 	c := vmm.Config{
 		Disks:  disks,
-		Memory: vmm.Memory{Size: 512 << 20},
+		Memory: vmm.Memory{Size: guestMemory},
 		Cpus:   vmm.Cpus{BootVcpus: 1, MaxVcpus: 1},
 		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
+		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: serialLog},
 		// The process driver boots no kernel; it still names one, as the
 		// API requires a payload.
 		Payload: vmm.Payload{Kernel: "process-driver", Cmdline: "console=ttyS0 root=/dev/vda rw"},
@@ -87,6 +90,10 @@ func (d Driver) config(disks []vmm.Disk, vsock string) vmm.Config {
 	}
 	return c
 }
+
+// guestMemory is every cold-booted guest's RAM, and so the size of the
+// memory-ranges file a snapshot of it writes.
+const guestMemory = 512 << 20
 
 func nowUTC() time.Time { return time.Now().UTC() }
 
@@ -193,6 +200,12 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if err := waitFor(ctx, vm, m.startTimeout(), "VMM", func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err
 			}
+			// CH opens the serial log by name and follows symlinks: make it
+			// a regular file beneath the root first.
+			if err := fsx.EnsureFile(string(m.Root), m.rel(m.Root.SerialLog(id)), 0o600); err != nil {
+				proc.Terminate(vm, time.Second)
+				return nil, fmt.Errorf("serial log: %w", err)
+			}
 			// A restore brings its own configuration (re-pointed at this
 			// sandbox's disks); a cold boot is configured here.
 			vmBegun = true
@@ -201,7 +214,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				if err == nil {
 					err = c.Resume(ctx)
 				}
-			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock)); err == nil {
+			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock, m.Root.SerialLog(id))); err == nil {
 				err = c.Boot(ctx)
 			}
 			if err != nil {
@@ -224,16 +237,19 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 }
 
 // vmDisks lists the disks a sandbox boots with: its own, then its volumes.
+// Every one is typed Raw: CH v51+ refuses the guest's writes to sector 0
+// of a disk whose raw type it had to probe, and an ext4 with 4 KiB blocks
+// writes its superblock's block there.
 func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
 	var disks []vmm.Disk
 	for _, r := range sb.Resources {
 		switch r.Kind {
 		case events.KindRawDisk, events.KindWorkspaceDisk, events.KindShadowDisk:
-			disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path)})
+			disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path), ImageType: vmm.ImageRaw})
 		}
 	}
 	for _, v := range sb.Volumes {
-		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly})
+		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly, ImageType: vmm.ImageRaw})
 	}
 	return disks
 }
