@@ -40,6 +40,10 @@ func (r Root) OverlayStaging(id string) string { return r.join("disks", id+".ove
 
 func (r Root) APISocket(id string) string     { return r.join("run", "sb-"+id+".sock") }
 func (r Root) VsockSocket(id string) string   { return r.join("run", "sb-"+id+".vsock") }
+
+// APISocketLock is the file Cloud Hypervisor v53+ locks beside its API
+// socket, and leaves behind when it exits.
+func (r Root) APISocketLock(id string) string { return r.APISocket(id) + ".lock" }
 func (r Root) IIDSocket(id string) string     { return r.join("run", "sb-"+id+".iid") }
 func (r Root) SupervisorDir(id string) string { return r.join("supervisors", id) }
 func (r Root) BuilderDir(id string) string    { return r.join("builder-supervisors", id) }

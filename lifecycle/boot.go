@@ -221,11 +221,14 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				proc.Terminate(vm, time.Second)
 				return nil, err
 			}
+			sockets := []events.Resource{m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, vsock), m.res(events.KindIIDSocket, iid)}
+			// CH v53+ locks <api>.lock before it binds the socket, so the
+			// file exists by now if this VMM makes one; it outlives the VMM.
+			if fi, err := os.Lstat(m.Root.APISocketLock(id)); err == nil && fi.Mode().IsRegular() {
+				sockets = append(sockets, m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)))
+			}
 			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
-				RunMarker: run,
-				Sockets: []events.Resource{
-					m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, vsock), m.res(events.KindIIDSocket, iid),
-				}}), nil
+				RunMarker: run, Sockets: sockets}), nil
 		},
 		Undo: func(ctx context.Context) ([]events.Payload, error) {
 			if vm.Pid == 0 {
@@ -287,7 +290,8 @@ func (m *Manager) stopVMM(ctx context.Context, id string, who proc.Identity, flu
 	if err != nil {
 		return nil, err
 	}
-	more, err := m.reclaimVMMSockets(id, func(string) bool { return true })
+	lock := m.rel(m.Root.APISocketLock(id))
+	more, err := m.reclaimVMMSockets(id, func(rel string) bool { return rel != lock })
 	return append(ps, more...), err
 }
 
@@ -316,11 +320,13 @@ func (m *Manager) terminateVMM(ctx context.Context, id string, who proc.Identity
 	return append(ps, events.SandboxStoppedEvent{Reason: "stopped"}), nil
 }
 
-// reclaimVMMSockets removes the API and vsock sockets (RL-11).
+// reclaimVMMSockets removes the API and vsock sockets (RL-11) and the API
+// socket's lock file, once the VMM is gone.
 func (m *Manager) reclaimVMMSockets(id string, owned func(rel string) bool) ([]events.Payload, error) {
 	var ps []events.Payload
 	for _, r := range []events.Resource{
-		m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)),
+		m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)),
+		m.res(events.KindVsockSocket, m.Root.VsockSocket(id)),
 	} {
 		more, err := m.reclaim(r, owned(r.Path), "stop")
 		if err != nil {
@@ -390,7 +396,7 @@ func (m *Manager) stopSteps(sb projections.Sandbox) []sagas.Step {
 			return m.terminateVMM(ctx, sb.ID, who, true)
 		}})
 	}
-	if sb.VMM != nil || sb.Owns(m.rel(m.Root.APISocket(sb.ID))) || sb.Owns(m.rel(m.Root.VsockSocket(sb.ID))) {
+	if sb.VMM != nil || sb.Owns(m.rel(m.Root.APISocket(sb.ID))) || sb.Owns(m.rel(m.Root.APISocketLock(sb.ID))) || sb.Owns(m.rel(m.Root.VsockSocket(sb.ID))) {
 		steps = append(steps, sagas.Step{Name: "vmm-sockets", Do: func(ctx context.Context) ([]events.Payload, error) {
 			return m.reclaimVMMSockets(sb.ID, sb.Owns)
 		}})

@@ -206,7 +206,7 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 			}
 			intents = append(intents, m.res(events.KindCreateIntent, ip))
 		}
-		for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)), m.res(events.KindIIDSocket, m.Root.IIDSocket(id))} {
+		for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)), m.res(events.KindIIDSocket, m.Root.IIDSocket(id))} {
 			add(r)
 		}
 		for _, p := range order {
@@ -451,8 +451,8 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, re
 		if !vmmAlive {
 			steps = append(steps, sagas.Step{Name: "vmm-gone", Do: func(context.Context) ([]events.Payload, error) {
 				ps := []events.Payload{events.SandboxStoppedEvent{Reason: "vmm-gone"}}
-				for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(sb.ID)), m.res(events.KindVsockSocket, m.Root.VsockSocket(sb.ID))} {
-					more, err := m.reclaim(r, true, "recover")
+				for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(sb.ID)), m.res(events.KindAPISocketLock, m.Root.APISocketLock(sb.ID)), m.res(events.KindVsockSocket, m.Root.VsockSocket(sb.ID))} {
+					more, err := m.reclaim(r, r.Kind != events.KindAPISocketLock || sb.Owns(r.Path), "recover")
 					if err != nil {
 						return ps, err
 					}

@@ -179,3 +179,56 @@ func TestSerialLogUnderLogs(t *testing.T) {
 		t.Fatalf("the file behind the planted link changed: %q", data)
 	}
 }
+
+// TestAPISocketLockIsReclaimed: CH v53+ leaves run/sb-<id>.sock.lock; the
+// sandbox owns it while its VMM runs, stop, recover and rm reclaim it,
+// and the reaper knows its name.
+func TestAPISocketLockIsReclaimed(t *testing.T) {
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", makeImage(t))
+	lock := filepath.Join(root, "run", "sb-"+sb.ID+".sock.lock")
+	rel := "run/sb-" + sb.ID + ".sock.lock"
+	if _, err := os.Lstat(lock); err != nil || !sb.Owns(rel) {
+		t.Fatalf("lock file %v, owned %v: %+v", err, sb.Owns(rel), sb.Resources)
+	}
+	assertClean(t, root)
+	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
+	if _, err := os.Lstat(lock); !os.IsNotExist(err) {
+		t.Fatalf("stop left %s: %v", rel, err)
+	}
+	mustOK(t, proc(t, root, "start", sb.ID), "start")
+	var cur projections.Sandbox
+	for _, s := range sandboxes(t, root) {
+		if s.ID == sb.ID {
+			cur = s
+		}
+	}
+	if cur.VMM == nil {
+		t.Fatalf("no VMM after start: %+v", cur)
+	}
+	killAndAwait(t, cur.VMM)
+	mustOK(t, nexus(t, root, "recover"), "recover")
+	if _, err := os.Lstat(lock); !os.IsNotExist(err) {
+		t.Fatalf("recover left %s: %v", rel, err)
+	}
+	mustOK(t, proc(t, root, "start", sb.ID), "start again")
+	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	if _, err := os.Lstat(lock); !os.IsNotExist(err) {
+		t.Fatalf("rm left %s: %v", rel, err)
+	}
+
+	// One left by a VMM nexus no longer knows is an orphan by its name.
+	stray := "run/sb-01JDQ4Z6X1M9A3Y0C5TB2R8NKW.sock.lock"
+	os.WriteFile(filepath.Join(root, stray), nil, 0o600)
+	var rep reapJSON
+	json.Unmarshal([]byte(mustOK(t, nexus(t, root, "reap", "--json"), "reap").stdout), &rep)
+	found := false
+	for _, o := range rep.Orphans {
+		if o.Path == filepath.Join(root, stray) && o.Kind == "api-socket-lock" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("reap does not call %s an orphan api-socket-lock: %+v", stray, rep)
+	}
+}

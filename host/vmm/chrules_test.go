@@ -263,3 +263,35 @@ func TestSerialFile(t *testing.T) {
 		t.Fatalf("serial log %q", data)
 	}
 }
+
+// TestAPISocketLock: as CH v53+, the VMM locks <socket>.lock before it
+// binds, refuses a second VMM on the same path, and leaves the file.
+func TestAPISocketLock(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	sock := filepath.Join(dir, "api.sock")
+	p := startVMM(t, sock)
+	if got := lockOf(t, sock+".lock"); got != unix.F_WRLCK {
+		t.Fatalf("%s.lock: lock type %d, want a write lock", sock, got)
+	}
+	err := serve(ctx, sock, nil, nil)
+	if err == nil || !strings.Contains(err.Error(), "in use") {
+		t.Fatalf("second VMM on a locked socket: %v", err)
+	}
+	if _, err := p.client.Ping(ctx); err != nil {
+		t.Fatalf("the refused second VMM disturbed the first: %v", err)
+	}
+	if err := p.client.ShutdownVMM(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t)
+	if _, err := os.Lstat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket after exit: %v", err)
+	}
+	if fi, err := os.Lstat(sock + ".lock"); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("lock file after exit (CH leaves it): %v, %v", fi, err)
+	}
+	if got := lockOf(t, sock+".lock"); got != unix.F_UNLCK {
+		t.Fatalf("lock still held after exit: %d", got)
+	}
+}

@@ -40,6 +40,11 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 		log = io.Discard
 	}
 	s := &server{log: &logger{w: log}, stop: make(chan struct{})}
+	lock, err := lockAPISocket(apiSocket)
+	if err != nil {
+		return fmt.Errorf("vmm: API socket: %w", err)
+	}
+	defer lock.Close() // the file stays, as CH leaves it
 	l, err := unixsock.Listen(apiSocket)
 	if err != nil {
 		return fmt.Errorf("vmm: API socket: %w", err)
@@ -85,6 +90,32 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 		return nil
 	}
 	return fmt.Errorf("vmm: serving API: %w", serveErr)
+}
+
+// lockAPISocket does what CH v53+ does before it binds its API socket:
+// create <socket>.lock and take an OFD write lock on the whole file, so a
+// second VMM on the same path is refused (vmm/src/api/http/mod.rs,
+// acquire_api_socket_lock). CH never removes the file.
+func lockAPISocket(apiSocket string) (*os.File, error) {
+	f, err := os.OpenFile(apiSocket+".lock", os.O_WRONLY|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+	for {
+		err = unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
+			return nil, fmt.Errorf("%s is in use by another VMM (its .lock is held)", apiSocket)
+		}
+		return nil, err
+	}
+	return f, nil
 }
 
 type server struct {
