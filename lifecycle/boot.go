@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -350,6 +352,9 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 	if err := m.Driver.Preflight(); err != nil {
 		return sb, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
+	if err := m.refuseVolumesReadLocked(ctx, sb); err != nil {
+		return sb, err
+	}
 	if _, err := ext4.Preflight(ctx); err != nil {
 		return sb, fmt.Errorf("%w: start %s: overlay preparation: %v", ErrRefused, sb.ID, err)
 	}
@@ -366,6 +371,42 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 	}
 	m.writeRecord(ctx, sb.ID)
 	return m.Find(ctx, sb.ID)
+}
+
+// refuseVolumesReadLocked refuses, before anything runs, the start of a
+// sandbox that attaches a volume read-write while a running sandbox (a
+// child forked with --readonly-volumes) has it attached read-only: that
+// VMM holds a read lock on the image (Cloud Hypervisor v46+), so this
+// VMM's write lock, and its boot, would fail.
+func (m *Manager) refuseVolumesReadLocked(ctx context.Context, sb projections.Sandbox) error {
+	var rw []string
+	for _, v := range sb.Volumes {
+		if !v.ReadOnly {
+			rw = append(rw, v.Name)
+		}
+	}
+	if len(rw) == 0 {
+		return nil
+	}
+	list, err := m.sandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	var holders []string
+	for _, other := range list {
+		if other.ID == sb.ID || other.State != projections.StateRunning {
+			continue
+		}
+		for _, v := range other.Volumes {
+			if slices.Contains(rw, v.Name) {
+				holders = append(holders, fmt.Sprintf("%s (volume %s)", other.ID, v.Name))
+			}
+		}
+	}
+	if len(holders) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: sandbox %s attaches its volume(s) read-write, but running sandbox(es) %s hold them read-only, locked; stop those first", ErrRefused, sb.ID, strings.Join(holders, ", "))
 }
 
 // Stop shuts a running sandbox down: guest flush, VMM, sockets, supervisor.

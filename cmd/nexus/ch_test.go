@@ -156,6 +156,11 @@ func TestForkReadonlyVolumesOfRunningParent(t *testing.T) {
 	if len(children) != 1 || children[0].State != projections.StateRunning || len(children[0].Volumes) != 1 || !children[0].Volumes[0].ReadOnly {
 		t.Fatalf("children %+v", children)
 	}
+	// While the child holds the volume read-only, the parent's write lock
+	// would fail its boot: refused up front.
+	wantFailure(t, proc(t, root, "start", sb.ID), 1, "stop those first")
+	mustOK(t, proc(t, root, "stop", children[0].ID), "stop child")
+	mustOK(t, proc(t, root, "start", sb.ID), "start parent")
 }
 
 // TestSerialLogUnderLogs: the guest's console goes to logs/<id>.serial.log,
