@@ -341,6 +341,20 @@ func (m *Manager) reclaimVMMSockets(id string, owned func(rel string) bool) ([]e
 
 // Start boots a stopped sandbox.
 func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, error) {
+	return m.StartWith(ctx, ref, StartOptions{})
+}
+
+// StartOptions are what `nexus start` may add.
+type StartOptions struct {
+	// AcceptUnflushed lets the overlay preparation treat a last run
+	// without a flush acknowledgement as flushed: a journal needing replay
+	// is replayed on a private copy, published only after the checks
+	// (docs/overlay.md).
+	AcceptUnflushed bool
+}
+
+// StartWith boots a stopped sandbox with options.
+func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (projections.Sandbox, error) {
 	sb, err := m.Find(ctx, ref)
 	if err != nil {
 		return sb, err
@@ -358,7 +372,7 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 	if _, err := ext4.Preflight(ctx); err != nil {
 		return sb, fmt.Errorf("%w: start %s: overlay preparation: %v", ErrRefused, sb.ID, err)
 	}
-	steps := append(m.overlaySteps(sb), m.bootSteps(sb.ID, "")...)
+	steps := append(m.overlaySteps(sb, opt.AcceptUnflushed), m.bootSteps(sb.ID, "")...)
 	if err := m.saga("start", sb.ID, steps).Run(ctx, m.B); err != nil {
 		var refusal *OverlayRefusal
 		if errors.As(err, &refusal) {
