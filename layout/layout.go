@@ -54,9 +54,9 @@ func (r Root) Snapshot(id, snap string) string {
 func (r Root) VMMLog(id string) string        { return r.join("logs", id+".vmm.log") }
 func (r Root) SupervisorLog(id string) string { return r.join("logs", id+".supervisor.log") }
 
-// SerialLog is the guest's serial console (its kernel log), which the VMM
+// ConsoleLog is the guest's serial console (its kernel log), which the VMM
 // writes; kept with the other logs.
-func (r Root) SerialLog(id string) string { return r.join("logs", id+".serial.log") }
+func (r Root) ConsoleLog(id string) string { return r.join("logs", id+".console.log") }
 
 // SafeHandle is a handle usable in a file name: "/" becomes "_".
 func SafeHandle(handle string) string { return strings.ReplaceAll(handle, "/", "_") }

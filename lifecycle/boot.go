@@ -204,7 +204,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			}
 			// CH opens the serial log by name and follows symlinks: make it
 			// a regular file beneath the root first.
-			if err := fsx.EnsureFile(string(m.Root), m.rel(m.Root.SerialLog(id)), 0o600); err != nil {
+			if err := fsx.EnsureFile(string(m.Root), m.rel(m.Root.ConsoleLog(id)), 0o600); err != nil {
 				proc.Terminate(vm, time.Second)
 				return nil, fmt.Errorf("serial log: %w", err)
 			}
@@ -216,7 +216,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				if err == nil {
 					err = c.Resume(ctx)
 				}
-			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock, m.Root.SerialLog(id))); err == nil {
+			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock, m.Root.ConsoleLog(id))); err == nil {
 				err = c.Boot(ctx)
 			}
 			if err != nil {

@@ -59,7 +59,7 @@ func (m *Manager) restoreEdit(dir string, man manifest, child string, copies []s
 	if err != nil {
 		return vmm.SnapshotEdit{}, err
 	}
-	edit := vmm.SnapshotEdit{Disks: map[string]string{}, VsockSocket: m.Root.VsockSocket(child), SerialFile: m.Root.SerialLog(child)}
+	edit := vmm.SnapshotEdit{Disks: map[string]string{}, VsockSocket: m.Root.VsockSocket(child), SerialFile: m.Root.ConsoleLog(child)}
 	var volumes []string
 	for _, d := range disks {
 		if rel, err := filepath.Rel(m.Root.Volumes(), d.Path); err == nil && !strings.HasPrefix(rel, "..") {

@@ -92,7 +92,7 @@ func TestRestoreCarriesWhatCHWrote(t *testing.T) {
 		t.Fatalf("vsock: parent %v, child %v", pv, cv)
 	}
 	serial := childCfg["serial"].(map[string]any)
-	if serial["mode"] != "File" || serial["file"] != filepath.Join(root, "logs", child.ID+".serial.log") {
+	if serial["mode"] != "File" || serial["file"] != filepath.Join(root, "logs", child.ID+".console.log") {
 		t.Fatalf("child serial %v", serial)
 	}
 
@@ -102,10 +102,10 @@ func TestRestoreCarriesWhatCHWrote(t *testing.T) {
 	if err != nil || info.State != vmm.StateRunning || info.Config.Disks[0].Path != wantPaths[0] {
 		t.Fatalf("restored VM: %+v, %v", info, err)
 	}
-	if log, _ := os.ReadFile(filepath.Join(root, "logs", child.ID+".serial.log")); !strings.Contains(string(log), "restored") {
+	if log, _ := os.ReadFile(filepath.Join(root, "logs", child.ID+".console.log")); !strings.Contains(string(log), "restored") {
 		t.Fatalf("child serial log %q", log)
 	}
-	if log, _ := os.ReadFile(filepath.Join(root, "logs", sb.ID+".serial.log")); !strings.Contains(string(log), "booted") {
+	if log, _ := os.ReadFile(filepath.Join(root, "logs", sb.ID+".console.log")); !strings.Contains(string(log), "booted") {
 		t.Fatalf("parent serial log %q (truncated by the child?)", log)
 	}
 	mustOK(t, proc(t, root, "stop", child.ID), "stop restored")
@@ -163,12 +163,12 @@ func TestForkReadonlyVolumesOfRunningParent(t *testing.T) {
 	mustOK(t, proc(t, root, "start", sb.ID), "start parent")
 }
 
-// TestSerialLogUnderLogs: the guest's console goes to logs/<id>.serial.log,
+// TestConsoleLogUnderLogs: the guest's console goes to logs/<id>.console.log,
 // and a symlink planted there is refused, not followed.
-func TestSerialLogUnderLogs(t *testing.T) {
+func TestConsoleLogUnderLogs(t *testing.T) {
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
-	log := filepath.Join(root, "logs", sb.ID+".serial.log")
+	log := filepath.Join(root, "logs", sb.ID+".console.log")
 	if data, err := os.ReadFile(log); err != nil || !strings.Contains(string(data), "console=ttyS0") {
 		t.Fatalf("serial log: %q, %v", data, err)
 	}

@@ -26,7 +26,7 @@ func TestEditSnapshotConfigKeepsWhatCHWrote(t *testing.T) {
 			"/state/disks/" + parent + "-workspace.ext4": "/state/disks/" + child + "-workspace.ext4",
 		},
 		VsockSocket: "/state/run/sb-" + child + ".vsock",
-		SerialFile:  "/state/logs/" + child + ".serial.log",
+		SerialFile:  "/state/logs/" + child + ".console.log",
 	}
 	out, err := EditSnapshotConfig(in, edit)
 	if err != nil {
