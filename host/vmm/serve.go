@@ -553,10 +553,14 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
+// dirOfURL is CH's url_to_path: a URL it cannot use fails the action (500,
+// as a MigratableError does), it is not a malformed request (400). CH
+// would resolve a relative path against its own directory; the stand-in
+// refuses one, which no caller of it sends.
 func dirOfURL(u string) (string, error) {
 	dir, ok := strings.CutPrefix(u, "file://")
 	if !ok || !filepath.IsAbs(dir) {
-		return "", badRequest("want a file:// URL with an absolute path, got %q", u)
+		return "", failed("want a file:// URL with an absolute path, got %q", u)
 	}
 	return filepath.Clean(dir), nil
 }

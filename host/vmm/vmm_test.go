@@ -466,6 +466,9 @@ func TestBadRequests(t *testing.T) {
 	wantStatus(t, c.do(ctx, http.MethodPut, "/api/v1/vm.nonesuch", nil, nil), http.StatusNotFound)
 	wantStatus(t, c.do(ctx, http.MethodGet, pathBoot, nil, nil), http.StatusBadRequest)
 	wantStatus(t, c.do(ctx, http.MethodPut, pathCreate, "not a config", nil), http.StatusBadRequest)
+	// A body that parses but names a URL CH cannot use fails the action.
+	wantStatus(t, c.do(ctx, http.MethodPut, pathRestore, restoreRequest{SourceURL: "http://example/snap"}, nil), http.StatusInternalServerError)
+	wantStatus(t, c.do(ctx, http.MethodPut, pathRestore, "not a restore config", nil), http.StatusBadRequest)
 
 	// A create that failed on its second disk released the first.
 	good := makeDisk(t, dir, "good.img")
