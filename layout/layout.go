@@ -38,8 +38,8 @@ func (r Root) CreateIntent(id string) string  { return r.join("disks", id+".crea
 // atomic).
 func (r Root) OverlayStaging(id string) string { return r.join("disks", id+".overlay-staging.ext4") }
 
-func (r Root) APISocket(id string) string     { return r.join("run", "sb-"+id+".sock") }
-func (r Root) VsockSocket(id string) string   { return r.join("run", "sb-"+id+".vsock") }
+func (r Root) APISocket(id string) string   { return r.join("run", "sb-"+id+".sock") }
+func (r Root) VsockSocket(id string) string { return r.join("run", "sb-"+id+".vsock") }
 
 // APISocketLock is the file Cloud Hypervisor v53+ locks beside its API
 // socket, and leaves behind when it exits.
