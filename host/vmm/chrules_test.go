@@ -274,6 +274,9 @@ func TestAPISocketLock(t *testing.T) {
 	if got := lockOf(t, sock+".lock"); got != unix.F_WRLCK {
 		t.Fatalf("%s.lock: lock type %d, want a write lock", sock, got)
 	}
+	if held, err := APISocketLockHeld(sock + ".lock"); err != nil || !held {
+		t.Fatalf("APISocketLockHeld while serving: %v, %v", held, err)
+	}
 	err := serve(ctx, sock, nil, nil)
 	if err == nil || !strings.Contains(err.Error(), "in use") {
 		t.Fatalf("second VMM on a locked socket: %v", err)
@@ -293,5 +296,11 @@ func TestAPISocketLock(t *testing.T) {
 	}
 	if got := lockOf(t, sock+".lock"); got != unix.F_UNLCK {
 		t.Fatalf("lock still held after exit: %d", got)
+	}
+	if held, err := APISocketLockHeld(sock + ".lock"); err != nil || held {
+		t.Fatalf("APISocketLockHeld after exit: %v, %v", held, err)
+	}
+	if _, err := APISocketLockHeld(filepath.Join(dir, "none.lock")); !os.IsNotExist(err) {
+		t.Fatalf("missing lock file: %v", err)
 	}
 }
