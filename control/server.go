@@ -12,9 +12,11 @@ import (
 	"strconv"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // Status describes a running daemon.
@@ -32,14 +34,22 @@ type wireRecord struct {
 	Error string `json:"error,omitempty"`
 }
 
+type sandboxResponse struct {
+	Found   bool                `json:"found"`
+	Sandbox projections.Sandbox `json:"sandbox"`
+}
+
 type appendRequest struct {
-	Events [][]byte `json:"events"`
+	Events [][]byte       `json:"events"`
+	Expect []guard.Expect `json:"expect,omitempty"`
 }
 
 type appendResponse struct {
-	Seqs     []uint64 `json:"seqs"`
-	Error    string   `json:"error,omitempty"`
-	Conflict bool     `json:"conflict,omitempty"`
+	Seqs       []uint64          `json:"seqs"`
+	Error      string            `json:"error,omitempty"`
+	Conflict   bool              `json:"conflict,omitempty"`
+	Stale      *guard.StaleError `json:"stale,omitempty"`
+	SagaClosed bool              `json:"saga_closed,omitempty"`
 }
 
 // Serve answers control requests for n on <root>/nexus.sock (mode 0600)
@@ -84,9 +94,11 @@ func handler(n *node.Node) http.Handler {
 			}
 			evs = append(evs, e)
 		}
-		seqs, err := n.Append(r.Context(), evs...)
+		seqs, err := n.AppendExpect(r.Context(), req.Expect, evs...)
 		if err != nil {
-			writeJSON(w, http.StatusConflict, appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict)})
+			resp := appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict), SagaClosed: errors.Is(err, guard.ErrSagaClosed)}
+			errors.As(err, &resp.Stale)
+			writeJSON(w, http.StatusConflict, resp)
 			return
 		}
 		writeJSON(w, http.StatusOK, appendResponse{Seqs: seqs})
@@ -120,6 +132,10 @@ func handler(n *node.Node) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Sandboxes(r.Context())
 		writeJSON(w, http.StatusOK, list)
+	})
+	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
+		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
+		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
 	})
 	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())
