@@ -5,12 +5,15 @@ package events
 type ResourceKind string
 
 const (
-	KindRawDisk           ResourceKind = "raw-disk"
-	KindWorkspaceDisk     ResourceKind = "workspace-disk"
-	KindCreateIntent      ResourceKind = "create-intent"
-	KindShadowIntent      ResourceKind = "shadow-intent"
-	KindShadowDisk        ResourceKind = "shadow-disk"
-	KindAPISocket         ResourceKind = "api-socket"
+	KindRawDisk       ResourceKind = "raw-disk"
+	KindWorkspaceDisk ResourceKind = "workspace-disk"
+	KindCreateIntent  ResourceKind = "create-intent"
+	KindShadowIntent  ResourceKind = "shadow-intent"
+	KindShadowDisk    ResourceKind = "shadow-disk"
+	KindAPISocket     ResourceKind = "api-socket"
+	// KindAPISocketLock is the lock file Cloud Hypervisor v53+ creates
+	// beside its API socket (<socket>.lock) and leaves at exit.
+	KindAPISocketLock     ResourceKind = "api-socket-lock"
 	KindVsockSocket       ResourceKind = "vsock-socket"
 	KindIIDSocket         ResourceKind = "iid-socket"
 	KindSupervisorState   ResourceKind = "supervisor-state"

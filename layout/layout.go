@@ -38,8 +38,12 @@ func (r Root) CreateIntent(id string) string  { return r.join("disks", id+".crea
 // atomic).
 func (r Root) OverlayStaging(id string) string { return r.join("disks", id+".overlay-staging.ext4") }
 
-func (r Root) APISocket(id string) string     { return r.join("run", "sb-"+id+".sock") }
-func (r Root) VsockSocket(id string) string   { return r.join("run", "sb-"+id+".vsock") }
+func (r Root) APISocket(id string) string   { return r.join("run", "sb-"+id+".sock") }
+func (r Root) VsockSocket(id string) string { return r.join("run", "sb-"+id+".vsock") }
+
+// APISocketLock is the file Cloud Hypervisor v53+ locks beside its API
+// socket, and leaves behind when it exits.
+func (r Root) APISocketLock(id string) string { return r.APISocket(id) + ".lock" }
 func (r Root) IIDSocket(id string) string     { return r.join("run", "sb-"+id+".iid") }
 func (r Root) SupervisorDir(id string) string { return r.join("supervisors", id) }
 func (r Root) BuilderDir(id string) string    { return r.join("builder-supervisors", id) }
@@ -49,6 +53,10 @@ func (r Root) Snapshot(id, snap string) string {
 }
 func (r Root) VMMLog(id string) string        { return r.join("logs", id+".vmm.log") }
 func (r Root) SupervisorLog(id string) string { return r.join("logs", id+".supervisor.log") }
+
+// ConsoleLog is the guest's serial console (its kernel log), which the VMM
+// writes; kept with the other logs.
+func (r Root) ConsoleLog(id string) string { return r.join("logs", id+".console.log") }
 
 // SafeHandle is a handle usable in a file name: "/" becomes "_".
 func SafeHandle(handle string) string { return strings.ReplaceAll(handle, "/", "_") }

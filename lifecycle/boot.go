@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -73,12 +75,15 @@ func (d Driver) vmmArgv(apiSocket string) []string {
 	return []string{d.Exe, "vmm-process", "--api-socket", apiSocket}
 }
 
-func (d Driver) config(disks []vmm.Disk, vsock string) vmm.Config {
+// config is vm.create's body. The guest kernel logs to ttyS0, CH's serial
+// port, whose default mode (Null) drops every line: it goes to serialLog.
+func (d Driver) config(disks []vmm.Disk, vsock, serialLog string) vmm.Config {
 	c := vmm.Config{
 		Disks:  disks,
-		Memory: vmm.Memory{Size: 512 << 20},
+		Memory: vmm.Memory{Size: guestMemory},
 		Cpus:   vmm.Cpus{BootVcpus: 1, MaxVcpus: 1},
 		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
+		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: serialLog},
 		// The process driver boots no kernel; it still names one, as the
 		// API requires a payload.
 		Payload: vmm.Payload{Kernel: "process-driver", Cmdline: "console=ttyS0 root=/dev/vda rw"},
@@ -88,6 +93,10 @@ func (d Driver) config(disks []vmm.Disk, vsock string) vmm.Config {
 	}
 	return c
 }
+
+// guestMemory is every cold-booted guest's RAM, and so the size of the
+// memory-ranges file a snapshot of it writes.
+const guestMemory = 512 << 20
 
 func nowUTC() time.Time { return time.Now().UTC() }
 
@@ -194,6 +203,12 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if err := waitFor(ctx, vm, m.startTimeout(), "VMM", func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err
 			}
+			// CH opens the serial log by name and follows symlinks: make it
+			// a regular file beneath the root first.
+			if err := fsx.EnsureFile(string(m.Root), m.rel(m.Root.ConsoleLog(id)), 0o600); err != nil {
+				proc.Terminate(vm, time.Second)
+				return nil, fmt.Errorf("serial log: %w", err)
+			}
 			// A restore brings its own configuration (re-pointed at this
 			// sandbox's disks); a cold boot is configured here.
 			vmBegun = true
@@ -202,18 +217,21 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				if err == nil {
 					err = c.Resume(ctx)
 				}
-			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock)); err == nil {
+			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock, m.Root.ConsoleLog(id))); err == nil {
 				err = c.Boot(ctx)
 			}
 			if err != nil {
 				proc.Terminate(vm, time.Second)
 				return nil, err
 			}
+			sockets := []events.Resource{m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, vsock), m.res(events.KindIIDSocket, iid)}
+			// CH v53+ locks <api>.lock before it binds the socket, so the
+			// file exists by now if this VMM makes one; it outlives the VMM.
+			if fi, err := os.Lstat(m.Root.APISocketLock(id)); err == nil && fi.Mode().IsRegular() {
+				sockets = append(sockets, m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)))
+			}
 			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
-				RunMarker: run,
-				Sockets: []events.Resource{
-					m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, vsock), m.res(events.KindIIDSocket, iid),
-				}}), nil
+				RunMarker: run, Sockets: sockets}), nil
 		},
 		Undo: func(ctx context.Context) ([]events.Payload, error) {
 			if vm.Pid == 0 {
@@ -225,16 +243,19 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 }
 
 // vmDisks lists the disks a sandbox boots with: its own, then its volumes.
+// Every one is typed Raw: CH v51+ refuses the guest's writes to sector 0
+// of a disk whose raw type it had to probe, and an ext4 with 4 KiB blocks
+// writes its superblock's block there.
 func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
 	var disks []vmm.Disk
 	for _, r := range sb.Resources {
 		switch r.Kind {
 		case events.KindRawDisk, events.KindWorkspaceDisk, events.KindShadowDisk:
-			disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path)})
+			disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path), ImageType: vmm.ImageRaw})
 		}
 	}
 	for _, v := range sb.Volumes {
-		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly})
+		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly, ImageType: vmm.ImageRaw})
 	}
 	return disks
 }
@@ -272,7 +293,8 @@ func (m *Manager) stopVMM(ctx context.Context, id string, who proc.Identity, flu
 	if err != nil {
 		return nil, err
 	}
-	more, err := m.reclaimVMMSockets(id, func(string) bool { return true })
+	lock := m.rel(m.Root.APISocketLock(id))
+	more, err := m.reclaimVMMSockets(id, func(rel string) bool { return rel != lock })
 	return append(ps, more...), err
 }
 
@@ -301,11 +323,13 @@ func (m *Manager) terminateVMM(ctx context.Context, id string, who proc.Identity
 	return append(ps, events.SandboxStoppedEvent{Reason: "stopped"}), nil
 }
 
-// reclaimVMMSockets removes the API and vsock sockets (RL-11).
+// reclaimVMMSockets removes the API and vsock sockets (RL-11) and the API
+// socket's lock file, once the VMM is gone.
 func (m *Manager) reclaimVMMSockets(id string, owned func(rel string) bool) ([]events.Payload, error) {
 	var ps []events.Payload
 	for _, r := range []events.Resource{
-		m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)),
+		m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)),
+		m.res(events.KindVsockSocket, m.Root.VsockSocket(id)),
 	} {
 		more, err := m.reclaim(r, owned(r.Path), "stop")
 		if err != nil {
@@ -318,6 +342,20 @@ func (m *Manager) reclaimVMMSockets(id string, owned func(rel string) bool) ([]e
 
 // Start boots a stopped sandbox.
 func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, error) {
+	return m.StartWith(ctx, ref, StartOptions{})
+}
+
+// StartOptions are what `nexus start` may add.
+type StartOptions struct {
+	// AcceptUnflushed lets the overlay preparation treat a last run
+	// without a flush acknowledgement as flushed: a journal needing replay
+	// is replayed on a private copy, published only after the checks
+	// (docs/overlay.md).
+	AcceptUnflushed bool
+}
+
+// StartWith boots a stopped sandbox with options.
+func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (projections.Sandbox, error) {
 	c, err := m.claim(ctx, ref, guard.Start)
 	if err != nil {
 		return projections.Sandbox{}, err
@@ -337,11 +375,14 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 	if err := m.Driver.Preflight(); err != nil {
 		return sb, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
+	if err := m.refuseVolumesReadLocked(ctx, sb); err != nil {
+		return sb, err
+	}
 	if _, err := ext4.Preflight(ctx); err != nil {
 		return sb, fmt.Errorf("%w: start %s: overlay preparation: %v", ErrRefused, sb.ID, err)
 	}
 	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga {
-		return m.saga("start", sb.ID, append(m.overlaySteps(sb), m.bootSteps(sb.ID, "")...))
+		return m.saga("start", sb.ID, append(m.overlaySteps(sb, opt.AcceptUnflushed), m.bootSteps(sb.ID, "")...))
 	})
 	if err != nil {
 		var refusal *OverlayRefusal
@@ -355,6 +396,42 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 	}
 	m.writeRecord(ctx, sb.ID)
 	return m.Find(ctx, sb.ID)
+}
+
+// refuseVolumesReadLocked refuses, before anything runs, the start of a
+// sandbox that attaches a volume read-write while a running sandbox (a
+// child forked with --readonly-volumes) has it attached read-only: that
+// VMM holds a read lock on the image (Cloud Hypervisor v46+), so this
+// VMM's write lock, and its boot, would fail.
+func (m *Manager) refuseVolumesReadLocked(ctx context.Context, sb projections.Sandbox) error {
+	var rw []string
+	for _, v := range sb.Volumes {
+		if !v.ReadOnly {
+			rw = append(rw, v.Name)
+		}
+	}
+	if len(rw) == 0 {
+		return nil
+	}
+	list, err := m.sandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	var holders []string
+	for _, other := range list {
+		if other.ID == sb.ID || other.State != projections.StateRunning {
+			continue
+		}
+		for _, v := range other.Volumes {
+			if slices.Contains(rw, v.Name) {
+				holders = append(holders, fmt.Sprintf("%s (volume %s)", other.ID, v.Name))
+			}
+		}
+	}
+	if len(holders) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: sandbox %s attaches its volume(s) read-write, but running sandbox(es) %s hold them read-only, locked; stop those first", ErrRefused, sb.ID, strings.Join(holders, ", "))
 }
 
 // Stop shuts a running sandbox down: guest flush, VMM, sockets, supervisor.
@@ -384,7 +461,7 @@ func (m *Manager) stopSteps(sb projections.Sandbox) []sagas.Step {
 			return m.terminateVMM(ctx, sb.ID, who, true)
 		}})
 	}
-	if sb.VMM != nil || sb.Owns(m.rel(m.Root.APISocket(sb.ID))) || sb.Owns(m.rel(m.Root.VsockSocket(sb.ID))) {
+	if sb.VMM != nil || sb.Owns(m.rel(m.Root.APISocket(sb.ID))) || sb.Owns(m.rel(m.Root.APISocketLock(sb.ID))) || sb.Owns(m.rel(m.Root.VsockSocket(sb.ID))) {
 		steps = append(steps, sagas.Step{Name: "vmm-sockets", Do: func(ctx context.Context) ([]events.Payload, error) {
 			return m.reclaimVMMSockets(sb.ID, sb.Owns)
 		}})

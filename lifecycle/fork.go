@@ -3,11 +3,11 @@ package lifecycle
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 
@@ -59,8 +59,11 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 		}
 		return nil, fmt.Errorf("%w: sandbox %s has named volume(s) %s attached; children would share a writable volume (pass --readonly-volumes to attach them read-only to the children)", ErrRefused, parent.ID, strings.Join(names, ", "))
 	}
+	if err := refuseLockedVolumes(parent); err != nil {
+		return nil, err
+	}
 	sources := m.parentDisks(parent)
-	if err := m.preflightCopies(sources, spec.Count, spec.Force); err != nil {
+	if err := m.preflightCopies(sources, spec.Count, 0, spec.Force); err != nil {
 		return nil, err
 	}
 	resume, err := m.pauseIfRunning(ctx, parent)
@@ -93,6 +96,27 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 		children = append(children, sb)
 	}
 	return children, nil
+}
+
+// refuseLockedVolumes refuses, before anything is copied, a fork whose
+// children would attach a volume the running parent's VMM holds
+// read-write: Cloud Hypervisor (v46+) takes an OFD write lock on such a
+// disk, so a child's VMM cannot open it even read-only and its boot would
+// fail.
+func refuseLockedVolumes(parent projections.Sandbox) error {
+	if parent.State != projections.StateRunning {
+		return nil
+	}
+	var held []string
+	for _, v := range parent.Volumes {
+		if !v.ReadOnly {
+			held = append(held, v.Name)
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: sandbox %s is running and its VMM holds volume(s) %s read-write, locked, so a child cannot open them even read-only; stop %s and fork it stopped", ErrRefused, parent.ID, strings.Join(held, ", "), parent.ID)
 }
 
 // parentDisks lists the disks of sb a child copies: OS, workspace, shadows.
@@ -140,7 +164,9 @@ func shadowName(path string) string {
 	return strings.TrimSuffix(base, ".ext4")
 }
 
-func (m *Manager) preflightCopies(sources []sourceDisk, count int, force bool) error {
+// preflightCopies checks that count copies of sources, plus extra bytes
+// once, fit on the disks directory's filesystem.
+func (m *Manager) preflightCopies(sources []sourceDisk, count int, extra int64, force bool) error {
 	var footprint int64
 	for _, s := range sources {
 		size, err := disk.Stat(s.src)
@@ -155,8 +181,8 @@ func (m *Manager) preflightCopies(sources []sourceDisk, count int, force bool) e
 	if force {
 		return nil
 	}
-	if err := disk.Preflight(m.Root.Disks(), footprint*int64(count)); err != nil {
-		return fmt.Errorf("%w: %d x %d bytes: %v (--force skips this check)", ErrRefused, count, footprint, err)
+	if err := disk.Preflight(m.Root.Disks(), footprint*int64(count)+extra); err != nil {
+		return fmt.Errorf("%w: %d x %d + %d bytes: %v (--force skips this check)", ErrRefused, count, footprint, extra, err)
 	}
 	return nil
 }
@@ -242,7 +268,19 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 	dir := m.Root.Snapshot(sb.ID, snap)
 	r := m.res(events.KindSnapshot, dir)
 	sources := m.parentDisks(sb)
-	if err := m.preflightCopies(sources, 1, false); err != nil {
+	// A running guest's snapshot also writes its memory (memory-ranges),
+	// as large as its RAM.
+	var memory int64
+	if sb.State == projections.StateRunning {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		info, err := vmm.NewClient(m.Root.APISocket(sb.ID)).Info(ictx)
+		cancel()
+		if err != nil {
+			return "", fmt.Errorf("snapshot %s: guest memory size: %w", sb.ID, err)
+		}
+		memory = info.Config.Memory.Size
+	}
+	if err := m.preflightCopies(sources, 1, memory, false); err != nil {
 		return "", err
 	}
 	step := sagas.Step{
@@ -264,12 +302,17 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				return nil, err
 			}
 			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning, Bootstrap: boot}
+			var allocated int64
 			if man.VMState {
 				if err := vmm.NewClient(m.Root.APISocket(sb.ID)).Snapshot(ctx, dir); err != nil {
 					return nil, err
 				}
+				files, err := vmStateFiles(dir, man)
+				if err != nil {
+					return nil, err
+				}
+				allocated += filesAllocated(dir, files)
 			}
-			var allocated int64
 			for _, s := range sources {
 				file := filepath.Base(s.src)
 				if _, err := disk.Clone(s.src, filepath.Join(dir, file)); err != nil {
@@ -349,10 +392,22 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 		}
 		sources = append(sources, sourceDisk{kind: d.Kind, src: filepath.Join(dir, d.File)})
 	}
-	if err := m.preflightCopies(sources, 1, force); err != nil {
+	copies := m.childCopies(*source, child, sources)
+	// A running sandbox's snapshot: every file the VMM wrote is staged for
+	// the child, and counted in the preflight.
+	var stateFiles []string
+	var edit vmm.SnapshotEdit
+	if man.VMState {
+		if stateFiles, err = vmStateFiles(dir, man); err != nil {
+			return projections.Sandbox{}, err
+		}
+		if edit, err = m.restoreEdit(dir, man, child, copies); err != nil {
+			return projections.Sandbox{}, err
+		}
+	}
+	if err := m.preflightCopies(sources, 1, filesAllocated(dir, stateFiles), force); err != nil {
 		return projections.Sandbox{}, err
 	}
-	copies := m.childCopies(*source, child, sources)
 	restoreFrom := ""
 	var stage *sagas.Step
 	if man.VMState {
@@ -361,7 +416,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 		stage = &sagas.Step{
 			Name: "stage-restore",
 			Do: func(context.Context) ([]events.Payload, error) {
-				if err := m.stageRestore(dir, restoreFrom, child, copies); err != nil {
+				if err := stageRestore(dir, restoreFrom, stateFiles, edit); err != nil {
 					return nil, err
 				}
 				return []events.Payload{
@@ -379,41 +434,4 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 		return projections.Sandbox{}, err
 	}
 	return m.Find(ctx, child)
-}
-
-// stageRestore writes the VM state of a snapshot, re-pointed at the
-// child's own disk copies, under the child's snapshots directory: the VMM
-// restores a configuration by its disk paths, and the parent's disks must
-// never be opened by a child.
-func (m *Manager) stageRestore(dir, stage, child string, copies []sourceDisk) error {
-	var cfg vmm.Config
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		return fmt.Errorf("snapshot config: %w", err)
-	}
-	cfg.Disks = nil
-	for _, c := range copies {
-		cfg.Disks = append(cfg.Disks, vmm.Disk{Path: c.dst})
-	}
-	if cfg.Vsock != nil {
-		cfg.Vsock.Socket = m.Root.VsockSocket(child)
-	}
-	if err := os.MkdirAll(stage, 0o700); err != nil {
-		return err
-	}
-	out, _ := json.MarshalIndent(cfg, "", "  ")
-	if err := durable.WriteFile(filepath.Join(stage, "config.json"), out, 0o600); err != nil {
-		return err
-	}
-	state, err := os.ReadFile(filepath.Join(dir, "state.json"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	return durable.WriteFile(filepath.Join(stage, "state.json"), state, 0o600)
 }

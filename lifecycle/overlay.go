@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/oklog/ulid/v2"
 
@@ -21,6 +22,11 @@ import (
 const (
 	ReasonOverlayDiskFull    = "OverlayDiskFull"
 	ReasonProvisioningFailed = "ProvisioningFailed"
+	// ReasonOverlayUnflushed refuses an overlay that has room but needs
+	// offline work (its ext4 journal needs replay, or the check found
+	// errors or stale counts) while its last run has no flush
+	// acknowledgement: every real guest's overlay after a VMM crash.
+	ReasonOverlayUnflushed = "OverlayUnflushed"
 	// ReasonOverlayNearlyFull is the warning raised when an overlay's fill
 	// ratio passes the configured threshold before it needs recovery.
 	ReasonOverlayNearlyFull = "OverlayNearlyFull"
@@ -66,24 +72,40 @@ type overlayPlan struct {
 
 // planOverlay is the pure decision of the offline preparation, from the
 // journal's run marker and acknowledgement and the read-only check of the
-// saved overlay. It never looks at the superblock's free count.
+// saved overlay. Every figure it uses is one e2fsck counted, never a
+// superblock count; a stale superblock count is a finding (not Clean).
 //
 // Without an acknowledgement of the last run, nexus edits nothing: an
 // overlay that would need recovery (low space, errors) or whose journal
 // needs replay is refused, both for an unacknowledged run and for a legacy
-// overlay that never had one. A clean, roomy overlay nexus would not touch
-// boots as it is, acknowledged or not (a VMM that died leaves one).
-func planOverlay(lastRun, flushedRun string, c ext4.Check, warnRatio float64) (overlayPlan, error) {
+// overlay that never had one; the refusal names the cause and the way out
+// (start --accept-unflushed). A clean, roomy overlay nexus would not touch
+// boots as it is, acknowledged or not.
+//
+// acceptUnflushed is the operator's explicit way out: the run counts as
+// acknowledged, and a journal needing replay is replayed on a private copy
+// (not left to the guest), under the same checks as any recovery.
+func planOverlay(lastRun, flushedRun string, c ext4.Check, warnRatio float64, acceptUnflushed bool) (overlayPlan, error) {
 	acked := lastRun != "" && flushedRun == lastRun
 	low := c.UsableBytes() < LowWater(c.Bytes())
 	corrupt := !c.Clean && !c.NeedsRecovery
+	which := "no run of it was flush-acknowledged"
+	if lastRun != "" {
+		which = fmt.Sprintf("no flush acknowledgement for its last run %s", lastRun)
+	}
+	const wayOut = "nexus edits an unacknowledged overlay only when told to: `nexus start --accept-unflushed ID` replays and checks it on a private copy and publishes it only if no saved block is released"
 	switch {
-	case !acked && lastRun != "" && (low || corrupt || c.NeedsRecovery):
+	case acceptUnflushed && (low || corrupt || c.NeedsRecovery):
+		return overlayPlan{Recover: true, Grow: low}, nil
+	case !acked && low:
 		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
-			"the overlay needs recovery but its last run %s has no flush acknowledgement; its saved blocks cannot be trusted offline", lastRun)
-	case !acked && (low || corrupt || c.NeedsRecovery):
-		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
-			"the overlay needs recovery (journal needing replay, low space or errors) and no run of it was flush-acknowledged")
+			"the overlay is full (%d MiB usable, counted by e2fsck) and %s; %s", c.UsableBytes()>>20, which, wayOut)
+	case !acked && c.NeedsRecovery:
+		return overlayPlan{}, refuseOverlay(ReasonOverlayUnflushed,
+			"%s, and the overlay's ext4 journal needs replay (as after a VMM crash); it has room (%d MiB usable); %s", which, c.UsableBytes()>>20, wayOut)
+	case !acked && corrupt:
+		return overlayPlan{}, refuseOverlay(ReasonOverlayUnflushed,
+			"%s, and the read-only check found problems (%s); it has room (%d MiB usable); %s", which, strings.Join(c.Problems, "; "), c.UsableBytes()>>20, wayOut)
 	case low || corrupt:
 		return overlayPlan{Recover: true, Grow: low}, nil
 	}
@@ -125,7 +147,7 @@ func growthFor(c ext4.Check) int64 {
 // overlay (its workspace disk), run by start before anything boots:
 // check -> copy -> repair -> grow -> publish. Only the private copy is ever
 // written; the original changes only by the publish rename.
-func (m *Manager) overlaySteps(sb projections.Sandbox) []sagas.Step {
+func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []sagas.Step {
 	overlay := m.Root.WorkspaceDisk(sb.ID)
 	staging := m.Root.OverlayStaging(sb.ID)
 	stagingRes := m.res(events.KindOverlayStaging, staging)
@@ -151,7 +173,7 @@ func (m *Manager) overlaySteps(sb projections.Sandbox) []sagas.Step {
 			if err != nil {
 				return nil, refuseOverlay(ReasonOverlayDiskFull, "read-only check of overlay %s: %v", m.rel(overlay), err)
 			}
-			plan, err = planOverlay(sb.LastRun, sb.FlushedRun, before, m.WarnFillRatio)
+			plan, err = planOverlay(sb.LastRun, sb.FlushedRun, before, m.WarnFillRatio, acceptUnflushed)
 			if err != nil {
 				return nil, err
 			}

@@ -251,7 +251,7 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 			}
 			intents = append(intents, m.res(events.KindCreateIntent, ip))
 		}
-		for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)), m.res(events.KindIIDSocket, m.Root.IIDSocket(id))} {
+		for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(id)), m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)), m.res(events.KindVsockSocket, m.Root.VsockSocket(id)), m.res(events.KindIIDSocket, m.Root.IIDSocket(id))} {
 			add(r)
 		}
 		for _, p := range order {
@@ -331,7 +331,7 @@ func (m *Manager) stopUnrecordedVMM(ctx context.Context, id string) ([]events.Pa
 	defer cancel()
 	if _, err := c.Ping(pctx); err != nil {
 		if vmm.IsDead(err) {
-			return nil, nil
+			return m.reclaimFreeAPILock(sb, id)
 		}
 		return nil, fmt.Errorf("VMM socket of %s is ambiguous, not touching it: %w", id, err)
 	}
@@ -343,7 +343,30 @@ func (m *Manager) stopUnrecordedVMM(ctx context.Context, id string) ([]events.Pa
 	}); err != nil {
 		return nil, fmt.Errorf("VMM of %s: %w", id, err)
 	}
-	return nil, nil
+	// The socket goes before the process: its lock (CH v53+) is released
+	// only when the process is gone.
+	if err := waitGone(ctx, func() bool {
+		held, err := vmm.APISocketLockHeld(m.Root.APISocketLock(id))
+		return err != nil || !held
+	}); err != nil {
+		return nil, fmt.Errorf("VMM of %s: its API socket lock: %w", id, err)
+	}
+	return m.reclaimFreeAPILock(sb, id)
+}
+
+// reclaimFreeAPILock removes the API socket's lock file (CH v53+) that an
+// unrecorded VMM left, once no process holds its lock: CH keeps the lock
+// for its whole life, so a free lock means no VMM of this path runs.
+func (m *Manager) reclaimFreeAPILock(sb projections.Sandbox, id string) ([]events.Payload, error) {
+	path := m.Root.APISocketLock(id)
+	held, err := vmm.APISocketLockHeld(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil || held {
+		return nil, err
+	}
+	return m.reclaim(m.res(events.KindAPISocketLock, path), sb.Owns(m.rel(path)), "recover")
 }
 
 // killUnrecordedSupervisor terminates a supervisor the journal never saw
@@ -499,8 +522,8 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, re
 		if !vmmAlive {
 			steps = append(steps, sagas.Step{Name: "vmm-gone", Do: func(context.Context) ([]events.Payload, error) {
 				ps := []events.Payload{events.SandboxStoppedEvent{Reason: "vmm-gone"}}
-				for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(sb.ID)), m.res(events.KindVsockSocket, m.Root.VsockSocket(sb.ID))} {
-					more, err := m.reclaim(r, true, "recover")
+				for _, r := range []events.Resource{m.res(events.KindAPISocket, m.Root.APISocket(sb.ID)), m.res(events.KindAPISocketLock, m.Root.APISocketLock(sb.ID)), m.res(events.KindVsockSocket, m.Root.VsockSocket(sb.ID))} {
+					more, err := m.reclaim(r, r.Kind != events.KindAPISocketLock || sb.Owns(r.Path), "recover")
 					if err != nil {
 						return ps, err
 					}

@@ -61,6 +61,7 @@ func (m *Manager) reclaimAll(sb projections.Sandbox, by string) ([]events.Payloa
 		m.res(events.KindBuilderSupervisor, m.Root.BuilderDir(sb.ID)),
 		m.res(events.KindSnapshot, m.Root.SnapshotsOf(sb.ID)),
 		m.res(events.KindAPISocket, m.Root.APISocket(sb.ID)),
+		m.res(events.KindAPISocketLock, m.Root.APISocketLock(sb.ID)),
 		m.res(events.KindVsockSocket, m.Root.VsockSocket(sb.ID)),
 		m.res(events.KindIIDSocket, m.Root.IIDSocket(sb.ID)),
 	} {

@@ -102,6 +102,7 @@ func TestIdentifyNames(t *testing.T) {
 		{"disks", "notes.txt", events.KindRawDisk, "", "", false, true},
 		{"disks", strings.ToLower(idA) + ".raw", events.KindRawDisk, "", "", false, true},
 		{"run", "sb-" + idA + ".sock", events.KindAPISocket, idA, "", false, false},
+		{"run", "sb-" + idA + ".sock.lock", events.KindAPISocketLock, idA, "", false, false},
 		{"run", "sb-" + idA + ".vsock", events.KindVsockSocket, idA, "", false, false},
 		{"run", "sb-" + idA + ".iid", events.KindIIDSocket, idA, "", false, false},
 		{"run", "other.sock", events.KindAPISocket, "", "", false, true},

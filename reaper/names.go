@@ -70,7 +70,7 @@ func Identify(dir, name string, isDir bool) Entry {
 		for _, s := range []struct {
 			ext  string
 			kind events.ResourceKind
-		}{{".sock", events.KindAPISocket}, {".vsock", events.KindVsockSocket}, {".iid", events.KindIIDSocket}} {
+		}{{".sock", events.KindAPISocket}, {".sock.lock", events.KindAPISocketLock}, {".vsock", events.KindVsockSocket}, {".iid", events.KindIIDSocket}} {
 			if id, cut := strings.CutSuffix(rest, s.ext); ok && cut && layout.IsULID(id) {
 				e.Kind, e.ID = s.kind, id
 				return e

@@ -201,9 +201,12 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 }
 
 func startCmd(g *globals) *cobra.Command {
-	return simpleCmd(g, "start", "Boot a stopped sandbox", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
-		return m.Start(ctx, ref)
+	var opt lifecycle.StartOptions
+	c := simpleCmd(g, "start", "Boot a stopped sandbox", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+		return m.StartWith(ctx, ref, opt)
 	})
+	c.Flags().BoolVar(&opt.AcceptUnflushed, "accept-unflushed", false, "prepare an overlay whose last run has no flush acknowledgement (replay its journal on a private copy, publish only after the checks)")
+	return c
 }
 
 func stopCmd(g *globals) *cobra.Command {

@@ -104,7 +104,13 @@ type Check struct {
 	Inodes         int64 `json:"inodes"`
 	UsedInodes     int64 `json:"used_inodes"`
 	NeedsRecovery  bool  `json:"needs_recovery"` // the journal holds transactions not yet replayed
-	// Clean is e2fsck -fn finding nothing to fix (exit 0).
+	// StaleCounts: the superblock's free block or inode count differs from
+	// what e2fsck counted ("Free blocks count wrong (X, counted=Y)"), as a
+	// guest that only synced leaves it. The figures above are the counted
+	// ones; the image is not Clean, and only a preen fixes the superblock.
+	StaleCounts bool `json:"stale_counts,omitempty"`
+	// Clean is e2fsck -fn finding nothing to fix: exit 0 and no stale count
+	// (e2fsck -n declines that fix and still exits 0).
 	Clean bool `json:"clean"`
 	// Problems are e2fsck's complaints, when not Clean.
 	Problems []string `json:"problems,omitempty"`
@@ -166,12 +172,27 @@ func CheckImage(ctx context.Context, path string) (Check, error) {
 	if m == nil {
 		return c, fmt.Errorf("e2fsck -fn %s: no summary line in: %s", path, oneLine(text))
 	}
-	c.UsedInodes, _ = strconv.ParseInt(m[1], 10, 64)
-	c.UsedBlocks, _ = strconv.ParseInt(m[3], 10, 64)
 	if total, _ := strconv.ParseInt(m[4], 10, 64); total != c.Blocks {
 		return c, fmt.Errorf("e2fsck -fn %s: counted %d blocks, superblock says %d", path, total, c.Blocks)
 	}
-	c.Clean = code == 0
+	// The summary line prints the superblock's free counts, which -n never
+	// corrects: when pass 5 reports a total count wrong, its "counted"
+	// figure is the truth. Without such a line the superblock's total
+	// agreed with the count and the summary is the counted figure.
+	c.UsedInodes, _ = strconv.ParseInt(m[1], 10, 64)
+	c.UsedBlocks, _ = strconv.ParseInt(m[3], 10, 64)
+	if w := freeBlocksWrongRE.FindStringSubmatch(text); w != nil {
+		counted, _ := strconv.ParseInt(w[2], 10, 64)
+		c.UsedBlocks, c.StaleCounts = c.Blocks-counted, true
+	}
+	if w := freeInodesWrongRE.FindStringSubmatch(text); w != nil {
+		counted, _ := strconv.ParseInt(w[2], 10, 64)
+		c.UsedInodes, c.StaleCounts = c.Inodes-counted, true
+	}
+	if c.UsedBlocks < 0 || c.UsedBlocks > c.Blocks || c.UsedInodes < 0 || c.UsedInodes > c.Inodes {
+		return c, fmt.Errorf("e2fsck -fn %s: counted figures out of range (%d/%d blocks, %d/%d inodes used)", path, c.UsedBlocks, c.Blocks, c.UsedInodes, c.Inodes)
+	}
+	c.Clean = code == 0 && !c.StaleCounts && !countWrongRE.MatchString(text)
 	if !c.Clean {
 		c.Problems = problems(text)
 	}
@@ -256,9 +277,15 @@ func FileSize(ctx context.Context, image, file string) (int64, error) {
 }
 
 var (
-	summaryRE  = regexp.MustCompile(`(\d+)/(\d+) files .*?, (\d+)/(\d+) blocks`)
-	badSuperRE = regexp.MustCompile(`(?i)bad magic number in super-block|superblock is corrupt|couldn't find valid filesystem superblock`)
-	sizeRE     = regexp.MustCompile(`(?m)\bSize: (\d+)`)
+	summaryRE = regexp.MustCompile(`(\d+)/(\d+) files .*?, (\d+)/(\d+) blocks`)
+	// pass 5's whole-file-system totals; the per-group lines read
+	// "... count wrong for group #N (X, counted=Y)".
+	freeBlocksWrongRE = regexp.MustCompile(`(?m)^Free blocks count wrong \((\d+), counted=(\d+)\)`)
+	freeInodesWrongRE = regexp.MustCompile(`(?m)^Free inodes count wrong \((\d+), counted=(\d+)\)`)
+	// any count pass 5 found wrong, group ones and directory counts included
+	countWrongRE = regexp.MustCompile(`(?m)count wrong`)
+	badSuperRE   = regexp.MustCompile(`(?i)bad magic number in super-block|superblock is corrupt|couldn't find valid filesystem superblock`)
+	sizeRE       = regexp.MustCompile(`(?m)\bSize: (\d+)`)
 )
 
 func badSuper(text string) bool { return badSuperRE.MatchString(text) }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -175,5 +177,56 @@ func TestPreflightNamesAMissingOrFakeTool(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "resize2fs"), []byte("#!/bin/sh\nexit 1\n"), 0o755)
 	if _, err := ext4.Preflight(ctx); !errors.Is(err, ext4.ErrToolMissing) || !strings.Contains(err.Error(), "resize2fs") {
 		t.Fatalf("fake resize2fs: %v", err)
+	}
+}
+
+// TestStaleSuperblockCountsAreNotBelieved: a guest that only synced can
+// leave the superblock's free block and inode counts stale in either
+// direction; e2fsck -fn then reports "count wrong ... Fix? no", exits 0
+// and prints the stale figures in its summary. Every figure the overlay
+// decision uses must be the counted one, and the image is not clean.
+func TestStaleSuperblockCountsAreNotBelieved(t *testing.T) {
+	for _, bs := range []string{"1024", "4096"} {
+		for _, reserved := range []string{"5", "20"} {
+			for _, dir := range []string{"claims-free", "claims-full"} {
+				t.Run(bs+"/m"+reserved+"/"+dir, func(t *testing.T) {
+					img := filepath.Join(t.TempDir(), "overlay.ext4")
+					if err := os.WriteFile(img, nil, 0o600); err != nil {
+						t.Fatal(err)
+					}
+					os.Truncate(img, 64<<20)
+					mkfs, _ := ext4.Lookup("mkfs.ext4")
+					if out, err := exec.Command(mkfs, "-q", "-F", "-b", bs, "-m", reserved, img).CombinedOutput(); err != nil {
+						t.Fatalf("mkfs: %v %s", err, out)
+					}
+					ext4test.Write(t, img, "data", bytes.Repeat([]byte("d"), 24<<20))
+					truth, err := ext4.CheckImage(ctx, img)
+					if err != nil || !truth.Clean || truth.StaleCounts {
+						t.Fatalf("before: %+v, %v", truth, err)
+					}
+					freeBlocks, freeInodes := truth.Blocks-truth.UsedBlocks, truth.Inodes-truth.UsedInodes
+					staleBlocks, staleInodes := truth.Blocks-10, int64(5) // superblock says nearly empty / out of inodes
+					if dir == "claims-full" {
+						staleBlocks, staleInodes = 3, truth.Inodes-2
+					}
+					ext4test.Debugfs(t, img, "ssv free_blocks_count "+strconv.FormatInt(staleBlocks, 10), "ssv free_inodes_count "+strconv.FormatInt(staleInodes, 10))
+					before := ext4test.SHA256(t, img)
+					c, err := ext4.CheckImage(ctx, img)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if c.UsedBlocks != truth.UsedBlocks || c.UsedInodes != truth.UsedInodes || c.UsableBytes() != truth.UsableBytes() || c.FillRatio() != truth.FillRatio() {
+						t.Fatalf("stale superblock (free %d blocks, %d inodes; counted %d, %d): used %d blocks %d inodes, want %d, %d",
+							staleBlocks, staleInodes, freeBlocks, freeInodes, c.UsedBlocks, c.UsedInodes, truth.UsedBlocks, truth.UsedInodes)
+					}
+					if c.ClaimedFree != staleBlocks || !c.StaleCounts || c.Clean || len(c.Problems) == 0 {
+						t.Fatalf("stale counts not reported as a finding: %+v", c)
+					}
+					if ext4test.SHA256(t, img) != before {
+						t.Fatal("the read-only check changed the image")
+					}
+				})
+			}
+		}
 	}
 }

@@ -76,3 +76,41 @@ func TestEnsureDirRefusesSymlinks(t *testing.T) {
 		t.Fatalf("EnsureDir(linked) = %v", err)
 	}
 }
+
+func TestEnsureFileRefusesSymlinksAndKeepsContent(t *testing.T) {
+	root := t.TempDir()
+	os.Mkdir(filepath.Join(root, "logs"), 0o700)
+	outside := filepath.Join(t.TempDir(), "target")
+	os.WriteFile(outside, []byte("outside"), 0o600)
+	os.Symlink(outside, filepath.Join(root, "logs", "link.log"))
+	if err := EnsureFile(root, "logs/link.log", 0o600); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("symlink in place: %v", err)
+	}
+	os.Symlink(filepath.Dir(outside), filepath.Join(root, "dirlink"))
+	if err := EnsureFile(root, "dirlink/new.log", 0o600); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("symlinked parent: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(filepath.Dir(outside), "new.log")); !os.IsNotExist(err) {
+		t.Fatal("created a file through a symlinked parent")
+	}
+	if err := EnsureFile(root, "logs/a.log", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(root, "logs", "a.log"), []byte("kept"), 0o600)
+	if err := EnsureFile(root, "logs/a.log", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "logs", "a.log")); string(b) != "kept" {
+		t.Fatalf("content %q", b)
+	}
+	if fi, _ := os.Stat(filepath.Join(root, "logs", "a.log")); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	os.Mkdir(filepath.Join(root, "logs", "d.log"), 0o700)
+	if err := EnsureFile(root, "logs/d.log", 0o600); err == nil {
+		t.Fatal("a directory accepted")
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "outside" {
+		t.Fatal("outside file changed")
+	}
+}

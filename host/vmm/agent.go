@@ -12,8 +12,10 @@ import (
 )
 
 // agent stands in for the guest agent behind CH's vsock socket. Its line
-// protocol: "ping" answers "pong", "flush" fsyncs every writable disk and
-// answers "flushed" (the host's proof that the guest's filesystems reached
+// protocol: "ping" answers "pong", "flush" rewrites sector 0 of every
+// writable disk (a superblock commit, refused as CH refuses it on a disk
+// whose raw type was probed rather than given), fsyncs it and answers
+// "flushed" (the host's proof that the guest's filesystems reached
 // the disks). CH's own "CONNECT <port>" handshake is accepted as a first line
 // and answered "OK <n>", so host code may speak it to both.
 //
@@ -166,6 +168,12 @@ func (a *agent) answer(line string, first bool) string {
 		for _, d := range a.disks {
 			if !d.writable {
 				continue
+			}
+			// The guest's filesystems commit their superblocks, which for
+			// an ext4 with 4 KiB blocks rewrites sector 0.
+			if err := writeGuestSector0(d); err != nil {
+				a.log.Printf("vsock flush: %v", err)
+				return fmt.Sprintf("error %v", err)
 			}
 			if err := d.f.Sync(); err != nil {
 				a.log.Printf("vsock flush: %v", err)

@@ -5,6 +5,8 @@
 // document so that code exercised against Serve behaves the same against CH.
 package vmm
 
+import "encoding/json"
+
 // Paths under CH's API root.
 const (
 	pathPing        = "/api/v1/vmm.ping"
@@ -25,13 +27,17 @@ const (
 const Version = "nexus-process-vmm"
 
 // Config is the subset of CH's VmConfig that nexus sets. Unknown fields in a
-// request are ignored, as CH's serde does for optional ones.
+// request are ignored, as CH's serde does for optional ones. It is for
+// building vm.create bodies and reading vm.info: a configuration CH wrote
+// (a snapshot's config.json) carries many more fields, and is edited as
+// generic JSON (EditSnapshotConfig), never round-tripped through Config.
 type Config struct {
-	Payload Payload `json:"payload"`
-	Disks   []Disk  `json:"disks,omitempty"`
-	Memory  Memory  `json:"memory,omitzero"`
-	Cpus    Cpus    `json:"cpus,omitzero"`
-	Vsock   *Vsock  `json:"vsock,omitempty"`
+	Payload Payload  `json:"payload"`
+	Disks   []Disk   `json:"disks,omitempty"`
+	Memory  Memory   `json:"memory,omitzero"`
+	Cpus    Cpus     `json:"cpus,omitzero"`
+	Vsock   *Vsock   `json:"vsock,omitempty"`
+	Serial  *Console `json:"serial,omitempty"`
 }
 
 // Payload is CH's PayloadConfig.
@@ -42,11 +48,48 @@ type Payload struct {
 	Firmware  string `json:"firmware,omitempty"`
 }
 
-// Disk is CH's DiskConfig.
+// Disk is CH's DiskConfig. ID is CH's device id: CH names a disk without
+// one "_disk<n>" at boot and keeps the name in its configuration, and a
+// restore matches saved device state by it.
 type Disk struct {
-	Path     string `json:"path"`
-	Readonly bool   `json:"readonly"`
+	Path      string    `json:"path"`
+	Readonly  bool      `json:"readonly"`
+	ImageType ImageType `json:"image_type,omitempty"`
+	ID        string    `json:"id,omitempty"`
 }
+
+// ImageType is CH's ImageType (OpenAPI enum FixedVhd, Qcow2, Raw, Vhdx,
+// Unknown). From v51 CH auto-detects the type of a disk sent without one
+// and, when it detects Raw or FixedVhd, refuses every write to sector 0
+// (VIRTIO_BLK_S_IOERR); a disk sent with its type is not restricted. Older
+// versions ignore the field (no CH config uses deny_unknown_fields).
+type ImageType string
+
+const (
+	ImageRaw      ImageType = "Raw"
+	ImageQcow2    ImageType = "Qcow2"
+	ImageVhdx     ImageType = "Vhdx"
+	ImageFixedVhd ImageType = "FixedVhd"
+	ImageUnknown  ImageType = "Unknown"
+)
+
+// Console is CH's SerialConfig/ConsoleConfig. CH's serial port defaults to
+// Null: a guest kernel logging to ttyS0 loses every line unless serial is
+// configured, for nexus as a File.
+type Console struct {
+	Mode ConsoleMode `json:"mode"`
+	File string      `json:"file,omitempty"`
+}
+
+// ConsoleMode is CH's ConsoleMode (Off, Pty, Tty, File, Socket, Null).
+type ConsoleMode string
+
+const (
+	ConsoleFile ConsoleMode = "File"
+	ConsoleNull ConsoleMode = "Null"
+	ConsoleOff  ConsoleMode = "Off"
+	ConsoleTty  ConsoleMode = "Tty"
+)
 
 // Memory is CH's MemoryConfig; Size is in bytes.
 type Memory struct {
@@ -64,6 +107,7 @@ type Cpus struct {
 type Vsock struct {
 	Cid    int64  `json:"cid"`
 	Socket string `json:"socket"`
+	ID     string `json:"id,omitempty"`
 }
 
 // State is CH's VmState.
@@ -96,14 +140,39 @@ type restoreRequest struct {
 	Prefault  bool   `json:"prefault,omitempty"`
 }
 
-// Snapshot files: CH names its VM configuration and device state the same
-// (and adds memory-ranges, which the stand-in has no memory to fill).
+// Snapshot files as CH names them (vmm/src/migration/mod.rs,
+// vmm/src/memory_manager.rs): vm.snapshot creates all three exclusively in
+// an existing directory, and vm.restore reads all three from source_url.
 const (
-	snapshotConfigFile = "config.json"
-	snapshotStateFile  = "state.json"
+	SnapshotConfigFile = "config.json"
+	SnapshotStateFile  = "state.json"
+	SnapshotMemoryFile = "memory-ranges"
 )
 
+// snapshotState is the stand-in's state.json, shaped like CH's Snapshot
+// tree: per-component snapshots keyed by id, the device manager's keyed by
+// device id, the memory manager's carrying the table of guest memory
+// ranges that memory-ranges holds back to back.
 type snapshotState struct {
+	Snapshots map[string]snapshotNode `json:"snapshots"`
+}
+
+type snapshotNode struct {
+	Snapshots map[string]snapshotNode `json:"snapshots,omitempty"`
+	Data      json.RawMessage         `json:"snapshot_data,omitempty"`
+}
+
+type memoryRange struct {
+	GPA    uint64 `json:"gpa"`
+	Length uint64 `json:"length"`
+}
+
+type memoryState struct {
+	MemoryRanges []memoryRange `json:"memory_ranges"`
+}
+
+// vmState is the stand-in's own record of the VM at snapshot time.
+type vmState struct {
 	State   State  `json:"state"`
 	TakenAt string `json:"taken_at"`
 }

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
@@ -38,6 +40,11 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 		log = io.Discard
 	}
 	s := &server{log: &logger{w: log}, stop: make(chan struct{})}
+	lock, err := lockAPISocket(apiSocket)
+	if err != nil {
+		return fmt.Errorf("vmm: API socket: %w", err)
+	}
+	defer lock.Close() // the file stays, as CH leaves it
 	l, err := unixsock.Listen(apiSocket)
 	if err != nil {
 		return fmt.Errorf("vmm: API socket: %w", err)
@@ -85,6 +92,32 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 	return fmt.Errorf("vmm: serving API: %w", serveErr)
 }
 
+// lockAPISocket does what CH v53+ does before it binds its API socket:
+// create <socket>.lock and take an OFD write lock on the whole file, so a
+// second VMM on the same path is refused (vmm/src/api/http/mod.rs,
+// acquire_api_socket_lock). CH never removes the file.
+func lockAPISocket(apiSocket string) (*os.File, error) {
+	f, err := os.OpenFile(apiSocket+".lock", os.O_WRONLY|os.O_CREATE|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: 0, Start: 0, Len: 0}
+	for {
+		err = unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
+			return nil, fmt.Errorf("%s is in use by another VMM (its .lock is held)", apiSocket)
+		}
+		return nil, err
+	}
+	return f, nil
+}
+
 type server struct {
 	log *logger
 
@@ -100,15 +133,20 @@ type server struct {
 }
 
 type vm struct {
-	state State
-	cfg   Config
-	disks []disk // nil while shut down
-	agent *agent // nil while shut down or without vsock
+	state  State
+	config *vmConfig
+	disks  []disk   // nil while shut down
+	agent  *agent   // nil while shut down or without vsock
+	serial *os.File // the serial port's File, nil unless mode File
 }
 
 type disk struct {
 	f        *os.File
+	path     string
 	writable bool
+	// sector0Refused: the image type was probed as raw, not given, so CH
+	// (v51+) fails the guest's writes to sector 0.
+	sector0Refused bool
 }
 
 // apiError carries the HTTP status CH would give.
@@ -122,6 +160,13 @@ func (e *apiError) Error() string { return e.msg }
 // CH answers failed VM actions with 500 and the error text.
 func failed(format string, args ...any) error {
 	return &apiError{http.StatusInternalServerError, fmt.Sprintf(format, args...)}
+}
+
+// notCreated is CH's answer when no VM configuration exists (VmNotCreated,
+// VmMissingConfig): 404, per vmm/src/api/http/mod.rs and the OpenAPI
+// document (vm.info, vm.boot).
+func notCreated(format string, args ...any) error {
+	return &apiError{http.StatusNotFound, fmt.Sprintf(format, args...)}
 }
 
 func badRequest(format string, args ...any) error {
@@ -209,43 +254,87 @@ func (s *server) create(r *http.Request) (any, error) {
 	if s.vm != nil {
 		return nil, failed("VM is already created")
 	}
-	var cfg Config
-	if err := decodeBody(r, &cfg); err != nil {
-		return nil, err
-	}
-	if err := cfg.validate(); err != nil {
-		return nil, err
-	}
-	disks, err := openDisks(cfg.Disks)
+	data, err := readBody(r)
 	if err != nil {
 		return nil, err
 	}
-	s.vm = &vm{state: StateCreated, cfg: cfg, disks: disks}
+	vc, err := parseVMConfig(data)
+	if err != nil {
+		return nil, badRequest("cannot parse request body: %v", err)
+	}
+	if err := vc.validate(); err != nil {
+		return nil, err
+	}
+	// CH opens the serial port's file at vm.create (File::create: created
+	// or truncated); the stand-in also holds the disks from here on.
+	serial, err := openSerial(vc.cfg)
+	if err != nil {
+		return nil, err
+	}
+	disks, err := openDisks(vc)
+	if err != nil {
+		if serial != nil {
+			serial.Close()
+		}
+		return nil, err
+	}
+	s.vm = &vm{state: StateCreated, config: vc, disks: disks, serial: serial}
 	return nil, nil
+}
+
+// openSerial opens the serial port's file as CH does, following the path
+// as given: keeping it safe is the host's job, before it names the file.
+func openSerial(cfg Config) (*os.File, error) {
+	if cfg.Serial == nil || cfg.Serial.Mode != ConsoleFile {
+		return nil, nil
+	}
+	if cfg.Serial.File == "" {
+		return nil, failed("invalid VM config: serial mode File without a file")
+	}
+	f, err := os.OpenFile(cfg.Serial.File, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return nil, failed("cannot create console devices: serial: %v", err)
+	}
+	return f, nil
+}
+
+// console writes a line to the guest's serial port, as its kernel would.
+func (v *vm) console(format string, args ...any) {
+	if v.serial != nil {
+		fmt.Fprintf(v.serial, "[nexus stand-in guest] "+format+"\n", args...)
+	}
 }
 
 func (s *server) boot(*http.Request) (any, error) {
 	v := s.vm
 	if v == nil {
-		return nil, failed("cannot boot: VM is not created")
+		return nil, notCreated("cannot boot: VM is not created")
 	}
 	if v.state != StateCreated && v.state != StateShutdown {
 		return nil, failed("cannot boot: VM is %s", v.state)
 	}
 	if v.disks == nil {
-		disks, err := openDisks(v.cfg.Disks)
+		if v.serial == nil {
+			serial, err := openSerial(v.config.cfg)
+			if err != nil {
+				return nil, err
+			}
+			v.serial = serial
+		}
+		disks, err := openDisks(v.config)
 		if err != nil {
 			return nil, err
 		}
 		v.disks = disks
 	}
-	if v.cfg.Vsock != nil {
-		a, err := startAgent(v.cfg.Vsock.Socket, v.disks, false, s.log)
+	if v.config.cfg.Vsock != nil {
+		a, err := startAgent(v.config.cfg.Vsock.Socket, v.disks, false, s.log)
 		if err != nil {
 			return nil, failed("cannot boot: vsock: %v", err)
 		}
 		v.agent = a
 	}
+	v.console("booted: %s", v.config.cfg.Payload.Cmdline)
 	v.state = StateRunning
 	return nil, nil
 }
@@ -271,9 +360,11 @@ func (s *server) delete(*http.Request) (any, error) {
 
 func (s *server) info(*http.Request) (any, error) {
 	if s.vm == nil {
-		return nil, failed("VM is not created")
+		return nil, notCreated("VM is not created")
 	}
-	return Info{State: s.vm.state, Config: s.vm.cfg}, nil
+	// The configuration as CH shows it: as sent, with the device ids and
+	// probed image types CH filled in.
+	return map[string]any{"state": s.vm.state, "config": s.vm.config.raw}, nil
 }
 
 func (s *server) pause(*http.Request) (any, error) {
@@ -315,7 +406,7 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeSnapshot(dir, v.cfg, snapshotState{State: v.state, TakenAt: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
+	if err := writeSnapshot(dir, v.config, vmState{State: v.state, TakenAt: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
 		return nil, failed("cannot snapshot: %v", err)
 	}
 	return nil, nil
@@ -333,19 +424,27 @@ func (s *server) restore(r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := readSnapshot(dir)
+	vc, err := readSnapshot(dir)
 	if err != nil {
 		return nil, failed("cannot restore: %v", err)
 	}
-	disks, err := openDisks(cfg.Disks)
+	serial, err := openSerial(vc.cfg)
 	if err != nil {
+		return nil, err
+	}
+	disks, err := openDisks(vc)
+	if err != nil {
+		if serial != nil {
+			serial.Close()
+		}
 		return nil, failed("cannot restore: %v", err)
 	}
-	v := &vm{state: StatePaused, cfg: cfg, disks: disks}
-	if cfg.Vsock != nil {
+	v := &vm{state: StatePaused, config: vc, disks: disks, serial: serial}
+	v.console("restored from %s", dir)
+	if vc.cfg.Vsock != nil {
 		// CH recreates the vsock device, socket included, at restore; the
 		// guest behind it stays frozen until resume.
-		a, err := startAgent(cfg.Vsock.Socket, disks, true, s.log)
+		a, err := startAgent(vc.cfg.Vsock.Socket, disks, true, s.log)
 		if err != nil {
 			v.release()
 			return nil, failed("cannot restore: vsock: %v", err)
@@ -374,6 +473,10 @@ func (v *vm) release() {
 		d.f.Close()
 	}
 	v.disks = nil
+	if v.serial != nil {
+		v.serial.Close()
+		v.serial = nil
+	}
 }
 
 func stateOf(v *vm) string {
@@ -381,6 +484,26 @@ func stateOf(v *vm) string {
 		return "not created"
 	}
 	return string(v.state)
+}
+
+func (vc *vmConfig) validate() error {
+	if err := vc.cfg.validate(); err != nil {
+		return err
+	}
+	// CH's defaults, so vm.info shows what CH would.
+	cpus, _ := vc.raw["cpus"].(map[string]any)
+	if cpus == nil {
+		cpus = map[string]any{}
+		vc.raw["cpus"] = cpus
+	}
+	cpus["boot_vcpus"], cpus["max_vcpus"] = vc.cfg.Cpus.BootVcpus, vc.cfg.Cpus.MaxVcpus
+	mem, _ := vc.raw["memory"].(map[string]any)
+	if mem == nil {
+		mem = map[string]any{}
+		vc.raw["memory"] = mem
+	}
+	mem["size"] = vc.cfg.Memory.Size
+	return nil
 }
 
 func (c *Config) validate() error {
@@ -414,25 +537,12 @@ func (c *Config) validate() error {
 	return nil
 }
 
-// openDisks opens every disk as a VMM would, never creating one: a missing
-// image is an error, as with CH.
-func openDisks(cfgs []Disk) ([]disk, error) {
-	disks := make([]disk, 0, len(cfgs))
-	for _, c := range cfgs {
-		flag := os.O_RDWR
-		if c.Readonly {
-			flag = os.O_RDONLY
-		}
-		f, err := os.OpenFile(c.Path, flag, 0)
-		if err != nil {
-			for _, d := range disks {
-				d.f.Close()
-			}
-			return nil, failed("cannot open disk: %v", err)
-		}
-		disks = append(disks, disk{f: f, writable: !c.Readonly})
+func readBody(r *http.Request) ([]byte, error) {
+	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err != nil {
+		return nil, badRequest("cannot read request body: %v", err)
 	}
-	return disks, nil
+	return data, nil
 }
 
 func decodeBody(r *http.Request, v any) error {
@@ -443,89 +553,16 @@ func decodeBody(r *http.Request, v any) error {
 	return nil
 }
 
+// dirOfURL is CH's url_to_path: a URL it cannot use fails the action (500,
+// as a MigratableError does), it is not a malformed request (400). CH
+// would resolve a relative path against its own directory; the stand-in
+// refuses one, which no caller of it sends.
 func dirOfURL(u string) (string, error) {
 	dir, ok := strings.CutPrefix(u, "file://")
 	if !ok || !filepath.IsAbs(dir) {
-		return "", badRequest("want a file:// URL with an absolute path, got %q", u)
+		return "", failed("want a file:// URL with an absolute path, got %q", u)
 	}
 	return filepath.Clean(dir), nil
-}
-
-func writeSnapshot(dir string, cfg Config, st snapshotState) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	for name, v := range map[string]any{snapshotConfigFile: cfg, snapshotStateFile: st} {
-		data, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := writeFileDurable(filepath.Join(dir, name), append(data, '\n')); err != nil {
-			return err
-		}
-	}
-	return syncDir(dir)
-}
-
-// writeFileDurable replaces path atomically so that a crash mid-snapshot
-// leaves the previous file or the new one, never half of one.
-func writeFileDurable(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-func readSnapshot(dir string) (Config, error) {
-	var cfg Config
-	data, err := os.ReadFile(filepath.Join(dir, snapshotConfigFile))
-	if err != nil {
-		return cfg, err
-	}
-	if err := json.Unmarshal(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("%s: %w", snapshotConfigFile, err)
-	}
-	if err := cfg.validate(); err != nil {
-		return cfg, fmt.Errorf("%s: %w", snapshotConfigFile, err)
-	}
-	var st snapshotState
-	data, err = os.ReadFile(filepath.Join(dir, snapshotStateFile))
-	if err != nil {
-		return cfg, err
-	}
-	if err := json.Unmarshal(data, &st); err != nil {
-		return cfg, fmt.Errorf("%s: %w", snapshotStateFile, err)
-	}
-	if st.State != StatePaused {
-		return cfg, fmt.Errorf("%s: snapshot of a %q VM; CH snapshots only paused ones", snapshotStateFile, st.State)
-	}
-	return cfg, nil
 }
 
 // logger makes one io.Writer safe for the concurrent goroutines that log.

@@ -1,0 +1,110 @@
+package lifecycle
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// TestCreateBodyConformsToCHOpenAPI checks the vm.create body nexus sends
+// against the facts of Cloud Hypervisor's OpenAPI document
+// (vmm/src/api/openapi/cloud-hypervisor.yaml), read as JSON the way CH's
+// serde reads it, not through nexus's own types: VmConfig requires
+// payload; CpusConfig boot_vcpus and max_vcpus (minimum 1); MemoryConfig
+// size; VsockConfig cid (minimum 3) and socket; SerialConfig mode from
+// ConsoleMode's enum; DiskConfig's image_type from ImageType's enum. And
+// nexus's own rules on top: every disk typed Raw (CH v51+ refuses sector-0
+// writes on a probed raw disk), serial to a File under logs/.
+func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
+	root := layout.Root("/state")
+	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
+	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux"}} {
+		disks := (&Manager{Root: root}).vmDisks(context.Background(), sandboxWithDisksAndVolume())
+		body, err := json.Marshal(d.config(disks, root.VsockSocket(id), root.ConsoleLog(id)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cfg map[string]any
+		if err := json.Unmarshal(body, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		obj := func(m map[string]any, key string) map[string]any {
+			t.Helper()
+			o, ok := m[key].(map[string]any)
+			if !ok {
+				t.Fatalf("%s: %s missing or not an object: %s", d.Name, key, body)
+			}
+			return o
+		}
+		num := func(m map[string]any, key string, min float64) {
+			t.Helper()
+			if v, ok := m[key].(float64); !ok || v < min || v != float64(int64(v)) {
+				t.Fatalf("%s: %s = %v, want an integer >= %v: %s", d.Name, key, m[key], min, body)
+			}
+		}
+		payload := obj(cfg, "payload")
+		if k, _ := payload["kernel"].(string); k == "" {
+			t.Fatalf("%s: payload without a kernel: %s", d.Name, body)
+		}
+		cpus := obj(cfg, "cpus")
+		num(cpus, "boot_vcpus", 1)
+		num(cpus, "max_vcpus", 1)
+		num(obj(cfg, "memory"), "size", 1)
+		vsock := obj(cfg, "vsock")
+		num(vsock, "cid", 3)
+		if s, _ := vsock["socket"].(string); s != root.VsockSocket(id) {
+			t.Fatalf("%s: vsock socket %v", d.Name, vsock["socket"])
+		}
+		serial := obj(cfg, "serial")
+		if mode, _ := serial["mode"].(string); !slices.Contains([]string{"Off", "Pty", "Tty", "File", "Socket", "Null"}, mode) || mode != "File" || serial["file"] != root.ConsoleLog(id) {
+			t.Fatalf("%s: serial %v, want mode File to %s", d.Name, serial, root.ConsoleLog(id))
+		}
+		list, _ := cfg["disks"].([]any)
+		if len(list) != 3 || len(list) != len(disks) {
+			t.Fatalf("%s: disks %v", d.Name, list)
+		}
+		for i, x := range list {
+			disk := x.(map[string]any)
+			if it, _ := disk["image_type"].(string); !slices.Contains([]string{"FixedVhd", "Qcow2", "Raw", "Vhdx", "Unknown"}, it) || it != "Raw" {
+				t.Fatalf("%s: disk %d image_type %v, want Raw", d.Name, i, disk["image_type"])
+			}
+			if _, ok := disk["readonly"].(bool); !ok || disk["path"] != disks[i].Path {
+				t.Fatalf("%s: disk %d %v", d.Name, i, disk)
+			}
+		}
+	}
+}
+
+// TestVMDisksAreAllTyped: the disks a sandbox boots with, its volumes
+// included, all carry image_type Raw.
+func TestVMDisksAreAllTyped(t *testing.T) {
+	m := &Manager{Root: layout.Root("/state")}
+	sb := sandboxWithDisksAndVolume()
+	disks := m.vmDisks(context.Background(), sb)
+	if len(disks) != 3 {
+		t.Fatalf("disks %+v", disks)
+	}
+	for _, d := range disks {
+		if d.ImageType != vmm.ImageRaw {
+			t.Fatalf("untyped disk %+v", d)
+		}
+	}
+}
+
+func sandboxWithDisksAndVolume() projections.Sandbox {
+	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
+	return projections.Sandbox{ID: id,
+		Resources: []events.Resource{
+			{Kind: events.KindRawDisk, Path: "disks/" + id + ".raw"},
+			{Kind: events.KindWorkspaceDisk, Path: "disks/" + id + "-workspace.ext4"},
+			{Kind: events.KindAPISocket, Path: "run/sb-" + id + ".sock"},
+		},
+		Volumes: []projections.Attachment{{Name: "data", GuestPath: "/data"}},
+	}
+}
