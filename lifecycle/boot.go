@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
@@ -185,7 +184,10 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if err != nil {
 				return nil, err
 			}
-			vm, err = proc.SpawnDetached(m.Driver.vmmArgv(api), os.Environ(), m.Root.VMMLog(id))
+			if err := m.checkDisks(m.vmDisks(ctx, sb)); err != nil {
+				return nil, err
+			}
+			vm, err = m.spawnLogged(m.Driver.vmmArgv(api), m.Root.VMMLog(id))
 			if err != nil {
 				return nil, fmt.Errorf("spawn VMM: %w", err)
 			}
@@ -241,7 +243,7 @@ func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Dis
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
 	stateDir := m.Root.SupervisorDir(id)
 	argv := []string{m.Driver.Exe, "supervisor", "--sandbox", id, "--state-dir", stateDir, "--iid-socket", m.Root.IIDSocket(id)}
-	who, err := proc.SpawnDetached(argv, os.Environ(), m.Root.SupervisorLog(id))
+	who, err := m.spawnLogged(argv, m.Root.SupervisorLog(id))
 	if err != nil {
 		return who, fmt.Errorf("spawn supervisor: %w", err)
 	}

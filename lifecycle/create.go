@@ -422,7 +422,7 @@ func (m *Manager) recordDirStep(id string) sagas.Step {
 	return sagas.Step{
 		Name: "record-dir",
 		Do: func(context.Context) ([]events.Payload, error) {
-			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			if err := fsx.Mkdir(string(m.Root), dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 				return nil, err
 			}
 			return sagas.One(events.ResourceCreatedEvent{Resource: r}), nil

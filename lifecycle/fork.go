@@ -13,7 +13,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/disk"
-	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -240,15 +240,17 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 	if err := m.preflightCopies(sources, 1, false); err != nil {
 		return "", err
 	}
+	made := false // undo removes only a directory this capture made
 	step := sagas.Step{
 		Name: "capture",
 		Do: func(ctx context.Context) ([]events.Payload, error) {
-			if err := os.MkdirAll(m.Root.SnapshotsOf(sb.ID), 0o700); err != nil {
+			if err := fsx.MkdirAll(string(m.Root), m.Root.SnapshotsOf(sb.ID), 0o700); err != nil {
 				return nil, err
 			}
-			if err := os.Mkdir(dir, 0o700); err != nil {
+			if err := fsx.Mkdir(string(m.Root), dir, 0o700); err != nil {
 				return nil, err
 			}
+			made = true
 			resume, err := m.pauseIfRunning(ctx, sb)
 			if err != nil {
 				return nil, err
@@ -275,7 +277,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				man.Disks = append(man.Disks, manifestDisk{Kind: s.kind, File: file})
 			}
 			data, _ := json.MarshalIndent(man, "", "  ")
-			if err := durable.WriteFile(filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
+			if err := fsx.WriteFile(string(m.Root), filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
 				return nil, err
 			}
 			ps := []events.Payload{events.SnapshotTakenEvent{SnapshotID: snap, Dir: r, AllocatedBytes: allocated}}
@@ -285,6 +287,9 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			return ps, nil
 		},
 		Undo: func(context.Context) ([]events.Payload, error) {
+			if !made {
+				return nil, nil
+			}
 			ps, err := m.reclaim(r, false, "compensation")
 			if err != nil {
 				return ps, err
@@ -317,7 +322,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, snap)
 	}
 	dir := m.Root.Snapshot(source.ID, strings.ToUpper(snap))
-	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	data, err := fsx.ReadFile(string(m.Root), filepath.Join(dir, "manifest.json"))
 	if err != nil {
 		return projections.Sandbox{}, fmt.Errorf("snapshot %s: %w", snap, err)
 	}
@@ -371,7 +376,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 // never be opened by a child.
 func (m *Manager) stageRestore(dir, stage, child string, copies []sourceDisk) error {
 	var cfg vmm.Config
-	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	data, err := fsx.ReadFile(string(m.Root), filepath.Join(dir, "config.json"))
 	if err != nil {
 		return err
 	}
@@ -385,19 +390,19 @@ func (m *Manager) stageRestore(dir, stage, child string, copies []sourceDisk) er
 	if cfg.Vsock != nil {
 		cfg.Vsock.Socket = m.Root.VsockSocket(child)
 	}
-	if err := os.MkdirAll(stage, 0o700); err != nil {
+	if err := fsx.MkdirAll(string(m.Root), stage, 0o700); err != nil {
 		return err
 	}
 	out, _ := json.MarshalIndent(cfg, "", "  ")
-	if err := durable.WriteFile(filepath.Join(stage, "config.json"), out, 0o600); err != nil {
+	if err := fsx.WriteFile(string(m.Root), filepath.Join(stage, "config.json"), out, 0o600); err != nil {
 		return err
 	}
-	state, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	state, err := fsx.ReadFile(string(m.Root), filepath.Join(dir, "state.json"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	return durable.WriteFile(filepath.Join(stage, "state.json"), state, 0o600)
+	return fsx.WriteFile(string(m.Root), filepath.Join(stage, "state.json"), state, 0o600)
 }

@@ -12,7 +12,6 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
-	"github.com/nexus-sandbox/nexus/host/lease"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -52,18 +51,18 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, err
 	}
 	dir := m.Root.VolumeDir(name)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if err := fsx.Mkdir(string(m.Root), dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return projections.Volume{}, fmt.Errorf("%w: %s exists but the journal has no volume %q; move it aside first", ErrRefused, dir, name)
 		}
 		return projections.Volume{}, err
 	}
-	l, err := lease.TryAcquire(dir + "/.lock")
+	l, err := m.volumeLock(name)
 	if err != nil {
 		return projections.Volume{}, err
 	}
 	defer l.Release()
-	if err := os.Mkdir(dir+"/data", 0o700); err != nil {
+	if err := fsx.Mkdir(string(m.Root), dir+"/data", 0o700); err != nil {
 		return projections.Volume{}, err
 	}
 	if err := disk.MakeExt4(m.Root.VolumeDisk(name), size, ""); err != nil {
@@ -108,7 +107,7 @@ func (m *Manager) VolumeRemove(ctx context.Context, name string) error {
 	if len(v.AttachedTo) > 0 {
 		return fmt.Errorf("%w: volume %q is attached to %s; remove or stop using those sandboxes first", ErrRefused, name, strings.Join(v.AttachedTo, ", "))
 	}
-	l, err := lease.TryAcquire(m.Root.VolumeDir(name) + "/.lock")
+	l, err := m.volumeLock(name)
 	if err != nil {
 		return fmt.Errorf("%w: volume %q is in use: %v", ErrRefused, name, err)
 	}

@@ -28,6 +28,14 @@ func TryAcquire(path string) (*Lease, error) {
 	if err != nil {
 		return nil, err
 	}
+	return TryAcquireFile(f)
+}
+
+// TryAcquireFile is TryAcquire on a file the caller opened read-write (for
+// nexus's own files, through fsx). It takes ownership of f: on failure f is
+// closed, on success Release closes it.
+func TryAcquireFile(f *os.File) (*Lease, error) {
+	path := f.Name()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
