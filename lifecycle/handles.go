@@ -39,3 +39,20 @@ func (m *Manager) refuseHandleCollision(ctx context.Context, spec CreateSpec) er
 	}
 	return nil
 }
+
+// ownerOf names the sandbox other than id that the journal says owns rel,
+// or "". Recovery of an uncommitted create deletes what its intent covers;
+// a covered path another sandbox owns was never this saga's to delete. A
+// journal that cannot be read is treated as owning it.
+func (m *Manager) ownerOf(ctx context.Context, rel, id string) string {
+	list, err := m.sandboxes(ctx)
+	if err != nil {
+		return "(unknown: " + err.Error() + ")"
+	}
+	for _, sb := range list {
+		if sb.ID != id && sb.Owns(rel) {
+			return sb.ID
+		}
+	}
+	return ""
+}

@@ -199,6 +199,11 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 					ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntentCover", Message: fmt.Sprintf("%s covers %q, which is not a path of sandbox %s; kept", m.rel(ip), c, id)})
 					continue
 				}
+				if owner := m.ownerOf(ctx, c, id); owner != "" {
+					// Its saga did not make what another sandbox owns (item 5).
+					ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntentCover", Message: fmt.Sprintf("%s covers %q, which sandbox %s owns; kept", m.rel(ip), c, owner)})
+					continue
+				}
 				add(events.Resource{Kind: kindOfPath(c), Path: c})
 			}
 			if in.Handle != "" {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/projections"
@@ -83,4 +84,49 @@ func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
 		mustOK(t, proc(t, root, "rm", sb), "rm "+sb)
 	}
 	assertClean(t, root)
+}
+
+// TestRecoverKeepsAShadowDiskAnotherSandboxOwns: recover deletes what an
+// uncommitted create's intent covers; a marker whose handle and cover name
+// another sandbox's shadow disk (damaged, planted, or written by a nexus
+// with the lossy mapping) must not make recover delete it.
+func TestRecoverKeepsAShadowDiskAnotherSandboxOwns(t *testing.T) {
+	root, image := shortRoot(t), makeImage(t)
+	src := filepath.Join(t.TempDir(), "cfg.img")
+	if err := os.WriteFile(src, []byte("shadow source"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	owner := createJSON(t, root, "--image", image, "--handle", "a/b", "--shadow", "cfg="+src)
+	disk := filepath.Join(root, "disks", "a_b.shadow.cfg.ext4")
+	before := fileSum(t, disk)
+	crashAt(t, root, "create.os-disk", "create", "--image", image)
+
+	matches, _ := filepath.Glob(filepath.Join(root, "disks", "*.create-intent.json"))
+	if len(matches) != 1 {
+		t.Fatalf("want the crashed create's intent, found %v", matches)
+	}
+	data, err := os.ReadFile(matches[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in map[string]any
+	if err := json.Unmarshal(data, &in); err != nil {
+		t.Fatal(err)
+	}
+	in["handle"] = "a/b"
+	in["covers"] = append(in["covers"].([]any), "disks/a_b.shadow.cfg.ext4")
+	data, _ = json.Marshal(in)
+	if err := os.WriteFile(matches[0], data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	mustOK(t, proc(t, root, "recover"), "recover")
+	if _, err := os.Lstat(disk); err != nil || fileSum(t, disk) != before {
+		t.Fatalf("recover removed or changed the shadow disk sandbox %s owns: %v", owner.ID, err)
+	}
+	if r := nexus(t, root, "events", "--type", "warning.raised"); !strings.Contains(r.stdout, "which sandbox "+owner.ID+" owns") {
+		t.Fatalf("want a ForeignIntentCover warning naming %s, got:\n%s", owner.ID, r.stdout)
+	}
+	assertClean(t, root)
+	mustOK(t, proc(t, root, "rm", owner.ID), "rm")
 }
