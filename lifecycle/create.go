@@ -415,6 +415,10 @@ func (m *Manager) supervisorStateStep(id, seedFrom string) sagas.Step {
 		Name: "supervisor-state",
 		Do: func(context.Context) ([]events.Payload, error) {
 			dir := m.Root.SupervisorDir(id)
+			// fsx first: supervisors/ or supervisors/<id> being a link is refused.
+			if err := fsx.MkdirAll(string(m.Root), dir, 0o700); err != nil {
+				return nil, err
+			}
 			if err := supervisor.EnsureStateDir(dir); err != nil {
 				return nil, err
 			}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
@@ -53,4 +55,17 @@ func (m *Manager) checkDisks(disks []vmm.Disk) error {
 		f.Close()
 	}
 	return nil
+}
+
+// readDir lists a directory of the root (os.ReadDir's order) without
+// following a link at it or above it.
+func (m *Manager) readDir(dir string) ([]os.DirEntry, error) {
+	d, err := fsx.OpenDir(string(m.Root), dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	entries, err := d.ReadDir(-1)
+	slices.SortFunc(entries, func(a, b os.DirEntry) int { return strings.Compare(a.Name(), b.Name()) })
+	return entries, err
 }

@@ -357,7 +357,7 @@ func waitGone(ctx context.Context, gone func() bool) error {
 }
 
 func (m *Manager) dropUnrecordedSnapshots(ctx context.Context, sb projections.Sandbox) ([]events.Payload, error) {
-	entries, err := os.ReadDir(m.Root.SnapshotsOf(sb.ID))
+	entries, err := m.readDir(m.Root.SnapshotsOf(sb.ID))
 	if err != nil {
 		return nil, nil
 	}
@@ -400,7 +400,7 @@ func (m *Manager) dropEmptySnapshotsDir(sb projections.Sandbox, by string) ([]ev
 // journal (a crash between publishing the marker and saga.started): their
 // lease is free, no sandbox exists, so what they cover is removed.
 func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
-	entries, err := os.ReadDir(m.Root.Disks())
+	entries, err := m.readDir(m.Root.Disks())
 	if err != nil {
 		return nil
 	}

@@ -154,6 +154,22 @@ func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
 		})
 	}
 	mustOK(t, bounded(t, root, "ls"), "ls after the FIFOs are gone")
+
+	// A FIFO under an intent's name: the reaper's lease probe and recover's
+	// intent sweep open it. Neither may block; the reaper keeps it (RL-9).
+	t.Run("create intent", func(t *testing.T) {
+		fifo := filepath.Join(root, "disks", "01JABCDEFGHJKMNPQRSTVWXYZ0.create-intent.json")
+		mkfifo(t, fifo)
+		r := mustOK(t, bounded(t, root, "reap", "--json"), "reap")
+		if !strings.Contains(r.stdout, "not a regular file") {
+			t.Fatalf("reap does not say why it kept the FIFO:\n%s", r.stdout)
+		}
+		mustOK(t, bounded(t, root, "recover"), "recover")
+		if _, err := os.Lstat(fifo); err != nil {
+			t.Fatalf("the FIFO was removed: %v", err)
+		}
+		os.Remove(fifo)
+	})
 }
 
 // TestPlantedSymlinksAreRefused plants a symlink where nexus writes its own
