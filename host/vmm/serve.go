@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
@@ -451,6 +452,10 @@ func dirOfURL(u string) (string, error) {
 	return filepath.Clean(dir), nil
 }
 
+// writeSnapshot publishes the snapshot's files through fsx beneath dir
+// (temp, fsync, rename, dir fsync): a crash mid-snapshot leaves the
+// previous file or the new one, and a link or FIFO planted in the
+// directory is refused, not followed.
 func writeSnapshot(dir string, cfg Config, st snapshotState) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -460,51 +465,16 @@ func writeSnapshot(dir string, cfg Config, st snapshotState) error {
 		if err != nil {
 			return err
 		}
-		if err := writeFileDurable(filepath.Join(dir, name), append(data, '\n')); err != nil {
+		if err := fsx.WriteFile(dir, name, append(data, '\n'), 0o600); err != nil {
 			return err
 		}
 	}
-	return syncDir(dir)
-}
-
-// writeFileDurable replaces path atomically so that a crash mid-snapshot
-// leaves the previous file or the new one, never half of one.
-func writeFileDurable(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return nil
 }
 
 func readSnapshot(dir string) (Config, error) {
 	var cfg Config
-	data, err := os.ReadFile(filepath.Join(dir, snapshotConfigFile))
+	data, err := fsx.ReadFile(dir, snapshotConfigFile)
 	if err != nil {
 		return cfg, err
 	}
@@ -515,7 +485,7 @@ func readSnapshot(dir string) (Config, error) {
 		return cfg, fmt.Errorf("%s: %w", snapshotConfigFile, err)
 	}
 	var st snapshotState
-	data, err = os.ReadFile(filepath.Join(dir, snapshotStateFile))
+	data, err = fsx.ReadFile(dir, snapshotStateFile)
 	if err != nil {
 		return cfg, err
 	}
