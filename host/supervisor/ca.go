@@ -21,7 +21,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
@@ -146,7 +145,7 @@ func SaveCA(dir string, ca *CA) error {
 	if _, _, lost := parsePair(data); lost != nil {
 		return fmt.Errorf("supervisor: save CA: refusing to write: %s", lost.Reason)
 	}
-	if err := durable.WriteFile(filepath.Join(dir, CAFileName), data, fileMode); err != nil {
+	if err := fsx.WriteFile(dir, CAFileName, data, fileMode); err != nil {
 		return fmt.Errorf("supervisor: save CA: %w", err)
 	}
 	return nil
