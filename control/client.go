@@ -13,6 +13,7 @@ import (
 	"strconv"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
@@ -72,7 +73,11 @@ func (c *Client) ImageCache(ctx context.Context) (projections.ImageCacheState, e
 }
 
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
-	req := appendRequest{}
+	return c.AppendExpect(ctx, nil, evs...)
+}
+
+func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+	req := appendRequest{Expect: expect}
 	for _, e := range evs {
 		data, err := events.Encode(e)
 		if err != nil {
@@ -98,6 +103,10 @@ func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, err
 		return nil, fmt.Errorf("daemon: append: %w", err)
 	}
 	switch {
+	case out.Stale != nil:
+		return out.Seqs, out.Stale
+	case out.SagaClosed:
+		return out.Seqs, fmt.Errorf("daemon: %w: %s", guard.ErrSagaClosed, out.Error)
 	case out.Conflict:
 		return out.Seqs, fmt.Errorf("daemon: %w: %s", journal.ErrConflict, out.Error)
 	case out.Error != "":

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -23,6 +24,9 @@ const SocketName = "nexus.sock"
 // Backend is what commands need from a state root.
 type Backend interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
+	// AppendExpect appends only if every expected entity is unchanged since
+	// the decision read it (*guard.StaleError otherwise).
+	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)

@@ -12,6 +12,7 @@ import (
 	"strconv"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
@@ -33,13 +34,16 @@ type wireRecord struct {
 }
 
 type appendRequest struct {
-	Events [][]byte `json:"events"`
+	Events [][]byte       `json:"events"`
+	Expect []guard.Expect `json:"expect,omitempty"`
 }
 
 type appendResponse struct {
-	Seqs     []uint64 `json:"seqs"`
-	Error    string   `json:"error,omitempty"`
-	Conflict bool     `json:"conflict,omitempty"`
+	Seqs       []uint64          `json:"seqs"`
+	Error      string            `json:"error,omitempty"`
+	Conflict   bool              `json:"conflict,omitempty"`
+	Stale      *guard.StaleError `json:"stale,omitempty"`
+	SagaClosed bool              `json:"saga_closed,omitempty"`
 }
 
 // Serve answers control requests for n on <root>/nexus.sock (mode 0600)
@@ -84,9 +88,11 @@ func handler(n *node.Node) http.Handler {
 			}
 			evs = append(evs, e)
 		}
-		seqs, err := n.Append(r.Context(), evs...)
+		seqs, err := n.AppendExpect(r.Context(), req.Expect, evs...)
 		if err != nil {
-			writeJSON(w, http.StatusConflict, appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict)})
+			resp := appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict), SagaClosed: errors.Is(err, guard.ErrSagaClosed)}
+			errors.As(err, &resp.Stale)
+			writeJSON(w, http.StatusConflict, resp)
 			return
 		}
 		writeJSON(w, http.StatusOK, appendResponse{Seqs: seqs})

@@ -131,6 +131,11 @@ func Subject(t Type, sandbox string) (string, error) {
 	return SubjectPrefix + "." + string(t) + "." + token, nil
 }
 
+// SandboxSubjects is the subject filter matching every event of one sandbox.
+func SandboxSubjects(sandbox string) string {
+	return SubjectPrefix + ".*.*." + sandbox
+}
+
 // FilterSubject is the subject filter selecting events of a type (a full
 // type such as "reap.decided", a category such as "reap", or "" for all) and
 // of one sandbox ("" for all).

@@ -64,6 +64,9 @@ type Sandbox struct {
 	LastRun    string            `msgpack:"run,omitempty" json:"last_run,omitempty"`
 	FlushedRun string            `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
 	Seq        uint64            `msgpack:"seq" json:"seq"`
+	// Rev is the sequence of the last event about this sandbox (any event
+	// carrying its id): the entity sequence a decision expects (guard.Expect).
+	Rev uint64 `msgpack:"rev" json:"rev"`
 }
 
 // Sandboxes is every sandbox that exists or is being created. Removed
@@ -102,6 +105,13 @@ func (s *Sandboxes) List() []*Sandbox {
 	return out
 }
 
+// bumpRev records seq as the last event about id, if id is in the view.
+func (s *Sandboxes) bumpRev(id string, seq uint64) {
+	if sb := s.byID[id]; sb != nil {
+		sb.Rev = seq
+	}
+}
+
 // Len is the number of sandboxes in the view.
 func (s *Sandboxes) Len() int { return len(s.byID) }
 
@@ -111,6 +121,7 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		return
 	}
 	sb := s.byID[e.Sandbox]
+	defer s.bumpRev(e.Sandbox, seq)
 	touch := func() {
 		sb.UpdatedAt = e.Time
 		sb.Seq = seq
