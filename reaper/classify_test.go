@@ -156,6 +156,14 @@ func TestLegacyAndHandleShadowDisks(t *testing.T) {
 	}
 }
 
+// Issue 15, item 5: idA's handle is "team/web" (safe "team_web"). The
+// leftover disk of a gone "team_web" (safe "team+web") is its own orphan,
+// never credited to team/web, and team/web's disk is never an orphan.
+func TestSlashAndUnderscoreHandlesAreTold(t *testing.T) {
+	want(t, one(t, Inputs{}, entry("disks", "team_web.shadow.cfg.ext4")), Owned, idA, "handle team_web")
+	want(t, one(t, Inputs{Gate: newGate()}, entry("disks", "team+web.shadow.cfg.ext4")), Orphan, "team+web", "no sandbox has handle")
+}
+
 // RL-7 / RL-17: held leases keep; an unreadable intent keeps, and says so.
 func TestLeases(t *testing.T) {
 	held := map[string]Lease{CreateIntentRel(idB): {State: LeaseHeld, Covers: []string{"disks/custom-" + idB + ".img"}}}
