@@ -322,7 +322,7 @@ func parsePair(data []byte) (*x509.Certificate, crypto.Signer, *LostError) {
 	return cert, signer, nil
 }
 
-// removeStaleTemps deletes temp files durable.WriteFile left behind when a
+// removeStaleTemps deletes temp files fsx.WriteFile left behind when a
 // crash interrupted a SaveCA: they may hold a private key, and nothing will
 // ever rename them into place.
 func removeStaleTemps(dir string) {
