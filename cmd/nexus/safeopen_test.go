@@ -246,6 +246,22 @@ func TestPlantedSymlinksAreRefused(t *testing.T) {
 			t.Fatalf("the linked volume's disk is gone: %v", err)
 		}
 	})
+	// The derived record is rewritten after every start and stop; with
+	// sandboxes/<id> a link, the commands still work (the record is only
+	// derived) but nothing is written where the link points.
+	t.Run("sandboxes/<id>", func(t *testing.T) {
+		dir := filepath.Join(root, "sandboxes", sb.ID)
+		replaceWithLink(t, dir, filepath.Join(outside, "record"))
+		os.Remove(filepath.Join(outside, "record", "record.json")) // so a write through the link shows
+		before := treeDigest(t, outside)
+		mustOK(t, bounded(t, root, "start", sb.ID), "start with a linked record dir")
+		mustOK(t, bounded(t, root, "stop", sb.ID), "stop with a linked record dir")
+		if treeDigest(t, outside) != before {
+			t.Fatal("the record was written outside the state root")
+		}
+		os.Remove(dir)
+		os.Rename(filepath.Join(outside, "record"), dir)
+	})
 	// With every plant but the volume's removed, the sandbox starts again.
 	mustOK(t, bounded(t, root, "start", sb.ID), "start after the links are gone")
 }
