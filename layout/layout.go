@@ -63,8 +63,9 @@ var (
 )
 
 // HandleOf parses a safe handle found in a file name back into the handle
-// it was made from. ok is false for a name no handle maps to (a character
-// outside the safe alphabet [A-Za-z0-9.+_-], or empty).
+// it was made from. ok is false for a name with a character outside the
+// safe alphabet [A-Za-z0-9.+_-], or empty; lifecycle's other handle rules
+// (first character, no "..") are not rechecked here.
 func HandleOf(safe string) (handle string, ok bool) {
 	if safe == "" {
 		return "", false
