@@ -54,6 +54,12 @@ func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	return list, err
 }
 
+func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
+	var out sandboxResponse
+	err := c.getJSON(ctx, "/v1/sandbox?ref="+url.QueryEscape(ref), &out)
+	return out.Sandbox, out.Found, err
+}
+
 func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 	var list []projections.OpenSaga
 	err := c.getJSON(ctx, "/v1/sagas", &list)

@@ -84,6 +84,8 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Exits are facts (control/exits.go): stopped before the node closes.
+	defer watchExits(sctx, n)()
 	go func() { served <- Serve(sctx, n) }()
 	if o.Ready != nil {
 		// Serve creates the socket almost at once; wait until it answers so

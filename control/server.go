@@ -16,6 +16,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // Status describes a running daemon.
@@ -31,6 +32,11 @@ type wireRecord struct {
 	Seq   uint64 `json:"seq,omitempty"`
 	Data  []byte `json:"data,omitempty"`
 	Error string `json:"error,omitempty"`
+}
+
+type sandboxResponse struct {
+	Found   bool                `json:"found"`
+	Sandbox projections.Sandbox `json:"sandbox"`
 }
 
 type appendRequest struct {
@@ -126,6 +132,10 @@ func handler(n *node.Node) http.Handler {
 	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Sandboxes(r.Context())
 		writeJSON(w, http.StatusOK, list)
+	})
+	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
+		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
+		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
 	})
 	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())

@@ -32,6 +32,9 @@ const (
 
 	SupervisorStarted Type = "supervisor.started"
 	SupervisorStopped Type = "supervisor.stopped"
+	SupervisorExited  Type = "supervisor.exited"
+
+	VMMExited Type = "vmm.exited"
 
 	SnapshotTaken Type = "snapshot.taken"
 

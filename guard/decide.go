@@ -58,20 +58,26 @@ func Decide(cmd Command, sb projections.Sandbox, open []projections.OpenSaga) er
 	}
 	switch cmd {
 	case Start:
-		// A sandbox a refused start left in error (no VMM) may start again.
-		if sb.State == projections.StateStopped || (sb.State == projections.StateError && sb.VMM == nil) {
+		// A sandbox a refused start left in error (no VMM) may start again;
+		// an exited one is settled first, as after a crash.
+		if sb.State == projections.StateStopped || sb.State == projections.StateExited || (sb.State == projections.StateError && sb.VMM == nil) {
 			return nil
 		}
 		return refuse("it is %s, not stopped", sb.State)
 	case Stop:
-		if sb.State != projections.StateRunning {
+		// Stopping an exited sandbox settles what its dead VMM left.
+		if sb.State != projections.StateRunning && sb.State != projections.StateExited {
 			return refuse("it is %s, not running", sb.State)
 		}
 	case Snapshot:
 		if sb.State != projections.StateRunning && sb.State != projections.StateStopped {
 			return refuse("it is %s", sb.State)
 		}
-	case Remove, Fork, Restore:
+	case Fork:
+		if sb.State == projections.StateExited {
+			return refuse("its VMM exited (start or stop it first)")
+		}
+	case Remove, Restore:
 	default:
 		return refuse("unknown command")
 	}

@@ -14,6 +14,7 @@ func TestDecideTable(t *testing.T) {
 	running := projections.Sandbox{ID: id, State: projections.StateRunning, VMM: &projections.Process{Pid: 1}}
 	stopped := projections.Sandbox{ID: id, State: projections.StateStopped}
 	creating := projections.Sandbox{ID: id, State: projections.StateCreating}
+	exited := projections.Sandbox{ID: id, State: projections.StateExited, VMM: &projections.Process{Pid: 1, Exited: true}}
 	failedNoVMM := projections.Sandbox{ID: id, State: projections.StateError}
 	failedVMM := projections.Sandbox{ID: id, State: projections.StateError, VMM: &projections.Process{Pid: 1}}
 	openStop := []projections.OpenSaga{{ID: "S1", Kind: "stop", Sandbox: id}}
@@ -49,6 +50,11 @@ func TestDecideTable(t *testing.T) {
 		{Restore, stopped, nil, true},
 		{Restore, creating, nil, false},
 		{"bogus", stopped, nil, false},
+		{Start, exited, nil, true},
+		{Stop, exited, nil, true},
+		{Remove, exited, nil, true},
+		{Snapshot, exited, nil, false},
+		{Fork, exited, nil, false},
 	}
 	for _, c := range cases {
 		err := Decide(c.cmd, c.sb, c.open)

@@ -325,6 +325,16 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 		return projections.Sandbox{}, err
 	}
 	defer c.release()
+	if c.sb.State == projections.StateExited {
+		// An exited sandbox starts like one after a crash (lifecycle/exits.go):
+		// settled under our lease, then decided again on what that left.
+		if _, err := m.settleExited(ctx, c.sb); err != nil {
+			return c.sb, err
+		}
+		if err := c.decide(ctx, m, c.sb.ID); err != nil {
+			return c.sb, err
+		}
+	}
 	sb := c.sb
 	if err := m.Driver.Preflight(); err != nil {
 		return sb, fmt.Errorf("%w: %v", ErrRefused, err)

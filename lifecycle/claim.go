@@ -63,6 +63,9 @@ func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 	if err != nil {
 		return err
 	}
+	// Decide on what a reader sees: a VMM dead by pid + start time is
+	// exited even before any daemon journaled it.
+	sb = observeExits(sb)
 	err = guard.Decide(c.cmd, sb, open)
 	var r *guard.Refusal
 	if errors.As(err, &r) && r.Saga != nil && r.Saga.Sandbox == id {
@@ -75,6 +78,7 @@ func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 		if sb, err = m.Find(ctx, id); err != nil {
 			return err
 		}
+		sb = observeExits(sb)
 		if open, err = m.B.OpenSagas(ctx); err != nil {
 			return err
 		}

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
@@ -69,7 +68,9 @@ func (m *Manager) startTimeout() time.Duration {
 }
 
 func (m *Manager) saga(kind, sandbox string, steps []sagas.Step) *sagas.Saga {
-	return &sagas.Saga{ID: ulid.Make().String(), Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook}
+	// rm and stop are teardowns: finished forward, never compensated.
+	forward := kind == "rm" || kind == "stop"
+	return &sagas.Saga{ID: ulid.Make().String(), Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook, Forward: forward}
 }
 
 // sandboxes returns the current view of every sandbox.
@@ -79,16 +80,14 @@ func (m *Manager) sandboxes(ctx context.Context) ([]projections.Sandbox, error) 
 
 // Find resolves an id or handle to a committed or in-flight sandbox.
 func (m *Manager) Find(ctx context.Context, ref string) (projections.Sandbox, error) {
-	list, err := m.sandboxes(ctx)
+	sb, found, err := m.B.Sandbox(ctx, ref)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	for _, sb := range list {
-		if sb.ID == strings.ToUpper(ref) || (sb.Handle != "" && sb.Handle == ref) {
-			return sb, nil
-		}
+	if !found {
+		return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
 	}
-	return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
+	return sb, nil
 }
 
 func (m *Manager) rel(path string) string { return m.Root.Rel(path) }

@@ -30,6 +30,10 @@ var ErrStateRoot = errors.New("unusable state root")
 // after this many events were folded since the last one.
 const snapshotEvery = 10000
 
+// snapshotRetry is how many events after a failed snapshot the next try
+// comes.
+const snapshotRetry = 100
+
 // Options configure Open.
 type Options struct {
 	Journal journal.Options // Dir is filled in from the state root
@@ -178,7 +182,11 @@ func (n *Node) load(ctx context.Context) error {
 	}
 	n.sinceSnap = folded
 	if folded >= snapshotEvery {
-		return n.writeSnapshots()
+		// Best effort, as after an append: a full projections/ must not
+		// keep the state root from opening for reads.
+		if err := n.writeSnapshots(); err != nil {
+			n.sinceSnap = snapshotEvery - snapshotRetry
+		}
 	}
 	return nil
 }
@@ -369,7 +377,8 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 		return 0, err
 	}
 	last := n.sandboxes.Seq()
-	msg := journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last}
+	msg := journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last,
+		Reserve: freesSpace(e, n.sagaKind(e))}
 	if subj != nil {
 		msg.ExpectSubjects, msg.ExpectSubjectSeq = events.SandboxSubjects(e.Sandbox), subj.Seq
 	}
@@ -389,8 +398,12 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 	n.lastID = e.ID
 	n.sinceSnap++
 	if n.sinceSnap >= snapshotEvery {
+		// A snapshot only shortens the next start's replay. The event is
+		// stored and folded, so a snapshot that fails (ENOSPC on the
+		// projections directory) must not fail the append; it is retried
+		// snapshotRetry events later.
 		if err := n.writeSnapshots(); err != nil {
-			return ack.Seq, fmt.Errorf("event %d stored; snapshot failed: %w", ack.Seq, err)
+			n.sinceSnap = snapshotEvery - snapshotRetry
 		}
 	}
 	return ack.Seq, nil

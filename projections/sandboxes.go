@@ -16,6 +16,7 @@ const (
 	StateCreating State = "creating" // a create saga is under way, nothing committed
 	StateStopped  State = "stopped"  // committed, no VMM
 	StateRunning  State = "running"
+	StateExited   State = "exited" // its VMM ended without a stop: nothing deleted, nothing running
 	StateError    State = "error"
 )
 
@@ -24,6 +25,10 @@ const (
 type Process struct {
 	Pid        int    `msgpack:"pid" json:"pid"`
 	StartTicks uint64 `msgpack:"start" json:"start_ticks"`
+	// Exited says the process ended without a stop (vmm.exited,
+	// supervisor.exited, or pid + start time at read time): it stays
+	// recorded so that stop, rm, recover and start know what to settle.
+	Exited bool `msgpack:"exited,omitempty" json:"exited,omitempty"`
 }
 
 // Condition is a Kubernetes-style status condition (Ready=False, reason).
@@ -189,9 +194,14 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		sb.State = StateError
 		sb.VMM = nil
 		sb.Conditions = []Condition{{Type: "Ready", Status: "False", Reason: p.Reason, Message: p.Message}}
+	case events.VMMExitedEvent:
+		sb.vmmExited(events.ProcessExit(p), "")
+	case events.SupervisorExitedEvent:
+		sb.supervisorExited(events.ProcessExit(p), "")
 	case events.SupervisorStartedEvent:
 		sb.Supervisor = &Process{Pid: p.Pid, StartTicks: p.Start}
 		sb.claim(p.StateDir)
+		sb.dropCondition(ConditionSupervisor)
 	case events.SupervisorStoppedEvent:
 		sb.Supervisor = nil
 	case events.VolumeAttachedEvent:

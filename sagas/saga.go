@@ -69,6 +69,11 @@ type Saga struct {
 	// it last wrote), so a decision taken on stale state is refused by the
 	// journal. Compensation is never guarded: it records what was undone.
 	Expect []guard.Expect
+	// Forward marks a saga that only goes forward (a teardown such as rm
+	// or stop, whose steps have nothing to undo): an interruption does not
+	// stop it between steps, and a failed step leaves it open for recover
+	// to finish rather than closing it half done.
+	Forward bool
 	// Hook, if set, runs around each step. The crash tests use it to SIGKILL
 	// the process at an exact point.
 	Hook func(kind, step string, phase Phase)
@@ -113,6 +118,11 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, err)
 		}
 	}
+	if s.Forward {
+		// Teardown runs to its end once begun; a second signal (which
+		// exits the process) leaves it to recover.
+		ctx = context.WithoutCancel(ctx)
+	}
 	pivot := -1
 	for i, st := range s.Steps {
 		if s.Done[st.Name] {
@@ -128,6 +138,9 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 		if err == nil {
 			s.hook(st.Name, BeforeRecord)
 			err = s.record(ctx, j, true, st.Name, ps...)
+		}
+		if err != nil && s.Forward {
+			return fmt.Errorf("%w: %s: %s: %w", ErrLeftOpen, s.Kind, st.Name, err)
 		}
 		if err != nil {
 			return s.compensate(ctx, j, i, pivot, fmt.Errorf("%s: %s: %w", s.Kind, st.Name, err))

@@ -281,3 +281,33 @@ func TestStaleDecisionIsRefusedAndStepsAdvanceTheirExpectation(t *testing.T) {
 		t.Fatalf("expectation %d, journal at %d", s.Expect[0].Seq, j.rev[ent])
 	}
 }
+
+func TestForwardSagaIgnoresInterruptionAndStaysOpenOnFailure(t *testing.T) {
+	j := newGuarded()
+	ctx, cancel := context.WithCancel(context.Background())
+	var ran []string
+	step := func(name string, err error) Step {
+		return Step{Name: name, Do: func(c context.Context) ([]events.Payload, error) {
+			if c.Err() != nil {
+				return nil, c.Err()
+			}
+			cancel()
+			ran = append(ran, name)
+			return One(events.ResourceReclaimedEvent{Resource: res(name), By: "rm"}), err
+		}}
+	}
+	s := &Saga{Kind: "rm", Sandbox: sb1, Forward: true, Steps: []Step{step("a", nil), step("b", nil)}}
+	if err := s.Run(ctx, j); err != nil {
+		t.Fatalf("interrupted teardown = %v, want it run to its end", err)
+	}
+	if !reflect.DeepEqual(ran, []string{"a", "b"}) {
+		t.Fatalf("ran %v", ran)
+	}
+	s = &Saga{Kind: "stop", Sandbox: sb1, Forward: true, Steps: []Step{step("x", errors.New("EBUSY")), step("y", nil)}}
+	if err := s.Run(context.Background(), j); !errors.Is(err, ErrLeftOpen) {
+		t.Fatalf("failed teardown = %v, want left open", err)
+	}
+	if len(j.sagas.Open()) != 1 {
+		t.Fatal("a failed teardown must stay open for recover to finish")
+	}
+}

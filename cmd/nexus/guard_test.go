@@ -341,3 +341,28 @@ func waitFor(t *testing.T, cond func() bool) {
 	}
 	t.Fatal("condition not reached within 60 s")
 }
+
+// Ctrl-C during a teardown (stop, rm) does not leave it half done: it has
+// nothing to undo, so it runs to its end and the journal matches the disk
+// (found by the concurrent harness: a stop closed after its VMM was gone
+// left the API socket owned but deleted).
+func TestInterruptedTeardownFinishes(t *testing.T) {
+	for _, c := range []struct{ at, cmd string }{{"stop.vmm-stop", "stop"}, {"rm.supervisor-stop", "rm"}} {
+		t.Run(c.cmd, func(t *testing.T) {
+			root := shortRoot(t)
+			sb := createJSON(t, root, "--image", makeImage(t))
+			p := pauseAt(t, root, c.at, c.cmd, sb.ID)
+			if code := p.resume(t, syscall.SIGINT); code != 0 {
+				t.Fatalf("interrupted %s exit %d, want it finished (stderr %q)", c.cmd, code, p.stderr)
+			}
+			journalMatchesDisk(t, root)
+			if c.cmd == "stop" {
+				if cur := listed(t, root, sb.ID); cur == nil || cur.State != projections.StateStopped {
+					t.Fatalf("after an interrupted stop: %+v", cur)
+				}
+			} else if listed(t, root, sb.ID) != nil {
+				t.Fatal("an interrupted rm left the sandbox listed")
+			}
+		})
+	}
+}

@@ -15,6 +15,8 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -62,7 +64,11 @@ func exitCode(err error) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(err.Error()))
+	msg := err.Error()
+	if ce := (*journal.CorruptError)(nil); errors.As(err, &ce) {
+		msg += "; if only the end of the last block is torn, `nexus journal repair --backup DIR` copies the store aside and cuts it"
+	}
+	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(msg))
 	if errors.Is(err, errInterrupted) || interrupted.Load() {
 		return 130
 	}
@@ -105,7 +111,7 @@ func newRoot() *cobra.Command {
 		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g),
 	)
 	return root
 }

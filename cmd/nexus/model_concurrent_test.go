@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,7 +32,7 @@ import (
 // replays one run.
 func TestModelConcurrentLifecycles(t *testing.T) {
 	runs, rounds := envInt("NEXUS_MODEL_CONC_RUNS", 2), envInt("NEXUS_MODEL_ROUNDS", 4)
-	seed := uint64(envInt("NEXUS_MODEL_SEED", 0))
+	seed := envSeed()
 	image := makeImage(t)
 	for i := range runs {
 		s := seed + uint64(i)
@@ -58,6 +59,12 @@ func TestModelConcurrentLifecycles(t *testing.T) {
 			m.teardown()
 		})
 	}
+}
+
+// envSeed is NEXUS_MODEL_SEED as the full uint64 the harness prints.
+func envSeed() uint64 {
+	s, _ := strconv.ParseUint(os.Getenv("NEXUS_MODEL_SEED"), 10, 64)
+	return s
 }
 
 // concurrentRound runs one round and returns the daemon serving the root
@@ -139,7 +146,8 @@ func (m *modelRun) concurrentRound(d *daemon) *daemon {
 		d.cmd.Wait()
 		d = startDaemon(t, m.root)
 	}
-	m.run("recover")
+	m.log = append(m.log, "nexus recover")
+	mustOK(t, proc(t, m.root, "recover"), "recover after the round")
 	return d
 }
 

@@ -53,7 +53,7 @@ type modelRun struct {
 // NEXUS_MODEL_SEED replays one failing sequence.
 func TestModelRandomLifecycles(t *testing.T) {
 	runs, ops := envInt("NEXUS_MODEL_RUNS", 3), envInt("NEXUS_MODEL_OPS", 10)
-	seed := uint64(envInt("NEXUS_MODEL_SEED", 0))
+	seed := envSeed()
 	image := makeImage(t)
 	total := 0
 	for i := range runs {

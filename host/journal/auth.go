@@ -16,6 +16,9 @@ import (
 // a TCP listener never exposes it.
 const internalUser = "nexus"
 
+// maxStore is JetStream's store limit: never the binding one (Space is).
+const maxStore = 1 << 50
+
 func randomSecret() (string, error) {
 	b := make([]byte, 24)
 	if _, err := rand.Read(b); err != nil {
@@ -35,9 +38,14 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		// Every append is fsynced before it is acknowledged; the default
 		// (a two-minute sync interval) can lose acknowledged events on power loss.
 		SyncAlways: true,
-		DontListen: opts.Listen == "",
-		NoLog:      true,
-		NoSigs:     true,
+		// A fixed limit: left unset, the server caps the store at 75% of
+		// the space free when it starts, and a journal that outgrows that
+		// cap is refused ("insufficient resources") until a restart, even
+		// once space is freed. Free space is the journal's own check.
+		JetStreamMaxStore: maxStore,
+		DontListen:        opts.Listen == "",
+		NoLog:             true,
+		NoSigs:            true,
 		Users: []*server.User{{
 			Username:               internalUser,
 			Password:               internalPass,

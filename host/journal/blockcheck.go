@@ -126,11 +126,21 @@ func parseIndex(name, suffix string) (uint32, bool) {
 	return uint32(n), true
 }
 
-func verifyBlock(path string, index uint32, stream string, buf []byte) error {
+// blockHash is the per-block checksum the filestore keys with
+// sha256("<stream>-<index>").
+func blockHash(index uint32, stream string) (*highwayhash.Digest64, error) {
 	key := sha256.Sum256(fmt.Appendf(nil, "%s-%d", stream, index))
 	hh, err := highwayhash.NewDigest64(key[:])
 	if err != nil {
-		return fmt.Errorf("journal: block hash for %s: %w", path, err)
+		return nil, fmt.Errorf("journal: block hash for %s block %d: %w", stream, index, err)
+	}
+	return hh, nil
+}
+
+func verifyBlock(path string, index uint32, stream string, buf []byte) error {
+	hh, err := blockHash(index, stream)
+	if err != nil {
+		return err
 	}
 	cerr := verifyRecords(path, buf, hh)
 	if cerr == nil {
@@ -150,57 +160,63 @@ func verifyBlock(path string, index uint32, stream string, buf []byte) error {
 // Tombstone (tbit) and erased (ebit) records carry the same header and checksum
 // as live ones, so the sequence flags need no special case here.
 func verifyRecords(path string, buf []byte, hh *highwayhash.Digest64) *CorruptError {
-	le := binary.LittleEndian
-	var sum [highwayhash.Size64]byte
 	off := 0
-	bad := func(format string, args ...any) *CorruptError {
-		return &CorruptError{File: path, Offset: int64(off), Reason: fmt.Sprintf(format, args...)}
-	}
 	for off < len(buf) {
-		left := len(buf) - off
-		if left < recordHeaderLen {
-			return bad("record overruns end of file (%d trailing bytes, header needs %d)", left, recordHeaderLen)
+		rl, reason := checkRecord(buf, off, hh)
+		if reason != "" {
+			return &CorruptError{File: path, Offset: int64(off), Reason: reason}
 		}
-		hdr := buf[off : off+recordHeaderLen]
-		rl := le.Uint32(hdr[0:4])
-		hasHeaders := rl&headersBit != 0
-		rl &^= headersBit
-		slen := int(le.Uint16(hdr[20:22]))
-		// Everything before the hashed payload: the subject and, for records with
-		// headers, the 4-byte header length the checksum skips.
-		prefix := slen
-		if hasHeaders {
-			prefix += hdrLenFieldLen
-		}
-
-		switch {
-		case rl > maxRecordLen:
-			return bad("record length %d exceeds the %d byte limit", rl, maxRecordLen)
-		case int(rl) < minRecordLen || prefix > int(rl)-minRecordLen:
-			// Also what stops a zero-filled tail from looping forever on rl == 0.
-			return bad("record header fails sanity check (length %d, subject length %d)", rl, slen)
-		case int(rl) > left:
-			return bad("record overruns end of file (length %d, %d bytes left)", rl, left)
-		}
-
-		rec := buf[off : off+int(rl)]
-		body := rec[recordHeaderLen : len(rec)-recordHashLen]
-		hh.Reset()
-		hh.Write(hdr[4:20])
-		hh.Write(body[:slen])
-		hh.Write(body[prefix:])
-		if !bytes.Equal(hh.Sum(sum[:0]), rec[len(rec)-recordHashLen:]) {
-			return bad("checksum mismatch")
-		}
-		// The header length sits outside the checksum, yet the server's read path
-		// rejects a message whose headers would run past the record.
-		if hasHeaders {
-			hl := le.Uint32(body[slen:])
-			if uint64(hl) > uint64(len(body)-prefix) {
-				return bad("header length %d overruns record (%d bytes available)", hl, len(body)-prefix)
-			}
-		}
-		off += int(rl)
+		off += rl
 	}
 	return nil
+}
+
+// checkRecord checks the record at off: its length, or why it is bad.
+func checkRecord(buf []byte, off int, hh *highwayhash.Digest64) (int, string) {
+	le := binary.LittleEndian
+	var sum [highwayhash.Size64]byte
+	left := len(buf) - off
+	if left < recordHeaderLen {
+		return 0, fmt.Sprintf("record overruns end of file (%d trailing bytes, header needs %d)", left, recordHeaderLen)
+	}
+	hdr := buf[off : off+recordHeaderLen]
+	rl := le.Uint32(hdr[0:4])
+	hasHeaders := rl&headersBit != 0
+	rl &^= headersBit
+	slen := int(le.Uint16(hdr[20:22]))
+	// Everything before the hashed payload: the subject and, for records with
+	// headers, the 4-byte header length the checksum skips.
+	prefix := slen
+	if hasHeaders {
+		prefix += hdrLenFieldLen
+	}
+
+	switch {
+	case rl > maxRecordLen:
+		return 0, fmt.Sprintf("record length %d exceeds the %d byte limit", rl, maxRecordLen)
+	case int(rl) < minRecordLen || prefix > int(rl)-minRecordLen:
+		// Also what stops a zero-filled tail from looping forever on rl == 0.
+		return 0, fmt.Sprintf("record header fails sanity check (length %d, subject length %d)", rl, slen)
+	case int(rl) > left:
+		return 0, fmt.Sprintf("record overruns end of file (length %d, %d bytes left)", rl, left)
+	}
+
+	rec := buf[off : off+int(rl)]
+	body := rec[recordHeaderLen : len(rec)-recordHashLen]
+	hh.Reset()
+	hh.Write(hdr[4:20])
+	hh.Write(body[:slen])
+	hh.Write(body[prefix:])
+	if !bytes.Equal(hh.Sum(sum[:0]), rec[len(rec)-recordHashLen:]) {
+		return 0, "checksum mismatch"
+	}
+	// The header length sits outside the checksum, yet the server's read path
+	// rejects a message whose headers would run past the record.
+	if hasHeaders {
+		hl := le.Uint32(body[slen:])
+		if uint64(hl) > uint64(len(body)-prefix) {
+			return 0, fmt.Sprintf("header length %d overruns record (%d bytes available)", hl, len(body)-prefix)
+		}
+	}
+	return int(rl), ""
 }

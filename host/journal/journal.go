@@ -59,6 +59,9 @@ type Options struct {
 	Subscriber *Credentials
 	// Mirror, if set, replicates the journal to a fleet's JetStream.
 	Mirror *Mirror
+	// Space is the free-space policy of appends; nil means DefaultSpace
+	// of the filesystem holding Dir.
+	Space *Space
 }
 
 // Credentials name a NATS user. PasswordHash is a bcrypt hash; the server
@@ -70,12 +73,24 @@ type Credentials struct {
 
 // Journal is an open, exclusively owned journal.
 type Journal struct {
-	dir    string
-	lease  *lease.Lease
-	srv    *server.Server
-	nc     *nats.Conn
-	js     jetstream.JetStream
+	dir   string
+	lease *lease.Lease
+	srv   *server.Server
+	nc    *nats.Conn
+	js    jetstream.JetStream
+	space Space
+
+	smu    sync.RWMutex // guards stream, replaced when the store is reopened
 	stream jetstream.Stream
+
+	// wmu serialises appends with reopening the store. broken is why the
+	// store stopped taking writes ("" while it takes them); the next append
+	// reopens it. jsConfig is JetStream's configuration as the server
+	// computed it at start, for reopening.
+	wmu      sync.Mutex
+	broken   string
+	reopened int
+	jsConfig server.JetStreamConfig
 
 	mirrorStop context.CancelFunc
 	mirrorMu   sync.Mutex
@@ -111,6 +126,11 @@ func Open(ctx context.Context, opts Options) (*Journal, error) {
 		return nil, fmt.Errorf("journal %s: %w", dir, err)
 	}
 	j := &Journal{dir: dir, lease: l}
+	if opts.Space != nil {
+		j.space = *opts.Space
+	} else if size, err := fsSize(dir); err == nil {
+		j.space = DefaultSpace(size)
+	}
 	if err := j.start(ctx, opts); err != nil {
 		j.Close()
 		return nil, err
@@ -143,6 +163,11 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	srv.Start()
 	if !srv.ReadyForConnections(30 * time.Second) {
 		return fmt.Errorf("journal: embedded NATS server did not become ready")
+	}
+	if c := srv.JetStreamConfig(); c != nil {
+		j.jsConfig = *c
+		// EnableJetStream appends "jetstream" to the directory it is given.
+		j.jsConfig.StoreDir = filepath.Dir(c.StoreDir)
 	}
 	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.UserInfo(internalUser, internalPass),
 		nats.Name("nexus"), nats.MaxReconnects(-1))
@@ -260,6 +285,9 @@ type Message struct {
 	// ExpectLastSeq, if set, makes the append fail with ErrConflict unless
 	// the stream's last sequence is exactly *ExpectLastSeq.
 	ExpectLastSeq *uint64
+	// Reserve admits the append into the space reserve (down to
+	// Space.Floor): it records an operation that frees space.
+	Reserve bool
 	// ExpectSubjects, with ExpectSubjectSeq, makes the journal itself
 	// refuse the append (ErrStaleSubject) unless the last record on any
 	// subject matching this filter is at ExpectSubjectSeq (0: none yet).
@@ -285,6 +313,16 @@ type Ack struct {
 func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 	if m.ID == "" {
 		return Ack{}, errors.New("journal append: message id is required")
+	}
+	j.wmu.Lock()
+	defer j.wmu.Unlock()
+	if err := j.checkSpace(m.Reserve); err != nil {
+		return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, err)
+	}
+	if j.broken != "" {
+		if err := j.reopenStore(ctx); err != nil {
+			return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, err)
+		}
 	}
 	popts := []jetstream.PublishOpt{jetstream.WithMsgID(m.ID), jetstream.WithExpectStream(StreamName)}
 	if m.ExpectLastSeq != nil {
@@ -321,7 +359,7 @@ func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 		}
 		return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, ErrConflict)
 	}
-	return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, err)
+	return Ack{}, j.failedAppend(m.ID, err)
 }
 
 // findMsgID looks for id among records from seq on: the tail written since
@@ -350,7 +388,7 @@ const expectedLastSubjSeqSubjHeader = "Nats-Expected-Last-Subject-Sequence-Subje
 
 // LastSeq is the sequence of the newest record (0 for an empty journal).
 func (j *Journal) LastSeq(ctx context.Context) (uint64, error) {
-	info, err := j.stream.Info(ctx)
+	info, err := j.currentStream().Info(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("journal: %w", err)
 	}
@@ -359,7 +397,7 @@ func (j *Journal) LastSeq(ctx context.Context) (uint64, error) {
 
 // Get returns the record at seq.
 func (j *Journal) Get(ctx context.Context, seq uint64) (Record, error) {
-	m, err := j.stream.GetMsg(ctx, seq)
+	m, err := j.currentStream().GetMsg(ctx, seq)
 	if err != nil {
 		return Record{}, fmt.Errorf("journal: get %d: %w", seq, err)
 	}
@@ -380,7 +418,13 @@ func (j *Journal) Follow(ctx context.Context, from uint64, filter string, fn fun
 }
 
 func (j *Journal) consume(ctx context.Context, from uint64, filter string, follow bool, fn func(Record) error) error {
-	return consume(ctx, j.stream, from, filter, follow, fn)
+	return consume(ctx, j.currentStream(), from, filter, follow, fn)
+}
+
+func (j *Journal) currentStream() jetstream.Stream {
+	j.smu.RLock()
+	defer j.smu.RUnlock()
+	return j.stream
 }
 
 func consume(ctx context.Context, stream jetstream.Stream, from uint64, filter string, follow bool, fn func(Record) error) error {

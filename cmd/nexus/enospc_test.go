@@ -1,0 +1,102 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/host/smallfs"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// TestFullDisk fills the real filesystem under a state root, with a daemon
+// and without: writes are refused with one line naming the filesystem,
+// reads keep being answered, rm and reap still work (they free space), and
+// once space is freed writes work again, through the same daemon process.
+func TestFullDisk(t *testing.T) {
+	t.Run("daemon", func(t *testing.T) { fullDisk(t, true) })
+	t.Run("local", func(t *testing.T) { fullDisk(t, false) })
+}
+
+func fullDisk(t *testing.T, withDaemon bool) {
+	mnt := smallfs.Mount(t, 256<<20) // reserve 16 MiB, floor 2 MiB
+	root := filepath.Join(mnt, "root")
+	image := makeImage(t)
+	var d *daemon
+	if withDaemon {
+		d = startDaemon(t, root)
+	}
+	a := createJSON(t, root, "--image", image)
+	b := createJSON(t, root, "--image", image)
+	eventsBefore := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n")
+
+	filler := smallfs.Fill(t, mnt, 8<<20)
+	defer os.Remove(filler)
+	wantFailure(t, proc(t, root, "stop", a.ID), 1, "no space left on the filesystem mounted at "+mnt+" ")
+	wantFailure(t, proc(t, root, "create", "--image", image, "--force"), 1, "no space left on the filesystem mounted at "+mnt+" ")
+
+	// Reads (through the daemon that refused the writes, if one runs).
+	list := sandboxes(t, root)
+	if len(list) != 2 {
+		t.Fatalf("ls on a full disk lists %d sandboxes, want 2", len(list))
+	}
+	var sb projections.Sandbox
+	if err := json.Unmarshal([]byte(mustOK(t, nexus(t, root, "inspect", a.ID, "--json"), "inspect").stdout), &sb); err != nil || sb.State != projections.StateRunning {
+		t.Fatalf("inspect on a full disk: %+v, %v", sb, err)
+	}
+	if n := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n"); n != eventsBefore {
+		t.Fatalf("events on a full disk: %d lines, want the %d from before the refusals", n, eventsBefore)
+	}
+
+	// rm frees space on the nearly full disk.
+	freeBefore := smallfs.Free(t, mnt)
+	mustOK(t, proc(t, root, "rm", b.ID), "rm on a nearly full disk")
+	if freeAfter := smallfs.Free(t, mnt); freeAfter <= freeBefore {
+		t.Fatalf("rm freed nothing: %d bytes free before, %d after", freeBefore, freeAfter)
+	}
+	for _, r := range b.Resources {
+		if p := filepath.Join(root, r.Path); exists(p) {
+			t.Fatalf("rm left %s", p)
+		}
+	}
+	// So does reap --apply.
+	filler2 := smallfs.Fill(t, mnt, 8<<20)
+	defer os.Remove(filler2)
+	_, planted := orphansOf(t, root)
+	var plan struct {
+		Plan string `json:"plan"`
+	}
+	json.Unmarshal([]byte(mustOK(t, nexus(t, root, "reap", "--json"), "reap dry run on a nearly full disk").stdout), &plan)
+	rr := mustOK(t, nexus(t, root, "reap", "--apply", "--plan", plan.Plan), "reap --apply --plan on a nearly full disk")
+	for _, p := range planted {
+		if exists(p) {
+			t.Fatalf("reap --apply left %s:\n%s", p, rr.stdout)
+		}
+	}
+	// Below the floor nothing is admitted, not even rm.
+	filler3 := smallfs.Fill(t, mnt, 1<<20)
+	defer os.Remove(filler3)
+	wantFailure(t, proc(t, root, "rm", a.ID), 1, "even rm, reap and recover need")
+
+	// Space freed: the same daemon takes writes again.
+	for _, f := range []string{filler, filler2, filler3} {
+		os.Remove(f)
+	}
+	mustOK(t, proc(t, root, "stop", a.ID), "stop after space was freed")
+	c := createJSON(t, root, "--image", image)
+	if d != nil {
+		st, err := control.NewClient(filepath.Join(root, control.SocketName)).Status(context.Background())
+		if err != nil || st.Pid != d.cmd.Process.Pid {
+			t.Fatalf("the daemon answering is %+v (%v), want the one started before the disk filled (pid %d)", st, err, d.cmd.Process.Pid)
+		}
+	}
+	mustOK(t, proc(t, root, "rm", a.ID), "rm")
+	mustOK(t, proc(t, root, "rm", c.ID), "rm")
+	if out := mustOK(t, nexus(t, root, "replay", "verify"), "replay verify").stdout; !strings.Contains(out, "unfinished sagas: 0") {
+		t.Fatalf("replay verify: %s", out)
+	}
+}

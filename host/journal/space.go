@@ -1,0 +1,216 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/sys/unix"
+)
+
+// ErrNoSpace means an append was refused, or failed, because the
+// filesystem holding the journal is full or nearly so. Reads still work;
+// appends work again as soon as space is freed, without a restart.
+var ErrNoSpace = errors.New("no space left")
+
+// Space is the free-space policy of appends. nats-server disables a
+// stream's writes for good after one failed block write (the filestore's
+// and the stream's write error are sticky, and a publish that hits it gets
+// no answer at all), so the journal refuses early, while the filesystem
+// still has room, instead of letting the store run into ENOSPC.
+type Space struct {
+	// Reserve: an append that does not free space (Message.Reserve unset)
+	// is refused while less than this many bytes are free.
+	Reserve int64
+	// Floor: every append is refused while less than this many bytes are
+	// free. Between Floor and Reserve only the events of operations that
+	// free space (rm, reap, recover, compensations) are admitted.
+	Floor int64
+}
+
+// DefaultSpace is the policy Open applies when Options.Space is nil, for
+// a filesystem of size bytes: a sixteenth of it, at most 64 MiB, kept free
+// of everything but freeing operations, and an eighth of that kept free of
+// every append (room for a removal's dozen events and the projections'
+// snapshots).
+func DefaultSpace(size int64) Space {
+	reserve := min(size/16, 64<<20)
+	return Space{Reserve: reserve, Floor: reserve / 8}
+}
+
+// SpaceError names the full filesystem. It wraps ErrNoSpace.
+type SpaceError struct {
+	Mount string // mount point of the filesystem holding Path
+	Path  string // the journal directory
+	Free  int64  // bytes free to unprivileged writers when it was checked
+	Need  int64  // bytes the refused append needed free (0: the store hit ENOSPC)
+	Floor int64  // what appends of operations that free space need
+	Cause string // the store's write error, when the filesystem already ran out
+}
+
+func (e *SpaceError) Error() string {
+	where := fmt.Sprintf("no space left on the filesystem mounted at %s (holding %s)", e.Mount, e.Path)
+	switch {
+	case e.Cause != "":
+		return fmt.Sprintf("%s: the store failed to write (%s); free space there, the next append reopens the store", where, e.Cause)
+	case e.Need > e.Floor:
+		return fmt.Sprintf("%s: %s free, appends need %s; free space there (rm, reap and recover still work down to %s)",
+			where, human(e.Free), human(e.Need), human(e.Floor))
+	}
+	return fmt.Sprintf("%s: %s free, even rm, reap and recover need %s; free space there", where, human(e.Free), human(e.Need))
+}
+
+func (e *SpaceError) Unwrap() error { return ErrNoSpace }
+
+// checkSpace refuses an append that would eat into the space the policy
+// keeps free; reserve admits it down to the floor.
+func (j *Journal) checkSpace(reserve bool) error {
+	need := j.space.Reserve
+	if reserve {
+		need = j.space.Floor
+	}
+	if need <= 0 {
+		return nil
+	}
+	free, err := freeBytes(j.dir)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	if free >= need {
+		return nil
+	}
+	return &SpaceError{Mount: mountPoint(j.dir), Path: j.dir, Free: free, Need: need, Floor: j.space.Floor}
+}
+
+// storeFailure reports why JetStream no longer takes writes, or "" if it
+// does: JetStream shut down, or the stream holding a write error.
+func (j *Journal) storeFailure() string {
+	if !j.srv.JetStreamEnabled() {
+		return "JetStream is disabled"
+	}
+	h := j.srv.Healthz(&server.HealthzOptions{Account: account, Stream: StreamName})
+	if h == nil || h.Error == "" {
+		return ""
+	}
+	return h.Error
+}
+
+// failedAppend turns a publish that failed on a broken store into an
+// error naming the cause, and marks the store for reopening.
+func (j *Journal) failedAppend(id string, err error) error {
+	cause := j.storeFailure()
+	if cause == "" {
+		return fmt.Errorf("journal append %s: %w", id, err)
+	}
+	j.broken = cause
+	if strings.Contains(cause, "no space left") {
+		free, _ := freeBytes(j.dir)
+		return fmt.Errorf("journal append %s: %w", id, &SpaceError{Mount: mountPoint(j.dir), Path: j.dir, Free: free, Cause: lastClause(cause)})
+	}
+	return fmt.Errorf("journal append %s: the store stopped taking writes (%s); the next append reopens it", id, cause)
+}
+
+// reopenStore restarts JetStream inside the running server, which drops
+// the stream's sticky write error: a fresh filestore loads the blocks from
+// disk (the server truncated the record it failed to write). The blocks
+// are verified first, as Open does; a damaged one keeps the store shut.
+func (j *Journal) reopenStore(ctx context.Context) error {
+	if err := j.srv.ShutdownJetStream(); err != nil {
+		return fmt.Errorf("journal: stop the failed store: %w", err)
+	}
+	if err := VerifyStreamBlocks(j.msgsDir(), StreamName); err != nil {
+		j.broken = err.Error()
+		return fmt.Errorf("journal: reopen after a failed write: %w", err)
+	}
+	cfg := j.jsConfig
+	if err := j.srv.EnableJetStream(&cfg); err != nil {
+		return fmt.Errorf("journal: reopen after a failed write: %w", err)
+	}
+	stream, err := j.js.CreateOrUpdateStream(ctx, streamConfig())
+	if err != nil {
+		return fmt.Errorf("journal: reopen stream %s: %w", StreamName, err)
+	}
+	j.smu.Lock()
+	j.stream = stream
+	j.smu.Unlock()
+	j.broken = ""
+	j.reopened++
+	return nil
+}
+
+func (j *Journal) msgsDir() string {
+	return filepath.Join(j.dir, "jetstream", account, "streams", StreamName, "msgs")
+}
+
+func lastClause(s string) string {
+	if i := strings.LastIndex(s, ": "); i >= 0 && strings.Contains(s[i:], "no space left") {
+		// "...write error: write <path>: no space left on device" keeps the path.
+		if k := strings.LastIndex(s[:i], "write error: "); k >= 0 {
+			return s[k+len("write error: "):]
+		}
+	}
+	return s
+}
+
+// fsSize is the size of the filesystem holding dir.
+func fsSize(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	unit := st.Frsize
+	if unit == 0 {
+		unit = st.Bsize
+	}
+	return int64(st.Blocks) * unit, nil
+}
+
+// freeBytes is the space available to unprivileged writers on the
+// filesystem holding dir (root may dip into ext4's reserved blocks, but
+// nexus does not count on them).
+func freeBytes(dir string) (int64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	unit := st.Frsize
+	if unit == 0 {
+		unit = st.Bsize
+	}
+	return int64(st.Bavail) * unit, nil
+}
+
+// mountPoint is the top directory of the filesystem holding dir: walk up
+// while the parent is on the same device.
+func mountPoint(dir string) string {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return dir
+	}
+	cur := dir
+	for cur != "/" {
+		parent := filepath.Dir(cur)
+		var pst unix.Stat_t
+		if err := unix.Stat(parent, &pst); err != nil || pst.Dev != st.Dev {
+			break
+		}
+		cur = parent
+	}
+	return cur
+}
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
