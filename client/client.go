@@ -27,6 +27,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/ledger"
 )
@@ -247,12 +248,17 @@ func (c *Client) spawnWatchdog() error {
 		return fmt.Errorf("client: watchdog pipe: %w", err)
 	}
 	defer r.Close()
-	logDir := filepath.Join(c.opts.StateDir, "logs")
-	if err := os.MkdirAll(logDir, 0o700); err != nil {
+	// logs/ and the log are nexus's own: opened through fsx, so a link
+	// planted there is refused rather than followed out of the root.
+	if err := os.MkdirAll(c.opts.StateDir, 0o700); err != nil {
 		w.Close()
 		return err
 	}
-	logf, err := os.OpenFile(filepath.Join(logDir, "run-"+c.opts.RunID+".watchdog.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err := fsx.MkdirAll(c.opts.StateDir, "logs", 0o700); err != nil {
+		w.Close()
+		return err
+	}
+	logf, err := fsx.OpenFile(c.opts.StateDir, filepath.Join("logs", "run-"+c.opts.RunID+".watchdog.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		w.Close()
 		return err

@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
-	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -148,7 +148,7 @@ func checkListen(addr string, allowRemote bool) error {
 
 func loadOrCreateSubscriber(root string) (*SubscriberCredentials, error) {
 	path := filepath.Join(root, SubscriberFile)
-	data, err := os.ReadFile(path)
+	data, err := fsx.ReadFile(root, SubscriberFile)
 	if err == nil {
 		var c SubscriberCredentials
 		if err := json.Unmarshal(data, &c); err != nil || c.User == "" || c.Password == "" {
@@ -172,5 +172,5 @@ func writeSubscriber(root string, c *SubscriberCredentials) error {
 	if err != nil {
 		return err
 	}
-	return durable.WriteFile(filepath.Join(root, SubscriberFile), append(data, '\n'), 0o600)
+	return fsx.WriteFile(root, SubscriberFile, append(data, '\n'), 0o600)
 }

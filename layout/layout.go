@@ -58,8 +58,36 @@ func (r Root) SupervisorLog(id string) string { return r.join("logs", id+".super
 // writes; kept with the other logs.
 func (r Root) ConsoleLog(id string) string { return r.join("logs", id+".console.log") }
 
-// SafeHandle is a handle usable in a file name: "/" becomes "_".
-func SafeHandle(handle string) string { return strings.ReplaceAll(handle, "/", "_") }
+// SafeHandle is a handle usable in a file name: "/" becomes "_" (SPEC.md)
+// and "_" itself becomes "+", a character no handle may contain, so the
+// mapping is injective: "a/b" is "a_b" and "a_b" is "a+b". A one-character
+// escape keeps the longest handle's names within NAME_MAX, which "%5F"
+// would not. HandleOf reverses it.
+func SafeHandle(handle string) string { return safeHandle.Replace(handle) }
+
+var (
+	safeHandle   = strings.NewReplacer("_", "+", "/", "_")
+	unsafeHandle = strings.NewReplacer("+", "_", "_", "/")
+)
+
+// HandleOf parses a safe handle found in a file name back into the handle
+// it was made from. ok is false for a name with a character outside the
+// safe alphabet [A-Za-z0-9.+_-], or empty; lifecycle's other handle rules
+// (first character, no "..") are not rechecked here.
+func HandleOf(safe string) (handle string, ok bool) {
+	if safe == "" {
+		return "", false
+	}
+	for _, c := range safe {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9',
+			c == '.', c == '+', c == '_', c == '-':
+		default:
+			return "", false
+		}
+	}
+	return unsafeHandle.Replace(safe), true
+}
 
 func (r Root) ShadowDisk(handle, name string) string {
 	return r.join("disks", SafeHandle(handle)+".shadow."+name+".ext4")

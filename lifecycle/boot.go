@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -195,7 +194,10 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if err != nil {
 				return nil, err
 			}
-			vm, err = proc.SpawnDetached(m.Driver.vmmArgv(api), os.Environ(), m.Root.VMMLog(id))
+			if err := m.checkDisks(m.vmDisks(ctx, sb)); err != nil {
+				return nil, err
+			}
+			vm, err = m.spawnLogged(m.Driver.vmmArgv(api), m.Root.VMMLog(id))
 			if err != nil {
 				return nil, fmt.Errorf("spawn VMM: %w", err)
 			}
@@ -227,7 +229,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			sockets := []events.Resource{m.res(events.KindAPISocket, api), m.res(events.KindVsockSocket, vsock), m.res(events.KindIIDSocket, iid)}
 			// CH v53+ locks <api>.lock before it binds the socket, so the
 			// file exists by now if this VMM makes one; it outlives the VMM.
-			if fi, err := os.Lstat(m.Root.APISocketLock(id)); err == nil && fi.Mode().IsRegular() {
+			if fi, err := fsx.Stat(string(m.Root), m.Root.APISocketLock(id)); err == nil && fi.Mode().IsRegular() {
 				sockets = append(sockets, m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)))
 			}
 			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
@@ -263,7 +265,7 @@ func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Dis
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
 	stateDir := m.Root.SupervisorDir(id)
 	argv := []string{m.Driver.Exe, "supervisor", "--sandbox", id, "--state-dir", stateDir, "--iid-socket", m.Root.IIDSocket(id)}
-	who, err := proc.SpawnDetached(argv, os.Environ(), m.Root.SupervisorLog(id))
+	who, err := m.spawnLogged(argv, m.Root.SupervisorLog(id))
 	if err != nil {
 		return who, fmt.Errorf("spawn supervisor: %w", err)
 	}

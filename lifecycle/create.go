@@ -166,6 +166,9 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if len(spec.Shadows) > 0 && spec.Handle == "" {
 		return refuse("--shadow needs --handle: shadow disks are keyed by the sandbox handle")
 	}
+	if err := m.refuseHandleCollision(ctx, spec); err != nil {
+		return plan, err
+	}
 	seen := map[string]bool{}
 	var need int64
 	for _, sh := range spec.Shadows {
@@ -372,12 +375,23 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan) 
 	return append(steps, m.supervisorStateStep(id, ""), m.recordDirStep(id))
 }
 
-// diskStep materialises one disk; its undo deletes it.
+// diskStep materialises one disk; its undo deletes it, but only if this
+// step created it (issue 15, item 5): a path that was there before, or
+// that make found there (it creates dst with O_EXCL: disk.Clone,
+// disk.MakeExt4, so fs.ErrExist means someone else's file), is left alone.
 func (m *Manager) diskStep(name string, r events.Resource, make func(dst string) (disk.Method, error)) sagas.Step {
+	made := false
 	return sagas.Step{
 		Name: name,
 		Do: func(context.Context) ([]events.Payload, error) {
+			switch there, err := fsx.Lexists(string(m.Root), r.Path); {
+			case err != nil:
+				return nil, err
+			case there:
+				return nil, fmt.Errorf("%s exists and is not this saga's (run `nexus reap` to see whose it is): %w", m.Root.Abs(r.Path), fs.ErrExist)
+			}
 			method, err := make(m.Root.Abs(r.Path))
+			made = !errors.Is(err, fs.ErrExist)
 			if err != nil {
 				return nil, err
 			}
@@ -387,7 +401,12 @@ func (m *Manager) diskStep(name string, r events.Resource, make func(dst string)
 			}
 			return sagas.One(events.DiskMaterialisedEvent{Resource: r, Method: string(method), AllocatedBytes: size.Allocated, ApparentBytes: size.Apparent}), nil
 		},
-		Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+		Undo: func(context.Context) ([]events.Payload, error) {
+			if !made {
+				return nil, nil
+			}
+			return m.reclaim(r, false, "compensation")
+		},
 	}
 }
 
@@ -401,6 +420,10 @@ func (m *Manager) supervisorStateStep(id, seedFrom string) sagas.Step {
 		Name: "supervisor-state",
 		Do: func(context.Context) ([]events.Payload, error) {
 			dir := m.Root.SupervisorDir(id)
+			// fsx first: supervisors/ or supervisors/<id> being a link is refused.
+			if err := fsx.MkdirAll(string(m.Root), dir, 0o700); err != nil {
+				return nil, err
+			}
 			if err := supervisor.EnsureStateDir(dir); err != nil {
 				return nil, err
 			}
@@ -427,7 +450,7 @@ func (m *Manager) recordDirStep(id string) sagas.Step {
 	return sagas.Step{
 		Name: "record-dir",
 		Do: func(context.Context) ([]events.Payload, error) {
-			if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			if err := fsx.Mkdir(string(m.Root), dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
 				return nil, err
 			}
 			return sagas.One(events.ResourceCreatedEvent{Resource: r}), nil

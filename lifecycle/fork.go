@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -14,7 +13,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
-	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -283,15 +282,17 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 	if err := m.preflightCopies(sources, 1, memory, false); err != nil {
 		return "", err
 	}
+	made := false // undo removes only a directory this capture made
 	step := sagas.Step{
 		Name: "capture",
 		Do: func(ctx context.Context) ([]events.Payload, error) {
-			if err := os.MkdirAll(m.Root.SnapshotsOf(sb.ID), 0o700); err != nil {
+			if err := fsx.MkdirAll(string(m.Root), m.Root.SnapshotsOf(sb.ID), 0o700); err != nil {
 				return nil, err
 			}
-			if err := os.Mkdir(dir, 0o700); err != nil {
+			if err := fsx.Mkdir(string(m.Root), dir, 0o700); err != nil {
 				return nil, err
 			}
+			made = true
 			resume, err := m.pauseIfRunning(ctx, sb)
 			if err != nil {
 				return nil, err
@@ -323,7 +324,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				man.Disks = append(man.Disks, manifestDisk{Kind: s.kind, File: file})
 			}
 			data, _ := json.MarshalIndent(man, "", "  ")
-			if err := durable.WriteFile(filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
+			if err := fsx.WriteFile(string(m.Root), filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
 				return nil, err
 			}
 			ps := []events.Payload{events.SnapshotTakenEvent{SnapshotID: snap, Dir: r, AllocatedBytes: allocated}}
@@ -333,6 +334,9 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			return ps, nil
 		},
 		Undo: func(context.Context) ([]events.Payload, error) {
+			if !made {
+				return nil, nil
+			}
 			ps, err := m.reclaim(r, false, "compensation")
 			if err != nil {
 				return ps, err
@@ -376,7 +380,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	defer c.release()
 	source = &c.sb
 	dir := m.Root.Snapshot(source.ID, strings.ToUpper(snap))
-	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	data, err := fsx.ReadFile(string(m.Root), filepath.Join(dir, "manifest.json"))
 	if err != nil {
 		return projections.Sandbox{}, fmt.Errorf("snapshot %s: %w", snap, err)
 	}
@@ -416,7 +420,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 		stage = &sagas.Step{
 			Name: "stage-restore",
 			Do: func(context.Context) ([]events.Payload, error) {
-				if err := stageRestore(dir, restoreFrom, stateFiles, edit); err != nil {
+				if err := stageRestore(string(m.Root), dir, restoreFrom, stateFiles, edit); err != nil {
 					return nil, err
 				}
 				return []events.Payload{

@@ -19,7 +19,6 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
-	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -137,8 +136,8 @@ func (m *Manager) writeRecord(ctx context.Context, id string) error {
 		return err
 	}
 	dir := filepath.Dir(m.Root.Record(id))
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := fsx.MkdirAll(string(m.Root), dir, 0o700); err != nil {
 		return err
 	}
-	return durable.WriteFile(m.Root.Record(id), append(data, '\n'), 0o600)
+	return fsx.WriteFile(string(m.Root), m.Root.Record(id), append(data, '\n'), 0o600)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/ext4"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -292,7 +293,7 @@ func (m *Manager) dropStaging(ctx context.Context, id string) ([]events.Payload,
 }
 
 func syncFile(path string) error {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	f, err := fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR, 0) // no link, no FIFO
 	if err != nil {
 		return err
 	}

@@ -244,6 +244,11 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 					ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntentCover", Message: fmt.Sprintf("%s covers %q, which is not a path of sandbox %s; kept", m.rel(ip), c, id)})
 					continue
 				}
+				if owner := m.ownerOf(ctx, c, id); owner != "" {
+					// Its saga did not make what another sandbox owns (item 5).
+					ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntentCover", Message: fmt.Sprintf("%s covers %q, which sandbox %s owns; kept", m.rel(ip), c, owner)})
+					continue
+				}
 				add(events.Resource{Kind: kindOfPath(c), Path: c})
 			}
 			if in.Handle != "" {
@@ -420,7 +425,7 @@ func waitGone(ctx context.Context, gone func() bool) error {
 }
 
 func (m *Manager) dropUnrecordedSnapshots(ctx context.Context, sb projections.Sandbox) ([]events.Payload, error) {
-	entries, err := os.ReadDir(m.Root.SnapshotsOf(sb.ID))
+	entries, err := m.readDir(m.Root.SnapshotsOf(sb.ID))
 	if err != nil {
 		return nil, nil
 	}
@@ -463,7 +468,7 @@ func (m *Manager) dropEmptySnapshotsDir(sb projections.Sandbox, by string) ([]ev
 // journal (a crash between publishing the marker and saga.started): their
 // lease is free, no sandbox exists, so what they cover is removed.
 func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
-	entries, err := os.ReadDir(m.Root.Disks())
+	entries, err := m.readDir(m.Root.Disks())
 	if err != nil {
 		return nil
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/nexus-sandbox/nexus/host/disk"
-	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 )
 
@@ -51,7 +51,7 @@ func vmStateFiles(dir string, man manifest) ([]string, error) {
 // the disk would hand the guest fresh devices under different ids.
 func (m *Manager) restoreEdit(dir string, man manifest, child string, copies []sourceDisk) (vmm.SnapshotEdit, error) {
 	snap := filepath.Base(dir)
-	cfg, err := os.ReadFile(filepath.Join(dir, vmm.SnapshotConfigFile))
+	cfg, err := fsx.ReadFile(string(m.Root), filepath.Join(dir, vmm.SnapshotConfigFile))
 	if err != nil {
 		return vmm.SnapshotEdit{}, err
 	}
@@ -87,8 +87,8 @@ func (m *Manager) restoreEdit(dir string, man manifest, child string, copies []s
 // stageRestore copies the VM state files of snapshot dir into stage,
 // config.json edited (generic JSON: only paths change), the others cloned
 // as they are (memory-ranges sparse or reflinked, as disk.Clone does).
-func stageRestore(dir, stage string, files []string, edit vmm.SnapshotEdit) error {
-	if err := os.MkdirAll(stage, 0o700); err != nil {
+func stageRestore(root, dir, stage string, files []string, edit vmm.SnapshotEdit) error {
+	if err := fsx.MkdirAll(root, stage, 0o700); err != nil {
 		return err
 	}
 	for _, name := range files {
@@ -99,7 +99,7 @@ func stageRestore(dir, stage string, files []string, edit vmm.SnapshotEdit) erro
 			}
 			continue
 		}
-		data, err := os.ReadFile(src)
+		data, err := fsx.ReadFile(root, src)
 		if err != nil {
 			return err
 		}
@@ -107,7 +107,7 @@ func stageRestore(dir, stage string, files []string, edit vmm.SnapshotEdit) erro
 		if err != nil {
 			return err
 		}
-		if err := durable.WriteFile(dst, out, 0o600); err != nil {
+		if err := fsx.WriteFile(root, dst, out, 0o600); err != nil {
 			return err
 		}
 	}

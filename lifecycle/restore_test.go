@@ -18,10 +18,11 @@ import (
 // hand-written fixture in CH's VmConfig shape, whose paths are under
 // /state), a state.json, a sparse memory-ranges and one file CH may add in
 // a later version; beside them nexus's manifest and disk copies.
-func chSnapshotDir(t *testing.T) (string, manifest) {
+func chSnapshotDir(t *testing.T, root string) (string, manifest) {
 	t.Helper()
 	const parent = "01PARENT0000000000000000AA"
-	dir := filepath.Join(t.TempDir(), "snap")
+	dir := filepath.Join(root, "snapshots", parent, "snap")
+	os.MkdirAll(filepath.Dir(dir), 0o700)
 	os.Mkdir(dir, 0o700)
 	cfg, err := os.ReadFile("../host/vmm/testdata/ch-snapshot-config.json")
 	if err != nil {
@@ -50,8 +51,9 @@ func chSnapshotDir(t *testing.T) (string, manifest) {
 }
 
 func TestRestoreStagesEveryFileCHWrote(t *testing.T) {
-	dir, man := chSnapshotDir(t)
-	m := &Manager{Root: layout.Root("/state")}
+	root := t.TempDir()
+	dir, man := chSnapshotDir(t, root)
+	m := &Manager{Root: layout.Root(root)}
 	const child = "01CHILD00000000000000000BB"
 	copies := []sourceDisk{{dst: m.Root.RawDisk(child)}, {dst: m.Root.WorkspaceDisk(child)}}
 
@@ -66,8 +68,8 @@ func TestRestoreStagesEveryFileCHWrote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stage := filepath.Join(t.TempDir(), "restore")
-	if err := stageRestore(dir, stage, files, edit); err != nil {
+	stage := filepath.Join(root, "snapshots", child, "restore")
+	if err := stageRestore(string(m.Root), dir, stage, files, edit); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"state.json", "memory-ranges", "future-ch-file"} {
@@ -78,8 +80,8 @@ func TestRestoreStagesEveryFileCHWrote(t *testing.T) {
 		}
 	}
 	cfg, _ := os.ReadFile(filepath.Join(stage, "config.json"))
-	for _, want := range []string{`"/state/disks/` + child + `.raw"`, `"/state/disks/` + child + `-workspace.ext4"`,
-		`"/state/run/sb-` + child + `.vsock"`, `"/state/logs/` + child + `.console.log"`, `"_disk0"`, `"_disk1"`, `"_vsock2"`, `"image_type":"Raw"`, `"num_queues":2`, `"src":"/dev/urandom"`, `"iommu_address_width_bits":48`} {
+	for _, want := range []string{`"` + root + `/disks/` + child + `.raw"`, `"` + root + `/disks/` + child + `-workspace.ext4"`,
+		`"` + root + `/run/sb-` + child + `.vsock"`, `"` + root + `/logs/` + child + `.console.log"`, `"_disk0"`, `"_disk1"`, `"_vsock2"`, `"image_type":"Raw"`, `"num_queues":2`, `"src":"/dev/urandom"`, `"iommu_address_width_bits":48`} {
 		if !strings.Contains(string(cfg), want) {
 			t.Fatalf("staged config.json lacks %s: %s", want, cfg)
 		}
@@ -90,25 +92,27 @@ func TestRestoreStagesEveryFileCHWrote(t *testing.T) {
 }
 
 func TestRestoreRefusesWhatCannotBeRestored(t *testing.T) {
-	m := &Manager{Root: layout.Root("/state")}
+	root := t.TempDir()
+	m := &Manager{Root: layout.Root(root)}
 	const child = "01CHILD00000000000000000BB"
 	copies := []sourceDisk{{dst: m.Root.RawDisk(child)}, {dst: m.Root.WorkspaceDisk(child)}}
 
 	// No memory-ranges (what a restore staged by config.json and state.json
 	// alone would give CH).
-	dir, man := chSnapshotDir(t)
+	dir, man := chSnapshotDir(t, root)
 	os.Remove(filepath.Join(dir, "memory-ranges"))
 	if _, err := vmStateFiles(dir, man); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "memory-ranges") {
 		t.Fatalf("without memory-ranges: %v", err)
 	}
 
 	// A volume disk in the saved VM: refused, naming it.
-	dir, man = chSnapshotDir(t)
+	dir, man = chSnapshotDir(t, t.TempDir())
+	m = &Manager{Root: layout.Root(filepath.Dir(filepath.Dir(filepath.Dir(dir))))}
 	cfg, _ := os.ReadFile(filepath.Join(dir, "config.json"))
 	var top map[string]any
 	json.Unmarshal(cfg, &top)
 	disks := top["disks"].([]any)
-	vol := map[string]any{"id": "_disk2", "path": "/state/volumes/data/disk.ext4", "readonly": false, "image_type": "Raw"}
+	vol := map[string]any{"id": "_disk2", "path": filepath.Join(string(m.Root), "volumes/data/disk.ext4"), "readonly": false, "image_type": "Raw"}
 	top["disks"] = append(disks, vol)
 	out, _ := json.Marshal(top)
 	os.WriteFile(filepath.Join(dir, "config.json"), out, 0o600)

@@ -12,7 +12,6 @@ import (
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
-	"github.com/nexus-sandbox/nexus/host/lease"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -62,18 +61,18 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, err
 	}
 	dir := m.Root.VolumeDir(name)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	if err := fsx.Mkdir(string(m.Root), dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return projections.Volume{}, fmt.Errorf("%w: %s exists but the journal has no volume %q; move it aside first", ErrRefused, dir, name)
 		}
 		return projections.Volume{}, err
 	}
-	dl, err := lease.TryAcquire(dir + "/.lock")
+	dl, err := m.volumeLock(name)
 	if err != nil {
 		return projections.Volume{}, err
 	}
 	defer dl.Release()
-	if err := os.Mkdir(dir+"/data", 0o700); err != nil {
+	if err := fsx.Mkdir(string(m.Root), dir+"/data", 0o700); err != nil {
 		return projections.Volume{}, err
 	}
 	if err := disk.MakeExt4(m.Root.VolumeDisk(name), size, ""); err != nil {
@@ -129,7 +128,7 @@ func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[st
 	if err := guard.DecideVolumeRemove(v, name, live); err != nil {
 		return fmt.Errorf("refused: %w", err)
 	}
-	dl, err := lease.TryAcquire(m.Root.VolumeDir(name) + "/.lock")
+	dl, err := m.volumeLock(name)
 	if err != nil {
 		return fmt.Errorf("%w: volume %q is in use: %v", ErrRefused, name, err)
 	}

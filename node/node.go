@@ -18,7 +18,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
-	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -137,6 +137,10 @@ func (n *Node) load(ctx context.Context) error {
 	restored := true
 	for _, v := range n.views {
 		snap, err := n.readSnapshot(ctx, v)
+		if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
+			// Not nexus's file: an operator must look at it, not a rebuild.
+			return fmt.Errorf("projections: %w", err)
+		}
 		if err != nil {
 			restored = false
 			break
@@ -199,7 +203,7 @@ func (n *Node) snapshotPath(v projections.Projection) string {
 }
 
 func (n *Node) readSnapshot(ctx context.Context, v projections.Projection) (projections.Snapshot, error) {
-	data, err := os.ReadFile(n.snapshotPath(v))
+	data, err := fsx.ReadFile(n.root, n.snapshotPath(v))
 	if err != nil {
 		return projections.Snapshot{}, err
 	}
@@ -226,8 +230,7 @@ func (n *Node) readSnapshot(ctx context.Context, v projections.Projection) (proj
 }
 
 func (n *Node) writeSnapshots() error {
-	dir := filepath.Join(n.root, "projections")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := fsx.MkdirAll(n.root, "projections", 0o700); err != nil {
 		return err
 	}
 	for _, v := range n.views {
@@ -235,7 +238,7 @@ func (n *Node) writeSnapshots() error {
 		if err != nil {
 			return err
 		}
-		if err := durable.WriteFile(n.snapshotPath(v), data, 0o600); err != nil {
+		if err := fsx.WriteFile(n.root, n.snapshotPath(v), data, 0o600); err != nil {
 			return err
 		}
 	}

@@ -96,6 +96,10 @@ func TestIdentifyNames(t *testing.T) {
 		{"disks", idA + ".create-intent.json", events.KindCreateIntent, idA, "", false, false},
 		{"disks", "." + idA + ".create-intent.json.stage-123", events.KindCreateIntent, idA, "", false, false},
 		{"disks", "team_web.shadow-intent.json", events.KindShadowIntent, "", "team_web", false, false},
+		{"disks", "team+web.shadow.cfg.ext4", events.KindShadowDisk, "", "team+web", false, false},
+		{"disks", "a.shadow.b.shadow.cfg.ext4", events.KindShadowDisk, "", "a.shadow.b", false, false},
+		{"disks", "bad%5F.shadow.cfg.ext4", events.KindShadowDisk, "", "", false, true},
+		{"disks", "bad%5F.shadow-intent.json", events.KindShadowIntent, "", "", false, true},
 		{"disks", "team_web.shadow.cfg.ext4", events.KindShadowDisk, "", "team_web", false, false},
 		{"disks", idC + "-team_web.shadow.cfg.ext4", events.KindShadowDisk, idC, idC + "-team_web", false, false},
 		{"disks", "old.shadow.ext4", events.KindShadowDisk, "", "", true, false},
@@ -151,6 +155,14 @@ func TestLegacyAndHandleShadowDisks(t *testing.T) {
 	if g.asked["proc gone_h"] != 0 {
 		t.Fatal("a handle-keyed disk was sent through the ULID gate")
 	}
+}
+
+// Issue 15, item 5: idA's handle is "team/web" (safe "team_web"). The
+// leftover disk of a gone "team_web" (safe "team+web") is its own orphan,
+// never credited to team/web, and team/web's disk is never an orphan.
+func TestSlashAndUnderscoreHandlesAreTold(t *testing.T) {
+	want(t, one(t, Inputs{}, entry("disks", "team_web.shadow.cfg.ext4")), Owned, idA, "handle team_web")
+	want(t, one(t, Inputs{Gate: newGate()}, entry("disks", "team+web.shadow.cfg.ext4")), Orphan, "team+web", "no sandbox has handle")
 }
 
 // RL-7 / RL-17: held leases keep; an unreadable intent keeps, and says so.

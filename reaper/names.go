@@ -25,7 +25,8 @@ type Entry struct {
 	Rel string
 	// ID is the sandbox ULID the name carries ("" if none).
 	ID string
-	// Handle is the safe handle a shadow disk or shadow intent is keyed by.
+	// Handle is the safe handle a shadow disk or shadow intent is keyed by
+	// (layout.SafeHandle; layout.HandleOf gives the handle back).
 	Handle string
 	// Legacy marks the old <x>.shadow.ext4 name, which embeds no handle.
 	Legacy bool
@@ -107,6 +108,9 @@ func identifyDisk(e *Entry, name string) {
 		e.Kind, e.ID = events.KindCreateIntent, strings.TrimSuffix(probe, createIntentSuffix)
 	case strings.HasSuffix(probe, shadowIntentSuffix) && len(probe) > len(shadowIntentSuffix):
 		e.Kind, e.Handle = events.KindShadowIntent, strings.TrimSuffix(probe, shadowIntentSuffix)
+		if _, ok := layout.HandleOf(e.Handle); !ok {
+			e.Handle, e.Unparsed = "", true // no handle maps to this name
+		}
 	case strings.HasSuffix(name, ".raw") && layout.IsULID(strings.TrimSuffix(name, ".raw")):
 		e.Kind, e.ID = events.KindRawDisk, strings.TrimSuffix(name, ".raw")
 	case strings.HasSuffix(name, "-workspace.ext4") && layout.IsULID(strings.TrimSuffix(name, "-workspace.ext4")):
@@ -118,11 +122,18 @@ func identifyDisk(e *Entry, name string) {
 		e.Kind, e.Legacy = events.KindShadowDisk, true
 	case strings.Contains(name, ".shadow.") && strings.HasSuffix(name, ".ext4"):
 		e.Kind = events.KindShadowDisk
-		e.Handle = name[:strings.Index(name, ".shadow.")]
+		// A shadow name has no '.', but a handle may contain ".shadow.":
+		// the split is at the last one.
+		e.Handle = name[:strings.LastIndex(name, ".shadow.")]
+		safe := e.Handle
 		// RL-14: <childULID>-<parentSafeHandle>.shadow.<name>.ext4 belongs to
-		// the fork child. A ULID never contains '-', so the split is unique.
+		// the fork child. A ULID never contains '-', so the split is unique
+		// (and lifecycle refuses a handle that starts <ULID>-).
 		if len(e.Handle) > 27 && e.Handle[26] == '-' && layout.IsULID(e.Handle[:26]) {
-			e.ID = e.Handle[:26]
+			e.ID, safe = e.Handle[:26], e.Handle[27:]
+		}
+		if _, ok := layout.HandleOf(safe); !ok {
+			e.Handle, e.ID, e.Unparsed = "", "", true // no handle maps to this name
 		}
 	default:
 		e.Kind, e.Unparsed = events.KindRawDisk, true

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
 // Config is nexus's config file: $NEXUS_CONFIG, else <state-root>/config.toml.
@@ -29,7 +31,19 @@ func loadConfig(root string) (Config, error) {
 	if path == "" {
 		path, named = filepath.Join(root, "config.toml"), false
 	}
-	md, err := toml.DecodeFile(path, &c)
+	var md toml.MetaData
+	var err error
+	if named {
+		md, err = toml.DecodeFile(path, &c)
+	} else {
+		// nexus's own file: read through fsx, so a FIFO or a link planted
+		// at <root>/config.toml is a one-line error, not a hang or a read
+		// of something outside the root.
+		var data []byte
+		if data, err = fsx.ReadFile(root, "config.toml"); err == nil {
+			md, err = toml.Decode(string(data), &c)
+		}
+	}
 	switch {
 	case errors.Is(err, os.ErrNotExist) && !named:
 		return Config{}, nil

@@ -170,27 +170,4 @@ func Lexists(root, rel string) (bool, error) {
 
 // EnsureDir creates rel beneath root (0700) if missing and refuses it, or
 // any parent, being a symlink.
-func EnsureDir(root, rel string) error {
-	cur := ""
-	for _, part := range strings.Split(filepath.Clean(rel), string(filepath.Separator)) {
-		cur = filepath.Join(cur, part)
-		full := filepath.Join(root, cur)
-		info, err := os.Lstat(full)
-		if errors.Is(err, os.ErrNotExist) {
-			if err := os.Mkdir(full, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
-				return err
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if info.Mode()&os.ModeSymlink != 0 {
-			return fmt.Errorf("%s: %w", full, ErrSymlink)
-		}
-		if !info.IsDir() {
-			return fmt.Errorf("%s is not a directory", full)
-		}
-	}
-	return nil
-}
+func EnsureDir(root, rel string) error { return MkdirAll(root, rel, 0o700) }

@@ -78,7 +78,7 @@ func Prepare(root layout.Root, src string, id Identity) (committed bool, method 
 		return false, "", err
 	}
 	prep := root.ImagePrepareDir(id.CacheID, ulid.Make().String())
-	if err := os.Mkdir(prep, 0o700); err != nil {
+	if err := fsx.Mkdir(string(root), prep, 0o700); err != nil {
 		return false, "", fmt.Errorf("image cache: %w", err)
 	}
 	defer func() {
@@ -99,7 +99,7 @@ func Prepare(root layout.Root, src string, id Identity) (committed bool, method 
 	if err != nil {
 		return false, "", err
 	}
-	if err := durable.WriteFile(filepath.Join(prep, layout.ImageIdentityName), append(data, '\n'), 0o600); err != nil {
+	if err := fsx.WriteFile(string(root), filepath.Join(prep, layout.ImageIdentityName), append(data, '\n'), 0o600); err != nil {
 		return false, "", fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
 	}
 	err = unix.Renameat2(unix.AT_FDCWD, prep, unix.AT_FDCWD, root.ImageEntry(id.CacheID), unix.RENAME_NOREPLACE)
@@ -140,23 +140,17 @@ func Check(root layout.Root, id Identity) error {
 	return nil
 }
 
-// ReadIdentity reads images/<cacheID>/identity.json without following a
-// symlink at either level.
+// ReadIdentity reads images/<cacheID>/identity.json through fsx: no link
+// followed at any level, and a FIFO or device there is an error, not a hang.
 func ReadIdentity(root layout.Root, cacheID string) (Identity, error) {
 	var id Identity
 	if !layout.IsImageEntryName(cacheID) {
 		return id, fmt.Errorf("%w: cache id %q", fsx.ErrEscapes, cacheID)
 	}
-	dfd, err := unix.Open(root.ImageEntry(cacheID), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := fsx.Open(string(root), root.ImageIdentity(cacheID))
 	if err != nil {
-		return id, fmt.Errorf("open %s: %w", root.ImageEntry(cacheID), err)
+		return id, err
 	}
-	defer unix.Close(dfd)
-	fd, err := unix.Openat(dfd, layout.ImageIdentityName, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return id, fmt.Errorf("open %s: %w", root.ImageIdentity(cacheID), err)
-	}
-	f := os.NewFile(uintptr(fd), root.ImageIdentity(cacheID))
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, 64<<10))
 	if err != nil {

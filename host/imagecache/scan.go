@@ -119,7 +119,7 @@ func Remove(root layout.Root, cacheID string) error {
 // RemoveLeftovers deletes .pruning-* dirs an interrupted prune left. Only
 // a caller holding the cache lease exclusively may call it.
 func RemoveLeftovers(root layout.Root) error {
-	d, err := os.Open(root.Images())
+	d, err := fsx.OpenDir(string(root), "images")
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

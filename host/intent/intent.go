@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
 // SchemaVersion is the version of the intent file's JSON.
@@ -109,7 +110,7 @@ var ErrUnreadable = errors.New("intent unreadable")
 
 // Read parses the marker at path.
 func Read(path string) (Intent, error) {
-	f, err := os.Open(path)
+	f, err := openMarker(path)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return Intent{}, err
@@ -134,7 +135,7 @@ func Read(path string) (Intent, error) {
 // LeaseHeld reports whether some process holds the marker's lease, by
 // trying a non-blocking shared flock on it (never blocking a creator).
 func LeaseHeld(path string) (bool, error) {
-	f, err := os.Open(path)
+	f, err := openMarker(path)
 	if err != nil {
 		return false, err
 	}
@@ -147,4 +148,11 @@ func LeaseHeld(path string) (bool, error) {
 		return false, fmt.Errorf("probe lease %s: %w", path, err)
 	}
 	return false, nil
+}
+
+// openMarker opens a marker through fsx (beneath its directory): a link or
+// a FIFO planted under a marker's name is an error (so the reaper keeps
+// what it might cover, RL-9), never followed and never a blocking open.
+func openMarker(path string) (*os.File, error) {
+	return fsx.Open(filepath.Dir(path), filepath.Base(path))
 }

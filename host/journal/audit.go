@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
 // ErrNoJournal means a directory given as a journal holds no store.
@@ -24,7 +26,7 @@ const copyAttempts = 3
 // store it opens, only ever sees the copy. Close the returned Journal, then
 // remove scratch.
 func OpenCopy(ctx context.Context, dir, scratch string) (*Journal, error) {
-	if fi, err := os.Stat(filepath.Join(dir, formatFile)); err != nil || !fi.Mode().IsRegular() {
+	if fi, err := fsx.Stat(dir, formatFile); err != nil || !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%w: %s has no %s", ErrNoJournal, dir, formatFile)
 	}
 	var lastErr error
@@ -68,12 +70,14 @@ func copyTree(src, dst string) error {
 		case !d.Type().IsRegular(), rel == lockFile:
 			return nil
 		}
-		return copyFile(p, target)
+		return copyFile(src, rel, target)
 	})
 }
 
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
+// copyFile reads through fsx: a file swapped for a link or a FIFO after
+// the walk listed it is refused, not followed or blocked on.
+func copyFile(root, rel, dst string) error {
+	in, err := fsx.Open(root, rel)
 	if err != nil {
 		return err
 	}

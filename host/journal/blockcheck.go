@@ -15,6 +15,8 @@ import (
 	"strings"
 
 	"github.com/minio/highwayhash"
+
+	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
 // These mirror the on-disk record layout of nats-server's filestore
@@ -101,7 +103,7 @@ func VerifyStreamBlocks(msgsDir, stream string) error {
 		if keyed[b.index] {
 			return fmt.Errorf("journal: block %s is encrypted and cannot be verified: %w", path, errors.ErrUnsupported)
 		}
-		buf, err := os.ReadFile(path)
+		buf, err := fsx.ReadFile(dir, b.name) // a link or FIFO there is refused, not followed or blocked on
 		if err != nil {
 			return fmt.Errorf("journal: read block: %w", err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
 )
 
@@ -211,8 +212,14 @@ func streamConfig() jetstream.StreamConfig {
 	}
 }
 
+// formatAt names FORMAT as fsx sees it: beneath the journal's parent, so a
+// link at journal/ or at FORMAT, or a FIFO planted there, is refused.
+func formatAt(dir string) (root, rel string) {
+	return filepath.Dir(dir), filepath.Join(filepath.Base(dir), formatFile)
+}
+
 func checkFormat(dir string) error {
-	data, err := os.ReadFile(filepath.Join(dir, formatFile))
+	data, err := fsx.ReadFile(formatAt(dir))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -230,12 +237,12 @@ func checkFormat(dir string) error {
 }
 
 func writeFormat(dir string) error {
-	path := filepath.Join(dir, formatFile)
-	if _, err := os.Stat(path); err == nil {
+	root, rel := formatAt(dir)
+	if _, err := fsx.Stat(root, rel); err == nil {
 		return nil
 	}
 	content := fmt.Sprintf("nexus-journal %d\n", Format)
-	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+	if err := fsx.WriteFile(root, rel, []byte(content), 0o600); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
 	return nil

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
 // ErrHeld means another open file description holds the lease.
@@ -24,10 +27,18 @@ type Lease struct {
 // file (mode 0600) if needed. It records the holder's pid in the file so a
 // refusal can name who holds it.
 func TryAcquire(path string) (*Lease, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := openLeaseFile(path)
 	if err != nil {
 		return nil, err
 	}
+	return TryAcquireFile(f)
+}
+
+// TryAcquireFile is TryAcquire on a file the caller opened read-write (for
+// nexus's own files, through fsx). It takes ownership of f: on failure f is
+// closed, on success Release closes it.
+func TryAcquireFile(f *os.File) (*Lease, error) {
+	path := f.Name()
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
@@ -40,6 +51,13 @@ func TryAcquire(path string) (*Lease, error) {
 		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
 	return &Lease{f: f}, nil
+}
+
+// openLeaseFile opens (creating 0600) a lease file through fsx, beneath its
+// directory: a link or a FIFO planted under a lease's name is refused, not
+// followed out of the state root or blocked on.
+func openLeaseFile(path string) (*os.File, error) {
+	return fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR|os.O_CREATE, 0o600)
 }
 
 // Release drops the lease. Closing the descriptor is what releases a flock,
@@ -55,7 +73,7 @@ func (l *Lease) Release() error {
 
 // Holder returns the pid recorded by the current or last holder of path, or 0.
 func Holder(path string) int {
-	data, err := os.ReadFile(path)
+	data, err := fsx.ReadFile(filepath.Dir(path), filepath.Base(path))
 	if err != nil {
 		return 0
 	}

@@ -17,7 +17,7 @@ import (
 // waiting while an exclusive holder has it, until ctx is done. Many shared
 // holders may hold it at once; an exclusive TryAcquire fails while any does.
 func AcquireShared(ctx context.Context, path string) (*Lease, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := openLeaseFile(path)
 	if err != nil {
 		return nil, err
 	}

@@ -78,7 +78,7 @@ func Open(dir string, rec format.Record) (*Run, error) {
 	if _, err := os.Lstat(recordPath(dir, rec.Run)); err == nil {
 		return nil, fmt.Errorf("ledger: run %s already exists", rec.Run)
 	}
-	if err := durable.WriteFile(recordPath(dir, rec.Run), data, 0o600); err != nil {
+	if err := writeIn(recordPath(dir, rec.Run), data, 0o600); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
 	r := &Run{dir: dir, id: rec.Run}
@@ -90,7 +90,7 @@ func Open(dir string, rec format.Record) (*Run, error) {
 		r.live, _ = holdLiveness(recordPath(dir, rec.Run))
 	}
 	for _, k := range []Kind{Sandboxes, Networks} {
-		if err := durable.WriteFile(listPath(dir, rec.Run, k), nil, 0o600); err != nil {
+		if err := writeIn(listPath(dir, rec.Run, k), nil, 0o600); err != nil {
 			r.release()
 			return nil, fmt.Errorf("ledger: %w", err)
 		}
@@ -101,7 +101,7 @@ func Open(dir string, rec format.Record) (*Run, error) {
 // lockRecord takes the run's flock on its record file: writers of a run's
 // lists and sweepers of it exclude each other with it. nb means do not wait.
 func lockRecord(path string, nb bool) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	f, err := openIn(path, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +136,7 @@ func (r *Run) Add(k Kind, name string) error {
 	defer lk.Close()
 	path := listPath(r.dir, r.id, k)
 	_, statErr := os.Lstat(path)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	f, err := openIn(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return fmt.Errorf("ledger %s: %w", r.id, err)
 	}
@@ -167,7 +167,7 @@ func terminateLastLine(path string, f *os.File) error {
 	if err != nil || st.Size() == 0 {
 		return err
 	}
-	rf, err := os.Open(path)
+	rf, err := openIn(path, os.O_RDONLY, 0)
 	if err != nil {
 		return err
 	}
@@ -195,7 +195,7 @@ func (r *Run) Drop(k Kind, name string) error {
 
 func dropLocked(dir, id string, k Kind, name string) error {
 	path := listPath(dir, id, k)
-	data, err := os.ReadFile(path)
+	data, err := readIn(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
@@ -209,7 +209,7 @@ func dropLocked(dir, id string, k Kind, name string) error {
 			kept = append(kept, n)
 		}
 	}
-	if err := durable.WriteFile(path, format.RenderNames(kept), 0o600); err != nil {
+	if err := writeIn(path, format.RenderNames(kept), 0o600); err != nil {
 		return fmt.Errorf("ledger %s: %w", id, err)
 	}
 	return nil
@@ -217,7 +217,7 @@ func dropLocked(dir, id string, k Kind, name string) error {
 
 // Names reads the run's list of kind.
 func (r *Run) Names(k Kind) ([]string, error) {
-	data, err := os.ReadFile(listPath(r.dir, r.id, k))
+	data, err := readIn(listPath(r.dir, r.id, k))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -242,7 +242,7 @@ func (r *Run) Close() error {
 	}
 	defer lk.Close()
 	for _, k := range []Kind{Sandboxes, Networks} {
-		data, err := os.ReadFile(listPath(r.dir, r.id, k))
+		data, err := readIn(listPath(r.dir, r.id, k))
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}

@@ -29,7 +29,7 @@ func livenessRange(typ int16) unix.Flock_t {
 // holdLiveness opens path close-on-exec (so no child the owner spawns
 // inherits the lock) and takes the liveness lock on it.
 func holdLiveness(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	f, err := openIn(path, os.O_RDONLY, 0)
 	if err != nil {
 		return nil, err
 	}

@@ -141,7 +141,7 @@ func newestMtime(dir string, e entry) time.Time {
 // readLists reads a run's two lists; a missing list is empty.
 func readLists(dir, run string) (sandboxes, networks []string) {
 	for _, k := range []Kind{Sandboxes, Networks} {
-		data, err := os.ReadFile(listPath(dir, run, k))
+		data, err := readIn(listPath(dir, run, k))
 		if err != nil {
 			continue
 		}

@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/reaper"
 )
 
@@ -233,7 +234,7 @@ func (g *Gate) inListing(dir, name string) bool {
 	}
 	set, ok := g.listed[dir]
 	if !ok {
-		f, err := os.Open(filepath.Join(g.Root, dir))
+		f, err := fsx.OpenDir(g.Root, dir) // a linked dir is not listed
 		if err == nil {
 			var names []string
 			names, err = f.Readdirnames(-1)

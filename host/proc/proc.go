@@ -204,7 +204,16 @@ func SpawnDetached(argv []string, env []string, logPath string) (Identity, error
 	}
 	// The child has its own copy of the descriptor after Start.
 	defer logf.Close()
+	return SpawnDetachedTo(argv, env, logf)
+}
 
+// SpawnDetachedTo is SpawnDetached with stdout and stderr going to logf,
+// which the caller opened (nexus opens its own logs through fsx, so a
+// planted link or FIFO is refused) and still owns.
+func SpawnDetachedTo(argv []string, env []string, logf *os.File) (Identity, error) {
+	if len(argv) == 0 {
+		return Identity{}, errors.New("spawn: empty argv")
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = env
 	cmd.Stdin = nil // exec.Cmd opens /dev/null

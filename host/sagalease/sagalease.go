@@ -104,7 +104,7 @@ func Acquire(ctx context.Context, root string, entity guard.Entity, h Holder, wa
 // so the inode we locked must still be the one the path names.
 func try(path string, h Holder) (*Lease, error) {
 	for {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		f, err := fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR|os.O_CREATE, 0o600) // no link, no FIFO hang
 		if err != nil {
 			return nil, err
 		}
@@ -162,7 +162,7 @@ func (l *Lease) Remove() {
 // taking it.
 func Probe(root string, entity guard.Entity) (bool, Holder, error) {
 	path := Path(root, entity)
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	f, err := fsx.Open(filepath.Dir(path), filepath.Base(path))
 	if errors.Is(err, os.ErrNotExist) {
 		return false, Holder{}, nil
 	}
@@ -183,7 +183,7 @@ func Probe(root string, entity guard.Entity) (bool, Holder, error) {
 
 func readHolder(path string) Holder {
 	var h Holder
-	if data, err := os.ReadFile(path); err == nil {
+	if data, err := fsx.ReadFile(filepath.Dir(path), filepath.Base(path)); err == nil {
 		json.Unmarshal(data, &h)
 	}
 	return h

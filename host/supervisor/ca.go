@@ -14,15 +14,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
 const (
@@ -146,7 +145,7 @@ func SaveCA(dir string, ca *CA) error {
 	if _, _, lost := parsePair(data); lost != nil {
 		return fmt.Errorf("supervisor: save CA: refusing to write: %s", lost.Reason)
 	}
-	if err := durable.WriteFile(filepath.Join(dir, CAFileName), data, fileMode); err != nil {
+	if err := fsx.WriteFile(dir, CAFileName, data, fileMode); err != nil {
 		return fmt.Errorf("supervisor: save CA: %w", err)
 	}
 	return nil
@@ -210,20 +209,21 @@ func SeedOrMint(dir, sandboxID string, now time.Time) (ca *CA, lost error, err e
 }
 
 func readCAFile(path string) ([]byte, *LostError) {
-	// O_NOFOLLOW: the key is only trusted from the file we wrote, not from
-	// wherever a planted link points.
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	// Through fsx: the key is only trusted from the file we wrote, not from
+	// wherever a planted link points, and a FIFO there must not block.
+	f, err := fsx.Open(filepath.Dir(path), filepath.Base(path))
 	if err != nil {
 		reason := "unreadable"
 		switch {
-		case errors.Is(err, unix.ENOENT):
+		case errors.Is(err, fs.ErrNotExist):
 			reason = "absent"
-		case errors.Is(err, unix.ELOOP):
+		case errors.Is(err, fsx.ErrSymlink):
 			reason = "is a symbolic link"
+		case errors.Is(err, fsx.ErrNotRegular):
+			reason = "not a regular file"
 		}
 		return nil, &LostError{Path: path, Reason: reason, Err: err}
 	}
-	f := os.NewFile(uintptr(fd), path)
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
@@ -322,7 +322,7 @@ func parsePair(data []byte) (*x509.Certificate, crypto.Signer, *LostError) {
 	return cert, signer, nil
 }
 
-// removeStaleTemps deletes temp files durable.WriteFile left behind when a
+// removeStaleTemps deletes temp files fsx.WriteFile left behind when a
 // crash interrupted a SaveCA: they may hold a private key, and nothing will
 // ever rename them into place.
 func removeStaleTemps(dir string) {

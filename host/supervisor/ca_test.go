@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -212,6 +213,19 @@ func TestLoadCARefusesSymlink(t *testing.T) {
 	os.Symlink(filepath.Join(src, CAFileName), filepath.Join(dir, CAFileName))
 	if _, err := LoadCA(dir, now); !errors.Is(err, ErrCALost) {
 		t.Fatalf("err = %v, want ErrCALost for a symlinked CA file", err)
+	}
+}
+
+// A FIFO planted at the CA's name must be a lost CA at once: a blocking
+// open would hang every start and fork (issue 15, item 9).
+func TestLoadCARefusesFIFO(t *testing.T) {
+	dir := newStateDir(t)
+	if err := syscall.Mkfifo(filepath.Join(dir, CAFileName), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadCA(dir, timeNow())
+	if !errors.Is(err, ErrCALost) || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("err = %v, want ErrCALost naming a non-regular file", err)
 	}
 }
 

@@ -1,0 +1,48 @@
+package lease
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"github.com/nexus-sandbox/nexus/host/fsx"
+)
+
+// A link or FIFO planted under a lease's name (journal/LOCK, images/.lease,
+// volumes/<v>/.lock) is refused at once: never followed out of its
+// directory, never a blocking open (issue 15, item 9).
+func TestLeaseRefusesPlantedFiles(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	target := filepath.Join(outside, "victim")
+	if err := os.Symlink(target, filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]error{"link": fsx.ErrSymlink, "fifo": fsx.ErrNotRegular} {
+		if _, err := TryAcquire(filepath.Join(dir, name)); !errors.Is(err, want) {
+			t.Errorf("TryAcquire(%s) = %v, want %v", name, err, want)
+		}
+		ctx := t.Context()
+		if _, err := AcquireShared(ctx, filepath.Join(dir, name)); !errors.Is(err, want) {
+			t.Errorf("AcquireShared(%s) = %v, want %v", name, err, want)
+		}
+		if pid := Holder(filepath.Join(dir, name)); pid != 0 {
+			t.Errorf("Holder(%s) = %d", name, pid)
+		}
+	}
+	if _, err := os.Lstat(target); !os.IsNotExist(err) {
+		t.Fatalf("a lease created the link's target outside its directory: %v", err)
+	}
+	l, err := TryAcquire(filepath.Join(dir, "ok"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if Holder(filepath.Join(dir, "ok")) != os.Getpid() {
+		t.Fatal("holder pid not recorded")
+	}
+	l.Release()
+}
