@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"syscall"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -22,15 +23,70 @@ import (
 // Client talks to a daemon over its control socket.
 type Client struct {
 	http *http.Client
+	// ensure, for a daemon started on demand, makes a daemon answer again
+	// (starting one if need be) after this one went away: idled out between
+	// our requests, or was killed.
+	ensure func(context.Context) error
 }
 
 // NewClient returns a client for the daemon socket at sock.
 func NewClient(sock string) *Client {
-	return &Client{http: &http.Client{Transport: &http.Transport{
+	c := &Client{}
+	c.http = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return unixsock.Dial(ctx, sock)
+			conn, err := unixsock.Dial(ctx, sock)
+			if err != nil && c.ensure != nil && gone(err) {
+				if err := c.ensure(ctx); err != nil {
+					return nil, err
+				}
+				conn, err = unixsock.Dial(ctx, sock)
+			}
+			return conn, err
 		},
-	}}}
+	}}
+	return c
+}
+
+// gone is a dial error that means no daemon listens on the socket.
+func gone(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// do sends req; for a daemon started on demand, a request that got no
+// response because the connection broke (the daemon closed it while
+// retiring, or died) is sent once more, through a daemon that answers. An
+// append sent twice is harmless: events carry dedup ids.
+func (c *Client) do(req *http.Request) (*http.Response, error) {
+	resp, err := c.http.Do(req)
+	if err == nil || c.ensure == nil || req.Context().Err() != nil {
+		return resp, err
+	}
+	if req.GetBody != nil {
+		body, berr := req.GetBody()
+		if berr != nil {
+			return nil, err
+		}
+		req.Body = body
+	}
+	return c.http.Do(req)
+}
+
+// retire asks a daemon started on demand to stop accepting and exit once
+// its clients are done.
+func (c *Client) retire(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/retire", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon: retire: %s", resp.Status)
+	}
+	return nil
 }
 
 const base = "http://nexus"
@@ -88,7 +144,7 @@ func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, err
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.http.Do(hreq)
+	resp, err := c.do(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -124,7 +180,7 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(hreq)
+	resp, err := c.do(hreq)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -161,7 +217,7 @@ func (c *Client) getJSON(ctx context.Context, path string, v any) error {
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(hreq)
+	resp, err := c.do(hreq)
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}

@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if left := stopBinaryDaemons(nexusBin); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "stopped daemons the tests left running: %v\n", left)
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -51,6 +54,7 @@ func nexus(t testing.TB, root string, args ...string) result {
 
 func nexusEnv(t testing.TB, root string, env []string, args ...string) result {
 	t.Helper()
+	stopDaemonsAtEnd(t, root)
 	cmd := exec.Command(nexusBin, append([]string{"--state-dir", root}, args...)...)
 	cmd.Env = append(append(os.Environ(), "NEXUS_STATE_DIR="), env...)
 	var out, errb bytes.Buffer
