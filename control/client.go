@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strconv"
 	"syscall"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -163,6 +164,42 @@ func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, err
 }
 
 func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) error) error {
+	if !q.Follow || c.ensure == nil {
+		_, err := c.events(ctx, q, fn)
+		return err
+	}
+	// A follower of a daemon started on demand outlives that daemon: when
+	// the stream breaks (the daemon retired or was killed) it resumes after
+	// the last event it delivered, through the next daemon.
+	backoff := 50 * time.Millisecond
+	for {
+		var last uint64
+		broken, err := c.events(ctx, q, func(r node.Record) error {
+			last = r.Seq
+			return fn(r)
+		})
+		if !broken || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		if last > 0 {
+			q.Since = last + 1
+			backoff = 50 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// events runs one events request; broken reports a stream that ended
+// without the journal's say (connection lost, or a follow cut short).
+func (c *Client) events(ctx context.Context, q node.Query, fn func(node.Record) error) (broken bool, err error) {
 	v := url.Values{}
 	if q.Since > 0 {
 		v.Set("since", strconv.FormatUint(q.Since, 10))
@@ -178,14 +215,14 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/events?"+v.Encode(), nil)
 	if err != nil {
-		return err
+		return false, err
 	}
 	resp, err := c.do(hreq)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return false, ctx.Err()
 		}
-		return fmt.Errorf("daemon: %w", err)
+		return true, fmt.Errorf("daemon: %w", err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -193,23 +230,26 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 	for sc.Scan() {
 		var rec wireRecord
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return fmt.Errorf("daemon: events: %w", err)
+			return false, fmt.Errorf("daemon: events: %w", err)
 		}
 		if rec.Error != "" {
-			return errors.New(rec.Error)
+			return false, errors.New(rec.Error)
 		}
 		e, err := events.Decode(rec.Data)
 		if err != nil {
-			return fmt.Errorf("journal event %d: %w", rec.Seq, err)
+			return false, fmt.Errorf("journal event %d: %w", rec.Seq, err)
 		}
 		if err := fn(node.Record{Seq: rec.Seq, Event: e}); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return false, ctx.Err()
 	}
-	return sc.Err()
+	if err := sc.Err(); err != nil {
+		return true, err
+	}
+	return q.Follow, nil
 }
 
 func (c *Client) getJSON(ctx context.Context, path string, v any) error {

@@ -121,8 +121,9 @@ func serve(ctx context.Context, n *node.Node, o serveOptions) error {
 	}
 	cl := &clients{since: time.Now(), none: make(chan struct{})}
 	retire := make(chan struct{}, 1)
+	fs := &followers{m: map[int]context.CancelFunc{}}
 	srv := &http.Server{
-		Handler:     handler(n, o.auto, retire),
+		Handler:     handler(n, o.auto, retire, fs),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -153,6 +154,9 @@ func serve(ctx context.Context, n *node.Node, o serveOptions) error {
 			}
 		case <-retire:
 			cl.stop(ln, 0)
+			// Followers would keep a retiring daemon forever; they resume
+			// from their last sequence through the next daemon.
+			fs.end()
 			return finish(ctx, srv, cl)
 		}
 	}
@@ -175,7 +179,44 @@ func finish(ctx context.Context, srv *http.Server, cl *clients) error {
 	return nil
 }
 
-func handler(n *node.Node, auto bool, retire chan<- struct{}) http.Handler {
+// followers are the open follow streams, ended when the daemon retires.
+type followers struct {
+	mu    sync.Mutex
+	m     map[int]context.CancelFunc
+	next  int
+	ended bool
+}
+
+// add returns a context for one follow stream and its release.
+func (f *followers) add(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		cancel()
+		return ctx, cancel
+	}
+	id := f.next
+	f.next++
+	f.m[id] = cancel
+	return ctx, func() {
+		f.mu.Lock()
+		delete(f.m, id)
+		f.mu.Unlock()
+		cancel()
+	}
+}
+
+func (f *followers) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended = true
+	for _, cancel := range f.m {
+		cancel()
+	}
+}
+
+func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) http.Handler {
 	mux := http.NewServeMux()
 	local := Local{n}
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
@@ -224,9 +265,19 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}) http.Handler {
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
+		ctx := r.Context()
+		if q.Follow {
+			// A follow stream is the connection's last request: a stream
+			// ended by a retiring daemon must not leave the client a
+			// keep-alive connection to it.
+			w.Header().Set("Connection", "close")
+			var release func()
+			ctx, release = fs.add(ctx)
+			defer release()
+		}
 		enc := json.NewEncoder(w)
 		flusher, _ := w.(http.Flusher)
-		err = n.Events(r.Context(), q, func(rec node.Record) error {
+		err = n.Events(ctx, q, func(rec node.Record) error {
 			data, err := events.Encode(rec.Event)
 			if err != nil {
 				return err
@@ -239,7 +290,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}) http.Handler {
 			}
 			return nil
 		})
-		if err != nil && r.Context().Err() == nil {
+		if err != nil && ctx.Err() == nil {
 			enc.Encode(wireRecord{Error: err.Error()})
 		}
 	})

@@ -456,3 +456,56 @@ func BenchmarkConcurrentCreatesAutoVsHand(b *testing.B) {
 	b.ReportMetric(ms(auto/time.Duration(b.N)), "auto-ms/4creates")
 	b.ReportMetric(ms(hand/time.Duration(b.N)), "hand-ms/4creates")
 }
+
+// TestFollowerSurvivesRetire: recover retires the on-demand daemon while
+// `events --follow` is connected; recover is not kept waiting, and the
+// follower, resuming through the next daemon, hears what comes after.
+func TestFollowerSurvivesRetire(t *testing.T) {
+	root := shortRoot(t)
+	// Stop the follower before its daemon: it would start a new one.
+	stopDaemonsAtEnd(t, root)
+	f := exec.Command(nexusBin, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
+	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	out, err := f.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Process.Kill(); f.Wait() })
+	heard := make(chan string, 4)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			heard <- sc.Text()
+		}
+		close(heard)
+	}()
+	hear := func(what string) {
+		t.Helper()
+		select {
+		case line, ok := <-heard:
+			if !ok || !strings.Contains(line, "sandbox.created") {
+				t.Fatalf("%s: follower heard %q (open %v)", what, line, ok)
+			}
+		case <-time.After(2 * time.Minute):
+			t.Fatalf("%s: follower heard nothing", what)
+		}
+	}
+	mustOK(t, nexus(t, root, "demo"), "demo")
+	hear("first demo")
+	before := daemonPids(root)
+	mustOK(t, nexus(t, root, "recover"), "recover beside a follower")
+	mustOK(t, nexus(t, root, "demo"), "demo after recover")
+	hear("demo after recover")
+	after := daemonPids(root)
+	if len(before) != 1 || len(after) != 1 || before[0] == after[0] {
+		t.Fatalf("daemons before recover %v, after %v: want one retired and one new", before, after)
+	}
+	select {
+	case line := <-heard:
+		t.Fatalf("follower heard an event twice or out of place: %q", line)
+	default:
+	}
+}
