@@ -509,3 +509,22 @@ func TestFollowerSurvivesRetire(t *testing.T) {
 	default:
 	}
 }
+
+// TestHandDaemonTakesOver: `nexus daemon` started by hand on a root an
+// on-demand daemon serves retires that one and serves in its place.
+func TestHandDaemonTakesOver(t *testing.T) {
+	root := shortRoot(t)
+	mustOK(t, nexus(t, root, "demo"), "demo")
+	auto := daemonPids(root)
+	if len(auto) != 1 {
+		t.Fatalf("daemons after demo: %v", auto)
+	}
+	d := startDaemon(t, root)
+	waitFor(t, "retired", func() bool { return !slices.Contains(daemonPids(root), auto[0]) })
+	if r := mustOK(t, nexus(t, root, "events"), "events"); strings.Count(r.stdout, "\n") != 10 {
+		t.Fatalf("events through the hand-started daemon: %q", r.stdout)
+	}
+	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.cmd.Process.Pid {
+		t.Fatalf("daemons %v, want only the hand-started %d", pids, d.cmd.Process.Pid)
+	}
+}
