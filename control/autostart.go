@@ -68,17 +68,18 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		return c, nil
 	}
 	if err := ensureDaemon(ctx, root, o); err != nil {
-		var failed *startFailed
-		if !errors.As(err, &failed) {
-			return nil, err
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		// The daemon could not open the store (damaged, newer, held by a
-		// command run without auto-start): opening it here gives the same
-		// typed error, or the store if the failure was the daemon's alone.
+		// No daemon: it could not open the store (damaged, newer, held by
+		// a command run without auto-start), or could not be started (no
+		// room for its log). Opening the store here gives the same typed
+		// error as without auto-start, or the store if the failure was the
+		// daemon's alone.
 		b, lerr := connectLocal(ctx, root, o.Wait)
 		if lerr != nil {
 			if errors.Is(lerr, ErrBusy) {
-				return nil, fmt.Errorf("%w; %v", lerr, failed)
+				return nil, fmt.Errorf("%w; %v", lerr, err)
 			}
 			return nil, lerr
 		}
