@@ -243,7 +243,7 @@ func TestDamagedJournalIsRefusedAndNotRewritten(t *testing.T) {
 			if r := nexus(t, root, "demo"); r.code != 0 {
 				t.Fatalf("demo: %+v", r)
 			}
-			stopDaemons(root) // the store is changed behind nexus's back
+			stopDaemons(root)                                // the store is changed behind nexus's back
 			os.RemoveAll(filepath.Join(root, "projections")) // force a full read of the journal
 			spoil(t, blockFile(t, root))
 			before := storeDigest(t, filepath.Join(root, "journal"))
