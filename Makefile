@@ -52,12 +52,14 @@ test: setup
 	$(GO) vet ./...
 	$(GO) test -race -timeout 20m ./...
 
-# The model-based crash harness with a long budget (the test suite runs a
-# short one): random lifecycles, SIGKILL at random saga steps, invariants
-# after every operation. NEXUS_MODEL_SEED=N replays one sequence.
+# The model-based crash harnesses with a long budget (the test suite runs
+# short ones): random lifecycles, SIGKILL at random saga steps, and rounds
+# of operations at once with SIGINT/SIGKILL of clients and the daemon;
+# invariants after every operation. NEXUS_MODEL_SEED=N replays one sequence.
 soak: setup
 	NEXUS_MODEL_RUNS=$${NEXUS_MODEL_RUNS:-40} NEXUS_MODEL_OPS=$${NEXUS_MODEL_OPS:-30} \
-	  $(GO) test -run TestModelRandomLifecycles -count=1 -v -timeout 3h ./cmd/nexus/
+	NEXUS_MODEL_CONC_RUNS=$${NEXUS_MODEL_CONC_RUNS:-30} NEXUS_MODEL_ROUNDS=$${NEXUS_MODEL_ROUNDS:-12} \
+	  $(GO) test -run 'TestModelRandomLifecycles|TestModelConcurrentLifecycles' -count=1 -v -timeout 3h ./cmd/nexus/
 
 # Every fuzz target for FUZZTIME each; their seed corpora are checked in
 # under testdata/fuzz and also run by `make test`.
@@ -76,6 +78,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Replay100k' -benchtime 5x -benchmem ./host/journal/
 	$(GO) test -run '^$$' -bench 'Verify1M' -benchtime 1x -timeout 20m ./host/journal/
 	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
+	$(GO) test -run '^$$' -bench 'AppendGuardedVsPlain' -benchtime 3000x ./node/
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 	$(GO) test -run '^$$' -bench 'CreateVsCpSparse' -benchtime 5x ./cmd/nexus/

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
@@ -110,6 +111,12 @@ func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	return list, err
 }
 
+func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
+	var out sandboxResponse
+	err := c.getJSON(ctx, "/v1/sandbox?ref="+url.QueryEscape(ref), &out)
+	return out.Sandbox, out.Found, err
+}
+
 func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 	var list []projections.OpenSaga
 	err := c.getJSON(ctx, "/v1/sagas", &list)
@@ -129,7 +136,11 @@ func (c *Client) ImageCache(ctx context.Context) (projections.ImageCacheState, e
 }
 
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
-	req := appendRequest{}
+	return c.AppendExpect(ctx, nil, evs...)
+}
+
+func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+	req := appendRequest{Expect: expect}
 	for _, e := range evs {
 		data, err := events.Encode(e)
 		if err != nil {
@@ -155,6 +166,10 @@ func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, err
 		return nil, fmt.Errorf("daemon: append: %w", err)
 	}
 	switch {
+	case out.Stale != nil:
+		return out.Seqs, out.Stale
+	case out.SagaClosed:
+		return out.Seqs, fmt.Errorf("daemon: %w: %s", guard.ErrSagaClosed, out.Error)
 	case out.Conflict:
 		return out.Seqs, fmt.Errorf("daemon: %w: %s", journal.ErrConflict, out.Error)
 	case out.Error != "":

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -23,8 +25,14 @@ const SocketName = "nexus.sock"
 // Backend is what commands need from a state root.
 type Backend interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
+	// AppendExpect appends only if every expected entity is unchanged since
+	// the decision read it (*guard.StaleError otherwise).
+	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	// Sandbox is one sandbox by id or handle, without listing them all;
+	// found is false if there is none.
+	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
@@ -42,6 +50,21 @@ func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 		}
 	})
 	return out, nil
+}
+
+func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
+	var out projections.Sandbox
+	found := false
+	l.View(func(v node.Views) {
+		sb := v.Sandboxes.Get(strings.ToUpper(ref))
+		if sb == nil && ref != "" {
+			sb = v.Sandboxes.ByHandle(ref)
+		}
+		if sb != nil {
+			out, found = *sb, true
+		}
+	})
+	return out, found, nil
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {

@@ -89,6 +89,8 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// Exits are facts (control/exits.go): stopped before the node closes.
+	defer watchExits(sctx, n)()
 	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto}) }()
 	if o.Ready != nil {
 		// Serve creates the socket almost at once; wait until it answers so

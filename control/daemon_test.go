@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,7 +17,9 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // daemon is a RunDaemon running in this process on its own state root.
@@ -313,6 +317,37 @@ func TestDaemonSubscribers(t *testing.T) {
 		t.Fatalf("subscriber got %v, %v after refused publishes; want %s (a forged event leaked?)", e.ID, err, last.ID)
 	}
 
+	t.Run("exits reach subscribers", func(t *testing.T) {
+		sb := ulid.Make().String()
+		vmm, sup := startSleeper(t), startSleeper(t)
+		if _, err := b.Append(context.Background(),
+			events.New(ulid.Make(), time.Now(), sb, events.SandboxCreatedEvent{Image: "i", Driver: "process"}),
+			events.New(ulid.Make(), time.Now(), sb, events.SupervisorStartedEvent{Pid: sup.id.Pid, Start: sup.id.StartTicks}),
+			events.New(ulid.Make(), time.Now(), sb, events.SandboxStartedEvent{Driver: "process", VMMPid: vmm.id.Pid, VMMStart: vmm.id.StartTicks}),
+		); err != nil {
+			t.Fatal(err)
+		}
+		// The daemon runs in this process, so it is the sleepers' parent
+		// and knows how they ended.
+		sup.kill(t)
+		got := nextOfType(t, sub, events.SupervisorExited)
+		if x := got.Payload.(events.SupervisorExitedEvent); got.Sandbox != sb || x.Pid != sup.id.Pid || x.StartTicks != sup.id.StartTicks || x.Status != events.ExitKilled || x.Signal != "SIGKILL" {
+			t.Fatalf("supervisor.exited = %+v of %s", x, got.Sandbox)
+		}
+		vmm.kill(t)
+		got = nextOfType(t, sub, events.VMMExited)
+		if x := got.Payload.(events.VMMExitedEvent); got.Sandbox != sb || x.Pid != vmm.id.Pid || x.StartTicks != vmm.id.StartTicks || x.Status != events.ExitKilled || x.Code != 9 || x.By != "daemon" {
+			t.Fatalf("vmm.exited = %+v of %s", x, got.Sandbox)
+		}
+		list, err := b.Sandboxes(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list) != 1 || list[0].State != projections.StateExited || list[0].VMM == nil || !list[0].VMM.Exited || !list[0].Supervisor.Exited {
+			t.Fatalf("after the exits the daemon serves %+v; want the sandbox exited, its processes kept and marked", list)
+		}
+	})
+
 	t.Run("history not reachable", func(t *testing.T) {
 		// The subscriber may not create consumers, so it cannot read the
 		// stream behind nexus's back.
@@ -398,5 +433,172 @@ func TestDaemonShutdown(t *testing.T) {
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a local Connect created %s: %v", control.SocketName, err)
+	}
+}
+
+// One sandbox is read by id or handle, with or without a daemon, without
+// listing every sandbox.
+func TestSandboxByRef(t *testing.T) {
+	for _, viaDaemon := range []bool{false, true} {
+		root := t.TempDir()
+		n, err := node.Open(context.Background(), root, node.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := ulid.Make().String()
+		e := events.New(ulid.Make(), time.Now(), id, events.SagaStartedEvent{Kind: "create"})
+		e.Saga = ulid.Make().String()
+		h := events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{Handle: "a/b"})
+		h.Saga = e.Saga
+		if _, err := n.Append(context.Background(), e, h); err != nil {
+			t.Fatal(err)
+		}
+		var b control.Backend = control.Local{Node: n}
+		if viaDaemon {
+			ctx, cancel := context.WithCancel(context.Background())
+			go control.Serve(ctx, n)
+			defer cancel()
+			c := control.NewClient(filepath.Join(root, control.SocketName))
+			for i := 0; i < 500; i++ {
+				if _, err := c.Status(context.Background()); err == nil {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			b = c
+		}
+		for _, ref := range []string{id, strings.ToLower(id), "a/b"} {
+			sb, found, err := b.Sandbox(context.Background(), ref)
+			if err != nil || !found || sb.ID != id {
+				t.Fatalf("daemon=%v Sandbox(%q) = %+v %v %v", viaDaemon, ref, sb.ID, found, err)
+			}
+		}
+		if _, found, err := b.Sandbox(context.Background(), "a_b"); err != nil || found {
+			t.Fatalf("daemon=%v unknown handle found=%v err=%v", viaDaemon, found, err)
+		}
+		n.Close()
+	}
+}
+
+// sleeper is a child process standing in for a VMM or supervisor.
+type sleeper struct {
+	cmd *exec.Cmd
+	id  proc.Identity
+}
+
+func startSleeper(t *testing.T) *sleeper {
+	t.Helper()
+	cmd := exec.Command("sleep", "1000")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	id, err := proc.Of(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &sleeper{cmd, id}
+}
+
+func (s *sleeper) kill(t *testing.T) {
+	t.Helper()
+	if err := s.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nextOfType reads the subscription until an event of type typ arrives.
+// The minute is a guard against hanging, not a timing assertion.
+func nextOfType(t *testing.T, sub *nats.Subscription, typ events.Type) events.Event {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		msg, err := sub.NextMsg(time.Until(deadline))
+		if err != nil {
+			t.Fatalf("no %s event reached the subscriber: %v", typ, err)
+		}
+		e, err := events.Decode(msg.Data)
+		if err != nil {
+			t.Fatalf("subscriber event does not decode: %v", err)
+		}
+		if e.Type == typ {
+			return e
+		}
+	}
+}
+
+// waitEvents follows the journal until want events of type typ have been
+// seen, and returns them. The minute is a guard against hanging.
+func waitEvents(t *testing.T, b control.Backend, typ events.Type, want int) []events.Event {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got []events.Event
+	errEnough := errors.New("enough")
+	err := b.Events(ctx, node.Query{Type: string(typ), Follow: true}, func(r node.Record) error {
+		got = append(got, r.Event)
+		if len(got) == want {
+			return errEnough
+		}
+		return nil
+	})
+	if !errors.Is(err, errEnough) {
+		t.Fatalf("%d of %d %s events in the journal: %v", len(got), want, typ, err)
+	}
+	return got
+}
+
+// TestDaemonWatchesProcessesRecordedBeforeItStarted: a daemon watches the
+// VMMs the journal recorded before it started, by pid + start time: one
+// that died while no daemon ran is journaled at start-up (its status
+// unknown: it was reaped already), one that dies later when it dies.
+func TestDaemonWatchesProcessesRecordedBeforeItStarted(t *testing.T) {
+	root := t.TempDir()
+	early, late := startSleeper(t), startSleeper(t)
+	sbEarly, sbLate := ulid.Make().String(), ulid.Make().String()
+	b := connect(t, root)
+	if _, ok := b.(control.Local); !ok {
+		t.Fatalf("no daemon yet, but Connect returned %T", b)
+	}
+	for _, s := range []struct {
+		sb string
+		p  *sleeper
+	}{{sbEarly, early}, {sbLate, late}} {
+		if _, err := b.Append(context.Background(),
+			events.New(ulid.Make(), time.Now(), s.sb, events.SandboxCreatedEvent{Image: "i", Driver: "process"}),
+			events.New(ulid.Make(), time.Now(), s.sb, events.SandboxStartedEvent{Driver: "process", VMMPid: s.p.id.Pid, VMMStart: s.p.id.StartTicks}),
+		); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close()
+	early.kill(t)
+	early.cmd.Wait()
+
+	startDaemonAt(t, root, "")
+	c := connect(t, root)
+	first := waitEvents(t, c, events.VMMExited, 1)[0]
+	if x := first.Payload.(events.VMMExitedEvent); first.Sandbox != sbEarly || x.Pid != early.id.Pid || x.Status != events.ExitUnknown {
+		t.Fatalf("first vmm.exited = %+v of %s; want pid %d of %s, status unknown", x, first.Sandbox, early.id.Pid, sbEarly)
+	}
+	late.kill(t)
+	second := waitEvents(t, c, events.VMMExited, 2)[1]
+	if x := second.Payload.(events.VMMExitedEvent); second.Sandbox != sbLate || x.Pid != late.id.Pid || x.Status != events.ExitKilled {
+		t.Fatalf("second vmm.exited = %+v of %s; want pid %d of %s, killed", x, second.Sandbox, late.id.Pid, sbLate)
+	}
+	list, err := c.Sandboxes(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range list {
+		if sb.State != projections.StateExited {
+			t.Fatalf("sandbox %s is %s after its VMM exited, want exited", sb.ID, sb.State)
+		}
+	}
+	if len(list) != 2 {
+		t.Fatalf("%d sandboxes after the exits, want both kept", len(list))
 	}
 }

@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // Status describes a running daemon.
@@ -37,14 +39,22 @@ type wireRecord struct {
 	Error string `json:"error,omitempty"`
 }
 
+type sandboxResponse struct {
+	Found   bool                `json:"found"`
+	Sandbox projections.Sandbox `json:"sandbox"`
+}
+
 type appendRequest struct {
-	Events [][]byte `json:"events"`
+	Events [][]byte       `json:"events"`
+	Expect []guard.Expect `json:"expect,omitempty"`
 }
 
 type appendResponse struct {
-	Seqs     []uint64 `json:"seqs"`
-	Error    string   `json:"error,omitempty"`
-	Conflict bool     `json:"conflict,omitempty"`
+	Seqs       []uint64          `json:"seqs"`
+	Error      string            `json:"error,omitempty"`
+	Conflict   bool              `json:"conflict,omitempty"`
+	Stale      *guard.StaleError `json:"stale,omitempty"`
+	SagaClosed bool              `json:"saga_closed,omitempty"`
 }
 
 // Serve answers control requests for n on <root>/nexus.sock (mode 0600)
@@ -251,9 +261,11 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 			}
 			evs = append(evs, e)
 		}
-		seqs, err := n.Append(r.Context(), evs...)
+		seqs, err := n.AppendExpect(r.Context(), req.Expect, evs...)
 		if err != nil {
-			writeJSON(w, http.StatusConflict, appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict)})
+			resp := appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict), SagaClosed: errors.Is(err, guard.ErrSagaClosed)}
+			errors.As(err, &resp.Stale)
+			writeJSON(w, http.StatusConflict, resp)
 			return
 		}
 		writeJSON(w, http.StatusOK, appendResponse{Seqs: seqs})
@@ -297,6 +309,10 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Sandboxes(r.Context())
 		writeJSON(w, http.StatusOK, list)
+	})
+	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
+		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
+		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
 	})
 	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())

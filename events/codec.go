@@ -74,6 +74,8 @@ var registry = map[Type]typeSpec{
 	IntentRetired:      spec(IntentRetiredEvent{}, 1),
 	SupervisorStarted:  spec(SupervisorStartedEvent{}, 1),
 	SupervisorStopped:  spec(SupervisorStoppedEvent{}, 1),
+	SupervisorExited:   spec(SupervisorExitedEvent{}, 1),
+	VMMExited:          spec(VMMExitedEvent{}, 1),
 	SnapshotTaken:      spec(SnapshotTakenEvent{}, 1),
 	VolumeCreated:      spec(VolumeCreatedEvent{}, 1),
 	VolumeAttached:     spec(VolumeAttachedEvent{}, 1),

@@ -32,6 +32,8 @@ var samples = []Payload{
 	IntentRetiredEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}},
 	SupervisorStartedEvent{Pid: 7, Start: 11, Socket: "supervisors/x/supervisor.sock", StateDir: Resource{KindSupervisorState, "supervisors/x"}},
 	SupervisorStoppedEvent{Pid: 7, Reason: "rm"},
+	SupervisorExitedEvent{Pid: 7, StartTicks: 11, Status: ExitUnknown, By: "daemon"},
+	VMMExitedEvent{Pid: 42, StartTicks: 9000, Status: ExitKilled, Code: 9, Signal: "SIGKILL", By: "daemon"},
 	SnapshotTakenEvent{SnapshotID: "s1", Dir: Resource{KindSnapshot, "snapshots/x/s1"}, AllocatedBytes: 10},
 	VolumeCreatedEvent{Name: "data", Path: "volumes/data/disk.ext4", SizeBytes: 1 << 20},
 	VolumeAttachedEvent{Name: "data", GuestPath: "/data", ReadOnly: true},

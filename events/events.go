@@ -32,6 +32,9 @@ const (
 
 	SupervisorStarted Type = "supervisor.started"
 	SupervisorStopped Type = "supervisor.stopped"
+	SupervisorExited  Type = "supervisor.exited"
+
+	VMMExited Type = "vmm.exited"
 
 	SnapshotTaken Type = "snapshot.taken"
 
@@ -129,6 +132,11 @@ func Subject(t Type, sandbox string) (string, error) {
 		token = sandbox
 	}
 	return SubjectPrefix + "." + string(t) + "." + token, nil
+}
+
+// SandboxSubjects is the subject filter matching every event of one sandbox.
+func SandboxSubjects(sandbox string) string {
+	return SubjectPrefix + ".*.*." + sandbox
 }
 
 // FilterSubject is the subject filter selecting events of a type (a full

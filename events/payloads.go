@@ -134,6 +134,41 @@ type SupervisorStoppedEvent struct {
 	Reason string `msgpack:"reason,omitempty" json:"reason,omitempty"`
 }
 
+// ProcessExit is what a watcher saw of a recorded process's end: the
+// process (pid and start time, as recorded by the event that started it)
+// and how it ended. Only the parent learns an exit status from the kernel;
+// the daemon that watches is not the parent of the VMMs and supervisors
+// commands spawned, so for them Status is "unknown".
+type ProcessExit struct {
+	Pid        int    `msgpack:"pid" json:"pid"`
+	StartTicks uint64 `msgpack:"start_ticks" json:"start_ticks"`
+	// Status is "exited" (Code is the exit code), "killed" (Code is the
+	// signal number, Signal its name) or "unknown".
+	Status string `msgpack:"status" json:"status"`
+	Code   int    `msgpack:"code,omitempty" json:"code,omitempty"`
+	Signal string `msgpack:"signal,omitempty" json:"signal,omitempty"`
+	// By names the watcher ("daemon").
+	By string `msgpack:"by" json:"by"`
+}
+
+// Exit statuses of a ProcessExit.
+const (
+	ExitExited  = "exited"
+	ExitKilled  = "killed"
+	ExitUnknown = "unknown"
+)
+
+// VMMExitedEvent: the sandbox's recorded VMM process ended while nothing
+// nexus runs was stopping it (no stop, rm, start, recover or create saga of
+// the sandbox was open). The sandbox is exited, not running; nothing is
+// deleted: stop, rm, recover or start settle it.
+type VMMExitedEvent ProcessExit
+
+// SupervisorExitedEvent: the sandbox's recorded supervisor ended while
+// nothing nexus runs was stopping it. recover replaces it (RL-19) while the
+// VMM runs.
+type SupervisorExitedEvent ProcessExit
+
 type SnapshotTakenEvent struct {
 	SnapshotID     string   `msgpack:"snapshot" json:"snapshot"`
 	Dir            Resource `msgpack:"dir" json:"dir"`
@@ -344,6 +379,8 @@ func (IntentWrittenEvent) EventType() Type      { return IntentWritten }
 func (IntentRetiredEvent) EventType() Type      { return IntentRetired }
 func (SupervisorStartedEvent) EventType() Type  { return SupervisorStarted }
 func (SupervisorStoppedEvent) EventType() Type  { return SupervisorStopped }
+func (SupervisorExitedEvent) EventType() Type   { return SupervisorExited }
+func (VMMExitedEvent) EventType() Type          { return VMMExited }
 func (SnapshotTakenEvent) EventType() Type      { return SnapshotTaken }
 func (VolumeCreatedEvent) EventType() Type      { return VolumeCreated }
 func (VolumeAttachedEvent) EventType() Type     { return VolumeAttached }

@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
@@ -317,22 +318,32 @@ func (m *Manager) reclaimVMMSockets(id string, owned func(rel string) bool) ([]e
 
 // Start boots a stopped sandbox.
 func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, error) {
-	sb, err := m.Find(ctx, ref)
+	c, err := m.claim(ctx, ref, guard.Start)
 	if err != nil {
-		return sb, err
+		return projections.Sandbox{}, err
 	}
-	// A sandbox a refused start left in Error (no VMM) may be started again.
-	if sb.State != projections.StateStopped && (sb.State != projections.StateError || sb.VMM != nil) {
-		return sb, fmt.Errorf("%w: sandbox %s is %s, not stopped", ErrRefused, sb.ID, sb.State)
+	defer c.release()
+	if c.sb.State == projections.StateExited {
+		// An exited sandbox starts like one after a crash (lifecycle/exits.go):
+		// settled under our lease, then decided again on what that left.
+		if _, err := m.settleExited(ctx, c.sb); err != nil {
+			return c.sb, err
+		}
+		if err := c.decide(ctx, m, c.sb.ID); err != nil {
+			return c.sb, err
+		}
 	}
+	sb := c.sb
 	if err := m.Driver.Preflight(); err != nil {
 		return sb, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	if _, err := ext4.Preflight(ctx); err != nil {
 		return sb, fmt.Errorf("%w: start %s: overlay preparation: %v", ErrRefused, sb.ID, err)
 	}
-	steps := append(m.overlaySteps(sb), m.bootSteps(sb.ID, "")...)
-	if err := m.saga("start", sb.ID, steps).Run(ctx, m.B); err != nil {
+	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga {
+		return m.saga("start", sb.ID, append(m.overlaySteps(sb), m.bootSteps(sb.ID, "")...))
+	})
+	if err != nil {
 		var refusal *OverlayRefusal
 		if errors.As(err, &refusal) {
 			if ferr := m.failStart(ctx, sb.ID, refusal); ferr != nil {
@@ -348,18 +359,17 @@ func (m *Manager) Start(ctx context.Context, ref string) (projections.Sandbox, e
 
 // Stop shuts a running sandbox down: guest flush, VMM, sockets, supervisor.
 func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, error) {
-	sb, err := m.Find(ctx, ref)
+	c, err := m.claim(ctx, ref, guard.Stop)
 	if err != nil {
-		return sb, err
+		return projections.Sandbox{}, err
 	}
-	if sb.State != projections.StateRunning {
-		return sb, fmt.Errorf("%w: sandbox %s is %s, not running", ErrRefused, sb.ID, sb.State)
+	defer c.release()
+	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga("stop", sb.ID, m.stopSteps(sb)) })
+	if err != nil {
+		return c.sb, err
 	}
-	if err := m.saga("stop", sb.ID, m.stopSteps(sb)).Run(ctx, m.B); err != nil {
-		return sb, err
-	}
-	m.writeRecord(ctx, sb.ID)
-	return m.Find(ctx, sb.ID)
+	m.writeRecord(ctx, c.sb.ID)
+	return m.Find(ctx, c.sb.ID)
 }
 
 // stopSteps stop whatever of the sandbox still runs.

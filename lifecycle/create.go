@@ -73,7 +73,12 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 		id = ulid.Make().String()
 	}
 	s := m.saga("create", id, nil)
-	s.ID = ulid.Make().String()
+	release, expect, err := m.holdNew(ctx, "create", id, spec.Volumes, false)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	defer release()
+	s.Expect = expect
 
 	// Intents come first, before saga.started: from the moment the journal
 	// names this sandbox, a leased marker on disk says its creator lives.
@@ -435,7 +440,8 @@ func (m *Manager) recordDirStep(id string) sagas.Step {
 // saga has materialised so far.
 func (m *Manager) commitStep(id string, committed func([]events.Resource) events.Payload) sagas.Step {
 	return sagas.Step{
-		Name: "commit",
+		Name:  "commit",
+		Pivot: true,
 		Do: func(ctx context.Context) ([]events.Payload, error) {
 			sb, err := m.Find(ctx, id)
 			if err != nil {

@@ -12,8 +12,10 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -41,13 +43,12 @@ type sourceDisk struct {
 // Fork creates Count children of a committed sandbox, each a full set of
 // copy-on-write disks owned by the child (RL-14), one saga per child.
 func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbox, error) {
-	parent, err := m.Find(ctx, spec.Parent)
+	c, err := m.claim(ctx, spec.Parent, guard.Fork)
 	if err != nil {
 		return nil, err
 	}
-	if parent.State == projections.StateCreating {
-		return nil, fmt.Errorf("%w: sandbox %s is still being created", ErrRefused, parent.ID)
-	}
+	defer c.release()
+	parent := c.sb
 	if spec.Count < 1 || spec.Count > 256 {
 		return nil, fmt.Errorf("%w: --count %d: want 1..256", ErrRefused, spec.Count)
 	}
@@ -178,7 +179,12 @@ func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (f
 func (m *Manager) runChild(ctx context.Context, kind, child, seedCA string, copies []sourceDisk,
 	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step) error {
 	s := m.saga(kind, child, nil)
-	s.ID = ulid.Make().String()
+	release, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.Expect = expect
 	covers := []string{m.rel(m.Root.SupervisorDir(child)), m.rel(filepath.Dir(m.Root.Record(child))), m.rel(m.Root.SnapshotsOf(child))}
 	for _, c := range copies {
 		covers = append(covers, m.rel(c.dst))
@@ -226,13 +232,12 @@ type manifestDisk struct {
 // Snapshot captures a sandbox into snapshots/<id>/<snapshot>/ (RL-15):
 // its disks, and the VM state when it runs.
 func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
-	sb, err := m.Find(ctx, ref)
+	c, err := m.claim(ctx, ref, guard.Snapshot)
 	if err != nil {
 		return "", err
 	}
-	if sb.State != projections.StateRunning && sb.State != projections.StateStopped {
-		return "", fmt.Errorf("%w: sandbox %s is %s", ErrRefused, sb.ID, sb.State)
-	}
+	defer c.release()
+	sb := c.sb
 	snap := ulid.Make().String()
 	dir := m.Root.Snapshot(sb.ID, snap)
 	r := m.res(events.KindSnapshot, dir)
@@ -293,7 +298,10 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			return append(ps, more...), err
 		},
 	}
-	if err := m.saga("snapshot", sb.ID, []sagas.Step{step}).Run(ctx, m.B); err != nil {
+	s := m.saga("snapshot", sb.ID, []sagas.Step{step})
+	s.Expect = c.expect()
+	c.lease.Set(sagalease.Holder{Kind: s.Kind, Saga: s.ID})
+	if err := s.Run(ctx, m.B); err != nil {
 		return "", err
 	}
 	return snap, nil
@@ -316,6 +324,14 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	if source == nil {
 		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, snap)
 	}
+	// The source is held for the restore: rm of it (which deletes its
+	// snapshots) waits or is refused until the copies are made.
+	c, err := m.claim(ctx, source.ID, guard.Restore)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	defer c.release()
+	source = &c.sb
 	dir := m.Root.Snapshot(source.ID, strings.ToUpper(snap))
 	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
 	if err != nil {

@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -25,8 +27,9 @@ import (
 )
 
 var (
-	// ErrRefused marks an operation refused before it changed anything.
-	ErrRefused = errors.New("refused")
+	// ErrRefused marks an operation refused before it changed anything
+	// (the guard's refusals are the same error).
+	ErrRefused = guard.ErrRefused
 	// ErrNotFound marks an unknown sandbox, snapshot or volume.
 	ErrNotFound = errors.New("not found")
 )
@@ -46,6 +49,9 @@ type Manager struct {
 	WarnFillRatio float64
 	// StartTimeout bounds how long a VMM or supervisor may take to answer.
 	StartTimeout time.Duration
+	// Wait makes a command wait for another command's saga on the same
+	// sandbox or volume to end, instead of refusing (--wait).
+	Wait bool
 }
 
 func (m *Manager) overlayBytes() int64 {
@@ -63,7 +69,7 @@ func (m *Manager) startTimeout() time.Duration {
 }
 
 func (m *Manager) saga(kind, sandbox string, steps []sagas.Step) *sagas.Saga {
-	return &sagas.Saga{Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook}
+	return &sagas.Saga{ID: ulid.Make().String(), Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook}
 }
 
 // sandboxes returns the current view of every sandbox.
@@ -73,16 +79,14 @@ func (m *Manager) sandboxes(ctx context.Context) ([]projections.Sandbox, error) 
 
 // Find resolves an id or handle to a committed or in-flight sandbox.
 func (m *Manager) Find(ctx context.Context, ref string) (projections.Sandbox, error) {
-	list, err := m.sandboxes(ctx)
+	sb, found, err := m.B.Sandbox(ctx, ref)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	for _, sb := range list {
-		if sb.ID == strings.ToUpper(ref) || (sb.Handle != "" && sb.Handle == ref) {
-			return sb, nil
-		}
+	if !found {
+		return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
 	}
-	return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
+	return sb, nil
 }
 
 func (m *Manager) rel(path string) string { return m.Root.Rel(path) }

@@ -13,6 +13,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/liveness"
 	"github.com/nexus-sandbox/nexus/host/proc"
@@ -147,6 +148,11 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		}
 		return rep, nil
 	}
+	l, err := m.lease(ctx, guard.Reap, "reap")
+	if err != nil {
+		return rep, err
+	}
+	defer l.Release()
 	s := &sagas.Saga{Kind: "reap", Hook: m.Hook, Steps: []sagas.Step{
 		{Name: "decide", Do: func(context.Context) ([]events.Payload, error) { return planEvents(rep, true), nil }},
 		{Name: "delete", Do: func(context.Context) ([]events.Payload, error) { return m.applyReap(&rep) }},

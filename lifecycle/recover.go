@@ -13,9 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -33,6 +35,17 @@ type RecoverReport struct {
 	Killed      []string `json:"killed"`      // orphaned supervisors terminated (RL-13)
 	Unpaused    []string `json:"unpaused"`    // VMs a crashed fork or snapshot left paused
 	Intents     []string `json:"intents"`     // unjournaled intents whose covered files were removed
+	// Skipped lists what recover left alone because a live process holds
+	// its runner lease, or because a live VMM did not answer in time.
+	Skipped []Skipped `json:"skipped"`
+}
+
+// Skipped is a saga or sandbox recover did not touch, and why.
+type Skipped struct {
+	Saga    string `json:"saga,omitempty"`
+	Kind    string `json:"kind,omitempty"`
+	Sandbox string `json:"sandbox,omitempty"`
+	Reason  string `json:"reason"`
 }
 
 // Recover brings the state root back to what the journal says, after any
@@ -41,13 +54,31 @@ type RecoverReport struct {
 // supervisors are restarted or, when orphaned, killed.
 func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Stopped: []string{},
-		Restarted: []string{}, Killed: []string{}, Unpaused: []string{}, Intents: []string{}}
+		Restarted: []string{}, Killed: []string{}, Unpaused: []string{}, Intents: []string{}, Skipped: []Skipped{}}
 	open, err := m.B.OpenSagas(ctx)
 	if err != nil {
 		return rep, err
 	}
 	for _, sg := range open {
-		if err := m.recoverSaga(ctx, sg, &rep); err != nil {
+		// Only a saga whose runner lease is free is resumed or
+		// compensated, and recover holds the lease while it does.
+		entity := guard.Reap
+		if sg.Sandbox != "" {
+			entity = guard.Sandbox(sg.Sandbox)
+		}
+		l, err := sagalease.Acquire(ctx, string(m.Root), entity, sagalease.Holder{Kind: "recover", Saga: sg.ID}, false)
+		var held *sagalease.HeldError
+		if errors.As(err, &held) {
+			rep.InFlight = append(rep.InFlight, sg.ID)
+			rep.Skipped = append(rep.Skipped, Skipped{Saga: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Reason: "its runner is alive: " + held.By.String()})
+			continue
+		}
+		if err != nil {
+			return rep, err
+		}
+		err = m.recoverSaga(ctx, sg, &rep)
+		l.Release()
+		if err != nil {
 			return rep, fmt.Errorf("recover saga %s (%s of %s): %w", sg.ID, sg.Kind, sg.Sandbox, err)
 		}
 	}
@@ -59,7 +90,21 @@ func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 		return rep, err
 	}
 	for _, sb := range list {
-		if err := m.recoverSandbox(ctx, sb, &rep); err != nil {
+		l, err := sagalease.Acquire(ctx, string(m.Root), guard.Sandbox(sb.ID), sagalease.Holder{Kind: "recover"}, false)
+		var held *sagalease.HeldError
+		if errors.As(err, &held) {
+			rep.Skipped = append(rep.Skipped, Skipped{Sandbox: sb.ID, Reason: "a command is running on it: " + held.By.String()})
+			continue
+		}
+		if err != nil {
+			return rep, err
+		}
+		// Read again under the lease: a command that just ended changed it.
+		if fresh, ferr := m.Find(ctx, sb.ID); ferr == nil {
+			err = m.recoverSandbox(ctx, fresh, &rep)
+		}
+		l.Release()
+		if err != nil {
 			return rep, fmt.Errorf("recover sandbox %s: %w", sb.ID, err)
 		}
 	}
@@ -413,6 +458,9 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 			continue
 		}
 		s := &sagas.Saga{ID: ulid.Make().String(), Kind: "recover", Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}
+		if err := s.Begin(ctx, m.B); err != nil {
+			return err
+		}
 		if err := s.Compensate(ctx, m.B, "intent without a journaled saga"); err != nil {
 			return err
 		}
@@ -441,11 +489,11 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, re
 				}
 			}
 			cancel()
-			vmmAlive = err == nil
-			if !vmmAlive {
-				// The process lives but does not answer: it is not a VMM we
-				// can drive. Stop it before calling the sandbox stopped.
-				proc.Terminate(who, 5*time.Second)
+			// Its pid and start time say it lives: slow to answer is not
+			// dead, so it is never killed or called stopped here.
+			vmmAlive = true
+			if err != nil {
+				rep.Skipped = append(rep.Skipped, Skipped{Sandbox: sb.ID, Reason: fmt.Sprintf("its VMM (pid %d) is alive but its API did not answer: %v", who.Pid, err)})
 			}
 		}
 		if !vmmAlive {

@@ -2,9 +2,9 @@ package lifecycle
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -15,14 +15,17 @@ import (
 // files are never touched), and finally the sandbox removed from the
 // journal's view. A removal interrupted at any step is finished by recover.
 func (m *Manager) Remove(ctx context.Context, ref string) error {
-	sb, err := m.Find(ctx, ref)
+	c, err := m.claim(ctx, ref, guard.Remove)
 	if err != nil {
 		return err
 	}
-	if sb.State == projections.StateCreating {
-		return fmt.Errorf("%w: sandbox %s is still being created (run `nexus recover` if its creator died)", ErrRefused, sb.ID)
+	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga("rm", sb.ID, m.removeSteps(sb)) })
+	if err != nil {
+		c.release()
+		return err
 	}
-	return m.saga("rm", sb.ID, m.removeSteps(sb)).Run(ctx, m.B)
+	c.lease.Remove() // the sandbox is gone; so is its lease file
+	return nil
 }
 
 func (m *Manager) removeSteps(sb projections.Sandbox) []sagas.Step {

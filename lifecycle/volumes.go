@@ -5,14 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
+	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -45,7 +46,16 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 	if size < 8<<20 {
 		return projections.Volume{}, fmt.Errorf("%w: volume size %d: at least 8 MiB", ErrRefused, size)
 	}
-	if v, _ := m.findVolume(ctx, name); v != nil {
+	l, err := m.lease(ctx, guard.Volume(name), "volume create")
+	if err != nil {
+		return projections.Volume{}, err
+	}
+	defer l.Release()
+	v, err := m.findVolume(ctx, name)
+	if err != nil {
+		return projections.Volume{}, err
+	}
+	if v != nil {
 		return projections.Volume{}, fmt.Errorf("%w: volume %q exists", ErrRefused, name)
 	}
 	if err := m.ensureDirs("volumes"); err != nil {
@@ -58,11 +68,11 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		}
 		return projections.Volume{}, err
 	}
-	l, err := lease.TryAcquire(dir + "/.lock")
+	dl, err := lease.TryAcquire(dir + "/.lock")
 	if err != nil {
 		return projections.Volume{}, err
 	}
-	defer l.Release()
+	defer dl.Release()
 	if err := os.Mkdir(dir+"/data", 0o700); err != nil {
 		return projections.Volume{}, err
 	}
@@ -71,10 +81,10 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, err
 	}
 	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeCreatedEvent{Name: name, Path: m.rel(m.Root.VolumeDisk(name)), SizeBytes: size})
-	if _, err := m.B.Append(ctx, e); err != nil {
+	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []guard.Expect{{Entity: guard.Volume(name), Seq: 0}}, e); err != nil {
 		return projections.Volume{}, err
 	}
-	v, _ := m.findVolume(ctx, name)
+	v, _ = m.findVolume(ctx, name)
 	return *v, nil
 }
 
@@ -98,6 +108,17 @@ func (m *Manager) Volumes(ctx context.Context) ([]projections.Volume, error) { r
 // attached. This is the only path in nexus that deletes volume data, and
 // only on the user's explicit command.
 func (m *Manager) VolumeRemove(ctx context.Context, name string) error {
+	l, err := m.lease(ctx, guard.Volume(name), "volume rm")
+	if err != nil {
+		return err
+	}
+	defer l.Release()
+	return m.volumeRemoveHeld(ctx, name, nil, l)
+}
+
+// volumeRemoveHeld deletes a volume whose lease the caller holds, deciding
+// on a fresh read; live, if set, names the sandboxes that still exist.
+func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[string]bool, l interface{ Remove() }) error {
 	v, err := m.findVolume(ctx, name)
 	if err != nil {
 		return err
@@ -105,19 +126,25 @@ func (m *Manager) VolumeRemove(ctx context.Context, name string) error {
 	if v == nil {
 		return fmt.Errorf("%w: no volume %q", ErrNotFound, name)
 	}
-	if len(v.AttachedTo) > 0 {
-		return fmt.Errorf("%w: volume %q is attached to %s; remove or stop using those sandboxes first", ErrRefused, name, strings.Join(v.AttachedTo, ", "))
+	if err := guard.DecideVolumeRemove(v, name, live); err != nil {
+		return fmt.Errorf("refused: %w", err)
 	}
-	l, err := lease.TryAcquire(m.Root.VolumeDir(name) + "/.lock")
+	dl, err := lease.TryAcquire(m.Root.VolumeDir(name) + "/.lock")
 	if err != nil {
 		return fmt.Errorf("%w: volume %q is in use: %v", ErrRefused, name, err)
 	}
-	defer l.Release()
+	defer dl.Release()
 	if err := fsx.Remove(string(m.Root), m.rel(m.Root.VolumeDir(name))); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	_, err = m.B.Append(ctx, events.New(ulid.Make(), nowUTC(), "", events.VolumeRemovedEvent{Name: name}))
-	return err
+	// Under the volume's lease nothing else may have attached it; the
+	// expectation makes the journal say so too.
+	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeRemovedEvent{Name: name})
+	if _, err = m.B.AppendExpect(context.WithoutCancel(ctx), []guard.Expect{{Entity: guard.Volume(name), Seq: v.Rev}}, e); err != nil {
+		return err
+	}
+	l.Remove()
+	return nil
 }
 
 // PruneReport says what `volume prune` found and did.
@@ -139,15 +166,41 @@ func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool) 
 	if err != nil {
 		return rep, err
 	}
+	for _, v := range vols {
+		// A dry run changes nothing and takes no lease; --apply judges
+		// each volume under its lease, on a fresh read of the volume and
+		// of the sandboxes (one finishing a create just now is live).
+		l := &sagalease.Lease{}
+		if apply {
+			if l, err = m.lease(ctx, guard.Volume(v.Name), "volume prune"); err != nil {
+				return rep, err
+			}
+		}
+		err = m.pruneOne(ctx, v.Name, apply, includeDetached, &rep, l)
+		l.Release()
+		if err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// pruneOne judges one volume (under its lease when applying).
+func (m *Manager) pruneOne(ctx context.Context, name string, apply, includeDetached bool, rep *PruneReport, l interface{ Remove() }) error {
+	fresh, err := m.findVolume(ctx, name)
+	if err != nil || fresh == nil {
+		return err
+	}
+	v := *fresh
 	list, err := m.sandboxes(ctx)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	live := map[string]bool{}
 	for _, sb := range list {
 		live[sb.ID] = true
 	}
-	for _, v := range vols {
+	{
 		attached := 0
 		for _, sb := range v.AttachedTo {
 			if live[sb] {
@@ -157,20 +210,22 @@ func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool) 
 			rep.Stale = append(rep.Stale, v.Name+"@"+sb)
 			if apply {
 				e := events.New(ulid.Make(), nowUTC(), sb, events.VolumeDetachedEvent{Name: v.Name})
-				if _, err := m.B.Append(ctx, e); err != nil {
-					return rep, err
+				seqs, err := m.B.AppendExpect(context.WithoutCancel(ctx), []guard.Expect{{Entity: guard.Volume(v.Name), Seq: v.Rev}}, e)
+				if err != nil {
+					return err
 				}
+				v.Rev = seqs[0]
 			}
 		}
 		if attached == 0 {
 			rep.Detached = append(rep.Detached, v.Name)
 			if apply && includeDetached {
-				if err := m.VolumeRemove(ctx, v.Name); err != nil {
-					return rep, err
+				if err := m.volumeRemoveHeld(ctx, v.Name, live, l); err != nil {
+					return err
 				}
 				rep.Removed = append(rep.Removed, v.Name)
 			}
 		}
 	}
-	return rep, nil
+	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -259,11 +260,32 @@ func (n *Node) Now() time.Time { return n.clock() }
 // journal has not moved since this node last folded it, then folds them.
 // It returns each event's sequence.
 func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
+	return n.AppendExpect(ctx, nil, evs...)
+}
+
+// AppendExpect is Append for a decision: it refuses the whole batch with a
+// *guard.StaleError unless every expected entity is still at the sequence
+// the decision saw. The node checks under its append lock, and the journal
+// checks the first sandbox expectation again on the event's own subjects.
+// Any event of a saga the journal has closed is refused (guard.ErrSagaClosed).
+func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for _, x := range expect {
+		if cur := n.revLocked(x.Entity); cur != x.Seq {
+			return nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
+		}
+	}
 	seqs := make([]uint64, 0, len(evs))
-	for _, e := range evs {
-		seq, err := n.appendLocked(ctx, e)
+	for i, e := range evs {
+		if err := n.admitLocked(e); err != nil {
+			return seqs, err
+		}
+		var subj *guard.Expect
+		if i == 0 {
+			subj = journalExpectation(expect, e)
+		}
+		seq, err := n.appendLocked(ctx, e, subj)
 		if err != nil {
 			return seqs, err
 		}
@@ -272,7 +294,69 @@ func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error
 	return seqs, nil
 }
 
-func (n *Node) appendLocked(ctx context.Context, e events.Event) (uint64, error) {
+// Rev is the sequence of the last event about entity (0: none).
+func (n *Node) Rev(entity guard.Entity) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.revLocked(entity)
+}
+
+func (n *Node) revLocked(entity guard.Entity) uint64 {
+	switch entity.Kind() {
+	case "sandbox":
+		if sb := n.sandboxes.Get(entity.Name()); sb != nil {
+			return sb.Rev
+		}
+	case "volume":
+		if v := n.volumes.Get(entity.Name()); v != nil {
+			return v.Rev
+		}
+	}
+	return 0
+}
+
+// typeAt names the event at seq for a refusal message; "" if unknown.
+func (n *Node) typeAt(ctx context.Context, seq uint64) events.Type {
+	if seq == 0 {
+		return ""
+	}
+	rec, err := n.j.Get(ctx, seq)
+	if err != nil {
+		return ""
+	}
+	e, err := events.Decode(rec.Data)
+	if err != nil {
+		return ""
+	}
+	return e.Type
+}
+
+// admitLocked refuses an event of a saga the journal does not show open:
+// once a saga is finished or compensated (by its runner or by recover),
+// nothing more may be written in its name.
+func (n *Node) admitLocked(e events.Event) error {
+	if e.Saga == "" || e.Type == events.SagaStarted || n.sagas.Get(e.Saga) != nil {
+		return nil
+	}
+	return fmt.Errorf("%w: %s of saga %s is not open in the journal", guard.ErrSagaClosed, e.Type, e.Saga)
+}
+
+// journalExpectation is the expectation the journal itself checks for an
+// event: the one about the event's own sandbox, whose subjects are
+// nexus.events.*.*.<sandbox>.
+func journalExpectation(expect []guard.Expect, e events.Event) *guard.Expect {
+	if e.Sandbox == "" {
+		return nil
+	}
+	for i := range expect {
+		if expect[i].Entity == guard.Sandbox(e.Sandbox) {
+			return &expect[i]
+		}
+	}
+	return nil
+}
+
+func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Expect) (uint64, error) {
 	subject, err := e.Subject()
 	if err != nil {
 		return 0, err
@@ -282,7 +366,14 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event) (uint64, error)
 		return 0, err
 	}
 	last := n.sandboxes.Seq()
-	ack, err := n.j.Append(ctx, journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last})
+	msg := journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last}
+	if subj != nil {
+		msg.ExpectSubjects, msg.ExpectSubjectSeq = events.SandboxSubjects(e.Sandbox), subj.Seq
+	}
+	ack, err := n.j.Append(ctx, msg)
+	if errors.Is(err, journal.ErrStaleSubject) {
+		return 0, &guard.StaleError{Entity: subj.Entity, Expected: subj.Seq, Actual: n.revLocked(subj.Entity)}
+	}
 	if err != nil {
 		return 0, err
 	}

@@ -30,7 +30,9 @@ type Projection interface {
 }
 
 // SnapshotFormat is the version of the snapshot container.
-const SnapshotFormat = 1
+// Format 2: sandboxes and volumes carry Rev, so a format-1 snapshot is
+// rebuilt from the journal rather than read with every Rev at zero.
+const SnapshotFormat = 2
 
 // ErrBadSnapshot means a snapshot cannot be used; the caller rebuilds the
 // projection from the start of the journal instead.

@@ -51,6 +51,10 @@ func genHistory(t *rapid.T) []events.Event {
 			next(sb, events.SandboxStartedEvent{Driver: "process", VMMPid: 100 + i, VMMStart: uint64(i),
 				Sockets: []events.Resource{{Kind: events.KindAPISocket, Path: "run/sb-" + sb + ".sock"}}})
 			next(sb, events.SupervisorStartedEvent{Pid: 200 + i, Start: 1, StateDir: events.Resource{Kind: events.KindSupervisorState, Path: "supervisors/" + sb}})
+			if rapid.Bool().Draw(t, "exit") {
+				next(sb, events.VMMExitedEvent{Pid: 100 + i, StartTicks: uint64(i), Status: events.ExitUnknown, By: "daemon"})
+				next(sb, events.SupervisorExitedEvent{Pid: 200 + i, StartTicks: 1, Status: events.ExitKilled, Code: 9, Signal: "SIGKILL", By: "daemon"})
+			}
 		case op == 4:
 			sb := pickLive()
 			next(sb, events.SandboxStoppedEvent{Reason: "user"})

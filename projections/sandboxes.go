@@ -16,6 +16,7 @@ const (
 	StateCreating State = "creating" // a create saga is under way, nothing committed
 	StateStopped  State = "stopped"  // committed, no VMM
 	StateRunning  State = "running"
+	StateExited   State = "exited" // its VMM ended without a stop: nothing deleted, nothing running
 	StateError    State = "error"
 )
 
@@ -24,6 +25,10 @@ const (
 type Process struct {
 	Pid        int    `msgpack:"pid" json:"pid"`
 	StartTicks uint64 `msgpack:"start" json:"start_ticks"`
+	// Exited says the process ended without a stop (vmm.exited,
+	// supervisor.exited, or pid + start time at read time): it stays
+	// recorded so that stop, rm, recover and start know what to settle.
+	Exited bool `msgpack:"exited,omitempty" json:"exited,omitempty"`
 }
 
 // Condition is a Kubernetes-style status condition (Ready=False, reason).
@@ -64,6 +69,9 @@ type Sandbox struct {
 	LastRun    string            `msgpack:"run,omitempty" json:"last_run,omitempty"`
 	FlushedRun string            `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
 	Seq        uint64            `msgpack:"seq" json:"seq"`
+	// Rev is the sequence of the last event about this sandbox (any event
+	// carrying its id): the entity sequence a decision expects (guard.Expect).
+	Rev uint64 `msgpack:"rev" json:"rev"`
 }
 
 // Sandboxes is every sandbox that exists or is being created. Removed
@@ -102,6 +110,13 @@ func (s *Sandboxes) List() []*Sandbox {
 	return out
 }
 
+// bumpRev records seq as the last event about id, if id is in the view.
+func (s *Sandboxes) bumpRev(id string, seq uint64) {
+	if sb := s.byID[id]; sb != nil {
+		sb.Rev = seq
+	}
+}
+
 // Len is the number of sandboxes in the view.
 func (s *Sandboxes) Len() int { return len(s.byID) }
 
@@ -111,6 +126,7 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		return
 	}
 	sb := s.byID[e.Sandbox]
+	defer s.bumpRev(e.Sandbox, seq)
 	touch := func() {
 		sb.UpdatedAt = e.Time
 		sb.Seq = seq
@@ -178,9 +194,14 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		sb.State = StateError
 		sb.VMM = nil
 		sb.Conditions = []Condition{{Type: "Ready", Status: "False", Reason: p.Reason, Message: p.Message}}
+	case events.VMMExitedEvent:
+		sb.vmmExited(events.ProcessExit(p), "")
+	case events.SupervisorExitedEvent:
+		sb.supervisorExited(events.ProcessExit(p), "")
 	case events.SupervisorStartedEvent:
 		sb.Supervisor = &Process{Pid: p.Pid, StartTicks: p.Start}
 		sb.claim(p.StateDir)
+		sb.dropCondition(ConditionSupervisor)
 	case events.SupervisorStoppedEvent:
 		sb.Supervisor = nil
 	case events.VolumeAttachedEvent:

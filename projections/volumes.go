@@ -14,6 +14,9 @@ type Volume struct {
 	Path       string   `msgpack:"path" json:"path"`
 	SizeBytes  int64    `msgpack:"size" json:"size_bytes"`
 	AttachedTo []string `msgpack:"att,omitempty" json:"attached_to,omitempty"`
+	// Rev is the sequence of the last event naming this volume: the
+	// entity sequence a decision about it expects (guard.Expect).
+	Rev uint64 `msgpack:"rev" json:"rev"`
 }
 
 // Volumes is every named volume. Attachments end when the sandbox detaches
@@ -44,15 +47,19 @@ func (v *Volumes) Apply(seq uint64, e events.Event) {
 	v.seq = seq
 	switch p := e.Payload.(type) {
 	case events.VolumeCreatedEvent:
-		v.byName[p.Name] = &Volume{Name: p.Name, Path: p.Path, SizeBytes: p.SizeBytes}
+		v.byName[p.Name] = &Volume{Name: p.Name, Path: p.Path, SizeBytes: p.SizeBytes, Rev: seq}
 	case events.VolumeRemovedEvent:
 		delete(v.byName, p.Name)
 	case events.VolumeAttachedEvent:
-		if vol := v.byName[p.Name]; vol != nil && !contains(vol.AttachedTo, e.Sandbox) {
-			vol.AttachedTo = append(vol.AttachedTo, e.Sandbox)
+		if vol := v.byName[p.Name]; vol != nil {
+			vol.Rev = seq
+			if !contains(vol.AttachedTo, e.Sandbox) {
+				vol.AttachedTo = append(vol.AttachedTo, e.Sandbox)
+			}
 		}
 	case events.VolumeDetachedEvent:
 		if vol := v.byName[p.Name]; vol != nil {
+			vol.Rev = seq
 			vol.AttachedTo = without(vol.AttachedTo, e.Sandbox)
 		}
 	case events.SandboxRemovedEvent:

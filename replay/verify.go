@@ -28,11 +28,15 @@ type Report struct {
 	Undecodable []string               `json:"undecodable"`
 	NewerSchema []string               `json:"newer_schema"`
 	OpenSagas   []projections.OpenSaga `json:"open_sagas"`
+	// OutsideSaga lists events recorded in the name of a saga that was not
+	// open at that point (closed already, or never started): a write the
+	// guard should have refused.
+	OutsideSaga []string `json:"outside_saga"`
 }
 
 // OK reports a journal with no gap, no repeated id and nothing unreadable.
 func (r Report) OK() bool {
-	return len(r.Gaps) == 0 && len(r.DuplicateID) == 0 && len(r.Undecodable) == 0 && len(r.NewerSchema) == 0
+	return len(r.Gaps) == 0 && len(r.DuplicateID) == 0 && len(r.Undecodable) == 0 && len(r.NewerSchema) == 0 && len(r.OutsideSaga) == 0
 }
 
 // Verifier checks records one at a time, in stored order, so a journal of
@@ -47,7 +51,7 @@ type Verifier struct {
 // NewVerifier returns an empty Verifier.
 func NewVerifier() *Verifier {
 	return &Verifier{
-		rep:  Report{Gaps: []string{}, DuplicateID: []string{}, Undecodable: []string{}, NewerSchema: []string{}},
+		rep:  Report{Gaps: []string{}, DuplicateID: []string{}, Undecodable: []string{}, NewerSchema: []string{}, OutsideSaga: []string{}},
 		seen: newIDSet(), sagas: projections.NewSagas(),
 	}
 }
@@ -70,6 +74,9 @@ func (v *Verifier) Add(r Record) {
 	case err != nil:
 		v.rep.Undecodable = append(v.rep.Undecodable, fmt.Sprintf("%d: %v", r.Seq, err))
 		return
+	}
+	if e.Saga != "" && e.Type != events.SagaStarted && v.sagas.Get(e.Saga) == nil {
+		v.rep.OutsideSaga = append(v.rep.OutsideSaga, fmt.Sprintf("%d: %s of saga %s, which is not open", r.Seq, e.Type, e.Saga))
 	}
 	v.sagas.Apply(r.Seq, e)
 }

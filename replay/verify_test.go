@@ -80,3 +80,27 @@ func TestIDSetFindsRepeats(t *testing.T) {
 	}
 
 }
+
+// An event written in the name of a saga the journal had already closed is
+// what a runner with no lease would write after recover compensated it.
+func TestVerifyFlagsEventsOutsideAnOpenSaga(t *testing.T) {
+	const sb = "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
+	mk := func(seq uint64, p events.Payload) Record {
+		e := events.New(ulid.Make(), time.Unix(int64(seq), 0), sb, p)
+		e.Saga, e.Step = "S1", fmt.Sprint(seq)
+		data, err := events.Encode(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Record{Seq: seq, MsgID: e.DedupID(), Data: data}
+	}
+	ok := Verify([]Record{mk(1, events.SagaStartedEvent{Kind: "snapshot"}), mk(2, events.SagaCompensatedEvent{Reason: "r"})})
+	if !ok.OK() {
+		t.Fatalf("clean saga flagged: %+v", ok)
+	}
+	bad := Verify([]Record{mk(1, events.SagaStartedEvent{Kind: "snapshot"}), mk(2, events.SagaCompensatedEvent{Reason: "r"}),
+		mk(3, events.SnapshotTakenEvent{SnapshotID: "X"})})
+	if bad.OK() || len(bad.OutsideSaga) != 1 {
+		t.Fatalf("event after the saga closed not flagged: %+v", bad)
+	}
+}

@@ -15,11 +15,18 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 )
 
 // Journal is where a saga records its steps.
 type Journal interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
+}
+
+// GuardedJournal also refuses an append decided on stale state.
+type GuardedJournal interface {
+	Journal
+	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
 }
 
 // Step is one unit of a saga. Do performs it and returns the events that
@@ -29,6 +36,10 @@ type Step struct {
 	Name string
 	Do   func(ctx context.Context) ([]events.Payload, error)
 	Undo func(ctx context.Context) ([]events.Payload, error)
+	// Pivot marks the point of no return (a create's commit): once its
+	// events are journaled the saga only goes forward, so a later failure
+	// undoes the steps after it and keeps this one and everything before.
+	Pivot bool
 }
 
 // Phase says where a hook runs relative to a step's events.
@@ -52,47 +63,83 @@ type Saga struct {
 	// journal's de-duplication window is short, so resumption must not rely
 	// on it (NOTES-nats: check the journal for the step's id on resume).
 	Done map[string]bool
+	// Expect holds the entity sequences the decision to run this saga saw.
+	// When set, saga.started and every forward step are appended only if
+	// those entities have not moved since (the saga advances each to what
+	// it last wrote), so a decision taken on stale state is refused by the
+	// journal. Compensation is never guarded: it records what was undone.
+	Expect []guard.Expect
 	// Hook, if set, runs around each step. The crash tests use it to SIGKILL
 	// the process at an exact point.
 	Hook func(kind, step string, phase Phase)
 	// Now is the clock stamped on events (time.Now if nil).
 	Now func() time.Time
+	// RecordTimeout bounds each journal append and CompensateTimeout the
+	// whole compensation. Both run under a context an interruption does
+	// not cancel: a step that took effect is recorded, and an interrupted
+	// saga undoes and journals its work to the end (defaults 1 and 5 min).
+	RecordTimeout     time.Duration
+	CompensateTimeout time.Duration
 }
 
-// ErrCompensated wraps the error of a step that failed and was undone.
-var ErrCompensated = errors.New("saga compensated")
+var (
+	// ErrCompensated wraps the error of a step that failed and was undone.
+	ErrCompensated = errors.New("saga compensated")
+	// ErrNotStarted means saga.started was not journaled: nothing ran.
+	ErrNotStarted = errors.New("saga not started")
+	// ErrLeftOpen means compensation stopped at a step it could not undo
+	// or could not journal; the saga stays open for `nexus recover`.
+	ErrLeftOpen = errors.New("saga left open for `nexus recover`")
+)
 
 // Run records the saga's start, runs every step in order, and records the
-// end. On a step failure it undoes the completed steps in reverse and
-// returns an error wrapping both ErrCompensated and the step's error.
+// end. On a step failure, or once ctx is cancelled (an interruption: no new
+// step is taken), it undoes the completed steps after the last pivot in
+// reverse and returns an error wrapping ErrCompensated and the cause, or
+// ErrLeftOpen if the compensation could not finish.
 func (s *Saga) Run(ctx context.Context, j Journal) error {
 	if s.ID == "" {
 		s.ID = ulid.Make().String()
 	}
 	if len(s.Done) == 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, context.Cause(ctx))
+		}
 		names := make([]string, len(s.Steps))
 		for i, st := range s.Steps {
 			names[i] = st.Name
 		}
-		if err := s.record(ctx, j, string(events.SagaStarted), events.SagaStartedEvent{Kind: s.Kind, Steps: names}); err != nil {
-			return fmt.Errorf("%s: start: %w", s.Kind, err)
+		if err := s.record(ctx, j, true, string(events.SagaStarted), events.SagaStartedEvent{Kind: s.Kind, Steps: names}); err != nil {
+			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, err)
 		}
 	}
+	pivot := -1
 	for i, st := range s.Steps {
 		if s.Done[st.Name] {
+			if st.Pivot {
+				pivot = i
+			}
 			continue
+		}
+		if ctx.Err() != nil {
+			return s.compensate(ctx, j, i-1, pivot, fmt.Errorf("%s: interrupted before %s: %w", s.Kind, st.Name, context.Cause(ctx)))
 		}
 		ps, err := st.Do(ctx)
 		if err == nil {
 			s.hook(st.Name, BeforeRecord)
-			err = s.record(ctx, j, st.Name, ps...)
+			err = s.record(ctx, j, true, st.Name, ps...)
 		}
 		if err != nil {
-			return s.compensate(ctx, j, i, fmt.Errorf("%s: %s: %w", s.Kind, st.Name, err))
+			return s.compensate(ctx, j, i, pivot, fmt.Errorf("%s: %s: %w", s.Kind, st.Name, err))
+		}
+		if st.Pivot {
+			pivot = i
 		}
 		s.hook(st.Name, AfterRecord)
 	}
-	if err := s.record(ctx, j, string(events.SagaFinished), events.SagaFinishedEvent{}); err != nil {
+	// Every step took effect and is journaled: the end is a fact, not a
+	// decision (and after rm the sandbox has no state left to expect).
+	if err := s.record(ctx, j, false, string(events.SagaFinished), events.SagaFinishedEvent{}); err != nil {
 		return fmt.Errorf("%s: finish: %w", s.Kind, err)
 	}
 	return nil
@@ -104,47 +151,72 @@ func (s *Saga) hook(step string, phase Phase) {
 	}
 }
 
+// Begin journals saga.started for a saga that will only be compensated
+// (recover cleaning up after a runner that died before its own start was
+// journaled): every event of a saga must fall inside its start and end.
+func (s *Saga) Begin(ctx context.Context, j Journal) error {
+	if s.ID == "" {
+		s.ID = ulid.Make().String()
+	}
+	names := make([]string, len(s.Steps))
+	for i, st := range s.Steps {
+		names[i] = st.Name
+	}
+	return s.record(ctx, j, false, string(events.SagaStarted), events.SagaStartedEvent{Kind: s.Kind, Steps: names})
+}
+
 // Compensate undoes every step (newest first) and closes the saga as
 // compensated. Recovery calls it for a saga whose process died.
 func (s *Saga) Compensate(ctx context.Context, j Journal, reason string) error {
-	err := s.compensate(ctx, j, len(s.Steps)-1, errors.New(reason))
+	err := s.compensate(ctx, j, len(s.Steps)-1, -1, errors.New(reason))
 	if errors.Is(err, ErrCompensated) {
 		return nil
 	}
 	return err
 }
 
-// compensate undoes steps [0, failed] newest first; the failed step may
+// compensate undoes steps (pivot, failed] newest first; the failed step may
 // have done part of its work, so it is undone too. Undo must therefore
-// tolerate work that was never done.
-func (s *Saga) compensate(ctx context.Context, j Journal, failed int, cause error) error {
-	var undoErrs []error
-	for i := failed; i >= 0; i-- {
+// tolerate work that was never done. It runs under a context ctx's
+// cancellation does not reach, and it stops at the first step it cannot
+// undo or journal: deleting older work while the journal cannot hear of it
+// is how files go missing behind the journal's back, so the rest is left
+// to recover.
+func (s *Saga) compensate(ctx context.Context, j Journal, failed, pivot int, cause error) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orDefault(s.CompensateTimeout, 5*time.Minute))
+	defer cancel()
+	undone := 0
+	for i := failed; i > pivot; i-- {
 		st := s.Steps[i]
 		if st.Undo == nil {
 			continue
 		}
-		ps, err := st.Undo(ctx)
+		ps, err := st.Undo(cctx)
 		if err == nil {
-			err = s.record(ctx, j, "undo."+st.Name, ps...)
+			err = s.record(cctx, j, false, "undo."+st.Name, ps...)
 		}
 		if err != nil {
-			undoErrs = append(undoErrs, fmt.Errorf("undo %s: %w", st.Name, err))
+			return fmt.Errorf("%w: %w (undo %s: %w; %d step(s) undone before it)", ErrLeftOpen, cause, st.Name, err, undone)
 		}
+		undone++
 	}
-	if len(undoErrs) > 0 {
-		// Leave the saga open: recover must finish the compensation.
-		return errors.Join(cause, errors.Join(undoErrs...))
+	if err := s.record(cctx, j, false, string(events.SagaCompensated), events.SagaCompensatedEvent{Reason: cause.Error()}); err != nil {
+		return fmt.Errorf("%w: %w (closing it: %w; %d step(s) undone)", ErrLeftOpen, cause, err, undone)
 	}
-	if err := s.record(ctx, j, string(events.SagaCompensated), events.SagaCompensatedEvent{Reason: cause.Error()}); err != nil {
-		return errors.Join(fmt.Errorf("%w: %w", ErrCompensated, cause), err)
+	return fmt.Errorf("%w (%d step(s) undone and journaled): %w", ErrCompensated, undone, cause)
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
 	}
-	return fmt.Errorf("%w: %w", ErrCompensated, cause)
+	return d
 }
 
 // record journals a step's events. Each gets a step name unique within the
 // saga (name, name#2, ...), which is also its de-duplication id.
-func (s *Saga) record(ctx context.Context, j Journal, step string, ps ...events.Payload) error {
+// A guarded record carries the saga's expectations and advances them.
+func (s *Saga) record(ctx context.Context, j Journal, guarded bool, step string, ps ...events.Payload) error {
 	if len(ps) == 0 {
 		return nil
 	}
@@ -161,7 +233,18 @@ func (s *Saga) record(ctx context.Context, j Journal, step string, ps ...events.
 		}
 		evs = append(evs, e)
 	}
-	_, err := j.Append(ctx, evs...)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orDefault(s.RecordTimeout, time.Minute))
+	defer cancel()
+	if !guarded || len(s.Expect) == 0 {
+		_, err := j.Append(rctx, evs...)
+		return err
+	}
+	gj, ok := j.(GuardedJournal)
+	if !ok {
+		return fmt.Errorf("%s: the journal cannot check expectations", s.Kind)
+	}
+	seqs, err := gj.AppendExpect(rctx, s.Expect, evs...)
+	guard.Advance(s.Expect, evs, seqs)
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -137,5 +138,146 @@ func TestResumeSkipsDoneSteps(t *testing.T) {
 	}
 	if j.evs[0].Type == events.SagaStarted {
 		t.Fatal("a resumed saga journaled saga.started again")
+	}
+}
+
+// guardedJournal is memJournal with per-entity revisions, refusing a stale
+// expectation the way node does; failOn makes appends of one step fail as
+// an unreachable journal would.
+type guardedJournal struct {
+	memJournal
+	rev    map[guard.Entity]uint64
+	failOn string
+}
+
+func newGuarded() *guardedJournal {
+	return &guardedJournal{memJournal: memJournal{sagas: projections.NewSagas()}, rev: map[guard.Entity]uint64{}}
+}
+
+func (g *guardedJournal) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
+	return g.AppendExpect(ctx, nil, evs...)
+}
+
+func (g *guardedJournal) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	for _, x := range expect {
+		if g.rev[x.Entity] != x.Seq {
+			return nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: g.rev[x.Entity]}
+		}
+	}
+	for _, e := range evs {
+		if g.failOn != "" && e.Step == g.failOn {
+			return nil, errors.New("journal unreachable")
+		}
+	}
+	seqs, err := g.memJournal.Append(ctx, evs...)
+	for i, e := range evs {
+		for _, ent := range guard.EntitiesOf(e) {
+			g.rev[ent] = seqs[i]
+		}
+	}
+	return seqs, err
+}
+
+const sb1 = "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
+
+func recordingStep(name string, undone *[]string) Step {
+	return Step{Name: name,
+		Do: func(context.Context) ([]events.Payload, error) {
+			return One(events.DiskMaterialisedEvent{Resource: res(name)}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) {
+			*undone = append(*undone, name)
+			return One(events.ResourceReclaimedEvent{Resource: res(name), By: "saga"}), nil
+		}}
+}
+
+func TestFailureAfterPivotKeepsCommittedSteps(t *testing.T) {
+	j := newGuarded()
+	var undone []string
+	commit := recordingStep("commit", &undone)
+	commit.Pivot = true
+	boom := Step{Name: "vmm", Do: func(context.Context) ([]events.Payload, error) { return nil, errors.New("boot failed") },
+		Undo: func(context.Context) ([]events.Payload, error) { undone = append(undone, "vmm"); return nil, nil }}
+	s := &Saga{Kind: "create", Sandbox: sb1, Steps: []Step{recordingStep("disk", &undone), commit, recordingStep("supervisor", &undone), boom}}
+	if err := s.Run(context.Background(), j); !errors.Is(err, ErrCompensated) {
+		t.Fatalf("Run = %v, want compensated", err)
+	}
+	if want := []string{"vmm", "supervisor"}; !reflect.DeepEqual(undone, want) {
+		t.Fatalf("undone %v, want %v: nothing at or before the pivot may be undone", undone, want)
+	}
+}
+
+func TestInterruptionStopsStepsAndCompensatesUncancelled(t *testing.T) {
+	j := newGuarded()
+	var undone []string
+	ctx, cancel := context.WithCancel(context.Background())
+	second := recordingStep("b", &undone)
+	do := second.Do
+	second.Do = func(c context.Context) ([]events.Payload, error) {
+		cancel() // the signal arrives while b runs; b still completes
+		return do(c)
+	}
+	ran := false
+	third := Step{Name: "c", Do: func(context.Context) ([]events.Payload, error) { ran = true; return nil, nil }}
+	s := &Saga{Kind: "create", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone), second, third}}
+	err := s.Run(ctx, j)
+	if !errors.Is(err, ErrCompensated) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run = %v, want compensated after cancellation", err)
+	}
+	if ran {
+		t.Fatal("a step ran after the interruption")
+	}
+	if want := []string{"b", "a"}; !reflect.DeepEqual(undone, want) {
+		t.Fatalf("undone %v, want %v", undone, want)
+	}
+	want := []string{"saga.started", "a", "b", "undo.b", "undo.a", "saga.compensated"}
+	if !reflect.DeepEqual(j.steps(), want) {
+		t.Fatalf("journal %v, want %v: every undo journaled despite the cancelled context", j.steps(), want)
+	}
+}
+
+func TestCompensationStopsWhereTheJournalCannotHear(t *testing.T) {
+	j := newGuarded()
+	j.failOn = "undo.b"
+	var undone []string
+	boom := Step{Name: "c", Do: func(context.Context) ([]events.Payload, error) { return nil, errors.New("boom") }}
+	s := &Saga{Kind: "create", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone), recordingStep("b", &undone), boom}}
+	err := s.Run(context.Background(), j)
+	if !errors.Is(err, ErrLeftOpen) {
+		t.Fatalf("Run = %v, want left open", err)
+	}
+	if want := []string{"b"}; !reflect.DeepEqual(undone, want) {
+		t.Fatalf("undone %v, want %v: a must not be undone once b's undo could not be journaled", undone, want)
+	}
+	if len(j.sagas.Open()) != 1 {
+		t.Fatal("saga must stay open for recover")
+	}
+}
+
+func TestStaleDecisionIsRefusedAndStepsAdvanceTheirExpectation(t *testing.T) {
+	j := newGuarded()
+	ent := guard.Sandbox(sb1)
+	j.rev[ent] = 7 // the journal moved on after the decision read 5
+	var undone []string
+	s := &Saga{Kind: "stop", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone)}, Expect: []guard.Expect{{Entity: ent, Seq: 5}}}
+	err := s.Run(context.Background(), j)
+	var stale *guard.StaleError
+	if !errors.As(err, &stale) || stale.Actual != 7 {
+		t.Fatalf("Run = %v, want a stale refusal at 7", err)
+	}
+	if len(j.evs) != 0 {
+		t.Fatal("a stale saga wrote events")
+	}
+	s = &Saga{Kind: "stop", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone), recordingStep("b", &undone)}, Expect: []guard.Expect{{Entity: ent, Seq: 7}}}
+	if err := s.Run(context.Background(), j); err != nil {
+		t.Fatalf("fresh decision refused: %v", err)
+	}
+	// The expectation follows the saga's own last forward step (b); the
+	// unguarded saga.finished after it is the only later event.
+	if s.Expect[0].Seq != j.rev[ent]-1 {
+		t.Fatalf("expectation %d, journal at %d", s.Expect[0].Seq, j.rev[ent])
 	}
 }

@@ -104,9 +104,9 @@ func stopDaemonsAtEnd(t testing.TB, root string) {
 	})
 }
 
-// waitFor polls cond until it holds or a generous deadline passes (then the
+// waitUntil polls cond until it holds or a generous deadline passes (then the
 // test fails naming what): a condition, not a timing, is what is asserted.
-func waitFor(t *testing.T, what string, cond func() bool) {
+func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for !cond() {
@@ -259,7 +259,7 @@ func TestEventsFollowDoesNotBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Process.Kill(); f.Wait() })
-	waitFor(t, "serving the follower", func() bool { return len(daemonPids(root)) == 1 })
+	waitUntil(t, "serving the follower", func() bool { return len(daemonPids(root)) == 1 })
 	heard := make(chan string, 4)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -338,7 +338,7 @@ func TestAutoDaemonExitsWhenIdle(t *testing.T) {
 	}
 	f.Process.Kill()
 	f.Wait()
-	waitFor(t, "idled out", func() bool { return len(daemonPids(root)) == 0 })
+	waitUntil(t, "idled out", func() bool { return len(daemonPids(root)) == 0 })
 	if _, err := os.Lstat(filepath.Join(root, "nexus.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left by the idle daemon: %v", err)
 	}
@@ -364,7 +364,7 @@ func TestKilledAutoDaemonMidCommand(t *testing.T) {
 		t.Fatalf("daemons: %v", old)
 	}
 	syscall.Kill(old[0], syscall.SIGKILL)
-	waitFor(t, "dead", func() bool { return len(daemonPids(root)) == 0 })
+	waitUntil(t, "dead", func() bool { return len(daemonPids(root)) == 0 })
 	c := frozen[0]
 	c.Process.Signal(syscall.SIGCONT)
 	err := c.Wait()
@@ -414,7 +414,7 @@ func TestRecoverRetiresAutoDaemon(t *testing.T) {
 		t.Fatal("no daemon started on demand")
 	}
 	mustOK(t, nexus(t, root, "recover"), "recover")
-	waitFor(t, "retired", func() bool { return len(daemonPids(root)) == 0 })
+	waitUntil(t, "retired", func() bool { return len(daemonPids(root)) == 0 })
 	stopDaemons(root)
 	d := startDaemon(t, root)
 	mustOK(t, nexus(t, root, "recover"), "recover beside a hand-started daemon")
@@ -532,7 +532,7 @@ func TestHandDaemonTakesOver(t *testing.T) {
 		t.Fatalf("daemons after demo: %v", auto)
 	}
 	d := startDaemon(t, root)
-	waitFor(t, "retired", func() bool { return !slices.Contains(daemonPids(root), auto[0]) })
+	waitUntil(t, "retired", func() bool { return !slices.Contains(daemonPids(root), auto[0]) })
 	if r := mustOK(t, nexus(t, root, "events"), "events"); strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events through the hand-started daemon: %q", r.stdout)
 	}

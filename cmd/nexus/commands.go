@@ -17,6 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -236,8 +237,9 @@ func lsCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				list = lifecycle.ObserveExits(list)
 				if asJSON {
-					if list == nil {
+					if len(list) == 0 {
 						list = []projections.Sandbox{}
 					}
 					return printJSON(cmd.OutOrStdout(), list)
@@ -267,7 +269,7 @@ func inspectCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				sb, err := findSandbox(list, args[0])
+				sb, err := findSandbox(lifecycle.ObserveExits(list), args[0])
 				if err != nil {
 					return err
 				}
@@ -299,10 +301,10 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
 	}
 	if sb.VMM != nil {
-		fmt.Fprintf(tw, "VMM:\tpid %d (start %d)\n", sb.VMM.Pid, sb.VMM.StartTicks)
+		fmt.Fprintf(tw, "VMM:\tpid %d (start %d)%s\n", sb.VMM.Pid, sb.VMM.StartTicks, exitedNote(sb.VMM))
 	}
 	if sb.Supervisor != nil {
-		fmt.Fprintf(tw, "Supervisor:\tpid %d (start %d)\n", sb.Supervisor.Pid, sb.Supervisor.StartTicks)
+		fmt.Fprintf(tw, "Supervisor:\tpid %d (start %d)%s\n", sb.Supervisor.Pid, sb.Supervisor.StartTicks, exitedNote(sb.Supervisor))
 	}
 	for _, v := range sb.Volumes {
 		fmt.Fprintf(tw, "Volume:\t%s at %s\n", v.Name, v.GuestPath)
@@ -312,6 +314,13 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 	}
 	fmt.Fprintf(tw, "Journal seq:\t%d\n", sb.Seq)
 	return tw.Flush()
+}
+
+func exitedNote(p *projections.Process) string {
+	if p.Exited {
+		return " exited"
+	}
+	return ""
 }
 
 func printJSON(w io.Writer, v any) error {

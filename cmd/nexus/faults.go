@@ -7,6 +7,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 )
 
 // failAppends wraps b for the failure-injection tests: with
@@ -26,10 +27,14 @@ type failingBackend struct {
 }
 
 func (f failingBackend) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
+	return f.AppendExpect(ctx, nil, evs...)
+}
+
+func (f failingBackend) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
 	for _, e := range evs {
 		if e.Type == f.fail {
 			return nil, fmt.Errorf("injected failure appending %s (NEXUS_FAIL_APPEND)", f.fail)
 		}
 	}
-	return f.Backend.Append(ctx, evs...)
+	return f.Backend.AppendExpect(ctx, expect, evs...)
 }

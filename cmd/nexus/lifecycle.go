@@ -51,6 +51,7 @@ func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*life
 			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
+			Wait: g.wait,
 		})
 	})
 }
@@ -280,6 +281,13 @@ func recoverCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(w, "sandboxes: %d stopped (VMM gone), %d supervisors restarted, %d orphaned supervisors killed, %d VMs unpaused\n",
 						len(rep.Stopped), len(rep.Restarted), len(rep.Killed), len(rep.Unpaused))
 					fmt.Fprintf(w, "intents without a saga cleaned: %d\n", len(rep.Intents))
+					for _, sk := range rep.Skipped {
+						what := "sandbox " + sk.Sandbox
+						if sk.Saga != "" {
+							what = fmt.Sprintf("%s saga %s of %s", sk.Kind, sk.Saga, sk.Sandbox)
+						}
+						fmt.Fprintf(w, "skipped %s: %s\n", what, sk.Reason)
+					}
 				})
 			})
 		},

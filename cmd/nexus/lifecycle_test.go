@@ -97,7 +97,7 @@ func untracked(t *testing.T, root string) []string {
 			return nil
 		// images/ is the shared image cache: owned by no sandbox, tracked by
 		// the image cache projection (imagecache_test.go checks it).
-		case top == "journal", top == "projections", top == "logs", top == "volumes", top == "images", rel == "nexus.sock", rel == "daemon.lock", rel == "config.toml":
+		case top == "journal", top == "projections", top == "logs", top == "leases", top == "volumes", top == "images", rel == "nexus.sock", rel == "daemon.lock", rel == "config.toml":
 			return filepath.SkipDir
 		}
 		for dir := rel; dir != "." && dir != "/"; dir = filepath.Dir(dir) {

@@ -11,6 +11,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -28,12 +29,32 @@ func (u usageError) Unwrap() error { return u.err }
 type globals struct {
 	stateDir string
 	driver   string
+	wait     bool
 }
 
+// errInterrupted is the cause of the context a first SIGINT or SIGTERM
+// cancels: no new saga step starts, and compensation runs to the end under
+// a context of its own. A second signal aborts at once; the saga stays open
+// under its (then released) runner lease for `nexus recover`.
+var errInterrupted = errors.New("interrupted")
+
+// interrupted is set by the first signal: a command that then fails failed
+// because of it (a step may see only context.Canceled), so it exits 130.
+var interrupted atomic.Bool
+
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		interrupted.Store(true)
+		cancel(fmt.Errorf("%w by %s", errInterrupted, s))
+		<-sigs
+		fmt.Fprintln(os.Stderr, "nexus: aborted; anything this command left unfinished is finished by `nexus recover`")
+		os.Exit(130)
+	}()
 	err := newRoot().ExecuteContext(ctx)
-	stop()
 	os.Exit(exitCode(err))
 }
 
@@ -42,6 +63,9 @@ func exitCode(err error) int {
 		return 0
 	}
 	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(err.Error()))
+	if errors.Is(err, errInterrupted) || interrupted.Load() {
+		return 130
+	}
 	var u usageError
 	// cobra reports unknown subcommands as plain errors; they are usage errors too.
 	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
@@ -70,6 +94,7 @@ func newRoot() *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
+	root.PersistentFlags().BoolVar(&g.wait, "wait", false, "wait for another command's saga on the same sandbox or volume to end instead of refusing")
 	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: cloud-hypervisor or process (env NEXUS_DRIVER)")
 	root.AddCommand(
 		versionCmd(),

@@ -103,9 +103,16 @@ func (m *modelRun) pick(list []projections.Sandbox, state projections.State) (pr
 // outcomes, for example forking a sandbox with a volume; only a usage
 // error or an unexpected crash is a failure.
 func (m *modelRun) step() {
-	list := sandboxes(m.t, m.root)
-	var saga string
-	var args []string
+	saga, args := m.choose(sandboxes(m.t, m.root))
+	if args == nil || (saga != "" && slices.Contains(args, "")) {
+		return
+	}
+	m.runStep(saga, args)
+}
+
+// choose picks a random operation on the current sandboxes: its saga kind
+// and its arguments (nil: nothing to do).
+func (m *modelRun) choose(list []projections.Sandbox) (saga string, args []string) {
 	switch op := m.rng.IntN(10); {
 	case op < 3 || len(list) == 0:
 		saga, args = "create", []string{"create", "--image", m.image}
@@ -114,8 +121,10 @@ func (m *modelRun) step() {
 		}
 		if m.rng.IntN(4) == 0 {
 			name := fmt.Sprintf("v%d", len(m.volumes))
-			m.run("volume", "create", name, "--size", "16M")
-			m.volumes[name] = volumeSum(m.t, m.root, name)
+			if m.volumes[name] == "" {
+				m.run("volume", "create", name, "--size", "16M")
+				m.volumes[name] = volumeSum(m.t, m.root, name)
+			}
 			args = append(args, "--volume", name+":/data")
 		}
 	case op == 3:
@@ -145,9 +154,12 @@ func (m *modelRun) step() {
 		sb, _ := m.pick(list, "")
 		saga, args = "rm", []string{"rm", sb.ID}
 	}
-	if args == nil || (saga != "" && slices.Contains(args, "")) {
-		return
-	}
+	return saga, args
+}
+
+// runStep runs one chosen operation, killing it at a random saga step about
+// a third of the time (then recovering).
+func (m *modelRun) runStep(saga string, args []string) {
 	if saga != "" && m.rng.IntN(3) == 0 {
 		steps := sagaSteps[saga]
 		point := saga + "." + steps[m.rng.IntN(len(steps))]

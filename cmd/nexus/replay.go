@@ -218,6 +218,7 @@ func printVerify(out io.Writer, rep replay.Report) {
 	section("repeated message ids", rep.DuplicateID)
 	section("undecodable records", rep.Undecodable)
 	section("records from a newer schema (not read)", rep.NewerSchema)
+	section("events outside an open saga", rep.OutsideSaga)
 	fmt.Fprintf(out, "unfinished sagas: %d\n", len(rep.OpenSagas))
 	for _, sg := range rep.OpenSagas {
 		fmt.Fprintf(out, "  %s: %s of %s, done %v\n", sg.ID, sg.Kind, sg.Sandbox, sg.Done)

@@ -253,7 +253,17 @@ type Message struct {
 	// ExpectLastSeq, if set, makes the append fail with ErrConflict unless
 	// the stream's last sequence is exactly *ExpectLastSeq.
 	ExpectLastSeq *uint64
+	// ExpectSubjects, with ExpectSubjectSeq, makes the journal itself
+	// refuse the append (ErrStaleSubject) unless the last record on any
+	// subject matching this filter is at ExpectSubjectSeq (0: none yet).
+	// nexus uses it for an entity's subjects, nexus.events.*.*.<sandbox>.
+	ExpectSubjects   string
+	ExpectSubjectSeq uint64
 }
+
+// ErrStaleSubject means an ExpectSubjects append found a newer record on
+// those subjects than the writer expected.
+var ErrStaleSubject = errors.New("journal moved on: a newer record on the expected subjects")
 
 // Ack is the journal's acknowledgement of an append, given only after the
 // message is on disk (the server runs with SyncAlways).
@@ -273,11 +283,22 @@ func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 	if m.ExpectLastSeq != nil {
 		popts = append(popts, jetstream.WithExpectLastSequence(*m.ExpectLastSeq))
 	}
-	ack, err := j.js.PublishMsg(ctx, &nats.Msg{Subject: m.Subject, Data: m.Data, Header: nats.Header{}}, popts...)
+	hdr := nats.Header{}
+	if m.ExpectSubjects != "" {
+		// The per-subject check runs in the server, before de-duplication,
+		// on the same stored index the reads use.
+		hdr.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.ExpectSubjectSeq, 10))
+		hdr.Set(expectedLastSubjSeqSubjHeader, m.ExpectSubjects)
+	}
+	ack, err := j.js.PublishMsg(ctx, &nats.Msg{Subject: m.Subject, Data: m.Data, Header: hdr}, popts...)
 	if err == nil {
 		return Ack{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 	}
 	var apiErr *jetstream.APIError
+	stale := fmt.Errorf("journal append %s: %w (expected %d on %s)", m.ID, ErrStaleSubject, m.ExpectSubjectSeq, m.ExpectSubjects)
+	if m.ExpectSubjects != "" && m.ExpectLastSeq == nil && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return Ack{}, stale
+	}
 	if m.ExpectLastSeq != nil && errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 		seq, found, ferr := j.findMsgID(ctx, *m.ExpectLastSeq+1, m.ID)
 		if ferr != nil {
@@ -285,6 +306,11 @@ func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 		}
 		if found {
 			return Ack{Seq: seq, Duplicate: true}, nil
+		}
+		// Both checks report the same error code: the stream not having
+		// moved means it was the subject check that refused.
+		if last, lerr := j.LastSeq(ctx); m.ExpectSubjects != "" && lerr == nil && last == *m.ExpectLastSeq {
+			return Ack{}, stale
 		}
 		return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, ErrConflict)
 	}
@@ -309,6 +335,11 @@ func (j *Journal) findMsgID(ctx context.Context, from uint64, id string) (uint64
 }
 
 var errStop = errors.New("stop")
+
+// expectedLastSubjSeqSubjHeader names the subject filter the server checks
+// Nats-Expected-Last-Subject-Sequence against (nats-server 2.11+; the
+// client library has no constant for it).
+const expectedLastSubjSeqSubjHeader = "Nats-Expected-Last-Subject-Sequence-Subject"
 
 // LastSeq is the sequence of the newest record (0 for an empty journal).
 func (j *Journal) LastSeq(ctx context.Context) (uint64, error) {

@@ -199,3 +199,39 @@ func sum(b []byte) uint64 {
 	}
 	return h
 }
+
+// The journal itself refuses an append whose decision saw an older record
+// on the entity's subjects, even when the stream-wide check passes.
+func TestExpectedLastSubjectSequenceOverAWildcard(t *testing.T) {
+	ctx := context.Background()
+	j := openTest(t, t.TempDir())
+	put := func(subj, id string, m Message) (Ack, error) {
+		m.Subject, m.ID, m.Data = subj, id, []byte(id)
+		return j.Append(ctx, m)
+	}
+	if _, err := put("nexus.events.sandbox.created.A", "1", Message{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := put("nexus.events.sandbox.created.B", "2", Message{}); err != nil {
+		t.Fatal(err)
+	}
+	// A's last record is 1, whatever B did since.
+	if _, err := put("nexus.events.saga.started.A", "3", Message{ExpectSubjects: "nexus.events.*.*.A", ExpectSubjectSeq: 1}); err != nil {
+		t.Fatalf("fresh expectation refused: %v", err)
+	}
+	last := uint64(3)
+	_, err := put("nexus.events.saga.started.A", "4", Message{ExpectSubjects: "nexus.events.*.*.A", ExpectSubjectSeq: 1, ExpectLastSeq: &last})
+	if !errors.Is(err, ErrStaleSubject) {
+		t.Fatalf("stale expectation (with the stream check passing) = %v, want ErrStaleSubject", err)
+	}
+	_, err = put("nexus.events.saga.started.C", "5", Message{ExpectSubjects: "nexus.events.*.*.C", ExpectSubjectSeq: 2})
+	if !errors.Is(err, ErrStaleSubject) {
+		t.Fatalf("expectation on an entity with no records = %v, want ErrStaleSubject", err)
+	}
+	if _, err := put("nexus.events.saga.started.C", "6", Message{ExpectSubjects: "nexus.events.*.*.C", ExpectSubjectSeq: 0}); err != nil {
+		t.Fatalf("first record of a new entity refused: %v", err)
+	}
+	if n := len(readAll(t, j, 1, Subjects)); n != 4 {
+		t.Fatalf("%d records, want 4", n)
+	}
+}

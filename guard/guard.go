@@ -1,0 +1,106 @@
+// Package guard is how nexus refuses a transition decided on stale state.
+// It is pure: it names the entities an event concerns, carries the
+// sequence a decision saw for each (Expect), and decides whether a command
+// may run on a sandbox or volume in its current state (Decide*). The node
+// checks an Expect under its append lock and the journal checks it again
+// (Nats-Expected-Last-Subject-Sequence over the sandbox's subjects); the
+// runner lease (host/sagalease) keeps a second runner off the entity while
+// a saga is open.
+package guard
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/nexus-sandbox/nexus/events"
+)
+
+// Entity names something decisions are taken about: "sandbox/<ULID>",
+// "volume/<name>", or "reap" (the one reap run at a time).
+type Entity string
+
+// Sandbox is the entity of a sandbox.
+func Sandbox(id string) Entity { return Entity("sandbox/" + id) }
+
+// Volume is the entity of a named volume.
+func Volume(name string) Entity { return Entity("volume/" + name) }
+
+// Reap is the entity every reap --apply run claims.
+const Reap Entity = "reap"
+
+// Kind is the part before the slash ("sandbox", "volume", "reap").
+func (e Entity) Kind() string { k, _, _ := strings.Cut(string(e), "/"); return k }
+
+// Name is the part after the slash (a sandbox id or a volume name).
+func (e Entity) Name() string { _, n, _ := strings.Cut(string(e), "/"); return n }
+
+// Expect says: admit this append only if the last event about Entity is
+// still the one at Seq (0: no event about it yet).
+type Expect struct {
+	Entity Entity `json:"entity"`
+	Seq    uint64 `json:"seq"`
+}
+
+// EntitiesOf lists the entities an event concerns: its sandbox, and the
+// volume a volume event names.
+func EntitiesOf(e events.Event) []Entity {
+	var out []Entity
+	if e.Sandbox != "" {
+		out = append(out, Sandbox(e.Sandbox))
+	}
+	switch p := e.Payload.(type) {
+	case events.VolumeCreatedEvent:
+		out = append(out, Volume(p.Name))
+	case events.VolumeAttachedEvent:
+		out = append(out, Volume(p.Name))
+	case events.VolumeDetachedEvent:
+		out = append(out, Volume(p.Name))
+	case events.VolumeRemovedEvent:
+		out = append(out, Volume(p.Name))
+	}
+	return out
+}
+
+// Advance moves each expectation an appended event concerns to that
+// event's sequence: a saga's next step expects exactly what it last wrote.
+func Advance(expect []Expect, evs []events.Event, seqs []uint64) {
+	for i, e := range evs {
+		if i >= len(seqs) {
+			return
+		}
+		for _, ent := range EntitiesOf(e) {
+			for j := range expect {
+				if expect[j].Entity == ent {
+					expect[j].Seq = seqs[i]
+				}
+			}
+		}
+	}
+}
+
+// ErrStale marks an append refused because its decision was taken on state
+// the journal has since moved past.
+var ErrStale = errors.New("decided on stale state")
+
+// ErrSagaClosed marks an event for a saga the journal has already closed.
+var ErrSagaClosed = errors.New("saga already closed")
+
+// StaleError says which entity moved and to what.
+type StaleError struct {
+	Entity   Entity `json:"entity"`
+	Expected uint64 `json:"expected"`
+	Actual   uint64 `json:"actual"`
+	// Latest is the type of the event at Actual, when known.
+	Latest events.Type `json:"latest,omitempty"`
+}
+
+func (e *StaleError) Error() string {
+	what := ""
+	if e.Latest != "" {
+		what = fmt.Sprintf(" (%s)", e.Latest)
+	}
+	return fmt.Sprintf("%s changed while this command decided: it was at event %d, the journal is at %d%s", e.Entity, e.Expected, e.Actual, what)
+}
+
+func (e *StaleError) Unwrap() error { return ErrStale }

@@ -1,0 +1,190 @@
+// Package sagalease holds the runner lease of an entity (a sandbox, a
+// volume, the reap run): an exclusive flock on <state-root>/leases/<entity>
+// that whoever runs a saga on the entity holds from before its decision to
+// the saga's end. The kernel drops it however the runner dies, so a free
+// lease is the proof recover needs before it resumes or compensates a saga,
+// and a held one names the live saga that refuses a second command.
+package sagalease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+)
+
+// Dir is the leases directory, relative to the state root.
+const Dir = "leases"
+
+// ErrHeld means a live process holds the entity's lease.
+var ErrHeld = errors.New("runner lease is held")
+
+// Holder is what a lease file says about the process holding it. The flock
+// is the truth; this text only names the holder in refusals.
+type Holder struct {
+	Pid  int    `json:"pid"`
+	Kind string `json:"kind,omitempty"` // the command or saga kind
+	Saga string `json:"saga,omitempty"` // once journaled
+}
+
+func (h Holder) String() string {
+	s := h.Kind
+	if s == "" {
+		s = "a command"
+	}
+	if h.Saga != "" {
+		s += " saga " + h.Saga
+	}
+	if h.Pid > 0 {
+		s += fmt.Sprintf(" (pid %d)", h.Pid)
+	}
+	return s
+}
+
+// HeldError names who holds a lease.
+type HeldError struct {
+	Entity guard.Entity
+	By     Holder
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("%s is busy: %s is running on it (pass --wait to wait for it)", e.Entity, e.By)
+}
+
+func (e *HeldError) Unwrap() error { return ErrHeld }
+
+// Lease is a held runner lease.
+type Lease struct {
+	f      *os.File
+	path   string
+	holder Holder
+}
+
+// Path is the lease file of entity under root.
+func Path(root string, entity guard.Entity) string {
+	return filepath.Join(root, Dir, strings.ReplaceAll(string(entity), "/", ".")+".lease")
+}
+
+// Acquire takes entity's lease. Without wait a held lease is a *HeldError
+// at once; with it Acquire polls until the lease is free or ctx is done.
+func Acquire(ctx context.Context, root string, entity guard.Entity, h Holder, wait bool) (*Lease, error) {
+	if err := fsx.EnsureDir(root, Dir); err != nil {
+		return nil, err
+	}
+	path := Path(root, entity)
+	for attempt, delay := 1, 5*time.Millisecond; ; attempt, delay = attempt+1, min(delay*2, 100*time.Millisecond) {
+		l, err := try(path, h)
+		if err == nil || !errors.Is(err, ErrHeld) {
+			return l, err
+		}
+		// A Probe holds a shared lock for an instant; only a lease still
+		// held after a few tries is someone's saga.
+		if !wait && attempt >= 3 {
+			return nil, &HeldError{Entity: entity, By: readHolder(path)}
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for %s: %w", entity, context.Cause(ctx))
+		case <-time.After(delay):
+		}
+	}
+}
+
+// try takes the lease once. A file unlinked by a holder that removed it
+// (Remove) between our open and our flock is a lock nobody else can see,
+// so the inode we locked must still be the one the path names.
+func try(path string, h Holder) (*Lease, error) {
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, ErrHeld
+			}
+			return nil, fmt.Errorf("flock %s: %w", path, err)
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Lstat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
+			l := &Lease{f: f, path: path}
+			l.Set(h)
+			return l, nil
+		}
+		f.Close()
+	}
+}
+
+// Set rewrites the holder text (for instance once the saga id is known).
+func (l *Lease) Set(h Holder) {
+	if h.Pid == 0 {
+		h.Pid = os.Getpid()
+	}
+	l.holder = h
+	data, _ := json.Marshal(h)
+	if l.f.Truncate(0) == nil {
+		l.f.WriteAt(append(data, '\n'), 0)
+	}
+}
+
+// Release drops the lease.
+func (l *Lease) Release() {
+	if l == nil || l.f == nil {
+		return
+	}
+	l.f.Close()
+	l.f = nil
+}
+
+// Remove deletes the lease file and drops the lease: for an entity that no
+// longer exists (a removed sandbox or volume), so leases/ does not grow
+// with every sandbox ever made. Waiters that opened the old file notice
+// the unlink and retry on a new one.
+func (l *Lease) Remove() {
+	if l == nil || l.f == nil {
+		return
+	}
+	os.Remove(l.path)
+	l.Release()
+}
+
+// Probe reports whether entity's lease is held, and by whom, without
+// taking it.
+func Probe(root string, entity guard.Entity) (bool, Holder, error) {
+	path := Path(root, entity)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, Holder{}, nil
+	}
+	if err != nil {
+		return false, Holder{}, err
+	}
+	defer f.Close()
+	// A shared lock is granted only if no one holds the exclusive one.
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return true, readHolder(path), nil
+		}
+		return false, Holder{}, err
+	}
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false, Holder{}, nil
+}
+
+func readHolder(path string) Holder {
+	var h Holder
+	if data, err := os.ReadFile(path); err == nil {
+		json.Unmarshal(data, &h)
+	}
+	return h
+}
