@@ -103,6 +103,10 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	return <-served
 }
 
+// ErrServedElsewhere is a daemon started on demand that found another
+// daemon serving the root while it waited for the journal.
+var ErrServedElsewhere = errors.New("another daemon serves the state root")
+
 // openWaiting opens the node, waiting up to wait for a holder of the
 // journal to let go. A daemon started by hand (takeOver) asks a daemon
 // started on demand to retire, so `nexus daemon` works whatever commands
@@ -114,13 +118,19 @@ func openWaiting(ctx context.Context, root string, jo journal.Options, wait time
 		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
 			return n, err
 		}
-		if takeOver {
-			if c, err := dial(ctx, filepath.Join(root, SocketName)); err == nil {
-				if st, err := c.Status(ctx); err == nil && st.Auto {
-					c.retire(ctx)
-				}
+		if c, err := dial(ctx, filepath.Join(root, SocketName)); err == nil {
+			st, serr := c.Status(ctx)
+			switch {
+			case takeOver && serr == nil && st.Auto:
+				c.retire(ctx)
+			case !takeOver:
+				// Started on demand while another daemon took the root
+				// (one started by hand): the command that started us is
+				// served by it, so we are not needed.
 				c.Close()
+				return nil, ErrServedElsewhere
 			}
+			c.Close()
 		}
 		select {
 		case <-ctx.Done():

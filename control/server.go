@@ -232,9 +232,9 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
 	})
-	// A command that must own the journal in its own process (recover, a
-	// ledger sweep) retires a daemon started on demand; one started by hand
-	// serves until it is stopped.
+	// A command that must own the journal in its own process (a ledger
+	// sweep that removes) retires a daemon started on demand; one started
+	// by hand serves until it is stopped.
 	mux.HandleFunc("POST /v1/retire", func(w http.ResponseWriter, r *http.Request) {
 		if !auto {
 			writeJSON(w, http.StatusConflict, appendResponse{Error: "a daemon started by hand does not retire"})

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -404,24 +406,39 @@ func TestNoAutoDaemonKeepsInProcess(t *testing.T) {
 	}
 }
 
-// TestRecoverRetiresAutoDaemon: recover owns the journal in its own process
-// (its rule "every open saga's runner is dead" needs that); an on-demand
-// daemon steps down for it, a hand-started one does not.
-func TestRecoverRetiresAutoDaemon(t *testing.T) {
+// TestSweepRetiresAutoDaemon: a ledger sweep that removes owns the journal
+// in its own process (its rule "every open saga's runner is dead" needs
+// that); an on-demand daemon steps down for it, a hand-started one does
+// not. recover goes through the daemon like any command.
+func TestSweepRetiresAutoDaemon(t *testing.T) {
 	root := shortRoot(t)
 	mustOK(t, nexus(t, root, "demo"), "demo")
-	if len(daemonPids(root)) != 1 {
+	auto := daemonPids(root)
+	if len(auto) != 1 {
 		t.Fatal("no daemon started on demand")
 	}
 	mustOK(t, nexus(t, root, "recover"), "recover")
-	waitUntil(t, "retired", func() bool { return len(daemonPids(root)) == 0 })
+	if now := daemonPids(root); !slices.Equal(now, auto) {
+		t.Fatalf("recover changed the daemon: %v, was %v", now, auto)
+	}
+	dir := deadRun(t, root, "dead")
+	writeHand(t, dir, "dead.sandboxes", ulidString()+"\n")
+	if out := sweepJSON(t, root); len(out) != 1 || out[0].Verdict != "sweep" || out[0].Error != "" {
+		t.Fatalf("sweep: %+v", out)
+	}
+	waitUntil(t, "retired", func() bool { return !slices.Contains(daemonPids(root), auto[0]) })
+
 	stopDaemons(root)
 	d := startDaemon(t, root)
-	mustOK(t, nexus(t, root, "recover"), "recover beside a hand-started daemon")
+	deadRun(t, root, "dead2")
+	writeHand(t, dir, "dead2.sandboxes", ulidString()+"\n")
+	sweepJSON(t, root)
 	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.cmd.Process.Pid {
-		t.Fatalf("daemons after recover: %v, want the hand-started %d", pids, d.cmd.Process.Pid)
+		t.Fatalf("daemons after a sweep: %v, want the hand-started %d", pids, d.cmd.Process.Pid)
 	}
 }
+
+func ulidString() string { return ulid.Make().String() }
 
 // BenchmarkConcurrentCreatesAutoVsHand: rounds of 4 creates at once, with
 // no daemon started by hand (the first command starts one on demand) and
@@ -469,9 +486,10 @@ func BenchmarkConcurrentCreatesAutoVsHand(b *testing.B) {
 	b.ReportMetric(ms(coldHand/time.Duration(b.N)), "cold-hand-ms/round")
 }
 
-// TestFollowerSurvivesRetire: recover retires the on-demand daemon while
-// `events --follow` is connected; recover is not kept waiting, and the
-// follower, resuming through the next daemon, hears what comes after.
+// TestFollowerSurvivesRetire: a hand-started daemon retires the on-demand
+// one while `events --follow` is connected; the takeover is not kept
+// waiting by the follower, which resumes through the new daemon and hears
+// what comes after, once.
 func TestFollowerSurvivesRetire(t *testing.T) {
 	root := shortRoot(t)
 	// Stop the follower before its daemon: it would start a new one.
@@ -508,12 +526,17 @@ func TestFollowerSurvivesRetire(t *testing.T) {
 	mustOK(t, nexus(t, root, "demo"), "demo")
 	hear("first demo")
 	before := daemonPids(root)
-	mustOK(t, nexus(t, root, "recover"), "recover beside a follower")
-	mustOK(t, nexus(t, root, "demo"), "demo after recover")
-	hear("demo after recover")
-	after := daemonPids(root)
-	if len(before) != 1 || len(after) != 1 || before[0] == after[0] {
-		t.Fatalf("daemons before recover %v, after %v: want one retired and one new", before, after)
+	d := startDaemon(t, root) // retires the on-demand daemon, whose follow stream ends
+	mustOK(t, nexus(t, root, "demo"), "demo after the takeover")
+	hear("demo after the takeover")
+	// A daemon the follower started on demand while the takeover waited
+	// for the journal finds the hand-started one serving and leaves.
+	waitUntil(t, "served by the hand-started daemon alone", func() bool {
+		after := daemonPids(root)
+		return len(after) == 1 && after[0] == d.cmd.Process.Pid
+	})
+	if len(before) != 1 || before[0] == d.cmd.Process.Pid {
+		t.Fatalf("daemons before the takeover: %v", before)
 	}
 	select {
 	case line := <-heard:

@@ -116,13 +116,18 @@ func daemonCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: subscribers at %s, credentials in %s/%s\n", st.SubscriberURL, st.Root, control.SubscriberFile)
 				}
 			}
-			return control.RunDaemon(cmd.Context(), g.stateDir, o)
+			err := control.RunDaemon(cmd.Context(), g.stateDir, o)
+			if o.Auto && errors.Is(err, control.ErrServedElsewhere) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: %v; not needed\n", err)
+				return nil
+			}
+			return err
 		},
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
 	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback")
 	c.Flags().DurationVar(&o.Idle, "idle", 0, "exit once no command has been connected for this long (0: never; on-demand daemons default to $NEXUS_DAEMON_IDLE or 30s)")
-	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for recover and ledger sweeps)")
+	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
 	c.Flags().MarkHidden("auto")
 	c.Flags().StringVar(&mirrorURL, "mirror", "", "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT)")
 	c.Flags().StringVar(&m.Domain, "mirror-domain", "fleet", "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")

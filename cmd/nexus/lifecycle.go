@@ -27,7 +27,9 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 
 // withManagerOwned with owned set is for the commands whose safety rests on
 // owning the journal: while they own it, no other command runs a saga, so
-// every open saga's runner is dead (recover, a ledger sweep that removes).
+// every open saga's runner is dead (a ledger sweep that removes, whose
+// finishStranded recovers only then). recover needs no such thing: it
+// leaves alone every saga whose runner lease is held.
 func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*lifecycle.Manager) error) error {
 	root, err := node.PrepareRoot(g.stateDir)
 	if err != nil {
@@ -270,7 +272,7 @@ func recoverCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use: "recover", Short: "Resume or compensate unfinished sagas; reconcile sandboxes with their processes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withManagerOwned(cmd.Context(), g, true, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				rep, err := m.Recover(cmd.Context())
 				if err != nil {
 					return err
