@@ -6,8 +6,9 @@
 // by SIGKILL, OOM or a crashed CI step.
 //
 // The client reaches nexus by running the nexus binary, one short process
-// per operation, so it never holds the state root's journal lock between
-// calls and works the same with or without `nexus daemon`.
+// per operation; each talks to the state root's daemon (the first starts
+// one on demand), so calls from several goroutines run at once and work the
+// same with or without a hand-started `nexus daemon`.
 package client
 
 import (

@@ -94,7 +94,10 @@ func shortRoot(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		stopDaemons(dir)
+		os.RemoveAll(dir)
+	})
 	return dir
 }
 

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"syscall"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
@@ -23,15 +25,70 @@ import (
 // Client talks to a daemon over its control socket.
 type Client struct {
 	http *http.Client
+	// ensure, for a daemon started on demand, makes a daemon answer again
+	// (starting one if need be) after this one went away: idled out between
+	// our requests, or was killed.
+	ensure func(context.Context) error
 }
 
 // NewClient returns a client for the daemon socket at sock.
 func NewClient(sock string) *Client {
-	return &Client{http: &http.Client{Transport: &http.Transport{
+	c := &Client{}
+	c.http = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return unixsock.Dial(ctx, sock)
+			conn, err := unixsock.Dial(ctx, sock)
+			if err != nil && c.ensure != nil && gone(err) {
+				if err := c.ensure(ctx); err != nil {
+					return nil, err
+				}
+				conn, err = unixsock.Dial(ctx, sock)
+			}
+			return conn, err
 		},
-	}}}
+	}}
+	return c
+}
+
+// gone is a dial error that means no daemon listens on the socket.
+func gone(err error) bool {
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// do sends req; for a daemon started on demand, a request that got no
+// response because the connection broke (the daemon closed it while
+// retiring, or died) is sent once more, through a daemon that answers. An
+// append sent twice is harmless: events carry dedup ids.
+func (c *Client) do(req *http.Request) (*http.Response, error) {
+	resp, err := c.http.Do(req)
+	if err == nil || c.ensure == nil || req.Context().Err() != nil {
+		return resp, err
+	}
+	if req.GetBody != nil {
+		body, berr := req.GetBody()
+		if berr != nil {
+			return nil, err
+		}
+		req.Body = body
+	}
+	return c.http.Do(req)
+}
+
+// retire asks a daemon started on demand to stop accepting and exit once
+// its clients are done.
+func (c *Client) retire(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/retire", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon: retire: %s", resp.Status)
+	}
+	return nil
 }
 
 const base = "http://nexus"
@@ -99,7 +156,7 @@ func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ..
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.http.Do(hreq)
+	resp, err := c.do(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -122,6 +179,42 @@ func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ..
 }
 
 func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) error) error {
+	if !q.Follow || c.ensure == nil {
+		_, err := c.events(ctx, q, fn)
+		return err
+	}
+	// A follower of a daemon started on demand outlives that daemon: when
+	// the stream breaks (the daemon retired or was killed) it resumes after
+	// the last event it delivered, through the next daemon.
+	backoff := 50 * time.Millisecond
+	for {
+		var last uint64
+		broken, err := c.events(ctx, q, func(r node.Record) error {
+			last = r.Seq
+			return fn(r)
+		})
+		if !broken || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		if last > 0 {
+			q.Since = last + 1
+			backoff = 50 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// events runs one events request; broken reports a stream that ended
+// without the journal's say (connection lost, or a follow cut short).
+func (c *Client) events(ctx context.Context, q node.Query, fn func(node.Record) error) (broken bool, err error) {
 	v := url.Values{}
 	if q.Since > 0 {
 		v.Set("since", strconv.FormatUint(q.Since, 10))
@@ -137,14 +230,14 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 	}
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/events?"+v.Encode(), nil)
 	if err != nil {
-		return err
+		return false, err
 	}
-	resp, err := c.http.Do(hreq)
+	resp, err := c.do(hreq)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return false, ctx.Err()
 		}
-		return fmt.Errorf("daemon: %w", err)
+		return true, fmt.Errorf("daemon: %w", err)
 	}
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
@@ -152,23 +245,26 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 	for sc.Scan() {
 		var rec wireRecord
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return fmt.Errorf("daemon: events: %w", err)
+			return false, fmt.Errorf("daemon: events: %w", err)
 		}
 		if rec.Error != "" {
-			return errors.New(rec.Error)
+			return false, errors.New(rec.Error)
 		}
 		e, err := events.Decode(rec.Data)
 		if err != nil {
-			return fmt.Errorf("journal event %d: %w", rec.Seq, err)
+			return false, fmt.Errorf("journal event %d: %w", rec.Seq, err)
 		}
 		if err := fn(node.Record{Seq: rec.Seq, Event: e}); err != nil {
-			return err
+			return false, err
 		}
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return false, ctx.Err()
 	}
-	return sc.Err()
+	if err := sc.Err(); err != nil {
+		return true, err
+	}
+	return q.Follow, nil
 }
 
 func (c *Client) getJSON(ctx context.Context, path string, v any) error {
@@ -176,7 +272,7 @@ func (c *Client) getJSON(ctx context.Context, path string, v any) error {
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(hreq)
+	resp, err := c.do(hreq)
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}

@@ -104,10 +104,11 @@ var ErrBusy = errors.New("state root is busy")
 // short command), it retries until wait has passed. It never opens the
 // store while someone else has it.
 func Connect(ctx context.Context, root string, wait time.Duration) (Backend, error) {
-	root, err := node.PrepareRoot(root)
-	if err != nil {
-		return nil, err
-	}
+	return ConnectWith(ctx, root, ConnectOptions{Wait: wait})
+}
+
+// connectLocal is Connect on a prepared root.
+func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend, error) {
 	sock := filepath.Join(root, SocketName)
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond

@@ -41,6 +41,11 @@ type DaemonOptions struct {
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket.
 	Ready func(Status)
+	// Idle > 0 stops the daemon once no client has been connected for that
+	// long (0: serve until ctx is done).
+	Idle time.Duration
+	// Auto marks a daemon a command started on demand.
+	Auto bool
 }
 
 // RunDaemon owns the state root until ctx is done: it keeps the journal
@@ -70,7 +75,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 		jo.Listen = o.Listen
 		jo.Subscriber = &journal.Credentials{User: creds.User, PasswordHash: string(hash)}
 	}
-	n, err := openWaiting(ctx, root, jo, o.LockWait)
+	n, err := openWaiting(ctx, root, jo, o.LockWait, !o.Auto)
 	if err != nil {
 		return err
 	}
@@ -86,24 +91,46 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	defer cancel()
 	// Exits are facts (control/exits.go): stopped before the node closes.
 	defer watchExits(sctx, n)()
-	go func() { served <- Serve(sctx, n) }()
+	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto}) }()
 	if o.Ready != nil {
 		// Serve creates the socket almost at once; wait until it answers so
 		// Ready means a client can connect.
 		if err := waitAnswering(ctx, filepath.Join(root, SocketName), served); err != nil {
 			return err
 		}
-		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL()})
+		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto})
 	}
 	return <-served
 }
 
-func openWaiting(ctx context.Context, root string, jo journal.Options, wait time.Duration) (*node.Node, error) {
+// ErrServedElsewhere is a daemon started on demand that found another
+// daemon serving the root while it waited for the journal.
+var ErrServedElsewhere = errors.New("another daemon serves the state root")
+
+// openWaiting opens the node, waiting up to wait for a holder of the
+// journal to let go. A daemon started by hand (takeOver) asks a daemon
+// started on demand to retire, so `nexus daemon` works whatever commands
+// ran before it.
+func openWaiting(ctx context.Context, root string, jo journal.Options, wait time.Duration, takeOver bool) (*node.Node, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		n, err := node.Open(ctx, root, node.Options{Journal: jo})
 		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
 			return n, err
+		}
+		if c, err := dial(ctx, filepath.Join(root, SocketName)); err == nil {
+			st, serr := c.Status(ctx)
+			switch {
+			case takeOver && serr == nil && st.Auto:
+				c.retire(ctx)
+			case !takeOver:
+				// Started on demand while another daemon took the root
+				// (one started by hand): the command that started us is
+				// served by it, so we are not needed.
+				c.Close()
+				return nil, ErrServedElsewhere
+			}
+			c.Close()
 		}
 		select {
 		case <-ctx.Done():

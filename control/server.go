@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
@@ -24,6 +26,9 @@ type Status struct {
 	Pid           int    `json:"pid"`
 	Root          string `json:"root"`
 	SubscriberURL string `json:"subscriber_url,omitempty"`
+	// Auto is a daemon started on demand: it exits when idle and retires
+	// when a command needs the journal in its own process.
+	Auto bool `json:"auto,omitempty"`
 }
 
 // wireRecord carries one event as its journal bytes, so the client decodes
@@ -56,28 +61,190 @@ type appendResponse struct {
 // until ctx is done. The caller owns n's journal lock, so any socket file
 // already there is a dead daemon's and is replaced.
 func Serve(ctx context.Context, n *node.Node) error {
+	return serve(ctx, n, serveOptions{})
+}
+
+type serveOptions struct {
+	// idle > 0: stop once no client has been connected for this long.
+	idle time.Duration
+	// auto: started on demand (reported in Status; may be retired).
+	auto bool
+}
+
+// clients counts the open connections. A command keeps its connection for
+// its whole run (between requests too, as HTTP keep-alive), and a follower
+// holds one while it follows, so "no connection" is "no client".
+type clients struct {
+	mu       sync.Mutex
+	open     int
+	since    time.Time // when open last fell to 0
+	stopping bool      // accepting stopped: idle or retired
+	none     chan struct{}
+}
+
+func (cl *clients) track(_ net.Conn, st http.ConnState) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	switch st {
+	case http.StateNew:
+		cl.open++
+	case http.StateClosed, http.StateHijacked:
+		cl.open--
+		if cl.open == 0 {
+			cl.since = time.Now()
+			if cl.stopping {
+				close(cl.none)
+			}
+		}
+	}
+}
+
+// stop stops accepting (closing the listener unlinks the socket) if ifIdle
+// is 0 or nobody has been connected for ifIdle. It runs under the lock the
+// connection hook takes, so a connection is either counted before the
+// decision or never accepted; a connection still in the listen backlog is
+// reset, its request never read, and the client sends it again through
+// a daemon that answers (Client.do).
+func (cl *clients) stop(ln net.Listener, ifIdle time.Duration) bool {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.stopping {
+		return true
+	}
+	if ifIdle > 0 && (cl.open > 0 || time.Since(cl.since) < ifIdle) {
+		return false
+	}
+	cl.stopping = true
+	ln.Close()
+	if cl.open == 0 {
+		close(cl.none)
+	}
+	return true
+}
+
+func serve(ctx context.Context, n *node.Node, o serveOptions) error {
 	// Holding the journal lock, we know any socket file there is a dead
 	// daemon's; Listen replaces it because it refuses connections.
 	ln, err := unixsock.Listen(filepath.Join(n.Root(), SocketName))
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
-	srv := &http.Server{Handler: handler(n), BaseContext: func(net.Listener) context.Context { return ctx }}
+	cl := &clients{since: time.Now(), none: make(chan struct{})}
+	retire := make(chan struct{}, 1)
+	fs := &followers{m: map[int]context.CancelFunc{}}
+	srv := &http.Server{
+		Handler:     handler(n, o.auto, retire, fs),
+		BaseContext: func(net.Listener) context.Context { return ctx },
+		ConnState:   cl.track,
+	}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
-	err = srv.Serve(ln)
-	ln.Close()
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	var tick <-chan time.Time
+	if o.idle > 0 {
+		t := time.NewTicker(min(max(o.idle/10, 10*time.Millisecond), time.Second))
+		defer t.Stop()
+		tick = t.C
 	}
-	return err
+	for {
+		select {
+		case err := <-served:
+			ln.Close()
+			if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) && ctx.Err() != nil {
+				return nil
+			}
+			if cl.isStopping() {
+				return finish(ctx, srv, cl)
+			}
+			return err
+		case <-tick:
+			if cl.stop(ln, o.idle) {
+				return finish(ctx, srv, cl)
+			}
+		case <-retire:
+			cl.stop(ln, 0)
+			// Followers would keep a retiring daemon forever; they resume
+			// from their last sequence through the next daemon.
+			fs.end()
+			return finish(ctx, srv, cl)
+		}
+	}
 }
 
-func handler(n *node.Node) http.Handler {
+func (cl *clients) isStopping() bool {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.stopping
+}
+
+// finish waits, with accepting stopped, until every client has closed its
+// connection (or ctx is done), then closes the server.
+func finish(ctx context.Context, srv *http.Server, cl *clients) error {
+	select {
+	case <-cl.none:
+	case <-ctx.Done():
+	}
+	srv.Close()
+	return nil
+}
+
+// followers are the open follow streams, ended when the daemon retires.
+type followers struct {
+	mu    sync.Mutex
+	m     map[int]context.CancelFunc
+	next  int
+	ended bool
+}
+
+// add returns a context for one follow stream and its release.
+func (f *followers) add(parent context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ended {
+		cancel()
+		return ctx, cancel
+	}
+	id := f.next
+	f.next++
+	f.m[id] = cancel
+	return ctx, func() {
+		f.mu.Lock()
+		delete(f.m, id)
+		f.mu.Unlock()
+		cancel()
+	}
+}
+
+func (f *followers) end() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ended = true
+	for _, cancel := range f.m {
+		cancel()
+	}
+}
+
+func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) http.Handler {
 	mux := http.NewServeMux()
 	local := Local{n}
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL()})
+		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
+	})
+	// A command that must own the journal in its own process (a ledger
+	// sweep that removes) retires a daemon started on demand; one started
+	// by hand serves until it is stopped.
+	mux.HandleFunc("POST /v1/retire", func(w http.ResponseWriter, r *http.Request) {
+		if !auto {
+			writeJSON(w, http.StatusConflict, appendResponse{Error: "a daemon started by hand does not retire"})
+			return
+		}
+		select {
+		case retire <- struct{}{}:
+		default:
+		}
+		writeJSON(w, http.StatusOK, struct{}{})
 	})
 	mux.HandleFunc("POST /v1/append", func(w http.ResponseWriter, r *http.Request) {
 		var req appendRequest
@@ -110,9 +277,19 @@ func handler(n *node.Node) http.Handler {
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
+		ctx := r.Context()
+		if q.Follow {
+			// A follow stream is the connection's last request: a stream
+			// ended by a retiring daemon must not leave the client a
+			// keep-alive connection to it.
+			w.Header().Set("Connection", "close")
+			var release func()
+			ctx, release = fs.add(ctx)
+			defer release()
+		}
 		enc := json.NewEncoder(w)
 		flusher, _ := w.(http.Flusher)
-		err = n.Events(r.Context(), q, func(rec node.Record) error {
+		err = n.Events(ctx, q, func(rec node.Record) error {
 			data, err := events.Encode(rec.Event)
 			if err != nil {
 				return err
@@ -125,7 +302,7 @@ func handler(n *node.Node) http.Handler {
 			}
 			return nil
 		})
-		if err != nil && r.Context().Err() == nil {
+		if err != nil && ctx.Err() == nil {
 			enc.Encode(wireRecord{Error: err.Error()})
 		}
 	})

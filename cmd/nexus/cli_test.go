@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if left := stopBinaryDaemons(nexusBin); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "stopped daemons the tests left running: %v\n", left)
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
@@ -51,6 +54,7 @@ func nexus(t testing.TB, root string, args ...string) result {
 
 func nexusEnv(t testing.TB, root string, env []string, args ...string) result {
 	t.Helper()
+	stopDaemonsAtEnd(t, root)
 	cmd := exec.Command(nexusBin, append([]string{"--state-dir", root}, args...)...)
 	cmd.Env = append(append(os.Environ(), "NEXUS_STATE_DIR="), env...)
 	var out, errb bytes.Buffer
@@ -204,8 +208,12 @@ func sameDigest(a, b map[string][32]byte) bool {
 	return true
 }
 
+// blockFile is the journal's message block, to be spoilt by the caller:
+// the daemon serving root is stopped first, as an operator would before
+// touching the store.
 func blockFile(t *testing.T, root string) string {
 	t.Helper()
+	stopDaemons(root)
 	blocks, _ := filepath.Glob(filepath.Join(root, "journal", "jetstream", "$G", "streams", "NEXUS", "msgs", "*.blk"))
 	if len(blocks) == 0 {
 		t.Fatal("no message block in the journal")
@@ -235,6 +243,7 @@ func TestDamagedJournalIsRefusedAndNotRewritten(t *testing.T) {
 			if r := nexus(t, root, "demo"); r.code != 0 {
 				t.Fatalf("demo: %+v", r)
 			}
+			stopDaemons(root)                                // the store is changed behind nexus's back
 			os.RemoveAll(filepath.Join(root, "projections")) // force a full read of the journal
 			spoil(t, blockFile(t, root))
 			before := storeDigest(t, filepath.Join(root, "journal"))
@@ -252,6 +261,7 @@ func TestNewerJournalIsRefused(t *testing.T) {
 	t.Run("format stamp", func(t *testing.T) {
 		root := t.TempDir()
 		nexus(t, root, "demo")
+		stopDaemons(root) // the store is changed behind nexus's back
 		os.WriteFile(filepath.Join(root, "journal", "FORMAT"), []byte("nexus-journal 7\n"), 0o600)
 		before := storeDigest(t, filepath.Join(root, "journal"))
 		wantFailure(t, nexus(t, root, "ls"), 1, "newer nexus")
@@ -262,6 +272,7 @@ func TestNewerJournalIsRefused(t *testing.T) {
 	t.Run("event schema", func(t *testing.T) {
 		root := t.TempDir()
 		nexus(t, root, "demo")
+		stopDaemons(root) // the store is changed behind nexus's back
 		os.RemoveAll(filepath.Join(root, "projections"))
 		appendFutureEvent(t, filepath.Join(root, "journal"))
 		before := storeDigest(t, filepath.Join(root, "journal"))
@@ -277,6 +288,7 @@ func TestNewerJournalIsRefused(t *testing.T) {
 // schema this build has never heard of.
 func appendFutureEvent(t *testing.T, dir string) {
 	t.Helper()
+	stopDaemons(filepath.Dir(dir)) // the store is opened here, not through nexus
 	j, err := journal.Open(context.Background(), journal.Options{Dir: dir})
 	if err != nil {
 		t.Fatal(err)

@@ -26,12 +26,57 @@ import (
 // state root without a daemon.
 const lockWait = 10 * time.Second
 
+// defaultIdle is how long a daemon started on demand outlives its last
+// client (env NEXUS_DAEMON_IDLE).
+const defaultIdle = 30 * time.Second
+
 func withBackend(ctx context.Context, g *globals, fn func(control.Backend) error) error {
-	b, err := control.Connect(ctx, g.stateDir, lockWait)
+	return withBackendOwned(ctx, g, false, fn)
+}
+
+// withBackendOwned with owned set asks for the journal in this process (an
+// on-demand daemon retires for it); see control.ConnectOptions.Exclusive.
+func withBackendOwned(ctx context.Context, g *globals, owned bool, fn func(control.Backend) error) error {
+	o, err := connectOptions()
+	if err != nil {
+		return err
+	}
+	o.Exclusive = owned
+	b, err := control.ConnectWith(ctx, g.stateDir, o)
 	if err != nil {
 		return err
 	}
 	return errors.Join(fn(b), b.Close())
+}
+
+// connectOptions: with no daemon answering, start one on demand, unless
+// NEXUS_NO_AUTO_DAEMON=1 asks for the journal in this process.
+func connectOptions() (control.ConnectOptions, error) {
+	o := control.ConnectOptions{Wait: lockWait}
+	if os.Getenv("NEXUS_NO_AUTO_DAEMON") == "1" {
+		return o, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return o, err
+	}
+	o.Auto = &control.AutoStart{Exe: exe, Args: func(root string) []string {
+		return []string{"--state-dir", root, "daemon", "--auto"}
+	}}
+	return o, nil
+}
+
+// idleFromEnv reads NEXUS_DAEMON_IDLE for a daemon started on demand.
+func idleFromEnv() (time.Duration, error) {
+	s := os.Getenv("NEXUS_DAEMON_IDLE")
+	if s == "" {
+		return defaultIdle, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("NEXUS_DAEMON_IDLE=%q: want a positive duration such as 30s", s)
+	}
+	return d, nil
 }
 
 func daemonCmd(g *globals) *cobra.Command {
@@ -55,6 +100,13 @@ func daemonCmd(g *globals) *cobra.Command {
 				o.Mirror = m
 			}
 			o.LockWait = lockWait
+			if o.Auto && !cmd.Flags().Changed("idle") {
+				d, err := idleFromEnv()
+				if err != nil {
+					return usageError{err}
+				}
+				o.Idle = d
+			}
 			o.Ready = func(st control.Status) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: serving %s (pid %d)\n", st.Root, st.Pid)
 				if o.Mirror != nil {
@@ -64,11 +116,19 @@ func daemonCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: subscribers at %s, credentials in %s/%s\n", st.SubscriberURL, st.Root, control.SubscriberFile)
 				}
 			}
-			return control.RunDaemon(cmd.Context(), g.stateDir, o)
+			err := control.RunDaemon(cmd.Context(), g.stateDir, o)
+			if o.Auto && errors.Is(err, control.ErrServedElsewhere) {
+				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: %v; not needed\n", err)
+				return nil
+			}
+			return err
 		},
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
 	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback")
+	c.Flags().DurationVar(&o.Idle, "idle", 0, "exit once no command has been connected for this long (0: never; on-demand daemons default to $NEXUS_DAEMON_IDLE or 30s)")
+	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
+	c.Flags().MarkHidden("auto")
 	c.Flags().StringVar(&mirrorURL, "mirror", "", "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT)")
 	c.Flags().StringVar(&m.Domain, "mirror-domain", "fleet", "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
 	c.Flags().StringVar(&m.Host, "mirror-host", "", "this host's name in the fleet: subject prefix and stream suffix (default: the hostname)")

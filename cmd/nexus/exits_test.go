@@ -198,6 +198,9 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 // deriving it at read time: nothing is journaled, nothing deleted. stop
 // and rm of such a sandbox settle it.
 func TestLsShowsAnExitedVMMWithoutADaemon(t *testing.T) {
+	// No daemon at all: not even one started on demand, whose watcher
+	// would journal the exit.
+	t.Setenv("NEXUS_NO_AUTO_DAEMON", "1")
 	root := shortRoot(t)
 	image := makeImage(t)
 	a := createJSON(t, root, "--image", image)

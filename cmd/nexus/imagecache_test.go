@@ -48,6 +48,7 @@ func pruneJSON(t *testing.T, root string, args ...string) lifecycle.CachePruneRe
 // as an older nexus or a hand-written fixture would have left them.
 func appendEvents(t *testing.T, root string, evs ...events.Event) {
 	t.Helper()
+	stopDaemons(root) // one started on demand by an earlier command
 	n, err := node.Open(context.Background(), root, node.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -22,6 +22,15 @@ import (
 // withManager connects to the state root and builds the lifecycle manager
 // for the chosen driver.
 func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) error) error {
+	return withManagerOwned(ctx, g, false, fn)
+}
+
+// withManagerOwned with owned set is for the commands whose safety rests on
+// owning the journal: while they own it, no other command runs a saga, so
+// every open saga's runner is dead (a ledger sweep that removes, whose
+// finishStranded recovers only then). recover needs no such thing: it
+// leaves alone every saga whose runner lease is held.
+func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*lifecycle.Manager) error) error {
 	root, err := node.PrepareRoot(g.stateDir)
 	if err != nil {
 		return err
@@ -38,7 +47,7 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 	if driver == "" {
 		driver = lifecycle.DriverCloudHypervisor
 	}
-	return withBackend(ctx, g, func(b control.Backend) error {
+	return withBackendOwned(ctx, g, owned, func(b control.Backend) error {
 		return fn(&lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b),
 			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},

@@ -97,7 +97,7 @@ func untracked(t *testing.T, root string) []string {
 			return nil
 		// images/ is the shared image cache: owned by no sandbox, tracked by
 		// the image cache projection (imagecache_test.go checks it).
-		case top == "journal", top == "projections", top == "logs", top == "leases", top == "volumes", top == "images", rel == "nexus.sock", rel == "config.toml":
+		case top == "journal", top == "projections", top == "logs", top == "leases", top == "volumes", top == "images", rel == "nexus.sock", rel == "daemon.lock", rel == "config.toml":
 			return filepath.SkipDir
 		}
 		for dir := rel; dir != "." && dir != "/"; dir = filepath.Dir(dir) {
@@ -419,6 +419,9 @@ func shortRoot(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		// The daemon a command started on demand first: a clean stop, and
+		// it spawned nothing that killProcessesUnder would miss.
+		stopDaemons(dir)
 		if left := killProcessesUnder(dir); len(left) > 0 && !t.Failed() {
 			t.Logf("killed processes the test left running under its state root: %v", left)
 		}

@@ -110,7 +110,11 @@ func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecyc
 		}
 		return &rep, nil
 	}
-	b, err := control.Connect(ctx, root, lockWait)
+	co, err := connectOptions()
+	if err != nil {
+		return nil, err
+	}
+	b, err := control.ConnectWith(ctx, root, co)
 	if err != nil {
 		if errors.Is(err, node.ErrStateRoot) || errors.Is(err, control.ErrBusy) || ctx.Err() != nil {
 			return nil, err

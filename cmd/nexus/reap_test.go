@@ -358,6 +358,7 @@ func TestReapUnreadableJournalKeepsEverything(t *testing.T) {
 			root := shortRoot(t)
 			mustOK(t, nexus(t, root, "demo"), "demo")
 			_, planted := orphansOf(t, root)
+			stopDaemons(root) // the store is changed behind nexus's back
 			os.RemoveAll(filepath.Join(root, "projections"))
 			if spoil == "damaged" {
 				blk := blockFile(t, root)

@@ -363,7 +363,7 @@ func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledge
 		return hostledger.Outcomes(plan), nil
 	}
 	var out []hostledger.Outcome
-	err = withManager(ctx, g, func(m *lifecycle.Manager) error {
+	err = withManagerOwned(ctx, g, hostledger.AnySweep(plan), func(m *lifecycle.Manager) error {
 		var err error
 		out, err = hostledger.Apply(ctx, dir, plan, self, by, newSweepActions(m))
 		return err
@@ -400,7 +400,7 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	// than leave the run to a later sweep.
 	deadline := time.Now().Add(watchdogPatience)
 	for {
-		err = withManager(ctx, g, func(m *lifecycle.Manager) error {
+		err = withManagerOwned(ctx, g, true, func(m *lifecycle.Manager) error {
 			o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", newSweepActions(m))
 			fmt.Fprintf(cmd.ErrOrStderr(), "nexus watchdog: run %s: removed %v, not found %v %s%s\n", run, o.Removed, o.NotFound, o.Skipped, o.Error)
 			if err == nil && o.Error != "" {

@@ -21,6 +21,7 @@ import (
 // older nexus (or one with the TBD-PD-22 defect) would have left them.
 func appendRaw(t *testing.T, root string, evs ...events.Event) {
 	t.Helper()
+	stopDaemons(root) // one started on demand by an earlier command
 	ctx := context.Background()
 	n, err := node.Open(ctx, root, node.Options{})
 	if err != nil {

@@ -1,0 +1,259 @@
+package control
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/lease"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+// SpawnLockName serialises on-demand daemon starts: whoever holds its flock
+// is the only process that may start a daemon for the state root.
+const SpawnLockName = "daemon.lock"
+
+// DaemonLog is where an auto-started daemon writes, relative to the root.
+const DaemonLog = "logs/daemon.log"
+
+// AutoStart says how to start a daemon when none answers.
+type AutoStart struct {
+	// Exe is the nexus binary; Args(root) its arguments for that root.
+	Exe  string
+	Args func(root string) []string
+	// Ready bounds the wait for a started daemon to answer on its socket.
+	Ready time.Duration
+}
+
+// ConnectOptions configure ConnectWith.
+type ConnectOptions struct {
+	// Wait is how long to wait for a journal held by a process that serves
+	// no socket (a command run with auto-start off, a daemon starting).
+	Wait time.Duration
+	// Auto, if set, starts a daemon on demand instead of opening the journal
+	// in this process.
+	Auto *AutoStart
+	// Exclusive asks for the journal in this process: an auto-started daemon
+	// is asked to step down once its other clients are done, a hand-started
+	// one is used as it is (it never steps down).
+	Exclusive bool
+}
+
+// ConnectWith reaches the state root at root as o says. Without Auto it is
+// Connect. With Auto, a command that finds no daemon starts one and talks to
+// it, so no command ever holds the journal for its whole run and any number
+// of them share the root at once.
+func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, error) {
+	root, err := node.PrepareRoot(root)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case o.Exclusive && o.Auto != nil:
+		return connectOwned(ctx, root, o.Wait)
+	case o.Auto == nil:
+		return connectLocal(ctx, root, o.Wait)
+	}
+	sock := filepath.Join(root, SocketName)
+	if c, err := dial(ctx, sock); err == nil {
+		c.ensure = func(ctx context.Context) error { return ensureDaemon(ctx, root, o) }
+		return c, nil
+	}
+	if err := ensureDaemon(ctx, root, o); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		// No daemon: it could not open the store (damaged, newer, held by
+		// a command run without auto-start), or could not be started (no
+		// room for its log). Opening the store here gives the same typed
+		// error as without auto-start, or the store if the failure was the
+		// daemon's alone.
+		b, lerr := connectLocal(ctx, root, o.Wait)
+		if lerr != nil {
+			if errors.Is(lerr, ErrBusy) {
+				return nil, fmt.Errorf("%w; %v", lerr, err)
+			}
+			return nil, lerr
+		}
+		return b, nil
+	}
+	c, err := dial(ctx, sock)
+	if err != nil {
+		return nil, fmt.Errorf("the daemon started for %s stopped answering: %w (see %s)", root, err, filepath.Join(root, DaemonLog))
+	}
+	c.ensure = func(ctx context.Context) error { return ensureDaemon(ctx, root, o) }
+	return c, nil
+}
+
+// startFailed is a started daemon that exited before it answered.
+type startFailed struct {
+	pid int
+	err error
+	log string
+}
+
+func (s *startFailed) Error() string {
+	return fmt.Sprintf("the daemon started on demand (pid %d) exited before answering: %v (see %s)", s.pid, s.err, s.log)
+}
+
+// ensureDaemon returns once a daemon answers on root's socket, starting one
+// if none does. The spawn lock makes racing callers start exactly one: the
+// holder dials again before starting, so whoever waited on the lock finds
+// the daemon its predecessor started.
+func ensureDaemon(ctx context.Context, root string, o ConnectOptions) error {
+	sock := filepath.Join(root, SocketName)
+	l, err := acquireSpawnLock(ctx, filepath.Join(root, SpawnLockName))
+	if err != nil {
+		return err
+	}
+	defer l.Release()
+	if c, err := dial(ctx, sock); err == nil {
+		c.Close()
+		return nil
+	}
+	return spawnDaemon(ctx, root, sock, o.Auto)
+}
+
+func acquireSpawnLock(ctx context.Context, path string) (*lease.Lease, error) {
+	backoff := 2 * time.Millisecond
+	for {
+		l, err := lease.TryAcquire(path)
+		if err == nil {
+			return l, nil
+		}
+		if !errors.Is(err, lease.ErrHeld) {
+			return nil, fmt.Errorf("daemon spawn lock: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 50*time.Millisecond)
+	}
+}
+
+// spawnDaemon starts the daemon detached from the caller: its own session,
+// stdin from /dev/null, stdout and stderr to the daemon log, so a caller
+// waiting on this command's pipes or exit never waits for the daemon. It
+// inherits the environment. It returns once the daemon answers.
+func spawnDaemon(ctx context.Context, root, sock string, a *AutoStart) error {
+	logPath := filepath.Join(root, DaemonLog)
+	logf, err := openDaemonLog(root)
+	if err != nil {
+		return fmt.Errorf("start daemon: %w", err)
+	}
+	cmd := exec.Command(a.Exe, a.Args(root)...)
+	cmd.Dir = "/"
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	logf.Close()
+	if err != nil {
+		return fmt.Errorf("start daemon: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	ready := a.Ready
+	if ready <= 0 {
+		ready = 2 * time.Minute
+	}
+	deadline := time.NewTimer(ready)
+	defer deadline.Stop()
+	for {
+		if c, err := dial(ctx, sock); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case err := <-exited:
+			if err == nil {
+				err = errors.New("exit status 0")
+			}
+			return &startFailed{pid: cmd.Process.Pid, err: err, log: logPath}
+		case <-deadline.C:
+			return fmt.Errorf("the daemon started on demand (pid %d) did not answer on %s within %s; see %s", cmd.Process.Pid, sock, ready, logPath)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// openDaemonLog opens <root>/logs/daemon.log for appending without
+// following a symlink at logs/ or at the file, and without blocking on a
+// FIFO planted there: anything but a regular file is refused.
+func openDaemonLog(root string) (*os.File, error) {
+	rootfd, err := unix.Open(root, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", root, err)
+	}
+	defer unix.Close(rootfd)
+	dir := filepath.Dir(DaemonLog)
+	if err := unix.Mkdirat(rootfd, dir, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("mkdir %s: %w", filepath.Join(root, dir), err)
+	}
+	dirfd, err := unix.Openat(rootfd, dir, unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_RDONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", filepath.Join(root, dir), err)
+	}
+	defer unix.Close(dirfd)
+	path := filepath.Join(root, DaemonLog)
+	fd, err := unix.Openat(dirfd, filepath.Base(DaemonLog), unix.O_WRONLY|unix.O_APPEND|unix.O_CREAT|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// connectOwned opens the journal in this process. An auto-started daemon
+// holding it is asked to retire: it stops accepting at once and exits when
+// its last client is done. A hand-started daemon is used as it is.
+func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend, error) {
+	sock := filepath.Join(root, SocketName)
+	deadline := time.Now().Add(wait)
+	backoff := 5 * time.Millisecond
+	for {
+		n, err := node.Open(ctx, root, node.Options{})
+		if err == nil {
+			return Local{n}, nil
+		}
+		if !errors.Is(err, journal.ErrLocked) {
+			return nil, err
+		}
+		if c, derr := dial(ctx, sock); derr == nil {
+			st, serr := c.Status(ctx)
+			if serr == nil && !st.Auto {
+				return c, nil
+			}
+			c.retire(ctx)
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: %v; its other clients kept it past %s", ErrBusy, err, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 100*time.Millisecond)
+	}
+}
