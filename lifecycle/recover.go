@@ -63,8 +63,11 @@ func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 		// Only a saga whose runner lease is free is resumed or
 		// compensated, and recover holds the lease while it does.
 		entity := guard.Reap
-		if sg.Sandbox != "" {
+		switch {
+		case sg.Sandbox != "":
 			entity = guard.Sandbox(sg.Sandbox)
+		case volumeOfSaga(sg) != "":
+			entity = guard.Volume(volumeOfSaga(sg))
 		}
 		l, err := sagalease.Acquire(ctx, string(m.Root), entity, sagalease.Holder{Kind: "recover", Saga: sg.ID}, false)
 		var held *sagalease.HeldError
@@ -186,6 +189,12 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		return compensate([]sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
 			return m.dropUnrecordedSnapshots(ctx, sb)
 		}}}, "snapshot interrupted")
+	case "volume-rm":
+		// The files may be half deleted: finish the delete, then the event.
+		if name := volumeOfSaga(sg); name != "" && ValidName(name) {
+			return resume(m.volumeRmSaga(name).Steps)
+		}
+		return compensate(nil, "volume-rm saga names no volume")
 	case "reap":
 		// Deleting orphans is idempotent and the next reap re-derives its
 		// plan from the disk and the journal: close the interrupted run.

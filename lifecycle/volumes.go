@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/oklog/ulid/v2"
 
@@ -133,17 +134,44 @@ func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[st
 		return fmt.Errorf("%w: volume %q is in use: %v", ErrRefused, name, err)
 	}
 	defer dl.Release()
-	if err := fsx.Remove(string(m.Root), m.rel(m.Root.VolumeDir(name))); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
 	// Under the volume's lease nothing else may have attached it; the
 	// expectation makes the journal say so too.
-	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeRemovedEvent{Name: name})
-	if _, err = m.B.AppendExpect(context.WithoutCancel(ctx), []guard.Expect{{Entity: guard.Volume(name), Seq: v.Rev}}, e); err != nil {
+	s := m.volumeRmSaga(name)
+	s.Expect = []guard.Expect{{Entity: guard.Volume(name), Seq: v.Rev}}
+	if err := s.Run(ctx, m.B); err != nil {
 		return err
 	}
 	l.Remove()
 	return nil
+}
+
+// volumeRmStep prefixes the one step of a volume-rm saga; the volume's name
+// follows it, so recover, which may see nothing but saga.started, knows
+// which volume to finish deleting.
+const volumeRmStep = "delete-volume:"
+
+// volumeRmSaga deletes a volume's files and journals volume.removed. It
+// only goes forward: a runner killed mid-delete leaves the saga open and
+// recover finishes the delete, so the journal never lists a volume whose
+// files are gone.
+func (m *Manager) volumeRmSaga(name string) *sagas.Saga {
+	s := m.saga("volume-rm", "", []sagas.Step{{Name: volumeRmStep + name, Do: func(context.Context) ([]events.Payload, error) {
+		if err := fsx.Remove(string(m.Root), m.rel(m.Root.VolumeDir(name))); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		return sagas.One(events.VolumeRemovedEvent{Name: name}), nil
+	}}})
+	s.Forward = true
+	return s
+}
+
+// volumeOfSaga is the volume a volume-rm saga deletes ("" for other sagas).
+func volumeOfSaga(sg projections.OpenSaga) string {
+	if sg.Kind != "volume-rm" || len(sg.Steps) != 1 {
+		return ""
+	}
+	name, _ := strings.CutPrefix(sg.Steps[0], volumeRmStep)
+	return name
 }
 
 // PruneReport says what `volume prune` found and did.

@@ -366,3 +366,25 @@ func TestInterruptedTeardownFinishes(t *testing.T) {
 		})
 	}
 }
+
+// volume rm killed after its files are gone but before volume.removed is
+// journaled (found by the concurrent harness: the journal listed a volume
+// whose files were gone): its saga stays open and recover finishes it.
+func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
+	root := shortRoot(t)
+	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
+	crashAt(t, root, "volume-rm.delete-volume:data:before", "volume", "rm", "data")
+	if _, err := os.Stat(filepath.Join(root, "volumes", "data")); !os.IsNotExist(err) {
+		t.Fatalf("the crash point is after the delete, yet volumes/data is there: %v", err)
+	}
+	rep := recoverReport(t, root)
+	if len(rep.Resumed) != 1 {
+		t.Fatalf("recover did not finish the volume rm: %+v", rep)
+	}
+	var vols []projections.Volume
+	json.Unmarshal([]byte(mustOK(t, proc(t, root, "volume", "ls", "--json"), "volume ls").stdout), &vols)
+	if len(vols) != 0 {
+		t.Fatalf("journal still lists %+v after recover", vols)
+	}
+	journalMatchesDisk(t, root)
+}
