@@ -46,6 +46,10 @@ type DaemonOptions struct {
 	Idle time.Duration
 	// Auto marks a daemon a command started on demand.
 	Auto bool
+	// Startup, if set, runs once the journal is open and before the socket
+	// serves: the daemon finishes the sagas a dead runner (or a killed
+	// daemon) left open, under their free runner leases.
+	Startup func(ctx context.Context, b Backend)
 }
 
 // RunDaemon owns the state root until ctx is done: it keeps the journal
@@ -85,6 +89,9 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 		if err := writeSubscriber(root, creds); err != nil {
 			return err
 		}
+	}
+	if o.Startup != nil {
+		o.Startup(ctx, Local{n})
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)

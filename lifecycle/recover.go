@@ -55,9 +55,26 @@ type Skipped struct {
 func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Stopped: []string{},
 		Restarted: []string{}, Killed: []string{}, Unpaused: []string{}, Intents: []string{}, Skipped: []Skipped{}}
+	if err := m.recoverSagas(ctx, &rep); err != nil {
+		return rep, err
+	}
+	if err := m.sweepIntents(ctx, &rep); err != nil {
+		return rep, err
+	}
+	return rep, m.recoverSandboxes(ctx, &rep)
+}
+
+// RecoverSagas resumes or compensates the open sagas whose runner lease is
+// free, and nothing else: what a daemon does as it starts.
+func (m *Manager) RecoverSagas(ctx context.Context) (RecoverReport, error) {
+	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Skipped: []Skipped{}}
+	return rep, m.recoverSagas(ctx, &rep)
+}
+
+func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) error {
 	open, err := m.B.OpenSagas(ctx)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	for _, sg := range open {
 		// Only a saga whose runner lease is free is resumed or
@@ -77,20 +94,23 @@ func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 			continue
 		}
 		if err != nil {
-			return rep, err
+			return err
 		}
-		err = m.recoverSaga(ctx, sg, &rep)
+		err = m.recoverSaga(ctx, sg, rep)
 		l.Release()
 		if err != nil {
-			return rep, fmt.Errorf("recover saga %s (%s of %s): %w", sg.ID, sg.Kind, sg.Sandbox, err)
+			return fmt.Errorf("recover saga %s (%s of %s): %w", sg.ID, sg.Kind, sg.Sandbox, err)
 		}
 	}
-	if err := m.sweepIntents(ctx, &rep); err != nil {
-		return rep, err
-	}
+	return nil
+}
+
+// recoverSandboxes checks every sandbox against its processes, each under
+// its runner lease (one a command holds is skipped).
+func (m *Manager) recoverSandboxes(ctx context.Context, rep *RecoverReport) error {
 	list, err := m.sandboxes(ctx)
 	if err != nil {
-		return rep, err
+		return err
 	}
 	for _, sb := range list {
 		l, err := sagalease.Acquire(ctx, string(m.Root), guard.Sandbox(sb.ID), sagalease.Holder{Kind: "recover"}, false)
@@ -100,18 +120,18 @@ func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 			continue
 		}
 		if err != nil {
-			return rep, err
+			return err
 		}
 		// Read again under the lease: a command that just ended changed it.
 		if fresh, ferr := m.Find(ctx, sb.ID); ferr == nil {
-			err = m.recoverSandbox(ctx, fresh, &rep)
+			err = m.recoverSandbox(ctx, fresh, rep)
 		}
 		l.Release()
 		if err != nil {
-			return rep, fmt.Errorf("recover sandbox %s: %w", sb.ID, err)
+			return fmt.Errorf("recover sandbox %s: %w", sb.ID, err)
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 // creatorAlive reports whether the process that ran a saga still holds its

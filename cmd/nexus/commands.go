@@ -107,8 +107,25 @@ func daemonCmd(g *globals) *cobra.Command {
 				}
 				o.Idle = d
 			}
+			build, err := managerFor(g)
+			if err != nil {
+				return err
+			}
+			// A killed daemon (or command) leaves only sagas whose runner
+			// lease is free: the next daemon finishes them before it serves.
+			// Said after "serving", the line callers wait for.
+			var startup string
+			o.Startup = func(ctx context.Context, b control.Backend) {
+				rep, err := build(b).RecoverSagas(ctx)
+				if err != nil {
+					startup = fmt.Sprintf("nexus daemon: finishing interrupted sagas: %v (run `nexus recover`)\n", err)
+				} else if n := len(rep.Compensated) + len(rep.Resumed); n > 0 {
+					startup = fmt.Sprintf("nexus daemon: finished %d interrupted saga(s): %d compensated, %d resumed\n", n, len(rep.Compensated), len(rep.Resumed))
+				}
+			}
 			o.Ready = func(st control.Status) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: serving %s (pid %d)\n", st.Root, st.Pid)
+				fmt.Fprint(cmd.ErrOrStderr(), startup)
 				if o.Mirror != nil {
 					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: mirroring to stream %s in JetStream domain %q via %s\n", o.Mirror.StreamName(), o.Mirror.Domain, o.Mirror.URL.Redacted())
 				}
@@ -116,7 +133,7 @@ func daemonCmd(g *globals) *cobra.Command {
 					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: subscribers at %s, credentials in %s/%s\n", st.SubscriberURL, st.Root, control.SubscriberFile)
 				}
 			}
-			err := control.RunDaemon(cmd.Context(), g.stateDir, o)
+			err = control.RunDaemon(cmd.Context(), g.stateDir, o)
 			if o.Auto && errors.Is(err, control.ErrServedElsewhere) {
 				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: %v; not needed\n", err)
 				return nil

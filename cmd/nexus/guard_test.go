@@ -388,3 +388,23 @@ func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
 	}
 	journalMatchesDisk(t, root)
 }
+
+// A daemon that starts on a root whose sagas were left open by dead
+// runners finishes them before it serves (issue 15: a killed daemon leaves
+// only sagas with free leases, and the next daemon start resumes or
+// compensates them itself).
+func TestDaemonStartFinishesDeadSagas(t *testing.T) {
+	root := shortRoot(t)
+	image := makeImage(t)
+	// Without a daemon the creator owns the journal and dies with it.
+	r := nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1", "NEXUS_CRASH_AT=create.os-disk"}, "--driver", "process", "create", "--image", image)
+	if r.code != -1 {
+		t.Fatalf("create was not killed at its step: exit %d %s", r.code, r.stderr)
+	}
+	startDaemon(t, root)
+	if list := sandboxes(t, root); len(list) != 0 {
+		t.Fatalf("the daemon served with a dead create still open: %+v", list)
+	}
+	assertNothingLeft(t, root)
+	journalMatchesDisk(t, root)
+}

@@ -31,31 +31,41 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 // finishStranded recovers only then). recover needs no such thing: it
 // leaves alone every saga whose runner lease is held.
 func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*lifecycle.Manager) error) error {
-	root, err := node.PrepareRoot(g.stateDir)
+	build, err := managerFor(g)
 	if err != nil {
 		return err
+	}
+	return withBackendOwned(ctx, g, owned, func(b control.Backend) error { return fn(build(b)) })
+}
+
+// managerFor reads what a lifecycle manager needs (root, config, driver)
+// and returns how to build one over a backend.
+func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
+	root, err := node.PrepareRoot(g.stateDir)
+	if err != nil {
+		return nil, err
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	cfg, err := loadConfig(root)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	driver := g.driver
 	if driver == "" {
 		driver = lifecycle.DriverCloudHypervisor
 	}
-	return withBackendOwned(ctx, g, owned, func(b control.Backend) error {
-		return fn(&lifecycle.Manager{
+	return func(b control.Backend) *lifecycle.Manager {
+		return &lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b),
 			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait,
-		})
-	})
+		}
+	}, nil
 }
 
 // atStep matches a saga hook's arguments against <saga>.<step> (after the
