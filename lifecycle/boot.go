@@ -392,12 +392,12 @@ func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (
 			if ferr := m.failStart(ctx, sb.ID, refusal); ferr != nil {
 				err = errors.Join(err, ferr)
 			}
-			m.writeRecord(ctx, sb.ID)
+			m.writeRecord(context.WithoutCancel(ctx), sb.ID)
 		}
 		return sb, err
 	}
-	m.writeRecord(ctx, sb.ID)
-	return m.Find(ctx, sb.ID)
+	m.writeRecord(context.WithoutCancel(ctx), sb.ID)
+	return m.Find(context.WithoutCancel(ctx), sb.ID)
 }
 
 // refuseVolumesReadLocked refuses, before anything runs, the start of a
@@ -447,8 +447,8 @@ func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, er
 	if err != nil {
 		return c.sb, err
 	}
-	m.writeRecord(ctx, c.sb.ID)
-	return m.Find(ctx, c.sb.ID)
+	m.writeRecord(context.WithoutCancel(ctx), c.sb.ID)
+	return m.Find(context.WithoutCancel(ctx), c.sb.ID)
 }
 
 // stopSteps stop whatever of the sandbox still runs.

@@ -88,7 +88,7 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 		if err := m.runChild(ctx, "fork", child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
 			return children, err
 		}
-		sb, err := m.Find(ctx, child)
+		sb, err := m.Find(context.WithoutCancel(ctx), child)
 		if err != nil {
 			return children, err
 		}
@@ -234,7 +234,7 @@ func (m *Manager) runChild(ctx context.Context, kind, child, seedCA string, copi
 	if err := s.Run(ctx, m.B); err != nil {
 		return err
 	}
-	return m.writeRecord(ctx, child)
+	return m.writeRecord(context.WithoutCancel(ctx), child)
 }
 
 // manifest describes a snapshot directory.
@@ -437,5 +437,5 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	if err := m.runChild(ctx, "restore", child, source.ID, copies, committed, nil, false, restoreFrom, stage); err != nil {
 		return projections.Sandbox{}, err
 	}
-	return m.Find(ctx, child)
+	return m.Find(context.WithoutCancel(ctx), child)
 }

@@ -122,6 +122,10 @@ func (m *Manager) reclaim(r events.Resource, owned bool, by string) ([]events.Pa
 	return sagas.One(events.ResourceReclaimedEvent{Resource: r, By: by}), nil
 }
 
+// Flows call writeRecord, and read back what they return, under
+// context.WithoutCancel once their saga ended: an interruption that came
+// after the last step must not turn a finished command into a failure.
+//
 // writeRecord publishes sandboxes/<id>/record.json, the derived record an
 // operator or another tool can read without the journal. It is rebuilt
 // from the journal on every lifecycle change, so it can never be the only

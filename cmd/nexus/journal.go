@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -25,7 +27,13 @@ func journalCmd(g *globals) *cobra.Command {
 			if backup == "" {
 				return usageError{errors.New("--backup DIR is required: repair copies the store there before cutting anything")}
 			}
-			rep, err := journal.Repair(filepath.Join(g.stateDir, "journal"), backup)
+			dir := filepath.Join(g.stateDir, "journal")
+			rep, err := journal.Repair(dir, backup)
+			if errors.Is(err, journal.ErrLocked) && retireOnDemandDaemon(cmd.Context(), g) == nil {
+				// A daemon started on demand steps down for the repair; a
+				// hand-started one does not, and the refusal says so.
+				rep, err = journal.Repair(dir, backup)
+			}
 			if err != nil {
 				return err
 			}
@@ -55,4 +63,20 @@ func repairHuman(cmd *cobra.Command, rep journal.RepairReport) {
 		fmt.Fprintf(out, "removed %s (the server rebuilds it from the blocks)\n", f)
 	}
 	fmt.Fprintf(out, "the store as it was: %s\n", rep.Backup)
+}
+
+// retireOnDemandDaemon asks a daemon started on demand to step down (as a
+// removing ledger sweep does) by taking the journal in this process, then
+// lets go of it.
+func retireOnDemandDaemon(ctx context.Context, g *globals) error {
+	o, err := connectOptions()
+	if err != nil || o.Auto == nil {
+		return errors.New("no daemon to retire")
+	}
+	o.Exclusive = true
+	b, err := control.ConnectWith(ctx, g.stateDir, o)
+	if err != nil {
+		return err
+	}
+	return b.Close()
 }
