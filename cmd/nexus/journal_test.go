@@ -29,7 +29,7 @@ func TestJournalRepair(t *testing.T) {
 	root := t.TempDir()
 	mustOK(t, nexus(t, root, "demo"), "demo")
 	n := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n")
-	stopDaemons(root) // the store is edited behind nexus's back below
+	stopDaemons(root)                                // the store is edited behind nexus's back below
 	os.RemoveAll(filepath.Join(root, "projections")) // force a full read of the journal
 	block := blockFile(t, root)
 	info, _ := os.Stat(block)
