@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
 )
 
@@ -61,7 +62,7 @@ func Repair(dir, backup string) (RepairReport, error) {
 		return RepairReport{}, err
 	}
 	rep := RepairReport{Dir: dir}
-	if fi, err := os.Stat(filepath.Join(dir, formatFile)); err != nil || !fi.Mode().IsRegular() {
+	if fi, err := fsx.Stat(dir, formatFile); err != nil || !fi.Mode().IsRegular() {
 		return rep, fmt.Errorf("%w: %s has no %s", ErrNoJournal, dir, formatFile)
 	}
 	if err := checkFormat(dir); err != nil {
@@ -92,7 +93,7 @@ func Repair(dir, backup string) (RepairReport, error) {
 	} else if last != ce.File {
 		return rep, fmt.Errorf("%w: %v, and %s follows it; cutting would drop whole records", ErrNotRepairable, ce, filepath.Base(last))
 	}
-	buf, err := os.ReadFile(ce.File)
+	buf, err := fsx.ReadFile(dir, ce.File) // a link or FIFO there is refused, never followed or blocked on
 	if err != nil {
 		return rep, fmt.Errorf("journal: read block: %w", err)
 	}
@@ -127,7 +128,7 @@ func Repair(dir, backup string) (RepairReport, error) {
 		return rep, fmt.Errorf("journal: sync the backup %s: %w", rep.Backup, err)
 	}
 
-	if err := cutBlock(ce.File, ce.Offset); err != nil {
+	if err := cutBlock(dir, ce.File, ce.Offset); err != nil {
 		return rep, err
 	}
 	// The server's saved stream state (server/filestore.go,
@@ -207,7 +208,7 @@ func lastSeqBefore(msgs, last string) (uint64, error) {
 		if blocks[i] == last {
 			continue
 		}
-		buf, err := os.ReadFile(blocks[i])
+		buf, err := fsx.ReadFile(msgs, blocks[i])
 		if err != nil {
 			return 0, fmt.Errorf("journal: read block: %w", err)
 		}
@@ -263,8 +264,8 @@ func prepareBackup(dir string) error {
 	return nil
 }
 
-func cutBlock(path string, off int64) error {
-	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+func cutBlock(dir, path string, off int64) error {
+	f, err := fsx.OpenFile(dir, path, os.O_WRONLY, 0)
 	if err != nil {
 		return fmt.Errorf("journal: cut %s: %w", path, err)
 	}
