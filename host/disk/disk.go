@@ -453,17 +453,30 @@ func oneLine(s string) string {
 // FreeBytes is the space available to unprivileged writers on the
 // filesystem holding dir.
 func FreeBytes(dir string) (int64, error) {
+	st, unit, err := statfs(dir)
+	return int64(st.Bavail) * unit, err
+}
+
+// FilesystemBytes is the whole size of the filesystem holding dir.
+func FilesystemBytes(dir string) (int64, error) {
+	st, unit, err := statfs(dir)
+	return int64(st.Blocks) * unit, err
+}
+
+// statfs returns dir's filesystem figures and the unit they count in.
+func statfs(dir string) (unix.Statfs_t, int64, error) {
 	var st unix.Statfs_t
 	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("disk: statfs %s: %w", dir, err)
+		return st, 0, fmt.Errorf("disk: statfs %s: %w", dir, err)
 	}
-	// The kernel counts f_bavail in f_frsize units; f_bsize only equals it
-	// on most local filesystems, so prefer f_frsize as statvfs(3) does.
+	// The kernel counts f_blocks and f_bavail in f_frsize units; f_bsize
+	// only equals it on most local filesystems, so prefer f_frsize as
+	// statvfs(3) does.
 	unit := st.Frsize
 	if unit == 0 {
 		unit = st.Bsize
 	}
-	return int64(st.Bavail) * unit, nil
+	return st, unit, nil
 }
 
 // Preflight refuses, wrapping ErrInsufficientSpace, when need bytes exceed
@@ -477,7 +490,7 @@ func Preflight(dir string, need int64) error {
 		return err
 	}
 	if need > free {
-		n, f := human(need), human(free)
+		n, f := Human(need), Human(free)
 		if n == f { // rounding hid the difference; show it
 			n, f = fmt.Sprintf("%d B", need), fmt.Sprintf("%d B", free)
 		}
@@ -486,8 +499,8 @@ func Preflight(dir string, need int64) error {
 	return nil
 }
 
-// human formats n in IEC units with one decimal.
-func human(n int64) string {
+// Human formats n in IEC units with one decimal.
+func Human(n int64) string {
 	const unit = 1024
 	if n < unit {
 		return fmt.Sprintf("%d B", n)

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
 )
@@ -128,7 +129,7 @@ func Open(ctx context.Context, opts Options) (*Journal, error) {
 	j := &Journal{dir: dir, lease: l}
 	if opts.Space != nil {
 		j.space = *opts.Space
-	} else if size, err := fsSize(dir); err == nil {
+	} else if size, err := disk.FilesystemBytes(dir); err == nil {
 		j.space = DefaultSpace(size)
 	}
 	if err := j.start(ctx, opts); err != nil {

@@ -9,6 +9,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/disk"
 )
 
 // ErrNoSpace means an append was refused, or failed, because the
@@ -58,9 +60,9 @@ func (e *SpaceError) Error() string {
 		return fmt.Sprintf("%s: the store failed to write (%s); free space there, the next append reopens the store", where, e.Cause)
 	case e.Need > e.Floor:
 		return fmt.Sprintf("%s: %s free, appends need %s; free space there (rm, reap and recover still work down to %s)",
-			where, human(e.Free), human(e.Need), human(e.Floor))
+			where, disk.Human(e.Free), disk.Human(e.Need), disk.Human(e.Floor))
 	}
-	return fmt.Sprintf("%s: %s free, even rm, reap and recover need %s; free space there", where, human(e.Free), human(e.Need))
+	return fmt.Sprintf("%s: %s free, even rm, reap and recover need %s; free space there", where, disk.Human(e.Free), disk.Human(e.Need))
 }
 
 func (e *SpaceError) Unwrap() error { return ErrNoSpace }
@@ -75,7 +77,7 @@ func (j *Journal) checkSpace(reserve bool) error {
 	if need <= 0 {
 		return nil
 	}
-	free, err := freeBytes(j.dir)
+	free, err := disk.FreeBytes(j.dir)
 	if err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
@@ -107,7 +109,7 @@ func (j *Journal) failedAppend(id string, err error) error {
 	}
 	j.broken = cause
 	if strings.Contains(cause, "no space left") {
-		free, _ := freeBytes(j.dir)
+		free, _ := disk.FreeBytes(j.dir)
 		return fmt.Errorf("journal append %s: %w", id, &SpaceError{Mount: mountPoint(j.dir), Path: j.dir, Free: free, Cause: lastClause(cause)})
 	}
 	return fmt.Errorf("journal append %s: the store stopped taking writes (%s); the next append reopens it", id, cause)
@@ -155,34 +157,6 @@ func lastClause(s string) string {
 	return s
 }
 
-// fsSize is the size of the filesystem holding dir.
-func fsSize(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	unit := st.Frsize
-	if unit == 0 {
-		unit = st.Bsize
-	}
-	return int64(st.Blocks) * unit, nil
-}
-
-// freeBytes is the space available to unprivileged writers on the
-// filesystem holding dir (root may dip into ext4's reserved blocks, but
-// nexus does not count on them).
-func freeBytes(dir string) (int64, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return 0, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	unit := st.Frsize
-	if unit == 0 {
-		unit = st.Bsize
-	}
-	return int64(st.Bavail) * unit, nil
-}
-
 // mountPoint is the top directory of the filesystem holding dir: walk up
 // while the parent is on the same device.
 func mountPoint(dir string) string {
@@ -200,17 +174,4 @@ func mountPoint(dir string) string {
 		cur = parent
 	}
 	return cur
-}
-
-func human(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }
