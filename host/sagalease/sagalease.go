@@ -81,14 +81,12 @@ func Acquire(ctx context.Context, root string, entity guard.Entity, h Holder, wa
 		return nil, err
 	}
 	path := Path(root, entity)
-	for attempt, delay := 1, 5*time.Millisecond; ; attempt, delay = attempt+1, min(delay*2, 100*time.Millisecond) {
+	for delay := 5 * time.Millisecond; ; delay = min(delay*2, 100*time.Millisecond) {
 		l, err := try(path, h)
 		if err == nil || !errors.Is(err, ErrHeld) {
 			return l, err
 		}
-		// A Probe holds a shared lock for an instant; only a lease still
-		// held after a few tries is someone's saga.
-		if !wait && attempt >= 3 {
+		if !wait {
 			return nil, &HeldError{Entity: entity, By: readHolder(path)}
 		}
 		select {
@@ -156,29 +154,6 @@ func (l *Lease) Remove() {
 	}
 	os.Remove(l.path)
 	l.Release()
-}
-
-// Probe reports whether entity's lease is held, and by whom, without
-// taking it.
-func Probe(root string, entity guard.Entity) (bool, Holder, error) {
-	path := Path(root, entity)
-	f, err := fsx.Open(filepath.Dir(path), filepath.Base(path))
-	if errors.Is(err, os.ErrNotExist) {
-		return false, Holder{}, nil
-	}
-	if err != nil {
-		return false, Holder{}, err
-	}
-	defer f.Close()
-	// A shared lock is granted only if no one holds the exclusive one.
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return true, readHolder(path), nil
-		}
-		return false, Holder{}, err
-	}
-	unix.Flock(int(f.Fd()), unix.LOCK_UN)
-	return false, Holder{}, nil
 }
 
 func readHolder(path string) Holder {

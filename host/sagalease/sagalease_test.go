@@ -41,13 +41,9 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "held\n" {
 		t.Fatalf("child said %q", line)
 	}
-	held, who, err := Probe(root, guard.Sandbox("X"))
-	if err != nil || !held || who.Pid != cmd.Process.Pid || who.Saga != "S1" {
-		t.Fatalf("Probe = %v %+v %v, want held by pid %d saga S1", held, who, err, cmd.Process.Pid)
-	}
-	_, err = Acquire(context.Background(), root, guard.Sandbox("X"), Holder{Kind: "rm"}, false)
+	_, err := Acquire(context.Background(), root, guard.Sandbox("X"), Holder{Kind: "rm"}, false)
 	var he *HeldError
-	if !errors.As(err, &he) || he.By.Pid != cmd.Process.Pid || he.By.Kind != "start" {
+	if !errors.As(err, &he) || he.By.Pid != cmd.Process.Pid || he.By.Kind != "start" || he.By.Saga != "S1" {
 		t.Fatalf("Acquire of a held lease = %v, want HeldError naming pid %d", err, cmd.Process.Pid)
 	}
 	// A waiter gets the lease as soon as the holder dies, however it dies.
@@ -62,9 +58,11 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after the holder's SIGKILL: %v", err)
 	}
-	if held, _, _ := Probe(root, guard.Sandbox("X")); held {
-		t.Fatal("lease still held after its holder died and the waiter released it")
+	l, err := Acquire(context.Background(), root, guard.Sandbox("X"), Holder{Kind: "rm"}, false)
+	if err != nil {
+		t.Fatalf("lease still held after its holder died and the waiter released it: %v", err)
 	}
+	l.Release()
 }
 
 func TestRemovedLeaseIsNotSharedWithAWaiter(t *testing.T) {
@@ -85,7 +83,9 @@ func TestRemovedLeaseIsNotSharedWithAWaiter(t *testing.T) {
 	b := <-got
 	defer b.Release()
 	// A third process must see b's lease: b holds the file the path names.
-	if held, who, _ := Probe(root, ent); !held || who.Kind != "create" {
-		t.Fatalf("after remove, b's lease is invisible (held=%v by %+v)", held, who)
+	_, err = Acquire(context.Background(), root, ent, Holder{Kind: "rm"}, false)
+	var he *HeldError
+	if !errors.As(err, &he) || he.By.Kind != "create" {
+		t.Fatalf("after remove, b's lease is invisible: %v", err)
 	}
 }
