@@ -392,11 +392,11 @@ func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (
 			if ferr := m.failStart(ctx, sb.ID, refusal); ferr != nil {
 				err = errors.Join(err, ferr)
 			}
-			m.writeRecord(context.WithoutCancel(ctx), sb.ID)
+			m.writeRecord(ctx, sb.ID)
 		}
 		return sb, err
 	}
-	m.writeRecord(context.WithoutCancel(ctx), sb.ID)
+	m.writeRecord(ctx, sb.ID)
 	return m.Find(context.WithoutCancel(ctx), sb.ID)
 }
 
@@ -447,7 +447,7 @@ func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, er
 	if err != nil {
 		return c.sb, err
 	}
-	m.writeRecord(context.WithoutCancel(ctx), c.sb.ID)
+	m.writeRecord(ctx, c.sb.ID)
 	return m.Find(context.WithoutCancel(ctx), c.sb.ID)
 }
 

@@ -109,7 +109,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	if err := s.Run(ctx, m.B); err != nil {
 		return projections.Sandbox{}, err
 	}
-	if err := m.writeRecord(context.WithoutCancel(ctx), id); err != nil {
+	if err := m.writeRecord(ctx, id); err != nil {
 		return projections.Sandbox{}, err
 	}
 	return m.Find(context.WithoutCancel(ctx), id)

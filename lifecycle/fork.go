@@ -234,7 +234,7 @@ func (m *Manager) runChild(ctx context.Context, kind, child, seedCA string, copi
 	if err := s.Run(ctx, m.B); err != nil {
 		return err
 	}
-	return m.writeRecord(context.WithoutCancel(ctx), child)
+	return m.writeRecord(ctx, child)
 }
 
 // manifest describes a snapshot directory.

@@ -122,15 +122,16 @@ func (m *Manager) reclaim(r events.Resource, owned bool, by string) ([]events.Pa
 	return sagas.One(events.ResourceReclaimedEvent{Resource: r, By: by}), nil
 }
 
-// Flows call writeRecord, and read back what they return, under
-// context.WithoutCancel once their saga ended: an interruption that came
-// after the last step must not turn a finished command into a failure.
+// Flows call writeRecord once their saga ended, and read back what they
+// return under context.WithoutCancel: an interruption that came after the
+// last step must not turn a finished command into a failure.
 //
 // writeRecord publishes sandboxes/<id>/record.json, the derived record an
 // operator or another tool can read without the journal. It is rebuilt
 // from the journal on every lifecycle change, so it can never be the only
 // copy of anything.
 func (m *Manager) writeRecord(ctx context.Context, id string) error {
+	ctx = context.WithoutCancel(ctx)
 	sb, err := m.Find(ctx, id)
 	if err != nil {
 		return err

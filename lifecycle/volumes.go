@@ -118,7 +118,7 @@ func (m *Manager) VolumeRemove(ctx context.Context, name string) error {
 
 // volumeRemoveHeld deletes a volume whose lease the caller holds, deciding
 // on a fresh read; live, if set, names the sandboxes that still exist.
-func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[string]bool, l interface{ Remove() }) error {
+func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[string]bool, l *sagalease.Lease) error {
 	v, err := m.findVolume(ctx, name)
 	if err != nil {
 		return err
@@ -213,7 +213,7 @@ func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool) 
 }
 
 // pruneOne judges one volume (under its lease when applying).
-func (m *Manager) pruneOne(ctx context.Context, name string, apply, includeDetached bool, rep *PruneReport, l interface{ Remove() }) error {
+func (m *Manager) pruneOne(ctx context.Context, name string, apply, includeDetached bool, rep *PruneReport, l *sagalease.Lease) error {
 	fresh, err := m.findVolume(ctx, name)
 	if err != nil || fresh == nil {
 		return err
