@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -262,6 +263,9 @@ func TestRecoverKeepsASlowVMM(t *testing.T) {
 	sb := createJSON(t, root, "--image", makeImage(t))
 	syscall.Kill(sb.VMM.Pid, syscall.SIGSTOP)
 	defer syscall.Kill(sb.VMM.Pid, syscall.SIGCONT)
+	// kill(2) returns before the stop takes effect; on a loaded machine the
+	// VMM could still answer recover's first request.
+	waitFor(t, func() bool { return procState(sb.VMM.Pid) == 'T' })
 	rep := recoverReport(t, root)
 	if len(rep.Stopped) != 0 {
 		t.Fatalf("recover stopped a live VMM: %+v", rep)
@@ -284,6 +288,19 @@ func TestRecoverKeepsASlowVMM(t *testing.T) {
 }
 
 var _ = lifecycle.RecoverReport{}
+
+// procState is the state letter of /proc/<pid>/stat (R, S, T, Z, ...), or 0.
+func procState(pid int) byte {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The state follows the command name, which is in parentheses.
+	if i := strings.LastIndexByte(string(data), ')'); i >= 0 && i+2 < len(data) {
+		return data[i+2]
+	}
+	return 0
+}
 
 // A daemon restarted (SIGTERM, as a service manager sends) while creates
 // run through it: no creator may delete what it cannot journal, so after a
