@@ -408,18 +408,27 @@ func (m *Manager) reclaimFreeAPILock(sb projections.Sandbox, id string) ([]event
 func (m *Manager) killUnrecordedSupervisor(id string) ([]events.Payload, error) {
 	pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	info, err := supervisor.Ping(pctx, m.Root.SupervisorDir(id))
-	if err != nil || info.PID == 0 {
-		return nil, nil
+	pids := []int{}
+	if info, err := supervisor.Ping(pctx, m.Root.SupervisorDir(id)); err == nil && info.PID != 0 {
+		pids = append(pids, info.PID)
+	} else {
+		// One spawned just before its creator died may not answer yet (and
+		// would bind its sockets after we cleaned up): find it by the
+		// command line boot gave it.
+		pids = proc.WithArgs("supervisor", "--sandbox", id, "--state-dir", m.Root.SupervisorDir(id))
 	}
-	who, err := proc.Of(info.PID)
-	if err != nil {
-		return nil, nil
+	var ps []events.Payload
+	for _, pid := range pids {
+		who, err := proc.Of(pid)
+		if err != nil {
+			continue
+		}
+		if err := proc.Terminate(who, 5*time.Second); err != nil {
+			return ps, err
+		}
+		ps = append(ps, events.SupervisorStoppedEvent{Pid: who.Pid, Reason: "orphaned"})
 	}
-	if err := proc.Terminate(who, 5*time.Second); err != nil {
-		return nil, err
-	}
-	return sagas.One(events.SupervisorStoppedEvent{Pid: who.Pid, Reason: "orphaned"}), nil
+	return ps, nil
 }
 
 // stopUnrecordedSupervisor kills a supervisor spawned by a crashed boot

@@ -3,6 +3,7 @@ package proc
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"syscall"
 	"testing"
 
@@ -36,5 +37,22 @@ func TestRunningMatchesOfAndSeesZombiesAsGone(t *testing.T) {
 	syscall.Wait4(c.Process.Pid, &ws, 0, nil)
 	if _, running, err = Running(c.Process.Pid); err != nil || running {
 		t.Fatalf("reaped: running=%v err=%v", running, err)
+	}
+}
+
+func TestWithArgsFindsAProcessByItsCommandLine(t *testing.T) {
+	cmd := exec.Command("sleep", "4242.5")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if got := WithArgs("4242.5"); !slices.Contains(got, cmd.Process.Pid) {
+		t.Fatalf("WithArgs(4242.5) = %v, want pid %d among them", got, cmd.Process.Pid)
+	}
+	if got := WithArgs("4242.6"); slices.Contains(got, cmd.Process.Pid) {
+		t.Fatalf("WithArgs matched other arguments: %v", got)
+	}
+	if got := WithArgs("4242.5", "extra"); slices.Contains(got, cmd.Process.Pid) {
+		t.Fatalf("WithArgs matched a longer prefix than the command line: %v", got)
 	}
 }
