@@ -34,6 +34,9 @@ const snapshotEvery = 10000
 // comes.
 const snapshotRetry = 100
 
+// appendTimeout bounds one journal append, which its caller cannot cancel.
+const appendTimeout = time.Minute
+
 // Options configure Open.
 type Options struct {
 	Journal journal.Options // Dir is filled in from the state root
@@ -382,7 +385,13 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 	if subj != nil {
 		msg.ExpectSubjects, msg.ExpectSubjectSeq = events.SandboxSubjects(e.Sandbox), subj.Seq
 	}
-	ack, err := n.j.Append(ctx, msg)
+	// Once published, a record is stored whether or not its caller is
+	// still there (a client killed mid-append, a daemon request whose
+	// connection closed): the caller's cancellation must not split "stored"
+	// from "folded", or every later append would find the journal moved on.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
+	defer cancel()
+	ack, err := n.j.Append(actx, msg)
 	if errors.Is(err, journal.ErrStaleSubject) {
 		return 0, &guard.StaleError{Entity: subj.Entity, Expected: subj.Seq, Actual: n.revLocked(subj.Entity)}
 	}
