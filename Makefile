@@ -20,7 +20,7 @@ setup:
 	$(GO) mod download
 
 build:
-	$(GO) build -o $(BIN) ./cmd/nexus
+	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(BIN) ./cmd/nexus
 
 # The main job on the embedded default journal, with the process driver.
 # The main job, for real with the process driver: a sandbox from a sparse

@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	nexusBin = filepath.Join(dir, "nexus")
-	if out, err := exec.Command("go", "build", "-o", nexusBin, "../cmd/nexus").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "nexustest", "-o", nexusBin, "../cmd/nexus").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build nexus: %v\n%s", err, out)
 		os.Exit(1)
 	}

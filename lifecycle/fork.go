@@ -39,6 +39,18 @@ type sourceDisk struct {
 	name string // step name
 }
 
+// MaxForkChildren bounds one fork's --count.
+const MaxForkChildren = 256
+
+// CheckForkCount refuses a child count outside 1..MaxForkChildren; the CLI
+// calls it before anything opens so a bad count is a usage error.
+func CheckForkCount(n int) error {
+	if n < 1 || n > MaxForkChildren {
+		return fmt.Errorf("%w: --count %d: want 1..%d", ErrRefused, n, MaxForkChildren)
+	}
+	return nil
+}
+
 // Fork creates Count children of a committed sandbox, each a full set of
 // copy-on-write disks owned by the child (RL-14), one saga per child.
 func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbox, error) {
@@ -48,8 +60,8 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	}
 	defer c.release()
 	parent := c.sb
-	if spec.Count < 1 || spec.Count > 256 {
-		return nil, fmt.Errorf("%w: --count %d: want 1..256", ErrRefused, spec.Count)
+	if err := CheckForkCount(spec.Count); err != nil {
+		return nil, err
 	}
 	if len(parent.Volumes) > 0 && !spec.ReadOnlyVolumes {
 		names := make([]string, len(parent.Volumes))

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	nexusBin = filepath.Join(dir, "nexus")
-	if out, err := exec.Command("go", "build", "-o", nexusBin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-tags", "nexustest", "-o", nexusBin, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build nexus: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -92,7 +92,71 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	wantFailure(t, nexus(t, root, "events", "--type", "sandbox.teleported"), 2, "unknown event type")
 	wantFailure(t, nexus(t, root, "events", "--sandbox", "not-a-ulid"), 2, "not a ULID")
 	wantFailure(t, nexus(t, root, "inspect"), 2, "accepts 1 arg")
+	wantFailure(t, nexus(t, root, "help", "nosuch"), 2, "unknown help topic")
+	wantFailure(t, nexus(t, root, "volume", "create", "data"), 2, "--size")
+	wantFailure(t, nexus(t, root, "fork", "some-sandbox", "--count", "0"), 2, "--count 0")
 	wantFailure(t, nexus(t, root, "--driver", "qemu", "ls"), 2, "--driver")
+}
+
+// TestReleaseBuildHasNoTestHooks builds nexus as a user would (no build
+// tags) and checks that nothing of the failure injection or the made-up
+// demo events is in it: not the environment variables' names, not the
+// command.
+func TestReleaseBuildHasNoTestHooks(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "nexus")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	raw, err := os.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, hook := range []string{"NEXUS_CRASH_AT", "NEXUS_PAUSE_AT", "NEXUS_FAIL_APPEND"} {
+		if bytes.Contains(raw, []byte(hook)) {
+			t.Errorf("release binary reads %s", hook)
+		}
+	}
+	// The test build has them, or the check above proves nothing.
+	if test, _ := os.ReadFile(nexusBin); !bytes.Contains(test, []byte("NEXUS_CRASH_AT")) {
+		t.Fatal("test binary lacks NEXUS_CRASH_AT: the check is blind")
+	}
+	out, err := exec.Command(bin, "--state-dir", t.TempDir(), "demo").CombinedOutput()
+	if code := exitCodeOf(err); code != 2 || !strings.Contains(string(out), "unknown command") {
+		t.Fatalf("release `nexus demo`: exit %d, %q; want the unknown-command usage error", code, out)
+	}
+}
+
+func exitCodeOf(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+func TestVersion(t *testing.T) {
+	root := t.TempDir()
+	text := nexus(t, root, "--version")
+	mustOK(t, text, "--version")
+	if !strings.HasPrefix(text.stdout, "nexus ") || !strings.Contains(text.stdout, "go1.") || !strings.Contains(text.stdout, "nats-server v2.") {
+		t.Fatalf("--version = %q; want nexus, Go and nats-server versions", text.stdout)
+	}
+	if sub := nexus(t, root, "version"); sub.stdout != text.stdout {
+		t.Fatalf("`version` %q differs from `--version` %q", sub.stdout, text.stdout)
+	}
+	r := nexus(t, root, "version", "--json")
+	mustOK(t, r, "version --json")
+	var m map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"version", "go", "nats_server", "modified"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("version --json lacks %q: %s", k, r.stdout)
+		}
+	}
 }
 
 func TestDemoEventsLsInspect(t *testing.T) {

@@ -23,7 +23,7 @@ func vmmProcessCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&api, "api-socket", "", "API socket path (required)")
-	c.MarkFlagRequired("api-socket")
+	requireFlags(c, "api-socket")
 	return c
 }
 
@@ -41,8 +41,6 @@ func supervisorCmd() *cobra.Command {
 	c.Flags().StringVar(&o.SandboxID, "sandbox", "", "sandbox ULID (required)")
 	c.Flags().StringVar(&o.StateDir, "state-dir", "", "supervisors/<ULID> directory (required)")
 	c.Flags().StringVar(&o.IIDSocket, "iid-socket", "", "instance-identity socket path (required)")
-	for _, f := range []string{"sandbox", "state-dir", "iid-socket"} {
-		c.MarkFlagRequired(f)
-	}
+	requireFlags(c, "sandbox", "state-dir", "iid-socket")
 	return c
 }

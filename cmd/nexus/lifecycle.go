@@ -6,7 +6,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -16,7 +15,6 @@ import (
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
-	"github.com/nexus-sandbox/nexus/sagas"
 )
 
 // withManager connects to the state root and builds the lifecycle manager
@@ -66,35 +64,6 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 			Wait: g.wait,
 		}
 	}, nil
-}
-
-// atStep matches a saga hook's arguments against <saga>.<step> (after the
-// step's events are journaled) or <saga>.<step>:before (after its effect,
-// before its events); "" matches nothing and gives nil.
-func atStep(at string) func(kind, step string, p sagas.Phase) bool {
-	if at == "" {
-		return nil
-	}
-	want, phase := at, sagas.AfterRecord
-	if w, ok := strings.CutSuffix(at, ":before"); ok {
-		want, phase = w, sagas.BeforeRecord
-	}
-	return func(kind, step string, p sagas.Phase) bool { return kind+"."+step == want && p == phase }
-}
-
-// crashHook kills this process with SIGKILL at one saga step, for the crash
-// tests: NEXUS_CRASH_AT=<saga>.<step>[:before].
-func crashHook(at string) func(kind, step string, phase sagas.Phase) {
-	match := atStep(at)
-	if match == nil {
-		return nil
-	}
-	return func(kind, step string, p sagas.Phase) {
-		if match(kind, step, p) {
-			syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {}
-		}
-	}
 }
 
 func printResult(cmd *cobra.Command, asJSON bool, v any, human func()) error {
@@ -180,6 +149,9 @@ func forkCmd(g *globals) *cobra.Command {
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec.Parent = args[0]
+			if err := lifecycle.CheckForkCount(spec.Count); err != nil {
+				return usageError{err}
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				children, err := m.Fork(cmd.Context(), spec)
 				if err != nil {
@@ -334,7 +306,7 @@ func volumeCmd(g *globals) *cobra.Command {
 		}}
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M or 2G (required)")
 	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	create.MarkFlagRequired("size")
+	requireFlags(create, "size")
 	var lsJSON bool
 	ls := &cobra.Command{Use: "ls", Short: "List named volumes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -19,9 +19,6 @@ import (
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // usageError marks bad input: exit 2, not 1.
 type usageError struct{ err error }
 
@@ -91,6 +88,7 @@ func newRoot() *cobra.Command {
 		Short:         "Lifecycle manager for microVM sandboxes and the host resources they own",
 		SilenceErrors: true,
 		SilenceUsage:  true,
+		Version:       readVersion().String(),
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if g.driver != "" && g.driver != "cloud-hypervisor" && g.driver != "process" {
 				return usageError{fmt.Errorf("--driver %q: want cloud-hypervisor or process", g.driver)}
@@ -98,6 +96,7 @@ func newRoot() *cobra.Command {
 			return nil
 		},
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
 	root.PersistentFlags().BoolVar(&g.wait, "wait", false, "wait for another command's saga on the same sandbox or volume to end instead of refusing")
@@ -108,11 +107,12 @@ func newRoot() *cobra.Command {
 		eventsCmd(g),
 		lsCmd(g),
 		inspectCmd(g),
-		demoCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
 		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g),
 	)
+	root.AddCommand(testCommands(g)...)
+	root.SetHelpCommand(helpCmd())
 	return root
 }
 
@@ -140,6 +140,24 @@ func exactArgs(n int) cobra.PositionalArgs {
 	}
 }
 
+// requireFlags refuses the command, as a usage error (exit 2), when one of
+// the named flags was not given. cobra's own MarkFlagRequired check runs
+// before any hook and returns an untyped error, which would exit 1.
+func requireFlags(c *cobra.Command, names ...string) {
+	next := c.PreRunE
+	c.PreRunE = func(cmd *cobra.Command, args []string) error {
+		for _, n := range names {
+			if !cmd.Flags().Changed(n) {
+				return usageError{fmt.Errorf("required flag --%s not set", n)}
+			}
+		}
+		if next != nil {
+			return next(cmd, args)
+		}
+		return nil
+	}
+}
+
 func noArgs(cmd *cobra.Command, args []string) error {
 	if err := cobra.NoArgs(cmd, args); err != nil {
 		return usageError{err}
@@ -147,13 +165,40 @@ func noArgs(cmd *cobra.Command, args []string) error {
 	return nil
 }
 
-func versionCmd() *cobra.Command {
+// helpCmd is cobra's help command, except that an unknown topic is a usage
+// error (exit 2) rather than a help page and exit 0.
+func helpCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "version",
-		Short: "Print the nexus version",
-		Args:  noArgs,
-		Run: func(cmd *cobra.Command, _ []string) {
-			fmt.Fprintf(cmd.OutOrStdout(), "nexus %s\n", version)
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(c *cobra.Command, args []string) error {
+			target, rest, err := c.Root().Find(args)
+			if err != nil || target == nil || len(rest) > 0 && len(args) > 0 {
+				return usageError{fmt.Errorf("unknown help topic %q", strings.Join(args, " "))}
+			}
+			target.InitDefaultHelpFlag()
+			target.InitDefaultVersionFlag()
+			return target.Help()
 		},
 	}
+}
+
+func versionCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:     "version",
+		Short:   "Print the nexus version, the revision it was built from, and its Go and nats-server versions",
+		Example: "  nexus version\n  nexus version --json",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			v := readVersion()
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), v)
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), v.String())
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
 }

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,7 +15,6 @@ import (
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/reaper"
-	"github.com/nexus-sandbox/nexus/sagas"
 )
 
 var reapKinds = []events.ResourceKind{
@@ -179,45 +175,5 @@ func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
 		fmt.Fprintf(w, "deleted %d (%d bytes allocated), failed %d\n", len(rep.Deleted), rep.Allocated, len(rep.Failed))
 	} else if rep.Plan != "" {
 		fmt.Fprintf(w, "would free %d bytes allocated; plan %s: apply exactly it with `nexus reap --apply --plan %s`\n", rep.Allocated, rep.Plan, rep.Plan)
-	}
-}
-
-// testHooks are the saga hooks the tests drive through the environment:
-// NEXUS_CRASH_AT kills the process at a step, NEXUS_PAUSE_AT stops it there
-// (SIGSTOP, after saying so on stderr) until it is sent SIGCONT, so a test
-// can look at the state root with a real creator frozen mid-flight.
-func testHooks() func(kind, step string, phase sagas.Phase) {
-	crash := crashHook(os.Getenv("NEXUS_CRASH_AT"))
-	pause := pauseHook(os.Getenv("NEXUS_PAUSE_AT"))
-	if crash == nil || pause == nil {
-		if crash != nil {
-			return crash
-		}
-		return pause
-	}
-	return func(kind, step string, p sagas.Phase) {
-		crash(kind, step, p)
-		pause(kind, step, p)
-	}
-}
-
-// pauseHook stops this process (SIGSTOP, after saying so on stderr) at one
-// saga step until it is sent SIGCONT: NEXUS_PAUSE_AT=<saga>.<step>[:before].
-func pauseHook(at string) func(kind, step string, phase sagas.Phase) {
-	match := atStep(at)
-	if match == nil {
-		return nil
-	}
-	return func(kind, step string, p sagas.Phase) {
-		if match(kind, step, p) {
-			// A self-sent SIGSTOP may take effect a little after kill(2)
-			// returns; waiting for the SIGCONT itself makes the pause exact.
-			cont := make(chan os.Signal, 1)
-			signal.Notify(cont, syscall.SIGCONT)
-			defer signal.Stop(cont)
-			fmt.Fprintf(os.Stderr, "nexus: paused at %s (pid %d)\n", at, os.Getpid())
-			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-			<-cont
-		}
 	}
 }

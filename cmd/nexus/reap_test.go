@@ -660,7 +660,7 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 	bin := nexusBin
 	if raceEnabled {
 		bin = filepath.Join(t.TempDir(), "nexus-race")
-		if out, err := exec.Command("go", "build", "-race", "-o", bin, ".").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-race", "-tags", "nexustest", "-o", bin, ".").CombinedOutput(); err != nil {
 			t.Fatalf("build -race: %v\n%s", err, out)
 		}
 	}

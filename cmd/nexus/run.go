@@ -341,7 +341,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			return watchRun(cmd, g, run)
 		}}
 	watchdog.Flags().StringVar(&run, "run", "", "run id (required)")
-	watchdog.MarkFlagRequired("run")
+	requireFlags(watchdog, "run")
 	c.AddCommand(ls, sweep, journal, watchdog)
 	return c
 }

@@ -1,0 +1,19 @@
+//go:build !nexustest
+
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// A release build has no failure injection and no test-only commands; see
+// testhooks.go, which a build with -tags nexustest uses instead.
+
+func testHooks() func(kind, step string, phase sagas.Phase) { return nil }
+
+func failAppends(b control.Backend) control.Backend { return b }
+
+func testCommands(*globals) []*cobra.Command { return nil }
