@@ -348,6 +348,8 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 		return nil, err
 	}
 	var removed []ReapItem
+	// From here Allocated counts what is freed, not what was planned.
+	rep.Allocated = 0
 	fail := func(it ReapItem, msg string) {
 		it.Error = msg
 		rep.Failed = append(rep.Failed, it)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -101,31 +100,12 @@ func pruneOptions(unused, dryRun bool, olderThan, maxBytes string) (lifecycle.Ca
 		opts.OlderThan = d
 	}
 	if maxBytes != "" {
-		if strings.TrimSpace(maxBytes) == "0" {
-			opts.MaxBytes = 0
-		} else {
-			n, err := parseSize(maxBytes)
-			if err != nil {
-				return opts, fmt.Errorf("--max-bytes %q: %v", maxBytes, err)
-			}
-			opts.MaxBytes = n
+		n, err := parseBytes(maxBytes)
+		if err != nil {
+			return opts, fmt.Errorf("--max-bytes %q: %v", maxBytes, err)
 		}
+		opts.MaxBytes = n
 	}
 	return opts, nil
 }
 
-// parseAge reads a Go duration (90m, 36h) or whole days (7d).
-func parseAge(s string) (time.Duration, error) {
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil || n <= 0 || n > 100000 {
-			return 0, fmt.Errorf("want a positive duration such as 36h or 7d")
-		}
-		return time.Duration(n) * 24 * time.Hour, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("want a positive duration such as 36h or 7d")
-	}
-	return d, nil
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -301,10 +300,10 @@ func volumeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, v, func() { fmt.Fprintf(cmd.OutOrStdout(), "%s\t%d\n", v.Name, v.SizeBytes) })
+				return printResult(cmd, asJSON, v, func() { fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", v.Name, formatSize(v.SizeBytes)) })
 			})
 		}}
-	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M or 2G (required)")
+	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M, 1.5G or 2GiB; K, M, G, T alone are binary, KB, MB, GB decimal (required)")
 	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	requireFlags(create, "size")
 	var lsJSON bool
@@ -321,7 +320,7 @@ func volumeCmd(g *globals) *cobra.Command {
 				return printResult(cmd, lsJSON, vols, func() {
 					fmt.Fprintln(cmd.OutOrStdout(), "NAME\tSIZE\tATTACHED")
 					for _, v := range vols {
-						fmt.Fprintf(cmd.OutOrStdout(), "%s\t%d\t%s\n", v.Name, v.SizeBytes, dash(strings.Join(v.AttachedTo, ",")))
+						fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", v.Name, formatSize(v.SizeBytes), dash(strings.Join(v.AttachedTo, ",")))
 					}
 				})
 			})
@@ -353,31 +352,4 @@ func volumeCmd(g *globals) *cobra.Command {
 	prune.Flags().BoolVar(&pruneJSON, "json", false, "print JSON")
 	c.AddCommand(create, ls, rm, prune)
 	return c
-}
-
-// parseSize reads 123, 512K, 64M, 2G, 1T (binary units).
-func parseSize(s string) (int64, error) {
-	s = strings.TrimSpace(strings.ToUpper(s))
-	s = strings.TrimSuffix(strings.TrimSuffix(s, "IB"), "B")
-	mult := int64(1)
-	if n := len(s); n > 0 {
-		switch s[n-1] {
-		case 'K':
-			mult = 1 << 10
-		case 'M':
-			mult = 1 << 20
-		case 'G':
-			mult = 1 << 30
-		case 'T':
-			mult = 1 << 40
-		}
-		if mult > 1 {
-			s = s[:n-1]
-		}
-	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || v <= 0 || v > (1<<50)/mult {
-		return 0, fmt.Errorf("want a positive size such as 512M or 2G")
-	}
-	return v * mult, nil
 }

@@ -51,9 +51,9 @@ func reapCmd(g *globals) *cobra.Command {
 				o.Filter.Kind = events.ResourceKind(kind)
 			}
 			if olderThan != "" {
-				d, err := time.ParseDuration(olderThan)
-				if err != nil || d < 0 {
-					return usageError{fmt.Errorf("--older-than %q: want a duration such as 30m or 24h", olderThan)}
+				d, err := parseAge(olderThan)
+				if err != nil {
+					return usageError{fmt.Errorf("--older-than %q: %v", olderThan, err)}
 				}
 				o.Filter.OlderThan = int64(d / time.Second)
 				if o.Filter.OlderThan == 0 && d > 0 {
@@ -146,7 +146,7 @@ func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
 	}
 	fmt.Fprintf(w, "reap (%s): %d scanned, %d orphan(s), %d kept (%d owned)\n", mode, rep.Scanned, len(rep.Orphans), len(rep.Kept), owned)
 	line := func(tag string, it lifecycle.ReapItem) {
-		fmt.Fprintf(w, "  %-9s %-18s %s  owner=%s  %d bytes  %s", tag, it.Kind, it.Path, dash(it.Owner), it.Allocated, it.Reason)
+		fmt.Fprintf(w, "  %-9s %-18s %s  owner=%s  %s  %s", tag, it.Kind, it.Path, dash(it.Owner), formatSize(it.Allocated), it.Reason)
 		if it.Error != "" {
 			fmt.Fprintf(w, "  error: %s", it.Error)
 		}
@@ -172,8 +172,8 @@ func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
 		fmt.Fprintf(w, "  unreadable directory (nothing in it judged): %s\n", e)
 	}
 	if rep.Apply {
-		fmt.Fprintf(w, "deleted %d (%d bytes allocated), failed %d\n", len(rep.Deleted), rep.Allocated, len(rep.Failed))
+		fmt.Fprintf(w, "deleted %d (%s allocated), failed %d\n", len(rep.Deleted), formatSize(rep.Allocated), len(rep.Failed))
 	} else if rep.Plan != "" {
-		fmt.Fprintf(w, "would free %d bytes allocated; plan %s: apply exactly it with `nexus reap --apply --plan %s`\n", rep.Allocated, rep.Plan, rep.Plan)
+		fmt.Fprintf(w, "would free %s allocated; plan %s: apply exactly it with `nexus reap --apply --plan %s`\n", formatSize(rep.Allocated), rep.Plan, rep.Plan)
 	}
 }

@@ -184,6 +184,15 @@ func TestReapDryRunThenApply(t *testing.T) {
 			t.Fatalf("%s survived --apply", p)
 		}
 	}
+	// --apply reports what it freed, once: the sum over what it deleted,
+	// not the dry run's total plus the deletions again.
+	var freed int64
+	for _, d := range app.Deleted {
+		freed += d.Allocated
+	}
+	if app.Allocated != freed || freed != total {
+		t.Fatalf("--apply reports %d bytes; deleted entries sum to %d, the dry run planned %d", app.Allocated, freed, total)
+	}
 	for _, k := range app.Kept {
 		if !exists(k.Path) {
 			t.Fatalf("owned %s was deleted", k.Path)
