@@ -108,4 +108,3 @@ func pruneOptions(unused, dryRun bool, olderThan, maxBytes string) (lifecycle.Ca
 	}
 	return opts, nil
 }
-
