@@ -326,7 +326,8 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		{"unknown volume", []string{"create", "--image", image, "--volume", "ghost:/g"}, 1, "no volume"},
 		{"unknown sandbox", []string{"rm", "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"}, 1, "no sandbox"},
 		{"unknown snapshot", []string{"restore", "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"}, 1, "no snapshot"},
-		{"fork count", []string{"fork", "x", "--count", "0"}, 1, "no sandbox"},
+		{"fork count", []string{"fork", "x", "--count", "0"}, 2, "--count"},
+		{"fork unknown", []string{"fork", "x", "--count", "1"}, 1, "no sandbox"},
 		{"bad size", []string{"volume", "create", "v", "--size", "lots"}, 2, "--size"},
 		{"volume rm unknown", []string{"volume", "rm", "ghost"}, 1, "no volume"},
 	}
