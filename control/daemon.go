@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -46,6 +47,9 @@ type DaemonOptions struct {
 	Idle time.Duration
 	// Auto marks a daemon a command started on demand.
 	Auto bool
+	// Logger receives the embedded NATS server's warnings and errors; nil
+	// discards them.
+	Logger *slog.Logger
 	// Startup, if set, runs once the journal is open and before the socket
 	// serves: the daemon finishes the sagas a dead runner (or a killed
 	// daemon) left open, under their free runner leases.
@@ -59,7 +63,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	if err != nil {
 		return err
 	}
-	jo := journal.Options{Mirror: o.Mirror}
+	jo := journal.Options{Mirror: o.Mirror, Logger: o.Logger}
 	var creds *SubscriberCredentials
 	if o.Listen != "" {
 		if err := checkListen(o.Listen, o.AllowRemote); err != nil {

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -202,4 +202,5 @@ func contains(list []projections.Watched, t projections.Watched) bool {
 	return false
 }
 
-func warn(err error) { fmt.Fprintf(os.Stderr, "nexus daemon: %v\n", err) }
+// warn logs a fault the exit watcher retries or works around.
+func warn(err error) { slog.Warn(err.Error(), "component", "exit-watcher") }

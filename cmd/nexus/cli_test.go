@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -202,6 +203,19 @@ func TestDemoEventsLsInspect(t *testing.T) {
 	wantFailure(t, nexus(t, root, "inspect", id), 1, "no sandbox")
 }
 
+// A --listen port already taken fails the daemon at once with the address
+// and the kernel's reason (it used to wait 30 s and blame readiness).
+func TestDaemonListenBusyNamesTheAddress(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	r := nexus(t, t.TempDir(), "daemon", "--listen", addr)
+	wantFailure(t, r, 1, "--listen "+addr+": listen tcp "+addr+": bind: address already in use")
+}
+
 func TestDaemonServesCommands(t *testing.T) {
 	root := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -217,6 +231,14 @@ func TestDaemonServesCommands(t *testing.T) {
 	line, err := bufio.NewReader(stderr).ReadString('\n')
 	if err != nil || !strings.Contains(line, "serving") {
 		t.Fatalf("daemon said %q, %v", line, err)
+	}
+	// Not a terminal: one JSON object per line, fields named.
+	var rec struct {
+		Level, Msg, Root string
+		Pid              int
+	}
+	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Level != "INFO" || rec.Msg != "serving" || rec.Root == "" || rec.Pid != d.Process.Pid {
+		t.Fatalf("daemon log line %q (%v) is not a JSON record of serving with root and pid", line, err)
 	}
 	if r := nexus(t, root, "demo"); r.code != 0 {
 		t.Fatalf("demo through daemon: %+v", r)

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -111,31 +113,43 @@ func daemonCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			log, err := daemonLogger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			slog.SetDefault(log)
+			o.Logger = log
 			// A killed daemon (or command) leaves only sagas whose runner
 			// lease is free: the next daemon finishes them before it serves.
 			// Said after "serving", the line callers wait for.
-			var startup string
+			var startup func()
 			o.Startup = func(ctx context.Context, b control.Backend) {
 				rep, err := build(b).RecoverSagas(ctx)
 				if err != nil {
-					startup = fmt.Sprintf("nexus daemon: finishing interrupted sagas: %v (run `nexus recover`)\n", err)
+					startup = func() {
+						log.Error("finishing interrupted sagas failed; run `nexus recover`", "err", err)
+					}
 				} else if n := len(rep.Compensated) + len(rep.Resumed); n > 0 {
-					startup = fmt.Sprintf("nexus daemon: finished %d interrupted saga(s): %d compensated, %d resumed\n", n, len(rep.Compensated), len(rep.Resumed))
+					startup = func() {
+						log.Info("finished interrupted sagas", "compensated", len(rep.Compensated), "resumed", len(rep.Resumed))
+					}
 				}
 			}
 			o.Ready = func(st control.Status) {
-				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: serving %s (pid %d)\n", st.Root, st.Pid)
-				fmt.Fprint(cmd.ErrOrStderr(), startup)
+				log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
+				if startup != nil {
+					startup()
+				}
 				if o.Mirror != nil {
-					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: mirroring to stream %s in JetStream domain %q via %s\n", o.Mirror.StreamName(), o.Mirror.Domain, o.Mirror.URL.Redacted())
+					log.Info("mirroring", "stream", o.Mirror.StreamName(), "domain", o.Mirror.Domain, "url", o.Mirror.URL.Redacted())
 				}
 				if st.SubscriberURL != "" {
-					fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: subscribers at %s, credentials in %s/%s\n", st.SubscriberURL, st.Root, control.SubscriberFile)
+					log.Info("subscribers", "url", st.SubscriberURL, "credentials", filepath.Join(st.Root, control.SubscriberFile))
 				}
 			}
 			err = control.RunDaemon(cmd.Context(), g.stateDir, o)
 			if o.Auto && errors.Is(err, control.ErrServedElsewhere) {
-				fmt.Fprintf(cmd.ErrOrStderr(), "nexus daemon: %v; not needed\n", err)
+				log.Info("not needed", "reason", err.Error())
 				return nil
 			}
 			return err

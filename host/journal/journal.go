@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -63,6 +64,8 @@ type Options struct {
 	// Space is the free-space policy of appends; nil means DefaultSpace
 	// of the filesystem holding Dir.
 	Space *Space
+	// Logger receives the embedded server's log lines; nil discards them.
+	Logger *slog.Logger
 }
 
 // Credentials name a NATS user. PasswordHash is a bcrypt hash; the server
@@ -161,9 +164,14 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		return fmt.Errorf("journal: %w", err)
 	}
 	j.srv = srv
+	logs := newServerLog(opts.Logger)
+	srv.SetLoggerV2(logs, false, false, false)
 	srv.Start()
-	if !srv.ReadyForConnections(30 * time.Second) {
-		return fmt.Errorf("journal: embedded NATS server did not become ready")
+	if err := logs.waitReady(ctx, srv, 30*time.Second); err != nil {
+		if opts.Listen != "" {
+			return fmt.Errorf("journal: --listen %s: %w", opts.Listen, err)
+		}
+		return fmt.Errorf("journal: %w", err)
 	}
 	if c := srv.JetStreamConfig(); c != nil {
 		j.jsConfig = *c

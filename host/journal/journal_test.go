@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -233,5 +235,26 @@ func TestExpectedLastSubjectSequenceOverAWildcard(t *testing.T) {
 	}
 	if n := len(readAll(t, j, 1, Subjects)); n != 4 {
 		t.Fatalf("%d records, want 4", n)
+	}
+}
+
+// A listener the server cannot open fails Open at once, naming the address
+// and the kernel's reason, instead of a generic timeout after 30 s.
+func TestOpenReportsBusyListenAddress(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	addr := busy.Addr().String()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	j, err := Open(ctx, Options{Dir: t.TempDir(), Listen: addr, Subscriber: &Credentials{User: "sub", PasswordHash: "x"}})
+	if err == nil {
+		j.Close()
+		t.Fatalf("Open with a busy listen address %s succeeded", addr)
+	}
+	if !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("error does not name the address and the reason: %v", err)
 	}
 }
