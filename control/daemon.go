@@ -34,8 +34,11 @@ type SubscriberCredentials struct {
 type DaemonOptions struct {
 	// Listen exposes NATS to subscribers on this TCP address ("" = none).
 	Listen string
-	// AllowRemote permits a Listen address that is not loopback.
+	// AllowRemote permits a Listen address that is not loopback; such an
+	// address also needs TLS.
 	AllowRemote bool
+	// TLS makes the Listen port TLS-only (and, with a client CA, mutual).
+	TLS *journal.TLS
 	// Mirror, if set, replicates the journal to a fleet's JetStream.
 	Mirror *journal.Mirror
 	// LockWait is how long to wait for a command that holds the journal.
@@ -66,7 +69,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	jo := journal.Options{Mirror: o.Mirror, Logger: o.Logger}
 	var creds *SubscriberCredentials
 	if o.Listen != "" {
-		if err := checkListen(o.Listen, o.AllowRemote); err != nil {
+		if err := checkListen(o.Listen, o.AllowRemote, o.TLS != nil); err != nil {
 			return err
 		}
 		if creds, err = loadOrCreateSubscriber(root); err != nil {
@@ -81,6 +84,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 			return err
 		}
 		jo.Listen = o.Listen
+		jo.TLS = o.TLS
 		jo.Subscriber = &journal.Credentials{User: creds.User, PasswordHash: string(hash)}
 	}
 	n, err := openWaiting(ctx, root, jo, o.LockWait, !o.Auto)
@@ -167,13 +171,13 @@ func waitAnswering(ctx context.Context, sock string, served <-chan error) error 
 	}
 }
 
-func checkListen(addr string, allowRemote bool) error {
+// checkListen refuses a listener beyond loopback unless asked for, and
+// then only with TLS: subscribers' passwords and every event would
+// otherwise cross the network in clear.
+func checkListen(addr string, allowRemote, withTLS bool) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("--listen %q: %w", addr, err)
-	}
-	if allowRemote {
-		return nil
 	}
 	if host == "localhost" {
 		return nil
@@ -181,7 +185,13 @@ func checkListen(addr string, allowRemote bool) error {
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	return fmt.Errorf("--listen %q is not a loopback address (pass --allow-remote to expose the journal beyond this host)", addr)
+	if !allowRemote {
+		return fmt.Errorf("--listen %q is not a loopback address (pass --allow-remote, with --tls-cert and --tls-key, to expose the journal beyond this host)", addr)
+	}
+	if !withTLS {
+		return fmt.Errorf("--listen %q beyond loopback needs --tls-cert and --tls-key (subscribers' passwords and events would cross the network in clear)", addr)
+	}
+	return nil
 }
 
 func loadOrCreateSubscriber(root string) (*SubscriberCredentials, error) {

@@ -39,14 +39,18 @@ func startDaemon(t *testing.T, listen string) *daemon {
 // once Ready has been called.
 func startDaemonAt(t *testing.T, root, listen string) *daemon {
 	t.Helper()
+	return startDaemonWith(t, root, control.DaemonOptions{Listen: listen})
+}
+
+// startDaemonWith is startDaemonAt with every option (Ready is its own).
+func startDaemonWith(t *testing.T, root string, o control.DaemonOptions) *daemon {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &daemon{root: root, cancel: cancel, done: make(chan error, 1)}
 	ready := make(chan control.Status, 1)
 	go func() {
-		d.done <- control.RunDaemon(ctx, root, control.DaemonOptions{
-			Listen: listen,
-			Ready:  func(st control.Status) { ready <- st },
-		})
+		o.Ready = func(st control.Status) { ready <- st }
+		d.done <- control.RunDaemon(ctx, root, o)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -390,6 +394,11 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), "loopback") {
 			t.Fatalf("--listen %s refused with %v; want it to say the address is not loopback", addr, err)
+		}
+		// Allowed beyond loopback, but not in clear.
+		err = control.RunDaemon(context.Background(), root, control.DaemonOptions{Listen: addr, AllowRemote: true})
+		if err == nil || !strings.Contains(err.Error(), "--tls-cert") {
+			t.Fatalf("--listen %s --allow-remote without TLS: %v; want a refusal naming --tls-cert", addr, err)
 		}
 		// Refused before anything was created: no credentials, no journal.
 		for _, name := range []string{control.SubscriberFile, "journal", control.SocketName} {

@@ -97,6 +97,11 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	wantFailure(t, nexus(t, root, "volume", "create", "data"), 2, "--size")
 	wantFailure(t, nexus(t, root, "fork", "some-sandbox", "--count", "0"), 2, "--count 0")
 	wantFailure(t, nexus(t, root, "--driver", "qemu", "ls"), 2, "--driver")
+	wantFailure(t, nexus(t, root, "daemon", "--listen", "127.0.0.1:0", "--tls-cert", "c.pem"), 2, "--tls-key")
+	wantFailure(t, nexus(t, root, "daemon", "--tls-cert", "c.pem", "--tls-key", "k.pem"), 2, "--listen")
+	wantFailure(t, nexus(t, root, "daemon", "--listen", "127.0.0.1:0", "--tls-cert", "nope.pem", "--tls-key", "nope.key"), 1, "TLS")
+	wantFailure(t, nexus(t, root, "daemon", "--listen", "0.0.0.0:0", "--allow-remote"), 1, "--tls-cert")
+	wantFailure(t, nexus(t, root, "daemon", "--listen", "0.0.0.0:0"), 1, "loopback")
 }
 
 // TestReleaseBuildHasNoTestHooks builds nexus as a user would (no build

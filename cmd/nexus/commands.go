@@ -84,6 +84,7 @@ func idleFromEnv() (time.Duration, error) {
 func daemonCmd(g *globals) *cobra.Command {
 	var o control.DaemonOptions
 	var mirrorURL string
+	var tlsOpts journal.TLS
 	m := &journal.Mirror{}
 	c := &cobra.Command{
 		Use:   "daemon",
@@ -102,6 +103,14 @@ func daemonCmd(g *globals) *cobra.Command {
 				o.Mirror = m
 			}
 			o.LockWait = lockWait
+			switch {
+			case tlsOpts != (journal.TLS{}) && (tlsOpts.CertFile == "" || tlsOpts.KeyFile == ""):
+				return usageError{errors.New("--tls-cert and --tls-key go together")}
+			case tlsOpts != (journal.TLS{}) && o.Listen == "":
+				return usageError{errors.New("--tls-cert needs --listen")}
+			case tlsOpts != (journal.TLS{}):
+				o.TLS = &tlsOpts
+			}
 			if o.Auto && !cmd.Flags().Changed("idle") {
 				d, err := idleFromEnv()
 				if err != nil {
@@ -156,7 +165,10 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
-	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback")
+	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback (needs --tls-cert and --tls-key)")
+	c.Flags().StringVar(&tlsOpts.CertFile, "tls-cert", "", "PEM certificate of the --listen port (TLS only, with --tls-key)")
+	c.Flags().StringVar(&tlsOpts.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
+	c.Flags().StringVar(&tlsOpts.ClientCA, "tls-client-ca", "", "PEM CA bundle subscribers' client certificates must chain to (mutual TLS)")
 	c.Flags().DurationVar(&o.Idle, "idle", 0, "exit once no command has been connected for this long (0: never; on-demand daemons default to $NEXUS_DAEMON_IDLE or 30s)")
 	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
 	c.Flags().MarkHidden("auto")

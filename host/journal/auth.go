@@ -2,6 +2,7 @@ package journal
 
 import (
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -75,6 +76,19 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 	}
 	if so.Port == 0 {
 		so.Port = server.RANDOM_PORT
+	}
+	if t := opts.TLS; t != nil {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
+			CertFile: t.CertFile, KeyFile: t.KeyFile,
+			CaFile: t.ClientCA, Verify: t.ClientCA != "",
+			MinVersion: tls.VersionTLS12,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("journal: --listen %s: TLS: %w", opts.Listen, err)
+		}
+		so.TLSConfig = tc
+		so.TLSVerify = t.ClientCA != ""
+		so.TLSTimeout = 5
 	}
 	// Subscribers get live events only: subscribe on the event subjects,
 	// publish nowhere, so they can neither append nor reach the JetStream

@@ -66,6 +66,15 @@ type Options struct {
 	Space *Space
 	// Logger receives the embedded server's log lines; nil discards them.
 	Logger *slog.Logger
+	// TLS, if set, makes the Listen port TLS-only.
+	TLS *TLS
+}
+
+// TLS is the listener's certificate and, if ClientCA is set, the CA a
+// subscriber's client certificate must chain to (mutual TLS).
+type TLS struct {
+	CertFile, KeyFile string
+	ClientCA          string
 }
 
 // Credentials name a NATS user. PasswordHash is a bcrypt hash; the server
