@@ -53,9 +53,12 @@ type Manager struct {
 	Wait bool
 }
 
+// DefaultOverlayMiB is a new sandbox's overlay size when none is configured.
+const DefaultOverlayMiB = 256
+
 func (m *Manager) overlayBytes() int64 {
 	if m.OverlayMiB <= 0 {
-		return 256 << 20
+		return DefaultOverlayMiB << 20
 	}
 	return m.OverlayMiB << 20
 }

@@ -6,10 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"text/tabwriter"
 
 	"github.com/BurntSushi/toml"
+	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
 // Config is nexus's config file: $NEXUS_CONFIG, else <state-root>/config.toml.
@@ -25,7 +28,27 @@ type Config struct {
 	} `toml:"vm"`
 }
 
+// configReaders are the commands that read a config setting (both size
+// and warn ratio apply to new overlays and to start's overlay check). Only
+// they are refused by a broken config file: a typo in a setting for new
+// sandboxes must not stop stop, rm, recover or ls.
+var configReaders = map[string]bool{"create": true, "start": true}
+
+// configFile is where the config came from: the file and which of its
+// keys it set (the rest are defaults).
+type configFile struct {
+	Path    string
+	Named   bool // $NEXUS_CONFIG, which must exist
+	Exists  bool
+	Defined map[string]bool // "vm.overlay_disk_mib" → set in the file
+}
+
 func loadConfig(root string) (Config, error) {
+	c, _, err := loadConfigFile(root)
+	return c, err
+}
+
+func loadConfigFile(root string) (Config, configFile, error) {
 	var c Config
 	path, named := os.Getenv("NEXUS_CONFIG"), true
 	if path == "" {
@@ -44,24 +67,122 @@ func loadConfig(root string) (Config, error) {
 			md, err = toml.Decode(string(data), &c)
 		}
 	}
+	src := configFile{Path: path, Named: named, Defined: map[string]bool{}}
 	switch {
 	case errors.Is(err, os.ErrNotExist) && !named:
-		return Config{}, nil
+		return Config{}, src, nil
 	case err != nil:
-		return c, fmt.Errorf("config %s: %s", path, strings.ReplaceAll(err.Error(), "\n", " "))
+		return c, src, fmt.Errorf("config %s: %s", path, strings.ReplaceAll(err.Error(), "\n", " "))
+	}
+	src.Exists = true
+	for _, k := range md.Keys() {
+		src.Defined[k.String()] = true
 	}
 	if extra := md.Undecoded(); len(extra) > 0 {
 		keys := make([]string, len(extra))
 		for i, k := range extra {
 			keys[i] = k.String()
 		}
-		return c, fmt.Errorf("config %s: unknown key %s", path, strings.Join(keys, ", "))
+		return c, src, fmt.Errorf("config %s: unknown key %s", path, strings.Join(keys, ", "))
 	}
 	if v := c.VM.OverlayDiskMiB; md.IsDefined("vm", "overlay_disk_mib") && (v < 16 || v > 1<<20) {
-		return c, fmt.Errorf("config %s: [vm] overlay_disk_mib = %d: want 16 to 1048576", path, v)
+		return c, src, fmt.Errorf("config %s: [vm] overlay_disk_mib = %d: want 16 to 1048576", path, v)
 	}
 	if v := c.VM.OverlayWarnFillRatio; md.IsDefined("vm", "overlay_warn_fill_ratio") && (v <= 0 || v > 1) {
-		return c, fmt.Errorf("config %s: [vm] overlay_warn_fill_ratio = %g: want a ratio in (0, 1]", path, v)
+		return c, src, fmt.Errorf("config %s: [vm] overlay_warn_fill_ratio = %g: want a ratio in (0, 1]", path, v)
 	}
-	return c, nil
+	return c, src, nil
+}
+
+// setting is one effective setting and where its value came from.
+type setting struct {
+	Name   string `json:"name"`
+	Value  string `json:"value"`
+	Source string `json:"source"`
+}
+
+func configCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{Use: "config", Short: "Show nexus's effective settings"}
+	var asJSON bool
+	show := &cobra.Command{
+		Use:     "show",
+		Short:   "Print every effective setting and where it came from (flag, environment, config file or default)",
+		Example: "  nexus config show\n  NEXUS_CONFIG=/etc/nexus.toml nexus config show --json",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			list, err := effectiveSettings(cmd, g)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(cmd.OutOrStdout(), list)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SETTING\tVALUE\tSOURCE")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Name, dash(s.Value), s.Source)
+			}
+			return tw.Flush()
+		},
+	}
+	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(show)
+	return c
+}
+
+// effectiveSettings reads the config file (a file nexus cannot use is the
+// command's error) and reports every setting a command may read.
+func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
+	root, err := filepath.Abs(g.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg, file, err := loadConfigFile(root)
+	if err != nil {
+		return nil, err
+	}
+	fromEnv := func(name, env, def, defSource string) setting {
+		if v, ok := os.LookupEnv(env); ok && v != "" {
+			return setting{name, v, "env " + env}
+		}
+		return setting{name, def, defSource}
+	}
+	fromFile := func(key string, v, def any) setting {
+		if file.Defined[key] {
+			return setting{key, fmt.Sprint(v), "file " + file.Path}
+		}
+		return setting{key, fmt.Sprint(def), "default"}
+	}
+	stateDir := setting{"state_dir", root, "default"}
+	switch {
+	case cmd.Flags().Changed("state-dir"):
+		stateDir.Source = "flag --state-dir"
+	case os.Getenv("NEXUS_STATE_DIR") != "":
+		stateDir.Source = "env NEXUS_STATE_DIR"
+	case os.Getenv("XDG_STATE_HOME") != "":
+		stateDir.Source = "env XDG_STATE_HOME"
+	}
+	driver := fromEnv("driver", "NEXUS_DRIVER", lifecycle.DriverCloudHypervisor, "default")
+	if cmd.Flags().Changed("driver") {
+		driver = setting{"driver", g.driver, "flag --driver"}
+	}
+	configPath := setting{"config_file", file.Path, "default (absent: every default)"}
+	switch {
+	case file.Named:
+		configPath.Source = "env NEXUS_CONFIG"
+	case file.Exists:
+		configPath.Source = "default"
+	}
+	return []setting{
+		stateDir,
+		driver,
+		configPath,
+		fromFile("vm.overlay_disk_mib", cfg.VM.OverlayDiskMiB, lifecycle.DefaultOverlayMiB),
+		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, lifecycle.DefaultWarnFillRatio),
+		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor driver needs it)"),
+		fromEnv("ch_binary", "NEXUS_CH_BINARY", "cloud-hypervisor", "default (looked up in PATH)"),
+		fromEnv("daemon_idle", "NEXUS_DAEMON_IDLE", defaultIdle.String(), "default"),
+		fromEnv("no_auto_daemon", "NEXUS_NO_AUTO_DAEMON", "", "unset (a daemon is started on demand)"),
+		fromEnv("log_level", "NEXUS_LOG_LEVEL", "info", "default"),
+	}, nil
 }

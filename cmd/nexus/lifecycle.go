@@ -48,7 +48,10 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 	}
 	cfg, err := loadConfig(root)
 	if err != nil {
-		return nil, err
+		if g.readsConfig {
+			return nil, err
+		}
+		cfg = Config{} // this command reads no setting: defaults are never used
 	}
 	driver := g.driver
 	if driver == "" {

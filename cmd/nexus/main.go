@@ -29,6 +29,9 @@ type globals struct {
 	stateDir string
 	driver   string
 	wait     bool
+	// readsConfig is set for the commands that read config settings:
+	// only they are refused by a config file nexus cannot use.
+	readsConfig bool
 }
 
 // errInterrupted is the cause of the context a first SIGINT or SIGTERM
@@ -93,6 +96,7 @@ func newRoot() *cobra.Command {
 			if g.driver != "" && g.driver != "cloud-hypervisor" && g.driver != "process" {
 				return usageError{fmt.Errorf("--driver %q: want cloud-hypervisor or process", g.driver)}
 			}
+			g.readsConfig = configReaders[strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")]
 			return nil
 		},
 	}
@@ -109,7 +113,7 @@ func newRoot() *cobra.Command {
 		inspectCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g),
 	)
 	root.AddCommand(testCommands(g)...)
 	root.SetHelpCommand(helpCmd())

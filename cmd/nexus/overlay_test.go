@@ -401,6 +401,51 @@ func TestBadConfigIsRefused(t *testing.T) {
 	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "unknown key vm.overlay_disk_mb")
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_warn_fill_ratio = 2\n"), 0o600)
 	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "overlay_warn_fill_ratio")
+	wantFailure(t, proc(t, root, "config", "show"), 1, "overlay_warn_fill_ratio")
+}
+
+// A config file nexus cannot use refuses only the commands that read its
+// settings (create and start); stop, snapshot, rm and recover go on, since
+// the file only shapes new overlays and start's check.
+func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", makeImage(t))
+	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mb = 64\n"), 0o600)
+	mustOK(t, proc(t, root, "stop", sb.ID), "stop under a broken config")
+	wantFailure(t, proc(t, root, "start", sb.ID), 1, "unknown key vm.overlay_disk_mb")
+	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot under a broken config")
+	mustOK(t, proc(t, root, "recover"), "recover under a broken config")
+	mustOK(t, proc(t, root, "rm", sb.ID), "rm under a broken config")
+	if n := len(sandboxes(t, root)); n != 0 {
+		t.Fatalf("rm under a broken config left %d sandboxes", n)
+	}
+}
+
+// config show names each setting's value and source: the file for what it
+// sets, the environment, the flag, and defaults for the rest.
+func TestConfigShowNamesSources(t *testing.T) {
+	root := shortRoot(t)
+	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mib = 64\n"), 0o600)
+	r := mustOK(t, nexusEnv(t, root, []string{"NEXUS_LOG_LEVEL=debug"}, "--driver", "process", "config", "show", "--json"), "config show")
+	var list []setting
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
+		t.Fatalf("config show --json: %v\n%s", err, r.stdout)
+	}
+	got := map[string]setting{}
+	for _, s := range list {
+		got[s.Name] = s
+	}
+	want := map[string]setting{
+		"vm.overlay_disk_mib":        {"vm.overlay_disk_mib", "64", "file " + filepath.Join(root, "config.toml")},
+		"vm.overlay_warn_fill_ratio": {"vm.overlay_warn_fill_ratio", "0.9", "default"},
+		"driver":                     {"driver", "process", "flag --driver"},
+		"log_level":                  {"log_level", "debug", "env NEXUS_LOG_LEVEL"},
+	}
+	for name, w := range want {
+		if got[name] != w {
+			t.Errorf("%s: got %+v, want %+v", name, got[name], w)
+		}
+	}
 }
 
 // Regression 6, without a crash: writing the overlay-published event fails
