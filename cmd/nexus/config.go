@@ -105,10 +105,9 @@ func configCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "config", Short: "Show nexus's effective settings"}
 	var asJSON bool
 	show := &cobra.Command{
-		Use:     "show",
-		Short:   "Print every effective setting and where it came from (flag, environment, config file or default)",
-		Example: "  nexus config show\n  NEXUS_CONFIG=/etc/nexus.toml nexus config show --json",
-		Args:    noArgs,
+		Use:   "show",
+		Short: "Print every effective setting and where it came from (flag, environment, config file or default)",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			list, err := effectiveSettings(cmd, g)
 			if err != nil {

@@ -116,7 +116,10 @@ func newRoot() *cobra.Command {
 		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g),
 	)
 	root.AddCommand(testCommands(g)...)
+	root.AddCommand(docsCmd())
 	root.SetHelpCommand(helpCmd())
+	addExamples(root)
+	addCompletions(root, g)
 	return root
 }
 
@@ -173,8 +176,9 @@ func noArgs(cmd *cobra.Command, args []string) error {
 // error (exit 2) rather than a help page and exit 0.
 func helpCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:   "help [command]",
-		Short: "Help about any command",
+		Use:     "help [command]",
+		Short:   "Help about any command",
+		Example: "  nexus help create", // cobra adds this command at Execute, after addExamples
 		RunE: func(c *cobra.Command, args []string) error {
 			target, rest, err := c.Root().Find(args)
 			if err != nil || target == nil || len(rest) > 0 && len(args) > 0 {
@@ -190,10 +194,9 @@ func helpCmd() *cobra.Command {
 func versionCmd() *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use:     "version",
-		Short:   "Print the nexus version, the revision it was built from, and its Go and nats-server versions",
-		Example: "  nexus version\n  nexus version --json",
-		Args:    noArgs,
+		Use:   "version",
+		Short: "Print the nexus version, the revision it was built from, and its Go and nats-server versions",
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := readVersion()
 			if asJSON {

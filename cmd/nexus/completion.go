@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// completionTimeout bounds how long a shell waits for a completion: past
+// it, the shell offers nothing rather than hanging on a busy journal.
+const completionTimeout = 3 * time.Second
+
+// argCompleters complete the positional arguments of commands, by command
+// path below the root.
+var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
+	"inspect":         sandboxRefs,
+	"rm":              sandboxRefs,
+	"stop":            sandboxRefs,
+	"start":           sandboxRefs,
+	"fork":            sandboxRefs,
+	"snapshot":        sandboxRefs,
+	"replay timeline": sandboxRefs,
+	"restore":         snapshotIDs,
+	"volume rm":       volumeNames,
+}
+
+// flagCompleters complete flag values wherever a command has the flag.
+var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
+	"driver":  fixedValues(lifecycle.DriverCloudHypervisor, lifecycle.DriverProcess),
+	"type":    eventTypes,
+	"kind":    reapKindValues,
+	"sandbox": sandboxRefs,
+}
+
+func addCompletions(root *cobra.Command, g *globals) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if f, ok := argCompleters[commandKey(c)]; ok {
+			c.ValidArgsFunction = f(g)
+		}
+		for name, f := range flagCompleters {
+			if c.LocalFlags().Lookup(name) != nil || c == root && c.PersistentFlags().Lookup(name) != nil {
+				_ = c.RegisterFlagCompletionFunc(name, f(g))
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+}
+
+// fromState completes from the state root's projections, without creating
+// a root that does not exist yet.
+func fromState(g *globals, list func(context.Context, control.Backend) ([]cobra.Completion, error)) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if _, err := os.Stat(g.stateDir); err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), completionTimeout)
+		defer cancel()
+		var out []cobra.Completion
+		err := withBackend(ctx, g, func(b control.Backend) error {
+			var err error
+			out, err = list(ctx, b)
+			return err
+		})
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveError
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp
+	}
+}
+
+// sandboxRefs offers every sandbox's ID and handle, described by state.
+func sandboxRefs(g *globals) cobra.CompletionFunc {
+	return fromState(g, func(ctx context.Context, b control.Backend) ([]cobra.Completion, error) {
+		list, err := b.Sandboxes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var out []cobra.Completion
+		for _, sb := range list {
+			desc := string(sb.State)
+			if sb.Handle != "" {
+				out = append(out, cobra.CompletionWithDesc(sb.Handle, desc+" "+sb.ID))
+				desc += " " + sb.Handle
+			}
+			out = append(out, cobra.CompletionWithDesc(sb.ID, desc))
+		}
+		return out, nil
+	})
+}
+
+// snapshotIDs offers every snapshot, described by its sandbox.
+func snapshotIDs(g *globals) cobra.CompletionFunc {
+	return fromState(g, func(ctx context.Context, b control.Backend) ([]cobra.Completion, error) {
+		list, err := b.Sandboxes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var out []cobra.Completion
+		for _, sb := range list {
+			for _, snap := range sb.Snapshots {
+				out = append(out, cobra.CompletionWithDesc(snap, "of "+sandboxName(sb)))
+			}
+		}
+		return out, nil
+	})
+}
+
+func volumeNames(g *globals) cobra.CompletionFunc {
+	return fromState(g, func(ctx context.Context, b control.Backend) ([]cobra.Completion, error) {
+		list, err := b.Volumes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var out []cobra.Completion
+		for _, v := range list {
+			desc := "detached"
+			if len(v.AttachedTo) > 0 {
+				desc = "attached to " + strings.Join(v.AttachedTo, ", ")
+			}
+			out = append(out, cobra.CompletionWithDesc(v.Name, desc))
+		}
+		return out, nil
+	})
+}
+
+func sandboxName(sb projections.Sandbox) string {
+	if sb.Handle != "" {
+		return sb.Handle
+	}
+	return sb.ID
+}
+
+func fixedValues(values ...string) func(*globals) cobra.CompletionFunc {
+	return func(*globals) cobra.CompletionFunc {
+		return cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp)
+	}
+}
+
+// eventTypes offers every event type and every category (the prefix before
+// the first dot), which --type also accepts.
+func eventTypes(*globals) cobra.CompletionFunc {
+	var values []string
+	for _, t := range events.Types() {
+		values = append(values, string(t))
+		if cat, _, ok := strings.Cut(string(t), "."); ok && !slices.Contains(values, cat) {
+			values = append(values, cat)
+		}
+	}
+	slices.Sort(values)
+	return cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp)
+}
+
+func reapKindValues(*globals) cobra.CompletionFunc {
+	values := make([]string, len(reapKinds))
+	for i, k := range reapKinds {
+		values[i] = string(k)
+	}
+	return cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp)
+}

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// examples are the help examples of every command, by path below the root.
+// They live in one table so that the test which requires one per command
+// reads them where they are written.
+var examples = map[string][]string{
+	"create": {
+		"nexus create --image debian.raw --handle web/1",
+		"nexus create --image debian.raw --workspace ./src --volume cache:/var/cache --json",
+	},
+	"fork":     {"nexus fork web/1 --count 4", "nexus fork web/1 --readonly-volumes --json"},
+	"snapshot": {"snap=$(nexus snapshot web/1)", "nexus snapshot web/1 --json"},
+	"restore":  {"nexus restore \"$snap\"", "nexus restore \"$snap\" --json"},
+	"start":    {"nexus start web/1", "nexus start web/1 --accept-unflushed"},
+	"stop":     {"nexus stop web/1"},
+	"rm":       {"nexus rm web/1"},
+	"recover":  {"nexus recover", "nexus recover --json"},
+	"ls":       {"nexus ls", "nexus ls --json"},
+	"inspect":  {"nexus inspect web/1", "nexus inspect 01JF3QK2M5X8V6T9R4B7N2C1DA --json"},
+	"events": {
+		"nexus events --follow",
+		"nexus events --sandbox web/1 --json",
+		"nexus events --type reap --since 120",
+	},
+	"daemon": {
+		"nexus daemon --idle 10m",
+		"nexus daemon --listen 127.0.0.1:4222",
+		"nexus daemon --listen 0.0.0.0:4443 --allow-remote --tls-cert host.pem --tls-key host.key",
+		"nexus daemon --mirror nats-leaf://hub:7422 --mirror-creds host.creds --mirror-host rack1-07",
+	},
+	"reap": {
+		"nexus reap",
+		"nexus reap --kind overlay --older-than 7d --json > plan.json",
+		"nexus reap --apply --plan plan.json",
+	},
+	"run":               {"nexus run -- make integration-test", "nexus run --keep -- ./provision.sh"},
+	"volume":            {"nexus volume create cache --size 2G", "nexus volume ls"},
+	"volume create":     {"nexus volume create cache --size 2G", "nexus volume create scratch --size 512M --json"},
+	"volume ls":         {"nexus volume ls", "nexus volume ls --json"},
+	"volume prune":      {"nexus volume prune", "nexus volume prune --apply", "nexus volume prune --apply --include-detached"},
+	"volume rm":         {"nexus volume rm cache"},
+	"replay":            {"nexus replay verify", "nexus replay timeline web/1"},
+	"replay at":         {"nexus replay at 1200", "nexus replay at 2026-12-01T09:30:00Z"},
+	"replay diff":       {"nexus replay diff"},
+	"replay timeline":   {"nexus replay timeline web/1"},
+	"replay verify":     {"nexus replay verify", "nexus replay verify --nats nats://audit@hub:4222 --stream NEXUS_RACK1_07"},
+	"image-cache":       {"nexus image-cache list", "nexus image-cache prune --unused --dry-run"},
+	"image-cache list":  {"nexus image-cache list", "nexus image-cache list --json"},
+	"image-cache prune": {"nexus image-cache prune --unused --dry-run", "nexus image-cache prune --unused --older-than 7d", "nexus image-cache prune --unused --max-bytes 20G"},
+	"journal":           {"nexus journal repair --backup /var/tmp/journal-copy"},
+	"journal repair":    {"nexus journal repair --backup /var/tmp/journal-copy", "nexus journal repair --backup ./copy --json"},
+	"ledger":            {"nexus ledger ls", "nexus ledger sweep"},
+	"ledger ls":         {"nexus ledger ls", "nexus ledger ls --json"},
+	"ledger sweep":      {"nexus ledger sweep", "nexus ledger sweep --json"},
+	"config":            {"nexus config show"},
+	"config show":       {"nexus config show", "NEXUS_CONFIG=/etc/nexus.toml nexus config show --json"},
+	"version":           {"nexus version", "nexus version --json", "nexus --version"},
+	"docs":              {"nexus docs man ./man"},
+	"docs man":          {"nexus docs man /usr/local/share/man/man1"},
+}
+
+// addExamples sets each command's Example from the table, indented the way
+// cobra prints it.
+func addExamples(root *cobra.Command) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if ex, ok := examples[commandKey(c)]; ok {
+			c.Example = "  " + strings.Join(ex, "\n  ")
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+}
+
+// commandKey is a command's path below the root: "volume create".
+func commandKey(c *cobra.Command) string {
+	return strings.TrimPrefix(c.CommandPath(), c.Root().Name()+" ")
+}
