@@ -27,6 +27,10 @@ const (
 	// KindSupervisorProcess is a detached supervisor process (RL-13); its
 	// path in a reap report is /proc/<pid>.
 	KindSupervisorProcess ResourceKind = "supervisor-process"
+	// KindLog is one of a sandbox's logs under logs/ (<id>.vmm.log,
+	// <id>.supervisor.log, <id>.console.log): claimed when a boot first
+	// writes it, removed by rm, reapable once its sandbox is gone.
+	KindLog ResourceKind = "log"
 )
 
 // Resource is one host resource, by kind and path relative to the state

@@ -232,7 +232,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if fi, err := fsx.Stat(string(m.Root), m.Root.APISocketLock(id)); err == nil && fi.Mode().IsRegular() {
 				sockets = append(sockets, m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)))
 			}
-			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
+			return append(m.logClaims(sb), events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
 				RunMarker: run, Sockets: sockets}), nil
 		},
 		Undo: func(ctx context.Context) ([]events.Payload, error) {
@@ -242,6 +242,30 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			return m.stopVMM(ctx, id, vm, false)
 		},
 	}}
+}
+
+// logClaims journals the sandbox's logs the first time a boot writes them
+// (the supervisor's was opened by the step before), so rm and the reaper
+// know them from the journal, not only by name.
+func (m *Manager) logClaims(sb projections.Sandbox) []events.Payload {
+	var ps []events.Payload
+	for _, r := range m.logResources(sb.ID) {
+		if sb.Owns(r.Path) {
+			continue
+		}
+		if _, err := fsx.Stat(string(m.Root), m.Root.Abs(r.Path)); err == nil {
+			ps = append(ps, events.ResourceCreatedEvent{Resource: r})
+		}
+	}
+	return ps
+}
+
+func (m *Manager) logResources(id string) []events.Resource {
+	return []events.Resource{
+		m.res(events.KindLog, m.Root.VMMLog(id)),
+		m.res(events.KindLog, m.Root.SupervisorLog(id)),
+		m.res(events.KindLog, m.Root.ConsoleLog(id)),
+	}
 }
 
 // vmDisks lists the disks a sandbox boots with: its own, then its volumes.

@@ -611,6 +611,13 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, re
 			}})
 		}
 	}
+	// A boot killed between writing its logs and journaling them left
+	// them owned by name only: journal them now.
+	if len(m.logClaims(sb)) > 0 {
+		steps = append(steps, sagas.Step{Name: "claim-logs", Do: func(context.Context) ([]events.Payload, error) {
+			return m.logClaims(sb), nil
+		}})
+	}
 	if len(steps) == 0 {
 		return nil
 	}

@@ -57,14 +57,14 @@ func (m *Manager) removeSteps(sb projections.Sandbox) []sagas.Step {
 func (m *Manager) reclaimAll(sb projections.Sandbox, by string) ([]events.Payload, error) {
 	var ps []events.Payload
 	owned := append([]events.Resource(nil), sb.Resources...)
-	for _, r := range []events.Resource{
+	for _, r := range append(m.logResources(sb.ID), []events.Resource{
 		m.res(events.KindBuilderSupervisor, m.Root.BuilderDir(sb.ID)),
 		m.res(events.KindSnapshot, m.Root.SnapshotsOf(sb.ID)),
 		m.res(events.KindAPISocket, m.Root.APISocket(sb.ID)),
 		m.res(events.KindAPISocketLock, m.Root.APISocketLock(sb.ID)),
 		m.res(events.KindVsockSocket, m.Root.VsockSocket(sb.ID)),
 		m.res(events.KindIIDSocket, m.Root.IIDSocket(sb.ID)),
-	} {
+	}...) {
 		if !sb.Owns(r.Path) {
 			owned = append(owned, r)
 		}

@@ -83,6 +83,23 @@ func want(t *testing.T, d Decision, v Verdict, owner, mention string) {
 	}
 }
 
+// The daemon's and a client run's logs live in logs/ but are no sandbox's.
+func TestNotResource(t *testing.T) {
+	for _, c := range []struct {
+		dir, name string
+		want      bool
+	}{
+		{"logs", "daemon.log", true},
+		{"logs", "run-" + idA + ".watchdog.log", true},
+		{"logs", idA + ".vmm.log", false},
+		{"disks", "daemon.log", false},
+	} {
+		if got := NotResource(c.dir, c.name); got != c.want {
+			t.Errorf("NotResource(%q, %q) = %v", c.dir, c.name, got)
+		}
+	}
+}
+
 func TestIdentifyNames(t *testing.T) {
 	cases := []struct {
 		dir, name string
@@ -114,6 +131,11 @@ func TestIdentifyNames(t *testing.T) {
 		{"builder-supervisors", idA, events.KindBuilderSupervisor, idA, "", false, false},
 		{"snapshots", idA, events.KindSnapshot, idA, "", false, false},
 		{"sandboxes", idA, events.KindRecord, idA, "", false, false},
+		{"logs", idA + ".vmm.log", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".supervisor.log", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".console.log", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".kernel.log", events.KindLog, "", "", false, true},
+		{"logs", "notes.log", events.KindLog, "", "", false, true},
 	}
 	for _, c := range cases {
 		e := Identify(c.dir, c.name, false)

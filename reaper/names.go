@@ -16,7 +16,24 @@ import (
 // Dirs are the only directories a reap scans, relative to the state root.
 // volumes/ is user-owned and structurally absent (RL-10); images/ belongs to
 // the image-cache prune; caches/ holds the shared builder cache, never reaped.
-var Dirs = []string{"disks", "run", "supervisors", "builder-supervisors", "snapshots", "sandboxes"}
+// logs/ holds the sandboxes' logs, which are theirs, beside the daemon's own
+// log, which is no sandbox's (NotResource).
+var Dirs = []string{"disks", "run", "supervisors", "builder-supervisors", "snapshots", "sandboxes", "logs"}
+
+// logSuffixes are the per-sandbox logs in logs/ (layout.VMMLog,
+// SupervisorLog, ConsoleLog).
+var logSuffixes = []string{".vmm.log", ".supervisor.log", ".console.log"}
+
+// NotResource says a name in a scanned directory is nexus's own and no
+// sandbox's resource, so a scan does not report it at all: the daemon's
+// log (logs/daemon.log, control.DaemonLog) and a client run's watchdog log
+// (logs/run-<run>.watchdog.log, written by client/).
+func NotResource(dir, name string) bool {
+	if dir != "logs" {
+		return false
+	}
+	return name == "daemon.log" || strings.HasPrefix(name, "run-") && strings.HasSuffix(name, ".watchdog.log")
+}
 
 // Entry is one resource found on disk, named back into what it is.
 type Entry struct {
@@ -78,6 +95,13 @@ func Identify(dir, name string, isDir bool) Entry {
 			}
 		}
 		e.Kind, e.Unparsed = events.KindAPISocket, true
+	case "logs":
+		e.Kind, e.Unparsed = events.KindLog, true
+		for _, suffix := range logSuffixes {
+			if id, cut := strings.CutSuffix(name, suffix); cut && layout.IsULID(id) && !isDir {
+				e.ID, e.Unparsed = id, false
+			}
+		}
 	default:
 		e.Kind = map[string]events.ResourceKind{
 			"supervisors":         events.KindSupervisorState,

@@ -31,6 +31,7 @@ var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"replay timeline": sandboxRefs,
 	"restore":         snapshotIDs,
 	"volume rm":       volumeNames,
+	"logs":            sandboxRefs,
 }
 
 // flagCompleters complete flag values wherever a command has the flag.
@@ -39,6 +40,7 @@ var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"type":    eventTypes,
 	"kind":    reapKindValues,
 	"sandbox": sandboxRefs,
+	"log":     fixedValues(lifecycle.LogKinds...),
 }
 
 func addCompletions(root *cobra.Command, g *globals) {

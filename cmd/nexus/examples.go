@@ -22,6 +22,7 @@ var examples = map[string][]string{
 	"rm":       {"nexus rm web/1"},
 	"recover":  {"nexus recover", "nexus recover --json"},
 	"ls":       {"nexus ls", "nexus ls --json"},
+	"logs":     {"nexus logs web/1", "nexus logs web/1 --log vmm --follow"},
 	"inspect":  {"nexus inspect web/1", "nexus inspect 01JF3QK2M5X8V6T9R4B7N2C1DA --json"},
 	"events": {
 		"nexus events --follow",

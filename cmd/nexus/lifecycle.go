@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -354,5 +355,26 @@ func volumeCmd(g *globals) *cobra.Command {
 	prune.Flags().BoolVar(&detached, "include-detached", false, "with --apply, delete volumes no sandbox has attached")
 	prune.Flags().BoolVar(&pruneJSON, "json", false, "print JSON")
 	c.AddCommand(create, ls, rm, prune)
+	return c
+}
+
+func logsCmd(g *globals) *cobra.Command {
+	var kind string
+	var follow bool
+	c := &cobra.Command{
+		Use:   "logs ID|HANDLE",
+		Short: "Print a sandbox's console, VMM or supervisor log",
+		Args:  exactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !slices.Contains(lifecycle.LogKinds, kind) {
+				return usageError{fmt.Errorf("--log %q: want one of %v", kind, lifecycle.LogKinds)}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				return m.Logs(cmd.Context(), args[0], kind, follow, cmd.OutOrStdout())
+			})
+		},
+	}
+	c.Flags().StringVar(&kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
 	return c
 }

@@ -60,6 +60,9 @@ func scanDir(rootfd int, dir string, res *Result) error {
 		return err
 	}
 	for _, name := range names {
+		if reaper.NotResource(dir, name) {
+			continue
+		}
 		var st unix.Stat_t
 		serr := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW)
 		if errors.Is(serr, unix.ENOENT) {
