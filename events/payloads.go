@@ -348,7 +348,7 @@ type ImageCachePrunedEvent struct {
 
 // SagaStartedEvent opens a saga; every later event of the saga carries its id.
 type SagaStartedEvent struct {
-	Kind  string   `msgpack:"kind" json:"kind"` // create, fork, restore, rm, recover-overlay, reap
+	Kind  SagaKind `msgpack:"kind" json:"kind"`
 	Steps []string `msgpack:"steps" json:"steps"`
 }
 

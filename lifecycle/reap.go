@@ -153,7 +153,7 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		return rep, err
 	}
 	defer l.Release()
-	s := &sagas.Saga{Kind: "reap", Hook: m.Hook, Steps: []sagas.Step{
+	s := &sagas.Saga{Kind: events.SagaReap, Hook: m.Hook, Steps: []sagas.Step{
 		{Name: "decide", Do: func(context.Context) ([]events.Payload, error) { return planEvents(rep, true), nil }},
 		{Name: "delete", Do: func(context.Context) ([]events.Payload, error) { return m.applyReap(&rep) }},
 	}}
