@@ -14,19 +14,14 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
-func shortRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "nx")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
+// shortRoot: a state root whose processes never outlive the test
+// (testutil.ShortRoot).
+var shortRoot = testutil.ShortRoot
 
 // RL-13: a detached supervisor the journal recorded for a sandbox that is
 // gone is killed by reap --apply, but only when its pid AND start time

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 type reapR struct {
@@ -405,25 +407,7 @@ type daemon struct {
 // startDaemon runs `nexus daemon` on root until the test ends.
 func startDaemon(t testing.TB, root string) *daemon {
 	t.Helper()
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stderr).ReadString('\n')
-	if err != nil || !strings.Contains(line, "serving") {
-		d.Process.Kill()
-		t.Fatalf("daemon said %q, %v", line, err)
-	}
-	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	})
-	return &daemon{cmd: d}
+	return &daemon{cmd: testutil.StartDaemon(t, nexusBin, root)}
 }
 
 // pausedCreate starts `nexus create` through the daemon and waits until it

@@ -15,20 +15,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // startChild starts argv as our child and kills and reaps it at cleanup.
 func startChild(t *testing.T, argv ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return cmd
+	return testutil.StartChild(t, exec.Command(argv[0], argv[1:]...))
 }
 
 // startReady starts a shell script that prints "ready" once it has set itself
