@@ -168,7 +168,7 @@ func appendUntilKilled(t *testing.T, root string, killAt int) []ack {
 		}
 	}()
 	var acks []ack
-	deadline := time.After(2 * time.Minute)
+	deadline := time.After(testutil.Scale(2 * time.Minute))
 	killed := false
 	for !killed {
 		select {

@@ -213,7 +213,7 @@ func TestEventsFollowDoesNotBlock(t *testing.T) {
 			if !strings.Contains(line, "sandbox.created") {
 				t.Fatalf("follower heard %q", line)
 			}
-		case <-time.After(2 * time.Minute):
+		case <-time.After(testutil.Scale(2 * time.Minute)):
 			t.Fatalf("follower heard %d of 2 creates", i)
 		}
 	}
@@ -453,7 +453,7 @@ func TestFollowerSurvivesRetire(t *testing.T) {
 			if !ok || !strings.Contains(line, "sandbox.created") {
 				t.Fatalf("%s: follower heard %q (open %v)", what, line, ok)
 			}
-		case <-time.After(2 * time.Minute):
+		case <-time.After(testutil.Scale(2 * time.Minute)):
 			t.Fatalf("%s: follower heard nothing", what)
 		}
 	}

@@ -331,7 +331,7 @@ func TestSpawnDetached(t *testing.T) {
 	}
 	// Reaping happens in our background goroutine and tells the test
 	// nothing, so this is the one place a deadline poll is the only way.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(5 * time.Second))
 	for {
 		if _, err := Of(id.Pid); errors.Is(err, ErrGone) {
 			break
