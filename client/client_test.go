@@ -18,6 +18,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/client"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/ledger"
 )
 
@@ -30,17 +31,14 @@ func TestMain(m *testing.M) {
 		clientMain()
 		return
 	}
-	dir, err := os.MkdirTemp("", "nexus-client-test-")
+	bin, remove, err := testutil.BuildNexus()
 	if err != nil {
-		panic(err)
-	}
-	nexusBin = filepath.Join(dir, "nexus")
-	if out, err := exec.Command("go", "build", "-tags", "nexustest", "-o", nexusBin, "../cmd/nexus").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build nexus: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	nexusBin = bin
 	code := m.Run()
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 
@@ -88,18 +86,9 @@ func clientMain() {
 	select {}
 }
 
-func shortRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "nx")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		stopDaemons(dir)
-		os.RemoveAll(dir)
-	})
-	return dir
-}
+// shortRoot: a state root whose processes and daemons never outlive the
+// test (testutil.ShortRoot).
+var shortRoot = testutil.ShortRoot
 
 func image(t *testing.T) string {
 	t.Helper()

@@ -2,51 +2,11 @@ package client_test
 
 import (
 	"context"
-	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/nexus-sandbox/nexus/client"
 )
-
-// daemonPids lists the `nexus daemon` processes serving root.
-func daemonPids(root string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
-		i := slices.Index(args, "--state-dir")
-		if i >= 0 && i+2 < len(args) && args[i+1] == root && args[i+2] == "daemon" {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
-
-// stopDaemons stops the daemon the nexus commands started on demand for
-// root (SIGTERM, SIGKILL after a minute), so it does not outlive the test.
-func stopDaemons(root string) {
-	for _, pid := range daemonPids(root) {
-		syscall.Kill(pid, syscall.SIGTERM)
-	}
-	for deadline := time.Now().Add(time.Minute); len(daemonPids(root)) > 0 && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-	}
-	for _, pid := range daemonPids(root) {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-}
 
 // TestCreateFromTwoGoroutines: one client, two goroutines creating at once
 // on a root where nobody started a daemon; every create succeeds and Close

@@ -18,6 +18,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -61,7 +62,7 @@ func startDaemonWith(t *testing.T, root string, o control.DaemonOptions) *daemon
 	case err := <-d.done:
 		d.done <- err
 		t.Fatalf("daemon exited before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(testutil.Scale(30 * time.Second)):
 		t.Fatal("daemon not ready after 30s")
 	}
 	return d
@@ -75,7 +76,7 @@ func (d *daemon) stop(t *testing.T) error {
 	case err := <-d.done:
 		d.done <- err
 		return err
-	case <-time.After(30 * time.Second):
+	case <-time.After(testutil.Scale(30 * time.Second)):
 		t.Fatal("daemon did not stop within 30s of its context being cancelled")
 		return nil
 	}
@@ -202,7 +203,7 @@ func readSubscriber(t *testing.T, root string) control.SubscriberCredentials {
 func dialSubscriber(t *testing.T, url string, opts ...nats.Option) (*nats.Conn, error) {
 	t.Helper()
 	opts = append(opts, nats.NoReconnect(), nats.Timeout(30*time.Second))
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(testutil.Scale(time.Minute))
 	for {
 		nc, err := nats.Connect(url, opts...)
 		if err == nil || errors.Is(err, nats.ErrAuthorization) || time.Now().After(deadline) {
@@ -296,7 +297,7 @@ func TestDaemonSubscribers(t *testing.T) {
 			if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), subject) {
 				t.Fatalf("publish to %s: async error %v, want a permissions violation naming it", subject, err)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(testutil.Scale(10 * time.Second)):
 			t.Fatalf("publish to %s by the subscriber was not refused within 10s", subject)
 		}
 	}
@@ -364,7 +365,7 @@ func TestDaemonSubscribers(t *testing.T) {
 			if !errors.Is(err, nats.ErrPermissionViolation) {
 				t.Fatalf("JetStream API request: async error %v, want a permissions violation", err)
 			}
-		case <-time.After(10 * time.Second):
+		case <-time.After(testutil.Scale(10 * time.Second)):
 			t.Fatalf("JetStream API request failed with %v but the server reported no permissions violation", err)
 		}
 	})
@@ -523,7 +524,7 @@ func (s *sleeper) kill(t *testing.T) {
 // The minute is a guard against hanging, not a timing assertion.
 func nextOfType(t *testing.T, sub *nats.Subscription, typ events.Type) events.Event {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(testutil.Scale(time.Minute))
 	for {
 		msg, err := sub.NextMsg(time.Until(deadline))
 		if err != nil {

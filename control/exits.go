@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -163,7 +164,7 @@ func (w *exitWatcher) journal(ctx context.Context, t projections.Watched, x proc
 		if due {
 			// The judgement expects the sandbox as it was judged: a saga
 			// that opened since makes the journal refuse, and we judge again.
-			e := events.New(w.n.NewID(), w.n.Now(), t.Sandbox, projections.ExitPayload(t, exitOf(x)))
+			e := events.New(ulid.Make(), time.Now().UTC(), t.Sandbox, projections.ExitPayload(t, exitOf(x)))
 			_, err = w.n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(t.Sandbox), Seq: rev}}, e)
 		}
 		w.journalMu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -30,7 +31,7 @@ func runDaemon(t *testing.T, o control.DaemonOptions) (string, chan error) {
 	case <-ready:
 	case err := <-done:
 		t.Fatalf("daemon exited before it was ready: %v", err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(testutil.Scale(30 * time.Second)):
 		t.Fatal("daemon not ready after 30s")
 	}
 	return root, done
@@ -46,7 +47,7 @@ func wantExit(t *testing.T, done chan error, why string) {
 		if err != nil {
 			t.Fatalf("daemon %s: %v", why, err)
 		}
-	case <-time.After(2 * time.Minute):
+	case <-time.After(testutil.Scale(2 * time.Minute)):
 		t.Fatalf("daemon did not exit (%s)", why)
 	}
 }

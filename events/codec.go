@@ -90,8 +90,6 @@ var registry = map[Type]typeSpec{
 	ReapApplied:        spec(ReapAppliedEvent{}, 1),
 	ResourceCreated:    spec(ResourceCreatedEvent{}, 1),
 	ResourceReclaimed:  spec(ResourceReclaimedEvent{}, 1),
-	RunOpened:          spec(RunOpenedEvent{}, 1),
-	RunClosed:          spec(RunClosedEvent{}, 1),
 	RunSwept:           spec(RunSweptEvent{}, 1),
 	RunKept:            spec(RunKeptEvent{}, 1),
 	ImageCachePrepared: spec(ImageCachePreparedEvent{}, 1),
@@ -116,16 +114,18 @@ func CurrentSchema(t Type) uint16 { return registry[t].current }
 // wire is the on-journal layout. Short keys keep every event small; the
 // payload stays raw until its type and schema are known.
 type wire struct {
-	Format    uint8              `msgpack:"f"`
-	ID        []byte             `msgpack:"id"`
-	Type      string             `msgpack:"t"`
-	Schema    uint16             `msgpack:"v"`
-	Sandbox   string             `msgpack:"sb,omitempty"`
-	Time      int64              `msgpack:"ts"`
-	Saga      string             `msgpack:"saga,omitempty"`
-	Step      string             `msgpack:"step,omitempty"`
-	Causation string             `msgpack:"cause,omitempty"`
-	Payload   msgpack.RawMessage `msgpack:"p"`
+	Format  uint8  `msgpack:"f"`
+	ID      []byte `msgpack:"id"`
+	Type    string `msgpack:"t"`
+	Schema  uint16 `msgpack:"v"`
+	Sandbox string `msgpack:"sb,omitempty"`
+	Time    int64  `msgpack:"ts"`
+	Saga    string `msgpack:"saga,omitempty"`
+	Step    string `msgpack:"step,omitempty"`
+	// Cause is never written (nothing ever set it); it is still read so a
+	// record that carries it decodes, and then dropped.
+	Cause   string             `msgpack:"cause,omitempty"`
+	Payload msgpack.RawMessage `msgpack:"p"`
 
 	decoded    Payload
 	payloadErr error
@@ -151,7 +151,7 @@ func Encode(e Event) ([]byte, error) {
 	return msgpack.Marshal(&wire{
 		Format: EnvelopeFormat, ID: e.ID[:], Type: string(e.Type), Schema: e.Schema,
 		Sandbox: e.Sandbox, Time: e.Time.UnixNano(), Saga: e.Saga, Step: e.Step,
-		Causation: e.Causation, Payload: payload,
+		Payload: payload,
 	})
 }
 
@@ -206,7 +206,7 @@ func Decode(data []byte) (Event, error) {
 	return Event{
 		Envelope: Envelope{
 			ID: id, Type: t, Schema: s.current, Sandbox: w.Sandbox,
-			Time: time.Unix(0, w.Time).UTC(), Saga: w.Saga, Step: w.Step, Causation: w.Causation,
+			Time: time.Unix(0, w.Time).UTC(), Saga: w.Saga, Step: w.Step,
 		},
 		Payload: payload,
 	}, nil
@@ -269,7 +269,7 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 		case "step":
 			w.Step, err = d.DecodeString()
 		case "cause":
-			w.Causation, err = d.DecodeString()
+			w.Cause, err = d.DecodeString()
 		case "p":
 			if s, ok := registry[Type(w.Type)]; ok && w.Schema == s.current && w.Format == EnvelopeFormat {
 				ptr := reflect.New(s.zero)

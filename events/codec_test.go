@@ -48,8 +48,6 @@ var samples = []Payload{
 	ReapAppliedEvent{Plan: "p", Part: 1, Parts: 1, Deleted: []ReapEntry{{Kind: KindRawDisk, Path: "disks/x.raw", Verdict: "orphan", Reason: "no owner"}}, Failed: []ReapEntry{{Kind: KindAPISocket, Path: "run/sb-x.sock", Verdict: "orphan", Reason: "r", Error: "EBUSY"}}},
 	ResourceCreatedEvent{Resource: Resource{KindSupervisorState, "supervisors/x"}},
 	ResourceReclaimedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, By: "reap", AllocatedBytes: 4096},
-	RunOpenedEvent{RunID: "r", Pid: 1, Start: 2, Driver: "process"},
-	RunClosedEvent{RunID: "r", Reason: "clean"},
 	RunSweptEvent{RunID: "r", Verdict: "sweep", Reason: "owner gone", Pid: 3, Driver: "process", By: "init", Removed: []string{"a"}, NotFound: []string{"b"}, Networks: []string{"n"}},
 	RunKeptEvent{By: "init", Sweeper: "s", Driver: "process", AtMs: 7, Part: 1, Parts: 1, Kept: []KeptRuns{{Reason: "owner alive", Runs: []string{"a", "b"}}}},
 	ImageCachePreparedEvent{CacheID: "c", Ref: "img:1", Identity: "sha256:x", Layout: 1, Path: "images/c"},
@@ -64,7 +62,6 @@ func TestEveryTypeRoundTrips(t *testing.T) {
 	seen := map[Type]bool{}
 	for _, p := range samples {
 		e := New(testID, testTime, testSandbox, p).InSaga("saga-1", "commit")
-		e.Causation = "cmd-1"
 		data, err := Encode(e)
 		if err != nil {
 			t.Fatalf("encode %s: %v", p.EventType(), err)
@@ -292,4 +289,35 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encoded event does not decode: %v", err)
 		}
 	})
+}
+
+// Causation was in the envelope but never set; a record that carries the
+// "cause" key (written by hand or by an older build) must still decode.
+func TestDecodeIgnoresLegacyCause(t *testing.T) {
+	payload, err := msgpack.Marshal(SandboxRemovedEvent{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := msgpack.Marshal(&wire{Format: EnvelopeFormat, ID: testID[:], Type: string(SandboxRemoved),
+		Schema: registry[SandboxRemoved].current, Sandbox: testSandbox, Time: testTime.UnixNano(), Cause: "cmd-1", Payload: payload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(data, []byte("cause")) {
+		t.Fatal("fixture lacks the cause key")
+	}
+	got, err := Decode(data)
+	if err != nil {
+		t.Fatalf("decode a record with cause: %v", err)
+	}
+	if got.ID != testID || got.Sandbox != testSandbox || got.Type != SandboxRemoved {
+		t.Fatalf("decoded %+v", got)
+	}
+	again, err := Encode(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(again, []byte("cause")) {
+		t.Fatal("encode wrote the cause key")
+	}
 }

@@ -54,10 +54,8 @@ const (
 	ReapApplied       Type = "reap.applied"
 	ResourceReclaimed Type = "resource.reclaimed"
 
-	RunOpened Type = "run.opened"
-	RunClosed Type = "run.closed"
-	RunSwept  Type = "run.swept"
-	RunKept   Type = "run.kept"
+	RunSwept Type = "run.swept"
+	RunKept  Type = "run.kept"
 
 	ImageCachePrepared Type = "imagecache.prepared"
 	ImageCacheUsed     Type = "imagecache.used"
@@ -77,14 +75,13 @@ const NoSandbox = "_"
 
 // Envelope is what every event carries besides its payload.
 type Envelope struct {
-	ID        ulid.ULID // unique event id; also the journal's de-duplication id unless MsgID overrides it
-	Type      Type
-	Schema    uint16    // payload schema version
-	Sandbox   string    // owning sandbox ULID, or "" for none
-	Time      time.Time // when the fact took effect, as the caller saw it
-	Saga      string    // saga id, or ""
-	Step      string    // saga step name, or ""
-	Causation string    // id of the event or command that caused this one
+	ID      ulid.ULID // unique event id; also the journal's de-duplication id unless MsgID overrides it
+	Type    Type
+	Schema  uint16    // payload schema version
+	Sandbox string    // owning sandbox ULID, or "" for none
+	Time    time.Time // when the fact took effect, as the caller saw it
+	Saga    string    // saga id, or ""
+	Step    string    // saga step name, or ""
 }
 
 // Payload is the typed body of an event.

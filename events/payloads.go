@@ -297,18 +297,6 @@ type ResourceReclaimedEvent struct {
 	AllocatedBytes int64    `msgpack:"allocated,omitempty" json:"allocated,omitempty"`
 }
 
-type RunOpenedEvent struct {
-	RunID  string `msgpack:"run" json:"run"`
-	Pid    int    `msgpack:"pid" json:"pid"`
-	Start  uint64 `msgpack:"start_ticks" json:"start_ticks"`
-	Driver string `msgpack:"driver" json:"driver"`
-}
-
-type RunClosedEvent struct {
-	RunID  string `msgpack:"run" json:"run"`
-	Reason string `msgpack:"reason" json:"reason"`
-}
-
 // RunSweptEvent is one sweep decision about a client run's ledger
 // (<state-root>/runs/): the verdict, the rule behind it, and for a swept run
 // what was removed and what was already gone.
@@ -364,7 +352,7 @@ type ImageCachePrunedEvent struct {
 
 // SagaStartedEvent opens a saga; every later event of the saga carries its id.
 type SagaStartedEvent struct {
-	Kind  string   `msgpack:"kind" json:"kind"` // create, fork, restore, rm, recover-overlay, reap
+	Kind  SagaKind `msgpack:"kind" json:"kind"`
 	Steps []string `msgpack:"steps" json:"steps"`
 }
 
@@ -402,8 +390,6 @@ func (ReapDecidedEvent) EventType() Type        { return ReapDecided }
 func (ReapAppliedEvent) EventType() Type        { return ReapApplied }
 func (ResourceCreatedEvent) EventType() Type    { return ResourceCreated }
 func (ResourceReclaimedEvent) EventType() Type  { return ResourceReclaimed }
-func (RunOpenedEvent) EventType() Type          { return RunOpened }
-func (RunClosedEvent) EventType() Type          { return RunClosed }
 func (RunSweptEvent) EventType() Type           { return RunSwept }
 func (RunKeptEvent) EventType() Type            { return RunKept }
 func (ImageCachePreparedEvent) EventType() Type { return ImageCachePrepared }

@@ -408,7 +408,7 @@ func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (
 		return sb, fmt.Errorf("%w: start %s: overlay preparation: %v", ErrRefused, sb.ID, err)
 	}
 	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga {
-		return m.saga("start", sb.ID, append(m.overlaySteps(sb, opt.AcceptUnflushed), m.bootSteps(sb.ID, "")...))
+		return m.saga(events.SagaStart, sb.ID, append(m.overlaySteps(sb, opt.AcceptUnflushed), m.bootSteps(sb.ID, "")...))
 	})
 	if err != nil {
 		var refusal *OverlayRefusal
@@ -467,7 +467,7 @@ func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, er
 		return projections.Sandbox{}, err
 	}
 	defer c.release()
-	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga("stop", sb.ID, m.stopSteps(sb)) })
+	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga(events.SagaStop, sb.ID, m.stopSteps(sb)) })
 	if err != nil {
 		return c.sb, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -106,7 +107,7 @@ func (m *Manager) run(ctx context.Context, c *claim, build func(projections.Sand
 	for attempt := 1; ; attempt++ {
 		s := build(c.sb)
 		s.Expect = append(s.Expect, c.expect()...)
-		c.lease.Set(sagalease.Holder{Kind: s.Kind, Saga: s.ID})
+		c.lease.Set(sagalease.Holder{Kind: string(s.Kind), Saga: s.ID})
 		err := s.Run(ctx, m.B)
 		var stale *guard.StaleError
 		if !errors.As(err, &stale) || !errors.Is(err, sagas.ErrNotStarted) || attempt == 3 {
@@ -124,14 +125,14 @@ func (m *Manager) run(ctx context.Context, c *claim, build func(projections.Sand
 // revisions become expectations of the saga, so a `volume rm` decided on
 // the same state can never also succeed: one of the two is refused by the
 // lease or, failing that, by the journal.
-func (m *Manager) holdNew(ctx context.Context, kind, id string, mounts []Mount, readOnly bool) (func(), []guard.Expect, error) {
+func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, mounts []Mount, readOnly bool) (func(), []guard.Expect, error) {
 	var leases []*sagalease.Lease
 	release := func() {
 		for _, l := range leases {
 			l.Release()
 		}
 	}
-	l, err := m.lease(ctx, guard.Sandbox(id), kind)
+	l, err := m.lease(ctx, guard.Sandbox(id), string(kind))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -141,7 +142,7 @@ func (m *Manager) holdNew(ctx context.Context, kind, id string, mounts []Mount, 
 		return release, expect, nil
 	}
 	for _, mt := range mounts {
-		l, err := m.lease(ctx, guard.Volume(mt.Name), kind)
+		l, err := m.lease(ctx, guard.Volume(mt.Name), string(kind))
 		if err != nil {
 			release()
 			return nil, nil, err

@@ -72,8 +72,8 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	if id == "" {
 		id = ulid.Make().String()
 	}
-	s := m.saga("create", id, nil)
-	release, expect, err := m.holdNew(ctx, "create", id, spec.Volumes, false)
+	s := m.saga(events.SagaCreate, id, nil)
+	release, expect, err := m.holdNew(ctx, events.SagaCreate, id, spec.Volumes, false)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}

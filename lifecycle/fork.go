@@ -97,7 +97,7 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 		committed := func(rs []events.Resource) events.Payload {
 			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
 		}
-		if err := m.runChild(ctx, "fork", child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
+		if err := m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
 			return children, err
 		}
 		sb, err := m.Find(context.WithoutCancel(ctx), child)
@@ -213,7 +213,7 @@ func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (f
 }
 
 // runChild runs the create-like saga of a fork or restore child.
-func (m *Manager) runChild(ctx context.Context, kind, child, seedCA string, copies []sourceDisk,
+func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, seedCA string, copies []sourceDisk,
 	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step) error {
 	s := m.saga(kind, child, nil)
 	release, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
@@ -357,9 +357,9 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			return append(ps, more...), err
 		},
 	}
-	s := m.saga("snapshot", sb.ID, []sagas.Step{step})
+	s := m.saga(events.SagaSnapshot, sb.ID, []sagas.Step{step})
 	s.Expect = c.expect()
-	c.lease.Set(sagalease.Holder{Kind: s.Kind, Saga: s.ID})
+	c.lease.Set(sagalease.Holder{Kind: string(s.Kind), Saga: s.ID})
 	if err := s.Run(ctx, m.B); err != nil {
 		return "", err
 	}
@@ -446,7 +446,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	committed := func(rs []events.Resource) events.Payload {
 		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Image: man.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: man.Bootstrap}
 	}
-	if err := m.runChild(ctx, "restore", child, source.ID, copies, committed, nil, false, restoreFrom, stage); err != nil {
+	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage); err != nil {
 		return projections.Sandbox{}, err
 	}
 	return m.Find(context.WithoutCancel(ctx), child)

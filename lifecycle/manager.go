@@ -70,10 +70,8 @@ func (m *Manager) startTimeout() time.Duration {
 	return m.StartTimeout
 }
 
-func (m *Manager) saga(kind, sandbox string, steps []sagas.Step) *sagas.Saga {
-	// rm and stop are teardowns: finished forward, never compensated.
-	forward := kind == "rm" || kind == "stop"
-	return &sagas.Saga{ID: ulid.Make().String(), Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook, Forward: forward}
+func (m *Manager) saga(kind events.SagaKind, sandbox string, steps []sagas.Step) *sagas.Saga {
+	return &sagas.Saga{ID: ulid.Make().String(), Kind: kind, Sandbox: sandbox, Steps: steps, Hook: m.Hook, Forward: kind.Teardown()}
 }
 
 // sandboxes returns the current view of every sandbox.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -20,6 +19,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/reaper"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -153,7 +153,7 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		return rep, err
 	}
 	defer l.Release()
-	s := &sagas.Saga{Kind: "reap", Hook: m.Hook, Steps: []sagas.Step{
+	s := &sagas.Saga{Kind: events.SagaReap, Hook: m.Hook, Steps: []sagas.Step{
 		{Name: "decide", Do: func(context.Context) ([]events.Payload, error) { return planEvents(rep, true), nil }},
 		{Name: "delete", Do: func(context.Context) ([]events.Payload, error) { return m.applyReap(&rep) }},
 	}}
@@ -396,7 +396,7 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 			// between scan and delete: not a failure, and not ours to claim.
 			// It stays listed in orphans only.
 		case err != nil:
-			fail(it, oneLine(err.Error()))
+			fail(it, oneline.Of(err.Error()))
 		default:
 			removed = append(removed, it)
 		}
@@ -406,7 +406,7 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 		still, err := b.Exists(it.entry.Rel)
 		switch {
 		case err != nil:
-			fail(it, "verify: "+oneLine(err.Error()))
+			fail(it, "verify: "+oneline.Of(err.Error()))
 		case still:
 			fail(it, "delete reported success but the path still exists")
 		default:
@@ -436,5 +436,3 @@ func appliedEvents(rep *ReapReport) []events.Payload {
 	}
 	return out
 }
-
-func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

@@ -90,7 +90,7 @@ func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) error {
 		var held *sagalease.HeldError
 		if errors.As(err, &held) {
 			rep.InFlight = append(rep.InFlight, sg.ID)
-			rep.Skipped = append(rep.Skipped, Skipped{Saga: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Reason: "its runner is alive: " + held.By.String()})
+			rep.Skipped = append(rep.Skipped, Skipped{Saga: sg.ID, Kind: string(sg.Kind), Sandbox: sg.Sandbox, Reason: "its runner is alive: " + held.By.String()})
 			continue
 		}
 		if err != nil {
@@ -169,7 +169,7 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		return nil
 	}
 	switch sg.Kind {
-	case "create", "fork", "restore":
+	case events.SagaCreate, events.SagaFork, events.SagaRestore:
 		if m.creatorAlive(sg.Sandbox) {
 			rep.InFlight = append(rep.InFlight, sg.ID)
 			return nil
@@ -181,17 +181,17 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 			return resume([]sagas.Step{m.retireLeftoverIntents(sb), m.stopUnrecorded(sb.ID), m.stopUnrecordedSupervisor(sb)})
 		}
 		return compensate([]sagas.Step{m.undoUncommitted(sg.Sandbox)}, "creator died before commit")
-	case "rm":
+	case events.SagaRm:
 		if findErr != nil {
 			return resume(nil) // removed already; only the saga's end is missing
 		}
 		return resume(m.removeSteps(sb))
-	case "stop":
+	case events.SagaStop:
 		if findErr != nil {
 			return resume(nil)
 		}
 		return resume(m.stopSteps(sb))
-	case "start":
+	case events.SagaStart:
 		if findErr != nil || sb.State == projections.StateRunning {
 			return resume(nil)
 		}
@@ -204,23 +204,23 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 			}
 			return m.stopSupervisor(proc.Identity{Pid: sb.Supervisor.Pid, StartTicks: sb.Supervisor.StartTicks})
 		}}}, "starter died before the VMM was recorded")
-	case "snapshot":
+	case events.SagaSnapshot:
 		// The snapshot never got its event: drop the partial directory.
 		return compensate([]sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
 			return m.dropUnrecordedSnapshots(ctx, sb)
 		}}}, "snapshot interrupted")
-	case "volume-rm":
+	case events.SagaVolumeRm:
 		// The files may be half deleted: finish the delete, then the event.
 		if name := volumeOfSaga(sg); name != "" && ValidName(name) {
 			return resume(m.volumeRmSaga(name).Steps)
 		}
 		return compensate(nil, "volume-rm saga names no volume")
-	case "reap":
+	case events.SagaReap:
 		// Deleting orphans is idempotent and the next reap re-derives its
 		// plan from the disk and the journal: close the interrupted run.
 		return compensate(nil, "reap interrupted; the next reap judges again")
 	default:
-		return compensate(nil, "unknown saga kind "+sg.Kind)
+		return compensate(nil, "unknown saga kind "+string(sg.Kind))
 	}
 }
 
@@ -523,7 +523,7 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		if !ok || !layout.IsULID(id) || known[id] || m.creatorAlive(id) {
 			continue
 		}
-		s := &sagas.Saga{ID: ulid.Make().String(), Kind: "recover", Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}
+		s := &sagas.Saga{ID: ulid.Make().String(), Kind: events.SagaRecover, Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}
 		if err := s.Begin(ctx, m.B); err != nil {
 			return err
 		}
@@ -621,5 +621,5 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, re
 	if len(steps) == 0 {
 		return nil
 	}
-	return m.saga("recover", sb.ID, steps).Run(ctx, m.B)
+	return m.saga(events.SagaRecover, sb.ID, steps).Run(ctx, m.B)
 }

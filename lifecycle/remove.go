@@ -19,7 +19,7 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
-	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga("rm", sb.ID, m.removeSteps(sb)) })
+	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga(events.SagaRm, sb.ID, m.removeSteps(sb)) })
 	if err != nil {
 		c.release()
 		return err

@@ -155,7 +155,7 @@ const volumeRmStep = "delete-volume:"
 // recover finishes the delete, so the journal never lists a volume whose
 // files are gone.
 func (m *Manager) volumeRmSaga(name string) *sagas.Saga {
-	s := m.saga("volume-rm", "", []sagas.Step{{Name: volumeRmStep + name, Do: func(context.Context) ([]events.Payload, error) {
+	s := m.saga(events.SagaVolumeRm, "", []sagas.Step{{Name: volumeRmStep + name, Do: func(context.Context) ([]events.Payload, error) {
 		if err := fsx.Remove(string(m.Root), m.rel(m.Root.VolumeDir(name))); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, err
 		}
@@ -167,7 +167,7 @@ func (m *Manager) volumeRmSaga(name string) *sagas.Saga {
 
 // volumeOfSaga is the volume a volume-rm saga deletes ("" for other sagas).
 func volumeOfSaga(sg projections.OpenSaga) string {
-	if sg.Kind != "volume-rm" || len(sg.Steps) != 1 {
+	if sg.Kind != events.SagaVolumeRm || len(sg.Steps) != 1 {
 		return ""
 	}
 	name, _ := strings.CutPrefix(sg.Steps[0], volumeRmStep)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -78,7 +79,6 @@ type child struct {
 	cmd    *exec.Cmd
 	stdin  io.WriteCloser
 	stdout *bufio.Reader
-	waited bool
 }
 
 func startChild(t *testing.T, mode, root string) *child {
@@ -94,17 +94,8 @@ func startChild(t *testing.T, mode, root string) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, stdin: stdin, stdout: bufio.NewReader(stdout)}
-	t.Cleanup(func() {
-		if !c.waited {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
-	return c
+	testutil.StartChild(t, cmd)
+	return &child{cmd: cmd, stdin: stdin, stdout: bufio.NewReader(stdout)}
 }
 
 // kill SIGKILLs the child. The caller drains its stdout, then reaps it with
@@ -122,7 +113,6 @@ func (c *child) kill(t *testing.T) {
 func (c *child) wait(t *testing.T) {
 	t.Helper()
 	err := c.cmd.Wait()
-	c.waited = true
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) {
 		t.Fatalf("child ended with %v, want killed by SIGKILL", err)
@@ -178,7 +168,7 @@ func appendUntilKilled(t *testing.T, root string, killAt int) []ack {
 		}
 	}()
 	var acks []ack
-	deadline := time.After(2 * time.Minute)
+	deadline := time.After(testutil.Scale(2 * time.Minute))
 	killed := false
 	for !killed {
 		select {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -40,7 +39,6 @@ const appendTimeout = time.Minute
 // Options configure Open.
 type Options struct {
 	Journal journal.Options // Dir is filled in from the state root
-	Clock   func() time.Time
 }
 
 // Record is one journal event with its sequence.
@@ -51,11 +49,9 @@ type Record struct {
 
 // Node is an open state root.
 type Node struct {
-	root    string
-	j       *journal.Journal
-	clock   func() time.Time
-	mu      sync.Mutex // serialises appends so expected-sequence checks hold
-	entropy io.Reader
+	root string
+	j    *journal.Journal
+	mu   sync.Mutex // serialises appends so expected-sequence checks hold
 
 	views     []projections.Projection
 	sandboxes *projections.Sandboxes
@@ -80,10 +76,7 @@ func Open(ctx context.Context, root string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		root: root, j: j, clock: opts.Clock, entropy: ulid.Monotonic(cryptoReader{}, 0),
-	}
-	if n.clock == nil {
-		n.clock = time.Now
+		root: root, j: j,
 	}
 	n.resetViews()
 	if err := n.load(ctx); err != nil {
@@ -259,16 +252,6 @@ func (n *Node) Close() error {
 	}
 	return errors.Join(err, n.j.Close())
 }
-
-// NewID mints an event or sandbox ULID.
-func (n *Node) NewID() ulid.ULID {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return ulid.MustNew(ulid.Timestamp(n.clock()), n.entropy)
-}
-
-// Now is the node's clock.
-func (n *Node) Now() time.Time { return n.clock() }
 
 // Append journals evs in order, each synced before the next, asserting the
 // journal has not moved since this node last folded it, then folds them.

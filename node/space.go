@@ -9,7 +9,7 @@ import (
 // freeingSagas are the saga kinds whose events the journal admits into its
 // space reserve: they delete files (rm, reap) or repair the match between
 // journal and disk (recover), and must keep working on a nearly full disk.
-var freeingSagas = map[string]bool{"rm": true, "reap": true, "recover": true}
+var freeingSagas = map[events.SagaKind]bool{events.SagaRm: true, events.SagaReap: true, events.SagaRecover: true}
 
 // freeingTypes record space that was, or is about to be, given back. A
 // reap dry run's plan (reap.decided) is admitted too: it is how an
@@ -36,13 +36,13 @@ var exitTypes = map[events.Type]bool{
 // is the kind of the saga e belongs to ("" if none or unknown). A
 // compensation's events ("undo.<step>") always may: an undo deletes what
 // its step made, and a refused undo would leave the saga open.
-func freesSpace(e events.Event, kind string) bool {
+func freesSpace(e events.Event, kind events.SagaKind) bool {
 	return freeingSagas[kind] || freeingTypes[e.Type] || exitTypes[e.Type] || strings.HasPrefix(e.Step, "undo.")
 }
 
 // sagaKind is the kind of the saga e belongs to: from e itself when it
 // opens the saga, else from the open sagas. Call with n.mu held.
-func (n *Node) sagaKind(e events.Event) string {
+func (n *Node) sagaKind(e events.Event) events.SagaKind {
 	if p, ok := e.Payload.(events.SagaStartedEvent); ok {
 		return p.Kind
 	}

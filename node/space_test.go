@@ -26,7 +26,7 @@ func TestFreesSpace(t *testing.T) {
 	cases := []struct {
 		name string
 		e    events.Event
-		kind string
+		kind events.SagaKind
 		want bool
 	}{
 		{"rm saga start", ev(events.SagaStartedEvent{Kind: "rm"}, "saga.started"), "rm", true},
@@ -69,7 +69,7 @@ func TestReserveAdmitsFreeingSagas(t *testing.T) {
 	}
 	defer n.Close()
 	sb := ulid.Make().String()
-	saga := func(kind string, id string, step string, p events.Payload) events.Event {
+	saga := func(kind events.SagaKind, id string, step string, p events.Payload) events.Event {
 		e := events.New(ulid.Make(), time.Now(), sb, p)
 		e.Saga, e.Step = id, step
 		return e

@@ -46,9 +46,9 @@ func (sb *Sandbox) Watched() []Watched {
 // own processes and journal what they did. An exit seen while one of them
 // is open on the sandbox is that saga's doing (or is settled by it, and by
 // recover if its runner dies), so a watcher does not journal it again.
-var stoppingSagas = map[string]bool{
-	"stop": true, "rm": true, "recover": true, "start": true,
-	"create": true, "fork": true, "restore": true,
+var stoppingSagas = map[events.SagaKind]bool{
+	events.SagaStop: true, events.SagaRm: true, events.SagaRecover: true, events.SagaStart: true,
+	events.SagaCreate: true, events.SagaFork: true, events.SagaRestore: true,
 }
 
 // JudgeExit decides whether a watcher that saw w's process end journals

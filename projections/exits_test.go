@@ -121,7 +121,7 @@ func TestExitsFold(t *testing.T) {
 func TestJudgeExit(t *testing.T) {
 	vmm := Watched{Sandbox: exitSB, Role: RoleVMM, Process: Process{Pid: 100, StartTicks: 10}}
 	sup := Watched{Sandbox: exitSB, Role: RoleSupervisor, Process: Process{Pid: 200, StartTicks: 20}}
-	open := func(kind string, sandbox string) []*OpenSaga {
+	open := func(kind events.SagaKind, sandbox string) []*OpenSaga {
 		return []*OpenSaga{{ID: "saga-1", Kind: kind, Sandbox: sandbox}}
 	}
 	other := "01JDQ4Z6X1M9A3Y0C5TB2R8NKX"

@@ -29,9 +29,9 @@ type CacheUser struct {
 // not yet finished or compensated: the sandbox state it will leave is not
 // known, so prune must not guess.
 type PendingSaga struct {
-	Saga    string `msgpack:"saga" json:"saga"`
-	Kind    string `msgpack:"kind" json:"kind"`
-	Sandbox string `msgpack:"sb" json:"sandbox"`
+	Saga    string          `msgpack:"saga" json:"saga"`
+	Kind    events.SagaKind `msgpack:"kind" json:"kind"`
+	Sandbox string          `msgpack:"sb" json:"sandbox"`
 }
 
 // ImageCacheState is the image cache projection as a plain value, the form
@@ -87,7 +87,7 @@ func (c *ImageCache) Apply(seq uint64, e events.Event) {
 	case events.SandboxRemovedEvent:
 		delete(c.users, e.Sandbox)
 	case events.SagaStartedEvent:
-		if p.Kind == "create" || p.Kind == "fork" || p.Kind == "restore" {
+		if p.Kind.CreatesSandbox() {
 			c.pending[e.Saga] = PendingSaga{Saga: e.Saga, Kind: p.Kind, Sandbox: e.Sandbox}
 		}
 	case events.SagaFinishedEvent, events.SagaCompensatedEvent:

@@ -11,12 +11,12 @@ import (
 // OpenSaga is a saga the journal shows started but neither finished nor
 // compensated: recover resumes or compensates it.
 type OpenSaga struct {
-	ID      string   `msgpack:"id" json:"id"`
-	Kind    string   `msgpack:"kind" json:"kind"`
-	Sandbox string   `msgpack:"sb,omitempty" json:"sandbox,omitempty"`
-	Steps   []string `msgpack:"steps" json:"steps"`
-	Done    []string `msgpack:"done,omitempty" json:"done,omitempty"`
-	Started uint64   `msgpack:"started" json:"started_seq"`
+	ID      string          `msgpack:"id" json:"id"`
+	Kind    events.SagaKind `msgpack:"kind" json:"kind"`
+	Sandbox string          `msgpack:"sb,omitempty" json:"sandbox,omitempty"`
+	Steps   []string        `msgpack:"steps" json:"steps"`
+	Done    []string        `msgpack:"done,omitempty" json:"done,omitempty"`
+	Started uint64          `msgpack:"started" json:"started_seq"`
 }
 
 // Sagas is the set of open sagas.

@@ -133,7 +133,7 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 	}
 	switch p := e.Payload.(type) {
 	case events.SagaStartedEvent:
-		if sb == nil && (p.Kind == "create" || p.Kind == "fork" || p.Kind == "restore") {
+		if sb == nil && p.Kind.CreatesSandbox() {
 			sb = &Sandbox{ID: e.Sandbox, State: StateCreating, Saga: e.Saga, CreatedAt: e.Time}
 			s.byID[e.Sandbox] = sb
 			touch()

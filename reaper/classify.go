@@ -112,7 +112,7 @@ func NewJournal(sbs []projections.Sandbox, open []projections.OpenSaga) *Journal
 	}
 	for _, sg := range open {
 		if sg.Sandbox != "" {
-			j.openSaga[sg.Sandbox] = sg.Kind
+			j.openSaga[sg.Sandbox] = string(sg.Kind)
 		}
 	}
 	return j

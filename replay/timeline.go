@@ -17,15 +17,14 @@ var ErrUnreadable = errors.New("journal record does not decode")
 
 // Entry is one event of a timeline.
 type Entry struct {
-	Seq       uint64         `json:"seq"`
-	Time      time.Time      `json:"time"`
-	Type      events.Type    `json:"type"`
-	Sandbox   string         `json:"sandbox,omitempty"`
-	Saga      string         `json:"saga,omitempty"`
-	Step      string         `json:"step,omitempty"`
-	Causation string         `json:"causation,omitempty"`
-	ID        string         `json:"id"`
-	Payload   events.Payload `json:"payload"`
+	Seq     uint64         `json:"seq"`
+	Time    time.Time      `json:"time"`
+	Type    events.Type    `json:"type"`
+	Sandbox string         `json:"sandbox,omitempty"`
+	Saga    string         `json:"saga,omitempty"`
+	Step    string         `json:"step,omitempty"`
+	ID      string         `json:"id"`
+	Payload events.Payload `json:"payload"`
 }
 
 // decoded is a record whose event decoded.
@@ -117,7 +116,7 @@ func timeline(evs []decoded, id string) []Entry {
 			continue
 		}
 		out = append(out, Entry{Seq: d.seq, Time: d.ev.Time, Type: d.ev.Type, Sandbox: d.ev.Sandbox, Saga: d.ev.Saga,
-			Step: d.ev.Step, Causation: d.ev.Causation, ID: d.ev.ID.String(), Payload: d.ev.Payload})
+			Step: d.ev.Step, ID: d.ev.ID.String(), Payload: d.ev.Payload})
 	}
 	return out
 }

@@ -55,7 +55,7 @@ const (
 // Saga is one run of a flow.
 type Saga struct {
 	ID      string
-	Kind    string
+	Kind    events.SagaKind
 	Sandbox string
 	Steps   []Step
 	// Done lists steps a previous, interrupted run already journaled; a
@@ -160,7 +160,7 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 
 func (s *Saga) hook(step string, phase Phase) {
 	if s.Hook != nil {
-		s.Hook(s.Kind, step, phase)
+		s.Hook(string(s.Kind), step, phase)
 	}
 }
 

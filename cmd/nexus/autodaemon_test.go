@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,75 +16,16 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// daemonPids lists the live `nexus daemon` processes serving root (started
-// by hand or on demand), by their command line.
-func daemonPids(root string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
-		i := slices.Index(args, "--state-dir")
-		if i < 0 || i+2 >= len(args) || filepath.Clean(args[i+1]) != filepath.Clean(root) || args[i+2] != "daemon" {
-			continue
-		}
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if j := bytes.LastIndexByte(stat, ')'); j > 0 && j+2 < len(stat) && stat[j+2] == 'Z' {
-			continue
-		}
-		out = append(out, pid)
-	}
-	return out
-}
-
-// stopDaemons stops every daemon serving root the way a service manager
-// would (SIGTERM, then SIGKILL after a generous wait), so no daemon a test
-// caused outlives it. It returns their pids.
-func stopDaemons(root string) []int {
-	pids := daemonPids(root)
-	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGTERM)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for len(daemonPids(root)) > 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	for _, pid := range daemonPids(root) {
-		syscall.Kill(pid, syscall.SIGKILL)
-	}
-	return pids
-}
-
-// stopBinaryDaemons stops the daemons still running from the test's own
-// binary (a root no cleanup knew of), by pid.
-func stopBinaryDaemons(bin string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); exe != bin {
-			continue
-		}
-		data, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if slices.Contains(strings.Split(string(data), "\x00"), "daemon") && syscall.Kill(pid, syscall.SIGKILL) == nil {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
+var (
+	daemonPids         = testutil.DaemonPids
+	stopDaemons        = testutil.StopDaemons
+	stopBinaryDaemons  = testutil.StopBinaryDaemons
+	killProcessesUnder = testutil.KillProcessesUnder
+)
 
 var daemonCleanups sync.Map
 
@@ -110,13 +50,7 @@ func stopDaemonsAtEnd(t testing.TB, root string) {
 // test fails naming what): a condition, not a timing, is what is asserted.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s after 2 minutes", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitUntil(t, 2*time.Minute, what, cond)
 }
 
 // pauseAll starts n creates that each stop themselves (SIGSTOP) at the step
@@ -279,7 +213,7 @@ func TestEventsFollowDoesNotBlock(t *testing.T) {
 			if !strings.Contains(line, "sandbox.created") {
 				t.Fatalf("follower heard %q", line)
 			}
-		case <-time.After(2 * time.Minute):
+		case <-time.After(testutil.Scale(2 * time.Minute)):
 			t.Fatalf("follower heard %d of 2 creates", i)
 		}
 	}
@@ -519,7 +453,7 @@ func TestFollowerSurvivesRetire(t *testing.T) {
 			if !ok || !strings.Contains(line, "sandbox.created") {
 				t.Fatalf("%s: follower heard %q (open %v)", what, line, ok)
 			}
-		case <-time.After(2 * time.Minute):
+		case <-time.After(testutil.Scale(2 * time.Minute)):
 			t.Fatalf("%s: follower heard nothing", what)
 		}
 	}

@@ -21,25 +21,23 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 var nexusBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "nexus-cli-test-")
+	bin, remove, err := testutil.BuildNexus()
 	if err != nil {
-		panic(err)
-	}
-	nexusBin = filepath.Join(dir, "nexus")
-	if out, err := exec.Command("go", "build", "-tags", "nexustest", "-o", nexusBin, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build nexus: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	nexusBin = bin
 	code := m.Run()
 	if left := stopBinaryDaemons(nexusBin); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "stopped daemons the tests left running: %v\n", left)
 	}
-	os.RemoveAll(dir)
+	remove()
 	os.Exit(code)
 }
 

@@ -241,22 +241,21 @@ func eventsCmd(g *globals) *cobra.Command {
 }
 
 type jsonEvent struct {
-	Seq       uint64         `json:"seq"`
-	ID        string         `json:"id"`
-	Type      events.Type    `json:"type"`
-	Schema    uint16         `json:"schema"`
-	Sandbox   string         `json:"sandbox,omitempty"`
-	Time      time.Time      `json:"time"`
-	Saga      string         `json:"saga,omitempty"`
-	Step      string         `json:"step,omitempty"`
-	Causation string         `json:"causation,omitempty"`
-	Data      events.Payload `json:"data"`
+	Seq     uint64         `json:"seq"`
+	ID      string         `json:"id"`
+	Type    events.Type    `json:"type"`
+	Schema  uint16         `json:"schema"`
+	Sandbox string         `json:"sandbox,omitempty"`
+	Time    time.Time      `json:"time"`
+	Saga    string         `json:"saga,omitempty"`
+	Step    string         `json:"step,omitempty"`
+	Data    events.Payload `json:"data"`
 }
 
 func eventJSON(r node.Record) jsonEvent {
 	e := r.Event
 	return jsonEvent{Seq: r.Seq, ID: e.ID.String(), Type: e.Type, Schema: e.Schema, Sandbox: e.Sandbox,
-		Time: e.Time, Saga: e.Saga, Step: e.Step, Causation: e.Causation, Data: e.Payload}
+		Time: e.Time, Saga: e.Saga, Step: e.Step, Data: e.Payload}
 }
 
 func eventLine(r node.Record) string {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -318,7 +319,7 @@ func TestImageCacheLeaseRefusal(t *testing.T) {
 		t.Fatalf("dry run under the lease: %+v", rep)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(10 * time.Second))
 	for {
 		r := nexus(t, root, "image-cache", "prune", "--unused")
 		if r.code == 0 {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/ledger"
 )
 
@@ -352,7 +353,7 @@ func TestRunKilledWatchdogReaps(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 	var childPid int
 	for time.Now().Before(deadline) {
 		if data, err := os.ReadFile(ready); err == nil && len(data) > 0 && data[len(data)-1] == '\n' {
@@ -368,7 +369,7 @@ func TestRunKilledWatchdogReaps(t *testing.T) {
 	t.Cleanup(func() { syscall.Kill(childPid, syscall.SIGKILL) })
 	cmd.Process.Signal(syscall.SIGKILL)
 	cmd.Wait()
-	deadline = time.Now().Add(5 * time.Second)
+	deadline = time.Now().Add(testutil.Scale(5 * time.Second))
 	for len(sandboxes(t, root)) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the watchdog did not reap within 5 s")

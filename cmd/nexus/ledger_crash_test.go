@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // deadRun writes by hand the ledger of a run whose owner is gone.
@@ -88,7 +90,7 @@ func TestRunForwardsSIGTERM(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 	for {
 		if data, _ := os.ReadFile(ready); strings.HasSuffix(string(data), "\n") {
 			break

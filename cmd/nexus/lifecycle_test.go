@@ -11,10 +11,10 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -118,43 +118,13 @@ func untracked(t *testing.T, root string) []string {
 	return out
 }
 
-// testProcess is a process whose command line names a path below a root.
-type testProcess struct {
-	pid     int
-	cmdline string // arguments joined by spaces
-	zombie  bool
-}
-
-// processesUnder scans /proc for processes (other than this one) whose
-// command line names a path below root: the VMMs and supervisors of
-// sandboxes under it.
-func processesUnder(root string) []testProcess {
-	var out []testProcess
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !strings.Contains(string(data), root+"/") {
-			continue
-		}
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		i := strings.LastIndexByte(string(stat), ')')
-		zombie := i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
-		out = append(out, testProcess{pid: pid, cmdline: strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " ")), zombie: zombie})
-	}
-	return out
-}
-
 // liveProcesses lists the processes under root that are not zombies.
 func liveProcesses(t *testing.T, root string) []string {
 	t.Helper()
 	var out []string
-	for _, p := range processesUnder(root) {
-		if !p.zombie {
-			out = append(out, strconv.Itoa(p.pid)+":"+p.cmdline)
+	for _, p := range testutil.ProcessesUnder(root) {
+		if !p.Zombie {
+			out = append(out, strconv.Itoa(p.Pid)+":"+p.Cmdline)
 		}
 	}
 	return out
@@ -410,36 +380,6 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 	assertNothingLeft(t, root)
 }
 
-// shortRoot is a state root outside t.TempDir(), whose names grow with the
-// test's name; short paths keep failure messages readable. Deep roots work
-// too (TestDeepStateRootBeyondSunPath).
-func shortRoot(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "nx")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// The daemon a command started on demand first: a clean stop, and
-		// it spawned nothing that killProcessesUnder would miss.
-		stopDaemons(dir)
-		if left := killProcessesUnder(dir); len(left) > 0 && !t.Failed() {
-			t.Logf("killed processes the test left running under its state root: %v", left)
-		}
-		os.RemoveAll(dir)
-	})
-	return dir
-}
-
-// killProcessesUnder SIGKILLs every process under root (the detached VMMs
-// and supervisors of sandboxes a test did not remove), so no test's
-// processes outlive it, and returns their command lines.
-func killProcessesUnder(root string) []string {
-	var killed []string
-	for _, p := range processesUnder(root) {
-		if !p.zombie && syscall.Kill(p.pid, syscall.SIGKILL) == nil {
-			killed = append(killed, p.cmdline)
-		}
-	}
-	return killed
-}
+// shortRoot: a state root whose processes and daemons never outlive the
+// test (testutil.ShortRoot).
+var shortRoot = testutil.ShortRoot

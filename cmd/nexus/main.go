@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/oneline"
 )
 
 // usageError marks bad input: exit 2, not 1.
@@ -68,7 +69,7 @@ func exitCode(err error) int {
 	if ce := (*journal.CorruptError)(nil); errors.As(err, &ce) {
 		msg += "; if only the end of the last block is torn, `nexus journal repair --backup DIR` copies the store aside and cuts it"
 	}
-	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneLine(msg))
+	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg))
 	if errors.Is(err, errInterrupted) || interrupted.Load() {
 		return 130
 	}
@@ -78,10 +79,6 @@ func exitCode(err error) int {
 		return 2
 	}
 	return 1
-}
-
-func oneLine(s string) string {
-	return strings.Join(strings.Fields(s), " ")
 }
 
 func newRoot() *cobra.Command {

@@ -13,6 +13,7 @@ import (
 
 	hostproc "github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -26,7 +27,7 @@ func killAndAwait(t *testing.T, p *projections.Process) {
 	if err := syscall.Kill(p.Pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill %d: %v", p.Pid, err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 	for {
 		alive, err := hostproc.Alive(who)
 		if err == nil && !alive {

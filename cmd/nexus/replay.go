@@ -114,11 +114,11 @@ func replayTimelineCmd(g *globals, f *replayFlags) *cobra.Command {
 
 func printTimeline(out io.Writer, entries []replay.Entry) error {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tSAGA\tSTEP\tCAUSATION\tDATA")
+	fmt.Fprintln(tw, "SEQ\tTIME\tTYPE\tSAGA\tSTEP\tDATA")
 	for _, e := range entries {
 		data, _ := json.Marshal(e.Payload)
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type,
-			dash(e.Saga), dash(e.Step), dash(e.Causation), data)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", e.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type,
+			dash(e.Saga), dash(e.Step), data)
 	}
 	return tw.Flush()
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/oneline"
 )
 
 func driverOf(g *globals) string {
@@ -93,7 +94,7 @@ func runBound(ctx context.Context, g *globals, keep bool, argv []string) (int, e
 			return 0, err
 		}
 		if err := cl.SweepErr(); err != nil {
-			fmt.Fprintf(os.Stderr, "nexus: run: init-time sweep (continuing): %s\n", oneLine(err.Error()))
+			fmt.Fprintf(os.Stderr, "nexus: run: init-time sweep (continuing): %s\n", oneline.Of(err.Error()))
 		}
 		env = append(env, cl.Env()...)
 	}

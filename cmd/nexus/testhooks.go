@@ -156,7 +156,7 @@ func runDemo(ctx context.Context, j sagas.Journal) (string, error) {
 	emit := func(p events.Payload) func(context.Context) ([]events.Payload, error) {
 		return func(context.Context) ([]events.Payload, error) { return sagas.One(p), nil }
 	}
-	create := &sagas.Saga{Kind: "create", Sandbox: id, Steps: []sagas.Step{
+	create := &sagas.Saga{Kind: events.SagaCreate, Sandbox: id, Steps: []sagas.Step{
 		{Name: "intent", Do: emit(events.IntentWrittenEvent{Resource: intent, Covers: []string{raw.Path}})},
 		{Name: "os-disk", Do: emit(events.DiskMaterialisedEvent{Resource: raw, Method: "simulated"})},
 		{Name: "commit", Do: emit(events.SandboxCreatedEvent{Handle: "demo-" + id[20:], Image: "demo.raw", Driver: "process", Resources: []events.Resource{raw}})},
@@ -165,7 +165,7 @@ func runDemo(ctx context.Context, j sagas.Journal) (string, error) {
 	if err := create.Run(ctx, j); err != nil {
 		return "", err
 	}
-	remove := &sagas.Saga{Kind: "rm", Sandbox: id, Steps: []sagas.Step{
+	remove := &sagas.Saga{Kind: events.SagaRm, Sandbox: id, Steps: []sagas.Step{
 		{Name: "reclaim-os-disk", Do: emit(events.ResourceReclaimedEvent{Resource: raw, By: "rm"})},
 		{Name: "remove", Do: emit(events.SandboxRemovedEvent{})},
 	}}

@@ -11,12 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/oneline"
 )
 
 // Method says how a disk was materialised.
@@ -400,7 +400,7 @@ func MakeExt4(path string, sizeBytes int64, fromDir string) (err error) {
 	cmd.Stdout = &output
 	cmd.Stderr = &output
 	if err = cmd.Run(); err != nil {
-		return fmt.Errorf("disk: mkfs.ext4 %s: %v: %s", path, err, oneLine(output.String()))
+		return fmt.Errorf("disk: mkfs.ext4 %s: %v: %s", path, err, toolOutput(output.String()))
 	}
 
 	// mke2fs writes through its own descriptor; fsync on ours flushes the
@@ -431,23 +431,12 @@ func mkfsPath() (string, error) {
 	return "", errors.New("mkfs.ext4 not found (install e2fsprogs)")
 }
 
-// oneLine folds a tool's multi-line output into one log-friendly line.
-func oneLine(s string) string {
-	var parts []string
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			parts = append(parts, l)
-		}
-	}
-	if len(parts) == 0 {
+// toolOutput is a tool's output as one line, saying so when there was none.
+func toolOutput(s string) string {
+	if s = oneline.Of(s); s == "" {
 		return "(no output)"
 	}
-	line := strings.Join(parts, "; ")
-	const maxLen = 1000
-	if len(line) > maxLen {
-		line = line[:maxLen] + "…"
-	}
-	return line
+	return s
 }
 
 // FreeBytes is the space available to unprivileged writers on the

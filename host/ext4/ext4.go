@@ -14,6 +14,8 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+
+	"github.com/nexus-sandbox/nexus/oneline"
 )
 
 var (
@@ -78,7 +80,7 @@ func Preflight(ctx context.Context) (map[string]string, error) {
 		text, _ := cmd.CombinedOutput() // resize2fs's probe exits 1 by design
 		banner := versionRE.FindString(string(text))
 		if banner == "" {
-			return out, fmt.Errorf("%w: %s %s did not print an e2fsprogs version: %s", ErrToolMissing, path, strings.Join(t.Probe, " "), oneLine(string(text)))
+			return out, fmt.Errorf("%w: %s %s did not print an e2fsprogs version: %s", ErrToolMissing, path, strings.Join(t.Probe, " "), oneline.Of(string(text)))
 		}
 		out[t.Name] = banner
 	}
@@ -145,7 +147,7 @@ func CheckImage(ctx context.Context, path string) (Check, error) {
 		if badSuper(head) {
 			return c, fmt.Errorf("%s: %w: %s", path, ErrNotExt4, firstMatch(head, badSuperRE))
 		}
-		return c, fmt.Errorf("dumpe2fs %s: %v: %s", path, err, oneLine(head))
+		return c, fmt.Errorf("dumpe2fs %s: %v: %s", path, err, oneline.Of(head))
 	}
 	fields := superblockFields(head)
 	for name, dst := range map[string]*int64{
@@ -166,11 +168,11 @@ func CheckImage(ctx context.Context, path string) (Check, error) {
 		if badSuper(text) {
 			return c, fmt.Errorf("%s: %w: %s", path, ErrNotExt4, firstMatch(text, badSuperRE))
 		}
-		return c, fmt.Errorf("e2fsck -fn %s: exit %d: %s", path, code, oneLine(text))
+		return c, fmt.Errorf("e2fsck -fn %s: exit %d: %s", path, code, oneline.Of(text))
 	}
 	m := summaryRE.FindStringSubmatch(text)
 	if m == nil {
-		return c, fmt.Errorf("e2fsck -fn %s: no summary line in: %s", path, oneLine(text))
+		return c, fmt.Errorf("e2fsck -fn %s: no summary line in: %s", path, oneline.Of(text))
 	}
 	if total, _ := strconv.ParseInt(m[4], 10, 64); total != c.Blocks {
 		return c, fmt.Errorf("e2fsck -fn %s: counted %d blocks, superblock says %d", path, total, c.Blocks)
@@ -209,15 +211,15 @@ func Preen(ctx context.Context, path string) (string, error) {
 	code := exitCode(err)
 	switch {
 	case code >= 0 && code&4 != 0:
-		return text, fmt.Errorf("%w: %s", ErrInteractiveRepair, oneLine(problemText(text)))
+		return text, fmt.Errorf("%w: %s", ErrInteractiveRepair, oneline.Of(problemText(text)))
 	case code < 0 || code >= 8:
 		if badSuper(text) {
 			return text, fmt.Errorf("%s: %w", path, ErrNotExt4)
 		}
-		return text, fmt.Errorf("e2fsck -fp %s: exit %d: %s", path, code, oneLine(text))
+		return text, fmt.Errorf("e2fsck -fp %s: exit %d: %s", path, code, oneline.Of(text))
 	}
 	if strings.Contains(text, "lost+found") {
-		return text, fmt.Errorf("%w: preen reconnected an inode into lost+found: %s", ErrInteractiveRepair, oneLine(text))
+		return text, fmt.Errorf("%w: preen reconnected an inode into lost+found: %s", ErrInteractiveRepair, oneline.Of(text))
 	}
 	return text, nil
 }
@@ -237,7 +239,7 @@ func Grow(ctx context.Context, path string, newBytes int64) error {
 		return fmt.Errorf("grow %s: %w", path, err)
 	}
 	if text, err := run(ctx, "resize2fs", path); err != nil {
-		return fmt.Errorf("resize2fs %s: %v: %s", path, err, oneLine(text))
+		return fmt.Errorf("resize2fs %s: %v: %s", path, err, oneline.Of(text))
 	}
 	return nil
 }
@@ -254,7 +256,7 @@ func ReadFile(ctx context.Context, image, file string) ([]byte, error) {
 	cmd.Env = toolEnv()
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return nil, fmt.Errorf("debugfs cat %s in %s: %v: %s", file, image, err, oneLine(stderr.String()))
+		return nil, fmt.Errorf("debugfs cat %s in %s: %v: %s", file, image, err, oneline.Of(stderr.String()))
 	}
 	// debugfs reports a missing file on stderr and still exits 0.
 	if s := stderr.String(); strings.Contains(s, "File not found") || strings.Contains(s, "not found by ext2_lookup") {
@@ -267,7 +269,7 @@ func ReadFile(ctx context.Context, image, file string) ([]byte, error) {
 func FileSize(ctx context.Context, image, file string) (int64, error) {
 	text, err := run(ctx, "debugfs", "-R", "stat "+quote(file), image)
 	if err != nil {
-		return 0, fmt.Errorf("debugfs stat %s: %v: %s", file, err, oneLine(text))
+		return 0, fmt.Errorf("debugfs stat %s: %v: %s", file, err, oneline.Of(text))
 	}
 	m := sizeRE.FindStringSubmatch(text)
 	if m == nil {
@@ -294,7 +296,7 @@ func firstMatch(text string, re *regexp.Regexp) string {
 	if m := re.FindString(text); m != "" {
 		return m
 	}
-	return oneLine(text)
+	return oneline.Of(text)
 }
 
 func superblockFields(text string) map[string]string {
@@ -352,17 +354,3 @@ func exitCode(err error) int {
 
 // quote makes a path one debugfs argument.
 func quote(p string) string { return `"` + strings.ReplaceAll(p, `"`, `\"`) + `"` }
-
-func oneLine(s string) string {
-	var parts []string
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			parts = append(parts, l)
-		}
-	}
-	s = strings.Join(parts, " | ")
-	if len(s) > 400 {
-		s = s[:400] + "..."
-	}
-	return s
-}

@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 const (
@@ -95,7 +97,7 @@ func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*
 	t.Helper()
 	// The fleet retries a mirror whose source went away with a growing
 	// backoff; after an outage it resumes within about 40 s here.
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(90 * time.Second))
 	for {
 		got := mirrored(t, fleet, stream)
 		if len(got) >= n {

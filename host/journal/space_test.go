@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/smallfs"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 func openSpace(t *testing.T, dir string, sp Space) *Journal {
@@ -188,7 +189,7 @@ func TestFollowSurvivesReopen(t *testing.T) {
 	}
 	// A generous bound, not a timing claim: the ordered consumer notices
 	// the restarted JetStream by missed heartbeats and recreates itself.
-	deadline := time.After(3 * time.Minute)
+	deadline := time.After(testutil.Scale(3 * time.Minute))
 	for {
 		select {
 		case id := <-got:

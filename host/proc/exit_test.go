@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 type waited struct {
@@ -35,7 +37,7 @@ func result(t *testing.T, ch <-chan waited) waited {
 	select {
 	case w := <-ch:
 		return w
-	case <-time.After(time.Minute):
+	case <-time.After(testutil.Scale(time.Minute)):
 		t.Fatal("WaitExit did not return within a minute of the exit")
 		return waited{}
 	}

@@ -15,20 +15,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // startChild starts argv as our child and kills and reaps it at cleanup.
 func startChild(t *testing.T, argv ...string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	return cmd
+	return testutil.StartChild(t, exec.Command(argv[0], argv[1:]...))
 }
 
 // startReady starts a shell script that prints "ready" once it has set itself
@@ -337,7 +331,7 @@ func TestSpawnDetached(t *testing.T) {
 	}
 	// Reaping happens in our background goroutine and tells the test
 	// nothing, so this is the one place a deadline poll is the only way.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(5 * time.Second))
 	for {
 		if _, err := Of(id.Pid); errors.Is(err, ErrGone) {
 			break

@@ -15,11 +15,13 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // failsafe only bounds a wait for a signal that should arrive; it is never
 // the signal itself.
-const failsafe = 30 * time.Second
+var failsafe = testutil.Scale(30 * time.Second)
 
 // shortDir keeps socket paths under the 108-byte sun_path limit, which
 // t.TempDir() paths under long test names can exceed.

@@ -18,6 +18,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // The test binary doubles as the process driver's VMM: run with envSocket
@@ -103,7 +105,7 @@ func (p *vmmProc) wait(t *testing.T) error {
 	select {
 	case <-p.exited:
 		return p.err
-	case <-time.After(10 * time.Second):
+	case <-time.After(testutil.Scale(10 * time.Second)):
 		t.Fatal("VMM did not exit")
 		return nil
 	}

@@ -1,0 +1,6 @@
+//go:build race
+
+package testutil
+
+// RaceEnabled: this binary runs under -race.
+const RaceEnabled = true

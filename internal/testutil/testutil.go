@@ -1,0 +1,211 @@
+// Package testutil holds the helpers the end-to-end and process tests
+// share: the nexus binary built once, state roots whose processes never
+// outlive their test, daemons, children, and poll deadlines that scale with
+// the machine's load. Tests only; nothing in nexus imports it.
+package testutil
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// BuildNexus builds the nexus binary with the nexustest tag (its failure
+// hooks) into a fresh temporary directory, for a TestMain. remove deletes
+// the directory.
+func BuildNexus() (bin string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", "nexus-test-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	bin = filepath.Join(dir, "nexus")
+	out, err := exec.Command("go", "build", "-tags", "nexustest", "-o", bin, "github.com/nexus-sandbox/nexus/cmd/nexus").CombinedOutput()
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("build nexus: %v\n%s", err, out)
+	}
+	return bin, func() { os.RemoveAll(dir) }, nil
+}
+
+// Process is a process whose command line names a path below a root.
+type Process struct {
+	Pid     int
+	Cmdline string // arguments joined by spaces
+	Zombie  bool
+}
+
+// ProcessesUnder scans /proc for processes (other than this one) whose
+// command line names a path below root: the VMMs, supervisors and daemons
+// of the sandboxes under it.
+func ProcessesUnder(root string) []Process {
+	var out []Process
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.Contains(string(data), root+"/") {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		i := strings.LastIndexByte(string(stat), ')')
+		zombie := i > 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+		out = append(out, Process{Pid: pid, Cmdline: strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " ")), Zombie: zombie})
+	}
+	return out
+}
+
+// KillProcessesUnder SIGKILLs every live process under root (the detached
+// VMMs and supervisors of sandboxes a test did not remove), so no test's
+// processes outlive it, and returns their command lines.
+func KillProcessesUnder(root string) []string {
+	var killed []string
+	for _, p := range ProcessesUnder(root) {
+		if !p.Zombie && syscall.Kill(p.Pid, syscall.SIGKILL) == nil {
+			killed = append(killed, p.Cmdline)
+		}
+	}
+	return killed
+}
+
+// DaemonPids lists the live `nexus daemon` processes serving root (started
+// by hand or on demand), by their command line.
+func DaemonPids(root string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+		i := slices.Index(args, "--state-dir")
+		if i < 0 || i+2 >= len(args) || filepath.Clean(args[i+1]) != filepath.Clean(root) || args[i+2] != "daemon" {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if j := bytes.LastIndexByte(stat, ')'); j > 0 && j+2 < len(stat) && stat[j+2] == 'Z' {
+			continue
+		}
+		out = append(out, pid)
+	}
+	return out
+}
+
+// StopDaemons stops every daemon serving root the way a service manager
+// would (SIGTERM, then SIGKILL after a generous wait), so no daemon a test
+// caused outlives it. It returns their pids.
+func StopDaemons(root string) []int {
+	pids := DaemonPids(root)
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGTERM)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(DaemonPids(root)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, pid := range DaemonPids(root) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return pids
+}
+
+// StopBinaryDaemons stops the daemons still running from bin (a root no
+// cleanup knew of), by pid, for a TestMain's end.
+func StopBinaryDaemons(bin string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); exe != bin {
+			continue
+		}
+		data, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if slices.Contains(strings.Split(string(data), "\x00"), "daemon") && syscall.Kill(pid, syscall.SIGKILL) == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// ShortRoot is a state root outside t.TempDir(), whose names grow with the
+// test's name; short paths keep failure messages readable (deep roots work
+// too). When the test ends, the daemon a command started on demand is
+// stopped first (a clean stop: it spawned nothing KillProcessesUnder would
+// miss), then every process still naming the root is killed, then the root
+// is removed.
+func ShortRoot(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "nx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		StopDaemons(dir)
+		if left := KillProcessesUnder(dir); len(left) > 0 && !t.Failed() {
+			t.Logf("killed processes the test left running under its state root: %v", left)
+		}
+		os.RemoveAll(dir)
+	})
+	return dir
+}
+
+// StartDaemon runs `bin --state-dir root daemon` until the test ends
+// (SIGTERM, then reaped), returning once it said it is serving.
+func StartDaemon(t testing.TB, bin, root string) *exec.Cmd {
+	t.Helper()
+	d := exec.Command(bin, "--state-dir", root, "daemon")
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	stderr, err := d.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stderr).ReadString('\n')
+	if err != nil || !strings.Contains(line, "serving") {
+		d.Process.Kill()
+		d.Wait()
+		t.Fatalf("daemon said %q, %v", line, err)
+	}
+	t.Cleanup(func() {
+		d.Process.Signal(syscall.SIGTERM)
+		d.Wait()
+	})
+	return d
+}
+
+// StartChild starts cmd as our child and, when the test ends, kills and
+// reaps it unless the test already did (a second Wait only reports that).
+func StartChild(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
+	t.Helper()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd
+}
