@@ -200,7 +200,8 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 			return err
 		}
 		if last > 0 {
-			q.Since = last + 1
+			// Resume by position: the tail and start time were spent.
+			q.Since, q.SinceTime, q.Tail = last+1, time.Time{}, 0
 			backoff = 50 * time.Millisecond
 		}
 		select {
@@ -215,19 +216,7 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 // events runs one events request; broken reports a stream that ended
 // without the journal's say (connection lost, or a follow cut short).
 func (c *Client) events(ctx context.Context, q node.Query, fn func(node.Record) error) (broken bool, err error) {
-	v := url.Values{}
-	if q.Since > 0 {
-		v.Set("since", strconv.FormatUint(q.Since, 10))
-	}
-	if q.Sandbox != "" {
-		v.Set("sandbox", q.Sandbox)
-	}
-	if q.Type != "" {
-		v.Set("type", q.Type)
-	}
-	if q.Follow {
-		v.Set("follow", "1")
-	}
+	v := queryValues(q)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/events?"+v.Encode(), nil)
 	if err != nil {
 		return false, err
@@ -281,4 +270,38 @@ func (c *Client) getJSON(ctx context.Context, path string, v any) error {
 		return fmt.Errorf("daemon: %s: %s", path, resp.Status)
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// queryValues is q on the wire; parseQuery reads it back.
+func queryValues(q node.Query) url.Values {
+	v := url.Values{}
+	seq := func(k string, n uint64) {
+		if n > 0 {
+			v.Set(k, strconv.FormatUint(n, 10))
+		}
+	}
+	at := func(k string, t time.Time) {
+		if !t.IsZero() {
+			v.Set(k, t.UTC().Format(time.RFC3339Nano))
+		}
+	}
+	seq("since", q.Since)
+	seq("until", q.Until)
+	at("since_time", q.SinceTime)
+	at("until_time", q.UntilTime)
+	if q.Tail > 0 {
+		v.Set("tail", strconv.Itoa(q.Tail))
+	}
+	if q.Sandbox != "" {
+		v.Set("sandbox", q.Sandbox)
+	}
+	for _, t := range append([]string{q.Type}, q.Types...) {
+		if t != "" {
+			v.Add("type", t)
+		}
+	}
+	if q.Follow {
+		v.Set("follow", "1")
+	}
+	return v
 }

@@ -331,13 +331,31 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 
 func parseQuery(r *http.Request) (node.Query, error) {
 	v := r.URL.Query()
-	q := node.Query{Sandbox: v.Get("sandbox"), Type: v.Get("type"), Follow: v.Get("follow") == "1"}
-	if s := v.Get("since"); s != "" {
-		since, err := strconv.ParseUint(s, 10, 64)
-		if err != nil {
-			return q, fmt.Errorf("since %q: not a sequence number", s)
+	q := node.Query{Sandbox: v.Get("sandbox"), Types: v["type"], Follow: v.Get("follow") == "1"}
+	for k, p := range map[string]*uint64{"since": &q.Since, "until": &q.Until} {
+		if s := v.Get(k); s != "" {
+			n, err := strconv.ParseUint(s, 10, 64)
+			if err != nil {
+				return q, fmt.Errorf("%s %q: not a sequence number", k, s)
+			}
+			*p = n
 		}
-		q.Since = since
+	}
+	for k, p := range map[string]*time.Time{"since_time": &q.SinceTime, "until_time": &q.UntilTime} {
+		if s := v.Get(k); s != "" {
+			t, err := time.Parse(time.RFC3339Nano, s)
+			if err != nil {
+				return q, fmt.Errorf("%s %q: not an RFC 3339 time", k, s)
+			}
+			*p = t
+		}
+	}
+	if s := v.Get("tail"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			return q, fmt.Errorf("tail %q: not a count", s)
+		}
+		q.Tail = n
 	}
 	return q, nil
 }

@@ -114,18 +114,18 @@ func CurrentSchema(t Type) uint16 { return registry[t].current }
 // wire is the on-journal layout. Short keys keep every event small; the
 // payload stays raw until its type and schema are known.
 type wire struct {
-	Format  uint8  `msgpack:"f"`
-	ID      []byte `msgpack:"id"`
-	Type    string `msgpack:"t"`
-	Schema  uint16 `msgpack:"v"`
-	Sandbox string `msgpack:"sb,omitempty"`
-	Time    int64  `msgpack:"ts"`
-	Saga    string `msgpack:"saga,omitempty"`
-	Step    string `msgpack:"step,omitempty"`
-	// Cause is never written (nothing ever set it); it is still read so a
-	// record that carries it decodes, and then dropped.
+	Format  uint8  `msgpack:"f"`              // envelope format, EnvelopeFormat; a reader refuses a higher one
+	ID      []byte `msgpack:"id"`             // event id: the 16 bytes of a ULID (48-bit ms time, 80 random bits)
+	Type    string `msgpack:"t"`              // event type, "<category>.<action>"
+	Schema  uint16 `msgpack:"v"`              // payload schema version of this type
+	Sandbox string `msgpack:"sb,omitempty"`   // owning sandbox ULID (Crockford base32), absent for none
+	Time    int64  `msgpack:"ts"`             // when the fact took effect: Unix time in nanoseconds, UTC
+	Saga    string `msgpack:"saga,omitempty"` // saga id (ULID) if a saga step wrote it
+	Step    string `msgpack:"step,omitempty"` // saga step name
+	// Cause is never written by this version (nothing ever set it); a
+	// record an older build wrote with it still decodes, and it is dropped.
 	Cause   string             `msgpack:"cause,omitempty"`
-	Payload msgpack.RawMessage `msgpack:"p"`
+	Payload msgpack.RawMessage `msgpack:"p"` // the payload: a map whose keys the type and schema define
 
 	decoded    Payload
 	payloadErr error

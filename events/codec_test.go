@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -258,6 +259,27 @@ func TestSubjects(t *testing.T) {
 		if got, err := FilterSubject(in[0], in[1]); err != nil || got != want {
 			t.Errorf("FilterSubject(%q,%q) = %q, %v; want %q", in[0], in[1], got, err, want)
 		}
+	}
+	sets := []struct {
+		types   []string
+		sandbox string
+		want    []string
+	}{
+		{nil, "", nil},
+		{[]string{"", "reap"}, "", nil},
+		{nil, testSandbox, []string{"nexus.events.*.*." + testSandbox}},
+		{[]string{"reap.decided", "reap", "sandbox.created", "reap.applied", "sandbox.created"}, "",
+			[]string{"nexus.events.reap.*.*", "nexus.events.sandbox.created.*"}},
+		{[]string{"sandbox.created", "", "vmm"}, testSandbox, []string{"nexus.events.*.*." + testSandbox}},
+	}
+	for _, c := range sets {
+		got, err := FilterSubjects(c.types, c.sandbox)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("FilterSubjects(%q, %q) = %q, %v; want %q", c.types, c.sandbox, got, err, c.want)
+		}
+	}
+	if _, err := FilterSubjects([]string{"", "sandbox.teleported"}, ""); !errors.Is(err, ErrUnknownType) {
+		t.Errorf("FilterSubjects accepted an unknown type beside all: %v", err)
 	}
 	for _, bad := range []string{"reaps", "reap.*", "sandbox.created.x", ">"} {
 		if _, err := FilterSubject(bad, ""); !errors.Is(err, ErrUnknownType) {

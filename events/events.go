@@ -5,6 +5,7 @@ package events
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -160,6 +161,48 @@ func FilterSubject(t string, sandbox string) (string, error) {
 		token = sandbox
 	}
 	return SubjectPrefix + "." + category + "." + action + "." + token, nil
+}
+
+// FilterSubjects is the set of subject filters selecting events of any of
+// types (full types or categories; none selects all) and of one sandbox
+// ("" for all); nil means every event, so a reader needs no filter at all.
+// A type its category already covers is dropped, because JetStream refuses
+// overlapping filters on one consumer.
+func FilterSubjects(types []string, sandbox string) ([]string, error) {
+	if len(types) == 0 {
+		types = []string{""}
+	}
+	if sandbox == "" && slices.Contains(types, "") {
+		for _, t := range types { // still refuse an unknown type
+			if _, err := FilterSubject(t, ""); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	}
+	cats := map[string]bool{}
+	for _, t := range types {
+		if t == "" {
+			cats[""] = true
+		} else if !strings.Contains(t, ".") {
+			cats[t] = true
+		}
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, t := range types {
+		f, err := FilterSubject(t, sandbox)
+		if err != nil {
+			return nil, err
+		}
+		cat, _, full := strings.Cut(t, ".")
+		if seen[f] || cats[""] && t != "" || full && cats[cat] {
+			continue
+		}
+		seen[f] = true
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 // Types lists every known event type, for help text and tests.

@@ -69,7 +69,7 @@ func benchHistory(from, to int, fn func(events.Event)) {
 // a plain embedded server without SyncAlways onto the stream journal.Open
 // created: the same records on disk (subjects, Nats-Msg-Id headers,
 // payloads), without the per-message fsync while building.
-func benchAppendJournal(b *testing.B, dir string, from, to int) {
+func benchAppendJournal(b testing.TB, dir string, from, to int) {
 	b.Helper()
 	ctx := context.Background()
 	j, err := journal.Open(ctx, journal.Options{Dir: dir})

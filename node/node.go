@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -401,26 +402,34 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 	return ack.Seq, nil
 }
 
-// Query selects journal events.
+// Query selects journal events. Every bound is a position the journal
+// seeks to, so a query reads only the events it returns.
 type Query struct {
-	Since   uint64 // first sequence (0 = from the start)
-	Sandbox string // "" = all
-	Type    string // full type, category, or "" = all
-	Follow  bool
+	Since     uint64    // first sequence (0 = from the start)
+	SinceTime time.Time // if set, nothing stored before it
+	Until     uint64    // last sequence (0 = no bound); not with Follow
+	UntilTime time.Time // if set, nothing stored after it; not with Follow
+	Sandbox   string    // sandbox ULID, "" = all
+	Type      string    // full type, category, or "" = all
+	Types     []string  // more types or categories: an event of any matches
+	Tail      int       // only the last Tail events selected (0 = all)
+	Follow    bool
 }
 
 // Events calls fn for every event matching q, in journal order. Without
 // Follow it stops at the end of the journal; with it, when ctx is done.
 func (n *Node) Events(ctx context.Context, q Query, fn func(Record) error) error {
-	filter, err := events.FilterSubject(q.Type, q.Sandbox)
+	types := q.Types
+	if q.Type != "" || len(types) == 0 {
+		types = append(slices.Clip(types), q.Type)
+	}
+	filters, err := events.FilterSubjects(types, q.Sandbox)
 	if err != nil {
 		return err
 	}
-	read := n.j.Read
-	if q.Follow {
-		read = n.j.Follow
-	}
-	return read(ctx, q.Since, filter, func(r journal.Record) error {
+	r := journal.Range{From: q.Since, FromTime: q.SinceTime, To: q.Until, ToTime: q.UntilTime,
+		Filters: filters, Tail: q.Tail, Follow: q.Follow}
+	return n.j.Scan(ctx, r, func(r journal.Record) error {
 		e, err := events.Decode(r.Data)
 		if err != nil {
 			return fmt.Errorf("journal event %d: %w", r.Seq, err)

@@ -207,16 +207,22 @@ func defaultMirrorHost() string {
 
 func eventsCmd(g *globals) *cobra.Command {
 	var q node.Query
+	var since, until string
 	var asJSON bool
 	c := &cobra.Command{
 		Use:   "events",
 		Short: "Print the journal, one event a line",
-		Args:  noArgs,
+		Example: "  nexus events --since 10m --type sandbox --type vmm.exited\n" +
+			"  nexus events --sandbox web --tail 20 --follow",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := events.FilterSubject(q.Type, q.Sandbox); err != nil {
+			if err := eventsQuery(&q, since, until, time.Now()); err != nil {
 				return usageError{err}
 			}
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
+				if err := resolveEventSandbox(cmd.Context(), b, &q); err != nil {
+					return err
+				}
 				out := cmd.OutOrStdout()
 				err := b.Events(cmd.Context(), q, func(r node.Record) error {
 					if asJSON {
@@ -233,9 +239,11 @@ func eventsCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&q.Follow, "follow", false, "keep printing new events")
-	c.Flags().Uint64Var(&q.Since, "since", 0, "start at this journal sequence")
-	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ULID)")
-	c.Flags().StringVar(&q.Type, "type", "", "only this event type (e.g. sandbox.created) or category (e.g. reap)")
+	c.Flags().StringVar(&since, "since", "", "start at a journal sequence (42), a time (RFC 3339) or an age (10m, 7d)")
+	c.Flags().StringVar(&until, "until", "", "end at a journal sequence, a time or an age, as --since")
+	c.Flags().IntVar(&q.Tail, "tail", 0, "only the last N events selected")
+	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ID or handle)")
+	c.Flags().StringArrayVar(&q.Types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. reap); repeats")
 	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 	return c
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -104,6 +105,8 @@ type Journal struct {
 	broken   string
 	reopened int
 	jsConfig server.JetStreamConfig
+
+	read atomic.Uint64 // records handed to readers; see RecordsRead
 
 	mirrorStop context.CancelFunc
 	mirrorMu   sync.Mutex
@@ -426,71 +429,26 @@ func (j *Journal) Get(ctx context.Context, seq uint64) (Record, error) {
 // to the newest record that existed when Read began, then returns. If fn
 // returns an error, Read stops and returns it.
 func (j *Journal) Read(ctx context.Context, from uint64, filter string, fn func(Record) error) error {
-	return j.consume(ctx, from, filter, false, fn)
+	return j.Scan(ctx, Range{From: from, Filters: []string{filter}}, fn)
 }
 
 // Follow is Read that does not stop at the end: it waits for new records
 // until ctx is done, then returns ctx.Err().
 func (j *Journal) Follow(ctx context.Context, from uint64, filter string, fn func(Record) error) error {
-	return j.consume(ctx, from, filter, true, fn)
+	return j.Scan(ctx, Range{From: from, Filters: []string{filter}, Follow: true}, fn)
 }
 
-func (j *Journal) consume(ctx context.Context, from uint64, filter string, follow bool, fn func(Record) error) error {
-	return consume(ctx, j.currentStream(), from, filter, follow, fn)
+// Scan calls fn for the records r selects, in journal order.
+func (j *Journal) Scan(ctx context.Context, r Range, fn func(Record) error) error {
+	return scan(ctx, j.currentStream(), r, &j.read, fn)
 }
+
+// RecordsRead counts the records this journal has handed to readers since
+// it opened: what a read cost, for tests that prove reads are positional.
+func (j *Journal) RecordsRead() uint64 { return j.read.Load() }
 
 func (j *Journal) currentStream() jetstream.Stream {
 	j.smu.RLock()
 	defer j.smu.RUnlock()
 	return j.stream
-}
-
-func consume(ctx context.Context, stream jetstream.Stream, from uint64, filter string, follow bool, fn func(Record) error) error {
-	if from == 0 {
-		from = 1
-	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{filter},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
-	})
-	if err != nil {
-		return fmt.Errorf("journal: read from %d: %w", from, err)
-	}
-	if !follow && cons.CachedInfo().NumPending == 0 {
-		return nil
-	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(1024))
-	if err != nil {
-		return fmt.Errorf("journal: read from %d: %w", from, err)
-	}
-	defer it.Stop()
-	stopOnCancel := context.AfterFunc(ctx, it.Stop)
-	defer stopOnCancel()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("journal: read: %w", err)
-		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return fmt.Errorf("journal: read: %w", err)
-		}
-		rec := Record{
-			Seq: meta.Sequence.Stream, Subject: msg.Subject(), MsgID: msg.Headers().Get(jetstream.MsgIDHeader),
-			Time: meta.Timestamp, Data: msg.Data(),
-		}
-		if err := fn(rec); err != nil {
-			if errors.Is(err, errStop) {
-				return nil
-			}
-			return err
-		}
-		if !follow && meta.NumPending == 0 {
-			return nil
-		}
-	}
 }

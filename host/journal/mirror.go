@@ -162,5 +162,5 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, stream string, fn func(
 	if err != nil {
 		return fmt.Errorf("journal: stream %s at %s: %w", stream, natsURL, err)
 	}
-	return consume(ctx, s, 1, "", false, fn)
+	return scan(ctx, s, Range{}, nil, fn)
 }

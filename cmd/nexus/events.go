@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+// parsePosition reads a journal position: a sequence (digits only), an
+// RFC 3339 time, or an age before now (10m, 36h, 7d, 1d12h).
+func parsePosition(flag, s string, now time.Time) (uint64, time.Time, error) {
+	if s == "" {
+		return 0, time.Time{}, nil
+	}
+	if strings.Trim(s, "0123456789") == "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, time.Time{}, fmt.Errorf("%s %q: sequence out of range", flag, s)
+		}
+		return n, time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return 0, t, nil
+	}
+	if d, err := parseAge(s); err == nil {
+		return 0, now.Add(-d), nil
+	}
+	return 0, time.Time{}, fmt.Errorf("%s %q: want a sequence (42), an RFC 3339 time (2026-01-02T15:04:05Z) or an age (10m, 36h, 7d)", flag, s)
+}
+
+// eventsQuery fills q from the flags; every error is a usage error.
+func eventsQuery(q *node.Query, since, until string, now time.Time) error {
+	var err error
+	if q.Since, q.SinceTime, err = parsePosition("--since", since, now); err != nil {
+		return err
+	}
+	if q.Until, q.UntilTime, err = parsePosition("--until", until, now); err != nil {
+		return err
+	}
+	if q.Follow && until != "" {
+		return errors.New("--until and --follow exclude each other: a follow has no end")
+	}
+	if q.Tail < 0 {
+		return fmt.Errorf("--tail %d: want a count of events", q.Tail)
+	}
+	_, err = events.FilterSubjects(q.Types, "")
+	return err
+}
+
+// resolveEventSandbox turns a handle into its sandbox's id. A ULID is taken
+// as is, so the events of a removed sandbox stay reachable by id.
+func resolveEventSandbox(ctx context.Context, b control.Backend, q *node.Query) error {
+	if q.Sandbox == "" {
+		return nil
+	}
+	if id, err := ulid.ParseStrict(q.Sandbox); err == nil {
+		q.Sandbox = id.String()
+		return nil
+	}
+	sb, found, err := b.Sandbox(ctx, q.Sandbox)
+	if err != nil {
+		return err
+	}
+	if !found {
+		return fmt.Errorf("no sandbox %q", q.Sandbox)
+	}
+	q.Sandbox = sb.ID
+	return nil
+}

@@ -1,0 +1,223 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Range selects records by position, so a reader fetches only what it asked
+// for: JetStream finds the start (by sequence or by stored time) and filters
+// by subject on the server, and a tail is located by counting, not reading.
+type Range struct {
+	From     uint64    // first sequence (0: the start)
+	FromTime time.Time // if set, also no record stored before it
+	To       uint64    // last sequence (0: no bound)
+	ToTime   time.Time // if set, also no record stored after it
+	// Filters are subject filters that must not overlap (none: every subject).
+	Filters []string
+	// Tail, if positive, keeps only the last Tail records of the range.
+	Tail int
+	// Follow waits for new records after the range's end until ctx is done.
+	Follow bool
+}
+
+// ErrFollowBounded refuses a follow with an upper bound: it would wait for
+// a record past the bound that may never match.
+var ErrFollowBounded = errors.New("journal: a follow has no upper bound")
+
+// scan reads r from stream. read, if not nil, counts records received.
+func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Uint64, fn func(Record) error) error {
+	if r.Follow && (r.To != 0 || !r.ToTime.IsZero()) {
+		return ErrFollowBounded
+	}
+	filters := r.Filters
+	all := len(filters) == 0
+	for _, f := range filters {
+		if f == "" || f == Subjects {
+			all = true
+		}
+	}
+	if all {
+		filters = nil // also a mirror's stream, whose subjects carry a host prefix
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	last := info.State.LastSeq
+	from := max(r.From, 1)
+	if !r.FromTime.IsZero() {
+		s, err := seqAt(ctx, stream, r.FromTime)
+		if err != nil {
+			return err
+		}
+		from = max(from, s)
+	}
+	// end is the last sequence a bounded read may deliver.
+	end := last
+	if r.To != 0 {
+		end = min(end, r.To)
+	}
+	if !r.ToTime.IsZero() {
+		s, err := seqAt(ctx, stream, r.ToTime.Add(time.Nanosecond))
+		if err != nil {
+			return err
+		}
+		end = min(end, s-1)
+	}
+	if !r.Follow && from > end {
+		return nil
+	}
+	// want is how many records a bounded read delivers, when known
+	// without reading; it also caps each pull, so the server sends no more.
+	var want uint64
+	known := false
+	if all {
+		if from <= end {
+			want, known = end-from+1, true
+		}
+		if r.Tail > 0 && want > uint64(r.Tail) {
+			from, want = end-uint64(r.Tail)+1, uint64(r.Tail)
+		}
+	} else if r.Tail > 0 || !r.Follow {
+		var after uint64 // matches past end: not part of the range
+		if end < last {
+			if after, err = pending(ctx, stream, end+1, filters); err != nil {
+				return err
+			}
+		}
+		count := func(s uint64) (uint64, error) {
+			p, err := pending(ctx, stream, s, filters)
+			return p - min(p, after), err
+		}
+		total, err := count(from)
+		if err != nil {
+			return err
+		}
+		want, known = total, true
+		if r.Tail > 0 && total > uint64(r.Tail) {
+			// count is non-increasing in the start: find the last start
+			// that still leaves Tail records, in log2(range) counts.
+			lo, hi := from, end
+			for lo < hi {
+				mid := lo + (hi-lo+1)/2
+				c, err := count(mid)
+				if err != nil {
+					return err
+				}
+				if c >= uint64(r.Tail) {
+					lo = mid
+				} else {
+					hi = mid - 1
+				}
+			}
+			from, want = lo, uint64(r.Tail)
+		}
+	}
+	if !r.Follow && known && want == 0 {
+		return nil
+	}
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects: filters,
+		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:    from,
+	}
+	cons, err := stream.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("journal: read from %d: %w", from, err)
+	}
+	if !r.Follow && cons.CachedInfo().NumPending == 0 {
+		return nil
+	}
+	batch := 1024
+	if !r.Follow && known {
+		batch = int(min(want, uint64(batch)))
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(batch))
+	if err != nil {
+		return fmt.Errorf("journal: read from %d: %w", from, err)
+	}
+	defer it.Stop()
+	stopOnCancel := context.AfterFunc(ctx, it.Stop)
+	defer stopOnCancel()
+	var delivered uint64
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("journal: read: %w", err)
+		}
+		if read != nil {
+			read.Add(1)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return fmt.Errorf("journal: read: %w", err)
+		}
+		seq := meta.Sequence.Stream
+		if !r.Follow && seq > end {
+			return nil // appended after the read began
+		}
+		rec := Record{
+			Seq: seq, Subject: msg.Subject(), MsgID: msg.Headers().Get(jetstream.MsgIDHeader),
+			Time: meta.Timestamp, Data: msg.Data(),
+		}
+		if err := fn(rec); err != nil {
+			if errors.Is(err, errStop) {
+				return nil
+			}
+			return err
+		}
+		delivered++
+		if !r.Follow && (meta.NumPending == 0 || seq == end || known && delivered >= want) {
+			return nil
+		}
+	}
+}
+
+// seqAt is the first sequence stored at or after t (past the last one if
+// none): the server finds it from its blocks' time ranges, reading nothing.
+func seqAt(ctx context.Context, stream jetstream.Stream, t time.Time) (uint64, error) {
+	info, err := probe(ctx, stream, jetstream.ConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &t,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("journal: find %s: %w", t.Format(time.RFC3339Nano), err)
+	}
+	return info.Delivered.Stream + 1, nil
+}
+
+// pending counts records matching filters from seq on, from the server's
+// per-subject index, reading none of them.
+func pending(ctx context.Context, stream jetstream.Stream, seq uint64, filters []string) (uint64, error) {
+	info, err := probe(ctx, stream, jetstream.ConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: seq, FilterSubjects: filters,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("journal: count from %d: %w", seq, err)
+	}
+	return info.NumPending, nil
+}
+
+// probe creates a consumer only to read its starting state, then deletes
+// it. In memory and ephemeral, it leaves nothing in the store.
+func probe(ctx context.Context, stream jetstream.Stream, cfg jetstream.ConsumerConfig) (*jetstream.ConsumerInfo, error) {
+	cfg.AckPolicy = jetstream.AckNonePolicy
+	cfg.MemoryStorage = true
+	cfg.InactiveThreshold = time.Minute
+	cons, err := stream.CreateConsumer(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	info := cons.CachedInfo()
+	// A consumer left behind expires by InactiveThreshold; nothing to undo.
+	_ = stream.DeleteConsumer(ctx, info.Name)
+	return info, nil
+}

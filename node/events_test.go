@@ -1,0 +1,83 @@
+package node_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+// TestEventsReadOnlyWhatTheyReturn is issue 21's "events read by
+// position", structurally: over a journal of 20,000 events, a tail, one
+// sandbox's events or a late start costs the records returned, counted by
+// the journal, not the history before them.
+func TestEventsReadOnlyWhatTheyReturn(t *testing.T) {
+	const total = 20_000
+	root := filepath.Join(t.TempDir(), "root")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	benchAppendJournal(t, filepath.Join(root, "journal"), 0, total)
+	// One sandbox from the middle of the history, and the events of the
+	// sandbox category in a window of sequences (event i is at seq i+1).
+	var sandbox string
+	var itsEvents, inWindow, seq int
+	benchHistory(0, total, func(e events.Event) {
+		seq++
+		if sandbox == "" && seq > total/2 && e.Type == events.DiskMaterialised {
+			sandbox = e.Sandbox
+		}
+		if seq >= 5000 && seq <= 5099 && (e.Type == events.SandboxCreated || e.Type == events.SandboxRemoved) {
+			inWindow++
+		}
+	})
+	benchHistory(0, total, func(e events.Event) {
+		if e.Sandbox == sandbox {
+			itsEvents++
+		}
+	})
+	if itsEvents < 3 || inWindow < 10 {
+		t.Fatalf("fixture: %d events of %s, %d in the window", itsEvents, sandbox, inWindow)
+	}
+	n, err := node.Open(context.Background(), root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	cases := []struct {
+		name string
+		q    node.Query
+		want int
+	}{
+		{"tail", node.Query{Tail: 5}, 5},
+		{"one sandbox", node.Query{Sandbox: sandbox}, itsEvents},
+		{"one sandbox's last", node.Query{Sandbox: sandbox, Tail: 1}, 1},
+		{"a type's tail", node.Query{Types: []string{"sandbox.removed", "disk"}, Tail: 7}, 7},
+		{"a late start", node.Query{Since: total - 9}, 10},
+		{"a window", node.Query{Since: 5000, Until: 5099, Type: "sandbox"}, inWindow},
+	}
+	for _, c := range cases {
+		before := n.Journal().RecordsRead()
+		got := 0
+		var last uint64
+		if err := n.Events(context.Background(), c.q, func(r node.Record) error {
+			got++
+			last = r.Seq
+			return nil
+		}); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if got != c.want {
+			t.Fatalf("%s: %d events, want %d", c.name, got, c.want)
+		}
+		if c.q.Tail > 0 && c.q.Sandbox == "" && last != total && c.q.Types == nil {
+			t.Fatalf("%s: ends at %d, journal at %d", c.name, last, total)
+		}
+		if read := n.Journal().RecordsRead() - before; read != uint64(got) {
+			t.Errorf("%s: read %d records of %d to return %d", c.name, read, total, got)
+		}
+	}
+}
