@@ -92,7 +92,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	wantFailure(t, nexus(t, root, "events", "--since", "minus-one"), 2, "since")
 	wantFailure(t, nexus(t, root, "events", "--type", "sandbox.teleported"), 2, "unknown event type")
 	wantFailure(t, nexus(t, root, "events", "--sandbox", "not-a-ulid"), 2, "not a ULID")
-	wantFailure(t, nexus(t, root, "inspect"), 2, "accepts 1 arg")
+	wantFailure(t, nexus(t, root, "inspect"), 2, "requires at least 1 arg")
 	wantFailure(t, nexus(t, root, "help", "nosuch"), 2, "unknown help topic")
 	wantFailure(t, nexus(t, root, "volume", "create", "data"), 2, "--size")
 	wantFailure(t, nexus(t, root, "fork", "some-sandbox", "--count", "0"), 2, "--count 0")

@@ -213,10 +213,19 @@ func eventsCmd(g *globals) *cobra.Command {
 		Short: "Print the journal, one event a line",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if _, err := events.FilterSubject(q.Type, q.Sandbox); err != nil {
+			if _, err := events.FilterSubject(q.Type, ""); err != nil {
 				return usageError{err}
 			}
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
+				// A removed sandbox is no longer in the view: its full ID still filters.
+				if sb, err := lifecycle.Lookup(cmd.Context(), b, q.Sandbox); err == nil {
+					q.Sandbox = sb.ID
+				} else if q.Sandbox != "" && !errors.Is(err, lifecycle.ErrNotFound) {
+					return err
+				}
+				if _, err := events.FilterSubject(q.Type, q.Sandbox); err != nil {
+					return usageError{err}
+				}
 				out := cmd.OutOrStdout()
 				err := b.Events(cmd.Context(), q, func(r node.Record) error {
 					if asJSON {
@@ -234,7 +243,7 @@ func eventsCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().BoolVar(&q.Follow, "follow", false, "keep printing new events")
 	c.Flags().Uint64Var(&q.Since, "since", 0, "start at this journal sequence")
-	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ULID)")
+	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ID, handle or unique ID prefix; a removed one by its full ID)")
 	c.Flags().StringVar(&q.Type, "type", "", "only this event type (e.g. sandbox.created) or category (e.g. reap)")
 	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 	return c
@@ -308,37 +317,39 @@ func lsCmd(g *globals) *cobra.Command {
 func inspectCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "inspect ID|HANDLE",
-		Short: "Show one sandbox",
-		Args:  exactArgs(1),
+		Use:   "inspect ID|HANDLE...",
+		Short: "Show sandboxes (--json prints an array, as docker does)",
+		Args:  minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				list, err := b.Sandboxes(cmd.Context())
 				if err != nil {
 					return err
 				}
-				sb, err := findSandbox(lifecycle.ObserveExits(list), args[0])
-				if err != nil {
+				list = lifecycle.ObserveExits(list)
+				found := []projections.Sandbox{}
+				err = eachRef(cmd, args, func(ref string) error {
+					sb, err := projections.MatchSandbox(list, ref)
+					if err == nil {
+						found = append(found, sb)
+					}
 					return err
-				}
+				})
 				if asJSON {
-					return printJSON(cmd.OutOrStdout(), sb)
+					return errors.Join(err, printJSON(cmd.OutOrStdout(), found))
 				}
-				return printSandbox(cmd.OutOrStdout(), sb)
+				for i, sb := range found {
+					if i > 0 {
+						fmt.Fprintln(cmd.OutOrStdout())
+					}
+					printSandbox(cmd.OutOrStdout(), sb)
+				}
+				return err
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return c
-}
-
-func findSandbox(list []projections.Sandbox, ref string) (projections.Sandbox, error) {
-	for _, sb := range list {
-		if sb.ID == ref || strings.EqualFold(sb.ID, ref) || (sb.Handle != "" && sb.Handle == ref) {
-			return sb, nil
-		}
-	}
-	return projections.Sandbox{}, fmt.Errorf("no sandbox %q", ref)
 }
 
 func printSandbox(w io.Writer, sb projections.Sandbox) error {

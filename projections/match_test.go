@@ -1,0 +1,63 @@
+package projections
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+)
+
+func TestMatch(t *testing.T) {
+	refs := []Ref{
+		{ID: "01KAAAAAAAAAAAAAAAAAAAAAA1", Handle: "web"},
+		{ID: "01KAAAAAAAAAAAAAAAAAAAAAA2", Handle: "01KB"}, // a handle that looks like a prefix
+		{ID: "01KBBBBBBBBBBBBBBBBBBBBBB3"},
+		{ID: "01KCCCCCCCCCCCCCCCCCCCCCC4", Handle: "01KAAAAAAAAAAAAAAAAAAAAAA1"},
+	}
+	cases := []struct {
+		ref, want  string
+		noMatch    bool
+		candidates []string
+	}{
+		{ref: "01KAAAAAAAAAAAAAAAAAAAAAA1", want: "01KAAAAAAAAAAAAAAAAAAAAAA1"}, // exact ID beats a handle equal to it
+		{ref: "01kaaaaaaaaaaaaaaaaaaaaaa2", want: "01KAAAAAAAAAAAAAAAAAAAAAA2"}, // IDs are case-free
+		{ref: "web", want: "01KAAAAAAAAAAAAAAAAAAAAAA1"},
+		{ref: "WEB", noMatch: true},                       // handles are exact
+		{ref: "01KB", want: "01KAAAAAAAAAAAAAAAAAAAAAA2"}, // handle beats prefix
+		{ref: "01KBB", want: "01KBBBBBBBBBBBBBBBBBBBBBB3"},
+		{ref: "01kcc", want: "01KCCCCCCCCCCCCCCCCCCCCCC4"},
+		{ref: "01KA", candidates: []string{"01KAAAAAAAAAAAAAAAAAAAAAA1", "01KAAAAAAAAAAAAAAAAAAAAAA2"}},
+		{ref: "01K", noMatch: true}, // shorter than MinPrefix
+		{ref: "01KD", noMatch: true},
+		{ref: "", noMatch: true},
+		{ref: "we", noMatch: true}, // no handle prefixes
+	}
+	for _, c := range cases {
+		got, err := Match(refs, c.ref)
+		var amb *AmbiguousError
+		switch {
+		case c.noMatch:
+			if !errors.Is(err, ErrNoMatch) {
+				t.Errorf("Match(%q) = %q, %v; want ErrNoMatch", c.ref, got, err)
+			}
+		case c.candidates != nil:
+			if !errors.As(err, &amb) || !reflect.DeepEqual(amb.Candidates, c.candidates) {
+				t.Errorf("Match(%q) = %q, %v; want ambiguous %v", c.ref, got, err, c.candidates)
+			}
+		default:
+			if err != nil || got != c.want {
+				t.Errorf("Match(%q) = %q, %v; want %q", c.ref, got, err, c.want)
+			}
+		}
+	}
+}
+
+func TestMatchSandbox(t *testing.T) {
+	list := []Sandbox{{ID: "01KAAAAAAAAAAAAAAAAAAAAAA1", Handle: "web", State: StateRunning}, {ID: "01KBBBBBBBBBBBBBBBBBBBBBB3"}}
+	sb, err := MatchSandbox(list, "01KAA")
+	if err != nil || sb.Handle != "web" || sb.State != StateRunning {
+		t.Fatalf("MatchSandbox = %+v, %v", sb, err)
+	}
+	if _, err := MatchSandbox(list, "nope"); !errors.Is(err, ErrNoMatch) || err.Error() != `no sandbox "nope"` {
+		t.Fatalf("MatchSandbox(nope) = %v", err)
+	}
+}
