@@ -17,9 +17,11 @@ const (
 	Remove Command = "rm" // refused while a VMM runs (rm -f stops it first)
 	// ForceRemove is `rm -f`: the removal stops whatever still runs.
 	ForceRemove Command = "rm -f"
-	Snapshot    Command = "snapshot"
-	Fork        Command = "fork"
-	Restore     Command = "restore" // restoring a snapshot of this sandbox
+	// SnapshotRemove deletes one of the sandbox's snapshots.
+	SnapshotRemove Command = "snapshot rm"
+	Snapshot       Command = "snapshot"
+	Fork           Command = "fork"
+	Restore        Command = "restore" // restoring a snapshot of this sandbox
 )
 
 // ErrRefused marks a command the sandbox's state does not allow.
@@ -106,7 +108,7 @@ func Decide(cmd Command, sb projections.Sandbox, open []projections.OpenSaga) er
 		if sb.State == projections.StateRunning {
 			return refuse("it is running (stop it first, or use `nexus rm -f`)")
 		}
-	case ForceRemove, Restore:
+	case ForceRemove, Restore, SnapshotRemove:
 	default:
 		return refuse("unknown command")
 	}

@@ -18,11 +18,12 @@ var ErrNoMatch = errors.New("no sandbox")
 // all so the operator can pick one.
 type AmbiguousError struct {
 	Ref        string
+	What       string // "sandboxes" or "snapshots"
 	Candidates []string
 }
 
 func (e *AmbiguousError) Error() string {
-	return fmt.Sprintf("%q matches %d sandboxes: %s", e.Ref, len(e.Candidates), strings.Join(e.Candidates, ", "))
+	return fmt.Sprintf("%q matches %d %s: %s", e.Ref, len(e.Candidates), e.What, strings.Join(e.Candidates, ", "))
 }
 
 // Ref is what a reference can name: an ID and, optionally, a handle.
@@ -64,7 +65,7 @@ func Match(refs []Ref, ref string) (string, error) {
 	case 1:
 		return found[0], nil
 	}
-	return "", &AmbiguousError{Ref: ref, Candidates: found}
+	return "", &AmbiguousError{Ref: ref, What: "sandboxes", Candidates: found}
 }
 
 // MatchSandbox applies Match to a list of sandboxes.
@@ -83,4 +84,27 @@ func MatchSandbox(list []Sandbox, ref string) (Sandbox, error) {
 		}
 	}
 	return Sandbox{}, fmt.Errorf("%w %q", ErrNoMatch, ref)
+}
+
+// MatchSnapshot applies Match to the snapshots of every sandbox in list
+// (snapshot IDs are ULIDs too) and returns the snapshot's ID and the
+// sandbox it belongs to.
+func MatchSnapshot(list []Sandbox, ref string) (string, Sandbox, error) {
+	var refs []Ref
+	owner := map[string]int{}
+	for i, sb := range list {
+		for _, snap := range sb.Snapshots {
+			refs = append(refs, Ref{ID: snap})
+			owner[snap] = i
+		}
+	}
+	id, err := Match(refs, ref)
+	var amb *AmbiguousError
+	if errors.As(err, &amb) {
+		amb.What = "snapshots"
+	}
+	if err != nil {
+		return "", Sandbox{}, err
+	}
+	return id, list[owner[id]], nil
 }

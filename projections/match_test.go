@@ -4,6 +4,8 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+
+	"github.com/nexus-sandbox/nexus/events"
 )
 
 func TestMatch(t *testing.T) {
@@ -59,5 +61,53 @@ func TestMatchSandbox(t *testing.T) {
 	}
 	if _, err := MatchSandbox(list, "nope"); !errors.Is(err, ErrNoMatch) || err.Error() != `no sandbox "nope"` {
 		t.Fatalf("MatchSandbox(nope) = %v", err)
+	}
+}
+
+func TestMatchSnapshot(t *testing.T) {
+	list := []Sandbox{
+		{ID: "01KAAAAAAAAAAAAAAAAAAAAAA1", Snapshots: []string{"01KSSSSSSSSSSSSSSSSSSSSSS1", "01KSSSSSSSSSSSSSSSSSSSSST2"}},
+		{ID: "01KBBBBBBBBBBBBBBBBBBBBBB3", Snapshots: []string{"01KTTTTTTTTTTTTTTTTTTTTTT3"}},
+	}
+	snap, sb, err := MatchSnapshot(list, "01ktt")
+	if err != nil || snap != "01KTTTTTTTTTTTTTTTTTTTTTT3" || sb.ID != list[1].ID {
+		t.Fatalf("MatchSnapshot(01ktt) = %s, %s, %v", snap, sb.ID, err)
+	}
+	var amb *AmbiguousError
+	if _, _, err := MatchSnapshot(list, "01KSS"); !errors.As(err, &amb) || amb.What != "snapshots" || len(amb.Candidates) != 2 {
+		t.Fatalf("MatchSnapshot(01KSS) = %v; want ambiguous between two snapshots", err)
+	}
+	if _, _, err := MatchSnapshot(list, list[0].ID); !errors.Is(err, ErrNoMatch) {
+		t.Fatalf("a sandbox ID matched a snapshot: %v", err)
+	}
+}
+
+// snapshot rm journals the directory it reclaimed; the fold forgets that
+// snapshot and its ownership, and nothing else.
+func TestReclaimedSnapshotLeavesTheView(t *testing.T) {
+	dir := func(id string) events.Resource {
+		return events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + exitSB + "/" + id}
+	}
+	sb := foldExit(append(running(),
+		events.SnapshotTakenEvent{SnapshotID: "S1", Dir: dir("S1")},
+		events.SnapshotTakenEvent{SnapshotID: "S2", Dir: dir("S2")},
+		events.ResourceReclaimedEvent{Resource: dir("S1"), By: "snapshot rm"},
+	))
+	if !reflect.DeepEqual(sb.Snapshots, []string{"S2"}) || sb.Owns(dir("S1").Path) || !sb.Owns(dir("S2").Path) {
+		t.Fatalf("after reclaiming S1: snapshots %v, resources %v", sb.Snapshots, sb.Resources)
+	}
+	sb = foldExit(append(running(),
+		events.SnapshotTakenEvent{SnapshotID: "S1", Dir: dir("S1")},
+		events.ResourceReclaimedEvent{Resource: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + exitSB}, By: "rm"},
+	))
+	if !reflect.DeepEqual(sb.Snapshots, []string{"S1"}) {
+		t.Fatalf("reclaiming the parent directory dropped a snapshot: %v", sb.Snapshots)
+	}
+	sb = foldExit(append(running(),
+		events.SnapshotTakenEvent{SnapshotID: "S1", Dir: dir("S1")},
+		events.ResourceReclaimedEvent{Resource: dir("S1"), By: "snapshot rm"},
+	))
+	if sb.Snapshots != nil {
+		t.Fatalf("last snapshot reclaimed: %#v, want nil", sb.Snapshots)
 	}
 }

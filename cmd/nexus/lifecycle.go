@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -296,7 +298,7 @@ func rmCmd(g *globals) *cobra.Command {
 func snapshotCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running)", Args: exactArgs(1),
+		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				snap, err := m.Snapshot(cmd.Context(), args[0])
@@ -308,7 +310,67 @@ func snapshotCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
+}
+
+func snapshotLsCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "ls [ID]", Short: "List snapshots, of every sandbox or of one", Args: maxArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				snaps, err := m.Snapshots(cmd.Context(), strings.Join(args, ""))
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, snaps, func() {
+					tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "SNAPSHOT\tSANDBOX\tHANDLE\tCREATED\tSIZE")
+					for _, s := range snaps {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Sandbox, dash(s.Handle), s.CreatedAt.Format(time.RFC3339), formatSize(s.AllocatedBytes))
+					}
+					tw.Flush()
+				})
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func snapshotRmCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "rm SNAPSHOT...", Short: "Delete snapshots (an ID or a unique prefix of one)", Args: minArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				var done []lifecycle.SnapshotInfo
+				err := eachRef(cmd, args, func(ref string) error {
+					s, err := m.SnapshotRemove(cmd.Context(), ref)
+					if err == nil {
+						done = append(done, s)
+						if !asJSON {
+							fmt.Fprintf(cmd.OutOrStdout(), "removed snapshot %s of %s: %s\n", s.ID, s.Sandbox, formatSize(s.AllocatedBytes))
+						}
+					}
+					return err
+				})
+				return errors.Join(err, printEach(cmd, asJSON, args, done))
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several)")
+	return c
+}
+
+func maxArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.MaximumNArgs(n)(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
 }
 
 func restoreCmd(g *globals) *cobra.Command {

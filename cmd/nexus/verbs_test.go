@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -125,5 +127,100 @@ func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
 	}
 	if untracked(t, root) != nil {
 		t.Fatalf("rm left files behind: %v", untracked(t, root))
+	}
+}
+
+// Snapshots are listed and removed on their own, each removal journaled
+// through a saga; rm refuses to drop them without --with-snapshots.
+func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "snappy")
+	other := createJSON(t, root, "--image", makeImage(t))
+	s1 := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
+	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
+	s2 := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", "snappy"), "snapshot").stdout)
+
+	ls := func(args ...string) []map[string]any {
+		t.Helper()
+		r := mustOK(t, proc(t, root, append([]string{"snapshot", "ls", "--json"}, args...)...), "snapshot ls")
+		var out []map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+			t.Fatalf("snapshot ls --json: %v\n%s", err, r.stdout)
+		}
+		return out
+	}
+	got := ls("snappy")
+	if len(got) != 2 || got[0]["id"] != s1 || got[1]["id"] != s2 || got[0]["sandbox"] != sb.ID || got[0]["handle"] != "snappy" {
+		t.Fatalf("snapshot ls snappy: %v", got)
+	}
+	if n, _ := got[0]["allocated_bytes"].(float64); n <= 0 {
+		t.Fatalf("snapshot ls shows no bytes for a snapshot with disks: %v", got[0])
+	}
+	if got := ls(other.ID); got == nil || len(got) != 0 {
+		t.Fatalf("snapshot ls of a sandbox without any: %v, want []", got)
+	}
+	if len(ls()) != 2 {
+		t.Fatal("snapshot ls lists other than the two snapshots")
+	}
+	if r := mustOK(t, proc(t, root, "snapshot", "ls"), "snapshot ls"); !strings.Contains(r.stdout, s1) || !strings.HasPrefix(r.stdout, "SNAPSHOT") {
+		t.Fatalf("snapshot ls table: %q", r.stdout)
+	}
+
+	// rm refuses to drop them, naming them, and leaves everything.
+	wantFailure(t, proc(t, root, "rm", sb.ID), 1, "--with-snapshots")
+	if len(ls("snappy")) != 2 {
+		t.Fatal("a refused rm dropped snapshots")
+	}
+
+	// snapshot rm by a unique prefix; the directory goes and the journal says so.
+	prefix := strings.ToLower(s1[:len(commonPrefix(s1, s2))+1])
+	r := mustOK(t, proc(t, root, "snapshot", "rm", prefix), "snapshot rm")
+	if !strings.HasPrefix(r.stdout, "removed snapshot "+s1+" of "+sb.ID) {
+		t.Fatalf("snapshot rm printed %q", r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(root, "snapshots", sb.ID, s1)); !os.IsNotExist(err) {
+		t.Fatalf("snapshot directory still there: %v", err)
+	}
+	ev := mustOK(t, nexus(t, root, "events", "--sandbox", sb.ID, "--type", "resource.reclaimed"), "events").stdout
+	if !strings.Contains(ev, "snapshots/"+sb.ID+"/"+s1) || !strings.Contains(ev, "saga=") {
+		t.Fatalf("snapshot rm not journaled in a saga: %q", ev)
+	}
+	if got := ls("snappy"); len(got) != 1 || got[0]["id"] != s2 {
+		t.Fatalf("after snapshot rm: %v", got)
+	}
+	wantFailure(t, proc(t, root, "restore", s1), 1, "no snapshot")
+	r = proc(t, root, "snapshot", "rm", s1, s2)
+	if r.code != 1 || !strings.Contains(r.stderr, "no snapshot") || !strings.Contains(r.stdout, "removed snapshot "+s2) {
+		t.Fatalf("snapshot rm gone+live: exit %d, stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	mustOK(t, proc(t, root, "rm", sb.ID), "rm of a stopped sandbox without snapshots")
+	mustOK(t, proc(t, root, "rm", "-f", other.ID), "rm -f")
+	if left := untracked(t, root); left != nil {
+		t.Fatalf("left behind: %v", left)
+	}
+	if r := mustOK(t, nexus(t, root, "replay", "verify"), "replay verify"); r.code != 0 {
+		t.Fatal(r.stderr)
+	}
+}
+
+// A snapshot rm killed before or after its event is finished by recover:
+// the directory is gone, the view forgets the snapshot, nothing is left.
+func TestCrashDuringSnapshotRm(t *testing.T) {
+	for _, phase := range []string{":before", ""} {
+		t.Run("delete"+phase, func(t *testing.T) {
+			root := shortRoot(t)
+			sb := createJSON(t, root, "--image", makeImage(t))
+			snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
+			crashAt(t, root, "snapshot-rm.delete:"+snap+phase, "snapshot", "rm", snap)
+			recoverClean(t, root)
+			if _, err := os.Stat(filepath.Join(root, "snapshots", sb.ID, snap)); !os.IsNotExist(err) {
+				t.Fatalf("snapshot directory survived recover: %v", err)
+			}
+			if cur := inspectJSON(t, root, sb.ID); len(cur.Snapshots) != 0 || cur.State != projections.StateRunning {
+				t.Fatalf("after recover: snapshots %v, state %s", cur.Snapshots, cur.State)
+			}
+			mustOK(t, proc(t, root, "rm", "-f", sb.ID), "rm -f")
+			assertNothingLeft(t, root)
+		})
 	}
 }
