@@ -360,7 +360,7 @@ func (c *Client) Create(ctx context.Context, spec CreateSpec) (Sandbox, error) {
 
 // Remove tears a sandbox down and drops it from the ledger.
 func (c *Client) Remove(ctx context.Context, ref string) error {
-	_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", ref)
+	_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", "-f", "--with-snapshots", ref)
 	return err
 }
 
@@ -380,7 +380,7 @@ func (c *Client) Close(ctx context.Context) error {
 	var errs []error
 	names, _ := c.run.Names(hostledger.Sandboxes)
 	for _, n := range names {
-		_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", n)
+		_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", "-f", "--with-snapshots", n)
 		if err != nil && !isNotFound(err) {
 			errs = append(errs, err)
 			continue

@@ -250,7 +250,7 @@ func TestKeepNeverEntersLedger(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { exec.Command(nexusBin, "--state-dir", root, "rm", kept.ID).Run() })
+	t.Cleanup(func() { exec.Command(nexusBin, "--state-dir", root, "rm", "-f", "--with-snapshots", kept.ID).Run() })
 	bound, err := c.Create(ctx, client.CreateSpec{Image: img})
 	if err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func TestKeepNeverEntersLedger(t *testing.T) {
 	if !liveIDs(t, root)[kept.ID] {
 		t.Fatal("a sweep removed the kept sandbox")
 	}
-	nexus(t, root, "rm", kept.ID)
+	nexus(t, root, "rm", "-f", "--with-snapshots", kept.ID)
 }
 
 // TestHappyPathSweepSpawnsNothing: with only live runs the sweep decides in

@@ -16,6 +16,8 @@ const (
 	SagaRecover  SagaKind = "recover"
 	SagaReap     SagaKind = "reap"
 	SagaVolumeRm SagaKind = "volume-rm"
+	// SagaSnapshotRm deletes one snapshot of a sandbox; finished forward.
+	SagaSnapshotRm SagaKind = "snapshot-rm"
 )
 
 // CreatesSandbox reports whether a saga of kind k brings a new sandbox into

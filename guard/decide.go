@@ -12,12 +12,16 @@ import (
 type Command string
 
 const (
-	Start    Command = "start"
-	Stop     Command = "stop"
-	Remove   Command = "rm"
-	Snapshot Command = "snapshot"
-	Fork     Command = "fork"
-	Restore  Command = "restore" // restoring a snapshot of this sandbox
+	Start  Command = "start"
+	Stop   Command = "stop"
+	Remove Command = "rm" // refused while a VMM runs (rm -f stops it first)
+	// ForceRemove is `rm -f`: the removal stops whatever still runs.
+	ForceRemove Command = "rm -f"
+	// SnapshotRemove deletes one of the sandbox's snapshots.
+	SnapshotRemove Command = "snapshot rm"
+	Snapshot       Command = "snapshot"
+	Fork           Command = "fork"
+	Restore        Command = "restore" // restoring a snapshot of this sandbox
 )
 
 // ErrRefused marks a command the sandbox's state does not allow.
@@ -38,6 +42,24 @@ func (r *Refusal) Error() string {
 
 func (r *Refusal) Unwrap() error { return ErrRefused }
 
+// ErrAlready marks a command whose end state already holds: stop of a
+// stopped sandbox, start of a running one. Like docker, commands treat it
+// as success, so scripts can say what they want rather than check first.
+var ErrAlready = errors.New("already")
+
+// Already is a command with nothing to do, and the state that makes it so.
+type Already struct {
+	Command Command
+	Entity  Entity
+	State   projections.State
+}
+
+func (a *Already) Error() string {
+	return fmt.Sprintf("%s is already %s", a.Entity.Name(), a.State)
+}
+
+func (a *Already) Unwrap() error { return ErrAlready }
+
 // Decide says whether cmd may run on sb, given the sagas the journal shows
 // open. It is the one place these rules live: lifecycle calls it once it
 // holds the sandbox's runner lease and has read the sandbox afresh, and
@@ -55,6 +77,11 @@ func Decide(cmd Command, sb projections.Sandbox, open []projections.OpenSaga) er
 	}
 	if sb.State == projections.StateCreating {
 		return refuse("it is still being created (run `nexus recover` if its creator died)")
+	}
+	switch {
+	case cmd == Start && sb.State == projections.StateRunning && sb.VMM != nil && !sb.VMM.Exited,
+		cmd == Stop && sb.State == projections.StateStopped:
+		return &Already{Command: cmd, Entity: Sandbox(sb.ID), State: sb.State}
 	}
 	switch cmd {
 	case Start:
@@ -77,11 +104,26 @@ func Decide(cmd Command, sb projections.Sandbox, open []projections.OpenSaga) er
 		if sb.State == projections.StateExited {
 			return refuse("its VMM exited (start or stop it first)")
 		}
-	case Remove, Restore:
+	case Remove:
+		if sb.State == projections.StateRunning {
+			return refuse("it is running (stop it first, or use `nexus rm -f`)")
+		}
+	case ForceRemove, Restore, SnapshotRemove:
 	default:
 		return refuse("unknown command")
 	}
 	return nil
+}
+
+// DecideSnapshots says whether a removal may delete sb's snapshots: only
+// when asked to (rm --with-snapshots), since a snapshot is often what the
+// operator meant to keep.
+func DecideSnapshots(sb projections.Sandbox, with bool) error {
+	if with || len(sb.Snapshots) == 0 {
+		return nil
+	}
+	return &Refusal{Command: Remove, Entity: Sandbox(sb.ID),
+		Reason: fmt.Sprintf("it has %d snapshot(s) (%s); remove them with `nexus snapshot rm` or pass --with-snapshots", len(sb.Snapshots), strings.Join(sb.Snapshots, ", "))}
 }
 
 // DecideVolumeRemove says whether a volume may be deleted: it must exist and

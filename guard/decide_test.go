@@ -2,6 +2,7 @@ package guard
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -28,14 +29,20 @@ func TestDecideTable(t *testing.T) {
 		{Start, stopped, nil, true},
 		{Start, failedNoVMM, nil, true},
 		{Start, failedVMM, nil, false},
-		{Start, running, nil, false},
 		{Start, creating, nil, false},
 		{Start, stopped, openStop, false},
 		{Start, stopped, otherOpen, true},
 		{Stop, running, nil, true},
-		{Stop, stopped, nil, false},
 		{Stop, running, openStop, false},
-		{Remove, running, nil, true},
+		{Remove, running, nil, false},
+		{ForceRemove, running, nil, true},
+		{ForceRemove, creating, nil, false},
+		{SnapshotRemove, running, nil, true},
+		{SnapshotRemove, stopped, nil, true},
+		{SnapshotRemove, exited, nil, true},
+		{SnapshotRemove, creating, nil, false},
+		{SnapshotRemove, stopped, openStop, false},
+		{ForceRemove, running, openStop, false},
 		{Remove, stopped, nil, true},
 		{Remove, failedVMM, nil, true},
 		{Remove, creating, nil, false},
@@ -64,6 +71,23 @@ func TestDecideTable(t *testing.T) {
 		if err != nil && !errors.Is(err, ErrRefused) {
 			t.Errorf("Decide(%s, %s) = %v, not ErrRefused", c.cmd, c.sb.State, err)
 		}
+	}
+	// Nothing to do is not a refusal: stop of a stopped sandbox and start
+	// of a running one are ErrAlready, unless a saga is open on it.
+	for _, c := range []struct {
+		cmd Command
+		sb  projections.Sandbox
+	}{{Start, running}, {Stop, stopped}} {
+		var a *Already
+		if err := Decide(c.cmd, c.sb, nil); !errors.As(err, &a) || errors.Is(err, ErrRefused) || a.State != c.sb.State {
+			t.Errorf("Decide(%s, %s) = %v, want Already", c.cmd, c.sb.State, err)
+		}
+	}
+	if err := Decide(Stop, stopped, openStop); errors.Is(err, ErrAlready) || !errors.Is(err, ErrRefused) {
+		t.Errorf("stop of a stopped sandbox with an open saga = %v, want refused", err)
+	}
+	if err := Decide(Start, exited, nil); err != nil {
+		t.Errorf("start of an exited sandbox = %v, want allowed", err)
 	}
 	var r *Refusal
 	if err := Decide(Start, stopped, openStop); !errors.As(err, &r) || r.Saga == nil || r.Saga.ID != "S1" {
@@ -100,5 +124,17 @@ func TestEntitiesAndAdvance(t *testing.T) {
 	Advance(x, []events.Event{e}, []uint64{9})
 	if x[0].Seq != 9 || x[1].Seq != 9 || x[2].Seq != 2 {
 		t.Fatalf("Advance = %v", x)
+	}
+}
+
+func TestDecideSnapshots(t *testing.T) {
+	bare := projections.Sandbox{ID: id}
+	snapped := projections.Sandbox{ID: id, Snapshots: []string{"S1", "S2"}}
+	if DecideSnapshots(bare, false) != nil || DecideSnapshots(snapped, true) != nil {
+		t.Fatal("a removal without snapshots, or with --with-snapshots, refused")
+	}
+	err := DecideSnapshots(snapped, false)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "S1, S2") || !strings.Contains(err.Error(), "--with-snapshots") {
+		t.Fatalf("DecideSnapshots(snapped, false) = %v; want a refusal naming both and the flag", err)
 	}
 }

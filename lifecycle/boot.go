@@ -384,7 +384,7 @@ type StartOptions struct {
 func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (projections.Sandbox, error) {
 	c, err := m.claim(ctx, ref, guard.Start)
 	if err != nil {
-		return projections.Sandbox{}, err
+		return m.already(ctx, ref, err)
 	}
 	defer c.release()
 	if c.sb.State == projections.StateExited {
@@ -464,7 +464,7 @@ func (m *Manager) refuseVolumesReadLocked(ctx context.Context, sb projections.Sa
 func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, error) {
 	c, err := m.claim(ctx, ref, guard.Stop)
 	if err != nil {
-		return projections.Sandbox{}, err
+		return m.already(ctx, ref, err)
 	}
 	defer c.release()
 	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga(events.SagaStop, sb.ID, m.stopSteps(sb)) })
@@ -473,6 +473,17 @@ func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, er
 	}
 	m.writeRecord(ctx, c.sb.ID)
 	return m.Find(context.WithoutCancel(ctx), c.sb.ID)
+}
+
+// already returns the sandbox as it is with err when err is ErrAlready (the
+// caller reports it and succeeds), and err alone otherwise.
+func (m *Manager) already(ctx context.Context, ref string, err error) (projections.Sandbox, error) {
+	if errors.Is(err, ErrAlready) {
+		if sb, ferr := m.Lookup(ctx, ref); ferr == nil {
+			return sb, err
+		}
+	}
+	return projections.Sandbox{}, err
 }
 
 // stopSteps stop whatever of the sandbox still runs.

@@ -38,7 +38,7 @@ func (m *Manager) lease(ctx context.Context, entity guard.Entity, kind string) (
 
 // claim resolves ref, takes its lease and decides cmd on the fresh state.
 func (m *Manager) claim(ctx context.Context, ref string, cmd guard.Command) (*claim, error) {
-	sb, err := m.Find(ctx, ref)
+	sb, err := m.Lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -84,6 +84,9 @@ func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 			return err
 		}
 		err = guard.Decide(c.cmd, sb, open)
+	}
+	if errors.Is(err, guard.ErrAlready) {
+		return err // nothing to do is not a refusal
 	}
 	if err != nil {
 		return fmt.Errorf("refused: %w", err)

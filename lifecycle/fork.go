@@ -3,6 +3,7 @@ package lifecycle
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -372,17 +373,15 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	var source *projections.Sandbox
-	for i := range list {
-		for _, s := range list[i].Snapshots {
-			if s == strings.ToUpper(snap) {
-				source = &list[i]
-			}
-		}
+	ref := snap
+	snap, src, err := projections.MatchSnapshot(list, ref)
+	if errors.Is(err, projections.ErrNoMatch) {
+		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, ref)
 	}
-	if source == nil {
-		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, snap)
+	if err != nil {
+		return projections.Sandbox{}, err
 	}
+	source := &src
 	// The source is held for the restore: rm of it (which deletes its
 	// snapshots) waits or is refused until the copies are made.
 	c, err := m.claim(ctx, source.ID, guard.Restore)
@@ -391,6 +390,9 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	}
 	defer c.release()
 	source = &c.sb
+	if !hasSnapshot(c.sb, snap) {
+		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q (removed meanwhile)", ErrNotFound, snap)
+	}
 	dir := m.Root.Snapshot(source.ID, strings.ToUpper(snap))
 	data, err := fsx.ReadFile(string(m.Root), filepath.Join(dir, "manifest.json"))
 	if err != nil {

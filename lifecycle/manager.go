@@ -29,6 +29,9 @@ var (
 	// ErrRefused marks an operation refused before it changed anything
 	// (the guard's refusals are the same error).
 	ErrRefused = guard.ErrRefused
+	// ErrAlready marks a stop of a stopped sandbox or a start of a running
+	// one: the command's end state already holds (guard.Already).
+	ErrAlready = guard.ErrAlready
 	// ErrNotFound marks an unknown sandbox, snapshot or volume.
 	ErrNotFound = errors.New("not found")
 )
@@ -89,6 +92,26 @@ func (m *Manager) Find(ctx context.Context, ref string) (projections.Sandbox, er
 		return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
 	}
 	return sb, nil
+}
+
+// Lookup resolves what an operator typed (an ID, a handle or a unique ID
+// prefix: projections.Match) to a committed or in-flight sandbox. Flows
+// given an ID they already hold use Find.
+func (m *Manager) Lookup(ctx context.Context, ref string) (projections.Sandbox, error) {
+	return Lookup(ctx, m.B, ref)
+}
+
+// Lookup is Manager.Lookup for commands that only read.
+func Lookup(ctx context.Context, b control.Backend, ref string) (projections.Sandbox, error) {
+	list, err := b.Sandboxes(ctx)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	sb, err := projections.MatchSandbox(list, ref)
+	if errors.Is(err, projections.ErrNoMatch) {
+		return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
+	}
+	return sb, err
 }
 
 func (m *Manager) rel(path string) string { return m.Root.Rel(path) }

@@ -209,6 +209,12 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		return compensate([]sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
 			return m.dropUnrecordedSnapshots(ctx, sb)
 		}}}, "snapshot interrupted")
+	case events.SagaSnapshotRm:
+		// The directory may be half deleted: finish it, then the event.
+		if snap := snapshotOfSaga(sg); snap != "" && findErr == nil {
+			return resume(m.snapshotRmSaga(sg.Sandbox, snap).Steps)
+		}
+		return resume(nil) // its sandbox is gone, and rm deleted the snapshot with it
 	case events.SagaVolumeRm:
 		// The files may be half deleted: finish the delete, then the event.
 		if name := volumeOfSaga(sg); name != "" && ValidName(name) {

@@ -9,23 +9,57 @@ import (
 	"github.com/nexus-sandbox/nexus/sagas"
 )
 
-// Remove tears a sandbox down completely: VMM and supervisor stopped,
+// RemoveOptions are what `nexus rm` may add.
+type RemoveOptions struct {
+	// Force stops a running sandbox first (rm -f); without it a running
+	// sandbox is refused.
+	Force bool
+	// WithSnapshots also deletes the sandbox's snapshots; without it a
+	// sandbox that has any is refused.
+	WithSnapshots bool
+}
+
+// Removed is what a removal deleted, as the journal knew it just before.
+type Removed struct {
+	ID        string   `json:"id"`
+	Handle    string   `json:"handle,omitempty"`
+	Resources int      `json:"resources"`
+	Snapshots []string `json:"snapshots"`
+}
+
+// Remove is RemoveWith forced and with snapshots: what an owner that is
+// gone (a ledger sweep) wants.
+func (m *Manager) Remove(ctx context.Context, ref string) error {
+	_, err := m.RemoveWith(ctx, ref, RemoveOptions{Force: true, WithSnapshots: true})
+	return err
+}
+
+// RemoveWith tears a sandbox down completely: VMM and supervisor stopped,
 // sockets (RL-11), supervisor state (RL-18), builder-supervisor dir
 // (RL-12), snapshots (RL-15) and disks deleted, volumes detached (their
 // files are never touched), and finally the sandbox removed from the
 // journal's view. A removal interrupted at any step is finished by recover.
-func (m *Manager) Remove(ctx context.Context, ref string) error {
-	c, err := m.claim(ctx, ref, guard.Remove)
+func (m *Manager) RemoveWith(ctx context.Context, ref string, opt RemoveOptions) (Removed, error) {
+	cmd := guard.Remove
+	if opt.Force {
+		cmd = guard.ForceRemove
+	}
+	c, err := m.claim(ctx, ref, cmd)
 	if err != nil {
-		return err
+		return Removed{}, err
+	}
+	if err := guard.DecideSnapshots(c.sb, opt.WithSnapshots); err != nil {
+		c.release()
+		return Removed{}, err
 	}
 	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga(events.SagaRm, sb.ID, m.removeSteps(sb)) })
 	if err != nil {
 		c.release()
-		return err
+		return Removed{}, err
 	}
 	c.lease.Remove() // the sandbox is gone; so is its lease file
-	return nil
+	snaps := append([]string{}, c.sb.Snapshots...)
+	return Removed{ID: c.sb.ID, Handle: c.sb.Handle, Resources: len(c.sb.Resources), Snapshots: snaps}, nil
 }
 
 func (m *Manager) removeSteps(sb projections.Sandbox) []sagas.Step {

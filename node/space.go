@@ -7,9 +7,10 @@ import (
 )
 
 // freeingSagas are the saga kinds whose events the journal admits into its
-// space reserve: they delete files (rm, reap) or repair the match between
-// journal and disk (recover), and must keep working on a nearly full disk.
-var freeingSagas = map[events.SagaKind]bool{events.SagaRm: true, events.SagaReap: true, events.SagaRecover: true}
+// space reserve: they delete files (rm, snapshot rm, reap) or repair the
+// match between journal and disk (recover), and must keep working on a
+// nearly full disk.
+var freeingSagas = map[events.SagaKind]bool{events.SagaRm: true, events.SagaSnapshotRm: true, events.SagaReap: true, events.SagaRecover: true}
 
 // freeingTypes record space that was, or is about to be, given back. A
 // reap dry run's plan (reap.decided) is admitted too: it is how an

@@ -32,7 +32,9 @@ type Projection interface {
 // SnapshotFormat is the version of the snapshot container.
 // Format 2: sandboxes and volumes carry Rev, so a format-1 snapshot is
 // rebuilt from the journal rather than read with every Rev at zero.
-const SnapshotFormat = 2
+// Format 3: a reclaimed snapshot directory leaves its sandbox's Snapshots
+// (snapshot rm), so older snapshots are rebuilt rather than trusted.
+const SnapshotFormat = 3
 
 // ErrBadSnapshot means a snapshot cannot be used; the caller rebuilds the
 // projection from the start of the journal instead.

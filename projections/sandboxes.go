@@ -1,6 +1,7 @@
 package projections
 
 import (
+	"path"
 	"sort"
 	"time"
 
@@ -177,6 +178,9 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		sb.release(p.Resource.Path)
 	case events.ResourceReclaimedEvent:
 		sb.release(p.Resource.Path)
+		if p.Resource.Kind == events.KindSnapshot {
+			sb.dropSnapshot(path.Base(p.Resource.Path))
+		}
 	case events.SnapshotTakenEvent:
 		sb.claim(p.Dir)
 	}
@@ -233,6 +237,20 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		}
 	}
 	touch()
+}
+
+// dropSnapshot forgets snapshot id (its directory, snapshots/<sandbox>/<id>,
+// was reclaimed); the reclaimed parent directory names no snapshot.
+func (sb *Sandbox) dropSnapshot(id string) {
+	for i, s := range sb.Snapshots {
+		if s == id {
+			sb.Snapshots = append(sb.Snapshots[:i:i], sb.Snapshots[i+1:]...)
+			break
+		}
+	}
+	if len(sb.Snapshots) == 0 {
+		sb.Snapshots = nil
+	}
 }
 
 func (sb *Sandbox) claim(rs ...events.Resource) {

@@ -3,7 +3,6 @@ package replay
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -57,20 +56,34 @@ func Resolve(records []Record, ref string) (string, error) {
 }
 
 func resolve(evs []decoded, ref string) (string, error) {
-	upper := strings.ToUpper(ref)
-	found := ""
+	// Every sandbox the journal names, each handle on the newest sandbox
+	// committed with it, then the CLI's one matching rule.
+	var refs []projections.Ref
+	at := map[string]int{}
 	for _, d := range evs {
-		if d.ev.Sandbox == upper {
-			return upper, nil
+		if d.ev.Sandbox == "" {
+			continue
 		}
-		if handleOf(d.ev.Payload) == ref && ref != "" {
-			found = d.ev.Sandbox
+		i, ok := at[d.ev.Sandbox]
+		if !ok {
+			i = len(refs)
+			at[d.ev.Sandbox] = i
+			refs = append(refs, projections.Ref{ID: d.ev.Sandbox})
+		}
+		if h := handleOf(d.ev.Payload); h != "" {
+			for j := range refs {
+				if refs[j].Handle == h {
+					refs[j].Handle = ""
+				}
+			}
+			refs[i].Handle = h
 		}
 	}
-	if found == "" {
+	id, err := projections.Match(refs, ref)
+	if errors.Is(err, projections.ErrNoMatch) {
 		return "", fmt.Errorf("no event names sandbox %q", ref)
 	}
-	return found, nil
+	return id, err
 }
 
 func handleOf(p events.Payload) string {

@@ -2,12 +2,14 @@ package replay
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // history is two sandboxes' lives: a is created with a handle and later
@@ -49,6 +51,15 @@ func TestTimelineOfARemovedSandboxByHandle(t *testing.T) {
 	}
 	if _, err := Resolve(recs, "nobody"); err == nil {
 		t.Fatal("an unknown handle resolved")
+	}
+	// A removed sandbox answers to a unique prefix of its ID too; a
+	// prefix shared with b names both.
+	if id, err := Resolve(recs, strings.ToLower(a[:25])); err != nil || id != a {
+		t.Fatalf("Resolve(prefix of a) = %q, %v; want %s", id, err, a)
+	}
+	var amb *projections.AmbiguousError
+	if _, err := Resolve(recs, a[:4]); !errors.As(err, &amb) || len(amb.Candidates) != 2 {
+		t.Fatalf("Resolve(%s) = %v; want ambiguous between a and b", a[:4], err)
 	}
 	if gotID, both, err := TimelineOf(recs, "dev/a"); err != nil || gotID != a || len(both) != len(tl) {
 		t.Fatalf("TimelineOf(dev/a) = %q, %d entries, %v; want %s and %d", gotID, len(both), err, a, len(tl))

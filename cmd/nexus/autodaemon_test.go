@@ -144,7 +144,7 @@ func TestParallelCreatesWithoutDaemon(t *testing.T) {
 	}
 	assertClean(t, root)
 	for _, sb := range done {
-		mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	}
 	assertNothingLeft(t, root)
 }
@@ -175,7 +175,7 @@ func TestLsAnswersDuringLongCreate(t *testing.T) {
 		t.Fatalf("%d sandboxes after both creates", len(list))
 	}
 	for _, sb := range list {
-		mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	}
 	assertNothingLeft(t, root)
 }
@@ -322,7 +322,7 @@ func TestKilledAutoDaemonMidCommand(t *testing.T) {
 		t.Fatal("the sandbox created before the kill is gone")
 	}
 	for _, sb := range sandboxes(t, root) {
-		mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	}
 	assertNothingLeft(t, root)
 }

@@ -100,7 +100,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func rmAll(b *testing.B, root string) {
 	b.Helper()
 	for _, sb := range sandboxes(b, root) {
-		mustOK(b, proc(b, root, "rm", sb.ID), "rm")
+		mustOK(b, proc(b, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	}
 }
 
@@ -122,7 +122,7 @@ func BenchmarkCreateVsCpSparse(b *testing.B) {
 		sb := createJSON(b, root, "--image", image)
 		createT = append(createT, time.Since(t0))
 		createAlloc = allocated(b, filepath.Join(root, "disks", sb.ID+".raw"))
-		mustOK(b, proc(b, root, "rm", sb.ID), "rm")
+		mustOK(b, proc(b, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	}
 	timeCp := func() {
 		dst := filepath.Join(cpDir, "copy.raw")
@@ -195,7 +195,7 @@ func BenchmarkLifecycle100(b *testing.B) {
 				perCreate := float64(countEvents(b, root)-before) / 100
 				for _, id := range ids {
 					t0 := time.Now()
-					mustOK(b, proc(b, root, "rm", id), "rm")
+					mustOK(b, proc(b, root, "rm", "-f", "--with-snapshots", id), "rm")
 					rmT = append(rmT, time.Since(t0))
 				}
 				b.ReportMetric(ms(percentile(createT, 50)), "create-p50-ms")

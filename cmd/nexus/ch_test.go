@@ -217,7 +217,7 @@ func TestAPISocketLockIsReclaimed(t *testing.T) {
 		t.Fatalf("recover left %s: %v", rel, err)
 	}
 	mustOK(t, proc(t, root, "start", sb.ID), "start again")
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	if _, err := os.Lstat(lock); !os.IsNotExist(err) {
 		t.Fatalf("rm left %s: %v", rel, err)
 	}

@@ -93,7 +93,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	wantFailure(t, nexus(t, root, "events", "--tail", "-1"), 2, "--tail")
 	wantFailure(t, nexus(t, root, "events", "--follow", "--until", "5"), 2, "--follow")
 	wantFailure(t, nexus(t, root, "events", "--type", "sandbox", "--type", "nosuch"), 2, "unknown event type")
-	wantFailure(t, nexus(t, root, "inspect"), 2, "accepts 1 arg")
+	wantFailure(t, nexus(t, root, "inspect"), 2, "requires at least 1 arg")
 	wantFailure(t, nexus(t, root, "help", "nosuch"), 2, "unknown help topic")
 	wantFailure(t, nexus(t, root, "volume", "create", "data"), 2, "--size")
 	wantFailure(t, nexus(t, root, "fork", "some-sandbox", "--count", "0"), 2, "--count 0")

@@ -212,9 +212,7 @@ func eventsCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "events",
 		Short: "Print the journal, one event a line",
-		Example: "  nexus events --since 10m --type sandbox --type vmm.exited\n" +
-			"  nexus events --sandbox web --tail 20 --follow",
-		Args: noArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := eventsQuery(&q, since, until, time.Now()); err != nil {
 				return usageError{err}
@@ -315,37 +313,39 @@ func lsCmd(g *globals) *cobra.Command {
 func inspectCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "inspect ID|HANDLE",
-		Short: "Show one sandbox",
-		Args:  exactArgs(1),
+		Use:   "inspect ID|HANDLE...",
+		Short: "Show sandboxes (--json prints an array, as docker does)",
+		Args:  minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				list, err := b.Sandboxes(cmd.Context())
 				if err != nil {
 					return err
 				}
-				sb, err := findSandbox(lifecycle.ObserveExits(list), args[0])
-				if err != nil {
+				list = lifecycle.ObserveExits(list)
+				found := []projections.Sandbox{}
+				err = eachRef(cmd, args, func(ref string) error {
+					sb, err := projections.MatchSandbox(list, ref)
+					if err == nil {
+						found = append(found, sb)
+					}
 					return err
-				}
+				})
 				if asJSON {
-					return printJSON(cmd.OutOrStdout(), sb)
+					return errors.Join(err, printJSON(cmd.OutOrStdout(), found))
 				}
-				return printSandbox(cmd.OutOrStdout(), sb)
+				for i, sb := range found {
+					if i > 0 {
+						fmt.Fprintln(cmd.OutOrStdout())
+					}
+					printSandbox(cmd.OutOrStdout(), sb)
+				}
+				return err
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return c
-}
-
-func findSandbox(list []projections.Sandbox, ref string) (projections.Sandbox, error) {
-	for _, sb := range list {
-		if sb.ID == ref || strings.EqualFold(sb.ID, ref) || (sb.Handle != "" && sb.Handle == ref) {
-			return sb, nil
-		}
-	}
-	return projections.Sandbox{}, fmt.Errorf("no sandbox %q", ref)
 }
 
 func printSandbox(w io.Writer, sb projections.Sandbox) error {

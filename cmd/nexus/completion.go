@@ -30,6 +30,8 @@ var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"snapshot":        sandboxRefs,
 	"replay timeline": sandboxRefs,
 	"restore":         snapshotIDs,
+	"snapshot rm":     snapshotIDs,
+	"snapshot ls":     sandboxRefs,
 	"volume rm":       volumeNames,
 	"logs":            sandboxRefs,
 }

@@ -88,7 +88,7 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 						t.Fatalf("VMM recorded before the crash, sandbox is %s", sb.State)
 					}
 				}
-				mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+				mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 				assertNothingLeft(t, root)
 			})
 		}
@@ -103,7 +103,7 @@ func TestCrashAtEveryRemoveStep(t *testing.T) {
 			t.Run(point, func(t *testing.T) {
 				root := shortRoot(t)
 				sb := createJSON(t, root, "--image", image)
-				crashAt(t, root, point, "rm", sb.ID)
+				crashAt(t, root, point, "rm", "-f", "--with-snapshots", sb.ID)
 				recoverClean(t, root)
 				assertNothingLeft(t, root)
 			})
@@ -130,7 +130,7 @@ func TestCrashDuringFork(t *testing.T) {
 				t.Fatalf("parent is %q after a crashed fork and recover (a paused VM must be resumed)", parentState)
 			}
 			for _, sb := range list {
-				mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+				mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 			}
 			assertNothingLeft(t, root)
 		})
@@ -164,7 +164,7 @@ func TestCrashDuringSnapshot(t *testing.T) {
 				mustOK(t, proc(t, root, "restore", list[0].Snapshots[0]), "restore the crashed-after snapshot")
 			}
 			for _, s := range sandboxes(t, root) {
-				mustOK(t, proc(t, root, "rm", s.ID), "rm")
+				mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", s.ID), "rm")
 			}
 			assertNothingLeft(t, root)
 		})
@@ -207,7 +207,7 @@ func TestCrashAtEveryRestoreStep(t *testing.T) {
 					}
 				}
 				for _, sb := range list {
-					mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+					mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 				}
 				assertNothingLeft(t, root)
 			})

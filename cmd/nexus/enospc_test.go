@@ -44,9 +44,8 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	if len(list) != 2 {
 		t.Fatalf("ls on a full disk lists %d sandboxes, want 2", len(list))
 	}
-	var sb projections.Sandbox
-	if err := json.Unmarshal([]byte(mustOK(t, nexus(t, root, "inspect", a.ID, "--json"), "inspect").stdout), &sb); err != nil || sb.State != projections.StateRunning {
-		t.Fatalf("inspect on a full disk: %+v, %v", sb, err)
+	if sb := inspectJSON(t, root, a.ID); sb.State != projections.StateRunning {
+		t.Fatalf("inspect on a full disk: %+v", sb)
 	}
 	if n := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n"); n != eventsBefore {
 		t.Fatalf("events on a full disk: %d lines, want the %d from before the refusals", n, eventsBefore)
@@ -54,7 +53,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 
 	// rm frees space on the nearly full disk.
 	freeBefore := smallfs.Free(t, mnt)
-	mustOK(t, proc(t, root, "rm", b.ID), "rm on a nearly full disk")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", b.ID), "rm on a nearly full disk")
 	if freeAfter := smallfs.Free(t, mnt); freeAfter <= freeBefore {
 		t.Fatalf("rm freed nothing: %d bytes free before, %d after", freeBefore, freeAfter)
 	}
@@ -80,7 +79,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	// Below the floor nothing is admitted, not even rm.
 	filler3 := smallfs.Fill(t, mnt, 1<<20)
 	defer os.Remove(filler3)
-	wantFailure(t, proc(t, root, "rm", a.ID), 1, "even rm, reap and recover need")
+	wantFailure(t, proc(t, root, "rm", "-f", "--with-snapshots", a.ID), 1, "even rm, reap and recover need")
 
 	// Space freed: the same daemon takes writes again.
 	for _, f := range []string{filler, filler2, filler3} {
@@ -94,8 +93,8 @@ func fullDisk(t *testing.T, withDaemon bool) {
 			t.Fatalf("the daemon answering is %+v (%v), want the one started before the disk filled (pid %d)", st, err, d.cmd.Process.Pid)
 		}
 	}
-	mustOK(t, proc(t, root, "rm", a.ID), "rm")
-	mustOK(t, proc(t, root, "rm", c.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", a.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", c.ID), "rm")
 	if out := mustOK(t, nexus(t, root, "replay", "verify"), "replay verify").stdout; !strings.Contains(out, "unfinished sagas: 0") {
 		t.Fatalf("replay verify: %s", out)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -66,12 +67,9 @@ func resolveEventSandbox(ctx context.Context, b control.Backend, q *node.Query) 
 		q.Sandbox = id.String()
 		return nil
 	}
-	sb, found, err := b.Sandbox(ctx, q.Sandbox)
+	sb, err := lifecycle.Lookup(ctx, b, q.Sandbox)
 	if err != nil {
 		return err
-	}
-	if !found {
-		return fmt.Errorf("no sandbox %q", q.Sandbox)
 	}
 	q.Sandbox = sb.ID
 	return nil

@@ -81,11 +81,11 @@ func awaitVMMExited(t *testing.T, root, id string) exitEvent {
 func inspectJSON(t *testing.T, root, id string) projections.Sandbox {
 	t.Helper()
 	r := mustOK(t, nexus(t, root, "inspect", "--json", id), "inspect")
-	var sb projections.Sandbox
-	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil {
+	var list []projections.Sandbox
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 1 {
 		t.Fatalf("inspect --json: %v\n%s", err, r.stdout)
 	}
-	return sb
+	return list[0]
 }
 
 // assertExitedKeepingEverything: the sandbox shows exited with its dead
@@ -167,14 +167,14 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 	// rm of an exited sandbox: everything reclaimed, its supervisor too.
 	killAndAwait(t, c.VMM)
 	awaitVMMExited(t, root, c.ID)
-	mustOK(t, proc(t, root, "rm", c.ID), "rm exited sandbox")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", c.ID), "rm exited sandbox")
 	if alive, _ := hostproc.Alive(hostproc.Identity{Pid: c.Supervisor.Pid, StartTicks: c.Supervisor.StartTicks}); alive {
 		t.Fatal("rm of an exited sandbox left its supervisor running")
 	}
 
 	mustOK(t, proc(t, root, "stop", a.ID), "stop")
-	mustOK(t, proc(t, root, "rm", a.ID), "rm")
-	mustOK(t, proc(t, root, "rm", b.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", a.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", b.ID), "rm")
 	// Stopping the daemon waits for its watcher: every exit it saw has been
 	// judged and, if due, journaled.
 	d.cmd.Process.Signal(syscall.SIGTERM)
@@ -232,8 +232,8 @@ func TestLsShowsAnExitedVMMWithoutADaemon(t *testing.T) {
 		t.Fatalf("after start: %+v", sb)
 	}
 	killAndAwait(t, inspectJSON(t, root, b.ID).VMM)
-	mustOK(t, proc(t, root, "rm", a.ID), "rm")
-	mustOK(t, proc(t, root, "rm", b.ID), "rm exited sandbox")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", a.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", b.ID), "rm exited sandbox")
 	assertNothingLeft(t, root)
 }
 

@@ -158,7 +158,7 @@ func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
 			}
 			if c.kept {
 				mustOK(t, proc(t, root, "start", list[0].ID), "start the kept sandbox")
-				mustOK(t, proc(t, root, "rm", list[0].ID), "rm")
+				mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", list[0].ID), "rm")
 				assertNothingLeft(t, root)
 			}
 		})
@@ -200,13 +200,13 @@ func TestCommandsOnOneSandboxAreSerialised(t *testing.T) {
 	sb := createJSON(t, root, "--image", makeImage(t))
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
 	p := pauseAt(t, root, "start.supervisor", "start", sb.ID)
-	r := proc(t, root, "rm", sb.ID)
+	r := proc(t, root, "rm", "-f", "--with-snapshots", sb.ID)
 	wantFailure(t, r, 1, "start saga")
 	if !strings.Contains(r.stderr, "pid ") {
 		t.Fatalf("refusal does not name the runner's pid: %q", r.stderr)
 	}
 	// rm --wait queues behind the start.
-	rm := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "--wait", "rm", sb.ID)
+	rm := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "--wait", "rm", "-f", "--with-snapshots", sb.ID)
 	rm.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
 	var rmErr strings.Builder
 	rm.Stderr = &rmErr
@@ -285,7 +285,7 @@ func TestRecoverKeepsASlowVMM(t *testing.T) {
 		t.Fatalf("slow sandbox is now %+v", cur)
 	}
 	syscall.Kill(sb.VMM.Pid, syscall.SIGCONT)
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 }
 
 var _ = lifecycle.RecoverReport{}
@@ -365,11 +365,11 @@ func waitFor(t *testing.T, cond func() bool) {
 // (found by the concurrent harness: a stop closed after its VMM was gone
 // left the API socket owned but deleted).
 func TestInterruptedTeardownFinishes(t *testing.T) {
-	for _, c := range []struct{ at, cmd string }{{"stop.vmm-stop", "stop"}, {"rm.supervisor-stop", "rm"}} {
+	for _, c := range []struct{ at, cmd string }{{"stop.vmm-stop", "stop"}, {"rm.supervisor-stop", "rm -f"}} {
 		t.Run(c.cmd, func(t *testing.T) {
 			root := shortRoot(t)
 			sb := createJSON(t, root, "--image", makeImage(t))
-			p := pauseAt(t, root, c.at, c.cmd, sb.ID)
+			p := pauseAt(t, root, c.at, append(strings.Fields(c.cmd), sb.ID)...)
 			if code := p.resume(t, syscall.SIGINT); code != 0 {
 				t.Fatalf("interrupted %s exit %d, want it finished (stderr %q)", c.cmd, code, p.stderr)
 			}

@@ -81,7 +81,7 @@ func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
 	assertClean(t, root)
 
 	for _, sb := range []string{slash.ID, under.ID, child} {
-		mustOK(t, proc(t, root, "rm", sb), "rm "+sb)
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb), "rm "+sb)
 	}
 	assertClean(t, root)
 }
@@ -128,5 +128,5 @@ func TestRecoverKeepsAShadowDiskAnotherSandboxOwns(t *testing.T) {
 		t.Fatalf("want a ForeignIntentCover warning naming %s, got:\n%s", owner.ID, r.stdout)
 	}
 	assertClean(t, root)
-	mustOK(t, proc(t, root, "rm", owner.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", owner.ID), "rm")
 }

@@ -176,7 +176,7 @@ func BenchmarkCreateColdVsWarmCache(b *testing.B) {
 		}
 		var sb struct{ ID string }
 		json.Unmarshal(out, &sb)
-		runQuiet(b, nexusBin, "--state-dir", root, "--driver", "process", "rm", sb.ID)
+		runQuiet(b, nexusBin, "--state-dir", root, "--driver", "process", "rm", "-f", "--with-snapshots", sb.ID)
 		return el
 	}
 	cp := func() time.Duration {

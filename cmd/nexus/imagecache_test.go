@@ -109,7 +109,7 @@ func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
 	if rows := cacheList(t, root); len(rows) != 1 || len(rows[0].Sandboxes) != 2 || *rows[0].LastUseMs < *e.LastUseMs {
 		t.Fatalf("second create: %+v", rows)
 	}
-	mustOK(t, proc(t, root, "rm", sb2.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb2.ID), "rm")
 
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
 	for _, dry := range []bool{true, false} {
@@ -125,7 +125,7 @@ func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
 		t.Fatal("prune removed the disk of a stopped sandbox:", err)
 	}
 
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	r := mustOK(t, nexus(t, root, "image-cache", "prune", "--unused", "--dry-run"), "dry run")
 	if want := fmt.Sprintf("would remove 1 entries, %d allocated bytes", e.Allocated); !strings.Contains(r.stdout, want) {
 		t.Fatalf("dry run said %q, want %q", r.stdout, want)
@@ -386,7 +386,7 @@ func TestImageCachePruneRacesCreate(t *testing.T) {
 	var removed, clean, refused int
 	for round := 0; round < 4; round++ {
 		first := createJSON(t, root, "--image", image)
-		mustOK(t, proc(t, root, "rm", first.ID), "rm") // the entry is now unused
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", first.ID), "rm") // the entry is now unused
 
 		const creates, prunes = 2, 2
 		start := make(chan struct{})
@@ -458,7 +458,7 @@ func TestImageCachePruneRacesCreate(t *testing.T) {
 			t.Fatalf("prune removed a referenced entry: %+v", rep)
 		}
 		for _, s := range sandboxes(t, root) {
-			mustOK(t, proc(t, root, "rm", s.ID), "rm")
+			mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", s.ID), "rm")
 		}
 	}
 	t.Logf("prunes: %d removed the unused entry, %d found nothing to remove, %d refused", removed, clean, refused)
@@ -544,7 +544,7 @@ func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
 	json.Unmarshal([]byte(mustOK(t, proc(t, root, "restore", snap, "--json"), "restore").stdout), &restored)
 	os.MkdirAll(filepath.Join(root, "images"), 0o700)
 	writeLegacyEntry(t, root, "other-entry", []byte("x"))
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 
 	rows := cacheList(t, root)
 	if len(rows) != 2 {
@@ -568,7 +568,7 @@ func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
 		t.Fatalf("prune: %+v", rep)
 	}
 	for _, s := range sandboxes(t, root) {
-		mustOK(t, proc(t, root, "rm", s.ID), "rm")
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", s.ID), "rm")
 	}
 	if rep := pruneJSON(t, root); len(rep.Removed) != 1 || rep.Removed[0].CacheID != imageRow.CacheID {
 		t.Fatalf("prune after the fork and restore are gone: %+v", rep)

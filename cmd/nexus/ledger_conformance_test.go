@@ -211,7 +211,7 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 	if out, err := bad.CombinedOutput(); err == nil || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 {
 		t.Errorf("journal-kept of a bad run id: %v %q", err, out)
 	}
-	mustOK(t, proc(t, root, "rm", c.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", c.ID), "rm")
 }
 
 // TestRacingSweepsRemoveEachSandboxOnce: two nexus processes sweep the same
@@ -307,7 +307,7 @@ func TestRunBindsAndKeeps(t *testing.T) {
 	if left, _ := os.ReadDir(filepath.Join(root, "runs")); len(left) != 0 {
 		t.Fatalf("--keep wrote a ledger: %v", left)
 	}
-	mustOK(t, proc(t, root, "rm", list[0].ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", list[0].ID), "rm")
 	wantFailure(t, proc(t, root, "run"), 2, "needs a command")
 	wantFailure(t, proc(t, root, "ledger", "watchdog", "--run", "x"), 2, "owner's pipe")
 	wantFailure(t, proc(t, root, "run", "--", "/no/such/program"), 1, "no such file")

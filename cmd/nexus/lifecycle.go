@@ -2,18 +2,23 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
 	"strings"
+	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -175,28 +180,86 @@ func forkCmd(g *globals) *cobra.Command {
 	return c
 }
 
-// simpleCmd is a command taking one sandbox reference and printing it.
+// eachRef runs fn on every reference in turn. Like docker, one that fails
+// is reported on stderr and the rest are still done; the command then
+// fails. A single reference fails with its own error, as before.
+func eachRef(cmd *cobra.Command, refs []string, fn func(ref string) error) error {
+	if len(refs) == 1 {
+		return fn(refs[0])
+	}
+	failed := 0
+	for _, ref := range refs {
+		err := fn(ref)
+		if err == nil {
+			continue
+		}
+		if cmd.Context().Err() != nil {
+			return err // interrupted: do no more
+		}
+		failed++
+		fmt.Fprintf(cmd.ErrOrStderr(), "nexus: %s: %s\n", ref, oneline.Of(err.Error()))
+	}
+	if failed > 0 {
+		return fmt.Errorf("%d of %d failed", failed, len(refs))
+	}
+	return nil
+}
+
+// printEach prints what eachRef produced: with --json one object for one
+// reference and an array for several, else each line as it came.
+func printEach[T any](cmd *cobra.Command, asJSON bool, refs []string, done []T) error {
+	if !asJSON {
+		return nil
+	}
+	if len(refs) == 1 {
+		if len(done) == 0 {
+			return nil
+		}
+		return printJSON(cmd.OutOrStdout(), done[0])
+	}
+	if done == nil {
+		done = []T{}
+	}
+	return printJSON(cmd.OutOrStdout(), done)
+}
+
+// simpleCmd is a command taking sandbox references and printing each.
+// A sandbox already in the state the command wants is reported and
+// succeeds (lifecycle.ErrAlready).
 func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecycle.Manager, string) (projections.Sandbox, error)) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use: use + " ID", Short: short, Args: exactArgs(1),
+		Use: use + " ID...", Short: short, Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				sb, err := run(cmd.Context(), m, args[0])
-				if err != nil {
+				var done []projections.Sandbox
+				err := eachRef(cmd, args, func(ref string) error {
+					sb, err := run(cmd.Context(), m, ref)
+					var already *guard.Already
+					if errors.As(err, &already) {
+						if !asJSON {
+							fmt.Fprintf(cmd.OutOrStdout(), "%s already %s\n", sb.ID, already.State)
+						}
+						err = nil
+					} else if err == nil && !asJSON {
+						sandboxLine(cmd, sb)
+					}
+					if err == nil {
+						done = append(done, sb)
+					}
 					return err
-				}
-				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+				})
+				return errors.Join(err, printEach(cmd, asJSON, args, done))
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several IDs)")
 	return c
 }
 
 func startCmd(g *globals) *cobra.Command {
 	var opt lifecycle.StartOptions
-	c := simpleCmd(g, "start", "Boot a stopped sandbox", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+	c := simpleCmd(g, "start", "Boot stopped sandboxes (a running one is reported and left alone)", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
 		return m.StartWith(ctx, ref, opt)
 	})
 	c.Flags().BoolVar(&opt.AcceptUnflushed, "accept-unflushed", false, "prepare an overlay whose last run has no flush acknowledgement (replay its journal on a private copy, publish only after the checks)")
@@ -204,24 +267,43 @@ func startCmd(g *globals) *cobra.Command {
 }
 
 func stopCmd(g *globals) *cobra.Command {
-	return simpleCmd(g, "stop", "Stop a running sandbox", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+	return simpleCmd(g, "stop", "Stop running sandboxes (a stopped one is reported and left alone)", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
 		return m.Stop(ctx, ref)
 	})
 }
 
 func rmCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
-		Use: "rm ID", Short: "Remove a sandbox and every resource it owns (never its volumes' files)", Args: exactArgs(1),
+	var opt lifecycle.RemoveOptions
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "rm ID...", Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return removeBound(cmd.Context(), m, args[0]) })
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				var done []lifecycle.Removed
+				err := eachRef(cmd, args, func(ref string) error {
+					rm, err := removeBound(cmd.Context(), m, ref, opt)
+					if err == nil {
+						done = append(done, rm)
+						if !asJSON {
+							fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s): %d resources, %d snapshots\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots))
+						}
+					}
+					return err
+				})
+				return errors.Join(err, printEach(cmd, asJSON, args, done))
+			})
 		},
 	}
+	c.Flags().BoolVarP(&opt.Force, "force", "f", false, "stop a running sandbox first")
+	c.Flags().BoolVar(&opt.WithSnapshots, "with-snapshots", false, "also delete the sandbox's snapshots")
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several IDs)")
+	return c
 }
 
 func snapshotCmd(g *globals) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running)", Args: exactArgs(1),
+		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				snap, err := m.Snapshot(cmd.Context(), args[0])
@@ -233,7 +315,67 @@ func snapshotCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
+}
+
+func snapshotLsCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "ls [ID]", Short: "List snapshots, of every sandbox or of one", Args: maxArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				snaps, err := m.Snapshots(cmd.Context(), strings.Join(args, ""))
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, asJSON, snaps, func() {
+					tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "SNAPSHOT\tSANDBOX\tHANDLE\tCREATED\tSIZE")
+					for _, s := range snaps {
+						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Sandbox, dash(s.Handle), s.CreatedAt.Format(time.RFC3339), formatSize(s.AllocatedBytes))
+					}
+					tw.Flush()
+				})
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func snapshotRmCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use: "rm SNAPSHOT...", Short: "Delete snapshots (an ID or a unique prefix of one)", Args: minArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				var done []lifecycle.SnapshotInfo
+				err := eachRef(cmd, args, func(ref string) error {
+					s, err := m.SnapshotRemove(cmd.Context(), ref)
+					if err == nil {
+						done = append(done, s)
+						if !asJSON {
+							fmt.Fprintf(cmd.OutOrStdout(), "removed snapshot %s of %s: %s\n", s.ID, s.Sandbox, formatSize(s.AllocatedBytes))
+						}
+					}
+					return err
+				})
+				return errors.Join(err, printEach(cmd, asJSON, args, done))
+			})
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several)")
+	return c
+}
+
+func maxArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.MaximumNArgs(n)(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
 }
 
 func restoreCmd(g *globals) *cobra.Command {
@@ -377,4 +519,13 @@ func logsCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
 	return c
+}
+
+func minArgs(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.MinimumNArgs(n)(cmd, args); err != nil {
+			return usageError{err}
+		}
+		return nil
+	}
 }

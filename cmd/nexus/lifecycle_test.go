@@ -211,7 +211,7 @@ func TestLifecycleEndToEnd(t *testing.T) {
 	assertClean(t, root)
 
 	for _, s := range sandboxes(t, root) {
-		mustOK(t, proc(t, root, "rm", s.ID), "rm "+s.ID)
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", s.ID), "rm "+s.ID)
 	}
 	if list := sandboxes(t, root); len(list) != 0 {
 		t.Fatalf("after rm: %d sandboxes", len(list))
@@ -244,7 +244,7 @@ func TestDeepStateRootBeyondSunPath(t *testing.T) {
 		t.Fatalf("the guest flush over the deep vsock path was not acknowledged: %q", r.stdout)
 	}
 	mustOK(t, proc(t, root, "start", sb.ID), "start")
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertClean(t, root)
 	if left := liveProcesses(t, root); len(left) > 0 {
 		t.Fatalf("processes outlived rm: %v", left)
@@ -261,7 +261,7 @@ func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
 	wantFailure(t, proc(t, root, "create", "--image", image, "--volume", "data:/other"), 1, "never shared")
 	wantFailure(t, proc(t, root, "volume", "rm", "data"), 1, "attached")
 	wantFailure(t, proc(t, root, "fork", sb.ID), 1, "named volume")
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	if _, err := os.Stat(filepath.Join(root, "volumes", "data", "disk.ext4")); err != nil {
 		t.Fatalf("rm touched the volume: %v", err)
 	}
@@ -294,7 +294,7 @@ func TestBadInputLeavesNothing(t *testing.T) {
 		{"shadow without handle", []string{"create", "--image", image, "--shadow", "a=" + dir}, 1, "--handle"},
 		{"bad shadow flag", []string{"create", "--image", image, "--shadow", "nosep"}, 2, "NAME=SRC"},
 		{"unknown volume", []string{"create", "--image", image, "--volume", "ghost:/g"}, 1, "no volume"},
-		{"unknown sandbox", []string{"rm", "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"}, 1, "no sandbox"},
+		{"unknown sandbox", []string{"rm", "-f", "--with-snapshots", "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"}, 1, "no sandbox"},
 		{"unknown snapshot", []string{"restore", "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"}, 1, "no snapshot"},
 		{"fork count", []string{"fork", "x", "--count", "0"}, 2, "--count"},
 		{"fork unknown", []string{"fork", "x", "--count", "1"}, 1, "no sandbox"},
@@ -376,7 +376,7 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 	if info.Config.Payload.Kernel != kernel {
 		t.Fatalf("vm.create carried payload %+v, want kernel %s", info.Config.Payload, kernel)
 	}
-	mustOK(t, nexusEnv(t, root, env, "--driver", "cloud-hypervisor", "rm", sb.ID), "rm")
+	mustOK(t, nexusEnv(t, root, env, "--driver", "cloud-hypervisor", "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertNothingLeft(t, root)
 }
 

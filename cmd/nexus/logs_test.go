@@ -48,7 +48,7 @@ func TestLogsAreOwnedShownAndRemoved(t *testing.T) {
 		t.Errorf("the VMM log is owned %d times after a restart", n)
 	}
 
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", sb.ID), "rm")
 	for _, l := range logs {
 		if exists(filepath.Join(root, l)) {
 			t.Errorf("rm left %s", l)

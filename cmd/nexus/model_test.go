@@ -152,7 +152,7 @@ func (m *modelRun) choose(list []projections.Sandbox) (saga string, args []strin
 		}
 	default:
 		sb, _ := m.pick(list, "")
-		saga, args = "rm", []string{"rm", sb.ID}
+		saga, args = "rm", []string{"rm", "-f", "--with-snapshots", sb.ID}
 	}
 	return saga, args
 }
@@ -303,7 +303,7 @@ func (m *modelRun) checkReplay(list []projections.Sandbox) {
 
 func (m *modelRun) teardown() {
 	for _, sb := range sandboxes(m.t, m.root) {
-		mustOK(m.t, proc(m.t, m.root, "rm", sb.ID), "rm "+sb.ID)
+		mustOK(m.t, proc(m.t, m.root, "rm", "-f", "--with-snapshots", sb.ID), "rm "+sb.ID)
 	}
 	m.check()
 	if list := sandboxes(m.t, m.root); len(list) != 0 {

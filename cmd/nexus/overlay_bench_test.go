@@ -74,7 +74,7 @@ func BenchmarkOverlayRecovery1GiB(b *testing.B) {
 		if got, err := ext4.FileSize(b.Context(), img, "/fill"); err != nil || got != fillSize {
 			b.Fatalf("filler after recovery: %d %v", got, err)
 		}
-		nx("rm", sb.ID)
+		nx("rm", "-f", "--with-snapshots", sb.ID)
 		os.RemoveAll(root)
 
 		// By hand, from a source prepared exactly as the sandbox's overlay

@@ -90,12 +90,7 @@ func assertFilesIntact(t *testing.T, img string, fillSize int64) {
 
 func inspect(t *testing.T, root, id string) projections.Sandbox {
 	t.Helper()
-	var sb projections.Sandbox
-	r := mustOK(t, nexus(t, root, "inspect", id, "--json"), "inspect")
-	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil {
-		t.Fatal(err)
-	}
-	return sb
+	return inspectJSON(t, root, id)
 }
 
 func fileSize(t *testing.T, path string) int64 {
@@ -170,7 +165,7 @@ func TestFullOverlayIsRecoveredOnStart(t *testing.T) {
 	if rec := nexus(t, root, "events", "--type", "overlay.recovered").stdout; strings.Count(rec, "\n") != 1 {
 		t.Fatalf("a roomy overlay was recovered again: %q", rec)
 	}
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertNothingLeft(t, root)
 }
 
@@ -376,7 +371,7 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 	}
 	os.WriteFile(fake, good, 0o755)
 	mustOK(t, ch("start", sb.ID), "start once the VMM binary works again")
-	mustOK(t, ch("rm", sb.ID), "rm")
+	mustOK(t, ch("rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertNothingLeft(t, root)
 }
 
@@ -415,7 +410,7 @@ func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
 	wantFailure(t, proc(t, root, "start", sb.ID), 1, "unknown key vm.overlay_disk_mb")
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot under a broken config")
 	mustOK(t, proc(t, root, "recover"), "recover under a broken config")
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm under a broken config")
+	mustOK(t, proc(t, root, "rm", "--with-snapshots", sb.ID), "rm under a broken config")
 	if n := len(sandboxes(t, root)); n != 0 {
 		t.Fatalf("rm under a broken config left %d sandboxes", n)
 	}

@@ -239,7 +239,7 @@ func TestReapDryRunThenApply(t *testing.T) {
 	if len(again.Deleted) != 0 || len(again.Orphans) != 0 {
 		t.Fatalf("second --apply still deleted %v", paths(again.Deleted))
 	}
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 }
 
 func TestReapUsageErrors(t *testing.T) {
@@ -514,7 +514,7 @@ func TestReapKeepsInFlightCreate(t *testing.T) {
 				t.Fatalf("reap after the create deleted %v", paths(after.Deleted))
 			}
 			assertClean(t, root)
-			mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+			mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 		})
 	}
 }
@@ -574,7 +574,7 @@ func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 		t.Fatalf("the committed disk: %+v\nreport: %s\nls: %+v\nevents:\n%s", k, reapOut.String(), sandboxes(t, root), nexus(t, root, "events").stdout)
 	}
 	assertClean(t, root)
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 }
 
 // After any crash, one recover plus one reap --apply leaves no orphan, and
@@ -591,7 +591,7 @@ func TestReapIdempotentAfterCrash(t *testing.T) {
 				orphansOf(t, root)
 				switch {
 				case strings.HasPrefix(point, "rm."):
-					crashAt(t, root, point, "rm", sb.ID)
+					crashAt(t, root, point, "rm", "-f", "--with-snapshots", sb.ID)
 				case strings.HasPrefix(point, "fork."):
 					crashAt(t, root, point, "fork", sb.ID)
 				default:
@@ -617,7 +617,7 @@ func TestReapIdempotentAfterCrash(t *testing.T) {
 				t.Fatalf("second pass deleted %v", paths(second.Deleted))
 			}
 			for _, sb := range sandboxes(t, root) {
-				mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+				mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 			}
 		})
 	}
@@ -652,8 +652,8 @@ func TestReapTwoStateRoots(t *testing.T) {
 	}
 	assertClean(t, rootA)
 	assertClean(t, rootB)
-	mustOK(t, proc(t, rootA, "rm", a.ID), "rm a")
-	mustOK(t, proc(t, rootB, "rm", b.ID), "rm b")
+	mustOK(t, proc(t, rootA, "rm", "-f", "--with-snapshots", a.ID), "rm a")
+	mustOK(t, proc(t, rootB, "rm", "-f", "--with-snapshots", b.ID), "rm b")
 }
 
 // waitStopped waits (wait4 WUNTRACED, no polling) until the child pid has
@@ -784,12 +784,12 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 				}
 				json.Unmarshal([]byte(do("fork", "--json", parent.ID)), &children)
 				for _, c := range children {
-					do("rm", c.ID)
+					do("rm", "-f", "--with-snapshots", c.ID)
 				}
 				if ops%4 == 0 {
 					do("create", "--json", "--image", image) // left running, checked at the end
 				}
-				do("rm", parent.ID)
+				do("rm", "-f", "--with-snapshots", parent.ID)
 			}
 			results <- res
 		}()
@@ -832,7 +832,7 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 				t.Fatalf("sandbox %s lost %s", sb.ID, res.Path)
 			}
 		}
-		mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+		mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	}
 }
 

@@ -99,7 +99,7 @@ func TestRecoverReplacesAKilledSupervisorWithTheSameCA(t *testing.T) {
 	if rep := recoverReport(t, root); len(rep.Restarted)+len(rep.Killed)+len(rep.Stopped) != 0 {
 		t.Fatalf("second recover still had work: %+v", rep)
 	}
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertNothingLeft(t, root)
 }
 
@@ -139,7 +139,7 @@ func TestRecoverKillsTheSupervisorOfADeadVMM(t *testing.T) {
 	if got := pingSupervisor(t, root, sb.ID).CASHA256; got != ca {
 		t.Fatalf("restarted sandbox's supervisor serves CA %s, was %s", got, ca)
 	}
-	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertNothingLeft(t, root)
 }
 
@@ -185,5 +185,5 @@ func TestRecoverTrustsAnIntentOnlyForItsOwnSandbox(t *testing.T) {
 	if list := sandboxes(t, root); len(list) != 1 || list[0].ID != other.ID || list[0].State != projections.StateRunning {
 		t.Fatalf("after recover: %+v", list)
 	}
-	mustOK(t, proc(t, root, "rm", other.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", other.ID), "rm")
 }

@@ -154,18 +154,18 @@ func bindToRun(m *lifecycle.Manager, spec *lifecycle.CreateSpec) error {
 }
 
 // removeBound removes a sandbox and then drops it from NEXUS_RUN_ID's run.
-func removeBound(ctx context.Context, m *lifecycle.Manager, ref string) error {
+func removeBound(ctx context.Context, m *lifecycle.Manager, ref string, opt lifecycle.RemoveOptions) (lifecycle.Removed, error) {
 	id := ref
-	if sb, err := m.Find(ctx, ref); err == nil {
+	if sb, err := m.Lookup(ctx, ref); err == nil {
 		id = sb.ID
 	}
-	err := m.Remove(ctx, ref)
+	rm, err := m.RemoveWith(ctx, ref, opt)
 	if run := os.Getenv(client.EnvRunID); run != "" && (err == nil || errors.Is(err, lifecycle.ErrNotFound)) {
 		if lr, aerr := hostledger.Attach(hostledger.Dir(string(m.Root)), run); aerr == nil {
-			return errors.Join(err, lr.Drop(hostledger.Sandboxes, id))
+			return rm, errors.Join(err, lr.Drop(hostledger.Sandboxes, id))
 		}
 	}
-	return err
+	return rm, err
 }
 
 // sweepActions carries a sweep's removals out with the lifecycle manager

@@ -94,5 +94,5 @@ func TestVolumePruneClearsStaleAttachments(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "volumes", "inuse", "disk.ext4")); err != nil {
 		t.Fatalf("the attached volume went missing: %v", err)
 	}
-	mustOK(t, proc(t, root, "rm", live.ID), "rm")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", live.ID), "rm")
 }

@@ -1,0 +1,128 @@
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/scan"
+	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/sagas"
+)
+
+// SnapshotInfo is one snapshot as `snapshot ls` shows it.
+type SnapshotInfo struct {
+	ID      string `json:"id"`
+	Sandbox string `json:"sandbox"`
+	Handle  string `json:"handle,omitempty"`
+	// CreatedAt is the time in the snapshot's ULID, when it was taken.
+	CreatedAt time.Time `json:"created_at"`
+	// AllocatedBytes is what its directory holds on disk now.
+	AllocatedBytes int64 `json:"allocated_bytes"`
+}
+
+// Snapshots lists the snapshots of every sandbox, or of the one ref names.
+func (m *Manager) Snapshots(ctx context.Context, ref string) ([]SnapshotInfo, error) {
+	list, err := m.B.Sandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ref != "" {
+		sb, err := m.Lookup(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		list = []projections.Sandbox{sb}
+	}
+	out := []SnapshotInfo{}
+	for _, sb := range list {
+		for _, snap := range sb.Snapshots {
+			out = append(out, m.snapshotInfo(sb, snap))
+		}
+	}
+	return out, nil
+}
+
+func (m *Manager) snapshotInfo(sb projections.Sandbox, snap string) SnapshotInfo {
+	info := SnapshotInfo{ID: snap, Sandbox: sb.ID, Handle: sb.Handle,
+		AllocatedBytes: scan.TreeAllocated(string(m.Root), m.rel(m.Root.Snapshot(sb.ID, snap)))}
+	if u, err := ulid.ParseStrict(snap); err == nil {
+		info.CreatedAt = ulid.Time(u.Time()).UTC()
+	}
+	return info
+}
+
+// snapshotRmStep names the snapshot a snapshot-rm saga deletes, so that
+// recover can finish a delete it sees only the start of.
+const snapshotRmStep = "delete:"
+
+// SnapshotRemove deletes one snapshot (an ID or a unique prefix of one).
+// It runs as a saga on the owning sandbox, under its lease and guarded
+// like every other command on it, so it cannot race a restore that is
+// copying from the snapshot, and its deletion is journaled
+// (resource.reclaimed) like every other.
+func (m *Manager) SnapshotRemove(ctx context.Context, ref string) (SnapshotInfo, error) {
+	list, err := m.B.Sandboxes(ctx)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	snap, sb, err := projections.MatchSnapshot(list, ref)
+	if errors.Is(err, projections.ErrNoMatch) {
+		return SnapshotInfo{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, ref)
+	}
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	c, err := m.claim(ctx, sb.ID, guard.SnapshotRemove)
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	defer c.release()
+	if !hasSnapshot(c.sb, snap) {
+		return SnapshotInfo{}, fmt.Errorf("%w: no snapshot %q (removed meanwhile)", ErrNotFound, ref)
+	}
+	info := m.snapshotInfo(c.sb, snap)
+	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.snapshotRmSaga(sb.ID, snap) })
+	if err != nil {
+		return SnapshotInfo{}, err
+	}
+	m.writeRecord(ctx, c.sb.ID)
+	return info, nil
+}
+
+func hasSnapshot(sb projections.Sandbox, snap string) bool {
+	for _, s := range sb.Snapshots {
+		if s == snap {
+			return true
+		}
+	}
+	return false
+}
+
+// snapshotRmSaga deletes snapshots/<sandbox>/<snap>. A teardown: finished
+// forward, never compensated (a half-deleted snapshot cannot be restored).
+func (m *Manager) snapshotRmSaga(sandbox, snap string) *sagas.Saga {
+	s := m.saga(events.SagaSnapshotRm, sandbox, []sagas.Step{{Name: snapshotRmStep + snap, Do: func(context.Context) ([]events.Payload, error) {
+		return m.reclaim(m.res(events.KindSnapshot, m.Root.Snapshot(sandbox, snap)), true, "snapshot rm")
+	}}})
+	s.Forward = true
+	return s
+}
+
+// snapshotOfSaga is the snapshot a snapshot-rm saga deletes ("" if none).
+func snapshotOfSaga(sg projections.OpenSaga) string {
+	if sg.Kind != events.SagaSnapshotRm || len(sg.Steps) != 1 {
+		return ""
+	}
+	snap, ok := strings.CutPrefix(sg.Steps[0], snapshotRmStep)
+	if _, err := ulid.ParseStrict(snap); !ok || err != nil {
+		return "" // never a path piece that is not a snapshot ID
+	}
+	return snap
+}

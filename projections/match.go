@@ -1,0 +1,110 @@
+package projections
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// MinPrefix is the shortest ID prefix a reference may be: shorter ones
+// would match almost anything by accident (every ULID of a year shares its
+// first characters).
+const MinPrefix = 4
+
+// ErrNoMatch: no sandbox answers to the reference.
+var ErrNoMatch = errors.New("no sandbox")
+
+// AmbiguousError: the reference is a prefix of several IDs. It names them
+// all so the operator can pick one.
+type AmbiguousError struct {
+	Ref        string
+	What       string // "sandboxes" or "snapshots"
+	Candidates []string
+}
+
+func (e *AmbiguousError) Error() string {
+	return fmt.Sprintf("%q matches %d %s: %s", e.Ref, len(e.Candidates), e.What, strings.Join(e.Candidates, ", "))
+}
+
+// Ref is what a reference can name: an ID and, optionally, a handle.
+type Ref struct{ ID, Handle string }
+
+// Match is the one rule for turning what an operator typed into a sandbox
+// ID, in docker's order: an exact ID (any case, ULIDs are case-free), then
+// an exact handle, then a unique ID prefix of at least MinPrefix
+// characters. A handle wins over a prefix because the operator chose it.
+// It returns the matched ID, ErrNoMatch, or an *AmbiguousError.
+func Match(refs []Ref, ref string) (string, error) {
+	if ref == "" {
+		return "", fmt.Errorf("%w %q", ErrNoMatch, ref)
+	}
+	upper := strings.ToUpper(ref)
+	for _, r := range refs {
+		if r.ID == upper {
+			return r.ID, nil
+		}
+	}
+	for _, r := range refs {
+		if r.Handle != "" && r.Handle == ref {
+			return r.ID, nil
+		}
+	}
+	var found []string
+	if len(ref) >= MinPrefix {
+		seen := map[string]bool{}
+		for _, r := range refs {
+			if strings.HasPrefix(r.ID, upper) && !seen[r.ID] {
+				seen[r.ID] = true
+				found = append(found, r.ID)
+			}
+		}
+	}
+	switch len(found) {
+	case 0:
+		return "", fmt.Errorf("%w %q", ErrNoMatch, ref)
+	case 1:
+		return found[0], nil
+	}
+	return "", &AmbiguousError{Ref: ref, What: "sandboxes", Candidates: found}
+}
+
+// MatchSandbox applies Match to a list of sandboxes.
+func MatchSandbox(list []Sandbox, ref string) (Sandbox, error) {
+	refs := make([]Ref, len(list))
+	for i, sb := range list {
+		refs[i] = Ref{ID: sb.ID, Handle: sb.Handle}
+	}
+	id, err := Match(refs, ref)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	for _, sb := range list {
+		if sb.ID == id {
+			return sb, nil
+		}
+	}
+	return Sandbox{}, fmt.Errorf("%w %q", ErrNoMatch, ref)
+}
+
+// MatchSnapshot applies Match to the snapshots of every sandbox in list
+// (snapshot IDs are ULIDs too) and returns the snapshot's ID and the
+// sandbox it belongs to.
+func MatchSnapshot(list []Sandbox, ref string) (string, Sandbox, error) {
+	var refs []Ref
+	owner := map[string]int{}
+	for i, sb := range list {
+		for _, snap := range sb.Snapshots {
+			refs = append(refs, Ref{ID: snap})
+			owner[snap] = i
+		}
+	}
+	id, err := Match(refs, ref)
+	var amb *AmbiguousError
+	if errors.As(err, &amb) {
+		amb.What = "snapshots"
+	}
+	if err != nil {
+		return "", Sandbox{}, err
+	}
+	return id, list[owner[id]], nil
+}
