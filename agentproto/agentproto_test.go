@@ -44,13 +44,13 @@ func TestRoundTrip(t *testing.T) {
 
 func TestRefused(t *testing.T) {
 	bad := []*Message{
-		{Type: TPing},                     // no id
-		{Type: "reboot", ID: 1},           // unknown type
-		{Type: THello, ID: 1},             // no version
-		{Type: TExec, ID: 1},              // no argv
-		{Type: TSignal, ID: 1, Ref: 2},    // no signal
-		{Type: TData, ID: 1},              // no ref
-		{Type: TRead, ID: 1},              // no path
+		{Type: TPing},                  // no id
+		{Type: "reboot", ID: 1},        // unknown type
+		{Type: THello, ID: 1},          // no version
+		{Type: TExec, ID: 1},           // no argv
+		{Type: TSignal, ID: 1, Ref: 2}, // no signal
+		{Type: TData, ID: 1},           // no ref
+		{Type: TRead, ID: 1},           // no path
 		{Type: TWrite, ID: 1, Path: "/x", Mode: 0o10000},
 		{Type: TFreeze, ID: 1, DeadlineMs: -1},
 		{Type: TError, ID: 1},
