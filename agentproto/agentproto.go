@@ -1,0 +1,234 @@
+// Package agentproto is the guest agent's wire protocol (docs/guest-agent.md):
+// length-prefixed MessagePack frames, the message types both ends send, and
+// the disk serials both ends agree on. It does no I/O of its own beyond the
+// reader or writer it is handed.
+package agentproto
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Version is the newest protocol version this build speaks.
+const Version = 1
+
+// Port is the guest vsock port the agent listens on.
+const Port = 1024
+
+// MaxData bounds the bytes one data-carrying frame holds; MaxFrame is the
+// largest frame either end accepts (MaxData plus room for the other fields),
+// refused before its body is read.
+const (
+	MaxData  = 1 << 20
+	MaxFrame = MaxData + 4<<10
+)
+
+// Message types.
+const (
+	// Requests (host → agent).
+	THello  = "hello"
+	TPing   = "ping"
+	TFreeze = "freeze"
+	TThaw   = "thaw"
+	TFlush  = "flush"
+	TExec   = "exec"
+	TSignal = "signal"
+	TRead   = "read"
+	TWrite  = "write"
+	// Stream frames (both ways) and answers (agent → host).
+	TData   = "data"
+	TStdout = "stdout"
+	TStderr = "stderr"
+	TExit   = "exit"
+	TOK     = "ok"
+	TError  = "error"
+)
+
+// Message is every frame's body. Fields a type does not use stay zero and
+// are left out on the wire.
+type Message struct {
+	Type string `msgpack:"type"`
+	ID   uint32 `msgpack:"id"`
+
+	Version    int      `msgpack:"version,omitempty"`     // hello
+	Agent      string   `msgpack:"agent,omitempty"`       // hello answer
+	DeadlineMs int64    `msgpack:"deadline_ms,omitempty"` // freeze, flush
+	Paths      []string `msgpack:"paths,omitempty"`       // freeze, thaw, flush answers
+
+	Argv  []string `msgpack:"argv,omitempty"`  // exec
+	Env   []string `msgpack:"env,omitempty"`   // exec
+	Cwd   string   `msgpack:"cwd,omitempty"`   // exec
+	Stdin bool     `msgpack:"stdin,omitempty"` // exec: data frames follow
+
+	Ref    uint32 `msgpack:"ref,omitempty"`    // signal, data: the request they belong to
+	Signal int    `msgpack:"signal,omitempty"` // signal; exit when killed
+	Code   int    `msgpack:"code,omitempty"`   // exit
+	Data   []byte `msgpack:"data,omitempty"`   // data, stdout, stderr
+	EOF    bool   `msgpack:"eof,omitempty"`    // data
+
+	Path string `msgpack:"path,omitempty"` // read, write
+	Mode uint32 `msgpack:"mode,omitempty"` // write
+	Size int64  `msgpack:"size,omitempty"` // read, write answers
+
+	Error string `msgpack:"error,omitempty"` // error
+}
+
+// ErrProtocol marks a frame or message the protocol does not allow; a
+// session that reads one ends.
+var ErrProtocol = errors.New("agent protocol")
+
+func protoErr(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrProtocol, fmt.Sprintf(format, a...))
+}
+
+// Validate refuses a message whose type is unknown or whose required
+// fields are missing or out of range.
+func (m *Message) Validate() error {
+	if m.ID == 0 {
+		return protoErr("%s without an id", m.Type)
+	}
+	if len(m.Data) > MaxData {
+		return protoErr("%s carries %d bytes, more than %d", m.Type, len(m.Data), MaxData)
+	}
+	switch m.Type {
+	case THello:
+		if m.Version < 1 {
+			return protoErr("hello without a version")
+		}
+	case TPing, TThaw, TOK, TStdout, TStderr, TExit:
+	case TFreeze, TFlush:
+		if m.DeadlineMs < 0 {
+			return protoErr("%s with a negative deadline", m.Type)
+		}
+	case TExec:
+		if len(m.Argv) == 0 || m.Argv[0] == "" {
+			return protoErr("exec without argv")
+		}
+	case TSignal:
+		if m.Ref == 0 || m.Signal <= 0 {
+			return protoErr("signal needs ref and a positive signal")
+		}
+	case TData:
+		if m.Ref == 0 {
+			return protoErr("data without ref")
+		}
+	case TRead, TWrite:
+		if m.Path == "" {
+			return protoErr("%s without a path", m.Type)
+		}
+		if m.Mode > 0o7777 {
+			return protoErr("%s mode %o is not permission bits", m.Type, m.Mode)
+		}
+	case TError:
+		if m.Error == "" {
+			return protoErr("error without a reason")
+		}
+	default:
+		return protoErr("unknown message type %q", m.Type)
+	}
+	return nil
+}
+
+// Encode returns m as one frame: its length, then its MessagePack body.
+func Encode(m *Message) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.Write([]byte{0, 0, 0, 0})
+	enc := msgpack.NewEncoder(&b)
+	enc.UseCompactInts(true)
+	if err := enc.Encode(m); err != nil {
+		return nil, err
+	}
+	out := b.Bytes()
+	if len(out)-4 > MaxFrame {
+		return nil, protoErr("frame of %d bytes, more than %d", len(out)-4, MaxFrame)
+	}
+	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	return out, nil
+}
+
+// Write sends m as one frame. Concurrent writers must serialise calls.
+func Write(w io.Writer, m *Message) error {
+	b, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// Read reads one frame and decodes it. io.EOF means the stream ended
+// between frames; a stream that ends inside one is io.ErrUnexpectedEOF.
+func Read(r io.Reader) (*Message, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrame {
+		return nil, protoErr("frame of %d bytes, more than %d", n, MaxFrame)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return Decode(body)
+}
+
+// Decode decodes and validates one frame's body.
+func Decode(body []byte) (*Message, error) {
+	var m Message
+	d := msgpack.NewDecoder(bytes.NewReader(body))
+	if err := d.Decode(&m); err != nil {
+		return nil, protoErr("decode: %v", err)
+	}
+	// One frame is one message: trailing bytes mean the peer and we
+	// disagree about framing, which no later frame can recover from.
+	if _, err := d.PeekCode(); err != io.EOF {
+		return nil, protoErr("trailing bytes after the message")
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// Errorf builds an error answer to request id.
+func Errorf(id uint32, format string, a ...any) *Message {
+	return &Message{Type: TError, ID: id, Error: fmt.Sprintf(format, a...)}
+}
+
+// Disk serial prefixes; docs/guest-agent.md.
+const (
+	SerialOS        = "nexus-os"
+	SerialWorkspace = "nexus-workspace"
+	SerialShadow    = "nexus-shadow-"
+	SerialVolume    = "nexus-vol-"
+	// SerialBytes is what a virtio-blk serial can hold (VIRTIO_BLK_ID_BYTES).
+	SerialBytes = 20
+)
+
+// DiskSerial is the serial of a named disk (prefix SerialShadow or
+// SerialVolume). One that fits in SerialBytes-1 bytes is the prefix and the
+// name; a longer one is the prefix and the SHA-256 of the name in hex, cut to
+// exactly SerialBytes, so the two forms never collide.
+func DiskSerial(prefix, name string) string {
+	s := prefix + name
+	if len(s) < SerialBytes {
+		return s
+	}
+	sum := sha256.Sum256([]byte(name))
+	return (prefix + hex.EncodeToString(sum[:]))[:SerialBytes]
+}
