@@ -219,3 +219,17 @@ func openHostCreds(t *testing.T, creds string) (*Journal, *Mirror, error) {
 	}
 	return j, m, err
 }
+
+// Several fleet URLs: the first node is down at start, the link fails
+// over to the next.
+func TestMirrorFailsOverToTheNextURL(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	j, m, err := openHost(t, "host-a", ulid.Make().String(), nil, freePort(t), leafPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, j, 0, 3)
+	awaitMirrored(t, fleet, m.StreamName(), 3)
+}

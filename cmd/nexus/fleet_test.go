@@ -1,0 +1,30 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// Every mirror misconfiguration is a one-line error at daemon start,
+// never "mirroring" followed by nothing, and no message shows a password.
+func TestDaemonMirrorMisconfiguration(t *testing.T) {
+	root := t.TempDir()
+	for _, c := range []struct {
+		args    []string
+		code    int
+		mention string
+	}{
+		{[]string{"--mirror", "http://u:pw1@h:4222"}, 2, "scheme"},
+		{[]string{"--mirror", "nats-leaf://u:pw1@h:99999"}, 2, "port"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422,nats-leaf://u:pw1@:7422"}, 2, "--mirror"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-host", "Host_A"}, 2, "--mirror-host"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-replicas", "9"}, 2, "--mirror-replicas"},
+		{[]string{"--mirror", "nats-leaf://u:pw1@127.0.0.1:7422", "--mirror-creds", root + "/no.creds"}, 1, "no.creds"},
+	} {
+		r := nexus(t, root, append([]string{"daemon"}, c.args...)...)
+		wantFailure(t, r, c.code, c.mention)
+		if strings.Contains(r.stderr, "pw1") {
+			t.Fatalf("%v: the error shows the password: %q", c.args, r.stderr)
+		}
+	}
+}
