@@ -28,3 +28,20 @@ func TestDaemonMirrorMisconfiguration(t *testing.T) {
 		}
 	}
 }
+
+func TestFleetTemplateAndStatusErrors(t *testing.T) {
+	root := t.TempDir()
+	r := nexus(t, root, "fleet", "template", "--host", "host-a,host-b", "--host", "host-c")
+	if r.code != 0 {
+		t.Fatalf("template: exit %d: %s", r.code, r.stderr)
+	}
+	for _, want := range []string{"NEXUS_HOST_A: {", "NEXUS_HOST_C: {", "$NEXUS_HOST_B_PASSWORD", "NEXUS_AUDIT: {", `"LEAFNODE"`, "STREAM.DELETE"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("template lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	wantFailure(t, nexus(t, root, "fleet", "template"), 2, "host")
+	wantFailure(t, nexus(t, root, "fleet", "template", "--host", "Host_A"), 2, "Host_A")
+	wantFailure(t, nexus(t, root, "fleet", "template", "--host", "a,a"), 2, "twice")
+	wantFailure(t, nexus(t, root, "fleet", "status"), 1, "no daemon")
+}
