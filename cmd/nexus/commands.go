@@ -91,6 +91,11 @@ func daemonCmd(g *globals) *cobra.Command {
 		Short: "Keep the journal open and serve commands (and, with --listen, subscribers)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// NEXUS_MIRROR keeps a fleet password out of /proc/<pid>/cmdline.
+			passOnCmdline := strings.Contains(strings.Join(mirrorURLs, ","), "@")
+			if len(mirrorURLs) == 0 && os.Getenv("NEXUS_MIRROR") != "" {
+				mirrorURLs = []string{os.Getenv("NEXUS_MIRROR")}
+			}
 			if len(mirrorURLs) > 0 {
 				if err := mirrorFlags(m, mirrorURLs, mirrorBytes); err != nil {
 					return usageError{err}
@@ -123,6 +128,9 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			slog.SetDefault(log)
 			o.Logger = log
+			if passOnCmdline {
+				log.Warn("the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_MIRROR or use --mirror-creds")
+			}
 			// A killed daemon (or command) leaves only sagas whose runner
 			// lease is free: the next daemon finishes them before it serves.
 			// Said after "serving", the line callers wait for.
@@ -167,7 +175,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().DurationVar(&o.Idle, "idle", 0, "exit once no command has been connected for this long (0: never; on-demand daemons default to $NEXUS_DAEMON_IDLE or 30s)")
 	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
 	c.Flags().MarkHidden("auto")
-	c.Flags().StringArrayVar(&mirrorURLs, "mirror", nil, "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT); repeat it or separate with commas for several nodes")
+	c.Flags().StringArrayVar(&mirrorURLs, "mirror", nil, "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT); repeat it or separate with commas for several nodes (default $NEXUS_MIRROR, which keeps a password off the command line)")
 	c.Flags().StringVar(&m.Domain, "mirror-domain", "fleet", "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
 	c.Flags().StringVar(&m.Host, "mirror-host", "", "this host's name in the fleet, [a-z0-9-]: subject prefix and stream suffix (default: the hostname, lower-cased)")
 	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
