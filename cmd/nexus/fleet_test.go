@@ -153,6 +153,9 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 		t.Fatalf("fleet status text: %q", text.stdout)
 	}
 
+	// The mirror audits like the journal.
+	mustOK(t, nexus(t, root, "replay", "verify", "--nats", fleet.ClientURL(), "--stream", st.Stream), "replay verify of the mirror")
+
 	fleet.Shutdown()
 	fleet.WaitForShutdown()
 	fleetStatus(t, root, func(s journal.MirrorState) bool { return !s.Connected })

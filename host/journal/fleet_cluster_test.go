@@ -266,6 +266,18 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	if got := awaitAudited(t, ajs, ma.StreamName(), 4); len(got) != 4 || got[0] != gotA[0] {
 		t.Fatalf("A's mirror after its attempts: %q", got)
 	}
+	// replay reads B's mirror as the auditor, by sequence, ids kept.
+	auditURL := fmt.Sprintf("nats://auditor:%s@%s", passes["auditor"], strings.TrimPrefix(c.nodes[1].ClientURL(), "nats://"))
+	var recs []Record
+	if err := ReadMirror(ctx, auditURL, "", AuditAPIPrefix, mb.StreamName(), func(r Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 8 || recs[0].Seq != 1 || recs[0].MsgID != "m-100" || recs[7].MsgID != "m-107" {
+		t.Fatalf("auditor's replay of B: %d records, first %+v", len(recs), recs[0])
+	}
 	time.Sleep(500 * time.Millisecond)
 	if n := seenB.Load(); n != 0 {
 		t.Fatalf("A's link saw %d of B's messages", n)

@@ -233,3 +233,22 @@ func TestMirrorFailsOverToTheNextURL(t *testing.T) {
 	appendN(t, j, 0, 3)
 	awaitMirrored(t, fleet, m.StreamName(), 3)
 }
+
+// An empty mirror is not a verified journal.
+func TestReadMirrorRefusesAnEmptyMirror(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	j, m := openMirrored(t, leafPort)
+	deadline := time.Now().Add(20 * time.Second)
+	for ok, _ := j.MirrorStatus(); !ok; ok, _ = j.MirrorStatus() {
+		if time.Now().After(deadline) {
+			t.Fatal("mirror never created")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(Record) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("an empty mirror read without complaint: %v", err)
+	}
+}

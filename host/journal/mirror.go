@@ -447,9 +447,13 @@ func (j *Journal) MirrorStatus() (ok bool, lastErr string) {
 
 // ReadMirror reads every record of a mirror stream on the fleet (or any
 // JetStream holding nexus events) at natsURL, in order, for replay. It only
-// reads: an ordered consumer, nothing acknowledged or deleted. Subjects
-// keep the mirror's host prefix.
-func ReadMirror(ctx context.Context, natsURL, credsFile, stream string, fn func(Record) error) error {
+// reads: an ordered consumer, or, with apiPrefix (an auditor of the fleet
+// template, allowed stream info and get only), each message by sequence;
+// nothing is acknowledged or deleted. Subjects keep the mirror's host
+// prefix. An empty mirror, or one whose first sequence is not 1, is an
+// error: a journal starts at 1 and never loses its head, so either means
+// the audit copy is not the journal.
+func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(Record) error) error {
 	opts := []nats.Option{nats.Name("nexus replay")}
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
@@ -459,7 +463,12 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, stream string, fn func(
 		return fmt.Errorf("journal: connect to %s: %w", RedactURL(natsURL), err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	var js jetstream.JetStream
+	if apiPrefix != "" {
+		js, err = jetstream.NewWithAPIPrefix(nc, apiPrefix)
+	} else {
+		js, err = jetstream.New(nc)
+	}
 	if err != nil {
 		return err
 	}
@@ -467,5 +476,24 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, stream string, fn func(
 	if err != nil {
 		return fmt.Errorf("journal: stream %s at %s: %w", stream, RedactURL(natsURL), err)
 	}
-	return consume(ctx, s, 1, "", false, fn)
+	st := s.CachedInfo().State
+	switch {
+	case st.Msgs == 0:
+		return fmt.Errorf("journal: mirror %s is empty: it holds none of the host's journal", stream)
+	case st.FirstSeq != 1:
+		return fmt.Errorf("journal: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
+	}
+	if apiPrefix == "" {
+		return consume(ctx, s, 1, "", false, fn)
+	}
+	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			return fmt.Errorf("journal: %s sequence %d: %w", stream, seq, err)
+		}
+		if err := fn(Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -171,7 +171,7 @@ func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
 
 	// replay reads the mirror as it reads a journal: ids kept, in order.
 	var recs []Record
-	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", m.StreamName(), func(r Record) error {
+	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(r Record) error {
 		recs = append(recs, r)
 		return nil
 	}); err != nil {
