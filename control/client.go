@@ -105,6 +105,13 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	return st, err
 }
 
+// Mirror asks the daemon for its fleet mirror's state (nil: none).
+func (c *Client) Mirror(ctx context.Context) (*journal.MirrorState, error) {
+	var out mirrorResponse
+	err := c.getJSON(ctx, "/v1/mirror", &out)
+	return out.Mirror, err
+}
+
 func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	var list []projections.Sandbox
 	err := c.getJSON(ctx, "/v1/sandboxes", &list)

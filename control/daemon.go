@@ -14,6 +14,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/hostid"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -65,6 +66,13 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	root, err := node.PrepareRoot(root)
 	if err != nil {
 		return err
+	}
+	if o.Mirror != nil && o.Mirror.HostID == "" {
+		id, err := hostid.Load(root)
+		if err != nil {
+			return err
+		}
+		o.Mirror.HostID = id.String()
 	}
 	jo := journal.Options{Mirror: o.Mirror, Logger: o.Logger}
 	var creds *SubscriberCredentials

@@ -39,6 +39,10 @@ type wireRecord struct {
 	Error string `json:"error,omitempty"`
 }
 
+type mirrorResponse struct {
+	Mirror *journal.MirrorState `json:"mirror"`
+}
+
 type sandboxResponse struct {
 	Found   bool                `json:"found"`
 	Sandbox projections.Sandbox `json:"sandbox"`
@@ -231,6 +235,9 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	local := Local{n}
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
+	})
+	mux.HandleFunc("GET /v1/mirror", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, mirrorResponse{Mirror: n.Journal().MirrorState(r.Context())})
 	})
 	// A command that must own the journal in its own process (a ledger
 	// sweep that removes) retires a daemon started on demand; one started

@@ -28,6 +28,9 @@ func (r Root) Volumes() string     { return r.join("volumes") }
 func (r Root) Records() string     { return r.join("sandboxes") }
 func (r Root) Logs() string        { return r.join("logs") }
 
+// HostID holds the host's fleet identity, a ULID minted once (host/hostid).
+func (r Root) HostID() string { return r.join("host-id") }
+
 func (r Root) Record(id string) string        { return r.join("sandboxes", id, "record.json") }
 func (r Root) RawDisk(id string) string       { return r.join("disks", id+".raw") }
 func (r Root) WorkspaceDisk(id string) string { return r.join("disks", id+"-workspace.ext4") }

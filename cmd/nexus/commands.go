@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -83,7 +82,8 @@ func idleFromEnv() (time.Duration, error) {
 
 func daemonCmd(g *globals) *cobra.Command {
 	var o control.DaemonOptions
-	var mirrorURL string
+	var mirrorURLs []string
+	var mirrorBytes string
 	var tlsOpts journal.TLS
 	m := &journal.Mirror{}
 	c := &cobra.Command{
@@ -91,14 +91,14 @@ func daemonCmd(g *globals) *cobra.Command {
 		Short: "Keep the journal open and serve commands (and, with --listen, subscribers)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if mirrorURL != "" {
-				u, err := parseMirrorURL(mirrorURL)
-				if err != nil {
+			// NEXUS_MIRROR keeps a fleet password out of /proc/<pid>/cmdline.
+			passOnCmdline := strings.Contains(strings.Join(mirrorURLs, ","), "@")
+			if len(mirrorURLs) == 0 && os.Getenv("NEXUS_MIRROR") != "" {
+				mirrorURLs = []string{os.Getenv("NEXUS_MIRROR")}
+			}
+			if len(mirrorURLs) > 0 {
+				if err := mirrorFlags(m, mirrorURLs, mirrorBytes); err != nil {
 					return usageError{err}
-				}
-				m.URL = u
-				if m.Host == "" {
-					m.Host = defaultMirrorHost()
 				}
 				o.Mirror = m
 			}
@@ -128,6 +128,9 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			slog.SetDefault(log)
 			o.Logger = log
+			if passOnCmdline {
+				log.Warn("the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_MIRROR or use --mirror-creds")
+			}
 			// A killed daemon (or command) leaves only sagas whose runner
 			// lease is free: the next daemon finishes them before it serves.
 			// Said after "serving", the line callers wait for.
@@ -150,7 +153,7 @@ func daemonCmd(g *globals) *cobra.Command {
 					startup()
 				}
 				if o.Mirror != nil {
-					log.Info("mirroring", "stream", o.Mirror.StreamName(), "domain", o.Mirror.Domain, "url", o.Mirror.URL.Redacted())
+					log.Info("mirroring", "stream", o.Mirror.StreamName(), "domain", o.Mirror.Domain, "host", o.Mirror.Host, "host_id", o.Mirror.HostID, "urls", strings.Join(o.Mirror.Redacted(), ","))
 				}
 				if st.SubscriberURL != "" {
 					log.Info("subscribers", "url", st.SubscriberURL, "credentials", filepath.Join(st.Root, control.SubscriberFile))
@@ -172,37 +175,42 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().DurationVar(&o.Idle, "idle", 0, "exit once no command has been connected for this long (0: never; on-demand daemons default to $NEXUS_DAEMON_IDLE or 30s)")
 	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
 	c.Flags().MarkHidden("auto")
-	c.Flags().StringVar(&mirrorURL, "mirror", "", "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT)")
+	c.Flags().StringArrayVar(&mirrorURLs, "mirror", nil, "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT); repeat it or separate with commas for several nodes (default $NEXUS_MIRROR, which keeps a password off the command line)")
 	c.Flags().StringVar(&m.Domain, "mirror-domain", "fleet", "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
-	c.Flags().StringVar(&m.Host, "mirror-host", "", "this host's name in the fleet: subject prefix and stream suffix (default: the hostname)")
+	c.Flags().StringVar(&m.Host, "mirror-host", "", "this host's name in the fleet, [a-z0-9-]: subject prefix and stream suffix (default: the hostname, lower-cased)")
 	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
+	c.Flags().IntVar(&m.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
+	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
 	return c
 }
 
-func parseMirrorURL(s string) (*url.URL, error) {
-	u, err := url.Parse(s)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("--mirror %q: want nats-leaf://[user:pass@]HOST:PORT", s)
-	}
-	switch u.Scheme {
-	case "nats-leaf", "nats", "tls":
-	default:
-		return nil, fmt.Errorf("--mirror %q: scheme %q: want nats-leaf, nats or tls", s, u.Scheme)
-	}
-	return u, nil
-}
-
-// defaultMirrorHost is the hostname reduced to the characters a subject
-// token and a stream name may hold.
-func defaultMirrorHost() string {
-	h, _ := os.Hostname()
-	h, _, _ = strings.Cut(h, ".")
-	return strings.Map(func(r rune) rune {
-		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
-			return r
+// mirrorFlags fills m from the daemon's --mirror flags. Its errors never
+// repeat a password.
+func mirrorFlags(m *journal.Mirror, urls []string, maxBytes string) error {
+	for _, arg := range urls {
+		for _, s := range strings.Split(arg, ",") {
+			u, err := journal.ParseFleetURL(strings.TrimSpace(s))
+			if err != nil {
+				return fmt.Errorf("--mirror: %w", err)
+			}
+			m.URLs = append(m.URLs, u)
 		}
-		return '_'
-	}, h)
+	}
+	if m.Host == "" {
+		h, _ := os.Hostname()
+		m.Host = journal.HostNameFrom(h)
+	} else if err := journal.ValidHostName(m.Host); err != nil {
+		return fmt.Errorf("--mirror-host: %w", err)
+	}
+	if m.Replicas < 0 || m.Replicas > 5 {
+		return fmt.Errorf("--mirror-replicas %d: want 1 to 5", m.Replicas)
+	}
+	n, err := parseBytes(maxBytes)
+	if err != nil {
+		return fmt.Errorf("--mirror-max-bytes %q: %w", maxBytes, err)
+	}
+	m.MaxBytes = n
+	return nil
 }
 
 func eventsCmd(g *globals) *cobra.Command {

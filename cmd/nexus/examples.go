@@ -65,6 +65,9 @@ var examples = map[string][]string{
 	"config show":       {"nexus config show", "NEXUS_CONFIG=/etc/nexus.toml nexus config show --json"},
 	"version":           {"nexus version", "nexus version --json", "nexus --version"},
 	"docs":              {"nexus docs man ./man"},
+	"fleet":             {"nexus fleet status", "nexus fleet template --host rack1-07 --host rack1-08"},
+	"fleet status":      {"nexus fleet status", "nexus fleet status --json"},
+	"fleet template":    {"nexus fleet template --host rack1-07,rack1-08 > fleet-accounts.conf", "nexus fleet template --host rack1-07 --max-bytes 20G --auditor audit"},
 	"docs man":          {"nexus docs man /usr/local/share/man/man1"},
 }
 

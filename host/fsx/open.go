@@ -191,6 +191,18 @@ func Stat(root, name string) (os.FileInfo, error) {
 // without following links, so a crash leaves the old file or the whole new
 // one and a planted link never redirects the write.
 func WriteFile(root, name string, data []byte, perm os.FileMode) error {
+	return publish(root, name, data, perm, false)
+}
+
+// WriteNew publishes like WriteFile but never replaces: if name exists
+// (however it came to be, even published a moment ago by another process)
+// it returns an error satisfying errors.Is(err, os.ErrExist) and leaves it
+// alone. It is for a value minted once, where the first writer wins.
+func WriteNew(root, name string, data []byte, perm os.FileMode) error {
+	return publish(root, name, data, perm, true)
+}
+
+func publish(root, name string, data []byte, perm os.FileMode, noReplace bool) error {
 	rel, err := relTo(root, name)
 	if err != nil {
 		return err
@@ -238,7 +250,15 @@ func WriteFile(root, name string, data []byte, perm os.FileMode) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("publish %s: %w", full, err)
 	}
-	if err := unix.Renameat(dfd, tmp, dfd, base); err != nil {
+	if noReplace {
+		err = unix.Renameat2(dfd, tmp, dfd, base, unix.RENAME_NOREPLACE)
+		if errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("publish %s: %w", full, os.ErrExist)
+		}
+	} else {
+		err = unix.Renameat(dfd, tmp, dfd, base)
+	}
+	if err != nil {
 		return fmt.Errorf("publish %s: rename: %w", full, err)
 	}
 	published = true

@@ -57,6 +57,7 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		if err := m.validate(); err != nil {
 			return nil, err
 		}
+		so.ServerName = m.serverName()
 		so.JetStreamDomain = m.localDomain()
 		so.LeafNode.Remotes = []*server.RemoteLeafOpts{m.leafRemote()}
 	}

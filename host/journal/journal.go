@@ -112,6 +112,14 @@ type Journal struct {
 	mirrorMu   sync.Mutex
 	mirrorErr  error
 	mirrorSet  bool
+	// mirrorSeen: the mirror existed once, so a create is a re-create.
+	// mirrorDrift: how the fleet's mirror differs from the settings.
+	mirrorSeen  bool
+	mirrorDrift string
+	mirror      *Mirror
+
+	// log is Options.Logger (discarding if nil), for mirror state changes.
+	log *slog.Logger
 }
 
 // Record is one stored event, as bytes.
@@ -141,7 +149,10 @@ func Open(ctx context.Context, opts Options) (*Journal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("journal %s: %w", dir, err)
 	}
-	j := &Journal{dir: dir, lease: l}
+	j := &Journal{dir: dir, lease: l, log: opts.Logger}
+	if j.log == nil {
+		j.log = slog.New(slog.DiscardHandler)
+	}
 	if opts.Space != nil {
 		j.space = *opts.Space
 	} else if size, err := disk.FilesystemBytes(dir); err == nil {
@@ -206,10 +217,29 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	if err := writeFormat(j.dir); err != nil {
 		return err
 	}
-	if opts.Mirror != nil {
+	if m := opts.Mirror; m != nil {
 		mctx, stop := context.WithCancel(context.Background())
 		j.mirrorStop = stop
-		go j.keepMirror(mctx, opts.Mirror)
+		j.mirror = m
+		first := make(chan error, 1)
+		go j.keepMirror(mctx, m, first)
+		go j.watchLink(mctx, m)
+		wait := m.StartWait
+		if wait <= 0 {
+			wait = 5 * time.Second
+		}
+		// A mirror of another host is refused now, as one line, rather
+		// than logged later by a daemon that said it was mirroring.
+		select {
+		case err := <-first:
+			if errors.Is(err, ErrHostTaken) {
+				return err
+			}
+		case <-time.After(wait):
+			j.log.Warn("mirror.pending", "stream", m.StreamName(), "reason", "the fleet has not answered yet; retrying in the background")
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
 )
 
 // Mirror configures replication of the journal to a stream on an existing
@@ -24,38 +26,198 @@ import (
 // fleet keeps its position, so events appended while the link is down
 // arrive, in order and once each, when it is back.
 type Mirror struct {
-	// URL is the fleet's leaf-node endpoint (nats-leaf://, nats:// or
-	// tls://), with user:password in it if the fleet wants them.
-	URL *url.URL
+	// URLs are the fleet's leaf-node endpoints (nats-leaf://, nats:// or
+	// tls://), with user:password in them if the fleet wants them; the link
+	// tries each in turn, so one node down at start does not keep it down.
+	URLs []*url.URL
 	// Credentials is a NATS .creds file for the link, or "".
 	Credentials string
 	// Domain is the fleet's JetStream domain, where the mirror stream is made.
 	Domain string
-	// Host names this host: the local domain is "nexus-<host>", the mirror
-	// stream "NEXUS_<HOST>", and every mirrored subject is prefixed "<host>.".
+	// Host names this host (ValidHostName): the mirror stream is
+	// "NEXUS_<HOST>" and every mirrored subject is prefixed "<host>.".
 	Host string
+	// HostID is the host's identity (host/hostid). It names the embedded
+	// server and its JetStream domain, so two hosts never pass for one on
+	// the fleet, and it is stored in the mirror's metadata, so a second
+	// host with the same name is refused rather than interleaved.
+	HostID string
+	// Replicas of the mirror when nexus creates it; 0 asks for 3 and takes
+	// 1 when the fleet cannot place 3.
+	Replicas int
+	// MaxBytes limits the mirror when nexus creates it; 0 is no limit.
+	MaxBytes int64
+	// Check spaces checks that the mirror still exists (it is re-created
+	// if it was deleted); 0 means 30 s.
+	Check time.Duration
+	// StartWait bounds how long Open waits for the fleet's first answer;
+	// 0 means 5 s. A refusal within it fails Open; a fleet that does not
+	// answer in time is retried in the background.
+	StartWait time.Duration
 }
 
-var hostToken = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+// ErrHostTaken is a mirror stream on the fleet that belongs to another
+// host identity: mirroring into it would interleave two journals.
+var ErrHostTaken = errors.New("journal: mirror stream belongs to another host")
 
-func (m *Mirror) validate() error {
-	if m.URL == nil || m.URL.Host == "" {
-		return errors.New("journal: mirror needs a URL with a host")
-	}
-	if !hostToken.MatchString(m.Host) {
-		return fmt.Errorf("journal: mirror host name %q: want 1-64 letters, digits, '-' or '_'", m.Host)
-	}
-	if !hostToken.MatchString(m.Domain) {
-		return fmt.Errorf("journal: mirror domain %q: want 1-64 letters, digits, '-' or '_'", m.Domain)
+// metaHostID and metaHost are the mirror stream's metadata keys.
+const (
+	metaHostID = "nexus_host_id"
+	metaHost   = "nexus_host"
+)
+
+var (
+	hostToken = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+	hostName  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+)
+
+// ValidHostName checks a fleet host name: 1-63 of a-z, 0-9 and '-', not
+// starting or ending with '-'. Upper case and '_' are refused rather than
+// folded, so two names an operator typed differently never name one stream
+// (the stream name upper-cases and turns '-' into '_').
+func ValidHostName(name string) error {
+	if !hostName.MatchString(name) {
+		return fmt.Errorf("host name %q: want 1-63 of a-z, 0-9 and '-', not starting or ending with '-'", name)
 	}
 	return nil
 }
 
-func (m *Mirror) localDomain() string { return "nexus-" + m.Host }
+// HostNameFrom turns an OS hostname into a valid host name: the first
+// label, lower-cased, every other character '-'. Distinct hostnames may
+// fold into one name; the identity check on the fleet catches that.
+func HostNameFrom(hostname string) string {
+	h, _, _ := strings.Cut(hostname, ".")
+	h = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, h)
+	if len(h) > 63 {
+		h = h[:63]
+	}
+	if h = strings.Trim(h, "-"); h == "" {
+		return "host"
+	}
+	return h
+}
+
+func (m *Mirror) validate() error {
+	if len(m.URLs) == 0 {
+		return errors.New("journal: mirror needs a fleet URL")
+	}
+	for _, u := range m.URLs {
+		if err := checkFleetURL(u); err != nil {
+			return err
+		}
+	}
+	if err := ValidHostName(m.Host); err != nil {
+		return fmt.Errorf("journal: mirror %w", err)
+	}
+	if _, err := ulid.ParseStrict(m.HostID); err != nil {
+		return fmt.Errorf("journal: mirror host identity %q: %v", m.HostID, err)
+	}
+	if !hostToken.MatchString(m.Domain) {
+		return fmt.Errorf("journal: mirror domain %q: want 1-64 letters, digits, '-' or '_'", m.Domain)
+	}
+	if m.Replicas < 0 || m.Replicas > 5 {
+		return fmt.Errorf("journal: mirror replicas %d: want 1-5 (0 for 3 where the fleet has room)", m.Replicas)
+	}
+	if m.Credentials != "" {
+		// The server only logs an unreadable creds file, and then never
+		// links: the daemon would say "mirroring" and mirror nothing.
+		data, err := os.ReadFile(m.Credentials)
+		if err != nil {
+			return fmt.Errorf("journal: mirror credentials: %w", err)
+		}
+		if !strings.Contains(string(data), "BEGIN NATS USER JWT") {
+			return fmt.Errorf("journal: mirror credentials %s: not a NATS .creds file", m.Credentials)
+		}
+	}
+	return nil
+}
+
+// checkFleetURL refuses what the link could never dial, naming the URL
+// without its password.
+func checkFleetURL(u *url.URL) error {
+	if u == nil || u.Hostname() == "" {
+		return errors.New("journal: mirror URL needs a host")
+	}
+	switch u.Scheme {
+	case "nats-leaf", "nats", "tls":
+	default:
+		return fmt.Errorf("journal: mirror URL %s: scheme %q: want nats-leaf, nats or tls", u.Redacted(), u.Scheme)
+	}
+	if p := u.Port(); p != "" {
+		var n int
+		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("journal: mirror URL %s: bad port", u.Redacted())
+		}
+	}
+	return nil
+}
+
+// ParseFleetURL parses one fleet URL; its errors never repeat a password.
+func ParseFleetURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("mirror URL %s: want nats-leaf://[user:pass@]HOST:PORT", RedactURL(s))
+	}
+	if err := checkFleetURL(u); err != nil {
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "journal: "))
+	}
+	return u, nil
+}
+
+// RedactURL hides the user information of a URL that may not parse.
+func RedactURL(s string) string {
+	if u, err := url.Parse(s); err == nil {
+		return u.Redacted()
+	}
+	scheme, rest, ok := strings.Cut(s, "://")
+	if !ok {
+		rest, scheme = s, ""
+	}
+	if i := strings.LastIndex(rest, "@"); i >= 0 {
+		rest = "xxxxx@" + rest[i+1:]
+	}
+	if scheme != "" {
+		return scheme + "://" + rest
+	}
+	return rest
+}
+
+// Redacted lists the fleet URLs without passwords, for logs and status.
+func (m *Mirror) Redacted() []string {
+	out := make([]string, len(m.URLs))
+	for i, u := range m.URLs {
+		out[i] = u.Redacted()
+	}
+	return out
+}
+
+// identity is lower-case so it is a valid domain and server name.
+func (m *Mirror) identity() string { return strings.ToLower(m.HostID) }
+
+// localDomain is the embedded server's JetStream domain: from the
+// identity, so the fleet's consumer requests for one host's journal can
+// only ever reach that host.
+func (m *Mirror) localDomain() string { return "nexus-" + m.identity() }
+
+// serverName is distinct per host: a hub treats two leaf links with one
+// server name as one server reconnecting and drops the older.
+func (m *Mirror) serverName() string { return "nexus-" + m.Host + "-" + m.identity() }
 
 // StreamName is the mirror stream's name on the fleet.
-func (m *Mirror) StreamName() string {
-	return StreamName + "_" + strings.ToUpper(strings.ReplaceAll(m.Host, "-", "_"))
+func (m *Mirror) StreamName() string { return MirrorStream(m.Host) }
+
+// MirrorStream is the fleet stream a valid host name mirrors into; it is
+// injective over valid names, which hold no '_' and no upper case.
+func MirrorStream(host string) string {
+	return StreamName + "_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
 }
 
 // deniedFromFleet is every subject the fleet may not send into this
@@ -78,7 +240,7 @@ func deniedFromFleet(domain string) []string {
 // leafRemote is the embedded server's side of the link.
 func (m *Mirror) leafRemote() *server.RemoteLeafOpts {
 	return &server.RemoteLeafOpts{
-		URLs:        []*url.URL{m.URL},
+		URLs:        m.URLs,
 		Credentials: m.Credentials,
 		DenyImports: deniedFromFleet(m.localDomain()),
 	}
@@ -88,17 +250,120 @@ func (m *Mirror) leafRemote() *server.RemoteLeafOpts {
 // is unreachable.
 const mirrorRetry = 2 * time.Second
 
-// keepMirror creates (or updates) the mirror stream on the fleet, retrying
-// until it succeeds or ctx ends. Once it exists the fleet does the rest.
-func (j *Journal) keepMirror(ctx context.Context, m *Mirror) {
+// keepMirror makes sure the mirror stream exists on the fleet until ctx
+// ends: created when missing (again if someone deleted it), refused for
+// good when it belongs to another host. first gets the first verdict.
+func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error) {
 	fleet, err := jetstream.NewWithDomain(j.nc, m.Domain)
 	if err != nil {
 		j.setMirrorErr(err)
+		first <- err
 		return
 	}
+	every := m.Check
+	if every <= 0 {
+		every = 30 * time.Second
+	}
+	told := false
+	for {
+		err := j.ensureMirror(ctx, fleet, m)
+		j.setMirrorErr(err)
+		if !told && (err == nil || errors.Is(err, ErrHostTaken)) {
+			first <- err
+			told = true
+		}
+		if errors.Is(err, ErrHostTaken) {
+			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
+			return
+		}
+		wait := every
+		if err != nil {
+			wait = mirrorRetry
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// ensureMirror is one check of the mirror on the fleet. It creates a
+// missing mirror with the settings, and never rewrites one that exists:
+// replicas or limits an operator changed stay (a difference is logged),
+// only an explicit request for more replicas is applied.
+func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m *Mirror) error {
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	s, err := fleet.Stream(actx, m.StreamName())
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return j.createMirror(actx, fleet, m)
+	}
+	if err != nil {
+		return fmt.Errorf("mirror %s: %w", m.StreamName(), err)
+	}
+	cfg := s.CachedInfo().Config
+	if err := m.owns(cfg); err != nil {
+		return err
+	}
+	j.mirrorMu.Lock()
+	j.mirrorSeen = true
+	j.mirrorMu.Unlock()
+	if m.Replicas > cfg.Replicas {
+		was := cfg.Replicas
+		cfg.Replicas = m.Replicas
+		if _, err := fleet.UpdateStream(actx, cfg); err != nil {
+			return fmt.Errorf("mirror %s: raise replicas %d to %d: %w", m.StreamName(), was, m.Replicas, err)
+		}
+		j.log.Info("mirror.updated", "stream", m.StreamName(), "replicas", m.Replicas, "was", was)
+		return nil
+	}
+	var drift []string
+	if m.Replicas > 0 && cfg.Replicas != m.Replicas {
+		drift = append(drift, fmt.Sprintf("replicas %d (nexus asks %d)", cfg.Replicas, m.Replicas))
+	}
+	if want := maxBytes(m.MaxBytes); cfg.MaxBytes != want {
+		drift = append(drift, fmt.Sprintf("max bytes %d (nexus asks %d)", cfg.MaxBytes, want))
+	}
+	d := strings.Join(drift, ", ")
+	j.mirrorMu.Lock()
+	changed := d != j.mirrorDrift
+	j.mirrorDrift = d
+	j.mirrorMu.Unlock()
+	if changed && d != "" {
+		j.log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
+	}
+	return nil
+}
+
+func maxBytes(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+// owns checks an existing stream was made by this host identity.
+func (m *Mirror) owns(cfg jetstream.StreamConfig) error {
+	id := cfg.Metadata[metaHostID]
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: %s exists on the fleet without a host identity (made by hand or an older nexus); delete it there or choose another host name", ErrHostTaken, cfg.Name)
+	case id != m.HostID:
+		return fmt.Errorf("%w: %s is the mirror of host %q with identity %s, not this host (%s); choose another host name", ErrHostTaken, cfg.Name, cfg.Metadata[metaHost], id, m.HostID)
+	}
+	return nil
+}
+
+// createMirror makes the mirror stream. Replicas 0 asks for 3 and falls
+// back to 1 only when the fleet says it cannot place them.
+func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m *Mirror) error {
 	cfg := jetstream.StreamConfig{
-		Name:    m.StreamName(),
-		Storage: jetstream.FileStorage,
+		Name:        m.StreamName(),
+		Description: fmt.Sprintf("nexus journal of host %s (%s)", m.Host, m.HostID),
+		Storage:     jetstream.FileStorage,
+		Replicas:    m.Replicas,
+		MaxBytes:    maxBytes(m.MaxBytes),
 		Mirror: &jetstream.StreamSource{
 			Name:              StreamName,
 			Domain:            m.localDomain(),
@@ -106,19 +371,59 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror) {
 		},
 		DenyDelete: true,
 		DenyPurge:  true,
+		Metadata:   map[string]string{metaHostID: m.HostID, metaHost: m.Host},
 	}
+	if cfg.Replicas == 0 {
+		cfg.Replicas = 3
+	}
+	_, err := fleet.CreateStream(ctx, cfg)
+	var api *jetstream.APIError
+	if err != nil && m.Replicas == 0 && errors.As(err, &api) && cannotPlace(api.ErrorCode) {
+		cfg.Replicas = 1
+		_, err = fleet.CreateStream(ctx, cfg)
+	}
+	if err != nil {
+		return fmt.Errorf("mirror %s: create: %w", m.StreamName(), err)
+	}
+	j.mirrorMu.Lock()
+	seen := j.mirrorSeen
+	j.mirrorSeen = true
+	j.mirrorMu.Unlock()
+	msg := "mirror.created"
+	if seen {
+		msg = "mirror.recreated"
+	}
+	j.log.Info(msg, "stream", m.StreamName(), "replicas", cfg.Replicas, "domain", m.Domain)
+	return nil
+}
+
+// cannotPlace: the fleet has too few servers (or is not clustered) for
+// the replicas asked.
+func cannotPlace(code jetstream.ErrorCode) bool {
+	switch code {
+	case 10074, 10023, 10005: // replicas not supported, insufficient resources, no peers
+		return true
+	}
+	return false
+}
+
+// watchLink logs the leaf link going up and down.
+func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
+	up := false
 	for {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err := fleet.CreateOrUpdateStream(actx, cfg)
-		cancel()
-		j.setMirrorErr(err)
-		if err == nil {
-			return
+		now := j.srv.NumLeafNodes() > 0
+		if now != up {
+			up = now
+			if up {
+				j.log.Info("mirror.linked", "urls", strings.Join(m.Redacted(), ","))
+			} else {
+				j.log.Warn("mirror.unlinked", "urls", strings.Join(m.Redacted(), ","))
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(mirrorRetry):
+		case <-time.After(time.Second):
 		}
 	}
 }
@@ -142,25 +447,53 @@ func (j *Journal) MirrorStatus() (ok bool, lastErr string) {
 
 // ReadMirror reads every record of a mirror stream on the fleet (or any
 // JetStream holding nexus events) at natsURL, in order, for replay. It only
-// reads: an ordered consumer, nothing acknowledged or deleted. Subjects
-// keep the mirror's host prefix.
-func ReadMirror(ctx context.Context, natsURL, credsFile, stream string, fn func(Record) error) error {
+// reads: an ordered consumer, or, with apiPrefix (an auditor of the fleet
+// template, allowed stream info and get only), each message by sequence;
+// nothing is acknowledged or deleted. Subjects keep the mirror's host
+// prefix. An empty mirror, or one whose first sequence is not 1, is an
+// error: a journal starts at 1 and never loses its head, so either means
+// the audit copy is not the journal.
+func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(Record) error) error {
 	opts := []nats.Option{nats.Name("nexus replay")}
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
 	}
 	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("journal: connect to %s: %w", natsURL, err)
+		return fmt.Errorf("journal: connect to %s: %w", RedactURL(natsURL), err)
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
+	var js jetstream.JetStream
+	if apiPrefix != "" {
+		js, err = jetstream.NewWithAPIPrefix(nc, apiPrefix)
+	} else {
+		js, err = jetstream.New(nc)
+	}
 	if err != nil {
 		return err
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return fmt.Errorf("journal: stream %s at %s: %w", stream, natsURL, err)
+		return fmt.Errorf("journal: stream %s at %s: %w", stream, RedactURL(natsURL), err)
 	}
-	return scan(ctx, s, Range{}, nil, fn)
+	st := s.CachedInfo().State
+	switch {
+	case st.Msgs == 0:
+		return fmt.Errorf("journal: mirror %s is empty: it holds none of the host's journal", stream)
+	case st.FirstSeq != 1:
+		return fmt.Errorf("journal: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
+	}
+	if apiPrefix == "" {
+		return scan(ctx, s, Range{}, nil, fn)
+	}
+	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			return fmt.Errorf("journal: %s sequence %d: %w", stream, seq, err)
+		}
+		if err := fn(Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
@@ -114,14 +116,28 @@ func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*
 // fleet's leaf port.
 func openMirrored(t *testing.T, leafPort int) (*Journal, *Mirror) {
 	t.Helper()
-	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, leafPort))
-	m := &Mirror{URL: u, Domain: fleetDomain, Host: "host-a"}
-	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	j, m, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { j.Close() })
 	return j, m
+}
+
+// openHost opens a fresh journal mirroring as host name with identity id
+// to the fleet's leaf ports, logging to log (nil: nowhere).
+func openHost(t *testing.T, name, id string, log *slog.Logger, leafPorts ...int) (*Journal, *Mirror, error) {
+	t.Helper()
+	m := &Mirror{Domain: fleetDomain, Host: name, HostID: id, Check: 200 * time.Millisecond}
+	for _, p := range leafPorts {
+		u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, p))
+		m.URLs = append(m.URLs, u)
+	}
+	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m, Logger: log})
+	if err != nil {
+		return nil, m, err
+	}
+	t.Cleanup(func() { j.Close() })
+	return j, m, nil
 }
 
 func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
@@ -157,7 +173,7 @@ func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
 
 	// replay reads the mirror as it reads a journal: ids kept, in order.
 	var recs []Record
-	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", m.StreamName(), func(r Record) error {
+	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(r Record) error {
 		recs = append(recs, r)
 		return nil
 	}); err != nil {

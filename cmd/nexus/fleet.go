@@ -1,0 +1,103 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/host/journal"
+)
+
+func fleetCmd(g *globals) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "fleet",
+		Short: "This host's mirror on the fleet, and the fleet's permission template",
+	}
+	c.AddCommand(fleetStatusCmd(g), fleetTemplateCmd())
+	return c
+}
+
+func fleetStatusCmd(g *globals) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show the mirror's link, stream and lag, as the daemon sees them",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := control.FleetStatus(cmd.Context(), g.stateDir)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return json.NewEncoder(out).Encode(st)
+			}
+			printMirrorState(out, st)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func printMirrorState(w interface{ Write([]byte) (int, error) }, st *journal.MirrorState) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	link := "down"
+	if st.Connected {
+		link = "connected"
+	}
+	fmt.Fprintf(tw, "host\t%s (%s)\n", st.Host, st.HostID)
+	fmt.Fprintf(tw, "link\t%s via %s\n", link, strings.Join(st.URLs, ", "))
+	switch {
+	case st.Exists:
+		fmt.Fprintf(tw, "mirror\t%s in domain %s, %d replicas\n", st.Stream, st.Domain, st.Replicas)
+		fmt.Fprintf(tw, "sequence\tjournal %d, mirror %d\n", st.JournalLastSeq, st.MirrorLastSeq)
+		fmt.Fprintf(tw, "lag\t%d events, %.1fs\n", st.LagEvents, st.LagSeconds)
+	default:
+		fmt.Fprintf(tw, "mirror\t%s in domain %s: not seen on the fleet\n", st.Stream, st.Domain)
+		fmt.Fprintf(tw, "sequence\tjournal %d\n", st.JournalLastSeq)
+	}
+	if st.Drift != "" {
+		fmt.Fprintf(tw, "kept\t%s\n", st.Drift)
+	}
+	if st.LastError != "" {
+		fmt.Fprintf(tw, "error\t%s\n", st.LastError)
+	}
+	tw.Flush()
+}
+
+func fleetTemplateCmd() *cobra.Command {
+	var hosts []string
+	var t journal.Template
+	var domain, maxBytes string
+	c := &cobra.Command{
+		Use:   "template --host NAME [--host NAME...]",
+		Short: "Print the fleet's account and permission configuration: one account per host, a read-only auditor",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			for _, h := range hosts {
+				t.Hosts = append(t.Hosts, strings.Split(h, ",")...)
+			}
+			n, err := parseBytes(maxBytes)
+			if err != nil {
+				return usageError{fmt.Errorf("--max-bytes %q: %w", maxBytes, err)}
+			}
+			t.MaxBytes = n
+			conf, err := t.Config(domain)
+			if err != nil {
+				return usageError{err}
+			}
+			_, err = fmt.Fprint(cmd.OutOrStdout(), conf)
+			return err
+		},
+	}
+	c.Flags().StringArrayVar(&hosts, "host", nil, "a host name of the fleet (repeat, or separate with commas)")
+	c.Flags().StringVar(&t.Auditor, "auditor", "auditor", "the auditors' user name")
+	c.Flags().StringVar(&domain, "domain", "fleet", "the fleet's JetStream domain (daemon --mirror-domain)")
+	c.Flags().StringVar(&maxBytes, "max-bytes", "0", "JetStream storage limit of each host's account (0: none)")
+	return c
+}

@@ -1,0 +1,168 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
+)
+
+// Every mirror misconfiguration is a one-line error at daemon start,
+// never "mirroring" followed by nothing, and no message shows a password.
+func TestDaemonMirrorMisconfiguration(t *testing.T) {
+	root := t.TempDir()
+	for _, c := range []struct {
+		args    []string
+		code    int
+		mention string
+	}{
+		{[]string{"--mirror", "http://u:pw1@h:4222"}, 2, "scheme"},
+		{[]string{"--mirror", "nats-leaf://u:pw1@h:99999"}, 2, "port"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422,nats-leaf://u:pw1@:7422"}, 2, "--mirror"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-host", "Host_A"}, 2, "--mirror-host"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-replicas", "9"}, 2, "--mirror-replicas"},
+		{[]string{"--mirror", "nats-leaf://u:pw1@127.0.0.1:7422", "--mirror-creds", root + "/no.creds"}, 1, "no.creds"},
+	} {
+		r := nexus(t, root, append([]string{"daemon"}, c.args...)...)
+		wantFailure(t, r, c.code, c.mention)
+		if strings.Contains(r.stderr, "pw1") {
+			t.Fatalf("%v: the error shows the password: %q", c.args, r.stderr)
+		}
+	}
+}
+
+func TestFleetTemplateAndStatusErrors(t *testing.T) {
+	root := t.TempDir()
+	r := nexus(t, root, "fleet", "template", "--host", "host-a,host-b", "--host", "host-c")
+	if r.code != 0 {
+		t.Fatalf("template: exit %d: %s", r.code, r.stderr)
+	}
+	for _, want := range []string{"NEXUS_HOST_A: {", "NEXUS_HOST_C: {", "$NEXUS_HOST_B_PASSWORD", "NEXUS_AUDIT: {", `"LEAFNODE"`, "STREAM.DELETE"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Fatalf("template lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	wantFailure(t, nexus(t, root, "fleet", "template"), 2, "host")
+	wantFailure(t, nexus(t, root, "fleet", "template", "--host", "Host_A"), 2, "Host_A")
+	wantFailure(t, nexus(t, root, "fleet", "template", "--host", "a,a"), 2, "twice")
+	wantFailure(t, nexus(t, root, "fleet", "status"), 1, "no daemon")
+}
+
+// lockedBuffer collects a daemon's log while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// fleetStatus polls `nexus fleet status --json` until ok accepts it.
+func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) journal.MirrorState {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		r := nexus(t, root, "fleet", "status", "--json")
+		var st journal.MirrorState
+		if r.code == 0 && json.Unmarshal([]byte(r.stdout), &st) == nil && ok(st) {
+			if strings.Contains(r.stdout, "fleet-secret") {
+				t.Fatalf("status shows the password: %s", r.stdout)
+			}
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleet status never as wanted; last: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestFleetStatusThroughDaemon: a daemon mirroring to a real fleet
+// server (the URL, with its password, from NEXUS_MIRROR) reports link,
+// sequences and lag, and says when the fleet goes away.
+func TestFleetStatusThroughDaemon(t *testing.T) {
+	o := &server.Options{ServerName: "fleet", Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leafPort := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", leafPort
+	o.LeafNode.Username, o.LeafNode.Password = "leaf", "fleet-secret"
+	fleet, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet.Start()
+	defer fleet.Shutdown()
+	if !fleet.ReadyForConnections(10 * time.Second) {
+		t.Fatal("fleet not ready")
+	}
+	leaf := fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", leafPort)
+
+	root := shortRoot(t)
+	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", "host-a")
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
+	var logs lockedBuffer
+	d.Stderr = &logs
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Process.Signal(syscall.SIGTERM)
+		d.Wait()
+	})
+	waitUntil(t, "daemon serving", func() bool { return strings.Contains(logs.String(), `"serving"`) })
+	mustOK(t, nexus(t, root, "demo"), "demo")
+
+	st := fleetStatus(t, root, func(s journal.MirrorState) bool {
+		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq
+	})
+	if st.Host != "host-a" || st.Stream != "NEXUS_HOST_A" || st.LagEvents != 0 || st.Replicas != 1 {
+		t.Fatalf("status of a current mirror on a one-node fleet: %+v", st)
+	}
+	id, err := os.ReadFile(filepath.Join(root, "host-id"))
+	if err != nil || strings.TrimSpace(string(id)) != st.HostID {
+		t.Fatalf("status host id %q, root's host-id %q (%v)", st.HostID, id, err)
+	}
+	text := mustOK(t, nexus(t, root, "fleet", "status"), "fleet status")
+	if !strings.Contains(text.stdout, "connected") || !strings.Contains(text.stdout, "lag") {
+		t.Fatalf("fleet status text: %q", text.stdout)
+	}
+
+	// The mirror audits like the journal.
+	mustOK(t, nexus(t, root, "replay", "verify", "--nats", fleet.ClientURL(), "--stream", st.Stream), "replay verify of the mirror")
+
+	fleet.Shutdown()
+	fleet.WaitForShutdown()
+	fleetStatus(t, root, func(s journal.MirrorState) bool { return !s.Connected })
+	for _, want := range []string{"mirror.created", "mirror.linked", "mirror.unlinked"} {
+		waitUntil(t, want, func() bool { return strings.Contains(logs.String(), want) })
+	}
+	if strings.Contains(logs.String(), "fleet-secret") {
+		t.Fatalf("the daemon log shows the password:\n%s", logs.String())
+	}
+}

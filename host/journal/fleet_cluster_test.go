@@ -1,0 +1,290 @@
+package journal
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+)
+
+// fleetCluster is three nats-server nodes clustered over routes, each
+// with its own store, configured from a file holding the template, as an
+// operator would run them.
+type fleetCluster struct {
+	nodes     []*server.Server
+	leafPorts []int
+}
+
+func startCluster(t *testing.T, tmpl string) *fleetCluster {
+	t.Helper()
+	const n = 3
+	client, route, leaf := make([]int, n), make([]int, n), make([]int, n)
+	for i := range n {
+		client[i], route[i], leaf[i] = freePort(t), freePort(t), freePort(t)
+	}
+	c := &fleetCluster{leafPorts: leaf}
+	dir := t.TempDir()
+	for i := range n {
+		var routes []string
+		for k := range n {
+			if k != i {
+				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", route[k]))
+			}
+		}
+		conf := fmt.Sprintf(`server_name: node-%d
+listen: 127.0.0.1:%d
+jetstream { store_dir: %q, domain: %s }
+cluster { name: fleet, listen: 127.0.0.1:%d, routes: [%s] }
+leafnodes { listen: 127.0.0.1:%d }
+%s`, i, client[i], filepath.Join(dir, fmt.Sprint(i)), fleetDomain, route[i], strings.Join(routes, ", "), leaf[i], tmpl)
+		path := filepath.Join(dir, fmt.Sprintf("node-%d.conf", i))
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o, err := server.ProcessConfigFile(path)
+		if err != nil {
+			t.Fatalf("node %d config: %v", i, err)
+		}
+		o.NoLog, o.NoSigs = true, true
+		s, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Start()
+		t.Cleanup(s.Shutdown)
+		c.nodes = append(c.nodes, s)
+	}
+	for _, s := range c.nodes {
+		if !s.ReadyForConnections(20 * time.Second) {
+			t.Fatal("fleet node not ready")
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, s := range c.nodes {
+			if s.JetStreamIsLeader() {
+				return c
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fleet elected no JetStream meta leader")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// urls are the leaf URLs of every node for user:pass.
+func (c *fleetCluster) urls(user, pass string) []*url.URL {
+	var out []*url.URL
+	for _, p := range c.leafPorts {
+		u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", user, pass, p))
+		out = append(out, u)
+	}
+	return out
+}
+
+func openFleetHost(t *testing.T, c *fleetCluster, name, pass string) (*Journal, *Mirror) {
+	t.Helper()
+	m := &Mirror{URLs: c.urls(name, pass), Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), StartWait: 20 * time.Second}
+	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	return j, m
+}
+
+// auditorRead reads a mirror as the auditor: info, then every message by
+// sequence, the only requests the template lets an auditor send.
+func auditorRead(t *testing.T, js jetstream.JetStream, stream string) (jetstream.StreamConfig, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("auditor: stream %s: %v", stream, err)
+	}
+	info := s.CachedInfo()
+	var out []string
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("auditor: %s seq %d: %v", stream, seq, err)
+		}
+		out = append(out, m.Subject+" "+string(m.Data))
+	}
+	return info.Config, out
+}
+
+func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []string {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s, err := js.Stream(ctx, stream)
+		cancel()
+		if err == nil && s.CachedInfo().State.Msgs >= uint64(n) {
+			_, got := auditorRead(t, js, stream)
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s did not reach %d messages (last error %v)", stream, n, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestFleetTemplateIsolatesHosts runs the printed template on a real
+// three-node JetStream cluster with two hosts and proves: mirrors default
+// to 3 replicas; the auditor reads every mirror and changes none; host A's
+// identity cannot be used as a client, and over a leaf link it cannot
+// read, delete, purge or replace B's mirror, nor delete or purge its own.
+func TestFleetTemplateIsolatesHosts(t *testing.T) {
+	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit"}
+	for user, p := range passes {
+		t.Setenv(PasswordVar(user), p)
+	}
+	tmpl, err := Template{Hosts: []string{"host-a", "host-b"}, Auditor: "auditor"}.Config(fleetDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, tmpl)
+	a, ma := openFleetHost(t, c, "host-a", passes["host-a"])
+	b, mb := openFleetHost(t, c, "host-b", passes["host-b"])
+	appendN(t, a, 0, 4)
+	appendN(t, b, 100, 6)
+
+	audit, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("auditor", passes["auditor"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer audit.Close()
+	ajs, _ := jetstream.NewWithAPIPrefix(audit, AuditAPIPrefix)
+	gotA := awaitAudited(t, ajs, ma.StreamName(), 4)
+	gotB := awaitAudited(t, ajs, mb.StreamName(), 6)
+	if cfg, _ := auditorRead(t, ajs, mb.StreamName()); cfg.Replicas != 3 {
+		t.Fatalf("mirror made with %d replicas on a 3-node fleet, want 3", cfg.Replicas)
+	}
+	if !strings.HasPrefix(gotB[0], "host-b.nexus.events.") || !strings.HasSuffix(gotB[0], "event 100") {
+		t.Fatalf("B's mirror starts %q", gotB[0])
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// The auditor is read-only.
+	if err := ajs.DeleteStream(ctx, mb.StreamName()); err == nil {
+		t.Fatal("the auditor deleted B's mirror")
+	}
+	if _, err := ajs.CreateStream(ctx, jetstream.StreamConfig{Name: "X", Subjects: []string{"x"}}); err == nil {
+		t.Fatal("the auditor created a stream")
+	}
+
+	// A's password is for leaf links only.
+	if nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("host-a", passes["host-a"])); err == nil {
+		nc.Close()
+		t.Fatal("host-a's identity connected as a client")
+	}
+
+	// An attacker holding A's identity links a server of its own as A.
+	ao := &server.Options{ServerName: "attacker", DontListen: true, NoLog: true, NoSigs: true}
+	ao.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: c.urls("host-a", passes["host-a"])}}
+	atk, err := server.NewServer(ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atk.Start()
+	defer atk.Shutdown()
+	if !atk.ReadyForConnections(10 * time.Second) {
+		t.Fatal("attacker server not ready")
+	}
+	for atk.NumLeafNodes() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("attacker never linked")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	anc, err := nats.Connect("", nats.InProcessServer(atk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anc.Close()
+	var seenB atomic.Int64
+	sub, _ := anc.Subscribe(">", func(m *nats.Msg) {
+		// The attacker's own requests name B's stream; B's events never
+		// reach A's account.
+		if strings.HasPrefix(m.Subject, "host-b.") || strings.Contains(string(m.Data), "event 10") {
+			seenB.Add(1)
+		}
+	})
+	defer sub.Unsubscribe()
+	fjs, _ := jetstream.NewWithDomain(anc, fleetDomain)
+	try := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 3*time.Second) }
+
+	c1, x1 := try()
+	if s, err := fjs.Stream(c1, mb.StreamName()); err == nil {
+		t.Fatalf("A read B's mirror: %+v", s.CachedInfo().State)
+	}
+	x1()
+	c2, x2 := try()
+	if err := fjs.DeleteStream(c2, mb.StreamName()); err == nil {
+		t.Fatal("A deleted B's mirror")
+	}
+	x2()
+	c3, x3 := try()
+	// A replacement of B's mirror: a stream of that name fed from A.
+	fjs.CreateStream(c3, jetstream.StreamConfig{Name: mb.StreamName(), Mirror: &jetstream.StreamSource{Name: StreamName, Domain: ma.localDomain()}})
+	x3()
+	c4, x4 := try()
+	if err := fjs.DeleteStream(c4, ma.StreamName()); err == nil {
+		t.Fatal("A deleted its own mirror")
+	}
+	x4()
+	c5, x5 := try()
+	if s, err := fjs.Stream(c5, ma.StreamName()); err == nil {
+		if err := s.Purge(c5); err == nil {
+			t.Fatal("A purged its own mirror")
+		}
+	}
+	x5()
+
+	// B keeps appending; its mirror, as the auditor reads it, is exactly
+	// B's journal, and A's is intact.
+	appendN(t, b, 106, 2)
+	if got := awaitAudited(t, ajs, mb.StreamName(), 8); len(got) != 8 || got[0] != gotB[0] || !strings.HasSuffix(got[7], "event 107") {
+		t.Fatalf("B's mirror after A's attempts: %q", got)
+	}
+	if got := awaitAudited(t, ajs, ma.StreamName(), 4); len(got) != 4 || got[0] != gotA[0] {
+		t.Fatalf("A's mirror after its attempts: %q", got)
+	}
+	// replay reads B's mirror as the auditor, by sequence, ids kept.
+	auditURL := fmt.Sprintf("nats://auditor:%s@%s", passes["auditor"], strings.TrimPrefix(c.nodes[1].ClientURL(), "nats://"))
+	var recs []Record
+	if err := ReadMirror(ctx, auditURL, "", AuditAPIPrefix, mb.StreamName(), func(r Record) error {
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 8 || recs[0].Seq != 1 || recs[0].MsgID != "m-100" || recs[7].MsgID != "m-107" {
+		t.Fatalf("auditor's replay of B: %d records, first %+v", len(recs), recs[0])
+	}
+	time.Sleep(500 * time.Millisecond)
+	if n := seenB.Load(); n != 0 {
+		t.Fatalf("A's link saw %d of B's messages", n)
+	}
+	// Status from each host: linked, current, three replicas.
+	st := b.MirrorState(context.Background())
+	if !st.Connected || !st.Exists || st.LagEvents != 0 || st.MirrorLastSeq != 8 || st.Replicas != 3 {
+		t.Fatalf("B's mirror state: %+v", st)
+	}
+}

@@ -1,0 +1,254 @@
+package journal
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+)
+
+func TestHostNames(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		ok   bool
+	}{
+		{"host-a", true}, {"a", true}, {"h0st-9", true}, {strings.Repeat("a", 63), true},
+		{"host_a", false}, {"Host-A", false}, {"-a", false}, {"a-", false}, {"", false},
+		{strings.Repeat("a", 64), false}, {"a.b", false}, {"a b", false},
+	} {
+		if err := ValidHostName(c.name); (err == nil) != c.ok {
+			t.Errorf("ValidHostName(%q) = %v, want ok=%v", c.name, err, c.ok)
+		}
+	}
+	// Over valid names the stream name is injective: '-' becomes '_',
+	// which no valid name holds, and upper case, which none holds either.
+	seen := map[string]string{}
+	for _, n := range []string{"host-a", "hosta", "host-a-b", "host-ab", "hos-ta", "a-b-c", "ab-c"} {
+		s := MirrorStream(n)
+		if prev, ok := seen[s]; ok {
+			t.Fatalf("%q and %q share stream %s", prev, n, s)
+		}
+		seen[s] = n
+	}
+	for in, want := range map[string]string{
+		"Host_A.example.com": "host-a", "web01": "web01", "--x--": "x", "": "host", "é": "host",
+		strings.Repeat("b", 70): strings.Repeat("b", 63),
+	} {
+		got := HostNameFrom(in)
+		if got != want {
+			t.Errorf("HostNameFrom(%q) = %q, want %q", in, got, want)
+		}
+		if err := ValidHostName(got); err != nil {
+			t.Errorf("HostNameFrom(%q) = %q is not valid: %v", in, got, err)
+		}
+	}
+}
+
+// syncBuffer is a log sink the mirror goroutines write while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Two hosts that chose one name: the second is refused at Open, in one
+// line, and the first's mirror holds only the first's events.
+func TestMirrorRefusesAnotherHostsStream(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	a, m, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, a, 0, 3)
+	awaitMirrored(t, fleet, m.StreamName(), 3)
+
+	_, _, err = openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
+	if !errors.Is(err, ErrHostTaken) {
+		t.Fatalf("a second host named host-a opened: %v", err)
+	}
+	if strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "NEXUS_HOST_A") {
+		t.Fatalf("refusal is not one line naming the stream: %q", err)
+	}
+	// The same identity reopening (a restart) is not a collision.
+	got := mirrored(t, fleet, m.StreamName())
+	if len(got) != 3 {
+		t.Fatalf("host-a's mirror holds %d messages, want 3", len(got))
+	}
+}
+
+// Many hosts on one hub: distinct server names mean no host's link evicts
+// another's, so every mirror fills and every link stays up.
+func TestMirrorHostsDoNotEvictEachOther(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	const hosts = 4
+	var js []*Journal
+	var ms []*Mirror
+	for i := range hosts {
+		j, m, err := openHost(t, "host-"+string(rune('a'+i)), ulid.Make().String(), nil, leafPort)
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, ms = append(js, j), append(ms, m)
+	}
+	for i, j := range js {
+		appendN(t, j, 0, 5)
+		awaitMirrored(t, fleet, ms[i].StreamName(), 5)
+	}
+	// An eviction shows as the hub's leaf count dropping below the hosts.
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := fleet.NumLeafNodes(); n != hosts {
+			t.Fatalf("hub has %d leaf links, want %d: a host's link was dropped", n, hosts)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A mirror deleted on the fleet comes back, and the daemon's log says so;
+// an operator's replicas/limit change is kept and reported, not reset.
+func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
+	leafPort, clientPort := freePort(t), freePort(t)
+	fleet := startFleet(t, t.TempDir(), clientPort, leafPort)
+	defer fleet.Shutdown()
+	var logs syncBuffer
+	j, m, err := openHost(t, "host-a", ulid.Make().String(), slog.New(slog.NewTextHandler(&logs, nil)), leafPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, j, 0, 4)
+	awaitMirrored(t, fleet, m.StreamName(), 4)
+
+	nc, err := nats.Connect(fleet.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// The operator limits the mirror; the daemon must not undo it.
+	s, err := js.Stream(ctx, m.StreamName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxBytes = 1 << 30
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, &logs, "mirror.settings-differ")
+	if s, _ = js.Stream(ctx, m.StreamName()); s.CachedInfo().Config.MaxBytes != 1<<30 {
+		t.Fatalf("operator's limit reset to %d", s.CachedInfo().Config.MaxBytes)
+	}
+
+	if err := js.DeleteStream(ctx, m.StreamName()); err != nil {
+		t.Fatal(err)
+	}
+	got := awaitMirrored(t, fleet, m.StreamName(), 4)
+	if len(got) != 4 {
+		t.Fatalf("re-created mirror holds %d, want 4", len(got))
+	}
+	waitLog(t, &logs, "mirror.recreated")
+	if strings.Contains(logs.String(), leafPass) {
+		t.Fatal("the log holds the fleet password")
+	}
+	if !strings.Contains(logs.String(), "mirror.linked") {
+		t.Fatalf("no mirror.linked in the log:\n%s", logs.String())
+	}
+}
+
+func waitLog(t *testing.T, logs *syncBuffer, want string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(logs.String(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s in the log:\n%s", want, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestMirrorMisconfigurationRefusedAtOpen(t *testing.T) {
+	dir := t.TempDir()
+	_, _, err := openHostCreds(t, dir+"/missing.creds")
+	if err == nil || !strings.Contains(err.Error(), "missing.creds") {
+		t.Fatalf("a missing creds file opened: %v", err)
+	}
+	for _, bad := range []string{"http://u:pw@h:1", "nats-leaf://u:pw@:4222", "nats-leaf://u:pw@h:99999", "::nope"} {
+		_, err := ParseFleetURL(bad)
+		if err == nil {
+			t.Fatalf("ParseFleetURL(%q) accepted", bad)
+		}
+		if strings.Contains(err.Error(), "pw") {
+			t.Fatalf("ParseFleetURL(%q) error shows the password: %v", bad, err)
+		}
+	}
+}
+
+func openHostCreds(t *testing.T, creds string) (*Journal, *Mirror, error) {
+	t.Helper()
+	u, _ := ParseFleetURL("nats-leaf://127.0.0.1:1")
+	m := &Mirror{URLs: []*url.URL{u}, Credentials: creds, Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String()}
+	j, err := Open(context.Background(), Options{Dir: t.TempDir() + "/journal", Mirror: m})
+	if err == nil {
+		j.Close()
+	}
+	return j, m, err
+}
+
+// Several fleet URLs: the first node is down at start, the link fails
+// over to the next.
+func TestMirrorFailsOverToTheNextURL(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	j, m, err := openHost(t, "host-a", ulid.Make().String(), nil, freePort(t), leafPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, j, 0, 3)
+	awaitMirrored(t, fleet, m.StreamName(), 3)
+}
+
+// An empty mirror is not a verified journal.
+func TestReadMirrorRefusesAnEmptyMirror(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	j, m := openMirrored(t, leafPort)
+	deadline := time.Now().Add(20 * time.Second)
+	for ok, _ := j.MirrorStatus(); !ok; ok, _ = j.MirrorStatus() {
+		if time.Now().After(deadline) {
+			t.Fatal("mirror never created")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(Record) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "empty") {
+		t.Fatalf("an empty mirror read without complaint: %v", err)
+	}
+}

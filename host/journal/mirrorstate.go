@@ -1,0 +1,92 @@
+package journal
+
+import (
+	"context"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// MirrorState is the mirror as the host sees it now: the link, the
+// stream on the fleet, and how far the fleet's copy trails the journal.
+type MirrorState struct {
+	Host      string   `json:"host"`
+	HostID    string   `json:"host_id"`
+	Stream    string   `json:"stream"`
+	Domain    string   `json:"domain"`
+	URLs      []string `json:"urls"` // without passwords
+	Connected bool     `json:"connected"`
+	// Exists: the fleet answered and holds the mirror.
+	Exists   bool `json:"exists"`
+	Replicas int  `json:"replicas,omitempty"`
+	// JournalLastSeq and MirrorLastSeq are the last sequence of each; the
+	// mirror keeps the journal's sequences, so LagEvents is their difference.
+	JournalLastSeq uint64 `json:"journal_last_seq"`
+	MirrorLastSeq  uint64 `json:"mirror_last_seq"`
+	LagEvents      uint64 `json:"lag_events"`
+	// LagSeconds is how much older the mirror's newest event is than the
+	// journal's (0 when current).
+	LagSeconds float64 `json:"lag_seconds"`
+	// LastError is the fleet's or the link's last complaint, "" if none.
+	LastError string `json:"last_error,omitempty"`
+	// Drift lists settings an operator changed on the fleet that nexus keeps.
+	Drift string `json:"drift,omitempty"`
+}
+
+// MirrorState reports the mirror now; nil when the journal does not
+// mirror. It asks the fleet, so it waits at most a few seconds.
+func (j *Journal) MirrorState(ctx context.Context) *MirrorState {
+	m := j.mirror
+	if m == nil {
+		return nil
+	}
+	st := &MirrorState{
+		Host: m.Host, HostID: m.HostID, Stream: m.StreamName(), Domain: m.Domain,
+		URLs: m.Redacted(), Connected: j.srv.NumLeafNodes() > 0,
+	}
+	j.mirrorMu.Lock()
+	if j.mirrorErr != nil {
+		st.LastError = j.mirrorErr.Error()
+	}
+	st.Drift = j.mirrorDrift
+	j.mirrorMu.Unlock()
+
+	var lastTime time.Time
+	if info, err := j.currentStream().Info(ctx); err == nil {
+		st.JournalLastSeq, lastTime = info.State.LastSeq, info.State.LastTime
+	}
+	if !st.Connected {
+		return st
+	}
+	qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	fleet, err := jetstream.NewWithDomain(j.nc, m.Domain)
+	if err != nil {
+		st.LastError = err.Error()
+		return st
+	}
+	s, err := fleet.Stream(qctx, st.Stream)
+	if err != nil {
+		st.LastError = err.Error()
+		return st
+	}
+	info := s.CachedInfo()
+	st.Exists = true
+	st.Replicas = info.Config.Replicas
+	st.MirrorLastSeq = info.State.LastSeq
+	if st.JournalLastSeq > st.MirrorLastSeq {
+		st.LagEvents = st.JournalLastSeq - st.MirrorLastSeq
+		if !info.State.LastTime.IsZero() && lastTime.After(info.State.LastTime) {
+			st.LagSeconds = lastTime.Sub(info.State.LastTime).Seconds()
+		} else if info.State.LastTime.IsZero() && !lastTime.IsZero() {
+			// Nothing mirrored yet: the lag is the journal's whole age.
+			if first, err := j.Get(ctx, 1); err == nil {
+				st.LagSeconds = time.Since(first.Time).Seconds()
+			}
+		}
+	}
+	if info.Mirror != nil && info.Mirror.Error != nil && st.LastError == "" {
+		st.LastError = info.Mirror.Error.Error()
+	}
+	return st
+}
