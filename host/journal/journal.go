@@ -227,6 +227,10 @@ func streamConfig() jetstream.StreamConfig {
 		DenyDelete:  true,
 		DenyPurge:   true,
 		AllowDirect: true,
+		// AppendBatch: a saga step's events, or concurrent appends, stored
+		// all or nothing with one fsync. Open updates an existing stream's
+		// config, so journals made before batches take them too.
+		AllowAtomicPublish: true,
 	}
 }
 
