@@ -60,9 +60,10 @@ type batchAck struct {
 }
 
 // AppendBatch stores msgs as one atomic batch: all of them at consecutive
-// sequences, in order, or none. The file store writes the batch and fsyncs
-// once, and the acknowledgement comes after that fsync, so one batch costs
-// one fsync however many messages it holds.
+// sequences, in order, or none, made durable by one fsync after the commit
+// (sync.go). The server stages an R1 batch in a file store of its own,
+// created and deleted per batch, which costs more than the fsync saved:
+// use it where atomicity is the point, and AppendGroup for throughput.
 //
 // Every expectation of every message is checked against the journal as it
 // was before the batch: only msgs[0] may carry ExpectLastSeq, and a message
@@ -131,6 +132,9 @@ func (j *Journal) AppendBatch(ctx context.Context, msgs []Message) ([]Ack, error
 		}
 		if ack.Batch != id || ack.Count != len(msgs) || ack.Seq < uint64(len(msgs)) {
 			return nil, fmt.Errorf("journal batch %s of %d: acknowledged as batch %q of %d ending at %d", id, len(msgs), ack.Batch, ack.Count, ack.Seq)
+		}
+		if err := j.syncStore(); err != nil {
+			return nil, j.failedAppend(m.ID, err)
 		}
 		// The server commits a batch under its isolation lock, so its
 		// messages hold consecutive sequences ending at the acknowledged one.
