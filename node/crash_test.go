@@ -69,6 +69,8 @@ func TestNodeChild(t *testing.T) {
 				os.Exit(2)
 			}
 		}
+	case "append-group":
+		appendConcurrently(ctx, n)
 	default:
 		fmt.Fprintf(os.Stderr, "child: unknown mode %q\n", mode)
 		os.Exit(2)
@@ -150,7 +152,13 @@ func parseAck(t *testing.T, line string) ack {
 // ones written between the kill decision and the kill included.
 func appendUntilKilled(t *testing.T, root string, killAt int) []ack {
 	t.Helper()
-	c := startChild(t, "append", root)
+	return killAfterAcks(t, "append", root, killAt)
+}
+
+// killAfterAcks is appendUntilKilled for a child in any appending mode.
+func killAfterAcks(t *testing.T, mode, root string, killAt int) []ack {
+	t.Helper()
+	c := startChild(t, mode, root)
 	lines := make(chan string)
 	readErr := make(chan error, 1)
 	go func() {

@@ -53,6 +53,7 @@ type Node struct {
 	root string
 	j    *journal.Journal
 	mu   sync.Mutex // serialises appends so expected-sequence checks hold
+	gc   groupCommit
 
 	views     []projections.Projection
 	sandboxes *projections.Sandboxes
@@ -77,7 +78,7 @@ func Open(ctx context.Context, root string, opts Options) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{
-		root: root, j: j,
+		root: root, j: j, gc: newGroupCommit(),
 	}
 	n.resetViews()
 	if err := n.load(ctx); err != nil {
@@ -266,9 +267,20 @@ func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error
 // the decision saw. The node checks under its append lock, and the journal
 // checks the first sandbox expectation again on the event's own subjects.
 // Any event of a saga the journal has closed is refused (guard.ErrSagaClosed).
+//
+// Concurrent calls are committed together (see groupAppend): each call's
+// events are one atomic journal batch, and calls that touch different
+// entities share it, so they share one fsync. Each call still returns only
+// once its own events are on disk, and a refusal of one call does not fail
+// the others.
 func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	return n.groupAppend(ctx, expect, evs)
+}
+
+// appendOneByOneLocked is AppendExpect for one call on its own: each event
+// is its own journal append, synced before the next. It is the fallback
+// when a batch is refused as a whole, which tells each call its own result.
+func (n *Node) appendOneByOneLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) ([]uint64, error) {
 	for _, x := range expect {
 		if cur := n.revLocked(x.Entity); cur != x.Seq {
 			return nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
@@ -336,6 +348,10 @@ func (n *Node) admitLocked(e events.Event) error {
 	if e.Saga == "" || e.Type == events.SagaStarted || n.sagas.Get(e.Saga) != nil {
 		return nil
 	}
+	return sagaClosedError(e)
+}
+
+func sagaClosedError(e events.Event) error {
 	return fmt.Errorf("%w: %s of saga %s is not open in the journal", guard.ErrSagaClosed, e.Type, e.Saga)
 }
 
@@ -385,8 +401,15 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 	if ack.Duplicate {
 		return ack.Seq, nil // already folded when it was first appended
 	}
+	n.foldLocked(ack.Seq, e)
+	return ack.Seq, nil
+}
+
+// foldLocked applies a newly stored event to every view and writes the
+// snapshots when enough events have been folded since the last ones.
+func (n *Node) foldLocked(seq uint64, e events.Event) {
 	for _, v := range n.views {
-		v.Apply(ack.Seq, e)
+		v.Apply(seq, e)
 	}
 	n.lastID = e.ID
 	n.sinceSnap++
@@ -399,7 +422,6 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 			n.sinceSnap = snapshotEvery - snapshotRetry
 		}
 	}
-	return ack.Seq, nil
 }
 
 // Query selects journal events. Every bound is a position the journal

@@ -36,9 +36,11 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		ServerName: "nexus-journal",
 		JetStream:  true,
 		StoreDir:   dir,
-		// Every append is fsynced before it is acknowledged; the default
-		// (a two-minute sync interval) can lose acknowledged events on power loss.
-		SyncAlways: true,
+		// Every append is fsynced before it is acknowledged, by the
+		// journal itself so that appends published together share one
+		// fsync (sync.go). The server's own periodic sync stays on as a
+		// backstop; SyncAlways would fsync every message on its own.
+		SyncAlways: false,
 		// A fixed limit: left unset, the server caps the store at 75% of
 		// the space free when it starts, and a journal that outgrows that
 		// cap is refused ("insufficient resources") until a restart, even

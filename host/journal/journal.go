@@ -102,6 +102,7 @@ type Journal struct {
 	// reopens it. jsConfig is JetStream's configuration as the server
 	// computed it at start, for reopening.
 	wmu      sync.Mutex
+	synced   syncState
 	broken   string
 	reopened int
 	jsConfig server.JetStreamConfig
@@ -260,6 +261,10 @@ func streamConfig() jetstream.StreamConfig {
 		DenyDelete:  true,
 		DenyPurge:   true,
 		AllowDirect: true,
+		// AppendBatch: a saga step's events, or concurrent appends, stored
+		// all or nothing with one fsync. Open updates an existing stream's
+		// config, so journals made before batches take them too.
+		AllowAtomicPublish: true,
 	}
 }
 
@@ -352,7 +357,8 @@ type Message struct {
 var ErrStaleSubject = errors.New("journal moved on: a newer record on the expected subjects")
 
 // Ack is the journal's acknowledgement of an append, given only after the
-// message is on disk (the server runs with SyncAlways).
+// message is on disk (the journal fsyncs the store before it returns one;
+// see sync.go).
 type Ack struct {
 	Seq       uint64
 	Duplicate bool
@@ -375,19 +381,16 @@ func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 			return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, err)
 		}
 	}
-	popts := []jetstream.PublishOpt{jetstream.WithMsgID(m.ID), jetstream.WithExpectStream(StreamName)}
+	msg, popts := publishArgs(m)
 	if m.ExpectLastSeq != nil {
 		popts = append(popts, jetstream.WithExpectLastSequence(*m.ExpectLastSeq))
 	}
-	hdr := nats.Header{}
-	if m.ExpectSubjects != "" {
-		// The per-subject check runs in the server, before de-duplication,
-		// on the same stored index the reads use.
-		hdr.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.ExpectSubjectSeq, 10))
-		hdr.Set(expectedLastSubjSeqSubjHeader, m.ExpectSubjects)
-	}
-	ack, err := j.js.PublishMsg(ctx, &nats.Msg{Subject: m.Subject, Data: m.Data, Header: hdr}, popts...)
+	ack, err := j.js.PublishMsg(ctx, msg, popts...)
 	if err == nil {
+		// The server wrote it; the ack waits for the fsync (sync.go).
+		if err := j.syncStore(); err != nil {
+			return Ack{}, j.failedAppend(m.ID, err)
+		}
 		return Ack{Seq: ack.Sequence, Duplicate: ack.Duplicate}, nil
 	}
 	var apiErr *jetstream.APIError
@@ -401,6 +404,10 @@ func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 			return Ack{}, fmt.Errorf("journal append %s: %w (and looking it up: %v)", m.ID, ErrConflict, ferr)
 		}
 		if found {
+			// Stored by an append that may have died before its fsync.
+			if err := j.syncStore(); err != nil {
+				return Ack{}, j.failedAppend(m.ID, err)
+			}
 			return Ack{Seq: seq, Duplicate: true}, nil
 		}
 		// Both checks report the same error code: the stream not having

@@ -1,0 +1,203 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Group commit: the journal, not the file store, makes appends durable.
+//
+// With SyncAlways the file store fsyncs every message on its own, so N
+// concurrent appends cost N fsyncs. Instead the server runs without it, and
+// every append path here publishes, then fsyncs the stream's message blocks
+// itself (syncStore) before it returns an Ack: the acknowledgement a caller
+// sees still comes after its record is on disk, and appends published
+// together share that one fsync.
+//
+// This holds because an R1 file stream without SyncAlways writes each
+// message into its block file (write(2), not a user-space buffer) before the
+// server acknowledges the publish: nats-server sets AsyncFlush only for
+// replicated or async-persist streams, and the journal stream is neither.
+// What the store derives from the blocks (index.db, the per-subject index)
+// is rebuilt from them after a crash, as it is after a kill today.
+
+// syncState is what syncStore has made durable so far; guarded by j.wmu.
+type syncState struct {
+	block uint64 // the newest block at the last sync
+	dir   bool   // the blocks directory was synced since Open
+	count int
+}
+
+// syncStore fsyncs every message block that may hold a record written since
+// the last sync, and the blocks directory when a block appeared since. Call
+// with j.wmu held.
+func (j *Journal) syncStore() error {
+	dir := j.msgsDir()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("journal sync: %w", err)
+	}
+	var newest uint64
+	var blocks []uint64
+	for _, e := range entries {
+		name, ok := strings.CutSuffix(e.Name(), ".blk")
+		if !ok {
+			continue
+		}
+		idx, err := strconv.ParseUint(name, 10, 64)
+		if err != nil {
+			continue
+		}
+		newest = max(newest, idx)
+		// A block sealed before the last sync was synced then, with its
+		// last record; the one written at that moment may have grown since.
+		if idx >= j.synced.block {
+			blocks = append(blocks, idx)
+		}
+	}
+	for _, idx := range blocks {
+		if err := fsyncPath(filepath.Join(dir, strconv.FormatUint(idx, 10)+".blk")); err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue // compacted away; its records are in a later block
+			}
+			return fmt.Errorf("journal sync: %w", err)
+		}
+	}
+	if newest > j.synced.block || !j.synced.dir {
+		// A new block file is durable only once its directory entry is.
+		if err := fsyncPath(dir); err != nil {
+			return fmt.Errorf("journal sync: %w", err)
+		}
+		j.synced.dir = true
+	}
+	j.synced.block = newest
+	j.synced.count++
+	return nil
+}
+
+func fsyncPath(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	err = f.Sync()
+	return errors.Join(err, f.Close())
+}
+
+// Syncs is how many times the journal has fsynced its store: one per
+// Append, AppendBatch or AppendGroup that stored something.
+func (j *Journal) Syncs() int {
+	j.wmu.Lock()
+	defer j.wmu.Unlock()
+	return j.synced.count
+}
+
+// AppendGroup stores msgs in order with one fsync for all of them: it
+// publishes them back to back without waiting for each acknowledgement,
+// then syncs once. Message i expects the stream's last sequence to be
+// last+i, so a message the journal refuses (a stale expectation, a stored
+// id, a failed write) stops the group there: every message after it is
+// refused too. It returns the acks of the stored prefix, durable, and the
+// error that stopped it (nil if all were stored); append the rest one by
+// one, with Append, to learn each one's fate.
+func (j *Journal) AppendGroup(ctx context.Context, last uint64, msgs []Message) ([]Ack, error) {
+	for i, m := range msgs {
+		if m.ID == "" {
+			return nil, fmt.Errorf("journal group: message %d: message id is required", i)
+		}
+	}
+	j.wmu.Lock()
+	defer j.wmu.Unlock()
+	reserve := true
+	for _, m := range msgs {
+		reserve = reserve && m.Reserve
+	}
+	if err := j.checkSpace(reserve); err != nil {
+		return nil, fmt.Errorf("journal group of %d: %w", len(msgs), err)
+	}
+	if j.broken != "" {
+		if err := j.reopenStore(ctx); err != nil {
+			return nil, fmt.Errorf("journal group of %d: %w", len(msgs), err)
+		}
+	}
+	futures := make([]jetstream.PubAckFuture, 0, len(msgs))
+	var stop error
+	for i, m := range msgs {
+		msg, popts := publishArgs(m)
+		popts = append(popts, jetstream.WithExpectLastSequence(last+uint64(i)))
+		f, err := j.js.PublishMsgAsync(msg, popts...)
+		if err != nil {
+			stop = fmt.Errorf("journal group: publish %s: %w", m.ID, err)
+			break
+		}
+		futures = append(futures, f)
+	}
+	acks := make([]Ack, 0, len(futures))
+	timeout := time.NewTimer(appendWait(ctx))
+	defer timeout.Stop()
+	for i, f := range futures {
+		var err error
+		select {
+		case ack := <-f.Ok():
+			if stop == nil && len(acks) == i {
+				acks = append(acks, Ack{Seq: ack.Sequence, Duplicate: ack.Duplicate})
+			}
+			continue
+		case err = <-f.Err():
+		case <-timeout.C:
+			err = fmt.Errorf("no acknowledgement within %s", appendWait(ctx))
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if stop == nil {
+			stop = fmt.Errorf("journal group: %s: %w", msgs[i].ID, err)
+		}
+		if !errors.As(err, new(*jetstream.APIError)) {
+			// Without an answer the rest cannot be told apart; Append
+			// each of them again, which de-duplicates by id.
+			break
+		}
+	}
+	if len(acks) > 0 {
+		if err := j.syncStore(); err != nil {
+			return nil, j.failedAppend(msgs[0].ID, err)
+		}
+	}
+	if stop != nil && len(acks) < len(msgs) {
+		if cause := j.storeFailure(); cause != "" {
+			j.broken = cause
+		}
+	}
+	return acks, stop
+}
+
+// appendWait bounds how long a group waits for its acknowledgements.
+func appendWait(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		return max(time.Until(d), time.Millisecond)
+	}
+	return time.Minute
+}
+
+// publishArgs is m as a publish: its headers and the options every append
+// path shares. The caller adds the stream expectation.
+func publishArgs(m Message) (*nats.Msg, []jetstream.PublishOpt) {
+	popts := []jetstream.PublishOpt{jetstream.WithMsgID(m.ID), jetstream.WithExpectStream(StreamName)}
+	hdr := nats.Header{}
+	if m.ExpectSubjects != "" {
+		// The per-subject check runs in the server, before de-duplication,
+		// on the same stored index the reads use.
+		hdr.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.ExpectSubjectSeq, 10))
+		hdr.Set(expectedLastSubjSeqSubjHeader, m.ExpectSubjects)
+	}
+	return &nats.Msg{Subject: m.Subject, Data: m.Data, Header: hdr}, popts
+}

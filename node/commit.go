@@ -1,0 +1,268 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/journal"
+)
+
+// groupCommit coalesces concurrent appends. A caller queues its request,
+// then either sees it done or takes the committer token; the holder commits
+// everything queued so far as one journal batch (one fsync) while the next
+// requests queue up behind it. There is no timer: a lone append is
+// committed at once, and a group forms only while a commit is under way.
+type groupCommit struct {
+	mu    sync.Mutex
+	queue []*appendReq
+	token chan struct{}
+}
+
+func newGroupCommit() groupCommit { return groupCommit{token: make(chan struct{}, 1)} }
+
+// appendReq is one AppendExpect call.
+type appendReq struct {
+	expect []guard.Expect
+	evs    []events.Event
+	seqs   []uint64
+	err    error
+	done   chan struct{}
+}
+
+func (r *appendReq) finish(seqs []uint64, err error) {
+	r.seqs, r.err = seqs, err
+	close(r.done)
+}
+
+func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []events.Event) ([]uint64, error) {
+	r := &appendReq{expect: expect, evs: evs, done: make(chan struct{})}
+	n.gc.mu.Lock()
+	n.gc.queue = append(n.gc.queue, r)
+	n.gc.mu.Unlock()
+	for {
+		select {
+		case <-r.done:
+			return r.seqs, r.err
+		case n.gc.token <- struct{}{}:
+			n.commitQueued(ctx)
+			<-n.gc.token
+		}
+	}
+}
+
+// commitQueued commits what is queued: requests that touch no entity or
+// saga an earlier request of this group touches go into one batch; the
+// others wait for the next group, so every check below sees the journal
+// exactly as the batch will find it.
+func (n *Node) commitQueued(ctx context.Context) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	// Once published, a record is stored whether or not its caller is still
+	// there, and the committer commits other callers' requests too: no
+	// caller's cancellation may stop it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
+	defer cancel()
+
+	n.gc.mu.Lock()
+	queued := n.gc.queue
+	n.gc.queue = nil
+	n.gc.mu.Unlock()
+
+	var group []*appendReq
+	var later []*appendReq
+	touched := map[string]bool{}
+	size := 0
+	for _, r := range queued {
+		keys := requestKeys(r)
+		clash := size+len(r.evs) > journal.MaxBatch && size > 0
+		for _, k := range keys {
+			clash = clash || touched[k]
+		}
+		// A deferred request's keys stay touched, so no later request about
+		// the same entity overtakes it.
+		for _, k := range keys {
+			touched[k] = true
+		}
+		if clash {
+			later = append(later, r)
+			continue
+		}
+		group = append(group, r)
+		size += len(r.evs)
+	}
+	if len(later) > 0 {
+		n.gc.mu.Lock()
+		n.gc.queue = append(later, n.gc.queue...)
+		n.gc.mu.Unlock()
+	}
+	n.commitGroupLocked(ctx, group)
+}
+
+// requestKeys names what a request's checks read and its events change:
+// the sandboxes and volumes it expects or writes, and the sagas it writes.
+func requestKeys(r *appendReq) []string {
+	var keys []string
+	for _, x := range r.expect {
+		keys = append(keys, string(x.Entity))
+	}
+	for _, e := range r.evs {
+		if e.Sandbox != "" {
+			keys = append(keys, string(guard.Sandbox(e.Sandbox)))
+		}
+		if e.Saga != "" {
+			keys = append(keys, "saga/"+e.Saga)
+		}
+		if name := volumeOf(e); name != "" {
+			keys = append(keys, string(guard.Volume(name)))
+		}
+	}
+	return keys
+}
+
+func volumeOf(e events.Event) string {
+	switch p := e.Payload.(type) {
+	case events.VolumeCreatedEvent:
+		return p.Name
+	case events.VolumeRemovedEvent:
+		return p.Name
+	case events.VolumeAttachedEvent:
+		return p.Name
+	case events.VolumeDetachedEvent:
+		return p.Name
+	}
+	return ""
+}
+
+// planned is one request's part of a batch: its events up to the first one
+// refused, and the refusal.
+type planned struct {
+	r       *appendReq
+	n       int   // events of r in the batch
+	refusal error // after those events
+}
+
+// commitGroupLocked commits group, whose requests touch disjoint entities:
+// the single-event requests as one pipelined group with one fsync, each
+// multi-event request (a saga step's events) as one atomic batch.
+func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) {
+	var singles, multis []planned
+	var msgs []journal.Message
+	var multiMsgs [][]journal.Message
+	for _, r := range group {
+		p, rmsgs, err := n.planLocked(ctx, r)
+		switch {
+		case err != nil:
+			r.finish(nil, err)
+		case p.n == 0:
+			r.finish(nil, p.refusal)
+		case p.n == 1:
+			singles = append(singles, p)
+			msgs = append(msgs, rmsgs...)
+		default:
+			multis = append(multis, p)
+			multiMsgs = append(multiMsgs, rmsgs)
+		}
+	}
+	if len(singles) > 0 {
+		acks, _ := n.j.AppendGroup(ctx, n.sandboxes.Seq(), msgs)
+		for i, p := range singles {
+			if i < len(acks) {
+				if !acks[i].Duplicate { // a duplicate was folded when first stored
+					n.foldLocked(acks[i].Seq, p.r.evs[0])
+				}
+				p.r.finish([]uint64{acks[i].Seq}, p.refusal)
+				continue
+			}
+			// Not stored: refused, or behind the one refused. One by one,
+			// each learns its own fate (and a retried id is found).
+			p.r.finish(n.appendOneByOneLocked(ctx, p.r.expect, p.r.evs))
+		}
+	}
+	for i, p := range multis {
+		n.commitAtomicLocked(ctx, p, multiMsgs[i])
+	}
+}
+
+// commitAtomicLocked appends one request's events as one atomic batch. If
+// the journal refuses the batch as a whole, the events are appended one by
+// one, which finds a retry's stored ids and names the refused event.
+func (n *Node) commitAtomicLocked(ctx context.Context, p planned, msgs []journal.Message) {
+	last := n.sandboxes.Seq()
+	msgs[0].ExpectLastSeq = &last
+	acks, err := n.j.AppendBatch(ctx, msgs)
+	if errors.Is(err, journal.ErrBatchRefused) {
+		p.r.finish(n.appendOneByOneLocked(ctx, p.r.expect, p.r.evs))
+		return
+	}
+	if err != nil {
+		p.r.finish(nil, err)
+		return
+	}
+	seqs := make([]uint64, len(acks))
+	for i, a := range acks {
+		n.foldLocked(a.Seq, p.r.evs[i])
+		seqs[i] = a.Seq
+	}
+	p.r.finish(seqs, p.refusal)
+}
+
+// planLocked checks r against the views as they are before the batch, as
+// appendOneByOneLocked would event by event: a stale expectation refuses
+// the whole request, and an event of a saga that is not open ends it
+// there, the events before it still appended. It returns r's messages.
+func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal.Message, error) {
+	p := planned{r: r}
+	for _, x := range r.expect {
+		if cur := n.revLocked(x.Entity); cur != x.Seq {
+			return p, nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
+		}
+	}
+	// What r's own earlier events did to their sagas, which the views do
+	// not show yet.
+	type sagaState struct {
+		open bool
+		kind events.SagaKind
+	}
+	local := map[string]sagaState{}
+	var msgs []journal.Message
+	for i, e := range r.evs {
+		kind := n.sagaKind(e)
+		if e.Saga != "" && e.Type != events.SagaStarted {
+			st, ok := local[e.Saga]
+			if !ok {
+				st = sagaState{open: n.sagas.Get(e.Saga) != nil, kind: kind}
+			}
+			if !st.open {
+				p.refusal = sagaClosedError(e)
+				break
+			}
+			kind = st.kind
+		}
+		switch e.Type {
+		case events.SagaStarted:
+			local[e.Saga] = sagaState{open: true, kind: kind}
+		case events.SagaFinished, events.SagaCompensated:
+			local[e.Saga] = sagaState{}
+		}
+		subject, err := e.Subject()
+		if err != nil {
+			return p, nil, err
+		}
+		data, err := events.Encode(e)
+		if err != nil {
+			return p, nil, err
+		}
+		m := journal.Message{Subject: subject, ID: e.DedupID(), Data: data, Reserve: freesSpace(e, kind)}
+		if i == 0 {
+			if x := journalExpectation(r.expect, e); x != nil {
+				m.ExpectSubjects, m.ExpectSubjectSeq = events.SandboxSubjects(e.Sandbox), x.Seq
+			}
+		}
+		msgs = append(msgs, m)
+		p.n++
+	}
+	return p, msgs, nil
+}
