@@ -352,7 +352,7 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan) 
 		// From the cache entry, not the image: the entry is what the commit
 		// records as the bootstrap, and the image may change meanwhile.
 		m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) {
-			return disk.Clone(m.Root.ImageDisk(plan.boot.CacheID), dst)
+			return m.clone("os disk of "+id, m.Root.ImageDisk(plan.boot.CacheID), dst)
 		}),
 		m.diskStep("workspace-disk", ws, func(dst string) (disk.Method, error) {
 			return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
@@ -369,7 +369,7 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan) 
 				}
 				return disk.MethodMkfs, disk.MakeExt4(dst, roundMiB(2*size+workspaceSlack), sh.Source)
 			}
-			return disk.Clone(sh.Source, dst)
+			return m.clone("shadow "+sh.Name+" of "+id, sh.Source, dst)
 		}))
 	}
 	return append(steps, m.supervisorStateStep(id, ""), m.recordDirStep(id))

@@ -235,7 +235,9 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 	s.Steps = append(s.Steps, m.intentsStep(held, intents))
 	for _, c := range copies {
 		c := c
-		s.Steps = append(s.Steps, m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) { return disk.Clone(c.src, dst) }))
+		s.Steps = append(s.Steps, m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) {
+			return m.clone(c.name+" of "+child, c.src, dst)
+		}))
 	}
 	if stage != nil {
 		s.Steps = append(s.Steps, *stage)
@@ -329,7 +331,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 			}
 			for _, s := range sources {
 				file := filepath.Base(s.src)
-				if _, err := disk.Clone(s.src, filepath.Join(dir, file)); err != nil {
+				if _, err := m.clone("snapshot of "+file, s.src, filepath.Join(dir, file)); err != nil {
 					return nil, err
 				}
 				size, _ := disk.Stat(filepath.Join(dir, file))

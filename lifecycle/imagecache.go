@@ -56,7 +56,10 @@ func (m *Manager) imageCacheStep(plan createPlan) sagas.Step {
 			now := nowUTC().UnixMilli()
 			id := imagecache.Identity{CacheID: plan.boot.CacheID, Ref: plan.image, Identity: plan.boot.Identity,
 				Layout: imagecache.LayoutVersion, PreparedMs: now}
-			if _, _, err := imagecache.Prepare(m.Root, plan.image, id); err != nil {
+			update, end := m.copyProgress("image cache entry of " + plan.image)
+			_, _, err := imagecache.PrepareProgress(m.Root, plan.image, id, update)
+			end()
+			if err != nil {
 				return nil, err
 			}
 			// Journaled on every use, not only when this create committed the

@@ -51,6 +51,8 @@ type Manager struct {
 	WarnFillRatio float64
 	// StartTimeout bounds how long a VMM or supervisor may take to answer.
 	StartTimeout time.Duration
+	// Progress, if set, shows long copies to a person (nil: nothing).
+	Progress Progress
 	// Wait makes a command wait for another command's saga on the same
 	// sandbox or volume to end, instead of refusing (--wait).
 	Wait bool

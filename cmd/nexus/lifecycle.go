@@ -69,7 +69,7 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
-			Wait: g.wait,
+			Wait: g.wait, Progress: progressFor(),
 		}
 	}, nil
 }

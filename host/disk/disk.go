@@ -103,6 +103,19 @@ func regular(mode uint32) error {
 // fsynced (with its directory) before Clone returns, and is removed if Clone
 // fails for any reason; errors wrap the underlying errno (ENOSPC included).
 func Clone(src, dst string) (method Method, err error) {
+	return CloneProgress(src, dst, nil)
+}
+
+// Progress hears how far a copy is: done of total bytes of the source's
+// length (holes count as done once passed). A reflink reports once, done.
+type Progress func(done, total int64)
+
+// CloneProgress is Clone reporting its position to progress (nil: none)
+// from the goroutine that writes, after each chunk is written.
+func CloneProgress(src, dst string, progress Progress) (method Method, err error) {
+	if progress == nil {
+		progress = func(int64, int64) {}
+	}
 	in, size, err := openSource(src)
 	if err != nil {
 		return "", err
@@ -120,7 +133,7 @@ func Clone(src, dst string) (method Method, err error) {
 		}
 	}()
 
-	method, err = cloneInto(in, out, size)
+	method, err = cloneInto(in, out, size, progress)
 	if err != nil {
 		return "", fmt.Errorf("disk: clone %s to %s: %w", src, dst, err)
 	}
@@ -166,17 +179,19 @@ func openSource(src string) (*os.File, int64, error) {
 	return os.NewFile(uintptr(fd), src), st.Size, nil
 }
 
-func cloneInto(in, out *os.File, size int64) (Method, error) {
+func cloneInto(in, out *os.File, size int64, progress Progress) (Method, error) {
 	err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
 	if err == nil {
+		progress(size, size)
 		return MethodReflink, nil
 	}
 	if !reflinkUnsupported(err) {
 		return "", fmt.Errorf("FICLONE: %w", err)
 	}
-	if err := sparseCopy(in, out, size); err != nil {
+	if err := sparseCopy(in, out, size, progress); err != nil {
 		return "", err
 	}
+	progress(size, size)
 	return MethodSparseCopy, nil
 }
 
@@ -203,7 +218,7 @@ func reflinkUnsupported(err error) bool {
 // splice of the same pages, so it would add a second pass over the data and
 // allocate whatever zero runs it is handed (measured ~13% slower, see
 // docs/benchmarks-disk.md).
-func sparseCopy(in, out *os.File, size int64) error {
+func sparseCopy(in, out *os.File, size int64, progress Progress) error {
 	if err := out.Truncate(size); err != nil {
 		return err
 	}
@@ -235,6 +250,8 @@ func sparseCopy(in, out *os.File, size int64) error {
 			if err == nil {
 				if err = w.write(c.buf, c.off); err != nil {
 					writeFailed.Store(true)
+				} else {
+					progress(c.off+int64(len(c.buf)), size)
 				}
 			}
 			free <- c.buf[:cap(c.buf)]

@@ -560,3 +560,43 @@ func TestFreeBytesAndPreflight(t *testing.T) {
 		t.Errorf("Preflight(-1) = %v, want an argument error", err)
 	}
 }
+
+// CloneProgress reports increasing positions ending at the source's
+// length, and a copy still matches its source.
+func TestCloneProgressReportsPosition(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.raw")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := bytes.Repeat([]byte{0xA5}, 3<<20)
+	for _, off := range []int64{0, 20 << 20, 50 << 20} {
+		if _, err := f.WriteAt(chunk, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Truncate(64 << 20)
+	f.Close()
+	var seen []int64
+	var total int64
+	if _, err := disk.CloneProgress(src, filepath.Join(dir, "dst.raw"), func(done, t int64) {
+		seen = append(seen, done)
+		total = t
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if total != 64<<20 || len(seen) == 0 || seen[len(seen)-1] != total {
+		t.Fatalf("progress ended at %v of %d", seen, total)
+	}
+	for i := 1; i < len(seen); i++ {
+		if seen[i] < seen[i-1] {
+			t.Fatalf("progress went backwards: %v", seen)
+		}
+	}
+	a, _ := os.ReadFile(src)
+	b, _ := os.ReadFile(filepath.Join(dir, "dst.raw"))
+	if !bytes.Equal(a, b) {
+		t.Fatal("the copy differs from its source")
+	}
+}

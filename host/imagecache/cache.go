@@ -69,6 +69,11 @@ func IdentityOf(path string) (identity, cacheID string, err error) {
 // reports whether this call committed the entry; a concurrent preparer
 // that committed first wins, and this attempt's copy is discarded.
 func Prepare(root layout.Root, src string, id Identity) (committed bool, method disk.Method, err error) {
+	return PrepareProgress(root, src, id, nil)
+}
+
+// PrepareProgress is Prepare reporting the copy's position to progress.
+func PrepareProgress(root layout.Root, src string, id Identity, progress disk.Progress) (committed bool, method disk.Method, err error) {
 	if err := fsx.EnsureDir(string(root), "images"); err != nil {
 		return false, "", err
 	}
@@ -86,7 +91,7 @@ func Prepare(root layout.Root, src string, id Identity) (committed bool, method 
 			fsx.Remove(string(root), root.Rel(prep))
 		}
 	}()
-	method, err = disk.Clone(src, filepath.Join(prep, layout.ImageDiskName))
+	method, err = disk.CloneProgress(src, filepath.Join(prep, layout.ImageDiskName), progress)
 	if err != nil {
 		return false, "", fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
 	}
