@@ -20,7 +20,6 @@ import (
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -41,7 +40,7 @@ var (
 type Backend interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
 	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
-	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
+	Events(ctx context.Context, q events.Query, fn func(events.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
 	// Sandbox is one sandbox by id or handle; found is false if there is none.
 	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)

@@ -42,10 +42,7 @@ type Options struct {
 }
 
 // Record is one journal event with its sequence.
-type Record struct {
-	Seq   uint64
-	Event events.Event
-}
+type Record = events.Record
 
 // Node is an open state root.
 type Node struct {
@@ -402,12 +399,7 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 }
 
 // Query selects journal events.
-type Query struct {
-	Since   uint64 // first sequence (0 = from the start)
-	Sandbox string // "" = all
-	Type    string // full type, category, or "" = all
-	Follow  bool
-}
+type Query = events.Query
 
 // Events calls fn for every event matching q, in journal order. Without
 // Follow it stops at the end of the journal; with it, when ctx is done.

@@ -266,3 +266,26 @@ func TestArrowsParse(t *testing.T) {
 		t.Fatalf("arrows = %v, want %v", got, want)
 	}
 }
+
+// lifecycle, where every flow change lands, reaches the journal only
+// through the Backend it declares: neither control, node, the journal nor
+// NATS may be in its closure, so its tests need no daemon and no store.
+func TestLifecycleDoesNotDependOnTheJournal(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "./lifecycle")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, module+"sagas") {
+		t.Fatalf("go list -deps ./lifecycle misses sagas: %v", deps)
+	}
+	for _, d := range deps {
+		for _, banned := range []string{module + "control", module + "node", module + "host/journal", "github.com/nats-io/"} {
+			if d == banned || strings.HasPrefix(d, banned) && strings.HasSuffix(banned, "/") {
+				t.Errorf("lifecycle depends on %s", d)
+			}
+		}
+	}
+}
