@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/control"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -36,10 +35,27 @@ var (
 	ErrNotFound = errors.New("not found")
 )
 
+// Backend is what the flows need of the journal and its projections:
+// appends (guarded by the sequences a decision saw, or not), the events
+// they re-read, and the views they decide on. control.Backend (a daemon
+// client or a node this process owns) satisfies it; declaring it here, by
+// its consumer, keeps lifecycle from importing control.
+type Backend interface {
+	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
+	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
+	Events(ctx context.Context, q events.Query, fn func(events.Record) error) error
+	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	// Sandbox is one sandbox by id or handle; found is false if there is none.
+	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
+	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
+	Volumes(ctx context.Context) ([]projections.Volume, error)
+	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
+}
+
 // Manager runs flows against one state root.
 type Manager struct {
 	Root   layout.Root
-	B      control.Backend
+	B      Backend
 	Driver Driver
 	// Hook runs around every saga step (crash tests set it).
 	Hook func(kind, step string, phase sagas.Phase)
@@ -104,7 +120,7 @@ func (m *Manager) Lookup(ctx context.Context, ref string) (projections.Sandbox, 
 }
 
 // Lookup is Manager.Lookup for commands that only read.
-func Lookup(ctx context.Context, b control.Backend, ref string) (projections.Sandbox, error) {
+func Lookup(ctx context.Context, b Backend, ref string) (projections.Sandbox, error) {
 	list, err := b.Sandboxes(ctx)
 	if err != nil {
 		return projections.Sandbox{}, err

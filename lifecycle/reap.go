@@ -18,7 +18,6 @@ import (
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/reaper"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -106,7 +105,7 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	// 2. Supervisor history before the sandboxes, so every supervisor it
 	// lists belongs to a sandbox the later read already shows, unless gone.
 	sups := reaper.NewSupervisors()
-	if err := m.B.Events(ctx, node.Query{Type: "supervisor"}, func(r node.Record) error {
+	if err := m.B.Events(ctx, events.Query{Type: "supervisor"}, func(r events.Record) error {
 		sups.Apply(r.Event)
 		return nil
 	}); err != nil {
@@ -271,7 +270,7 @@ func (m *Manager) item(d reaper.Decision) ReapItem {
 func (m *Manager) bindToPlan(ctx context.Context, id string, rep *ReapReport) error {
 	planned := map[string]bool{}
 	found := false
-	err := m.B.Events(ctx, node.Query{Type: string(events.ReapDecided)}, func(r node.Record) error {
+	err := m.B.Events(ctx, events.Query{Type: string(events.ReapDecided)}, func(r events.Record) error {
 		p, ok := r.Event.Payload.(events.ReapDecidedEvent)
 		if !ok || p.Plan != id {
 			return nil

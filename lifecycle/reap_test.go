@@ -69,10 +69,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 	reusedWho := spawn(reused)
 	record(reused, proc.Identity{Pid: reusedWho.Pid, StartTicks: reusedWho.StartTicks + 1})
 
-	dry, err := m.Reap(ctx, ReapOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dry := reapSettled(t, m, ReapOptions{})
 	var sawProc bool
 	for _, o := range dry.Orphans {
 		if o.Kind == events.KindSupervisorProcess {
@@ -86,10 +83,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 		t.Fatal("dry run killed a process")
 	}
 
-	rep, err := m.Reap(ctx, ReapOptions{Apply: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := reapSettled(t, m, ReapOptions{Apply: true})
 	if len(rep.Failed) != 0 {
 		t.Fatalf("failed: %+v", rep.Failed)
 	}
@@ -125,22 +119,29 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 // scan was inconclusive (a process exited while it was read, which on a
 // busy machine happens in any scan; keeping the entry is what the reaper
 // owes given that evidence, RL-9), and returns that run, with what earlier
-// runs deleted carried over.
+// runs deleted (and its Allocated, for an apply) carried over.
 func reapSettled(t *testing.T, m *Manager, o ReapOptions) ReapReport {
 	t.Helper()
 	var deleted []ReapItem
+	var freed int64
 	for attempt := 1; ; attempt++ {
 		rep, err := m.Reap(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		deleted = append(deleted, rep.Deleted...)
+		if o.Apply {
+			freed += rep.Allocated
+		}
 		unsure := false
 		for _, k := range rep.Kept {
-			unsure = unsure || k.Verdict == reaper.Ambiguous && strings.HasPrefix(k.Reason, "/proc scan inconclusive")
+			unsure = unsure || k.Verdict == reaper.Ambiguous && strings.Contains(k.Reason, "/proc scan inconclusive")
 		}
 		if !unsure {
 			rep.Deleted = deleted
+			if o.Apply {
+				rep.Allocated = freed
+			}
 			return rep
 		}
 		if attempt == 20 {

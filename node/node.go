@@ -43,10 +43,7 @@ type Options struct {
 }
 
 // Record is one journal event with its sequence.
-type Record struct {
-	Seq   uint64
-	Event events.Event
-}
+type Record = events.Record
 
 // Node is an open state root.
 type Node struct {
@@ -424,19 +421,8 @@ func (n *Node) foldLocked(seq uint64, e events.Event) {
 	}
 }
 
-// Query selects journal events. Every bound is a position the journal
-// seeks to, so a query reads only the events it returns.
-type Query struct {
-	Since     uint64    // first sequence (0 = from the start)
-	SinceTime time.Time // if set, nothing stored before it
-	Until     uint64    // last sequence (0 = no bound); not with Follow
-	UntilTime time.Time // if set, nothing stored after it; not with Follow
-	Sandbox   string    // sandbox ULID, "" = all
-	Type      string    // full type, category, or "" = all
-	Types     []string  // more types or categories: an event of any matches
-	Tail      int       // only the last Tail events selected (0 = all)
-	Follow    bool
-}
+// Query selects journal events.
+type Query = events.Query
 
 // Events calls fn for every event matching q, in journal order. Without
 // Follow it stops at the end of the journal; with it, when ctx is done.

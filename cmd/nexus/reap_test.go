@@ -40,7 +40,8 @@ type reapJSON struct {
 	Journal   string  `json:"journal"`
 }
 
-func reapRun(t *testing.T, root string, args ...string) (reapJSON, result) {
+// reapOnce runs `nexus reap --json` once and decodes its report.
+func reapOnce(t *testing.T, root string, args ...string) (reapJSON, result) {
 	t.Helper()
 	r := nexus(t, root, append([]string{"reap", "--json"}, args...)...)
 	var rep reapJSON
@@ -55,24 +56,31 @@ func reapRun(t *testing.T, root string, args ...string) (reapJSON, result) {
 // exited while it was being read (reaper.runGate, RL-9).
 const procInconclusive = "/proc scan inconclusive"
 
-// reapSettled runs reap until no entry is kept only because its /proc scan
-// was inconclusive, and returns that run (an apply's Deleted carries what
-// earlier runs deleted). On a busy machine processes exit during any scan,
+// reapRun runs reap until no entry is kept only because its /proc scan
+// was inconclusive, and returns that run (an apply's Deleted and Allocated
+// carry what earlier runs deleted). On a busy machine processes exit during any scan,
 // and keeping such an entry is exactly what the reaper owes given that
 // evidence; every other decision is the test's to assert.
-func reapSettled(t *testing.T, root string, args ...string) reapJSON {
+func reapRun(t *testing.T, root string, args ...string) (reapJSON, result) {
 	t.Helper()
 	var deleted []reapR
+	var freed int64
 	for attempt := 1; ; attempt++ {
-		rep, _ := reapRun(t, root, args...)
+		rep, r := reapOnce(t, root, args...)
 		deleted = append(deleted, rep.Deleted...)
+		if rep.Apply {
+			freed += rep.Allocated
+		}
 		unsure := false
 		for _, k := range rep.Kept {
-			unsure = unsure || k.Verdict == "ambiguous" && strings.HasPrefix(k.Reason, procInconclusive)
+			unsure = unsure || k.Verdict == "ambiguous" && strings.Contains(k.Reason, procInconclusive)
 		}
 		if !unsure {
 			rep.Deleted = deleted
-			return rep
+			if rep.Apply {
+				rep.Allocated = freed
+			}
+			return rep, r
 		}
 		if attempt == 20 {
 			t.Fatalf("reap %v: the /proc scan was inconclusive %d times running: %+v", args, attempt, rep.Kept)
@@ -175,7 +183,10 @@ func TestReapDryRunThenApply(t *testing.T) {
 		}
 	}
 
-	r := mustOK(t, nexus(t, root, "reap", "--json"), "reap --json")
+	_, r := reapRun(t, root)
+	if r.code != 0 {
+		t.Fatalf("reap --json: %+v", r)
+	}
 	var raw map[string]json.RawMessage
 	json.Unmarshal([]byte(r.stdout), &raw)
 	for _, k := range []string{"apply", "scanned", "orphans", "kept", "deleted", "failed"} {
@@ -323,23 +334,23 @@ func TestReapFilters(t *testing.T) {
 	past := time.Now().Add(-48 * time.Hour)
 	os.Chtimes(old, past, past)
 
-	rep := reapSettled(t, root, "--kind", "raw-disk")
+	rep, _ := reapRun(t, root, "--kind", "raw-disk")
 	if got := paths(rep.Orphans); len(got) != 2 || has(rep.Orphans, old) == nil || has(rep.Orphans, filepath.Join(root, "disks", a+".raw")) == nil {
 		t.Fatalf("--kind raw-disk: %v", got)
 	}
-	rep = reapSettled(t, root, "--sandbox", strings.ToLower(b))
+	rep, _ = reapRun(t, root, "--sandbox", strings.ToLower(b))
 	if got := paths(rep.Orphans); len(got) != 1 || got[0] != old {
 		t.Fatalf("--sandbox %s: %v", b, got)
 	}
-	rep = reapSettled(t, root, "--sandbox", "gone/h")
+	rep, _ = reapRun(t, root, "--sandbox", "gone/h")
 	if got := paths(rep.Orphans); len(got) != 2 || has(rep.Orphans, filepath.Join(root, "disks", "gone_h.shadow.cfg.ext4")) == nil {
 		t.Fatalf("--sandbox gone/h: %v", got)
 	}
-	rep = reapSettled(t, root, "--older-than", "24h")
+	rep, _ = reapRun(t, root, "--older-than", "24h")
 	if got := paths(rep.Orphans); len(got) != 1 || got[0] != old {
 		t.Fatalf("--older-than 24h: %v", got)
 	}
-	rep = reapSettled(t, root, "--apply", "--sandbox", a, "--kind", "supervisor-state")
+	rep, _ = reapRun(t, root, "--apply", "--sandbox", a, "--kind", "supervisor-state")
 	if got := paths(rep.Deleted); len(got) != 1 || got[0] != filepath.Join(root, "supervisors", a) {
 		t.Fatalf("filtered apply deleted %v", got)
 	}
