@@ -60,7 +60,12 @@ func gone(err error) bool {
 // append sent twice is harmless: events carry dedup ids.
 func (c *Client) do(req *http.Request) (*http.Response, error) {
 	resp, err := c.http.Do(req)
-	if err == nil || c.ensure == nil || req.Context().Err() != nil {
+	if err != nil && req.Context().Err() != nil {
+		// Interrupted or timed out: say that, not which URL the
+		// transport was posting to.
+		return nil, notAwaited{cause: context.Cause(req.Context()), ctxErr: req.Context().Err()}
+	}
+	if err == nil || c.ensure == nil {
 		return resp, err
 	}
 	if req.GetBody != nil {
@@ -72,6 +77,14 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 	}
 	return c.http.Do(req)
 }
+
+// notAwaited is a request whose context ended first. It reads as the
+// cause (an interruption, say) and is both the cause and the context's
+// error to errors.Is.
+type notAwaited struct{ cause, ctxErr error }
+
+func (e notAwaited) Error() string   { return "the daemon's answer was not awaited: " + e.cause.Error() }
+func (e notAwaited) Unwrap() []error { return []error{e.cause, e.ctxErr} }
 
 // retire asks a daemon started on demand to stop accepting and exit once
 // its clients are done.

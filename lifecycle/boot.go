@@ -148,7 +148,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 	var vmBegun bool
 	stateDir := m.Root.SupervisorDir(id)
 	api, vsock, iid := m.Root.APISocket(id), m.Root.VsockSocket(id), m.Root.IIDSocket(id)
-	return []sagas.Step{{
+	return []sagas.Step{m.logsStep(id), {
 		// The run marker is journaled before the VMM spawns: a run that
 		// dies without a FlushAcknowledged for it is then known to be
 		// unacknowledged, and its overlay is never edited offline.
@@ -232,7 +232,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if fi, err := fsx.Stat(string(m.Root), m.Root.APISocketLock(id)); err == nil && fi.Mode().IsRegular() {
 				sockets = append(sockets, m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)))
 			}
-			return append(m.logClaims(sb), events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
+			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
 				RunMarker: run, Sockets: sockets}), nil
 		},
 		Undo: func(ctx context.Context) ([]events.Payload, error) {
@@ -244,9 +244,38 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 	}}
 }
 
-// logClaims journals the sandbox's logs the first time a boot writes them
-// (the supervisor's was opened by the step before), so rm and the reaper
-// know them from the journal, not only by name.
+// logsStep makes the sandbox's logs before anything writes to them and
+// journals the ones the journal does not have yet, so rm and the reaper
+// know them from the journal, not only by name. Its undo journals any it
+// made but could not record (an interruption between the two): a log of a
+// failed boot is worth keeping, and is the sandbox's.
+func (m *Manager) logsStep(id string) sagas.Step {
+	claims := func(ctx context.Context) ([]events.Payload, error) {
+		sb, err := m.Find(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		return m.logClaims(sb), nil
+	}
+	return sagas.Step{
+		Name: "logs",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			if err := fsx.MkdirAll(string(m.Root), "logs", 0o700); err != nil {
+				return nil, fmt.Errorf("logs: %w", err)
+			}
+			for _, r := range m.logResources(id) {
+				if err := fsx.EnsureFile(string(m.Root), r.Path, 0o600); err != nil {
+					return nil, fmt.Errorf("log: %w", err)
+				}
+			}
+			return claims(ctx)
+		},
+		Undo: claims,
+	}
+}
+
+// logClaims are the resource.created events of the sandbox's logs that
+// exist but the journal does not give it yet.
 func (m *Manager) logClaims(sb projections.Sandbox) []events.Payload {
 	var ps []events.Payload
 	for _, r := range m.logResources(sb.ID) {

@@ -162,14 +162,22 @@ func forkCmd(g *globals) *cobra.Command {
 			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				children, err := m.Fork(cmd.Context(), spec)
-				if err != nil {
+				if err != nil && len(children) == 0 {
 					return err
 				}
-				return printResult(cmd, asJSON, children, func() {
+				// Children made before a failure or an interruption are
+				// committed and kept: say which, then why the rest are not.
+				if perr := printResult(cmd, asJSON, children, func() {
 					for _, sb := range children {
 						sandboxLine(cmd, sb)
 					}
-				})
+				}); perr != nil {
+					return perr
+				}
+				if err != nil {
+					return fmt.Errorf("%d of %d children made and kept (printed above); the next was not: %w", len(children), spec.Count, err)
+				}
+				return nil
 			})
 		},
 	}

@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/oklog/ulid/v2"
@@ -33,11 +35,22 @@ func atStep(at string) func(kind, step string, p sagas.Phase) bool {
 	if at == "" {
 		return nil
 	}
+	// <saga>.<step>[:before][#N]: #N matches the N-th time only (a fork's
+	// second child runs the same steps as its first).
+	nth := 1
+	if i := strings.LastIndexByte(at, '#'); i > 0 {
+		if n, err := strconv.Atoi(at[i+1:]); err == nil && n > 0 {
+			at, nth = at[:i], n
+		}
+	}
 	want, phase := at, sagas.AfterRecord
 	if w, ok := strings.CutSuffix(at, ":before"); ok {
 		want, phase = w, sagas.BeforeRecord
 	}
-	return func(kind, step string, p sagas.Phase) bool { return kind+"."+step == want && p == phase }
+	var seen atomic.Int32
+	return func(kind, step string, p sagas.Phase) bool {
+		return kind+"."+step == want && p == phase && int(seen.Add(1)) == nth
+	}
 }
 
 // crashHook kills this process with SIGKILL at one saga step, for the crash
