@@ -167,6 +167,10 @@ func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
 		t.Fatalf("snapshot ls table: %q", r.stdout)
 	}
 
+	wantFailure(t, proc(t, root, "snapshot", "rm"), 2, "requires at least 1 arg")
+	wantFailure(t, proc(t, root, "snapshot", "ls", sb.ID, other.ID), 2, "at most 1 arg")
+	wantFailure(t, proc(t, root, "snapshot", "rm", "01ZZZZ"), 1, `no snapshot "01ZZZZ"`)
+
 	// rm refuses to drop them, naming them, and leaves everything.
 	wantFailure(t, proc(t, root, "rm", sb.ID), 1, "--with-snapshots")
 	if len(ls("snappy")) != 2 {
