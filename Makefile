@@ -35,6 +35,7 @@ demo: setup build
 	$(NX) fork demo/one --count 2
 	$(NX) snapshot demo/one > $(STATE_DIR).snap
 	$(NX) restore $$(cat $(STATE_DIR).snap)
+	$(NX) snapshot ls demo/one
 	$(NX) stop demo/one
 	$(NX) start demo/one
 	$(NX) ls

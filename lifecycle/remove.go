@@ -2,9 +2,15 @@ package lifecycle
 
 import (
 	"context"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -25,6 +31,8 @@ type Removed struct {
 	Handle    string   `json:"handle,omitempty"`
 	Resources int      `json:"resources"`
 	Snapshots []string `json:"snapshots"`
+	// AllocatedBytes is what those resources held on disk just before.
+	AllocatedBytes int64 `json:"allocated_bytes"`
 }
 
 // Remove is RemoveWith forced and with snapshots: what an owner that is
@@ -52,14 +60,53 @@ func (m *Manager) RemoveWith(ctx context.Context, ref string, opt RemoveOptions)
 		c.release()
 		return Removed{}, err
 	}
+	rep := Removed{ID: c.sb.ID, Handle: c.sb.Handle, Resources: len(c.sb.Resources), Snapshots: append([]string{}, c.sb.Snapshots...)}
+	for _, rel := range outermost(c.sb.Resources) {
+		rep.AllocatedBytes += allocated(string(m.Root), rel)
+	}
 	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga(events.SagaRm, sb.ID, m.removeSteps(sb)) })
 	if err != nil {
 		c.release()
 		return Removed{}, err
 	}
 	c.lease.Remove() // the sandbox is gone; so is its lease file
-	snaps := append([]string{}, c.sb.Snapshots...)
-	return Removed{ID: c.sb.ID, Handle: c.sb.Handle, Resources: len(c.sb.Resources), Snapshots: snaps}, nil
+	return rep, nil
+}
+
+// outermost lists the paths of rs that are not beneath another of them
+// (a snapshot directory lies under the sandbox's snapshots directory,
+// and both are owned), so that a size summed over them counts each byte
+// once.
+func outermost(rs []events.Resource) []string {
+	paths := make([]string, 0, len(rs))
+	for _, r := range rs {
+		paths = append(paths, filepath.Clean(r.Path))
+	}
+	sort.Strings(paths)
+	var out []string
+	for _, p := range paths {
+		if n := len(out); n > 0 && (p == out[n-1] || strings.HasPrefix(p, out[n-1]+"/")) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// allocated is the space rel takes under root: a whole tree for a
+// directory, the blocks of anything else; never following a link.
+func allocated(root, rel string) int64 {
+	if n := scan.TreeAllocated(root, rel); n > 0 {
+		return n
+	}
+	fi, err := fsx.Stat(root, rel)
+	if err != nil || fi.IsDir() {
+		return 0
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Blocks * 512
+	}
+	return 0
 }
 
 func (m *Manager) removeSteps(sb projections.Sandbox) []sagas.Step {

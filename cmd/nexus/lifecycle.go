@@ -293,7 +293,7 @@ func rmCmd(g *globals) *cobra.Command {
 					if err == nil {
 						done = append(done, rm)
 						if !asJSON {
-							fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s): %d resources, %d snapshots\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots))
+							fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
 						}
 					}
 					return err

@@ -141,7 +141,11 @@ func (m *modelRun) choose(list []projections.Sandbox) (saga string, args []strin
 		if len(snaps) == 0 {
 			return
 		}
-		saga, args = "restore", []string{"restore", snaps[m.rng.IntN(len(snaps))]}
+		snap := snaps[m.rng.IntN(len(snaps))]
+		saga, args = "restore", []string{"restore", snap}
+		if m.rng.IntN(3) == 0 {
+			saga, args = "snapshot-rm", []string{"snapshot", "rm", snap}
+		}
 	case op == 6:
 		if sb, ok := m.pick(list, projections.StateRunning); ok {
 			saga, args = "stop", []string{"stop", sb.ID}
@@ -162,6 +166,9 @@ func (m *modelRun) choose(list []projections.Sandbox) (saga string, args []strin
 func (m *modelRun) runStep(saga string, args []string) {
 	if saga != "" && m.rng.IntN(3) == 0 {
 		steps := sagaSteps[saga]
+		if saga == "snapshot-rm" {
+			steps = []string{"delete:" + args[len(args)-1]} // the step names its snapshot
+		}
 		point := saga + "." + steps[m.rng.IntN(len(steps))]
 		if m.rng.IntN(2) == 0 {
 			point += ":before"

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/projections"
@@ -166,6 +167,10 @@ func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
 		t.Fatalf("snapshot ls table: %q", r.stdout)
 	}
 
+	wantFailure(t, proc(t, root, "snapshot", "rm"), 2, "requires at least 1 arg")
+	wantFailure(t, proc(t, root, "snapshot", "ls", sb.ID, other.ID), 2, "at most 1 arg")
+	wantFailure(t, proc(t, root, "snapshot", "rm", "01ZZZZ"), 1, `no snapshot "01ZZZZ"`)
+
 	// rm refuses to drop them, naming them, and leaves everything.
 	wantFailure(t, proc(t, root, "rm", sb.ID), 1, "--with-snapshots")
 	if len(ls("snappy")) != 2 {
@@ -222,5 +227,44 @@ func TestCrashDuringSnapshotRm(t *testing.T) {
 			mustOK(t, proc(t, root, "rm", "-f", sb.ID), "rm -f")
 			assertNothingLeft(t, root)
 		})
+	}
+}
+
+// rm reports the bytes it freed, each counted once: the sum of the
+// blocks of every file and directory under the root that bears the
+// sandbox's ID (its disks, snapshots, records), measured independently
+// before. Counting the snapshots directory and each snapshot in it
+// separately would report the snapshots twice.
+func TestRmReportsBytesOnce(t *testing.T) {
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", makeImage(t))
+	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")
+	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")
+	var want int64
+	filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		rel, _ := filepath.Rel(root, path)
+		// logs/ and the runner lease are bookkeeping, not the sandbox's
+		// resources in the journal.
+		if err != nil || strings.HasPrefix(rel, "logs/") || strings.HasPrefix(rel, "leases/") || !strings.Contains(rel, sb.ID) {
+			return nil
+		}
+		var st syscall.Stat_t
+		if syscall.Lstat(path, &st) == nil {
+			want += st.Blocks * 512
+		}
+		return nil
+	})
+	r := mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", "--json", sb.ID), "rm --json")
+	var rm struct {
+		ID        string   `json:"id"`
+		Snapshots []string `json:"snapshots"`
+		Bytes     int64    `json:"allocated_bytes"`
+		Resources int      `json:"resources"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rm); err != nil || rm.ID != sb.ID || len(rm.Snapshots) != 2 || rm.Resources == 0 {
+		t.Fatalf("rm --json: %v %s", err, r.stdout)
+	}
+	if want == 0 || rm.Bytes != want {
+		t.Fatalf("rm reported %d bytes, the files held %d", rm.Bytes, want)
 	}
 }
