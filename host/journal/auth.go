@@ -90,7 +90,8 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		so.TLSVerify = t.ClientCA != ""
 		so.TLSTimeout = 5
 	}
-	// Subscribers get live events only: subscribe on the event subjects,
+	// Subscribers get live events only (stored ones, republished with their
+	// sequence; appends travel on appendSubjects): subscribe on the event subjects,
 	// publish nowhere, so they can neither append nor reach the JetStream
 	// API (stream delete, purge, consumer creation). History is served by
 	// `nexus events`, which goes through nexus's own checks.
