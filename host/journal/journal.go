@@ -212,6 +212,11 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	if err := writeFormat(j.dir); err != nil {
 		return err
 	}
+	if opts.Listen != "" {
+		if err := j.serveHistory(); err != nil {
+			return err
+		}
+	}
 	if opts.Mirror != nil {
 		mctx, stop := context.WithCancel(context.Background())
 		j.mirrorStop = stop
