@@ -17,6 +17,10 @@ setup:
 	if [ -n "$$missing" ]; then \
 	  echo "installing e2fsprogs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
+	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+	  echo "installing nodejs"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; fi
+	npm ci --prefix examples/subscriber-node --no-audit --no-fund --loglevel=error
 	$(GO) mod download
 
 build:
