@@ -80,6 +80,7 @@ fuzz: setup
 bench: setup
 	$(GO) test -run '^$$' -bench 'Append|RawWrite' -benchtime 2000x ./host/journal/
 	$(GO) test -run '^$$' -bench 'Replay100k' -benchtime 5x -benchmem ./host/journal/
+	$(GO) test -run '^$$' -bench 'EventsByPosition' -benchtime 3x ./host/journal/
 	$(GO) test -run '^$$' -bench 'Verify1M' -benchtime 1x -timeout 20m ./host/journal/
 	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
 	$(GO) test -run '^$$' -bench 'AppendGuardedVsPlain' -benchtime 3000x ./node/
