@@ -6,7 +6,7 @@ BIN       := bin/nexus
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
 
-.PHONY: all setup build demo test bench soak fuzz clean
+.PHONY: all setup setup-test build demo test bench soak fuzz clean
 
 all: build
 
@@ -18,6 +18,14 @@ setup:
 	  echo "installing e2fsprogs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
 	$(GO) mod download
+
+# What only the tests need: Node.js and the example subscriber's npm
+# packages (a subscriber in another language runs in the suite).
+setup-test: setup
+	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
+	  echo "installing nodejs"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; fi
+	npm ci --prefix examples/subscriber-node --no-audit --no-fund --loglevel=error
 
 build:
 	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(BIN) ./cmd/nexus
@@ -49,7 +57,7 @@ demo: setup build
 	$(NX) ls
 	@rm -f $(STATE_DIR).snap $(DEMO_IMAGE)
 
-test: setup
+test: setup-test
 	$(GO) vet ./...
 	$(GO) test -race -count=1 -timeout 30m ./...
 
@@ -77,6 +85,7 @@ fuzz: setup
 bench: setup
 	$(GO) test -run '^$$' -bench 'Append|RawWrite' -benchtime 2000x ./host/journal/
 	$(GO) test -run '^$$' -bench 'Replay100k' -benchtime 5x -benchmem ./host/journal/
+	$(GO) test -run '^$$' -bench 'EventsByPosition' -benchtime 3x ./host/journal/
 	$(GO) test -run '^$$' -bench 'Verify1M' -benchtime 1x -timeout 20m ./host/journal/
 	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
 	$(GO) test -run '^$$' -bench 'AppendGuardedVsPlain' -benchtime 3000x ./node/

@@ -29,6 +29,10 @@ type SubscriberCredentials struct {
 	Password string `json:"password"`
 	URL      string `json:"url,omitempty"`
 	Subjects string `json:"subjects"`
+	// History is where to ask for missed events, with a reply inbox under
+	// InboxPrefix (docs/events.md); set on every start, not stored state.
+	History     string `json:"history"`
+	InboxPrefix string `json:"inbox_prefix"`
 }
 
 // DaemonOptions configure RunDaemon.
@@ -210,6 +214,7 @@ func loadOrCreateSubscriber(root string) (*SubscriberCredentials, error) {
 		if err := json.Unmarshal(data, &c); err != nil || c.User == "" || c.Password == "" {
 			return nil, fmt.Errorf("%s is damaged; remove it to generate new credentials", path)
 		}
+		c.Subjects, c.History, c.InboxPrefix = journal.Subjects, journal.HistorySubject, journal.ReplyPrefix
 		return &c, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
@@ -219,7 +224,8 @@ func loadOrCreateSubscriber(root string) (*SubscriberCredentials, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &SubscriberCredentials{User: "subscriber", Password: pw, Subjects: journal.Subjects}
+	c := &SubscriberCredentials{User: "subscriber", Password: pw, Subjects: journal.Subjects,
+		History: journal.HistorySubject, InboxPrefix: journal.ReplyPrefix}
 	return c, writeSubscriber(root, c)
 }
 

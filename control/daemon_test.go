@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -280,6 +281,9 @@ func TestDaemonSubscribers(t *testing.T) {
 		}
 		if subj, _ := want[i].Subject(); msg.Subject != subj {
 			t.Fatalf("subscriber event %d on %q, want %q", i, msg.Subject, subj)
+		}
+		if seq := msg.Header.Get("Nats-Sequence"); seq != strconv.Itoa(i+1) {
+			t.Fatalf("subscriber event %d carries journal sequence %q, want %d", i, seq, i+1)
 		}
 	}
 

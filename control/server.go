@@ -296,12 +296,8 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 		}
 		enc := json.NewEncoder(w)
 		flusher, _ := w.(http.Flusher)
-		err = n.Events(ctx, q, func(rec node.Record) error {
-			data, err := events.Encode(rec.Event)
-			if err != nil {
-				return err
-			}
-			if err := enc.Encode(wireRecord{Seq: rec.Seq, Data: data}); err != nil {
+		err = n.EventsRaw(ctx, q, func(seq uint64, data []byte) error {
+			if err := enc.Encode(wireRecord{Seq: seq, Data: data}); err != nil {
 				return err
 			}
 			if q.Follow && flusher != nil {

@@ -114,7 +114,7 @@ func benchAppendJournal(b testing.TB, dir string, from, to int) {
 			pubErr = err
 			return
 		}
-		_, pubErr = js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data,
+		_, pubErr = js.PublishMsgAsync(&nats.Msg{Subject: journal.AppendSubject(subject), Data: data,
 			Header: nats.Header{jetstream.MsgIDHeader: []string{e.DedupID()}}})
 	})
 	if pubErr != nil {

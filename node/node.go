@@ -427,6 +427,19 @@ type Query = events.Query
 // Events calls fn for every event matching q, in journal order. Without
 // Follow it stops at the end of the journal; with it, when ctx is done.
 func (n *Node) Events(ctx context.Context, q Query, fn func(Record) error) error {
+	return n.EventsRaw(ctx, q, func(seq uint64, data []byte) error {
+		e, err := events.Decode(data)
+		if err != nil {
+			return fmt.Errorf("journal event %d: %w", seq, err)
+		}
+		return fn(Record{Seq: seq, Event: e})
+	})
+}
+
+// EventsRaw is Events with each event as stored, undecoded: the daemon
+// relays the bytes, so a client decodes each event once and the daemon not
+// at all.
+func (n *Node) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data []byte) error) error {
 	types := q.Types
 	if q.Type != "" || len(types) == 0 {
 		types = append(slices.Clip(types), q.Type)
@@ -437,13 +450,7 @@ func (n *Node) Events(ctx context.Context, q Query, fn func(Record) error) error
 	}
 	r := journal.Range{From: q.Since, FromTime: q.SinceTime, To: q.Until, ToTime: q.UntilTime,
 		Filters: filters, Tail: q.Tail, Follow: q.Follow}
-	return n.j.Scan(ctx, r, func(r journal.Record) error {
-		e, err := events.Decode(r.Data)
-		if err != nil {
-			return fmt.Errorf("journal event %d: %w", r.Seq, err)
-		}
-		return fn(Record{Seq: r.Seq, Event: e})
-	})
+	return n.j.Scan(ctx, r, func(r journal.Record) error { return fn(r.Seq, r.Data) })
 }
 
 // Views are the projections a node keeps current.

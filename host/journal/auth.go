@@ -93,16 +93,17 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		so.TLSVerify = t.ClientCA != ""
 		so.TLSTimeout = 5
 	}
-	// Subscribers get live events only: subscribe on the event subjects,
-	// publish nowhere, so they can neither append nor reach the JetStream
-	// API (stream delete, purge, consumer creation). History is served by
-	// `nexus events`, which goes through nexus's own checks.
+	// Subscribers read, never write: live events (stored ones, republished
+	// with their sequence; appends travel on appendSubjects), and history
+	// through nexus's own read-only service, answered on their inbox prefix.
+	// They publish only history requests, so they can neither append nor
+	// reach the JetStream API (stream delete, purge, consumers of any kind).
 	so.Users = append(so.Users, &server.User{
 		Username: opts.Subscriber.User,
 		Password: opts.Subscriber.PasswordHash,
 		Permissions: &server.Permissions{
-			Publish:   &server.SubjectPermission{Deny: []string{">"}},
-			Subscribe: &server.SubjectPermission{Allow: []string{Subjects}},
+			Publish:   &server.SubjectPermission{Allow: []string{HistorySubject}},
+			Subscribe: &server.SubjectPermission{Allow: []string{Subjects, ReplyPrefix + ".>"}},
 		},
 		AllowedConnectionTypes: map[string]struct{}{jwt.ConnectionTypeStandard: {}},
 	})

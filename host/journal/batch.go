@@ -109,7 +109,7 @@ func (j *Journal) AppendBatch(ctx context.Context, msgs []Message) ([]Ack, error
 			hdr.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.ExpectSubjectSeq, 10))
 			hdr.Set(expectedLastSubjSeqSubjHeader, m.ExpectSubjects)
 		}
-		msg := &nats.Msg{Subject: m.Subject, Data: m.Data, Header: hdr}
+		msg := &nats.Msg{Subject: AppendSubject(m.Subject), Data: m.Data, Header: hdr}
 		if i < last {
 			// Staged without a reply: a message the server cannot stage
 			// makes the commit fail as an incomplete batch.

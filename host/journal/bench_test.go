@@ -159,7 +159,7 @@ func benchBuildJournal(b *testing.B, dir string, n int) (totalBytes int64) {
 			return
 		}
 		totalBytes += int64(len(data))
-		_, pubErr = js.PublishMsgAsync(&nats.Msg{Subject: subject, Data: data,
+		_, pubErr = js.PublishMsgAsync(&nats.Msg{Subject: journal.AppendSubject(subject), Data: data,
 			Header: nats.Header{jetstream.MsgIDHeader: []string{e.DedupID()}}})
 	})
 	if pubErr != nil {

@@ -28,8 +28,14 @@ import (
 const (
 	// StreamName is the one stream holding every lifecycle event.
 	StreamName = "NEXUS"
-	// Subjects is the stream's subject space; see events.Subject.
+	// Subjects is the subject space of stored events; see events.Subject.
+	// Live subscribers receive each event there only once it is stored,
+	// with its journal sequence in the Nats-Sequence header (RePublish).
 	Subjects = "nexus.events.>"
+	// appendSubjects is where nexus publishes an append. The stream
+	// captures it and stores it under Subjects (SubjectTransform), so no
+	// subscriber ever sees a publish the journal refused or de-duplicated.
+	appendSubjects = "nexus.append.>"
 	// Format is the on-disk layout version of the journal directory. A
 	// directory stamped with a higher number was written by a newer nexus.
 	Format = 1
@@ -218,6 +224,11 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	if err := writeFormat(j.dir); err != nil {
 		return err
 	}
+	if opts.Listen != "" {
+		if err := j.serveHistory(); err != nil {
+			return err
+		}
+	}
 	if m := opts.Mirror; m != nil {
 		mctx, stop := context.WithCancel(context.Background())
 		j.mirrorStop = stop
@@ -247,14 +258,16 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 
 func streamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
-		Name:       StreamName,
-		Subjects:   []string{Subjects},
-		Storage:    jetstream.FileStorage,
-		Retention:  jetstream.LimitsPolicy,
-		MaxMsgs:    -1,
-		MaxBytes:   -1,
-		Replicas:   1,
-		Duplicates: 2 * time.Minute,
+		Name:             StreamName,
+		Subjects:         []string{appendSubjects},
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: appendSubjects, Destination: Subjects},
+		RePublish:        &jetstream.RePublish{Source: Subjects, Destination: Subjects},
+		Storage:          jetstream.FileStorage,
+		Retention:        jetstream.LimitsPolicy,
+		MaxMsgs:          -1,
+		MaxBytes:         -1,
+		Replicas:         1,
+		Duplicates:       2 * time.Minute,
 		// The journal is append-only: nothing, not even nexus, deletes or
 		// purges history. PersistMode stays default: async would turn the
 		// server's SyncAlways off for this stream.
@@ -418,6 +431,15 @@ func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 		return Ack{}, fmt.Errorf("journal append %s: %w", m.ID, ErrConflict)
 	}
 	return Ack{}, j.failedAppend(m.ID, err)
+}
+
+// AppendSubject is the subject an append of an event stored on subject is
+// published to (see appendSubjects).
+func AppendSubject(subject string) string {
+	if rest, ok := strings.CutPrefix(subject, strings.TrimSuffix(Subjects, ">")); ok {
+		return strings.TrimSuffix(appendSubjects, ">") + rest
+	}
+	return subject
 }
 
 // findMsgID looks for id among records from seq on: the tail written since

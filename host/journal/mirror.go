@@ -225,7 +225,7 @@ func MirrorStream(host string) string {
 // or deletes. Reads and the consumers a mirror needs stay open; the fleet
 // can see the journal, never change it.
 func deniedFromFleet(domain string) []string {
-	deny := []string{Subjects, "$SYS.>", "$JS.API.>"}
+	deny := []string{Subjects, appendSubjects, "$SYS.>", "$JS.API.>"}
 	for _, api := range []string{
 		"STREAM.CREATE.>", "STREAM.UPDATE.>", "STREAM.DELETE.>", "STREAM.PURGE.>",
 		"STREAM.MSG.DELETE.>", "STREAM.SNAPSHOT.>", "STREAM.RESTORE.>", "STREAM.PEER.>",

@@ -199,9 +199,12 @@ func TestFleetCannotWriteTheJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	// A publish into the journal's subjects from the fleet side.
-	if err := nc.Publish("nexus.events.sandbox.created.x", []byte("injected")); err != nil {
-		t.Fatal(err)
+	// A publish into the journal's subjects, stored and append-side, from
+	// the fleet side.
+	for _, subj := range []string{"nexus.events.sandbox.created.x", AppendSubject("nexus.events.sandbox.created.x")} {
+		if err := nc.Publish(subj, []byte("injected")); err != nil {
+			t.Fatal(err)
+		}
 	}
 	nc.Flush()
 	// JetStream API calls addressed to this host's domain.

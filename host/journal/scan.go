@@ -22,6 +22,8 @@ type Range struct {
 	Filters []string
 	// Tail, if positive, keeps only the last Tail records of the range.
 	Tail int
+	// Limit, if positive, delivers at most the first Limit records.
+	Limit int
 	// Follow waits for new records after the range's end until ctx is done.
 	Follow bool
 }
@@ -119,6 +121,9 @@ func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Ui
 			from, want = lo, uint64(r.Tail)
 		}
 	}
+	if r.Limit > 0 && (!known || want > uint64(r.Limit)) {
+		want, known = uint64(r.Limit), true
+	}
 	if !r.Follow && known && want == 0 {
 		return nil
 	}
@@ -176,6 +181,9 @@ func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Ui
 			return err
 		}
 		delivered++
+		if r.Limit > 0 && delivered >= uint64(r.Limit) {
+			return nil
+		}
 		if !r.Follow && (meta.NumPending == 0 || seq == end || known && delivered >= want) {
 			return nil
 		}

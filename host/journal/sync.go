@@ -199,5 +199,5 @@ func publishArgs(m Message) (*nats.Msg, []jetstream.PublishOpt) {
 		hdr.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(m.ExpectSubjectSeq, 10))
 		hdr.Set(expectedLastSubjSeqSubjHeader, m.ExpectSubjects)
 	}
-	return &nats.Msg{Subject: m.Subject, Data: m.Data, Header: hdr}, popts
+	return &nats.Msg{Subject: AppendSubject(m.Subject), Data: m.Data, Header: hdr}, popts
 }

@@ -1,0 +1,102 @@
+// A nexus subscriber in another language than nexus: follows the journal
+// over NATS and prints one JSON line per event, in sequence order, with no
+// gap and no duplicate, across reconnects (docs/events.md).
+//
+//   node subscriber.cjs <state-root>/subscriber.json
+//
+// NEXUS_SINCE=N resumes after sequence N; NEXUS_PAGE sets the history page.
+"use strict";
+const fs = require("node:fs");
+const { connect, createInbox, JSONCodec } = require("nats");
+const { decode } = require("@msgpack/msgpack");
+
+const creds = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+const page = Number(process.env.NEXUS_PAGE || 1000);
+const json = JSONCodec();
+let last = Number(process.env.NEXUS_SINCE || 0); // last sequence printed
+
+// Every change to `last` runs in this one chain, so live messages and
+// catch-up pages never interleave.
+let chain = Promise.resolve();
+const serial = (fn) => (chain = chain.then(fn, fn));
+
+// apply prints m if it is the next event; false means a gap before it.
+function apply(m) {
+  const seq = Number(m.headers.get("Nats-Sequence"));
+  if (seq <= last) return true; // already printed: live and history overlap
+  if (seq !== last + 1) return false;
+  const e = decode(m.data, { useBigInt64: true });
+  process.stdout.write(JSON.stringify({
+    seq,
+    subject: m.headers.get("Nats-Subject") || m.subject,
+    id: Buffer.from(e.id).toString("hex"),
+    type: e.t,
+    schema: e.v,
+    sandbox: e.sb || "",
+    ts: String(e.ts),
+  }) + "\n");
+  last = seq;
+  return true;
+}
+
+// catchUp pages through nexus.history from last+1 until a short page.
+async function catchUp(nc) {
+  for (;;) {
+    const inbox = createInbox(creds.inbox_prefix || "nexus.reply");
+    const sub = nc.subscribe(inbox, { timeout: 5000 });
+    nc.publish(creds.history || "nexus.history", json.encode({ since: last + 1, max: page }), { reply: inbox });
+    let n = 0;
+    for await (const m of sub) {
+      if (m.headers && m.headers.get("Nexus-History-End") === "1") {
+        const err = m.headers.get("Nexus-History-Error");
+        if (err) throw new Error("history: " + err);
+        break;
+      }
+      if (!apply(m)) throw new Error("history skipped a sequence after " + last);
+      n++;
+    }
+    sub.unsubscribe();
+    if (n < page) return;
+  }
+}
+
+// retry keeps catching up while the server is away (a request then times out).
+async function retry(nc) {
+  for (;;) {
+    try {
+      return await catchUp(nc);
+    } catch (err) {
+      if (nc.isClosed()) return;
+      process.stderr.write("catch-up: " + err.message + "\n");
+      await new Promise((r) => setTimeout(r, 200));
+    }
+  }
+}
+
+(async () => {
+  const nc = await connect({
+    servers: creds.url, user: creds.user, pass: creds.password,
+    inboxPrefix: creds.inbox_prefix || "nexus.reply",
+    maxReconnectAttempts: -1, reconnectTimeWait: 100, waitOnFirstConnect: true,
+  });
+  for (const sig of ["SIGTERM", "SIGINT"]) process.on(sig, () => nc.drain().then(() => process.exit(0)));
+  (async () => {
+    for await (const s of nc.status()) {
+      if (s.type === "reconnect") serial(() => retry(nc)); // missed while away
+    }
+  })();
+  const live = nc.subscribe(creds.subjects || "nexus.events.>");
+  await serial(() => retry(nc));
+  process.stderr.write("caught up at " + last + "\n");
+  for await (const m of live) {
+    await serial(async () => {
+      if (!apply(m)) {
+        await retry(nc); // a gap: fetch it, then this one is a duplicate or next
+        apply(m);
+      }
+    });
+  }
+})().catch((err) => {
+  process.stderr.write(String(err && err.stack || err) + "\n");
+  process.exit(1);
+});
