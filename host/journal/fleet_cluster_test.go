@@ -25,7 +25,7 @@ type fleetCluster struct {
 	leafPorts []int
 }
 
-func startCluster(t *testing.T, tmpl string) *fleetCluster {
+func startCluster(t testing.TB, tmpl string) *fleetCluster {
 	t.Helper()
 	const n = 3
 	client, route, leaf := make([]int, n), make([]int, n), make([]int, n)
@@ -93,7 +93,7 @@ func (c *fleetCluster) urls(user, pass string) []*url.URL {
 	return out
 }
 
-func openFleetHost(t *testing.T, c *fleetCluster, name, pass string) (*Journal, *Mirror) {
+func openFleetHost(t testing.TB, c *fleetCluster, name, pass string) (*Journal, *Mirror) {
 	t.Helper()
 	m := &Mirror{URLs: c.urls(name, pass), Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), StartWait: 20 * time.Second}
 	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
