@@ -268,12 +268,15 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 	for {
 		err := j.ensureMirror(ctx, fleet, m)
 		j.setMirrorErr(err)
+		if errors.Is(err, ErrHostTaken) && told {
+			// Found after start (Open returns a refusal it waited for).
+			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
+		}
 		if !told && (err == nil || errors.Is(err, ErrHostTaken)) {
 			first <- err
 			told = true
 		}
 		if errors.Is(err, ErrHostTaken) {
-			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
 			return
 		}
 		wait := every
