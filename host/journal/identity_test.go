@@ -161,6 +161,16 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitLog(t, &logs, "mirror.settings-differ")
+	// A restart of the host (same root, same identity) keeps it too.
+	dir := j.Dir()
+	j.Close()
+	var logs2 syncBuffer
+	j, err = Open(context.Background(), Options{Dir: dir, Mirror: m, Logger: slog.New(slog.NewTextHandler(&logs2, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	waitLog(t, &logs2, "mirror.settings-differ")
 	if s, _ = js.Stream(ctx, m.StreamName()); s.CachedInfo().Config.MaxBytes != 1<<30 {
 		t.Fatalf("operator's limit reset to %d", s.CachedInfo().Config.MaxBytes)
 	}
@@ -172,8 +182,8 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("re-created mirror holds %d, want 4", len(got))
 	}
-	waitLog(t, &logs, "mirror.recreated")
-	if strings.Contains(logs.String(), leafPass) {
+	waitLog(t, &logs2, "mirror.recreated")
+	if strings.Contains(logs.String()+logs2.String(), leafPass) {
 		t.Fatal("the log holds the fleet password")
 	}
 	if !strings.Contains(logs.String(), "mirror.linked") {
