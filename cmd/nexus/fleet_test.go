@@ -33,13 +33,19 @@ func TestDaemonMirrorMisconfiguration(t *testing.T) {
 		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422,nats-leaf://u:pw1@:7422"}, 2, "--mirror"},
 		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-host", "Host_A"}, 2, "--mirror-host"},
 		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-replicas", "9"}, 2, "--mirror-replicas"},
-		{[]string{"--mirror", "nats-leaf://u:pw1@127.0.0.1:7422", "--mirror-creds", root + "/no.creds"}, 1, "no.creds"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-creds", root + "/no.creds"}, 1, "no.creds"},
 	} {
 		r := nexus(t, root, append([]string{"daemon"}, c.args...)...)
 		wantFailure(t, r, c.code, c.mention)
 		if strings.Contains(r.stderr, "pw1") {
 			t.Fatalf("%v: the error shows the password: %q", c.args, r.stderr)
 		}
+	}
+	// A password on the command line is warned about (it is readable in
+	// /proc/<pid>/cmdline), and still never shown.
+	r := nexus(t, root, "daemon", "--mirror", "nats-leaf://u:pw1@127.0.0.1:7422", "--mirror-creds", root+"/no.creds")
+	if r.code != 1 || !strings.Contains(r.stderr, "/proc/<pid>/cmdline") || strings.Contains(r.stderr, "pw1") {
+		t.Fatalf("password on the command line: exit %d, %q", r.code, r.stderr)
 	}
 }
 
