@@ -17,7 +17,7 @@ import (
 // (an eviction) while they catch up.
 func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 	tb.Helper()
-	t := tb
+
 	names := make([]string, hosts)
 	for i := range names {
 		names[i] = fmt.Sprintf("host-%02d", i)
@@ -28,11 +28,11 @@ func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c := startCluster(t, tmpl)
+	c := startCluster(tb, tmpl)
 	js := make([]*Journal, hosts)
 	ms := make([]*Mirror, hosts)
 	for i, n := range names {
-		js[i], ms[i] = openFleetHost(t, c, n, "pw-"+n)
+		js[i], ms[i] = openFleetHost(tb, c, n, "pw-"+n)
 	}
 	audit, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
 	if err != nil {
