@@ -33,13 +33,19 @@ func TestDaemonMirrorMisconfiguration(t *testing.T) {
 		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422,nats-leaf://u:pw1@:7422"}, 2, "--mirror"},
 		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-host", "Host_A"}, 2, "--mirror-host"},
 		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-replicas", "9"}, 2, "--mirror-replicas"},
-		{[]string{"--mirror", "nats-leaf://u:pw1@127.0.0.1:7422", "--mirror-creds", root + "/no.creds"}, 1, "no.creds"},
+		{[]string{"--mirror", "nats-leaf://127.0.0.1:7422", "--mirror-creds", root + "/no.creds"}, 1, "no.creds"},
 	} {
 		r := nexus(t, root, append([]string{"daemon"}, c.args...)...)
 		wantFailure(t, r, c.code, c.mention)
 		if strings.Contains(r.stderr, "pw1") {
 			t.Fatalf("%v: the error shows the password: %q", c.args, r.stderr)
 		}
+	}
+	// A password on the command line is warned about (it is readable in
+	// /proc/<pid>/cmdline), and still never shown.
+	r := nexus(t, root, "daemon", "--mirror", "nats-leaf://u:pw1@127.0.0.1:7422", "--mirror-creds", root+"/no.creds")
+	if r.code != 1 || !strings.Contains(r.stderr, "/proc/<pid>/cmdline") || strings.Contains(r.stderr, "pw1") {
+		t.Fatalf("password on the command line: exit %d, %q", r.code, r.stderr)
 	}
 }
 
@@ -102,27 +108,7 @@ func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) j
 // server (the URL, with its password, from NEXUS_MIRROR) reports link,
 // sequences and lag, and says when the fleet goes away.
 func TestFleetStatusThroughDaemon(t *testing.T) {
-	o := &server.Options{ServerName: "fleet", Host: "127.0.0.1", Port: server.RANDOM_PORT,
-		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leafPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", leafPort
-	o.LeafNode.Username, o.LeafNode.Password = "leaf", "fleet-secret"
-	fleet, err := server.NewServer(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fleet.Start()
-	defer fleet.Shutdown()
-	if !fleet.ReadyForConnections(10 * time.Second) {
-		t.Fatal("fleet not ready")
-	}
-	leaf := fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", leafPort)
-
+	fleet, leaf := startFleetServer(t)
 	root := shortRoot(t)
 	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", "host-a")
 	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
@@ -164,5 +150,67 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "fleet-secret") {
 		t.Fatalf("the daemon log shows the password:\n%s", logs.String())
+	}
+}
+
+// startFleetServer runs a one-node fleet in this process: JetStream in
+// domain "fleet", a leaf port with a password. It returns the server and
+// the leaf URL hosts dial.
+func startFleetServer(t *testing.T) (*server.Server, string) {
+	t.Helper()
+	o := &server.Options{ServerName: "fleet", Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leafPort := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", leafPort
+	o.LeafNode.Username, o.LeafNode.Password = "leaf", "fleet-secret"
+	fleet, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet.Start()
+	t.Cleanup(fleet.Shutdown)
+	if !fleet.ReadyForConnections(10 * time.Second) {
+		t.Fatal("fleet not ready")
+	}
+	return fleet, fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", leafPort)
+}
+
+// A cloned machine with the same host name: its daemon is refused at
+// start, in one line, and the first host's mirror is untouched.
+func TestDaemonRefusesAnotherHostsName(t *testing.T) {
+	_, leaf := startFleetServer(t)
+	first := shortRoot(t)
+	d := exec.Command(nexusBin, "--state-dir", first, "daemon", "--mirror-host", "host-a")
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
+	var logs lockedBuffer
+	d.Stderr = &logs
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Process.Signal(syscall.SIGTERM)
+		d.Wait()
+	})
+	waitUntil(t, "mirror created", func() bool { return strings.Contains(logs.String(), "mirror.created") })
+
+	r := nexusEnv(t, shortRoot(t), []string{"NEXUS_MIRROR=" + leaf}, "daemon", "--mirror-host", "host-a")
+	// A daemon logs as it starts; its failure is the last line, the only error.
+	lines := strings.Split(strings.TrimRight(r.stderr, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if r.code != 1 || !strings.HasPrefix(last, "nexus: ") || !strings.Contains(last, "NEXUS_HOST_A is the mirror of host") ||
+		strings.Count(r.stderr, "NEXUS_HOST_A is the mirror") != 1 {
+		t.Fatalf("second host-a: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if strings.Contains(r.stderr, "fleet-secret") {
+		t.Fatalf("refusal shows the password: %q", r.stderr)
+	}
+	st := fleetStatus(t, first, func(s journal.MirrorState) bool { return s.Exists })
+	if st.LastError != "" {
+		t.Fatalf("the first host's mirror after the refusal: %+v", st)
 	}
 }

@@ -25,7 +25,7 @@ type fleetCluster struct {
 	leafPorts []int
 }
 
-func startCluster(t *testing.T, tmpl string) *fleetCluster {
+func startCluster(t testing.TB, tmpl string) *fleetCluster {
 	t.Helper()
 	const n = 3
 	client, route, leaf := make([]int, n), make([]int, n), make([]int, n)
@@ -93,7 +93,7 @@ func (c *fleetCluster) urls(user, pass string) []*url.URL {
 	return out
 }
 
-func openFleetHost(t *testing.T, c *fleetCluster, name, pass string) (*Journal, *Mirror) {
+func openFleetHost(t testing.TB, c *fleetCluster, name, pass string) (*Journal, *Mirror) {
 	t.Helper()
 	m := &Mirror{URLs: c.urls(name, pass), Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), StartWait: 20 * time.Second}
 	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
@@ -286,5 +286,83 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	st := b.MirrorState(context.Background())
 	if !st.Connected || !st.Exists || st.LagEvents != 0 || st.MirrorLastSeq != 8 || st.Replicas != 3 {
 		t.Fatalf("B's mirror state: %+v", st)
+	}
+}
+
+// TestFleetNodeLoss: with replicas 3, killing the node each host is linked
+// to loses nothing: the links move to the other nodes, the mirrors keep
+// every event, in order, identical to the journals, and status says so.
+func TestFleetNodeLoss(t *testing.T) {
+	hosts := []string{"host-a", "host-b", "host-c"}
+	for _, h := range hosts {
+		t.Setenv(PasswordVar(h), "pw-"+h)
+	}
+	t.Setenv(PasswordVar("auditor"), "pw-audit")
+	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, tmpl)
+	var js []*Journal
+	var ms []*Mirror
+	for _, h := range hosts {
+		j, m := openFleetHost(t, c, h, "pw-"+h)
+		appendN(t, j, 0, 5)
+		js, ms = append(js, j), append(ms, m)
+	}
+	audit := func(node int) jetstream.JetStream {
+		nc, err := nats.Connect(c.nodes[node].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		a, _ := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
+		return a
+	}
+	a2 := audit(2)
+	for _, m := range ms {
+		awaitAudited(t, a2, m.StreamName(), 5)
+	}
+	// Kill the node holding the most links, then the hosts keep appending.
+	victim := 0
+	for i, n := range c.nodes {
+		if n.NumLeafNodes() > c.nodes[victim].NumLeafNodes() {
+			victim = i
+		}
+	}
+	if c.nodes[victim].NumLeafNodes() == 0 {
+		t.Fatal("no node holds a link")
+	}
+	c.nodes[victim].Shutdown()
+	c.nodes[victim].WaitForShutdown()
+	for _, j := range js {
+		appendN(t, j, 5, 5)
+	}
+	reader := a2
+	if victim == 2 {
+		reader = audit(1)
+	}
+	for i, m := range ms {
+		got := awaitAudited(t, reader, m.StreamName(), 10)
+		want := readAll(t, js[i], 1, "")
+		if len(got) != len(want) {
+			t.Fatalf("%s holds %d, journal %d", m.StreamName(), len(got), len(want))
+		}
+		for k, r := range want {
+			if got[k] != hosts[i]+"."+r.Subject+" "+string(r.Data) {
+				t.Fatalf("%s message %d = %q, journal has %s %q", m.StreamName(), k+1, got[k], r.Subject, r.Data)
+			}
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			st := js[i].MirrorState(context.Background())
+			if st.Connected && st.Exists && st.LagEvents == 0 && st.MirrorLastSeq == 10 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s status after the node loss: %+v", hosts[i], st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -161,6 +163,16 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitLog(t, &logs, "mirror.settings-differ")
+	// A restart of the host (same root, same identity) keeps it too.
+	dir := j.Dir()
+	j.Close()
+	var logs2 syncBuffer
+	j, err = Open(context.Background(), Options{Dir: dir, Mirror: m, Logger: slog.New(slog.NewTextHandler(&logs2, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	waitLog(t, &logs2, "mirror.settings-differ")
 	if s, _ = js.Stream(ctx, m.StreamName()); s.CachedInfo().Config.MaxBytes != 1<<30 {
 		t.Fatalf("operator's limit reset to %d", s.CachedInfo().Config.MaxBytes)
 	}
@@ -172,8 +184,8 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("re-created mirror holds %d, want 4", len(got))
 	}
-	waitLog(t, &logs, "mirror.recreated")
-	if strings.Contains(logs.String(), leafPass) {
+	waitLog(t, &logs2, "mirror.recreated")
+	if strings.Contains(logs.String()+logs2.String(), leafPass) {
 		t.Fatal("the log holds the fleet password")
 	}
 	if !strings.Contains(logs.String(), "mirror.linked") {
@@ -251,4 +263,39 @@ func TestReadMirrorRefusesAnEmptyMirror(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Fatalf("an empty mirror read without complaint: %v", err)
 	}
+}
+
+// A fleet that refuses the link's password, or whose account cannot hold
+// the mirror, is an error at Open, not a daemon that says it mirrors.
+func TestMirrorRefusalsAtOpen(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, "wrong-pw", leafPort))
+	m := &Mirror{URLs: []*url.URL{u}, Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String()}
+	_, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	if err == nil || !strings.Contains(err.Error(), "refused") || strings.Contains(err.Error(), "wrong-pw") {
+		t.Fatalf("a refused password opened (or was shown): %v", err)
+	}
+
+	// An account that demands a byte limit refuses a mirror made without.
+	tmpl := "accounts { LIMITED: { jetstream: { max_file: 1G, max_bytes_required: true }, users: [{user: h, password: p}] } }\n"
+	c := startCluster(t, tmpl)
+	_, _, err = openHostAt(t, "host-a", c.urls("h", "p"), 0)
+	if err == nil || !strings.Contains(err.Error(), "max bytes") {
+		t.Fatalf("a mirror without the account's required limit: %v", err)
+	}
+	if _, _, err := openHostAt(t, "host-b", c.urls("h", "p"), 1<<20); err != nil {
+		t.Fatalf("with --mirror-max-bytes the account takes it: %v", err)
+	}
+}
+
+func openHostAt(t *testing.T, name string, urls []*url.URL, maxBytes int64) (*Journal, *Mirror, error) {
+	t.Helper()
+	m := &Mirror{URLs: urls, Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), MaxBytes: maxBytes, StartWait: 20 * time.Second}
+	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	if err == nil {
+		t.Cleanup(func() { j.Close() })
+	}
+	return j, m, err
 }

@@ -126,7 +126,8 @@ type Journal struct {
 	mirror      *Mirror
 
 	// log is Options.Logger (discarding if nil), for mirror state changes.
-	log *slog.Logger
+	log    *slog.Logger
+	srvLog *serverLog
 }
 
 // Record is one stored event, as bytes.
@@ -195,6 +196,7 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	}
 	j.srv = srv
 	logs := newServerLog(opts.Logger)
+	j.srvLog = logs
 	srv.SetLoggerV2(logs, false, false, false)
 	srv.Start()
 	if err := logs.waitReady(ctx, srv, 30*time.Second); err != nil {
@@ -244,9 +246,11 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		// than logged later by a daemon that said it was mirroring.
 		select {
 		case err := <-first:
-			if errors.Is(err, ErrHostTaken) {
+			if errors.Is(err, ErrHostTaken) || refusedAccount(err) {
 				return err
 			}
+		case <-j.srvLog.linkRefused:
+			return fmt.Errorf("journal: the fleet refused this host's link credentials (authorization violation) at %s", strings.Join(m.Redacted(), ", "))
 		case <-time.After(wait):
 			j.log.Warn("mirror.pending", "stream", m.StreamName(), "reason", "the fleet has not answered yet; retrying in the background")
 		case <-ctx.Done():

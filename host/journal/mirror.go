@@ -268,12 +268,15 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 	for {
 		err := j.ensureMirror(ctx, fleet, m)
 		j.setMirrorErr(err)
-		if !told && (err == nil || errors.Is(err, ErrHostTaken)) {
+		if errors.Is(err, ErrHostTaken) && told {
+			// Found after start (Open returns a refusal it waited for).
+			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
+		}
+		if !told && (err == nil || errors.Is(err, ErrHostTaken) || refusedAccount(err)) {
 			first <- err
 			told = true
 		}
 		if errors.Is(err, ErrHostTaken) {
-			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
 			return
 		}
 		wait := every
@@ -395,6 +398,21 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	}
 	j.log.Info(msg, "stream", m.StreamName(), "replicas", cfg.Replicas, "domain", m.Domain)
 	return nil
+}
+
+// refusedAccount: the fleet's account cannot hold the mirror as asked
+// (no JetStream, a byte limit required, no streams or storage left): a
+// misconfiguration Open reports rather than retries in silence.
+func refusedAccount(err error) bool {
+	var api *jetstream.APIError
+	if !errors.As(err, &api) {
+		return false
+	}
+	switch api.ErrorCode {
+	case 10039, 10113, 10027, 10047: // not enabled, max bytes required, stream limit, storage exceeded
+		return true
+	}
+	return false
 }
 
 // cannotPlace: the fleet has too few servers (or is not clustered) for

@@ -51,7 +51,7 @@ func startFleet(t *testing.T, dir string, clientPort, leafPort int) *server.Serv
 
 // mirrored reads the fleet's mirror stream from the start.
 // freePort asks the kernel for an unused port.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -22,6 +22,9 @@ type serverLog struct {
 	once  sync.Once
 	ready atomic.Bool
 	fatal chan string
+	// linkRefused gets the fleet's refusal of the leaf link's credentials,
+	// which the server only logs, so Open can fail on it.
+	linkRefused chan string
 }
 
 var _ server.Logger = (*serverLog)(nil)
@@ -30,7 +33,7 @@ func newServerLog(l *slog.Logger) *serverLog {
 	if l == nil {
 		l = slog.New(slog.DiscardHandler)
 	}
-	return &serverLog{log: l.With("component", "nats"), fatal: make(chan string, 1)}
+	return &serverLog{log: l.With("component", "nats"), fatal: make(chan string, 1), linkRefused: make(chan string, 1)}
 }
 
 // Noticef: the server's notices (ports, limits, versions at start) are
@@ -50,7 +53,14 @@ func (s *serverLog) Warnf(format string, v ...any) {
 }
 
 func (s *serverLog) Errorf(format string, v ...any) {
-	s.log.Error(fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	if strings.Contains(msg, "Leafnode Error 'Authorization Violation'") {
+		select {
+		case s.linkRefused <- msg:
+		default:
+		}
+	}
+	s.log.Error(msg)
 }
 
 func (s *serverLog) Fatalf(format string, v ...any) {
