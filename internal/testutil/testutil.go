@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -181,12 +182,24 @@ func StartDaemon(t testing.TB, bin, root string) *exec.Cmd {
 	if err := d.Start(); err != nil {
 		t.Fatal(err)
 	}
-	line, err := bufio.NewReader(stderr).ReadString('\n')
-	if err != nil || !strings.Contains(line, "serving") {
-		d.Process.Kill()
-		d.Wait()
-		t.Fatalf("daemon said %q, %v", line, err)
+	// The embedded server may warn first (a store rebuilt after a kill):
+	// wait for the serving line, then keep draining so the daemon never
+	// blocks on a full pipe.
+	rd := bufio.NewReader(stderr)
+	var said []string
+	for {
+		line, err := rd.ReadString('\n')
+		said = append(said, line)
+		if err == nil && strings.Contains(line, `"serving"`) || strings.Contains(line, "msg=serving") {
+			break
+		}
+		if err != nil || len(said) > 100 {
+			d.Process.Kill()
+			d.Wait()
+			t.Fatalf("daemon said %q, %v", said, err)
+		}
 	}
+	go io.Copy(io.Discard, rd)
 	t.Cleanup(func() {
 		d.Process.Signal(syscall.SIGTERM)
 		d.Wait()
