@@ -29,6 +29,7 @@ setup-test: setup
 
 build:
 	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(BIN) ./cmd/nexus
+	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o bin/nexus-agent ./cmd/nexus-agent
 
 # The main job on the embedded default journal, with the process driver.
 # The main job, for real with the process driver: a sandbox from a sparse

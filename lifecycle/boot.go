@@ -360,7 +360,7 @@ func (m *Manager) stopVMM(ctx context.Context, id string, who proc.Identity, flu
 func (m *Manager) terminateVMM(ctx context.Context, id string, who proc.Identity, flush bool) ([]events.Payload, error) {
 	flushed := false
 	if flush {
-		flushed = vmm.GuestFlush(ctx, m.Root.VsockSocket(id)) == nil
+		flushed = vmm.GuestFlush(ctx, m.Root.VsockSocket(id), 0) == nil
 	}
 	c := vmm.NewClient(m.Root.APISocket(id))
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)

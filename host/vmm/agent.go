@@ -1,23 +1,24 @@
 package vmm
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
-// agent stands in for the guest agent behind CH's vsock socket. Its line
-// protocol: "ping" answers "pong", "flush" rewrites sector 0 of every
-// writable disk (a superblock commit, refused as CH refuses it on a disk
-// whose raw type was probed rather than given), fsyncs it and answers
-// "flushed" (the host's proof that the guest's filesystems reached
-// the disks). CH's own "CONNECT <port>" handshake is accepted as a first line
-// and answered "OK <n>", so host code may speak it to both.
+// agent stands in for the guest agent behind CH's vsock socket. It answers
+// CH's "CONNECT <port>" handshake with "OK <n>", then speaks the agent
+// protocol (docs/guest-agent.md): hello, ping, and freeze/flush, which
+// rewrites sector 0 of every writable disk (a superblock commit, refused
+// as CH refuses it on a disk whose raw type was probed rather than given)
+// and fsyncs it: the host's proof that the guest's filesystems reached the
+// disks. No guest process writes here, so frozen and thawed look alike;
+// exec and files are refused.
 //
 // While the VM is paused the agent reads but does not answer, as a frozen
 // guest cannot: a host that asks the guest to flush after pausing it hangs
@@ -110,19 +111,41 @@ func (a *agent) serve(c net.Conn) {
 		a.mu.Unlock()
 		c.Close()
 	}()
-	r := bufio.NewReader(c)
-	first := true
+	// CH routes the connection to a guest port first; only the handshake
+	// is a text line, read a byte at a time so no frame is consumed.
+	line, err := readLine(c)
+	if err != nil {
+		return
+	}
+	port, ok := strings.CutPrefix(line, "CONNECT ")
+	if _, perr := strconv.ParseUint(port, 10, 32); !ok || perr != nil {
+		// CH closes a connection whose first line is not a CONNECT.
+		return
+	}
+	if !a.waitRunning() {
+		return
+	}
+	a.mu.Lock()
+	n := a.nextOK
+	a.nextOK++
+	a.mu.Unlock()
+	if _, err := fmt.Fprintf(c, "OK %d\n", n); err != nil {
+		return
+	}
+	hello := false
 	for {
-		line, err := r.ReadString('\n')
+		m, err := agentproto.Read(c)
 		if err != nil {
 			return
 		}
 		if !a.waitRunning() {
 			return
 		}
-		reply := a.answer(strings.TrimSpace(line), first)
-		first = false
-		if _, err := c.Write([]byte(reply + "\n")); err != nil {
+		reply := a.answer(m, hello)
+		if m.Type == agentproto.THello && reply.Type == agentproto.THello {
+			hello = true
+		}
+		if err := agentproto.Write(c, reply); err != nil {
 			return
 		}
 	}
@@ -150,21 +173,17 @@ func (a *agent) waitRunning() bool {
 	}
 }
 
-func (a *agent) answer(line string, first bool) string {
-	if port, ok := strings.CutPrefix(line, "CONNECT "); ok && first {
-		if _, err := strconv.ParseUint(port, 10, 32); err != nil {
-			return "error bad port " + strconv.Quote(port)
-		}
-		a.mu.Lock()
-		n := a.nextOK
-		a.nextOK++
-		a.mu.Unlock()
-		return "OK " + strconv.Itoa(n)
+func (a *agent) answer(m *agentproto.Message, hello bool) *agentproto.Message {
+	if !hello && m.Type != agentproto.THello {
+		return agentproto.Errorf(m.ID, "hello first")
 	}
-	switch line {
-	case "ping":
-		return "pong"
-	case "flush":
+	switch m.Type {
+	case agentproto.THello:
+		return &agentproto.Message{Type: agentproto.THello, ID: m.ID, Version: min(m.Version, agentproto.Version), Agent: "nexus-process-vmm"}
+	case agentproto.TPing, agentproto.TThaw:
+		return &agentproto.Message{Type: agentproto.TOK, ID: m.ID}
+	case agentproto.TFreeze, agentproto.TFlush:
+		var paths []string
 		for _, d := range a.disks {
 			if !d.writable {
 				continue
@@ -172,15 +191,16 @@ func (a *agent) answer(line string, first bool) string {
 			// The guest's filesystems commit their superblocks, which for
 			// an ext4 with 4 KiB blocks rewrites sector 0.
 			if err := writeGuestSector0(d); err != nil {
-				a.log.Printf("vsock flush: %v", err)
-				return fmt.Sprintf("error %v", err)
+				a.log.Printf("vsock %s: %v", m.Type, err)
+				return agentproto.Errorf(m.ID, "%v", err)
 			}
 			if err := d.f.Sync(); err != nil {
-				a.log.Printf("vsock flush: %v", err)
-				return fmt.Sprintf("error %v", err)
+				a.log.Printf("vsock %s: %v", m.Type, err)
+				return agentproto.Errorf(m.ID, "%v", err)
 			}
+			paths = append(paths, d.path)
 		}
-		return "flushed"
+		return &agentproto.Message{Type: agentproto.TOK, ID: m.ID, Paths: paths}
 	}
-	return "error unknown command " + strconv.Quote(line)
+	return agentproto.Errorf(m.ID, "%s: the process driver's guest runs no programs and holds no files", m.Type)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"golang.org/x/sys/unix"
 )
 
@@ -160,7 +161,7 @@ func TestSectorZeroAndImageType(t *testing.T) {
 		disk Disk
 		want string
 	}{
-		{Disk{Path: typed, ImageType: ImageRaw}, "flushed"},
+		{Disk{Path: typed, ImageType: ImageRaw}, agentproto.TOK},
 		{Disk{Path: untyped}, "error"},
 		{Disk{Path: untyped, ImageType: ImageUnknown}, "error"},
 	} {
@@ -171,8 +172,12 @@ func TestSectorZeroAndImageType(t *testing.T) {
 		if err := p.client.Boot(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if got := dialAgent(t, vsock).ask(t, "flush"); !strings.HasPrefix(got, tc.want) {
+		if got := dialAgent(t, vsock).ask(t, agentproto.TFlush); !strings.HasPrefix(got, tc.want) {
 			t.Fatalf("%+v: flush -> %q, want %s", tc.disk, got, tc.want)
+		}
+		// The host's client, as stop uses it, agrees.
+		if err := GuestFlush(ctx, vsock, 0); (err == nil) != (tc.want == agentproto.TOK) {
+			t.Fatalf("%+v: GuestFlush: %v", tc.disk, err)
 		}
 		p.client.ShutdownVMM(ctx)
 		p.wait(t)

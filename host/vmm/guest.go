@@ -1,51 +1,90 @@
 package vmm
 
 import (
-	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // GuestAgentPort is the guest vsock port the guest agent listens on.
-const GuestAgentPort = 1024
+const GuestAgentPort = agentproto.Port
 
-// GuestFlush asks the guest agent, through the VM's vsock socket, to flush
-// its filesystems, and returns nil only when the agent confirms. A nil
-// return is what entitles the host to journal a flush acknowledgement.
-func GuestFlush(ctx context.Context, vsockSocket string) error {
+// DefaultFlushDeadline is how long a flush waits for the agent's answer,
+// and how long the guest stays frozen after it unless the VMM is gone first.
+const DefaultFlushDeadline = 10 * time.Second
+
+// DialAgent opens a session with the guest agent through the sandbox's
+// vsock socket: CH's hybrid-vsock handshake ("CONNECT 1024" -> "OK <n>"),
+// then hello. Every VMM nexus drives answers the same handshake on that
+// path (docs/guest-agent.md), so callers never branch on the transport.
+// ctx bounds the handshake; the session lives until Close.
+func DialAgent(ctx context.Context, vsockSocket string) (*agentproto.Client, error) {
 	conn, err := unixsock.Dial(ctx, vsockSocket)
 	if err != nil {
-		return fmt.Errorf("guest flush: %w", err)
+		return nil, fmt.Errorf("guest agent: %w", err)
 	}
-	defer conn.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
-		deadline = dl
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
 	}
-	conn.SetDeadline(deadline)
-	// Cloud Hypervisor's vsock socket first routes the connection to a
-	// guest port ("CONNECT <port>" -> "OK <n>"); the process driver's agent
-	// speaks the same handshake.
-	r := bufio.NewReader(conn)
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
 	if _, err := fmt.Fprintf(conn, "CONNECT %d\n", GuestAgentPort); err != nil {
-		return fmt.Errorf("guest flush: %w", err)
+		conn.Close()
+		return nil, fmt.Errorf("guest agent: %w", err)
 	}
-	if line, err := r.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
-		return fmt.Errorf("guest flush: vsock handshake to port %d: %q %v", GuestAgentPort, strings.TrimSpace(line), err)
+	line, err := readLine(conn)
+	if err != nil || !strings.HasPrefix(line, "OK ") {
+		conn.Close()
+		return nil, fmt.Errorf("guest agent: vsock handshake to port %d: %q %v (no agent listening)", GuestAgentPort, line, err)
 	}
-	if _, err := conn.Write([]byte("flush\n")); err != nil {
-		return fmt.Errorf("guest flush: %w", err)
+	conn.SetDeadline(time.Time{})
+	c := agentproto.NewClient(conn)
+	if _, _, err := c.Hello(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("guest agent: %w", err)
 	}
-	line, err := r.ReadString('\n')
+	return c, nil
+}
+
+// readLine reads one handshake line a byte at a time: whatever follows it
+// belongs to the protocol's frames and must stay unread.
+func readLine(r io.Reader) (string, error) {
+	var b []byte
+	one := make([]byte, 1)
+	for len(b) < 128 {
+		if _, err := io.ReadFull(r, one); err != nil {
+			return string(b), err
+		}
+		if one[0] == '\n' {
+			return string(b), nil
+		}
+		b = append(b, one[0])
+	}
+	return string(b), fmt.Errorf("handshake line longer than %d bytes", len(b))
+}
+
+// GuestFlush asks the guest agent to flush (sync and freeze every writable
+// nexus filesystem; frozen until deadline unless the VMM is gone first) and
+// returns nil only when the agent confirmed. A nil return is what entitles
+// the host to journal a flush acknowledgement.
+func GuestFlush(ctx context.Context, vsockSocket string, deadline time.Duration) error {
+	if deadline <= 0 {
+		deadline = DefaultFlushDeadline
+	}
+	ctx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	c, err := DialAgent(ctx, vsockSocket)
 	if err != nil {
 		return fmt.Errorf("guest flush: %w", err)
 	}
-	if strings.TrimSpace(line) != "flushed" {
-		return fmt.Errorf("guest flush: agent answered %q", strings.TrimSpace(line))
+	defer c.Close()
+	if _, err := c.Flush(ctx, deadline); err != nil {
+		return fmt.Errorf("guest flush: %w", err)
 	}
 	return nil
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -168,9 +169,12 @@ func wantStatus(t *testing.T, err error, status int) {
 	}
 }
 
+// agentConn is a raw session with the VMM's stand-in agent: the CONNECT
+// handshake and hello done, then one frame at a time, so a test can watch
+// silence (a paused guest) that the client would hide behind a context.
 type agentConn struct {
-	c net.Conn
-	r *bufio.Reader
+	c    net.Conn
+	next uint32
 }
 
 func dialAgent(t *testing.T, path string) *agentConn {
@@ -180,20 +184,57 @@ func dialAgent(t *testing.T, path string) *agentConn {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &agentConn{c, bufio.NewReader(c)}
-}
-
-func (a *agentConn) ask(t *testing.T, line string) string {
-	t.Helper()
-	a.c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := a.c.Write([]byte(line + "\n")); err != nil {
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("CONNECT 1024\n")); err != nil {
 		t.Fatal(err)
 	}
-	reply, err := a.r.ReadString('\n')
-	if err != nil {
-		t.Fatalf("%q: %v", line, err)
+	line, err := readLine(c)
+	if err != nil || !strings.HasPrefix(line, "OK ") {
+		t.Fatalf("CONNECT -> %q, %v", line, err)
 	}
-	return strings.TrimSuffix(reply, "\n")
+	a := &agentConn{c: c}
+	if got := a.ask(t, agentproto.THello); got != agentproto.THello {
+		t.Fatalf("hello -> %q", got)
+	}
+	return a
+}
+
+func (a *agentConn) send(t *testing.T, typ string) {
+	t.Helper()
+	a.next++
+	m := &agentproto.Message{Type: typ, ID: a.next}
+	if typ == agentproto.THello {
+		m.Version = agentproto.Version
+	}
+	if typ == agentproto.TExec {
+		m.Argv = []string{"true"}
+	}
+	a.c.SetDeadline(time.Now().Add(10 * time.Second))
+	if err := agentproto.Write(a.c, m); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recv reads one answer: its type, or "error: <reason>".
+func (a *agentConn) recv() (string, error) {
+	m, err := agentproto.Read(a.c)
+	if err != nil {
+		return "", err
+	}
+	if m.Type == agentproto.TError {
+		return "error: " + m.Error, nil
+	}
+	return m.Type, nil
+}
+
+func (a *agentConn) ask(t *testing.T, typ string) string {
+	t.Helper()
+	a.send(t, typ)
+	got, err := a.recv()
+	if err != nil {
+		t.Fatalf("%s: %v", typ, err)
+	}
+	return got
 }
 
 func TestLifecycle(t *testing.T) {
@@ -276,10 +317,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatalf("vsock socket: %v, %v", fi, err)
 	}
 	ag := dialAgent(t, vsock)
-	if got := ag.ask(t, "CONNECT 1024"); !strings.HasPrefix(got, "OK ") {
-		t.Fatalf("CONNECT -> %q", got)
-	}
-	if got := ag.ask(t, "ping"); got != "pong" {
+	if got := ag.ask(t, agentproto.TPing); got != agentproto.TOK {
 		t.Fatalf("ping -> %q", got)
 	}
 	if err := os.WriteFile(rw, []byte("guest data"), 0o600); err != nil {
@@ -287,11 +325,11 @@ func TestLifecycle(t *testing.T) {
 	}
 	// The disks were sent without image_type: CH v51+ refuses the guest's
 	// sector-0 writes, so the flush (a superblock commit) fails.
-	if got := ag.ask(t, "flush"); !strings.Contains(got, "sector 0") {
+	if got := ag.ask(t, agentproto.TFlush); !strings.Contains(got, "sector 0") {
 		t.Fatalf("flush on an untyped raw disk -> %q", got)
 	}
-	if got := ag.ask(t, "bogus"); !strings.HasPrefix(got, "error") {
-		t.Fatalf("bogus -> %q", got)
+	if got := ag.ask(t, agentproto.TExec); !strings.HasPrefix(got, "error") {
+		t.Fatalf("exec -> %q", got)
 	}
 
 	// Snapshot needs a paused VM, as on CH, and an existing directory.
@@ -309,9 +347,9 @@ func TestLifecycle(t *testing.T) {
 	}
 	// A paused guest answers nothing. Silence has no event to wait for, so
 	// this one check needs a deadline.
+	ag.send(t, agentproto.TPing)
 	ag.c.SetDeadline(time.Now().Add(200 * time.Millisecond))
-	ag.c.Write([]byte("ping\n"))
-	if _, err := ag.r.ReadString('\n'); !errors.Is(err, os.ErrDeadlineExceeded) {
+	if _, err := ag.recv(); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("paused agent answered: %v", err)
 	}
 	if err := c.Snapshot(ctx, snap); err != nil {
@@ -340,7 +378,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	// The ping sent while paused is answered on resume.
 	ag.c.SetDeadline(time.Now().Add(10 * time.Second))
-	if got, err := ag.r.ReadString('\n'); err != nil || got != "pong\n" {
+	if got, err := ag.recv(); err != nil || got != agentproto.TOK {
 		t.Fatalf("after resume: %q, %v", got, err)
 	}
 
@@ -362,7 +400,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	// The agent's connection died with the VM.
 	ag.c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := ag.r.ReadString('\n'); err != io.EOF {
+	if _, err := ag.recv(); err != io.EOF {
 		t.Fatalf("agent connection after shutdown: %v", err)
 	}
 
@@ -370,7 +408,7 @@ func TestLifecycle(t *testing.T) {
 	if err := c.Boot(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := dialAgent(t, vsock).ask(t, "ping"); got != "pong" {
+	if got := dialAgent(t, vsock).ask(t, agentproto.TPing); got != agentproto.TOK {
 		t.Fatalf("ping after reboot -> %q", got)
 	}
 
@@ -439,7 +477,7 @@ func TestRestore(t *testing.T) {
 	}
 	// CH wrote the probed type into its configuration, so the restored
 	// disk is typed and the guest's sector-0 writes succeed.
-	if got := dialAgent(t, vsock).ask(t, "flush"); got != "flushed" {
+	if got := dialAgent(t, vsock).ask(t, agentproto.TFlush); got != agentproto.TOK {
 		t.Fatalf("flush -> %q", got)
 	}
 

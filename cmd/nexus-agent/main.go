@@ -1,0 +1,163 @@
+// Command nexus-agent is the guest half of nexus: it serves the agent
+// protocol (docs/guest-agent.md) on vsock, a virtio-serial port, a unix
+// socket or an inherited descriptor. Build it static: CGO_ENABLED=0.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/guest/agent"
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	fs := flag.NewFlagSet("nexus-agent", flag.ContinueOnError)
+	listen := fs.String("listen", "", "serve connections on `unix:PATH`")
+	fd := fs.Int("fd", -1, "serve one session on inherited descriptor `N`, then exit")
+	vsockPort := fs.Int("vsock-port", 0, "serve connections on vsock `PORT` (1024 for nexus)")
+	serial := fs.String("serial", "", "serve sessions one after another on the virtio-serial port `PATH`")
+	freeze := fs.String("freeze-mounts", "", "comma-separated mount points to freeze instead of the filesystems on disks with a nexus- serial")
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	n := 0
+	for _, set := range []bool{*listen != "", *fd >= 0, *vsockPort > 0, *serial != ""} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 || fs.NArg() != 0 {
+		fmt.Fprintln(os.Stderr, "nexus-agent: give exactly one of --listen, --fd, --vsock-port, --serial")
+		os.Exit(2)
+	}
+	logger := log.New(os.Stderr, "nexus-agent: ", log.LstdFlags)
+	cfg := agent.Config{Log: logger}
+	if *freeze != "" {
+		cfg.FreezeMounts = strings.Split(*freeze, ",")
+	}
+	a := agent.New(cfg)
+	if err := run(a, *listen, *fd, *vsockPort, *serial); err != nil {
+		a.ThawAll()
+		logger.Print(err)
+		os.Exit(1)
+	}
+	if err := a.ThawAll(); err != nil {
+		logger.Print(err)
+		os.Exit(1)
+	}
+}
+
+func run(a *agent.Agent, listen string, fd, vsockPort int, serial string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// A terminated agent thaws first: nothing else would ever thaw the
+	// guest's filesystems before the deadline timer that dies with it.
+	go func() {
+		<-ctx.Done()
+		a.ThawAll()
+	}()
+	switch {
+	case fd >= 0:
+		f := os.NewFile(uintptr(fd), "agent-fd")
+		if f == nil {
+			return fmt.Errorf("descriptor %d is not open", fd)
+		}
+		done := make(chan error, 1)
+		go func() { done <- a.Serve(f) }()
+		select {
+		case err := <-done:
+			return err
+		case <-ctx.Done():
+			return nil
+		}
+	case listen != "":
+		path, ok := strings.CutPrefix(listen, "unix:")
+		if !ok {
+			return fmt.Errorf("--listen %q: want unix:PATH", listen)
+		}
+		os.Remove(path)
+		l, err := net.Listen("unix", path)
+		if err != nil {
+			return err
+		}
+		context.AfterFunc(ctx, func() { l.Close() })
+		return a.ServeListener(ctx, func() (io.ReadWriteCloser, error) { return l.Accept() })
+	case vsockPort > 0:
+		l, err := listenVsock(uint32(vsockPort))
+		if err != nil {
+			return fmt.Errorf("vsock port %d: %w", vsockPort, err)
+		}
+		context.AfterFunc(ctx, func() { l.Close() })
+		return a.ServeListener(ctx, func() (io.ReadWriteCloser, error) { return l.accept() })
+	default:
+		return serveSerial(ctx, a, serial)
+	}
+}
+
+// serveSerial serves sessions on a virtio-serial port: one stream without
+// connections, so a session ends when the host side closes (end of file)
+// and the next one starts on a fresh open.
+func serveSerial(ctx context.Context, a *agent.Agent, path string) error {
+	for ctx.Err() == nil {
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			return err
+		}
+		context.AfterFunc(ctx, func() { f.Close() })
+		if err := a.Serve(f); err != nil && !errors.Is(err, os.ErrClosed) {
+			log.Printf("serial session: %v", err)
+		}
+		// With no host attached the port reads end-of-file at once.
+		time.Sleep(100 * time.Millisecond)
+	}
+	return nil
+}
+
+type vsockListener struct{ f *os.File }
+
+func listenVsock(port uint32) (*vsockListener, error) {
+	fd, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrVM{CID: unix.VMADDR_CID_ANY, Port: port}); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	if err := unix.Listen(fd, 16); err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	return &vsockListener{f: os.NewFile(uintptr(fd), "vsock")}, nil
+}
+
+func (l *vsockListener) accept() (io.ReadWriteCloser, error) {
+	rc, err := l.f.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var nfd int
+	var aerr error
+	if err := rc.Control(func(fd uintptr) {
+		nfd, _, aerr = unix.Accept4(int(fd), unix.SOCK_CLOEXEC)
+	}); err != nil {
+		return nil, err
+	}
+	if aerr != nil {
+		return nil, aerr
+	}
+	return os.NewFile(uintptr(nfd), "vsock-conn"), nil
+}
+
+func (l *vsockListener) Close() error { return l.f.Close() }
