@@ -53,7 +53,7 @@ func BenchmarkAppendGroupCommit(b *testing.B) {
 
 			// Raw and daemon alternate in rounds of roundEvents each, so
 			// both see the disk (and this shared machine) in the same state.
-			const roundEvents = 256
+			const roundEvents = 128
 			var rawTime, daemonTime time.Duration
 			rawBatches := 0
 			b.ResetTimer()
