@@ -11,6 +11,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 func openTestNode(t *testing.T) *Node {
@@ -214,5 +215,20 @@ func TestGroupCommitSagaStepIsOneBatch(t *testing.T) {
 	}
 	if n.Rev(guard.Sandbox(sb)) != r.seqs[2] || n.sagas.Get(saga) != nil {
 		t.Fatalf("views after the batch: Rev %d (want %d), saga open %v", n.Rev(guard.Sandbox(sb)), r.seqs[2], n.sagas.Get(saga) != nil)
+	}
+}
+
+// A call with more events than one atomic batch may hold is still stored,
+// event by event.
+func TestGroupCommitOversizedCall(t *testing.T) {
+	ctx := context.Background()
+	n := openTestNode(t)
+	evs := make([]events.Event, journal.MaxBatch+1)
+	for i := range evs {
+		evs[i] = warning("")
+	}
+	seqs, err := n.Append(ctx, evs...)
+	if err != nil || len(seqs) != len(evs) || seqs[len(seqs)-1] != uint64(len(evs)) {
+		t.Fatalf("append of %d events: %d seqs, %v", len(evs), len(seqs), err)
 	}
 }
