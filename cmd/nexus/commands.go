@@ -313,14 +313,15 @@ func inspectCmd(g *globals) *cobra.Command {
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
-				list, err := b.Sandboxes(cmd.Context())
+				// One sandbox by id or handle: not the list of all of them.
+				sb, found, err := b.Sandbox(cmd.Context(), args[0])
 				if err != nil {
 					return err
 				}
-				sb, err := findSandbox(lifecycle.ObserveExits(list), args[0])
-				if err != nil {
-					return err
+				if !found {
+					return fmt.Errorf("no sandbox %q", args[0])
 				}
+				sb = lifecycle.ObserveExits([]projections.Sandbox{sb})[0]
 				if asJSON {
 					return printJSON(cmd.OutOrStdout(), sb)
 				}
@@ -330,15 +331,6 @@ func inspectCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
-}
-
-func findSandbox(list []projections.Sandbox, ref string) (projections.Sandbox, error) {
-	for _, sb := range list {
-		if sb.ID == ref || strings.EqualFold(sb.ID, ref) || (sb.Handle != "" && sb.Handle == ref) {
-			return sb, nil
-		}
-	}
-	return projections.Sandbox{}, fmt.Errorf("no sandbox %q", ref)
 }
 
 func printSandbox(w io.Writer, sb projections.Sandbox) error {
