@@ -26,11 +26,16 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/node"
 )
 
 func BenchmarkAppendGroupCommit(b *testing.B) {
-	for _, g := range []int{8, 32} {
-		b.Run(fmt.Sprintf("g=%d", g), func(b *testing.B) {
+	for _, c := range []struct {
+		g       int
+		through string
+	}{{8, "daemon"}, {32, "daemon"}, {8, "node"}, {32, "node"}} {
+		g := c.g
+		b.Run(fmt.Sprintf("%s/g=%d", c.through, g), func(b *testing.B) {
 			dir := b.TempDir()
 			n := max(b.N, 2*g)
 			evs := benchEvents(b, g, n)
@@ -38,13 +43,32 @@ func BenchmarkAppendGroupCommit(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			var d appender
+			if c.through == "daemon" {
+				d = startBenchDaemon(b, filepath.Join(dir, "root"), g)
+			} else {
+				d = openBenchNode(b, filepath.Join(dir, "root"), g)
+			}
+			raw := openRaw(b, filepath.Join(dir, "raw.log"))
 
-			// Raw first, then the daemon, so both see the same disk within
-			// seconds of each other.
+			// Raw and daemon alternate in rounds of roundEvents each, so
+			// both see the disk (and this shared machine) in the same state.
+			const roundEvents = 128
+			var rawTime, daemonTime time.Duration
+			rawBatches := 0
 			b.ResetTimer()
-			rawRate, rawBatches := rawGroupCommit(b, filepath.Join(dir, "raw.log"), g, n, data)
-			rate := daemonAppends(b, filepath.Join(dir, "root"), evs)
+			for from := 0; from < n; from += roundEvents {
+				k := min(roundEvents, n-from)
+				t0 := time.Now()
+				rawBatches += raw.run(b, g, k, data)
+				rawTime += time.Since(t0)
+				t0 = time.Now()
+				d.run(b, evs, from, k)
+				daemonTime += time.Since(t0)
+			}
 			b.StopTimer()
+			rawRate := float64(n) / rawTime.Seconds()
+			rate := float64(n) / daemonTime.Seconds()
 			b.ReportMetric(rawRate, "raw-events/s")
 			b.ReportMetric(float64(n)/float64(rawBatches), "raw-per-fsync")
 			b.ReportMetric(rate, "events/s")
@@ -74,15 +98,22 @@ func benchEvents(b *testing.B, g, n int) [][]events.Event {
 	return out
 }
 
-// rawGroupCommit runs g writers appending n records in all through one
-// committer, and returns records/s and the number of fsyncs.
-func rawGroupCommit(b *testing.B, path string, g, n int, rec []byte) (float64, int) {
+type rawLog struct{ f *os.File }
+
+func openRaw(b *testing.B, path string) *rawLog {
 	b.Helper()
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
+	b.Cleanup(func() { f.Close() })
+	return &rawLog{f: f}
+}
+
+// run has g writers append k records in all through one committer, and
+// returns the number of fsyncs.
+func (r *rawLog) run(b *testing.B, g, k int, rec []byte) int {
+	b.Helper()
 	type req struct{ done chan error }
 	var (
 		mu      sync.Mutex
@@ -92,7 +123,9 @@ func rawGroupCommit(b *testing.B, path string, g, n int, rec []byte) (float64, i
 		batches int
 		buf     []byte
 	)
+	committed := make(chan struct{})
 	go func() {
+		defer close(committed)
 		for {
 			select {
 			case <-wake:
@@ -110,34 +143,32 @@ func rawGroupCommit(b *testing.B, path string, g, n int, rec []byte) (float64, i
 			for range group {
 				buf = append(buf, rec...)
 			}
-			_, err := f.Write(buf)
+			_, err := r.f.Write(buf)
 			if err == nil {
-				err = f.Sync()
+				err = r.f.Sync()
 			}
 			batches++
-			for _, r := range group {
-				r.done <- err
+			for _, q := range group {
+				q.done <- err
 			}
 		}
 	}()
-	defer close(stop)
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	t0 := time.Now()
 	for w := 0; w < g; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := req{done: make(chan error, 1)}
-			for next.Add(1) <= int64(n) {
+			q := req{done: make(chan error, 1)}
+			for next.Add(1) <= int64(k) {
 				mu.Lock()
-				queue = append(queue, r)
+				queue = append(queue, q)
 				mu.Unlock()
 				select {
 				case wake <- struct{}{}:
 				default:
 				}
-				if err := <-r.done; err != nil {
+				if err := <-q.done; err != nil {
 					b.Error(err)
 					return
 				}
@@ -145,12 +176,18 @@ func rawGroupCommit(b *testing.B, path string, g, n int, rec []byte) (float64, i
 		}()
 	}
 	wg.Wait()
-	return float64(n) / time.Since(t0).Seconds(), batches
+	close(stop)
+	<-committed
+	return batches
 }
 
-// daemonAppends starts a daemon on root and has each writer append its
-// events through its own connection; it returns events/s.
-func daemonAppends(b *testing.B, root string, evs [][]events.Event) float64 {
+type benchDaemon struct {
+	clients []control.Backend
+}
+
+// startBenchDaemon runs a daemon on root until the benchmark ends and
+// connects g clients to it, each its own connection (a separate command).
+func startBenchDaemon(b *testing.B, root string, g int) *benchDaemon {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -158,39 +195,66 @@ func daemonAppends(b *testing.B, root string, evs [][]events.Event) float64 {
 	go func() {
 		done <- control.RunDaemon(ctx, root, control.DaemonOptions{Ready: func(control.Status) { close(ready) }})
 	}()
-	defer func() {
+	d := &benchDaemon{}
+	b.Cleanup(func() {
+		for _, c := range d.clients {
+			c.Close()
+		}
 		cancel()
 		if err := <-done; err != nil {
 			b.Errorf("daemon: %v", err)
 		}
-	}()
+	})
 	select {
 	case <-ready:
 	case err := <-done:
 		done <- err
 		b.Fatalf("daemon exited before it was ready: %v", err)
 	}
-	clients := make([]control.Backend, len(evs))
-	for w := range clients {
+	for w := 0; w < g; w++ {
 		c, err := control.Connect(ctx, root, 5*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer c.Close()
-		clients[w] = c
+		d.clients = append(d.clients, c)
 	}
-	total := 0
-	for _, w := range evs {
-		total += len(w)
+	return d
+}
+
+type appender interface {
+	run(b *testing.B, evs [][]events.Event, from, k int)
+}
+
+// openBenchNode opens a node on root in this process, without a daemon:
+// the group commit alone, for comparison with the daemon's figure.
+func openBenchNode(b *testing.B, root string, g int) *benchDaemon {
+	b.Helper()
+	n, err := node.Open(context.Background(), root, node.Options{})
+	if err != nil {
+		b.Fatal(err)
 	}
+	b.Cleanup(func() { n.Close() })
+	d := &benchDaemon{}
+	for w := 0; w < g; w++ {
+		d.clients = append(d.clients, control.Local{Node: n})
+	}
+	return d
+}
+
+// run appends k events in all, the writers taking turns from event index
+// from on; each writer appends its own sandbox's events and waits for each
+// acknowledgement before the next.
+func (d *benchDaemon) run(b *testing.B, evs [][]events.Event, from, k int) {
+	b.Helper()
+	g := len(evs)
 	var wg sync.WaitGroup
-	t0 := time.Now()
 	for w := range evs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for _, e := range evs[w] {
-				if _, err := clients[w].Append(ctx, e); err != nil {
+			// Event i overall is writer i%g's (i/g)-th event.
+			for i := from + (w-from%g+g)%g; i < from+k; i += g {
+				if _, err := d.clients[w].Append(context.Background(), evs[w][i/g]); err != nil {
 					b.Error(err)
 					return
 				}
@@ -198,5 +262,4 @@ func daemonAppends(b *testing.B, root string, evs [][]events.Event) float64 {
 		}()
 	}
 	wg.Wait()
-	return float64(total) / time.Since(t0).Seconds()
 }

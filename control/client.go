@@ -137,6 +137,13 @@ func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, 
 	return out.Sandbox, out.Found, err
 }
 
+func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (string, string, bool, error) {
+	q := url.Values{"path": paths, "except": {except}}
+	var out ownerResponse
+	err := c.getJSON(ctx, "/v1/owner?"+q.Encode(), &out)
+	return out.Sandbox, out.Path, out.Found, err
+}
+
 func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 	var list []projections.OpenSaga
 	err := c.getJSON(ctx, "/v1/sagas", &list)

@@ -33,6 +33,10 @@ type Backend interface {
 	// Sandbox is one sandbox by id or handle, without listing them all;
 	// found is false if there is none.
 	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
+	// OwnerOf names the sandbox other than except whose resources include
+	// one of paths, and that path; found is false if none does. It reads
+	// one answer, not the list of every sandbox.
+	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
@@ -65,6 +69,11 @@ func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bo
 		}
 	})
 	return out, found, nil
+}
+
+func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error) {
+	l.View(func(v node.Views) { sandbox, path, found = v.Sandboxes.OwnerOf(paths, except) })
+	return sandbox, path, found, nil
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {

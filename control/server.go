@@ -48,6 +48,12 @@ type sandboxResponse struct {
 	Sandbox projections.Sandbox `json:"sandbox"`
 }
 
+type ownerResponse struct {
+	Found   bool   `json:"found"`
+	Sandbox string `json:"sandbox,omitempty"`
+	Path    string `json:"path,omitempty"`
+}
+
 type appendRequest struct {
 	Events [][]byte       `json:"events"`
 	Expect []guard.Expect `json:"expect,omitempty"`
@@ -316,6 +322,11 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
 		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
+	})
+	mux.HandleFunc("GET /v1/owner", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		id, path, found, _ := local.OwnerOf(r.Context(), q["path"], q.Get("except"))
+		writeJSON(w, http.StatusOK, ownerResponse{Found: found, Sandbox: id, Path: path})
 	})
 	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())

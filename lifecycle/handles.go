@@ -21,16 +21,12 @@ func (m *Manager) refuseHandleCollision(ctx context.Context, spec CreateSpec) er
 	for _, sh := range spec.Shadows {
 		paths = append(paths, m.rel(m.Root.ShadowDisk(spec.Handle, sh.Name)))
 	}
-	list, err := m.sandboxes(ctx)
+	owner, p, found, err := m.B.OwnerOf(ctx, paths, "")
 	if err != nil {
 		return err
 	}
-	for _, sb := range list {
-		for _, p := range paths {
-			if sb.Owns(p) {
-				return fmt.Errorf("%w: handle %q: %s is already owned by sandbox %s", ErrRefused, spec.Handle, p, sb.ID)
-			}
-		}
+	if found {
+		return fmt.Errorf("%w: handle %q: %s is already owned by sandbox %s", ErrRefused, spec.Handle, p, owner)
 	}
 	// <ULID>-... is the fork copies' namespace (RL-14): a handle there could
 	// later meet a child's copy, and the reaper would credit it to the child.
@@ -45,14 +41,9 @@ func (m *Manager) refuseHandleCollision(ctx context.Context, spec CreateSpec) er
 // a covered path another sandbox owns was never this saga's to delete. A
 // journal that cannot be read is treated as owning it.
 func (m *Manager) ownerOf(ctx context.Context, rel, id string) string {
-	list, err := m.sandboxes(ctx)
+	owner, _, _, err := m.B.OwnerOf(ctx, []string{rel}, id)
 	if err != nil {
 		return "(unknown: " + err.Error() + ")"
 	}
-	for _, sb := range list {
-		if sb.ID != id && sb.Owns(rel) {
-			return sb.ID
-		}
-	}
-	return ""
+	return owner
 }

@@ -50,6 +50,9 @@ type Backend interface {
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
+	// OwnerOf names the sandbox other than except whose resources include
+	// one of paths (found false if none): one answer, not the sandbox list.
+	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
 }
 
 // Manager runs flows against one state root.

@@ -190,6 +190,12 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) {
 // the journal refuses the batch as a whole, the events are appended one by
 // one, which finds a retry's stored ids and names the refused event.
 func (n *Node) commitAtomicLocked(ctx context.Context, p planned, msgs []journal.Message) {
+	if len(msgs) > journal.MaxBatch {
+		// More than the server takes in one batch: one by one, as before
+		// batches existed.
+		p.r.finish(n.appendOneByOneLocked(ctx, p.r.expect, p.r.evs))
+		return
+	}
 	last := n.sandboxes.Seq()
 	msgs[0].ExpectLastSeq = &last
 	acks, err := n.j.AppendBatch(ctx, msgs)

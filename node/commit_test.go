@@ -1,8 +1,10 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 func openTestNode(t *testing.T) *Node {
@@ -214,5 +217,69 @@ func TestGroupCommitSagaStepIsOneBatch(t *testing.T) {
 	}
 	if n.Rev(guard.Sandbox(sb)) != r.seqs[2] || n.sagas.Get(saga) != nil {
 		t.Fatalf("views after the batch: Rev %d (want %d), saga open %v", n.Rev(guard.Sandbox(sb)), r.seqs[2], n.sagas.Get(saga) != nil)
+	}
+}
+
+// A call with more events than one atomic batch may hold is still stored,
+// event by event.
+func TestGroupCommitOversizedCall(t *testing.T) {
+	ctx := context.Background()
+	n := openTestNode(t)
+	evs := make([]events.Event, journal.MaxBatch+1)
+	for i := range evs {
+		evs[i] = warning("")
+	}
+	seqs, err := n.Append(ctx, evs...)
+	if err != nil || len(seqs) != len(evs) || seqs[len(seqs)-1] != uint64(len(evs)) {
+		t.Fatalf("append of %d events: %d seqs, %v", len(evs), len(seqs), err)
+	}
+}
+
+// Closing after a few appends leaves the snapshots alone once they exist;
+// the next Open folds the tail from the journal instead.
+func TestCloseRewritesSnapshotsOnlyPastTheMinimum(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	cycle := func(appends int) (*Node, []byte) {
+		t.Helper()
+		n, err := Open(ctx, root, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs := make([]events.Event, appends)
+		for i := range evs {
+			evs[i] = created(ulid.Make().String())
+		}
+		if _, err := n.Append(ctx, evs...); err != nil {
+			t.Fatal(err)
+		}
+		path := n.snapshotPath(n.sandboxes)
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("after close: %v", err)
+		}
+		return n, data
+	}
+	_, first := cycle(1) // no snapshot yet: written
+	_, second := cycle(2)
+	if !bytes.Equal(first, second) {
+		t.Fatal("Close after 2 appends rewrote the snapshots")
+	}
+	n, err := Open(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := n.sandboxes.Len(); got != 3 {
+		t.Fatalf("reopened: %d sandboxes, want 3 (the tail folded from the journal)", got)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, third := cycle(closeSnapshotMin)
+	if bytes.Equal(first, third) {
+		t.Fatalf("Close after a tail of %d events left the snapshots as they were", closeSnapshotMin+3)
 	}
 }

@@ -30,6 +30,12 @@ var ErrStateRoot = errors.New("unusable state root")
 // after this many events were folded since the last one.
 const snapshotEvery = 10000
 
+// closeSnapshotMin is the tail below which Close leaves the snapshots as
+// they are: a command that appended a few events would otherwise rewrite
+// every projection's snapshot (megabytes at 10k sandboxes) to save the next
+// Open folding those few events again.
+const closeSnapshotMin = 1000
+
 // snapshotRetry is how many events after a failed snapshot the next try
 // comes.
 const snapshotRetry = 100
@@ -241,15 +247,27 @@ func (n *Node) writeSnapshots() error {
 	return nil
 }
 
-// Close snapshots the projections and closes the journal.
+// Close snapshots the projections, if the tail the next Open would replay
+// has grown past closeSnapshotMin events or there are no snapshots yet, and
+// closes the journal.
 func (n *Node) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var err error
-	if n.sinceSnap > 0 {
+	if n.sinceSnap >= closeSnapshotMin || n.sinceSnap > 0 && !n.haveSnapshots() {
 		err = n.writeSnapshots()
 	}
 	return errors.Join(err, n.j.Close())
+}
+
+// haveSnapshots reports whether every projection has a snapshot file.
+func (n *Node) haveSnapshots() bool {
+	for _, v := range n.views {
+		if _, err := fsx.Stat(n.root, n.snapshotPath(v)); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Append journals evs in order, each synced before the next, asserting the

@@ -101,6 +101,23 @@ func (s *Sandboxes) ByHandle(handle string) *Sandbox {
 	return nil
 }
 
+// OwnerOf returns the first sandbox, in List order, other than except
+// that owns one of paths, and that path. The daemon answers with it so a
+// command asking "is this path taken" gets one answer, not every sandbox.
+func (s *Sandboxes) OwnerOf(paths []string, except string) (id, path string, found bool) {
+	for _, sb := range s.List() {
+		if sb.ID == except {
+			continue
+		}
+		for _, p := range paths {
+			if sb.Owns(p) {
+				return sb.ID, p, true
+			}
+		}
+	}
+	return "", "", false
+}
+
 // List returns every sandbox, oldest first.
 func (s *Sandboxes) List() []*Sandbox {
 	out := make([]*Sandbox, 0, len(s.byID))

@@ -326,18 +326,28 @@ func inspectCmd(g *globals) *cobra.Command {
 		Args:  minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
-				list, err := b.Sandboxes(cmd.Context())
-				if err != nil {
-					return err
-				}
-				list = lifecycle.ObserveExits(list)
+				// Each sandbox by its ID or handle, not the list of all of
+				// them; the list only for a reference that is neither (an
+				// ID prefix, or an ID in another case).
+				var list []projections.Sandbox
 				found := []projections.Sandbox{}
-				err = eachRef(cmd, args, func(ref string) error {
-					sb, err := projections.MatchSandbox(list, ref)
-					if err == nil {
-						found = append(found, sb)
+				err := eachRef(cmd, args, func(ref string) error {
+					sb, ok, err := b.Sandbox(cmd.Context(), ref)
+					if err != nil {
+						return err
 					}
-					return err
+					if !ok {
+						if list == nil {
+							if list, err = b.Sandboxes(cmd.Context()); err != nil {
+								return err
+							}
+						}
+						if sb, err = projections.MatchSandbox(list, ref); err != nil {
+							return err
+						}
+					}
+					found = append(found, lifecycle.ObserveExits([]projections.Sandbox{sb})[0])
+					return nil
 				})
 				if asJSON {
 					return errors.Join(err, printJSON(cmd.OutOrStdout(), found))

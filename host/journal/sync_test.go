@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -78,5 +79,35 @@ func TestAppendGroupStopsAtTheFirstRefusal(t *testing.T) {
 	// The refused ones were not stored, so they append afterwards.
 	if _, err := j.AppendGroup(ctx, 4, msgs[2:]); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// When the store rolls over to a new block, the sync covers that block
+// and the directory entry that names it.
+func TestSyncFollowsANewBlock(t *testing.T) {
+	ctx := context.Background()
+	j := openTest(t, t.TempDir())
+	big := make([]byte, 900<<10)
+	for i := 0; ; i++ {
+		if i > 40 {
+			t.Fatal("no second block after 40 appends of 900 KiB")
+		}
+		if _, err := j.Append(ctx, Message{Subject: "nexus.events.sandbox.created.A", ID: fmt.Sprint("big", i), Data: big}); err != nil {
+			t.Fatal(err)
+		}
+		blocks, err := filepath.Glob(filepath.Join(j.msgsDir(), "*.blk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(blocks) < 2 {
+			continue
+		}
+		j.wmu.Lock()
+		synced := j.synced
+		j.wmu.Unlock()
+		if synced.block != uint64(len(blocks)) || !synced.dir {
+			t.Fatalf("after the store made block %d, the last sync covered up to block %d (directory synced: %v)", len(blocks), synced.block, synced.dir)
+		}
+		return
 	}
 }

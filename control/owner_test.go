@@ -1,0 +1,70 @@
+package control_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/unixsock"
+)
+
+// rawGet fetches path from the daemon's socket and returns the body bytes.
+func rawGet(t *testing.T, root, path string) []byte {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return unixsock.Dial(ctx, filepath.Join(root, control.SocketName))
+	}}}
+	resp, err := hc.Get("http://nexus" + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s, %v", path, resp.Status, err)
+	}
+	return body
+}
+
+// "Is this path taken?" is answered by the daemon with one answer: the
+// reply's size does not grow with the number of sandboxes, as the list a
+// command used to fetch for it does.
+func TestOwnerOfAnswersWithoutTheList(t *testing.T) {
+	d := startDaemon(t, "")
+	b := connect(t, d.root)
+	ctx := context.Background()
+	const sandboxes = 300
+	var evs []events.Event
+	var ids []string
+	for i := 0; i < sandboxes; i++ {
+		id := ulid.Make().String()
+		ids = append(ids, id)
+		evs = append(evs, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{
+			Image: "i", Driver: "process", Resources: []events.Resource{{Kind: events.KindRawDisk, Path: "disks/" + id + ".raw"}},
+		}))
+	}
+	if _, err := b.Append(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	target := ids[sandboxes/2]
+	owner, path, found, err := b.OwnerOf(ctx, []string{"disks/none", "disks/" + target + ".raw"}, "")
+	if err != nil || !found || owner != target || path != "disks/"+target+".raw" {
+		t.Fatalf("OwnerOf = %q, %q, %v, %v; want %s", owner, path, found, err, target)
+	}
+	if owner, _, found, err := b.OwnerOf(ctx, []string{"disks/" + target + ".raw"}, target); err != nil || found {
+		t.Fatalf("OwnerOf except its owner = %q, %v, %v; want none", owner, found, err)
+	}
+	one := rawGet(t, d.root, "/v1/owner?path=disks/"+target+".raw")
+	list := rawGet(t, d.root, "/v1/sandboxes")
+	if len(one) > 200 || len(list) < sandboxes*100 {
+		t.Fatalf("owner reply %d bytes, list %d bytes; want the owner reply under 200 bytes whatever the count", len(one), len(list))
+	}
+}
