@@ -468,3 +468,91 @@ func localMsgs(node *server.Server, account, stream string) uint64 {
 	}
 	return 0
 }
+
+// TestFleetWholeClusterOutage: every node down; the hosts keep appending
+// without waiting on the fleet, status says the link is down, and once the
+// nodes are back the mirrors catch up to exactly the journals.
+func TestFleetWholeClusterOutage(t *testing.T) {
+	hosts := []string{"host-a", "host-b"}
+	for _, h := range hosts {
+		t.Setenv(PasswordVar(h), "pw-"+h)
+	}
+	t.Setenv(PasswordVar("auditor"), "pw-audit")
+	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, tmpl)
+	var js []*Journal
+	var ms []*Mirror
+	for _, h := range hosts {
+		j, m := openFleetHost(t, c, h, "pw-"+h)
+		appendN(t, j, 0, 5)
+		js, ms = append(js, j), append(ms, m)
+	}
+	for i := range js {
+		deadline := time.Now().Add(30 * time.Second)
+		for st := js[i].MirrorState(context.Background()); st.MirrorLastSeq != 5; st = js[i].MirrorState(context.Background()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never current: %+v", hosts[i], st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for _, n := range c.nodes {
+		n.Shutdown()
+		n.WaitForShutdown()
+	}
+	began := time.Now()
+	for _, j := range js {
+		appendN(t, j, 5, 10)
+	}
+	if d := time.Since(began); d > 5*time.Second {
+		t.Fatalf("20 appends took %v with the fleet down: the journal waited on it", d)
+	}
+	for i, j := range js {
+		deadline := time.Now().Add(10 * time.Second)
+		for st := j.MirrorState(context.Background()); st.Connected; st = j.MirrorState(context.Background()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s reports a link with every node down", hosts[i])
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for i := range c.nodes {
+		c.start(t, i)
+	}
+	back := time.Now()
+	for i, j := range js {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			st := j.MirrorState(context.Background())
+			if st.Connected && st.Exists && st.MirrorLastSeq == 15 && st.LagEvents == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s after the outage: %+v", hosts[i], st)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	t.Logf("mirrors current %v after the cluster came back", time.Since(back).Round(time.Millisecond))
+	nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	a, _ := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
+	for i, m := range ms {
+		got := awaitAudited(t, a, m.StreamName(), 15)
+		want := readAll(t, js[i], 1, "")
+		if len(got) != 15 || len(want) != 15 {
+			t.Fatalf("%s: mirror %d, journal %d", m.StreamName(), len(got), len(want))
+		}
+		for k, r := range want {
+			if got[k] != hosts[i]+"."+r.Subject+" "+string(r.Data) {
+				t.Fatalf("%s message %d = %q, journal has %q", m.StreamName(), k+1, got[k], r.Data)
+			}
+		}
+	}
+}
