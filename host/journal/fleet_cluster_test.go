@@ -23,6 +23,25 @@ import (
 type fleetCluster struct {
 	nodes     []*server.Server
 	leafPorts []int
+	confs     []string // each node's configuration file
+	stores    []string // each node's JetStream store
+}
+
+// start runs node i from its configuration file.
+func (c *fleetCluster) start(t testing.TB, i int) {
+	t.Helper()
+	o, err := server.ProcessConfigFile(c.confs[i])
+	if err != nil {
+		t.Fatalf("node %d config: %v", i, err)
+	}
+	o.NoLog, o.NoSigs = true, true
+	s, err := server.NewServer(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(s.Shutdown)
+	c.nodes[i] = s
 }
 
 func startCluster(t testing.TB, tmpl string) *fleetCluster {
@@ -51,18 +70,12 @@ leafnodes { listen: 127.0.0.1:%d }
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		o, err := server.ProcessConfigFile(path)
-		if err != nil {
-			t.Fatalf("node %d config: %v", i, err)
-		}
-		o.NoLog, o.NoSigs = true, true
-		s, err := server.NewServer(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s.Start()
-		t.Cleanup(s.Shutdown)
-		c.nodes = append(c.nodes, s)
+		c.confs = append(c.confs, path)
+		c.stores = append(c.stores, filepath.Join(dir, fmt.Sprint(i)))
+	}
+	c.nodes = make([]*server.Server, n)
+	for i := range n {
+		c.start(t, i)
 	}
 	for _, s := range c.nodes {
 		if !s.ReadyForConnections(20 * time.Second) {
@@ -363,6 +376,183 @@ func TestFleetNodeLoss(t *testing.T) {
 				t.Fatalf("%s status after the node loss: %+v", hosts[i], st)
 			}
 			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+// TestFleetNodeStoreLoss: with replicas 3, a node whose store is lost
+// comes back empty and the mirrors, read from that very node, are whole
+// and equal to the journals.
+func TestFleetNodeStoreLoss(t *testing.T) {
+	hosts := []string{"host-a", "host-b"}
+	for _, h := range hosts {
+		t.Setenv(PasswordVar(h), "pw-"+h)
+	}
+	t.Setenv(PasswordVar("auditor"), "pw-audit")
+	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, tmpl)
+	var js []*Journal
+	var ms []*Mirror
+	for _, h := range hosts {
+		j, m := openFleetHost(t, c, h, "pw-"+h)
+		appendN(t, j, 0, 20)
+		js, ms = append(js, j), append(ms, m)
+	}
+	auditAt := func(node int) jetstream.JetStream {
+		nc, err := nats.Connect(c.nodes[node].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		a, _ := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
+		return a
+	}
+	a0 := auditAt(0)
+	for _, m := range ms {
+		awaitAudited(t, a0, m.StreamName(), 20)
+	}
+	const lost = 1
+	c.nodes[lost].Shutdown()
+	c.nodes[lost].WaitForShutdown()
+	if err := os.RemoveAll(c.stores[lost]); err != nil {
+		t.Fatal(err)
+	}
+	for _, j := range js {
+		appendN(t, j, 20, 5)
+	}
+	c.start(t, lost)
+	if !c.nodes[lost].ReadyForConnections(20 * time.Second) {
+		t.Fatal("node not back")
+	}
+	// Each mirror's replica on the emptied node is rebuilt from its peers:
+	// wait until that node reports it current, then compare.
+	for i, m := range ms {
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			if localMsgs(c.nodes[lost], HostAccount(hosts[i]), m.StreamName()) == 25 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not rebuilt on the emptied node", m.StreamName())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		got := awaitAudited(t, a0, m.StreamName(), 25)
+		want := readAll(t, js[i], 1, "")
+		if len(got) != len(want) {
+			t.Fatalf("%s holds %d, journal %d", m.StreamName(), len(got), len(want))
+		}
+		for k, r := range want {
+			if got[k] != hosts[i]+"."+r.Subject+" "+string(r.Data) {
+				t.Fatalf("%s message %d = %q, journal has %q", m.StreamName(), k+1, got[k], r.Data)
+			}
+		}
+	}
+}
+
+// localMsgs is how many messages node's own replica of stream holds.
+func localMsgs(node *server.Server, account, stream string) uint64 {
+	jsz, err := node.Jsz(&server.JSzOptions{Account: account, Streams: true})
+	if err != nil {
+		return 0
+	}
+	for _, a := range jsz.AccountDetails {
+		for _, s := range a.Streams {
+			if s.Name == stream {
+				return s.State.Msgs
+			}
+		}
+	}
+	return 0
+}
+
+// TestFleetWholeClusterOutage: every node down; the hosts keep appending
+// without waiting on the fleet, status says the link is down, and once the
+// nodes are back the mirrors catch up to exactly the journals.
+func TestFleetWholeClusterOutage(t *testing.T) {
+	hosts := []string{"host-a", "host-b"}
+	for _, h := range hosts {
+		t.Setenv(PasswordVar(h), "pw-"+h)
+	}
+	t.Setenv(PasswordVar("auditor"), "pw-audit")
+	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, tmpl)
+	var js []*Journal
+	var ms []*Mirror
+	for _, h := range hosts {
+		j, m := openFleetHost(t, c, h, "pw-"+h)
+		appendN(t, j, 0, 5)
+		js, ms = append(js, j), append(ms, m)
+	}
+	for i := range js {
+		deadline := time.Now().Add(30 * time.Second)
+		for st := js[i].MirrorState(context.Background()); st.MirrorLastSeq != 5; st = js[i].MirrorState(context.Background()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never current: %+v", hosts[i], st)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for _, n := range c.nodes {
+		n.Shutdown()
+		n.WaitForShutdown()
+	}
+	began := time.Now()
+	for _, j := range js {
+		appendN(t, j, 5, 10)
+	}
+	if d := time.Since(began); d > 5*time.Second {
+		t.Fatalf("20 appends took %v with the fleet down: the journal waited on it", d)
+	}
+	for i, j := range js {
+		deadline := time.Now().Add(10 * time.Second)
+		for st := j.MirrorState(context.Background()); st.Connected; st = j.MirrorState(context.Background()) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s reports a link with every node down", hosts[i])
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for i := range c.nodes {
+		c.start(t, i)
+	}
+	back := time.Now()
+	for i, j := range js {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			st := j.MirrorState(context.Background())
+			if st.Connected && st.Exists && st.MirrorLastSeq == 15 && st.LagEvents == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s after the outage: %+v", hosts[i], st)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	t.Logf("mirrors current %v after the cluster came back", time.Since(back).Round(time.Millisecond))
+	nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	a, _ := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
+	for i, m := range ms {
+		got := awaitAudited(t, a, m.StreamName(), 15)
+		want := readAll(t, js[i], 1, "")
+		if len(got) != 15 || len(want) != 15 {
+			t.Fatalf("%s: mirror %d, journal %d", m.StreamName(), len(got), len(want))
+		}
+		for k, r := range want {
+			if got[k] != hosts[i]+"."+r.Subject+" "+string(r.Data) {
+				t.Fatalf("%s message %d = %q, journal has %q", m.StreamName(), k+1, got[k], r.Data)
+			}
 		}
 	}
 }
