@@ -191,7 +191,10 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 			}
 			// Not fsynced here: preen and resize2fs rewrite the copy next,
 			// and publish fsyncs it once before the rename.
-			if err := disk.CopyScratch(overlay, staging); err != nil {
+			update, end := m.copyProgress("overlay of " + sb.ID + " for recovery")
+			err := disk.CopyScratch(overlay, staging, update)
+			end()
+			if err != nil {
 				return nil, refuseOverlay(ReasonOverlayDiskFull, "copy overlay for recovery: %v; free host space or increase %s", err, ConfigKey)
 			}
 			return sagas.One(events.ResourceCreatedEvent{Resource: stagingRes}), nil

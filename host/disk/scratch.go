@@ -15,8 +15,11 @@ import (
 // overlay recovery's) that tools rewrite next and that the caller fsyncs
 // once it has finished with them, so the data is written back once, at the
 // end, as `cp` followed by a tool's own fsync would. dst is removed if the
-// copy fails.
-func CopyScratch(src, dst string) (err error) {
+// copy fails. progress (nil: none) hears its position after each chunk.
+func CopyScratch(src, dst string, progress Progress) (err error) {
+	if progress == nil {
+		progress = func(int64, int64) {}
+	}
 	in, size, err := openSource(src)
 	if err != nil {
 		return err
@@ -67,8 +70,10 @@ func CopyScratch(src, dst string) (err error) {
 				return fmt.Errorf("disk: copy %s to %s: %w", src, dst, err)
 			}
 			pos += int64(n)
+			progress(pos, size)
 		}
 		off = hole
 	}
+	progress(size, size)
 	return nil
 }

@@ -17,7 +17,7 @@ func TestCopyScratchKeepsBytesAndHoles(t *testing.T) {
 	f.Truncate(64 << 20)
 	f.Close()
 	dst := filepath.Join(dir, "dst")
-	if err := CopyScratch(src, dst); err != nil {
+	if err := CopyScratch(src, dst, nil); err != nil {
 		t.Fatal(err)
 	}
 	a, _ := os.ReadFile(src)
@@ -30,10 +30,10 @@ func TestCopyScratchKeepsBytesAndHoles(t *testing.T) {
 	if ds.Apparent != ss.Apparent || ds.Allocated > ss.Allocated+1<<20 {
 		t.Fatalf("copy %+v, source %+v: holes not kept", ds, ss)
 	}
-	if err := CopyScratch(src, dst); err == nil {
+	if err := CopyScratch(src, dst, nil); err == nil {
 		t.Fatal("CopyScratch overwrote an existing file")
 	}
-	if err := CopyScratch(filepath.Join(dir, "nope"), filepath.Join(dir, "x")); err == nil {
+	if err := CopyScratch(filepath.Join(dir, "nope"), filepath.Join(dir, "x"), nil); err == nil {
 		t.Fatal("missing source accepted")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "x")); !os.IsNotExist(err) {
