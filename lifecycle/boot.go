@@ -27,11 +27,18 @@ import (
 // same Cloud Hypervisor REST API on the same socket; only the binary and
 // the kernel requirement differ.
 type Driver struct {
-	Name     string // "cloud-hypervisor" or "process"
-	Exe      string // the nexus binary: the process driver's VMM, and every supervisor
-	CHBinary string // cloud-hypervisor, for the cloud-hypervisor driver
-	Kernel   string // NEXUS_KERNEL_PATH, for the cloud-hypervisor driver
+	Name      string // "cloud-hypervisor" or "process"
+	Exe       string // the nexus binary: the process driver's VMM, and every supervisor
+	CHBinary  string // cloud-hypervisor, for the cloud-hypervisor driver
+	Kernel    string // NEXUS_KERNEL_PATH, for the cloud-hypervisor driver
+	Initramfs string // optional; a distro kernel needs one to load its virtio modules
+	Cmdline   string // the guest kernel's command line; DefaultCmdline when empty
 }
+
+// DefaultCmdline logs to the serial port (kept as logs/<id>.console.log).
+// root= serves a kernel booted without an initramfs; an initramfs's /init
+// ignores it and finds its disks by serial.
+const DefaultCmdline = "console=ttyS0 root=/dev/vda rw"
 
 const (
 	DriverCloudHypervisor = "cloud-hypervisor"
@@ -50,6 +57,11 @@ func (d Driver) Preflight() error {
 		}
 		if err := regularFile(d.Kernel); err != nil {
 			return fmt.Errorf("NEXUS_KERNEL_PATH: %v", err)
+		}
+		if d.Initramfs != "" {
+			if err := regularFile(d.Initramfs); err != nil {
+				return fmt.Errorf("initramfs: %v", err)
+			}
 		}
 		if _, err := exec.LookPath(d.chBinary()); err != nil {
 			return fmt.Errorf("cloud-hypervisor driver: %v", err)
@@ -84,10 +96,13 @@ func (d Driver) config(disks []vmm.Disk, vsock, serialLog string) vmm.Config {
 		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
 		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: serialLog},
 		// The process driver boots no kernel; it still names one, as the
-		// API requires a payload.
-		Payload: vmm.Payload{Kernel: "process-driver", Cmdline: "console=ttyS0 root=/dev/vda rw"},
+		// API requires a payload, and is handed the rest as a VMM is.
+		Payload: vmm.Payload{Kernel: "process-driver", Initramfs: d.Initramfs, Cmdline: d.Cmdline},
 	}
-	if d.Name == DriverCloudHypervisor {
+	if c.Payload.Cmdline == "" {
+		c.Payload.Cmdline = DefaultCmdline
+	}
+	if d.Name != DriverProcess {
 		c.Payload.Kernel = d.Kernel
 	}
 	return c

@@ -108,3 +108,25 @@ func sandboxWithDisksAndVolume() projections.Sandbox {
 		Volumes: []projections.Attachment{{Name: "data", GuestPath: "/data"}},
 	}
 }
+
+// TestBootAssetsReachThePayload: the initramfs and command line reach
+// vm.create's payload for every driver, the kernel for every driver that
+// boots one, and an unset command line is the default.
+func TestBootAssetsReachThePayload(t *testing.T) {
+	for _, d := range []Driver{
+		{Name: DriverProcess, Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
+		{Name: DriverCloudHypervisor, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
+	} {
+		p := d.config(nil, "/v", "/c").Payload
+		if p.Initramfs != d.Initramfs || p.Cmdline != d.Cmdline {
+			t.Errorf("%s: payload %+v, want initramfs %s cmdline %q", d.Name, p, d.Initramfs, d.Cmdline)
+		}
+		if d.Kernel != "" && p.Kernel != d.Kernel {
+			t.Errorf("%s: kernel %q, want %q", d.Name, p.Kernel, d.Kernel)
+		}
+		d.Cmdline, d.Initramfs = "", ""
+		if p := d.config(nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
+			t.Errorf("%s: payload without assets %+v, want cmdline %q and no initramfs", d.Name, p, DefaultCmdline)
+		}
+	}
+}
