@@ -17,6 +17,8 @@ setup:
 	if [ -n "$$missing" ]; then \
 	  echo "installing e2fsprogs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
+	@command -v cpio >/dev/null 2>&1 || { echo "installing cpio"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cpio; }
 	$(GO) mod download
 
 build:

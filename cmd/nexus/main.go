@@ -110,7 +110,7 @@ func newRoot() *cobra.Command {
 		inspectCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(),
 	)
 	root.AddCommand(testCommands(g)...)
 	root.AddCommand(docsCmd())
