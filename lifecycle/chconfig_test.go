@@ -95,6 +95,12 @@ func TestVMDisksAreAllTyped(t *testing.T) {
 			t.Fatalf("untyped disk %+v", d)
 		}
 	}
+	// Each carries the serial the guest finds it by (docs/guest-agent.md).
+	for i, want := range []string{"nexus-os", "nexus-workspace", "nexus-vol-data"} {
+		if disks[i].Serial != want {
+			t.Errorf("disk %s: serial %q, want %q", disks[i].Path, disks[i].Serial, want)
+		}
+	}
 }
 
 func sandboxWithDisksAndVolume() projections.Sandbox {

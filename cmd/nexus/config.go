@@ -210,6 +210,8 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
 		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor and qemu drivers need it)"),
 		fromEnv("ch_binary", "NEXUS_CH_BINARY", "cloud-hypervisor", "default (looked up in PATH)"),
+		fromEnv("qemu_binary", "NEXUS_QEMU_BINARY", "qemu-system-x86_64", "default (looked up in PATH)"),
+		fromEnv("qemu_accel", "NEXUS_QEMU_ACCEL", "", "unset (kvm when /dev/kvm answers, else tcg)"),
 		fromEnv("daemon_idle", "NEXUS_DAEMON_IDLE", defaultIdle.String(), "default"),
 		fromEnv("no_auto_daemon", "NEXUS_NO_AUTO_DAEMON", "", "unset (a daemon is started on demand)"),
 		fromEnv("log_level", "NEXUS_LOG_LEVEL", "info", "default"),
