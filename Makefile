@@ -10,15 +10,20 @@ export NEXUS_DRIVER ?= process
 
 all: build
 
-# Host tools the tests drive for real, and the Go modules.
+# Host tools the tests drive for real (e2fsprogs; cpio, QEMU and a Debian
+# cloud kernel for the real-guest tests), and the Go modules.
 setup:
 	@missing=""; for t in mkfs.ext4 e2fsck resize2fs debugfs dumpe2fs; do \
 	  command -v $$t >/dev/null 2>&1 || missing="$$missing e2fsprogs"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing e2fsprogs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
-	@command -v cpio >/dev/null 2>&1 || { echo "installing cpio"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cpio; }
+	@missing=""; command -v cpio >/dev/null 2>&1 || missing="$$missing cpio"; \
+	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
+	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 	$(GO) mod download
 
 build:
@@ -50,9 +55,11 @@ demo: setup build
 	$(NX) ls
 	@rm -f $(STATE_DIR).snap $(DEMO_IMAGE)
 
+# NEXUS_REQUIRE_QEMU=1: a real-guest test fails, never skips, when QEMU
+# or the kernel is missing.
 test: setup
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 30m ./...
+	NEXUS_REQUIRE_QEMU=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 # The model-based crash harnesses with a long budget (the test suite runs
 # short ones): random lifecycles, SIGKILL at random saga steps, and rounds
