@@ -18,13 +18,14 @@ import (
 // serde reads it, not through nexus's own types: VmConfig requires
 // payload; CpusConfig boot_vcpus and max_vcpus (minimum 1); MemoryConfig
 // size; VsockConfig cid (minimum 3) and socket; SerialConfig mode from
-// ConsoleMode's enum; DiskConfig's image_type from ImageType's enum. And
+// ConsoleMode's enum; DiskConfig's image_type from ImageType's enum and its
+// serial a string. And
 // nexus's own rules on top: every disk typed Raw (CH v51+ refuses sector-0
 // writes on a probed raw disk), serial to a File under logs/.
 func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 	root := layout.Root("/state")
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
-	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux"}} {
+	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux"}, {Name: DriverQEMU, Kernel: "/boot/vmlinuz"}} {
 		disks := (&Manager{Root: root}).vmDisks(context.Background(), sandboxWithDisksAndVolume())
 		body, err := json.Marshal(d.config(disks, root.VsockSocket(id), root.ConsoleLog(id)))
 		if err != nil {
@@ -76,6 +77,10 @@ func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 			}
 			if _, ok := disk["readonly"].(bool); !ok || disk["path"] != disks[i].Path {
 				t.Fatalf("%s: disk %d %v", d.Name, i, disk)
+			}
+			// DiskConfig.serial is a string (the guest's virtio-blk serial).
+			if serial, ok := disk["serial"].(string); !ok || serial == "" || len(serial) > 20 {
+				t.Fatalf("%s: disk %d serial %v, want a string of 1-20 bytes", d.Name, i, disk["serial"])
 			}
 		}
 	}
