@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -151,8 +152,8 @@ var routes = map[string]struct {
 	"vm.info":      {http.MethodGet, (*server).info},
 	"vm.pause":     {http.MethodPut, (*server).pause},
 	"vm.resume":    {http.MethodPut, (*server).resume},
-	"vm.snapshot":  {http.MethodPut, (*server).unsupported},
-	"vm.restore":   {http.MethodPut, (*server).unsupported},
+	"vm.snapshot":  {http.MethodPut, (*server).snapshot},
+	"vm.restore":   {http.MethodPut, (*server).restore},
 }
 
 func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -304,9 +305,154 @@ func (s *server) resume(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) unsupported(r *http.Request) (any, error) {
-	return nil, &apiError{http.StatusNotImplemented, strings.TrimPrefix(r.URL.Path, api) + " is not supported by the qemu driver yet"}
+// snapshot writes CH's three files into an existing directory, each
+// created exclusively as CH does: config.json (the VM's configuration,
+// which a restore re-points at its own files), memory-ranges (QEMU's
+// migration stream: guest memory and device state) and state.json (what
+// the stream is). Like CH, it wants the VM paused.
+func (s *server) snapshot(r *http.Request) (any, error) {
+	if s.vm == nil || s.state != vmm.StatePaused {
+		return nil, failed("cannot snapshot: VM is %s, not Paused", s.state)
+	}
+	dir, err := fileURLDir(r, "destination_url")
+	if err != nil {
+		return nil, err
+	}
+	cfg, _ := json.MarshalIndent(s.cfg, "", "  ")
+	state, _ := json.MarshalIndent(snapshotState{VMM: Version, Memory: vmm.SnapshotMemoryFile, Format: "qemu migration stream"}, "", "  ")
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{vmm.SnapshotConfigFile, cfg}, {vmm.SnapshotStateFile, state}, {vmm.SnapshotMemoryFile, nil}} {
+		if err := writeNew(filepath.Join(dir, f.name), f.data); err != nil {
+			return nil, failed("snapshot: %v", err)
+		}
+	}
+	mem := filepath.Join(dir, vmm.SnapshotMemoryFile)
+	if err := s.vm.command("migrate", map[string]any{"uri": "exec:cat > " + shellQuote(mem)}, nil); err != nil {
+		return nil, failed("snapshot: %v", err)
+	}
+	if err := s.vm.migrated(); err != nil {
+		return nil, failed("snapshot: %v", err)
+	}
+	f, err := os.OpenFile(mem, os.O_RDONLY, 0)
+	if err == nil {
+		err = f.Sync()
+		f.Close()
+	}
+	if err != nil {
+		return nil, failed("snapshot: %v", err)
+	}
+	return nil, nil
 }
+
+// restore recreates the VM from a snapshot directory: QEMU started with
+// the saved configuration (disks, vsock and console as the restore
+// re-pointed them), waiting for the migration stream, which it reads from
+// memory-ranges. The VM comes back Paused, as from CH; vm.resume runs it.
+func (s *server) restore(r *http.Request) (any, error) {
+	if s.cfg != nil {
+		return nil, failed("cannot restore: a VM is already created")
+	}
+	dir, err := fileURLDir(r, "source_url")
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(dir, vmm.SnapshotConfigFile))
+	if err != nil {
+		return nil, failed("restore: %v", err)
+	}
+	var c vmm.Config
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, failed("restore: %s: %v", vmm.SnapshotConfigFile, err)
+	}
+	mem := filepath.Join(dir, vmm.SnapshotMemoryFile)
+	if _, err := os.Stat(mem); err != nil {
+		return nil, failed("restore: %v", err)
+	}
+	vm, err := s.startWith(c, "-S", "-incoming", "defer")
+	if err != nil {
+		return nil, err
+	}
+	err = vm.command("migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(mem)}, nil)
+	if err == nil {
+		err = vm.migrated()
+	}
+	if err != nil {
+		s.vm = vm
+		s.stopVM()
+		return nil, failed("restore: %v", err)
+	}
+	s.cfg, s.vm, s.state = &c, vm, vmm.StatePaused
+	return nil, nil
+}
+
+type snapshotState struct {
+	VMM    string `json:"vmm"`
+	Memory string `json:"memory"`
+	Format string `json:"format"`
+}
+
+// migrated waits for the migration in either direction to end.
+func (vm *instance) migrated() error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := vm.command("query-migrate", nil, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("migration still %q after 5m", st.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fileURLDir reads a file:// directory URL from the request body field.
+func fileURLDir(r *http.Request, field string) (string, error) {
+	var body map[string]any
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&body); err != nil {
+		return "", &apiError{http.StatusBadRequest, err.Error()}
+	}
+	u, _ := body[field].(string)
+	dir, ok := strings.CutPrefix(u, "file://")
+	if !ok || !filepath.IsAbs(dir) {
+		return "", &apiError{http.StatusBadRequest, fmt.Sprintf("%s %q: want file:///DIR", field, u)}
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", failed("%s %s: not a directory", field, dir)
+	}
+	return dir, nil
+}
+
+// writeNew creates name exclusively (CH's snapshot files are) and syncs it.
+func writeNew(name string, data []byte) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// shellQuote quotes a path for the sh -c QEMU runs an exec: migration URI
+// with.
+func shellQuote(p string) string { return "'" + strings.ReplaceAll(p, "'", `'\''`) + "'" }
 
 // teardown stops QEMU and the relay; the caller holds mu.
 func (s *server) teardown() {
@@ -339,7 +485,9 @@ func (s *server) stopVM() {
 }
 
 // start runs QEMU for c and connects to its QMP socket.
-func (s *server) start(c vmm.Config) (*instance, error) {
+func (s *server) start(c vmm.Config) (*instance, error) { return s.startWith(c) }
+
+func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
 	dir, err := os.MkdirTemp("", "nexus-qemu-")
 	if err != nil {
 		return nil, failed("private dir: %v", err)
@@ -351,6 +499,7 @@ func (s *server) start(c vmm.Config) (*instance, error) {
 		os.RemoveAll(dir)
 		return nil, &apiError{http.StatusBadRequest, err.Error()}
 	}
+	argv = append(argv, extra...)
 	vm := &instance{dir: dir, exited: make(chan struct{}), stderr: &tail{max: 4096}}
 	vm.cmd = exec.Command(s.o.Binary, argv...)
 	vm.cmd.Stdout, vm.cmd.Stderr = vm.stderr, vm.stderr

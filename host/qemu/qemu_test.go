@@ -199,3 +199,66 @@ func TestAdapterEndsWithItsGuest(t *testing.T) {
 		t.Fatalf("console log lacks the panic:\n%s", b)
 	}
 }
+
+// TestAdapterSnapshotAndRestore: vm.snapshot of a paused VM writes CH's
+// three files (memory-ranges holding QEMU's migration stream), refuses a
+// running VM as CH does, and the VM resumes after it; vm.restore in a
+// fresh adapter brings the VM back Paused, and vm.resume runs it.
+func TestAdapterSnapshotAndRestore(t *testing.T) {
+	g := testutil.RealGuest(t)
+	dir, api, _ := adapter(t)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(3*time.Minute))
+	defer cancel()
+	c := vmm.NewClient(api)
+	disk := filepath.Join(dir, "os.raw")
+	os.WriteFile(disk, make([]byte, 1<<20), 0o600)
+	console := filepath.Join(dir, "console.log")
+	cfg := vmm.Config{Payload: vmm.Payload{Kernel: g.Kernel, Cmdline: "console=ttyS0"},
+		Disks:  []vmm.Disk{{Path: disk, ImageType: vmm.ImageRaw, Serial: "nexus-os"}},
+		Memory: vmm.Memory{Size: 256 << 20}, Cpus: vmm.Cpus{BootVcpus: 1},
+		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: console}}
+	must := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	must("create", c.Create(ctx, cfg))
+	must("boot", c.Boot(ctx))
+	testutil.WaitUntil(t, 60*time.Second, "the kernel logging", func() bool {
+		b, _ := os.ReadFile(console)
+		return strings.Contains(string(b), "Linux version")
+	})
+	snap := filepath.Join(dir, "snap")
+	os.Mkdir(snap, 0o700)
+	if err := c.Snapshot(ctx, snap); err == nil {
+		t.Fatal("snapshot of a running VM succeeded; CH wants it paused")
+	}
+	must("pause", c.Pause(ctx))
+	must("snapshot", c.Snapshot(ctx, snap))
+	for _, f := range []string{vmm.SnapshotConfigFile, vmm.SnapshotStateFile, vmm.SnapshotMemoryFile} {
+		fi, err := os.Stat(filepath.Join(snap, f))
+		if err != nil || fi.Size() == 0 {
+			t.Fatalf("snapshot file %s: %v %v", f, fi, err)
+		}
+	}
+	if err := c.Snapshot(ctx, snap); err == nil {
+		t.Fatal("a second snapshot into the same directory overwrote the first")
+	}
+	must("resume after snapshot", c.Resume(ctx))
+	if info, err := c.Info(ctx); err != nil || info.State != vmm.StateRunning {
+		t.Fatalf("after snapshot and resume: %+v %v", info.State, err)
+	}
+	must("shutdown", c.Shutdown(ctx)) // releases the disk's lock for the restore
+
+	_, api2, _ := adapter(t)
+	c2 := vmm.NewClient(api2)
+	must("restore", c2.Restore(ctx, snap))
+	if info, err := c2.Info(ctx); err != nil || info.State != vmm.StatePaused || len(info.Config.Disks) != 1 {
+		t.Fatalf("after restore: %+v %v", info, err)
+	}
+	must("resume", c2.Resume(ctx))
+	if info, err := c2.Info(ctx); err != nil || info.State != vmm.StateRunning {
+		t.Fatalf("after restore and resume: %+v %v", info.State, err)
+	}
+}
