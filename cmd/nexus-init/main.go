@@ -4,7 +4,8 @@
 // guest agent serves as PID 1: it loads the modules listed in
 // /etc/nexus/modules (in order, with finit_module), mounts /dev, /proc and
 // /sys, finds the nexus disks by their virtio serial, mounts the workspace
-// at /workspace, says "nexus-init: ready" on the console, and stays PID 1.
+// at /workspace, says "nexus-init: ready" on the console, and stays PID 1,
+// counting seconds on the console ("nexus-init: alive N").
 // Build it static: CGO_ENABLED=0.
 package main
 
@@ -31,6 +32,8 @@ const (
 func main() {
 	if err := setup(); err != nil {
 		say("failed: %v", err)
+	} else {
+		go heartbeat()
 	}
 	// PID 1 never exits (the kernel would panic); it reaps orphans.
 	for {
@@ -38,6 +41,16 @@ func main() {
 		if _, err := unix.Wait4(-1, &ws, 0, nil); err != nil {
 			time.Sleep(time.Hour)
 		}
+	}
+}
+
+// heartbeat counts in memory and says so on the console: a guest restored
+// from a snapshot goes on counting where its memory left off, where a
+// cold boot would start again at 1.
+func heartbeat() {
+	for n := 1; ; n++ {
+		say("alive %d", n)
+		time.Sleep(time.Second)
 	}
 }
 

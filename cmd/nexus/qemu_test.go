@@ -99,3 +99,61 @@ func TestQEMUBootsARealGuest(t *testing.T) {
 	}
 	t.Logf("whole test %.1fs", time.Since(start).Seconds())
 }
+
+// TestQEMUSnapshotRestoreContinuesTheGuest: a snapshot of a running qemu
+// sandbox holds the guest's memory, and its restore continues it: the
+// child's console goes on with nexus-init's in-memory count past where the
+// parent was at the snapshot, and shows no boot (no kernel banner, no
+// "ready"), where a cold boot would start again at 1.
+func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
+	g := testutil.RealGuest(t)
+	root := shortRoot(t)
+	initrd := guestInitramfs(t, root, g)
+	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg"}
+	qemu := func(args ...string) result {
+		t.Helper()
+		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
+	}
+	id := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
+	alive := regexp.MustCompile(`nexus-init: alive (\d+)`)
+	counts := func(sandbox string) []int {
+		b, _ := os.ReadFile(filepath.Join(root, "logs", sandbox+".console.log"))
+		var out []int
+		for _, m := range alive.FindAllStringSubmatch(string(b), -1) {
+			n := 0
+			for _, c := range m[1] {
+				n = n*10 + int(c-'0')
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	testutil.WaitUntil(t, 60*time.Second, "the guest counting on its console", func() bool { return len(counts(id)) >= 3 })
+	snap := strings.TrimSpace(mustOK(t, qemu("snapshot", id), "snapshot").stdout)
+	before := counts(id)
+	child := strings.Fields(mustOK(t, qemu("restore", snap), "restore").stdout)[0]
+	testutil.WaitUntil(t, 60*time.Second, "the restored guest counting", func() bool { return len(counts(child)) >= 2 })
+	got := counts(child)
+	b, _ := os.ReadFile(filepath.Join(root, "logs", child+".console.log"))
+	if strings.Contains(string(b), "Linux version") || strings.Contains(string(b), "nexus-init: ready") {
+		t.Fatalf("the restored guest booted instead of continuing:\n%s", b)
+	}
+	// The snapshot was taken after the parent's first three counts, so
+	// the child's first count continues from at least there.
+	if got[0] < 3 || got[1] != got[0]+1 {
+		t.Fatalf("child counts %v, parent's at the snapshot %v: not a continuation of its memory", got, before)
+	}
+	t.Logf("parent counted to %d by the snapshot; the child went on at %d", before[len(before)-1], got[0])
+	// The parent was paused for the snapshot and runs on after it.
+	testutil.WaitUntil(t, 30*time.Second, "the parent counting after the snapshot", func() bool {
+		c := counts(id)
+		return len(c) > 0 && c[len(c)-1] > before[len(before)-1]
+	})
+	mustOK(t, qemu("rm", "-f", "--with-snapshots", id, child), "rm")
+	if left := untracked(t, root); len(left) > 0 {
+		t.Errorf("rm left untracked files: %v", left)
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Errorf("rm left processes: %+v", left)
+	}
+}
