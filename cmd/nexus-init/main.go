@@ -24,6 +24,7 @@ import (
 const (
 	moduleList      = "/etc/nexus/modules"
 	serialWorkspace = "nexus-workspace"
+	agentPort       = "nexus.agent"
 	// diskWait bounds the wait for virtio-blk to probe the disks after
 	// its module loaded; software emulation is slow.
 	diskWait = 60 * time.Second
@@ -34,6 +35,7 @@ func main() {
 		say("failed: %v", err)
 	} else {
 		go heartbeat()
+		go answerPings()
 	}
 	// PID 1 never exits (the kernel would panic); it reaps orphans.
 	for {
@@ -51,6 +53,50 @@ func heartbeat() {
 	for n := 1; ; n++ {
 		say("alive %d", n)
 		time.Sleep(time.Second)
+	}
+}
+
+// answerPings opens the agent's virtio-serial port (so the host's vsock
+// relay sees a listener) and answers "ping" with "pong", anything else
+// with "unsupported": this init is no agent, and never claims a flush.
+// Without udev there is no /dev/virtio-ports/ link: the port is found by
+// its name in sysfs, and the link the agent's docs name is made.
+func answerPings() {
+	var dev string
+	for dev == "" {
+		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, n := range names {
+			if b, err := os.ReadFile(n); err == nil && strings.TrimSpace(string(b)) == agentPort {
+				dev = "/dev/" + filepath.Base(filepath.Dir(n))
+			}
+		}
+		if dev == "" {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	os.MkdirAll("/dev/virtio-ports", 0o755)
+	os.Symlink("../"+filepath.Base(dev), "/dev/virtio-ports/"+agentPort)
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		say("agent port %s: %v", dev, err)
+		return
+	}
+	say("agent port %s open", dev)
+	r := bufio.NewReader(f)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			// No host connected: the port reads end-of-file until one is.
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		switch strings.TrimSpace(line) {
+		case "ping":
+			f.WriteString("pong\n")
+		case "":
+		default:
+			f.WriteString("unsupported\n")
+		}
 	}
 }
 

@@ -1,6 +1,9 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -74,13 +78,41 @@ func TestQEMUBootsARealGuest(t *testing.T) {
 	if !regexp.MustCompile(`nexus-init: disks .*nexus-os=vd[a-z]`).MatchString(log) || !strings.Contains(log, "nexus-workspace=vd") {
 		t.Errorf("the guest did not find both disks by serial:\n%s", log)
 	}
+	// The vsock socket relays to the guest's virtio-serial port once the
+	// guest opened it, after CH's CONNECT handshake.
+	testutil.WaitUntil(t, 30*time.Second, "the guest's agent port open", func() bool {
+		b, _ := os.ReadFile(console)
+		return strings.Contains(string(b), "nexus-init: agent port")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
+	defer cancel()
+	conn, err := unixsock.Dial(ctx, filepath.Join(root, "run", "sb-"+id+".vsock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.SetDeadline(time.Now().Add(testutil.Scale(30 * time.Second)))
+	br := bufio.NewReader(conn)
+	fmt.Fprintf(conn, "CONNECT 1024\n")
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
+		t.Fatalf("CONNECT 1024: %q %v", line, err)
+	}
+	fmt.Fprintf(conn, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "pong\n" {
+		t.Fatalf("ping through the relay: %q %v", line, err)
+	}
+	conn.Close()
 	vmmLog, _ := os.ReadFile(filepath.Join(root, "logs", id+".vmm.log"))
 	private := regexp.MustCompile(`unix:(\S+)/qmp\.sock`).FindStringSubmatch(string(vmmLog))
 	if private == nil {
 		t.Fatalf("vmm log names no QMP socket:\n%s", vmmLog)
 	}
 
+	// nexus-init is no agent: it answers flush "unsupported", so stop
+	// journals no flush acknowledgement.
 	mustOK(t, qemu("stop", id), "stop")
+	if ev := mustOK(t, nexus(t, root, "events", "--sandbox", id, "--json"), "events").stdout; strings.Contains(ev, "flush.acknowledged") {
+		t.Error("a flush was acknowledged by a guest without an agent")
+	}
 	if left := testutil.ProcessesUnder(root); len(left) > 0 {
 		t.Fatalf("stop left processes: %+v", left)
 	}
