@@ -9,6 +9,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,7 +58,7 @@ func Serve(ctx context.Context, apiSocket string, o Options) error {
 	if o.Log == nil {
 		o.Log = io.Discard
 	}
-	s := &server{o: o, log: stdlog.New(o.Log, "", stdlog.LstdFlags|stdlog.Lmicroseconds), stop: make(chan struct{}), state: ""}
+	s := &server{o: o, api: apiSocket, log: stdlog.New(o.Log, "", stdlog.LstdFlags|stdlog.Lmicroseconds), stop: make(chan struct{})}
 	l, err := unixsock.Listen(apiSocket)
 	if err != nil {
 		return fmt.Errorf("qemu adapter: API socket: %w", err)
@@ -99,6 +101,7 @@ func Serve(ctx context.Context, apiSocket string, o Options) error {
 
 type server struct {
 	o   Options
+	api string
 	log *stdlog.Logger
 
 	// mu serialises API calls and teardown: every call sees the previous
@@ -488,8 +491,14 @@ func (s *server) stopVM() {
 func (s *server) start(c vmm.Config) (*instance, error) { return s.startWith(c) }
 
 func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
-	dir, err := os.MkdirTemp("", "nexus-qemu-")
-	if err != nil {
+	dir := PrivateDir(s.api)
+	// Only the adapter serving this API socket uses the directory, and the
+	// socket is ours: whatever is there was left by one SIGKILLed before
+	// it could clean up.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, failed("private dir: %v", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, failed("private dir: %v", err)
 	}
 	accel := s.accel()
@@ -548,6 +557,14 @@ func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
 		}
 	}
 	return vm, nil
+}
+
+// PrivateDir is where the adapter serving apiSocket keeps QEMU's QMP and
+// agent sockets: under $TMPDIR (short enough for sun_path), named for the
+// API socket so the next adapter on it removes what a killed one left.
+func PrivateDir(apiSocket string) string {
+	sum := sha256.Sum256([]byte(apiSocket))
+	return filepath.Join(os.TempDir(), "nexus-qemu-"+hex.EncodeToString(sum[:8]))
 }
 
 // exitedAlone ends the adapter when QEMU exits without being asked: the

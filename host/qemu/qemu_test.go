@@ -120,7 +120,14 @@ func TestAdapterDrivesQEMU(t *testing.T) {
 		}
 	}
 	must("create", c.Create(ctx, cfg))
+	// What a SIGKILLed adapter on this socket would have left.
+	stale := PrivateDir(api)
+	os.MkdirAll(stale, 0o700)
+	os.WriteFile(filepath.Join(stale, "left-by-a-killed-adapter"), nil, 0o600)
 	must("boot", c.Boot(ctx))
+	if _, err := os.Stat(filepath.Join(stale, "left-by-a-killed-adapter")); !os.IsNotExist(err) {
+		t.Errorf("boot kept a killed adapter's leftovers: %v", err)
+	}
 	state := func() vmm.State {
 		t.Helper()
 		info, err := c.Info(ctx)
@@ -166,6 +173,9 @@ func TestAdapterDrivesQEMU(t *testing.T) {
 	}
 	if left := testutil.ProcessesUnder(dir); len(left) > 0 {
 		t.Fatalf("left running: %+v", left)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("the private directory outlived the VM: %v", err)
 	}
 }
 
