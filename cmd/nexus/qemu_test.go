@@ -189,3 +189,45 @@ func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
 		t.Errorf("rm left processes: %+v", left)
 	}
 }
+
+// TestQEMUGuestThatCannotBootSaysWhy: a guest whose kernel panics (here an
+// rdinit that does not exist, so it falls back to a root it cannot mount)
+// ends its VMM (-no-reboot, panic=-1), the sandbox is seen exited, and its
+// console log, kept and shown by `nexus logs`, says why. rm leaves nothing.
+func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
+	g := testutil.RealGuest(t)
+	root := shortRoot(t)
+	initrd := guestInitramfs(t, root, g)
+	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg",
+		"NEXUS_KERNEL_CMDLINE=console=ttyS0 panic=-1 rdinit=/no-such-init"}
+	qemu := func(args ...string) result {
+		t.Helper()
+		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
+	}
+	id := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
+	testutil.WaitUntil(t, 60*time.Second, "the sandbox seen exited", func() bool {
+		for _, sb := range sandboxes(t, root) {
+			if sb.ID == id {
+				return sb.State == "exited"
+			}
+		}
+		return false
+	})
+	out := mustOK(t, qemu("logs", id, "--log", "console"), "logs").stdout
+	if !strings.Contains(out, "Kernel panic") || !strings.Contains(out, "Unable to mount root fs") {
+		t.Fatalf("the console log does not say why the guest died:\n%s", out)
+	}
+	if vmm := mustOK(t, qemu("logs", id, "--log", "vmm"), "logs").stdout; !strings.Contains(vmm, "on its own") {
+		t.Errorf("the VMM log does not say QEMU ended on its own:\n%s", vmm)
+	}
+	mustOK(t, qemu("rm", "-f", id), "rm")
+	if left := untracked(t, root); len(left) > 0 {
+		t.Errorf("rm left untracked files: %v", left)
+	}
+	if logs, _ := filepath.Glob(filepath.Join(root, "logs", id+"*")); len(logs) > 0 {
+		t.Errorf("rm left logs: %v", logs)
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Errorf("rm left processes: %+v", left)
+	}
+}
