@@ -97,6 +97,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/
 	$(GO) test -run '^$$' -bench 'SweepHappyPath|SweepDead' -benchtime 1x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ConcurrentCreatesAutoVsHand' -benchtime 5x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'QEMUBootVsHand' -benchtime 3x ./cmd/nexus/
 
 clean:
 	rm -rf bin $(STATE_DIR) $(DEMO_IMAGE) $(STATE_DIR).snap

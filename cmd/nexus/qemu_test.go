@@ -19,7 +19,7 @@ import (
 
 // guestInitramfs builds cmd/nexus-init as a user would (static) and an
 // initramfs for the guest kernel with `nexus guest initramfs`.
-func guestInitramfs(t *testing.T, root string, g testutil.Guest) string {
+func guestInitramfs(t testing.TB, root string, g testutil.Guest) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	dir := t.TempDir()
