@@ -40,6 +40,29 @@ func guestInitramfs(t testing.TB, root string, g testutil.Guest) string {
 	return out
 }
 
+// pingVsock speaks CH's hybrid-vsock handshake on the sandbox's vsock
+// socket and pings nexus-init through it.
+func pingVsock(t *testing.T, root, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
+	defer cancel()
+	conn, err := unixsock.Dial(ctx, filepath.Join(root, "run", "sb-"+id+".vsock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(testutil.Scale(30 * time.Second)))
+	br := bufio.NewReader(conn)
+	fmt.Fprintf(conn, "CONNECT 1024\n")
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
+		t.Fatalf("%s: CONNECT 1024: %q %v", id, line, err)
+	}
+	fmt.Fprintf(conn, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "pong\n" {
+		t.Fatalf("%s: ping through the relay: %q %v", id, line, err)
+	}
+}
+
 // TestQEMUBootsARealGuest: a sandbox on the qemu driver boots a real
 // Linux kernel with an initramfs nexus built from the host's modules: the
 // guest finds its disks by serial, mounts the workspace and says so on
@@ -84,23 +107,7 @@ func TestQEMUBootsARealGuest(t *testing.T) {
 		b, _ := os.ReadFile(console)
 		return strings.Contains(string(b), "nexus-init: agent port")
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
-	defer cancel()
-	conn, err := unixsock.Dial(ctx, filepath.Join(root, "run", "sb-"+id+".vsock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.SetDeadline(time.Now().Add(testutil.Scale(30 * time.Second)))
-	br := bufio.NewReader(conn)
-	fmt.Fprintf(conn, "CONNECT 1024\n")
-	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
-		t.Fatalf("CONNECT 1024: %q %v", line, err)
-	}
-	fmt.Fprintf(conn, "ping\n")
-	if line, err := br.ReadString('\n'); err != nil || line != "pong\n" {
-		t.Fatalf("ping through the relay: %q %v", line, err)
-	}
-	conn.Close()
+	pingVsock(t, root, id)
 	vmmLog, _ := os.ReadFile(filepath.Join(root, "logs", id+".vmm.log"))
 	private := regexp.MustCompile(`unix:(\S+)/qmp\.sock`).FindStringSubmatch(string(vmmLog))
 	if private == nil {
@@ -176,6 +183,9 @@ func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
 		t.Fatalf("child counts %v, parent's at the snapshot %v: not a continuation of its memory", got, before)
 	}
 	t.Logf("parent counted to %d by the snapshot; the child went on at %d", before[len(before)-1], got[0])
+	// The restored guest's agent port was open in its memory: the child's
+	// vsock socket relays to it at once.
+	pingVsock(t, root, child)
 	// The parent was paused for the snapshot and runs on after it.
 	testutil.WaitUntil(t, 30*time.Second, "the parent counting after the snapshot", func() bool {
 		c := counts(id)
