@@ -10,7 +10,7 @@ export NEXUS_DRIVER ?= process
 
 all: build
 
-# Host tools the tests drive for real, and the Go modules.
+# Host tools nexus drives for real (e2fsprogs), and the Go modules.
 setup:
 	@missing=""; for t in mkfs.ext4 e2fsck resize2fs debugfs dumpe2fs; do \
 	  command -v $$t >/dev/null 2>&1 || missing="$$missing e2fsprogs"; done; \
@@ -19,9 +19,16 @@ setup:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
 	$(GO) mod download
 
-# What only the tests need: Node.js and the example subscriber's npm
+# What only the tests need: QEMU, a Debian cloud kernel and cpio (real
+# guests boot in the suite), Node.js and the example subscriber's npm
 # packages (a subscriber in another language runs in the suite).
 setup-test: setup
+	@missing=""; command -v cpio >/dev/null 2>&1 || missing="$$missing cpio"; \
+	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
+	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
 	  echo "installing nodejs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; fi
@@ -58,9 +65,11 @@ demo: setup build
 	$(NX) ls
 	@rm -f $(STATE_DIR).snap $(DEMO_IMAGE)
 
+# NEXUS_REQUIRE_QEMU=1: a real-guest test fails, never skips, when QEMU
+# or the kernel is missing.
 test: setup-test
 	$(GO) vet ./...
-	$(GO) test -race -count=1 -timeout 30m ./...
+	NEXUS_REQUIRE_QEMU=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 # The model-based crash harnesses with a long budget (the test suite runs
 # short ones): random lifecycles, SIGKILL at random saga steps, and rounds
@@ -100,6 +109,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/
 	$(GO) test -run '^$$' -bench 'SweepHappyPath|SweepDead' -benchtime 1x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ConcurrentCreatesAutoVsHand' -benchtime 5x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'QEMUBootVsHand' -benchtime 3x ./cmd/nexus/
 
 clean:
 	rm -rf bin $(STATE_DIR) $(DEMO_IMAGE) $(STATE_DIR).snap

@@ -12,6 +12,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/ext4"
@@ -27,15 +28,26 @@ import (
 // same Cloud Hypervisor REST API on the same socket; only the binary and
 // the kernel requirement differ.
 type Driver struct {
-	Name     string // "cloud-hypervisor" or "process"
-	Exe      string // the nexus binary: the process driver's VMM, and every supervisor
-	CHBinary string // cloud-hypervisor, for the cloud-hypervisor driver
-	Kernel   string // NEXUS_KERNEL_PATH, for the cloud-hypervisor driver
+	Name      string // "cloud-hypervisor" or "process"
+	Exe       string // the nexus binary: the process driver's VMM, and every supervisor
+	CHBinary  string // cloud-hypervisor, for the cloud-hypervisor driver
+	Kernel    string // NEXUS_KERNEL_PATH, for the cloud-hypervisor driver
+	Initramfs string // optional; a distro kernel needs one to load its virtio modules
+	Cmdline   string // the guest kernel's command line; DefaultCmdline when empty
+	QEMU      string // qemu-system-x86_64, for the qemu driver
 }
+
+// DefaultCmdline logs to the serial port (kept as logs/<id>.console.log).
+// root= serves a kernel booted without an initramfs; an initramfs's /init
+// ignores it and finds its disks by serial.
+const DefaultCmdline = "console=ttyS0 root=/dev/vda rw"
 
 const (
 	DriverCloudHypervisor = "cloud-hypervisor"
 	DriverProcess         = "process"
+	// DriverQEMU runs nexus's own adapter (`nexus vmm-qemu`), which serves
+	// the same API and runs qemu-system-x86_64 underneath.
+	DriverQEMU = "qemu"
 )
 
 // Preflight refuses a driver that cannot boot anything, before any byte
@@ -45,19 +57,41 @@ func (d Driver) Preflight() error {
 	case DriverProcess:
 		return nil
 	case DriverCloudHypervisor:
-		if d.Kernel == "" {
-			return errors.New("NEXUS_KERNEL_PATH is not set: the cloud-hypervisor driver needs a guest kernel (or use --driver process)")
-		}
-		if err := regularFile(d.Kernel); err != nil {
-			return fmt.Errorf("NEXUS_KERNEL_PATH: %v", err)
+		if err := d.assets(); err != nil {
+			return err
 		}
 		if _, err := exec.LookPath(d.chBinary()); err != nil {
 			return fmt.Errorf("cloud-hypervisor driver: %v", err)
 		}
 		return nil
+	case DriverQEMU:
+		if err := d.assets(); err != nil {
+			return err
+		}
+		if _, err := exec.LookPath(d.qemuBinary()); err != nil {
+			return fmt.Errorf("qemu driver: %v", err)
+		}
+		return nil
 	default:
 		return fmt.Errorf("unknown driver %q", d.Name)
 	}
+}
+
+// assets checks the kernel (required) and the initramfs (if any) of a
+// driver that boots a real guest.
+func (d Driver) assets() error {
+	if d.Kernel == "" {
+		return fmt.Errorf("NEXUS_KERNEL_PATH is not set: the %s driver needs a guest kernel (or use --driver process)", d.Name)
+	}
+	if err := regularFile(d.Kernel); err != nil {
+		return fmt.Errorf("NEXUS_KERNEL_PATH: %v", err)
+	}
+	if d.Initramfs != "" {
+		if err := regularFile(d.Initramfs); err != nil {
+			return fmt.Errorf("initramfs: %v", err)
+		}
+	}
+	return nil
 }
 
 func (d Driver) chBinary() string {
@@ -67,9 +101,19 @@ func (d Driver) chBinary() string {
 	return "cloud-hypervisor"
 }
 
+func (d Driver) qemuBinary() string {
+	if d.QEMU != "" {
+		return d.QEMU
+	}
+	return "qemu-system-x86_64"
+}
+
 func (d Driver) vmmArgv(apiSocket string) []string {
-	if d.Name == DriverCloudHypervisor {
+	switch d.Name {
+	case DriverCloudHypervisor:
 		return []string{d.chBinary(), "--api-socket", apiSocket}
+	case DriverQEMU:
+		return []string{d.Exe, "vmm-qemu", "--api-socket", apiSocket, "--qemu", d.qemuBinary()}
 	}
 	return []string{d.Exe, "vmm-process", "--api-socket", apiSocket}
 }
@@ -84,10 +128,13 @@ func (d Driver) config(disks []vmm.Disk, vsock, serialLog string) vmm.Config {
 		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
 		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: serialLog},
 		// The process driver boots no kernel; it still names one, as the
-		// API requires a payload.
-		Payload: vmm.Payload{Kernel: "process-driver", Cmdline: "console=ttyS0 root=/dev/vda rw"},
+		// API requires a payload, and is handed the rest as a VMM is.
+		Payload: vmm.Payload{Kernel: "process-driver", Initramfs: d.Initramfs, Cmdline: d.Cmdline},
 	}
-	if d.Name == DriverCloudHypervisor {
+	if c.Payload.Cmdline == "" {
+		c.Payload.Cmdline = DefaultCmdline
+	}
+	if d.Name != DriverProcess {
 		c.Payload.Kernel = d.Kernel
 	}
 	return c
@@ -304,13 +351,22 @@ func (m *Manager) logResources(id string) []events.Resource {
 func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
 	var disks []vmm.Disk
 	for _, r := range sb.Resources {
+		var serial string
 		switch r.Kind {
-		case events.KindRawDisk, events.KindWorkspaceDisk, events.KindShadowDisk:
-			disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path), ImageType: vmm.ImageRaw})
+		case events.KindRawDisk:
+			serial = agentproto.SerialOS
+		case events.KindWorkspaceDisk:
+			serial = agentproto.SerialWorkspace
+		case events.KindShadowDisk:
+			serial = agentproto.DiskSerial(agentproto.SerialShadow, shadowName(r.Path))
+		default:
+			continue
 		}
+		disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path), ImageType: vmm.ImageRaw, Serial: serial})
 	}
 	for _, v := range sb.Volumes {
-		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly, ImageType: vmm.ImageRaw})
+		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly, ImageType: vmm.ImageRaw,
+			Serial: agentproto.DiskSerial(agentproto.SerialVolume, v.Name)})
 	}
 	return disks
 }

@@ -18,13 +18,14 @@ import (
 // serde reads it, not through nexus's own types: VmConfig requires
 // payload; CpusConfig boot_vcpus and max_vcpus (minimum 1); MemoryConfig
 // size; VsockConfig cid (minimum 3) and socket; SerialConfig mode from
-// ConsoleMode's enum; DiskConfig's image_type from ImageType's enum. And
+// ConsoleMode's enum; DiskConfig's image_type from ImageType's enum and its
+// serial a string. And
 // nexus's own rules on top: every disk typed Raw (CH v51+ refuses sector-0
 // writes on a probed raw disk), serial to a File under logs/.
 func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 	root := layout.Root("/state")
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
-	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux"}} {
+	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux"}, {Name: DriverQEMU, Kernel: "/boot/vmlinuz"}} {
 		disks := (&Manager{Root: root}).vmDisks(context.Background(), sandboxWithDisksAndVolume())
 		body, err := json.Marshal(d.config(disks, root.VsockSocket(id), root.ConsoleLog(id)))
 		if err != nil {
@@ -77,6 +78,10 @@ func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 			if _, ok := disk["readonly"].(bool); !ok || disk["path"] != disks[i].Path {
 				t.Fatalf("%s: disk %d %v", d.Name, i, disk)
 			}
+			// DiskConfig.serial is a string (the guest's virtio-blk serial).
+			if serial, ok := disk["serial"].(string); !ok || serial == "" || len(serial) > 20 {
+				t.Fatalf("%s: disk %d serial %v, want a string of 1-20 bytes", d.Name, i, disk["serial"])
+			}
 		}
 	}
 }
@@ -95,6 +100,12 @@ func TestVMDisksAreAllTyped(t *testing.T) {
 			t.Fatalf("untyped disk %+v", d)
 		}
 	}
+	// Each carries the serial the guest finds it by (docs/guest-agent.md).
+	for i, want := range []string{"nexus-os", "nexus-workspace", "nexus-vol-data"} {
+		if disks[i].Serial != want {
+			t.Errorf("disk %s: serial %q, want %q", disks[i].Path, disks[i].Serial, want)
+		}
+	}
 }
 
 func sandboxWithDisksAndVolume() projections.Sandbox {
@@ -106,5 +117,27 @@ func sandboxWithDisksAndVolume() projections.Sandbox {
 			{Kind: events.KindAPISocket, Path: "run/sb-" + id + ".sock"},
 		},
 		Volumes: []projections.Attachment{{Name: "data", GuestPath: "/data"}},
+	}
+}
+
+// TestBootAssetsReachThePayload: the initramfs and command line reach
+// vm.create's payload for every driver, the kernel for every driver that
+// boots one, and an unset command line is the default.
+func TestBootAssetsReachThePayload(t *testing.T) {
+	for _, d := range []Driver{
+		{Name: DriverProcess, Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
+		{Name: DriverCloudHypervisor, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
+	} {
+		p := d.config(nil, "/v", "/c").Payload
+		if p.Initramfs != d.Initramfs || p.Cmdline != d.Cmdline {
+			t.Errorf("%s: payload %+v, want initramfs %s cmdline %q", d.Name, p, d.Initramfs, d.Cmdline)
+		}
+		if d.Kernel != "" && p.Kernel != d.Kernel {
+			t.Errorf("%s: kernel %q, want %q", d.Name, p.Kernel, d.Kernel)
+		}
+		d.Cmdline, d.Initramfs = "", ""
+		if p := d.config(nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
+			t.Errorf("%s: payload without assets %+v, want cmdline %q and no initramfs", d.Name, p, DefaultCmdline)
+		}
 	}
 }

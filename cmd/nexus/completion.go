@@ -38,7 +38,7 @@ var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
 
 // flagCompleters complete flag values wherever a command has the flag.
 var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
-	"driver":  fixedValues(lifecycle.DriverCloudHypervisor, lifecycle.DriverProcess),
+	"driver":  fixedValues(lifecycle.DriverCloudHypervisor, lifecycle.DriverProcess, lifecycle.DriverQEMU),
 	"type":    eventTypes,
 	"kind":    reapKindValues,
 	"sandbox": sandboxRefs,

@@ -21,18 +21,37 @@ import (
 //	[vm]
 //	overlay_disk_mib = 256          # size of a NEW sandbox's overlay; existing ones keep theirs
 //	overlay_warn_fill_ratio = 0.9   # start warns (OverlayNearlyFull) at this fill ratio
+//	initramfs = "/path/initrd"      # guest initramfs (env NEXUS_INITRAMFS_PATH wins)
+//	cmdline = "console=ttyS0 ..."   # guest kernel command line (env NEXUS_KERNEL_CMDLINE wins)
 type Config struct {
 	VM struct {
 		OverlayDiskMiB       int64   `toml:"overlay_disk_mib"`
 		OverlayWarnFillRatio float64 `toml:"overlay_warn_fill_ratio"`
+		Initramfs            string  `toml:"initramfs"`
+		Cmdline              string  `toml:"cmdline"`
 	} `toml:"vm"`
 }
 
+// bootAssets is the initramfs and command line a cold boot hands the VMM:
+// the environment overrides the file, as NEXUS_KERNEL_PATH is the
+// kernel's only source.
+func bootAssets(cfg Config) (initramfs, cmdline string) {
+	initramfs, cmdline = cfg.VM.Initramfs, cfg.VM.Cmdline
+	if v := os.Getenv("NEXUS_INITRAMFS_PATH"); v != "" {
+		initramfs = v
+	}
+	if v := os.Getenv("NEXUS_KERNEL_CMDLINE"); v != "" {
+		cmdline = v
+	}
+	return initramfs, cmdline
+}
+
 // configReaders are the commands that read a config setting (both size
-// and warn ratio apply to new overlays and to start's overlay check). Only
+// and warn ratio apply to new overlays and to start's overlay check; the
+// boot assets to every cold boot, a fork of a stopped parent's too). Only
 // they are refused by a broken config file: a typo in a setting for new
 // sandboxes must not stop stop, rm, recover or ls.
-var configReaders = map[string]bool{"create": true, "start": true}
+var configReaders = map[string]bool{"create": true, "start": true, "fork": true}
 
 // configFile is where the config came from: the file and which of its
 // keys it set (the rest are defaults).
@@ -90,6 +109,9 @@ func loadConfigFile(root string) (Config, configFile, error) {
 	}
 	if v := c.VM.OverlayWarnFillRatio; md.IsDefined("vm", "overlay_warn_fill_ratio") && (v <= 0 || v > 1) {
 		return c, src, fmt.Errorf("config %s: [vm] overlay_warn_fill_ratio = %g: want a ratio in (0, 1]", path, v)
+	}
+	if v := c.VM.Initramfs; md.IsDefined("vm", "initramfs") && !filepath.IsAbs(v) {
+		return c, src, fmt.Errorf("config %s: [vm] initramfs = %q: want an absolute path", path, v)
 	}
 	return c, src, nil
 }
@@ -172,14 +194,24 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 	case file.Exists:
 		configPath.Source = "default"
 	}
+	fileOrEnv := func(key, env, v, def string) setting {
+		if e := os.Getenv(env); e != "" {
+			return setting{key, e, "env " + env}
+		}
+		return fromFile(key, v, def)
+	}
 	return []setting{
 		stateDir,
 		driver,
 		configPath,
 		fromFile("vm.overlay_disk_mib", cfg.VM.OverlayDiskMiB, lifecycle.DefaultOverlayMiB),
 		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, lifecycle.DefaultWarnFillRatio),
-		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor driver needs it)"),
+		fileOrEnv("vm.initramfs", "NEXUS_INITRAMFS_PATH", cfg.VM.Initramfs, ""),
+		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
+		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor and qemu drivers need it)"),
 		fromEnv("ch_binary", "NEXUS_CH_BINARY", "cloud-hypervisor", "default (looked up in PATH)"),
+		fromEnv("qemu_binary", "NEXUS_QEMU_BINARY", "qemu-system-x86_64", "default (looked up in PATH)"),
+		fromEnv("qemu_accel", "NEXUS_QEMU_ACCEL", "", "unset (kvm when /dev/kvm answers, else tcg)"),
 		fromEnv("daemon_idle", "NEXUS_DAEMON_IDLE", defaultIdle.String(), "default"),
 		fromEnv("no_auto_daemon", "NEXUS_NO_AUTO_DAEMON", "", "unset (a daemon is started on demand)"),
 		fromEnv("log_level", "NEXUS_LOG_LEVEL", "info", "default"),

@@ -62,13 +62,18 @@ var examples = map[string][]string{
 	"ledger ls":         {"nexus ledger ls", "nexus ledger ls --json"},
 	"ledger sweep":      {"nexus ledger sweep", "nexus ledger sweep --json"},
 	"config":            {"nexus config show"},
-	"config show":       {"nexus config show", "NEXUS_CONFIG=/etc/nexus.toml nexus config show --json"},
-	"version":           {"nexus version", "nexus version --json", "nexus --version"},
-	"docs":              {"nexus docs man ./man"},
-	"fleet":             {"nexus fleet status", "nexus fleet template --host rack1-07 --host rack1-08"},
-	"fleet status":      {"nexus fleet status", "nexus fleet status --json"},
-	"fleet template":    {"nexus fleet template --host rack1-07,rack1-08 > fleet-accounts.conf", "nexus fleet template --host rack1-07 --max-bytes 20G --auditor audit"},
-	"docs man":          {"nexus docs man /usr/local/share/man/man1"},
+	"guest":             {"nexus guest initramfs --kernel-release $(uname -r) -o initrd.gz"},
+	"guest initramfs": {
+		"nexus guest initramfs --kernel-release 6.1.0-27-cloud-amd64 -o /var/lib/nexus/initrd.gz",
+		"CGO_ENABLED=0 go build -o nexus-init ./cmd/nexus-init && nexus guest initramfs --kernel-release 6.1.0-27-cloud-amd64 -o initrd.gz --agent ./nexus-init",
+	},
+	"config show":    {"nexus config show", "NEXUS_CONFIG=/etc/nexus.toml nexus config show --json"},
+	"version":        {"nexus version", "nexus version --json", "nexus --version"},
+	"docs":           {"nexus docs man ./man"},
+	"fleet":          {"nexus fleet status", "nexus fleet template --host rack1-07 --host rack1-08"},
+	"fleet status":   {"nexus fleet status", "nexus fleet status --json"},
+	"fleet template": {"nexus fleet template --host rack1-07,rack1-08 > fleet-accounts.conf", "nexus fleet template --host rack1-07 --max-bytes 20G --auditor audit"},
+	"docs man":       {"nexus docs man /usr/local/share/man/man1"},
 }
 
 // addExamples sets each command's Example from the table, indented the way

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/host/qemu"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 )
@@ -23,6 +25,28 @@ func vmmProcessCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&api, "api-socket", "", "API socket path (required)")
+	requireFlags(c, "api-socket")
+	return c
+}
+
+// vmmQEMUCmd is the qemu driver's VMM: nexus's adapter serving the Cloud
+// Hypervisor API subset and running QEMU underneath (host/qemu).
+func vmmQEMUCmd() *cobra.Command {
+	var api string
+	o := qemu.Options{Log: os.Stderr}
+	c := &cobra.Command{
+		Use: "vmm-qemu --api-socket PATH", Hidden: true, Args: noArgs,
+		Short: "Serve the Cloud Hypervisor API subset over QEMU (qemu driver)",
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Accel != "" && o.Accel != "kvm" && o.Accel != "tcg" {
+				return usageError{fmt.Errorf("--accel %q: want kvm or tcg", o.Accel)}
+			}
+			return qemu.Serve(cmd.Context(), api, o)
+		},
+	}
+	c.Flags().StringVar(&api, "api-socket", "", "API socket path (required)")
+	c.Flags().StringVar(&o.Binary, "qemu", "qemu-system-x86_64", "QEMU binary")
+	c.Flags().StringVar(&o.Accel, "accel", os.Getenv("NEXUS_QEMU_ACCEL"), "kvm or tcg (env NEXUS_QEMU_ACCEL; default kvm when /dev/kvm answers)")
 	requireFlags(c, "api-socket")
 	return c
 }

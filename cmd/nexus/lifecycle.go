@@ -63,10 +63,12 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 	if driver == "" {
 		driver = lifecycle.DriverCloudHypervisor
 	}
+	initramfs, cmdline := bootAssets(cfg)
 	return func(b control.Backend) *lifecycle.Manager {
 		return &lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b),
-			Driver:     lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH")},
+			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH"),
+				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),

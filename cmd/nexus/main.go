@@ -90,8 +90,8 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		Version:       readVersion().String(),
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if g.driver != "" && g.driver != "cloud-hypervisor" && g.driver != "process" {
-				return usageError{fmt.Errorf("--driver %q: want cloud-hypervisor or process", g.driver)}
+			if g.driver != "" && g.driver != "cloud-hypervisor" && g.driver != "process" && g.driver != "qemu" {
+				return usageError{fmt.Errorf("--driver %q: want cloud-hypervisor, process or qemu", g.driver)}
 			}
 			g.readsConfig = configReaders[strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")]
 			return nil
@@ -101,7 +101,7 @@ func newRoot() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
 	root.PersistentFlags().BoolVar(&g.wait, "wait", false, "wait for another command's saga on the same sandbox or volume to end instead of refusing")
-	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: cloud-hypervisor or process (env NEXUS_DRIVER)")
+	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: cloud-hypervisor, process or qemu (env NEXUS_DRIVER)")
 	root.AddCommand(
 		versionCmd(),
 		daemonCmd(g),
@@ -109,8 +109,8 @@ func newRoot() *cobra.Command {
 		lsCmd(g),
 		inspectCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
-		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g),
+		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), vmmQEMUCmd(), supervisorCmd(),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(),
 	)
 	root.AddCommand(testCommands(g)...)
 	root.AddCommand(docsCmd())

@@ -420,8 +420,8 @@ func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
 // sets, the environment, the flag, and defaults for the rest.
 func TestConfigShowNamesSources(t *testing.T) {
 	root := shortRoot(t)
-	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mib = 64\n"), 0o600)
-	r := mustOK(t, nexusEnv(t, root, []string{"NEXUS_LOG_LEVEL=debug"}, "--driver", "process", "config", "show", "--json"), "config show")
+	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mib = 64\ninitramfs = \"/x.cpio\"\ncmdline = \"console=ttyS0 quiet\"\n"), 0o600)
+	r := mustOK(t, nexusEnv(t, root, []string{"NEXUS_LOG_LEVEL=debug", "NEXUS_INITRAMFS_PATH=/boot/initrd.nexus"}, "--driver", "process", "config", "show", "--json"), "config show")
 	var list []setting
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
 		t.Fatalf("config show --json: %v\n%s", err, r.stdout)
@@ -433,6 +433,8 @@ func TestConfigShowNamesSources(t *testing.T) {
 	want := map[string]setting{
 		"vm.overlay_disk_mib":        {"vm.overlay_disk_mib", "64", "file " + filepath.Join(root, "config.toml")},
 		"vm.overlay_warn_fill_ratio": {"vm.overlay_warn_fill_ratio", "0.9", "default"},
+		"vm.initramfs":               {"vm.initramfs", "/boot/initrd.nexus", "env NEXUS_INITRAMFS_PATH"},
+		"vm.cmdline":                 {"vm.cmdline", "console=ttyS0 quiet", "file " + filepath.Join(root, "config.toml")},
 		"driver":                     {"driver", "process", "flag --driver"},
 		"log_level":                  {"log_level", "debug", "env NEXUS_LOG_LEVEL"},
 	}

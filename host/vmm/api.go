@@ -56,6 +56,9 @@ type Disk struct {
 	Readonly  bool      `json:"readonly"`
 	ImageType ImageType `json:"image_type,omitempty"`
 	ID        string    `json:"id,omitempty"`
+	// Serial is the virtio-blk serial the guest reads from
+	// /sys/block/<dev>/serial (agentproto.DiskSerial).
+	Serial string `json:"serial,omitempty"`
 }
 
 // ImageType is CH's ImageType (OpenAPI enum FixedVhd, Qcow2, Raw, Vhdx,

@@ -1,0 +1,206 @@
+//go:build linux
+
+// Command nexus-init is a minimal /init for a nexus initramfs, until the
+// guest agent serves as PID 1: it loads the modules listed in
+// /etc/nexus/modules (in order, with finit_module), mounts /dev, /proc and
+// /sys, finds the nexus disks by their virtio serial, mounts the workspace
+// at /workspace, says "nexus-init: ready" on the console, and stays PID 1,
+// counting seconds on the console ("nexus-init: alive N").
+// Build it static: CGO_ENABLED=0.
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+const (
+	moduleList      = "/etc/nexus/modules"
+	serialWorkspace = "nexus-workspace"
+	agentPort       = "nexus.agent"
+	// diskWait bounds the wait for virtio-blk to probe the disks after
+	// its module loaded; software emulation is slow.
+	diskWait = 60 * time.Second
+)
+
+func main() {
+	if err := setup(); err != nil {
+		say("failed: %v", err)
+	} else {
+		go heartbeat()
+		go answerPings()
+	}
+	// PID 1 never exits (the kernel would panic); it reaps orphans.
+	for {
+		var ws unix.WaitStatus
+		if _, err := unix.Wait4(-1, &ws, 0, nil); err != nil {
+			time.Sleep(time.Hour)
+		}
+	}
+}
+
+// heartbeat counts in memory and says so on the console: a guest restored
+// from a snapshot goes on counting where its memory left off, where a
+// cold boot would start again at 1.
+func heartbeat() {
+	for n := 1; ; n++ {
+		say("alive %d", n)
+		time.Sleep(time.Second)
+	}
+}
+
+// answerPings opens the agent's virtio-serial port (so the host's vsock
+// relay sees a listener) and answers "ping" with "pong", anything else
+// with "unsupported": this init is no agent, and never claims a flush.
+// Without udev there is no /dev/virtio-ports/ link: the port is found by
+// its name in sysfs, and the link the agent's docs name is made.
+func answerPings() {
+	var dev string
+	for dev == "" {
+		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
+		for _, n := range names {
+			if b, err := os.ReadFile(n); err == nil && strings.TrimSpace(string(b)) == agentPort {
+				dev = "/dev/" + filepath.Base(filepath.Dir(n))
+			}
+		}
+		if dev == "" {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	os.MkdirAll("/dev/virtio-ports", 0o755)
+	os.Symlink("../"+filepath.Base(dev), "/dev/virtio-ports/"+agentPort)
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		say("agent port %s: %v", dev, err)
+		return
+	}
+	say("agent port %s open", dev)
+	r := bufio.NewReader(f)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			// No host connected: the port reads end-of-file until one is.
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		switch strings.TrimSpace(line) {
+		case "ping":
+			f.WriteString("pong\n")
+		case "":
+		default:
+			f.WriteString("unsupported\n")
+		}
+	}
+}
+
+func say(format string, args ...any) {
+	fmt.Fprintf(os.Stdout, "nexus-init: "+format+"\n", args...)
+}
+
+func setup() error {
+	// The archive carries no /dev/console node: devtmpfs brings one, and
+	// until it is mounted /init has nowhere to write.
+	mountErr := unix.Mount("devtmpfs", "/dev", "devtmpfs", 0, "")
+	if c, err := unix.Open("/dev/console", unix.O_RDWR|unix.O_NOCTTY, 0); err == nil {
+		for fd := 0; fd <= 2; fd++ {
+			unix.Dup3(c, fd, 0)
+		}
+		if c > 2 {
+			unix.Close(c)
+		}
+	}
+	if mountErr != nil && !errors.Is(mountErr, unix.EBUSY) {
+		return fmt.Errorf("mount /dev: %w", mountErr)
+	}
+	for _, m := range []struct{ src, dir, fs string }{{"proc", "/proc", "proc"}, {"sysfs", "/sys", "sysfs"}, {"tmpfs", "/tmp", "tmpfs"}} {
+		os.MkdirAll(m.dir, 0o755)
+		if err := unix.Mount(m.src, m.dir, m.fs, 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount %s: %w", m.dir, err)
+		}
+	}
+	n, err := loadModules(moduleList)
+	if err != nil {
+		return err
+	}
+	say("loaded %d modules", n)
+	disks, err := waitDisk(serialWorkspace, diskWait)
+	if err != nil {
+		return err
+	}
+	dev := "/dev/" + disks[serialWorkspace]
+	os.MkdirAll("/workspace", 0o755)
+	if err := unix.Mount(dev, "/workspace", "ext4", 0, ""); err != nil {
+		return fmt.Errorf("mount %s (%s) at /workspace: %w", dev, serialWorkspace, err)
+	}
+	var names []string
+	for s, d := range disks {
+		names = append(names, s+"="+d)
+	}
+	say("disks %s", strings.Join(names, " "))
+	say("ready")
+	return nil
+}
+
+// loadModules loads each listed module; one the kernel already has is fine.
+func loadModules(list string) (int, error) {
+	f, err := os.Open(list)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		p := strings.TrimSpace(sc.Text())
+		if p == "" {
+			continue
+		}
+		m, err := os.Open(p)
+		if err != nil {
+			return n, err
+		}
+		err = unix.FinitModule(int(m.Fd()), "", 0)
+		m.Close()
+		if err != nil && !errors.Is(err, unix.EEXIST) {
+			return n, fmt.Errorf("load %s: %w", p, err)
+		}
+		n++
+	}
+	return n, sc.Err()
+}
+
+// waitDisk maps every disk's serial to its device name once the one
+// wanted has appeared: nexus names disks by serial, never by order.
+func waitDisk(want string, limit time.Duration) (map[string]string, error) {
+	deadline := time.Now().Add(limit)
+	for {
+		disks := map[string]string{}
+		paths, _ := filepath.Glob("/sys/block/*/serial")
+		for _, p := range paths {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				continue
+			}
+			if s := strings.TrimSpace(string(b)); s != "" {
+				disks[s] = filepath.Base(filepath.Dir(p))
+			}
+		}
+		if _, ok := disks[want]; ok {
+			return disks, nil
+		}
+		if time.Now().After(deadline) {
+			return disks, fmt.Errorf("no disk with serial %s after %s (found %v)", want, limit, disks)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/host/unixsock"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
+)
+
+// guestInitramfs builds cmd/nexus-init as a user would (static) and an
+// initramfs for the guest kernel with `nexus guest initramfs`.
+func guestInitramfs(t testing.TB, root string, g testutil.Guest) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	dir := t.TempDir()
+	init := filepath.Join(dir, "nexus-init")
+	build := exec.Command("go", "build", "-o", init, "./cmd/nexus-init")
+	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build nexus-init: %v\n%s", err, b)
+	}
+	out := filepath.Join(dir, "initrd.gz")
+	r := mustOK(t, nexus(t, root, "guest", "initramfs", "--kernel-release", g.Release, "-o", out, "--agent", init), "guest initramfs")
+	for _, m := range []string{"virtio_pci.ko", "virtio_blk.ko", "virtio_console.ko"} {
+		if !strings.Contains(r.stdout, m) {
+			t.Fatalf("initramfs lacks %s:\n%s", m, r.stdout)
+		}
+	}
+	return out
+}
+
+// pingVsock speaks CH's hybrid-vsock handshake on the sandbox's vsock
+// socket and pings nexus-init through it.
+func pingVsock(t *testing.T, root, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
+	defer cancel()
+	conn, err := unixsock.Dial(ctx, filepath.Join(root, "run", "sb-"+id+".vsock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(testutil.Scale(30 * time.Second)))
+	br := bufio.NewReader(conn)
+	fmt.Fprintf(conn, "CONNECT 1024\n")
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
+		t.Fatalf("%s: CONNECT 1024: %q %v", id, line, err)
+	}
+	fmt.Fprintf(conn, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "pong\n" {
+		t.Fatalf("%s: ping through the relay: %q %v", id, line, err)
+	}
+}
+
+// TestQEMUBootsARealGuest: a sandbox on the qemu driver boots a real
+// Linux kernel with an initramfs nexus built from the host's modules: the
+// guest finds its disks by serial, mounts the workspace and says so on
+// the console, which is kept in logs/<id>.console.log with the command
+// line the config file gave; stop leaves no process; rm leaves nothing.
+func TestQEMUBootsARealGuest(t *testing.T) {
+	g := testutil.RealGuest(t)
+	start := time.Now()
+	root := shortRoot(t)
+	initrd := guestInitramfs(t, root, g)
+	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\ncmdline = \"console=ttyS0 panic=-1 nexus.test=1\"\n"), 0o600)
+	// Software emulation: a nested /dev/kvm (as on the CI microVM) can
+	// open and still fail to run a guest.
+	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg"}
+	qemu := func(args ...string) result {
+		t.Helper()
+		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
+	}
+	r := mustOK(t, qemu("create", "--image", makeImage(t), "--handle", "real/one"), "create")
+	id := strings.Fields(r.stdout)[0]
+	console := filepath.Join(root, "logs", id+".console.log")
+	ready := time.Now()
+	testutil.WaitUntil(t, 60*time.Second, "the guest ready on its console", func() bool {
+		b, _ := os.ReadFile(console)
+		return strings.Contains(string(b), "nexus-init: ready") || strings.Contains(string(b), "nexus-init: failed") || strings.Contains(string(b), "Kernel panic")
+	})
+	b, _ := os.ReadFile(console)
+	log := string(b)
+	if !strings.Contains(log, "nexus-init: ready") {
+		t.Fatalf("guest did not come up:\n%s", log)
+	}
+	t.Logf("guest ready %.1fs after create (test %.1fs in)", time.Since(ready).Seconds(), time.Since(start).Seconds())
+	if !strings.Contains(log, "nexus.test=1") {
+		t.Error("the console does not show the command line from [vm] cmdline")
+	}
+	if !regexp.MustCompile(`nexus-init: disks .*nexus-os=vd[a-z]`).MatchString(log) || !strings.Contains(log, "nexus-workspace=vd") {
+		t.Errorf("the guest did not find both disks by serial:\n%s", log)
+	}
+	// The vsock socket relays to the guest's virtio-serial port once the
+	// guest opened it, after CH's CONNECT handshake.
+	testutil.WaitUntil(t, 30*time.Second, "the guest's agent port open", func() bool {
+		b, _ := os.ReadFile(console)
+		return strings.Contains(string(b), "nexus-init: agent port")
+	})
+	pingVsock(t, root, id)
+	vmmLog, _ := os.ReadFile(filepath.Join(root, "logs", id+".vmm.log"))
+	private := regexp.MustCompile(`unix:(\S+)/qmp\.sock`).FindStringSubmatch(string(vmmLog))
+	if private == nil {
+		t.Fatalf("vmm log names no QMP socket:\n%s", vmmLog)
+	}
+
+	// nexus-init is no agent: it answers flush "unsupported", so stop
+	// journals no flush acknowledgement.
+	mustOK(t, qemu("stop", id), "stop")
+	if ev := mustOK(t, nexus(t, root, "events", "--sandbox", id, "--json"), "events").stdout; strings.Contains(ev, "flush.acknowledged") {
+		t.Error("a flush was acknowledged by a guest without an agent")
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Fatalf("stop left processes: %+v", left)
+	}
+	if _, err := os.Stat(private[1]); !os.IsNotExist(err) {
+		t.Errorf("the adapter's private directory %s is still there: %v", private[1], err)
+	}
+	mustOK(t, qemu("rm", id), "rm")
+	if left := untracked(t, root); len(left) > 0 {
+		t.Errorf("rm left untracked files: %v", left)
+	}
+	if logs, _ := filepath.Glob(filepath.Join(root, "logs", id+"*")); len(logs) > 0 {
+		t.Errorf("rm left logs: %v", logs)
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Errorf("rm left processes: %+v", left)
+	}
+	t.Logf("whole test %.1fs", time.Since(start).Seconds())
+}
+
+// TestQEMUSnapshotRestoreContinuesTheGuest: a snapshot of a running qemu
+// sandbox holds the guest's memory, and its restore continues it: the
+// child's console goes on with nexus-init's in-memory count past where the
+// parent was at the snapshot, and shows no boot (no kernel banner, no
+// "ready"), where a cold boot would start again at 1.
+func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
+	g := testutil.RealGuest(t)
+	root := shortRoot(t)
+	initrd := guestInitramfs(t, root, g)
+	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg"}
+	qemu := func(args ...string) result {
+		t.Helper()
+		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
+	}
+	id := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
+	alive := regexp.MustCompile(`nexus-init: alive (\d+)`)
+	counts := func(sandbox string) []int {
+		b, _ := os.ReadFile(filepath.Join(root, "logs", sandbox+".console.log"))
+		var out []int
+		for _, m := range alive.FindAllStringSubmatch(string(b), -1) {
+			n := 0
+			for _, c := range m[1] {
+				n = n*10 + int(c-'0')
+			}
+			out = append(out, n)
+		}
+		return out
+	}
+	testutil.WaitUntil(t, 60*time.Second, "the guest counting on its console", func() bool { return len(counts(id)) >= 3 })
+	snap := strings.TrimSpace(mustOK(t, qemu("snapshot", id), "snapshot").stdout)
+	before := counts(id)
+	child := strings.Fields(mustOK(t, qemu("restore", snap), "restore").stdout)[0]
+	testutil.WaitUntil(t, 60*time.Second, "the restored guest counting", func() bool { return len(counts(child)) >= 2 })
+	got := counts(child)
+	b, _ := os.ReadFile(filepath.Join(root, "logs", child+".console.log"))
+	if strings.Contains(string(b), "Linux version") || strings.Contains(string(b), "nexus-init: ready") {
+		t.Fatalf("the restored guest booted instead of continuing:\n%s", b)
+	}
+	// The snapshot was taken after the parent's first three counts, so
+	// the child's first count continues from at least there.
+	if got[0] < 3 || got[1] != got[0]+1 {
+		t.Fatalf("child counts %v, parent's at the snapshot %v: not a continuation of its memory", got, before)
+	}
+	t.Logf("parent counted to %d by the snapshot; the child went on at %d", before[len(before)-1], got[0])
+	// The restored guest's agent port was open in its memory: the child's
+	// vsock socket relays to it at once.
+	pingVsock(t, root, child)
+	// The parent was paused for the snapshot and runs on after it.
+	testutil.WaitUntil(t, 30*time.Second, "the parent counting after the snapshot", func() bool {
+		c := counts(id)
+		return len(c) > 0 && c[len(c)-1] > before[len(before)-1]
+	})
+	mustOK(t, qemu("rm", "-f", "--with-snapshots", id, child), "rm")
+	if left := untracked(t, root); len(left) > 0 {
+		t.Errorf("rm left untracked files: %v", left)
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Errorf("rm left processes: %+v", left)
+	}
+}
+
+// TestQEMUGuestThatCannotBootSaysWhy: a guest whose kernel panics (here an
+// rdinit that does not exist, so it falls back to a root it cannot mount)
+// ends its VMM (-no-reboot, panic=-1), the sandbox is seen exited, and its
+// console log, kept and shown by `nexus logs`, says why. rm leaves nothing.
+func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
+	g := testutil.RealGuest(t)
+	root := shortRoot(t)
+	initrd := guestInitramfs(t, root, g)
+	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg",
+		"NEXUS_KERNEL_CMDLINE=console=ttyS0 panic=-1 rdinit=/no-such-init"}
+	qemu := func(args ...string) result {
+		t.Helper()
+		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
+	}
+	id := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
+	testutil.WaitUntil(t, 60*time.Second, "the sandbox seen exited", func() bool {
+		for _, sb := range sandboxes(t, root) {
+			if sb.ID == id {
+				return sb.State == "exited"
+			}
+		}
+		return false
+	})
+	out := mustOK(t, qemu("logs", id, "--log", "console"), "logs").stdout
+	if !strings.Contains(out, "Kernel panic") || !strings.Contains(out, "Unable to mount root fs") {
+		t.Fatalf("the console log does not say why the guest died:\n%s", out)
+	}
+	if vmm := mustOK(t, qemu("logs", id, "--log", "vmm"), "logs").stdout; !strings.Contains(vmm, "on its own") {
+		t.Errorf("the VMM log does not say QEMU ended on its own:\n%s", vmm)
+	}
+	mustOK(t, qemu("rm", "-f", id), "rm")
+	if left := untracked(t, root); len(left) > 0 {
+		t.Errorf("rm left untracked files: %v", left)
+	}
+	if logs, _ := filepath.Glob(filepath.Join(root, "logs", id+"*")); len(logs) > 0 {
+		t.Errorf("rm left logs: %v", logs)
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Errorf("rm left processes: %+v", left)
+	}
+}

@@ -1,0 +1,814 @@
+// Package qemu is the qemu driver's VMM: an adapter that serves the Cloud
+// Hypervisor REST subset host/vmm's client speaks on the API socket and
+// runs qemu-system-x86_64 underneath, controlled over QMP, so the client
+// code that drives Cloud Hypervisor drives real guests on any Linux host
+// with QEMU (KVM when it answers, software emulation otherwise).
+package qemu
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	stdlog "log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/unixsock"
+	"github.com/nexus-sandbox/nexus/host/vmm"
+)
+
+// Version is what the adapter answers to vmm.ping.
+const Version = "nexus-qemu-vmm"
+
+// AgentPort is the virtio-serial port the guest agent opens
+// (/dev/virtio-ports/nexus.agent; docs/guest-agent.md).
+const AgentPort = "nexus.agent"
+
+// Options say which QEMU to run and how.
+type Options struct {
+	Binary string // default qemu-system-x86_64
+	// Accel is "kvm", "tcg" or "" (kvm when /dev/kvm answers, else tcg).
+	Accel string
+	Log   io.Writer
+}
+
+// Serve answers the API on apiSocket until vmm.shutdown, ctx's end, or the
+// QEMU it booted exiting on its own (a guest that powered off, rebooted
+// or panicked: -no-reboot), and returns only once QEMU is gone.
+func Serve(ctx context.Context, apiSocket string, o Options) error {
+	if o.Binary == "" {
+		o.Binary = "qemu-system-x86_64"
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	s := &server{o: o, api: apiSocket, log: stdlog.New(o.Log, "", stdlog.LstdFlags|stdlog.Lmicroseconds), stop: make(chan struct{})}
+	l, err := unixsock.Listen(apiSocket)
+	if err != nil {
+		return fmt.Errorf("qemu adapter: API socket: %w", err)
+	}
+	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: stdlog.New(o.Log, "http: ", 0)}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(l) }()
+	s.log.Printf("serving %s on %s (pid %d)", Version, apiSocket, os.Getpid())
+	var serveErr error
+	served := false
+	select {
+	case <-ctx.Done():
+		s.log.Printf("context done: %v", context.Cause(ctx))
+	case <-s.stop:
+	case serveErr = <-errc:
+		served = true
+	}
+	s.mu.Lock()
+	s.stopping = true
+	s.teardown()
+	exited := s.exitedOnItsOwn
+	s.mu.Unlock()
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	if !served {
+		serveErr = <-errc
+	}
+	s.log.Printf("stopped")
+	if exited != "" {
+		return fmt.Errorf("qemu adapter: %s", exited)
+	}
+	if errors.Is(serveErr, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("qemu adapter: serving API: %w", serveErr)
+}
+
+type server struct {
+	o   Options
+	api string
+	log *stdlog.Logger
+
+	// mu serialises API calls and teardown: every call sees the previous
+	// one's QEMU, sockets and state complete.
+	mu       sync.Mutex
+	cfg      *vmm.Config
+	state    vmm.State
+	vm       *instance
+	stopping bool
+	// exitedOnItsOwn is why QEMU ended without being asked, if it did.
+	exitedOnItsOwn string
+
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+// instance is one running QEMU and what the adapter serves for it.
+type instance struct {
+	cmd    *exec.Cmd
+	dir    string // private: QMP and agent sockets
+	mon    *monitor
+	exited chan struct{}
+	status string // QEMU's exit, once exited is closed
+	stderr *tail
+	relay  *relay
+}
+
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func failed(format string, args ...any) error {
+	return &apiError{http.StatusInternalServerError, fmt.Sprintf(format, args...)}
+}
+
+const api = "/api/v1/"
+
+var routes = map[string]struct {
+	method string
+	fn     func(*server, *http.Request) (any, error)
+}{
+	"vmm.ping":     {http.MethodGet, (*server).ping},
+	"vmm.shutdown": {http.MethodPut, (*server).shutdownVMM},
+	"vm.create":    {http.MethodPut, (*server).create},
+	"vm.boot":      {http.MethodPut, (*server).boot},
+	"vm.shutdown":  {http.MethodPut, (*server).shutdown},
+	"vm.delete":    {http.MethodPut, (*server).delete},
+	"vm.info":      {http.MethodGet, (*server).info},
+	"vm.pause":     {http.MethodPut, (*server).pause},
+	"vm.resume":    {http.MethodPut, (*server).resume},
+	"vm.snapshot":  {http.MethodPut, (*server).snapshot},
+	"vm.restore":   {http.MethodPut, (*server).restore},
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	op := strings.TrimPrefix(r.URL.Path, api)
+	rt, ok := routes[op]
+	if !ok || !strings.HasPrefix(r.URL.Path, api) {
+		http.Error(w, "not found", http.StatusNotFound)
+		return
+	}
+	// CH's router answers a known path with the wrong method 400.
+	if r.Method != rt.method {
+		http.Error(w, fmt.Sprintf("%s wants %s", r.URL.Path, rt.method), http.StatusBadRequest)
+		return
+	}
+	s.mu.Lock()
+	var out any
+	var err error
+	if s.stopping {
+		err = &apiError{http.StatusServiceUnavailable, "VMM is shutting down"}
+	} else {
+		out, err = rt.fn(s, r)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		status := http.StatusInternalServerError
+		var ae *apiError
+		if errors.As(err, &ae) {
+			status = ae.status
+		}
+		s.log.Printf("%s: %d: %v", op, status, err)
+		http.Error(w, err.Error(), status)
+		return
+	}
+	if r.Method != http.MethodGet {
+		s.log.Printf("%s: ok", op)
+	}
+	if out == nil {
+		w.WriteHeader(http.StatusNoContent)
+	} else {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(out)
+	}
+	if op == "vmm.shutdown" {
+		s.stopOnce.Do(func() { close(s.stop) })
+	}
+}
+
+func (s *server) ping(*http.Request) (any, error) {
+	return map[string]any{"version": Version, "pid": os.Getpid()}, nil
+}
+
+func (s *server) shutdownVMM(*http.Request) (any, error) {
+	s.stopping = true
+	s.teardown()
+	return nil, nil
+}
+
+func (s *server) create(r *http.Request) (any, error) {
+	if s.cfg != nil {
+		return nil, failed("VM is already created")
+	}
+	var c vmm.Config
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&c); err != nil {
+		return nil, &apiError{http.StatusBadRequest, fmt.Sprintf("vm.create: %v", err)}
+	}
+	if c.Payload.Kernel == "" {
+		return nil, &apiError{http.StatusBadRequest, "vm.create: payload.kernel is required (the qemu driver boots a kernel directly)"}
+	}
+	s.cfg, s.state = &c, vmm.StateCreated
+	return nil, nil
+}
+
+func (s *server) boot(*http.Request) (any, error) {
+	switch {
+	case s.cfg == nil:
+		return nil, &apiError{http.StatusNotFound, "VM is not created"}
+	case s.vm != nil:
+		return nil, failed("VM is already booted")
+	}
+	vm, err := s.start(*s.cfg)
+	if err != nil {
+		return nil, err
+	}
+	s.vm, s.state = vm, vmm.StateRunning
+	return nil, nil
+}
+
+func (s *server) shutdown(*http.Request) (any, error) {
+	if s.cfg == nil {
+		return nil, &apiError{http.StatusNotFound, "VM is not created"}
+	}
+	s.stopVM()
+	s.state = vmm.StateShutdown
+	return nil, nil
+}
+
+func (s *server) delete(*http.Request) (any, error) {
+	s.stopVM()
+	s.cfg, s.state = nil, ""
+	return nil, nil
+}
+
+func (s *server) info(*http.Request) (any, error) {
+	if s.cfg == nil {
+		return nil, &apiError{http.StatusNotFound, "VM is not created"}
+	}
+	state := s.state
+	if s.vm != nil {
+		select {
+		case <-s.vm.exited:
+			state = vmm.StateShutdown
+		default:
+			// QEMU's own word: a guest stopped by an I/O error or a
+			// debugger is paused, whatever the adapter last asked.
+			var st struct {
+				Running bool `json:"running"`
+			}
+			if err := s.vm.command("query-status", nil, &st); err != nil {
+				return nil, failed("query-status: %v", err)
+			}
+			state = vmm.StatePaused
+			if st.Running {
+				state = vmm.StateRunning
+			}
+		}
+	}
+	return vmm.Info{State: state, Config: *s.cfg}, nil
+}
+
+func (s *server) pause(*http.Request) (any, error) {
+	if s.vm == nil || s.state != vmm.StateRunning {
+		return nil, failed("VM is not running (%s)", s.state)
+	}
+	if err := s.vm.command("stop", nil, nil); err != nil {
+		return nil, failed("pause: %v", err)
+	}
+	s.state = vmm.StatePaused
+	return nil, nil
+}
+
+func (s *server) resume(*http.Request) (any, error) {
+	if s.vm == nil || s.state != vmm.StatePaused {
+		return nil, failed("VM is not paused (%s)", s.state)
+	}
+	if err := s.vm.command("cont", nil, nil); err != nil {
+		return nil, failed("resume: %v", err)
+	}
+	s.state = vmm.StateRunning
+	return nil, nil
+}
+
+// snapshot writes CH's three files into an existing directory, each
+// created exclusively as CH does: config.json (the VM's configuration,
+// which a restore re-points at its own files), memory-ranges (QEMU's
+// migration stream: guest memory and device state) and state.json (what
+// the stream is). Like CH, it wants the VM paused.
+func (s *server) snapshot(r *http.Request) (any, error) {
+	if s.vm == nil || s.state != vmm.StatePaused {
+		return nil, failed("cannot snapshot: VM is %s, not Paused", s.state)
+	}
+	dir, err := fileURLDir(r, "destination_url")
+	if err != nil {
+		return nil, err
+	}
+	cfg, _ := json.MarshalIndent(s.cfg, "", "  ")
+	state, _ := json.MarshalIndent(snapshotState{VMM: Version, Memory: vmm.SnapshotMemoryFile, Format: "qemu migration stream"}, "", "  ")
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{vmm.SnapshotConfigFile, cfg}, {vmm.SnapshotStateFile, state}, {vmm.SnapshotMemoryFile, nil}} {
+		if err := writeNew(filepath.Join(dir, f.name), f.data); err != nil {
+			return nil, failed("snapshot: %v", err)
+		}
+	}
+	mem := filepath.Join(dir, vmm.SnapshotMemoryFile)
+	if err := s.vm.command("migrate", map[string]any{"uri": "exec:cat > " + shellQuote(mem)}, nil); err != nil {
+		return nil, failed("snapshot: %v", err)
+	}
+	if err := s.vm.migrated(); err != nil {
+		return nil, failed("snapshot: %v", err)
+	}
+	f, err := os.OpenFile(mem, os.O_RDONLY, 0)
+	if err == nil {
+		err = f.Sync()
+		f.Close()
+	}
+	if err != nil {
+		return nil, failed("snapshot: %v", err)
+	}
+	return nil, nil
+}
+
+// restore recreates the VM from a snapshot directory: QEMU started with
+// the saved configuration (disks, vsock and console as the restore
+// re-pointed them), waiting for the migration stream, which it reads from
+// memory-ranges. The VM comes back Paused, as from CH; vm.resume runs it.
+func (s *server) restore(r *http.Request) (any, error) {
+	if s.cfg != nil {
+		return nil, failed("cannot restore: a VM is already created")
+	}
+	dir, err := fileURLDir(r, "source_url")
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(filepath.Join(dir, vmm.SnapshotConfigFile))
+	if err != nil {
+		return nil, failed("restore: %v", err)
+	}
+	var c vmm.Config
+	if err := json.Unmarshal(data, &c); err != nil {
+		return nil, failed("restore: %s: %v", vmm.SnapshotConfigFile, err)
+	}
+	mem := filepath.Join(dir, vmm.SnapshotMemoryFile)
+	if _, err := os.Stat(mem); err != nil {
+		return nil, failed("restore: %v", err)
+	}
+	vm, err := s.startWith(c, "-S", "-incoming", "defer")
+	if err != nil {
+		return nil, err
+	}
+	err = vm.command("migrate-incoming", map[string]any{"uri": "exec:cat " + shellQuote(mem)}, nil)
+	if err == nil {
+		err = vm.migrated()
+	}
+	if err != nil {
+		s.vm = vm
+		s.stopVM()
+		return nil, failed("restore: %v", err)
+	}
+	s.cfg, s.vm, s.state = &c, vm, vmm.StatePaused
+	return nil, nil
+}
+
+type snapshotState struct {
+	VMM    string `json:"vmm"`
+	Memory string `json:"memory"`
+	Format string `json:"format"`
+}
+
+// migrated waits for the migration in either direction to end.
+func (vm *instance) migrated() error {
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		if err := vm.command("query-migrate", nil, &st); err != nil {
+			return err
+		}
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			return fmt.Errorf("migration %s: %s", st.Status, st.ErrorDesc)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("migration still %q after 5m", st.Status)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fileURLDir reads a file:// directory URL from the request body field.
+func fileURLDir(r *http.Request, field string) (string, error) {
+	var body map[string]any
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&body); err != nil {
+		return "", &apiError{http.StatusBadRequest, err.Error()}
+	}
+	u, _ := body[field].(string)
+	dir, ok := strings.CutPrefix(u, "file://")
+	if !ok || !filepath.IsAbs(dir) {
+		return "", &apiError{http.StatusBadRequest, fmt.Sprintf("%s %q: want file:///DIR", field, u)}
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return "", failed("%s %s: not a directory", field, dir)
+	}
+	return dir, nil
+}
+
+// writeNew creates name exclusively (CH's snapshot files are) and syncs it.
+func writeNew(name string, data []byte) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// shellQuote quotes a path for the sh -c QEMU runs an exec: migration URI
+// with.
+func shellQuote(p string) string { return "'" + strings.ReplaceAll(p, "'", `'\''`) + "'" }
+
+// teardown stops QEMU and the relay; the caller holds mu.
+func (s *server) teardown() {
+	s.stopVM()
+}
+
+// stopVM asks QEMU to quit, kills it if it does not, and removes the
+// adapter's private sockets; the caller holds mu.
+func (s *server) stopVM() {
+	vm := s.vm
+	if vm == nil {
+		return
+	}
+	s.vm = nil
+	vm.relay.close()
+	select {
+	case <-vm.exited:
+	default:
+		vm.command("quit", nil, nil)
+		select {
+		case <-vm.exited:
+		case <-time.After(5 * time.Second):
+			vm.cmd.Process.Kill()
+			<-vm.exited
+		}
+	}
+	vm.mon.close()
+	os.RemoveAll(vm.dir)
+	s.log.Printf("qemu pid %d: %s", vm.cmd.Process.Pid, vm.status)
+}
+
+// start runs QEMU for c and connects to its QMP socket.
+func (s *server) start(c vmm.Config) (*instance, error) { return s.startWith(c) }
+
+func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
+	dir := PrivateDir(s.api)
+	// Only the adapter serving this API socket uses the directory, and the
+	// socket is ours: whatever is there was left by one SIGKILLed before
+	// it could clean up.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, failed("private dir: %v", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, failed("private dir: %v", err)
+	}
+	accel := s.accel()
+	qmpPath, agentPath := dir+"/qmp.sock", dir+"/agent.sock"
+	argv, err := Args(c, accel, qmpPath, agentPath)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, &apiError{http.StatusBadRequest, err.Error()}
+	}
+	argv = append(argv, extra...)
+	vm := &instance{dir: dir, exited: make(chan struct{}), stderr: &tail{max: 4096}}
+	vm.cmd = exec.Command(s.o.Binary, argv...)
+	vm.cmd.Stdout, vm.cmd.Stderr = vm.stderr, vm.stderr
+	// QEMU must not outlive its adapter: nexus tracks the adapter's pid.
+	vm.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	s.log.Printf("starting %s (accel %s) %s", s.o.Binary, accel, strings.Join(argv, " "))
+	if err := vm.cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return nil, failed("start %s: %v", s.o.Binary, err)
+	}
+	go func() {
+		err := vm.cmd.Wait()
+		vm.status = "exited 0"
+		if err != nil {
+			vm.status = err.Error()
+		}
+		close(vm.exited)
+		s.exitedAlone(vm)
+	}()
+	fail := func(err error) (*instance, error) {
+		vm.cmd.Process.Kill()
+		<-vm.exited
+		os.RemoveAll(dir)
+		return nil, failed("qemu: %v: %s", err, strings.Join(strings.Fields(vm.stderr.String()), " "))
+	}
+	// QEMU binds its QMP socket before it loads the kernel; under a
+	// loaded host that can take seconds.
+	deadline := time.Now().Add(30 * time.Second)
+	vm.relay = &relay{agent: agentPath, log: s.log, turn: make(chan struct{}, 1)}
+	for {
+		if vm.mon, err = dialMonitor(qmpPath, vm.relay.event); err == nil {
+			break
+		}
+		select {
+		case <-vm.exited:
+			return fail(fmt.Errorf("exited before its QMP socket answered (%s)", vm.status))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("QMP socket did not answer within 30s: %v", err))
+		}
+	}
+	if c.Vsock != nil && c.Vsock.Socket != "" {
+		if err := vm.relay.listen(c.Vsock.Socket); err != nil {
+			return fail(fmt.Errorf("vsock socket: %v", err))
+		}
+	}
+	return vm, nil
+}
+
+// PrivateDir is where the adapter serving apiSocket keeps QEMU's QMP and
+// agent sockets: under $TMPDIR (short enough for sun_path), named for the
+// API socket so the next adapter on it removes what a killed one left.
+func PrivateDir(apiSocket string) string {
+	sum := sha256.Sum256([]byte(apiSocket))
+	return filepath.Join(os.TempDir(), "nexus-qemu-"+hex.EncodeToString(sum[:8]))
+}
+
+// exitedAlone ends the adapter when QEMU exits without being asked: the
+// VMM nexus tracks must not outlive its VM.
+func (s *server) exitedAlone(vm *instance) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.vm != vm {
+		return // stopVM asked for it
+	}
+	s.exitedOnItsOwn = fmt.Sprintf("qemu %s on its own: %s", vm.status, strings.Join(strings.Fields(vm.stderr.String()), " "))
+	s.log.Print(s.exitedOnItsOwn)
+	s.stopOnce.Do(func() { close(s.stop) })
+}
+
+// command runs one QMP command. quit answers, or QEMU exits first.
+func (vm *instance) command(name string, args, out any) error {
+	err := vm.mon.run(name, args, out, 10*time.Second)
+	if name == "quit" && errors.Is(err, errMonitorClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *server) accel() string {
+	if s.o.Accel != "" {
+		return s.o.Accel
+	}
+	if KVMAnswers() {
+		return "kvm"
+	}
+	return "tcg"
+}
+
+// KVMAnswers reports whether /dev/kvm opens and speaks the stable KVM API
+// (KVM_GET_API_VERSION is 12).
+func KVMAnswers() bool {
+	fd, err := unix.Open("/dev/kvm", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	const kvmGetAPIVersion = 0xAE00
+	v, err := unix.IoctlRetInt(fd, kvmGetAPIVersion)
+	return err == nil && v == 12
+}
+
+// Args is QEMU's command line for c: q35 (faster than microvm under
+// software emulation, and it needs no tsc hint), no default devices, the
+// serial port appended to c.Serial's file, each disk virtio-blk with its
+// serial, the agent's virtio-serial port on a unix socket, and no reboot
+// (a guest that reboots or panics ends the VMM, as it would end CH).
+func Args(c vmm.Config, accel, qmpPath, agentPath string) ([]string, error) {
+	mem := c.Memory.Size >> 20
+	if mem <= 0 {
+		mem = 512
+	}
+	cpus := max(c.Cpus.BootVcpus, 1)
+	a := []string{
+		"-machine", "q35", "-accel", accel, "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
+		"-no-reboot", "-m", strconv.FormatInt(mem, 10), "-smp", strconv.Itoa(cpus),
+		"-qmp", "unix:" + opt(qmpPath) + ",server=on,wait=off",
+		"-kernel", c.Payload.Kernel,
+	}
+	if accel == "kvm" {
+		a = append(a, "-cpu", "host")
+	}
+	if c.Payload.Initramfs != "" {
+		a = append(a, "-initrd", c.Payload.Initramfs)
+	}
+	if c.Payload.Cmdline != "" {
+		a = append(a, "-append", c.Payload.Cmdline)
+	}
+	switch {
+	case c.Serial == nil || c.Serial.Mode == vmm.ConsoleOff || c.Serial.Mode == vmm.ConsoleNull:
+	case c.Serial.Mode == vmm.ConsoleFile && c.Serial.File != "":
+		// Appended: the console log keeps every run of the sandbox.
+		a = append(a, "-chardev", "file,id=console,append=on,path="+opt(c.Serial.File), "-serial", "chardev:console")
+	default:
+		return nil, fmt.Errorf("serial mode %s is not supported by the qemu driver (File, Off or Null)", c.Serial.Mode)
+	}
+	for i, d := range c.Disks {
+		if d.ImageType != "" && d.ImageType != vmm.ImageRaw {
+			return nil, fmt.Errorf("disk %s: image type %s is not supported by the qemu driver (Raw)", d.Path, d.ImageType)
+		}
+		id := fmt.Sprintf("disk%d", i)
+		drive := "file=" + opt(d.Path) + ",format=raw,if=none,id=" + id
+		if d.Readonly {
+			drive += ",readonly=on"
+		}
+		dev := "virtio-blk-pci,drive=" + id
+		if d.Serial != "" {
+			dev += ",serial=" + opt(d.Serial)
+		}
+		a = append(a, "-drive", drive, "-device", dev)
+	}
+	a = append(a, "-device", "virtio-serial-pci,id=vser0",
+		"-chardev", "socket,id=agent,server=on,wait=off,path="+opt(agentPath),
+		"-device", "virtserialport,bus=vser0.0,chardev=agent,id=agentport,name="+AgentPort)
+	return a, nil
+}
+
+// opt escapes a value inside a QEMU option list, where a comma separates
+// options and a doubled comma is a literal one.
+func opt(v string) string { return strings.ReplaceAll(v, ",", ",,") }
+
+// tail keeps the last max bytes written: QEMU's stderr, for errors.
+type tail struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = t.b[len(t.b)-t.max:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(bytes.TrimSpace(t.b))
+}
+
+// relay serves the sandbox's vsock socket as Cloud Hypervisor's hybrid
+// vsock does: a host connection sends "CONNECT <port>\n" and gets "OK
+// <n>\n" only when a guest listener is there (here: the guest has the
+// agent's virtio-serial port open, which QEMU reports as VSERPORT_CHANGE),
+// and is closed otherwise. A virtio-serial port is one stream, so
+// sessions take turns.
+type relay struct {
+	agent string
+	log   *stdlog.Logger
+	turn  chan struct{}
+
+	mu    sync.Mutex
+	open  bool // the guest has the port open
+	l     *unixsock.Listener
+	conns map[net.Conn]bool
+	n     int
+}
+
+// event follows QMP's VSERPORT_CHANGE for the agent's port.
+func (r *relay) event(name string, data json.RawMessage) {
+	if name != "VSERPORT_CHANGE" {
+		return
+	}
+	var d struct {
+		ID   string `json:"id"`
+		Open bool   `json:"open"`
+	}
+	if json.Unmarshal(data, &d) != nil || d.ID != "agentport" {
+		return
+	}
+	r.mu.Lock()
+	r.open = d.Open
+	r.mu.Unlock()
+	r.log.Printf("guest %s the agent port", map[bool]string{true: "opened", false: "closed"}[d.Open])
+}
+
+func (r *relay) listen(path string) error {
+	l, err := unixsock.Listen(path)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.l, r.conns = l, map[net.Conn]bool{}
+	r.mu.Unlock()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			r.mu.Lock()
+			r.conns[c] = true
+			r.mu.Unlock()
+			go r.serve(c)
+		}
+	}()
+	return nil
+}
+
+func (r *relay) serve(c net.Conn) {
+	defer func() {
+		c.Close()
+		r.mu.Lock()
+		delete(r.conns, c)
+		r.mu.Unlock()
+	}()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	line, err := br.ReadString('\n')
+	if err != nil {
+		return
+	}
+	port, ok := strings.CutPrefix(strings.TrimSpace(line), "CONNECT ")
+	r.mu.Lock()
+	open := r.open
+	r.mu.Unlock()
+	if !ok || port != "1024" || !open {
+		return // CH closes a connection to a port nothing listens on
+	}
+	c.SetReadDeadline(time.Time{})
+	select {
+	case r.turn <- struct{}{}:
+	case <-time.After(30 * time.Second):
+		return
+	}
+	defer func() { <-r.turn }()
+	g, err := net.Dial("unix", r.agent)
+	if err != nil {
+		r.log.Printf("agent channel: %v", err)
+		return
+	}
+	defer g.Close()
+	r.mu.Lock()
+	r.n++
+	n := r.n
+	r.mu.Unlock()
+	if _, err := fmt.Fprintf(c, "OK %d\n", n); err != nil {
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() { io.Copy(g, br); done <- struct{}{} }()
+	go func() { io.Copy(c, g); done <- struct{}{} }()
+	<-done
+}
+
+func (r *relay) close() {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.l != nil {
+		r.l.Close()
+	}
+	for c := range r.conns {
+		c.Close()
+	}
+}
