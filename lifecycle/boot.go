@@ -12,6 +12,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/ext4"
@@ -19,6 +20,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -247,17 +249,29 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 // vmDisks lists the disks a sandbox boots with: its own, then its volumes.
 // Every one is typed Raw: CH v51+ refuses the guest's writes to sector 0
 // of a disk whose raw type it had to probe, and an ext4 with 4 KiB blocks
-// writes its superblock's block there.
+// writes its superblock's block there. Every one carries a serial saying
+// what it is, so the guest finds it without relying on order
+// (docs/guest-agent.md).
 func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
 	var disks []vmm.Disk
 	for _, r := range sb.Resources {
+		var serial string
 		switch r.Kind {
-		case events.KindRawDisk, events.KindWorkspaceDisk, events.KindShadowDisk:
-			disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path), ImageType: vmm.ImageRaw})
+		case events.KindRawDisk:
+			serial = agentproto.SerialOS
+		case events.KindWorkspaceDisk:
+			serial = agentproto.SerialWorkspace
+		case events.KindShadowDisk:
+			name, _ := layout.ShadowName(r.Path)
+			serial = agentproto.DiskSerial(agentproto.SerialShadow, name)
+		default:
+			continue
 		}
+		disks = append(disks, vmm.Disk{Path: m.Root.Abs(r.Path), ImageType: vmm.ImageRaw, Serial: serial})
 	}
 	for _, v := range sb.Volumes {
-		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly, ImageType: vmm.ImageRaw})
+		disks = append(disks, vmm.Disk{Path: m.Root.VolumeDisk(v.Name), Readonly: v.ReadOnly, ImageType: vmm.ImageRaw,
+			Serial: agentproto.DiskSerial(agentproto.SerialVolume, v.Name)})
 	}
 	return disks
 }
