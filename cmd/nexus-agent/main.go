@@ -184,12 +184,21 @@ func pid1() {
 		unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
 		select {}
 	}
-	err := agent.Init(agent.InitConfig{
-		ModuleList: "/etc/nexus/modules",
-		Mounts:     map[string]string{agentproto.SerialWorkspace: "/workspace"},
-		Wait:       30 * time.Second,
-	})
+	if err := agent.MountPseudo(); err != nil {
+		die(err)
+	}
+	if err := agent.LoadModules("/etc/nexus/modules"); err != nil {
+		die(err)
+	}
+	cmdline, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
+		die(err)
+	}
+	mounts, err := agent.ParseCmdline(string(cmdline), agentproto.SerialWorkspace)
+	if err != nil {
+		die(err)
+	}
+	if err := agent.MountDisks(mounts, 30*time.Second); err != nil {
 		die(err)
 	}
 	a := agent.New(agent.Config{Log: logger})

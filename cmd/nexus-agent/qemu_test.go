@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -83,6 +84,19 @@ func TestBootUnderQEMU(t *testing.T) {
 		t.Fatalf("mkfs: %v %s", err, out)
 	}
 
+	// A volume with a file on it, attached read-only: mounted where the
+	// command line says, and never frozen (it is not writable).
+	seed := filepath.Join(dir, "seed")
+	os.Mkdir(seed, 0o755)
+	os.WriteFile(filepath.Join(seed, "hello"), []byte("from the volume\n"), 0o644)
+	vol := filepath.Join(dir, "vol.ext4")
+	os.WriteFile(vol, nil, 0o600)
+	os.Truncate(vol, 16<<20)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-d", seed, vol).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v %s", err, out)
+	}
+	volSerial := agentproto.DiskSerial(agentproto.SerialVolume, "data")
+
 	sock := filepath.Join(dir, "agent.sock")
 	console := filepath.Join(dir, "console.log")
 	// Software emulation unless asked: this kind of host has a /dev/kvm
@@ -96,9 +110,11 @@ func TestBootUnderQEMU(t *testing.T) {
 	// can fail ("IO-APIC + timer doesn't work!") and panic a healthy guest.
 	cmd := exec.Command(qemu, "-machine", "q35", "-accel", accel, "-m", "256", "-smp", "1",
 		"-nodefaults", "-no-reboot", "-display", "none", "-serial", "file:"+console,
-		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1 no_timer_check",
+		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1 no_timer_check nexus.mount="+volSerial+":/data",
 		"-drive", "file="+ws+",if=none,id=ws,format=raw",
 		"-device", "virtio-blk-pci,drive=ws,serial="+agentproto.SerialWorkspace,
+		"-drive", "file="+vol+",if=none,id=vol,format=raw,readonly=on",
+		"-device", "virtio-blk-pci,drive=vol,serial="+volSerial,
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=agent,path="+sock+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name="+agentPort)
@@ -170,6 +186,14 @@ func TestBootUnderQEMU(t *testing.T) {
 	var back bytes.Buffer
 	if _, err := c.ReadFile(ctx, "/proc/cmdline", &back); err != nil || !strings.Contains(back.String(), "console=ttyS0") {
 		t.Fatalf("guest /proc/cmdline: %q %v", back.String(), err)
+	}
+	back.Reset()
+	if _, err := c.ReadFile(ctx, "/data/hello", &back); err != nil || back.String() != "from the volume\n" {
+		t.Fatalf("volume file: %q %v", back.String(), err)
+	}
+	var ae *agentproto.AgentError
+	if _, err := c.WriteFile(ctx, "/data/nope", 0, strings.NewReader("x")); !errors.As(err, &ae) {
+		t.Fatalf("write to the read-only volume: %v", err)
 	}
 	t0 := time.Now()
 	paths, err := c.Flush(ctx, time.Minute)

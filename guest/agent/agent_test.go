@@ -71,3 +71,22 @@ func TestSessionsConcurrently(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestParseCmdline(t *testing.T) {
+	got, err := ParseCmdline("console=ttyS0 nexus.workspace=/work/ nexus.mount=nexus-vol-data:/data quiet", "nexus-workspace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"nexus-workspace": "/work", "nexus-vol-data": "/data"}
+	if len(got) != len(want) || got["nexus-workspace"] != "/work" || got["nexus-vol-data"] != "/data" {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got, _ := ParseCmdline("console=ttyS0", "nexus-workspace"); got["nexus-workspace"] != "/workspace" {
+		t.Fatalf("default workspace: %v", got)
+	}
+	for _, bad := range []string{"nexus.mount=x", "nexus.mount=x:rel", "nexus.workspace=rel", "nexus.mount=a:/x nexus.mount=a:/y"} {
+		if _, err := ParseCmdline(bad, "nexus-workspace"); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

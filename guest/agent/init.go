@@ -12,21 +12,46 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// InitConfig is what PID 1 mode does before serving.
-type InitConfig struct {
-	// ModuleList names a file listing kernel modules to load, one path a
-	// line, in order (the initramfs builder writes it).
-	ModuleList string
-	// Mounts maps disk serials to where they are mounted (ext4).
-	Mounts map[string]string
-	// Wait bounds the wait for the disks and the agent port to appear.
-	Wait time.Duration
+// Kernel command-line keys PID 1 mode reads (from /proc/cmdline, where
+// dotted keys the kernel does not know stay visible).
+const (
+	// CmdlineWorkspace moves the workspace mount: nexus.workspace=/path.
+	CmdlineWorkspace = "nexus.workspace="
+	// CmdlineMount mounts a disk by serial: nexus.mount=SERIAL:/path
+	// (repeatable), for volumes at their guest paths.
+	CmdlineMount = "nexus.mount="
+)
+
+// ParseCmdline returns the mounts a kernel command line asks for: the
+// workspace (nexus-workspace at /workspace unless moved) and every
+// nexus.mount. A malformed entry is an error, not a guess.
+func ParseCmdline(cmdline, workspaceSerial string) (map[string]string, error) {
+	mounts := map[string]string{workspaceSerial: "/workspace"}
+	for _, f := range strings.Fields(cmdline) {
+		switch {
+		case strings.HasPrefix(f, CmdlineWorkspace):
+			p := strings.TrimPrefix(f, CmdlineWorkspace)
+			if !filepath.IsAbs(p) {
+				return nil, fmt.Errorf("%s: want an absolute path", f)
+			}
+			mounts[workspaceSerial] = filepath.Clean(p)
+		case strings.HasPrefix(f, CmdlineMount):
+			serial, p, ok := strings.Cut(strings.TrimPrefix(f, CmdlineMount), ":")
+			if !ok || serial == "" || !filepath.IsAbs(p) {
+				return nil, fmt.Errorf("%s: want SERIAL:/path", f)
+			}
+			if _, dup := mounts[serial]; dup {
+				return nil, fmt.Errorf("%s: disk %s is mounted twice", f, serial)
+			}
+			mounts[serial] = filepath.Clean(p)
+		}
+	}
+	return mounts, nil
 }
 
-// Init prepares a guest whose kernel started the agent as PID 1 of an
-// initramfs: the pseudo-filesystems, the modules, the nexus disks found by
-// serial and mounted.
-func Init(cfg InitConfig) error {
+// MountPseudo mounts what an initramfs's PID 1 lacks: devtmpfs, proc and
+// sysfs.
+func MountPseudo() error {
 	for _, m := range []struct{ src, dst, fstype string }{
 		{"devtmpfs", "/dev", "devtmpfs"},
 		{"proc", "/proc", "proc"},
@@ -37,19 +62,29 @@ func Init(cfg InitConfig) error {
 			return fmt.Errorf("mount %s: %w", m.dst, err)
 		}
 	}
-	if cfg.ModuleList != "" {
-		if err := loadModules(cfg.ModuleList); err != nil {
-			return err
-		}
-	}
-	deadline := time.Now().Add(cfg.Wait)
-	for serial, dir := range cfg.Mounts {
+	return nil
+}
+
+// LoadModules loads the modules a list file names, one path a line, in
+// order (the initramfs builder writes it); a missing list loads nothing.
+func LoadModules(list string) error { return loadModules(list) }
+
+// MountDisks mounts each disk, found by its serial, on its directory
+// (ext4; read-only when the VMM attached it read-only), waiting up to wait
+// for the disks to appear.
+func MountDisks(mounts map[string]string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for serial, dir := range mounts {
 		dev, err := waitDisk(serial, deadline)
 		if err != nil {
 			return err
 		}
 		os.MkdirAll(dir, 0o755)
-		if err := unix.Mount(dev, dir, "ext4", 0, ""); err != nil {
+		var flags uintptr
+		if ro, _ := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/ro"); strings.TrimSpace(string(ro)) == "1" {
+			flags = unix.MS_RDONLY
+		}
+		if err := unix.Mount(dev, dir, "ext4", flags, ""); err != nil {
 			return fmt.Errorf("mount %s (%s) on %s: %w", dev, serial, dir, err)
 		}
 	}
