@@ -17,6 +17,9 @@ setup:
 	if [ -n "$$missing" ]; then \
 	  echo "installing e2fsprogs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
+	@if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! ls /boot/vmlinuz-* >/dev/null 2>&1; then \
+	  echo "installing qemu-system-x86 and linux-image-cloud-amd64 (the real-guest test boots one)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 linux-image-cloud-amd64; fi
 	$(GO) mod download
 
 # What only the tests need: QEMU, a Debian cloud kernel and cpio (real

@@ -84,6 +84,11 @@ type Message struct {
 // session that reads one ends.
 var ErrProtocol = errors.New("agent protocol")
 
+// ErrUnknownType marks a well-formed frame of a type this build does not
+// know (a newer peer's request): Read returns the message with it, and the
+// agent answers it with an error instead of ending the session.
+var ErrUnknownType = errors.New("unknown message type")
+
 func protoErr(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrProtocol, fmt.Sprintf(format, a...))
 }
@@ -93,6 +98,9 @@ func protoErr(format string, a ...any) error {
 func (m *Message) Validate() error {
 	if m.ID == 0 {
 		return protoErr("%s without an id", m.Type)
+	}
+	if m.Type == "" {
+		return protoErr("message without a type")
 	}
 	if len(m.Data) > MaxData {
 		return protoErr("%s carries %d bytes, more than %d", m.Type, len(m.Data), MaxData)
@@ -131,7 +139,7 @@ func (m *Message) Validate() error {
 			return protoErr("error without a reason")
 		}
 	default:
-		return protoErr("unknown message type %q", m.Type)
+		return fmt.Errorf("%w %q", ErrUnknownType, m.Type)
 	}
 	return nil
 }
@@ -167,7 +175,9 @@ func Write(w io.Writer, m *Message) error {
 }
 
 // Read reads one frame and decodes it. io.EOF means the stream ended
-// between frames; a stream that ends inside one is io.ErrUnexpectedEOF.
+// between frames; a stream that ends inside one is io.ErrUnexpectedEOF. A
+// frame of an unknown type comes back with ErrUnknownType and the message
+// (its id), so it can be answered.
 func Read(r io.Reader) (*Message, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
@@ -187,7 +197,8 @@ func Read(r io.Reader) (*Message, error) {
 	return Decode(body)
 }
 
-// Decode decodes and validates one frame's body.
+// Decode decodes and validates one frame's body; see Read for
+// ErrUnknownType.
 func Decode(body []byte) (*Message, error) {
 	var m Message
 	d := msgpack.NewDecoder(bytes.NewReader(body))
@@ -200,6 +211,9 @@ func Decode(body []byte) (*Message, error) {
 		return nil, protoErr("trailing bytes after the message")
 	}
 	if err := m.Validate(); err != nil {
+		if errors.Is(err, ErrUnknownType) {
+			return &m, err
+		}
 		return nil, err
 	}
 	return &m, nil

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -45,7 +47,6 @@ func TestRoundTrip(t *testing.T) {
 func TestRefused(t *testing.T) {
 	bad := []*Message{
 		{Type: TPing},                  // no id
-		{Type: "reboot", ID: 1},        // unknown type
 		{Type: THello, ID: 1},          // no version
 		{Type: TExec, ID: 1},           // no argv
 		{Type: TSignal, ID: 1, Ref: 2}, // no signal
@@ -168,4 +169,20 @@ func normal(m *Message) Message {
 		c.Data = nil
 	}
 	return c
+}
+
+// TestUnknownTypeIsAnswerable: a newer peer's request type decodes with
+// ErrUnknownType and its id, not as a broken stream.
+func TestUnknownTypeIsAnswerable(t *testing.T) {
+	body, err := msgpack.Marshal(map[string]any{"type": "snapshot-memory", "id": 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := Decode(body)
+	if !errors.Is(err, ErrUnknownType) || errors.Is(err, ErrProtocol) || m == nil || m.ID != 7 {
+		t.Fatalf("got %+v, %v", m, err)
+	}
+	if _, err := Encode(&Message{Type: "reboot", ID: 1}); !errors.Is(err, ErrUnknownType) {
+		t.Fatalf("encoded an unknown type: %v", err)
+	}
 }

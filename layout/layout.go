@@ -95,6 +95,20 @@ func HandleOf(safe string) (handle string, ok bool) {
 func (r Root) ShadowDisk(handle, name string) string {
 	return r.join("disks", SafeHandle(handle)+".shadow."+name+".ext4")
 }
+
+// ShadowName is the shadow name in a ShadowDisk or ForkShadowDisk path.
+// Shadow names hold no '.', so the last ".shadow." starts it whatever the
+// handle holds.
+func ShadowName(path string) (string, bool) {
+	base := filepath.Base(path)
+	i := strings.LastIndex(base, ".shadow.")
+	if i < 0 || !strings.HasSuffix(base, ".ext4") {
+		return "", false
+	}
+	name := strings.TrimSuffix(base[i+len(".shadow."):], ".ext4")
+	return name, name != "" && !strings.Contains(name, ".")
+}
+
 func (r Root) ShadowIntent(handle string) string {
 	return r.join("disks", SafeHandle(handle)+".shadow-intent.json")
 }

@@ -72,3 +72,20 @@ func FuzzSafeHandle(f *testing.F) {
 		}
 	})
 }
+
+func TestShadowName(t *testing.T) {
+	r := Root("/state")
+	for _, tc := range []struct{ path, want string }{
+		{r.ShadowDisk("dev/a.shadow.x", "cfg"), "cfg"},
+		{r.ForkShadowDisk("01J0000000000000000000000", "dev/b", "data-1"), "data-1"},
+	} {
+		if got, ok := ShadowName(tc.path); !ok || got != tc.want {
+			t.Errorf("ShadowName(%s) = %q %v, want %q", tc.path, got, ok, tc.want)
+		}
+	}
+	for _, p := range []string{r.WorkspaceDisk("x"), r.RawDisk("x"), "/state/disks/a.shadow..ext4"} {
+		if got, ok := ShadowName(p); ok {
+			t.Errorf("ShadowName(%s) = %q, want none", p, got)
+		}
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -347,7 +348,9 @@ func (m *Manager) logResources(id string) []events.Resource {
 // vmDisks lists the disks a sandbox boots with: its own, then its volumes.
 // Every one is typed Raw: CH v51+ refuses the guest's writes to sector 0
 // of a disk whose raw type it had to probe, and an ext4 with 4 KiB blocks
-// writes its superblock's block there.
+// writes its superblock's block there. Every one carries a serial saying
+// what it is, so the guest finds it without relying on order
+// (docs/guest-agent.md).
 func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
 	var disks []vmm.Disk
 	for _, r := range sb.Resources {
@@ -358,7 +361,8 @@ func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Dis
 		case events.KindWorkspaceDisk:
 			serial = agentproto.SerialWorkspace
 		case events.KindShadowDisk:
-			serial = agentproto.DiskSerial(agentproto.SerialShadow, shadowName(r.Path))
+			name, _ := layout.ShadowName(r.Path)
+			serial = agentproto.DiskSerial(agentproto.SerialShadow, name)
 		default:
 			continue
 		}

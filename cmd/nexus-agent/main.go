@@ -17,11 +17,20 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/guest/agent"
 	"golang.org/x/sys/unix"
 )
 
+// agentPort is the virtio-serial port name the agent serves on when the
+// VMM gives it no vsock (docs/guest-agent.md).
+const agentPort = "nexus.agent"
+
 func main() {
+	if os.Getpid() == 1 {
+		pid1()
+		return
+	}
 	fs := flag.NewFlagSet("nexus-agent", flag.ContinueOnError)
 	listen := fs.String("listen", "", "serve connections on `unix:PATH`")
 	fd := fs.Int("fd", -1, "serve one session on inherited descriptor `N`, then exit")
@@ -161,3 +170,47 @@ func (l *vsockListener) accept() (io.ReadWriteCloser, error) {
 }
 
 func (l *vsockListener) Close() error { return l.f.Close() }
+
+// pid1 is the agent as an initramfs's /init: mount what the kernel did
+// not, load the modules the initramfs lists, mount the nexus disks found
+// by serial, then serve for the guest's whole life. PID 1 must never exit
+// (the kernel panics), so a failure says why on the console and powers
+// the guest off.
+func pid1() {
+	logger := log.New(os.Stdout, "nexus-agent: ", 0)
+	die := func(err error) {
+		logger.Printf("init: %v; powering off", err)
+		unix.Sync()
+		unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
+		select {}
+	}
+	if err := agent.MountPseudo(); err != nil {
+		die(err)
+	}
+	if err := agent.LoadModules("/etc/nexus/modules"); err != nil {
+		die(err)
+	}
+	cmdline, err := os.ReadFile("/proc/cmdline")
+	if err != nil {
+		die(err)
+	}
+	mounts, err := agent.ParseCmdline(string(cmdline), agentproto.SerialWorkspace)
+	if err != nil {
+		die(err)
+	}
+	if err := agent.MountDisks(mounts, 30*time.Second); err != nil {
+		die(err)
+	}
+	a := agent.New(agent.Config{Log: logger})
+	ctx := context.Background()
+	if port, err := agent.PortByName(agentPort, time.Now().Add(2*time.Second)); err == nil {
+		logger.Printf("serving on virtio-serial port %s", port)
+		die(serveSerial(ctx, a, port))
+	}
+	l, err := listenVsock(agentproto.Port)
+	if err != nil {
+		die(fmt.Errorf("no virtio-serial port %s and no vsock: %w", agentPort, err))
+	}
+	logger.Printf("serving on vsock port %d", agentproto.Port)
+	die(a.ServeListener(ctx, func() (io.ReadWriteCloser, error) { return l.accept() }))
+}

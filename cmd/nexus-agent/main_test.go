@@ -17,6 +17,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/host/smallfs"
+	"github.com/vmihailenco/msgpack/v5"
 	"golang.org/x/sys/unix"
 )
 
@@ -334,4 +335,49 @@ func TestFreezeFailureThawsAndSays(t *testing.T) {
 		t.Fatalf("freeze: %v", err)
 	}
 	proceeds(t, writeAsync(mnt, "x"), "a write after a failed freeze")
+}
+
+// TestUnknownRequestIsAnsweredNotFatal: a request type from a newer host
+// gets an error answer and the session goes on (docs/guest-agent.md,
+// versioning).
+func TestUnknownRequestIsAnsweredNotFatal(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := os.NewFile(uintptr(fds[1]), "agent-end")
+	cmd := exec.Command(agentBin, "--fd", "3")
+	cmd.ExtraFiles = []*os.File{theirs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	theirs.Close()
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	ours := os.NewFile(uintptr(fds[0]), "host-end")
+	conn, err := net.FileConn(ours)
+	ours.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	send := func(body map[string]any) {
+		b, err := msgpack.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Write(append([]byte{0, 0, byte(len(b) >> 8), byte(len(b))}, b...))
+	}
+	send(map[string]any{"type": "hello", "id": 1, "version": 1})
+	if m, err := agentproto.Read(conn); err != nil || m.Type != agentproto.THello {
+		t.Fatalf("hello: %+v %v", m, err)
+	}
+	send(map[string]any{"type": "balloon", "id": 2})
+	if m, err := agentproto.Read(conn); err != nil || m.Type != agentproto.TError || m.ID != 2 {
+		t.Fatalf("unknown request: %+v %v", m, err)
+	}
+	send(map[string]any{"type": "ping", "id": 3})
+	if m, err := agentproto.Read(conn); err != nil || m.Type != agentproto.TOK || m.ID != 3 {
+		t.Fatalf("ping after an unknown request: %+v %v", m, err)
+	}
 }

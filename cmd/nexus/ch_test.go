@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -235,5 +236,54 @@ func TestAPISocketLockIsReclaimed(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("reap does not call %s an orphan api-socket-lock: %+v", stray, rep)
+	}
+}
+
+// TestDisksCarrySerials: every disk a sandbox boots with says what it is
+// (docs/guest-agent.md), its own and a fork child's alike, and a volume
+// name too long for a virtio-blk serial gets the hashed form CH accepts.
+func TestDisksCarrySerials(t *testing.T) {
+	root := shortRoot(t)
+	long := "a-volume-name-longer-than-a-serial"
+	mustOK(t, proc(t, root, "volume", "create", long, "--size", "16M"), "volume create")
+	src := t.TempDir()
+	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o600)
+	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "dev/serials", "--shadow", "cfg="+src, "--volume", long+":/data")
+	serials := func(id string) map[string]bool {
+		t.Helper()
+		info, err := vmm.NewClient(filepath.Join(root, "run", "sb-"+id+".sock")).Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]bool{}
+		for _, d := range info.Config.Disks {
+			if d.Serial == "" || got[d.Serial] {
+				t.Fatalf("disk %s: serial %q (missing or repeated)", d.Path, d.Serial)
+			}
+			got[d.Serial] = true
+		}
+		return got
+	}
+	hashed := agentproto.DiskSerial(agentproto.SerialVolume, long)
+	got := serials(sb.ID)
+	for _, want := range []string{"nexus-os", "nexus-workspace", "nexus-shadow-cfg", hashed} {
+		if !got[want] {
+			t.Fatalf("serials %v lack %s", got, want)
+		}
+	}
+	if len(hashed) != vmm.SerialMax {
+		t.Fatalf("hashed serial %q", hashed)
+	}
+	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
+	var children []projections.Sandbox
+	json.Unmarshal([]byte(mustOK(t, proc(t, root, "fork", sb.ID, "--readonly-volumes", "--json"), "fork").stdout), &children)
+	if len(children) != 1 {
+		t.Fatalf("children %+v", children)
+	}
+	got = serials(children[0].ID)
+	for _, want := range []string{"nexus-os", "nexus-workspace", "nexus-shadow-cfg", hashed} {
+		if !got[want] {
+			t.Fatalf("child serials %v lack %s", got, want)
+		}
 	}
 }

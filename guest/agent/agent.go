@@ -134,6 +134,10 @@ func (s *session) loop() error {
 	hello := false
 	for {
 		m, err := agentproto.Read(s.rw)
+		if errors.Is(err, agentproto.ErrUnknownType) {
+			s.send(agentproto.Errorf(m.ID, "%v", err))
+			continue
+		}
 		if err != nil {
 			return err
 		}

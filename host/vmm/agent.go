@@ -1,6 +1,7 @@
 package vmm
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -135,6 +136,12 @@ func (a *agent) serve(c net.Conn) {
 	hello := false
 	for {
 		m, err := agentproto.Read(c)
+		if errors.Is(err, agentproto.ErrUnknownType) {
+			if !a.waitRunning() || agentproto.Write(c, agentproto.Errorf(m.ID, "%v", err)) != nil {
+				return
+			}
+			continue
+		}
 		if err != nil {
 			return
 		}

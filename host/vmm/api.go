@@ -50,7 +50,9 @@ type Payload struct {
 
 // Disk is CH's DiskConfig. ID is CH's device id: CH names a disk without
 // one "_disk<n>" at boot and keeps the name in its configuration, and a
-// restore matches saved device state by it.
+// restore matches saved device state by it. Serial is the virtio-blk serial
+// the guest reads (/sys/block/<dev>/serial); CH v47+ refuses one longer
+// than SerialMax bytes, and a guest never sees more than that.
 type Disk struct {
 	Path      string    `json:"path"`
 	Readonly  bool      `json:"readonly"`
@@ -60,6 +62,9 @@ type Disk struct {
 	// /sys/block/<dev>/serial (agentproto.DiskSerial).
 	Serial string `json:"serial,omitempty"`
 }
+
+// SerialMax is VIRTIO_BLK_ID_BYTES, the longest serial CH accepts.
+const SerialMax = 20
 
 // ImageType is CH's ImageType (OpenAPI enum FixedVhd, Qcow2, Raw, Vhdx,
 // Unknown). From v51 CH auto-detects the type of a disk sent without one

@@ -309,3 +309,29 @@ func TestAPISocketLock(t *testing.T) {
 		t.Fatalf("missing lock file: %v", err)
 	}
 }
+
+// TestDiskSerial: CH keeps a disk's serial in its configuration and, from
+// v47, refuses one longer than a virtio-blk serial holds.
+func TestDiskSerial(t *testing.T) {
+	dir := t.TempDir()
+	ctx := ctxT(t)
+	img := makeDisk(t, dir, "d.img")
+	p := startVMM(t, filepath.Join(dir, "api.sock"))
+	err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: img, ImageType: ImageRaw, Serial: strings.Repeat("s", SerialMax+1)}}})
+	wantStatus(t, err, http.StatusInternalServerError)
+	if err == nil || !strings.Contains(err.Error(), "serial length (21)") {
+		t.Fatalf("long serial: %v", err)
+	}
+	if err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: img, ImageType: ImageRaw, Serial: agentproto.SerialWorkspace}}}); err != nil {
+		t.Fatal(err)
+	}
+	info, err := p.client.Info(ctx)
+	if err != nil || len(info.Config.Disks) != 1 || info.Config.Disks[0].Serial != agentproto.SerialWorkspace {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	if agentproto.SerialBytes != SerialMax {
+		t.Fatalf("the protocol's serial bound %d is not CH's %d", agentproto.SerialBytes, SerialMax)
+	}
+	p.client.ShutdownVMM(ctx)
+	p.wait(t)
+}

@@ -514,6 +514,10 @@ func (c *Config) validate() error {
 		if d.Path == "" {
 			return failed("invalid VM config: disk %d has no path", i)
 		}
+		// CH's DiskConfig::validate (v47+), message included.
+		if len(d.Serial) > SerialMax {
+			return failed("invalid VM config: Block device serial length (%d) exceeds maximum allowed length (%d)", len(d.Serial), SerialMax)
+		}
 	}
 	if c.Vsock != nil && c.Vsock.Socket == "" {
 		return failed("invalid VM config: vsock has no socket")

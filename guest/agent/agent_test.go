@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/agentproto"
+)
+
+// TestSessionsConcurrently runs the agent in process (so the race detector
+// sees its goroutines) with several requests of two sessions in flight at
+// once: execs with stdin, file writes and reads, pings.
+func TestSessionsConcurrently(t *testing.T) {
+	a := New(Config{FreezeMounts: []string{}})
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	for s := 0; s < 2; s++ {
+		host, guest := net.Pipe()
+		done := make(chan error, 1)
+		go func() { done <- a.Serve(guest) }()
+		c := agentproto.NewClient(host)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, _, err := c.Hello(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < 4; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				in := strings.Repeat("line\n", 10000)
+				var out bytes.Buffer
+				st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/bin/sh", "-c", "wc -l"}, Stdin: strings.NewReader(in), Stdout: &out})
+				if err != nil || st.Code != 0 || strings.TrimSpace(out.String()) != "10000" {
+					t.Errorf("exec: %+v %v %q", st, err, out.String())
+				}
+				p := filepath.Join(dir, "f"+string(rune('a'+i))+string(rune('0'+s)))
+				data := bytes.Repeat([]byte{byte(i)}, 300000)
+				if _, err := c.WriteFile(ctx, p, 0, bytes.NewReader(data)); err != nil {
+					t.Errorf("write: %v", err)
+					return
+				}
+				var back bytes.Buffer
+				if _, err := c.ReadFile(ctx, p, &back); err != nil || !bytes.Equal(back.Bytes(), data) {
+					t.Errorf("read back: %v", err)
+				}
+				if err := c.Ping(ctx); err != nil {
+					t.Errorf("ping: %v", err)
+				}
+			}()
+		}
+		t.Cleanup(func() {
+			c.Close()
+			if err := <-done; err != nil {
+				t.Errorf("session: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	// An empty freeze list freezes nothing and says so.
+	if paths, err := a.z.freeze(time.Second); err != nil || len(paths) != 0 {
+		t.Fatalf("freeze of nothing: %v %v", paths, err)
+	}
+	if _, err := a.z.thaw(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParseCmdline(t *testing.T) {
+	got, err := ParseCmdline("console=ttyS0 nexus.workspace=/work/ nexus.mount=nexus-vol-data:/data quiet", "nexus-workspace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"nexus-workspace": "/work", "nexus-vol-data": "/data"}
+	if len(got) != len(want) || got["nexus-workspace"] != "/work" || got["nexus-vol-data"] != "/data" {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got, _ := ParseCmdline("console=ttyS0", "nexus-workspace"); got["nexus-workspace"] != "/workspace" {
+		t.Fatalf("default workspace: %v", got)
+	}
+	for _, bad := range []string{"nexus.mount=x", "nexus.mount=x:rel", "nexus.workspace=rel", "nexus.mount=a:/x nexus.mount=a:/y"} {
+		if _, err := ParseCmdline(bad, "nexus-workspace"); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
