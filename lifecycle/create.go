@@ -92,8 +92,9 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	}
 	defer releaseAll(held)
 
-	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan))
-	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan)...)
+	tee := &teedDisk{path: m.Root.RawDisk(id)}
+	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan, tee))
+	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan, tee)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
 		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot}
 	}))
@@ -345,15 +346,36 @@ func (m *Manager) retireIntents(held []*intent.Held, intents []publishedIntent) 
 }
 
 // materialiseSteps writes the sandbox's disks and supervisor state.
-func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan) []sagas.Step {
+func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan, tee *teedDisk) []sagas.Step {
 	raw := m.res(events.KindRawDisk, m.Root.RawDisk(id))
 	ws := m.res(events.KindWorkspaceDisk, m.Root.WorkspaceDisk(id))
-	steps := []sagas.Step{
+	osDisk := m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) {
 		// From the cache entry, not the image: the entry is what the commit
 		// records as the bootstrap, and the image may change meanwhile.
-		m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) {
-			return m.clone("os disk of "+id, m.Root.ImageDisk(plan.boot.CacheID), dst)
-		}),
+		return m.clone("os disk of "+id, m.Root.ImageDisk(plan.boot.CacheID), dst)
+	})
+	cloneDo, cloneUndo := osDisk.Do, osDisk.Undo
+	osDisk.Do = func(ctx context.Context) ([]events.Payload, error) {
+		if tee.method == "" {
+			return cloneDo(ctx)
+		}
+		// The image-cache step wrote it from the same read as the entry
+		// (a miss): it is this saga's, and a copy of the entry.
+		tee.adopted = true
+		size, err := disk.Stat(tee.path)
+		if err != nil {
+			return nil, err
+		}
+		return sagas.One(events.DiskMaterialisedEvent{Resource: raw, Method: string(tee.method), AllocatedBytes: size.Allocated, ApparentBytes: size.Apparent}), nil
+	}
+	osDisk.Undo = func(ctx context.Context) ([]events.Payload, error) {
+		if tee.adopted {
+			return m.reclaim(raw, false, "compensation")
+		}
+		return cloneUndo(ctx)
+	}
+	steps := []sagas.Step{
+		osDisk,
 		m.diskStep("workspace-disk", ws, func(dst string) (disk.Method, error) {
 			return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
 		}),

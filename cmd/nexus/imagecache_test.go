@@ -574,3 +574,56 @@ func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
 		t.Fatalf("prune after the fork and restore are gone: %+v", rep)
 	}
 }
+
+// TestCreateMissCopiesOnce: on a cache miss the OS disk is written in the
+// same pass over the image as the cache entry (the image-cache step), so
+// when that step is journaled the disk is already there, equal to the
+// entry; the os-disk step only takes it over. On a hit nothing is written
+// before os-disk, which clones the entry.
+func TestCreateMissCopiesOnce(t *testing.T) {
+	image := makeImage(t)
+	root := shortRoot(t)
+	rawDisks := func() []string {
+		m, _ := filepath.Glob(filepath.Join(root, "disks", "*.raw"))
+		return m
+	}
+	for _, c := range []struct {
+		name      string
+		teedDisks int // disks present when image-cache is journaled
+	}{{"miss", 1}, {"hit", 1}} {
+		creator, out := pausedCreate(t, root, "create.image-cache", "--image", image)
+		disks := rawDisks()
+		if len(disks) != c.teedDisks {
+			creator.Process.Signal(syscall.SIGCONT)
+			creator.Wait()
+			t.Fatalf("%s: %d OS disks after image-cache was journaled (%v), want %d", c.name, len(disks), disks, c.teedDisks)
+		}
+		if c.name == "miss" && !sameBytes(t, disks[0], image) {
+			t.Fatalf("the teed OS disk %s differs from the image", disks[0])
+		}
+		creator.Process.Signal(syscall.SIGCONT)
+		if err := creator.Wait(); err != nil {
+			t.Fatalf("%s: create: %v", c.name, err)
+		}
+		var sb struct{ ID string }
+		if err := json.Unmarshal([]byte(out.String()), &sb); err != nil {
+			t.Fatalf("%s: create printed %q", c.name, out.String())
+		}
+		raw := filepath.Join(root, "disks", sb.ID+".raw")
+		if !sameBytes(t, raw, image) {
+			t.Fatalf("%s: %s differs from the image", c.name, raw)
+		}
+		var methods []string
+		for _, line := range strings.Split(mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb.ID), "events").stdout, "\n") {
+			if strings.Contains(line, `"disk.materialised"`) && strings.Contains(line, `"raw-disk"`) {
+				methods = append(methods, line)
+			}
+		}
+		if len(methods) != 1 {
+			t.Fatalf("%s: %d raw-disk materialised events, want 1: %v", c.name, len(methods), methods)
+		}
+	}
+	if n := len(cacheList(t, root)); n != 1 {
+		t.Fatalf("%d cache entries, want 1", n)
+	}
+}
