@@ -20,8 +20,12 @@ setup:
 	$(GO) mod download
 
 # What only the tests need: Node.js and the example subscriber's npm
-# packages (a subscriber in another language runs in the suite).
+# packages (a subscriber in another language runs in the suite), and
+# xfsprogs (reflink tests loop-mount an XFS made with reflink=1).
 setup-test: setup
+	@if ! command -v mkfs.xfs >/dev/null 2>&1 && [ ! -x /usr/sbin/mkfs.xfs ] && [ ! -x /sbin/mkfs.xfs ]; then \
+	  echo "installing xfsprogs"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xfsprogs; fi
 	@if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then \
 	  echo "installing nodejs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; fi

@@ -228,16 +228,35 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err != nil {
 		return refuse("image: %v", err)
 	}
-	need += imageSize.Allocated
-	if ok, _ := fsx.Lexists(string(m.Root), m.rel(m.Root.ImageEntry(plan.boot.CacheID))); !ok {
-		need += imageSize.Allocated // the cache entry is prepared first
-	}
+	hit, _ := fsx.Lexists(string(m.Root), m.rel(m.Root.ImageEntry(plan.boot.CacheID)))
+	need += osDiskCost(m.Root, image, imageSize.Allocated, hit)
 	if !spec.Force {
 		if err := disk.Preflight(m.Root.Disks(), need); err != nil {
 			return plan, fmt.Errorf("%w: %v (--force skips this check)", ErrRefused, err)
 		}
 	}
 	return plan, nil
+}
+
+// osDiskCost is the data blocks an OS disk of an image allocating
+// imageBytes takes: on a hit the disk is a clone of the entry, on a miss
+// the entry and the disk are both clones of the image (disk.CloneEach).
+// A FICLONE shares extents and allocates none, so where the state root's
+// filesystem reflinks (probed once per filesystem) a clone is charged
+// nothing: a create there is not refused for space it will not use. The
+// image itself reflinks only when it is on that filesystem too.
+func osDiskCost(root layout.Root, image string, imageBytes int64, hit bool) int64 {
+	cow := disk.Reflinks(root.Disks()) && disk.SameFilesystem(root.Disks(), root.Images())
+	switch {
+	case hit && cow:
+		return 0
+	case hit:
+		return imageBytes
+	case cow && disk.SameFilesystem(image, root.Disks()):
+		return 0
+	default:
+		return 2 * imageBytes // the entry, and the disk from the same read
+	}
 }
 
 func (m *Manager) checkVolumes(ctx context.Context, mounts []Mount) error {

@@ -136,3 +136,26 @@ func TestCloneEachReflinksOnXFS(t *testing.T) {
 		t.Fatal("copies differ from the source")
 	}
 }
+
+// TestReflinks: the probe answers yes on XFS with reflink=1, no on ext4
+// and tmpfs, and leaves no file behind either way.
+func TestReflinks(t *testing.T) {
+	xfs := smallfs.MountXFS(t, 300*MiB)
+	ext4 := smallfs.Mount(t, 64*MiB)
+	tmp := t.TempDir()
+	for dir, want := range map[string]bool{xfs: true, ext4: false, "/dev/shm": false} {
+		before, _ := os.ReadDir(dir)
+		if got := disk.Reflinks(dir); got != want {
+			t.Errorf("Reflinks(%s) = %v, want %v", dir, got, want)
+		}
+		if got := disk.Reflinks(dir); got != want { // the remembered answer
+			t.Errorf("Reflinks(%s) again = %v, want %v", dir, got, want)
+		}
+		if after, _ := os.ReadDir(dir); len(after) != len(before) {
+			t.Errorf("the probe left files in %s: %d entries before, %d after", dir, len(before), len(after))
+		}
+	}
+	if !disk.SameFilesystem(xfs, filepath.Join(xfs, ".")) || disk.SameFilesystem(xfs, tmp) {
+		t.Error("SameFilesystem")
+	}
+}
