@@ -396,7 +396,18 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan, 
 	steps := []sagas.Step{
 		osDisk,
 		m.diskStep("workspace-disk", ws, func(dst string) (disk.Method, error) {
-			return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
+			if spec.Workspace != "" {
+				return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
+			}
+			// An empty workspace is a clone of the template of its size
+			// (made once, under the cache lease this create holds shared):
+			// a FICLONE or a copy of a few MiB of metadata, not a mkfs.ext4
+			// process per create.
+			tmpl, _, err := imagecache.Template(m.Root, plan.workspaceBytes)
+			if err != nil {
+				return "", err
+			}
+			return disk.Clone(tmpl, dst)
 		}),
 	}
 	for _, sh := range spec.Shadows {

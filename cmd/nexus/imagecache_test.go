@@ -21,6 +21,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -625,5 +626,46 @@ func TestCreateMissCopiesOnce(t *testing.T) {
 	}
 	if n := len(cacheList(t, root)); n != 1 {
 		t.Fatalf("%d cache entries, want 1", n)
+	}
+}
+
+// TestWorkspaceFromTemplate: an empty workspace disk is a clone of the
+// overlay template of its size, made by the first create and reused by
+// the next (not rewritten), each a clean empty ext4 (e2fsck -fn); the
+// template is out of the image cache's scope (not listed, not pruned).
+func TestWorkspaceFromTemplate(t *testing.T) {
+	image := makeImage(t)
+	root := shortRoot(t)
+	a := createJSON(t, root, "--image", image)
+	tmpls, _ := filepath.Glob(filepath.Join(root, "images", "*.template", "disk.raw"))
+	if len(tmpls) != 1 {
+		t.Fatalf("templates %v, want one", tmpls)
+	}
+	before, err := os.Stat(tmpls[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := createJSON(t, root, "--image", image)
+	if after, _ := os.Stat(tmpls[0]); !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatal("the second create remade the template")
+	}
+	for _, sb := range []string{a.ID, b.ID} {
+		ws := layout.Root(root).WorkspaceDisk(sb)
+		if out, err := exec.Command("e2fsck", "-fn", ws).CombinedOutput(); err != nil {
+			t.Fatalf("e2fsck -fn %s: %v\n%s", ws, err, out)
+		}
+		events := mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb), "events").stdout
+		if !strings.Contains(events, `"workspace-disk"`) || strings.Contains(events, `"method":"mkfs"`) {
+			t.Fatalf("workspace of %s not cloned from the template:\n%s", sb, events)
+		}
+	}
+	mustOK(t, nexus(t, root, "image-cache", "prune", "--unused"), "prune")
+	if !exists(tmpls[0]) {
+		t.Fatal("prune removed the overlay template")
+	}
+	for _, l := range cacheList(t, root) {
+		if strings.HasSuffix(l.CacheID, ".template") {
+			t.Fatalf("image-cache list shows the template: %+v", l)
+		}
 	}
 }
