@@ -17,18 +17,17 @@ setup:
 	if [ -n "$$missing" ]; then \
 	  echo "installing e2fsprogs"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
-	@if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! ls /boot/vmlinuz-* >/dev/null 2>&1; then \
-	  echo "installing qemu-system-x86 and linux-image-cloud-amd64 (the real-guest test boots one)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 linux-image-cloud-amd64; fi
 	$(GO) mod download
 
 # What only the tests need: QEMU, a Debian cloud kernel and cpio (real
-# guests boot in the suite), Node.js and the example subscriber's npm
-# packages (a subscriber in another language runs in the suite).
+# guests boot in the suite), xfsprogs (reflink tests loop-mount an XFS made
+# with reflink=1), Node.js and the example subscriber's npm packages (a
+# subscriber in another language runs in the suite).
 setup-test: setup
 	@missing=""; command -v cpio >/dev/null 2>&1 || missing="$$missing cpio"; \
 	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
+	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
@@ -107,6 +106,7 @@ bench: setup
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 	$(GO) test -run '^$$' -bench 'CreateVsCpSparse' -benchtime 5x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'CreateMissHitVsCp' -benchtime 5x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'Lifecycle100|Fork16' -benchtime 1x -timeout 30m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ReapScanClassify' -benchtime 1x -timeout 30m ./lifecycle/
 	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/

@@ -1,6 +1,10 @@
 package layout
 
-import "strings"
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+)
 
 // The image cache (SPEC: images/). A committed entry is a directory
 // images/<cacheID>/ holding the prepared root disk and the identity it was
@@ -60,4 +64,16 @@ func IsImageEntryName(name string) bool {
 		}
 	}
 	return true
+}
+
+// OverlayTemplate is the directory of the empty ext4 template a new
+// sandbox's empty workspace (overlay) disk of sizeBytes is cloned from:
+// one per size, made once (host/imagecache.Template).
+func (r Root) OverlayTemplate(sizeBytes int64) string {
+	return r.join("images", fmt.Sprintf("ext4-%d%s", sizeBytes, ImageTemplateSuffix))
+}
+
+// OverlayTemplateDisk is the template's image inside OverlayTemplate.
+func (r Root) OverlayTemplateDisk(sizeBytes int64) string {
+	return filepath.Join(r.OverlayTemplate(sizeBytes), ImageDiskName)
 }

@@ -92,8 +92,9 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	}
 	defer releaseAll(held)
 
-	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan))
-	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan)...)
+	tee := &teedDisk{path: m.Root.RawDisk(id)}
+	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan, tee))
+	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan, tee)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
 		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot}
 	}))
@@ -227,16 +228,35 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err != nil {
 		return refuse("image: %v", err)
 	}
-	need += imageSize.Allocated
-	if ok, _ := fsx.Lexists(string(m.Root), m.rel(m.Root.ImageEntry(plan.boot.CacheID))); !ok {
-		need += imageSize.Allocated // the cache entry is prepared first
-	}
+	hit, _ := fsx.Lexists(string(m.Root), m.rel(m.Root.ImageEntry(plan.boot.CacheID)))
+	need += osDiskCost(m.Root, image, imageSize.Allocated, hit)
 	if !spec.Force {
 		if err := disk.Preflight(m.Root.Disks(), need); err != nil {
 			return plan, fmt.Errorf("%w: %v (--force skips this check)", ErrRefused, err)
 		}
 	}
 	return plan, nil
+}
+
+// osDiskCost is the data blocks an OS disk of an image allocating
+// imageBytes takes: on a hit the disk is a clone of the entry, on a miss
+// the entry and the disk are both clones of the image (disk.CloneEach).
+// A FICLONE shares extents and allocates none, so where the state root's
+// filesystem reflinks (probed once per filesystem) a clone is charged
+// nothing: a create there is not refused for space it will not use. The
+// image itself reflinks only when it is on that filesystem too.
+func osDiskCost(root layout.Root, image string, imageBytes int64, hit bool) int64 {
+	cow := disk.Reflinks(root.Disks()) && disk.SameFilesystem(root.Disks(), root.Images())
+	switch {
+	case hit && cow:
+		return 0
+	case hit:
+		return imageBytes
+	case cow && disk.SameFilesystem(image, root.Disks()):
+		return 0
+	default:
+		return 2 * imageBytes // the entry, and the disk from the same read
+	}
 }
 
 func (m *Manager) checkVolumes(ctx context.Context, mounts []Mount) error {
@@ -345,17 +365,49 @@ func (m *Manager) retireIntents(held []*intent.Held, intents []publishedIntent) 
 }
 
 // materialiseSteps writes the sandbox's disks and supervisor state.
-func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan) []sagas.Step {
+func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan, tee *teedDisk) []sagas.Step {
 	raw := m.res(events.KindRawDisk, m.Root.RawDisk(id))
 	ws := m.res(events.KindWorkspaceDisk, m.Root.WorkspaceDisk(id))
-	steps := []sagas.Step{
+	osDisk := m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) {
 		// From the cache entry, not the image: the entry is what the commit
 		// records as the bootstrap, and the image may change meanwhile.
-		m.diskStep("os-disk", raw, func(dst string) (disk.Method, error) {
-			return m.clone("os disk of "+id, m.Root.ImageDisk(plan.boot.CacheID), dst)
-		}),
+		return m.clone("os disk of "+id, m.Root.ImageDisk(plan.boot.CacheID), dst)
+	})
+	cloneDo, cloneUndo := osDisk.Do, osDisk.Undo
+	osDisk.Do = func(ctx context.Context) ([]events.Payload, error) {
+		if tee.method == "" {
+			return cloneDo(ctx)
+		}
+		// The image-cache step wrote it from the same read as the entry
+		// (a miss): it is this saga's, and a copy of the entry.
+		tee.adopted = true
+		size, err := disk.Stat(tee.path)
+		if err != nil {
+			return nil, err
+		}
+		return sagas.One(events.DiskMaterialisedEvent{Resource: raw, Method: string(tee.method), AllocatedBytes: size.Allocated, ApparentBytes: size.Apparent}), nil
+	}
+	osDisk.Undo = func(ctx context.Context) ([]events.Payload, error) {
+		if tee.adopted {
+			return m.reclaim(raw, false, "compensation")
+		}
+		return cloneUndo(ctx)
+	}
+	steps := []sagas.Step{
+		osDisk,
 		m.diskStep("workspace-disk", ws, func(dst string) (disk.Method, error) {
-			return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
+			if spec.Workspace != "" {
+				return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
+			}
+			// An empty workspace is a clone of the template of its size
+			// (made once, under the cache lease this create holds shared):
+			// a FICLONE or a copy of a few MiB of metadata, not a mkfs.ext4
+			// process per create.
+			tmpl, _, err := imagecache.Template(m.Root, plan.workspaceBytes)
+			if err != nil {
+				return "", err
+			}
+			return disk.Clone(tmpl, dst)
 		}),
 	}
 	for _, sh := range spec.Shadows {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"sort"
 	"strings"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/lease"
@@ -46,10 +48,22 @@ func (m *Manager) bootstrapOf(ctx context.Context, id string) (events.Bootstrap,
 	return st.Bootstrap(id), nil
 }
 
+// teedDisk is a sandbox OS disk the image-cache step wrote on a miss, in
+// the same pass that prepared the entry, for the os-disk step to adopt.
+type teedDisk struct {
+	path    string      // where to write it
+	method  disk.Method // how it was made; "" if it was not
+	adopted bool        // the os-disk step took it over (and its undo)
+}
+
 // imageCacheStep prepares plan's image into the cache unless a committed
-// entry of the same identity exists, and journals the entry and its use. It has no undo: an entry is
-// shared, owned by no sandbox, and prunable once nothing references it.
-func (m *Manager) imageCacheStep(plan createPlan) sagas.Step {
+// entry of the same identity exists, and journals the entry and its use.
+// On a miss it also writes the sandbox's OS disk (tee) from the same read
+// of the image, so a miss copies the image once, not image → entry →
+// disk. An entry is shared, owned by no sandbox, and prunable once nothing
+// references it, so the undo never touches it; it only removes a teed disk
+// the os-disk step did not take over (the intent covers it until then).
+func (m *Manager) imageCacheStep(plan createPlan, tee *teedDisk) sagas.Step {
 	return sagas.Step{
 		Name: "image-cache",
 		Do: func(ctx context.Context) ([]events.Payload, error) {
@@ -57,10 +71,21 @@ func (m *Manager) imageCacheStep(plan createPlan) sagas.Step {
 			id := imagecache.Identity{CacheID: plan.boot.CacheID, Ref: plan.image, Identity: plan.boot.Identity,
 				Layout: imagecache.LayoutVersion, PreparedMs: now}
 			update, end := m.copyProgress("image cache entry of " + plan.image)
-			_, _, err := imagecache.PrepareProgress(m.Root, plan.image, id, update)
+			also := ""
+			if tee != nil {
+				// O_EXCL below; the os-disk step's check for a path that is
+				// not this saga's runs here too, before anything is written.
+				if there, err := fsx.Lexists(string(m.Root), m.rel(tee.path)); err == nil && !there {
+					also = tee.path
+				}
+			}
+			_, _, method, err := imagecache.PrepareAlso(m.Root, plan.image, id, also, update)
 			end()
 			if err != nil {
 				return nil, err
+			}
+			if tee != nil {
+				tee.method = method
 			}
 			// Journaled on every use, not only when this create committed the
 			// entry: folding it again is harmless, and it adopts an entry a
@@ -69,6 +94,16 @@ func (m *Manager) imageCacheStep(plan createPlan) sagas.Step {
 			ps := []events.Payload{events.ImageCachePreparedEvent{CacheID: id.CacheID, Ref: id.Ref, Identity: id.Identity,
 				Layout: id.Layout, Path: m.rel(m.Root.ImageEntry(id.CacheID))}}
 			return append(ps, events.ImageCacheUsedEvent{CacheID: id.CacheID, LastUseMs: now}), nil
+		},
+		Undo: func(context.Context) ([]events.Payload, error) {
+			if tee == nil || tee.method == "" || tee.adopted {
+				return nil, nil
+			}
+			if err := fsx.Remove(string(m.Root), m.rel(tee.path)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return nil, err
+			}
+			tee.method = ""
+			return nil, nil
 		},
 	}
 }

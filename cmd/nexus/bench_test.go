@@ -27,7 +27,13 @@ const mib = 1 << 20
 // 1 MiB chunks at scattered, deterministic offsets, and fsyncs it.
 func benchImage1G(b *testing.B) string {
 	b.Helper()
-	path := filepath.Join(b.TempDir(), "base.raw")
+	return benchImage1GIn(b, b.TempDir())
+}
+
+// benchImage1GIn is benchImage1G written into dir.
+func benchImage1GIn(b *testing.B, dir string) string {
+	b.Helper()
+	path := filepath.Join(dir, "base.raw")
 	f, err := os.Create(path)
 	if err != nil {
 		b.Fatal(err)

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/smallfs"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -98,4 +100,58 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	if out := mustOK(t, nexus(t, root, "replay", "verify"), "replay verify").stdout; !strings.Contains(out, "unfinished sagas: 0") {
 		t.Fatalf("replay verify: %s", out)
 	}
+}
+
+// TestPreflightKnowsReflink: on XFS with reflink=1 a create's OS disk and
+// cache entry are FICLONEs that allocate no data blocks, so the preflight
+// charges them nothing: with less free space than two copies (a miss) or
+// one copy (a hit) of the image's data, creates are admitted and indeed
+// use almost none of it. An image on another filesystem cannot be
+// reflinked, and the same create is refused.
+func TestPreflightKnowsReflink(t *testing.T) {
+	mnt := smallfs.MountXFS(t, 1<<30)
+	root := filepath.Join(mnt, "root")
+	t.Cleanup(func() { testutil.KillProcessesUnder(root) }) // before the unmount
+	image := filepath.Join(mnt, "base.raw")
+	f, err := os.Create(image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 1<<20)
+	for i := range chunk {
+		chunk[i] = byte(i*13 + 5)
+	}
+	for i := 0; i < 200; i++ {
+		if _, err := f.WriteAt(chunk, int64(i)*(2<<20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Truncate(1 << 30)
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	const data = 200 << 20
+	mustOK(t, nexus(t, root, "ls"), "ls") // the journal's own blocks first
+
+	filler := smallfs.Fill(t, mnt, data+data/2) // < entry + disk
+	free := smallfs.Free(t, mnt)
+	a := createJSON(t, root, "--image", image)
+	if used := free - smallfs.Free(t, mnt); used > data/2 {
+		t.Fatalf("a create by reflink used %d bytes", used)
+	}
+	// A second filler, not a smaller one: XFS frees a removed file's blocks
+	// in the background, so removing the first would race the measure.
+	filler2 := smallfs.Fill(t, mnt, data/2) // < one copy
+	defer os.Remove(filler2)
+	createJSON(t, root, "--image", image)
+
+	// The same data on another filesystem: two real copies, refused.
+	other := filepath.Join(t.TempDir(), "other.raw")
+	if out, err := exec.Command("cp", "--sparse=always", image, other).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	wantFailure(t, proc(t, root, "create", "--image", other), 1, "insufficient disk space")
+	mustOK(t, proc(t, root, "rm", "-f", a.ID), "rm")
+	os.Remove(filler)
 }

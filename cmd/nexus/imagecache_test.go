@@ -21,6 +21,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -572,5 +573,99 @@ func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
 	}
 	if rep := pruneJSON(t, root); len(rep.Removed) != 1 || rep.Removed[0].CacheID != imageRow.CacheID {
 		t.Fatalf("prune after the fork and restore are gone: %+v", rep)
+	}
+}
+
+// TestCreateMissCopiesOnce: on a cache miss the OS disk is written in the
+// same pass over the image as the cache entry (the image-cache step), so
+// when that step is journaled the disk is already there, equal to the
+// entry; the os-disk step only takes it over. On a hit nothing is written
+// before os-disk, which clones the entry.
+func TestCreateMissCopiesOnce(t *testing.T) {
+	image := makeImage(t)
+	root := shortRoot(t)
+	rawDisks := func() []string {
+		m, _ := filepath.Glob(filepath.Join(root, "disks", "*.raw"))
+		return m
+	}
+	for _, c := range []struct {
+		name      string
+		teedDisks int // disks present when image-cache is journaled
+	}{{"miss", 1}, {"hit", 1}} {
+		creator, out := pausedCreate(t, root, "create.image-cache", "--image", image)
+		disks := rawDisks()
+		if len(disks) != c.teedDisks {
+			creator.Process.Signal(syscall.SIGCONT)
+			creator.Wait()
+			t.Fatalf("%s: %d OS disks after image-cache was journaled (%v), want %d", c.name, len(disks), disks, c.teedDisks)
+		}
+		if c.name == "miss" && !sameBytes(t, disks[0], image) {
+			t.Fatalf("the teed OS disk %s differs from the image", disks[0])
+		}
+		creator.Process.Signal(syscall.SIGCONT)
+		if err := creator.Wait(); err != nil {
+			t.Fatalf("%s: create: %v", c.name, err)
+		}
+		var sb struct{ ID string }
+		if err := json.Unmarshal([]byte(out.String()), &sb); err != nil {
+			t.Fatalf("%s: create printed %q", c.name, out.String())
+		}
+		raw := filepath.Join(root, "disks", sb.ID+".raw")
+		if !sameBytes(t, raw, image) {
+			t.Fatalf("%s: %s differs from the image", c.name, raw)
+		}
+		var methods []string
+		for _, line := range strings.Split(mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb.ID), "events").stdout, "\n") {
+			if strings.Contains(line, `"disk.materialised"`) && strings.Contains(line, `"raw-disk"`) {
+				methods = append(methods, line)
+			}
+		}
+		if len(methods) != 1 {
+			t.Fatalf("%s: %d raw-disk materialised events, want 1: %v", c.name, len(methods), methods)
+		}
+	}
+	if n := len(cacheList(t, root)); n != 1 {
+		t.Fatalf("%d cache entries, want 1", n)
+	}
+}
+
+// TestWorkspaceFromTemplate: an empty workspace disk is a clone of the
+// overlay template of its size, made by the first create and reused by
+// the next (not rewritten), each a clean empty ext4 (e2fsck -fn); the
+// template is out of the image cache's scope (not listed, not pruned).
+func TestWorkspaceFromTemplate(t *testing.T) {
+	image := makeImage(t)
+	root := shortRoot(t)
+	a := createJSON(t, root, "--image", image)
+	tmpls, _ := filepath.Glob(filepath.Join(root, "images", "*.template", "disk.raw"))
+	if len(tmpls) != 1 {
+		t.Fatalf("templates %v, want one", tmpls)
+	}
+	before, err := os.Stat(tmpls[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := createJSON(t, root, "--image", image)
+	if after, _ := os.Stat(tmpls[0]); !os.SameFile(before, after) || !after.ModTime().Equal(before.ModTime()) {
+		t.Fatal("the second create remade the template")
+	}
+	for _, sb := range []string{a.ID, b.ID} {
+		ws := layout.Root(root).WorkspaceDisk(sb)
+		if out, err := exec.Command("e2fsck", "-fn", ws).CombinedOutput(); err != nil {
+			t.Fatalf("e2fsck -fn %s: %v\n%s", ws, err, out)
+		}
+		events := mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb), "events").stdout
+		if !strings.Contains(events, `"workspace-disk"`) || strings.Contains(events, `"method":"mkfs"`) {
+			t.Fatalf("workspace of %s not cloned from the template:\n%s", sb, events)
+		}
+	}
+	mustOK(t, nexus(t, root, "image-cache", "prune", "--unused"), "prune")
+	if !exists(tmpls[0]) {
+		t.Fatal("prune removed the overlay template")
+	}
+	for _, l := range cacheList(t, root) {
+		if strings.HasSuffix(l.CacheID, ".template") {
+			t.Fatalf("image-cache list shows the template: %+v", l)
+		}
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -113,42 +115,82 @@ type Progress func(done, total int64)
 // CloneProgress is Clone reporting its position to progress (nil: none)
 // from the goroutine that writes, after each chunk is written.
 func CloneProgress(src, dst string, progress Progress) (method Method, err error) {
+	methods, err := CloneEach(src, []string{dst}, progress)
+	if err != nil {
+		return "", err
+	}
+	return methods[0], nil
+}
+
+// CloneEach materialises every dst as a copy of src, as Clone does, but
+// reads src once: each dst is a FICLONE where the filesystem pair allows
+// it, and all the others are written from the same pass over src's data
+// (a cache miss makes the cache entry and the sandbox's disk this way, so
+// the image is read once). It returns the method of each dst; on any
+// failure every dst it created is removed.
+func CloneEach(src string, dsts []string, progress Progress) (methods []Method, err error) {
 	if progress == nil {
 		progress = func(int64, int64) {}
 	}
 	in, size, err := openSource(src)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	defer in.Close()
 
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return "", fmt.Errorf("disk: clone %s: create %s: %w", src, dst, err)
-	}
+	outs := make([]*os.File, 0, len(dsts))
 	defer func() {
 		if err != nil {
-			out.Close()
-			os.Remove(dst)
+			for _, out := range outs {
+				out.Close()
+				os.Remove(out.Name())
+			}
 		}
 	}()
+	for _, dst := range dsts {
+		out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("disk: clone %s: create %s: %w", src, dst, err)
+		}
+		outs = append(outs, out)
+	}
+	what := strings.Join(dsts, ", ")
 
-	method, err = cloneInto(in, out, size, progress)
+	methods, err = cloneInto(in, outs, size, progress)
 	if err != nil {
-		return "", fmt.Errorf("disk: clone %s to %s: %w", src, dst, err)
+		return nil, fmt.Errorf("disk: clone %s to %s: %w", src, what, err)
 	}
 	// Sync reports writeback errors, ENOSPC included on filesystems that
-	// allocate at writeback, so a clone is not done until it succeeds.
-	if err = out.Sync(); err != nil {
-		return "", fmt.Errorf("disk: clone %s to %s: %w", src, dst, err)
+	// allocate at writeback, so a clone is not done until it succeeds. The
+	// copies are synced at once, so their writeback shares the device's queue.
+	syncErrs := make([]error, len(outs))
+	var wg sync.WaitGroup
+	for i, out := range outs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			syncErrs[i] = out.Sync()
+		}()
 	}
-	if err = out.Close(); err != nil {
-		return "", fmt.Errorf("disk: clone %s to %s: %w", src, dst, err)
+	wg.Wait()
+	if err = errors.Join(syncErrs...); err != nil {
+		return nil, fmt.Errorf("disk: clone %s to %s: %w", src, what, err)
 	}
-	if err = durable.SyncDir(filepath.Dir(dst)); err != nil {
-		return "", fmt.Errorf("disk: clone %s to %s: %w", src, dst, err)
+	synced := map[string]bool{}
+	for _, out := range outs {
+		if err = out.Close(); err != nil {
+			return nil, fmt.Errorf("disk: clone %s to %s: %w", src, out.Name(), err)
+		}
 	}
-	return method, nil
+	for _, dst := range dsts {
+		if dir := filepath.Dir(dst); !synced[dir] {
+			synced[dir] = true
+			if err = durable.SyncDir(dir); err != nil {
+				return nil, fmt.Errorf("disk: clone %s to %s: %w", src, dst, err)
+			}
+		}
+	}
+	return methods, nil
 }
 
 // openSource opens src without following a final symlink and without
@@ -179,20 +221,30 @@ func openSource(src string) (*os.File, int64, error) {
 	return os.NewFile(uintptr(fd), src), st.Size, nil
 }
 
-func cloneInto(in, out *os.File, size int64, progress Progress) (Method, error) {
-	err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
-	if err == nil {
-		progress(size, size)
-		return MethodReflink, nil
+// cloneInto reflinks in into each out that allows it and sparse-copies
+// the rest in one pass.
+func cloneInto(in *os.File, outs []*os.File, size int64, progress Progress) ([]Method, error) {
+	methods := make([]Method, len(outs))
+	var copies []*os.File
+	for i, out := range outs {
+		err := unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
+		switch {
+		case err == nil:
+			methods[i] = MethodReflink
+		case reflinkUnsupported(err):
+			methods[i] = MethodSparseCopy
+			copies = append(copies, out)
+		default:
+			return nil, fmt.Errorf("FICLONE %s: %w", out.Name(), err)
+		}
 	}
-	if !reflinkUnsupported(err) {
-		return "", fmt.Errorf("FICLONE: %w", err)
-	}
-	if err := sparseCopy(in, out, size, progress); err != nil {
-		return "", err
+	if len(copies) > 0 {
+		if err := sparseCopy(in, copies, size, progress); err != nil {
+			return nil, err
+		}
 	}
 	progress(size, size)
-	return MethodSparseCopy, nil
+	return methods, nil
 }
 
 // reflinkUnsupported separates "this filesystem pair cannot share extents"
@@ -218,9 +270,11 @@ func reflinkUnsupported(err error) bool {
 // splice of the same pages, so it would add a second pass over the data and
 // allocate whatever zero runs it is handed (measured ~13% slower, see
 // docs/benchmarks-disk.md).
-func sparseCopy(in, out *os.File, size int64, progress Progress) error {
-	if err := out.Truncate(size); err != nil {
-		return err
+func sparseCopy(in *os.File, outs []*os.File, size int64, progress Progress) error {
+	for _, out := range outs {
+		if err := out.Truncate(size); err != nil {
+			return err
+		}
 	}
 	if size == 0 {
 		return nil
@@ -229,43 +283,62 @@ func sparseCopy(in, out *os.File, size int64, progress Progress) error {
 	// the disk busy while the zero scan runs. Advisory, so errors don't matter.
 	_ = unix.Fadvise(int(in.Fd()), 0, 0, unix.FADV_SEQUENTIAL)
 
-	w := &zeroSkipWriter{out: out}
-	// Reading (and scanning for zeros) overlaps writing: one goroutine
-	// writes chunks in offset order while this one reads ahead, so the copy
-	// takes about as long as the slower of the two instead of their sum.
+	// Reading (and scanning for zeros) overlaps writing: one goroutine per
+	// output writes chunks in offset order while this one reads ahead, so
+	// the copy takes about as long as the slowest of them instead of their
+	// sum. A buffer is reused once every writer is done with it.
 	type chunk struct {
-		buf []byte
-		off int64
+		buf  []byte
+		off  int64
+		left *atomic.Int32 // writers still to write it
 	}
 	free := make(chan []byte, copyBuffers)
 	for range copyBuffers {
 		free <- make([]byte, copyChunk)
 	}
-	full := make(chan chunk, copyBuffers)
+	fulls := make([]chan chunk, len(outs))
 	var writeFailed atomic.Bool
-	writeErr := make(chan error, 1)
-	go func() {
-		var err error
-		for c := range full {
-			if err == nil {
-				if err = w.write(c.buf, c.off); err != nil {
-					writeFailed.Store(true)
-				} else {
-					progress(c.off+int64(len(c.buf)), size)
+	writeErrs := make(chan error, len(outs))
+	for i, out := range outs {
+		fulls[i] = make(chan chunk, copyBuffers)
+		w := &zeroSkipWriter{out: out}
+		go func() {
+			var err error
+			for c := range fulls[i] {
+				if err == nil {
+					if err = w.write(c.buf, c.off); err != nil {
+						writeFailed.Store(true)
+					} else if i == 0 {
+						progress(c.off+int64(len(c.buf)), size)
+					}
+				}
+				if c.left.Add(-1) == 0 {
+					free <- c.buf[:cap(c.buf)]
 				}
 			}
-			free <- c.buf[:cap(c.buf)]
-		}
-		writeErr <- err
-	}()
+			writeErrs <- err
+		}()
+	}
 	readErr := readData(in, size, func(pos int64, n int) ([]byte, bool) {
 		if writeFailed.Load() {
 			return nil, false
 		}
 		return (<-free)[:n], true
-	}, func(b []byte, pos int64) { full <- chunk{b, pos} })
-	close(full)
-	if err := <-writeErr; err != nil {
+	}, func(b []byte, pos int64) {
+		left := new(atomic.Int32)
+		left.Store(int32(len(fulls)))
+		for _, full := range fulls {
+			full <- chunk{b, pos, left}
+		}
+	})
+	for _, full := range fulls {
+		close(full)
+	}
+	var errs []error
+	for range outs {
+		errs = append(errs, <-writeErrs)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	return readErr

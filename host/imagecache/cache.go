@@ -74,51 +74,84 @@ func Prepare(root layout.Root, src string, id Identity) (committed bool, method 
 
 // PrepareProgress is Prepare reporting the copy's position to progress.
 func PrepareProgress(root layout.Root, src string, id Identity, progress disk.Progress) (committed bool, method disk.Method, err error) {
+	committed, method, _, err = PrepareAlso(root, src, id, "", progress)
+	return committed, method, err
+}
+
+// PrepareAlso is PrepareProgress that, when it has to copy src (the entry
+// is not committed yet), also writes the absent file also (a sandbox's OS
+// disk) from the same read of src: a cache miss reads the image once. also
+// is made only when an entry with id's identity is committed by the time
+// PrepareAlso returns (by this call or a concurrent one), so it is a copy
+// of that entry; alsoMethod is empty when also was not made (a hit, or ""
+// given), and also is removed on every failure.
+func PrepareAlso(root layout.Root, src string, id Identity, also string, progress disk.Progress) (committed bool, method, alsoMethod disk.Method, err error) {
 	if err := fsx.EnsureDir(string(root), "images"); err != nil {
-		return false, "", err
+		return false, "", "", err
 	}
 	if err := Check(root, id); err == nil {
-		return false, "", nil
+		return false, "", "", nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return false, "", err
+		return false, "", "", err
 	}
 	prep := root.ImagePrepareDir(id.CacheID, ulid.Make().String())
 	if err := fsx.Mkdir(string(root), prep, 0o700); err != nil {
-		return false, "", fmt.Errorf("image cache: %w", err)
+		return false, "", "", fmt.Errorf("image cache: %w", err)
 	}
+	dsts := []string{filepath.Join(prep, layout.ImageDiskName)}
+	if also != "" {
+		dsts = append(dsts, also)
+	}
+	made := false
 	defer func() {
 		if !committed {
 			fsx.Remove(string(root), root.Rel(prep))
 		}
+		if made && err != nil {
+			os.Remove(also)
+		}
 	}()
-	method, err = disk.CloneProgress(src, filepath.Join(prep, layout.ImageDiskName), progress)
+	methods, err := disk.CloneEach(src, dsts, progress)
 	if err != nil {
-		return false, "", fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
+		return false, "", "", fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
 	}
+	method, made = methods[0], len(methods) > 1
+	if made {
+		alsoMethod = methods[1]
+	}
+	committed, err = publish(root, src, id, prep)
+	if err != nil {
+		return committed, "", "", err
+	}
+	return committed, method, alsoMethod, nil
+}
+
+// publish writes id into the prepared dir prep and renames prep into place
+// as the entry, unless a concurrent preparer committed it first.
+func publish(root layout.Root, src string, id Identity, prep string) (committed bool, err error) {
 	// The identity was taken before the copy; an image rewritten meanwhile
 	// would commit content the identity does not describe.
 	if now, _, err := IdentityOf(src); err != nil || now != id.Identity {
-		return false, "", fmt.Errorf("image cache: prepare %s: %s changed while it was copied; try again", id.CacheID, src)
+		return false, fmt.Errorf("image cache: prepare %s: %s changed while it was copied; try again", id.CacheID, src)
 	}
 	data, err := json.MarshalIndent(id, "", "  ")
 	if err != nil {
-		return false, "", err
+		return false, err
 	}
 	if err := fsx.WriteFile(string(root), filepath.Join(prep, layout.ImageIdentityName), append(data, '\n'), 0o600); err != nil {
-		return false, "", fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
+		return false, fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
 	}
 	err = unix.Renameat2(unix.AT_FDCWD, prep, unix.AT_FDCWD, root.ImageEntry(id.CacheID), unix.RENAME_NOREPLACE)
 	if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
-		return false, method, Check(root, id)
+		return false, Check(root, id)
 	}
 	if err != nil {
-		return false, "", fmt.Errorf("image cache: commit %s: %w", id.CacheID, err)
+		return false, fmt.Errorf("image cache: commit %s: %w", id.CacheID, err)
 	}
-	committed = true
 	if err := durable.SyncDir(root.Images()); err != nil {
-		return true, method, fmt.Errorf("image cache: commit %s: %w", id.CacheID, err)
+		return true, fmt.Errorf("image cache: commit %s: %w", id.CacheID, err)
 	}
-	return true, method, nil
+	return true, nil
 }
 
 // Check verifies that the committed entry id.CacheID holds a regular root

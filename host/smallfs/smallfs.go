@@ -20,6 +20,19 @@ import (
 // and says so in capitals.
 func Mount(t testing.TB, size int64) string {
 	t.Helper()
+	return mount(t, size, "mkfs.ext4", "-q", "-F", "-m", "0")
+}
+
+// MountXFS is Mount with an XFS filesystem made with reflink=1, so FICLONE
+// shares extents there (XFS needs at least 300 MiB). Without mkfs.xfs
+// (xfsprogs) it skips the test and says so in capitals.
+func MountXFS(t testing.TB, size int64) string {
+	t.Helper()
+	return mount(t, max(size, 300<<20), "mkfs.xfs", "-q", "-f", "-m", "reflink=1")
+}
+
+func mount(t testing.TB, size int64, mkfs ...string) string {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("SKIPPED: a real full filesystem needs root to loop-mount one; this test did not run")
 	}
@@ -35,8 +48,8 @@ func Mount(t testing.TB, size int64) string {
 	if err := os.Truncate(img, size); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
-		t.Skipf("SKIPPED: mkfs.ext4 is unavailable (%v: %s); this test did not run", err, strings.TrimSpace(string(out)))
+	if out, err := exec.Command(mkfs[0], append(mkfs[1:], img)...).CombinedOutput(); err != nil {
+		t.Skipf("SKIPPED: %s is unavailable (%v: %s); this test did not run", mkfs[0], err, strings.TrimSpace(string(out)))
 	}
 	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
 		t.Skipf("SKIPPED: loop mounts are unavailable here (%v: %s); this test did not run", err, strings.TrimSpace(string(out)))
