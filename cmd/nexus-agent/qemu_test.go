@@ -65,8 +65,19 @@ func TestBootUnderQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A helper that orphans a process, for PID 1's reaping.
+	orphanBin := filepath.Join(dir, "orphan")
+	build := exec.Command("go", "build", "-o", orphanBin, "./testdata/orphan")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build orphan: %v %s", err, out)
+	}
+	orphan, err := os.ReadFile(orphanBin)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var img bytes.Buffer
-	if err := initramfs.Build(&img, agentBytes, modDir, mods); err != nil {
+	if err := initramfs.Build(&img, agentBytes, modDir, mods, initramfs.Entry{Name: "orphan", Mode: initramfs.TypeReg | 0o755, Data: orphan}); err != nil {
 		t.Fatal(err)
 	}
 	initrd := filepath.Join(dir, "initrd.cpio")
@@ -178,6 +189,29 @@ func TestBootUnderQEMU(t *testing.T) {
 	st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/init", "--no-such-flag"}, Stderr: &stderr})
 	if err != nil || st.Code != 2 || !strings.Contains(stderr.String(), "no-such-flag") {
 		t.Fatalf("exec in the guest: %+v %v %q", st, err, stderr.String())
+	}
+	// An orphan is reparented to the agent as PID 1 and reaped when it
+	// exits, never left a zombie.
+	var pidOut bytes.Buffer
+	if st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/orphan"}, Stdout: &pidOut}); err != nil || st.Code != 0 {
+		t.Fatalf("orphan: %+v %v", st, err)
+	}
+	statPath := "/proc/" + strings.TrimSpace(pidOut.String()) + "/stat"
+	reapBy := time.Now().Add(15 * time.Second)
+	for reaped := false; !reaped; {
+		var stat bytes.Buffer
+		_, err := c.ReadFile(ctx, statPath, &stat)
+		var ae *agentproto.AgentError
+		switch {
+		case errors.As(err, &ae):
+			reaped = true // gone from /proc: reaped
+		case err != nil:
+			t.Fatal(err)
+		case time.Now().After(reapBy):
+			t.Fatalf("the orphan is still there: %s", stat.String())
+		default:
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
 	marker := []byte("written by the guest, then flushed\n")
 	if _, err := c.WriteFile(ctx, "/workspace/marker", 0o600, bytes.NewReader(marker)); err != nil {

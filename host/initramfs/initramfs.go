@@ -163,9 +163,10 @@ func modName(file string) string {
 }
 
 // Build assembles an initramfs: agent as /init, the modules (files under
-// modDir) and the list the agent loads them from, /dev/console, and the
-// mount points PID 1 uses.
-func Build(w io.Writer, agent []byte, modDir string, modules []string) error {
+// modDir) and the list the agent loads them from, /dev/console, the mount
+// points PID 1 uses, and any extra entries (after the rest, so their
+// directories may be among them or the standard ones).
+func Build(w io.Writer, agent []byte, modDir string, modules []string, extra ...Entry) error {
 	entries := []Entry{
 		{Name: "dev", Mode: TypeDir | 0o755},
 		{Name: "dev/console", Mode: TypeChr | 0o600, Major: 5, Minor: 1},
@@ -201,7 +202,7 @@ func Build(w io.Writer, agent []byte, modDir string, modules []string) error {
 	entries = append(entries, dirEntries...)
 	entries = append(entries, mods...)
 	entries = append(entries, Entry{Name: ModuleList, Mode: TypeReg | 0o644, Data: []byte(list.String())})
-	return Write(w, entries)
+	return Write(w, append(entries, extra...))
 }
 
 func sortByLen(es []Entry) {
