@@ -187,6 +187,7 @@ func pid1() {
 	if err := agent.MountPseudo(); err != nil {
 		die(err)
 	}
+	agent.ReapOrphans()
 	if err := agent.LoadModules("/etc/nexus/modules"); err != nil {
 		die(err)
 	}

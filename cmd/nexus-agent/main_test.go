@@ -381,3 +381,44 @@ func TestUnknownRequestIsAnsweredNotFatal(t *testing.T) {
 		t.Fatalf("ping after an unknown request: %+v %v", m, err)
 	}
 }
+
+// TestSessionEndKillsItsProcesses: a command still running when its
+// session's stream closes is killed with its process group, not left
+// behind.
+func TestSessionEndKillsItsProcesses(t *testing.T) {
+	c, _ := startAgent(t)
+	pids := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Exec(ctx, agentproto.Exec{Argv: []string{"/bin/sh", "-c", "sleep 60 & echo $!; wait"}, Stdout: &onWriteData{f: func(b []byte) { pids <- strings.TrimSpace(string(b)) }}})
+	var pid string
+	select {
+	case pid = <-pids:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the command did not start")
+	}
+	if _, err := os.Stat("/proc/" + pid); err != nil {
+		t.Fatalf("sleep %s is not running: %v", pid, err)
+	}
+	c.Close()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		b, err := os.ReadFile("/proc/" + pid + "/stat")
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			return // gone, or dead and awaiting its reaper
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sleep %s outlived its session", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type onWriteData struct {
+	once sync.Once
+	f    func([]byte)
+}
+
+func (o *onWriteData) Write(p []byte) (int, error) {
+	o.once.Do(func() { o.f(append([]byte(nil), p...)) })
+	return len(p), nil
+}

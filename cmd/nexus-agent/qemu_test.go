@@ -31,9 +31,16 @@ func TestBootUnderQEMU(t *testing.T) {
 
 	dir := t.TempDir()
 	modDir := filepath.Join("/lib/modules", release)
+	// A helper that orphans a process, for PID 1's reaping.
+	orphanBin := filepath.Join(dir, "orphan")
+	build := exec.Command("go", "build", "-o", orphanBin, "./testdata/orphan")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build orphan: %v %s", err, out)
+	}
 	initrd := filepath.Join(dir, "initrd.cpio.gz")
 	if _, err := initramfs.Build(initramfs.Options{ModulesDir: modDir, Init: agentBin, Out: initrd,
-		Wanted: initramfs.Wanted, Optional: initramfs.Optional}); err != nil {
+		Wanted: initramfs.Wanted, Optional: initramfs.Optional, Programs: map[string]string{"orphan": orphanBin}}); err != nil {
 		t.Fatal(err)
 	}
 	ws := filepath.Join(dir, "ws.ext4")
@@ -141,6 +148,29 @@ func TestBootUnderQEMU(t *testing.T) {
 	st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/init", "--no-such-flag"}, Stderr: &stderr})
 	if err != nil || st.Code != 2 || !strings.Contains(stderr.String(), "no-such-flag") {
 		t.Fatalf("exec in the guest: %+v %v %q", st, err, stderr.String())
+	}
+	// An orphan is reparented to the agent as PID 1 and reaped when it
+	// exits, never left a zombie.
+	var pidOut bytes.Buffer
+	if st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/orphan"}, Stdout: &pidOut}); err != nil || st.Code != 0 {
+		t.Fatalf("orphan: %+v %v", st, err)
+	}
+	statPath := "/proc/" + strings.TrimSpace(pidOut.String()) + "/stat"
+	reapBy := time.Now().Add(15 * time.Second)
+	for reaped := false; !reaped; {
+		var stat bytes.Buffer
+		_, err := c.ReadFile(ctx, statPath, &stat)
+		var ae *agentproto.AgentError
+		switch {
+		case errors.As(err, &ae):
+			reaped = true // gone from /proc: reaped
+		case err != nil:
+			t.Fatal(err)
+		case time.Now().After(reapBy):
+			t.Fatalf("the orphan is still there: %s", stat.String())
+		default:
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
 	marker := []byte("written by the guest, then flushed\n")
 	if _, err := c.WriteFile(ctx, "/workspace/marker", 0o600, bytes.NewReader(marker)); err != nil {

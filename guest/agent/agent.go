@@ -224,7 +224,13 @@ func (s *session) exec(m *agentproto.Message) {
 			return
 		}
 	}
-	if err := cmd.Start(); err != nil {
+	startMu.RLock()
+	err = cmd.Start()
+	if err == nil {
+		registerChild(cmd.Process.Pid)
+	}
+	startMu.RUnlock()
+	if err != nil {
 		s.send(agentproto.Errorf(m.ID, "exec: %v", err))
 		return
 	}
@@ -261,6 +267,7 @@ func (s *session) exec(m *agentproto.Message) {
 		go func() { defer out.Done(); s.stream(m.ID, agentproto.TStderr, stderr) }()
 		out.Wait()
 		err := cmd.Wait()
+		forgetChild(cmd.Process.Pid)
 		s.mu.Lock()
 		delete(s.procs, m.ID)
 		s.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -46,6 +47,9 @@ type Options struct {
 	Out        string // the archive, written to a temporary name then renamed
 	Wanted     []string
 	Optional   []string
+	// Programs are more executables for the guest: path inside the
+	// archive → file on the host, copied 0755.
+	Programs map[string]string
 }
 
 // Result is what went into the archive.
@@ -118,6 +122,15 @@ func Build(o Options) (Result, error) {
 	}
 	if err := addFile("init", 0o755, initData); err != nil {
 		return res, err
+	}
+	for _, name := range slices.Sorted(maps.Keys(o.Programs)) {
+		data, err := os.ReadFile(o.Programs[name])
+		if err != nil {
+			return res, err
+		}
+		if err := addFile(strings.TrimPrefix(name, "/"), 0o755, data); err != nil {
+			return res, err
+		}
 	}
 	for _, rel := range order {
 		data, err := readModule(filepath.Join(o.ModulesDir, rel))
