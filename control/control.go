@@ -40,6 +40,9 @@ type Backend interface {
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
+	// Bootstrap is the cache entry sandbox id's OS disk came from (zero if
+	// the journal recorded none), without the cache's list of every user.
+	Bootstrap(ctx context.Context, id string) (events.Bootstrap, error)
 	Close() error
 }
 
@@ -100,6 +103,12 @@ func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, err
 	var st projections.ImageCacheState
 	l.View(func(v node.Views) { st = v.Images.State() })
 	return st, nil
+}
+
+func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
+	var b events.Bootstrap
+	l.View(func(v node.Views) { b = v.Images.BootstrapOf(id) })
+	return b, nil
 }
 
 // ErrBusy means the state root stayed owned by another process that serves

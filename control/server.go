@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -46,6 +47,15 @@ type mirrorResponse struct {
 type sandboxResponse struct {
 	Found   bool                `json:"found"`
 	Sandbox projections.Sandbox `json:"sandbox"`
+}
+
+// Stats counts what the daemon has served since it started. Sandboxes is
+// every sandbox record it encoded into a response (a list counts each
+// member, the image cache each user): the structural test of issue 21
+// asserts that a single-sandbox command moves it by a bounded number,
+// whatever the number of sandboxes in the root.
+type Stats struct {
+	Sandboxes int64 `json:"sandboxes_encoded"`
 }
 
 type ownerResponse struct {
@@ -239,6 +249,10 @@ func (f *followers) end() {
 func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) http.Handler {
 	mux := http.NewServeMux()
 	local := Local{n}
+	var served atomic.Int64
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, Stats{Sandboxes: served.Load()})
+	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
 	})
@@ -317,10 +331,14 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	})
 	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Sandboxes(r.Context())
+		served.Add(int64(len(list)))
 		writeJSON(w, http.StatusOK, list)
 	})
 	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
+		if found {
+			served.Add(1)
+		}
 		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
 	})
 	mux.HandleFunc("GET /v1/owner", func(w http.ResponseWriter, r *http.Request) {
@@ -334,7 +352,12 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	})
 	mux.HandleFunc("GET /v1/imagecache", func(w http.ResponseWriter, r *http.Request) {
 		st, _ := local.ImageCache(r.Context())
+		served.Add(int64(len(st.Users)))
 		writeJSON(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("GET /v1/bootstrap", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := local.Bootstrap(r.Context(), r.URL.Query().Get("id"))
+		writeJSON(w, http.StatusOK, b)
 	})
 	mux.HandleFunc("GET /v1/sagas", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())

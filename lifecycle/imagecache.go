@@ -39,11 +39,7 @@ func (m *Manager) shareCache(ctx context.Context) (*lease.Lease, error) {
 // bootstrapOf is the cache entry sandbox id's OS disk came from, as the
 // journal recorded it (zero if it recorded none).
 func (m *Manager) bootstrapOf(ctx context.Context, id string) (events.Bootstrap, error) {
-	st, err := m.B.ImageCache(ctx)
-	if err != nil {
-		return events.Bootstrap{}, err
-	}
-	return st.Bootstrap(id), nil
+	return m.B.Bootstrap(ctx, id)
 }
 
 // imageCacheStep prepares plan's image into the cache unless a committed
