@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -46,10 +45,16 @@ type Backend interface {
 	Close() error
 }
 
-// Local serves a Backend from a node this process owns.
+// Local serves a Backend from a node this process owns. A command's node
+// is opened lazily (node.Options.Lazy): reading one sandbox by ID folds
+// that sandbox's events alone, and anything else loads the projections
+// first (Load), returning the error if they cannot be.
 type Local struct{ *node.Node }
 
 func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
 	var out []projections.Sandbox
 	l.View(func(v node.Views) {
 		for _, sb := range v.Sandboxes.List() {
@@ -60,26 +65,21 @@ func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 }
 
 func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
-	var out projections.Sandbox
-	found := false
-	l.View(func(v node.Views) {
-		sb := v.Sandboxes.Get(strings.ToUpper(ref))
-		if sb == nil && ref != "" {
-			sb = v.Sandboxes.ByHandle(ref)
-		}
-		if sb != nil {
-			out, found = *sb, true
-		}
-	})
-	return out, found, nil
+	return l.Node.Sandbox(ctx, ref)
 }
 
 func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error) {
+	if err := l.Load(ctx); err != nil {
+		return "", "", false, err
+	}
 	l.View(func(v node.Views) { sandbox, path, found = v.Sandboxes.OwnerOf(paths, except) })
 	return sandbox, path, found, nil
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
 	var out []projections.OpenSaga
 	l.View(func(v node.Views) {
 		for _, sg := range v.Sagas.Open() {
@@ -90,6 +90,9 @@ func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 }
 
 func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
 	var out []projections.Volume
 	l.View(func(v node.Views) {
 		for _, vol := range v.Volumes.List() {
@@ -100,12 +103,18 @@ func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
 }
 
 func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+	if err := l.Load(ctx); err != nil {
+		return projections.ImageCacheState{}, err
+	}
 	var st projections.ImageCacheState
 	l.View(func(v node.Views) { st = v.Images.State() })
 	return st, nil
 }
 
 func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
+	if err := l.Load(ctx); err != nil {
+		return events.Bootstrap{}, err
+	}
 	var b events.Bootstrap
 	l.View(func(v node.Views) { b = v.Images.BootstrapOf(id) })
 	return b, nil
@@ -134,7 +143,7 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 		if c, err := dial(ctx, sock); err == nil {
 			return c, nil
 		}
-		n, err := node.Open(ctx, root, node.Options{})
+		n, err := node.Open(ctx, root, node.Options{Lazy: true})
 		if err == nil {
 			return Local{n}, nil
 		}
