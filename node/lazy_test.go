@@ -151,3 +151,50 @@ func TestLazyNodeAppendsLikeAFullOne(t *testing.T) {
 		t.Fatalf("rev after the append: %d, want %d", got, seqs[0])
 	}
 }
+
+// BenchmarkOpenInspect is what `nexus inspect ID` without a daemon costs
+// on a root of 1,000 and of 10,000 sandboxes (snapshots written): node.Open,
+// one Sandbox by ID, Close. Each op runs three, interleaved so the machine
+// is the same for each:
+//
+//	full: Open loading every projection (snapshots decoded, tail folded), as before
+//	lazy: Open with Options.Lazy (what a command's node does now)
+//	floor: a lazy Open and Close alone, no read: the journal's own start
+//
+// Compare across sizes for the growth; docs/benchmarks.md has the figures.
+func BenchmarkOpenInspect(b *testing.B) {
+	ctx := context.Background()
+	for _, size := range []int{1_000, 10_000} {
+		root, ids := fillRoot(b, size)
+		target := ids[size/2]
+		run := func(o node.Options, read bool) time.Duration {
+			t0 := time.Now()
+			n, err := node.Open(ctx, root, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if read {
+				if _, found, err := n.Sandbox(ctx, target); err != nil || !found {
+					b.Fatalf("inspect: %v %v", found, err)
+				}
+			}
+			if err := n.Close(); err != nil {
+				b.Fatal(err)
+			}
+			return time.Since(t0)
+		}
+		b.Run(fmt.Sprintf("sandboxes=%d", size), func(b *testing.B) {
+			var full, lazy, floor time.Duration
+			for i := 0; i < b.N; i++ {
+				full += run(node.Options{}, true)
+				lazy += run(node.Options{Lazy: true}, true)
+				floor += run(node.Options{Lazy: true}, false)
+			}
+			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(b.N) }
+			b.ReportMetric(ms(full), "full-ms/op")
+			b.ReportMetric(ms(lazy), "lazy-ms/op")
+			b.ReportMetric(ms(floor), "floor-ms/op")
+			b.ReportMetric(float64(lazy)/float64(full), "lazy/full")
+		})
+	}
+}
