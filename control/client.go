@@ -138,6 +138,13 @@ func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	return list, err
 }
 
+func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
+	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}}
+	var list []projections.Sandbox
+	err := c.getJSON(ctx, "/v1/sandboxes?"+q.Encode(), &list)
+	return list, err
+}
+
 func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
 	var out sandboxResponse
 	err := c.getJSON(ctx, "/v1/sandbox?ref="+url.QueryEscape(ref), &out)

@@ -29,6 +29,10 @@ type Backend interface {
 	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	// SandboxPage is at most limit sandboxes whose IDs sort after after
+	// ("" from the first), in ID order: `ls` reads a page at a time, so
+	// neither the daemon's answer nor the command holds every sandbox.
+	SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error)
 	// Sandbox is one sandbox by id or handle, without listing them all;
 	// found is false if there is none.
 	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
@@ -58,6 +62,19 @@ func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	var out []projections.Sandbox
 	l.View(func(v node.Views) {
 		for _, sb := range v.Sandboxes.List() {
+			out = append(out, *sb)
+		}
+	})
+	return out, nil
+}
+
+func (l Local) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
+	var out []projections.Sandbox
+	l.View(func(v node.Views) {
+		for _, sb := range v.Sandboxes.Page(after, limit) {
 			out = append(out, *sb)
 		}
 	})

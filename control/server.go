@@ -56,6 +56,9 @@ type sandboxResponse struct {
 // whatever the number of sandboxes in the root.
 type Stats struct {
 	Sandboxes int64 `json:"sandboxes_encoded"`
+	// MostInOneAnswer is the most sandbox records one answer held: a
+	// paged `ls` keeps it at its page size.
+	MostInOneAnswer int64 `json:"most_in_one_answer"`
 }
 
 type ownerResponse struct {
@@ -249,9 +252,14 @@ func (f *followers) end() {
 func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) http.Handler {
 	mux := http.NewServeMux()
 	local := Local{n}
-	var served atomic.Int64
+	var served, most atomic.Int64
+	count := func(n int) {
+		served.Add(int64(n))
+		for m := most.Load(); int64(n) > m && !most.CompareAndSwap(m, int64(n)); m = most.Load() {
+		}
+	}
 	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Stats{Sandboxes: served.Load()})
+		writeJSON(w, http.StatusOK, Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
@@ -330,14 +338,24 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 		}
 	})
 	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
-		list, _ := local.Sandboxes(r.Context())
-		served.Add(int64(len(list)))
+		var list []projections.Sandbox
+		if s := r.URL.Query().Get("limit"); s != "" {
+			limit, err := strconv.Atoi(s)
+			if err != nil || limit < 0 {
+				writeJSON(w, http.StatusBadRequest, appendResponse{Error: fmt.Sprintf("limit %q: not a count", s)})
+				return
+			}
+			list, _ = local.SandboxPage(r.Context(), r.URL.Query().Get("after"), limit)
+		} else {
+			list, _ = local.Sandboxes(r.Context())
+		}
+		count(len(list))
 		writeJSON(w, http.StatusOK, list)
 	})
 	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
 		if found {
-			served.Add(1)
+			count(1)
 		}
 		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
 	})
@@ -352,7 +370,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	})
 	mux.HandleFunc("GET /v1/imagecache", func(w http.ResponseWriter, r *http.Request) {
 		st, _ := local.ImageCache(r.Context())
-		served.Add(int64(len(st.Users)))
+		count(len(st.Users))
 		writeJSON(w, http.StatusOK, st)
 	})
 	mux.HandleFunc("GET /v1/bootstrap", func(w http.ResponseWriter, r *http.Request) {
