@@ -231,7 +231,7 @@ func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
 	for {
-		n, err := node.Open(ctx, root, node.Options{})
+		n, err := node.Open(ctx, root, node.Options{Lazy: true})
 		if err == nil {
 			return Local{n}, nil
 		}

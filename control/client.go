@@ -118,6 +118,13 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 	return st, err
 }
 
+// Stats asks the daemon what it has served (tests count with it).
+func (c *Client) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	err := c.getJSON(ctx, "/v1/stats", &st)
+	return st, err
+}
+
 // Mirror asks the daemon for its fleet mirror's state (nil: none).
 func (c *Client) Mirror(ctx context.Context) (*journal.MirrorState, error) {
 	var out mirrorResponse
@@ -128,6 +135,13 @@ func (c *Client) Mirror(ctx context.Context) (*journal.MirrorState, error) {
 func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	var list []projections.Sandbox
 	err := c.getJSON(ctx, "/v1/sandboxes", &list)
+	return list, err
+}
+
+func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
+	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}}
+	var list []projections.Sandbox
+	err := c.getJSON(ctx, "/v1/sandboxes?"+q.Encode(), &list)
 	return list, err
 }
 
@@ -160,6 +174,12 @@ func (c *Client) ImageCache(ctx context.Context) (projections.ImageCacheState, e
 	var st projections.ImageCacheState
 	err := c.getJSON(ctx, "/v1/imagecache", &st)
 	return st, err
+}
+
+func (c *Client) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
+	var b events.Bootstrap
+	err := c.getJSON(ctx, "/v1/bootstrap?id="+url.QueryEscape(id), &b)
+	return b, err
 }
 
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {

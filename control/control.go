@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -30,6 +29,10 @@ type Backend interface {
 	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	// SandboxPage is at most limit sandboxes whose IDs sort after after
+	// ("" from the first), in ID order: `ls` reads a page at a time, so
+	// neither the daemon's answer nor the command holds every sandbox.
+	SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error)
 	// Sandbox is one sandbox by id or handle, without listing them all;
 	// found is false if there is none.
 	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
@@ -40,13 +43,22 @@ type Backend interface {
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
+	// Bootstrap is the cache entry sandbox id's OS disk came from (zero if
+	// the journal recorded none), without the cache's list of every user.
+	Bootstrap(ctx context.Context, id string) (events.Bootstrap, error)
 	Close() error
 }
 
-// Local serves a Backend from a node this process owns.
+// Local serves a Backend from a node this process owns. A command's node
+// is opened lazily (node.Options.Lazy): reading one sandbox by ID folds
+// that sandbox's events alone, and anything else loads the projections
+// first (Load), returning the error if they cannot be.
 type Local struct{ *node.Node }
 
 func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
 	var out []projections.Sandbox
 	l.View(func(v node.Views) {
 		for _, sb := range v.Sandboxes.List() {
@@ -56,27 +68,35 @@ func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	return out, nil
 }
 
-func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
-	var out projections.Sandbox
-	found := false
+func (l Local) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
+	var out []projections.Sandbox
 	l.View(func(v node.Views) {
-		sb := v.Sandboxes.Get(strings.ToUpper(ref))
-		if sb == nil && ref != "" {
-			sb = v.Sandboxes.ByHandle(ref)
-		}
-		if sb != nil {
-			out, found = *sb, true
+		for _, sb := range v.Sandboxes.Page(after, limit) {
+			out = append(out, *sb)
 		}
 	})
-	return out, found, nil
+	return out, nil
+}
+
+func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
+	return l.Node.Sandbox(ctx, ref)
 }
 
 func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error) {
+	if err := l.Load(ctx); err != nil {
+		return "", "", false, err
+	}
 	l.View(func(v node.Views) { sandbox, path, found = v.Sandboxes.OwnerOf(paths, except) })
 	return sandbox, path, found, nil
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
 	var out []projections.OpenSaga
 	l.View(func(v node.Views) {
 		for _, sg := range v.Sagas.Open() {
@@ -87,6 +107,9 @@ func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 }
 
 func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
+	if err := l.Load(ctx); err != nil {
+		return nil, err
+	}
 	var out []projections.Volume
 	l.View(func(v node.Views) {
 		for _, vol := range v.Volumes.List() {
@@ -97,9 +120,21 @@ func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
 }
 
 func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+	if err := l.Load(ctx); err != nil {
+		return projections.ImageCacheState{}, err
+	}
 	var st projections.ImageCacheState
 	l.View(func(v node.Views) { st = v.Images.State() })
 	return st, nil
+}
+
+func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
+	if err := l.Load(ctx); err != nil {
+		return events.Bootstrap{}, err
+	}
+	var b events.Bootstrap
+	l.View(func(v node.Views) { b = v.Images.BootstrapOf(id) })
+	return b, nil
 }
 
 // ErrBusy means the state root stayed owned by another process that serves
@@ -125,7 +160,7 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 		if c, err := dial(ctx, sock); err == nil {
 			return c, nil
 		}
-		n, err := node.Open(ctx, root, node.Options{})
+		n, err := node.Open(ctx, root, node.Options{Lazy: true})
 		if err == nil {
 			return Local{n}, nil
 		}

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -46,6 +47,18 @@ type mirrorResponse struct {
 type sandboxResponse struct {
 	Found   bool                `json:"found"`
 	Sandbox projections.Sandbox `json:"sandbox"`
+}
+
+// Stats counts what the daemon has served since it started. Sandboxes is
+// every sandbox record it encoded into a response (a list counts each
+// member, the image cache each user): the structural test of issue 21
+// asserts that a single-sandbox command moves it by a bounded number,
+// whatever the number of sandboxes in the root.
+type Stats struct {
+	Sandboxes int64 `json:"sandboxes_encoded"`
+	// MostInOneAnswer is the most sandbox records one answer held: a
+	// paged `ls` keeps it at its page size.
+	MostInOneAnswer int64 `json:"most_in_one_answer"`
 }
 
 type ownerResponse struct {
@@ -239,6 +252,15 @@ func (f *followers) end() {
 func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) http.Handler {
 	mux := http.NewServeMux()
 	local := Local{n}
+	var served, most atomic.Int64
+	count := func(n int) {
+		served.Add(int64(n))
+		for m := most.Load(); int64(n) > m && !most.CompareAndSwap(m, int64(n)); m = most.Load() {
+		}
+	}
+	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
+	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
 	})
@@ -316,11 +338,25 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 		}
 	})
 	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
-		list, _ := local.Sandboxes(r.Context())
+		var list []projections.Sandbox
+		if s := r.URL.Query().Get("limit"); s != "" {
+			limit, err := strconv.Atoi(s)
+			if err != nil || limit < 0 {
+				writeJSON(w, http.StatusBadRequest, appendResponse{Error: fmt.Sprintf("limit %q: not a count", s)})
+				return
+			}
+			list, _ = local.SandboxPage(r.Context(), r.URL.Query().Get("after"), limit)
+		} else {
+			list, _ = local.Sandboxes(r.Context())
+		}
+		count(len(list))
 		writeJSON(w, http.StatusOK, list)
 	})
 	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
+		if found {
+			count(1)
+		}
 		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
 	})
 	mux.HandleFunc("GET /v1/owner", func(w http.ResponseWriter, r *http.Request) {
@@ -334,7 +370,12 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	})
 	mux.HandleFunc("GET /v1/imagecache", func(w http.ResponseWriter, r *http.Request) {
 		st, _ := local.ImageCache(r.Context())
+		count(len(st.Users))
 		writeJSON(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("GET /v1/bootstrap", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := local.Bootstrap(r.Context(), r.URL.Query().Get("id"))
+		writeJSON(w, http.StatusOK, b)
 	})
 	mux.HandleFunc("GET /v1/sagas", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())

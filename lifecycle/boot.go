@@ -528,18 +528,27 @@ func (m *Manager) refuseVolumesReadLocked(ctx context.Context, sb projections.Sa
 	if len(rw) == 0 {
 		return nil
 	}
-	list, err := m.sandboxes(ctx)
+	// The volumes name who attaches them, so only those sandboxes are
+	// read, not every sandbox of the root.
+	vols, err := m.B.Volumes(ctx)
 	if err != nil {
 		return err
 	}
 	var holders []string
-	for _, other := range list {
-		if other.ID == sb.ID || other.State != projections.StateRunning {
+	for _, vol := range vols {
+		if !slices.Contains(rw, vol.Name) {
 			continue
 		}
-		for _, v := range other.Volumes {
-			if slices.Contains(rw, v.Name) {
-				holders = append(holders, fmt.Sprintf("%s (volume %s)", other.ID, v.Name))
+		for _, id := range vol.AttachedTo {
+			if id == sb.ID {
+				continue
+			}
+			other, found, err := m.B.Sandbox(ctx, id)
+			if err != nil {
+				return err
+			}
+			if found && other.State == projections.StateRunning && slices.ContainsFunc(other.Volumes, func(a projections.Attachment) bool { return a.Name == vol.Name }) {
+				holders = append(holders, fmt.Sprintf("%s (volume %s)", other.ID, vol.Name))
 			}
 		}
 	}

@@ -41,11 +41,7 @@ func (m *Manager) shareCache(ctx context.Context) (*lease.Lease, error) {
 // bootstrapOf is the cache entry sandbox id's OS disk came from, as the
 // journal recorded it (zero if it recorded none).
 func (m *Manager) bootstrapOf(ctx context.Context, id string) (events.Bootstrap, error) {
-	st, err := m.B.ImageCache(ctx)
-	if err != nil {
-		return events.Bootstrap{}, err
-	}
-	return st.Bootstrap(id), nil
+	return m.B.Bootstrap(ctx, id)
 }
 
 // teedDisk is a sandbox OS disk the image-cache step wrote on a miss, in

@@ -50,6 +50,9 @@ type Backend interface {
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
+	// Bootstrap is the cache entry sandbox id's OS disk came from (zero if
+	// the journal recorded none), without the cache's list of every user.
+	Bootstrap(ctx context.Context, id string) (events.Bootstrap, error)
 	// OwnerOf names the sandbox other than except whose resources include
 	// one of paths (found false if none): one answer, not the sandbox list.
 	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
@@ -122,8 +125,14 @@ func (m *Manager) Lookup(ctx context.Context, ref string) (projections.Sandbox, 
 	return Lookup(ctx, m.B, ref)
 }
 
-// Lookup is Manager.Lookup for commands that only read.
+// Lookup is Manager.Lookup for commands that only read. An exact ID or
+// handle is one per-entity read; only a reference that is neither (an ID
+// prefix) fetches the list to match against, so
+// a command naming its sandbox costs the same at 10 sandboxes and 100,000.
 func Lookup(ctx context.Context, b Backend, ref string) (projections.Sandbox, error) {
+	if sb, found, err := b.Sandbox(ctx, ref); err != nil || found {
+		return sb, err
+	}
 	list, err := b.Sandboxes(ctx)
 	if err != nil {
 		return projections.Sandbox{}, err

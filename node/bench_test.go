@@ -114,8 +114,10 @@ func benchAppendJournal(b testing.TB, dir string, from, to int) {
 			pubErr = err
 			return
 		}
+		// A loaded machine (or -race) acks slowly: wait for room in the
+		// async window instead of failing after the default 200 ms.
 		_, pubErr = js.PublishMsgAsync(&nats.Msg{Subject: journal.AppendSubject(subject), Data: data,
-			Header: nats.Header{jetstream.MsgIDHeader: []string{e.DedupID()}}})
+			Header: nats.Header{jetstream.MsgIDHeader: []string{e.DedupID()}}}, jetstream.WithStallWait(time.Minute))
 	})
 	if pubErr != nil {
 		b.Fatal(pubErr)

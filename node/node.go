@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -46,6 +48,12 @@ const appendTimeout = time.Minute
 // Options configure Open.
 type Options struct {
 	Journal journal.Options // Dir is filled in from the state root
+	// Lazy opens the journal alone: the projections are loaded (snapshots
+	// decoded, tail folded) on the first call that needs them (Load, View,
+	// an append), and Sandbox of an ID folds only that sandbox's events
+	// from the journal. A command without a daemon that reads one sandbox
+	// then decodes one sandbox, not every projection of the root.
+	Lazy bool
 }
 
 // Record is one journal event with its sequence.
@@ -66,6 +74,13 @@ type Node struct {
 	images    *projections.ImageCache
 	lastID    ulid.ULID
 	sinceSnap int
+	// loaded: the views hold the journal (from Open, unless Options.Lazy).
+	// Set under mu; read without it on the append path, which must not
+	// take mu before queueing (the group committer holds it).
+	loaded atomic.Bool
+	// decoded counts the events folded and the sandbox records decoded
+	// from snapshots since Open (Decoded, for tests).
+	decoded atomic.Uint64
 }
 
 // Open opens the state root at root, creating it (0700) if missing.
@@ -84,11 +99,85 @@ func Open(ctx context.Context, root string, opts Options) (*Node, error) {
 		root: root, j: j, gc: newGroupCommit(),
 	}
 	n.resetViews()
-	if err := n.load(ctx); err != nil {
+	if opts.Lazy {
+		return n, nil
+	}
+	if err := n.loadLocked(ctx); err != nil {
 		j.Close()
 		return nil, err
 	}
 	return n, nil
+}
+
+// Load brings the projections up to the journal, if Open was lazy and
+// nothing has loaded them yet.
+func (n *Node) Load(ctx context.Context) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.loadLocked(ctx)
+}
+
+func (n *Node) loadLocked(ctx context.Context) error {
+	if n.loaded.Load() {
+		return nil
+	}
+	if err := n.load(ctx); err != nil {
+		n.resetViews()
+		return err
+	}
+	n.loaded.Store(true)
+	return nil
+}
+
+// Decoded counts the journal events this node has folded and the sandbox
+// records it has decoded from snapshots since Open: what the O(1) tests of
+// issue 21 count.
+func (n *Node) Decoded() uint64 { return n.decoded.Load() }
+
+// Sandbox is one sandbox by ID (any case) or handle; found is false if
+// there is none. On a lazy node not yet loaded, an ID is answered by
+// folding that sandbox's own events, read through the journal's
+// per-sandbox subject filter: the Sandboxes fold of a sandbox depends only
+// on its own events, so this is the record a full load would hold, at the
+// cost of that sandbox's history alone. A handle needs the loaded view.
+func (n *Node) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	id := strings.ToUpper(ref)
+	if _, err := ulid.ParseStrict(id); err == nil && !n.loaded.Load() {
+		return n.foldOneLocked(ctx, id)
+	}
+	if err := n.loadLocked(ctx); err != nil {
+		return projections.Sandbox{}, false, err
+	}
+	sb := n.sandboxes.Get(id)
+	if sb == nil && ref != "" {
+		sb = n.sandboxes.ByHandle(ref)
+	}
+	if sb == nil {
+		return projections.Sandbox{}, false, nil
+	}
+	return *sb, true, nil
+}
+
+func (n *Node) foldOneLocked(ctx context.Context, id string) (projections.Sandbox, bool, error) {
+	one := projections.NewSandboxes()
+	err := n.j.Scan(ctx, journal.Range{Filters: []string{events.SandboxSubjects(id)}}, func(r journal.Record) error {
+		e, err := events.Decode(r.Data)
+		if err != nil {
+			return fmt.Errorf("journal event %d: %w", r.Seq, err)
+		}
+		n.decoded.Add(1)
+		one.Apply(r.Seq, e)
+		return nil
+	})
+	if err != nil {
+		return projections.Sandbox{}, false, err
+	}
+	if sb := one.Get(id); sb != nil {
+		return *sb, true, nil
+	}
+	return projections.Sandbox{}, false, nil
 }
 
 // PrepareRoot makes root absolute, creates it 0700 if missing, and refuses
@@ -149,6 +238,9 @@ func (n *Node) load(ctx context.Context) error {
 		if from == 0 || snap.Seq < from {
 			from = snap.Seq
 		}
+		if v == projections.Projection(n.sandboxes) {
+			n.decoded.Add(uint64(n.sandboxes.Len()))
+		}
 	}
 	if !restored {
 		n.resetViews()
@@ -167,6 +259,7 @@ func (n *Node) load(ctx context.Context) error {
 		}
 		n.lastID = e.ID
 		folded++
+		n.decoded.Add(1)
 		return nil
 	})
 	if err != nil {
@@ -254,6 +347,9 @@ func (n *Node) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var err error
+	if !n.loaded.Load() {
+		return n.j.Close() // nothing folded, nothing to snapshot
+	}
 	if n.sinceSnap >= closeSnapshotMin || n.sinceSnap > 0 && !n.haveSnapshots() {
 		err = n.writeSnapshots()
 	}
@@ -289,6 +385,13 @@ func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error
 // once its own events are on disk, and a refusal of one call does not fail
 // the others.
 func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+	// An append is decided against the views (expectations, open sagas):
+	// a lazy node loads them first.
+	if !n.loaded.Load() {
+		if err := n.Load(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return n.groupAppend(ctx, expect, evs)
 }
 
@@ -323,6 +426,9 @@ func (n *Node) appendOneByOneLocked(ctx context.Context, expect []guard.Expect, 
 func (n *Node) Rev(entity guard.Entity) uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.loadLocked(context.Background()) != nil {
+		return 0
+	}
 	return n.revLocked(entity)
 }
 
@@ -481,8 +587,13 @@ type Views struct {
 }
 
 // View runs fn with the projections held still; fn must not keep them.
+// A lazy node must have been loaded (Load) first: a view that failed to
+// load must never be decided on as if it were empty.
 func (n *Node) View(fn func(Views)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if !n.loaded.Load() {
+		panic("node: View of a lazy node before Load")
+	}
 	fn(Views{n.sandboxes, n.ownership, n.sagas, n.volumes, n.images})
 }

@@ -126,6 +126,10 @@ func (c *ImageCache) Entry(cacheID string) *CacheEntry {
 	return nil
 }
 
+// BootstrapOf is the cache entry sandbox sb's OS disk came from (zero if
+// the journal recorded none): one map read, where State copies every user.
+func (c *ImageCache) BootstrapOf(sb string) events.Bootstrap { return c.users[sb] }
+
 // References maps each cache ID to the sandboxes whose disk came from it;
 // Unattributed lists the sandboxes that recorded no entry and so
 // conservatively reference all of them.

@@ -80,6 +80,10 @@ type Sandbox struct {
 type Sandboxes struct {
 	seq  uint64
 	byID map[string]*Sandbox
+	// ids is every key of byID in order, or nil once a sandbox came or
+	// went: rebuilt on the next List or Page, so paging through the view
+	// sorts it once, not once per page.
+	ids []string
 }
 
 // NewSandboxes returns an empty view.
@@ -120,11 +124,28 @@ func (s *Sandboxes) OwnerOf(paths []string, except string) (id, path string, fou
 
 // List returns every sandbox, oldest first.
 func (s *Sandboxes) List() []*Sandbox {
-	out := make([]*Sandbox, 0, len(s.byID))
-	for _, sb := range s.byID {
-		out = append(out, sb)
+	return s.Page("", len(s.byID))
+}
+
+// Page returns at most limit sandboxes (none if limit <= 0) whose IDs sort
+// after after ("" from the first), oldest first: `ls` reads the view a page
+// at a time, so what one answer holds is bounded by the page.
+func (s *Sandboxes) Page(after string, limit int) []*Sandbox {
+	if s.ids == nil {
+		s.ids = make([]string, 0, len(s.byID))
+		for id := range s.byID {
+			s.ids = append(s.ids, id)
+		}
+		sort.Strings(s.ids)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	i := sort.SearchStrings(s.ids, after)
+	if i < len(s.ids) && s.ids[i] == after {
+		i++
+	}
+	out := make([]*Sandbox, 0, max(0, min(limit, len(s.ids)-i)))
+	for ; i < len(s.ids) && len(out) < limit; i++ {
+		out = append(out, s.byID[s.ids[i]])
+	}
 	return out
 }
 
@@ -154,6 +175,7 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		if sb == nil && p.Kind.CreatesSandbox() {
 			sb = &Sandbox{ID: e.Sandbox, State: StateCreating, Saga: e.Saga, CreatedAt: e.Time}
 			s.byID[e.Sandbox] = sb
+			s.ids = nil
 			touch()
 		}
 		return
@@ -161,6 +183,7 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		// A create that was rolled back never produced a sandbox.
 		if sb != nil && sb.State == StateCreating && sb.Saga == e.Saga {
 			delete(s.byID, e.Sandbox)
+			s.ids = nil
 		}
 		return
 	case events.SandboxCreatedEvent:
@@ -173,6 +196,7 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 		sb.Parent, sb.Snapshot = p.Source, p.Snapshot
 	case events.SandboxRemovedEvent:
 		delete(s.byID, e.Sandbox)
+		s.ids = nil
 		return
 	}
 	if sb == nil {
@@ -306,6 +330,7 @@ func (s *Sandboxes) commit(e events.Event, handle, image, driver string) *Sandbo
 	if sb == nil {
 		sb = &Sandbox{ID: e.Sandbox, CreatedAt: e.Time}
 		s.byID[e.Sandbox] = sb
+		s.ids = nil
 	}
 	sb.Handle, sb.Image, sb.Driver = handle, image, driver
 	sb.State, sb.Saga = StateStopped, ""
@@ -326,6 +351,6 @@ func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
 		sb.CreatedAt, sb.UpdatedAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC()
 		byID[sb.ID] = sb
 	}
-	s.seq, s.byID = seq, byID
+	s.seq, s.byID, s.ids = seq, byID, nil
 	return nil
 }

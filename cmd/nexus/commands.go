@@ -286,35 +286,89 @@ func eventLine(r node.Record) string {
 	return line
 }
 
+// lsPage is how many sandboxes ls asks the backend for at a time: what
+// the daemon encodes per answer and what this command holds at once.
+const lsPage = 500
+
 func lsCmd(g *globals) *cobra.Command {
 	var asJSON bool
+	var limit int
+	var after string
 	c := &cobra.Command{
 		Use:   "ls",
 		Short: "List sandboxes",
-		Args:  noArgs,
+		Long: "List sandboxes in ID order (oldest first), read and printed a page at a time.\n" +
+			"--limit N prints at most N; --after ID continues after the last ID a page printed.",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if limit < 0 {
+				return usageError{fmt.Errorf("--limit %d: not a count", limit)}
+			}
+			after = strings.ToUpper(after) // IDs are ULIDs, any case
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
-				list, err := b.Sandboxes(cmd.Context())
-				if err != nil {
+				out := cmd.OutOrStdout()
+				// Each page is printed before the next is read; a table is
+				// aligned page by page (IDs and states have one width).
+				var tw *tabwriter.Writer
+				if asJSON {
+					fmt.Fprint(out, "[")
+				} else {
+					tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "ID\tHANDLE\tSTATE\tIMAGE\tDRIVER\tCREATED")
+				}
+				printed := 0
+				for {
+					want := lsPage
+					if limit > 0 {
+						want = min(want, limit-printed)
+					}
+					if want == 0 {
+						break
+					}
+					page, err := b.SandboxPage(cmd.Context(), after, want)
+					if err != nil {
+						return err
+					}
+					for _, sb := range lifecycle.ObserveExits(page) {
+						if asJSON {
+							data, err := json.MarshalIndent(sb, "  ", "  ")
+							if err != nil {
+								return err
+							}
+							sep := ","
+							if printed == 0 {
+								sep = ""
+							}
+							fmt.Fprintf(out, "%s\n  %s", sep, data)
+						} else {
+							fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339))
+						}
+						printed++
+					}
+					if tw != nil {
+						if err := tw.Flush(); err != nil {
+							return err
+						}
+					}
+					if len(page) < want {
+						break
+					}
+					after = page[len(page)-1].ID
+				}
+				if asJSON {
+					if printed > 0 {
+						fmt.Fprint(out, "\n")
+					}
+					_, err := fmt.Fprintln(out, "]")
 					return err
 				}
-				list = lifecycle.ObserveExits(list)
-				if asJSON {
-					if len(list) == 0 {
-						list = []projections.Sandbox{}
-					}
-					return printJSON(cmd.OutOrStdout(), list)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tHANDLE\tSTATE\tIMAGE\tDRIVER\tCREATED")
-				for _, sb := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339))
-				}
-				return tw.Flush()
+				return nil
 			})
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().IntVar(&limit, "limit", 0, "print at most this many sandboxes (0: all)")
+	c.Flags().StringVar(&after, "after", "", "start after this sandbox ID (the last one a --limit page printed)")
 	return c
 }
 

@@ -159,8 +159,10 @@ func benchBuildJournal(b *testing.B, dir string, n int) (totalBytes int64) {
 			return
 		}
 		totalBytes += int64(len(data))
+		// A loaded machine (or -race) acks slowly: wait for room in the
+		// async window instead of failing after the default 200 ms.
 		_, pubErr = js.PublishMsgAsync(&nats.Msg{Subject: journal.AppendSubject(subject), Data: data,
-			Header: nats.Header{jetstream.MsgIDHeader: []string{e.DedupID()}}})
+			Header: nats.Header{jetstream.MsgIDHeader: []string{e.DedupID()}}}, jetstream.WithStallWait(time.Minute))
 	})
 	if pubErr != nil {
 		b.Fatal(pubErr)

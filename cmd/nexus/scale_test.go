@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// fillRoot journals n committed sandboxes (two disk resources each, no files
+// behind them) into root, as a root that has been used for a long time.
+func fillRoot(t testing.TB, root string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	nd, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for from := 0; from < n; from += 500 {
+		evs := make([]events.Event, min(500, n-from))
+		for i := range evs {
+			id := ulid.Make().String()
+			evs[i] = events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{
+				Image: "filler", Driver: "process",
+				Resources: []events.Resource{{Kind: events.KindRawDisk, Path: "disks/" + id + ".raw"}, {Kind: events.KindRawDisk, Path: "disks/" + id + "-workspace.ext4"}},
+			})
+		}
+		if _, err := nd.Append(ctx, evs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nd.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSingleSandboxCommandsAreConstantCost is issue 21's structural O(1)
+// test, counted rather than timed: on a root of 2,000 sandboxes, each
+// single-sandbox command through the daemon makes the daemon encode a
+// bounded number of sandbox records (control.Stats), however many the root
+// holds. A flow that fetched the sandbox list, or the image cache's list of
+// every user, would encode all 2,000.
+func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
+	const sandboxes = 2000
+	// A command touches its own sandbox a few times (lookup, decide, re-read
+	// after its saga, record); nothing near the root's size.
+	const bound = 16
+	root := shortRoot(t)
+	fillRoot(t, root, sandboxes)
+	startDaemon(t, root)
+	c := control.NewClient(filepath.Join(root, control.SocketName))
+	defer c.Close()
+	ctx := context.Background()
+	served := func() int64 {
+		t.Helper()
+		st, err := c.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Sandboxes
+	}
+	image := makeImage(t)
+	steps := []struct {
+		name string
+		args []string
+	}{
+		{"create", []string{"create", "--image", image, "--handle", "one"}},
+		{"inspect", []string{"inspect", "one"}},
+		{"stop", []string{"stop", "one"}},
+		{"start", []string{"start", "one"}},
+		{"snapshot", []string{"snapshot", "one"}},
+		{"fork", []string{"fork", "one"}},
+		{"rm", []string{"rm", "-f", "--with-snapshots", "one"}},
+	}
+	var forked string
+	for _, s := range steps {
+		before := served()
+		r := mustOK(t, proc(t, root, s.args...), s.name)
+		if s.name == "fork" {
+			forked = strings.Fields(r.stdout)[0]
+		}
+		if d := served() - before; d > bound {
+			t.Errorf("%s of one sandbox made the daemon encode %d sandbox records (root of %d; bound %d)", s.name, d, sandboxes, bound)
+		} else {
+			t.Logf("%s: %d sandbox records encoded", s.name, d)
+		}
+	}
+	mustOK(t, proc(t, root, "rm", "-f", forked), "rm of the fork child")
+	// The counter counts: a listing encodes every sandbox.
+	before := served()
+	mustOK(t, nexus(t, root, "ls"), "ls")
+	if d := served() - before; d < sandboxes {
+		t.Fatalf("ls encoded %d sandbox records, want at least %d: the counter does not count", d, sandboxes)
+	}
+}
+
+// TestLsPages: ls reads the sandboxes a page at a time, through the daemon
+// (no answer holds more than a page, control.Stats) and without one, and
+// prints every sandbox once, in ID order, the same either way; --limit
+// and --after page by hand.
+func TestLsPages(t *testing.T) {
+	const sandboxes = 1234
+	root := shortRoot(t)
+	fillRoot(t, root, sandboxes)
+	local := nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "ls", "--json")
+	mustOK(t, local, "ls without a daemon")
+	var all []projections.Sandbox
+	if err := json.Unmarshal([]byte(local.stdout), &all); err != nil {
+		t.Fatalf("ls --json: %v", err)
+	}
+	if len(all) != sandboxes || !slices.IsSortedFunc(all, func(a, b projections.Sandbox) int { return strings.Compare(a.ID, b.ID) }) {
+		t.Fatalf("ls --json printed %d sandboxes (sorted: %v), want %d in ID order", len(all), slices.IsSortedFunc(all, func(a, b projections.Sandbox) int { return strings.Compare(a.ID, b.ID) }), sandboxes)
+	}
+	text := mustOK(t, nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "ls"), "ls")
+	if rows := strings.Count(text.stdout, "\n"); rows != sandboxes+1 {
+		t.Fatalf("ls printed %d lines, want a header and %d rows", rows, sandboxes)
+	}
+
+	startDaemon(t, root)
+	c := control.NewClient(filepath.Join(root, control.SocketName))
+	defer c.Close()
+	viaDaemon := mustOK(t, nexus(t, root, "ls", "--json"), "ls through the daemon")
+	if viaDaemon.stdout != local.stdout {
+		t.Fatalf("ls --json through the daemon differs from ls without one")
+	}
+	st, err := c.Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.MostInOneAnswer > 500 || st.Sandboxes < sandboxes {
+		t.Fatalf("ls through the daemon: %d records in its largest answer (want a page, at most 500), %d in all", st.MostInOneAnswer, st.Sandboxes)
+	}
+
+	page := mustOK(t, nexus(t, root, "ls", "--json", "--limit", "10"), "ls --limit")
+	var first []projections.Sandbox
+	json.Unmarshal([]byte(page.stdout), &first)
+	next := mustOK(t, nexus(t, root, "ls", "--json", "--limit", "10", "--after", strings.ToLower(first[9].ID)), "ls --after")
+	var second []projections.Sandbox
+	json.Unmarshal([]byte(next.stdout), &second)
+	if len(first) != 10 || len(second) != 10 || first[0].ID != all[0].ID || second[0].ID != all[10].ID || second[9].ID != all[19].ID {
+		t.Fatalf("--limit 10 then --after: %d and %d sandboxes, not ls's first 20 in order", len(first), len(second))
+	}
+	wantFailure(t, nexus(t, root, "ls", "--limit", "-1"), 2, "--limit")
+}

@@ -1,0 +1,200 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/node"
+)
+
+// fillRoot journals n committed sandboxes (two disks each, handle sb-<i>)
+// into a new root, closes it (which writes the snapshots) and returns the
+// root and the sandbox IDs in creation order.
+func fillRoot(tb testing.TB, n int) (string, []string) {
+	tb.Helper()
+	ctx := context.Background()
+	root := tb.TempDir()
+	nd, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var ids []string
+	for from := 0; from < n; from += 1000 {
+		evs := make([]events.Event, min(1000, n-from))
+		for i := range evs {
+			id := ulid.Make().String()
+			ids = append(ids, id)
+			evs[i] = events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{
+				Handle: fmt.Sprintf("sb-%d", from+i), Image: "ghcr.io/nexus/base:24.04", Driver: "process",
+				Resources: []events.Resource{{Kind: events.KindRawDisk, Path: "disks/" + id + ".raw"}, {Kind: events.KindWorkspaceDisk, Path: "disks/" + id + "-workspace.ext4"}},
+			})
+		}
+		if _, err := nd.Append(ctx, evs...); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := nd.Close(); err != nil {
+		tb.Fatal(err)
+	}
+	return root, ids
+}
+
+// TestLazyOpenDecodesOnlyTheSandboxAsked is issue 21's structural O(1)
+// test without a daemon: on a root of 2,000 sandboxes (snapshots written,
+// plus a tail), a lazy Open and a read of one sandbox by ID decode that
+// sandbox's events alone (Decoded), and the record equals what a full load
+// holds. A node that decoded the projections to answer would count 2,000.
+func TestLazyOpenDecodesOnlyTheSandboxAsked(t *testing.T) {
+	ctx := context.Background()
+	root, ids := fillRoot(t, 2000)
+	target := ids[1234]
+	// A tail after the snapshots, about the target and another sandbox.
+	nd, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail := []events.Event{
+		events.New(ulid.Make(), time.Now(), target, events.SandboxStartedEvent{VMMPid: 42, VMMStart: 7}),
+		events.New(ulid.Make(), time.Now(), ids[5], events.SandboxStartedEvent{VMMPid: 43, VMMStart: 8}),
+		events.New(ulid.Make(), time.Now(), target, events.SandboxStoppedEvent{}),
+	}
+	if _, err := nd.Append(ctx, tail...); err != nil {
+		t.Fatal(err)
+	}
+	want, found, err := nd.Sandbox(ctx, target)
+	if err != nil || !found {
+		t.Fatalf("full node: %v %v", found, err)
+	}
+	if err := nd.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	lazy, err := node.Open(ctx, root, node.Options{Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lazy.Close()
+	if d := lazy.Decoded(); d != 0 {
+		t.Fatalf("a lazy Open decoded %d records before anything was asked", d)
+	}
+	for _, ref := range []string{target, strings.ToLower(target)} {
+		before := lazy.Decoded()
+		got, found, err := lazy.Sandbox(ctx, ref)
+		if err != nil || !found {
+			t.Fatalf("lazy Sandbox(%s): %v %v", ref, found, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("lazy Sandbox(%s) = %+v, want the full view's %+v", ref, got, want)
+		}
+		// sandbox.created, started, stopped: its own three events.
+		if d := lazy.Decoded() - before; d != 3 {
+			t.Fatalf("reading one sandbox of 2,000 decoded %d records, want its own 3 events", d)
+		}
+	}
+	if _, found, err := lazy.Sandbox(ctx, ulid.Make().String()); err != nil || found {
+		t.Fatalf("an unknown ID: found %v, %v", found, err)
+	}
+	// A handle needs the loaded view: then everything is decoded, once.
+	before := lazy.Decoded()
+	if got, found, err := lazy.Sandbox(ctx, "sb-1234"); err != nil || !found || got.ID != target {
+		t.Fatalf("by handle: %+v %v %v", got, found, err)
+	}
+	if d := lazy.Decoded() - before; d < 2000 {
+		t.Fatalf("a load decoded %d records, want at least the 2,000 sandboxes: the counter does not count", d)
+	}
+	// Once loaded, an append and a read still agree with the journal.
+	if _, err := lazy.Append(ctx, events.New(ulid.Make(), time.Now(), target, events.SandboxStartedEvent{VMMPid: 44, VMMStart: 9})); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := lazy.Sandbox(ctx, target); got.VMM == nil || got.VMM.Pid != 44 {
+		t.Fatalf("after an append the loaded view shows %+v", got.VMM)
+	}
+}
+
+// TestLazyNodeAppendsLikeAFullOne: an append on a lazy node loads the views
+// first, so its guard sees the journal: an expectation older than the
+// sandbox's last event is refused, the current one is accepted.
+func TestLazyNodeAppendsLikeAFullOne(t *testing.T) {
+	ctx := context.Background()
+	root, ids := fillRoot(t, 10)
+	lazy, err := node.Open(ctx, root, node.Options{Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lazy.Close()
+	sb, found, err := lazy.Sandbox(ctx, ids[3])
+	if err != nil || !found || sb.Rev == 0 {
+		t.Fatalf("lazy read: %+v %v %v", sb, found, err)
+	}
+	ent := guard.Sandbox(ids[3])
+	start := func() events.Event {
+		return events.New(ulid.Make(), time.Now(), ids[3], events.SandboxStartedEvent{VMMPid: 1, VMMStart: 1})
+	}
+	var stale *guard.StaleError
+	if _, err := lazy.AppendExpect(ctx, []guard.Expect{{Entity: ent, Seq: sb.Rev - 1}}, start()); !errors.As(err, &stale) {
+		t.Fatalf("a stale expectation on a lazy node: %v, want a StaleError", err)
+	}
+	seqs, err := lazy.AppendExpect(ctx, []guard.Expect{{Entity: ent, Seq: sb.Rev}}, start())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := lazy.Rev(ent); got != seqs[0] {
+		t.Fatalf("rev after the append: %d, want %d", got, seqs[0])
+	}
+}
+
+// BenchmarkOpenInspect is what `nexus inspect ID` without a daemon costs
+// on a root of 1,000 and of 10,000 sandboxes (snapshots written): node.Open,
+// one Sandbox by ID, Close. Each op runs three, interleaved so the machine
+// is the same for each:
+//
+//	full: Open loading every projection (snapshots decoded, tail folded), as before
+//	lazy: Open with Options.Lazy (what a command's node does now)
+//	floor: a lazy Open and Close alone, no read: the journal's own start
+//
+// Compare across sizes for the growth; docs/benchmarks.md has the figures.
+func BenchmarkOpenInspect(b *testing.B) {
+	ctx := context.Background()
+	for _, size := range []int{1_000, 10_000} {
+		root, ids := fillRoot(b, size)
+		target := ids[size/2]
+		run := func(o node.Options, read bool) time.Duration {
+			t0 := time.Now()
+			n, err := node.Open(ctx, root, o)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if read {
+				if _, found, err := n.Sandbox(ctx, target); err != nil || !found {
+					b.Fatalf("inspect: %v %v", found, err)
+				}
+			}
+			if err := n.Close(); err != nil {
+				b.Fatal(err)
+			}
+			return time.Since(t0)
+		}
+		b.Run(fmt.Sprintf("sandboxes=%d", size), func(b *testing.B) {
+			var full, lazy, floor time.Duration
+			for i := 0; i < b.N; i++ {
+				full += run(node.Options{}, true)
+				lazy += run(node.Options{Lazy: true}, true)
+				floor += run(node.Options{Lazy: true}, false)
+			}
+			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(b.N) }
+			b.ReportMetric(ms(full), "full-ms/op")
+			b.ReportMetric(ms(lazy), "lazy-ms/op")
+			b.ReportMetric(ms(floor), "floor-ms/op")
+			b.ReportMetric(float64(lazy)/float64(full), "lazy/full")
+		})
+	}
+}
