@@ -124,6 +124,8 @@ type Journal struct {
 	mirrorSeen  bool
 	mirrorDrift string
 	mirror      *Mirror
+	// mirrorChanges feeds MirrorChanges.
+	mirrorChanges chan MirrorChange
 
 	// log is Options.Logger (discarding if nil), for mirror state changes.
 	log    *slog.Logger
@@ -235,6 +237,7 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		mctx, stop := context.WithCancel(context.Background())
 		j.mirrorStop = stop
 		j.mirror = m
+		j.mirrorChanges = make(chan MirrorChange, mirrorChangeBuffer)
 		first := make(chan error, 1)
 		go j.keepMirror(mctx, m, first)
 		go j.watchLink(mctx, m)

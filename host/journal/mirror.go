@@ -280,6 +280,9 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 			// Found after start (Open returns a refusal it waited for).
 			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
 		}
+		if errors.Is(err, ErrHostTaken) {
+			j.reportChange(MirrorChange{Kind: "refused", Detail: err.Error()})
+		}
 		if !told && (err == nil || errors.Is(err, ErrHostTaken) || refusedAccount(err)) {
 			first <- err
 			told = true
@@ -343,6 +346,7 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 	j.mirrorMu.Unlock()
 	if changed && d != "" {
 		j.log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
+		j.reportChange(MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
 	}
 	return j.reportLastSeq(actx, fleet, cfg)
 }
@@ -458,11 +462,12 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	seen := j.mirrorSeen
 	j.mirrorSeen = true
 	j.mirrorMu.Unlock()
-	msg := "mirror.created"
+	kind := "created"
 	if seen {
-		msg = "mirror.recreated"
+		kind = "recreated"
 	}
-	j.log.Info(msg, "stream", m.StreamName(), "replicas", cfg.Replicas, "domain", m.Domain)
+	j.log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", cfg.Replicas, "domain", m.Domain)
+	j.reportChange(MirrorChange{Kind: kind, Replicas: cfg.Replicas})
 	return nil
 }
 
@@ -491,11 +496,20 @@ func cannotPlace(code jetstream.ErrorCode) bool {
 	return false
 }
 
-// watchLink logs the leaf link going up and down.
+// watchLink logs the leaf link going up and down, and reports changes
+// (linkLimiter) for the journal.
 func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
 	up := false
+	lim := linkLimiter{quiet: linkQuiet}
 	for {
 		now := j.srv.NumLeafNodes() > 0
+		if report, flaps := lim.observe(time.Now(), now); report {
+			kind := "unlinked"
+			if now {
+				kind = "linked"
+			}
+			j.reportChange(MirrorChange{Kind: kind, URLs: m.Redacted(), Flaps: flaps})
+		}
 		if now != up {
 			up = now
 			if up {
