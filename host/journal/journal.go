@@ -139,6 +139,9 @@ type Record struct {
 	MsgID   string
 	Time    time.Time
 	Data    []byte
+	// source is a sourced record's Nats-Stream-Source header (the fleet's
+	// aggregate), else "".
+	source string
 }
 
 // Open takes the store's lock, verifies every message block, and starts the
