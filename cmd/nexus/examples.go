@@ -68,6 +68,10 @@ var examples = map[string][]string{
 	"fleet":             {"nexus fleet status", "nexus fleet template --host rack1-07 --host rack1-08"},
 	"fleet status":      {"nexus fleet status", "nexus fleet status --json"},
 	"fleet template":    {"nexus fleet template --host rack1-07,rack1-08 > fleet-accounts.conf", "nexus fleet template --host rack1-07 --max-bytes 20G --auditor audit"},
+	"fleet aggregate":   {"NEXUS_FLEET_URL=nats://auditor:PASS@fleet1:4222 nexus fleet aggregate --host rack1-07,rack1-08", "nexus fleet aggregate --host rack1-09 --nats-creds auditor.creds --nats nats://fleet1:4222"},
+	"fleet events":      {"nexus fleet events --since 1h --type sandbox", "nexus fleet events --host rack1-07 --sandbox web --follow --json"},
+	"fleet find":        {"nexus fleet find web", "nexus fleet find 01JDQ4Z6X1M9A3Y0C5TB2R8NKW --json"},
+	"fleet timeline":    {"nexus fleet timeline web", "nexus fleet timeline 01JDQ4Z6X1M9A3Y0C5TB2R8NKW --json"},
 	"docs man":          {"nexus docs man /usr/local/share/man/man1"},
 }
 
