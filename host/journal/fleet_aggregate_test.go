@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 // fleetRecords scans the whole aggregate (or what filters select).
@@ -140,4 +143,68 @@ func TestFleetAggregate(t *testing.T) {
 	refused("deleted the aggregate", func(c context.Context) error { return f.js.DeleteStream(c, FleetStream) })
 	refused("purged the aggregate", func(c context.Context) error { return s.Purge(c) })
 	refused("deleted a mirror", func(c context.Context) error { return f.js.DeleteStream(c, mb.StreamName()) })
+}
+
+// TestHostCannotForgeItsAggregateDeliveries: the aggregate's deliveries
+// from host A's account reach the auditors' account, so A's identity,
+// linked as a leaf, may not publish there itself. A probe user added to
+// the auditors' account sees what the import carries; a forged delivery
+// never arrives (without the template's deny it does).
+func TestHostCannotForgeItsAggregateDeliveries(t *testing.T) {
+	passes := map[string]string{"host-a": "pass-a", "auditor": "pass-audit"}
+	for user, p := range passes {
+		t.Setenv(PasswordVar(user), p)
+	}
+	tmpl, err := Template{Hosts: []string{"host-a"}, Auditor: "auditor"}.Config(fleetDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const auditUsers = `users: [{ user: "auditor"`
+	if !strings.Contains(tmpl, auditUsers) {
+		t.Fatalf("template changed shape:\n%s", tmpl)
+	}
+	tmpl = strings.Replace(tmpl, auditUsers, `users: [{ user: "probe", password: "probe" }, { user: "auditor"`, 1)
+	c := startCluster(t, tmpl)
+
+	probe, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("probe", "probe"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	got, err := probe.SubscribeSync(aggregateDeliver("host-a") + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe.Flush()
+
+	ao := &server.Options{ServerName: "attacker", DontListen: true, NoLog: true, NoSigs: true}
+	ao.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: c.urls("host-a", passes["host-a"])}}
+	atk, err := server.NewServer(ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atk.Start()
+	defer atk.Shutdown()
+	deadline := time.Now().Add(20 * time.Second)
+	for atk.NumLeafNodes() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("attacker never linked")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	anc, err := nats.Connect("", nats.InProcessServer(atk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anc.Close()
+	// The interest of the probe crosses to the leaf only once the hub
+	// has sent it; publish until the window for it has passed.
+	for i := 0; i < 20; i++ {
+		anc.Publish(aggregateDeliver("host-a")+".forged", []byte("forged"))
+		anc.Flush()
+		time.Sleep(100 * time.Millisecond)
+	}
+	if m, err := got.NextMsg(time.Second); err == nil {
+		t.Fatalf("a forged delivery reached the auditors' account: %s %q", m.Subject, m.Data)
+	}
 }
