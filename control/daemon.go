@@ -118,6 +118,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	defer cancel()
 	// Exits are facts (control/exits.go): stopped before the node closes.
 	defer watchExits(sctx, n)()
+	defer journalMirror(sctx, n)()
 	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto}) }()
 	if o.Ready != nil {
 		// Serve creates the socket almost at once; wait until it answers so

@@ -98,6 +98,14 @@ var registry = map[Type]typeSpec{
 	SagaStarted:        spec(SagaStartedEvent{}, 1),
 	SagaFinished:       spec(SagaFinishedEvent{}, 1),
 	SagaCompensated:    spec(SagaCompensatedEvent{}, 1),
+
+	// The daemon's fleet mirror (host/journal's Mirror).
+	MirrorCreated:        spec(MirrorCreatedEvent{}, 1),
+	MirrorRecreated:      spec(MirrorRecreatedEvent{}, 1),
+	MirrorLinked:         spec(MirrorLinkedEvent{}, 1),
+	MirrorUnlinked:       spec(MirrorUnlinkedEvent{}, 1),
+	MirrorSettingsDiffer: spec(MirrorSettingsDifferEvent{}, 1),
+	MirrorRefused:        spec(MirrorRefusedEvent{}, 1),
 }
 
 func withUpcast(s typeSpec, from uint16, f func([]byte) (Payload, error)) typeSpec {

@@ -62,6 +62,13 @@ const (
 	ImageCacheUsed     Type = "imagecache.used"
 	ImageCachePruned   Type = "imagecache.pruned"
 
+	MirrorCreated        Type = "mirror.created"
+	MirrorRecreated      Type = "mirror.recreated"
+	MirrorLinked         Type = "mirror.linked"
+	MirrorUnlinked       Type = "mirror.unlinked"
+	MirrorSettingsDiffer Type = "mirror.settings_differ"
+	MirrorRefused        Type = "mirror.refused"
+
 	SagaStarted     Type = "saga.started"
 	SagaFinished    Type = "saga.finished"
 	SagaCompensated Type = "saga.compensated"

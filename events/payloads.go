@@ -398,3 +398,59 @@ func (ImageCachePrunedEvent) EventType() Type   { return ImageCachePruned }
 func (SagaStartedEvent) EventType() Type        { return SagaStarted }
 func (SagaFinishedEvent) EventType() Type       { return SagaFinished }
 func (SagaCompensatedEvent) EventType() Type    { return SagaCompensated }
+
+// MirrorCreatedEvent: the daemon created this host's mirror stream on the
+// fleet (the journal's audit copy) with these replicas.
+type MirrorCreatedEvent struct {
+	Stream   string `msgpack:"stream" json:"stream"`
+	Domain   string `msgpack:"domain" json:"domain"`
+	Replicas int    `msgpack:"replicas" json:"replicas"`
+}
+
+// MirrorRecreatedEvent: the mirror was gone from the fleet (deleted, or
+// lost with a node's store) and the daemon created it again; the fleet
+// copies the journal into it from sequence 1.
+type MirrorRecreatedEvent struct {
+	Stream   string `msgpack:"stream" json:"stream"`
+	Domain   string `msgpack:"domain" json:"domain"`
+	Replicas int    `msgpack:"replicas" json:"replicas"`
+}
+
+// MirrorLinkedEvent: the leaf link to the fleet came up. Flaps counts the
+// link changes since the previous link event that were not journaled on
+// their own (a flapping link is journaled at most once per 10 s).
+type MirrorLinkedEvent struct {
+	Stream string   `msgpack:"stream" json:"stream"`
+	URLs   []string `msgpack:"urls" json:"urls"` // without passwords
+	Flaps  int      `msgpack:"flaps,omitempty" json:"flaps,omitempty"`
+}
+
+// MirrorUnlinkedEvent: the leaf link to the fleet went down; appends go on
+// and the mirror catches up when it is back. Flaps as in mirror.linked.
+type MirrorUnlinkedEvent struct {
+	Stream string   `msgpack:"stream" json:"stream"`
+	URLs   []string `msgpack:"urls" json:"urls"` // without passwords
+	Flaps  int      `msgpack:"flaps,omitempty" json:"flaps,omitempty"`
+}
+
+// MirrorSettingsDifferEvent: the mirror on the fleet has settings an
+// operator changed (replicas, byte limit), which nexus keeps; Kept says
+// which. Journaled when the difference changes.
+type MirrorSettingsDifferEvent struct {
+	Stream string `msgpack:"stream" json:"stream"`
+	Kept   string `msgpack:"kept" json:"kept"`
+}
+
+// MirrorRefusedEvent: the mirror's stream on the fleet belongs to another
+// host identity (or none), so this host stopped mirroring into it.
+type MirrorRefusedEvent struct {
+	Stream string `msgpack:"stream" json:"stream"`
+	Reason string `msgpack:"reason" json:"reason"`
+}
+
+func (MirrorCreatedEvent) EventType() Type        { return MirrorCreated }
+func (MirrorRecreatedEvent) EventType() Type      { return MirrorRecreated }
+func (MirrorLinkedEvent) EventType() Type         { return MirrorLinked }
+func (MirrorUnlinkedEvent) EventType() Type       { return MirrorUnlinked }
+func (MirrorSettingsDifferEvent) EventType() Type { return MirrorSettingsDiffer }
+func (MirrorRefusedEvent) EventType() Type        { return MirrorRefused }

@@ -15,9 +15,9 @@ import (
 func fleetCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "fleet",
-		Short: "This host's mirror on the fleet, and the fleet's permission template",
+		Short: "This host's mirror on the fleet, the fleet's permission template, and fleet-wide reads",
 	}
-	c.AddCommand(fleetStatusCmd(g), fleetTemplateCmd())
+	c.AddCommand(fleetStatusCmd(g), fleetTemplateCmd(), fleetAggregateCmd(), fleetEventsCmd(), fleetFindCmd(), fleetTimelineCmd())
 	return c
 }
 

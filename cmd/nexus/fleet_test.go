@@ -151,6 +151,33 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	if strings.Contains(logs.String(), "fleet-secret") {
 		t.Fatalf("the daemon log shows the password:\n%s", logs.String())
 	}
+	// The same changes are journaled, once each, the last while the fleet
+	// is down; appends do not wait for the fleet.
+	mustOK(t, nexus(t, root, "demo"), "demo while the fleet is down")
+	var types []string
+	waitUntil(t, "mirror.unlinked journaled", func() bool {
+		r := nexus(t, root, "events", "--type", "mirror", "--json")
+		types = types[:0]
+		for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+			var e struct {
+				Type string         `json:"type"`
+				Data map[string]any `json:"data"`
+			}
+			if json.Unmarshal([]byte(line), &e) == nil && e.Type != "" {
+				types = append(types, e.Type)
+				if e.Data["stream"] != "NEXUS_HOST_A" {
+					t.Fatalf("mirror event of another stream: %s", line)
+				}
+			}
+		}
+		// The link is sampled each second, so created and linked may
+		// come in either order; the link went down after both.
+		got := strings.Join(types, " ")
+		return r.code == 0 && (got == "mirror.created mirror.linked mirror.unlinked" || got == "mirror.linked mirror.created mirror.unlinked")
+	})
+	if r := nexus(t, root, "events", "--type", "mirror", "--json"); strings.Contains(r.stdout, "fleet-secret") {
+		t.Fatalf("a journaled mirror event shows the password: %s", r.stdout)
+	}
 }
 
 // startFleetServer runs a one-node fleet in this process: JetStream in

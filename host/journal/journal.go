@@ -124,6 +124,8 @@ type Journal struct {
 	mirrorSeen  bool
 	mirrorDrift string
 	mirror      *Mirror
+	// mirrorChanges feeds MirrorChanges.
+	mirrorChanges chan MirrorChange
 
 	// log is Options.Logger (discarding if nil), for mirror state changes.
 	log    *slog.Logger
@@ -137,6 +139,9 @@ type Record struct {
 	MsgID   string
 	Time    time.Time
 	Data    []byte
+	// source is a sourced record's Nats-Stream-Source header (the fleet's
+	// aggregate), else "".
+	source string
 }
 
 // Open takes the store's lock, verifies every message block, and starts the
@@ -235,6 +240,7 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		mctx, stop := context.WithCancel(context.Background())
 		j.mirrorStop = stop
 		j.mirror = m
+		j.mirrorChanges = make(chan MirrorChange, mirrorChangeBuffer)
 		first := make(chan error, 1)
 		go j.keepMirror(mctx, m, first)
 		go j.watchLink(mctx, m)

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -64,6 +65,13 @@ var ErrHostTaken = errors.New("journal: mirror stream belongs to another host")
 const (
 	metaHostID = "nexus_host_id"
 	metaHost   = "nexus_host"
+	// metaLastSeq and metaReported are the host's report of its journal:
+	// the last sequence it held and when. The host writes them into the
+	// mirror's own metadata, which an auditor reads with the stream info
+	// it is allowed, so a mirror shorter than its host's word is seen
+	// without asking the host.
+	metaLastSeq  = "nexus_journal_last_seq"
+	metaReported = "nexus_journal_reported"
 )
 
 var (
@@ -272,6 +280,9 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 			// Found after start (Open returns a refusal it waited for).
 			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
 		}
+		if errors.Is(err, ErrHostTaken) {
+			j.reportChange(MirrorChange{Kind: "refused", Detail: err.Error()})
+		}
 		if !told && (err == nil || errors.Is(err, ErrHostTaken) || refusedAccount(err)) {
 			first <- err
 			told = true
@@ -335,6 +346,65 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 	j.mirrorMu.Unlock()
 	if changed && d != "" {
 		j.log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
+		j.reportChange(MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
+	}
+	return j.reportLastSeq(actx, fleet, cfg)
+}
+
+// reportLastSeq records the journal's last sequence in the mirror's
+// metadata when it moved since the last report. Everything else in the
+// configuration is written back as read, so operator settings stay.
+func (j *Journal) reportLastSeq(ctx context.Context, fleet jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	last, err := j.LastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	seq := strconv.FormatUint(last, 10)
+	if cfg.Metadata[metaLastSeq] == seq {
+		return nil
+	}
+	md := make(map[string]string, len(cfg.Metadata)+2)
+	for k, v := range cfg.Metadata {
+		// The server's own keys (_nats.*) are its to set.
+		if !strings.HasPrefix(k, "_nats.") {
+			md[k] = v
+		}
+	}
+	md[metaLastSeq], md[metaReported] = seq, time.Now().UTC().Format(time.RFC3339Nano)
+	cfg.Metadata = md
+	if _, err := fleet.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("mirror %s: report journal sequence %d: %w", cfg.Name, last, err)
+	}
+	return nil
+}
+
+// HostReport is what a host last reported of its journal in its mirror's
+// metadata (zero when it never did).
+type HostReport struct {
+	LastSeq  uint64
+	Reported time.Time
+}
+
+func hostReport(md map[string]string) HostReport {
+	var r HostReport
+	r.LastSeq, _ = strconv.ParseUint(md[metaLastSeq], 10, 64)
+	r.Reported, _ = time.Parse(time.RFC3339Nano, md[metaReported])
+	return r
+}
+
+// checkMirrorSpan refuses a mirror that cannot be its host's whole
+// journal: empty, missing its head (a journal starts at 1 and is never
+// purged), or ending before the last sequence its host reported (cut
+// short, or not caught up).
+func checkMirrorSpan(stream string, st jetstream.StreamState, rep HostReport) error {
+	switch {
+	case st.Msgs == 0:
+		return fmt.Errorf("journal: mirror %s is empty: it holds none of the host's journal", stream)
+	case st.FirstSeq != 1:
+		return fmt.Errorf("journal: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
+	case st.LastSeq < rep.LastSeq:
+		return fmt.Errorf("journal: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
+			stream, st.LastSeq, rep.LastSeq, rep.Reported.Format(time.RFC3339))
 	}
 	return nil
 }
@@ -392,11 +462,12 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	seen := j.mirrorSeen
 	j.mirrorSeen = true
 	j.mirrorMu.Unlock()
-	msg := "mirror.created"
+	kind := "created"
 	if seen {
-		msg = "mirror.recreated"
+		kind = "recreated"
 	}
-	j.log.Info(msg, "stream", m.StreamName(), "replicas", cfg.Replicas, "domain", m.Domain)
+	j.log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", cfg.Replicas, "domain", m.Domain)
+	j.reportChange(MirrorChange{Kind: kind, Replicas: cfg.Replicas})
 	return nil
 }
 
@@ -425,11 +496,20 @@ func cannotPlace(code jetstream.ErrorCode) bool {
 	return false
 }
 
-// watchLink logs the leaf link going up and down.
+// watchLink logs the leaf link going up and down, and reports changes
+// (linkLimiter) for the journal.
 func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
 	up := false
+	lim := linkLimiter{quiet: linkQuiet}
 	for {
 		now := j.srv.NumLeafNodes() > 0
+		if report, flaps := lim.observe(time.Now(), now); report {
+			kind := "unlinked"
+			if now {
+				kind = "linked"
+			}
+			j.reportChange(MirrorChange{Kind: kind, URLs: m.Redacted(), Flaps: flaps})
+		}
 		if now != up {
 			up = now
 			if up {
@@ -470,7 +550,8 @@ func (j *Journal) MirrorStatus() (ok bool, lastErr string) {
 // nothing is acknowledged or deleted. Subjects keep the mirror's host
 // prefix. An empty mirror, or one whose first sequence is not 1, is an
 // error: a journal starts at 1 and never loses its head, so either means
-// the audit copy is not the journal.
+// the audit copy is not the journal; so is one that ends before the last
+// sequence its host reported in the mirror's metadata.
 func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(Record) error) error {
 	opts := []nats.Option{nats.Name("nexus replay")}
 	if credsFile != "" {
@@ -494,12 +575,10 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	if err != nil {
 		return fmt.Errorf("journal: stream %s at %s: %w", stream, RedactURL(natsURL), err)
 	}
-	st := s.CachedInfo().State
-	switch {
-	case st.Msgs == 0:
-		return fmt.Errorf("journal: mirror %s is empty: it holds none of the host's journal", stream)
-	case st.FirstSeq != 1:
-		return fmt.Errorf("journal: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
+	info := s.CachedInfo()
+	st := info.State
+	if err := checkMirrorSpan(stream, st, hostReport(info.Config.Metadata)); err != nil {
+		return err
 	}
 	if apiPrefix == "" {
 		return scan(ctx, s, Range{}, nil, fn)

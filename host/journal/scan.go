@@ -136,6 +136,15 @@ func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Ui
 	if err != nil {
 		return fmt.Errorf("journal: read from %d: %w", from, err)
 	}
+	// An ordered consumer outlives its Stop by minutes (its inactive
+	// threshold); a read deletes its own so it leaves nothing behind.
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+		if info := cons.CachedInfo(); info != nil {
+			_ = stream.DeleteConsumer(dctx, info.Name)
+		}
+	}()
 	if !r.Follow && cons.CachedInfo().NumPending == 0 {
 		return nil
 	}
@@ -172,7 +181,7 @@ func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Ui
 		}
 		rec := Record{
 			Seq: seq, Subject: msg.Subject(), MsgID: msg.Headers().Get(jetstream.MsgIDHeader),
-			Time: meta.Timestamp, Data: msg.Data(),
+			Time: meta.Timestamp, Data: msg.Data(), source: msg.Headers().Get("Nats-Stream-Source"),
 		}
 		if err := fn(rec); err != nil {
 			if errors.Is(err, errStop) {

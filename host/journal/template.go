@@ -13,9 +13,11 @@ import (
 // not by subject filters: a host's identity sees only its own account,
 // where the only stream is its mirror, and may not delete or purge even
 // that. Its user is for leaf-node links only, so its password is useless
-// as a client. Auditors get one account with no JetStream of its own that
-// imports, from every host account, only the requests that read a stream
-// (info and get by sequence): they can read every mirror and change none.
+// as a client. Auditors get one account that imports, from every host
+// account, only the requests that read a stream (info, get by sequence,
+// and the consumer the aggregate sources through): they can read every
+// mirror and change none. Their own JetStream holds only the aggregate
+// (FleetStream), which they may create and extend but not delete or purge.
 type Template struct {
 	// Hosts are the fleet's host names (ValidHostName).
 	Hosts []string
@@ -51,7 +53,9 @@ func hostDenied(domain string) []string {
 			deny = append(deny, prefix+api)
 		}
 	}
-	return deny
+	// The aggregate's deliveries come from the account's JetStream; a
+	// host publishing there itself would forge its part of the aggregate.
+	return append(deny, "$NEXUS.AGG.>")
 }
 
 // AuditAPIPrefix is the JetStream API prefix auditors use
@@ -60,9 +64,29 @@ func hostDenied(domain string) []string {
 // JetStream would answer the same request first.
 const AuditAPIPrefix = "$NEXUS.AUDIT.API"
 
-// readAPIs are the JetStream requests an auditor may send for a stream.
+// readAPIs are the JetStream requests an auditor may send for a stream:
+// info, get by sequence, and the consumer the aggregate sources through
+// (a consumer reads; nothing in a mirror can be changed through one).
 func readAPIs(stream string) []string {
-	return []string{"STREAM.INFO." + stream, "STREAM.MSG.GET." + stream}
+	return []string{"STREAM.INFO." + stream, "STREAM.MSG.GET." + stream, "CONSUMER.CREATE." + stream}
+}
+
+// aggregateFlowControl is the flow-control reply subject of the source
+// consumer on a host's mirror (its consumer's "$JS.FC.<stream>.>" form),
+// which the aggregate answers from the auditors' account.
+func aggregateFlowControl(stream string) string { return "$JS.FC." + stream + ".>" }
+
+// auditorAllowed: what an auditor may publish: the imported reads, and in
+// its own account only the requests that create, extend and read the
+// aggregate; never its delete or purge.
+func auditorAllowed() []string {
+	js := "$JS.API."
+	return []string{
+		AuditAPIPrefix + ".>",
+		js + "STREAM.CREATE." + FleetStream, js + "STREAM.UPDATE." + FleetStream, js + "STREAM.INFO." + FleetStream,
+		js + "STREAM.MSG.GET." + FleetStream, js + "DIRECT.GET." + FleetStream, js + "DIRECT.GET." + FleetStream + ".>",
+		js + "CONSUMER.*." + FleetStream, js + "CONSUMER.*." + FleetStream + ".>", js + "CONSUMER.MSG.NEXT." + FleetStream + ".>",
+	}
 }
 
 // Config renders the template for the fleet's JetStream domain.
@@ -105,16 +129,23 @@ func (t Template) Config(domain string) (string, error) {
 		for _, s := range readAPIs(stream) {
 			fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", "$JS.API."+s, AuditAccount)
 		}
+		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", aggregateFlowControl(stream), AuditAccount)
+		fmt.Fprintf(&b, "      { stream: %q, accounts: [%s] }\n", aggregateDeliver(h)+".>", AuditAccount)
 		b.WriteString("    ]\n  }\n")
 	}
-	fmt.Fprintf(&b, "  %s: {\n", AuditAccount)
+	// The auditors' account holds the aggregate (FleetStream) and nothing
+	// else its users may write.
+	fmt.Fprintf(&b, "  %s: {\n    jetstream: enabled\n", AuditAccount)
 	fmt.Fprintf(&b, "    users: [{ user: %q, password: $%s, permissions: { publish: { allow: %s }, subscribe: { allow: [\"_INBOX.>\"] } } }]\n",
-		t.Auditor, PasswordVar(t.Auditor), list([]string{AuditAPIPrefix + ".>"}))
+		t.Auditor, PasswordVar(t.Auditor), list(auditorAllowed()))
 	b.WriteString("    imports: [\n")
 	for _, h := range hosts {
 		for _, s := range readAPIs(MirrorStream(h)) {
 			fmt.Fprintf(&b, "      { service: { account: %s, subject: %q }, to: %q }\n", HostAccount(h), "$JS.API."+s, AuditAPIPrefix+"."+s)
 		}
+		fc := aggregateFlowControl(MirrorStream(h))
+		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", HostAccount(h), fc)
+		fmt.Fprintf(&b, "      { stream: { account: %s, subject: %q } }\n", HostAccount(h), aggregateDeliver(h)+".>")
 	}
 	b.WriteString("    ]\n  }\n}\n")
 	return b.String(), nil

@@ -1,0 +1,92 @@
+package journal
+
+import (
+	"context"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+)
+
+// TestReadMirrorComparesWithTheHostsReport: on a real three-node fleet the
+// host records its journal's last sequence in its mirror's metadata; a
+// mirror that starts at 1 and has no gaps but ends before that report (a
+// copy cut short while the host was away) is refused, and the whole
+// mirror reads.
+func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
+	tmpl := "accounts { FLEET: { jetstream: enabled, users: [{user: h, password: p}] } }\n"
+	c := startCluster(t, tmpl)
+	m := &Mirror{URLs: c.urls("h", "p"), Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String(),
+		StartWait: 20 * time.Second, Check: 200 * time.Millisecond}
+	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appendN(t, j, 0, 5)
+
+	u, _ := url.Parse(c.nodes[2].ClientURL())
+	u.User = url.UserPassword("h", "p")
+	admin, err := nats.Connect(u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	js, _ := jetstream.New(admin)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var info *jetstream.StreamInfo
+	for {
+		if s, err := js.Stream(ctx, m.StreamName()); err == nil {
+			info = s.CachedInfo()
+			if info.State.LastSeq == 5 && hostReport(info.Config.Metadata).LastSeq == 5 {
+				break
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the mirror never held and reported 5 events: %+v", info)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if rep := hostReport(info.Config.Metadata); time.Since(rep.Reported) > time.Minute || info.Config.Metadata[metaHostID] != m.HostID {
+		t.Fatalf("report %+v, metadata %v", rep, info.Config.Metadata)
+	}
+	count := 0
+	if err := ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(Record) error { count++; return nil }); err != nil || count != 5 {
+		t.Fatalf("the whole mirror: %d records, %v", count, err)
+	}
+	j.Close()
+
+	// With the host away, the mirror is replaced by a copy of its first
+	// three events, metadata and all.
+	s, _ := js.Stream(ctx, m.StreamName())
+	var head []*jetstream.RawStreamMsg
+	for seq := uint64(1); seq <= 3; seq++ {
+		msg, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head = append(head, msg)
+	}
+	cfg := info.Config
+	cfg.Mirror, cfg.DenyDelete, cfg.DenyPurge, cfg.Subjects = nil, false, false, []string{"host-a.>"}
+	if err := js.DeleteStream(ctx, cfg.Name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, msg := range head {
+		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: msg.Subject, Data: msg.Data, Header: msg.Header}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(Record) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "ends at sequence 3, but its host reported its journal at 5") {
+		t.Fatalf("a mirror cut short of its host's report: %v", err)
+	}
+}
