@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -216,7 +217,7 @@ func mirrorFlags(m *journal.Mirror, urls []string, maxBytes string) error {
 func eventsCmd(g *globals) *cobra.Command {
 	var q node.Query
 	var since, until string
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "events",
 		Short: "Print the journal, one event a line",
@@ -231,8 +232,16 @@ func eventsCmd(g *globals) *cobra.Command {
 				}
 				out := cmd.OutOrStdout()
 				err := b.Events(cmd.Context(), q, func(r node.Record) error {
-					if asJSON {
-						return json.NewEncoder(out).Encode(eventJSON(r))
+					switch {
+					case o.json:
+						// One compact object a line, so a follower can
+						// decode each as it comes.
+						return json.NewEncoder(out).Encode(normalize(reflect.ValueOf(eventJSON(r))).Interface())
+					case o.format != "":
+						return o.execute(out, eventJSON(r))
+					case o.quiet:
+						_, err := fmt.Fprintln(out, r.Event.ID)
+						return err
 					}
 					_, err := fmt.Fprintln(out, eventLine(r))
 					return err
@@ -250,7 +259,8 @@ func eventsCmd(g *globals) *cobra.Command {
 	c.Flags().IntVar(&q.Tail, "tail", 0, "only the last N events selected")
 	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ID or handle)")
 	c.Flags().StringArrayVar(&q.Types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. reap); repeats")
-	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	o = addOutput(c, true)
+	c.Flags().Lookup("json").Usage = "one JSON object a line (see docs/json.md)"
 	return c
 }
 
@@ -279,7 +289,7 @@ func eventLine(r node.Record) string {
 		sb = "-"
 	}
 	data, _ := json.Marshal(e.Payload)
-	line := fmt.Sprintf("%6d  %s  %-20s %-26s %s", r.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type, sb, data)
+	line := fmt.Sprintf("%6d  %s  %-20s %-26s %s", r.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), e.Type, sb, data)
 	if e.Saga != "" {
 		line += "  saga=" + e.Saga + " step=" + e.Step
 	}
@@ -287,7 +297,7 @@ func eventLine(r node.Record) string {
 }
 
 func lsCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "ls",
 		Short: "List sandboxes",
@@ -298,28 +308,25 @@ func lsCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				list = lifecycle.ObserveExits(list)
-				if asJSON {
-					if len(list) == 0 {
-						list = []projections.Sandbox{}
-					}
-					return printJSON(cmd.OutOrStdout(), list)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tHANDLE\tSTATE\tIMAGE\tDRIVER\tCREATED")
-				for _, sb := range list {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339))
-				}
-				return tw.Flush()
+				return printList(cmd, o, lifecycle.ObserveExits(list), sandboxID, sandboxTable)
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
 }
 
+func sandboxID(sb projections.Sandbox) string { return sb.ID }
+
+var sandboxTable = table[projections.Sandbox]{
+	header: []string{"ID", "HANDLE", "STATE", "IMAGE", "DRIVER", "CREATED"},
+	row: func(sb projections.Sandbox) []string {
+		return []string{sb.ID, sb.Handle, string(sb.State), sb.Image, sb.Driver, age(sb.CreatedAt)}
+	},
+}
+
 func inspectCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "inspect ID|HANDLE...",
 		Short: "Show sandboxes (--json prints an array, as docker does)",
@@ -339,8 +346,8 @@ func inspectCmd(g *globals) *cobra.Command {
 					}
 					return err
 				})
-				if asJSON {
-					return errors.Join(err, printJSON(cmd.OutOrStdout(), found))
+				if !o.human() {
+					return errors.Join(err, printList(cmd, o, found, sandboxID, sandboxTable))
 				}
 				for i, sb := range found {
 					if i > 0 {
@@ -352,14 +359,14 @@ func inspectCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	o = addOutput(c, true)
 	return c
 }
 
 func printSandbox(w io.Writer, sb projections.Sandbox) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "ID:\t%s\nHandle:\t%s\nState:\t%s\nImage:\t%s\nDriver:\t%s\nCreated:\t%s\nUpdated:\t%s\n",
-		sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339Nano), sb.UpdatedAt.Format(time.RFC3339Nano))
+		sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.UTC().Format(time.RFC3339Nano), sb.UpdatedAt.UTC().Format(time.RFC3339Nano))
 	if sb.Parent != "" {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
 	}
@@ -384,12 +391,6 @@ func exitedNote(p *projections.Process) string {
 		return " exited"
 	}
 	return ""
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 func dash(s string) string {

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -328,7 +327,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 }
 
 func snapshotLsCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: "ls [ID]", Short: "List snapshots, of every sandbox or of one", Args: maxArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -337,19 +336,19 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, snaps, func() {
-					tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "SNAPSHOT\tSANDBOX\tHANDLE\tCREATED\tSIZE")
-					for _, s := range snaps {
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Sandbox, dash(s.Handle), s.CreatedAt.Format(time.RFC3339), formatSize(s.AllocatedBytes))
-					}
-					tw.Flush()
-				})
+				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable)
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
+}
+
+var snapshotTable = table[lifecycle.SnapshotInfo]{
+	header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
+	row: func(s lifecycle.SnapshotInfo) []string {
+		return []string{s.ID, s.Sandbox, s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
+	},
 }
 
 func snapshotRmCmd(g *globals) *cobra.Command {
@@ -406,7 +405,7 @@ func restoreCmd(g *globals) *cobra.Command {
 }
 
 func recoverCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: "recover", Short: "Resume or compensate unfinished sagas; reconcile sandboxes with their processes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -415,8 +414,7 @@ func recoverCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, rep, func() {
-					w := cmd.OutOrStdout()
+				return printValue(cmd, o, rep, nil, func(w io.Writer) {
 					fmt.Fprintf(w, "sagas: %d compensated, %d resumed, %d in flight\n", len(rep.Compensated), len(rep.Resumed), len(rep.InFlight))
 					fmt.Fprintf(w, "sandboxes: %d stopped (VMM gone), %d supervisors restarted, %d orphaned supervisors killed, %d VMs unpaused\n",
 						len(rep.Stopped), len(rep.Restarted), len(rep.Killed), len(rep.Unpaused))
@@ -432,7 +430,7 @@ func recoverCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, false)
 	return c
 }
 
@@ -460,7 +458,7 @@ func volumeCmd(g *globals) *cobra.Command {
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M, 1.5G or 2GiB; K, M, G, T alone are binary, KB, MB, GB decimal (required)")
 	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	requireFlags(create, "size")
-	var lsJSON bool
+	var lsOut *output
 	ls := &cobra.Command{Use: "ls", Short: "List named volumes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
@@ -468,44 +466,109 @@ func volumeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if vols == nil {
-					vols = []projections.Volume{}
-				}
-				return printResult(cmd, lsJSON, vols, func() {
-					fmt.Fprintln(cmd.OutOrStdout(), "NAME\tSIZE\tATTACHED")
-					for _, v := range vols {
-						fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", v.Name, formatSize(v.SizeBytes), dash(strings.Join(v.AttachedTo, ",")))
-					}
-				})
+				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable)
 			})
 		}}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
-	rm := &cobra.Command{Use: "rm NAME", Short: "Delete a volume and its files (refused while attached)", Args: exactArgs(1),
+	lsOut = addOutput(ls, true)
+	var rmYes bool
+	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return m.VolumeRemove(cmd.Context(), args[0]) })
-		}}
-	var apply, detached, pruneJSON bool
-	prune := &cobra.Command{Use: "prune", Short: "Clear stale attachments; with --include-detached also delete unattached volumes", Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				rep, err := m.VolumePrune(cmd.Context(), apply, detached)
+				vols, err := m.Volumes(cmd.Context())
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, pruneJSON, rep, func() {
-					verb := "would clear"
-					if apply {
-						verb = "cleared"
+				// Only names that exist are asked about; an unknown one
+				// fails on its own below.
+				var known []string
+				for _, v := range vols {
+					if slices.Contains(args, v.Name) {
+						known = append(known, v.Name)
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "%s %d stale attachment(s); %d detached volume(s); removed %d\n", verb, len(rep.Stale), len(rep.Detached), len(rep.Removed))
+				}
+				if err := confirmDelete(cmd, rmYes, "volume rm", known); err != nil {
+					return err
+				}
+				return eachRef(cmd, args, func(name string) error {
+					if err := m.VolumeRemove(cmd.Context(), name); err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "removed volume %s\n", name)
+					return nil
 				})
 			})
 		}}
+	rm.Flags().BoolVarP(&rmYes, "yes", "y", false, "delete without asking (needed when stdin is not a terminal)")
+	var apply, dryRun, detached, pruneYes bool
+	var pruneOut *output
+	prune := &cobra.Command{Use: "prune [--apply [--include-detached [--yes]]]", Short: "Clear stale attachments (dry run unless --apply); with --include-detached also delete unattached volumes", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if apply && dryRun {
+				return usageError{errors.New("--apply and --dry-run exclude each other")}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				var only []string
+				if apply && detached {
+					// Name every volume to be deleted before deleting
+					// any, and delete no other: the dry run's list is
+					// what the user confirms and all that is deleted.
+					dry, err := m.VolumePrune(cmd.Context(), false, true)
+					if err != nil {
+						return err
+					}
+					if err := confirmDelete(cmd, pruneYes, "volume prune --apply --include-detached", dry.Detached); err != nil {
+						return err
+					}
+					only = dry.Detached
+				}
+				rep, err := m.VolumePrune(cmd.Context(), apply, apply && detached && len(only) > 0, only...)
+				if err != nil {
+					return err
+				}
+				ids := func() []string { return rep.Removed }
+				if !apply && detached {
+					ids = func() []string { return rep.Detached }
+				}
+				return printValue(cmd, pruneOut, rep, ids, func(w io.Writer) { volumePruneHuman(w, rep, detached) })
+			})
+		}}
 	prune.Flags().BoolVar(&apply, "apply", false, "act (default: report only)")
-	prune.Flags().BoolVar(&detached, "include-detached", false, "with --apply, delete volumes no sandbox has attached")
-	prune.Flags().BoolVar(&pruneJSON, "json", false, "print JSON")
+	prune.Flags().BoolVar(&dryRun, "dry-run", false, "report only, change nothing (the default; for symmetry with the other prunes)")
+	prune.Flags().BoolVar(&detached, "include-detached", false, "also delete volumes no sandbox has attached (with --apply; a dry run lists them)")
+	prune.Flags().BoolVarP(&pruneYes, "yes", "y", false, "delete detached volumes without asking (needed when stdin is not a terminal)")
+	pruneOut = addOutput(prune, true)
 	c.AddCommand(create, ls, rm, prune)
 	return c
+}
+
+// volumePruneHuman names every attachment and volume the prune cleared,
+// deleted, or (dry) would, and the detached volumes it kept.
+func volumePruneHuman(w io.Writer, rep lifecycle.PruneReport, detached bool) {
+	clear, del, deleted := "would clear", "would delete", []string(nil)
+	switch {
+	case rep.Apply:
+		clear, del, deleted = "cleared", "deleted", rep.Removed
+	case detached:
+		deleted = rep.Detached
+	}
+	for _, s := range rep.Stale {
+		fmt.Fprintf(w, "%s stale attachment %s\n", clear, s)
+	}
+	for _, v := range rep.Detached {
+		if slices.Contains(deleted, v) {
+			fmt.Fprintf(w, "%s volume %s\n", del, v)
+		} else {
+			fmt.Fprintf(w, "kept detached volume %s (--apply --include-detached deletes it)\n", v)
+		}
+	}
+	fmt.Fprintf(w, "%s %d stale attachment(s); %s %d volume(s)\n", clear, len(rep.Stale), del, len(deleted))
+}
+
+var volumeTable = table[projections.Volume]{
+	header: []string{"NAME", "SIZE", "ATTACHED"},
+	row: func(v projections.Volume) []string {
+		return []string{v.Name, formatSize(v.SizeBytes), strings.Join(v.AttachedTo, ",")}
+	},
 }
 
 func logsCmd(g *globals) *cobra.Command {

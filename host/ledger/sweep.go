@@ -231,9 +231,9 @@ type Outcome struct {
 	Run      string   `json:"run"`
 	Verdict  string   `json:"verdict"`
 	Reason   string   `json:"reason"`
-	Removed  []string `json:"removed,omitempty"`
-	NotFound []string `json:"not_found,omitempty"`
-	Networks []string `json:"networks,omitempty"`
+	Removed  []string `json:"removed"`
+	NotFound []string `json:"not_found"`
+	Networks []string `json:"networks"`
 	Skipped  string   `json:"skipped,omitempty"` // another sweeper has, or had, the run
 	Error    string   `json:"error,omitempty"`
 }
