@@ -167,7 +167,7 @@ type CachePruneReport struct {
 	AllocatedBytes int64                `json:"allocated_bytes"` // before removal
 	Kept           []KeptEntry          `json:"kept"`
 	Skipped        []imagecache.Skipped `json:"skipped"`
-	CacheBytes     int64                `json:"cache_bytes_after"`
+	CacheBytes     int64                `json:"cache_after_bytes"`
 }
 
 // ErrIncomplete marks a prune refused because a sandbox-producing saga is

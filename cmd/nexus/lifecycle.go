@@ -317,13 +317,18 @@ func snapshotCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, map[string]string{"snapshot": snap}, func() { fmt.Fprintln(cmd.OutOrStdout(), snap) })
+				return printResult(cmd, asJSON, snapshotTaken{snap}, func() { fmt.Fprintln(cmd.OutOrStdout(), snap) })
 			})
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
+}
+
+// snapshotTaken is what `snapshot ID --json` prints.
+type snapshotTaken struct {
+	Snapshot string `json:"snapshot"`
 }
 
 func snapshotLsCmd(g *globals) *cobra.Command {
