@@ -281,13 +281,30 @@ func stopCmd(g *globals) *cobra.Command {
 
 func rmCmd(g *globals) *cobra.Command {
 	var opt lifecycle.RemoveOptions
-	var asJSON bool
+	var asJSON, dryRun bool
 	c := &cobra.Command{
 		Use: "rm ID...", Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				var done []lifecycle.Removed
 				err := eachRef(cmd, args, func(ref string) error {
+					if dryRun {
+						rm, paths, err := m.RemovePlan(cmd.Context(), ref, opt)
+						if err == nil {
+							done = append(done, rm)
+							if !asJSON {
+								w := cmd.OutOrStdout()
+								fmt.Fprintf(w, "would remove %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
+								for _, p := range paths {
+									fmt.Fprintf(w, "  %s\n", p)
+								}
+								for _, s := range rm.Snapshots {
+									fmt.Fprintf(w, "  snapshot %s\n", s)
+								}
+							}
+						}
+						return err
+					}
 					rm, err := removeBound(cmd.Context(), m, ref, opt)
 					if err == nil {
 						done = append(done, rm)
@@ -303,6 +320,7 @@ func rmCmd(g *globals) *cobra.Command {
 	}
 	c.Flags().BoolVarP(&opt.Force, "force", "f", false, "stop a running sandbox first")
 	c.Flags().BoolVar(&opt.WithSnapshots, "with-snapshots", false, "also delete the sandbox's snapshots")
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed (or why it would be refused); change nothing")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several IDs)")
 	return c
 }
@@ -357,18 +375,22 @@ var snapshotTable = table[lifecycle.SnapshotInfo]{
 }
 
 func snapshotRmCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var asJSON, dryRun bool
 	c := &cobra.Command{
 		Use: "rm SNAPSHOT...", Short: "Delete snapshots (an ID or a unique prefix of one)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				var done []lifecycle.SnapshotInfo
+				remove, verb := m.SnapshotRemove, "removed"
+				if dryRun {
+					remove, verb = m.SnapshotRemovePlan, "would remove"
+				}
 				err := eachRef(cmd, args, func(ref string) error {
-					s, err := m.SnapshotRemove(cmd.Context(), ref)
+					s, err := remove(cmd.Context(), ref)
 					if err == nil {
 						done = append(done, s)
 						if !asJSON {
-							fmt.Fprintf(cmd.OutOrStdout(), "removed snapshot %s of %s: %s\n", s.ID, s.Sandbox, formatSize(s.AllocatedBytes))
+							fmt.Fprintf(cmd.OutOrStdout(), "%s snapshot %s of %s: %s\n", verb, s.ID, s.Sandbox, formatSize(s.AllocatedBytes))
 						}
 					}
 					return err
@@ -377,6 +399,7 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed; change nothing")
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several)")
 	return c
 }
@@ -475,7 +498,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			})
 		}}
 	lsOut = addOutput(ls, true)
-	var rmYes bool
+	var rmYes, rmDry bool
 	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
@@ -491,6 +514,15 @@ func volumeCmd(g *globals) *cobra.Command {
 						known = append(known, v.Name)
 					}
 				}
+				if rmDry {
+					return eachRef(cmd, args, func(name string) error {
+						v, err := m.VolumeRemovePlan(cmd.Context(), name)
+						if err == nil {
+							fmt.Fprintf(cmd.OutOrStdout(), "would remove volume %s (%s) and its files\n", v.Name, formatSize(v.SizeBytes))
+						}
+						return err
+					})
+				}
 				if err := confirmDelete(cmd, rmYes, "volume rm", known); err != nil {
 					return err
 				}
@@ -504,6 +536,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			})
 		}}
 	rm.Flags().BoolVarP(&rmYes, "yes", "y", false, "delete without asking (needed when stdin is not a terminal)")
+	rm.Flags().BoolVar(&rmDry, "dry-run", false, "print what would be deleted (or why it would be refused); change nothing")
 	var apply, dryRun, detached, pruneYes bool
 	var pruneOut *output
 	prune := &cobra.Command{Use: "prune [--apply [--include-detached [--yes]]]", Short: "Clear stale attachments (dry run unless --apply); with --include-detached also delete unattached volumes", Args: noArgs,

@@ -299,7 +299,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printOutcomes(cmd, lsOut, hostledger.Outcomes(plan), false)
+			return printOutcomes(cmd, lsOut, plannedOutcomes(root, plan), false)
 		}}
 	lsOut = addOutput(ls, true)
 
@@ -318,7 +318,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printOutcomes(cmd, sweepOut, hostledger.Outcomes(plan), false)
+				return printOutcomes(cmd, sweepOut, plannedOutcomes(root, plan), false)
 			}
 			out, err := sweepRuns(cmd.Context(), g, exclude, "init")
 			if err != nil {
@@ -429,6 +429,18 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	}
 }
 
+// plannedOutcomes is each run's verdict and, for a run a sweep would
+// remove, the sandboxes it would remove.
+func plannedOutcomes(root string, plan []hostledger.Planned) []hostledger.Outcome {
+	out := hostledger.Outcomes(plan)
+	for i := range out {
+		if out[i].Verdict == string(ledger.Sweep) {
+			out[i].WouldRemove = hostledger.ListedSandboxes(hostledger.Dir(root), out[i].Run)
+		}
+	}
+	return out
+}
+
 // printOutcomes prints one line per run; acted adds what a sweep did.
 func printOutcomes(cmd *cobra.Command, o *output, out []hostledger.Outcome, acted bool) error {
 	return printList(cmd, o, out, func(o hostledger.Outcome) string { return o.Run }, table[hostledger.Outcome]{
@@ -436,7 +448,10 @@ func printOutcomes(cmd *cobra.Command, o *output, out []hostledger.Outcome, acte
 		row: func(o hostledger.Outcome) []string {
 			var done []string
 			if acted && o.Verdict == string(ledger.Sweep) && o.Skipped == "" {
-				done = append(done, fmt.Sprintf("removed %d, not found %d", len(o.Removed), len(o.NotFound)))
+				done = append(done, fmt.Sprintf("removed %d [%s], not found %d", len(o.Removed), strings.Join(o.Removed, " "), len(o.NotFound)))
+			}
+			if len(o.WouldRemove) > 0 {
+				done = append(done, "would remove "+strings.Join(o.WouldRemove, " "))
 			}
 			if o.Skipped != "" {
 				done = append(done, "skipped: "+o.Skipped)
