@@ -3,13 +3,16 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
@@ -138,5 +141,47 @@ func TestDryRunEverywhere(t *testing.T) {
 	json.Unmarshal([]byte(r.stdout), &done)
 	if done.ID != plan.ID || done.Resources != plan.Resources || !slices.Equal(done.Snapshots, plan.Snapshots) {
 		t.Fatalf("rm removed %+v, the dry run said %+v", done, plan)
+	}
+}
+
+// TestVolumePruneDeletesOnlyWhatItNamed: a volume detached while the
+// prompt waits (after the list was shown) is not deleted by the yes.
+func TestVolumePruneDeletesOnlyWhatItNamed(t *testing.T) {
+	root := shortRoot(t)
+	for _, v := range []string{"spare", "late"} {
+		mustOK(t, proc(t, root, "volume", "create", v, "--size", "16M"), "volume create "+v)
+	}
+	sb := createJSON(t, root, "--image", makeImage(t), "--volume", "late:/late")
+	stopDaemonsAtEnd(t, root)
+	cmd := exec.Command("script", "-qec", strings.Join([]string{nexusBin, "--state-dir", root, "--driver", "process", "volume", "prune", "--apply", "--include-detached"}, " "), "/dev/null")
+	cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	deadline := time.Now().Add(testutil.Scale(20 * time.Second))
+	for !strings.Contains(out.String(), "[y/N]") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no prompt: %q", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if s := out.String(); !strings.Contains(s, "  spare") || strings.Contains(s, "late") {
+		t.Fatalf("the prompt must name spare only: %q", s)
+	}
+	mustOK(t, proc(t, root, "rm", "-f", sb.ID), "rm detaches late while the prompt waits")
+	io.WriteString(in, "y\n")
+	in.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("prune: %v: %q", err, out.String())
+	}
+	if volumeExists(t, root, "spare") || !volumeExists(t, root, "late") {
+		t.Fatalf("prune must delete spare (named) and keep late (detached after the prompt): %q", out.String())
 	}
 }
