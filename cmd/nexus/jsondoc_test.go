@@ -377,6 +377,20 @@ func TestOutputFlags(t *testing.T) {
 	if r := mustOK(t, proc(t, root, "reap", "--format", "{{.Apply}} {{len .Orphans}}"), "reap --format"); r.stdout != "false 0\n" {
 		t.Fatalf("reap --format printed %q", r.stdout)
 	}
+	// The commands that make or change things print through the same layer.
+	c := strings.TrimSpace(mustOK(t, proc(t, root, "create", "--image", makeImage(t), "-q"), "create -q").stdout)
+	if len(c) != 26 || strings.ContainsAny(c, " \t\n") {
+		t.Fatalf("create -q printed %q, want the new sandbox's id alone", c)
+	}
+	if r := mustOK(t, proc(t, root, "stop", c, b.ID, "--format", "{{.ID}}={{.State}}"), "stop --format"); r.stdout != c+"=stopped\n"+b.ID+"=stopped\n" {
+		t.Fatalf("stop --format printed %q", r.stdout)
+	}
+	if r := mustOK(t, proc(t, root, "fork", c, "--count", "2", "--format", "{{.Parent}}"), "fork --format"); r.stdout != c+"\n"+c+"\n" {
+		t.Fatalf("fork --format printed %q: want the template once per child", r.stdout)
+	}
+	if r := mustOK(t, proc(t, root, "rm", "-f", "-q", c), "rm -q"); r.stdout != c+"\n" {
+		t.Fatalf("rm -q printed %q", r.stdout)
+	}
 	wantFailure(t, proc(t, root, "ls", "--json", "-q"), 2, "exclude each other")
 	wantFailure(t, proc(t, root, "ls", "--json", "--format", "{{.ID}}"), 2, "exclude each other")
 	wantFailure(t, proc(t, root, "ls", "--format", "{{.ID"), 2, "--format")

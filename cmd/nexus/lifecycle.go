@@ -73,12 +73,20 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 	}, nil
 }
 
-func printResult(cmd *cobra.Command, asJSON bool, v any, human func()) error {
-	if asJSON {
-		return printJSON(cmd.OutOrStdout(), v)
+// printResult prints one command's result through the output layer; ids
+// is what -q prints (nil for a command without -q).
+func printResult(cmd *cobra.Command, o *output, v any, ids func() []string, human func()) error {
+	return printValue(cmd, o, v, ids, func(io.Writer) { human() })
+}
+
+func sandboxIDs(list ...projections.Sandbox) func() []string {
+	return func() []string {
+		ids := make([]string, len(list))
+		for i, sb := range list {
+			ids[i] = sb.ID
+		}
+		return ids
 	}
-	human()
-	return nil
 }
 
 func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
@@ -88,7 +96,8 @@ func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
 func createCmd(g *globals) *cobra.Command {
 	var spec lifecycle.CreateSpec
 	var shadows, volumes []string
-	var asJSON, journalKeptIn bool
+	var journalKeptIn bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "create --image IMG",
 		Short: "Create and boot a sandbox",
@@ -131,7 +140,7 @@ func createCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+				return printResult(cmd, o, sb, sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
 			})
 		},
 	}
@@ -141,7 +150,7 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVar(&shadows, "shadow", nil, "NAME=SRC: a per-sandbox copy of SRC (needs --handle)")
 	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	c.Flags().BoolVar(&journalKeptIn, "journal-kept", false, "first journal the run.kept events (a JSON array) on stdin")
 	c.Flags().MarkHidden("journal-kept")
 	return c
@@ -149,7 +158,7 @@ func createCmd(g *globals) *cobra.Command {
 
 func forkCmd(g *globals) *cobra.Command {
 	spec := lifecycle.ForkSpec{Count: 1}
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "fork ID",
 		Short: "Fork a sandbox into new children",
@@ -166,7 +175,7 @@ func forkCmd(g *globals) *cobra.Command {
 				}
 				// Children made before a failure or an interruption are
 				// committed and kept: say which, then why the rest are not.
-				if perr := printResult(cmd, asJSON, children, func() {
+				if perr := printResult(cmd, o, children, sandboxIDs(children...), func() {
 					for _, sb := range children {
 						sandboxLine(cmd, sb)
 					}
@@ -183,7 +192,7 @@ func forkCmd(g *globals) *cobra.Command {
 	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
 }
 
@@ -213,28 +222,26 @@ func eachRef(cmd *cobra.Command, refs []string, fn func(ref string) error) error
 }
 
 // printEach prints what eachRef produced: with --json one object for one
-// reference and an array for several, else each line as it came.
-func printEach[T any](cmd *cobra.Command, asJSON bool, refs []string, done []T) error {
-	if !asJSON {
+// reference and an array for several; with --format or -q each item;
+// else nothing (each line was printed as it came).
+func printEach[T any](cmd *cobra.Command, o *output, refs []string, done []T, id func(T) string) error {
+	switch {
+	case o.human():
 		return nil
-	}
-	if len(refs) == 1 {
+	case o.json && len(refs) == 1:
 		if len(done) == 0 {
 			return nil
 		}
 		return printJSON(cmd.OutOrStdout(), done[0])
 	}
-	if done == nil {
-		done = []T{}
-	}
-	return printJSON(cmd.OutOrStdout(), done)
+	return printList(cmd, o, done, id, table[T]{})
 }
 
 // simpleCmd is a command taking sandbox references and printing each.
 // A sandbox already in the state the command wants is reported and
 // succeeds (lifecycle.ErrAlready).
 func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecycle.Manager, string) (projections.Sandbox, error)) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: use + " ID...", Short: short, Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -244,11 +251,11 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 					sb, err := run(cmd.Context(), m, ref)
 					var already *guard.Already
 					if errors.As(err, &already) {
-						if !asJSON {
+						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "%s already %s\n", sb.ID, already.State)
 						}
 						err = nil
-					} else if err == nil && !asJSON {
+					} else if err == nil && o.human() {
 						sandboxLine(cmd, sb)
 					}
 					if err == nil {
@@ -256,11 +263,11 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, asJSON, args, done))
+				return errors.Join(err, printEach(cmd, o, args, done, sandboxID))
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several IDs)")
+	o = addOutput(c, true)
 	return c
 }
 
@@ -281,7 +288,8 @@ func stopCmd(g *globals) *cobra.Command {
 
 func rmCmd(g *globals) *cobra.Command {
 	var opt lifecycle.RemoveOptions
-	var asJSON, dryRun bool
+	var dryRun bool
+	var o *output
 	c := &cobra.Command{
 		Use: "rm ID...", Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -292,7 +300,7 @@ func rmCmd(g *globals) *cobra.Command {
 						rm, paths, err := m.RemovePlan(cmd.Context(), ref, opt)
 						if err == nil {
 							done = append(done, rm)
-							if !asJSON {
+							if o.human() {
 								w := cmd.OutOrStdout()
 								fmt.Fprintf(w, "would remove %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
 								for _, p := range paths {
@@ -308,25 +316,25 @@ func rmCmd(g *globals) *cobra.Command {
 					rm, err := removeBound(cmd.Context(), m, ref, opt)
 					if err == nil {
 						done = append(done, rm)
-						if !asJSON {
+						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
 						}
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, asJSON, args, done))
+				return errors.Join(err, printEach(cmd, o, args, done, func(r lifecycle.Removed) string { return r.ID }))
 			})
 		},
 	}
 	c.Flags().BoolVarP(&opt.Force, "force", "f", false, "stop a running sandbox first")
 	c.Flags().BoolVar(&opt.WithSnapshots, "with-snapshots", false, "also delete the sandbox's snapshots")
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed (or why it would be refused); change nothing")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several IDs)")
+	o = addOutput(c, true)
 	return c
 }
 
 func snapshotCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -335,11 +343,11 @@ func snapshotCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, snapshotTaken{snap}, func() { fmt.Fprintln(cmd.OutOrStdout(), snap) })
+				return printResult(cmd, o, snapshotTaken{snap}, func() []string { return []string{snap} }, func() { fmt.Fprintln(cmd.OutOrStdout(), snap) })
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
 }
@@ -375,7 +383,8 @@ var snapshotTable = table[lifecycle.SnapshotInfo]{
 }
 
 func snapshotRmCmd(g *globals) *cobra.Command {
-	var asJSON, dryRun bool
+	var dryRun bool
+	var o *output
 	c := &cobra.Command{
 		Use: "rm SNAPSHOT...", Short: "Delete snapshots (an ID or a unique prefix of one)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -389,18 +398,18 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 					s, err := remove(cmd.Context(), ref)
 					if err == nil {
 						done = append(done, s)
-						if !asJSON {
+						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "%s snapshot %s of %s: %s\n", verb, s.ID, s.Sandbox, formatSize(s.AllocatedBytes))
 						}
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, asJSON, args, done))
+				return errors.Join(err, printEach(cmd, o, args, done, func(s lifecycle.SnapshotInfo) string { return s.ID }))
 			})
 		},
 	}
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed; change nothing")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several)")
+	o = addOutput(c, true)
 	return c
 }
 
@@ -414,7 +423,8 @@ func maxArgs(n int) cobra.PositionalArgs {
 }
 
 func restoreCmd(g *globals) *cobra.Command {
-	var asJSON, force bool
+	var force bool
+	var o *output
 	c := &cobra.Command{
 		Use: "restore SNAPSHOT", Short: "Create a new sandbox from a snapshot", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -423,12 +433,12 @@ func restoreCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+				return printResult(cmd, o, sb, sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
 			})
 		},
 	}
 	c.Flags().BoolVar(&force, "force", false, "skip the disk-space preflight")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
 }
 
@@ -468,7 +478,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			return usageError{fmt.Errorf("volume needs a subcommand: create, ls, rm, prune")}
 		}}
 	var size string
-	var asJSON bool
+	var createOut *output
 	create := &cobra.Command{Use: "create NAME --size S", Short: "Create a named ext4 volume", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := parseSize(size)
@@ -480,11 +490,11 @@ func volumeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, v, func() { fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", v.Name, formatSize(v.SizeBytes)) })
+				return printResult(cmd, createOut, v, func() []string { return []string{v.Name} }, func() { fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", v.Name, formatSize(v.SizeBytes)) })
 			})
 		}}
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M, 1.5G or 2GiB; K, M, G, T alone are binary, KB, MB, GB decimal (required)")
-	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	createOut = addOutput(create, true)
 	requireFlags(create, "size")
 	var lsOut *output
 	ls := &cobra.Command{Use: "ls", Short: "List named volumes", Args: noArgs,

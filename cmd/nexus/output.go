@@ -120,6 +120,15 @@ func printValue(cmd *cobra.Command, o *output, v any, ids func() []string, human
 	case o.json:
 		return printJSON(w, v)
 	case o.format != "":
+		// A list (fork's children) runs the template per item, as printList does.
+		if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice {
+			for i := range rv.Len() {
+				if err := o.execute(w, rv.Index(i).Interface()); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		return o.execute(w, v)
 	case o.quiet && ids != nil:
 		for _, id := range ids() {
