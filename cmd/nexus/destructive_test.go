@@ -185,3 +185,38 @@ func TestVolumePruneDeletesOnlyWhatItNamed(t *testing.T) {
 		t.Fatalf("prune must delete spare (named) and keep late (detached after the prompt): %q", out.String())
 	}
 }
+
+// TestLedgerSweepDryRunNamesWhatItWouldRemove: sweep --dry-run (and ls)
+// name the sandboxes a sweep of a dead run would remove, and remove none.
+func TestLedgerSweepDryRunNamesWhatItWouldRemove(t *testing.T) {
+	root := shortRoot(t)
+	a := createJSON(t, root, "--image", makeImage(t))
+	dir := filepath.Join(root, "runs")
+	os.MkdirAll(dir, 0o700)
+	writeHand(t, dir, "dead-run.json", handRecord("dead-run", goneProcessPid(t), time.Now().UnixMilli(), "process"))
+	writeHand(t, dir, "dead-run.sandboxes", a.ID+"\n")
+
+	r := mustOK(t, proc(t, root, "ledger", "sweep", "--dry-run"), "ledger sweep --dry-run")
+	if !strings.Contains(r.stdout, "dead-run") || !strings.Contains(r.stdout, "would remove "+a.ID) {
+		t.Fatalf("ledger sweep --dry-run printed %q: want the run and the sandbox it would remove", r.stdout)
+	}
+	var planned []struct {
+		Run         string   `json:"run"`
+		Verdict     string   `json:"verdict"`
+		WouldRemove []string `json:"would_remove"`
+	}
+	json.Unmarshal([]byte(mustOK(t, proc(t, root, "ledger", "ls", "--json"), "ledger ls").stdout), &planned)
+	if len(planned) != 1 || planned[0].Verdict != "sweep" || !slices.Equal(planned[0].WouldRemove, []string{a.ID}) {
+		t.Fatalf("ledger ls --json: %+v", planned)
+	}
+	if r := mustOK(t, proc(t, root, "ls", "-q"), "ls"); r.stdout != a.ID+"\n" {
+		t.Fatalf("the dry run removed the sandbox: ls -q %q", r.stdout)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "dead-run.json")); err != nil {
+		t.Fatalf("the dry run removed the ledger: %v", err)
+	}
+	out := sweepJSON(t, root)
+	if len(out) != 1 || !slices.Equal(out[0].Removed, []string{a.ID}) {
+		t.Fatalf("the sweep removed %+v, the dry run named %s", out, a.ID)
+	}
+}
