@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
@@ -331,6 +332,7 @@ func TestEveryJSONOutputMatchesTheDoc(t *testing.T) {
 	check("Version", jsonResources["Version"], "version", "--json")
 	check("Snapshot", jsonResources["Snapshot"], "snapshot", "rm", snap.Snapshot, "--json")
 	check("Removed", jsonResources["Removed"], "rm", "-f", "--with-snapshots", sb.ID, "--json")
+	check("RepairReport", jsonResources["RepairReport"], "journal", "repair", "--backup", filepath.Join(t.TempDir(), "backup"), "--json")
 
 	r := mustOK(t, proc(t, root, "events", "--json"), "events")
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
