@@ -21,6 +21,7 @@ import (
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/replay"
 )
 
 // jsonResources are the shapes docs/json.md documents, by the name of its
@@ -50,6 +51,14 @@ var jsonResources = map[string]reflect.Type{
 	"MirrorState":       reflect.TypeFor[journal.MirrorState](),
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
+	"ReplayEntry":       reflect.TypeFor[replay.Entry](),
+	"ReplayState":       reflect.TypeFor[replay.State](),
+	"OwnedPath":         reflect.TypeFor[projections.OwnedPath](),
+	"OpenSaga":          reflect.TypeFor[projections.OpenSaga](),
+	"VerifyReport":      reflect.TypeFor[replay.Report](),
+	"Divergence":        reflect.TypeFor[replay.Divergence](),
+	"MissingResource":   reflect.TypeFor[replay.Missing](),
+	"ReapedOwned":       reflect.TypeFor[replay.ReapedOwned](),
 }
 
 type docField struct {
@@ -90,7 +99,11 @@ func docType(t reflect.Type) string {
 	case reflect.Pointer:
 		return docType(t.Elem()) + " or null"
 	case reflect.Slice:
-		return "list of " + docType(t.Elem())
+		elem := t.Elem()
+		if elem.Kind() == reflect.Pointer {
+			elem = elem.Elem() // a list of pointers never holds a null
+		}
+		return "list of " + docType(elem)
 	case reflect.Struct:
 		for name, rt := range jsonResources {
 			if rt == t {
@@ -332,6 +345,10 @@ func TestEveryJSONOutputMatchesTheDoc(t *testing.T) {
 	check("Version", jsonResources["Version"], "version", "--json")
 	check("Snapshot", jsonResources["Snapshot"], "snapshot", "rm", snap.Snapshot, "--json")
 	check("Removed", jsonResources["Removed"], "rm", "-f", "--with-snapshots", sb.ID, "--json")
+	check("[]ReplayEntry", list("ReplayEntry"), "replay", "timeline", sb.ID, "--json")
+	check("ReplayState", jsonResources["ReplayState"], "replay", "at", "5", "--json")
+	check("VerifyReport", jsonResources["VerifyReport"], "replay", "verify", "--json")
+	check("Divergence", jsonResources["Divergence"], "replay", "diff", "--json")
 	check("RepairReport", jsonResources["RepairReport"], "journal", "repair", "--backup", filepath.Join(t.TempDir(), "backup"), "--json")
 
 	r := mustOK(t, proc(t, root, "events", "--json"), "events")
