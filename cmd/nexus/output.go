@@ -29,6 +29,7 @@ type output struct {
 	json   bool
 	format string
 	quiet  bool
+	tmpl   *template.Template // format, parsed once by check
 }
 
 // addOutput gives c --json and --format, and -q/--quiet when the command
@@ -64,9 +65,11 @@ func (o *output) check() error {
 		return errors.New("--json, --format and -q exclude each other")
 	}
 	if o.format != "" {
-		if _, err := o.template(); err != nil {
+		t, err := o.template()
+		if err != nil {
 			return fmt.Errorf("--format: %w", err)
 		}
+		o.tmpl = t
 	}
 	return nil
 }
@@ -86,7 +89,7 @@ func (o *output) template() (*template.Template, error) {
 	}).Parse(o.format)
 }
 
-// list prints items: a JSON array (never null), the template once per
+// printList prints items: a JSON array (never null), the template once per
 // item, the IDs, or the table.
 func printList[T any](cmd *cobra.Command, o *output, items []T, id func(T) string, t table[T]) error {
 	w := cmd.OutOrStdout()
@@ -141,9 +144,12 @@ func printValue(cmd *cobra.Command, o *output, v any, ids func() []string, human
 }
 
 func (o *output) execute(w io.Writer, v any) error {
-	t, err := o.template()
-	if err != nil {
-		return usageError{fmt.Errorf("--format: %w", err)}
+	t := o.tmpl
+	if t == nil {
+		var err error
+		if t, err = o.template(); err != nil {
+			return usageError{fmt.Errorf("--format: %w", err)}
+		}
 	}
 	var b strings.Builder
 	if err := t.Execute(&b, normalize(reflect.ValueOf(v)).Interface()); err != nil {
@@ -153,7 +159,7 @@ func (o *output) execute(w io.Writer, v any) error {
 	if !strings.HasSuffix(s, "\n") {
 		s += "\n"
 	}
-	_, err = io.WriteString(w, s)
+	_, err := io.WriteString(w, s)
 	return err
 }
 
