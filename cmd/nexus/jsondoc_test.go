@@ -62,7 +62,7 @@ var jsonResources = map[string]reflect.Type{
 }
 
 type docField struct {
-	name, typ, present, meaning string
+	name, template, typ, present, meaning string
 }
 
 // jsonFields are a struct's JSON fields as the encoder sees them.
@@ -85,7 +85,7 @@ func jsonFields(t reflect.Type) []docField {
 		if slices.Contains(strings.Split(opts, ","), "omitempty") {
 			present = "when set"
 		}
-		out = append(out, docField{name: name, typ: docType(f.Type), present: present})
+		out = append(out, docField{name: name, template: "." + f.Name, typ: docType(f.Type), present: present})
 	}
 	return out
 }
@@ -127,7 +127,7 @@ func docType(t reflect.Type) string {
 }
 
 // readJSONDoc parses docs/json.md: "## Name" sections, each with a table
-// of | `field` | type | present | meaning |.
+// of | `field` | `.Template` | type | present | meaning |.
 func readJSONDoc(t *testing.T) map[string][]docField {
 	t.Helper()
 	data, err := os.ReadFile("../../docs/json.md")
@@ -151,13 +151,13 @@ func readJSONDoc(t *testing.T) map[string][]docField {
 			continue
 		}
 		cells := strings.Split(strings.Trim(line, "|"), "|")
-		if len(cells) != 4 {
-			t.Fatalf("docs/json.md %s: row %q: want 4 cells", section, line)
+		if len(cells) != 5 {
+			t.Fatalf("docs/json.md %s: row %q: want 5 cells", section, line)
 		}
 		for i := range cells {
 			cells[i] = strings.TrimSpace(cells[i])
 		}
-		doc[section] = append(doc[section], docField{strings.Trim(cells[0], "`"), cells[1], cells[2], cells[3]})
+		doc[section] = append(doc[section], docField{strings.Trim(cells[0], "`"), strings.Trim(cells[1], "`"), cells[2], cells[3], cells[4]})
 	}
 	return doc
 }
@@ -183,12 +183,13 @@ func TestJSONDocMatchesTypes(t *testing.T) {
 		want := jsonFields(jsonResources[name])
 		for i, f := range want {
 			if i >= len(fields) {
-				t.Errorf("docs/json.md %s: missing | `%s` | %s | %s |", name, f.name, f.typ, f.present)
+				t.Errorf("docs/json.md %s: missing | `%s` | `%s` | %s | %s |", name, f.name, f.template, f.typ, f.present)
 				continue
 			}
 			got := fields[i]
-			if got.name != f.name || got.typ != f.typ || got.present != f.present {
-				t.Errorf("docs/json.md %s row %d: | `%s` | %s | %s |, want | `%s` | %s | %s |", name, i+1, got.name, got.typ, got.present, f.name, f.typ, f.present)
+			if got != (docField{f.name, f.template, f.typ, f.present, got.meaning}) {
+				t.Errorf("docs/json.md %s row %d: | `%s` | `%s` | %s | %s |, want | `%s` | `%s` | %s | %s |", name, i+1,
+					got.name, got.template, got.typ, got.present, f.name, f.template, f.typ, f.present)
 			}
 			if got.meaning == "" {
 				t.Errorf("docs/json.md %s.%s: no meaning", name, f.name)
@@ -290,7 +291,12 @@ func checkJSON(t *testing.T, where string, typ reflect.Type, raw json.RawMessage
 }
 
 // fieldType is the type of the i-th JSON field of struct t.
-func fieldType(t reflect.Type, i int) reflect.Type {
+func fieldType(t reflect.Type, i int) reflect.Type { return jsonField(t, i).Type }
+
+// goFieldName is the name --format uses for the i-th JSON field of t.
+func goFieldName(t reflect.Type, i int) string { return jsonField(t, i).Name }
+
+func jsonField(t reflect.Type, i int) reflect.StructField {
 	n := 0
 	for j := range t.NumField() {
 		f := t.Field(j)
@@ -298,7 +304,7 @@ func fieldType(t reflect.Type, i int) reflect.Type {
 			continue
 		}
 		if n == i {
-			return f.Type
+			return f
 		}
 		n++
 	}
