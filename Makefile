@@ -61,7 +61,7 @@ demo: setup build
 	$(NX) reap
 	$(NX) replay verify
 	$(NX) replay timeline demo/one
-	@for id in $$($(NX) ls --json | sed -n 's/.*"id": "\([0-9A-Z]*\)".*/\1/p'); do $(NX) rm -f --with-snapshots $$id; done
+	@for id in $$($(NX) ls -q); do $(NX) rm -f --with-snapshots $$id; done
 	$(NX) reap --apply
 	$(NX) replay diff
 	$(NX) ls

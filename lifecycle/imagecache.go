@@ -107,13 +107,15 @@ func (m *Manager) imageCacheStep(plan createPlan, tee *teedDisk) sagas.Step {
 // CacheListing is one row of `nexus image-cache list`. Nil fields are
 // unknown: the entry was created without metadata.
 type CacheListing struct {
-	CacheID   string   `json:"cache_id"`
-	Ref       *string  `json:"image_ref"`
-	Allocated int64    `json:"allocated_bytes"`
-	Apparent  int64    `json:"apparent_bytes"`
-	LastUseMs *int64   `json:"last_use_ms"`
-	Layout    *int     `json:"layout_version"`
-	Sandboxes []string `json:"sandboxes"`
+	CacheID   string  `json:"cache_id"`
+	Ref       *string `json:"image_ref"`
+	Allocated int64   `json:"allocated_bytes"`
+	Apparent  int64   `json:"apparent_bytes"`
+	// LastUsedAt is the last create that cloned the entry (journaled in
+	// milliseconds), nil when no create is known to have used it.
+	LastUsedAt *time.Time `json:"last_used_at"`
+	Layout     *int       `json:"layout_version"`
+	Sandboxes  []string   `json:"sandboxes"`
 
 	ageMs int64 // last use, else preparation, else the disk's mtime
 }
@@ -152,7 +154,8 @@ func (m *Manager) listWith(st projections.ImageCacheState) ([]CacheListing, []im
 				l.Layout = &ent.Layout
 			}
 			if ent.LastUseMs != 0 {
-				l.LastUseMs = &ent.LastUseMs
+				t := time.UnixMilli(ent.LastUseMs).UTC()
+				l.LastUsedAt = &t
 				l.ageMs = ent.LastUseMs
 			}
 		} else if id, err := imagecache.ReadIdentity(m.Root, e.CacheID); err == nil {
@@ -195,7 +198,7 @@ type CachePruneReport struct {
 	AllocatedBytes int64                `json:"allocated_bytes"` // before removal
 	Kept           []KeptEntry          `json:"kept"`
 	Skipped        []imagecache.Skipped `json:"skipped"`
-	CacheBytes     int64                `json:"cache_bytes_after"`
+	CacheBytes     int64                `json:"cache_after_bytes"`
 }
 
 // ErrIncomplete marks a prune refused because a sandbox-producing saga is

@@ -42,7 +42,7 @@ type ReapItem struct {
 	Owner     string              `json:"owner"`
 	Verdict   reaper.Verdict      `json:"verdict"`
 	Reason    string              `json:"reason"`
-	Allocated int64               `json:"allocated"`
+	Allocated int64               `json:"allocated_bytes"`
 	Error     string              `json:"error,omitempty"`
 
 	entry reaper.Entry
@@ -58,7 +58,7 @@ type ReapReport struct {
 	Deleted []ReapItem `json:"deleted"`
 	Failed  []ReapItem `json:"failed"`
 	// Allocated is the total of orphans (dry run) or of deleted (apply).
-	Allocated int64 `json:"allocated"`
+	Allocated int64 `json:"allocated_bytes"`
 	// Journal says why the journal could not be read, when it could not.
 	Journal string `json:"journal,omitempty"`
 	// ProcReads is how many /proc/<pid>/cmdline files the run read, over
@@ -67,7 +67,7 @@ type ReapReport struct {
 	ProcReads int `json:"proc_reads"`
 	ProcScans int `json:"proc_scans"`
 	// ScanErrors are directories that could not be listed.
-	ScanErrors []string `json:"scan_errors,omitempty"`
+	ScanErrors []string `json:"scan_errors"`
 }
 
 // ErrJournalUnreadable wraps a failure to read the journal's views: the

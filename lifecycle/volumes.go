@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/oklog/ulid/v2"
@@ -186,8 +187,10 @@ type PruneReport struct {
 }
 
 // VolumePrune clears attachments whose sandbox is gone and, when asked,
-// deletes volumes nothing is attached to.
-func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool) (PruneReport, error) {
+// deletes volumes nothing is attached to. With only given, it deletes no
+// volume outside it: the names the user confirmed after a dry run, so a
+// volume detached since is never deleted unnamed.
+func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool, only ...string) (PruneReport, error) {
 	rep := PruneReport{Apply: apply, Stale: []string{}, Detached: []string{}, Removed: []string{}}
 	vols, err := m.B.Volumes(ctx)
 	if err != nil {
@@ -203,7 +206,8 @@ func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool) 
 				return rep, err
 			}
 		}
-		err = m.pruneOne(ctx, v.Name, apply, includeDetached, &rep, l)
+		del := includeDetached && (only == nil || slices.Contains(only, v.Name))
+		err = m.pruneOne(ctx, v.Name, apply, del, &rep, l)
 		l.Release()
 		if err != nil {
 			return rep, err

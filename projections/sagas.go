@@ -15,7 +15,7 @@ type OpenSaga struct {
 	Kind    events.SagaKind `msgpack:"kind" json:"kind"`
 	Sandbox string          `msgpack:"sb,omitempty" json:"sandbox,omitempty"`
 	Steps   []string        `msgpack:"steps" json:"steps"`
-	Done    []string        `msgpack:"done,omitempty" json:"done,omitempty"`
+	Done    []string        `msgpack:"done,omitempty" json:"done"`
 	Started uint64          `msgpack:"started" json:"started_seq"`
 }
 

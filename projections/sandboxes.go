@@ -61,12 +61,12 @@ type Sandbox struct {
 	UpdatedAt  time.Time    `msgpack:"updated" json:"updated_at"`
 	VMM        *Process     `msgpack:"vmm,omitempty" json:"vmm,omitempty"`
 	Supervisor *Process     `msgpack:"sup,omitempty" json:"supervisor,omitempty"`
-	Volumes    []Attachment `msgpack:"vols,omitempty" json:"volumes,omitempty"`
-	Conditions []Condition  `msgpack:"conds,omitempty" json:"conditions,omitempty"`
-	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots,omitempty"`
+	Volumes    []Attachment `msgpack:"vols,omitempty" json:"volumes"`
+	Conditions []Condition  `msgpack:"conds,omitempty" json:"conditions"`
+	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots"`
 	// Resources is what the journal says this sandbox owns right now,
 	// including resources of a create still in flight.
-	Resources  []events.Resource `msgpack:"res,omitempty" json:"resources,omitempty"`
+	Resources  []events.Resource `msgpack:"res,omitempty" json:"resources"`
 	LastRun    string            `msgpack:"run,omitempty" json:"last_run,omitempty"`
 	FlushedRun string            `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
 	Seq        uint64            `msgpack:"seq" json:"seq"`

@@ -13,7 +13,7 @@ type Volume struct {
 	Name       string   `msgpack:"name" json:"name"`
 	Path       string   `msgpack:"path" json:"path"`
 	SizeBytes  int64    `msgpack:"size" json:"size_bytes"`
-	AttachedTo []string `msgpack:"att,omitempty" json:"attached_to,omitempty"`
+	AttachedTo []string `msgpack:"att,omitempty" json:"attached_to"`
 	// Rev is the sequence of the last event naming this volume: the
 	// entity sequence a decision about it expects (guard.Expect).
 	Rev uint64 `msgpack:"rev" json:"rev"`

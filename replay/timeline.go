@@ -23,7 +23,7 @@ type Entry struct {
 	Saga    string         `json:"saga,omitempty"`
 	Step    string         `json:"step,omitempty"`
 	ID      string         `json:"id"`
-	Payload events.Payload `json:"payload"`
+	Payload events.Payload `json:"data"`
 }
 
 // decoded is a record whose event decoded.

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -216,7 +217,7 @@ func mirrorFlags(m *journal.Mirror, urls []string, maxBytes string) error {
 func eventsCmd(g *globals) *cobra.Command {
 	var q node.Query
 	var since, until string
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "events",
 		Short: "Print the journal, one event a line",
@@ -231,8 +232,16 @@ func eventsCmd(g *globals) *cobra.Command {
 				}
 				out := cmd.OutOrStdout()
 				err := b.Events(cmd.Context(), q, func(r node.Record) error {
-					if asJSON {
-						return json.NewEncoder(out).Encode(eventJSON(r))
+					switch {
+					case o.json:
+						// One compact object a line, so a follower can
+						// decode each as it comes.
+						return json.NewEncoder(out).Encode(normalize(reflect.ValueOf(eventJSON(r))).Interface())
+					case o.format != "":
+						return o.execute(out, eventJSON(r))
+					case o.quiet:
+						_, err := fmt.Fprintln(out, r.Event.ID)
+						return err
 					}
 					_, err := fmt.Fprintln(out, eventLine(r))
 					return err
@@ -250,7 +259,8 @@ func eventsCmd(g *globals) *cobra.Command {
 	c.Flags().IntVar(&q.Tail, "tail", 0, "only the last N events selected")
 	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ID or handle)")
 	c.Flags().StringArrayVar(&q.Types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. reap); repeats")
-	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	o = addOutput(c, true)
+	c.Flags().Lookup("json").Usage = "one JSON object a line (see docs/json.md)"
 	return c
 }
 
@@ -279,7 +289,7 @@ func eventLine(r node.Record) string {
 		sb = "-"
 	}
 	data, _ := json.Marshal(e.Payload)
-	line := fmt.Sprintf("%6d  %s  %-20s %-26s %s", r.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type, sb, data)
+	line := fmt.Sprintf("%6d  %s  %-20s %-26s %s", r.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), e.Type, sb, data)
 	if e.Saga != "" {
 		line += "  saga=" + e.Saga + " step=" + e.Step
 	}
@@ -291,14 +301,15 @@ func eventLine(r node.Record) string {
 const lsPage = 500
 
 func lsCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	var limit int
 	var after string
 	c := &cobra.Command{
 		Use:   "ls",
 		Short: "List sandboxes",
-		Long: "List sandboxes in ID order (oldest first), read and printed a page at a time.\n" +
-			"--limit N prints at most N; --after ID continues after the last ID a page printed.",
+		Long: "List sandboxes in ID order (oldest first), read a page at a time.\n" +
+			"--limit N prints at most N; --after ID continues after the last ID a page printed.\n" +
+			"--json, --format and -q print each page as it arrives; the table is aligned over all rows.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if limit < 0 {
@@ -307,16 +318,11 @@ func lsCmd(g *globals) *cobra.Command {
 			after = strings.ToUpper(after) // IDs are ULIDs, any case
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				out := cmd.OutOrStdout()
-				// Each page is printed before the next is read; a table is
-				// aligned page by page (IDs and states have one width).
-				var tw *tabwriter.Writer
-				if asJSON {
-					fmt.Fprint(out, "[")
-				} else {
-					tw = tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "ID\tHANDLE\tSTATE\tIMAGE\tDRIVER\tCREATED")
-				}
+				var rows []projections.Sandbox // the table's, aligned once
 				printed := 0
+				if o.json {
+					fmt.Fprint(out, "[")
+				}
 				for {
 					want := lsPage
 					if limit > 0 {
@@ -329,9 +335,13 @@ func lsCmd(g *globals) *cobra.Command {
 					if err != nil {
 						return err
 					}
-					for _, sb := range lifecycle.ObserveExits(page) {
-						if asJSON {
-							data, err := json.MarshalIndent(sb, "  ", "  ")
+					page = lifecycle.ObserveExits(page)
+					switch {
+					case o.json:
+						for _, sb := range page {
+							// The same normalised value printJSON prints ([] never
+							// null, UTC times), one item at a time.
+							data, err := json.MarshalIndent(normalize(reflect.ValueOf(sb)).Interface(), "  ", "  ")
 							if err != nil {
 								return err
 							}
@@ -340,40 +350,53 @@ func lsCmd(g *globals) *cobra.Command {
 								sep = ""
 							}
 							fmt.Fprintf(out, "%s\n  %s", sep, data)
-						} else {
-							fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339))
+							printed++
 						}
-						printed++
-					}
-					if tw != nil {
-						if err := tw.Flush(); err != nil {
+					case o.human():
+						rows = append(rows, page...)
+						printed += len(page)
+					default:
+						if err := printList(cmd, o, page, sandboxID, sandboxTable); err != nil {
 							return err
 						}
+						printed += len(page)
 					}
 					if len(page) < want {
 						break
 					}
 					after = page[len(page)-1].ID
 				}
-				if asJSON {
+				if o.json {
 					if printed > 0 {
 						fmt.Fprint(out, "\n")
 					}
 					_, err := fmt.Fprintln(out, "]")
 					return err
 				}
+				if o.human() {
+					return printList(cmd, o, rows, sandboxID, sandboxTable)
+				}
 				return nil
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	c.Flags().IntVar(&limit, "limit", 0, "print at most this many sandboxes (0: all)")
 	c.Flags().StringVar(&after, "after", "", "start after this sandbox ID (the last one a --limit page printed)")
 	return c
 }
 
+func sandboxID(sb projections.Sandbox) string { return sb.ID }
+
+var sandboxTable = table[projections.Sandbox]{
+	header: []string{"ID", "HANDLE", "STATE", "IMAGE", "DRIVER", "CREATED"},
+	row: func(sb projections.Sandbox) []string {
+		return []string{sb.ID, sb.Handle, string(sb.State), sb.Image, sb.Driver, age(sb.CreatedAt)}
+	},
+}
+
 func inspectCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "inspect ID|HANDLE...",
 		Short: "Show sandboxes (--json prints an array, as docker does)",
@@ -403,8 +426,8 @@ func inspectCmd(g *globals) *cobra.Command {
 					found = append(found, lifecycle.ObserveExits([]projections.Sandbox{sb})[0])
 					return nil
 				})
-				if asJSON {
-					return errors.Join(err, printJSON(cmd.OutOrStdout(), found))
+				if !o.human() {
+					return errors.Join(err, printList(cmd, o, found, sandboxID, sandboxTable))
 				}
 				for i, sb := range found {
 					if i > 0 {
@@ -416,14 +439,14 @@ func inspectCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	o = addOutput(c, true)
 	return c
 }
 
 func printSandbox(w io.Writer, sb projections.Sandbox) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "ID:\t%s\nHandle:\t%s\nState:\t%s\nImage:\t%s\nDriver:\t%s\nCreated:\t%s\nUpdated:\t%s\n",
-		sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.Format(time.RFC3339Nano), sb.UpdatedAt.Format(time.RFC3339Nano))
+		sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.UTC().Format(time.RFC3339Nano), sb.UpdatedAt.UTC().Format(time.RFC3339Nano))
 	if sb.Parent != "" {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
 	}
@@ -448,12 +471,6 @@ func exitedNote(p *projections.Process) string {
 		return " exited"
 	}
 	return ""
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 func dash(s string) string {

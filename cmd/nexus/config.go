@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
@@ -125,7 +124,7 @@ type setting struct {
 
 func configCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{Use: "config", Short: "Show nexus's effective settings"}
-	var asJSON bool
+	var o *output
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "Print every effective setting and where it came from (flag, environment, config file or default)",
@@ -135,18 +134,13 @@ func configCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), list)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "SETTING\tVALUE\tSOURCE")
-			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", s.Name, dash(s.Value), s.Source)
-			}
-			return tw.Flush()
+			return printList(cmd, o, list, func(s setting) string { return s.Name }, table[setting]{
+				header: []string{"SETTING", "VALUE", "SOURCE"},
+				row:    func(s setting) []string { return []string{s.Name, s.Value, s.Source} },
+			})
 		},
 	}
-	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(show, true)
 	c.AddCommand(show)
 	return c
 }

@@ -1,8 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 
@@ -22,7 +22,7 @@ func fleetCmd(g *globals) *cobra.Command {
 }
 
 func fleetStatusCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "status",
 		Short: "Show the mirror's link, stream and lag, as the daemon sees them",
@@ -32,19 +32,14 @@ func fleetStatusCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				return json.NewEncoder(out).Encode(st)
-			}
-			printMirrorState(out, st)
-			return nil
+			return printValue(cmd, o, st, nil, func(w io.Writer) { printMirrorState(w, st) })
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, false)
 	return c
 }
 
-func printMirrorState(w interface{ Write([]byte) (int, error) }, st *journal.MirrorState) {
+func printMirrorState(w io.Writer, st *journal.MirrorState) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	link := "down"
 	if st.Connected {

@@ -95,6 +95,7 @@ func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) j
 			if strings.Contains(r.stdout, "fleet-secret") {
 				t.Fatalf("status shows the password: %s", r.stdout)
 			}
+			checkJSON(t, "fleet status --json as MirrorState", jsonResources["MirrorState"], json.RawMessage(r.stdout))
 			return st
 		}
 		if time.Now().After(deadline) {

@@ -237,8 +237,8 @@ func TestVolumeCannotBeDeletedUnderAnAttachingCreate(t *testing.T) {
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
 	before := volumeSum(t, root, "data")
 	p := pauseAt(t, root, "create.os-disk", "create", "--image", makeImage(t), "--volume", "data:/data")
-	wantFailure(t, proc(t, root, "volume", "rm", "data"), 1, "volume/data is busy")
-	r := proc(t, root, "volume", "prune", "--apply", "--include-detached")
+	wantFailure(t, proc(t, root, "volume", "rm", "--yes", "data"), 1, "volume/data is busy")
+	r := proc(t, root, "volume", "prune", "--apply", "--include-detached", "--yes")
 	if r.code == 0 {
 		t.Fatalf("prune --apply ran beside an attaching create: %s", r.stdout)
 	}
@@ -253,7 +253,7 @@ func TestVolumeCannotBeDeletedUnderAnAttachingCreate(t *testing.T) {
 	if len(vols) != 1 || len(vols[0].AttachedTo) != 1 {
 		t.Fatalf("volume not attached after the create: %+v", vols)
 	}
-	wantFailure(t, proc(t, root, "volume", "rm", "data"), 1, "attached")
+	wantFailure(t, proc(t, root, "volume", "rm", "--yes", "data"), 1, "attached")
 	journalMatchesDisk(t, root)
 }
 
@@ -391,7 +391,7 @@ func TestInterruptedTeardownFinishes(t *testing.T) {
 func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
-	crashAt(t, root, "volume-rm.delete-volume:data:before", "volume", "rm", "data")
+	crashAt(t, root, "volume-rm.delete-volume:data:before", "volume", "rm", "--yes", "data")
 	if _, err := os.Stat(filepath.Join(root, "volumes", "data")); !os.IsNotExist(err) {
 		t.Fatalf("the crash point is after the delete, yet volumes/data is there: %v", err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -17,25 +18,21 @@ func imageCacheCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usageError{fmt.Errorf("image-cache: want a subcommand: list or prune")}
 		}}
-	var listJSON bool
-	list := &cobra.Command{Use: "list", Short: "List cache entries: id, image, allocated, apparent, last use (Unix ms), layout, sandboxes", Args: noArgs,
+	var listOut *output
+	list := &cobra.Command{Use: "list", Short: "List cache entries: id, image, allocated and apparent size, last use, layout, sandboxes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				rows, _, err := m.ImageCacheList(cmd.Context())
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, listJSON, rows, func() {
-					w := cmd.OutOrStdout()
-					for _, r := range rows {
-						fmt.Fprintln(w, cacheRow(r))
-					}
-				})
+				return printList(cmd, listOut, rows, func(r lifecycle.CacheListing) string { return r.CacheID }, cacheTable)
 			})
 		}}
-	list.Flags().BoolVar(&listJSON, "json", false, "print JSON")
+	listOut = addOutput(list, true)
 
-	var unused, dryRun, pruneJSON bool
+	var unused, dryRun bool
+	var pruneOut *output
 	var olderThan, maxBytes string
 	prune := &cobra.Command{Use: "prune --unused [--dry-run] [--older-than DUR] [--max-bytes N]",
 		Short: "Remove committed entries no persisted sandbox references", Args: noArgs,
@@ -49,8 +46,14 @@ func imageCacheCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, pruneJSON, rep, func() {
-					w := cmd.OutOrStdout()
+				ids := func() []string {
+					var out []string
+					for _, r := range rep.Removed {
+						out = append(out, r.CacheID)
+					}
+					return out
+				}
+				return printValue(cmd, pruneOut, rep, ids, func(w io.Writer) {
 					verb := "removed"
 					if rep.DryRun {
 						verb = "would remove"
@@ -66,25 +69,30 @@ func imageCacheCmd(g *globals) *cobra.Command {
 	prune.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be removed; take no lease, change nothing")
 	prune.Flags().StringVar(&olderThan, "older-than", "", "only entries last used longer ago than DUR (e.g. 36h, 7d)")
 	prune.Flags().StringVar(&maxBytes, "max-bytes", "", "evict least recently used unreferenced entries until the cache's allocated bytes fit in N (e.g. 0, 512M, 20G)")
-	prune.Flags().BoolVar(&pruneJSON, "json", false, "print JSON")
+	pruneOut = addOutput(prune, true)
 	c.AddCommand(list, prune)
 	return c
 }
 
-// cacheRow is one tab-separated list line; unknown values print as "-".
-func cacheRow(r lifecycle.CacheListing) string {
-	ref, last, layout := "-", "-", "-"
-	if r.Ref != nil {
-		ref = *r.Ref
+var cacheTable = table[lifecycle.CacheListing]{
+	header: []string{"CACHE ID", "IMAGE", "ALLOCATED", "APPARENT", "LAST USED", "LAYOUT", "SANDBOXES"},
+	row: func(r lifecycle.CacheListing) []string {
+		last, layout := "", ""
+		if r.LastUsedAt != nil {
+			last = age(*r.LastUsedAt)
+		}
+		if r.Layout != nil {
+			layout = strconv.Itoa(*r.Layout)
+		}
+		return []string{r.CacheID, deref(r.Ref), formatSize(r.Allocated), formatSize(r.Apparent), last, layout, strings.Join(r.Sandboxes, ",")}
+	},
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
 	}
-	if r.LastUseMs != nil {
-		last = strconv.FormatInt(*r.LastUseMs, 10)
-	}
-	if r.Layout != nil {
-		layout = strconv.Itoa(*r.Layout)
-	}
-	return strings.Join([]string{r.CacheID, ref, strconv.FormatInt(r.Allocated, 10), strconv.FormatInt(r.Apparent, 10),
-		last, layout, dash(strings.Join(r.Sandboxes, ","))}, "\t")
+	return *s
 }
 
 func pruneOptions(unused, dryRun bool, olderThan, maxBytes string) (lifecycle.CachePruneOptions, error) {

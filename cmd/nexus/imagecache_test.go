@@ -26,6 +26,11 @@ import (
 	"github.com/nexus-sandbox/nexus/node"
 )
 
+// cacheRowFormat prints a list row as tab-separated fields, "-" for an
+// unknown or empty one: --format over the Go fields, pointers included.
+const cacheRowFormat = `{{.CacheID}}	{{with .Ref}}{{.}}{{else}}-{{end}}	{{.Allocated}}	{{.Apparent}}	` +
+	`{{with .LastUsedAt}}{{.}}{{else}}-{{end}}	{{with .Layout}}{{.}}{{else}}-{{end}}	{{with .Sandboxes}}{{join . ","}}{{else}}-{{end}}`
+
 func cacheList(t *testing.T, root string) []lifecycle.CacheListing {
 	t.Helper()
 	r := mustOK(t, nexus(t, root, "image-cache", "list", "--json"), "image-cache list")
@@ -87,7 +92,7 @@ func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
 		t.Fatalf("want one cache entry after create, got %+v", rows)
 	}
 	e := rows[0]
-	if e.Ref == nil || *e.Ref != image || e.LastUseMs == nil || e.Layout == nil || *e.Layout != 1 ||
+	if e.Ref == nil || *e.Ref != image || e.LastUsedAt == nil || e.Layout == nil || *e.Layout != 1 ||
 		len(e.Sandboxes) != 1 || e.Sandboxes[0] != sb.ID || e.Allocated <= 0 || e.Apparent != 64<<20 {
 		t.Fatalf("entry = %+v", e)
 	}
@@ -100,14 +105,14 @@ func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
 	if err := json.Unmarshal(data, &ident); err != nil || ident["cache_id"] != e.CacheID || ident["image_ref"] != image {
 		t.Fatalf("identity.json = %s (%v)", data, err)
 	}
-	line := mustOK(t, nexus(t, root, "image-cache", "list"), "list").stdout
+	line := mustOK(t, nexus(t, root, "image-cache", "list", "--format", cacheRowFormat), "list").stdout
 	if cols := strings.Split(strings.TrimSpace(line), "\t"); len(cols) != 7 || cols[0] != e.CacheID || cols[1] != image || cols[6] != sb.ID {
 		t.Fatalf("list line %q", line)
 	}
 
 	// A second create of the same image reuses the entry.
 	sb2 := createJSON(t, root, "--image", image)
-	if rows := cacheList(t, root); len(rows) != 1 || len(rows[0].Sandboxes) != 2 || *rows[0].LastUseMs < *e.LastUseMs {
+	if rows := cacheList(t, root); len(rows) != 1 || len(rows[0].Sandboxes) != 2 || rows[0].LastUsedAt.Before(*e.LastUsedAt) {
 		t.Fatalf("second create: %+v", rows)
 	}
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb2.ID), "rm")
@@ -178,7 +183,7 @@ func TestImageCacheLegacyEntriesAndSandboxes(t *testing.T) {
 	root := shortRoot(t)
 	os.MkdirAll(filepath.Join(root, "images"), 0o700)
 	disk := writeLegacyEntry(t, root, "legacy-entry", bytes.Repeat([]byte{1}, 8192))
-	line := strings.TrimSpace(mustOK(t, nexus(t, root, "image-cache", "list"), "list").stdout)
+	line := strings.TrimSpace(mustOK(t, nexus(t, root, "image-cache", "list", "--format", cacheRowFormat), "list").stdout)
 	if line != "legacy-entry\t-\t8192\t8192\t-\t-\t-" {
 		t.Fatalf("legacy list line %q", line)
 	}
@@ -216,7 +221,7 @@ func TestImageCacheIncompleteCreateBlocksPrune(t *testing.T) {
 		wantFailure(t, r, 1, "incomplete sandbox state")
 	}
 	rows := cacheList(t, root)
-	if len(rows) != 1 || rows[0].Ref == nil || *rows[0].Ref != image || rows[0].LastUseMs != nil {
+	if len(rows) != 1 || rows[0].Ref == nil || *rows[0].Ref != image || rows[0].LastUsedAt != nil {
 		t.Fatalf("entry prepared before the crash, from its identity file: %+v", rows)
 	}
 	mustOK(t, proc(t, root, "recover"), "recover")
@@ -368,8 +373,11 @@ func TestImageCacheCLIParsing(t *testing.T) {
 		}
 	}
 	// An empty state root lists nothing and prunes nothing.
-	if r := mustOK(t, nexus(t, root, "image-cache", "list"), "list"); r.stdout != "" {
+	if r := mustOK(t, nexus(t, root, "image-cache", "list", "-q"), "list"); r.stdout != "" {
 		t.Fatalf("empty list printed %q", r.stdout)
+	}
+	if r := mustOK(t, nexus(t, root, "image-cache", "list", "--json"), "list"); strings.TrimSpace(r.stdout) != "[]" {
+		t.Fatalf("empty list --json printed %q", r.stdout)
 	}
 	mustOK(t, nexus(t, root, "image-cache", "prune", "--unused"), "prune of an empty cache")
 }

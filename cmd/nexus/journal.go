@@ -18,7 +18,7 @@ func journalCmd(g *globals) *cobra.Command {
 			return usageError{errors.New("journal needs a subcommand: repair")}
 		}}
 	var backup string
-	var asJSON bool
+	var o *output
 	repair := &cobra.Command{
 		Use:   "repair --backup DIR",
 		Short: "Copy the store to DIR, then cut a torn tail off its last block and report exactly what was cut (never run automatically)",
@@ -37,11 +37,11 @@ func journalCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printResult(cmd, asJSON, rep, func() { repairHuman(cmd, rep) })
+			return printResult(cmd, o, rep, nil, func() { repairHuman(cmd, rep) })
 		},
 	}
 	repair.Flags().StringVar(&backup, "backup", "", "directory to copy the store into first (must be missing or empty)")
-	repair.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	o = addOutput(repair, false)
 	c.AddCommand(repair)
 	return c
 }

@@ -4,11 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/spf13/cobra"
 
@@ -76,12 +75,20 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 	}, nil
 }
 
-func printResult(cmd *cobra.Command, asJSON bool, v any, human func()) error {
-	if asJSON {
-		return printJSON(cmd.OutOrStdout(), v)
+// printResult prints one command's result through the output layer; ids
+// is what -q prints (nil for a command without -q).
+func printResult(cmd *cobra.Command, o *output, v any, ids func() []string, human func()) error {
+	return printValue(cmd, o, v, ids, func(io.Writer) { human() })
+}
+
+func sandboxIDs(list ...projections.Sandbox) func() []string {
+	return func() []string {
+		ids := make([]string, len(list))
+		for i, sb := range list {
+			ids[i] = sb.ID
+		}
+		return ids
 	}
-	human()
-	return nil
 }
 
 func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
@@ -91,7 +98,8 @@ func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
 func createCmd(g *globals) *cobra.Command {
 	var spec lifecycle.CreateSpec
 	var shadows, volumes []string
-	var asJSON, journalKeptIn bool
+	var journalKeptIn bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "create --image IMG",
 		Short: "Create and boot a sandbox",
@@ -134,7 +142,7 @@ func createCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+				return printResult(cmd, o, sb, sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
 			})
 		},
 	}
@@ -144,7 +152,7 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVar(&shadows, "shadow", nil, "NAME=SRC: a per-sandbox copy of SRC (needs --handle)")
 	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	c.Flags().BoolVar(&journalKeptIn, "journal-kept", false, "first journal the run.kept events (a JSON array) on stdin")
 	c.Flags().MarkHidden("journal-kept")
 	return c
@@ -152,7 +160,7 @@ func createCmd(g *globals) *cobra.Command {
 
 func forkCmd(g *globals) *cobra.Command {
 	spec := lifecycle.ForkSpec{Count: 1}
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "fork ID",
 		Short: "Fork a sandbox into new children",
@@ -169,7 +177,7 @@ func forkCmd(g *globals) *cobra.Command {
 				}
 				// Children made before a failure or an interruption are
 				// committed and kept: say which, then why the rest are not.
-				if perr := printResult(cmd, asJSON, children, func() {
+				if perr := printResult(cmd, o, children, sandboxIDs(children...), func() {
 					for _, sb := range children {
 						sandboxLine(cmd, sb)
 					}
@@ -186,7 +194,7 @@ func forkCmd(g *globals) *cobra.Command {
 	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
 }
 
@@ -216,28 +224,26 @@ func eachRef(cmd *cobra.Command, refs []string, fn func(ref string) error) error
 }
 
 // printEach prints what eachRef produced: with --json one object for one
-// reference and an array for several, else each line as it came.
-func printEach[T any](cmd *cobra.Command, asJSON bool, refs []string, done []T) error {
-	if !asJSON {
+// reference and an array for several; with --format or -q each item;
+// else nothing (each line was printed as it came).
+func printEach[T any](cmd *cobra.Command, o *output, refs []string, done []T, id func(T) string) error {
+	switch {
+	case o.human():
 		return nil
-	}
-	if len(refs) == 1 {
+	case o.json && len(refs) == 1:
 		if len(done) == 0 {
 			return nil
 		}
 		return printJSON(cmd.OutOrStdout(), done[0])
 	}
-	if done == nil {
-		done = []T{}
-	}
-	return printJSON(cmd.OutOrStdout(), done)
+	return printList(cmd, o, done, id, table[T]{})
 }
 
 // simpleCmd is a command taking sandbox references and printing each.
 // A sandbox already in the state the command wants is reported and
 // succeeds (lifecycle.ErrAlready).
 func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecycle.Manager, string) (projections.Sandbox, error)) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: use + " ID...", Short: short, Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -247,11 +253,11 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 					sb, err := run(cmd.Context(), m, ref)
 					var already *guard.Already
 					if errors.As(err, &already) {
-						if !asJSON {
+						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "%s already %s\n", sb.ID, already.State)
 						}
 						err = nil
-					} else if err == nil && !asJSON {
+					} else if err == nil && o.human() {
 						sandboxLine(cmd, sb)
 					}
 					if err == nil {
@@ -259,11 +265,11 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, asJSON, args, done))
+				return errors.Join(err, printEach(cmd, o, args, done, sandboxID))
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several IDs)")
+	o = addOutput(c, true)
 	return c
 }
 
@@ -284,34 +290,53 @@ func stopCmd(g *globals) *cobra.Command {
 
 func rmCmd(g *globals) *cobra.Command {
 	var opt lifecycle.RemoveOptions
-	var asJSON bool
+	var dryRun bool
+	var o *output
 	c := &cobra.Command{
 		Use: "rm ID...", Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				var done []lifecycle.Removed
 				err := eachRef(cmd, args, func(ref string) error {
+					if dryRun {
+						rm, paths, err := m.RemovePlan(cmd.Context(), ref, opt)
+						if err == nil {
+							done = append(done, rm)
+							if o.human() {
+								w := cmd.OutOrStdout()
+								fmt.Fprintf(w, "would remove %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
+								for _, p := range paths {
+									fmt.Fprintf(w, "  %s\n", p)
+								}
+								for _, s := range rm.Snapshots {
+									fmt.Fprintf(w, "  snapshot %s\n", s)
+								}
+							}
+						}
+						return err
+					}
 					rm, err := removeBound(cmd.Context(), m, ref, opt)
 					if err == nil {
 						done = append(done, rm)
-						if !asJSON {
+						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
 						}
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, asJSON, args, done))
+				return errors.Join(err, printEach(cmd, o, args, done, func(r lifecycle.Removed) string { return r.ID }))
 			})
 		},
 	}
 	c.Flags().BoolVarP(&opt.Force, "force", "f", false, "stop a running sandbox first")
 	c.Flags().BoolVar(&opt.WithSnapshots, "with-snapshots", false, "also delete the sandbox's snapshots")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several IDs)")
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed (or why it would be refused); change nothing")
+	o = addOutput(c, true)
 	return c
 }
 
 func snapshotCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -320,17 +345,22 @@ func snapshotCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, map[string]string{"snapshot": snap}, func() { fmt.Fprintln(cmd.OutOrStdout(), snap) })
+				return printResult(cmd, o, snapshotTaken{snap}, func() []string { return []string{snap} }, func() { fmt.Fprintln(cmd.OutOrStdout(), snap) })
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
 }
 
+// snapshotTaken is what `snapshot ID --json` prints.
+type snapshotTaken struct {
+	Snapshot string `json:"snapshot"`
+}
+
 func snapshotLsCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: "ls [ID]", Short: "List snapshots, of every sandbox or of one", Args: maxArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -339,43 +369,49 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, snaps, func() {
-					tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "SNAPSHOT\tSANDBOX\tHANDLE\tCREATED\tSIZE")
-					for _, s := range snaps {
-						fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Sandbox, dash(s.Handle), s.CreatedAt.Format(time.RFC3339), formatSize(s.AllocatedBytes))
-					}
-					tw.Flush()
-				})
+				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable)
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
 }
 
+var snapshotTable = table[lifecycle.SnapshotInfo]{
+	header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
+	row: func(s lifecycle.SnapshotInfo) []string {
+		return []string{s.ID, s.Sandbox, s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
+	},
+}
+
 func snapshotRmCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var dryRun bool
+	var o *output
 	c := &cobra.Command{
 		Use: "rm SNAPSHOT...", Short: "Delete snapshots (an ID or a unique prefix of one)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				var done []lifecycle.SnapshotInfo
+				remove, verb := m.SnapshotRemove, "removed"
+				if dryRun {
+					remove, verb = m.SnapshotRemovePlan, "would remove"
+				}
 				err := eachRef(cmd, args, func(ref string) error {
-					s, err := m.SnapshotRemove(cmd.Context(), ref)
+					s, err := remove(cmd.Context(), ref)
 					if err == nil {
 						done = append(done, s)
-						if !asJSON {
-							fmt.Fprintf(cmd.OutOrStdout(), "removed snapshot %s of %s: %s\n", s.ID, s.Sandbox, formatSize(s.AllocatedBytes))
+						if o.human() {
+							fmt.Fprintf(cmd.OutOrStdout(), "%s snapshot %s of %s: %s\n", verb, s.ID, s.Sandbox, formatSize(s.AllocatedBytes))
 						}
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, asJSON, args, done))
+				return errors.Join(err, printEach(cmd, o, args, done, func(s lifecycle.SnapshotInfo) string { return s.ID }))
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON (an array for several)")
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed; change nothing")
+	o = addOutput(c, true)
 	return c
 }
 
@@ -389,7 +425,8 @@ func maxArgs(n int) cobra.PositionalArgs {
 }
 
 func restoreCmd(g *globals) *cobra.Command {
-	var asJSON, force bool
+	var force bool
+	var o *output
 	c := &cobra.Command{
 		Use: "restore SNAPSHOT", Short: "Create a new sandbox from a snapshot", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -398,17 +435,17 @@ func restoreCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, sb, func() { sandboxLine(cmd, sb) })
+				return printResult(cmd, o, sb, sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
 			})
 		},
 	}
 	c.Flags().BoolVar(&force, "force", false, "skip the disk-space preflight")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
 }
 
 func recoverCmd(g *globals) *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use: "recover", Short: "Resume or compensate unfinished sagas; reconcile sandboxes with their processes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -417,8 +454,7 @@ func recoverCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, rep, func() {
-					w := cmd.OutOrStdout()
+				return printValue(cmd, o, rep, nil, func(w io.Writer) {
 					fmt.Fprintf(w, "sagas: %d compensated, %d resumed, %d in flight\n", len(rep.Compensated), len(rep.Resumed), len(rep.InFlight))
 					fmt.Fprintf(w, "sandboxes: %d stopped (VMM gone), %d supervisors restarted, %d orphaned supervisors killed, %d VMs unpaused\n",
 						len(rep.Stopped), len(rep.Restarted), len(rep.Killed), len(rep.Unpaused))
@@ -434,7 +470,7 @@ func recoverCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, false)
 	return c
 }
 
@@ -444,7 +480,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			return usageError{fmt.Errorf("volume needs a subcommand: create, ls, rm, prune")}
 		}}
 	var size string
-	var asJSON bool
+	var createOut *output
 	create := &cobra.Command{Use: "create NAME --size S", Short: "Create a named ext4 volume", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := parseSize(size)
@@ -456,13 +492,13 @@ func volumeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, asJSON, v, func() { fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", v.Name, formatSize(v.SizeBytes)) })
+				return printResult(cmd, createOut, v, func() []string { return []string{v.Name} }, func() { fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\n", v.Name, formatSize(v.SizeBytes)) })
 			})
 		}}
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M, 1.5G or 2GiB; K, M, G, T alone are binary, KB, MB, GB decimal (required)")
-	create.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	createOut = addOutput(create, true)
 	requireFlags(create, "size")
-	var lsJSON bool
+	var lsOut *output
 	ls := &cobra.Command{Use: "ls", Short: "List named volumes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
@@ -470,44 +506,119 @@ func volumeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if vols == nil {
-					vols = []projections.Volume{}
-				}
-				return printResult(cmd, lsJSON, vols, func() {
-					fmt.Fprintln(cmd.OutOrStdout(), "NAME\tSIZE\tATTACHED")
-					for _, v := range vols {
-						fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", v.Name, formatSize(v.SizeBytes), dash(strings.Join(v.AttachedTo, ",")))
-					}
-				})
+				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable)
 			})
 		}}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
-	rm := &cobra.Command{Use: "rm NAME", Short: "Delete a volume and its files (refused while attached)", Args: exactArgs(1),
+	lsOut = addOutput(ls, true)
+	var rmYes, rmDry bool
+	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return m.VolumeRemove(cmd.Context(), args[0]) })
-		}}
-	var apply, detached, pruneJSON bool
-	prune := &cobra.Command{Use: "prune", Short: "Clear stale attachments; with --include-detached also delete unattached volumes", Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				rep, err := m.VolumePrune(cmd.Context(), apply, detached)
+				vols, err := m.Volumes(cmd.Context())
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, pruneJSON, rep, func() {
-					verb := "would clear"
-					if apply {
-						verb = "cleared"
+				// Only names that exist are asked about; an unknown one
+				// fails on its own below.
+				var known []string
+				for _, v := range vols {
+					if slices.Contains(args, v.Name) {
+						known = append(known, v.Name)
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "%s %d stale attachment(s); %d detached volume(s); removed %d\n", verb, len(rep.Stale), len(rep.Detached), len(rep.Removed))
+				}
+				if rmDry {
+					return eachRef(cmd, args, func(name string) error {
+						v, err := m.VolumeRemovePlan(cmd.Context(), name)
+						if err == nil {
+							fmt.Fprintf(cmd.OutOrStdout(), "would remove volume %s (%s) and its files\n", v.Name, formatSize(v.SizeBytes))
+						}
+						return err
+					})
+				}
+				if err := confirmDelete(cmd, rmYes, "volume rm", known); err != nil {
+					return err
+				}
+				return eachRef(cmd, args, func(name string) error {
+					if err := m.VolumeRemove(cmd.Context(), name); err != nil {
+						return err
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "removed volume %s\n", name)
+					return nil
 				})
 			})
 		}}
+	rm.Flags().BoolVarP(&rmYes, "yes", "y", false, "delete without asking (needed when stdin is not a terminal)")
+	rm.Flags().BoolVar(&rmDry, "dry-run", false, "print what would be deleted (or why it would be refused); change nothing")
+	var apply, dryRun, detached, pruneYes bool
+	var pruneOut *output
+	prune := &cobra.Command{Use: "prune [--apply [--include-detached [--yes]]]", Short: "Clear stale attachments (dry run unless --apply); with --include-detached also delete unattached volumes", Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if apply && dryRun {
+				return usageError{errors.New("--apply and --dry-run exclude each other")}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				var only []string
+				if apply && detached {
+					// Name every volume to be deleted before deleting
+					// any, and delete no other: the dry run's list is
+					// what the user confirms and all that is deleted.
+					dry, err := m.VolumePrune(cmd.Context(), false, true)
+					if err != nil {
+						return err
+					}
+					if err := confirmDelete(cmd, pruneYes, "volume prune --apply --include-detached", dry.Detached); err != nil {
+						return err
+					}
+					only = dry.Detached
+				}
+				rep, err := m.VolumePrune(cmd.Context(), apply, apply && detached && len(only) > 0, only...)
+				if err != nil {
+					return err
+				}
+				ids := func() []string { return rep.Removed }
+				if !apply && detached {
+					ids = func() []string { return rep.Detached }
+				}
+				return printValue(cmd, pruneOut, rep, ids, func(w io.Writer) { volumePruneHuman(w, rep, detached) })
+			})
+		}}
 	prune.Flags().BoolVar(&apply, "apply", false, "act (default: report only)")
-	prune.Flags().BoolVar(&detached, "include-detached", false, "with --apply, delete volumes no sandbox has attached")
-	prune.Flags().BoolVar(&pruneJSON, "json", false, "print JSON")
+	prune.Flags().BoolVar(&dryRun, "dry-run", false, "report only, change nothing (the default; for symmetry with the other prunes)")
+	prune.Flags().BoolVar(&detached, "include-detached", false, "also delete volumes no sandbox has attached (with --apply; a dry run lists them)")
+	prune.Flags().BoolVarP(&pruneYes, "yes", "y", false, "delete detached volumes without asking (needed when stdin is not a terminal)")
+	pruneOut = addOutput(prune, true)
 	c.AddCommand(create, ls, rm, prune)
 	return c
+}
+
+// volumePruneHuman names every attachment and volume the prune cleared,
+// deleted, or (dry) would, and the detached volumes it kept.
+func volumePruneHuman(w io.Writer, rep lifecycle.PruneReport, detached bool) {
+	clear, del, deleted := "would clear", "would delete", []string(nil)
+	switch {
+	case rep.Apply:
+		clear, del, deleted = "cleared", "deleted", rep.Removed
+	case detached:
+		deleted = rep.Detached
+	}
+	for _, s := range rep.Stale {
+		fmt.Fprintf(w, "%s stale attachment %s\n", clear, s)
+	}
+	for _, v := range rep.Detached {
+		if slices.Contains(deleted, v) {
+			fmt.Fprintf(w, "%s volume %s\n", del, v)
+		} else {
+			fmt.Fprintf(w, "kept detached volume %s (--apply --include-detached deletes it)\n", v)
+		}
+	}
+	fmt.Fprintf(w, "%s %d stale attachment(s); %s %d volume(s)\n", clear, len(rep.Stale), del, len(deleted))
+}
+
+var volumeTable = table[projections.Volume]{
+	header: []string{"NAME", "SIZE", "ATTACHED"},
+	row: func(v projections.Volume) []string {
+		return []string{v.Name, formatSize(v.SizeBytes), strings.Join(v.AttachedTo, ",")}
+	},
 }
 
 func logsCmd(g *globals) *cobra.Command {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -189,20 +190,16 @@ func helpCmd() *cobra.Command {
 }
 
 func versionCmd() *cobra.Command {
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "version",
 		Short: "Print the nexus version, the revision it was built from, and its Go and nats-server versions",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := readVersion()
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), v)
-			}
-			fmt.Fprintln(cmd.OutOrStdout(), v.String())
-			return nil
+			return printValue(cmd, o, v, nil, func(w io.Writer) { fmt.Fprintln(w, v.String()) })
 		},
 	}
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, false)
 	return c
 }

@@ -89,7 +89,7 @@ func (m *modelRun) concurrentRound(d *daemon) *daemon {
 				names = append(names, n)
 			}
 			slices.Sort(names)
-			args = []string{"volume", "rm", names[m.rng.IntN(len(names))]}
+			args = []string{"volume", "rm", "--yes", names[m.rng.IntN(len(names))]}
 		case r == 2 && len(m.volumes) > 0:
 			// A second create on an existing volume: at most one may get it.
 			for n := range m.volumes {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -27,12 +28,16 @@ var reapKinds = []events.ResourceKind{
 func reapCmd(g *globals) *cobra.Command {
 	var o lifecycle.ReapOptions
 	var kind, olderThan string
-	var asJSON bool
+	var dryRun bool
+	var out *output
 	c := &cobra.Command{
 		Use:   "reap",
 		Short: "Report orphaned resources (dry run); --apply deletes them",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.Apply && dryRun {
+				return usageError{errors.New("--apply and --dry-run exclude each other")}
+			}
 			if o.Plan != "" && !o.Apply {
 				return usageError{errors.New("--plan needs --apply (a dry run makes a new plan)")}
 			}
@@ -67,7 +72,19 @@ func reapCmd(g *globals) *cobra.Command {
 			if rep == nil {
 				return err
 			}
-			if perr := printResult(cmd, asJSON, rep, func() { reapHuman(cmd, rep) }); perr != nil {
+			ids := func() []string {
+				// What was deleted, or (dry) what --apply would delete.
+				items := rep.Orphans
+				if rep.Apply {
+					items = rep.Deleted
+				}
+				var paths []string
+				for _, it := range items {
+					paths = append(paths, it.Path)
+				}
+				return paths
+			}
+			if perr := printValue(cmd, out, rep, ids, func(io.Writer) { reapHuman(cmd, rep) }); perr != nil {
 				return perr
 			}
 			if err != nil {
@@ -84,7 +101,8 @@ func reapCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&kind, "kind", "", "only resources of this kind")
 	c.Flags().StringVar(&o.Filter.Sandbox, "sandbox", "", "only resources of this sandbox (ULID, or handle for shadow disks)")
 	c.Flags().StringVar(&olderThan, "older-than", "", "only resources whose mtime is older than this duration")
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "report only (the default)")
+	out = addOutput(c, true)
 	return c
 }
 

@@ -24,7 +24,7 @@ type reapR struct {
 	Owner     string `json:"owner"`
 	Verdict   string `json:"verdict"`
 	Reason    string `json:"reason"`
-	Allocated int64  `json:"allocated"`
+	Allocated int64  `json:"allocated_bytes"`
 	Error     string `json:"error"`
 }
 
@@ -36,7 +36,7 @@ type reapJSON struct {
 	Kept      []reapR `json:"kept"`
 	Deleted   []reapR `json:"deleted"`
 	Failed    []reapR `json:"failed"`
-	Allocated int64   `json:"allocated"`
+	Allocated int64   `json:"allocated_bytes"`
 	Journal   string  `json:"journal"`
 }
 

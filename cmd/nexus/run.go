@@ -288,7 +288,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usageError{errors.New("ledger needs a subcommand: ls, sweep")}
 		}}
-	var lsJSON bool
+	var lsOut *output
 	ls := &cobra.Command{Use: "ls", Short: "Show every run and what a sweep would decide", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			root, err := node.PrepareRoot(g.stateDir)
@@ -299,19 +299,32 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return printOutcomes(cmd, lsJSON, hostledger.Outcomes(plan), false)
+			return printOutcomes(cmd, lsOut, plannedOutcomes(root, plan), false)
 		}}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print JSON")
+	lsOut = addOutput(ls, true)
 
-	var sweepJSON bool
+	var sweepOut *output
+	var sweepDry bool
 	var exclude string
 	sweep := &cobra.Command{Use: "sweep", Short: "Remove the sandboxes and ledgers of dead runs", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if sweepDry {
+				// What ledger ls shows: each run's verdict, nothing swept.
+				root, err := node.PrepareRoot(g.stateDir)
+				if err != nil {
+					return err
+				}
+				plan, err := hostledger.Plan(hostledger.Dir(root), ledger.Self{Run: exclude, Driver: driverOf(g)}, time.Now())
+				if err != nil {
+					return err
+				}
+				return printOutcomes(cmd, sweepOut, plannedOutcomes(root, plan), false)
+			}
 			out, err := sweepRuns(cmd.Context(), g, exclude, "init")
 			if err != nil {
 				return err
 			}
-			if err := printOutcomes(cmd, sweepJSON, out, true); err != nil {
+			if err := printOutcomes(cmd, sweepOut, out, true); err != nil {
 				return err
 			}
 			for _, o := range out {
@@ -321,7 +334,8 @@ func ledgerCmd(g *globals) *cobra.Command {
 			}
 			return nil
 		}}
-	sweep.Flags().BoolVar(&sweepJSON, "json", false, "print JSON")
+	sweepOut = addOutput(sweep, true)
+	sweep.Flags().BoolVar(&sweepDry, "dry-run", false, "show each run's verdict (what ledger ls shows); sweep nothing")
 	sweep.Flags().StringVar(&exclude, "exclude", "", "the caller's own run, never swept")
 	sweep.Flags().MarkHidden("exclude")
 
@@ -415,24 +429,37 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	}
 }
 
+// plannedOutcomes is each run's verdict and, for a run a sweep would
+// remove, the sandboxes it would remove.
+func plannedOutcomes(root string, plan []hostledger.Planned) []hostledger.Outcome {
+	out := hostledger.Outcomes(plan)
+	for i := range out {
+		if out[i].Verdict == string(ledger.Sweep) {
+			out[i].WouldRemove = hostledger.ListedSandboxes(hostledger.Dir(root), out[i].Run)
+		}
+	}
+	return out
+}
+
 // printOutcomes prints one line per run; acted adds what a sweep did.
-func printOutcomes(cmd *cobra.Command, asJSON bool, out []hostledger.Outcome, acted bool) error {
-	if asJSON {
-		return printJSON(cmd.OutOrStdout(), out)
-	}
-	w := cmd.OutOrStdout()
-	for _, o := range out {
-		extra := ""
-		if acted && o.Verdict == string(ledger.Sweep) && o.Skipped == "" {
-			extra = fmt.Sprintf("\tremoved %d, not found %d", len(o.Removed), len(o.NotFound))
-		}
-		if o.Skipped != "" {
-			extra += "\tskipped: " + o.Skipped
-		}
-		if o.Error != "" {
-			extra += "\terror: " + o.Error
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s%s\n", o.Run, o.Verdict, o.Reason, extra)
-	}
-	return nil
+func printOutcomes(cmd *cobra.Command, o *output, out []hostledger.Outcome, acted bool) error {
+	return printList(cmd, o, out, func(o hostledger.Outcome) string { return o.Run }, table[hostledger.Outcome]{
+		header: []string{"RUN", "VERDICT", "REASON", "DONE"},
+		row: func(o hostledger.Outcome) []string {
+			var done []string
+			if acted && o.Verdict == string(ledger.Sweep) && o.Skipped == "" {
+				done = append(done, fmt.Sprintf("removed %d [%s], not found %d", len(o.Removed), strings.Join(o.Removed, " "), len(o.NotFound)))
+			}
+			if len(o.WouldRemove) > 0 {
+				done = append(done, "would remove "+strings.Join(o.WouldRemove, " "))
+			}
+			if o.Skipped != "" {
+				done = append(done, "skipped: "+o.Skipped)
+			}
+			if o.Error != "" {
+				done = append(done, "error: "+o.Error)
+			}
+			return []string{o.Run, o.Verdict, o.Reason, strings.Join(done, "; ")}
+		},
+	})
 }

@@ -240,7 +240,7 @@ func TestPlantedSymlinksAreRefused(t *testing.T) {
 		replaceWithLink(t, vol, filepath.Join(outside, "vol"))
 		os.Remove(filepath.Join(outside, "vol", ".lock")) // so a lock created through the link shows
 		before := treeDigest(t, outside)
-		refusedOneLine(t, bounded(t, root, "volume", "rm", "vol"), "symbolic link")
+		refusedOneLine(t, bounded(t, root, "volume", "rm", "--yes", "vol"), "symbolic link")
 		refusedOneLine(t, bounded(t, root, "create", "--image", image, "--volume", "vol:/data"), "symbolic link")
 		if treeDigest(t, outside) != before {
 			t.Fatal("a volume command wrote outside the state root")

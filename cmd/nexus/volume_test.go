@@ -66,12 +66,12 @@ func TestVolumePruneClearsStaleAttachments(t *testing.T) {
 	appendRaw(t, root, events.New(ulid.Make(), time.Now().UTC(), gone, events.VolumeAttachedEvent{Name: "stale", GuestPath: "/data"}))
 	staleSum, inuseSum := volumeSum(t, root, "stale"), volumeSum(t, root, "inuse")
 
-	wantFailure(t, proc(t, root, "volume", "rm", "stale"), 1, "attached")
+	wantFailure(t, proc(t, root, "volume", "rm", "--yes", "stale"), 1, "attached")
 	dry := prune(t, root)
 	if dry.Apply || !slices.Equal(dry.Stale, []string{"stale@" + gone}) || len(dry.Removed) != 0 {
 		t.Fatalf("dry run: %+v", dry)
 	}
-	wantFailure(t, proc(t, root, "volume", "rm", "stale"), 1, "attached") // the dry run changed nothing
+	wantFailure(t, proc(t, root, "volume", "rm", "--yes", "stale"), 1, "attached") // the dry run changed nothing
 
 	applied := prune(t, root, "--apply", "--include-detached=false")
 	if !slices.Equal(applied.Stale, []string{"stale@" + gone}) || !slices.Contains(applied.Detached, "stale") || slices.Contains(applied.Detached, "inuse") {
@@ -86,8 +86,8 @@ func TestVolumePruneClearsStaleAttachments(t *testing.T) {
 	if volumeSum(t, root, "stale") != staleSum || volumeSum(t, root, "inuse") != inuseSum {
 		t.Fatal("prune changed a volume's bytes")
 	}
-	wantFailure(t, proc(t, root, "volume", "rm", "inuse"), 1, "attached")
-	mustOK(t, proc(t, root, "volume", "rm", "stale"), "volume rm stale after prune")
+	wantFailure(t, proc(t, root, "volume", "rm", "--yes", "inuse"), 1, "attached")
+	mustOK(t, proc(t, root, "volume", "rm", "--yes", "stale"), "volume rm stale after prune")
 	if _, err := os.Stat(filepath.Join(root, "volumes", "stale")); !os.IsNotExist(err) {
 		t.Fatalf("volume rm left volumes/stale: %v", err)
 	}

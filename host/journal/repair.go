@@ -38,7 +38,7 @@ type RepairReport struct {
 	FirstLostSeq uint64 `json:"first_lost_seq,omitempty"`
 	// Removed lists derived files deleted so the server rebuilds its state
 	// from the blocks (they are in the backup).
-	Removed []string `json:"removed,omitempty"`
+	Removed []string `json:"removed"`
 }
 
 // seqFlags are the high bits the filestore sets on a record's sequence

@@ -138,6 +138,13 @@ func newestMtime(dir string, e entry) time.Time {
 	return newest
 }
 
+// ListedSandboxes is the sandboxes a run's ledger lists: what a sweep of
+// it would remove. It reads without the run's flock, for a dry run only.
+func ListedSandboxes(dir, run string) []string {
+	sandboxes, _ := readLists(dir, run)
+	return sandboxes
+}
+
 // readLists reads a run's two lists; a missing list is empty.
 func readLists(dir, run string) (sandboxes, networks []string) {
 	for _, k := range []Kind{Sandboxes, Networks} {
@@ -231,11 +238,14 @@ type Outcome struct {
 	Run      string   `json:"run"`
 	Verdict  string   `json:"verdict"`
 	Reason   string   `json:"reason"`
-	Removed  []string `json:"removed,omitempty"`
-	NotFound []string `json:"not_found,omitempty"`
-	Networks []string `json:"networks,omitempty"`
-	Skipped  string   `json:"skipped,omitempty"` // another sweeper has, or had, the run
-	Error    string   `json:"error,omitempty"`
+	Removed  []string `json:"removed"`
+	NotFound []string `json:"not_found"`
+	Networks []string `json:"networks"`
+	// WouldRemove is what a sweep of the run would remove (ledger ls and
+	// sweep --dry-run only; see ListedSandboxes).
+	WouldRemove []string `json:"would_remove"`
+	Skipped     string   `json:"skipped,omitempty"` // another sweeper has, or had, the run
+	Error       string   `json:"error,omitempty"`
 }
 
 // Apply sweeps every run the plan says to sweep, each under its flock, then

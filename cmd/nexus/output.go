@@ -1,0 +1,292 @@
+package main
+
+// The output layer: every command that prints data prints it through
+// here, so that --json, --format and -q mean the same thing everywhere
+// and every JSON document keeps the rules of docs/json.md (snake_case,
+// [] never null, RFC 3339 UTC times, sizes as *_bytes integers).
+
+import (
+	"bufio"
+	"encoding"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"reflect"
+	"strings"
+	"text/tabwriter"
+	"text/template"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+)
+
+// output is a command's choice of printing: at most one of the three.
+type output struct {
+	json   bool
+	format string
+	quiet  bool
+	tmpl   *template.Template // format, parsed once by check
+}
+
+// addOutput gives c --json and --format, and -q/--quiet when the command
+// prints things that have IDs.
+func addOutput(c *cobra.Command, quiet bool) *output {
+	o := &output{}
+	c.Flags().BoolVar(&o.json, "json", false, "print JSON (see docs/json.md)")
+	c.Flags().StringVar(&o.format, "format", "", "print each item through a Go template over the JSON values' Go fields, e.g. '{{.ID}}' ('{{json .}}' for one JSON line)")
+	if quiet {
+		c.Flags().BoolVarP(&o.quiet, "quiet", "q", false, "print only IDs (names for volumes, paths for reap), one a line")
+	}
+	next := c.PreRunE
+	c.PreRunE = func(cmd *cobra.Command, args []string) error {
+		if err := o.check(); err != nil {
+			return usageError{err}
+		}
+		if next != nil {
+			return next(cmd, args)
+		}
+		return nil
+	}
+	return o
+}
+
+func (o *output) check() error {
+	n := 0
+	for _, set := range []bool{o.json, o.format != "", o.quiet} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return errors.New("--json, --format and -q exclude each other")
+	}
+	if o.format != "" {
+		t, err := o.template()
+		if err != nil {
+			return fmt.Errorf("--format: %w", err)
+		}
+		o.tmpl = t
+	}
+	return nil
+}
+
+// human says the command prints its own text (a table or a report).
+func (o *output) human() bool { return o == nil || !o.json && o.format == "" && !o.quiet }
+
+func (o *output) template() (*template.Template, error) {
+	return template.New("format").Funcs(template.FuncMap{
+		"json": func(v any) (string, error) {
+			b, err := json.Marshal(v)
+			return string(b), err
+		},
+		"join":  strings.Join,
+		"size":  func(n int64) string { return formatSize(n) },
+		"upper": strings.ToUpper,
+	}).Parse(o.format)
+}
+
+// printList prints items: a JSON array (never null), the template once per
+// item, the IDs, or the table.
+func printList[T any](cmd *cobra.Command, o *output, items []T, id func(T) string, t table[T]) error {
+	w := cmd.OutOrStdout()
+	switch {
+	case o.json:
+		if items == nil {
+			items = []T{}
+		}
+		return printJSON(w, items)
+	case o.format != "":
+		for _, it := range items {
+			if err := o.execute(w, it); err != nil {
+				return err
+			}
+		}
+		return nil
+	case o.quiet:
+		for _, it := range items {
+			fmt.Fprintln(w, id(it))
+		}
+		return nil
+	}
+	return t.print(w, items)
+}
+
+// printValue prints one value (a report): JSON, the template once, the
+// IDs it names, or the command's human text.
+func printValue(cmd *cobra.Command, o *output, v any, ids func() []string, human func(io.Writer)) error {
+	w := cmd.OutOrStdout()
+	switch {
+	case o.json:
+		return printJSON(w, v)
+	case o.format != "":
+		// A list (fork's children) runs the template per item, as printList does.
+		if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice {
+			for i := range rv.Len() {
+				if err := o.execute(w, rv.Index(i).Interface()); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return o.execute(w, v)
+	case o.quiet && ids != nil:
+		for _, id := range ids() {
+			fmt.Fprintln(w, id)
+		}
+		return nil
+	}
+	human(w)
+	return nil
+}
+
+func (o *output) execute(w io.Writer, v any) error {
+	t := o.tmpl
+	if t == nil {
+		var err error
+		if t, err = o.template(); err != nil {
+			return usageError{fmt.Errorf("--format: %w", err)}
+		}
+	}
+	var b strings.Builder
+	if err := t.Execute(&b, normalize(reflect.ValueOf(v)).Interface()); err != nil {
+		return usageError{fmt.Errorf("--format: %w", err)}
+	}
+	s := b.String()
+	if !strings.HasSuffix(s, "\n") {
+		s += "\n"
+	}
+	_, err := io.WriteString(w, s)
+	return err
+}
+
+// table is how a list prints for people: a header and one row per item,
+// aligned by text/tabwriter (what docker and kubectl print: no borders,
+// so a table library would add a dependency for nothing).
+type table[T any] struct {
+	header []string
+	row    func(T) []string
+}
+
+func (t table[T]) print(w io.Writer, items []T) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, strings.Join(t.header, "\t"))
+	for _, it := range items {
+		cells := t.row(it)
+		for i, c := range cells {
+			cells[i] = dash(c)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
+}
+
+// age prints how long ago t was for a table ("3 minutes ago"), "-" for
+// an unknown time.
+func age(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return humanize.Time(t)
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(normalize(reflect.ValueOf(v)).Interface())
+}
+
+var (
+	timeType      = reflect.TypeFor[time.Time]()
+	marshalerType = reflect.TypeFor[json.Marshaler]()
+	textType      = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// normalize returns a copy of v in which every nil slice is empty and
+// every time is UTC, so no JSON document and no template ever sees a null
+// list or a local time, whichever type a command prints. Unexported
+// fields are not copied: JSON never sees them either. A value that
+// encodes itself (json.Marshaler, encoding.TextMarshaler) is kept as is.
+func normalize(v reflect.Value) reflect.Value {
+	if !v.IsValid() {
+		return v
+	}
+	t := v.Type()
+	if t == timeType {
+		return reflect.ValueOf(v.Interface().(time.Time).UTC())
+	}
+	if t.Kind() != reflect.Pointer && t.Kind() != reflect.Interface &&
+		(t.Implements(marshalerType) || t.Implements(textType) || reflect.PointerTo(t).Implements(marshalerType)) {
+		return v
+	}
+	switch t.Kind() {
+	case reflect.Pointer:
+		if v.IsNil() {
+			return v
+		}
+		n := reflect.New(t.Elem())
+		n.Elem().Set(normalize(v.Elem()))
+		return n
+	case reflect.Interface:
+		if v.IsNil() {
+			return v
+		}
+		n := reflect.New(t).Elem()
+		n.Set(normalize(v.Elem()))
+		return n
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return v // []byte encodes as base64, never as a list
+		}
+		n := reflect.MakeSlice(t, v.Len(), v.Len())
+		for i := range v.Len() {
+			n.Index(i).Set(normalize(v.Index(i)))
+		}
+		return n
+	case reflect.Map:
+		if v.IsNil() {
+			return reflect.MakeMap(t)
+		}
+		n := reflect.MakeMapWithSize(t, v.Len())
+		for it := v.MapRange(); it.Next(); {
+			n.SetMapIndex(it.Key(), normalize(it.Value()))
+		}
+		return n
+	case reflect.Struct:
+		n := reflect.New(t).Elem()
+		for i := range t.NumField() {
+			if t.Field(i).IsExported() {
+				n.Field(i).Set(normalize(v.Field(i)))
+			}
+		}
+		return n
+	}
+	return v
+}
+
+// confirmDelete asks before user data (volumes) is deleted, naming every
+// one. Without a terminal to ask on, it refuses unless --yes: a script
+// must say so, never delete by default.
+func confirmDelete(cmd *cobra.Command, yes bool, what string, names []string) error {
+	if yes || len(names) == 0 {
+		return nil
+	}
+	in, ok := cmd.InOrStdin().(*os.File)
+	if !ok || !term.IsTerminal(int(in.Fd())) {
+		return usageError{fmt.Errorf("%s would delete volume(s) %s and their files: pass --yes to confirm (stdin is not a terminal to ask on)", what, strings.Join(names, ", "))}
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "%s deletes these volumes and every file in them:\n", what)
+	for _, n := range names {
+		fmt.Fprintf(cmd.ErrOrStderr(), "  %s\n", n)
+	}
+	fmt.Fprint(cmd.ErrOrStderr(), "Delete them? [y/N] ")
+	line, _ := bufio.NewReader(in).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return nil
+	}
+	return errors.New("not confirmed: nothing deleted")
+}
