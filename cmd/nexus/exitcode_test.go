@@ -11,6 +11,7 @@ import (
 // error that happens to read "unknown command" is still exit 1, and a
 // command's chosen status passes through wrapping untouched.
 func TestExitCodeFromTypes(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		err  error
@@ -33,6 +34,7 @@ func TestExitCodeFromTypes(t *testing.T) {
 // An unknown command is typed as a usage error by looking the command line
 // up before it runs, flags before it included; a known one is not.
 func TestExecuteTypesUnknownCommand(t *testing.T) {
+	t.Parallel()
 	var u usageError
 	err := execute(context.Background(), newRoot(), []string{"--state-dir", t.TempDir(), "frobnicate"})
 	if !errors.As(err, &u) {
