@@ -6,7 +6,7 @@ BIN       := bin/nexus
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
 
-.PHONY: all setup setup-test build demo test bench soak fuzz clean
+.PHONY: all setup setup-test build demo test test-fast bench soak fuzz clean
 
 all: build
 
@@ -72,6 +72,13 @@ demo: setup build
 test: setup-test
 	$(GO) vet ./...
 	NEXUS_REQUIRE_QEMU=1 $(GO) test -race -count=1 -timeout 30m ./...
+
+# The unit tests, for the edit-test loop (under a minute): every package
+# but the end-to-end ones (cmd/nexus, client), under -short, which skips
+# the fleet cluster and long crash-loop tests. `make test` runs everything.
+FAST_PKGS = $(shell $(GO) list ./... | grep -v -e '/cmd/nexus$$' -e '/client$$')
+test-fast: setup
+	$(GO) test -short -count=1 $(FAST_PKGS)
 
 # The model-based crash harnesses with a long budget (the test suite runs
 # short ones): random lifecycles, SIGKILL at random saga steps, and rounds

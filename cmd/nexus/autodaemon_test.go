@@ -121,6 +121,7 @@ func resumeAll(t *testing.T, cmds []*exec.Cmd) []projections.Sandbox {
 // With commands owning journal/LOCK for their whole run, only one create
 // could get there; the other 3 fail "busy" after 10 s.
 func TestParallelCreatesWithoutDaemon(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
 	cmds := pauseAll(t, root, 4, "create.os-disk:before", "--image", img)
@@ -153,6 +154,7 @@ func TestParallelCreatesWithoutDaemon(t *testing.T) {
 // right after its disk copy; ls, inspect and events answer, and a second
 // create runs to the end, while it stays frozen.
 func TestLsAnswersDuringLongCreate(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	big := filepath.Join(t.TempDir(), "big.raw")
 	f, err := os.Create(big)
@@ -183,6 +185,7 @@ func TestLsAnswersDuringLongCreate(t *testing.T) {
 // TestEventsFollowDoesNotBlock: a follower stays connected while other
 // commands run to the end, and it hears their events.
 func TestEventsFollowDoesNotBlock(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	stopDaemonsAtEnd(t, root)
 	f := exec.Command(nexusBin, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
@@ -223,6 +226,7 @@ func TestEventsFollowDoesNotBlock(t *testing.T) {
 // with no daemon; all succeed and exactly one daemon was ever started (its
 // log says so once).
 func TestRacingFirstCommandsStartOneDaemon(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	var wg sync.WaitGroup
 	results := make([]result, 8)
@@ -291,6 +295,7 @@ func TestAutoDaemonExitsWhenIdle(t *testing.T) {
 // daemon by itself; `recover` finishes whatever is open, and the journal and
 // the disk agree.
 func TestKilledAutoDaemonMidCommand(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
 	first := createJSON(t, root, "--image", img)
@@ -330,6 +335,7 @@ func TestKilledAutoDaemonMidCommand(t *testing.T) {
 // TestNoAutoDaemonKeepsInProcess: NEXUS_NO_AUTO_DAEMON=1 opens the journal
 // in the command itself, as before: no daemon, no socket.
 func TestNoAutoDaemonKeepsInProcess(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "demo"), "demo")
 	if pids := daemonPids(root); len(pids) != 0 {
@@ -345,6 +351,7 @@ func TestNoAutoDaemonKeepsInProcess(t *testing.T) {
 // that); an on-demand daemon steps down for it, a hand-started one does
 // not. recover goes through the daemon like any command.
 func TestSweepRetiresAutoDaemon(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, nexus(t, root, "demo"), "demo")
 	auto := daemonPids(root)
@@ -425,6 +432,7 @@ func BenchmarkConcurrentCreatesAutoVsHand(b *testing.B) {
 // waiting by the follower, which resumes through the new daemon and hears
 // what comes after, once.
 func TestFollowerSurvivesRetire(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	// Stop the follower before its daemon: it would start a new one.
 	stopDaemonsAtEnd(t, root)
@@ -482,6 +490,7 @@ func TestFollowerSurvivesRetire(t *testing.T) {
 // TestHandDaemonTakesOver: `nexus daemon` started by hand on a root an
 // on-demand daemon serves retires that one and serves in its place.
 func TestHandDaemonTakesOver(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, nexus(t, root, "demo"), "demo")
 	auto := daemonPids(root)

@@ -43,6 +43,7 @@ func diskList(cfg map[string]any) []map[string]any {
 // config.json changed only where it names the source's files, so the
 // restored guest keeps its device ids, image types and serial port.
 func TestRestoreCarriesWhatCHWrote(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
@@ -120,6 +121,7 @@ func TestRestoreCarriesWhatCHWrote(t *testing.T) {
 // its volume's disk, which a restored sandbox never takes over; refused up
 // front, nothing made.
 func TestRestoreRefusesRunningSnapshotWithVolumes(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
 	sb := createJSON(t, root, "--image", makeImage(t), "--volume", "data:/data")
@@ -143,6 +145,7 @@ func TestRestoreRefusesRunningSnapshotWithVolumes(t *testing.T) {
 // from opening a volume its running parent holds read-write; the fork is
 // refused before anything is copied, and works from a stopped parent.
 func TestForkReadonlyVolumesOfRunningParent(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
 	sb := createJSON(t, root, "--image", makeImage(t), "--volume", "data:/data")
@@ -167,6 +170,7 @@ func TestForkReadonlyVolumesOfRunningParent(t *testing.T) {
 // TestConsoleLogUnderLogs: the guest's console goes to logs/<id>.console.log,
 // and a symlink planted there is refused, not followed.
 func TestConsoleLogUnderLogs(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	log := filepath.Join(root, "logs", sb.ID+".console.log")
@@ -190,6 +194,7 @@ func TestConsoleLogUnderLogs(t *testing.T) {
 // sandbox owns it while its VMM runs, stop, recover and rm reclaim it,
 // and the reaper knows its name.
 func TestAPISocketLockIsReclaimed(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	lock := filepath.Join(root, "run", "sb-"+sb.ID+".sock.lock")

@@ -6,12 +6,15 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -26,7 +29,19 @@ import (
 
 var nexusBin string
 
+// e2eParallel is how many end-to-end tests run at once per core by default.
+const e2eParallel = 4
+
 func TestMain(m *testing.M) {
+	// The end-to-end tests wait on processes, sockets and fsyncs, not on
+	// the CPU: unless -parallel says otherwise, run more of them at once
+	// than there are cores (go test's default is GOMAXPROCS).
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		flag.Set("test.parallel", strconv.Itoa(e2eParallel*runtime.GOMAXPROCS(0)))
+	}
 	bin, remove, err := testutil.BuildNexus()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -84,6 +99,7 @@ func wantFailure(t *testing.T, r result, code int, mention string) {
 }
 
 func TestUsageErrorsExitTwo(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	wantFailure(t, nexus(t, root, "events", "--no-such-flag"), 2, "unknown flag")
 	wantFailure(t, nexus(t, root, "frobnicate"), 2, "unknown command")
@@ -112,6 +128,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 // demo events is in it: not the environment variables' names, not the
 // command.
 func TestReleaseBuildHasNoTestHooks(t *testing.T) {
+	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "nexus")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
@@ -146,6 +163,7 @@ func exitCodeOf(err error) int {
 }
 
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	text := nexus(t, root, "--version")
 	mustOK(t, text, "--version")
@@ -169,6 +187,7 @@ func TestVersion(t *testing.T) {
 }
 
 func TestDemoEventsLsInspect(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	r := nexus(t, root, "demo")
 	if r.code != 0 {
@@ -214,6 +233,7 @@ func TestDemoEventsLsInspect(t *testing.T) {
 // A --listen port already taken fails the daemon at once with the address
 // and the kernel's reason (it used to wait 30 s and blame readiness).
 func TestDaemonListenBusyNamesTheAddress(t *testing.T) {
+	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -225,6 +245,7 @@ func TestDaemonListenBusyNamesTheAddress(t *testing.T) {
 }
 
 func TestDaemonServesCommands(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -316,6 +337,7 @@ func blockFile(t *testing.T, root string) string {
 }
 
 func TestDamagedJournalIsRefusedAndNotRewritten(t *testing.T) {
+	t.Parallel()
 	damage := map[string]func(t *testing.T, path string){
 		"truncated": func(t *testing.T, path string) {
 			info, _ := os.Stat(path)
@@ -333,6 +355,7 @@ func TestDamagedJournalIsRefusedAndNotRewritten(t *testing.T) {
 	}
 	for name, spoil := range damage {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			root := t.TempDir()
 			if r := nexus(t, root, "demo"); r.code != 0 {
 				t.Fatalf("demo: %+v", r)
@@ -352,7 +375,9 @@ func TestDamagedJournalIsRefusedAndNotRewritten(t *testing.T) {
 }
 
 func TestNewerJournalIsRefused(t *testing.T) {
+	t.Parallel()
 	t.Run("format stamp", func(t *testing.T) {
+		t.Parallel()
 		root := t.TempDir()
 		nexus(t, root, "demo")
 		stopDaemons(root) // the store is changed behind nexus's back
@@ -364,6 +389,7 @@ func TestNewerJournalIsRefused(t *testing.T) {
 		}
 	})
 	t.Run("event schema", func(t *testing.T) {
+		t.Parallel()
 		root := t.TempDir()
 		nexus(t, root, "demo")
 		stopDaemons(root) // the store is changed behind nexus's back
@@ -399,6 +425,7 @@ func appendFutureEvent(t *testing.T, dir string) {
 }
 
 func TestUnusableStateRoot(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	file := filepath.Join(dir, "file")
 	os.WriteFile(file, nil, 0o600)

@@ -56,6 +56,7 @@ func assertNothingLeft(t *testing.T, root string) {
 // it: before commit the saga is compensated and nothing is left; after it
 // the sandbox exists, owns everything on disk, and rm removes it all.
 func TestCrashAtEveryCreateStep(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
@@ -65,6 +66,7 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 		for _, phase := range []string{":before", ""} {
 			point := "create." + step + phase
 			t.Run(point, func(t *testing.T) {
+				t.Parallel()
 				root := shortRoot(t)
 				crashAt(t, root, point, "create", "--image", image, "--handle", "crash/h", "--shadow", "cfg="+src)
 				recoverClean(t, root)
@@ -96,11 +98,13 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 }
 
 func TestCrashAtEveryRemoveStep(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	for _, step := range []string{"vmm-stop", "supervisor-stop", "reclaim", "remove"} {
 		for _, phase := range []string{":before", ""} {
 			point := "rm." + step + phase
 			t.Run(point, func(t *testing.T) {
+				t.Parallel()
 				root := shortRoot(t)
 				sb := createJSON(t, root, "--image", image)
 				crashAt(t, root, point, "rm", "-f", "--with-snapshots", sb.ID)
@@ -112,9 +116,11 @@ func TestCrashAtEveryRemoveStep(t *testing.T) {
 }
 
 func TestCrashDuringFork(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	for _, point := range []string{"fork.os-disk:before", "fork.workspace-disk", "fork.commit:before", "fork.commit", "fork.vmm:before"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			parent := createJSON(t, root, "--image", image)
 			crashAt(t, root, point, "fork", parent.ID)
@@ -141,9 +147,11 @@ func TestCrashDuringFork(t *testing.T) {
 // capture never journaled is compensated (its directory removed, the paused
 // VM resumed); a journaled one is a snapshot that restores.
 func TestCrashDuringSnapshot(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	for _, point := range []string{"snapshot.capture:before", "snapshot.capture"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			sb := createJSON(t, root, "--image", image)
 			crashAt(t, root, point, "snapshot", sb.ID)
@@ -176,6 +184,7 @@ func TestCrashDuringSnapshot(t *testing.T) {
 // only the source remains; after it the restored child exists and owns
 // every file it made.
 func TestCrashAtEveryRestoreStep(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	steps := []string{"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
 	commitAt := 6
@@ -183,6 +192,7 @@ func TestCrashAtEveryRestoreStep(t *testing.T) {
 		for _, phase := range []string{":before", ""} {
 			point := "restore." + step + phase
 			t.Run(point, func(t *testing.T) {
+				t.Parallel()
 				root := shortRoot(t)
 				src := createJSON(t, root, "--image", image)
 				snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", src.ID), "snapshot").stdout)

@@ -41,6 +41,7 @@ func seqs(rows []eventRow) []uint64 {
 // TestEventsSelectByPositionTimeAgeHandleAndTypes: every way of naming a
 // position selects the events it names, and nothing else.
 func TestEventsSelectByPositionTimeAgeHandleAndTypes(t *testing.T) {
+	t.Parallel()
 	root, image := shortRoot(t), makeImage(t)
 	mustOK(t, nexus(t, root, "demo"), "demo")
 	demo := eventRows(t, root)[0].Sandbox

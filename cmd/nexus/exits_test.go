@@ -125,6 +125,7 @@ func assertExitedKeepingEverything(t *testing.T, root string, before projections
 // start settle it like a crash; and the exits that stop, start's settling
 // and rm cause themselves are not journaled a second time.
 func TestDaemonJournalsAVMMExit(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	d := startDaemon(t, root)
 	image := makeImage(t)

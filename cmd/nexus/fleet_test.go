@@ -22,6 +22,7 @@ import (
 // Every mirror misconfiguration is a one-line error at daemon start,
 // never "mirroring" followed by nothing, and no message shows a password.
 func TestDaemonMirrorMisconfiguration(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	for _, c := range []struct {
 		args    []string
@@ -50,6 +51,7 @@ func TestDaemonMirrorMisconfiguration(t *testing.T) {
 }
 
 func TestFleetTemplateAndStatusErrors(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	r := nexus(t, root, "fleet", "template", "--host", "host-a,host-b", "--host", "host-c")
 	if r.code != 0 {
@@ -109,6 +111,7 @@ func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) j
 // server (the URL, with its password, from NEXUS_MIRROR) reports link,
 // sequences and lag, and says when the fleet goes away.
 func TestFleetStatusThroughDaemon(t *testing.T) {
+	t.Parallel()
 	fleet, leaf := startFleetServer(t)
 	root := shortRoot(t)
 	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", "host-a")
@@ -211,6 +214,7 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 // A cloned machine with the same host name: its daemon is refused at
 // start, in one line, and the first host's mirror is untouched.
 func TestDaemonRefusesAnotherHostsName(t *testing.T) {
+	t.Parallel()
 	_, leaf := startFleetServer(t)
 	first := shortRoot(t)
 	d := exec.Command(nexusBin, "--state-dir", first, "daemon", "--mirror-host", "host-a")

@@ -108,6 +108,7 @@ func listed(t *testing.T, root, id string) *projections.Sandbox {
 // and only the boot steps are undone. Either way the journal matches the
 // disk and nothing is left for recover. With and without a daemon.
 func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	for _, c := range []struct {
 		at     string
@@ -124,6 +125,7 @@ func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
 			name += "/daemon"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			if c.daemon {
 				startDaemon(t, root)
@@ -169,6 +171,7 @@ func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
 // runner holds its lease, so recover leaves the saga alone and says why,
 // and the snapshot finishes into one that restores.
 func TestRecoverLeavesALiveSagaAlone(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	startDaemon(t, root)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -195,6 +198,7 @@ func TestRecoverLeavesALiveSagaAlone(t *testing.T) {
 // saga and its pid; with --wait it runs after it. start racing rm never
 // leaves a VMM running on deleted disks.
 func TestCommandsOnOneSandboxAreSerialised(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	startDaemon(t, root)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -232,6 +236,7 @@ func TestCommandsOnOneSandboxAreSerialised(t *testing.T) {
 // attaches the volume: the volume is claimed by the create's lease and
 // expectation, so neither deletes it.
 func TestVolumeCannotBeDeletedUnderAnAttachingCreate(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	startDaemon(t, root)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
@@ -260,6 +265,7 @@ func TestVolumeCannotBeDeletedUnderAnAttachingCreate(t *testing.T) {
 // A live VMM that does not answer its API (stopped with SIGSTOP) is slow,
 // not dead: recover neither kills it nor calls the sandbox stopped.
 func TestRecoverKeepsASlowVMM(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	syscall.Kill(sb.VMM.Pid, syscall.SIGSTOP)
@@ -308,6 +314,7 @@ func procState(pid int) byte {
 // new daemon and recover every sandbox is either gone without a trace or
 // committed with all its files, and the journal matches the disk.
 func TestDaemonRestartMidCreatesLosesNothing(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	d := startDaemon(t, root)
@@ -365,8 +372,10 @@ func waitFor(t *testing.T, cond func() bool) {
 // (found by the concurrent harness: a stop closed after its VMM was gone
 // left the API socket owned but deleted).
 func TestInterruptedTeardownFinishes(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ at, cmd string }{{"stop.vmm-stop", "stop"}, {"rm.supervisor-stop", "rm -f"}} {
 		t.Run(c.cmd, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			sb := createJSON(t, root, "--image", makeImage(t))
 			p := pauseAt(t, root, c.at, append(strings.Fields(c.cmd), sb.ID)...)
@@ -389,6 +398,7 @@ func TestInterruptedTeardownFinishes(t *testing.T) {
 // journaled (found by the concurrent harness: the journal listed a volume
 // whose files were gone): its saga stays open and recover finishes it.
 func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
 	crashAt(t, root, "volume-rm.delete-volume:data:before", "volume", "rm", "--yes", "data")
@@ -412,6 +422,7 @@ func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
 // only sagas with free leases, and the next daemon start resumes or
 // compensates them itself).
 func TestDaemonStartFinishesDeadSagas(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	// Without a daemon the creator owns the journal and dies with it.

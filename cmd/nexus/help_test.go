@@ -11,6 +11,7 @@ import (
 
 // Every command a user can run shows an example in its help.
 func TestEveryCommandHasAnExample(t *testing.T) {
+	t.Parallel()
 	root := newRoot()
 	var missing []string
 	var walk func(c *cobra.Command)
@@ -35,6 +36,7 @@ func TestEveryCommandHasAnExample(t *testing.T) {
 
 // docs man writes one page per visible command, each with its examples.
 func TestDocsManWritesEveryCommand(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "man1")
 	mustOK(t, nexus(t, t.TempDir(), "docs", "man", dir), "docs man")
 	for _, key := range []string{"create", "volume create", "replay verify", "config show"} {
@@ -57,6 +59,7 @@ func TestDocsManWritesEveryCommand(t *testing.T) {
 // Completion offers what is in the state root: sandbox IDs and handles,
 // snapshots for restore, volume names, and fixed values for flags.
 func TestCompletionOffersStateRootValues(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "web/1")
 	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)

@@ -84,6 +84,7 @@ func sameBytes(t *testing.T, a, b string) bool {
 // protects it; once the sandbox is removed a dry run reports it, a real
 // prune removes it, reports its allocated bytes and journals the removal.
 func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	sb := createJSON(t, root, "--image", image)
@@ -180,6 +181,7 @@ func writeLegacyEntry(t *testing.T, root, name string, data []byte) string {
 // (journaled before the cache existed) protects every entry until it is
 // removed.
 func TestImageCacheLegacyEntriesAndSandboxes(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	os.MkdirAll(filepath.Join(root, "images"), 0o700)
 	disk := writeLegacyEntry(t, root, "legacy-entry", bytes.Repeat([]byte{1}, 8192))
@@ -213,6 +215,7 @@ func TestImageCacheLegacyEntriesAndSandboxes(t *testing.T) {
 // leaves an open saga; prune refuses until recover closes it. The entry
 // that create prepared but never journaled is adopted from its identity.
 func TestImageCacheIncompleteCreateBlocksPrune(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	crashAt(t, root, "create.image-cache:before", "create", "--image", image)
@@ -240,6 +243,7 @@ func TestImageCacheIncompleteCreateBlocksPrune(t *testing.T) {
 // whose disk is a symlink, a journal entry whose id climbs out of images/,
 // overlay templates and preparation dirs are never followed or deleted.
 func TestImageCacheSymlinksAndScope(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	images := filepath.Join(root, "images")
 	os.MkdirAll(images, 0o700)
@@ -310,6 +314,7 @@ func holdShared(t *testing.T, root string) int {
 // a real prune refuses, naming it, and deletes nothing; list and dry run
 // still work; when the holder dies the prune goes through.
 func TestImageCacheLeaseRefusal(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	os.MkdirAll(filepath.Join(root, "images"), 0o700)
 	disk := writeLegacyEntry(t, root, "unused", []byte("x"))
@@ -341,6 +346,7 @@ func TestImageCacheLeaseRefusal(t *testing.T) {
 }
 
 func TestImageCacheCLIParsing(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	for _, c := range []struct {
 		args    []string
@@ -389,6 +395,7 @@ func TestImageCacheCLIParsing(t *testing.T) {
 // finish or refuse cleanly, and after each round every sandbox's entry
 // must exist. Rounds start both sides together, so both orders occur.
 func TestImageCachePruneRacesCreate(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	startDaemon(t, root)
@@ -477,6 +484,7 @@ func TestImageCachePruneRacesCreate(t *testing.T) {
 // ID that lacks its identity is not reused; create fails and leaves no
 // sandbox behind.
 func TestImageCacheDamagedEntryStopsCreate(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	_, id, err := imagecache.IdentityOf(image)
@@ -491,6 +499,7 @@ func TestImageCacheDamagedEntryStopsCreate(t *testing.T) {
 // TestImageCachePruneAgeAndSize: --older-than keeps recently used entries,
 // --max-bytes evicts the least recently used until the cache fits.
 func TestImageCachePruneAgeAndSize(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	os.MkdirAll(filepath.Join(root, "images"), 0o700)
 	now := time.Now()
@@ -518,6 +527,7 @@ func TestImageCachePruneAgeAndSize(t *testing.T) {
 // TestImageCacheRefusesSymlinkedImagesDir: when images/ itself is a
 // symlink, list and prune refuse and nothing behind it is touched.
 func TestImageCacheRefusesSymlinkedImagesDir(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	outside := t.TempDir()
 	target := filepath.Join(outside, "unused", "disk.raw")
@@ -540,6 +550,7 @@ func TestImageCacheRefusesSymlinkedImagesDir(t *testing.T) {
 // parent's entry and a restore takes it from the snapshot's manifest, so
 // each protects that entry (and only it) after the original is gone.
 func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	sb := createJSON(t, root, "--image", image)

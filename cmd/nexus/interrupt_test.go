@@ -10,6 +10,7 @@ import (
 // printed; the one in flight is undone; the message says so, and no
 // transport error reaches the user.
 func TestInterruptedForkReportsChildrenKept(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	parent := createJSON(t, root, "--image", makeImage(t))
 	p := pauseAt(t, root, "fork.os-disk#2", "fork", parent.ID, "--count", "3")

@@ -26,6 +26,7 @@ func relDigest(t *testing.T, dir string) map[string][32]byte {
 // exactly the torn record, says so, and the journal opens with every whole
 // record.
 func TestJournalRepair(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	mustOK(t, nexus(t, root, "demo"), "demo")
 	n := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n")

@@ -19,6 +19,7 @@ import (
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 const benchRuns, benchNames = 1000, 10
@@ -145,7 +146,7 @@ func BenchmarkSweepDead1000x10(b *testing.B) {
 		}
 		b.StartTimer()
 		t0 := time.Now()
-		out, err := hostledger.Apply(ctx, dir, plan, self, "init", newSweepActions(m))
+		out, err := hostledger.Apply(ctx, dir, plan, self, "init", session.NewSweepActions(m))
 		sweep += time.Since(t0)
 		b.StopTimer()
 		if err != nil || len(out) != benchRuns || len(out[0].NotFound) != benchNames {

@@ -91,6 +91,7 @@ func sweepJSON(t *testing.T, root string, args ...string) []sweepOutcome {
 }
 
 func TestLedgerConformanceHandWritten(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
 	a := createJSON(t, root, "--image", img)
@@ -220,6 +221,7 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 // (the second finds the run gone); with one they run side by side and the
 // run's flock decides.
 func TestRacingSweepsRemoveEachSandboxOnce(t *testing.T) {
+	t.Parallel()
 	t.Run("no-daemon", func(t *testing.T) { racingSweeps(t, false) })
 	t.Run("daemon", func(t *testing.T) { racingSweeps(t, true) })
 }
@@ -281,6 +283,7 @@ func racingSweeps(t *testing.T, daemon bool) {
 // returns the command's status; --keep binds nothing, even under an
 // inherited NEXUS_RUN_ID.
 func TestRunBindsAndKeeps(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
 	script := fmt.Sprintf(`%s --driver process create --image %s >/dev/null && %s --driver process create --image %s --json | grep '"id"'; cat "$NEXUS_STATE_DIR/runs/$NEXUS_RUN_ID.sandboxes" | wc -l; exit 7`, nexusBin, img, nexusBin, img)
@@ -316,11 +319,13 @@ func TestRunBindsAndKeeps(t *testing.T) {
 // TestReaperModes: NEXUS_REAPER=off neither sweeps nor watches, sweep only
 // sweeps, anything else does both.
 func TestReaperModes(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		mode           string
 		sweeps, watchs bool
 	}{{"off", false, false}, {"sweep", true, false}, {"on", true, true}, {"bogus", true, true}, {"", true, true}} {
 		t.Run("mode="+c.mode, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			dir := filepath.Join(root, "runs")
 			os.MkdirAll(dir, 0o700)
@@ -344,6 +349,7 @@ func TestReaperModes(t *testing.T) {
 // TestRunKilledWatchdogReaps: SIGKILL `nexus run` itself while its command
 // (still alive afterwards) holds sandboxes: the watchdog removes them.
 func TestRunKilledWatchdogReaps(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
 	ready := filepath.Join(t.TempDir(), "ready")

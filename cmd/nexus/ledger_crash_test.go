@@ -27,9 +27,11 @@ func deadRun(t *testing.T, root, run string) string {
 // "creating"; after: it runs). The sweep of the dead run leaves nothing:
 // an uncommitted create is compensated, a committed one removed.
 func TestCrashedCreateInDeadRunIsSwept(t *testing.T) {
+	t.Parallel()
 	img := makeImage(t)
 	for _, point := range []string{"create.intents", "create.os-disk:before", "create.commit", "create.vmm:before", "create.vmm"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			dir := deadRun(t, root, "dead")
 			r := nexusEnv(t, root, []string{"NEXUS_CRASH_AT=" + point, "NEXUS_RUN_ID=dead"}, "--driver", "process", "create", "--image", img)
@@ -56,9 +58,11 @@ func TestCrashedCreateInDeadRunIsSwept(t *testing.T) {
 // a sandbox's removal; the run's ledger survives (nothing was journaled as
 // swept), and the next sweep finishes the removal without error.
 func TestSweepKilledMidRemoveIsFinished(t *testing.T) {
+	t.Parallel()
 	img := makeImage(t)
 	for _, point := range []string{"rm.vmm-stop", "rm.reclaim:before", "rm.remove:before"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			a := createJSON(t, root, "--image", img)
 			b := createJSON(t, root, "--image", img)
@@ -81,6 +85,7 @@ func TestSweepKilledMidRemoveIsFinished(t *testing.T) {
 // SIGTERM; once it exits, its sandboxes are removed and nexus run exits with
 // the command's status.
 func TestRunForwardsSIGTERM(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
 	ready := filepath.Join(t.TempDir(), "ready")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
@@ -19,6 +20,7 @@ import (
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // withManager connects to the state root and builds the lifecycle manager
@@ -132,10 +134,10 @@ func createCmd(g *globals) *cobra.Command {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				// The client's init-time sweep ran before this, its first
 				// create: its decisions go in first.
-				if err := journalKept(cmd.Context(), m, kept); err != nil {
+				if err := session.JournalKept(cmd.Context(), m, kept); err != nil {
 					return err
 				}
-				if err := bindToRun(m, &spec); err != nil {
+				if err := session.BindToRun(m, os.Getenv(client.EnvRunID), &spec); err != nil {
 					return err
 				}
 				sb, err := m.Create(cmd.Context(), spec)
@@ -315,7 +317,7 @@ func rmCmd(g *globals) *cobra.Command {
 						}
 						return err
 					}
-					rm, err := removeBound(cmd.Context(), m, ref, opt)
+					rm, err := session.RemoveBound(cmd.Context(), m, os.Getenv(client.EnvRunID), ref, opt)
 					if err == nil {
 						done = append(done, rm)
 						if o.human() {

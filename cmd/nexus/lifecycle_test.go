@@ -138,6 +138,7 @@ func assertClean(t *testing.T, root string) {
 }
 
 func TestLifecycleEndToEnd(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	ws := t.TempDir()
@@ -226,6 +227,7 @@ func TestLifecycleEndToEnd(t *testing.T) {
 // root so deep that its socket paths exceed sockaddr_un's 108 bytes: every
 // socket is then bound and dialled through its directory's descriptor.
 func TestDeepStateRootBeyondSunPath(t *testing.T) {
+	t.Parallel()
 	root := filepath.Join(shortRoot(t), strings.Repeat("deep", 20))
 	if n := len(filepath.Join(root, "supervisors", "01JABCDEFGHJKMNPQRSTVWXYZ0", "supervisor.sock")); n < 140 {
 		t.Fatalf("root not deep enough: %d", n)
@@ -252,6 +254,7 @@ func TestDeepStateRootBeyondSunPath(t *testing.T) {
 }
 
 func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
@@ -278,6 +281,7 @@ func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
 }
 
 func TestBadInputLeavesNothing(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	dir := t.TempDir()
@@ -315,6 +319,7 @@ func TestBadInputLeavesNothing(t *testing.T) {
 }
 
 func TestSymlinkedStateDirIsRefused(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	outside := t.TempDir()
 	os.Symlink(outside, filepath.Join(root, "disks"))
@@ -325,6 +330,7 @@ func TestSymlinkedStateDirIsRefused(t *testing.T) {
 }
 
 func TestENOSPCCompensates(t *testing.T) {
+	t.Parallel()
 	root := filepath.Join(t.TempDir(), "small")
 	os.Mkdir(root, 0o700)
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=24m,mode=0700", "tmpfs", root).CombinedOutput(); err != nil {
@@ -355,6 +361,7 @@ func TestENOSPCCompensates(t *testing.T) {
 // on the real socket (Cloud Hypervisor itself cannot run here). The driver
 // must pass the kernel in vm.create's payload, as Cloud Hypervisor needs.
 func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	bin := t.TempDir()
 	fake := filepath.Join(bin, "cloud-hypervisor")

@@ -15,6 +15,7 @@ import (
 // A sandbox's logs are its resources: journaled when a boot first writes
 // them, shown by `nexus logs`, removed by rm.
 func TestLogsAreOwnedShownAndRemoved(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "logged")
 	logs := []string{"logs/" + sb.ID + ".vmm.log", "logs/" + sb.ID + ".supervisor.log", "logs/" + sb.ID + ".console.log"}
@@ -59,6 +60,7 @@ func TestLogsAreOwnedShownAndRemoved(t *testing.T) {
 // `nexus logs --follow` prints lines appended after it started and ends
 // when the sandbox is removed.
 func TestLogsFollowEndsWithTheSandbox(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -84,6 +86,7 @@ func TestLogsFollowEndsWithTheSandbox(t *testing.T) {
 // The logs of a sandbox the journal no longer has are orphans the reaper
 // deletes; the daemon's own log is no sandbox's and is never reported.
 func TestReapFindsOrphanLogs(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	live := createJSON(t, root, "--image", makeImage(t))
 	gone := ulid.Make().String()

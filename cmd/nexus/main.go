@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -26,6 +27,12 @@ type usageError struct{ err error }
 
 func (u usageError) Error() string { return u.err.Error() }
 func (u usageError) Unwrap() error { return u.err }
+
+// exitStatus is an exit status chosen by a command with nothing more to
+// say: `run` exits with its command's status (after its cleanup).
+type exitStatus struct{ code int }
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code) }
 
 type globals struct {
 	stateDir string
@@ -58,13 +65,34 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nexus: aborted; anything this command left unfinished is finished by `nexus recover`")
 		os.Exit(130)
 	}()
-	err := newRoot().ExecuteContext(ctx)
-	os.Exit(exitCode(err))
+	os.Exit(exitCode(execute(ctx, newRoot(), os.Args[1:])))
+}
+
+// execute runs the command line. cobra reports an unknown command as an
+// untyped error, before any command runs; looking the line up first, the
+// way Execute will, types that error as bad input (exit 2).
+func execute(ctx context.Context, root *cobra.Command, args []string) error {
+	root.SetArgs(args)
+	// Execute adds the shell-completion request command before its own
+	// lookup, and nothing outside cobra can: a completion request is left
+	// to it.
+	if !slices.Contains(args, cobra.ShellCompRequestCmd) && !slices.Contains(args, cobra.ShellCompNoDescRequestCmd) {
+		// Execute adds these before its own lookup too; both are idempotent.
+		root.InitDefaultHelpCmd()
+		root.InitDefaultCompletionCmd(args...)
+		if _, _, err := root.Find(args); err != nil {
+			return usageError{err}
+		}
+	}
+	return root.ExecuteContext(ctx)
 }
 
 func exitCode(err error) int {
 	if err == nil {
 		return 0
+	}
+	if es := (exitStatus{}); errors.As(err, &es) {
+		return es.code
 	}
 	msg := err.Error()
 	if ce := (*journal.CorruptError)(nil); errors.As(err, &ce) {
@@ -75,8 +103,7 @@ func exitCode(err error) int {
 		return 130
 	}
 	var u usageError
-	// cobra reports unknown subcommands as plain errors; they are usage errors too.
-	if errors.As(err, &u) || strings.HasPrefix(err.Error(), "unknown command") {
+	if errors.As(err, &u) {
 		return 2
 	}
 	return 1

@@ -31,6 +31,7 @@ import (
 // NEXUS_MODEL_CONC_RUNS and NEXUS_MODEL_ROUNDS size it; NEXUS_MODEL_SEED
 // replays one run.
 func TestModelConcurrentLifecycles(t *testing.T) {
+	t.Parallel()
 	runs, rounds := envInt("NEXUS_MODEL_CONC_RUNS", 2), envInt("NEXUS_MODEL_ROUNDS", 4)
 	seed := envSeed()
 	image := makeImage(t)
@@ -40,6 +41,7 @@ func TestModelConcurrentLifecycles(t *testing.T) {
 			s = rand.Uint64()
 		}
 		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
+			t.Parallel()
 			m := &modelRun{t: t, rng: rand.New(rand.NewPCG(s, s)), root: shortRoot(t), image: image, volumes: map[string]string{}}
 			withDaemon := m.rng.IntN(2) == 0
 			t.Cleanup(func() {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/projections"
@@ -52,16 +53,23 @@ type modelRun struct {
 // NEXUS_MODEL_RUNS and NEXUS_MODEL_OPS size it (make soak raises both);
 // NEXUS_MODEL_SEED replays one failing sequence.
 func TestModelRandomLifecycles(t *testing.T) {
+	t.Parallel()
 	runs, ops := envInt("NEXUS_MODEL_RUNS", 3), envInt("NEXUS_MODEL_OPS", 10)
 	seed := envSeed()
 	image := makeImage(t)
-	total := 0
+	// The sequences run in parallel: the total is counted atomically and
+	// logged once every one has ended.
+	var total atomic.Int64
+	t.Cleanup(func() {
+		t.Logf("%d sequences of %d operations, %d of them killed at a saga step", runs, ops, total.Load())
+	})
 	for i := range runs {
 		s := seed + uint64(i)
 		if seed == 0 {
 			s = rand.Uint64()
 		}
 		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
+			t.Parallel()
 			m := &modelRun{t: t, rng: rand.New(rand.NewPCG(s, s)), root: shortRoot(t), image: image, volumes: map[string]string{}}
 			t.Cleanup(func() {
 				if t.Failed() {
@@ -73,10 +81,9 @@ func TestModelRandomLifecycles(t *testing.T) {
 				m.check()
 			}
 			m.teardown()
-			total += m.crashes
+			total.Add(int64(m.crashes))
 		})
 	}
-	t.Logf("%d sequences of %d operations, %d of them killed at a saga step", runs, ops, total)
 }
 
 func envInt(name string, def int) int {

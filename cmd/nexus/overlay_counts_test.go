@@ -17,6 +17,7 @@ import (
 // figure in its summary; the start must still see a full overlay and
 // recover and grow it.
 func TestStaleFreeCountOverlayIsRecovered(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
 	img := overlayOf(root, sb.ID)
@@ -41,6 +42,7 @@ func TestStaleFreeCountOverlayIsRecovered(t *testing.T) {
 // real guest's overlay after a VMM crash) is refused with that reason,
 // not "full"; start --accept-unflushed replays it on a private copy.
 func TestUnflushedDirtyJournalIsRefusedThenAccepted(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, true, false)
 	img := overlayOf(root, sb.ID)

@@ -135,6 +135,7 @@ func assertRefused(t *testing.T, root, id, sum, reason, mention string) {
 // recovered before boot: files intact, filler the same size, image grown,
 // warning emitted; a later start keeps the larger overlay.
 func TestFullOverlayIsRecoveredOnStart(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
 	img := overlayOf(root, sb.ID)
@@ -172,6 +173,7 @@ func TestFullOverlayIsRecoveredOnStart(t *testing.T) {
 // Regression 2: the same without a flush acknowledgement: refused, and the
 // image is unchanged (SHA-256).
 func TestUnacknowledgedOverlayIsRefused(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, true, true)
 	sum := ext4test.SHA256(t, overlayOf(root, sb.ID))
@@ -184,8 +186,10 @@ func TestUnacknowledgedOverlayIsRefused(t *testing.T) {
 // Regression 3: an unattached inode needs an interactive fsck (connect to
 // lost+found): refused, unchanged, whether the overlay is full or not.
 func TestOverlayNeedingInteractiveRepairIsRefused(t *testing.T) {
+	t.Parallel()
 	for _, full := range []bool{true, false} {
 		t.Run(map[bool]string{true: "full", false: "roomy"}[full], func(t *testing.T) {
+			t.Parallel()
 			root := overlayRoot(t, 64)
 			sb, _ := stoppedWithFiles(t, root, false, full)
 			ext4test.Unattach(t, overlayOf(root, sb.ID))
@@ -198,6 +202,7 @@ func TestOverlayNeedingInteractiveRepairIsRefused(t *testing.T) {
 // Regression 4: the superblock magic is damaged: refused as not ext4,
 // unchanged, including by the read-only check itself.
 func TestOverlayWithBadMagicIsRefused(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
 	img := overlayOf(root, sb.ID)
@@ -215,6 +220,7 @@ func TestOverlayWithBadMagicIsRefused(t *testing.T) {
 // Regression 5: a saved 64 MiB overlay restarted after the default was
 // raised to 128 MiB is preserved and readable; only new sandboxes get 128.
 func TestSmallerSavedOverlayIsPreservedAfterRaisingDefault(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
 	img := overlayOf(root, sb.ID)
@@ -238,6 +244,7 @@ func TestSmallerSavedOverlayIsPreservedAfterRaisingDefault(t *testing.T) {
 // after the rename and directory fsync, before the event): the next start
 // reads the published image, with every saved file.
 func TestPublishedOverlaySurvivesLostEvent(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
 	img := overlayOf(root, sb.ID)
@@ -260,10 +267,12 @@ func TestPublishedOverlaySurvivesLostEvent(t *testing.T) {
 // full and acknowledged, so recovery is always possible), and nothing left
 // untracked.
 func TestCrashAtEveryOverlayStep(t *testing.T) {
+	t.Parallel()
 	for _, step := range []string{"overlay-check", "overlay-copy", "overlay-repair", "overlay-grow", "overlay-publish", "run-mark"} {
 		for _, phase := range []string{":before", ""} {
 			point := "start." + step + phase
 			t.Run(point, func(t *testing.T) {
+				t.Parallel()
 				root := overlayRoot(t, 64)
 				sb, fillSize := stoppedWithFiles(t, root, false, true)
 				img := overlayOf(root, sb.ID)
@@ -290,6 +299,7 @@ func TestCrashAtEveryOverlayStep(t *testing.T) {
 // A full overlay whose journal needs recovery, acknowledged: the journal
 // is replayed on the copy, never on the original, and the files survive.
 func TestAcknowledgedDirtyFullOverlayIsReplayedOnACopy(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
 	img := overlayOf(root, sb.ID)
@@ -304,6 +314,7 @@ func TestAcknowledgedDirtyFullOverlayIsReplayedOnACopy(t *testing.T) {
 
 // A published overlay that went missing is refused, never recreated empty.
 func TestMissingOverlayIsNeverRecreated(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
 	img := overlayOf(root, sb.ID)
@@ -320,6 +331,7 @@ func TestMissingOverlayIsNeverRecreated(t *testing.T) {
 // Usage is reported before the overlay needs recovery, at the configured
 // fill ratio.
 func TestOverlayUsageWarningAtFillRatio(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mib = 64\noverlay_warn_fill_ratio = 0.5\n"), 0o600)
 	sb, _ := stoppedWithFiles(t, root, false, false)
@@ -334,6 +346,7 @@ func TestOverlayUsageWarningAtFillRatio(t *testing.T) {
 // A spawn that fails before any VM exists restores the previous run marker
 // and acknowledgement durably: the overlay stays startable, unchanged.
 func TestSpawnFailureRestoresRunMarker(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	bin := t.TempDir()
 	fake := filepath.Join(bin, "cloud-hypervisor")
@@ -376,6 +389,7 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 }
 
 func TestMissingToolIsLegibleAtStart(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
 	dir := t.TempDir()
@@ -391,6 +405,7 @@ func TestMissingToolIsLegibleAtStart(t *testing.T) {
 }
 
 func TestBadConfigIsRefused(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mb = 64\n"), 0o600)
 	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "unknown key vm.overlay_disk_mb")
@@ -403,6 +418,7 @@ func TestBadConfigIsRefused(t *testing.T) {
 // settings (create and start); stop, snapshot, rm and recover go on, since
 // the file only shapes new overlays and start's check.
 func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mb = 64\n"), 0o600)
@@ -419,6 +435,7 @@ func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
 // config show names each setting's value and source: the file for what it
 // sets, the environment, the flag, and defaults for the rest.
 func TestConfigShowNamesSources(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mib = 64\ninitramfs = \"/x.cpio\"\ncmdline = \"console=ttyS0 quiet\"\n"), 0o600)
 	r := mustOK(t, nexusEnv(t, root, []string{"NEXUS_LOG_LEVEL=debug", "NEXUS_INITRAMFS_PATH=/boot/initrd.nexus"}, "--driver", "process", "config", "show", "--json"), "config show")
@@ -449,6 +466,7 @@ func TestConfigShowNamesSources(t *testing.T) {
 // after the rename and directory fsync. The start fails, and the next start
 // reads the published image with every saved file.
 func TestPublishEventWriteFailureKeepsPublishedImage(t *testing.T) {
+	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
 	img := overlayOf(root, sb.ID)
@@ -469,8 +487,10 @@ func TestPublishEventWriteFailureKeepsPublishedImage(t *testing.T) {
 // the copy is dropped and released in the journal, the original is
 // byte-for-byte the same, and a start then recovers it.
 func TestRecoverDropsAnInterruptedCopy(t *testing.T) {
+	t.Parallel()
 	for _, point := range []string{"start.overlay-copy", "start.overlay-grow"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			root := overlayRoot(t, 64)
 			sb, fillSize := stoppedWithFiles(t, root, false, true)
 			img := overlayOf(root, sb.ID)

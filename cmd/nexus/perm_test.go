@@ -17,6 +17,7 @@ import (
 // checks every path under the state root: directories 0700, files and
 // sockets 0600, nothing else (no symlink, fifo or device), owned by us.
 func TestEverythingNexusCreatesIsPrivate(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	ws := t.TempDir()
@@ -88,6 +89,7 @@ func checkPrivate(t *testing.T, root string) {
 // TestUnsafeStateRootsAreRefused: a root others can write into, or that
 // belongs to another user, could have its files swapped under nexus.
 func TestUnsafeStateRootsAreRefused(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		prepare func(dir string) error

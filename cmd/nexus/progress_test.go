@@ -10,6 +10,7 @@ import (
 // A copy that outlasts the delay gets a bar naming it; one that ends
 // sooner prints nothing.
 func TestProgressBarOnlyForLongCopies(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	quick := terminalProgress{w: &out, delay: time.Hour}
 	update, end := quick.Copy("os disk of quick")

@@ -13,6 +13,7 @@ import (
 // inline code) names a real command, and every flag on it is one that
 // command has.
 func TestReadmeCommandsAndFlagsExist(t *testing.T) {
+	t.Parallel()
 	data, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)

@@ -10,12 +10,12 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/reaper"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 var reapKinds = []events.ResourceKind{
@@ -106,45 +106,18 @@ func reapCmd(g *globals) *cobra.Command {
 	return c
 }
 
-// runReap reaches the journal and reaps. A journal that cannot be fully
-// read (damaged, newer schema) is not an error to stop at: the scan still
-// runs, everything is kept, and the report says why (RL-9).
+// runReap reaps the state root (session.Reap: a journal that cannot be
+// fully read keeps everything).
 func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecycle.ReapReport, error) {
 	root, err := node.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
 	}
-	unreadable := func(why error) (*lifecycle.ReapReport, error) {
-		rep, serr := lifecycle.ReapUnreadable(root, why.Error(), o)
-		if serr != nil {
-			return nil, serr
-		}
-		if o.Apply {
-			return &rep, fmt.Errorf("reap --apply refused, nothing deleted: journal cannot be fully read: %v", why)
-		}
-		return &rep, nil
-	}
 	co, err := connectOptions()
 	if err != nil {
 		return nil, err
 	}
-	b, err := control.ConnectWith(ctx, root, co)
-	if err != nil {
-		if errors.Is(err, node.ErrStateRoot) || errors.Is(err, control.ErrBusy) || ctx.Err() != nil {
-			return nil, err
-		}
-		return unreadable(err)
-	}
-	m := &lifecycle.Manager{Root: layout.Root(root), B: b, Hook: testHooks()}
-	rep, err := m.Reap(ctx, o)
-	err = errors.Join(err, b.Close())
-	switch {
-	case errors.Is(err, lifecycle.ErrJournalUnreadable) && ctx.Err() == nil:
-		return unreadable(err)
-	case errors.Is(err, lifecycle.ErrPlanNotFound):
-		return nil, err
-	}
-	return &rep, err
+	return session.Reap(ctx, root, co, testHooks(), o)
 }
 
 func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {

@@ -166,6 +166,7 @@ func orphansOf(t *testing.T, root string) (string, []string) {
 // Dry run by default (RL-4), --apply deletes and verifies, every decision
 // is in the journal, and a second pass has nothing left to do.
 func TestReapDryRunThenApply(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	shadowSrc := t.TempDir()
@@ -254,6 +255,7 @@ func TestReapDryRunThenApply(t *testing.T) {
 }
 
 func TestReapUsageErrors(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	wantFailure(t, nexus(t, root, "reap", "--kind", "teapot"), 2, "--kind")
 	wantFailure(t, nexus(t, root, "reap", "--older-than", "soon"), 2, "--older-than")
@@ -265,6 +267,7 @@ func TestReapUsageErrors(t *testing.T) {
 
 // --apply never follows a link out of the state root.
 func TestReapSymlinkOutsideRootSurvives(t *testing.T) {
+	t.Parallel()
 	root, outside := shortRoot(t), t.TempDir()
 	victim := filepath.Join(outside, "precious")
 	write(t, victim, 4096)
@@ -297,6 +300,7 @@ func TestReapSymlinkOutsideRootSurvives(t *testing.T) {
 // RL-10: volumes are never scanned, and the shared build cache is never
 // reaped, even with resource-shaped names inside them.
 func TestReapNeverTouchesVolumesOrBuildCache(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
 	id := ulid.Make().String()
@@ -326,6 +330,7 @@ func TestReapNeverTouchesVolumesOrBuildCache(t *testing.T) {
 }
 
 func TestReapFilters(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	a, plantedA := orphansOf(t, root)
 	b := ulid.Make().String()
@@ -364,6 +369,7 @@ func TestReapFilters(t *testing.T) {
 // A plan-bound apply deletes only what the dry run listed, and re-judges
 // each entry: what changed since is kept and reported.
 func TestReapPlanBoundApply(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	a := ulid.Make().String()
 	b := ulid.Make().String()
@@ -405,8 +411,10 @@ func TestReapPlanBoundApply(t *testing.T) {
 
 // RL-9: a journal that cannot be fully read keeps everything, and says why.
 func TestReapUnreadableJournalKeepsEverything(t *testing.T) {
+	t.Parallel()
 	for _, spoil := range []string{"damaged", "newer schema"} {
 		t.Run(spoil, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			mustOK(t, nexus(t, root, "demo"), "demo")
 			_, planted := orphansOf(t, root)
@@ -484,11 +492,13 @@ func pausedCreate(t *testing.T, root, at string, args ...string) (*exec.Cmd, *st
 // a disk but before journaling it holds its leases; reap --apply (even the
 // /proc gate sees no VMM yet) must keep it, and the create then completes.
 func TestReapKeepsInFlightCreate(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	shadowSrc := t.TempDir()
 	os.WriteFile(filepath.Join(shadowSrc, "cfg"), []byte("x"), 0o644)
 	for _, at := range []string{"create.os-disk:before", "create.shadow.cfg:before", "create.commit:before"} {
 		t.Run(at, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			startDaemon(t, root)
 			creator, out := pausedCreate(t, root, at, "--image", image, "--handle", "in/flight", "--shadow", "cfg="+shadowSrc)
@@ -534,6 +544,7 @@ func TestReapKeepsInFlightCreate(t *testing.T) {
 // before reading the journal, while a real creator commits and releases its
 // lease; the reaper then sees the commit, so it deletes nothing.
 func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	root := shortRoot(t)
 	startDaemon(t, root)
@@ -591,9 +602,11 @@ func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 // After any crash, one recover plus one reap --apply leaves no orphan, and
 // a second reap --apply deletes nothing.
 func TestReapIdempotentAfterCrash(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	for _, point := range []string{"create.os-disk:before", "create.supervisor-state", "create.commit", "create.vmm:before", "rm.reclaim:before", "fork.commit:before", "fork.os-disk", "reap.delete:before", "reap.decide"} {
 		t.Run(point, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			if strings.HasPrefix(point, "create.") {
 				crashAt(t, root, point, "create", "--image", image)
@@ -637,6 +650,7 @@ func TestReapIdempotentAfterCrash(t *testing.T) {
 // Two state roots, two daemons, the /proc gate on: neither reaps the
 // other's resources, and each reaps its own orphans.
 func TestReapTwoStateRoots(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	rootA, rootB := shortRoot(t), shortRoot(t)
 	startDaemon(t, rootA)
@@ -691,6 +705,7 @@ func waitStopped(t *testing.T, pid int) {
 // on disk belongs to a sandbox that is owned or in flight), any lifecycle
 // command failing, or anything left untracked at the end.
 func TestReapConcurrentWithLifecycle(t *testing.T) {
+	t.Parallel()
 	bin := nexusBin
 	if raceEnabled {
 		bin = filepath.Join(t.TempDir(), "nexus-race")
@@ -850,6 +865,7 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 // RL-9: an intent that cannot be read keeps what it might cover, and the
 // report says so distinctly; the reaper neither hangs on it nor deletes it.
 func TestReapUnreadableIntentKeeps(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	id := ulid.Make().String()
 	write(t, filepath.Join(root, "disks", id+".raw"), 100)
@@ -879,6 +895,7 @@ func TestReapUnreadableIntentKeeps(t *testing.T) {
 // deleted, and --apply exits non-zero. The failure is real: the orphan is a
 // mount point (a bind mount), which unlink refuses with EBUSY.
 func TestReapApplyFailureExitsNonZero(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	id := ulid.Make().String()
 	busy := filepath.Join(root, "disks", id+".raw")
@@ -910,6 +927,7 @@ func TestReapApplyFailureExitsNonZero(t *testing.T) {
 // re-creates the file in a tight loop; 2,000 other orphans are deleted
 // between its unlink and the verify pass, so it is back by then.
 func TestReapVerifyPassCatchesASurvivor(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	hot := filepath.Join(root, "disks", "hot.shadow.ext4")
 	write(t, hot, 10)

@@ -47,6 +47,7 @@ func treeSum(t *testing.T, dir string) string {
 // root and on a copy taken elsewhere, before and after recover. No replay
 // command changes a byte of the journal it reads.
 func TestReplayAuditsACrashedCreate(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	crashAt(t, root, "create.commit:before", "create", "--image", makeImage(t), "--handle", "audit/me")
 	journalDir := filepath.Join(root, "journal")

@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/client"
@@ -23,6 +22,7 @@ import (
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/oneline"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 func driverOf(g *globals) string {
@@ -52,7 +52,7 @@ func runCmd(g *globals) *cobra.Command {
 			}
 			if code != 0 {
 				// The command's own exit status, after the cleanup.
-				os.Exit(code)
+				return exitStatus{code}
 			}
 			return nil
 		},
@@ -136,124 +136,6 @@ func waitForwarding(ctx context.Context, child *exec.Cmd) (int, error) {
 		return ee.ExitCode(), nil
 	}
 	return 0, err
-}
-
-// bindToRun lists a new sandbox in the run named by NEXUS_RUN_ID, the
-// instant before its create starts, under an id chosen now.
-func bindToRun(m *lifecycle.Manager, spec *lifecycle.CreateSpec) error {
-	run := os.Getenv(client.EnvRunID)
-	if run == "" {
-		return nil
-	}
-	lr, err := hostledger.Attach(hostledger.Dir(string(m.Root)), run)
-	if err != nil {
-		return fmt.Errorf("%s=%s: %w", client.EnvRunID, run, err)
-	}
-	spec.ID = ulid.Make().String()
-	return lr.Add(hostledger.Sandboxes, spec.ID)
-}
-
-// removeBound removes a sandbox and then drops it from NEXUS_RUN_ID's run.
-func removeBound(ctx context.Context, m *lifecycle.Manager, ref string, opt lifecycle.RemoveOptions) (lifecycle.Removed, error) {
-	id := ref
-	if sb, err := m.Lookup(ctx, ref); err == nil {
-		id = sb.ID
-	}
-	rm, err := m.RemoveWith(ctx, ref, opt)
-	if run := os.Getenv(client.EnvRunID); run != "" && (err == nil || errors.Is(err, lifecycle.ErrNotFound)) {
-		if lr, aerr := hostledger.Attach(hostledger.Dir(string(m.Root)), run); aerr == nil {
-			return rm, errors.Join(err, lr.Drop(hostledger.Sandboxes, id))
-		}
-	}
-	return rm, err
-}
-
-// sweepActions carries a sweep's removals out with the lifecycle manager
-// and journals its decisions.
-type sweepActions struct {
-	m         *lifecycle.Manager
-	recovered *bool
-}
-
-func newSweepActions(m *lifecycle.Manager) sweepActions { return sweepActions{m, new(bool)} }
-
-func (a sweepActions) RemoveSandbox(ctx context.Context, name string) (bool, error) {
-	sb, err := a.m.Find(ctx, name)
-	if errors.Is(err, lifecycle.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	if err := a.finishStranded(ctx, sb.ID); err != nil {
-		return false, err
-	}
-	if sb, err = a.m.Find(ctx, name); errors.Is(err, lifecycle.ErrNotFound) {
-		return true, nil // an uncommitted create, compensated
-	} else if err != nil {
-		return false, err
-	}
-	if err := a.m.Remove(ctx, sb.ID); err != nil {
-		if errors.Is(err, lifecycle.ErrNotFound) {
-			return false, nil
-		}
-		return false, err
-	}
-	return true, nil
-}
-
-// finishStranded runs recover when the sandbox has an unfinished saga: the
-// dead owner died inside its create (maybe after spawning a VMM it never
-// journaled), or a killed sweeper inside its rm. Recover compensates or
-// finishes those before rm runs. It is only safe while this process owns
-// the journal: then every open saga's runner is dead. Behind a daemon
-// another command may be mid-saga, so the sweep refuses and leaves the run
-// for a later sweep (or `nexus recover`).
-func (a sweepActions) finishStranded(ctx context.Context, id string) error {
-	if *a.recovered {
-		return nil
-	}
-	open, err := a.m.B.OpenSagas(ctx)
-	if err != nil {
-		return err
-	}
-	for _, sg := range open {
-		if sg.Sandbox != id {
-			continue
-		}
-		if _, local := a.m.B.(control.Local); !local {
-			return fmt.Errorf("sandbox %s has an unfinished %s saga and a daemon serves the state root: run `nexus recover`", id, sg.Kind)
-		}
-		if _, err := a.m.Recover(ctx); err != nil {
-			return fmt.Errorf("recover before sweeping: %w", err)
-		}
-		*a.recovered = true
-		return nil
-	}
-	return nil
-}
-
-// RemoveNetwork: nexus has no network resources yet, so a listed network
-// can only be one that does not exist ("not found" is ignored).
-func (sweepActions) RemoveNetwork(context.Context, string) (bool, error) { return false, nil }
-
-func (a sweepActions) Record(ctx context.Context, ev events.RunSweptEvent) error {
-	_, err := a.m.B.Append(ctx, events.New(ulid.Make(), time.Now().UTC(), "", ev))
-	return err
-}
-
-func (a sweepActions) RecordKept(ctx context.Context, ev events.RunKeptEvent) error {
-	return journalKept(ctx, a.m, []events.RunKeptEvent{ev})
-}
-
-// journalKept appends the keep decisions of a sweep.
-func journalKept(ctx context.Context, m *lifecycle.Manager, evs []events.RunKeptEvent) error {
-	for _, ev := range evs {
-		if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now().UTC(), "", ev)); err != nil {
-			return fmt.Errorf("journal run.kept: %w", err)
-		}
-	}
-	return nil
 }
 
 // readKept reads the run.kept events a client hands over on stdin: the
@@ -346,7 +228,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return journalKept(cmd.Context(), m, evs) })
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return session.JournalKept(cmd.Context(), m, evs) })
 		}}
 
 	var run string
@@ -380,7 +262,7 @@ func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledge
 	var out []hostledger.Outcome
 	err = withManagerOwned(ctx, g, hostledger.AnySweep(plan), func(m *lifecycle.Manager) error {
 		var err error
-		out, err = hostledger.Apply(ctx, dir, plan, self, by, newSweepActions(m))
+		out, err = hostledger.Apply(ctx, dir, plan, self, by, session.NewSweepActions(m))
 		return err
 	})
 	return out, err
@@ -416,7 +298,7 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	deadline := time.Now().Add(watchdogPatience)
 	for {
 		err = withManagerOwned(ctx, g, true, func(m *lifecycle.Manager) error {
-			o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", newSweepActions(m))
+			o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", session.NewSweepActions(m))
 			fmt.Fprintf(cmd.ErrOrStderr(), "nexus watchdog: run %s: removed %v, not found %v %s%s\n", run, o.Removed, o.NotFound, o.Skipped, o.Error)
 			if err == nil && o.Error != "" {
 				err = errors.New(o.Error)

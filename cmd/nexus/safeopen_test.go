@@ -108,6 +108,7 @@ func treeDigest(t *testing.T, dir string) [32]byte {
 // TestPlantedFIFOsAreOneLineErrors plants a FIFO where nexus reads its own
 // files (issue 15, item 9); every command must fail at once, naming it.
 func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", image)
@@ -179,6 +180,7 @@ func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
 // files and directories (issue 15, item 9): the command fails with one
 // line and nothing outside the root is read into a sandbox or written.
 func TestPlantedSymlinksAreRefused(t *testing.T) {
+	t.Parallel()
 	image := makeImage(t)
 	root, outside := shortRoot(t), t.TempDir()
 	sb := createJSON(t, root, "--image", image)

@@ -66,6 +66,7 @@ func listeningDaemon(t *testing.T, root, addr string) (stop func()) {
 // daemon going away while events are appended without it, and ends with
 // every journaled event exactly once, in order, decoded as nexus reads it.
 func TestNodeSubscriberFollowsReconnectsAndCatchesUp(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat(filepath.Join(nodeSubscriber, "node_modules", "nats")); err != nil {
 		t.Fatalf("the Node.js subscriber is not installed (run make setup-test): %v", err)
 	}

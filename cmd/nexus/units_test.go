@@ -6,6 +6,7 @@ import (
 )
 
 func TestParseSize(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   string
 		want int64
@@ -38,6 +39,7 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseAge(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   string
 		want time.Duration
@@ -62,6 +64,7 @@ func TestParseAge(t *testing.T) {
 }
 
 func TestFormatSize(t *testing.T) {
+	t.Parallel()
 	if got := formatSize(3 << 29); got != "1.5 GiB" {
 		t.Errorf("formatSize(1.5 GiB) = %q", got)
 	}

@@ -24,6 +24,7 @@ func commonPrefix(a, b string) string {
 // prefix (projections.Match), and an ambiguous prefix is one line naming
 // the candidates.
 func TestIDPrefixAndHandleEverywhere(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	a := createJSON(t, root, "--image", image, "--handle", "web")
@@ -72,6 +73,7 @@ func TestIDPrefixAndHandleEverywhere(t *testing.T) {
 // idempotent; rm refuses a running sandbox without -f and says what it
 // removed.
 func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
 	a := createJSON(t, root, "--image", image, "--handle", "a")
@@ -134,6 +136,7 @@ func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
 // Snapshots are listed and removed on their own, each removal journaled
 // through a saga; rm refuses to drop them without --with-snapshots.
 func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "snappy")
 	other := createJSON(t, root, "--image", makeImage(t))
@@ -211,8 +214,10 @@ func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
 // A snapshot rm killed before or after its event is finished by recover:
 // the directory is gone, the view forgets the snapshot, nothing is left.
 func TestCrashDuringSnapshotRm(t *testing.T) {
+	t.Parallel()
 	for _, phase := range []string{":before", ""} {
 		t.Run("delete"+phase, func(t *testing.T) {
+			t.Parallel()
 			root := shortRoot(t)
 			sb := createJSON(t, root, "--image", makeImage(t))
 			snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
@@ -236,6 +241,7 @@ func TestCrashDuringSnapshotRm(t *testing.T) {
 // before. Counting the snapshots directory and each snapshot in it
 // separately would report the snapshots twice.
 func TestRmReportsBytesOnce(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")

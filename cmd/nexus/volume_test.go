@@ -58,6 +58,7 @@ func prune(t *testing.T, root string, args ...string) lifecycle.PruneReport {
 // run changes nothing, a live sandbox's attachment is never cleared, and no
 // volume byte changes until the user's explicit rm.
 func TestVolumePruneClearsStaleAttachments(t *testing.T) {
+	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "stale", "--size", "16M"), "volume create stale")
 	mustOK(t, proc(t, root, "volume", "create", "inuse", "--size", "16M"), "volume create inuse")

@@ -163,6 +163,7 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 // identity cannot be used as a client, and over a leaf link it cannot
 // read, delete, purge or replace B's mirror, nor delete or purge its own.
 func TestFleetTemplateIsolatesHosts(t *testing.T) {
+	skipInShort(t, "runs a three-node fleet cluster")
 	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit"}
 	for user, p := range passes {
 		t.Setenv(PasswordVar(user), p)
@@ -306,6 +307,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 // to loses nothing: the links move to the other nodes, the mirrors keep
 // every event, in order, identical to the journals, and status says so.
 func TestFleetNodeLoss(t *testing.T) {
+	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b", "host-c"}
 	for _, h := range hosts {
 		t.Setenv(PasswordVar(h), "pw-"+h)
@@ -384,6 +386,7 @@ func TestFleetNodeLoss(t *testing.T) {
 // comes back empty and the mirrors, read from that very node, are whole
 // and equal to the journals.
 func TestFleetNodeStoreLoss(t *testing.T) {
+	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
 	for _, h := range hosts {
 		t.Setenv(PasswordVar(h), "pw-"+h)
@@ -473,6 +476,7 @@ func localMsgs(node *server.Server, account, stream string) uint64 {
 // without waiting on the fleet, status says the link is down, and once the
 // nodes are back the mirrors catch up to exactly the journals.
 func TestFleetWholeClusterOutage(t *testing.T) {
+	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
 	for _, h := range hosts {
 		t.Setenv(PasswordVar(h), "pw-"+h)
