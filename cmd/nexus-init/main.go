@@ -5,7 +5,9 @@
 // /etc/nexus/modules (in order, with finit_module), mounts /dev, /proc and
 // /sys, finds the nexus disks by their virtio serial, mounts the workspace
 // at /workspace, says "nexus-init: ready" on the console, and stays PID 1,
-// counting seconds on the console ("nexus-init: alive N").
+// counting seconds on the console ("nexus-init: alive N"). With the guest
+// agent at /sbin/nexus-agent it starts it on the agent's virtio-serial
+// port (and restarts it if it exits); without one it answers pings there.
 // Build it static: CGO_ENABLED=0.
 package main
 
@@ -14,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -25,6 +28,7 @@ const (
 	moduleList      = "/etc/nexus/modules"
 	serialWorkspace = "nexus-workspace"
 	agentPort       = "nexus.agent"
+	agentBinary     = "/sbin/nexus-agent"
 	// diskWait bounds the wait for virtio-blk to probe the disks after
 	// its module loaded; software emulation is slow.
 	diskWait = 60 * time.Second
@@ -35,13 +39,13 @@ func main() {
 		say("failed: %v", err)
 	} else {
 		go heartbeat()
-		go answerPings()
+		go serveAgentPort()
 	}
 	// PID 1 never exits (the kernel would panic); it reaps orphans.
 	for {
 		var ws unix.WaitStatus
 		if _, err := unix.Wait4(-1, &ws, 0, nil); err != nil {
-			time.Sleep(time.Hour)
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 }
@@ -56,12 +60,31 @@ func heartbeat() {
 	}
 }
 
-// answerPings opens the agent's virtio-serial port (so the host's vsock
-// relay sees a listener) and answers "ping" with "pong", anything else
-// with "unsupported": this init is no agent, and never claims a flush.
+// serveAgentPort finds the agent's virtio-serial port and gives it to the
+// guest agent (/sbin/nexus-agent --serial), restarted if it exits; with no
+// agent in the initramfs it answers pings itself.
+func serveAgentPort() {
+	dev := agentPortDevice()
+	if _, err := os.Stat(agentBinary); err != nil {
+		answerPings(dev)
+		return
+	}
+	for {
+		cmd := exec.Command(agentBinary, "--serial", "/dev/virtio-ports/"+agentPort)
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		say("starting %s on %s", agentBinary, dev)
+		// Run returns once the agent is gone even when main's wait loop
+		// reaped it first (then with ECHILD instead of its status).
+		err := cmd.Run()
+		say("agent ended: %v", err)
+		time.Sleep(time.Second)
+	}
+}
+
+// agentPortDevice waits for the agent's port and returns its device.
 // Without udev there is no /dev/virtio-ports/ link: the port is found by
 // its name in sysfs, and the link the agent's docs name is made.
-func answerPings() {
+func agentPortDevice() string {
 	var dev string
 	for dev == "" {
 		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
@@ -76,6 +99,13 @@ func answerPings() {
 	}
 	os.MkdirAll("/dev/virtio-ports", 0o755)
 	os.Symlink("../"+filepath.Base(dev), "/dev/virtio-ports/"+agentPort)
+	return dev
+}
+
+// answerPings opens the port (so the host's vsock relay sees a listener)
+// and answers "ping" with "pong", anything else with "unsupported": this
+// init is no agent, and never claims a flush.
+func answerPings(dev string) {
 	f, err := os.OpenFile(dev, os.O_RDWR, 0)
 	if err != nil {
 		say("agent port %s: %v", dev, err)

@@ -696,20 +696,26 @@ func (t *tail) String() string {
 
 // relay serves the sandbox's vsock socket as Cloud Hypervisor's hybrid
 // vsock does: a host connection sends "CONNECT <port>\n" and gets "OK
-// <n>\n" only when a guest listener is there (here: the guest has the
-// agent's virtio-serial port open, which QEMU reports as VSERPORT_CHANGE),
-// and is closed otherwise. A virtio-serial port is one stream, so
-// sessions take turns.
+// <n>\n" only when a guest listener is there, and is closed otherwise.
+// Here a listener is the guest holding the agent's virtio-serial port
+// open, which QEMU reports as VSERPORT_CHANGE. An agent with no host
+// attached reads end-of-file, closes and reopens the port every ~100 ms,
+// and QEMU sends at most one VSERPORT_CHANGE a second per port (the last
+// state wins, mostly "closed"), so "there" is open now, or the port
+// changed within listenerGrace; waited for up to connectWait. QEMU reads nothing from the host until the guest has the
+// port open, so bytes sent in between wait in the socket. A
+// virtio-serial port is one stream, so sessions take turns.
 type relay struct {
 	agent string
 	log   *stdlog.Logger
 	turn  chan struct{}
 
-	mu    sync.Mutex
-	open  bool // the guest has the port open
-	l     *unixsock.Listener
-	conns map[net.Conn]bool
-	n     int
+	mu       sync.Mutex
+	open     bool      // the guest has the port open
+	lastSeen time.Time // when the guest last opened or closed it
+	l        *unixsock.Listener
+	conns    map[net.Conn]bool
+	n        int
 }
 
 // event follows QMP's VSERPORT_CHANGE for the agent's port.
@@ -725,7 +731,7 @@ func (r *relay) event(name string, data json.RawMessage) {
 		return
 	}
 	r.mu.Lock()
-	r.open = d.Open
+	r.open, r.lastSeen = d.Open, time.Now()
 	r.mu.Unlock()
 	r.log.Printf("guest %s the agent port", map[bool]string{true: "opened", false: "closed"}[d.Open])
 }
@@ -767,10 +773,7 @@ func (r *relay) serve(c net.Conn) {
 		return
 	}
 	port, ok := strings.CutPrefix(strings.TrimSpace(line), "CONNECT ")
-	r.mu.Lock()
-	open := r.open
-	r.mu.Unlock()
-	if !ok || port != "1024" || !open {
+	if !ok || port != "1024" || !r.listening(connectWait) {
 		return // CH closes a connection to a port nothing listens on
 	}
 	c.SetReadDeadline(time.Time{})
@@ -797,6 +800,29 @@ func (r *relay) serve(c net.Conn) {
 	go func() { io.Copy(g, br); done <- struct{}{} }()
 	go func() { io.Copy(c, g); done <- struct{}{} }()
 	<-done
+}
+
+const (
+	listenerGrace = 2 * time.Second
+	connectWait   = 2 * time.Second
+)
+
+// listening waits up to wait for the guest to have the port open now or
+// to have opened or closed it within listenerGrace.
+func (r *relay) listening(wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		r.mu.Lock()
+		ok := r.open || (!r.lastSeen.IsZero() && time.Since(r.lastSeen) < listenerGrace)
+		r.mu.Unlock()
+		if ok {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (r *relay) close() {
