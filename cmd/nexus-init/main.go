@@ -106,27 +106,32 @@ func agentPortDevice() string {
 // and answers "ping" with "pong", anything else with "unsupported": this
 // init is no agent, and never claims a flush.
 func answerPings(dev string) {
-	f, err := os.OpenFile(dev, os.O_RDWR, 0)
-	if err != nil {
-		say("agent port %s: %v", dev, err)
-		return
-	}
 	say("agent port %s open", dev)
-	r := bufio.NewReader(f)
+	// As nexus-agent --serial does: a port with no host attached reads
+	// end-of-file at once, so a session ends there and the next one
+	// starts on a fresh open.
 	for {
-		line, err := r.ReadString('\n')
+		f, err := os.OpenFile(dev, os.O_RDWR, 0)
 		if err != nil {
-			// No host connected: the port reads end-of-file until one is.
-			time.Sleep(100 * time.Millisecond)
-			continue
+			say("agent port %s: %v", dev, err)
+			return
 		}
-		switch strings.TrimSpace(line) {
-		case "ping":
-			f.WriteString("pong\n")
-		case "":
-		default:
-			f.WriteString("unsupported\n")
+		r := bufio.NewReader(f)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				break
+			}
+			switch strings.TrimSpace(line) {
+			case "ping":
+				f.WriteString("pong\n")
+			case "":
+			default:
+				f.WriteString("unsupported\n")
+			}
 		}
+		f.Close()
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
