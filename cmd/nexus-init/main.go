@@ -5,9 +5,9 @@
 // /etc/nexus/modules (in order, with finit_module), mounts /dev, /proc and
 // /sys, finds the nexus disks by their virtio serial, mounts the workspace
 // at /workspace, says "nexus-init: ready" on the console, and stays PID 1,
-// counting seconds on the console ("nexus-init: alive N"). With the guest
-// agent at /sbin/nexus-agent it starts it on the agent's virtio-serial
-// port (and restarts it if it exits); without one it answers pings there.
+// counting seconds on the console ("nexus-init: alive N") and answering
+// pings on the agent's virtio-serial port. nexus-agent as PID 1 does the
+// real work; this init is for tests of the VMM side without the agent.
 // Build it static: CGO_ENABLED=0.
 package main
 
@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -28,7 +27,6 @@ const (
 	moduleList      = "/etc/nexus/modules"
 	serialWorkspace = "nexus-workspace"
 	agentPort       = "nexus.agent"
-	agentBinary     = "/sbin/nexus-agent"
 	// diskWait bounds the wait for virtio-blk to probe the disks after
 	// its module loaded; software emulation is slow.
 	diskWait = 60 * time.Second
@@ -39,7 +37,7 @@ func main() {
 		say("failed: %v", err)
 	} else {
 		go heartbeat()
-		go serveAgentPort()
+		go answerPings(agentPortDevice())
 	}
 	// PID 1 never exits (the kernel would panic); it reaps orphans.
 	for {
@@ -56,27 +54,6 @@ func main() {
 func heartbeat() {
 	for n := 1; ; n++ {
 		say("alive %d", n)
-		time.Sleep(time.Second)
-	}
-}
-
-// serveAgentPort finds the agent's virtio-serial port and gives it to the
-// guest agent (/sbin/nexus-agent --serial), restarted if it exits; with no
-// agent in the initramfs it answers pings itself.
-func serveAgentPort() {
-	dev := agentPortDevice()
-	if _, err := os.Stat(agentBinary); err != nil {
-		answerPings(dev)
-		return
-	}
-	for {
-		cmd := exec.Command(agentBinary, "--serial", "/dev/virtio-ports/"+agentPort)
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		say("starting %s on %s", agentBinary, dev)
-		// Run returns once the agent is gone even when main's wait loop
-		// reaped it first (then with ECHILD instead of its status).
-		err := cmd.Run()
-		say("agent ended: %v", err)
 		time.Sleep(time.Second)
 	}
 }

@@ -65,7 +65,7 @@ var examples = map[string][]string{
 	"guest":             {"nexus guest initramfs --kernel-release $(uname -r) -o initrd.gz"},
 	"guest initramfs": {
 		"nexus guest initramfs --kernel-release 6.1.0-27-cloud-amd64 -o /var/lib/nexus/initrd.gz",
-		"nexus guest initramfs --kernel-release 6.1.0-27-cloud-amd64 -o initrd.gz --init ./bin/nexus-init --agent ./bin/nexus-agent",
+		"CGO_ENABLED=0 go build -o nexus-init ./cmd/nexus-init && nexus guest initramfs --kernel-release 6.1.0-27-cloud-amd64 -o initrd.gz --agent ./nexus-init",
 	},
 	"config show":    {"nexus config show", "NEXUS_CONFIG=/etc/nexus.toml nexus config show --json"},
 	"version":        {"nexus version", "nexus version --json", "nexus --version"},

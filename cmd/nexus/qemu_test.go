@@ -31,7 +31,7 @@ func guestInitramfs(t testing.TB, root string, g testutil.Guest) string {
 		t.Fatalf("build nexus-init: %v\n%s", err, b)
 	}
 	out := filepath.Join(dir, "initrd.gz")
-	r := mustOK(t, nexus(t, root, "guest", "initramfs", "--kernel-release", g.Release, "-o", out, "--init", init, "--no-agent"), "guest initramfs")
+	r := mustOK(t, nexus(t, root, "guest", "initramfs", "--kernel-release", g.Release, "-o", out, "--agent", init), "guest initramfs")
 	for _, m := range []string{"virtio_pci.ko", "virtio_blk.ko", "virtio_console.ko"} {
 		if !strings.Contains(r.stdout, m) {
 			t.Fatalf("initramfs lacks %s:\n%s", m, r.stdout)

@@ -1,8 +1,7 @@
 // Package initramfs builds a guest initramfs from the host's installed
 // kernel modules: the virtio modules a distro kernel lacks (found with
 // their dependencies through modules.dep), a static /init, and the list of
-// modules /init loads, in order, and optionally the guest agent that /init
-// starts, as a gzipped newc cpio.
+// modules /init loads, in order, as a gzipped newc cpio.
 package initramfs
 
 import (
@@ -31,9 +30,6 @@ import (
 // initramfs per line, each after every module it needs.
 const ModuleList = "etc/nexus/modules"
 
-// AgentPath is where the guest agent is put, for /init to start.
-const AgentPath = "sbin/nexus-agent"
-
 // Wanted are the modules a guest needs to reach its disks and the host:
 // virtio over PCI, the block and console (virtio-serial) drivers, and
 // ext4. A kernel that builds one in needs nothing for it.
@@ -47,7 +43,6 @@ var Optional = []string{"vmw_vsock_virtio_transport"}
 type Options struct {
 	ModulesDir string // /lib/modules/<release>
 	Init       string // a static binary, copied as /init
-	Agent      string // optional: a static binary, copied as /sbin/nexus-agent
 	Out        string // the archive, written to a temporary name then renamed
 	Wanted     []string
 	Optional   []string
@@ -67,11 +62,6 @@ func Build(o Options) (Result, error) {
 	var res Result
 	if err := staticELF(o.Init); err != nil {
 		return res, fmt.Errorf("init %s: %w", o.Init, err)
-	}
-	if o.Agent != "" {
-		if err := staticELF(o.Agent); err != nil {
-			return res, fmt.Errorf("agent %s: %w", o.Agent, err)
-		}
 	}
 	dep, err := readDep(filepath.Join(o.ModulesDir, "modules.dep"))
 	if err != nil {
@@ -128,15 +118,6 @@ func Build(o Options) (Result, error) {
 	}
 	if err := addFile("init", 0o755, initData); err != nil {
 		return res, err
-	}
-	if o.Agent != "" {
-		data, err := os.ReadFile(o.Agent)
-		if err != nil {
-			return res, err
-		}
-		if err := addFile(AgentPath, 0o755, data); err != nil {
-			return res, err
-		}
 	}
 	for _, rel := range order {
 		data, err := readModule(filepath.Join(o.ModulesDir, rel))

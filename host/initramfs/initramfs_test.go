@@ -108,15 +108,14 @@ func TestBuildIsANewcArchiveCpioReads(t *testing.T) {
 	os.WriteFile(filepath.Join(mods, "modules.builtin"), []byte("kernel/fs/ext4/ext4.ko\n"), 0o644)
 	init := staticInit(t)
 	out := filepath.Join(dir, "initrd.gz")
-	// Any static binary stands in for the agent here.
-	res, err := Build(Options{ModulesDir: mods, Init: init, Agent: init, Out: out, Wanted: Wanted, Optional: Optional})
+	res, err := Build(Options{ModulesDir: mods, Init: init, Out: out, Wanted: Wanted, Optional: Optional})
 	if err != nil {
 		t.Fatal(err)
 	}
 	x := filepath.Join(dir, "x")
 	os.Mkdir(x, 0o755)
 	list := cpioRun(t, out, x, "-t")
-	for _, want := range []string{"init", AgentPath, "dev", "proc", "sys", "workspace", ModuleList,
+	for _, want := range []string{"init", "dev", "proc", "sys", "workspace", ModuleList,
 		"lib/modules/6.1.0-test/kernel/drivers/block/virtio_blk.ko", "lib/modules/6.1.0-test/kernel/drivers/char/virtio_console.ko"} {
 		if !slices.Contains(list, want) {
 			t.Errorf("cpio -t lacks %s: %v", want, list)
@@ -128,10 +127,8 @@ func TestBuildIsANewcArchiveCpioReads(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Error("/init is not the binary given")
 	}
-	for _, exe := range []string{"init", AgentPath} {
-		if fi, err := os.Stat(filepath.Join(x, exe)); err != nil || fi.Mode().Perm()&0o111 == 0 {
-			t.Errorf("/%s not executable: %v %v", exe, fi, err)
-		}
+	if fi, err := os.Stat(filepath.Join(x, "init")); err != nil || fi.Mode().Perm()&0o111 == 0 {
+		t.Errorf("/init not executable: %v %v", fi, err)
 	}
 	listed, _ := os.ReadFile(filepath.Join(x, ModuleList))
 	lines := strings.Fields(string(listed))
@@ -146,9 +143,8 @@ func TestBuildIsANewcArchiveCpioReads(t *testing.T) {
 	}
 }
 
-// TestBuildRefusesADynamicInit: an /init or agent with a program
-// interpreter could never run from the initramfs; Build says so and
-// writes nothing.
+// TestBuildRefusesADynamicInit: an /init with a program interpreter could
+// never run from the initramfs; Build says so and writes nothing.
 func TestBuildRefusesADynamicInit(t *testing.T) {
 	dynamic, err := exec.LookPath("cpio")
 	if err != nil {
@@ -159,10 +155,6 @@ func TestBuildRefusesADynamicInit(t *testing.T) {
 	_, err = Build(Options{ModulesDir: dir, Init: dynamic, Out: out, Wanted: Wanted})
 	if err == nil || !strings.Contains(err.Error(), "dynamically linked") {
 		t.Fatalf("dynamic /init: %v", err)
-	}
-	_, err = Build(Options{ModulesDir: dir, Init: staticInit(t), Agent: dynamic, Out: out, Wanted: Wanted})
-	if err == nil || !strings.Contains(err.Error(), "agent") || !strings.Contains(err.Error(), "dynamically linked") {
-		t.Fatalf("dynamic agent: %v", err)
 	}
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("an archive was written: %v", err)
