@@ -78,7 +78,7 @@ func Serve(ctx context.Context, apiSocket string, o Options) error {
 	}
 	s.mu.Lock()
 	s.stopping = true
-	s.teardown()
+	s.stopVM()
 	exited := s.exitedOnItsOwn
 	s.mu.Unlock()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -210,7 +210,7 @@ func (s *server) ping(*http.Request) (any, error) {
 
 func (s *server) shutdownVMM(*http.Request) (any, error) {
 	s.stopping = true
-	s.teardown()
+	s.stopVM()
 	return nil, nil
 }
 
@@ -456,11 +456,6 @@ func writeNew(name string, data []byte) error {
 // shellQuote quotes a path for the sh -c QEMU runs an exec: migration URI
 // with.
 func shellQuote(p string) string { return "'" + strings.ReplaceAll(p, "'", `'\''`) + "'" }
-
-// teardown stops QEMU and the relay; the caller holds mu.
-func (s *server) teardown() {
-	s.stopVM()
-}
 
 // stopVM asks QEMU to quit, kills it if it does not, and removes the
 // adapter's private sockets; the caller holds mu.
