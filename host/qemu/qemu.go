@@ -120,6 +120,7 @@ type server struct {
 
 // instance is one running QEMU and what the adapter serves for it.
 type instance struct {
+	accel  string // what QEMU runs on: a migration stream restores only on the same
 	cmd    *exec.Cmd
 	dir    string // private: QMP and agent sockets
 	mon    *monitor
@@ -324,7 +325,7 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 		return nil, err
 	}
 	cfg, _ := json.MarshalIndent(s.cfg, "", "  ")
-	state, _ := json.MarshalIndent(snapshotState{VMM: Version, Memory: vmm.SnapshotMemoryFile, Format: "qemu migration stream"}, "", "  ")
+	state, _ := json.MarshalIndent(snapshotState{VMM: Version, Memory: vmm.SnapshotMemoryFile, Format: "qemu migration stream", Accel: s.vm.accel}, "", "  ")
 	for _, f := range []struct {
 		name string
 		data []byte
@@ -375,7 +376,16 @@ func (s *server) restore(r *http.Request) (any, error) {
 	if _, err := os.Stat(mem); err != nil {
 		return nil, failed("restore: %v", err)
 	}
-	vm, err := s.startWith(c, "-S", "-incoming", "defer")
+	var st snapshotState
+	if b, err := os.ReadFile(filepath.Join(dir, vmm.SnapshotStateFile)); err == nil {
+		json.Unmarshal(b, &st)
+	}
+	var vm *instance
+	if st.Accel == "kvm" || st.Accel == "tcg" {
+		vm, err = s.launch(c, st.Accel, []string{"-S", "-incoming", "defer"})
+	} else {
+		vm, err = s.startWith(c, "-S", "-incoming", "defer")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -396,6 +406,9 @@ type snapshotState struct {
 	VMM    string `json:"vmm"`
 	Memory string `json:"memory"`
 	Format string `json:"format"`
+	// Accel is what the VM ran on: its CPU model (-cpu host under KVM,
+	// QEMU's default under TCG) is in the stream, so a restore runs on it.
+	Accel string `json:"accel"`
 }
 
 // migrated waits for the migration in either direction to end.
@@ -522,7 +535,7 @@ func (s *server) launch(c vmm.Config, accel string, extra []string) (*instance, 
 		return nil, &apiError{status: http.StatusBadRequest, msg: err.Error()}
 	}
 	argv = append(argv, extra...)
-	vm := &instance{dir: dir, exited: make(chan struct{}), stderr: &tail{max: 4096}}
+	vm := &instance{accel: accel, dir: dir, exited: make(chan struct{}), stderr: &tail{max: 4096}}
 	vm.cmd = exec.Command(s.o.Binary, argv...)
 	vm.cmd.Stdout, vm.cmd.Stderr = vm.stderr, vm.stderr
 	// QEMU must not outlive its adapter: nexus tracks the adapter's pid.
