@@ -5,7 +5,9 @@
 // /etc/nexus/modules (in order, with finit_module), mounts /dev, /proc and
 // /sys, finds the nexus disks by their virtio serial, mounts the workspace
 // at /workspace, says "nexus-init: ready" on the console, and stays PID 1,
-// counting seconds on the console ("nexus-init: alive N").
+// counting seconds on the console ("nexus-init: alive N") and answering
+// pings on the agent's virtio-serial port. nexus-agent as PID 1 does the
+// real work; this init is for tests of the VMM side without the agent.
 // Build it static: CGO_ENABLED=0.
 package main
 
@@ -35,13 +37,13 @@ func main() {
 		say("failed: %v", err)
 	} else {
 		go heartbeat()
-		go answerPings()
+		go answerPings(agentPortDevice())
 	}
 	// PID 1 never exits (the kernel would panic); it reaps orphans.
 	for {
 		var ws unix.WaitStatus
 		if _, err := unix.Wait4(-1, &ws, 0, nil); err != nil {
-			time.Sleep(time.Hour)
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 }
@@ -56,12 +58,10 @@ func heartbeat() {
 	}
 }
 
-// answerPings opens the agent's virtio-serial port (so the host's vsock
-// relay sees a listener) and answers "ping" with "pong", anything else
-// with "unsupported": this init is no agent, and never claims a flush.
+// agentPortDevice waits for the agent's port and returns its device.
 // Without udev there is no /dev/virtio-ports/ link: the port is found by
 // its name in sysfs, and the link the agent's docs name is made.
-func answerPings() {
+func agentPortDevice() string {
 	var dev string
 	for dev == "" {
 		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
@@ -76,27 +76,39 @@ func answerPings() {
 	}
 	os.MkdirAll("/dev/virtio-ports", 0o755)
 	os.Symlink("../"+filepath.Base(dev), "/dev/virtio-ports/"+agentPort)
-	f, err := os.OpenFile(dev, os.O_RDWR, 0)
-	if err != nil {
-		say("agent port %s: %v", dev, err)
-		return
-	}
+	return dev
+}
+
+// answerPings opens the port (so the host's vsock relay sees a listener)
+// and answers "ping" with "pong", anything else with "unsupported": this
+// init is no agent, and never claims a flush.
+func answerPings(dev string) {
 	say("agent port %s open", dev)
-	r := bufio.NewReader(f)
+	// As nexus-agent --serial does: a port with no host attached reads
+	// end-of-file at once, so a session ends there and the next one
+	// starts on a fresh open.
 	for {
-		line, err := r.ReadString('\n')
+		f, err := os.OpenFile(dev, os.O_RDWR, 0)
 		if err != nil {
-			// No host connected: the port reads end-of-file until one is.
-			time.Sleep(100 * time.Millisecond)
-			continue
+			say("agent port %s: %v", dev, err)
+			return
 		}
-		switch strings.TrimSpace(line) {
-		case "ping":
-			f.WriteString("pong\n")
-		case "":
-		default:
-			f.WriteString("unsupported\n")
+		r := bufio.NewReader(f)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				break
+			}
+			switch strings.TrimSpace(line) {
+			case "ping":
+				f.WriteString("pong\n")
+			case "":
+			default:
+				f.WriteString("unsupported\n")
+			}
 		}
+		f.Close()
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

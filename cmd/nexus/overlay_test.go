@@ -412,11 +412,14 @@ func TestBadConfigIsRefused(t *testing.T) {
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_warn_fill_ratio = 2\n"), 0o600)
 	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "overlay_warn_fill_ratio")
 	wantFailure(t, proc(t, root, "config", "show"), 1, "overlay_warn_fill_ratio")
+	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\ninitramfs = \"initrd.gz\"\n"), 0o600)
+	wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, "want an absolute path")
 }
 
 // A config file nexus cannot use refuses only the commands that read its
-// settings (create and start); stop, snapshot, rm and recover go on, since
-// the file only shapes new overlays and start's check.
+// settings (create, start, and fork, whose children of a stopped parent
+// boot cold with the boot assets); stop, snapshot, rm and recover go on,
+// since the file only shapes new overlays, start's check and cold boots.
 func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
@@ -424,6 +427,7 @@ func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mb = 64\n"), 0o600)
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop under a broken config")
 	wantFailure(t, proc(t, root, "start", sb.ID), 1, "unknown key vm.overlay_disk_mb")
+	wantFailure(t, proc(t, root, "fork", sb.ID), 1, "unknown key vm.overlay_disk_mb")
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot under a broken config")
 	mustOK(t, proc(t, root, "recover"), "recover under a broken config")
 	mustOK(t, proc(t, root, "rm", "--with-snapshots", sb.ID), "rm under a broken config")

@@ -78,7 +78,7 @@ func Serve(ctx context.Context, apiSocket string, o Options) error {
 	}
 	s.mu.Lock()
 	s.stopping = true
-	s.teardown()
+	s.stopVM()
 	exited := s.exitedOnItsOwn
 	s.mu.Unlock()
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -120,6 +120,7 @@ type server struct {
 
 // instance is one running QEMU and what the adapter serves for it.
 type instance struct {
+	accel  string // what QEMU runs on: a migration stream restores only on the same
 	cmd    *exec.Cmd
 	dir    string // private: QMP and agent sockets
 	mon    *monitor
@@ -132,12 +133,14 @@ type instance struct {
 type apiError struct {
 	status int
 	msg    string
+	cause  error // for errors.Is; the message already says it
 }
 
 func (e *apiError) Error() string { return e.msg }
+func (e *apiError) Unwrap() error { return e.cause }
 
 func failed(format string, args ...any) error {
-	return &apiError{http.StatusInternalServerError, fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusInternalServerError, msg: fmt.Sprintf(format, args...)}
 }
 
 const api = "/api/v1/"
@@ -175,7 +178,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var out any
 	var err error
 	if s.stopping {
-		err = &apiError{http.StatusServiceUnavailable, "VMM is shutting down"}
+		err = &apiError{status: http.StatusServiceUnavailable, msg: "VMM is shutting down"}
 	} else {
 		out, err = rt.fn(s, r)
 	}
@@ -210,7 +213,7 @@ func (s *server) ping(*http.Request) (any, error) {
 
 func (s *server) shutdownVMM(*http.Request) (any, error) {
 	s.stopping = true
-	s.teardown()
+	s.stopVM()
 	return nil, nil
 }
 
@@ -220,10 +223,10 @@ func (s *server) create(r *http.Request) (any, error) {
 	}
 	var c vmm.Config
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&c); err != nil {
-		return nil, &apiError{http.StatusBadRequest, fmt.Sprintf("vm.create: %v", err)}
+		return nil, &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("vm.create: %v", err)}
 	}
 	if c.Payload.Kernel == "" {
-		return nil, &apiError{http.StatusBadRequest, "vm.create: payload.kernel is required (the qemu driver boots a kernel directly)"}
+		return nil, &apiError{status: http.StatusBadRequest, msg: "vm.create: payload.kernel is required (the qemu driver boots a kernel directly)"}
 	}
 	s.cfg, s.state = &c, vmm.StateCreated
 	return nil, nil
@@ -232,7 +235,7 @@ func (s *server) create(r *http.Request) (any, error) {
 func (s *server) boot(*http.Request) (any, error) {
 	switch {
 	case s.cfg == nil:
-		return nil, &apiError{http.StatusNotFound, "VM is not created"}
+		return nil, &apiError{status: http.StatusNotFound, msg: "VM is not created"}
 	case s.vm != nil:
 		return nil, failed("VM is already booted")
 	}
@@ -246,7 +249,7 @@ func (s *server) boot(*http.Request) (any, error) {
 
 func (s *server) shutdown(*http.Request) (any, error) {
 	if s.cfg == nil {
-		return nil, &apiError{http.StatusNotFound, "VM is not created"}
+		return nil, &apiError{status: http.StatusNotFound, msg: "VM is not created"}
 	}
 	s.stopVM()
 	s.state = vmm.StateShutdown
@@ -261,7 +264,7 @@ func (s *server) delete(*http.Request) (any, error) {
 
 func (s *server) info(*http.Request) (any, error) {
 	if s.cfg == nil {
-		return nil, &apiError{http.StatusNotFound, "VM is not created"}
+		return nil, &apiError{status: http.StatusNotFound, msg: "VM is not created"}
 	}
 	state := s.state
 	if s.vm != nil {
@@ -322,7 +325,7 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 		return nil, err
 	}
 	cfg, _ := json.MarshalIndent(s.cfg, "", "  ")
-	state, _ := json.MarshalIndent(snapshotState{VMM: Version, Memory: vmm.SnapshotMemoryFile, Format: "qemu migration stream"}, "", "  ")
+	state, _ := json.MarshalIndent(snapshotState{VMM: Version, Memory: vmm.SnapshotMemoryFile, Format: "qemu migration stream", Accel: s.vm.accel}, "", "  ")
 	for _, f := range []struct {
 		name string
 		data []byte
@@ -373,7 +376,16 @@ func (s *server) restore(r *http.Request) (any, error) {
 	if _, err := os.Stat(mem); err != nil {
 		return nil, failed("restore: %v", err)
 	}
-	vm, err := s.startWith(c, "-S", "-incoming", "defer")
+	var st snapshotState
+	if b, err := os.ReadFile(filepath.Join(dir, vmm.SnapshotStateFile)); err == nil {
+		json.Unmarshal(b, &st)
+	}
+	var vm *instance
+	if st.Accel == "kvm" || st.Accel == "tcg" {
+		vm, err = s.launch(c, st.Accel, []string{"-S", "-incoming", "defer"})
+	} else {
+		vm, err = s.startWith(c, "-S", "-incoming", "defer")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -394,6 +406,9 @@ type snapshotState struct {
 	VMM    string `json:"vmm"`
 	Memory string `json:"memory"`
 	Format string `json:"format"`
+	// Accel is what the VM ran on: its CPU model (-cpu host under KVM,
+	// QEMU's default under TCG) is in the stream, so a restore runs on it.
+	Accel string `json:"accel"`
 }
 
 // migrated waits for the migration in either direction to end.
@@ -424,12 +439,12 @@ func (vm *instance) migrated() error {
 func fileURLDir(r *http.Request, field string) (string, error) {
 	var body map[string]any
 	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&body); err != nil {
-		return "", &apiError{http.StatusBadRequest, err.Error()}
+		return "", &apiError{status: http.StatusBadRequest, msg: err.Error()}
 	}
 	u, _ := body[field].(string)
 	dir, ok := strings.CutPrefix(u, "file://")
 	if !ok || !filepath.IsAbs(dir) {
-		return "", &apiError{http.StatusBadRequest, fmt.Sprintf("%s %q: want file:///DIR", field, u)}
+		return "", &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf("%s %q: want file:///DIR", field, u)}
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return "", failed("%s %s: not a directory", field, dir)
@@ -456,11 +471,6 @@ func writeNew(name string, data []byte) error {
 // shellQuote quotes a path for the sh -c QEMU runs an exec: migration URI
 // with.
 func shellQuote(p string) string { return "'" + strings.ReplaceAll(p, "'", `'\''`) + "'" }
-
-// teardown stops QEMU and the relay; the caller holds mu.
-func (s *server) teardown() {
-	s.stopVM()
-}
 
 // stopVM asks QEMU to quit, kills it if it does not, and removes the
 // adapter's private sockets; the caller holds mu.
@@ -491,6 +501,23 @@ func (s *server) stopVM() {
 func (s *server) start(c vmm.Config) (*instance, error) { return s.startWith(c) }
 
 func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
+	accel := s.accel()
+	vm, err := s.launch(c, accel, extra)
+	// A nested /dev/kvm can answer the API and still fail the first vCPU
+	// (this project's CI: "failed to set MSR", QEMU aborts before its
+	// monitor answers). Only a choice nexus made itself is retried, and
+	// the log says so; NEXUS_QEMU_ACCEL=kvm keeps the failure.
+	if errors.Is(err, errEarlyExit) && accel == "kvm" && s.o.Accel == "" {
+		s.log.Printf("kvm failed (%v): falling back to tcg (NEXUS_QEMU_ACCEL chooses)", err)
+		vm, err = s.launch(c, "tcg", extra)
+	}
+	return vm, err
+}
+
+// errEarlyExit: QEMU exited before its monitor answered.
+var errEarlyExit = errors.New("exited before its QMP socket answered")
+
+func (s *server) launch(c vmm.Config, accel string, extra []string) (*instance, error) {
 	dir := PrivateDir(s.api)
 	// Only the adapter serving this API socket uses the directory, and the
 	// socket is ours: whatever is there was left by one SIGKILLed before
@@ -501,15 +528,14 @@ func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, failed("private dir: %v", err)
 	}
-	accel := s.accel()
 	qmpPath, agentPath := dir+"/qmp.sock", dir+"/agent.sock"
 	argv, err := Args(c, accel, qmpPath, agentPath)
 	if err != nil {
 		os.RemoveAll(dir)
-		return nil, &apiError{http.StatusBadRequest, err.Error()}
+		return nil, &apiError{status: http.StatusBadRequest, msg: err.Error()}
 	}
 	argv = append(argv, extra...)
-	vm := &instance{dir: dir, exited: make(chan struct{}), stderr: &tail{max: 4096}}
+	vm := &instance{accel: accel, dir: dir, exited: make(chan struct{}), stderr: &tail{max: 4096}}
 	vm.cmd = exec.Command(s.o.Binary, argv...)
 	vm.cmd.Stdout, vm.cmd.Stderr = vm.stderr, vm.stderr
 	// QEMU must not outlive its adapter: nexus tracks the adapter's pid.
@@ -532,7 +558,7 @@ func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
 		vm.cmd.Process.Kill()
 		<-vm.exited
 		os.RemoveAll(dir)
-		return nil, failed("qemu: %v: %s", err, strings.Join(strings.Fields(vm.stderr.String()), " "))
+		return nil, &apiError{status: http.StatusInternalServerError, msg: fmt.Sprintf("qemu: %v: %s", err, strings.Join(strings.Fields(vm.stderr.String()), " ")), cause: err}
 	}
 	// QEMU binds its QMP socket before it loads the kernel; under a
 	// loaded host that can take seconds.
@@ -544,7 +570,7 @@ func (s *server) startWith(c vmm.Config, extra ...string) (*instance, error) {
 		}
 		select {
 		case <-vm.exited:
-			return fail(fmt.Errorf("exited before its QMP socket answered (%s)", vm.status))
+			return fail(fmt.Errorf("%w (%s)", errEarlyExit, vm.status))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -696,20 +722,26 @@ func (t *tail) String() string {
 
 // relay serves the sandbox's vsock socket as Cloud Hypervisor's hybrid
 // vsock does: a host connection sends "CONNECT <port>\n" and gets "OK
-// <n>\n" only when a guest listener is there (here: the guest has the
-// agent's virtio-serial port open, which QEMU reports as VSERPORT_CHANGE),
-// and is closed otherwise. A virtio-serial port is one stream, so
-// sessions take turns.
+// <n>\n" only when a guest listener is there, and is closed otherwise.
+// Here a listener is the guest holding the agent's virtio-serial port
+// open, which QEMU reports as VSERPORT_CHANGE. An agent with no host
+// attached reads end-of-file, closes and reopens the port every ~100 ms,
+// and QEMU sends at most one VSERPORT_CHANGE a second per port (the last
+// state wins, mostly "closed"), so "there" is open now, or the port
+// changed within listenerGrace; waited for up to connectWait. QEMU reads nothing from the host until the guest has the
+// port open, so bytes sent in between wait in the socket. A
+// virtio-serial port is one stream, so sessions take turns.
 type relay struct {
 	agent string
 	log   *stdlog.Logger
 	turn  chan struct{}
 
-	mu    sync.Mutex
-	open  bool // the guest has the port open
-	l     *unixsock.Listener
-	conns map[net.Conn]bool
-	n     int
+	mu       sync.Mutex
+	open     bool      // the guest has the port open
+	lastSeen time.Time // when the guest last opened or closed it
+	l        *unixsock.Listener
+	conns    map[net.Conn]bool
+	n        int
 }
 
 // event follows QMP's VSERPORT_CHANGE for the agent's port.
@@ -725,7 +757,7 @@ func (r *relay) event(name string, data json.RawMessage) {
 		return
 	}
 	r.mu.Lock()
-	r.open = d.Open
+	r.open, r.lastSeen = d.Open, time.Now()
 	r.mu.Unlock()
 	r.log.Printf("guest %s the agent port", map[bool]string{true: "opened", false: "closed"}[d.Open])
 }
@@ -767,10 +799,7 @@ func (r *relay) serve(c net.Conn) {
 		return
 	}
 	port, ok := strings.CutPrefix(strings.TrimSpace(line), "CONNECT ")
-	r.mu.Lock()
-	open := r.open
-	r.mu.Unlock()
-	if !ok || port != "1024" || !open {
+	if !ok || port != "1024" || !r.listening(connectWait) {
 		return // CH closes a connection to a port nothing listens on
 	}
 	c.SetReadDeadline(time.Time{})
@@ -797,6 +826,29 @@ func (r *relay) serve(c net.Conn) {
 	go func() { io.Copy(g, br); done <- struct{}{} }()
 	go func() { io.Copy(c, g); done <- struct{}{} }()
 	<-done
+}
+
+const (
+	listenerGrace = 2 * time.Second
+	connectWait   = 2 * time.Second
+)
+
+// listening waits up to wait for the guest to have the port open now or
+// to have opened or closed it within listenerGrace.
+func (r *relay) listening(wait time.Duration) bool {
+	deadline := time.Now().Add(wait)
+	for {
+		r.mu.Lock()
+		ok := r.open || (!r.lastSeen.IsZero() && time.Since(r.lastSeen) < listenerGrace)
+		r.mu.Unlock()
+		if ok {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (r *relay) close() {

@@ -3,9 +3,13 @@ package qemu
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
+	stdlog "log"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -65,12 +69,17 @@ func TestArgs(t *testing.T) {
 // adapter serves the API on a socket under a fresh directory.
 func adapter(t *testing.T) (dir, api string, done chan error) {
 	t.Helper()
+	return adapterWith(t, "tcg")
+}
+
+func adapterWith(t *testing.T, accel string) (dir, api string, done chan error) {
+	t.Helper()
 	dir = testutil.ShortRoot(t)
 	api = filepath.Join(dir, "api.sock")
 	ctx, cancel := context.WithCancel(context.Background())
 	done = make(chan error, 1)
 	log, _ := os.Create(filepath.Join(dir, "vmm.log"))
-	go func() { done <- Serve(ctx, api, Options{Accel: "tcg", Log: log}) }()
+	go func() { done <- Serve(ctx, api, Options{Accel: accel, Log: log}) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done
@@ -255,13 +264,19 @@ func TestAdapterSnapshotAndRestore(t *testing.T) {
 	if err := c.Snapshot(ctx, snap); err == nil {
 		t.Fatal("a second snapshot into the same directory overwrote the first")
 	}
+	// The stream restores only on the accelerator it was taken on.
+	if b, _ := os.ReadFile(filepath.Join(snap, vmm.SnapshotStateFile)); !strings.Contains(string(b), `"accel": "tcg"`) {
+		t.Errorf("state.json does not name the accelerator:\n%s", b)
+	}
 	must("resume after snapshot", c.Resume(ctx))
 	if info, err := c.Info(ctx); err != nil || info.State != vmm.StateRunning {
 		t.Fatalf("after snapshot and resume: %+v %v", info.State, err)
 	}
 	must("shutdown", c.Shutdown(ctx)) // releases the disk's lock for the restore
 
-	_, api2, _ := adapter(t)
+	// An adapter told to use KVM still restores a TCG stream on TCG: the
+	// CPU model is in the stream (and KVM may be missing or broken here).
+	_, api2, _ := adapterWith(t, "kvm")
 	c2 := vmm.NewClient(api2)
 	must("restore", c2.Restore(ctx, snap))
 	if info, err := c2.Info(ctx); err != nil || info.State != vmm.StatePaused || len(info.Config.Disks) != 1 {
@@ -271,4 +286,64 @@ func TestAdapterSnapshotAndRestore(t *testing.T) {
 	if info, err := c2.Info(ctx); err != nil || info.State != vmm.StateRunning {
 		t.Fatalf("after restore and resume: %+v %v", info.State, err)
 	}
+}
+
+// TestRelayListenerRule: the vsock relay counts as a guest listener a port
+// open now or changed (opened or closed) within listenerGrace, because
+// QEMU sends one VSERPORT_CHANGE a second at most and an agent with no
+// host attached closes and reopens the port every ~100 ms, so its events
+// are mostly "closed"; a port never used, or not for longer, is none.
+func TestRelayListenerRule(t *testing.T) {
+	r := &relay{log: stdlog.New(io.Discard, "", 0)}
+	if r.listening(0) {
+		t.Fatal("a port the guest never opened counts as a listener")
+	}
+	r.event("VSERPORT_CHANGE", json.RawMessage(`{"id":"other","open":true}`))
+	if r.listening(0) {
+		t.Fatal("another port's event counts for the agent's")
+	}
+	r.event("VSERPORT_CHANGE", json.RawMessage(`{"id":"agentport","open":false}`))
+	if !r.listening(0) {
+		t.Fatal("a port closed a moment ago (an agent between sessions) is no listener")
+	}
+	r.mu.Lock()
+	r.lastSeen = time.Now().Add(-listenerGrace - time.Second)
+	r.mu.Unlock()
+	if r.listening(0) {
+		t.Fatal("a port closed long ago counts as a listener")
+	}
+	r.event("VSERPORT_CHANGE", json.RawMessage(`{"id":"agentport","open":true}`))
+	r.mu.Lock()
+	r.lastSeen = time.Now().Add(-time.Hour)
+	r.mu.Unlock()
+	if !r.listening(0) {
+		t.Fatal("a port held open (no events since) is no listener")
+	}
+}
+
+// TestAdapterAutoAccelBoots: with no accelerator named, the adapter picks
+// KVM when /dev/kvm answers, and falls back to TCG, saying so, when QEMU
+// dies on KVM before its monitor answers (a nested /dev/kvm, as on this
+// project's CI machine, fails the first vCPU): the guest boots either way.
+func TestAdapterAutoAccelBoots(t *testing.T) {
+	g := testutil.RealGuest(t)
+	dir, api, _ := adapterWith(t, "")
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
+	defer cancel()
+	c := vmm.NewClient(api)
+	console := filepath.Join(dir, "console.log")
+	if err := c.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: g.Kernel, Cmdline: "console=ttyS0"},
+		Memory: vmm.Memory{Size: 256 << 20}, Cpus: vmm.Cpus{BootVcpus: 1},
+		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: console}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Boot(ctx); err != nil {
+		t.Fatalf("boot with the accelerator left to the adapter: %v", err)
+	}
+	testutil.WaitUntil(t, 60*time.Second, "the kernel logging", func() bool {
+		b, _ := os.ReadFile(console)
+		return strings.Contains(string(b), "Linux version")
+	})
+	log, _ := os.ReadFile(filepath.Join(dir, "vmm.log"))
+	t.Logf("KVM answers: %v; adapter log: %s", KVMAnswers(), regexp.MustCompile(`\(accel \w+\)|falling back to tcg`).FindAllString(string(log), -1))
 }
