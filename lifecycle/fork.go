@@ -1,12 +1,15 @@
 package lifecycle
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -78,10 +81,11 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	if err := m.preflightCopies(sources, spec.Count, 0, spec.Force); err != nil {
 		return nil, err
 	}
-	resume, err := m.pauseIfRunning(ctx, parent)
+	pause, err := m.pauseIfRunning(ctx, parent)
 	if err != nil {
 		return nil, err
 	}
+	resume := sync.OnceFunc(pause)
 	defer resume()
 	var mounts []Mount
 	for _, v := range parent.Volumes {
@@ -91,24 +95,82 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	if err != nil {
 		return nil, err
 	}
+	// Children are copied forkCopiers at a time, each in its own saga; a
+	// slot is freed as soon as that child's copies are durable, so its
+	// boot overlaps the next child's copies, and the parent resumes once
+	// every child's copies are durable, before the children boot. Children
+	// that attach the parent's volumes go one at a time: attaching takes
+	// each volume's lease.
+	parallel := forkCopiers
+	if len(mounts) > 0 {
+		parallel = 1
+	}
+	slots := make(chan struct{}, parallel)
+	var copying atomic.Int64
+	copying.Store(int64(spec.Count))
+	ids := make([]string, spec.Count)
+	errs := make([]error, spec.Count)
+	started := make([]bool, spec.Count)
+	var failed atomic.Bool
+	var running sync.WaitGroup
+	for i := range ids {
+		ids[i] = ulid.Make().String()
+		// The last child to finish copying resumes the parent itself, in
+		// its last disk step, before that step's event is journaled.
+		copied := sync.OnceFunc(func() {
+			<-slots
+			if copying.Add(-1) == 0 {
+				resume()
+			}
+		})
+		slots <- struct{}{}
+		if failed.Load() || ctx.Err() != nil {
+			// Stop starting children once one failed or the fork was
+			// interrupted; those not started count as copied.
+			copied()
+			continue
+		}
+		started[i] = true
+		running.Add(1)
+		go func() {
+			defer running.Done()
+			defer copied()
+			child := ids[i]
+			copies := m.childCopies(parent, child, sources)
+			committed := func(rs []events.Resource) events.Payload {
+				return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
+			}
+			if errs[i] = m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied); errs[i] != nil {
+				failed.Store(true)
+			}
+		}()
+	}
+	running.Wait()
+	// Every child that exists is reported, with the first failure: one
+	// interrupted after its commit is kept (a commit is never undone).
 	var children []projections.Sandbox
-	for i := 0; i < spec.Count; i++ {
-		child := ulid.Make().String()
-		copies := m.childCopies(parent, child, sources)
-		committed := func(rs []events.Resource) events.Payload {
-			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
+	var first error
+	for i, child := range ids {
+		if !started[i] {
+			continue
 		}
-		if err := m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
-			return children, err
-		}
+		first = cmp.Or(first, errs[i])
 		sb, err := m.Find(context.WithoutCancel(ctx), child)
 		if err != nil {
-			return children, err
+			if errs[i] == nil {
+				first = cmp.Or(first, err)
+			}
+			continue
 		}
 		children = append(children, sb)
 	}
-	return children, nil
+	return children, first
 }
+
+// forkCopiers is how many children of one fork copy their disks at once:
+// enough to keep a virtio or NVMe queue busy while one copy waits on its
+// fsync, few enough that a 2-core host still has CPU for the zero scan.
+const forkCopiers = 3
 
 // refuseLockedVolumes refuses, before anything is copied, a fork whose
 // children would attach a volume the running parent's VMM holds
@@ -215,7 +277,7 @@ func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (f
 
 // runChild runs the create-like saga of a fork or restore child.
 func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, seedCA string, copies []sourceDisk,
-	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step) error {
+	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step, copied func()) error {
 	s := m.saga(kind, child, nil)
 	release, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
 	if err != nil {
@@ -233,11 +295,23 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 	}
 	defer releaseAll(held)
 	s.Steps = append(s.Steps, m.intentsStep(held, intents))
-	for _, c := range copies {
-		c := c
-		s.Steps = append(s.Steps, m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) {
+	for i, c := range copies {
+		st := m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) {
 			return m.clone(c.name+" of "+child, c.src, dst)
-		}))
+		})
+		if i == len(copies)-1 && copied != nil {
+			// Clone fsyncs before it returns: the last copy is durable, and
+			// the source is no longer read.
+			do := st.Do
+			st.Do = func(ctx context.Context) ([]events.Payload, error) {
+				ps, err := do(ctx)
+				if err == nil {
+					copied()
+				}
+				return ps, err
+			}
+		}
+		s.Steps = append(s.Steps, st)
 	}
 	if stage != nil {
 		s.Steps = append(s.Steps, *stage)
@@ -450,7 +524,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	committed := func(rs []events.Resource) events.Payload {
 		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Image: man.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: man.Bootstrap}
 	}
-	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage); err != nil {
+	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil); err != nil {
 		return projections.Sandbox{}, err
 	}
 	return m.Find(context.WithoutCancel(ctx), child)

@@ -123,7 +123,9 @@ func TestCrashDuringFork(t *testing.T) {
 			t.Parallel()
 			root := shortRoot(t)
 			parent := createJSON(t, root, "--image", image)
-			crashAt(t, root, point, "fork", parent.ID)
+			// Three children, copied concurrently: the others are mid-flight
+			// at any step of the first, and recover must settle them all.
+			crashAt(t, root, point, "fork", parent.ID, "--count", "3")
 			recoverClean(t, root)
 			list := sandboxes(t, root)
 			var parentState string
