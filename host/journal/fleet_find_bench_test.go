@@ -47,7 +47,7 @@ func BenchmarkFleetFind(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
 	ctx := context.Background()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: journal.FleetStream, Subjects: []string{"host-a.>", "host-b.>", "host-c.>"}, AllowDirect: true})
 	if err != nil {
