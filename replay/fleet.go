@@ -123,26 +123,36 @@ func FleetLocate(read FleetReader, ref string) ([]Located, error) {
 // FleetTimeline is every event of ref (FleetLocate) on every host that has
 // it, in the aggregate's order, each with its host.
 func FleetTimeline(read FleetReader, ref string) ([]FleetEntry, error) {
-	found, err := FleetLocate(read, ref)
-	if err != nil {
-		return nil, err
-	}
-	if len(found) == 0 {
-		return nil, fmt.Errorf("no host's events name sandbox %q", ref)
-	}
-	var filters []string
-	for _, l := range found {
-		filters = append(filters, l.Host+"."+events.SandboxSubjects(l.ID))
+	// An ID is read once, on whichever hosts have it; a handle is first
+	// located on each host.
+	filters := []string{"*." + events.SandboxSubjects(ref)}
+	if _, err := ulid.ParseStrict(ref); err != nil {
+		found, err := FleetLocate(read, ref)
+		if err != nil {
+			return nil, err
+		}
+		filters = filters[:0]
+		for _, l := range found {
+			filters = append(filters, l.Host+"."+events.SandboxSubjects(l.ID))
+		}
 	}
 	out := []FleetEntry{}
-	err = read(filters, func(r FleetRecord) error {
-		e, err := DecodeFleet(r)
-		if err == nil {
-			out = append(out, e)
+	if len(filters) > 0 {
+		err := read(filters, func(r FleetRecord) error {
+			e, err := DecodeFleet(r)
+			if err == nil {
+				out = append(out, e)
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
 		}
-		return err
-	})
-	return out, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no host's events name sandbox %q", ref)
+	}
+	return out, nil
 }
 
 // Found is where a sandbox is in the fleet: its host, its state as that

@@ -127,7 +127,17 @@ func TestFleetFindAndTimeline(t *testing.T) {
 	if err != nil || len(tl) != 2 || tl[0].Host != "host-b" || tl[0].FleetSeq != 2 || tl[1].Type != events.SandboxStarted {
 		t.Fatalf("timeline %s: %+v %v", onB, tl, err)
 	}
-	if last := m.reads[len(m.reads)-1]; !reflect.DeepEqual(last, []string{"host-b.nexus.events.*.*." + onB}) {
-		t.Fatalf("the timeline read %v, not only the sandbox's subjects on its host", last)
+	if !reflect.DeepEqual(m.reads, [][]string{{"*.nexus.events.*.*." + onB}}) {
+		t.Fatalf("the timeline of an ID read %v, not its subjects once", m.reads)
+	}
+	m.reads = nil
+	if tl, err := FleetTimeline(m.read, "web"); err != nil || len(tl) != 3 {
+		t.Fatalf("timeline web: %+v %v", tl, err)
+	}
+	if last := m.reads[len(m.reads)-1]; !reflect.DeepEqual(last, []string{"host-a.nexus.events.*.*." + reused, "host-b.nexus.events.*.*." + onB}) {
+		t.Fatalf("the timeline of a handle read %v, not each host's sandbox's subjects", last)
+	}
+	if _, err := FleetTimeline(m.read, ulid.Make().String()); err == nil {
+		t.Fatal("a timeline of an ID no host has")
 	}
 }
