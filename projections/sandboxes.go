@@ -2,6 +2,7 @@ package projections
 
 import (
 	"path"
+	"slices"
 	"sort"
 	"time"
 
@@ -92,30 +93,62 @@ type Sandboxes struct {
 	owners  multimap // path → ids owning it
 }
 
-// multimap maps a key to a set of sandbox IDs.
-type multimap map[string]map[string]struct{}
+// multimap maps a key to a set of sandbox IDs. A path or handle has one
+// sandbox almost always, so the first ID is a plain map value and only the
+// rest go to more: a map or slice per key would cost several times the
+// view's own memory at 100k sandboxes (measured: +139 MiB as maps).
+type multimap struct {
+	one  map[string]string
+	more map[string][]string
+}
 
+func newMultimap() multimap {
+	return multimap{one: map[string]string{}, more: map[string][]string{}}
+}
+
+// add never sees a (key, id) it holds: reindex removes every entry of a
+// sandbox before adding what it holds now, and a sandbox's paths are
+// distinct (claim).
 func (m multimap) add(key, id string) {
-	ids := m[key]
-	if ids == nil {
-		ids = map[string]struct{}{}
-		m[key] = ids
+	if _, taken := m.one[key]; !taken {
+		m.one[key] = id
+		return
 	}
-	ids[id] = struct{}{}
+	m.more[key] = append(m.more[key], id)
 }
 
 func (m multimap) del(key, id string) {
-	if ids := m[key]; ids != nil {
-		delete(ids, id)
-		if len(ids) == 0 {
-			delete(m, key)
+	extra := m.more[key]
+	if m.one[key] == id {
+		if len(extra) == 0 {
+			delete(m.one, key)
+			return
 		}
+		m.one[key], extra = extra[0], extra[1:]
+	} else if i := slices.Index(extra, id); i >= 0 {
+		extra = append(extra[:i:i], extra[i+1:]...)
 	}
+	if len(extra) == 0 {
+		delete(m.more, key)
+	} else {
+		m.more[key] = extra
+	}
+}
+
+func (m multimap) has(key, id string) bool {
+	return m.one[key] == id || slices.Contains(m.more[key], id)
 }
 
 // least is the smallest of key's IDs other than except (List order).
 func (m multimap) least(key, except string) (id string, found bool) {
-	for owner := range m[key] {
+	first, ok := m.one[key]
+	if !ok {
+		return "", false
+	}
+	if first != except {
+		id, found = first, true
+	}
+	for _, owner := range m.more[key] {
 		if owner != except && (!found || owner < id) {
 			id, found = owner, true
 		}
@@ -125,7 +158,7 @@ func (m multimap) least(key, except string) (id string, found bool) {
 
 // NewSandboxes returns an empty view.
 func NewSandboxes() *Sandboxes {
-	return &Sandboxes{byID: map[string]*Sandbox{}, handles: multimap{}, owners: multimap{}}
+	return &Sandboxes{byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap()}
 }
 
 // indexed is what the indexes hold of one sandbox. Resources is the slice
@@ -197,7 +230,7 @@ func (s *Sandboxes) OwnerOf(paths []string, except string) (id, path string, fou
 		return "", "", false
 	}
 	for _, p := range paths {
-		if _, ok := s.owners[p][id]; ok {
+		if s.owners.has(p, id) {
 			return id, p, true
 		}
 	}
@@ -439,7 +472,7 @@ func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
 		byID[sb.ID] = sb
 	}
 	s.seq, s.byID, s.ids = seq, byID, nil
-	s.handles, s.owners = multimap{}, multimap{}
+	s.handles, s.owners = newMultimap(), newMultimap()
 	for id, sb := range byID {
 		s.index(id, indexed{sb.Handle, sb.Resources})
 	}
