@@ -509,8 +509,7 @@ func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (
 		}
 		return sb, err
 	}
-	m.writeRecord(ctx, sb.ID)
-	return m.Find(context.WithoutCancel(ctx), sb.ID)
+	return m.recordAndRead(ctx, sb.ID)
 }
 
 // refuseVolumesReadLocked refuses, before anything runs, the start of a
@@ -569,8 +568,7 @@ func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, er
 	if err != nil {
 		return c.sb, err
 	}
-	m.writeRecord(ctx, c.sb.ID)
-	return m.Find(context.WithoutCancel(ctx), c.sb.ID)
+	return m.recordAndRead(ctx, c.sb.ID)
 }
 
 // already returns the sandbox as it is with err when err is ErrAlready (the

@@ -110,10 +110,11 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	if err := s.Run(ctx, m.B); err != nil {
 		return projections.Sandbox{}, err
 	}
-	if err := m.writeRecord(ctx, id); err != nil {
+	sb, err := m.writeRecord(ctx, id)
+	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	return m.Find(context.WithoutCancel(ctx), id)
+	return sb, nil
 }
 
 type createPlan struct {

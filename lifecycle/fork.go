@@ -323,7 +323,8 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 	if err := s.Run(ctx, m.B); err != nil {
 		return err
 	}
-	return m.writeRecord(ctx, child)
+	_, err = m.writeRecord(ctx, child)
+	return err
 }
 
 // manifest describes a snapshot directory.

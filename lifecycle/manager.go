@@ -183,20 +183,31 @@ func (m *Manager) reclaim(r events.Resource, owned bool, by string) ([]events.Pa
 // writeRecord publishes sandboxes/<id>/record.json, the derived record an
 // operator or another tool can read without the journal. It is rebuilt
 // from the journal on every lifecycle change, so it can never be the only
-// copy of anything.
-func (m *Manager) writeRecord(ctx context.Context, id string) error {
+// copy of anything. It returns the sandbox it read (zero if it could not
+// read one), so a flow that answers with it reads it once, not twice.
+func (m *Manager) writeRecord(ctx context.Context, id string) (projections.Sandbox, error) {
 	ctx = context.WithoutCancel(ctx)
 	sb, err := m.Find(ctx, id)
 	if err != nil {
-		return err
+		return projections.Sandbox{}, err
 	}
 	data, err := json.MarshalIndent(sb, "", "  ")
 	if err != nil {
-		return err
+		return sb, err
 	}
 	dir := filepath.Dir(m.Root.Record(id))
 	if err := fsx.MkdirAll(string(m.Root), dir, 0o700); err != nil {
-		return err
+		return sb, err
 	}
-	return fsx.WriteFile(string(m.Root), m.Root.Record(id), append(data, '\n'), 0o600)
+	return sb, fsx.WriteFile(string(m.Root), m.Root.Record(id), append(data, '\n'), 0o600)
+}
+
+// recordAndRead is writeRecord for a flow that answers with the sandbox:
+// the record is best effort, the answer is not.
+func (m *Manager) recordAndRead(ctx context.Context, id string) (projections.Sandbox, error) {
+	sb, err := m.writeRecord(ctx, id)
+	if sb.ID != "" {
+		return sb, nil
+	}
+	return sb, err
 }

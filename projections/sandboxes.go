@@ -2,6 +2,7 @@ package projections
 
 import (
 	"path"
+	"slices"
 	"sort"
 	"time"
 
@@ -84,10 +85,122 @@ type Sandboxes struct {
 	// went: rebuilt on the next List or Page, so paging through the view
 	// sorts it once, not once per page.
 	ids []string
+	// handles and owners index the view by handle and by owned path, so
+	// ByHandle and OwnerOf (the daemon's per-entity answers) cost the
+	// sandboxes they name, not a scan of every sandbox. Apply keeps them
+	// (reindex); UnmarshalState rebuilds them.
+	handles multimap // handle → ids carrying it (one, unless a history was made by hand)
+	owners  multimap // path → ids owning it
+}
+
+// multimap maps a key to a set of sandbox IDs. A path or handle has one
+// sandbox almost always, so the first ID is a plain map value and only the
+// rest go to more: a map or slice per key would cost several times the
+// view's own memory at 100k sandboxes (measured: +139 MiB as maps).
+type multimap struct {
+	one  map[string]string
+	more map[string][]string
+}
+
+func newMultimap() multimap {
+	return multimap{one: map[string]string{}, more: map[string][]string{}}
+}
+
+// add never sees a (key, id) it holds: reindex removes every entry of a
+// sandbox before adding what it holds now, and a sandbox's paths are
+// distinct (claim).
+func (m multimap) add(key, id string) {
+	if _, taken := m.one[key]; !taken {
+		m.one[key] = id
+		return
+	}
+	m.more[key] = append(m.more[key], id)
+}
+
+func (m multimap) del(key, id string) {
+	extra := m.more[key]
+	if m.one[key] == id {
+		if len(extra) == 0 {
+			delete(m.one, key)
+			return
+		}
+		m.one[key], extra = extra[0], extra[1:]
+	} else if i := slices.Index(extra, id); i >= 0 {
+		extra = append(extra[:i:i], extra[i+1:]...)
+	}
+	if len(extra) == 0 {
+		delete(m.more, key)
+	} else {
+		m.more[key] = extra
+	}
+}
+
+func (m multimap) has(key, id string) bool {
+	return m.one[key] == id || slices.Contains(m.more[key], id)
+}
+
+// least is the smallest of key's IDs other than except (List order).
+func (m multimap) least(key, except string) (id string, found bool) {
+	first, ok := m.one[key]
+	if !ok {
+		return "", false
+	}
+	if first != except {
+		id, found = first, true
+	}
+	for _, owner := range m.more[key] {
+		if owner != except && (!found || owner < id) {
+			id, found = owner, true
+		}
+	}
+	return id, found
 }
 
 // NewSandboxes returns an empty view.
-func NewSandboxes() *Sandboxes { return &Sandboxes{byID: map[string]*Sandbox{}} }
+func NewSandboxes() *Sandboxes {
+	return &Sandboxes{byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap()}
+}
+
+// indexed is what the indexes hold of one sandbox. Resources is the slice
+// as it was: claim appends past its length and release copies
+// (append(r[:i:i], ...)), so an old slice header still reads the old paths.
+type indexed struct {
+	handle    string
+	resources []events.Resource
+}
+
+func (s *Sandboxes) indexedOf(id string) indexed {
+	if sb := s.byID[id]; sb != nil {
+		return indexed{sb.Handle, sb.Resources}
+	}
+	return indexed{}
+}
+
+// reindex moves id's index entries from what they were (before) to what
+// the sandbox holds now.
+func (s *Sandboxes) reindex(id string, before indexed) {
+	now := s.indexedOf(id)
+	if now.handle == before.handle && len(now.resources) == len(before.resources) &&
+		(len(now.resources) == 0 || &now.resources[0] == &before.resources[0]) {
+		return // the common event: neither handle nor resources changed
+	}
+	if before.handle != "" {
+		s.handles.del(before.handle, id)
+	}
+	for _, r := range before.resources {
+		s.owners.del(r.Path, id)
+	}
+	s.index(id, now)
+}
+
+func (s *Sandboxes) index(id string, x indexed) {
+	if x.handle != "" {
+		s.handles.add(x.handle, id)
+	}
+	for _, r := range x.resources {
+		s.owners.add(r.Path, id)
+	}
+}
 
 func (*Sandboxes) Name() string  { return "sandboxes" }
 func (s *Sandboxes) Seq() uint64 { return s.seq }
@@ -95,12 +208,11 @@ func (s *Sandboxes) Seq() uint64 { return s.seq }
 // Get returns the sandbox with id, or nil.
 func (s *Sandboxes) Get(id string) *Sandbox { return s.byID[id] }
 
-// ByHandle returns the sandbox carrying handle, or nil.
+// ByHandle returns the sandbox carrying handle (the oldest, should a
+// history made by hand give two the same one), or nil.
 func (s *Sandboxes) ByHandle(handle string) *Sandbox {
-	for _, sb := range s.byID {
-		if sb.Handle == handle {
-			return sb
-		}
+	if id, ok := s.handles.least(handle, ""); ok && handle != "" {
+		return s.byID[id]
 	}
 	return nil
 }
@@ -109,17 +221,20 @@ func (s *Sandboxes) ByHandle(handle string) *Sandbox {
 // that owns one of paths, and that path. The daemon answers with it so a
 // command asking "is this path taken" gets one answer, not every sandbox.
 func (s *Sandboxes) OwnerOf(paths []string, except string) (id, path string, found bool) {
-	for _, sb := range s.List() {
-		if sb.ID == except {
-			continue
-		}
-		for _, p := range paths {
-			if sb.Owns(p) {
-				return sb.ID, p, true
-			}
+	for _, p := range paths {
+		if owner, ok := s.owners.least(p, except); ok && (!found || owner < id) {
+			id, found = owner, true
 		}
 	}
-	return "", "", false
+	if !found {
+		return "", "", false
+	}
+	for _, p := range paths {
+		if s.owners.has(p, id) {
+			return id, p, true
+		}
+	}
+	return "", "", false // unreachable: id owns one of paths
 }
 
 // List returns every sandbox, oldest first.
@@ -164,6 +279,11 @@ func (s *Sandboxes) Apply(seq uint64, e events.Event) {
 	if e.Sandbox == "" {
 		return
 	}
+	defer s.reindex(e.Sandbox, s.indexedOf(e.Sandbox))
+	s.apply(seq, e)
+}
+
+func (s *Sandboxes) apply(seq uint64, e events.Event) {
 	sb := s.byID[e.Sandbox]
 	defer s.bumpRev(e.Sandbox, seq)
 	touch := func() {
@@ -352,5 +472,9 @@ func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
 		byID[sb.ID] = sb
 	}
 	s.seq, s.byID, s.ids = seq, byID, nil
+	s.handles, s.owners = newMultimap(), newMultimap()
+	for id, sb := range byID {
+		s.index(id, indexed{sb.Handle, sb.Resources})
+	}
 	return nil
 }
