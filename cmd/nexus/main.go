@@ -65,6 +65,9 @@ func exitCode(err error) int {
 	if err == nil {
 		return 0
 	}
+	if st := exitStatus(0); errors.As(err, &st) {
+		return int(st) // a guest command's status, passed through by exec
+	}
 	msg := err.Error()
 	if ce := (*journal.CorruptError)(nil); errors.As(err, &ce) {
 		msg += "; if only the end of the last block is torn, `nexus journal repair --backup DIR` copies the store aside and cuts it"
@@ -110,7 +113,7 @@ func newRoot() *cobra.Command {
 		inspectCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), vmmQEMUCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(), execCmd(g), cpCmd(g),
 	)
 	root.AddCommand(testCommands(g)...)
 	root.AddCommand(docsCmd())
