@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"os"
 	"os/exec"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/host/vmm"
 )
 
 // procStdin is proc with stdin.
@@ -170,4 +173,52 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// A stop whose flush the agent does not confirm succeeds, journals no
+// acknowledgement and says so, naming the cause and what the next start
+// does. --flush-timeout bounds the wait: an agent that reads but never
+// answers (the process driver's guest while its VM is paused) costs the
+// deadline, not the default 10 s.
+func TestStopSaysWhenTheFlushFailed(t *testing.T) {
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", makeImage(t))
+	r := mustOK(t, proc(t, root, "stop", sb.ID), "stop")
+	if strings.Contains(r.stderr, "warning") {
+		t.Fatalf("an acknowledged stop warned: %q", r.stderr)
+	}
+	mustOK(t, proc(t, root, "start", sb.ID), "start")
+	// The agent's socket is gone: no flush can be confirmed.
+	os.Remove(filepath.Join(root, "run", "sb-"+sb.ID+".vsock"))
+	r = mustOK(t, proc(t, root, "stop", sb.ID), "stop without an agent")
+	for _, want := range []string{"nexus: warning: " + sb.ID + " stopped without a flush acknowledgement", "guest agent", "--accept-unflushed"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stop's warning %q does not say %q", r.stderr, want)
+		}
+	}
+	if n := strings.Count(nexus(t, root, "events", "--type", "flush.acknowledged", "--sandbox", sb.ID).stdout, "\n"); n != 1 {
+		t.Errorf("%d flush acknowledgements, want the first stop's only", n)
+	}
+
+	mustOK(t, proc(t, root, "start", sb.ID), "start again")
+	pauseVM(t, root, sb.ID)
+	began := time.Now()
+	r = mustOK(t, proc(t, root, "stop", "--flush-timeout", "1s", sb.ID), "stop with a hung agent")
+	if took := time.Since(began); took > 8*time.Second {
+		t.Errorf("stop --flush-timeout 1s took %v", took)
+	}
+	if !strings.Contains(r.stderr, "timeout") {
+		t.Errorf("stop's warning does not name the timeout: %q", r.stderr)
+	}
+}
+
+// pauseVM pauses a process-driver VM through its API, as nothing in nexus
+// leaves a running sandbox paused.
+func pauseVM(t *testing.T, root, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := vmm.NewClient(filepath.Join(root, "run", "sb-"+id+".sock")).Pause(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
