@@ -419,8 +419,10 @@ func (m *Manager) stopVMM(ctx context.Context, id string, who proc.Identity, flu
 // failed flush or a failed termination never yields one.
 func (m *Manager) terminateVMM(ctx context.Context, id string, who proc.Identity, flush bool) ([]events.Payload, error) {
 	flushed := false
+	var flushErr error
 	if flush {
-		flushed = vmm.GuestFlush(ctx, m.Root.VsockSocket(id), 0) == nil
+		flushErr = vmm.GuestFlush(ctx, m.Root.VsockSocket(id), m.FlushDeadline)
+		flushed = flushErr == nil
 	}
 	c := vmm.NewClient(m.Root.APISocket(id))
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -431,9 +433,13 @@ func (m *Manager) terminateVMM(ctx context.Context, id string, who proc.Identity
 		return nil, fmt.Errorf("stop VMM pid %d: %w", who.Pid, err)
 	}
 	var ps []events.Payload
+	sb, _ := m.Find(ctx, id)
 	if flushed {
-		sb, _ := m.Find(ctx, id)
 		ps = append(ps, events.FlushAcknowledgedEvent{Run: sb.LastRun, Overlay: m.rel(m.Root.WorkspaceDisk(id))})
+	} else if flush {
+		// docs/overlay.md: an unacknowledged run's overlay is trusted at
+		// the next start only if it is clean and roomy.
+		m.notice("%s stopped without a flush acknowledgement for run %s (%v): the guest's last writes may not be on its disks; the next start checks the workspace overlay and refuses it if its journal needs replay, its counts are stale or it is full (`nexus start --accept-unflushed %s` then replays and checks it on a private copy)", id, sb.LastRun, flushErr, id)
 	}
 	return append(ps, events.SandboxStoppedEvent{Reason: "stopped"}), nil
 }

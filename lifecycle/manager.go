@@ -78,6 +78,19 @@ type Manager struct {
 	// Wait makes a command wait for another command's saga on the same
 	// sandbox or volume to end, instead of refusing (--wait).
 	Wait bool
+	// FlushDeadline bounds how long stop waits for the guest agent's
+	// flush, and FreezeDeadline how long fork and snapshot wait for its
+	// freeze (0: vmm.DefaultFlushDeadline).
+	FlushDeadline, FreezeDeadline time.Duration
+	// Notice, if set, tells the operator something that did not fail the
+	// command but changes what comes next (a stop without a flush).
+	Notice func(msg string)
+}
+
+func (m *Manager) notice(format string, args ...any) {
+	if m.Notice != nil {
+		m.Notice(fmt.Sprintf(format, args...))
+	}
 }
 
 // DefaultOverlayMiB is a new sandbox's overlay size when none is configured.

@@ -34,6 +34,7 @@ var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"snapshot ls":     sandboxRefs,
 	"volume rm":       volumeNames,
 	"logs":            sandboxRefs,
+	"exec":            sandboxRefs,
 }
 
 // flagCompleters complete flag values wherever a command has the flag.

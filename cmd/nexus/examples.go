@@ -24,6 +24,8 @@ var examples = map[string][]string{
 	"snapshot rm": {"nexus snapshot rm \"$snap\"", "nexus snapshot rm 01JF3QX7 01JF3QY2", "nexus snapshot rm --dry-run 01JF3QX7"},
 	"recover":     {"nexus recover", "nexus recover --json"},
 	"ls":          {"nexus ls", "nexus ls --json", "nexus ls -q", "nexus ls --format '{{.ID}} {{.State}}'"},
+	"exec":        {"nexus exec web/1 -- uname -a", "nexus exec -i --env LANG=C.UTF-8 -w /workspace web/1 -- sh -c 'wc -l'"},
+	"cp":          {"nexus cp web/1:/workspace/out.log ./out.log", "nexus cp ./input.csv web/1:/workspace/input.csv"},
 	"logs":        {"nexus logs web/1", "nexus logs web/1 --log vmm --follow"},
 	"inspect":     {"nexus inspect web/1", "nexus inspect 01JF3QK2 web/2 --json"},
 	"events": {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
@@ -73,6 +75,7 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),
+			Notice: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg)) },
 		}
 	}, nil
 }
@@ -285,9 +288,13 @@ func startCmd(g *globals) *cobra.Command {
 }
 
 func stopCmd(g *globals) *cobra.Command {
-	return simpleCmd(g, "stop", "Stop running sandboxes (a stopped one is reported and left alone)", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+	var deadline time.Duration
+	c := simpleCmd(g, "stop", "Stop running sandboxes (a stopped one is reported and left alone)", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+		m.FlushDeadline = deadline
 		return m.Stop(ctx, ref)
 	})
+	c.Flags().DurationVar(&deadline, "flush-timeout", vmm.DefaultFlushDeadline, "how long to wait for the guest agent's flush; without one the run stays unacknowledged")
+	return c
 }
 
 func rmCmd(g *globals) *cobra.Command {

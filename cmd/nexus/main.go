@@ -92,7 +92,7 @@ func exitCode(err error) int {
 		return 0
 	}
 	if es := (exitStatus{}); errors.As(err, &es) {
-		return es.code
+		return es.code // a command's own status (run's child, exec's guest command)
 	}
 	msg := err.Error()
 	if ce := (*journal.CorruptError)(nil); errors.As(err, &ce) {
@@ -138,7 +138,7 @@ func newRoot() *cobra.Command {
 		inspectCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), vmmQEMUCmd(), supervisorCmd(),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(),
+		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(), execCmd(g), cpCmd(g),
 	)
 	root.AddCommand(testCommands(g)...)
 	root.AddCommand(docsCmd())

@@ -34,12 +34,26 @@ type Config struct {
 	FreezeMounts []string
 	Name         string
 	Log          *log.Logger
+	// Root, when set, is a host directory standing for the guest's root:
+	// file paths and exec working directories are taken under it (the
+	// process driver's stand-in guest, which runs on the host). Empty in
+	// a real guest.
+	Root string
+	// Freezer, when set, replaces FIFREEZE: the stand-in guest has no
+	// filesystems of its own to freeze and syncs its disk images instead.
+	Freezer Freezer
+}
+
+// Freezer freezes and thaws what a guest's freeze and flush cover.
+type Freezer interface {
+	Freeze(deadline time.Duration) ([]string, error)
+	Thaw() ([]string, error)
 }
 
 // Agent serves sessions; its frozen state is shared by all of them.
 type Agent struct {
 	cfg Config
-	z   *freezer
+	z   Freezer
 }
 
 // New makes an Agent.
@@ -55,13 +69,26 @@ func New(cfg Config) *Agent {
 		fixed := cfg.FreezeMounts
 		mounts = func() ([]string, error) { return fixed, nil }
 	}
-	return &Agent{cfg: cfg, z: &freezer{mounts: mounts}}
+	var z Freezer = &freezer{mounts: mounts}
+	if cfg.Freezer != nil {
+		z = cfg.Freezer
+	}
+	return &Agent{cfg: cfg, z: z}
 }
 
 // ThawAll thaws whatever is frozen; the agent calls it on its way out.
 func (a *Agent) ThawAll() error {
-	_, err := a.z.thaw()
+	_, err := a.z.Thaw()
 	return err
+}
+
+// guestPath is where a guest path is: itself in a guest, under Root on
+// the stand-in (Join cleans "..", so a path cannot climb out of Root).
+func (a *Agent) guestPath(p string) string {
+	if a.cfg.Root == "" {
+		return p
+	}
+	return filepath.Join(a.cfg.Root, filepath.Join("/", p))
 }
 
 // session is one stream's state.
@@ -158,7 +185,7 @@ func (s *session) loop() error {
 				d = DefaultFreezeDeadline
 			}
 			d = min(d, MaxFreezeDeadline)
-			paths, err := s.a.z.freeze(d)
+			paths, err := s.a.z.Freeze(d)
 			if err != nil {
 				s.a.cfg.Log.Printf("%s: %v", m.Type, err)
 				s.send(agentproto.Errorf(m.ID, "%v", err))
@@ -166,7 +193,7 @@ func (s *session) loop() error {
 			}
 			s.send(&agentproto.Message{Type: agentproto.TOK, ID: m.ID, Paths: paths})
 		case agentproto.TThaw:
-			paths, err := s.a.z.thaw()
+			paths, err := s.a.z.Thaw()
 			if err != nil {
 				s.send(agentproto.Errorf(m.ID, "%v", err))
 				continue
@@ -205,7 +232,9 @@ func (s *session) exec(m *agentproto.Message) {
 	if len(m.Env) > 0 {
 		cmd.Env = m.Env
 	}
-	cmd.Dir = m.Cwd
+	if m.Cwd != "" || s.a.cfg.Root != "" {
+		cmd.Dir = s.a.guestPath(m.Cwd)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -345,7 +374,7 @@ func (s *session) data(m *agentproto.Message) {
 }
 
 func (s *session) read(m *agentproto.Message) {
-	f, err := os.Open(m.Path)
+	f, err := os.Open(s.a.guestPath(m.Path))
 	if err != nil {
 		s.send(agentproto.Errorf(m.ID, "read: %v", err))
 		return
@@ -377,7 +406,7 @@ func (s *session) startWrite(m *agentproto.Message) {
 	if mode == 0 {
 		mode = 0o644
 	}
-	u := &upload{id: m.ID, path: m.Path, mode: mode, ch: make(chan []byte, stdinQueue)}
+	u := &upload{id: m.ID, path: s.a.guestPath(m.Path), mode: mode, ch: make(chan []byte, stdinQueue)}
 	s.mu.Lock()
 	s.writes[m.ID] = u
 	s.mu.Unlock()

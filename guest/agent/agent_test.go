@@ -64,10 +64,10 @@ func TestSessionsConcurrently(t *testing.T) {
 	}
 	wg.Wait()
 	// An empty freeze list freezes nothing and says so.
-	if paths, err := a.z.freeze(time.Second); err != nil || len(paths) != 0 {
+	if paths, err := a.z.Freeze(time.Second); err != nil || len(paths) != 0 {
 		t.Fatalf("freeze of nothing: %v %v", paths, err)
 	}
-	if _, err := a.z.thaw(); err != nil {
+	if _, err := a.z.Thaw(); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -39,7 +39,7 @@ type freezer struct {
 
 // freeze syncs, then freezes every target (or, when already frozen, moves
 // the deadline). A failure thaws what this call froze.
-func (z *freezer) freeze(deadline time.Duration) ([]string, error) {
+func (z *freezer) Freeze(deadline time.Duration) ([]string, error) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	if len(z.frozen) == 0 {
@@ -100,7 +100,7 @@ func (z *freezer) paths() []string {
 }
 
 // thaw thaws everything frozen and returns the mount points.
-func (z *freezer) thaw() ([]string, error) {
+func (z *freezer) Thaw() ([]string, error) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	return z.thawLocked()

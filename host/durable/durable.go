@@ -7,6 +7,7 @@ package durable
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 )
 
 // SyncDir fsyncs a directory so the entries renamed into it survive power
@@ -21,4 +22,37 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	return nil
+}
+
+// Publish writes a file outside the state root (the operator's own, e.g.
+// `nexus cp`'s destination) as nexus writes its own: fill writes a
+// temporary file beside path, which is fsynced, renamed over path, and its
+// directory fsynced. A failure leaves path as it was.
+func Publish(path string, perm os.FileMode, fill func(*os.File) error) error {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".nexus-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name()) // a no-op once renamed
+	err = fill(f)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		return err
+	}
+	return SyncDir(dir)
 }

@@ -1,25 +1,32 @@
 package vmm
 
 import (
-	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
-	"github.com/nexus-sandbox/nexus/agentproto"
+	guestagent "github.com/nexus-sandbox/nexus/guest/agent"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // agent stands in for the guest agent behind CH's vsock socket. It answers
-// CH's "CONNECT <port>" handshake with "OK <n>", then speaks the agent
-// protocol (docs/guest-agent.md): hello, ping, and freeze/flush, which
-// rewrites sector 0 of every writable disk (a superblock commit, refused
-// as CH refuses it on a disk whose raw type was probed rather than given)
-// and fsyncs it: the host's proof that the guest's filesystems reached the
-// disks. No guest process writes here, so frozen and thawed look alike;
-// exec and files are refused.
+// CH's "CONNECT <port>" handshake with "OK <n>", then serves the agent
+// protocol (docs/guest-agent.md) with the guest's own implementation
+// (guest/agent) on the host: exec runs real processes, read and write
+// real files, in a directory standing for the guest's root (root, made at
+// boot and removed with the VM: the stand-in guest has no disk to keep
+// them on). freeze and flush rewrite sector 0 of every writable disk (a
+// superblock commit, refused as CH refuses it on a disk whose raw type was
+// probed rather than given) and fsync it: the host's proof that the
+// guest's filesystems reached the disks. Nothing stops the host processes
+// exec started from writing while "frozen": the stand-in's disks are not
+// their filesystem.
 //
 // While the VM is paused the agent reads but does not answer, as a frozen
 // guest cannot: a host that asks the guest to flush after pausing it hangs
@@ -28,6 +35,8 @@ type agent struct {
 	l     *unixsock.Listener
 	disks []disk
 	log   *logger
+	guest *guestagent.Agent
+	root  string
 	done  chan struct{}
 	wg    sync.WaitGroup
 
@@ -42,7 +51,18 @@ func startAgent(path string, disks []disk, paused bool, log *logger) (*agent, er
 	if err != nil {
 		return nil, err
 	}
-	a := &agent{l: l, disks: disks, log: log, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, nextOK: 1 << 30}
+	root, err := os.MkdirTemp("", "nexus-guest-root-")
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	// The guest's usual mount points, so guest paths such as
+	// /workspace/f name something.
+	for _, d := range []string{"workspace", "tmp"} {
+		os.Mkdir(filepath.Join(root, d), 0o755)
+	}
+	a := &agent{l: l, disks: disks, log: log, root: root, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, nextOK: 1 << 30}
+	a.guest = guestagent.New(guestagent.Config{Root: root, Freezer: diskFreezer{a}, Name: "nexus-process-vmm"})
 	if paused {
 		a.resumed = make(chan struct{})
 	}
@@ -75,6 +95,8 @@ func (a *agent) close() {
 	}
 	a.mu.Unlock()
 	a.wg.Wait()
+	// Every session has ended, and with it every process it started.
+	os.RemoveAll(a.root)
 }
 
 func (a *agent) accept() {
@@ -133,29 +155,32 @@ func (a *agent) serve(c net.Conn) {
 	if _, err := fmt.Fprintf(c, "OK %d\n", n); err != nil {
 		return
 	}
-	hello := false
-	for {
-		m, err := agentproto.Read(c)
-		if errors.Is(err, agentproto.ErrUnknownType) {
-			if !a.waitRunning() || agentproto.Write(c, agentproto.Errorf(m.ID, "%v", err)) != nil {
-				return
-			}
-			continue
-		}
-		if err != nil {
-			return
-		}
-		if !a.waitRunning() {
-			return
-		}
-		reply := a.answer(m, hello)
-		if m.Type == agentproto.THello && reply.Type == agentproto.THello {
-			hello = true
-		}
-		if err := agentproto.Write(c, reply); err != nil {
-			return
-		}
+	a.guest.Serve(pausable{c, a})
+}
+
+// pausable holds the session's frames while the VM is paused: a frame
+// read is not handed on, and an answer not written, until it resumes.
+type pausable struct {
+	net.Conn
+	a *agent
+}
+
+func (p pausable) Read(b []byte) (int, error) {
+	if !p.a.waitRunning() {
+		return 0, io.EOF
 	}
+	n, err := p.Conn.Read(b)
+	if !p.a.waitRunning() {
+		return 0, io.EOF
+	}
+	return n, err
+}
+
+func (p pausable) Write(b []byte) (int, error) {
+	if !p.a.waitRunning() {
+		return 0, net.ErrClosed
+	}
+	return p.Conn.Write(b)
 }
 
 // waitRunning blocks while the VM is paused; false means the agent closed.
@@ -180,34 +205,28 @@ func (a *agent) waitRunning() bool {
 	}
 }
 
-func (a *agent) answer(m *agentproto.Message, hello bool) *agentproto.Message {
-	if !hello && m.Type != agentproto.THello {
-		return agentproto.Errorf(m.ID, "hello first")
-	}
-	switch m.Type {
-	case agentproto.THello:
-		return &agentproto.Message{Type: agentproto.THello, ID: m.ID, Version: min(m.Version, agentproto.Version), Agent: "nexus-process-vmm"}
-	case agentproto.TPing, agentproto.TThaw:
-		return &agentproto.Message{Type: agentproto.TOK, ID: m.ID}
-	case agentproto.TFreeze, agentproto.TFlush:
-		var paths []string
-		for _, d := range a.disks {
-			if !d.writable {
-				continue
-			}
-			// The guest's filesystems commit their superblocks, which for
-			// an ext4 with 4 KiB blocks rewrites sector 0.
-			if err := writeGuestSector0(d); err != nil {
-				a.log.Printf("vsock %s: %v", m.Type, err)
-				return agentproto.Errorf(m.ID, "%v", err)
-			}
-			if err := d.f.Sync(); err != nil {
-				a.log.Printf("vsock %s: %v", m.Type, err)
-				return agentproto.Errorf(m.ID, "%v", err)
-			}
-			paths = append(paths, d.path)
+// diskFreezer is the stand-in's freeze: the guest's filesystems commit
+// their superblocks, which for an ext4 with 4 KiB blocks rewrites sector
+// 0, and the disks are fsynced. Thaw has nothing to undo.
+type diskFreezer struct{ a *agent }
+
+func (z diskFreezer) Freeze(time.Duration) ([]string, error) {
+	var paths []string
+	for _, d := range z.a.disks {
+		if !d.writable {
+			continue
 		}
-		return &agentproto.Message{Type: agentproto.TOK, ID: m.ID, Paths: paths}
+		if err := writeGuestSector0(d); err != nil {
+			z.a.log.Printf("vsock freeze: %v", err)
+			return nil, err
+		}
+		if err := d.f.Sync(); err != nil {
+			z.a.log.Printf("vsock freeze: %v", err)
+			return nil, err
+		}
+		paths = append(paths, d.path)
 	}
-	return agentproto.Errorf(m.ID, "%s: the process driver's guest runs no programs and holds no files", m.Type)
+	return paths, nil
 }
+
+func (z diskFreezer) Thaw() ([]string, error) { return nil, nil }

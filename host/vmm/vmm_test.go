@@ -328,9 +328,22 @@ func TestLifecycle(t *testing.T) {
 	if got := ag.ask(t, agentproto.TFlush); !strings.Contains(got, "sector 0") {
 		t.Fatalf("flush on an untyped raw disk -> %q", got)
 	}
-	if got := ag.ask(t, agentproto.TExec); !strings.HasPrefix(got, "error") {
-		t.Fatalf("exec -> %q", got)
+	// The stand-in guest runs commands for real, in its guest root: a
+	// file written by one exec is read back through the agent.
+	cl, err := DialAgent(ctx, vsock)
+	if err != nil {
+		t.Fatal(err)
 	}
+	var out bytes.Buffer
+	st, err := cl.Exec(ctx, agentproto.Exec{Argv: []string{"/bin/sh", "-c", "echo guest > /dev/stdout; echo made > f; exit 3"}, Cwd: "/workspace", Stdout: &out})
+	if err != nil || st.Code != 3 || out.String() != "guest\n" {
+		t.Fatalf("exec: %+v %v %q", st, err, out.String())
+	}
+	var back bytes.Buffer
+	if _, err := cl.ReadFile(ctx, "/workspace/f", &back); err != nil || back.String() != "made\n" {
+		t.Fatalf("read back what exec wrote: %v %q", err, back.String())
+	}
+	cl.Close()
 
 	// Snapshot needs a paused VM, as on CH, and an existing directory.
 	snap := filepath.Join(dir, "snap", "one")

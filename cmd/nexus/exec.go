@@ -1,0 +1,122 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/lifecycle"
+)
+
+func execCmd(g *globals) *cobra.Command {
+	var stdin, tty bool
+	var env []string
+	var workdir string
+	c := &cobra.Command{
+		Use:   "exec ID|HANDLE [flags] -- CMD [ARG...]",
+		Short: "Run a command in a running sandbox's guest, through its agent",
+		Long: `Run a command in a running sandbox's guest, through its agent, streaming
+its stdout and stderr. nexus exits with the command's status: its exit code,
+128+n when signal n killed it, 127 when the guest has no such program, 126
+when it has but could not run it, and 1 (with a "nexus: ..." line) when
+nexus itself failed. Ctrl-C and SIGTERM are forwarded to the guest process;
+a second Ctrl-C gives up (the guest process is killed with the session).`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
+				return usageError{errors.New("want: nexus exec ID -- CMD [ARG...]")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if tty {
+				return usageError{errors.New("exec -t: the agent protocol has no terminal yet; run without -t")}
+			}
+			for _, kv := range env {
+				if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+					return usageError{fmt.Errorf("--env %q: want K=V", kv)}
+				}
+			}
+			o := lifecycle.ExecOptions{Argv: args[1:], Env: env, Cwd: workdir, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr()}
+			if stdin {
+				o.Stdin = cmd.InOrStdin()
+			}
+			// main cancels the command's context on the first signal;
+			// here that signal belongs to the guest process, so the
+			// session outlives it and a second one ends nexus.
+			sigs := make(chan os.Signal, 4)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			fwd := make(chan int, 4)
+			go func() {
+				for s := range sigs {
+					fwd <- int(s.(syscall.Signal))
+				}
+			}()
+			o.Signals = fwd
+			ctx := context.WithoutCancel(cmd.Context())
+			var st struct{ code, sig int }
+			err := withManager(ctx, g, func(m *lifecycle.Manager) error {
+				s, err := m.Exec(ctx, args[0], o)
+				st.code, st.sig = s.Code, s.Signal
+				return err
+			})
+			var se *lifecycle.ExecStartError
+			switch {
+			case errors.As(err, &se) && se.NotFound:
+				fmt.Fprintf(os.Stderr, "nexus: %v\n", err)
+				return exitStatus{127}
+			case errors.As(err, &se):
+				fmt.Fprintf(os.Stderr, "nexus: %v\n", err)
+				return exitStatus{126}
+			case err != nil:
+				return err
+			case st.sig != 0:
+				return exitStatus{128 + st.sig}
+			case st.code != 0:
+				return exitStatus{st.code}
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVarP(&stdin, "interactive", "i", false, "forward stdin to the command (without it, the command reads nothing)")
+	c.Flags().BoolVarP(&tty, "tty", "t", false, "give the command a terminal (not yet supported by the agent protocol: refused)")
+	c.Flags().StringArrayVar(&env, "env", nil, "K=V added to the command's environment (repeatable)")
+	c.Flags().StringVarP(&workdir, "workdir", "w", "", "the command's working directory in the guest")
+	return c
+}
+
+func cpCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp ID:PATH LOCAL | LOCAL ID:PATH",
+		Short: "Copy one file out of or into a running sandbox's guest",
+		Long: `Copy one file out of or into a running sandbox's guest, through its agent.
+PATH is absolute in the guest. LOCAL may be "-" (stdout or stdin), and a
+LOCAL directory receives the file under its guest name. A file copied in is
+in place only once every byte is durable on the guest's disk; a file copied
+out is published the same way on the host. Directories are refused.`,
+		Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, dst := args[0], args[1]
+			sref, spath, sIn := strings.Cut(src, ":")
+			dref, dpath, dIn := strings.Cut(dst, ":")
+			if sIn == dIn {
+				return usageError{errors.New("want exactly one of the two paths as ID:PATH")}
+			}
+			ctx := cmd.Context()
+			return withManager(ctx, g, func(m *lifecycle.Manager) error {
+				if sIn {
+					_, err := m.CopyOut(ctx, sref, spath, dst, cmd.OutOrStdout())
+					return err
+				}
+				_, err := m.CopyIn(ctx, dref, src, dpath, cmd.InOrStdin())
+				return err
+			})
+		},
+	}
+}
