@@ -153,7 +153,7 @@ func TestLazyNodeAppendsLikeAFullOne(t *testing.T) {
 }
 
 // BenchmarkOpenInspect is what `nexus inspect ID` without a daemon costs
-// on a root of 1,000 and of 10,000 sandboxes (snapshots written): node.Open,
+// on roots of 1,000, 10,000 and 100,000 sandboxes (snapshots written): node.Open,
 // one Sandbox by ID, Close. Each op runs three, interleaved so the machine
 // is the same for each:
 //
@@ -164,7 +164,7 @@ func TestLazyNodeAppendsLikeAFullOne(t *testing.T) {
 // Compare across sizes for the growth; docs/benchmarks.md has the figures.
 func BenchmarkOpenInspect(b *testing.B) {
 	ctx := context.Background()
-	for _, size := range []int{1_000, 10_000} {
+	for _, size := range []int{1_000, 10_000, 100_000} {
 		root, ids := fillRoot(b, size)
 		target := ids[size/2]
 		run := func(o node.Options, read bool) time.Duration {
