@@ -139,6 +139,22 @@ func TestQEMUBootsARealGuest(t *testing.T) {
 	t.Logf("whole test %.1fs", time.Since(start).Seconds())
 }
 
+var alive = regexp.MustCompile(`nexus-init: alive (\d+)`)
+
+// aliveCounts are nexus-init's in-memory counts on a sandbox's console.
+func aliveCounts(root, sandbox string) []int {
+	b, _ := os.ReadFile(filepath.Join(root, "logs", sandbox+".console.log"))
+	var out []int
+	for _, m := range alive.FindAllStringSubmatch(string(b), -1) {
+		n := 0
+		for _, c := range m[1] {
+			n = n*10 + int(c-'0')
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 // TestQEMUSnapshotRestoreContinuesTheGuest: a snapshot of a running qemu
 // sandbox holds the guest's memory, and its restore continues it: the
 // child's console goes on with nexus-init's in-memory count past where the
@@ -154,19 +170,7 @@ func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
 		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
 	}
 	id := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
-	alive := regexp.MustCompile(`nexus-init: alive (\d+)`)
-	counts := func(sandbox string) []int {
-		b, _ := os.ReadFile(filepath.Join(root, "logs", sandbox+".console.log"))
-		var out []int
-		for _, m := range alive.FindAllStringSubmatch(string(b), -1) {
-			n := 0
-			for _, c := range m[1] {
-				n = n*10 + int(c-'0')
-			}
-			out = append(out, n)
-		}
-		return out
-	}
+	counts := func(sandbox string) []int { return aliveCounts(root, sandbox) }
 	testutil.WaitUntil(t, 60*time.Second, "the guest counting on its console", func() bool { return len(counts(id)) >= 3 })
 	snap := strings.TrimSpace(mustOK(t, qemu("snapshot", id), "snapshot").stdout)
 	before := counts(id)
@@ -292,6 +296,55 @@ func TestQEMUStopIsFlushAcknowledgedByTheAgent(t *testing.T) {
 		}
 	}
 	mustOK(t, qemu("rm", id), "rm")
+	if left := untracked(t, root); len(left) > 0 {
+		t.Errorf("rm left untracked files: %v", left)
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Errorf("rm left processes: %+v", left)
+	}
+}
+
+// TestQEMUForkOfARunningGuest: fork of a running qemu sandbox pauses it
+// (QMP stop), copies its disks and boots each child from its copies (a
+// fork boots cold; restore is what continues memory): each child comes up
+// on its own console with its copies found by serial and answers on its
+// own vsock relay, the parent resumes and runs on, and rm leaves nothing.
+func TestQEMUForkOfARunningGuest(t *testing.T) {
+	g := testutil.RealGuest(t)
+	root := shortRoot(t)
+	initrd := guestInitramfs(t, root, g)
+	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg"}
+	qemu := func(args ...string) result {
+		t.Helper()
+		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
+	}
+	parent := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
+	testutil.WaitUntil(t, 60*time.Second, "the parent counting", func() bool { return len(aliveCounts(root, parent)) >= 3 })
+	var children []string
+	for _, line := range strings.Split(strings.TrimSpace(mustOK(t, qemu("fork", parent, "--count", "2"), "fork").stdout), "\n") {
+		children = append(children, strings.Fields(line)[0])
+	}
+	if len(children) != 2 {
+		t.Fatalf("fork made %v", children)
+	}
+	for _, child := range children {
+		console := filepath.Join(root, "logs", child+".console.log")
+		testutil.WaitUntil(t, 60*time.Second, "a child ready", func() bool {
+			b, _ := os.ReadFile(console)
+			return strings.Contains(string(b), "nexus-init: ready") || strings.Contains(string(b), "nexus-init: failed")
+		})
+		b, _ := os.ReadFile(console)
+		if !strings.Contains(string(b), "nexus-init: ready") || !strings.Contains(string(b), "nexus-workspace=vd") {
+			t.Fatalf("child %s did not come up on its disk copies:\n%s", child, b)
+		}
+		pingVsock(t, root, child)
+	}
+	before := aliveCounts(root, parent)
+	testutil.WaitUntil(t, 30*time.Second, "the parent counting after the fork", func() bool {
+		c := aliveCounts(root, parent)
+		return len(c) > len(before)
+	})
+	mustOK(t, qemu("rm", "-f", parent, children[0], children[1]), "rm")
 	if left := untracked(t, root); len(left) > 0 {
 		t.Errorf("rm left untracked files: %v", left)
 	}
