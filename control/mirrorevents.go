@@ -13,8 +13,8 @@ import (
 	"github.com/nexus-sandbox/nexus/node"
 )
 
-// mirrorEvent is the journal's record of a mirror change (nil for a kind
-// this build does not journal).
+// mirrorEvent is the journal's record of a mirror change (false for a
+// kind this build does not journal).
 func mirrorEvent(c journal.MirrorChange, at time.Time) (events.Event, bool) {
 	var p events.Payload
 	switch c.Kind {

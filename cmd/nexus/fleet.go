@@ -50,7 +50,7 @@ func printMirrorState(w io.Writer, st *journal.MirrorState) {
 	switch {
 	case st.Exists:
 		fmt.Fprintf(tw, "mirror\t%s in domain %s, %d replicas\n", st.Stream, st.Domain, st.Replicas)
-		fmt.Fprintf(tw, "sequence\tjournal %d, mirror %d\n", st.JournalLastSeq, st.MirrorLastSeq)
+		fmt.Fprintf(tw, "sequence\tjournal %d, mirror %d, reported to the mirror %d\n", st.JournalLastSeq, st.MirrorLastSeq, st.ReportedSeq)
 		fmt.Fprintf(tw, "lag\t%d events, %.1fs\n", st.LagEvents, st.LagSeconds)
 	default:
 		fmt.Fprintf(tw, "mirror\t%s in domain %s: not seen on the fleet\n", st.Stream, st.Domain)

@@ -59,6 +59,9 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 	if err := ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(Record) error { count++; return nil }); err != nil || count != 5 {
 		t.Fatalf("the whole mirror: %d records, %v", count, err)
 	}
+	if st := j.MirrorState(ctx); st.ReportedSeq != 5 || st.MirrorLastSeq != 5 {
+		t.Fatalf("status of a reported mirror: %+v", st)
+	}
 	j.Close()
 
 	// With the host away, the mirror is replaced by a copy of its first

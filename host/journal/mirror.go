@@ -348,7 +348,13 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 		j.log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
 		j.reportChange(MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
 	}
-	return j.reportLastSeq(actx, fleet, cfg)
+	// The report is for auditors; failing it (an account that refuses
+	// stream updates) leaves the mirror itself healthy, so it is logged,
+	// not returned.
+	if err := j.reportLastSeq(actx, fleet, cfg); err != nil {
+		j.log.Warn("mirror.report-failed", "stream", m.StreamName(), "err", err)
+	}
+	return nil
 }
 
 // reportLastSeq records the journal's last sequence in the mirror's

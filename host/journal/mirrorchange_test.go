@@ -1,8 +1,14 @@
 package journal
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
 )
 
 // A flapping link is reported at most once per quiet period, with the
@@ -39,5 +45,68 @@ func TestLinkLimiter(t *testing.T) {
 		if r != c.report || f != c.flaps {
 			t.Fatalf("sample %d (t=%v up=%v): report %v flaps %d, want %+v", i, c.s, c.up, r, f, c.want)
 		}
+	}
+}
+
+// awaitChange takes changes from the journal's feed until one of kind.
+func awaitChange(t *testing.T, j *Journal, kind string) MirrorChange {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case c := <-j.MirrorChanges():
+			if c.Kind == kind {
+				return c
+			}
+		case <-deadline:
+			t.Fatalf("no %s change reported", kind)
+		}
+	}
+}
+
+// The feed the daemon journals from reports each state change of the
+// mirror: created and linked, an operator's setting kept, re-created after
+// a delete, unlinked when the fleet goes, each naming the stream.
+func TestMirrorChangesReported(t *testing.T) {
+	leafPort, clientPort := freePort(t), freePort(t)
+	fleet := startFleet(t, t.TempDir(), clientPort, leafPort)
+	defer fleet.Shutdown()
+	j, m, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := awaitChange(t, j, "created"); c.Stream != m.StreamName() || c.Domain != fleetDomain || c.Replicas != 1 {
+		t.Fatalf("created: %+v", c)
+	}
+	appendN(t, j, 0, 2)
+	awaitMirrored(t, fleet, m.StreamName(), 2)
+
+	nc, err := nats.Connect(fleet.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, m.StreamName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxBytes = 1 << 30
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if c := awaitChange(t, j, "settings_differ"); !strings.Contains(c.Detail, "max bytes 1073741824") {
+		t.Fatalf("settings_differ: %+v", c)
+	}
+	if err := js.DeleteStream(ctx, m.StreamName()); err != nil {
+		t.Fatal(err)
+	}
+	awaitChange(t, j, "recreated")
+	fleet.Shutdown()
+	if c := awaitChange(t, j, "unlinked"); c.Stream != m.StreamName() || len(c.URLs) != 1 || strings.Contains(c.URLs[0], leafPass) {
+		t.Fatalf("unlinked: %+v", c)
 	}
 }

@@ -24,6 +24,10 @@ type MirrorState struct {
 	JournalLastSeq uint64 `json:"journal_last_seq"`
 	MirrorLastSeq  uint64 `json:"mirror_last_seq"`
 	LagEvents      uint64 `json:"lag_events"`
+	// ReportedSeq is the journal's last sequence as this host last
+	// recorded it in the mirror's metadata, which `replay` holds the
+	// mirror to (0: not yet).
+	ReportedSeq uint64 `json:"reported_seq"`
 	// LagSeconds is how much older the mirror's newest event is than the
 	// journal's (0 when current).
 	LagSeconds float64 `json:"lag_seconds"`
@@ -74,6 +78,7 @@ func (j *Journal) MirrorState(ctx context.Context) *MirrorState {
 	st.Exists = true
 	st.Replicas = info.Config.Replicas
 	st.MirrorLastSeq = info.State.LastSeq
+	st.ReportedSeq = hostReport(info.Config.Metadata).LastSeq
 	if st.JournalLastSeq > st.MirrorLastSeq {
 		st.LagEvents = st.JournalLastSeq - st.MirrorLastSeq
 		if !info.State.LastTime.IsZero() && lastTime.After(info.State.LastTime) {

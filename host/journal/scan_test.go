@@ -53,3 +53,36 @@ func TestScanReadsOnlyTheRange(t *testing.T) {
 		t.Fatalf("bounded follow: %v", err)
 	}
 }
+
+// A read leaves no consumer on the journal: not a bounded one, not a
+// filtered tail, not a follow that was cancelled (an ordered consumer
+// would otherwise stay for its inactive threshold, minutes).
+func TestScanLeavesNoConsumer(t *testing.T) {
+	j := openTest(t, t.TempDir())
+	appendN(t, j, 0, 20)
+	ctx := context.Background()
+	nop := func(Record) error { return nil }
+	if err := j.Scan(ctx, Range{}, nop); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Scan(ctx, Range{Filters: []string{"nexus.events.sandbox.created.s1"}, Tail: 3}, nop); err != nil {
+		t.Fatal(err)
+	}
+	fctx, cancel := context.WithCancel(ctx)
+	seen := 0
+	if err := j.Scan(fctx, Range{Follow: true}, func(Record) error {
+		if seen++; seen == 20 {
+			cancel()
+		}
+		return nil
+	}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled follow: %v", err)
+	}
+	info, err := j.currentStream().Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 0 {
+		t.Fatalf("%d consumers left on the journal after three reads", info.State.Consumers)
+	}
+}
