@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 func TestHostNames(t *testing.T) {
@@ -195,7 +197,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 
 func waitLog(t *testing.T, logs *syncBuffer, want string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(15 * time.Second))
 	for !strings.Contains(logs.String(), want) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no %s in the log:\n%s", want, logs.String())
