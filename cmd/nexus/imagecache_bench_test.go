@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -248,6 +249,7 @@ func benchMissHit(b *testing.B, imageDir, root string) {
 		sb := createJSON(b, root, "--image", image)
 		*into = append(*into, time.Since(t0))
 		mustOK(b, proc(b, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
+		syscall.Sync() // the deletion's writeback is nobody's cost
 	}
 	cp := func() {
 		dst := filepath.Join(root, "cp.raw")
@@ -265,12 +267,14 @@ func benchMissHit(b *testing.B, imageDir, root string) {
 		g.Close()
 		cpT = append(cpT, time.Since(t0))
 		os.Remove(dst)
+		syscall.Sync()
 	}
 	steps := []func(){func() { create(&missT) }, func() { create(&hitT) }, cp}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		runQuiet(b, nexusBin, "--state-dir", root, "image-cache", "prune", "--unused")
+		syscall.Sync()
 		now := time.Now()
 		os.Chtimes(image, now, now) // a new ctime: a new identity, so the first create misses
 		b.StartTimer()

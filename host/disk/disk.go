@@ -52,6 +52,13 @@ const (
 	// copyChunk is large so the per-syscall cost vanishes against the
 	// per-byte cost of copying.
 	copyChunk = 1 << 20
+	// maxWrite caps one pwrite, whatever the read chunk: the size GNU cp
+	// writes with (coreutils' io_blksize, 128 KiB). On this VM a 1 MiB
+	// write faults in large page-cache folios that the balloon's free-page
+	// reporting has handed back to the host, and those stalls gave Clone a
+	// worse tail than cp (issue 21: dd with 1 MiB blocks 1.26x slower than
+	// with 128 KiB); docs/benchmarks-disk.md has the runs.
+	maxWrite = 128 << 10
 	// copyBuffers chunks are in flight between the reader and the writer.
 	copyBuffers = 4
 	// writebackEvery is how much is written between writeback kicks. Starting
@@ -407,8 +414,10 @@ func (w *zeroSkipWriter) write(b []byte, off int64) error {
 		if run < 0 {
 			return nil
 		}
-		if _, err := w.out.WriteAt(b[run:end], off+int64(run)); err != nil {
-			return err
+		for from := run; from < end; from += maxWrite {
+			if _, err := w.out.WriteAt(b[from:min(from+maxWrite, end)], off+int64(from)); err != nil {
+				return err
+			}
 		}
 		if w.pending += int64(end - run); w.pending >= writebackEvery {
 			w.kick(off + int64(end))
