@@ -1,7 +1,7 @@
 // Package session owns the policy between one command's connection to a
-// state root (control) and the flows it runs (lifecycle): binding
-// sandboxes to a client's run, the ledger sweep's actions (which may
-// recover only while this process owns the journal), and the reaper's
-// fallback when the journal cannot be fully read. cmd/nexus parses and
-// prints around these.
+// state root (control) and the flows it runs (lifecycle): `nexus run` and
+// binding sandboxes to a client's run, the ledger sweeps and their actions
+// (which may recover only while this process owns the journal), and the
+// reaper's fallback when the journal cannot be fully read. cmd/nexus
+// parses and prints around these.
 package session

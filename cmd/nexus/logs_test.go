@@ -110,8 +110,8 @@ func TestReapFindsOrphanLogs(t *testing.T) {
 			t.Fatalf("a live sandbox's log is not owned: %+v", r)
 		}
 	}
-	// reapRun repeats a reap that kept something only because a busy
-	// machine's /proc scan was inconclusive.
+	// reapRun: an apply whose /proc scan met an exiting process keeps the
+	// orphan as ambiguous, as it must; the test asserts the conclusive run.
 	if _, r := reapRun(t, root, "--apply", "--kind", "log"); r.code != 0 {
 		t.Fatalf("reap --apply: exit %d: %s", r.code, r.stderr)
 	}

@@ -7,21 +7,15 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/client"
-	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
-	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/session"
 )
 
@@ -67,75 +61,14 @@ func runBound(ctx context.Context, g *globals, keep bool, argv []string) (int, e
 	if err != nil {
 		return 0, err
 	}
-	child := exec.Command(argv[0], argv[1:]...)
-	child.Stdin, child.Stdout, child.Stderr = os.Stdin, os.Stdout, os.Stderr
-	env := []string{}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, client.EnvRunID+"=") {
-			env = append(env, kv)
-		}
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
 	}
-	// The command's own nexus calls reach the same state root and driver.
-	env = append(env, "NEXUS_STATE_DIR="+root)
-	if g.driver != "" {
-		env = append(env, "NEXUS_DRIVER="+g.driver)
-	}
-	var cl *client.Client
-	if !keep {
-		exe, err := os.Executable()
-		if err != nil {
-			return 0, err
-		}
-		cl, err = client.New(client.Options{Nexus: exe, StateDir: root, Driver: driverOf(g)})
-		if err != nil {
-			return 0, err
-		}
-		if err := cl.Begin(ctx); err != nil {
-			return 0, err
-		}
-		if err := cl.SweepErr(); err != nil {
-			fmt.Fprintf(os.Stderr, "nexus: run: init-time sweep (continuing): %s\n", oneline.Of(err.Error()))
-		}
-		env = append(env, cl.Env()...)
-	}
-	child.Env = env
-	code, runErr := waitForwarding(ctx, child)
-	if cl != nil {
-		// The command's sandboxes go with it; the cleanup must finish even
-		// when we were asked to stop.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
-		defer cancel()
-		if err := cl.Close(cctx); err != nil {
-			return code, errors.Join(runErr, fmt.Errorf("run %s: cleanup: %w", cl.RunID(), err))
-		}
-	}
-	return code, runErr
-}
-
-// waitForwarding runs child and passes SIGINT/SIGTERM (which cancel ctx)
-// on to it as SIGTERM, then waits for it.
-func waitForwarding(ctx context.Context, child *exec.Cmd) (int, error) {
-	if err := child.Start(); err != nil {
-		return 0, fmt.Errorf("run: %w", err)
-	}
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-			child.Process.Signal(syscall.SIGTERM)
-		case <-done:
-		}
-	}()
-	err := child.Wait()
-	close(done)
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal()), nil
-		}
-		return ee.ExitCode(), nil
-	}
-	return 0, err
+	return session.Run(ctx, session.RunOptions{
+		Root: root, Driver: g.driver, Keep: keep, Argv: argv, Nexus: exe, Env: os.Environ(),
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+	})
 }
 
 // readKept reads the run.kept events a client hands over on stdin: the
@@ -243,33 +176,21 @@ func ledgerCmd(g *globals) *cobra.Command {
 	return c
 }
 
-// sweepRuns plans without the journal and opens it only if there is a
-// decision to journal, so a sweep of an empty ledger costs a scan.
+// sweepRuns sweeps the dead runs of the state root, all but exclude.
 func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledger.Outcome, error) {
 	root, err := node.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
 	}
-	dir := hostledger.Dir(root)
-	self := ledger.Self{Run: exclude, Driver: driverOf(g)}
-	plan, err := hostledger.Plan(dir, self, time.Now())
-	if err != nil {
-		return nil, err
-	}
-	if !hostledger.AnySweep(plan) && hostledger.KeptEvents(by, self, time.Now(), hostledger.Outcomes(plan)) == nil {
-		return hostledger.Outcomes(plan), nil
-	}
-	var out []hostledger.Outcome
-	err = withManagerOwned(ctx, g, hostledger.AnySweep(plan), func(m *lifecycle.Manager) error {
-		var err error
-		out, err = hostledger.Apply(ctx, dir, plan, self, by, session.NewSweepActions(m))
-		return err
-	})
-	return out, err
+	return session.SweepRuns(ctx, root, ledger.Self{Run: exclude, Driver: driverOf(g)}, by, manage(g))
 }
 
-// watchdogPatience bounds how long a watchdog waits for a busy journal.
-const watchdogPatience = 5 * time.Minute
+// manage is withManagerOwned for the session package.
+func manage(g *globals) session.Manage {
+	return func(ctx context.Context, owned bool, fn func(*lifecycle.Manager) error) error {
+		return withManagerOwned(ctx, g, owned, fn)
+	}
+}
 
 func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	if !ledger.ValidRunID(run) {
@@ -287,28 +208,7 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	if err != nil {
 		return err
 	}
-	dir := hostledger.Dir(root)
-	if !hostledger.Exists(dir, run) {
-		return nil // a clean shutdown left nothing to do
-	}
-	ctx := context.WithoutCancel(cmd.Context())
-	// The owner may have died while one of its own nexus commands holds the
-	// journal (a create that goes on to finish): keep waiting for it rather
-	// than leave the run to a later sweep.
-	deadline := time.Now().Add(watchdogPatience)
-	for {
-		err = withManagerOwned(ctx, g, true, func(m *lifecycle.Manager) error {
-			o, _, err := hostledger.SweepOwn(ctx, dir, run, ledger.Self{Driver: driverOf(g)}, "watchdog", session.NewSweepActions(m))
-			fmt.Fprintf(cmd.ErrOrStderr(), "nexus watchdog: run %s: removed %v, not found %v %s%s\n", run, o.Removed, o.NotFound, o.Skipped, o.Error)
-			if err == nil && o.Error != "" {
-				err = errors.New(o.Error)
-			}
-			return err
-		})
-		if !errors.Is(err, control.ErrBusy) || time.Now().After(deadline) {
-			return err
-		}
-	}
+	return session.SweepWatched(context.WithoutCancel(cmd.Context()), root, run, ledger.Self{Driver: driverOf(g)}, manage(g), cmd.ErrOrStderr())
 }
 
 // plannedOutcomes is each run's verdict and, for a run a sweep would
