@@ -30,6 +30,9 @@ type ForkSpec struct {
 	// read-only. Without it a parent with volumes is refused: a writable
 	// volume is never shared between sandboxes.
 	ReadOnlyVolumes bool
+	// CrashConsistent forks a running parent whose guest agent does not
+	// freeze its filesystems anyway (see quiesce).
+	CrashConsistent bool
 }
 
 // sourceDisk is one disk a child copies, and where the copy goes.
@@ -78,11 +81,11 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	if err := m.preflightCopies(sources, spec.Count, 0, spec.Force); err != nil {
 		return nil, err
 	}
-	resume, err := m.pauseIfRunning(ctx, parent)
+	release, _, err := m.quiesce(ctx, parent, "fork", spec.CrashConsistent)
 	if err != nil {
 		return nil, err
 	}
-	defer resume()
+	defer release()
 	var mounts []Mount
 	for _, v := range parent.Volumes {
 		mounts = append(mounts, Mount{Name: v.Name, GuestPath: v.GuestPath})
@@ -98,7 +101,13 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 		committed := func(rs []events.Resource) events.Payload {
 			return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
 		}
-		if err := m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil); err != nil {
+		// The parent is thawed once the last child's copies are durable,
+		// before that child boots.
+		var copied func()
+		if i == spec.Count-1 {
+			copied = release
+		}
+		if err := m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied); err != nil {
 			return children, err
 		}
 		sb, err := m.Find(context.WithoutCancel(ctx), child)
@@ -215,7 +224,7 @@ func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (f
 
 // runChild runs the create-like saga of a fork or restore child.
 func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, seedCA string, copies []sourceDisk,
-	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step) error {
+	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step, copied func()) error {
 	s := m.saga(kind, child, nil)
 	release, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
 	if err != nil {
@@ -233,11 +242,24 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 	}
 	defer releaseAll(held)
 	s.Steps = append(s.Steps, m.intentsStep(held, intents))
-	for _, c := range copies {
+	for i, c := range copies {
 		c := c
-		s.Steps = append(s.Steps, m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) {
+		st := m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) {
 			return m.clone(c.name+" of "+child, c.src, dst)
-		}))
+		})
+		if i == len(copies)-1 && copied != nil {
+			// Not a step of its own: the saga's steps stay what recover
+			// and the crash tests know.
+			do := st.Do
+			st.Do = func(ctx context.Context) ([]events.Payload, error) {
+				ps, err := do(ctx)
+				if err == nil {
+					copied()
+				}
+				return ps, err
+			}
+		}
+		s.Steps = append(s.Steps, st)
 	}
 	if stage != nil {
 		s.Steps = append(s.Steps, *stage)
@@ -254,11 +276,14 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 
 // manifest describes a snapshot directory.
 type manifest struct {
-	Sandbox string         `json:"sandbox"`
-	Image   string         `json:"image"`
-	Handle  string         `json:"handle,omitempty"`
-	VMState bool           `json:"vm_state"`
-	Disks   []manifestDisk `json:"disks"`
+	Sandbox string `json:"sandbox"`
+	Image   string `json:"image"`
+	Handle  string `json:"handle,omitempty"`
+	VMState bool   `json:"vm_state"`
+	// Frozen: the guest's filesystems were frozen by its agent when its
+	// memory was saved, so a restored guest wakes frozen until thawed.
+	Frozen bool           `json:"frozen,omitempty"`
+	Disks  []manifestDisk `json:"disks"`
 	// Bootstrap is the image cache entry the sandbox came from, carried to
 	// a restored sandbox so it protects that entry only.
 	Bootstrap events.Bootstrap `json:"bootstrap,omitzero"`
@@ -272,6 +297,18 @@ type manifestDisk struct {
 // Snapshot captures a sandbox into snapshots/<id>/<snapshot>/ (RL-15):
 // its disks, and the VM state when it runs.
 func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
+	return m.SnapshotWith(ctx, ref, SnapshotOptions{})
+}
+
+// SnapshotOptions are `nexus snapshot`'s choices.
+type SnapshotOptions struct {
+	// CrashConsistent snapshots a running sandbox whose guest agent does
+	// not freeze its filesystems anyway (see quiesce).
+	CrashConsistent bool
+}
+
+// SnapshotWith is Snapshot with options.
+func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOptions) (string, error) {
 	c, err := m.claim(ctx, ref, guard.Snapshot)
 	if err != nil {
 		return "", err
@@ -308,16 +345,16 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				return nil, err
 			}
 			made = true
-			resume, err := m.pauseIfRunning(ctx, sb)
+			release, frozen, err := m.quiesce(ctx, sb, "snapshot", opt.CrashConsistent)
 			if err != nil {
 				return nil, err
 			}
-			defer resume()
+			defer release()
 			boot, err := m.bootstrapOf(ctx, sb.ID)
 			if err != nil {
 				return nil, err
 			}
-			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning, Bootstrap: boot}
+			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning, Frozen: frozen, Bootstrap: boot}
 			var allocated int64
 			if man.VMState {
 				if err := vmm.NewClient(m.Root.APISocket(sb.ID)).Snapshot(ctx, dir); err != nil {
@@ -338,6 +375,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				allocated += size.Allocated
 				man.Disks = append(man.Disks, manifestDisk{Kind: s.kind, File: file})
 			}
+			release() // the copies are durable: the guest goes on
 			data, _ := json.MarshalIndent(man, "", "  ")
 			if err := fsx.WriteFile(string(m.Root), filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
 				return nil, err
@@ -450,8 +488,11 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	committed := func(rs []events.Resource) events.Payload {
 		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Image: man.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: man.Bootstrap}
 	}
-	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage); err != nil {
+	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil); err != nil {
 		return projections.Sandbox{}, err
+	}
+	if man.VMState && man.Frozen {
+		m.thawRestored(ctx, child)
 	}
 	return m.Find(context.WithoutCancel(ctx), child)
 }
