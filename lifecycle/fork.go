@@ -33,6 +33,9 @@ type ForkSpec struct {
 	// read-only. Without it a parent with volumes is refused: a writable
 	// volume is never shared between sandboxes.
 	ReadOnlyVolumes bool
+	// CrashConsistent forks a running parent whose guest agent does not
+	// freeze its filesystems anyway (see quiesce).
+	CrashConsistent bool
 }
 
 // sourceDisk is one disk a child copies, and where the copy goes.
@@ -81,11 +84,12 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	if err := m.preflightCopies(sources, spec.Count, 0, spec.Force); err != nil {
 		return nil, err
 	}
-	pause, err := m.pauseIfRunning(ctx, parent)
+	release, _, err := m.quiesce(ctx, parent, "fork", spec.CrashConsistent)
 	if err != nil {
 		return nil, err
 	}
-	resume := sync.OnceFunc(pause)
+	// Frozen and paused until every child's copies are durable.
+	resume := sync.OnceFunc(release)
 	defer resume()
 	var mounts []Mount
 	for _, v := range parent.Volumes {
@@ -329,11 +333,14 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 
 // manifest describes a snapshot directory.
 type manifest struct {
-	Sandbox string         `json:"sandbox"`
-	Image   string         `json:"image"`
-	Handle  string         `json:"handle,omitempty"`
-	VMState bool           `json:"vm_state"`
-	Disks   []manifestDisk `json:"disks"`
+	Sandbox string `json:"sandbox"`
+	Image   string `json:"image"`
+	Handle  string `json:"handle,omitempty"`
+	VMState bool   `json:"vm_state"`
+	// Frozen: the guest's filesystems were frozen by its agent when its
+	// memory was saved, so a restored guest wakes frozen until thawed.
+	Frozen bool           `json:"frozen,omitempty"`
+	Disks  []manifestDisk `json:"disks"`
 	// Bootstrap is the image cache entry the sandbox came from, carried to
 	// a restored sandbox so it protects that entry only.
 	Bootstrap events.Bootstrap `json:"bootstrap,omitzero"`
@@ -347,6 +354,18 @@ type manifestDisk struct {
 // Snapshot captures a sandbox into snapshots/<id>/<snapshot>/ (RL-15):
 // its disks, and the VM state when it runs.
 func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
+	return m.SnapshotWith(ctx, ref, SnapshotOptions{})
+}
+
+// SnapshotOptions are `nexus snapshot`'s choices.
+type SnapshotOptions struct {
+	// CrashConsistent snapshots a running sandbox whose guest agent does
+	// not freeze its filesystems anyway (see quiesce).
+	CrashConsistent bool
+}
+
+// SnapshotWith is Snapshot with options.
+func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOptions) (string, error) {
 	c, err := m.claim(ctx, ref, guard.Snapshot)
 	if err != nil {
 		return "", err
@@ -383,16 +402,16 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				return nil, err
 			}
 			made = true
-			resume, err := m.pauseIfRunning(ctx, sb)
+			release, frozen, err := m.quiesce(ctx, sb, "snapshot", opt.CrashConsistent)
 			if err != nil {
 				return nil, err
 			}
-			defer resume()
+			defer release()
 			boot, err := m.bootstrapOf(ctx, sb.ID)
 			if err != nil {
 				return nil, err
 			}
-			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning, Bootstrap: boot}
+			man := manifest{Sandbox: sb.ID, Image: sb.Image, Handle: sb.Handle, VMState: sb.State == projections.StateRunning, Frozen: frozen, Bootstrap: boot}
 			var allocated int64
 			if man.VMState {
 				if err := vmm.NewClient(m.Root.APISocket(sb.ID)).Snapshot(ctx, dir); err != nil {
@@ -413,6 +432,7 @@ func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 				allocated += size.Allocated
 				man.Disks = append(man.Disks, manifestDisk{Kind: s.kind, File: file})
 			}
+			release() // the copies are durable: the guest goes on
 			data, _ := json.MarshalIndent(man, "", "  ")
 			if err := fsx.WriteFile(string(m.Root), filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
 				return nil, err
@@ -527,6 +547,9 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	}
 	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil); err != nil {
 		return projections.Sandbox{}, err
+	}
+	if man.VMState && man.Frozen {
+		m.thawRestored(ctx, child)
 	}
 	return m.Find(context.WithoutCancel(ctx), child)
 }

@@ -166,6 +166,7 @@ func createCmd(g *globals) *cobra.Command {
 func forkCmd(g *globals) *cobra.Command {
 	spec := lifecycle.ForkSpec{Count: 1}
 	var o *output
+	var freezeTimeout time.Duration
 	c := &cobra.Command{
 		Use:   "fork ID",
 		Short: "Fork a sandbox into new children",
@@ -176,6 +177,7 @@ func forkCmd(g *globals) *cobra.Command {
 				return usageError{err}
 			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				m.FreezeDeadline = freezeTimeout
 				children, err := m.Fork(cmd.Context(), spec)
 				if err != nil && len(children) == 0 {
 					return err
@@ -200,6 +202,8 @@ func forkCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
 	o = addOutput(c, true)
+	c.Flags().BoolVar(&spec.CrashConsistent, "crash-consistent", false, "fork a running parent whose guest agent does not freeze its filesystems anyway (children get what a power cut would leave)")
+	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", vmm.DefaultFlushDeadline, "how long to wait for a running parent's guest agent to freeze its filesystems")
 	return c
 }
 
@@ -346,11 +350,14 @@ func rmCmd(g *globals) *cobra.Command {
 
 func snapshotCmd(g *globals) *cobra.Command {
 	var o *output
+	var opt lifecycle.SnapshotOptions
+	var freezeTimeout time.Duration
 	c := &cobra.Command{
 		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				snap, err := m.Snapshot(cmd.Context(), args[0])
+				m.FreezeDeadline = freezeTimeout
+				snap, err := m.SnapshotWith(cmd.Context(), args[0], opt)
 				if err != nil {
 					return err
 				}
@@ -359,6 +366,8 @@ func snapshotCmd(g *globals) *cobra.Command {
 		},
 	}
 	o = addOutput(c, true)
+	c.Flags().BoolVar(&opt.CrashConsistent, "crash-consistent", false, "snapshot a running sandbox whose guest agent does not freeze its filesystems anyway (its disks hold what a power cut would leave)")
+	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", vmm.DefaultFlushDeadline, "how long to wait for a running sandbox's guest agent to freeze its filesystems")
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
 }

@@ -37,8 +37,10 @@ type agent struct {
 	log   *logger
 	guest *guestagent.Agent
 	root  string
-	done  chan struct{}
-	wg    sync.WaitGroup
+	// console writes a line to the guest's serial console (nil: none).
+	console func(format string, args ...any)
+	done    chan struct{}
+	wg      sync.WaitGroup
 
 	mu      sync.Mutex
 	resumed chan struct{} // nil while running; closed on resume
@@ -46,7 +48,7 @@ type agent struct {
 	nextOK  int
 }
 
-func startAgent(path string, disks []disk, paused bool, log *logger) (*agent, error) {
+func startAgent(path string, disks []disk, paused bool, log *logger, console func(string, ...any)) (*agent, error) {
 	l, err := unixsock.Listen(path)
 	if err != nil {
 		return nil, err
@@ -61,7 +63,7 @@ func startAgent(path string, disks []disk, paused bool, log *logger) (*agent, er
 	for _, d := range []string{"workspace", "tmp"} {
 		os.Mkdir(filepath.Join(root, d), 0o755)
 	}
-	a := &agent{l: l, disks: disks, log: log, root: root, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, nextOK: 1 << 30}
+	a := &agent{l: l, disks: disks, log: log, root: root, console: console, done: make(chan struct{}), conns: map[net.Conn]struct{}{}, nextOK: 1 << 30}
 	a.guest = guestagent.New(guestagent.Config{Root: root, Freezer: diskFreezer{a}, Name: "nexus-process-vmm"})
 	if paused {
 		a.resumed = make(chan struct{})
@@ -226,7 +228,19 @@ func (z diskFreezer) Freeze(time.Duration) ([]string, error) {
 		}
 		paths = append(paths, d.path)
 	}
+	z.say("froze %d disk(s)", len(paths))
 	return paths, nil
 }
 
-func (z diskFreezer) Thaw() ([]string, error) { return nil, nil }
+// Thaw has nothing to undo but says so on the console, as a guest kernel
+// logs its thaws, so a test can see when the host thawed.
+func (z diskFreezer) Thaw() ([]string, error) {
+	z.say("thawed")
+	return nil, nil
+}
+
+func (z diskFreezer) say(format string, args ...any) {
+	if z.a.console != nil {
+		z.a.console(format, args...)
+	}
+}

@@ -328,7 +328,7 @@ func (s *server) boot(*http.Request) (any, error) {
 		v.disks = disks
 	}
 	if v.config.cfg.Vsock != nil {
-		a, err := startAgent(v.config.cfg.Vsock.Socket, v.disks, false, s.log)
+		a, err := startAgent(v.config.cfg.Vsock.Socket, v.disks, false, s.log, v.console)
 		if err != nil {
 			return nil, failed("cannot boot: vsock: %v", err)
 		}
@@ -444,7 +444,7 @@ func (s *server) restore(r *http.Request) (any, error) {
 	if vc.cfg.Vsock != nil {
 		// CH recreates the vsock device, socket included, at restore; the
 		// guest behind it stays frozen until resume.
-		a, err := startAgent(vc.cfg.Vsock.Socket, disks, true, s.log)
+		a, err := startAgent(vc.cfg.Vsock.Socket, disks, true, s.log, v.console)
 		if err != nil {
 			v.release()
 			return nil, failed("cannot restore: vsock: %v", err)
