@@ -245,16 +245,21 @@ func shadowName(path string) string {
 // preflightCopies checks that count copies of sources, plus extra bytes
 // once, fit on the disks directory's filesystem.
 func (m *Manager) preflightCopies(sources []sourceDisk, count int, extra int64, force bool) error {
+	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs", "snapshots"); err != nil {
+		return err
+	}
+	// A copy is a FICLONE where the filesystem reflinks and the source is
+	// on it: no data blocks (as for a create's OS disk, osDiskCost).
+	cow := disk.Reflinks(m.Root.Disks())
 	var footprint int64
 	for _, s := range sources {
 		size, err := disk.Stat(s.src)
 		if err != nil {
 			return fmt.Errorf("%w: measure %s: %v", ErrRefused, s.src, err)
 		}
-		footprint += size.Allocated
-	}
-	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs", "snapshots"); err != nil {
-		return err
+		if !cow || !disk.SameFilesystem(s.src, m.Root.Disks()) {
+			footprint += size.Allocated
+		}
 	}
 	if force {
 		return nil

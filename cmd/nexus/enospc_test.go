@@ -107,7 +107,8 @@ func fullDisk(t *testing.T, withDaemon bool) {
 // charges them nothing: with less free space than two copies (a miss) or
 // one copy (a hit) of the image's data, creates are admitted and indeed
 // use almost none of it. An image on another filesystem cannot be
-// reflinked, and the same create is refused.
+// reflinked, and the same create is refused. A fork's children, reflinks
+// of the parent's disks, are admitted the same way.
 func TestPreflightKnowsReflink(t *testing.T) {
 	mnt := smallfs.MountXFS(t, 1<<30)
 	root := filepath.Join(mnt, "root")
@@ -145,6 +146,8 @@ func TestPreflightKnowsReflink(t *testing.T) {
 	filler2 := smallfs.Fill(t, mnt, data/2) // < one copy
 	defer os.Remove(filler2)
 	createJSON(t, root, "--image", image)
+	// A fork's children are reflinks of the parent's disks too.
+	mustOK(t, proc(t, root, "fork", a.ID, "--count", "3"), "fork --count 3 by reflink")
 
 	// The same data on another filesystem: two real copies, refused.
 	other := filepath.Join(t.TempDir(), "other.raw")
