@@ -306,8 +306,9 @@ func TestQEMUStopIsFlushAcknowledgedByTheAgent(t *testing.T) {
 	}
 }
 
-// TestQEMUForkOfARunningGuest: fork of a running qemu sandbox pauses it
-// (QMP stop), copies its disks and boots each child from its copies (a
+// TestQEMUForkOfARunningGuest: fork of a running qemu sandbox whose guest
+// cannot freeze is refused, and with --crash-consistent pauses it (QMP
+// stop), copies its disks and boots each child from its copies (a
 // fork boots cold; restore is what continues memory): each child comes up
 // on its own console with its copies found by serial and answers on its
 // own vsock relay, the parent resumes and runs on, and rm leaves nothing.
@@ -322,8 +323,11 @@ func TestQEMUForkOfARunningGuest(t *testing.T) {
 	}
 	parent := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
 	testutil.WaitUntil(t, 60*time.Second, "the parent counting", func() bool { return len(aliveCounts(root, parent)) >= 3 })
+	// This guest's /init is nexus-init, which answers ping but holds no
+	// freeze: fork refuses it, and copies crash-consistently when told to.
+	wantFailure(t, qemu("fork", parent, "--count", "2", "--freeze-timeout", "2s"), 1, "--crash-consistent")
 	var children []string
-	for _, line := range strings.Split(strings.TrimSpace(mustOK(t, qemu("fork", parent, "--count", "2"), "fork").stdout), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(mustOK(t, qemu("fork", parent, "--count", "2", "--crash-consistent", "--freeze-timeout", "2s"), "fork").stdout), "\n") {
 		children = append(children, strings.Fields(line)[0])
 	}
 	if len(children) != 2 {
