@@ -66,6 +66,7 @@ type Message struct {
 	Env   []string `msgpack:"env,omitempty"`   // exec
 	Cwd   string   `msgpack:"cwd,omitempty"`   // exec
 	Stdin bool     `msgpack:"stdin,omitempty"` // exec: data frames follow
+	TTY   bool     `msgpack:"tty,omitempty"`   // exec: on a terminal (output on stdout only)
 
 	Ref    uint32 `msgpack:"ref,omitempty"`    // signal, data: the request they belong to
 	Signal int    `msgpack:"signal,omitempty"` // signal; exit when killed

@@ -198,6 +198,9 @@ type Exec struct {
 	Stdout, Stderr io.Writer
 	// Signals forwards signal numbers to the running command.
 	Signals <-chan int
+	// TTY runs the command on a terminal the agent allocates: its
+	// output, stderr included, arrives as stdout.
+	TTY bool
 }
 
 // ExitStatus is how a guest command ended: Signal is non-zero when a
@@ -209,7 +212,7 @@ type ExitStatus struct {
 
 // Exec runs a command and streams its output until it exits.
 func (c *Client) Exec(ctx context.Context, e Exec) (ExitStatus, error) {
-	req := &Message{Type: TExec, Argv: e.Argv, Env: e.Env, Cwd: e.Cwd, Stdin: e.Stdin != nil}
+	req := &Message{Type: TExec, Argv: e.Argv, Env: e.Env, Cwd: e.Cwd, Stdin: e.Stdin != nil, TTY: e.TTY}
 	ch, end, err := c.start(req)
 	if err != nil {
 		return ExitStatus{}, err

@@ -27,6 +27,9 @@ type ExecOptions struct {
 	Stdout, Stderr io.Writer
 	// Signals are forwarded to the guest process (signal numbers).
 	Signals <-chan int
+	// TTY runs the command on a terminal in the guest; its stderr then
+	// arrives on Stdout.
+	TTY bool
 }
 
 // ExecStartError is a command the guest could not start: NotFound when no
@@ -78,7 +81,7 @@ func (m *Manager) Exec(ctx context.Context, ref string, o ExecOptions) (agentpro
 		return agentproto.ExitStatus{}, err
 	}
 	defer c.Close()
-	st, err := c.Exec(ctx, agentproto.Exec{Argv: o.Argv, Env: execEnv(o.Env), Cwd: o.Cwd, Stdin: o.Stdin, Stdout: o.Stdout, Stderr: o.Stderr, Signals: o.Signals})
+	st, err := c.Exec(ctx, agentproto.Exec{Argv: o.Argv, Env: execEnv(o.Env), Cwd: o.Cwd, Stdin: o.Stdin, Stdout: o.Stdout, Stderr: o.Stderr, Signals: o.Signals, TTY: o.TTY})
 	var ae *agentproto.AgentError
 	if errors.As(err, &ae) {
 		// The agent answers an exec it could not start with its reason;

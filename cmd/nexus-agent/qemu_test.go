@@ -149,6 +149,13 @@ func TestBootUnderQEMU(t *testing.T) {
 	if err != nil || st.Code != 2 || !strings.Contains(stderr.String(), "no-such-flag") {
 		t.Fatalf("exec in the guest: %+v %v %q", st, err, stderr.String())
 	}
+	// On a terminal (devpts, which PID 1 mounts) the same error arrives
+	// on stdout, through the pty.
+	var onTTY bytes.Buffer
+	st, err = c.Exec(ctx, agentproto.Exec{Argv: []string{"/init", "--no-such-flag"}, Stdout: &onTTY, TTY: true})
+	if err != nil || st.Code != 2 || !strings.Contains(onTTY.String(), "no-such-flag") {
+		t.Fatalf("exec on a terminal in the guest: %+v %v %q", st, err, onTTY.String())
+	}
 	// An orphan is reparented to the agent as PID 1 and reaped when it
 	// exits, never left a zombie.
 	var pidOut bytes.Buffer

@@ -34,7 +34,21 @@ var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"snapshot ls":     sandboxRefs,
 	"volume rm":       volumeNames,
 	"logs":            sandboxRefs,
-	"exec":            sandboxRefs,
+	"exec":            firstArg(sandboxRefs),
+}
+
+// firstArg completes only a command's first argument with f: what
+// follows (exec's command, cp's other path) is the shell's to complete.
+func firstArg(f func(*globals) cobra.CompletionFunc) func(*globals) cobra.CompletionFunc {
+	return func(g *globals) cobra.CompletionFunc {
+		complete := f(g)
+		return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+			if len(args) > 0 {
+				return nil, cobra.ShellCompDirectiveDefault
+			}
+			return complete(cmd, args, toComplete)
+		}
+	}
 }
 
 // flagCompleters complete flag values wherever a command has the flag.

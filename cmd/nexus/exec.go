@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
@@ -26,7 +27,9 @@ its stdout and stderr. nexus exits with the command's status: its exit code,
 128+n when signal n killed it, 127 when the guest has no such program, 126
 when it has but could not run it, and 1 (with a "nexus: ..." line) when
 nexus itself failed. Ctrl-C and SIGTERM are forwarded to the guest process;
-a second Ctrl-C gives up (the guest process is killed with the session).`,
+a second Ctrl-C gives up (the guest process is killed with the session).
+With -t the command runs on a terminal in the guest (its stderr arrives on
+stdout); with -i -t on a local terminal, keys reach it as typed.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
 				return usageError{errors.New("want: nexus exec ID -- CMD [ARG...]")}
@@ -34,17 +37,22 @@ a second Ctrl-C gives up (the guest process is killed with the session).`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if tty {
-				return usageError{errors.New("exec -t: the agent protocol has no terminal yet; run without -t")}
-			}
 			for _, kv := range env {
 				if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
 					return usageError{fmt.Errorf("--env %q: want K=V", kv)}
 				}
 			}
-			o := lifecycle.ExecOptions{Argv: args[1:], Env: env, Cwd: workdir, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr()}
+			o := lifecycle.ExecOptions{Argv: args[1:], Env: env, Cwd: workdir, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr(), TTY: tty}
 			if stdin {
 				o.Stdin = cmd.InOrStdin()
+			}
+			// -it on a terminal: keys go to the guest's terminal as typed
+			// (Ctrl-C included, which the guest's terminal turns into
+			// SIGINT), so the local one is raw until the command ends.
+			if tty && stdin && term.IsTerminal(int(os.Stdin.Fd())) {
+				if old, err := term.MakeRaw(int(os.Stdin.Fd())); err == nil {
+					defer term.Restore(int(os.Stdin.Fd()), old)
+				}
 			}
 			// main cancels the command's context on the first signal;
 			// here that signal belongs to the guest process, so the
@@ -85,7 +93,7 @@ a second Ctrl-C gives up (the guest process is killed with the session).`,
 		},
 	}
 	c.Flags().BoolVarP(&stdin, "interactive", "i", false, "forward stdin to the command (without it, the command reads nothing)")
-	c.Flags().BoolVarP(&tty, "tty", "t", false, "give the command a terminal (not yet supported by the agent protocol: refused)")
+	c.Flags().BoolVarP(&tty, "tty", "t", false, "run the command on a terminal in the guest (stderr then arrives on stdout)")
 	c.Flags().StringArrayVar(&env, "env", nil, "K=V added to the command's environment (repeatable)")
 	c.Flags().StringVarP(&workdir, "workdir", "w", "", "the command's working directory in the guest")
 	return c

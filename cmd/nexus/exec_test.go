@@ -63,7 +63,14 @@ func TestExecStatusStreamsAndStdin(t *testing.T) {
 	wantFailure(t, proc(t, root, "exec", sb.ID, "--", "no-such-program-nexus"), 127, "could not start")
 	wantFailure(t, proc(t, root, "exec", sb.ID, "sh"), 2, "nexus exec ID -- CMD")
 	wantFailure(t, proc(t, root, "exec", sb.ID, "--env", "NOEQUALS", "--", "true"), 2, "K=V")
-	wantFailure(t, proc(t, root, "exec", "-t", sb.ID, "--", "true"), 2, "terminal")
+	// -t: a terminal in the guest, which turns the command's "\n" into
+	// "\r\n" and echoes what -i sends it.
+	if r := proc(t, root, "exec", "-t", sb.ID, "--", "sh", "-c", "test -t 0 && test -t 1 && echo on a tty; exit 4"); r.code != 4 || r.stdout != "on a tty\r\n" {
+		t.Errorf("exec -t: exit %d, stdout %q, stderr %q; want 4 and the line through a terminal", r.code, r.stdout, r.stderr)
+	}
+	if r := procStdin(t, root, "abc\n", "exec", "-i", "-t", sb.ID, "--", "sh", "-c", "read x; echo got $x >&2"); r.code != 0 || !strings.Contains(r.stdout, "got abc\r\n") {
+		t.Errorf("exec -i -t: exit %d, stdout %q, stderr %q; want the answer on stdout", r.code, r.stdout, r.stderr)
+	}
 
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
 	wantFailure(t, proc(t, root, "exec", sb.ID, "--", "true"), 1, "not running")

@@ -89,6 +89,10 @@ func TestCompletionOffersStateRootValues(t *testing.T) {
 		}
 	}
 	has("inspect", complete("inspect", ""), sb.ID, "web/1")
+	has("exec", complete("exec", ""), sb.ID, "web/1")
+	if got := complete("exec", sb.ID, "--", ""); len(got) != 0 {
+		t.Errorf("exec's command was completed with %v, want the shell's own", got)
+	}
 	has("restore", complete("restore", ""), snap)
 	has("volume rm", complete("volume", "rm", ""), "cache")
 	has("events --type", complete("events", "--type", ""), "sandbox.created", "sandbox")

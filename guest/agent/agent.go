@@ -236,30 +236,54 @@ func (s *session) exec(m *agentproto.Message) {
 		cmd.Dir = s.a.guestPath(m.Cwd)
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		s.send(agentproto.Errorf(m.ID, "exec: %v", err))
-		return
-	}
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		s.send(agentproto.Errorf(m.ID, "exec: %v", err))
-		return
-	}
+	var stdout, stderr io.Reader
 	var stdin io.WriteCloser
-	if m.Stdin {
-		if stdin, err = cmd.StdinPipe(); err != nil {
+	var pty *os.File // the terminal's master side, when tty
+	if m.TTY {
+		master, slave, err := openPTY()
+		if err != nil {
+			s.send(agentproto.Errorf(m.ID, "exec: terminal: %v", err))
+			return
+		}
+		pty = master
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		// A session of its own whose controlling terminal is the pty
+		// (its process group is its pid, as with Setpgid).
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+		defer slave.Close() // the child holds its own copy once started
+		stdout = master
+		if m.Stdin {
+			stdin = nopCloser{master} // end of input is the user's ^D, not a hangup
+		}
+	} else {
+		so, err := cmd.StdoutPipe()
+		if err != nil {
 			s.send(agentproto.Errorf(m.ID, "exec: %v", err))
 			return
 		}
+		se, err := cmd.StderrPipe()
+		if err != nil {
+			s.send(agentproto.Errorf(m.ID, "exec: %v", err))
+			return
+		}
+		stdout, stderr = so, se
+		if m.Stdin {
+			if stdin, err = cmd.StdinPipe(); err != nil {
+				s.send(agentproto.Errorf(m.ID, "exec: %v", err))
+				return
+			}
+		}
 	}
 	startMu.RLock()
-	err = cmd.Start()
+	err := cmd.Start()
 	if err == nil {
 		registerChild(cmd.Process.Pid)
 	}
 	startMu.RUnlock()
 	if err != nil {
+		if pty != nil {
+			pty.Close()
+		}
 		s.send(agentproto.Errorf(m.ID, "exec: %v", err))
 		return
 	}
@@ -291,11 +315,19 @@ func (s *session) exec(m *agentproto.Message) {
 	go func() {
 		defer s.wg.Done()
 		var out sync.WaitGroup
-		out.Add(2)
+		out.Add(1)
 		go func() { defer out.Done(); s.stream(m.ID, agentproto.TStdout, stdout) }()
-		go func() { defer out.Done(); s.stream(m.ID, agentproto.TStderr, stderr) }()
+		if stderr != nil {
+			out.Add(1)
+			go func() { defer out.Done(); s.stream(m.ID, agentproto.TStderr, stderr) }()
+		}
+		// A terminal's master reads EIO once every holder of its slave
+		// side is gone, which is how its stream ends.
 		out.Wait()
 		err := cmd.Wait()
+		if pty != nil {
+			pty.Close()
+		}
 		forgetChild(cmd.Process.Pid)
 		s.mu.Lock()
 		delete(s.procs, m.ID)
@@ -508,3 +540,7 @@ func (a *Agent) ServeListener(ctx context.Context, accept func() (io.ReadWriteCl
 		}()
 	}
 }
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }

@@ -49,13 +49,14 @@ func ParseCmdline(cmdline, workspaceSerial string) (map[string]string, error) {
 	return mounts, nil
 }
 
-// MountPseudo mounts what an initramfs's PID 1 lacks: devtmpfs, proc and
-// sysfs.
+// MountPseudo mounts what an initramfs's PID 1 lacks: devtmpfs, proc,
+// sysfs, and devpts (the terminals `exec` with tty allocates).
 func MountPseudo() error {
 	for _, m := range []struct{ src, dst, fstype string }{
 		{"devtmpfs", "/dev", "devtmpfs"},
 		{"proc", "/proc", "proc"},
 		{"sysfs", "/sys", "sysfs"},
+		{"devpts", "/dev/pts", "devpts"},
 	} {
 		os.MkdirAll(m.dst, 0o755)
 		if err := unix.Mount(m.src, m.dst, m.fstype, 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	guestagent "github.com/nexus-sandbox/nexus/guest/agent"
@@ -20,8 +21,8 @@ import (
 // protocol (docs/guest-agent.md) with the guest's own implementation
 // (guest/agent) on the host: exec runs real processes, read and write
 // real files, in a directory standing for the guest's root (root, made at
-// boot and removed with the VM: the stand-in guest has no disk to keep
-// them on). freeze and flush rewrite sector 0 of every writable disk (a
+// boot and removed with the VM, or by the next VMM to start if this one
+// was killed: the stand-in guest has no disk to keep them on). freeze and flush rewrite sector 0 of every writable disk (a
 // superblock commit, refused as CH refuses it on a disk whose raw type was
 // probed rather than given) and fsync it: the host's proof that the
 // guest's filesystems reached the disks. Nothing stops the host processes
@@ -53,7 +54,8 @@ func startAgent(path string, disks []disk, paused bool, log *logger, console fun
 	if err != nil {
 		return nil, err
 	}
-	root, err := os.MkdirTemp("", "nexus-guest-root-")
+	sweepGuestRoots()
+	root, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", guestRootPrefix, os.Getpid()))
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -204,6 +206,33 @@ func (a *agent) waitRunning() bool {
 		case <-a.done:
 			return false
 		}
+	}
+}
+
+// guestRootPrefix names the stand-in guests' roots in $TMPDIR, followed by
+// the pid of the VMM that made one.
+const guestRootPrefix = "nexus-guest-root-"
+
+// sweepGuestRoots removes the guest roots of VMMs that are gone (killed
+// before they could remove their own). A root whose pid runs, or whose
+// name does not parse, is left alone.
+func sweepGuestRoots() {
+	tmp := os.TempDir()
+	entries, _ := os.ReadDir(tmp)
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), guestRootPrefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pidText, _, _ := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidText)
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); err == nil || err == syscall.EPERM {
+			continue
+		}
+		os.RemoveAll(filepath.Join(tmp, e.Name()))
 	}
 }
 
