@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // fleetCluster is three nats-server nodes clustered over routes, each
@@ -78,7 +80,7 @@ leafnodes { listen: 127.0.0.1:%d }
 		c.start(t, i)
 	}
 	for _, s := range c.nodes {
-		if !s.ReadyForConnections(20 * time.Second) {
+		if !s.ReadyForConnections(testutil.Scale(20 * time.Second)) {
 			t.Fatal("fleet node not ready")
 		}
 	}
@@ -218,7 +220,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	}
 	atk.Start()
 	defer atk.Shutdown()
-	if !atk.ReadyForConnections(10 * time.Second) {
+	if !atk.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("attacker server not ready")
 	}
 	for atk.NumLeafNodes() == 0 {
@@ -427,7 +429,7 @@ func TestFleetNodeStoreLoss(t *testing.T) {
 		appendN(t, j, 20, 5)
 	}
 	c.start(t, lost)
-	if !c.nodes[lost].ReadyForConnections(20 * time.Second) {
+	if !c.nodes[lost].ReadyForConnections(testutil.Scale(20 * time.Second)) {
 		t.Fatal("node not back")
 	}
 	// Each mirror's replica on the emptied node is rebuilt from its peers:
