@@ -8,6 +8,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	"github.com/vmihailenco/msgpack/v5"
+	"pgregory.net/rapid"
 
 	"github.com/nexus-sandbox/nexus/events"
 )
@@ -459,4 +460,26 @@ func checkIndexes(t *testing.T, view *Sandboxes, before, want *Sandbox) {
 	if before.Handle != "" && (want == nil || want.Handle != before.Handle) && view.ByHandle(before.Handle) != nil {
 		t.Errorf("ByHandle(%q) still answers", before.Handle)
 	}
+}
+
+// TestSandboxesAndOwnershipAgree folds random histories into both views:
+// every resource a sandbox holds, Ownership gives to it. Both read
+// events.Effects; this keeps either fold from growing its own rule again.
+// The converse is not a rule: Ownership claims for sandboxes the view does
+// not hold (in-flight or compensated creates, and genHistory reuses IDs),
+// so it may own more.
+func TestSandboxesAndOwnershipAgree(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		evs := genHistory(t)
+		s, o := NewSandboxes(), NewOwnership()
+		fold(s, evs, 0)
+		fold(o, evs, 0)
+		for _, sb := range s.List() {
+			for _, r := range sb.Resources {
+				if owner, ok := o.Owner(r.Path); !ok || owner.Sandbox.String() != sb.ID || owner.Kind != r.Kind {
+					t.Fatalf("%s holds %s, Ownership says %+v %v", sb.ID, r.Path, owner, ok)
+				}
+			}
+		}
+	})
 }
