@@ -69,40 +69,21 @@ func (o *Ownership) Apply(seq uint64, e events.Event) {
 	if err != nil {
 		return // not a sandbox's event; owns nothing
 	}
-	switch p := e.Payload.(type) {
-	case events.SandboxCreatedEvent:
-		o.claimAll(id, p.Resources)
-	case events.SandboxForkedEvent:
-		o.claimAll(id, p.Resources)
-	case events.SandboxRestoredEvent:
-		o.claimAll(id, p.Resources)
-	case events.SandboxStartedEvent:
-		o.claimAll(id, p.Sockets)
-	case events.DiskMaterialisedEvent:
-		o.claim(id, p.Resource)
-	case events.IntentWrittenEvent:
-		o.claim(id, p.Resource)
-	case events.ResourceCreatedEvent:
-		o.claim(id, p.Resource)
-	case events.SupervisorStartedEvent:
-		o.claim(id, p.StateDir)
-	case events.SnapshotTakenEvent:
-		o.claim(id, p.Dir)
-	case events.IntentRetiredEvent:
-		o.release(p.Resource.Path)
-	case events.ResourceReclaimedEvent:
-		o.release(p.Resource.Path)
-	case events.SandboxRemovedEvent:
+	// A removed sandbox gives back all it still owns, which its event
+	// does not list (events.Effects).
+	if _, removed := e.Payload.(events.SandboxRemovedEvent); removed {
 		for _, path := range o.bySandbox[id] {
 			delete(o.byPath, path)
 		}
 		delete(o.bySandbox, id)
+		return
 	}
-}
-
-func (o *Ownership) claimAll(id ulid.ULID, rs []events.Resource) {
-	for _, r := range rs {
+	claimed, released := events.Effects(e)
+	for _, r := range claimed {
 		o.claim(id, r)
+	}
+	for _, r := range released {
+		o.release(r.Path)
 	}
 }
 

@@ -322,34 +322,17 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 	if sb == nil {
 		return // an event about a sandbox the view has not seen committed
 	}
-	switch p := e.Payload.(type) {
-	case events.SandboxCreatedEvent:
-		sb.claim(p.Resources...)
-	case events.SandboxForkedEvent:
-		sb.claim(p.Resources...)
-	case events.SandboxRestoredEvent:
-		sb.claim(p.Resources...)
-	case events.DiskMaterialisedEvent:
-		sb.claim(p.Resource)
-	case events.IntentWrittenEvent:
-		sb.claim(p.Resource)
-	case events.ResourceCreatedEvent:
-		sb.claim(p.Resource)
-	case events.IntentRetiredEvent:
-		sb.release(p.Resource.Path)
-	case events.ResourceReclaimedEvent:
-		sb.release(p.Resource.Path)
-		if p.Resource.Kind == events.KindSnapshot {
-			sb.dropSnapshot(path.Base(p.Resource.Path))
-		}
-	case events.SnapshotTakenEvent:
-		sb.claim(p.Dir)
+	// Which resources an event claims or releases is events.Effects's
+	// rule, shared with Ownership; this fold only scopes it to the sandbox.
+	claimed, released := events.Effects(e)
+	sb.claim(claimed...)
+	for _, r := range released {
+		sb.release(r.Path)
 	}
 	switch p := e.Payload.(type) {
 	case events.SandboxStartedEvent:
 		sb.State = StateRunning
 		sb.VMM = &Process{Pid: p.VMMPid, StartTicks: p.VMMStart}
-		sb.claim(p.Sockets...)
 		sb.LastRun = p.RunMarker
 		sb.Conditions = nil
 	case events.SandboxStoppedEvent:
@@ -365,7 +348,6 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		sb.supervisorExited(events.ProcessExit(p), "")
 	case events.SupervisorStartedEvent:
 		sb.Supervisor = &Process{Pid: p.Pid, StartTicks: p.Start}
-		sb.claim(p.StateDir)
 		sb.dropCondition(ConditionSupervisor)
 	case events.SupervisorStoppedEvent:
 		sb.Supervisor = nil
@@ -384,6 +366,10 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		}
 	case events.SnapshotTakenEvent:
 		sb.Snapshots = append(sb.Snapshots, p.SnapshotID)
+	case events.ResourceReclaimedEvent:
+		if p.Resource.Kind == events.KindSnapshot {
+			sb.dropSnapshot(path.Base(p.Resource.Path))
+		}
 	case events.FlushPendingEvent:
 		sb.LastRun = p.Run
 	case events.FlushAcknowledgedEvent:
