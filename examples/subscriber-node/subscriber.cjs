@@ -85,6 +85,12 @@ async function retry(nc) {
       if (s.type === "reconnect") serial(() => retry(nc)); // missed while away
     }
   })();
+  // A safety net besides the reconnect event: every second, ask history
+  // for anything after the last event printed. Events journaled while no
+  // server listened arrive only this way, and a client can come back
+  // before the server answers history; a poll that finds nothing is one
+  // short page.
+  setInterval(() => serial(() => retry(nc)), 1000);
   const live = nc.subscribe(creds.subjects || "nexus.events.>");
   await serial(() => retry(nc));
   process.stderr.write("caught up at " + last + "\n");
