@@ -2,6 +2,7 @@ package journal
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -46,7 +47,24 @@ func (c *fleetCluster) start(t testing.TB, i int) {
 	c.nodes[i] = s
 }
 
+// startCluster starts the fleet, on fresh ports each try: a port found
+// free can be taken by a parallel test before the node binds it, and a
+// node that cannot bind one of its listeners never becomes ready.
 func startCluster(t testing.TB, tmpl string) *fleetCluster {
+	t.Helper()
+	var err error
+	for try := 1; try <= 3; try++ {
+		var c *fleetCluster
+		if c, err = tryCluster(t, tmpl); err == nil {
+			return c
+		}
+		t.Logf("fleet cluster, try %d: %v", try, err)
+	}
+	t.Fatal(err)
+	return nil
+}
+
+func tryCluster(t testing.TB, tmpl string) (*fleetCluster, error) {
 	t.Helper()
 	const n = 3
 	client, route, leaf := make([]int, n), make([]int, n), make([]int, n)
@@ -79,20 +97,27 @@ leafnodes { listen: 127.0.0.1:%d }
 	for i := range n {
 		c.start(t, i)
 	}
-	for _, s := range c.nodes {
-		if !s.ReadyForConnections(testutil.Scale(20 * time.Second)) {
-			t.Fatal("fleet node not ready")
+	shutdown := func() {
+		for _, s := range c.nodes {
+			s.Shutdown()
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
+	for _, s := range c.nodes {
+		if !s.ReadyForConnections(testutil.Scale(20 * time.Second)) {
+			shutdown()
+			return nil, fmt.Errorf("fleet node %s not ready", s.Name())
+		}
+	}
+	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 	for {
 		for _, s := range c.nodes {
 			if s.JetStreamIsLeader() {
-				return c
+				return c, nil
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the fleet elected no JetStream meta leader")
+			shutdown()
+			return nil, errors.New("the fleet elected no JetStream meta leader")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
