@@ -43,7 +43,7 @@ func startFleet(t *testing.T, dir string, clientPort, leafPort int) *server.Serv
 		t.Fatal(err)
 	}
 	s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	if !s.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("fleet server not ready")
 	}
 	return s
