@@ -93,16 +93,18 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		logf("CALost: %v; minted a fresh CA ca_sha256=%s", lost, fp)
 	}
 
-	ctl, err := unixsock.Listen(filepath.Join(o.StateDir, SocketName))
-	if err != nil {
-		return fmt.Errorf("supervisor: %w", err)
-	}
-	defer ctl.Close()
+	// The IID socket is bound before the control socket: whoever sees the
+	// supervisor answer a ping (its starter, recover) may rely on both.
 	iid, err := unixsock.Listen(o.IIDSocket)
 	if err != nil {
 		return fmt.Errorf("supervisor: %w", err)
 	}
 	defer iid.Close()
+	ctl, err := unixsock.Listen(filepath.Join(o.StateDir, SocketName))
+	if err != nil {
+		return fmt.Errorf("supervisor: %w", err)
+	}
+	defer ctl.Close()
 
 	pid := os.Getpid()
 	ctlMux := http.NewServeMux()
