@@ -232,19 +232,7 @@ func eventsCmd(g *globals) *cobra.Command {
 				}
 				out := cmd.OutOrStdout()
 				err := b.Events(cmd.Context(), q, func(r node.Record) error {
-					switch {
-					case o.json:
-						// One compact object a line, so a follower can
-						// decode each as it comes.
-						return json.NewEncoder(out).Encode(normalize(reflect.ValueOf(eventJSON(r))).Interface())
-					case o.format != "":
-						return o.execute(out, eventJSON(r))
-					case o.quiet:
-						_, err := fmt.Fprintln(out, r.Event.ID)
-						return err
-					}
-					_, err := fmt.Fprintln(out, eventLine(r))
-					return err
+					return printStreamed(out, o, eventJSON(r), r.Event.ID.String(), func() string { return eventLine(r) })
 				})
 				if q.Follow && errors.Is(err, context.Canceled) {
 					return nil // interrupted by the user: the normal end of --follow

@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -107,7 +105,8 @@ func fleetEventsCmd() *cobra.Command {
 	var conn fleetConn
 	var hosts, types []string
 	var sandbox, since string
-	var follow, asJSON bool
+	var follow bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "events",
 		Short: "Print every host's events from the fleet's aggregate, one a line, each with its host",
@@ -143,11 +142,7 @@ func fleetEventsCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					return json.NewEncoder(out).Encode(e)
-				}
-				_, err = fmt.Fprintln(out, fleetLine(e))
-				return err
+				return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
 			})
 			if follow && errors.Is(err, context.Canceled) {
 				return nil
@@ -161,7 +156,8 @@ func fleetEventsCmd() *cobra.Command {
 	c.Flags().StringArrayVar(&hosts, "host", nil, "only this host's events; repeats")
 	c.Flags().StringVar(&sandbox, "sandbox", "", "only events of this sandbox (ID, or a handle on whichever hosts have it)")
 	c.Flags().StringArrayVar(&types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. mirror); repeats")
-	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	o = addOutput(c, true)
+	c.Flags().Lookup("json").Usage = "one JSON object a line (see docs/json.md)"
 	return c
 }
 
@@ -206,7 +202,7 @@ func fleetLine(e replay.FleetEntry) string {
 
 func fleetFindCmd() *cobra.Command {
 	var conn fleetConn
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "find ID|HANDLE",
 		Short: "Which hosts have a sandbox, its state there and its last event",
@@ -221,25 +217,22 @@ func fleetFindCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), found)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "HOST\tID\tHANDLE\tSTATE\tLAST EVENT\tSEQ\tTIME")
-			for _, x := range found {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", x.Host, x.ID, dash(x.Handle), x.State, x.Last.Type, x.Last.Seq, x.Last.Time.Format(time.RFC3339))
-			}
-			return tw.Flush()
+			return printList(cmd, o, found, func(x replay.Found) string { return x.ID }, table[replay.Found]{
+				header: []string{"HOST", "ID", "HANDLE", "STATE", "LAST EVENT", "SEQ", "TIME"},
+				row: func(x replay.Found) []string {
+					return []string{x.Host, x.ID, x.Handle, x.State, string(x.Last.Type), fmt.Sprint(x.Last.Seq), x.Last.Time.UTC().Format(time.RFC3339)}
+				},
+			})
 		},
 	}
 	conn.flags(c)
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
 }
 
 func fleetTimelineCmd() *cobra.Command {
 	var conn fleetConn
-	var asJSON bool
+	var o *output
 	c := &cobra.Command{
 		Use:   "timeline ID|HANDLE",
 		Short: "Every event of a sandbox on every host that has it, each with its host",
@@ -254,24 +247,16 @@ func fleetTimelineCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if asJSON {
-				return printJSON(cmd.OutOrStdout(), entries)
-			}
-			return printFleetTimeline(cmd.OutOrStdout(), entries)
+			return printList(cmd, o, entries, func(e replay.FleetEntry) string { return e.ID }, table[replay.FleetEntry]{
+				header: []string{"HOST", "SEQ", "TIME", "TYPE", "SAGA", "STEP", "DATA"},
+				row: func(e replay.FleetEntry) []string {
+					data, _ := json.Marshal(e.Payload)
+					return []string{e.Host, fmt.Sprint(e.Seq), e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), string(e.Type), e.Saga, e.Step, string(data)}
+				},
+			})
 		},
 	}
 	conn.flags(c)
-	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	o = addOutput(c, true)
 	return c
-}
-
-func printFleetTimeline(out io.Writer, entries []replay.FleetEntry) error {
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tSEQ\tTIME\tTYPE\tSAGA\tSTEP\tDATA")
-	for _, e := range entries {
-		data, _ := json.Marshal(e.Payload)
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", e.Host, e.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type,
-			dash(e.Saga), dash(e.Step), data)
-	}
-	return tw.Flush()
 }

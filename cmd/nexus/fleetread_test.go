@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -184,7 +185,9 @@ func TestFleetWideReads(t *testing.T) {
 		Host, ID, Handle, State string
 		Last                    fleetRow `json:"last_event"`
 	}
-	if err := json.Unmarshal([]byte(mustOK(t, fleet("find", "web", "--json"), "find").stdout), &found); err != nil {
+	findOut := mustOK(t, fleet("find", "web", "--json"), "find").stdout
+	checkJSON(t, "fleet find --json", reflect.SliceOf(jsonResources["FleetFound"]), json.RawMessage(findOut))
+	if err := json.Unmarshal([]byte(findOut), &found); err != nil {
 		t.Fatal(err)
 	}
 	if len(found) != 2 || found[0].Host != "host-a" || found[0].ID != web["host-a"] || found[0].State != "removed" ||
@@ -195,16 +198,28 @@ func TestFleetWideReads(t *testing.T) {
 	if r := mustOK(t, fleet("find", other), "find by id"); !strings.Contains(r.stdout, "host-b") || !strings.Contains(r.stdout, "db") || strings.Contains(r.stdout, "host-a") {
 		t.Fatalf("find %s: %q", other, r.stdout)
 	}
+	if r := mustOK(t, fleet("find", "web", "-q"), "find -q"); r.stdout != web["host-a"]+"\n"+web["host-b"]+"\n" {
+		t.Fatalf("find web -q: %q", r.stdout)
+	}
 	wantFailure(t, fleet("find", "nosuch"), 1, "nosuch")
 
 	// timeline: B's web, every event of it, each with its host.
 	var tl []fleetRow
-	if err := json.Unmarshal([]byte(mustOK(t, fleet("timeline", web["host-b"], "--json"), "timeline").stdout), &tl); err != nil {
+	tlOut := mustOK(t, fleet("timeline", web["host-b"], "--json"), "timeline").stdout
+	checkJSON(t, "fleet timeline --json", reflect.SliceOf(jsonResources["FleetEntry"]), json.RawMessage(tlOut))
+	if err := json.Unmarshal([]byte(tlOut), &tl); err != nil {
 		t.Fatal(err)
 	}
 	local := strings.Count(mustOK(t, nexus(t, roots["host-b"], "events", "--sandbox", web["host-b"]), "local events").stdout, "\n")
 	if len(tl) != local || tl[0].Host != "host-b" || tl[0].Type != "saga.started" {
 		t.Fatalf("timeline of B's web: %d entries (journal has %d), first %+v", len(tl), local, tl[0])
+	}
+	if r := mustOK(t, fleet("timeline", "web", "--format", "{{.Host}} {{.Seq}} {{.Type}}"), "timeline --format"); strings.Count(r.stdout, "\n") != len(tl)+strings.Count(mustOK(t, nexus(t, roots["host-a"], "events", "--sandbox", web["host-a"]), "local events").stdout, "\n") ||
+		!strings.Contains(r.stdout, "host-a ") || !strings.Contains(r.stdout, "host-b ") || !strings.Contains(r.stdout, " saga.started\n") {
+		t.Fatalf("timeline web --format: %q", r.stdout)
+	}
+	if r := mustOK(t, fleet("timeline", web["host-b"]), "timeline table"); !strings.HasPrefix(r.stdout, "HOST") || strings.Count(r.stdout, "\n") != len(tl)+1 {
+		t.Fatalf("timeline table: %q", r.stdout)
 	}
 
 	// follow: a new sandbox on A arrives with its host.
@@ -248,6 +263,7 @@ func fleetEntries(t *testing.T, r result) []fleetRow {
 		if line == "" {
 			continue
 		}
+		checkJSON(t, "fleet events --json", jsonResources["FleetEntry"], json.RawMessage(line))
 		var e fleetRow
 		if err := json.Unmarshal([]byte(line), &e); err != nil {
 			t.Fatalf("%v: %q", err, line)

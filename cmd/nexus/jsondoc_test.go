@@ -52,6 +52,8 @@ var jsonResources = map[string]reflect.Type{
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
 	"ReplayEntry":       reflect.TypeFor[replay.Entry](),
+	"FleetEntry":        reflect.TypeFor[replay.FleetEntry](),
+	"FleetFound":        reflect.TypeFor[replay.Found](),
 	"ReplayState":       reflect.TypeFor[replay.State](),
 	"OwnedPath":         reflect.TypeFor[projections.OwnedPath](),
 	"OpenSaga":          reflect.TypeFor[projections.OpenSaga](),
@@ -68,16 +70,8 @@ type docField struct {
 // jsonFields are a struct's JSON fields as the encoder sees them.
 func jsonFields(t reflect.Type) []docField {
 	var out []docField
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.IsExported() {
-			continue
-		}
-		tag := f.Tag.Get("json")
-		if tag == "-" {
-			continue
-		}
-		name, opts, _ := strings.Cut(tag, ",")
+	for _, f := range structFields(t) {
+		name, opts, _ := strings.Cut(f.Tag.Get("json"), ",")
 		if name == "" {
 			name = f.Name
 		}
@@ -86,6 +80,26 @@ func jsonFields(t reflect.Type) []docField {
 			present = "when set"
 		}
 		out = append(out, docField{name: name, template: "." + f.Name, typ: docType(f.Type), present: present})
+	}
+	return out
+}
+
+// structFields are the fields of t the encoder writes, in order: an
+// untagged embedded struct's fields in its place (as encoding/json
+// flattens them; a template reaches them by the same promoted names).
+func structFields(t reflect.Type) []reflect.StructField {
+	var out []reflect.StructField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("json")
+		if !f.IsExported() || tag == "-" {
+			continue
+		}
+		if f.Anonymous && tag == "" && f.Type.Kind() == reflect.Struct {
+			out = append(out, structFields(f.Type)...)
+			continue
+		}
+		out = append(out, f)
 	}
 	return out
 }
@@ -296,20 +310,7 @@ func fieldType(t reflect.Type, i int) reflect.Type { return jsonField(t, i).Type
 // goFieldName is the name --format uses for the i-th JSON field of t.
 func goFieldName(t reflect.Type, i int) string { return jsonField(t, i).Name }
 
-func jsonField(t reflect.Type, i int) reflect.StructField {
-	n := 0
-	for j := range t.NumField() {
-		f := t.Field(j)
-		if !f.IsExported() || f.Tag.Get("json") == "-" {
-			continue
-		}
-		if n == i {
-			return f
-		}
-		n++
-	}
-	panic("no field")
-}
+func jsonField(t reflect.Type, i int) reflect.StructField { return structFields(t)[i] }
 
 // TestEveryJSONOutputMatchesTheDoc runs every command that prints JSON on
 // a populated state root and checks each output against its documented

@@ -143,6 +143,24 @@ func printValue(cmd *cobra.Command, o *output, v any, ids func() []string, human
 	return nil
 }
 
+// printStreamed prints one item of a stream as it arrives (events, a
+// follow): one compact JSON object a line, so a follower can decode each
+// as it comes; the template; its ID; or the command's line for people.
+func printStreamed(w io.Writer, o *output, v any, id string, line func() string) error {
+	var err error
+	switch {
+	case o.json:
+		err = json.NewEncoder(w).Encode(normalize(reflect.ValueOf(v)).Interface())
+	case o.format != "":
+		err = o.execute(w, v)
+	case o.quiet:
+		_, err = fmt.Fprintln(w, id)
+	default:
+		_, err = fmt.Fprintln(w, line())
+	}
+	return err
+}
+
 func (o *output) execute(w io.Writer, v any) error {
 	t := o.tmpl
 	if t == nil {
