@@ -158,6 +158,12 @@ func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (st
 	return out.Sandbox, out.Path, out.Found, err
 }
 
+func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
+	var out sandboxResponse
+	err := c.getJSON(ctx, "/v1/snapshot-owner?snap="+url.QueryEscape(snap), &out)
+	return out.Sandbox, out.Found, err
+}
+
 func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 	var list []projections.OpenSaga
 	err := c.getJSON(ctx, "/v1/sagas", &list)

@@ -40,6 +40,9 @@ type Backend interface {
 	// one of paths, and that path; found is false if none does. It reads
 	// one answer, not the list of every sandbox.
 	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
+	// SnapshotOwner is the sandbox holding snapshot snap (an exact ID);
+	// found is false if none does. One answer, not the sandbox list.
+	SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
@@ -91,6 +94,18 @@ func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sand
 	}
 	l.View(func(v node.Views) { sandbox, path, found = v.Sandboxes.OwnerOf(paths, except) })
 	return sandbox, path, found, nil
+}
+
+func (l Local) SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error) {
+	if err := l.Load(ctx); err != nil {
+		return projections.Sandbox{}, false, err
+	}
+	l.View(func(v node.Views) {
+		if p := v.Sandboxes.SnapshotOwner(snap); p != nil {
+			sb, found = *p, true
+		}
+	})
+	return sb, found, nil
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {

@@ -364,6 +364,13 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 		id, path, found, _ := local.OwnerOf(r.Context(), q["path"], q.Get("except"))
 		writeJSON(w, http.StatusOK, ownerResponse{Found: found, Sandbox: id, Path: path})
 	})
+	mux.HandleFunc("GET /v1/snapshot-owner", func(w http.ResponseWriter, r *http.Request) {
+		sb, found, _ := local.SnapshotOwner(r.Context(), r.URL.Query().Get("snap"))
+		if found {
+			count(1)
+		}
+		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
+	})
 	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())
 		writeJSON(w, http.StatusOK, list)

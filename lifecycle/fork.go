@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -471,15 +470,7 @@ func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOpti
 
 // Restore creates a new sandbox from a snapshot, through the fork path.
 func (m *Manager) Restore(ctx context.Context, snap string, force bool) (projections.Sandbox, error) {
-	list, err := m.sandboxes(ctx)
-	if err != nil {
-		return projections.Sandbox{}, err
-	}
-	ref := snap
-	snap, src, err := projections.MatchSnapshot(list, ref)
-	if errors.Is(err, projections.ErrNoMatch) {
-		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, ref)
-	}
+	snap, src, err := m.findSnapshot(ctx, snap)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}

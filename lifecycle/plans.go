@@ -2,7 +2,6 @@ package lifecycle
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/nexus-sandbox/nexus/guard"
@@ -47,14 +46,7 @@ func (m *Manager) RemovePlan(ctx context.Context, ref string, opt RemoveOptions)
 
 // SnapshotRemovePlan is the snapshot SnapshotRemove would delete.
 func (m *Manager) SnapshotRemovePlan(ctx context.Context, ref string) (SnapshotInfo, error) {
-	list, err := m.B.Sandboxes(ctx)
-	if err != nil {
-		return SnapshotInfo{}, err
-	}
-	snap, sb, err := projections.MatchSnapshot(list, ref)
-	if errors.Is(err, projections.ErrNoMatch) {
-		return SnapshotInfo{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, ref)
-	}
+	snap, sb, err := m.findSnapshot(ctx, ref)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}

@@ -3,6 +3,7 @@ package projections
 import (
 	"fmt"
 	"math/rand"
+	"slices"
 	"testing"
 	"time"
 
@@ -27,6 +28,15 @@ func scanOwner(s *Sandboxes, paths []string, except string) (string, string, boo
 	return "", "", false
 }
 
+func scanSnapshot(s *Sandboxes, snap string) *Sandbox {
+	for _, sb := range s.List() {
+		if slices.Contains(sb.Snapshots, snap) {
+			return sb
+		}
+	}
+	return nil
+}
+
 func scanHandle(s *Sandboxes, h string) *Sandbox {
 	for _, sb := range s.List() {
 		if sb.Handle == h {
@@ -36,10 +46,11 @@ func scanHandle(s *Sandboxes, h string) *Sandbox {
 	return nil
 }
 
-// Random histories of creates, claims, releases, snapshots, removals and
-// compensated creates over a few sandboxes sharing a few paths: after every
-// event, and after a snapshot round trip, OwnerOf and ByHandle through the
-// indexes equal the scans for every path pair and handle.
+// Random histories of creates, claims, releases, snapshots taken and
+// removed, removals and compensated creates over a few sandboxes sharing a
+// few paths: after every event, and after a snapshot round trip, OwnerOf,
+// ByHandle and SnapshotOwner through the indexes equal the scans for every
+// path pair, handle and snapshot.
 func TestSandboxIndexesMatchScans(t *testing.T) {
 	for seed := int64(1); seed <= 20; seed++ {
 		rng := rand.New(rand.NewSource(seed))
@@ -48,6 +59,7 @@ func TestSandboxIndexesMatchScans(t *testing.T) {
 			ids[i] = ulid.MustNew(uint64(i+1), rng).String()
 		}
 		paths := []string{"disks/a", "disks/b", "disks/c", "run/d", "snapshots/x/e"}
+		snaps := []string{"S1", "S2", "S3"}
 		res := func() events.Resource {
 			return events.Resource{Kind: events.KindRawDisk, Path: paths[rng.Intn(len(paths))]}
 		}
@@ -56,7 +68,7 @@ func TestSandboxIndexesMatchScans(t *testing.T) {
 			id := ids[rng.Intn(len(ids))]
 			var p events.Payload
 			saga := ""
-			switch rng.Intn(9) {
+			switch rng.Intn(11) {
 			case 0:
 				p = events.SandboxCreatedEvent{Handle: fmt.Sprintf("h%d", rng.Intn(4)), Resources: []events.Resource{res(), res()}}
 			case 1:
@@ -71,6 +83,11 @@ func TestSandboxIndexesMatchScans(t *testing.T) {
 				p = events.IntentRetiredEvent{Resource: res()}
 			case 6:
 				p = events.SandboxRemovedEvent{}
+			case 8:
+				snap := snaps[rng.Intn(len(snaps))]
+				p = events.SnapshotTakenEvent{SnapshotID: snap, Dir: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + id + "/" + snap}}
+			case 9:
+				p = events.ResourceReclaimedEvent{Resource: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + id + "/" + snaps[rng.Intn(len(snaps))]}}
 			case 7:
 				p = events.SandboxForkedEvent{Handle: fmt.Sprintf("h%d", rng.Intn(4)), Resources: []events.Resource{res()}}
 			default:
@@ -100,6 +117,14 @@ func TestSandboxIndexesMatchScans(t *testing.T) {
 					// a scan's answer, and the index must give one of them.
 					if (got == nil) != (want == nil) || got != nil && got.Handle != handle {
 						t.Fatalf("seed %d step %d %s: ByHandle(%s) = %v, scan %v", seed, step, when, handle, got, want)
+					}
+				}
+				for _, snap := range snaps {
+					got, want := v.SnapshotOwner(snap), scanSnapshot(v, snap)
+					// As with handles, a random history may give two
+					// sandboxes one snapshot ID; the index gives one of them.
+					if (got == nil) != (want == nil) || got != nil && !slices.Contains(got.Snapshots, snap) {
+						t.Fatalf("seed %d step %d %s: SnapshotOwner(%s) = %v, scan %v", seed, step, when, snap, got, want)
 					}
 				}
 				if v.ByHandle("") != nil {

@@ -91,6 +91,9 @@ type Sandboxes struct {
 	// (reindex); UnmarshalState rebuilds them.
 	handles multimap // handle → ids carrying it (one, unless a history was made by hand)
 	owners  multimap // path → ids owning it
+	// snaps indexes the view by snapshot ID, so restore and snapshot rm
+	// find a snapshot's sandbox without the list (SnapshotOwner).
+	snaps multimap // snapshot → ids holding it
 }
 
 // multimap maps a key to a set of sandbox IDs. A path or handle has one
@@ -158,37 +161,47 @@ func (m multimap) least(key, except string) (id string, found bool) {
 
 // NewSandboxes returns an empty view.
 func NewSandboxes() *Sandboxes {
-	return &Sandboxes{byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap()}
+	return &Sandboxes{byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), snaps: newMultimap()}
 }
 
-// indexed is what the indexes hold of one sandbox. Resources is the slice
-// as it was: claim appends past its length and release copies
-// (append(r[:i:i], ...)), so an old slice header still reads the old paths.
+// indexed is what the indexes hold of one sandbox. Resources and
+// snapshots are the slices as they were: claim and a snapshot append past
+// their length, release and dropSnapshot copy (append(r[:i:i], ...)), so an
+// old slice header still reads the old values.
 type indexed struct {
 	handle    string
 	resources []events.Resource
+	snapshots []string
 }
 
 func (s *Sandboxes) indexedOf(id string) indexed {
 	if sb := s.byID[id]; sb != nil {
-		return indexed{sb.Handle, sb.Resources}
+		return indexed{sb.Handle, sb.Resources, sb.Snapshots}
 	}
 	return indexed{}
+}
+
+// same says whether a and b are the same slice as seen by indexed: one
+// length and one first element (see indexed).
+func same[T any](a, b []T) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
 }
 
 // reindex moves id's index entries from what they were (before) to what
 // the sandbox holds now.
 func (s *Sandboxes) reindex(id string, before indexed) {
 	now := s.indexedOf(id)
-	if now.handle == before.handle && len(now.resources) == len(before.resources) &&
-		(len(now.resources) == 0 || &now.resources[0] == &before.resources[0]) {
-		return // the common event: neither handle nor resources changed
+	if now.handle == before.handle && same(now.resources, before.resources) && same(now.snapshots, before.snapshots) {
+		return // the common event: neither handle, resources nor snapshots changed
 	}
 	if before.handle != "" {
 		s.handles.del(before.handle, id)
 	}
 	for _, r := range before.resources {
 		s.owners.del(r.Path, id)
+	}
+	for _, snap := range before.snapshots {
+		s.snaps.del(snap, id)
 	}
 	s.index(id, now)
 }
@@ -199,6 +212,9 @@ func (s *Sandboxes) index(id string, x indexed) {
 	}
 	for _, r := range x.resources {
 		s.owners.add(r.Path, id)
+	}
+	for _, snap := range x.snapshots {
+		s.snaps.add(snap, id)
 	}
 }
 
@@ -235,6 +251,16 @@ func (s *Sandboxes) OwnerOf(paths []string, except string) (id, path string, fou
 		}
 	}
 	return "", "", false // unreachable: id owns one of paths
+}
+
+// SnapshotOwner returns the sandbox holding snapshot snap (the oldest,
+// should a history made by hand give two the same one), or nil: the
+// daemon's per-entity answer for restore and snapshot rm.
+func (s *Sandboxes) SnapshotOwner(snap string) *Sandbox {
+	if id, ok := s.snaps.least(snap, ""); ok {
+		return s.byID[id]
+	}
+	return nil
 }
 
 // List returns every sandbox, oldest first.
@@ -458,9 +484,9 @@ func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
 		byID[sb.ID] = sb
 	}
 	s.seq, s.byID, s.ids = seq, byID, nil
-	s.handles, s.owners = newMultimap(), newMultimap()
-	for id, sb := range byID {
-		s.index(id, indexed{sb.Handle, sb.Resources})
+	s.handles, s.owners, s.snaps = newMultimap(), newMultimap(), newMultimap()
+	for id := range byID {
+		s.index(id, s.indexedOf(id))
 	}
 	return nil
 }

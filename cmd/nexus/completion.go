@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
@@ -80,8 +81,8 @@ func addCompletions(root *cobra.Command, g *globals) {
 
 // fromState completes from the state root's projections, without creating
 // a root that does not exist yet.
-func fromState(g *globals, list func(context.Context, control.Backend) ([]cobra.Completion, error)) cobra.CompletionFunc {
-	return func(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+func fromState(g *globals, list func(ctx context.Context, b control.Backend, typed string) ([]cobra.Completion, error)) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, _ []string, typed string) ([]cobra.Completion, cobra.ShellCompDirective) {
 		if _, err := os.Stat(g.stateDir); err != nil {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}
@@ -90,7 +91,7 @@ func fromState(g *globals, list func(context.Context, control.Backend) ([]cobra.
 		var out []cobra.Completion
 		err := withBackend(ctx, g, func(b control.Backend) error {
 			var err error
-			out, err = list(ctx, b)
+			out, err = list(ctx, b, typed)
 			return err
 		})
 		if err != nil {
@@ -100,45 +101,81 @@ func fromState(g *globals, list func(context.Context, control.Backend) ([]cobra.
 	}
 }
 
-// sandboxRefs offers every sandbox's ID and handle, described by state.
+// sandboxRefs offers the IDs and handles of the sandboxes that start
+// with what is typed, described by state. An ID typed in full is one
+// per-entity read (no other ID starts with it); anything else, a handle
+// included (web may be completed to web2), reads the view a page at a
+// time, as ls does, never as one answer holding every sandbox.
 func sandboxRefs(g *globals) cobra.CompletionFunc {
-	return fromState(g, func(ctx context.Context, b control.Backend) ([]cobra.Completion, error) {
-		list, err := b.Sandboxes(ctx)
-		if err != nil {
-			return nil, err
-		}
+	return fromState(g, func(ctx context.Context, b control.Backend, typed string) ([]cobra.Completion, error) {
 		var out []cobra.Completion
-		for _, sb := range list {
+		err := eachSandbox(ctx, b, typed, func(sb projections.Sandbox) {
 			desc := string(sb.State)
-			if sb.Handle != "" {
+			if sb.Handle != "" && strings.HasPrefix(sb.Handle, typed) {
 				out = append(out, cobra.CompletionWithDesc(sb.Handle, desc+" "+sb.ID))
+			}
+			if sb.Handle != "" {
 				desc += " " + sb.Handle
 			}
-			out = append(out, cobra.CompletionWithDesc(sb.ID, desc))
-		}
-		return out, nil
+			if strings.HasPrefix(sb.ID, strings.ToUpper(typed)) {
+				out = append(out, cobra.CompletionWithDesc(sb.ID, desc))
+			}
+		})
+		return out, err
 	})
 }
 
-// snapshotIDs offers every snapshot, described by its sandbox.
+// snapshotIDs offers the snapshots that start with what is typed,
+// described by their sandbox: a snapshot ID typed in full is one
+// per-entity read, anything else reads the view a page at a time.
 func snapshotIDs(g *globals) cobra.CompletionFunc {
-	return fromState(g, func(ctx context.Context, b control.Backend) ([]cobra.Completion, error) {
-		list, err := b.Sandboxes(ctx)
-		if err != nil {
-			return nil, err
-		}
+	return fromState(g, func(ctx context.Context, b control.Backend, typed string) ([]cobra.Completion, error) {
+		typed = strings.ToUpper(typed)
 		var out []cobra.Completion
-		for _, sb := range list {
+		offer := func(sb projections.Sandbox) {
 			for _, snap := range sb.Snapshots {
-				out = append(out, cobra.CompletionWithDesc(snap, "of "+sandboxName(sb)))
+				if strings.HasPrefix(snap, typed) {
+					out = append(out, cobra.CompletionWithDesc(snap, "of "+sandboxName(sb)))
+				}
 			}
 		}
-		return out, nil
+		if _, err := ulid.ParseStrict(typed); err == nil {
+			sb, found, err := b.SnapshotOwner(ctx, typed)
+			if found {
+				offer(sb)
+			}
+			return out, err
+		}
+		err := eachSandbox(ctx, b, "", offer)
+		return out, err
 	})
+}
+
+// eachSandbox calls fn with the sandbox whose full ID typed is (one
+// per-entity read; nothing if there is none), else with every sandbox, a
+// page at a time.
+func eachSandbox(ctx context.Context, b control.Backend, typed string, fn func(projections.Sandbox)) error {
+	if id, err := ulid.ParseStrict(typed); err == nil {
+		sb, found, err := b.Sandbox(ctx, id.String())
+		if found {
+			fn(sb)
+		}
+		return err
+	}
+	for after := ""; ; {
+		page, err := b.SandboxPage(ctx, after, lsPage)
+		if err != nil || len(page) == 0 {
+			return err
+		}
+		for _, sb := range page {
+			fn(sb)
+		}
+		after = page[len(page)-1].ID
+	}
 }
 
 func volumeNames(g *globals) cobra.CompletionFunc {
-	return fromState(g, func(ctx context.Context, b control.Backend) ([]cobra.Completion, error) {
+	return fromState(g, func(ctx context.Context, b control.Backend, _ string) ([]cobra.Completion, error) {
 		list, err := b.Volumes(ctx)
 		if err != nil {
 			return nil, err

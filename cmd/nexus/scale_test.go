@@ -46,7 +46,8 @@ func fillRoot(t testing.TB, root string, n int) {
 
 // TestSingleSandboxCommandsAreConstantCost is issue 21's structural O(1)
 // test, counted rather than timed: on a root of 2,000 sandboxes, each
-// single-sandbox command through the daemon makes the daemon encode a
+// single-sandbox command through the daemon (restore and snapshot rm of one
+// snapshot, and completing a full ID, included) makes the daemon encode a
 // bounded number of sandbox records (control.Stats), however many the root
 // holds. A flow that fetched the sandbox list, or the image cache's list of
 // every user, would encode all 2,000.
@@ -70,24 +71,39 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 		return st.Sandboxes
 	}
 	image := makeImage(t)
+	var snap, restored, forked string
 	steps := []struct {
 		name string
-		args []string
+		args func() []string
 	}{
-		{"create", []string{"create", "--image", image, "--handle", "one"}},
-		{"inspect", []string{"inspect", "one"}},
-		{"stop", []string{"stop", "one"}},
-		{"start", []string{"start", "one"}},
-		{"snapshot", []string{"snapshot", "one"}},
-		{"fork", []string{"fork", "one"}},
-		{"rm", []string{"rm", "-f", "--with-snapshots", "one"}},
+		{"create", func() []string { return []string{"create", "--image", image, "--handle", "one"} }},
+		{"inspect", func() []string { return []string{"inspect", "one"} }},
+		{"stop", func() []string { return []string{"stop", "one"} }},
+		{"start", func() []string { return []string{"start", "one"} }},
+		{"snapshot", func() []string { return []string{"snapshot", "one"} }},
+		{"restore", func() []string { return []string{"restore", snap, "-q"} }},
+		{"completion of a snapshot ID", func() []string { return []string{"__complete", "restore", snap} }},
+		{"completion of a sandbox ID", func() []string { return []string{"__complete", "inspect", restored} }},
+		{"fork", func() []string { return []string{"fork", "one"} }},
+		{"snapshot rm --dry-run", func() []string { return []string{"snapshot", "rm", "--dry-run", strings.ToLower(snap)} }},
+		{"snapshot rm", func() []string { return []string{"snapshot", "rm", snap} }},
+		{"rm", func() []string { return []string{"rm", "-f", "--with-snapshots", "one"} }},
 	}
-	var forked string
 	for _, s := range steps {
 		before := served()
-		r := mustOK(t, proc(t, root, s.args...), s.name)
-		if s.name == "fork" {
+		r := mustOK(t, proc(t, root, s.args()...), s.name)
+		switch s.name {
+		case "snapshot":
+			snap = strings.TrimSpace(r.stdout)
+		case "restore":
+			restored = strings.TrimSpace(r.stdout)
+		case "fork":
 			forked = strings.Fields(r.stdout)[0]
+		case "completion of a snapshot ID", "completion of a sandbox ID":
+			// Each offers the one thing typed in full, found per entity.
+			if want := s.args()[2] + "\t"; !strings.HasPrefix(r.stdout, want) {
+				t.Errorf("%s offered %q, want %s first", s.name, r.stdout, want)
+			}
 		}
 		if d := served() - before; d > bound {
 			t.Errorf("%s of one sandbox made the daemon encode %d sandbox records (root of %d; bound %d)", s.name, d, sandboxes, bound)
@@ -95,7 +111,7 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 			t.Logf("%s: %d sandbox records encoded", s.name, d)
 		}
 	}
-	mustOK(t, proc(t, root, "rm", "-f", forked), "rm of the fork child")
+	mustOK(t, proc(t, root, "rm", "-f", forked, restored), "rm of the fork and restore children")
 	// The counter counts: a listing encodes every sandbox.
 	before := served()
 	mustOK(t, nexus(t, root, "ls"), "ls")
