@@ -30,6 +30,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
 )
 
@@ -259,7 +260,7 @@ func (c *Client) spawnWatchdog() error {
 		w.Close()
 		return err
 	}
-	logf, err := fsx.OpenFile(c.opts.StateDir, filepath.Join("logs", "run-"+c.opts.RunID+".watchdog.log"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	logf, err := fsx.OpenFile(c.opts.StateDir, filepath.Join("logs", layout.WatchdogLogName(c.opts.RunID)), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		w.Close()
 		return err

@@ -31,6 +31,11 @@ const (
 	// <id>.supervisor.log, <id>.console.log): claimed when a boot first
 	// writes it, removed by rm, reapable once its sandbox is gone.
 	KindLog ResourceKind = "log"
+	// KindWatchdogLog is a client run's watchdog log under logs/
+	// (run-<run>.watchdog.log): no sandbox's, never journaled; the ledger
+	// removes it with its run, and a reap finds it orphaned once the run's
+	// record is gone.
+	KindWatchdogLog ResourceKind = "watchdog-log"
 )
 
 // Resource is one host resource, by kind and path relative to the state

@@ -61,6 +61,25 @@ func (r Root) SupervisorLog(id string) string { return r.join("logs", id+".super
 // writes; kept with the other logs.
 func (r Root) ConsoleLog(id string) string { return r.join("logs", id+".console.log") }
 
+// WatchdogLog is the log of client run run's watchdog (its stdout and
+// stderr), beside the sandboxes' logs; the ledger removes it with the run.
+func (r Root) WatchdogLog(run string) string { return r.join("logs", WatchdogLogName(run)) }
+
+const watchdogLogPrefix, watchdogLogSuffix = "run-", ".watchdog.log"
+
+// WatchdogLogName is the name of run's watchdog log in logs/.
+func WatchdogLogName(run string) string { return watchdogLogPrefix + run + watchdogLogSuffix }
+
+// WatchdogLogRun is the run a name in logs/ is the watchdog log of; ok is
+// false for a name of another shape. The run is not validated.
+func WatchdogLogRun(name string) (run string, ok bool) {
+	run, ok = strings.CutPrefix(name, watchdogLogPrefix)
+	if !ok {
+		return "", false
+	}
+	return strings.CutSuffix(run, watchdogLogSuffix)
+}
+
 // SafeHandle is a handle usable in a file name: "/" becomes "_" (SPEC.md)
 // and "_" itself becomes "+", a character no handle may contain, so the
 // mapping is injective: "a/b" is "a_b" and "a_b" is "a+b". A one-character

@@ -73,6 +73,10 @@ type Gate interface {
 	// Intent probes an intent the scan did not list (it may have landed in
 	// a directory slot the readdir had already passed).
 	Intent(rel string) Lease
+	// RunRecord says whether client run run still has its record in runs/
+	// (Alive), has none (Dead), or cannot be told (Unsure). Asked after
+	// the scan: a run's record is published before its watchdog log.
+	RunRecord(run string) Probe
 }
 
 // Journal is the ownership view the reaper marks from, built from the
@@ -223,6 +227,9 @@ func (c *classifier) decide(e Entry) Decision {
 	if e.Unparsed {
 		return keep(e, "", Ambiguous, "name does not parse as a nexus resource and the journal does not name it")
 	}
+	if e.Kind == events.KindWatchdogLog {
+		return c.watchdogLog(e)
+	}
 	if e.ID != "" && j.sandbox[e.ID] {
 		return keep(e, e.ID, Owned, "sandbox %s exists (owner from the name)", e.ID)
 	}
@@ -254,6 +261,21 @@ func (c *classifier) decide(e Entry) Decision {
 		return keep(e, e.Handle, Orphan, "no sandbox has handle %s and no shadow intent lease is held", e.Handle)
 	}
 	return c.liveness(e)
+}
+
+// watchdogLog judges a client run's watchdog log by its run's record: the
+// ledger sweep removes the log with the run, so while the record exists
+// the log is the run's; once it is gone (swept, or closed by a nexus that
+// left logs behind), nothing will remove the log but a reap.
+func (c *classifier) watchdogLog(e Entry) Decision {
+	switch p := c.in.Gate.RunRecord(e.Run); p.State {
+	case Alive:
+		return keep(e, "", Live, "client run %s is in the ledger (runs/): its sweep removes the log with it", e.Run)
+	case Dead:
+		return keep(e, "", Orphan, "client run %s has no record in runs/: the log outlived its run", e.Run)
+	default:
+		return keep(e, "", Ambiguous, "cannot tell whether client run %s is in the ledger: %s", e.Run, p.Detail)
+	}
 }
 
 // leaseVerdict applies the intents' leases: an intent's own, the create

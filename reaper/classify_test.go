@@ -24,10 +24,11 @@ type fakeGate struct {
 	intents  map[string]Lease
 	asked    map[string]int
 	procPids map[string][]int
+	runs     map[string]Probe
 }
 
 func newGate() *fakeGate {
-	return &fakeGate{procs: map[string]Probe{}, sockets: map[string]Probe{}, sups: map[string]Probe{}, intents: map[string]Lease{}, asked: map[string]int{}, procPids: map[string][]int{}}
+	return &fakeGate{procs: map[string]Probe{}, sockets: map[string]Probe{}, sups: map[string]Probe{}, intents: map[string]Lease{}, asked: map[string]int{}, procPids: map[string][]int{}, runs: map[string]Probe{}}
 }
 
 func (g *fakeGate) Process(id string, ignore []int) Probe {
@@ -49,6 +50,7 @@ func (g *fakeGate) Process(id string, ignore []int) Probe {
 func (g *fakeGate) Socket(id string) Probe           { g.asked["sock "+id]++; return g.sockets[id] }
 func (g *fakeGate) SupervisorSocket(id string) Probe { return g.sups[id] }
 func (g *fakeGate) Intent(rel string) Lease          { g.asked["intent "+rel]++; return g.intents[rel] }
+func (g *fakeGate) RunRecord(run string) Probe       { g.asked["run "+run]++; return g.runs[run] }
 
 func journal() *Journal {
 	return NewJournal([]projections.Sandbox{{
@@ -83,14 +85,15 @@ func want(t *testing.T, d Decision, v Verdict, owner, mention string) {
 	}
 }
 
-// The daemon's and a client run's logs live in logs/ but are no sandbox's.
+// The daemon's log lives in logs/ but is nobody's resource; a client run's
+// watchdog log is its run's (KindWatchdogLog).
 func TestNotResource(t *testing.T) {
 	for _, c := range []struct {
 		dir, name string
 		want      bool
 	}{
 		{"logs", "daemon.log", true},
-		{"logs", "run-" + idA + ".watchdog.log", true},
+		{"logs", "run-" + idA + ".watchdog.log", false},
 		{"logs", idA + ".vmm.log", false},
 		{"disks", "daemon.log", false},
 	} {
@@ -143,6 +146,47 @@ func TestIdentifyNames(t *testing.T) {
 			t.Errorf("%s/%s: got %+v", c.dir, c.name, e)
 		}
 	}
+	for _, c := range []struct {
+		name, run string
+		unparsed  bool
+	}{
+		{"run-r_1-x.watchdog.log", "r_1-x", false},
+		{"run-" + idA + ".watchdog.log", idA, false},
+		{"run-.watchdog.log", "", true},
+		{"run-a.b.watchdog.log", "a.b", true}, // no run id has a '.'
+	} {
+		e := Identify("logs", c.name, false)
+		if e.Kind != events.KindWatchdogLog || e.Run != c.run || e.ID != "" || e.Unparsed != c.unparsed {
+			t.Errorf("logs/%s: got %+v", c.name, e)
+		}
+	}
+}
+
+// A watchdog log is its run's while the run has its record in runs/ (the
+// sweep removes it with the run), an orphan once the record is gone, and
+// kept when the record cannot be checked; never judged by the journal's
+// sandboxes or the ULID gate.
+func TestWatchdogLogFollowsItsRun(t *testing.T) {
+	for _, c := range []struct {
+		record  Probe
+		v       Verdict
+		mention string
+	}{
+		{Probe{State: Alive}, Live, "in the ledger"},
+		{Probe{State: Dead}, Orphan, "no record in runs/"},
+		{Probe{State: Unsure, Detail: "permission denied"}, Ambiguous, "permission denied"},
+	} {
+		g := newGate()
+		g.runs["r1"] = c.record
+		want(t, one(t, Inputs{Gate: g}, entry("logs", "run-r1.watchdog.log")), c.v, "", c.mention)
+		if g.asked["run r1"] != 1 || len(g.asked) != 1 {
+			t.Errorf("gate asked %v: want the run's record alone", g.asked)
+		}
+	}
+	g := newGate()
+	g.runs["r1"] = Probe{State: Dead}
+	want(t, one(t, Inputs{Gate: g}, entry("logs", "run-a.b.watchdog.log")), Ambiguous, "", "does not parse")
+	want(t, one(t, Inputs{Gate: g, Journal: UnreadableJournal("torn")}, entry("logs", "run-r1.watchdog.log")), Ambiguous, "", "torn")
 }
 
 // Owner from the journal first, even for a name that does not parse.

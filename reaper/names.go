@@ -11,6 +11,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/ledger"
 )
 
 // Dirs are the only directories a reap scans, relative to the state root.
@@ -26,13 +27,10 @@ var logSuffixes = []string{".vmm.log", ".supervisor.log", ".console.log"}
 
 // NotResource says a name in a scanned directory is nexus's own and no
 // sandbox's resource, so a scan does not report it at all: the daemon's
-// log (logs/daemon.log, control.DaemonLog) and a client run's watchdog log
-// (logs/run-<run>.watchdog.log, written by client/).
+// log (logs/daemon.log, control.DaemonLog). A client run's watchdog log is
+// a resource of its run (KindWatchdogLog), judged by the run's record.
 func NotResource(dir, name string) bool {
-	if dir != "logs" {
-		return false
-	}
-	return name == "daemon.log" || strings.HasPrefix(name, "run-") && strings.HasSuffix(name, ".watchdog.log")
+	return dir == "logs" && name == "daemon.log"
 }
 
 // Entry is one resource found on disk, named back into what it is.
@@ -42,6 +40,8 @@ type Entry struct {
 	Rel string
 	// ID is the sandbox ULID the name carries ("" if none).
 	ID string
+	// Run is the client run a watchdog log belongs to (KindWatchdogLog).
+	Run string
 	// Handle is the safe handle a shadow disk or shadow intent is keyed by
 	// (layout.SafeHandle; layout.HandleOf gives the handle back).
 	Handle string
@@ -96,6 +96,10 @@ func Identify(dir, name string, isDir bool) Entry {
 		}
 		e.Kind, e.Unparsed = events.KindAPISocket, true
 	case "logs":
+		if run, ok := layout.WatchdogLogRun(name); ok {
+			e.Kind, e.Run, e.Unparsed = events.KindWatchdogLog, run, !ledger.ValidRunID(run) || isDir
+			return e
+		}
 		e.Kind, e.Unparsed = events.KindLog, true
 		for _, suffix := range logSuffixes {
 			if id, cut := strings.CutSuffix(name, suffix); cut && layout.IsULID(id) && !isDir {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -331,16 +332,22 @@ func TestReaperModes(t *testing.T) {
 			os.MkdirAll(dir, 0o700)
 			writeHand(t, dir, "dead.json", handRecord("dead", goneProcessPid(t), 1_700_000_000_000, "process"))
 			writeHand(t, dir, "dead.sandboxes", "gone-already\n")
-			r := nexusEnv(t, root, []string{"NEXUS_REAPER=" + c.mode}, "--driver", "process", "run", "--", "sh", "-c", `echo "$NEXUS_RUN_ID"`)
+			// The watchdog's log exists while the run does (its clean end
+			// removes it with the run's files), so the command looks.
+			r := nexusEnv(t, root, []string{"NEXUS_REAPER=" + c.mode}, "--driver", "process", "run", "--", "sh", "-c",
+				`echo "$NEXUS_RUN_ID"; test -e "`+root+`/logs/run-$NEXUS_RUN_ID.watchdog.log" && echo watched; true`)
 			mustOK(t, r, "run")
-			run := strings.TrimSpace(r.stdout)
+			out := strings.Fields(r.stdout)
+			run := out[0]
 			_, err := os.Stat(filepath.Join(dir, "dead.json"))
 			if swept := os.IsNotExist(err); swept != c.sweeps {
 				t.Errorf("swept=%v, want %v", swept, c.sweeps)
 			}
-			_, err = os.Stat(filepath.Join(root, "logs", "run-"+run+".watchdog.log"))
-			if watched := err == nil; watched != c.watchs {
-				t.Errorf("watchdog spawned=%v, want %v", watched, c.watchs)
+			if watched := slices.Contains(out, "watched"); watched != c.watchs {
+				t.Errorf("watchdog spawned=%v, want %v (run %s)", watched, c.watchs, run)
+			}
+			if _, err := os.Stat(filepath.Join(root, "logs", "run-"+run+".watchdog.log")); err == nil {
+				t.Errorf("run %s ended cleanly but left its watchdog log", run)
 			}
 		})
 	}

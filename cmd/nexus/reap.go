@@ -22,7 +22,7 @@ var reapKinds = []events.ResourceKind{
 	events.KindRawDisk, events.KindWorkspaceDisk, events.KindCreateIntent, events.KindShadowIntent,
 	events.KindShadowDisk, events.KindAPISocket, events.KindVsockSocket, events.KindIIDSocket,
 	events.KindSupervisorState, events.KindBuilderSupervisor, events.KindSnapshot, events.KindRecord,
-	events.KindSupervisorProcess, events.KindLog,
+	events.KindSupervisorProcess, events.KindLog, events.KindWatchdogLog,
 }
 
 func reapCmd(g *globals) *cobra.Command {

@@ -366,6 +366,34 @@ func TestReapFilters(t *testing.T) {
 	}
 }
 
+// TestReapWatchdogLogs: a client run's watchdog log whose run has left
+// the ledger (no runs/<run>.json) is an orphan and --apply deletes it; the
+// log of a run still in the ledger is kept for the run's own sweep.
+func TestReapWatchdogLogs(t *testing.T) {
+	t.Parallel()
+	root := shortRoot(t)
+	gone, live := filepath.Join(root, "logs", "run-gone.watchdog.log"), filepath.Join(root, "logs", "run-live.watchdog.log")
+	write(t, gone, 100)
+	write(t, live, 100)
+	os.MkdirAll(filepath.Join(root, "runs"), 0o700)
+	writeHand(t, filepath.Join(root, "runs"), "live.json", handRecord("live", os.Getpid(), 1_700_000_000_000, "process"))
+
+	rep, _ := reapRun(t, root)
+	if o := has(rep.Orphans, gone); o == nil || o.Kind != "watchdog-log" || !strings.Contains(o.Reason, "no record in runs/") {
+		t.Fatalf("orphans %+v: want %s, a watchdog-log without its run", rep.Orphans, gone)
+	}
+	if k := has(rep.Kept, live); k == nil || k.Verdict != "live" || !strings.Contains(k.Reason, "in the ledger") {
+		t.Fatalf("kept %+v: want %s, live with its run", rep.Kept, live)
+	}
+	rep, _ = reapRun(t, root, "--apply", "--kind", "watchdog-log")
+	if got := paths(rep.Deleted); len(got) != 1 || got[0] != gone {
+		t.Fatalf("apply deleted %v, want only %s", got, gone)
+	}
+	if exists(gone) || !exists(live) {
+		t.Fatalf("after apply: %s exists %v (want gone), %s exists %v (want kept)", gone, exists(gone), live, exists(live))
+	}
+}
+
 // A plan-bound apply deletes only what the dry run listed, and re-judges
 // each entry: what changed since is kept and reported.
 func TestReapPlanBoundApply(t *testing.T) {

@@ -19,7 +19,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/host/durable"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/layout"
 	format "github.com/nexus-sandbox/nexus/ledger"
 )
 
@@ -271,8 +273,15 @@ func (r *Run) release() {
 	}
 }
 
-// deleteFiles removes a run's files, the record last, then fsyncs the dir.
+// deleteFiles removes a run's files, its watchdog's log first and the
+// record last (so a sweep interrupted before the record is done again),
+// then fsyncs the dir. The log is beneath the state root runs/ is in, and
+// removed through fsx, so a link planted at logs/ is refused, not followed.
 func deleteFiles(dir, id string) error {
+	root := filepath.Dir(dir)
+	if err := fsx.Remove(root, filepath.Join("logs", layout.WatchdogLogName(id))); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("ledger %s: watchdog log: %w", id, err)
+	}
 	for _, p := range []string{listPath(dir, id, Networks), listPath(dir, id, Sandboxes), recordPath(dir, id)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("ledger %s: %w", id, err)

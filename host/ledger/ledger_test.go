@@ -13,6 +13,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/layout"
 	format "github.com/nexus-sandbox/nexus/ledger"
 )
 
@@ -372,5 +373,57 @@ func TestKeptEventsGroupAndSplit(t *testing.T) {
 	}
 	if got := back.Payload.(events.RunKeptEvent); len(got.Kept) != len(evs[0].Kept) || len(data) > 128<<10 {
 		t.Fatalf("decoded %d groups from %d bytes", len(got.Kept), len(data))
+	}
+}
+
+// TestRunsTakeTheirWatchdogLogs: a run's watchdog log (logs/ beside runs/)
+// goes with the run, whether a sweep removes the run or its owner closes
+// it; a live run's log and another run's stay.
+func TestRunsTakeTheirWatchdogLogs(t *testing.T) {
+	root := t.TempDir()
+	dir := Dir(root)
+	log := func(run string) string { return layout.Root(root).WatchdogLog(run) }
+	os.MkdirAll(filepath.Join(root, "logs"), 0o700)
+	for _, run := range []string{"DEAD", "MINE", "LIVE", "NORUN"} {
+		if err := os.WriteFile(log(run), []byte("nexus watchdog: ...\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	openRun(t, dir, "DEAD", "process", deadPid(t), 1_700_000_000_000, "a")
+	live, err := SelfRecord("LIVE", "process", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, live); err != nil {
+		t.Fatal(err)
+	}
+	mine, err := SelfRecord("MINE", "process", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(dir, mine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	self := format.Self{Run: "LIVE", Driver: "process"}
+	plan, err := Plan(dir, self, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := Apply(context.Background(), dir, plan, self, "init", newRecorder("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(out) != 2 || out[0].Run != "DEAD" || out[0].Verdict != string(format.Sweep) || out[0].Error != "" {
+		t.Fatalf("outcomes %+v: want DEAD swept", out)
+	}
+	for run, kept := range map[string]bool{"DEAD": false, "MINE": false, "LIVE": true, "NORUN": true} {
+		_, err := os.Stat(log(run))
+		if got := err == nil; got != kept {
+			t.Errorf("%s's watchdog log kept=%v, want %v (%v)", run, got, kept, err)
+		}
 	}
 }

@@ -20,6 +20,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/reaper"
 )
 
@@ -273,6 +275,19 @@ func (g *Gate) Intent(rel string) reaper.Lease {
 		return reaper.Lease{State: reaper.LeaseGone}
 	}
 	return ProbeIntent(filepath.Join(g.Root, rel))
+}
+
+// RunRecord stats runs/<run>.json, the record a client run publishes
+// before it spawns its watchdog (host/ledger.Open).
+func (g *Gate) RunRecord(run string) reaper.Probe {
+	_, err := os.Lstat(filepath.Join(hostledger.Dir(g.Root), run+ledger.RecordSuffix))
+	switch {
+	case err == nil:
+		return reaper.Probe{State: reaper.Alive}
+	case errors.Is(err, os.ErrNotExist):
+		return reaper.Probe{State: reaper.Dead}
+	}
+	return reaper.Probe{State: reaper.Unsure, Detail: err.Error()}
 }
 
 func (g *Gate) timeout() time.Duration {
