@@ -59,44 +59,24 @@ func Serve(ctx context.Context, apiSocket string, o Options) error {
 		o.Log = io.Discard
 	}
 	s := &server{o: o, api: apiSocket, log: stdlog.New(o.Log, "", stdlog.LstdFlags|stdlog.Lmicroseconds), stop: make(chan struct{})}
-	l, err := unixsock.Listen(apiSocket)
-	if err != nil {
-		return fmt.Errorf("qemu adapter: API socket: %w", err)
-	}
-	hs := &http.Server{Handler: s, ReadHeaderTimeout: 10 * time.Second, ErrorLog: stdlog.New(o.Log, "http: ", 0)}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(l) }()
-	s.log.Printf("serving %s on %s (pid %d)", Version, apiSocket, os.Getpid())
-	var serveErr error
-	served := false
-	select {
-	case <-ctx.Done():
-		s.log.Printf("context done: %v", context.Cause(ctx))
-	case <-s.stop:
-	case serveErr = <-errc:
-		served = true
-	}
-	s.mu.Lock()
-	s.stopping = true
-	s.stopVM()
-	exited := s.exitedOnItsOwn
-	s.mu.Unlock()
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		hs.Close()
-	}
-	if !served {
-		serveErr = <-errc
-	}
-	s.log.Printf("stopped")
+	var exited string
+	err := vmm.APIServer{Socket: apiSocket, Handler: vmm.Calls[*server]{Routes: routes, VMM: s, Lock: &s.mu, Logf: s.log.Printf,
+		Stopping: func() bool { return s.stopping }, Stop: func() { s.stopOnce.Do(func() { close(s.stop) }) }},
+		Name: Version, Logf: s.log.Printf, ErrorLog: stdlog.New(o.Log, "http: ", 0), Stop: s.stop,
+		Teardown: func() {
+			s.mu.Lock()
+			s.stopping = true
+			s.stopVM()
+			exited = s.exitedOnItsOwn
+			s.mu.Unlock()
+		}}.Serve(ctx)
 	if exited != "" {
 		return fmt.Errorf("qemu adapter: %s", exited)
 	}
-	if errors.Is(serveErr, http.ErrServerClosed) {
-		return nil
+	if err != nil {
+		return fmt.Errorf("qemu adapter: %w", err)
 	}
-	return fmt.Errorf("qemu adapter: serving API: %w", serveErr)
+	return nil
 }
 
 type server struct {
@@ -139,72 +119,25 @@ type apiError struct {
 func (e *apiError) Error() string { return e.msg }
 func (e *apiError) Unwrap() error { return e.cause }
 
+// HTTPStatus is the status vmm.Calls answers the error with.
+func (e *apiError) HTTPStatus() int { return e.status }
+
 func failed(format string, args ...any) error {
 	return &apiError{status: http.StatusInternalServerError, msg: fmt.Sprintf(format, args...)}
 }
 
-const api = "/api/v1/"
-
-var routes = map[string]struct {
-	method string
-	fn     func(*server, *http.Request) (any, error)
-}{
-	"vmm.ping":     {http.MethodGet, (*server).ping},
-	"vmm.shutdown": {http.MethodPut, (*server).shutdownVMM},
-	"vm.create":    {http.MethodPut, (*server).create},
-	"vm.boot":      {http.MethodPut, (*server).boot},
-	"vm.shutdown":  {http.MethodPut, (*server).shutdown},
-	"vm.delete":    {http.MethodPut, (*server).delete},
-	"vm.info":      {http.MethodGet, (*server).info},
-	"vm.pause":     {http.MethodPut, (*server).pause},
-	"vm.resume":    {http.MethodPut, (*server).resume},
-	"vm.snapshot":  {http.MethodPut, (*server).snapshot},
-	"vm.restore":   {http.MethodPut, (*server).restore},
-}
-
-func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	op := strings.TrimPrefix(r.URL.Path, api)
-	rt, ok := routes[op]
-	if !ok || !strings.HasPrefix(r.URL.Path, api) {
-		http.Error(w, "not found", http.StatusNotFound)
-		return
-	}
-	// CH's router answers a known path with the wrong method 400.
-	if r.Method != rt.method {
-		http.Error(w, fmt.Sprintf("%s wants %s", r.URL.Path, rt.method), http.StatusBadRequest)
-		return
-	}
-	s.mu.Lock()
-	var out any
-	var err error
-	if s.stopping {
-		err = &apiError{status: http.StatusServiceUnavailable, msg: "VMM is shutting down"}
-	} else {
-		out, err = rt.fn(s, r)
-	}
-	s.mu.Unlock()
-	if err != nil {
-		status := http.StatusInternalServerError
-		var ae *apiError
-		if errors.As(err, &ae) {
-			status = ae.status
-		}
-		s.log.Printf("%s: %d: %v", op, status, err)
-		http.Error(w, err.Error(), status)
-		return
-	}
-	if r.Method != http.MethodGet {
-		s.log.Printf("%s: ok", op)
-	}
-	if out == nil {
-		w.WriteHeader(http.StatusNoContent)
-	} else {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(out)
-	}
-	if op == "vmm.shutdown" {
-		s.stopOnce.Do(func() { close(s.stop) })
-	}
+var routes = map[string]vmm.Route[*server]{
+	"vmm.ping":     {Method: http.MethodGet, Fn: (*server).ping},
+	"vmm.shutdown": {Method: http.MethodPut, Fn: (*server).shutdownVMM},
+	"vm.create":    {Method: http.MethodPut, Fn: (*server).create},
+	"vm.boot":      {Method: http.MethodPut, Fn: (*server).boot},
+	"vm.shutdown":  {Method: http.MethodPut, Fn: (*server).shutdown},
+	"vm.delete":    {Method: http.MethodPut, Fn: (*server).delete},
+	"vm.info":      {Method: http.MethodGet, Fn: (*server).info},
+	"vm.pause":     {Method: http.MethodPut, Fn: (*server).pause},
+	"vm.resume":    {Method: http.MethodPut, Fn: (*server).resume},
+	"vm.snapshot":  {Method: http.MethodPut, Fn: (*server).snapshot},
+	"vm.restore":   {Method: http.MethodPut, Fn: (*server).restore},
 }
 
 func (s *server) ping(*http.Request) (any, error) {

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
 // Serve is the process driver's VMM: it answers CH's API on apiSocket and
@@ -45,51 +43,24 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 		return fmt.Errorf("vmm: API socket: %w", err)
 	}
 	defer lock.Close() // the file stays, as CH leaves it
-	l, err := unixsock.Listen(apiSocket)
+	err = APIServer{
+		Socket: apiSocket,
+		Handler: Calls[*server]{Routes: routes, VMM: s, Lock: &s.op, Logf: s.log.Printf,
+			Stopping: func() bool { return s.stopping },
+			Stop:     func() { s.stopOnce.Do(func() { close(s.stop) }) }},
+		Name: Version, Logf: s.log.Printf, ErrorLog: stdlog.New(s.log, "vmm http: ", 0),
+		Stop: s.stop, Ready: ready,
+		Teardown: func() {
+			s.op.Lock()
+			s.stopping = true
+			s.releaseVM()
+			s.op.Unlock()
+		},
+	}.Serve(ctx)
 	if err != nil {
-		return fmt.Errorf("vmm: API socket: %w", err)
+		return fmt.Errorf("vmm: %w", err)
 	}
-	hs := &http.Server{
-		Handler:           s,
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          stdlog.New(s.log, "vmm http: ", 0),
-	}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(l) }()
-	s.log.Printf("serving %s on %s (pid %d)", Version, apiSocket, os.Getpid())
-	if ready != nil {
-		ready()
-	}
-
-	var serveErr error
-	served := false
-	select {
-	case <-ctx.Done():
-		s.log.Printf("context done: %v", context.Cause(ctx))
-	case <-s.stop:
-	case serveErr = <-errc:
-		served = true
-	}
-
-	s.op.Lock()
-	s.stopping = true
-	s.releaseVM()
-	s.op.Unlock()
-
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		hs.Close()
-	}
-	if !served {
-		serveErr = <-errc
-	}
-	l.Close() // Shutdown closed it already; this is the no-op twin for the error path
-	s.log.Printf("stopped")
-	if errors.Is(serveErr, http.ErrServerClosed) {
-		return nil
-	}
-	return fmt.Errorf("vmm: serving API: %w", serveErr)
+	return nil
 }
 
 // lockAPISocket does what CH v53+ does before it binds its API socket:
@@ -155,7 +126,8 @@ type apiError struct {
 	msg    string
 }
 
-func (e *apiError) Error() string { return e.msg }
+func (e *apiError) Error() string   { return e.msg }
+func (e *apiError) HTTPStatus() int { return e.status }
 
 // CH answers failed VM actions with 500 and the error text.
 func failed(format string, args ...any) error {
@@ -173,72 +145,23 @@ func badRequest(format string, args ...any) error {
 	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
 }
 
-type route struct {
-	method string
-	fn     func(*server, *http.Request) (any, error)
+// routes are the calls of CH's API the stand-in answers, by operation.
+var routes = map[string]Route[*server]{
+	op(pathPing):        {Method: http.MethodGet, Fn: (*server).ping},
+	op(pathShutdownVMM): {Method: http.MethodPut, Fn: (*server).shutdownVMM},
+	op(pathCreate):      {Method: http.MethodPut, Fn: (*server).create},
+	op(pathBoot):        {Method: http.MethodPut, Fn: (*server).boot},
+	op(pathShutdown):    {Method: http.MethodPut, Fn: (*server).shutdown},
+	op(pathDelete):      {Method: http.MethodPut, Fn: (*server).delete},
+	op(pathInfo):        {Method: http.MethodGet, Fn: (*server).info},
+	op(pathPause):       {Method: http.MethodPut, Fn: (*server).pause},
+	op(pathResume):      {Method: http.MethodPut, Fn: (*server).resume},
+	op(pathSnapshot):    {Method: http.MethodPut, Fn: (*server).snapshot},
+	op(pathRestore):     {Method: http.MethodPut, Fn: (*server).restore},
 }
 
-var routes = map[string]route{
-	pathPing:        {http.MethodGet, (*server).ping},
-	pathShutdownVMM: {http.MethodPut, (*server).shutdownVMM},
-	pathCreate:      {http.MethodPut, (*server).create},
-	pathBoot:        {http.MethodPut, (*server).boot},
-	pathShutdown:    {http.MethodPut, (*server).shutdown},
-	pathDelete:      {http.MethodPut, (*server).delete},
-	pathInfo:        {http.MethodGet, (*server).info},
-	pathPause:       {http.MethodPut, (*server).pause},
-	pathResume:      {http.MethodPut, (*server).resume},
-	pathSnapshot:    {http.MethodPut, (*server).snapshot},
-	pathRestore:     {http.MethodPut, (*server).restore},
-}
-
-func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	rt, ok := routes[r.URL.Path]
-	if !ok {
-		http.Error(w, "not found", http.StatusNotFound)
-		return
-	}
-	// CH's router answers a known path with the wrong method 400, not 405.
-	if r.Method != rt.method {
-		http.Error(w, fmt.Sprintf("%s wants %s", r.URL.Path, rt.method), http.StatusBadRequest)
-		return
-	}
-	s.op.Lock()
-	var out any
-	var err error
-	if s.stopping {
-		err = &apiError{http.StatusServiceUnavailable, "VMM is shutting down"}
-	} else {
-		out, err = rt.fn(s, r)
-	}
-	s.op.Unlock()
-
-	op := strings.TrimPrefix(r.URL.Path, "/api/v1/")
-	if err != nil {
-		status := http.StatusInternalServerError
-		var ae *apiError
-		if errors.As(err, &ae) {
-			status = ae.status
-		}
-		s.log.Printf("%s: %d: %v", op, status, err)
-		http.Error(w, err.Error(), status)
-		return
-	}
-	if out == nil {
-		if r.Method != http.MethodGet {
-			s.log.Printf("%s: ok", op)
-		}
-		w.WriteHeader(http.StatusNoContent)
-	} else {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(out)
-	}
-	// Stopping after the answer is written, as CH answers vmm.shutdown
-	// before it exits; Serve's http.Server.Shutdown lets this reply finish.
-	if r.URL.Path == pathShutdownVMM {
-		s.stopOnce.Do(func() { close(s.stop) })
-	}
-}
+// op is a path's operation: the part below APIRoot.
+func op(path string) string { return strings.TrimPrefix(path, APIRoot) }
 
 func (s *server) ping(*http.Request) (any, error) {
 	return pingResponse{Version: Version, Pid: os.Getpid()}, nil
