@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -33,21 +32,13 @@ func fleetRecords(t *testing.T, f *Fleet, filters ...string) []FleetRecord {
 // followed live, leaving no consumer behind; it still cannot delete the
 // aggregate or a mirror.
 func TestFleetAggregate(t *testing.T) {
-	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit"}
-	for user, p := range passes {
-		t.Setenv(PasswordVar(user), p)
-	}
-	tmpl, err := Template{Hosts: []string{"host-a", "host-b"}, Auditor: "auditor"}.Config(fleetDomain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startCluster(t, tmpl)
-	a, _ := openFleetHost(t, c, "host-a", passes["host-a"])
-	b, mb := openFleetHost(t, c, "host-b", passes["host-b"])
+	c := startTemplateFleet(t, []string{"host-a", "host-b"}, nil)
+	js, ms := c.openHosts(t)
+	a, b, mb := js[0], js[1], ms[1]
 	appendN(t, a, 0, 4)
 	appendN(t, b, 100, 6)
 
-	url := fmt.Sprintf("nats://auditor:%s@%s", passes["auditor"], strings.TrimPrefix(c.nodes[1].ClientURL(), "nats://"))
+	url := c.auditorURL(1)
 	f, err := DialFleet(url, "")
 	if err != nil {
 		t.Fatal(err)
@@ -151,20 +142,13 @@ func TestFleetAggregate(t *testing.T) {
 // the auditors' account sees what the import carries; a forged delivery
 // never arrives (without the template's deny it does).
 func TestHostCannotForgeItsAggregateDeliveries(t *testing.T) {
-	passes := map[string]string{"host-a": "pass-a", "auditor": "pass-audit"}
-	for user, p := range passes {
-		t.Setenv(PasswordVar(user), p)
-	}
-	tmpl, err := Template{Hosts: []string{"host-a"}, Auditor: "auditor"}.Config(fleetDomain)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const auditUsers = `users: [{ user: "auditor"`
-	if !strings.Contains(tmpl, auditUsers) {
-		t.Fatalf("template changed shape:\n%s", tmpl)
-	}
-	tmpl = strings.Replace(tmpl, auditUsers, `users: [{ user: "probe", password: "probe" }, { user: "auditor"`, 1)
-	c := startCluster(t, tmpl)
+	c := startTemplateFleet(t, []string{"host-a"}, func(tmpl string) string {
+		if !strings.Contains(tmpl, auditUsers) {
+			t.Fatalf("template changed shape:\n%s", tmpl)
+		}
+		return strings.Replace(tmpl, auditUsers, `users: [{ user: "probe", password: "probe" }, { user: "auditor"`, 1)
+	})
 
 	probe, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("probe", "probe"))
 	if err != nil {
@@ -177,26 +161,7 @@ func TestHostCannotForgeItsAggregateDeliveries(t *testing.T) {
 	}
 	probe.Flush()
 
-	ao := &server.Options{ServerName: "attacker", DontListen: true, NoLog: true, NoSigs: true}
-	ao.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: c.urls("host-a", passes["host-a"])}}
-	atk, err := server.NewServer(ao)
-	if err != nil {
-		t.Fatal(err)
-	}
-	atk.Start()
-	defer atk.Shutdown()
-	deadline := time.Now().Add(20 * time.Second)
-	for atk.NumLeafNodes() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("attacker never linked")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	anc, err := nats.Connect("", nats.InProcessServer(atk))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer anc.Close()
+	anc := c.attacker(t, "host-a")
 	// The interest of the probe crosses to the leaf only once the hub
 	// has sent it; publish until the window for it has passed.
 	for i := 0; i < 20; i++ {

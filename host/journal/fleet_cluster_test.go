@@ -144,6 +144,96 @@ func openFleetHost(t testing.TB, c *fleetCluster, name, pass string) (*Journal, 
 	return j, m
 }
 
+// templateFleet is a real three-node fleet cluster under the template of
+// its hosts and the auditor "auditor", every user's password set
+// (fleetPass).
+type templateFleet struct {
+	*fleetCluster
+	hosts []string
+}
+
+// fleetPass is a fleet user's password in these tests.
+func fleetPass(user string) string { return "pw-" + user }
+
+// startTemplateFleet sets the passwords of hosts and of the auditor, and
+// starts a cluster under their template (after edit, if given, rewrote it).
+func startTemplateFleet(t testing.TB, hosts []string, edit func(string) string) *templateFleet {
+	t.Helper()
+	for _, u := range append([]string{"auditor"}, hosts...) {
+		t.Setenv(PasswordVar(u), fleetPass(u))
+	}
+	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		tmpl = edit(tmpl)
+	}
+	return &templateFleet{fleetCluster: startCluster(t, tmpl), hosts: hosts}
+}
+
+// openHosts opens every host's journal mirroring to the fleet, in order.
+func (f *templateFleet) openHosts(t testing.TB) ([]*Journal, []*Mirror) {
+	t.Helper()
+	js, ms := make([]*Journal, len(f.hosts)), make([]*Mirror, len(f.hosts))
+	for i, h := range f.hosts {
+		js[i], ms[i] = openFleetHost(t, f.fleetCluster, h, fleetPass(h))
+	}
+	return js, ms
+}
+
+// auditorURL is node's client URL with the auditor's credentials.
+func (f *templateFleet) auditorURL(node int) string {
+	return fmt.Sprintf("nats://auditor:%s@%s", fleetPass("auditor"), strings.TrimPrefix(f.nodes[node].ClientURL(), "nats://"))
+}
+
+// auditor is the auditor's JetStream at node, through the audit API
+// prefix, closed when the test ends.
+func (f *templateFleet) auditor(t testing.TB, node int) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(f.nodes[node].ClientURL(), nats.UserInfo("auditor", fleetPass("auditor")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// attacker is a server of an attacker's own, linked to the fleet as host
+// with the host's stolen identity, and a connection to it; both end with
+// the test.
+func (f *templateFleet) attacker(t *testing.T, host string) *nats.Conn {
+	t.Helper()
+	ao := &server.Options{ServerName: "attacker", DontListen: true, NoLog: true, NoSigs: true}
+	ao.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: f.urls(host, fleetPass(host))}}
+	atk, err := server.NewServer(ao)
+	if err != nil {
+		t.Fatal(err)
+	}
+	atk.Start()
+	t.Cleanup(atk.Shutdown)
+	if !atk.ReadyForConnections(testutil.Scale(10 * time.Second)) {
+		t.Fatal("attacker server not ready")
+	}
+	deadline := time.Now().Add(testutil.Scale(20 * time.Second))
+	for atk.NumLeafNodes() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("attacker never linked")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	anc, err := nats.Connect("", nats.InProcessServer(atk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(anc.Close)
+	return anc
+}
+
 // auditorRead reads a mirror as the auditor: info, then every message by
 // sequence, the only requests the template lets an auditor send.
 func auditorRead(t *testing.T, js jetstream.JetStream, stream string) (jetstream.StreamConfig, []string) {
@@ -191,26 +281,13 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 // read, delete, purge or replace B's mirror, nor delete or purge its own.
 func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
-	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit"}
-	for user, p := range passes {
-		t.Setenv(PasswordVar(user), p)
-	}
-	tmpl, err := Template{Hosts: []string{"host-a", "host-b"}, Auditor: "auditor"}.Config(fleetDomain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startCluster(t, tmpl)
-	a, ma := openFleetHost(t, c, "host-a", passes["host-a"])
-	b, mb := openFleetHost(t, c, "host-b", passes["host-b"])
+	c := startTemplateFleet(t, []string{"host-a", "host-b"}, nil)
+	js, ms := c.openHosts(t)
+	a, b, ma, mb := js[0], js[1], ms[0], ms[1]
 	appendN(t, a, 0, 4)
 	appendN(t, b, 100, 6)
 
-	audit, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("auditor", passes["auditor"]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer audit.Close()
-	ajs, _ := jetstream.NewWithAPIPrefix(audit, AuditAPIPrefix)
+	ajs := c.auditor(t, 0)
 	gotA := awaitAudited(t, ajs, ma.StreamName(), 4)
 	gotB := awaitAudited(t, ajs, mb.StreamName(), 6)
 	if cfg, _ := auditorRead(t, ajs, mb.StreamName()); cfg.Replicas != 3 {
@@ -231,34 +308,13 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	}
 
 	// A's password is for leaf links only.
-	if nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("host-a", passes["host-a"])); err == nil {
+	if nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("host-a", fleetPass("host-a"))); err == nil {
 		nc.Close()
 		t.Fatal("host-a's identity connected as a client")
 	}
 
 	// An attacker holding A's identity links a server of its own as A.
-	ao := &server.Options{ServerName: "attacker", DontListen: true, NoLog: true, NoSigs: true}
-	ao.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: c.urls("host-a", passes["host-a"])}}
-	atk, err := server.NewServer(ao)
-	if err != nil {
-		t.Fatal(err)
-	}
-	atk.Start()
-	defer atk.Shutdown()
-	if !atk.ReadyForConnections(testutil.Scale(10 * time.Second)) {
-		t.Fatal("attacker server not ready")
-	}
-	for atk.NumLeafNodes() == 0 {
-		if ctx.Err() != nil {
-			t.Fatal("attacker never linked")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	anc, err := nats.Connect("", nats.InProcessServer(atk))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer anc.Close()
+	anc := c.attacker(t, "host-a")
 	var seenB atomic.Int64
 	sub, _ := anc.Subscribe(">", func(m *nats.Msg) {
 		// The attacker's own requests name B's stream; B's events never
@@ -308,7 +364,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 		t.Fatalf("A's mirror after its attempts: %q", got)
 	}
 	// replay reads B's mirror as the auditor, by sequence, ids kept.
-	auditURL := fmt.Sprintf("nats://auditor:%s@%s", passes["auditor"], strings.TrimPrefix(c.nodes[1].ClientURL(), "nats://"))
+	auditURL := c.auditorURL(1)
 	var recs []Record
 	if err := ReadMirror(ctx, auditURL, "", AuditAPIPrefix, mb.StreamName(), func(r Record) error {
 		recs = append(recs, r)
@@ -336,31 +392,12 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 func TestFleetNodeLoss(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b", "host-c"}
-	for _, h := range hosts {
-		t.Setenv(PasswordVar(h), "pw-"+h)
-	}
-	t.Setenv(PasswordVar("auditor"), "pw-audit")
-	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startCluster(t, tmpl)
-	var js []*Journal
-	var ms []*Mirror
-	for _, h := range hosts {
-		j, m := openFleetHost(t, c, h, "pw-"+h)
+	c := startTemplateFleet(t, hosts, nil)
+	js, ms := c.openHosts(t)
+	for _, j := range js {
 		appendN(t, j, 0, 5)
-		js, ms = append(js, j), append(ms, m)
 	}
-	audit := func(node int) jetstream.JetStream {
-		nc, err := nats.Connect(c.nodes[node].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		a, _ := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
-		return a
-	}
+	audit := func(node int) jetstream.JetStream { return c.auditor(t, node) }
 	a2 := audit(2)
 	for _, m := range ms {
 		awaitAudited(t, a2, m.StreamName(), 5)
@@ -415,31 +452,12 @@ func TestFleetNodeLoss(t *testing.T) {
 func TestFleetNodeStoreLoss(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
-	for _, h := range hosts {
-		t.Setenv(PasswordVar(h), "pw-"+h)
-	}
-	t.Setenv(PasswordVar("auditor"), "pw-audit")
-	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startCluster(t, tmpl)
-	var js []*Journal
-	var ms []*Mirror
-	for _, h := range hosts {
-		j, m := openFleetHost(t, c, h, "pw-"+h)
+	c := startTemplateFleet(t, hosts, nil)
+	js, ms := c.openHosts(t)
+	for _, j := range js {
 		appendN(t, j, 0, 20)
-		js, ms = append(js, j), append(ms, m)
 	}
-	auditAt := func(node int) jetstream.JetStream {
-		nc, err := nats.Connect(c.nodes[node].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(nc.Close)
-		a, _ := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
-		return a
-	}
+	auditAt := func(node int) jetstream.JetStream { return c.auditor(t, node) }
 	a0 := auditAt(0)
 	for _, m := range ms {
 		awaitAudited(t, a0, m.StreamName(), 20)
@@ -505,21 +523,10 @@ func localMsgs(node *server.Server, account, stream string) uint64 {
 func TestFleetWholeClusterOutage(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
-	for _, h := range hosts {
-		t.Setenv(PasswordVar(h), "pw-"+h)
-	}
-	t.Setenv(PasswordVar("auditor"), "pw-audit")
-	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := startCluster(t, tmpl)
-	var js []*Journal
-	var ms []*Mirror
-	for _, h := range hosts {
-		j, m := openFleetHost(t, c, h, "pw-"+h)
+	c := startTemplateFleet(t, hosts, nil)
+	js, ms := c.openHosts(t)
+	for _, j := range js {
 		appendN(t, j, 0, 5)
-		js, ms = append(js, j), append(ms, m)
 	}
 	for i := range js {
 		deadline := time.Now().Add(30 * time.Second)
@@ -568,12 +575,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 		}
 	}
 	t.Logf("mirrors current %v after the cluster came back", time.Since(back).Round(time.Millisecond))
-	nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	a, _ := jetstream.NewWithAPIPrefix(nc, AuditAPIPrefix)
+	a := c.auditor(t, 0)
 	for i, m := range ms {
 		got := awaitAudited(t, a, m.StreamName(), 15)
 		want := readAll(t, js[i], 1, "")

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // fleetBurst links hosts nexus hosts to a 3-node cluster run from the
@@ -21,25 +18,10 @@ func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 	names := make([]string, hosts)
 	for i := range names {
 		names[i] = fmt.Sprintf("host-%02d", i)
-		tb.Setenv(PasswordVar(names[i]), "pw-"+names[i])
 	}
-	tb.Setenv(PasswordVar("auditor"), "pw-audit")
-	tmpl, err := Template{Hosts: names, Auditor: "auditor"}.Config(fleetDomain)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	c := startCluster(tb, tmpl)
-	js := make([]*Journal, hosts)
-	ms := make([]*Mirror, hosts)
-	for i, n := range names {
-		js[i], ms[i] = openFleetHost(tb, c, n, "pw-"+n)
-	}
-	audit, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("auditor", "pw-audit"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer audit.Close()
-	ajs, _ := jetstream.NewWithAPIPrefix(audit, AuditAPIPrefix)
+	c := startTemplateFleet(tb, names, nil)
+	js, ms := c.openHosts(tb)
+	ajs := c.auditor(tb, 0)
 
 	began := time.Now()
 	done := make(chan error, hosts)
