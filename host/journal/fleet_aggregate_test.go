@@ -33,7 +33,7 @@ func fleetRecords(t *testing.T, f *Fleet, filters ...string) []FleetRecord {
 // aggregate or a mirror.
 func TestFleetAggregate(t *testing.T) {
 	c := startTemplateFleet(t, []string{"host-a", "host-b"}, nil)
-	js, ms := c.openHosts(t)
+	js, ms := c.openHosts(t, 0)
 	a, b, mb := js[0], js[1], ms[1]
 	appendN(t, a, 0, 4)
 	appendN(t, b, 100, 6)

@@ -172,14 +172,35 @@ func startTemplateFleet(t testing.TB, hosts []string, edit func(string) string) 
 	return &templateFleet{fleetCluster: startCluster(t, tmpl), hosts: hosts}
 }
 
-// openHosts opens every host's journal mirroring to the fleet, in order.
-func (f *templateFleet) openHosts(t testing.TB) ([]*Journal, []*Mirror) {
+// openHosts opens every host's journal mirroring to the fleet, in order,
+// and appends events events to each.
+func (f *templateFleet) openHosts(t testing.TB, events int) ([]*Journal, []*Mirror) {
 	t.Helper()
 	js, ms := make([]*Journal, len(f.hosts)), make([]*Mirror, len(f.hosts))
 	for i, h := range f.hosts {
 		js[i], ms[i] = openFleetHost(t, f.fleetCluster, h, fleetPass(h))
+		if events > 0 {
+			appendN(t, js[i], 0, events)
+		}
 	}
 	return js, ms
+}
+
+// mirrorIsJournal waits for the auditor to read n messages in host's
+// mirror m, and checks they are host's journal j, in order, each as
+// "<host>.<subject> <data>".
+func mirrorIsJournal(t *testing.T, audit jetstream.JetStream, host string, j *Journal, m *Mirror, n int) {
+	t.Helper()
+	got := awaitAudited(t, audit, m.StreamName(), n)
+	want := readAll(t, j, 1, "")
+	if len(got) != n || len(want) != n {
+		t.Fatalf("%s: mirror %d, journal %d, want %d", m.StreamName(), len(got), len(want), n)
+	}
+	for k, r := range want {
+		if got[k] != host+"."+r.Subject+" "+string(r.Data) {
+			t.Fatalf("%s message %d = %q, journal has %s %q", m.StreamName(), k+1, got[k], r.Subject, r.Data)
+		}
+	}
 }
 
 // auditorURL is node's client URL with the auditor's credentials.
@@ -282,7 +303,7 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	c := startTemplateFleet(t, []string{"host-a", "host-b"}, nil)
-	js, ms := c.openHosts(t)
+	js, ms := c.openHosts(t, 0)
 	a, b, ma, mb := js[0], js[1], ms[0], ms[1]
 	appendN(t, a, 0, 4)
 	appendN(t, b, 100, 6)
@@ -393,10 +414,7 @@ func TestFleetNodeLoss(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b", "host-c"}
 	c := startTemplateFleet(t, hosts, nil)
-	js, ms := c.openHosts(t)
-	for _, j := range js {
-		appendN(t, j, 0, 5)
-	}
+	js, ms := c.openHosts(t, 5)
 	audit := func(node int) jetstream.JetStream { return c.auditor(t, node) }
 	a2 := audit(2)
 	for _, m := range ms {
@@ -422,16 +440,7 @@ func TestFleetNodeLoss(t *testing.T) {
 		reader = audit(1)
 	}
 	for i, m := range ms {
-		got := awaitAudited(t, reader, m.StreamName(), 10)
-		want := readAll(t, js[i], 1, "")
-		if len(got) != len(want) {
-			t.Fatalf("%s holds %d, journal %d", m.StreamName(), len(got), len(want))
-		}
-		for k, r := range want {
-			if got[k] != hosts[i]+"."+r.Subject+" "+string(r.Data) {
-				t.Fatalf("%s message %d = %q, journal has %s %q", m.StreamName(), k+1, got[k], r.Subject, r.Data)
-			}
-		}
+		mirrorIsJournal(t, reader, hosts[i], js[i], m, 10)
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			st := js[i].MirrorState(context.Background())
@@ -453,10 +462,7 @@ func TestFleetNodeStoreLoss(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
 	c := startTemplateFleet(t, hosts, nil)
-	js, ms := c.openHosts(t)
-	for _, j := range js {
-		appendN(t, j, 0, 20)
-	}
+	js, ms := c.openHosts(t, 20)
 	auditAt := func(node int) jetstream.JetStream { return c.auditor(t, node) }
 	a0 := auditAt(0)
 	for _, m := range ms {
@@ -488,16 +494,7 @@ func TestFleetNodeStoreLoss(t *testing.T) {
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
-		got := awaitAudited(t, a0, m.StreamName(), 25)
-		want := readAll(t, js[i], 1, "")
-		if len(got) != len(want) {
-			t.Fatalf("%s holds %d, journal %d", m.StreamName(), len(got), len(want))
-		}
-		for k, r := range want {
-			if got[k] != hosts[i]+"."+r.Subject+" "+string(r.Data) {
-				t.Fatalf("%s message %d = %q, journal has %q", m.StreamName(), k+1, got[k], r.Data)
-			}
-		}
+		mirrorIsJournal(t, a0, hosts[i], js[i], m, 25)
 	}
 }
 
@@ -524,10 +521,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
 	c := startTemplateFleet(t, hosts, nil)
-	js, ms := c.openHosts(t)
-	for _, j := range js {
-		appendN(t, j, 0, 5)
-	}
+	js, ms := c.openHosts(t, 5)
 	for i := range js {
 		deadline := time.Now().Add(30 * time.Second)
 		for st := js[i].MirrorState(context.Background()); st.MirrorLastSeq != 5; st = js[i].MirrorState(context.Background()) {
@@ -577,15 +571,6 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	t.Logf("mirrors current %v after the cluster came back", time.Since(back).Round(time.Millisecond))
 	a := c.auditor(t, 0)
 	for i, m := range ms {
-		got := awaitAudited(t, a, m.StreamName(), 15)
-		want := readAll(t, js[i], 1, "")
-		if len(got) != 15 || len(want) != 15 {
-			t.Fatalf("%s: mirror %d, journal %d", m.StreamName(), len(got), len(want))
-		}
-		for k, r := range want {
-			if got[k] != hosts[i]+"."+r.Subject+" "+string(r.Data) {
-				t.Fatalf("%s message %d = %q, journal has %q", m.StreamName(), k+1, got[k], r.Data)
-			}
-		}
+		mirrorIsJournal(t, a, hosts[i], js[i], m, 15)
 	}
 }

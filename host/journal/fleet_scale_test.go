@@ -20,7 +20,7 @@ func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 		names[i] = fmt.Sprintf("host-%02d", i)
 	}
 	c := startTemplateFleet(tb, names, nil)
-	js, ms := c.openHosts(tb)
+	js, ms := c.openHosts(tb, 0)
 	ajs := c.auditor(tb, 0)
 
 	began := time.Now()

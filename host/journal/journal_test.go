@@ -22,7 +22,7 @@ func openTest(t *testing.T, dir string) *Journal {
 	return j
 }
 
-func appendN(t *testing.T, j *Journal, from, n int) {
+func appendN(t testing.TB, j *Journal, from, n int) {
 	t.Helper()
 	for i := from; i < from+n; i++ {
 		if _, err := j.Append(context.Background(), Message{
