@@ -90,16 +90,23 @@ func openRun(t *testing.T, dir, run, driver string, pid int, startMs int64, name
 	return r
 }
 
+// openSelf opens run in dir as this process's own (its liveness lock held).
+func openSelf(t *testing.T, dir, run string) *Run {
+	t.Helper()
+	rec, err := SelfRecord(run, "process", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := Open(dir, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func TestAddDropCloseKeepSuperset(t *testing.T) {
 	dir := t.TempDir()
-	self, err := SelfRecord("RUNA", "process", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := Open(dir, self)
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := openSelf(t, dir, "RUNA")
 	for _, n := range []string{"a", "b", "c"} {
 		if err := r.Add(Sandboxes, n); err != nil {
 			t.Fatal(err)
@@ -390,22 +397,8 @@ func TestRunsTakeTheirWatchdogLogs(t *testing.T) {
 		}
 	}
 	openRun(t, dir, "DEAD", "process", deadPid(t), 1_700_000_000_000, "a")
-	live, err := SelfRecord("LIVE", "process", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Open(dir, live); err != nil {
-		t.Fatal(err)
-	}
-	mine, err := SelfRecord("MINE", "process", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := Open(dir, mine)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Close(); err != nil {
+	openSelf(t, dir, "LIVE")
+	if err := openSelf(t, dir, "MINE").Close(); err != nil {
 		t.Fatal(err)
 	}
 	self := format.Self{Run: "LIVE", Driver: "process"}
