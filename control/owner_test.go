@@ -14,6 +14,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
+	"github.com/nexus-sandbox/nexus/node"
 )
 
 // rawGet fetches path from the daemon's socket and returns the body bytes.
@@ -66,5 +67,53 @@ func TestOwnerOfAnswersWithoutTheList(t *testing.T) {
 	list := rawGet(t, d.root, "/v1/sandboxes")
 	if len(one) > 200 || len(list) < sandboxes*100 {
 		t.Fatalf("owner reply %d bytes, list %d bytes; want the owner reply under 200 bytes whatever the count", len(one), len(list))
+	}
+}
+
+// "Which sandbox holds this snapshot?" is one answer too, from the daemon
+// and from a node this process owns alike: restore and snapshot rm ask it
+// instead of fetching every sandbox to search their snapshot lists.
+func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
+	ctx := context.Background()
+	local := func(t *testing.T) control.Backend {
+		n, err := node.Open(ctx, t.TempDir(), node.Options{Lazy: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return control.Local{Node: n}
+	}
+	daemon := func(t *testing.T) control.Backend { return connect(t, startDaemon(t, "").root) }
+	for name, open := range map[string]func(*testing.T) control.Backend{"daemon": daemon, "local": local} {
+		t.Run(name, func(t *testing.T) {
+			b := open(t)
+			var evs []events.Event
+			var ids []string
+			for range 50 {
+				id := ulid.Make().String()
+				ids = append(ids, id)
+				evs = append(evs, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{Image: "i", Driver: "process"}))
+			}
+			holder, snap := ids[25], ulid.Make().String()
+			evs = append(evs, events.New(ulid.Make(), time.Now(), holder, events.SnapshotTakenEvent{SnapshotID: snap,
+				Dir: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + holder + "/" + snap}}))
+			if _, err := b.Append(ctx, evs...); err != nil {
+				t.Fatal(err)
+			}
+			sb, found, err := b.SnapshotOwner(ctx, snap)
+			if err != nil || !found || sb.ID != holder || len(sb.Snapshots) != 1 || sb.Snapshots[0] != snap {
+				t.Fatalf("SnapshotOwner(%s) = %s %v %v %v; want %s", snap, sb.ID, sb.Snapshots, found, err, holder)
+			}
+			if sb, found, err := b.SnapshotOwner(ctx, ulid.Make().String()); err != nil || found {
+				t.Fatalf("SnapshotOwner of no snapshot = %s %v %v", sb.ID, found, err)
+			}
+			if _, err := b.Append(ctx, events.New(ulid.Make(), time.Now(), holder, events.ResourceReclaimedEvent{
+				Resource: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + holder + "/" + snap}})); err != nil {
+				t.Fatal(err)
+			}
+			if sb, found, err := b.SnapshotOwner(ctx, snap); err != nil || found {
+				t.Fatalf("SnapshotOwner of a removed snapshot = %s %v %v", sb.ID, found, err)
+			}
+		})
 	}
 }
