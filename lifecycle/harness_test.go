@@ -481,3 +481,6 @@ func wantErr(t *testing.T, err error, target error, contains ...string) {
 		}
 	}
 }
+
+// removeAll deletes rel beneath root, behind nexus's back.
+func removeAll(root, rel string) error { return os.RemoveAll(filepath.Join(root, rel)) }
