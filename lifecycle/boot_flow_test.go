@@ -227,7 +227,9 @@ func (s *staleOnce) AppendExpect(ctx context.Context, expect []guard.Expect, evs
 // since moved is refused by the journal; the command decides again on what
 // moved it, and runs if the decision still holds or answers what changed.
 func TestAStaleDecisionIsTakenAgain(t *testing.T) {
-	warning := func(string) events.Payload { return events.WarningRaisedEvent{Reason: "Test", Message: "an unrelated fact"} }
+	warning := func(string) events.Payload {
+		return events.WarningRaisedEvent{Reason: "Test", Message: "an unrelated fact"}
+	}
 	stopped := func(string) events.Payload { return events.SandboxStoppedEvent{Reason: "stopped"} }
 	cases := []struct {
 		name  string
