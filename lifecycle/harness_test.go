@@ -350,7 +350,16 @@ func newFlow(t *testing.T) *flow {
 	m := &Manager{Root: layout.Root(root), B: j, Launcher: l,
 		Driver:     Driver{Name: DriverProcess, Exe: "/nonexistent/nexus"},
 		OverlayMiB: 32, StartTimeout: 10 * time.Second}
-	return &flow{t: t, m: m, j: j, l: l, root: root, ctx: context.Background()}
+	f := &flow{t: t, m: m, j: j, l: l, root: root, ctx: context.Background()}
+	// Stop what the journal says runs, so it cleans up after itself
+	// (ShortRoot's cleanup, which runs after this, SIGKILLs the rest).
+	t.Cleanup(func() {
+		list, _ := j.Sandboxes(context.Background())
+		for _, sb := range list {
+			f.killProcesses(sb.ID)
+		}
+	})
+	return f
 }
 
 // image writes a small raw image outside the state root.
@@ -376,7 +385,6 @@ func (f *flow) create(spec CreateSpec) projections.Sandbox {
 	if err != nil {
 		f.t.Fatalf("create: %v", err)
 	}
-	f.t.Cleanup(func() { f.killProcesses(sb.ID) })
 	return sb
 }
 
