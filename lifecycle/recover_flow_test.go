@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
@@ -127,9 +128,7 @@ func TestRecoverACreateCrashedAtEachStep(t *testing.T) {
 					if !found || sb.State != projections.StateStopped || sb.VMM != nil || sb.Supervisor != nil {
 						t.Fatalf("%+v: want the committed sandbox kept, stopped", sb)
 					}
-					if left := testutil.ProcessesUnder(f.root); len(left) > 0 {
-						t.Fatalf("processes left: %v", left)
-					}
+					f.waitNoProcesses()
 				}
 				if found {
 					for _, rel := range f.files("disks") {
@@ -238,9 +237,7 @@ func wantStoppedClean(f *flow, sb projections.Sandbox, _ string) {
 	if now.State != projections.StateStopped || now.VMM != nil || now.Supervisor != nil {
 		f.t.Fatalf("%+v: want stopped", now)
 	}
-	if left := testutil.ProcessesUnder(f.root); len(left) > 0 {
-		f.t.Fatalf("processes left: %v", left)
-	}
+	f.waitNoProcesses()
 	for _, sock := range []string{".sock", ".vsock", ".iid"} {
 		if f.exists("run/sb-" + sb.ID + sock) {
 			f.t.Fatalf("run/sb-%s%s left (RL-11)", sb.ID, sock)
@@ -368,4 +365,15 @@ func TestRecoverSagasOnly(t *testing.T) {
 	if now, _ := f.find(other.ID); now.VMM == nil {
 		t.Fatal("RecoverSagas judged a sandbox's processes")
 	}
+}
+
+// waitNoProcesses waits for every process under the root to be gone.
+// recover stops a VMM the journal never recorded through its API, and
+// knows it stopped once its socket is dead and its lock free (it has no
+// recorded pid to wait on), so the process may still be exiting.
+func (f *flow) waitNoProcesses() {
+	f.t.Helper()
+	testutil.WaitUntil(f.t, 10*time.Second, "clear of the sandbox's processes", func() bool {
+		return len(testutil.ProcessesUnder(f.root)) == 0
+	})
 }
