@@ -245,12 +245,8 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if err := m.checkDisks(m.vmDisks(ctx, sb)); err != nil {
 				return nil, err
 			}
-			vm, err = m.spawnLogged(m.Driver.vmmArgv(api), m.Root.VMMLog(id))
-			if err != nil {
-				return nil, fmt.Errorf("spawn VMM: %w", err)
-			}
 			c := vmm.NewClient(api)
-			if err := waitFor(ctx, vm, m.startTimeout(), "VMM", func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
+			if vm, err = m.launch(ctx, "VMM", m.Driver.vmmArgv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err
 			}
 			// CH opens the serial log by name and follows symlinks: make it
@@ -378,15 +374,11 @@ func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Dis
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
 	stateDir := m.Root.SupervisorDir(id)
 	argv := []string{m.Driver.Exe, "supervisor", "--sandbox", id, "--state-dir", stateDir, "--iid-socket", m.Root.IIDSocket(id)}
-	who, err := m.spawnLogged(argv, m.Root.SupervisorLog(id))
-	if err != nil {
-		return who, fmt.Errorf("spawn supervisor: %w", err)
-	}
-	err = waitFor(ctx, who, m.startTimeout(), "supervisor", func(ctx context.Context) error {
+	who, err := m.launch(ctx, "supervisor", argv, m.Root.SupervisorLog(id), func(ctx context.Context) error {
 		_, err := supervisor.Ping(ctx, stateDir)
 		return err
 	})
-	if err != nil {
+	if err != nil && who.Pid != 0 {
 		proc.Terminate(who, time.Second)
 	}
 	return who, err

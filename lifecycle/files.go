@@ -9,7 +9,6 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
-	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 )
 
@@ -18,20 +17,6 @@ import (
 // anywhere on the path, or a FIFO where a file belongs, is a one-line error
 // instead of a write outside the root or a hang. These are the lifecycle's
 // uses that need more than fsx.ReadFile/WriteFile.
-
-// spawnLogged starts argv detached, appending its output to logPath, a log
-// under logs/.
-func (m *Manager) spawnLogged(argv []string, logPath string) (proc.Identity, error) {
-	if err := fsx.MkdirAll(string(m.Root), "logs", 0o700); err != nil {
-		return proc.Identity{}, fmt.Errorf("log: %w", err)
-	}
-	logf, err := fsx.OpenFile(string(m.Root), logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return proc.Identity{}, fmt.Errorf("log: %w", err)
-	}
-	defer logf.Close() // the child holds its own copy
-	return proc.SpawnDetachedTo(argv, os.Environ(), logf)
-}
 
 // volumeLock takes volumes/<name>/.lock, refusing a volume directory that
 // is a link (the lock file would otherwise be created wherever it points).

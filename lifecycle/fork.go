@@ -535,7 +535,16 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 					events.ResourceCreatedEvent{Resource: r},
 				}, nil
 			},
-			Undo: func(context.Context) ([]events.Payload, error) { return m.reclaim(r, false, "compensation") },
+			// The child's snapshots directory was made for the staged state
+			// too: an undone restore leaves neither.
+			Undo: func(context.Context) ([]events.Payload, error) {
+				ps, err := m.reclaim(r, false, "compensation")
+				if err != nil {
+					return ps, err
+				}
+				more, err := m.dropEmptySnapshotsDir(projections.Sandbox{ID: child}, "compensation")
+				return append(ps, more...), err
+			},
 		}
 	}
 	committed := func(rs []events.Resource) events.Payload {

@@ -63,6 +63,9 @@ type Manager struct {
 	Root   layout.Root
 	B      Backend
 	Driver Driver
+	// Launcher starts the supervisors and VMMs (Spawner in production); a
+	// flow that would start one without it is refused (ErrNoLauncher).
+	Launcher Launcher
 	// Hook runs around every saga step (crash tests set it).
 	Hook func(kind, step string, phase sagas.Phase)
 	// OverlayMiB is the size of a new sandbox's workspace (overlay) disk

@@ -69,7 +69,7 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 	initramfs, cmdline := bootAssets(cfg)
 	return func(b control.Backend) *lifecycle.Manager {
 		return &lifecycle.Manager{
-			Root: layout.Root(root), B: failAppends(b),
+			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
 			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH"),
 				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
 			Hook:       testHooks(),
