@@ -191,7 +191,16 @@ func Stat(root, name string) (os.FileInfo, error) {
 // without following links, so a crash leaves the old file or the whole new
 // one and a planted link never redirects the write.
 func WriteFile(root, name string, data []byte, perm os.FileMode) error {
-	return publish(root, name, data, perm, false)
+	return publish(root, name, data, perm, false, true)
+}
+
+// Replace publishes like WriteFile but without its fsyncs: the rename
+// still swaps whole files for a reader that races it, but a crash may
+// leave the old file, the new one, or a torn one. It is only for a cache
+// whose content carries its own checksum, so that a torn copy is noticed
+// and costs work, never a wrong answer.
+func Replace(root, name string, data []byte, perm os.FileMode) error {
+	return publish(root, name, data, perm, false, false)
 }
 
 // WriteNew publishes like WriteFile but never replaces: if name exists
@@ -199,10 +208,10 @@ func WriteFile(root, name string, data []byte, perm os.FileMode) error {
 // it returns an error satisfying errors.Is(err, os.ErrExist) and leaves it
 // alone. It is for a value minted once, where the first writer wins.
 func WriteNew(root, name string, data []byte, perm os.FileMode) error {
-	return publish(root, name, data, perm, true)
+	return publish(root, name, data, perm, true, true)
 }
 
-func publish(root, name string, data []byte, perm os.FileMode, noReplace bool) error {
+func publish(root, name string, data []byte, perm os.FileMode, noReplace, durable bool) error {
 	rel, err := relTo(root, name)
 	if err != nil {
 		return err
@@ -243,9 +252,11 @@ func publish(root, name string, data []byte, perm os.FileMode, noReplace bool) e
 		f.Close()
 		return fmt.Errorf("publish %s: write: %w", full, err)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("publish %s: fsync: %w", full, err)
+	if durable {
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return fmt.Errorf("publish %s: fsync: %w", full, err)
+		}
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("publish %s: %w", full, err)
@@ -262,6 +273,9 @@ func publish(root, name string, data []byte, perm os.FileMode, noReplace bool) e
 		return fmt.Errorf("publish %s: rename: %w", full, err)
 	}
 	published = true
+	if !durable {
+		return nil
+	}
 	if err := d.Sync(); err != nil {
 		return fmt.Errorf("publish %s: fsync dir: %w", full, err)
 	}

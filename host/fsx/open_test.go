@@ -152,3 +152,29 @@ func TestWriteFileIsDurableAndNeverFollows(t *testing.T) {
 		t.Fatalf("Stat = %v, %v", st, err)
 	}
 }
+
+// Replace is WriteFile without the fsyncs: the same whole-file swap and
+// the same refusal of links, for a self-checking cache.
+func TestReplaceSwapsWholeFilesAndNeverFollows(t *testing.T) {
+	root, outside := plant(t)
+	for _, v := range []string{"v1", "v2"} {
+		if err := Replace(root, "d/cache", []byte(v), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if data, _ := os.ReadFile(filepath.Join(root, "d", "cache")); string(data) != "v2" {
+		t.Fatalf("got %q", data)
+	}
+	if err := Replace(root, "dirlink/secret", []byte("pwned"), 0o600); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("Replace through a linked dir = %v", err)
+	}
+	if err := Replace(root, "d/link", []byte("mine"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(filepath.Join(outside, "secret")); string(data) != "outside" {
+		t.Fatalf("outside file changed: %q", data)
+	}
+	if st, err := Stat(root, "d/cache"); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("Stat = %v, %v", st, err)
+	}
+}

@@ -71,33 +71,10 @@ func VerifyStreamBlocks(msgsDir, stream string) error {
 	if err != nil {
 		return fmt.Errorf("journal: resolve msgs dir: %w", err)
 	}
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
+	blocks, keyed, err := listBlocks(dir)
 	if err != nil {
-		return fmt.Errorf("journal: list msgs dir: %w", err)
+		return err
 	}
-
-	type block struct {
-		index uint32
-		name  string
-	}
-	var blocks []block
-	keyed := make(map[uint32]bool)
-	for _, e := range entries {
-		name := e.Name()
-		// Strict parsing keeps leftovers such as "3.blk.tmp" from a compaction
-		// out of the check, as the server ignores them too.
-		if idx, ok := parseIndex(name, blockSuffix); ok {
-			blocks = append(blocks, block{idx, name})
-		} else if idx, ok := parseIndex(name, keySuffix); ok {
-			keyed[idx] = true
-		}
-	}
-	// Stream order, so "first bad record" means the earliest damage in the log.
-	slices.SortFunc(blocks, func(a, b block) int { return cmp.Compare(a.index, b.index) })
-
 	for _, b := range blocks {
 		path := filepath.Join(dir, b.name)
 		if keyed[b.index] {
@@ -112,6 +89,38 @@ func VerifyStreamBlocks(msgsDir, stream string) error {
 		}
 	}
 	return nil
+}
+
+type block struct {
+	index uint32
+	name  string
+}
+
+// listBlocks is the stream's message blocks in stream order, so "first bad
+// record" means the earliest damage in the log, and the indexes of the
+// blocks that have a key file (encrypted). A missing dir is no blocks.
+func listBlocks(dir string) ([]block, map[uint32]bool, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("journal: list msgs dir: %w", err)
+	}
+	var blocks []block
+	keyed := make(map[uint32]bool)
+	for _, e := range entries {
+		name := e.Name()
+		// Strict parsing keeps leftovers such as "3.blk.tmp" from a compaction
+		// out of the check, as the server ignores them too.
+		if idx, ok := parseIndex(name, blockSuffix); ok {
+			blocks = append(blocks, block{idx, name})
+		} else if idx, ok := parseIndex(name, keySuffix); ok {
+			keyed[idx] = true
+		}
+	}
+	slices.SortFunc(blocks, func(a, b block) int { return cmp.Compare(a.index, b.index) })
+	return blocks, keyed, nil
 }
 
 func parseIndex(name, suffix string) (uint32, bool) {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -113,7 +114,8 @@ type Journal struct {
 	reopened int
 	jsConfig server.JetStreamConfig
 
-	read atomic.Uint64 // records handed to readers; see RecordsRead
+	read  atomic.Uint64 // records handed to readers; see RecordsRead
+	check BlockCheck    // Open's block verification; see BlockCheck
 
 	mirrorStop context.CancelFunc
 	mirrorMu   sync.Mutex
@@ -144,7 +146,8 @@ type Record struct {
 	source string
 }
 
-// Open takes the store's lock, verifies every message block, and starts the
+// Open takes the store's lock, verifies the message blocks (those an earlier
+// Open verified and nothing changed since are not read again), and starts the
 // embedded server. It never creates a second owner: if the lock is held it
 // returns ErrLocked without touching the store.
 func Open(ctx context.Context, opts Options) (*Journal, error) {
@@ -183,8 +186,9 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		return err
 	}
 	// The file store truncates a block it cannot parse as it loads it, so
-	// damage must be caught before the server ever sees the directory.
-	if err := VerifyStreamBlocks(filepath.Join(j.dir, "jetstream", account, "streams", StreamName, "msgs"), StreamName); err != nil {
+	// damage must be caught before the server ever sees the directory;
+	// blocks verified by an earlier open are not read again (verified.go).
+	if err := j.verifyBlocks(); err != nil {
 		return err
 	}
 	internalPass, err := randomSecret()
@@ -265,6 +269,29 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	}
 	return nil
 }
+
+// verifyBlocks verifies what changed in the message blocks since an
+// earlier Open verified them, and records the result for the next one.
+func (j *Journal) verifyBlocks() error {
+	prev := readMarks(j.dir)
+	next, chk, err := verifyBlocksSince(j.msgsDir(), StreamName, prev, time.Now())
+	j.check = chk
+	if err != nil {
+		return err
+	}
+	if !maps.Equal(prev, next) {
+		// Not recording costs the next open a full verification, not
+		// correctness, so it does not stop this one.
+		if err := writeMarks(j.dir, next); err != nil {
+			j.log.Warn("journal.verified", "error", err)
+		}
+	}
+	return nil
+}
+
+// BlockCheck is what Open's verification of the message blocks did: how
+// many it skipped as verified by an earlier open, and how many bytes it read.
+func (j *Journal) BlockCheck() BlockCheck { return j.check }
 
 func streamConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
