@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -281,5 +282,44 @@ func TestCloseRewritesSnapshotsOnlyPastTheMinimum(t *testing.T) {
 	_, third := cycle(closeSnapshotMin)
 	if bytes.Equal(first, third) {
 		t.Fatalf("Close after a tail of %d events left the snapshots as they were", closeSnapshotMin+3)
+	}
+}
+
+// Every acknowledgement comes after the fsync that covers it, also while
+// the next group is published during this one's fsync: each writer, on
+// its answer, finds its sequence at or below what the journal has synced.
+func TestGroupCommitAcksOnlyAfterTheirFsync(t *testing.T) {
+	n := openTestNode(t)
+	ctx := context.Background()
+	const writers, each = 16, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb := ulid.Make().String()
+			for i := 0; i < each; i++ {
+				seqs, err := n.Append(ctx, warning(sb))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if durable := n.j.DurableThrough(); seqs[0] > durable {
+					errs <- fmt.Errorf("append acknowledged at seq %d while the journal had synced only through %d", seqs[0], durable)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if syncs := n.j.Syncs(); syncs >= writers*each {
+		t.Fatalf("%d fsyncs for %d appends: nothing was grouped", syncs, writers*each)
+	} else {
+		t.Logf("%d appends, %d fsyncs", writers*each, syncs)
 	}
 }
