@@ -60,6 +60,43 @@ func (j *Journal) syncStoreLocked() error {
 	// Every record acknowledged by now is in its block file (write(2)
 	// returned): the fsync below covers it.
 	covers := j.synced.stored.Load()
+	if j.synced.block > 0 && j.synced.dir {
+		done, err := j.syncKnownBlocksLocked()
+		if err != nil {
+			return fmt.Errorf("journal sync: %w", err)
+		}
+		if done {
+			j.synced.count++
+			j.synced.durable = max(j.synced.durable, covers)
+			return nil
+		}
+	}
+	return j.syncAllBlocksLocked(covers)
+}
+
+// syncKnownBlocksLocked is the common case without listing the directory
+// (a listing cost as much CPU as the fsync on a busy daemon): the store
+// writes into the block the last sync saw, or into the ones after it,
+// which the store numbers in order. It returns false, having synced
+// nothing, when that block is gone (compacted) or a new one appeared: the
+// full listing then decides. A failed fsync is returned, never retried: a
+// second fsync after an I/O error can succeed with the data lost.
+func (j *Journal) syncKnownBlocksLocked() (bool, error) {
+	dir := j.msgsDir()
+	next := filepath.Join(dir, strconv.FormatUint(j.synced.block+1, 10)+".blk")
+	if _, err := os.Lstat(next); !errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	err := fsyncPath(filepath.Join(dir, strconv.FormatUint(j.synced.block, 10)+".blk"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// syncAllBlocksLocked lists the blocks and syncs every one that may have
+// grown since the last sync, and the directory when one appeared.
+func (j *Journal) syncAllBlocksLocked(covers uint64) error {
 	dir := j.msgsDir()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
