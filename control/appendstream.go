@@ -2,6 +2,7 @@ package control
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -45,64 +46,235 @@ const (
 const errAppendOverHTTP = "this nexus daemon takes appends only on its append stream (" + appendStreamProto + "); the command is from an older nexus: use the nexus binary the daemon runs, or stop the daemon"
 
 type streamRequest struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	ID       uint64
-	Events   [][]byte // each event's journal bytes (events.Encode)
-	Expect   []streamExpect
-}
-
-type streamExpect struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	Entity   string
-	Seq      uint64
+	ID     uint64
+	Events [][]byte // each event's journal bytes (events.Encode)
+	Expect []guard.Expect
 }
 
 type streamResponse struct {
-	_msgpack   struct{} `msgpack:",as_array"`
 	ID         uint64
 	Seqs       []uint64
 	Error      string
 	Conflict   bool
 	SagaClosed bool
-	Stale      *streamStale
+	Stale      *guard.StaleError
 }
 
-type streamStale struct {
-	_msgpack struct{} `msgpack:",as_array"`
-	Entity   string
-	Expected uint64
-	Actual   uint64
-	Latest   string
+// A frame is a 4-byte big-endian length, then one msgpack array: a
+// request [id, [event bytes...], [[entity, seq]...]], a response [id,
+// [seq...], error, conflict, saga closed, nil or [entity, expected,
+// actual, latest type]]. They are written and read field by field, not by
+// reflection: on a busy daemon a frame's cost is what the stream saves.
+
+// frameWriter encodes frames onto one connection; the caller serialises.
+type frameWriter struct {
+	buf bytes.Buffer
+	enc *msgpack.Encoder
 }
 
-func writeFrame(w io.Writer, v any) error {
-	body, err := msgpack.Marshal(v)
-	if err != nil {
-		return err
-	}
-	frame := make([]byte, 4, 4+len(body))
-	binary.BigEndian.PutUint32(frame, uint32(len(body)))
-	_, err = w.Write(append(frame, body...))
+func newFrameWriter() *frameWriter {
+	fw := &frameWriter{}
+	fw.enc = msgpack.NewEncoder(&fw.buf)
+	return fw
+}
+
+func (fw *frameWriter) begin() {
+	fw.buf.Reset()
+	fw.buf.Write([]byte{0, 0, 0, 0})
+}
+
+func (fw *frameWriter) send(w io.Writer) error {
+	b := fw.buf.Bytes()
+	binary.BigEndian.PutUint32(b, uint32(len(b)-4))
+	_, err := w.Write(b)
 	return err
 }
 
-func readFrame(r io.Reader, v any) error {
+func (fw *frameWriter) request(req *streamRequest) error {
+	fw.begin()
+	e := fw.enc
+	err := errors.Join(e.EncodeArrayLen(3), e.EncodeUint(req.ID), e.EncodeArrayLen(len(req.Events)))
+	for _, data := range req.Events {
+		err = errors.Join(err, e.EncodeBytes(data))
+	}
+	err = errors.Join(err, e.EncodeArrayLen(len(req.Expect)))
+	for _, x := range req.Expect {
+		err = errors.Join(err, e.EncodeArrayLen(2), e.EncodeString(string(x.Entity)), e.EncodeUint(x.Seq))
+	}
+	return err
+}
+
+func (fw *frameWriter) response(resp *streamResponse) error {
+	fw.begin()
+	e := fw.enc
+	err := errors.Join(e.EncodeArrayLen(6), e.EncodeUint(resp.ID), e.EncodeArrayLen(len(resp.Seqs)))
+	for _, seq := range resp.Seqs {
+		err = errors.Join(err, e.EncodeUint(seq))
+	}
+	err = errors.Join(err, e.EncodeString(resp.Error), e.EncodeBool(resp.Conflict), e.EncodeBool(resp.SagaClosed))
+	if st := resp.Stale; st != nil {
+		err = errors.Join(err, e.EncodeArrayLen(4), e.EncodeString(string(st.Entity)), e.EncodeUint(st.Expected), e.EncodeUint(st.Actual), e.EncodeString(string(st.Latest)))
+	} else {
+		err = errors.Join(err, e.EncodeNil())
+	}
+	return err
+}
+
+// frameReader decodes frames from one connection, from one goroutine.
+type frameReader struct {
+	r    io.Reader
+	body []byte
+	br   bytes.Reader
+	dec  *msgpack.Decoder
+}
+
+func newFrameReader(r io.Reader) *frameReader {
+	fr := &frameReader{r: r}
+	fr.dec = msgpack.NewDecoder(&fr.br)
+	return fr
+}
+
+// next reads the next frame's body; the decoder reads from it.
+func (fr *frameReader) next() error {
 	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	if _, err := io.ReadFull(fr.r, hdr[:]); err != nil {
 		return err
 	}
 	size := binary.BigEndian.Uint32(hdr[:])
 	if size > maxFrame {
 		return fmt.Errorf("append stream: frame of %d bytes announced (at most %d)", size, maxFrame)
 	}
-	body := make([]byte, size)
-	if _, err := io.ReadFull(r, body); err != nil {
+	if cap(fr.body) < int(size) {
+		fr.body = make([]byte, size)
+	}
+	fr.body = fr.body[:size]
+	if _, err := io.ReadFull(fr.r, fr.body); err != nil {
 		return fmt.Errorf("append stream: %w", noEOF(err))
 	}
-	if err := msgpack.Unmarshal(body, v); err != nil {
-		return fmt.Errorf("append stream: bad frame: %w", err)
-	}
+	fr.br.Reset(fr.body)
+	fr.dec.Reset(&fr.br)
 	return nil
+}
+
+// arrayLen reads an array header and checks its length is one of want.
+func (fr *frameReader) arrayLen(what string, want int) (int, error) {
+	n, err := fr.dec.DecodeArrayLen()
+	if err != nil {
+		return 0, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
+	}
+	if want >= 0 && n != want || n < 0 || n > maxFrame {
+		return 0, fmt.Errorf("append stream: bad frame: %s of %d fields", what, n)
+	}
+	return n, nil
+}
+
+func (fr *frameReader) request() (*streamRequest, error) {
+	if err := fr.next(); err != nil {
+		return nil, err
+	}
+	d := fr.dec
+	req := &streamRequest{}
+	if _, err := fr.arrayLen("request", 3); err != nil {
+		return nil, err
+	}
+	var err error
+	if req.ID, err = d.DecodeUint64(); err != nil {
+		return nil, fmt.Errorf("append stream: bad frame: id: %w", err)
+	}
+	n, err := fr.arrayLen("events", -1)
+	if err != nil {
+		return nil, err
+	}
+	req.Events = make([][]byte, n)
+	for i := range req.Events {
+		if req.Events[i], err = d.DecodeBytes(); err != nil {
+			return nil, fmt.Errorf("append stream: bad frame: event %d: %w", i, err)
+		}
+	}
+	if n, err = fr.arrayLen("expectations", -1); err != nil {
+		return nil, err
+	}
+	for i := 0; i < n; i++ {
+		if _, err := fr.arrayLen("expectation", 2); err != nil {
+			return nil, err
+		}
+		entity, err := d.DecodeString()
+		if err != nil {
+			return nil, fmt.Errorf("append stream: bad frame: expectation %d: %w", i, err)
+		}
+		seq, err := d.DecodeUint64()
+		if err != nil {
+			return nil, fmt.Errorf("append stream: bad frame: expectation %d: %w", i, err)
+		}
+		req.Expect = append(req.Expect, guard.Expect{Entity: guard.Entity(entity), Seq: seq})
+	}
+	return req, nil
+}
+
+func (fr *frameReader) response() (*streamResponse, error) {
+	if err := fr.next(); err != nil {
+		return nil, err
+	}
+	d := fr.dec
+	resp := &streamResponse{}
+	bad := func(what string, err error) (*streamResponse, error) {
+		return nil, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
+	}
+	if _, err := fr.arrayLen("response", 6); err != nil {
+		return nil, err
+	}
+	var err error
+	if resp.ID, err = d.DecodeUint64(); err != nil {
+		return bad("id", err)
+	}
+	n, err := fr.arrayLen("seqs", -1)
+	if err != nil {
+		return nil, err
+	}
+	for i := 0; i < n; i++ {
+		seq, err := d.DecodeUint64()
+		if err != nil {
+			return bad("seq", err)
+		}
+		resp.Seqs = append(resp.Seqs, seq)
+	}
+	if resp.Error, err = d.DecodeString(); err != nil {
+		return bad("error", err)
+	}
+	if resp.Conflict, err = d.DecodeBool(); err != nil {
+		return bad("conflict", err)
+	}
+	if resp.SagaClosed, err = d.DecodeBool(); err != nil {
+		return bad("saga closed", err)
+	}
+	if n, err = d.DecodeArrayLen(); err != nil {
+		return bad("stale", err)
+	}
+	if n == -1 { // nil: not a stale refusal
+		return resp, nil
+	}
+	if n != 4 {
+		return bad("stale", fmt.Errorf("%d fields", n))
+	}
+	st := &guard.StaleError{}
+	entity, err := d.DecodeString()
+	if err == nil {
+		st.Entity = guard.Entity(entity)
+		st.Expected, err = d.DecodeUint64()
+	}
+	if err == nil {
+		st.Actual, err = d.DecodeUint64()
+	}
+	var latest string
+	if err == nil {
+		latest, err = d.DecodeString()
+	}
+	if err != nil {
+		return bad("stale", err)
+	}
+	st.Latest = events.Type(latest)
+	resp.Stale = st
+	return resp, nil
 }
 
 func noEOF(err error) error {
@@ -145,34 +317,51 @@ func serveAppendStream(n *node.Node, cl *clients, streams *streamSet, w http.Res
 	if err := rw.Flush(); err != nil {
 		return
 	}
-	var (
-		wmu      sync.Mutex
-		inflight sync.WaitGroup
-	)
+	var wmu sync.Mutex
+	fw := newFrameWriter()
+	answer := func(resp *streamResponse) {
+		wmu.Lock()
+		defer wmu.Unlock()
+		err := fw.response(resp)
+		if err == nil {
+			err = fw.send(conn)
+		}
+		if err != nil {
+			conn.Close() // the reader sees it and ends the stream
+		}
+	}
+	// Requests are handed to workers, started as needed and kept while the
+	// stream lasts: a goroutine per request grew a fresh stack every time.
+	work := make(chan *streamRequest)
+	var workers sync.WaitGroup
 	// Answers still owed are written before the connection closes: a
 	// client that closes its side after its last answer gets every one.
-	defer inflight.Wait()
+	defer workers.Wait()
+	defer close(work)
 	ctx := r.Context()
+	fr := newFrameReader(rw.Reader)
 	for {
-		var req streamRequest
-		if err := readFrame(rw.Reader, &req); err != nil {
+		req, err := fr.request()
+		if err != nil {
 			return
 		}
-		inflight.Add(1)
+		select {
+		case work <- req:
+			continue
+		default:
+		}
+		workers.Add(1)
 		go func() {
-			defer inflight.Done()
-			resp := appendOverStream(ctx, n, &req)
-			wmu.Lock()
-			defer wmu.Unlock()
-			if err := writeFrame(conn, resp); err != nil {
-				conn.Close() // the reader sees it and ends the stream
+			defer workers.Done()
+			for ; req != nil; req = <-work {
+				answer(appendOverStream(ctx, n, req))
 			}
 		}()
 	}
 }
 
-func appendOverStream(ctx context.Context, n *node.Node, req *streamRequest) streamResponse {
-	resp := streamResponse{ID: req.ID}
+func appendOverStream(ctx context.Context, n *node.Node, req *streamRequest) *streamResponse {
+	resp := &streamResponse{ID: req.ID}
 	evs := make([]events.Event, 0, len(req.Events))
 	for _, data := range req.Events {
 		e, err := events.Decode(data)
@@ -182,20 +371,13 @@ func appendOverStream(ctx context.Context, n *node.Node, req *streamRequest) str
 		}
 		evs = append(evs, e)
 	}
-	var expect []guard.Expect
-	for _, x := range req.Expect {
-		expect = append(expect, guard.Expect{Entity: guard.Entity(x.Entity), Seq: x.Seq})
-	}
-	seqs, err := n.AppendExpect(ctx, expect, evs...)
+	seqs, err := n.AppendExpect(ctx, req.Expect, evs...)
 	resp.Seqs = seqs
 	if err != nil {
 		resp.Error = err.Error()
 		resp.Conflict = errors.Is(err, journal.ErrConflict)
 		resp.SagaClosed = errors.Is(err, guard.ErrSagaClosed)
-		var stale *guard.StaleError
-		if errors.As(err, &stale) {
-			resp.Stale = &streamStale{Entity: string(stale.Entity), Expected: stale.Expected, Actual: stale.Actual, Latest: string(stale.Latest)}
-		}
+		errors.As(err, &resp.Stale)
 	}
 	return resp
 }
@@ -243,7 +425,8 @@ type appendStream struct {
 
 	mu      sync.Mutex
 	next    uint64
-	pending map[uint64]chan streamResponse
+	fw      *frameWriter // under wmu
+	pending map[uint64]chan *streamResponse
 	err     error // set once the stream broke; every later call fails
 }
 
@@ -288,7 +471,7 @@ func dialAppendStream(ctx context.Context, dial func(context.Context) (net.Conn,
 		return nil, &streamRefused{status: resp.Status, text: text}
 	}
 	conn.SetDeadline(time.Time{})
-	s := &appendStream{conn: conn, pending: map[uint64]chan streamResponse{}}
+	s := &appendStream{conn: conn, fw: newFrameWriter(), pending: map[uint64]chan *streamResponse{}}
 	go s.readLoop(br)
 	return s, nil
 }
@@ -302,9 +485,10 @@ func (e *streamRefused) Error() string {
 }
 
 func (s *appendStream) readLoop(r *bufio.Reader) {
+	fr := newFrameReader(r)
 	for {
-		var resp streamResponse
-		if err := readFrame(r, &resp); err != nil {
+		resp, err := fr.response()
+		if err != nil {
 			s.fail(errStreamBroken)
 			return
 		}
@@ -335,7 +519,7 @@ func (s *appendStream) fail(err error) {
 // call sends one append and waits for its answer. A nil response with
 // errStreamBroken is no answer: the append may or may not be stored.
 func (s *appendStream) call(ctx context.Context, req *streamRequest) (*streamResponse, error) {
-	ch := make(chan streamResponse, 1)
+	ch := make(chan *streamResponse, 1)
 	s.mu.Lock()
 	if s.err != nil {
 		s.mu.Unlock()
@@ -346,7 +530,10 @@ func (s *appendStream) call(ctx context.Context, req *streamRequest) (*streamRes
 	s.pending[req.ID] = ch
 	s.mu.Unlock()
 	s.wmu.Lock()
-	err := writeFrame(s.conn, req)
+	err := s.fw.request(req)
+	if err == nil {
+		err = s.fw.send(s.conn)
+	}
 	s.wmu.Unlock()
 	if err != nil {
 		s.fail(errStreamBroken)
@@ -356,7 +543,7 @@ func (s *appendStream) call(ctx context.Context, req *streamRequest) (*streamRes
 		if !ok {
 			return nil, errStreamBroken
 		}
-		return &resp, nil
+		return resp, nil
 	case <-ctx.Done():
 		s.mu.Lock()
 		delete(s.pending, req.ID)
@@ -377,7 +564,7 @@ func (s *appendStream) close() { s.fail(net.ErrClosed) }
 func (resp *streamResponse) result() ([]uint64, error) {
 	switch {
 	case resp.Stale != nil:
-		return resp.Seqs, &guard.StaleError{Entity: guard.Entity(resp.Stale.Entity), Expected: resp.Stale.Expected, Actual: resp.Stale.Actual, Latest: events.Type(resp.Stale.Latest)}
+		return resp.Seqs, resp.Stale
 	case resp.SagaClosed:
 		return resp.Seqs, fmt.Errorf("daemon: %w: %s", guard.ErrSagaClosed, resp.Error)
 	case resp.Conflict:

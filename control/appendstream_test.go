@@ -1,18 +1,25 @@
 package control_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
@@ -73,8 +80,69 @@ func TestAppendStreamVersionMismatch(t *testing.T) {
 	defer conn.Close()
 	io.WriteString(conn, "POST /v1/append-stream HTTP/1.1\r\nHost: nexus\r\nConnection: Upgrade\r\nUpgrade: nexus-append/9\r\nContent-Length: 0\r\n\r\n")
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	reply, _ := io.ReadAll(io.LimitReader(conn, 512))
-	if !strings.HasPrefix(string(reply), "HTTP/1.1 426") || !strings.Contains(string(reply), "nexus-append/1") {
-		t.Fatalf("upgrade to another stream version answered %q; want 426 naming the version spoken", reply)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusUpgradeRequired || !strings.Contains(string(reply), "nexus-append/1") {
+		t.Fatalf("upgrade to another stream version answered %s %q; want 426 naming the version spoken", resp.Status, reply)
+	}
+}
+
+// The append stream carries every answer a local append gives: sequences,
+// a stale decision as *guard.StaleError with its fields, a closed saga as
+// guard.ErrSagaClosed; and one client's concurrent appends, pipelined on
+// its one connection, each get their own answer.
+func TestAppendStreamAnswers(t *testing.T) {
+	d := startDaemon(t, "")
+	b := connect(t, d.root)
+	ctx := context.Background()
+	sb := ulid.Make().String()
+	created := events.New(ulid.Make(), time.Now(), sb, events.SandboxCreatedEvent{Image: "i", Driver: "process"})
+	seqs, err := b.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 0}}, created)
+	if err != nil || len(seqs) != 1 || seqs[0] != 1 {
+		t.Fatalf("first append: %v, %v", seqs, err)
+	}
+	warn := events.New(ulid.Make(), time.Now(), sb, events.WarningRaisedEvent{Reason: "stale"})
+	_, err = b.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 0}}, warn)
+	var stale *guard.StaleError
+	if !errors.As(err, &stale) || stale.Entity != guard.Sandbox(sb) || stale.Expected != 0 || stale.Actual != 1 || stale.Latest != events.SandboxCreated {
+		t.Fatalf("stale append through the stream: %v (%+v)", err, stale)
+	}
+	closed := events.New(ulid.Make(), time.Now(), sb, events.WarningRaisedEvent{Reason: "late"})
+	closed.Saga, closed.Step = ulid.Make().String(), "x"
+	if _, err := b.Append(ctx, closed); !errors.Is(err, guard.ErrSagaClosed) {
+		t.Fatalf("event of a saga never started: %v; want ErrSagaClosed", err)
+	}
+
+	const concurrent = 64
+	got := make([]uint64, concurrent)
+	var wg sync.WaitGroup
+	for i := range concurrent {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			seqs, err := b.Append(ctx, volumeEvent(i))
+			if err != nil || len(seqs) != 1 {
+				t.Errorf("concurrent append %d: %v, %v", i, seqs, err)
+				return
+			}
+			got[i] = seqs[0]
+		}()
+	}
+	wg.Wait()
+	recs := allEvents(t, b)
+	bySeq := map[uint64]events.Event{}
+	for _, r := range recs {
+		bySeq[r.Seq] = r.Event
+	}
+	seen := map[uint64]bool{}
+	for i, seq := range got {
+		e, ok := bySeq[seq]
+		if seen[seq] || !ok || e.Payload.(events.VolumeCreatedEvent).SizeBytes != int64(i)<<20 {
+			t.Fatalf("concurrent append %d answered seq %d, which holds %+v", i, seq, e)
+		}
+		seen[seq] = true
 	}
 }

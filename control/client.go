@@ -208,9 +208,7 @@ func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ..
 		}
 		req.Events = append(req.Events, data)
 	}
-	for _, x := range expect {
-		req.Expect = append(req.Expect, streamExpect{Entity: string(x.Entity), Seq: x.Seq})
-	}
+	req.Expect = expect
 	resp, err := c.appendOnce(ctx, &req)
 	if errors.Is(err, errStreamBroken) && c.ensure != nil && ctx.Err() == nil {
 		// The daemon went away (retired, idled out or killed) with the
