@@ -161,6 +161,9 @@ type planned struct {
 	r       *appendReq
 	n       int   // events of r in the batch
 	refusal error // after those events
+	// stored: r's events are in the journal already (a retry of an append
+	// that got no answer), at these sequences; nothing is appended.
+	stored []uint64
 }
 
 // commitGroupLocked commits group, whose requests touch disjoint entities:
@@ -177,6 +180,8 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (answe
 		switch {
 		case err != nil:
 			r.finish(nil, err)
+		case p.stored != nil:
+			r.finish(p.stored, nil)
 		case p.n == 0:
 			r.finish(nil, p.refusal)
 		case p.n == 1:
@@ -257,10 +262,12 @@ func (n *Node) commitAtomicLocked(ctx context.Context, p planned, msgs []journal
 // there, the events before it still appended. It returns r's messages.
 func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal.Message, error) {
 	p := planned{r: r}
-	for _, x := range r.expect {
-		if cur := n.revLocked(x.Entity); cur != x.Seq {
-			return p, nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
+	if err := n.checkExpectLocked(ctx, r.expect, r.evs); err != nil {
+		if seqs, ok := errStored(err); ok {
+			p.stored = seqs
+			return p, nil, nil
 		}
+		return p, nil, err
 	}
 	// What r's own earlier events did to their sagas, which the views do
 	// not show yet.
@@ -307,4 +314,70 @@ func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal
 		p.n++
 	}
 	return p, msgs, nil
+}
+
+// checkExpectLocked checks a call's expectations against the views. A
+// stale one may be the call's own earlier attempt: a writer whose append
+// got no answer (its daemon was killed between the journal's ack and the
+// reply) sends the same events again through the next daemon, and the
+// journal's message-id de-duplication never sees them, because the
+// expectation refuses first. If every event of the call is stored after
+// the expected sequence, the answer is storedError with their sequences.
+func (n *Node) checkExpectLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) error {
+	for _, x := range expect {
+		cur := n.revLocked(x.Entity)
+		if cur == x.Seq {
+			continue
+		}
+		if seqs := n.findStoredLocked(ctx, x, evs); seqs != nil {
+			return storedError(seqs)
+		}
+		return &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
+	}
+	return nil
+}
+
+// storedError is a call whose events are all in the journal already.
+type storedError []uint64
+
+func (storedError) Error() string { return "already stored" }
+
+func errStored(err error) ([]uint64, bool) {
+	var s storedError
+	if errors.As(err, &s) {
+		return s, true
+	}
+	return nil, false
+}
+
+// findStoredLocked returns the sequences of evs (the same events: id and
+// message id), in order, among the records after x.Seq about x's entity,
+// or nil unless all are there. It
+// reads only what was appended since the writer decided.
+func (n *Node) findStoredLocked(ctx context.Context, x guard.Expect, evs []events.Event) []uint64 {
+	filter := journal.Subjects
+	if x.Entity.Kind() == "sandbox" {
+		filter = events.SandboxSubjects(x.Entity.Name())
+	}
+	seqs := make([]uint64, 0, len(evs))
+	found := errors.New("found")
+	err := n.j.Read(ctx, x.Seq+1, filter, func(rec journal.Record) error {
+		want := evs[len(seqs)]
+		if rec.MsgID != want.DedupID() {
+			return nil
+		}
+		// The same event, not another with the same id (a saga step
+		// decided twice): the retry sends the very event it sent before.
+		if e, err := events.Decode(rec.Data); err == nil && e.ID == want.ID {
+			seqs = append(seqs, rec.Seq)
+			if len(seqs) == len(evs) {
+				return found
+			}
+		}
+		return nil
+	})
+	if err != found {
+		return nil
+	}
+	return seqs
 }

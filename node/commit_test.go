@@ -323,3 +323,65 @@ func TestGroupCommitAcksOnlyAfterTheirFsync(t *testing.T) {
 		t.Logf("%d appends, %d fsyncs", writers*each, syncs)
 	}
 }
+
+// An append that got no answer is sent again with the same events after
+// the journal's owner restarted (a daemon killed between the journal's ack
+// and its reply): it is answered with the sequence it was stored at and
+// stored once, with an expectation (which its own first attempt made
+// stale) or without (the journal's message-id de-duplication, which
+// survives the restart); another writer's stale expectation is refused.
+func TestRetryOfAStoredAppendAfterReopen(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	n, err := Open(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := ulid.Make().String()
+	first := created(sb)
+	guarded := warning(sb)
+	plain := warning(sb)
+	if _, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 0}}, first); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{}
+	for _, c := range []struct {
+		name   string
+		e      events.Event
+		expect []guard.Expect
+	}{{"guarded", guarded, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
+		seqs, err := n.AppendExpect(ctx, c.expect, c.e)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		want[c.name] = seqs[0]
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n, err = Open(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for _, c := range []struct {
+		name   string
+		e      events.Event
+		expect []guard.Expect
+	}{{"guarded", guarded, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
+		seqs, err := n.AppendExpect(ctx, c.expect, c.e)
+		if err != nil || len(seqs) != 1 || seqs[0] != want[c.name] {
+			t.Fatalf("%s append sent again after a reopen: %v, %v; want its stored seq %d", c.name, seqs, err, want[c.name])
+		}
+	}
+	_, err = n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}, warning(sb))
+	var stale *guard.StaleError
+	if !errors.As(err, &stale) || stale.Actual != 3 {
+		t.Fatalf("a new event on a stale expectation: %v; want refused as stale at 3", err)
+	}
+	var count int
+	n.Events(ctx, Query{}, func(Record) error { count++; return nil })
+	if count != 3 {
+		t.Fatalf("journal holds %d events, want 3: a retry was stored twice", count)
+	}
+}
