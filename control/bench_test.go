@@ -10,6 +10,10 @@ package control_test
 //	        each appending one event and waiting for its acknowledgement
 //	ratio:  daemon events/s ÷ raw records/s (issue 21 target: ≥ 0.8)
 //
+// cpu-us/event and raw-cpu-us/event are this process's CPU per event
+// while each side ran (whether a rate is bound by CPU or by waiting);
+// per-fsync is the in-process node's events per journal fsync.
+//
 // See docs/benchmarks.md for the figures.
 
 import (
@@ -19,6 +23,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -54,25 +59,40 @@ func BenchmarkAppendGroupCommit(b *testing.B) {
 			// Raw and daemon alternate in rounds of roundEvents each, so
 			// both see the disk (and this shared machine) in the same state.
 			const roundEvents = 128
-			var rawTime, daemonTime time.Duration
+			var rawTime, daemonTime, daemonCPU, rawCPU time.Duration
 			rawBatches := 0
+			syncs0 := 0
+			if bd, ok := d.(*benchDaemon); ok && bd.syncs != nil {
+				syncs0 = bd.syncs()
+			}
 			b.ResetTimer()
 			for from := 0; from < n; from += roundEvents {
 				k := min(roundEvents, n-from)
 				t0 := time.Now()
+				c0 := cpuNow()
 				rawBatches += raw.run(b, g, k, data)
+				rawCPU += cpuNow() - c0
 				rawTime += time.Since(t0)
 				t0 = time.Now()
+				c0 = cpuNow()
 				d.run(b, evs, from, k)
+				daemonCPU += cpuNow() - c0
 				daemonTime += time.Since(t0)
 			}
 			b.StopTimer()
+			if bd, ok := d.(*benchDaemon); ok && bd.syncs != nil {
+				b.ReportMetric(float64(n)/float64(bd.syncs()-syncs0), "per-fsync")
+			}
 			rawRate := float64(n) / rawTime.Seconds()
 			rate := float64(n) / daemonTime.Seconds()
 			b.ReportMetric(rawRate, "raw-events/s")
 			b.ReportMetric(float64(n)/float64(rawBatches), "raw-per-fsync")
 			b.ReportMetric(rate, "events/s")
 			b.ReportMetric(rate/rawRate, "ratio")
+			// The process's CPU per event while the writers ran: whether a
+			// rate is bound by the CPU or by waiting.
+			b.ReportMetric(float64(daemonCPU.Microseconds())/float64(n), "cpu-us/event")
+			b.ReportMetric(float64(rawCPU.Microseconds())/float64(n), "raw-cpu-us/event")
 		})
 	}
 }
@@ -183,6 +203,7 @@ func (r *rawLog) run(b *testing.B, g, k int, rec []byte) int {
 
 type benchDaemon struct {
 	clients []control.Backend
+	syncs   func() int // the journal's fsyncs, when in process
 }
 
 // startBenchDaemon runs a daemon on root until the benchmark ends and
@@ -234,7 +255,7 @@ func openBenchNode(b *testing.B, root string, g int) *benchDaemon {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { n.Close() })
-	d := &benchDaemon{}
+	d := &benchDaemon{syncs: n.Journal().Syncs}
 	for w := 0; w < g; w++ {
 		d.clients = append(d.clients, control.Local{Node: n})
 	}
@@ -262,4 +283,12 @@ func (d *benchDaemon) run(b *testing.B, evs [][]events.Event, from, k int) {
 		}()
 	}
 	wg.Wait()
+}
+
+// cpuNow is this process's CPU time so far (the daemon, its clients and
+// the node all run in it).
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

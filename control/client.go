@@ -2,7 +2,6 @@ package control
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -24,7 +24,11 @@ import (
 
 // Client talks to a daemon over its control socket.
 type Client struct {
+	sock string
 	http *http.Client
+	// stream carries appends (appendstream.go); opened on the first.
+	smu    sync.Mutex
+	stream *appendStream
 	// ensure, for a daemon started on demand, makes a daemon answer again
 	// (starting one if need be) after this one went away: idled out between
 	// our requests, or was killed.
@@ -33,20 +37,23 @@ type Client struct {
 
 // NewClient returns a client for the daemon socket at sock.
 func NewClient(sock string) *Client {
-	c := &Client{}
+	c := &Client{sock: sock}
 	c.http = &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			conn, err := unixsock.Dial(ctx, sock)
-			if err != nil && c.ensure != nil && gone(err) {
-				if err := c.ensure(ctx); err != nil {
-					return nil, err
-				}
-				conn, err = unixsock.Dial(ctx, sock)
-			}
-			return conn, err
-		},
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
 	}}
 	return c
+}
+
+// dial connects to the daemon, making one answer first if it went away.
+func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	conn, err := unixsock.Dial(ctx, c.sock)
+	if err != nil && c.ensure != nil && gone(err) {
+		if err := c.ensure(ctx); err != nil {
+			return nil, err
+		}
+		conn, err = unixsock.Dial(ctx, c.sock)
+	}
+	return conn, err
 }
 
 // gone is a dial error that means no daemon listens on the socket.
@@ -107,6 +114,12 @@ func (c *Client) retire(ctx context.Context) error {
 const base = "http://nexus"
 
 func (c *Client) Close() error {
+	c.smu.Lock()
+	if c.stream != nil {
+		c.stream.close()
+		c.stream = nil
+	}
+	c.smu.Unlock()
 	c.http.CloseIdleConnections()
 	return nil
 }
@@ -193,7 +206,7 @@ func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, err
 }
 
 func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
-	req := appendRequest{Expect: expect}
+	req := streamRequest{Events: make([][]byte, 0, len(evs))}
 	for _, e := range evs {
 		data, err := events.Encode(e)
 		if err != nil {
@@ -201,34 +214,40 @@ func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ..
 		}
 		req.Events = append(req.Events, data)
 	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return nil, err
+	req.Expect = expect
+	resp, err := c.appendOnce(ctx, &req)
+	if errors.Is(err, errStreamBroken) && c.ensure != nil && ctx.Err() == nil {
+		// The daemon went away (retired, idled out or killed) with the
+		// append unanswered: send it once more, through a daemon that
+		// answers. It may have been stored; its events' ids make the
+		// journal store it once.
+		resp, err = c.appendOnce(ctx, &req)
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/append", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.do(hreq)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	defer resp.Body.Close()
-	var out appendResponse
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("daemon: append: %w", err)
+	return resp.result()
+}
+
+// appendOnce sends req on the client's append stream, opening one if there
+// is none or the last one broke.
+func (c *Client) appendOnce(ctx context.Context, req *streamRequest) (*streamResponse, error) {
+	c.smu.Lock()
+	s := c.stream
+	if s == nil || s.broken() {
+		var err error
+		s, err = dialAppendStream(ctx, c.dial)
+		if err != nil {
+			c.smu.Unlock()
+			if ctx.Err() != nil {
+				return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+			}
+			return nil, err
+		}
+		c.stream = s
 	}
-	switch {
-	case out.Stale != nil:
-		return out.Seqs, out.Stale
-	case out.SagaClosed:
-		return out.Seqs, fmt.Errorf("daemon: %w: %s", guard.ErrSagaClosed, out.Error)
-	case out.Conflict:
-		return out.Seqs, fmt.Errorf("daemon: %w: %s", journal.ErrConflict, out.Error)
-	case out.Error != "":
-		return out.Seqs, fmt.Errorf("daemon: %s", out.Error)
-	}
-	return out.Seqs, nil
+	c.smu.Unlock()
+	return s.call(ctx, req)
 }
 
 func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) error) error {

@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
@@ -67,17 +65,10 @@ type ownerResponse struct {
 	Path    string `json:"path,omitempty"`
 }
 
-type appendRequest struct {
-	Events [][]byte       `json:"events"`
-	Expect []guard.Expect `json:"expect,omitempty"`
-}
-
-type appendResponse struct {
-	Seqs       []uint64          `json:"seqs"`
-	Error      string            `json:"error,omitempty"`
-	Conflict   bool              `json:"conflict,omitempty"`
-	Stale      *guard.StaleError `json:"stale,omitempty"`
-	SagaClosed bool              `json:"saga_closed,omitempty"`
+// errorResponse is a refusal; its field is the one an older client's
+// append answer carried its error in, so that client prints it.
+type errorResponse struct {
+	Error string `json:"error,omitempty"`
 }
 
 // Serve answers control requests for n on <root>/nexus.sock (mode 0600)
@@ -106,18 +97,30 @@ type clients struct {
 }
 
 func (cl *clients) track(_ net.Conn, st http.ConnState) {
-	cl.mu.Lock()
-	defer cl.mu.Unlock()
 	switch st {
 	case http.StateNew:
-		cl.open++
+		cl.hold()
 	case http.StateClosed, http.StateHijacked:
-		cl.open--
-		if cl.open == 0 {
-			cl.since = time.Now()
-			if cl.stopping {
-				close(cl.none)
-			}
+		cl.release()
+	}
+}
+
+// hold counts a client; release uncounts it. An append stream holds its
+// connection again before hijacking it (StateHijacked releases it).
+func (cl *clients) hold() {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	cl.open++
+}
+
+func (cl *clients) release() {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	cl.open--
+	if cl.open == 0 {
+		cl.since = time.Now()
+		if cl.stopping {
+			close(cl.none)
 		}
 	}
 }
@@ -155,8 +158,10 @@ func serve(ctx context.Context, n *node.Node, o serveOptions) error {
 	cl := &clients{since: time.Now(), none: make(chan struct{})}
 	retire := make(chan struct{}, 1)
 	fs := &followers{m: map[int]context.CancelFunc{}}
+	streams := &streamSet{}
+	defer streams.closeAll()
 	srv := &http.Server{
-		Handler:     handler(n, o.auto, retire, fs),
+		Handler:     handler(n, o.auto, retire, fs, cl, streams),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -249,7 +254,7 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) http.Handler {
+func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
 	local := Local{n}
 	var served, most atomic.Int64
@@ -272,7 +277,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 	// by hand serves until it is stopped.
 	mux.HandleFunc("POST /v1/retire", func(w http.ResponseWriter, r *http.Request) {
 		if !auto {
-			writeJSON(w, http.StatusConflict, appendResponse{Error: "a daemon started by hand does not retire"})
+			writeJSON(w, http.StatusConflict, errorResponse{Error: "a daemon started by hand does not retire"})
 			return
 		}
 		select {
@@ -281,29 +286,13 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 		}
 		writeJSON(w, http.StatusOK, struct{}{})
 	})
+	mux.HandleFunc("POST "+appendStreamPath, func(w http.ResponseWriter, r *http.Request) {
+		serveAppendStream(n, cl, streams, w, r)
+	})
+	// An older client posts each append as JSON: refuse it in the answer
+	// it decodes, so it prints why instead of misreading the reply.
 	mux.HandleFunc("POST /v1/append", func(w http.ResponseWriter, r *http.Request) {
-		var req appendRequest
-		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-			writeJSON(w, http.StatusBadRequest, appendResponse{Error: "bad append request: " + err.Error()})
-			return
-		}
-		evs := make([]events.Event, 0, len(req.Events))
-		for _, data := range req.Events {
-			e, err := events.Decode(data)
-			if err != nil {
-				writeJSON(w, http.StatusBadRequest, appendResponse{Error: err.Error()})
-				return
-			}
-			evs = append(evs, e)
-		}
-		seqs, err := n.AppendExpect(r.Context(), req.Expect, evs...)
-		if err != nil {
-			resp := appendResponse{Seqs: seqs, Error: err.Error(), Conflict: errors.Is(err, journal.ErrConflict), SagaClosed: errors.Is(err, guard.ErrSagaClosed)}
-			errors.As(err, &resp.Stale)
-			writeJSON(w, http.StatusConflict, resp)
-			return
-		}
-		writeJSON(w, http.StatusOK, appendResponse{Seqs: seqs})
+		writeJSON(w, http.StatusUpgradeRequired, errorResponse{Error: errAppendOverHTTP})
 	})
 	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
 		q, err := parseQuery(r)
@@ -342,7 +331,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers) htt
 		if s := r.URL.Query().Get("limit"); s != "" {
 			limit, err := strconv.Atoi(s)
 			if err != nil || limit < 0 {
-				writeJSON(w, http.StatusBadRequest, appendResponse{Error: fmt.Sprintf("limit %q: not a count", s)})
+				writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("limit %q: not a count", s)})
 				return
 			}
 			list, _ = local.SandboxPage(r.Context(), r.URL.Query().Get("after"), limit)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
@@ -15,6 +16,12 @@ import (
 // everything queued so far as one journal batch (one fsync) while the next
 // requests queue up behind it. There is no timer: a lone append is
 // committed at once, and a group forms only while a commit is under way.
+//
+// The token covers publishing a group, not its fsync: once the journal has
+// stored and the views have folded a group, the holder hands the token on
+// and only then waits for the fsync, so the next group is published while
+// this one syncs (a database's pipelined group commit). Its writers are
+// answered only after that fsync.
 type groupCommit struct {
 	mu    sync.Mutex
 	queue []*appendReq
@@ -30,6 +37,10 @@ type appendReq struct {
 	seqs   []uint64
 	err    error
 	done   chan struct{}
+	// taken: a committer has this request in its group; its writer only
+	// waits for the answer, without competing for the token again (it
+	// would spin while its group syncs with the token free).
+	taken atomic.Bool
 }
 
 func (r *appendReq) finish(seqs []uint64, err error) {
@@ -47,8 +58,14 @@ func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []eve
 		case <-r.done:
 			return r.seqs, r.err
 		case n.gc.token <- struct{}{}:
-			n.commitQueued(ctx)
+			if r.taken.Load() {
+				<-n.gc.token
+				<-r.done
+				return r.seqs, r.err
+			}
+			answer := n.commitQueued(ctx)
 			<-n.gc.token
+			answer()
 		}
 	}
 }
@@ -56,8 +73,9 @@ func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []eve
 // commitQueued commits what is queued: requests that touch no entity or
 // saga an earlier request of this group touches go into one batch; the
 // others wait for the next group, so every check below sees the journal
-// exactly as the batch will find it.
-func (n *Node) commitQueued(ctx context.Context) {
+// exactly as the batch will find it. It returns what is left to do once
+// the token is passed on: sync the group and answer its writers.
+func (n *Node) commitQueued(ctx context.Context) (answer func()) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	// Once published, a record is stored whether or not its caller is still
@@ -91,6 +109,7 @@ func (n *Node) commitQueued(ctx context.Context) {
 			continue
 		}
 		group = append(group, r)
+		r.taken.Store(true)
 		size += len(r.evs)
 	}
 	if len(later) > 0 {
@@ -98,7 +117,7 @@ func (n *Node) commitQueued(ctx context.Context) {
 		n.gc.queue = append(later, n.gc.queue...)
 		n.gc.mu.Unlock()
 	}
-	n.commitGroupLocked(ctx, group)
+	return n.commitGroupLocked(ctx, group)
 }
 
 // requestKeys names what a request's checks read and its events change:
@@ -142,12 +161,17 @@ type planned struct {
 	r       *appendReq
 	n       int   // events of r in the batch
 	refusal error // after those events
+	// stored: r's events are in the journal already (a retry of an append
+	// that got no answer), at these sequences; nothing is appended.
+	stored []uint64
 }
 
 // commitGroupLocked commits group, whose requests touch disjoint entities:
 // the single-event requests as one pipelined group with one fsync, each
-// multi-event request (a saga step's events) as one atomic batch.
-func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) {
+// multi-event request (a saga step's events) as one atomic batch. The
+// single-event requests stored are answered by the function it returns,
+// after their fsync; every other request is answered before it returns.
+func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (answer func()) {
 	var singles, multis []planned
 	var msgs []journal.Message
 	var multiMsgs [][]journal.Message
@@ -156,6 +180,8 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) {
 		switch {
 		case err != nil:
 			r.finish(nil, err)
+		case p.stored != nil:
+			r.finish(p.stored, nil)
 		case p.n == 0:
 			r.finish(nil, p.refusal)
 		case p.n == 1:
@@ -166,24 +192,39 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) {
 			multiMsgs = append(multiMsgs, rmsgs)
 		}
 	}
+	answer = func() {}
 	if len(singles) > 0 {
-		acks, _ := n.j.AppendGroup(ctx, n.sandboxes.Seq(), msgs)
-		for i, p := range singles {
-			if i < len(acks) {
-				if !acks[i].Duplicate { // a duplicate was folded when first stored
-					n.foldLocked(acks[i].Seq, p.r.evs[0])
-				}
-				p.r.finish([]uint64{acks[i].Seq}, p.refusal)
-				continue
+		acks, _ := n.j.PublishGroup(ctx, n.sandboxes.Seq(), msgs)
+		// The stored prefix is in the journal, durable or not yet: the
+		// views fold it now, so the next group is checked against it.
+		for i, a := range acks {
+			if !a.Duplicate { // a duplicate was folded when first stored
+				n.foldLocked(a.Seq, singles[i].r.evs[0])
 			}
+		}
+		for _, p := range singles[len(acks):] {
 			// Not stored: refused, or behind the one refused. One by one,
 			// each learns its own fate (and a retried id is found).
 			p.r.finish(n.appendOneByOneLocked(ctx, p.r.expect, p.r.evs))
+		}
+		if stored := singles[:len(acks)]; len(stored) > 0 {
+			answer = func() {
+				// Acknowledged only once on disk: every ack after its fsync.
+				err := n.j.SyncThrough(acks[len(acks)-1].Seq)
+				for i, p := range stored {
+					if err != nil {
+						p.r.finish(nil, err)
+						continue
+					}
+					p.r.finish([]uint64{acks[i].Seq}, p.refusal)
+				}
+			}
 		}
 	}
 	for i, p := range multis {
 		n.commitAtomicLocked(ctx, p, multiMsgs[i])
 	}
+	return answer
 }
 
 // commitAtomicLocked appends one request's events as one atomic batch. If
@@ -221,10 +262,12 @@ func (n *Node) commitAtomicLocked(ctx context.Context, p planned, msgs []journal
 // there, the events before it still appended. It returns r's messages.
 func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal.Message, error) {
 	p := planned{r: r}
-	for _, x := range r.expect {
-		if cur := n.revLocked(x.Entity); cur != x.Seq {
-			return p, nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
+	if err := n.checkExpectLocked(ctx, r.expect, r.evs); err != nil {
+		if seqs, ok := errStored(err); ok {
+			p.stored = seqs
+			return p, nil, nil
 		}
+		return p, nil, err
 	}
 	// What r's own earlier events did to their sagas, which the views do
 	// not show yet.
@@ -271,4 +314,70 @@ func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal
 		p.n++
 	}
 	return p, msgs, nil
+}
+
+// checkExpectLocked checks a call's expectations against the views. A
+// stale one may be the call's own earlier attempt: a writer whose append
+// got no answer (its daemon was killed between the journal's ack and the
+// reply) sends the same events again through the next daemon, and the
+// journal's message-id de-duplication never sees them, because the
+// expectation refuses first. If every event of the call is stored after
+// the expected sequence, the answer is storedError with their sequences.
+func (n *Node) checkExpectLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) error {
+	for _, x := range expect {
+		cur := n.revLocked(x.Entity)
+		if cur == x.Seq {
+			continue
+		}
+		if seqs := n.findStoredLocked(ctx, x, evs); seqs != nil {
+			return storedError(seqs)
+		}
+		return &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
+	}
+	return nil
+}
+
+// storedError is a call whose events are all in the journal already.
+type storedError []uint64
+
+func (storedError) Error() string { return "already stored" }
+
+func errStored(err error) ([]uint64, bool) {
+	var s storedError
+	if errors.As(err, &s) {
+		return s, true
+	}
+	return nil, false
+}
+
+// findStoredLocked returns the sequences of evs (the same events: id and
+// message id), in order, among the records after x.Seq about x's entity,
+// or nil unless all are there. It
+// reads only what was appended since the writer decided.
+func (n *Node) findStoredLocked(ctx context.Context, x guard.Expect, evs []events.Event) []uint64 {
+	filter := journal.Subjects
+	if x.Entity.Kind() == "sandbox" {
+		filter = events.SandboxSubjects(x.Entity.Name())
+	}
+	seqs := make([]uint64, 0, len(evs))
+	found := errors.New("found")
+	err := n.j.Read(ctx, x.Seq+1, filter, func(rec journal.Record) error {
+		want := evs[len(seqs)]
+		if rec.MsgID != want.DedupID() {
+			return nil
+		}
+		// The same event, not another with the same id (a saga step
+		// decided twice): the retry sends the very event it sent before.
+		if e, err := events.Decode(rec.Data); err == nil && e.ID == want.ID {
+			seqs = append(seqs, rec.Seq)
+			if len(seqs) == len(evs) {
+				return found
+			}
+		}
+		return nil
+	})
+	if err != found {
+		return nil
+	}
+	return seqs
 }

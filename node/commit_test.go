@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"testing"
@@ -281,5 +282,106 @@ func TestCloseRewritesSnapshotsOnlyPastTheMinimum(t *testing.T) {
 	_, third := cycle(closeSnapshotMin)
 	if bytes.Equal(first, third) {
 		t.Fatalf("Close after a tail of %d events left the snapshots as they were", closeSnapshotMin+3)
+	}
+}
+
+// Every acknowledgement comes after the fsync that covers it, also while
+// the next group is published during this one's fsync: each writer, on
+// its answer, finds its sequence at or below what the journal has synced.
+func TestGroupCommitAcksOnlyAfterTheirFsync(t *testing.T) {
+	n := openTestNode(t)
+	ctx := context.Background()
+	const writers, each = 16, 40
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := 0; w < writers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb := ulid.Make().String()
+			for i := 0; i < each; i++ {
+				seqs, err := n.Append(ctx, warning(sb))
+				if err != nil {
+					errs <- err
+					return
+				}
+				if durable := n.j.DurableThrough(); seqs[0] > durable {
+					errs <- fmt.Errorf("append acknowledged at seq %d while the journal had synced only through %d", seqs[0], durable)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if syncs := n.j.Syncs(); syncs >= writers*each {
+		t.Fatalf("%d fsyncs for %d appends: nothing was grouped", syncs, writers*each)
+	} else {
+		t.Logf("%d appends, %d fsyncs", writers*each, syncs)
+	}
+}
+
+// An append that got no answer is sent again with the same events after
+// the journal's owner restarted (a daemon killed between the journal's ack
+// and its reply): it is answered with the sequence it was stored at and
+// stored once, with an expectation (which its own first attempt made
+// stale) or without (the journal's message-id de-duplication, which
+// survives the restart); another writer's stale expectation is refused.
+func TestRetryOfAStoredAppendAfterReopen(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	n, err := Open(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := ulid.Make().String()
+	first := created(sb)
+	guarded := warning(sb)
+	plain := warning(sb)
+	if _, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 0}}, first); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]uint64{}
+	for _, c := range []struct {
+		name   string
+		e      events.Event
+		expect []guard.Expect
+	}{{"guarded", guarded, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
+		seqs, err := n.AppendExpect(ctx, c.expect, c.e)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		want[c.name] = seqs[0]
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	n, err = Open(ctx, root, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	for _, c := range []struct {
+		name   string
+		e      events.Event
+		expect []guard.Expect
+	}{{"guarded", guarded, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
+		seqs, err := n.AppendExpect(ctx, c.expect, c.e)
+		if err != nil || len(seqs) != 1 || seqs[0] != want[c.name] {
+			t.Fatalf("%s append sent again after a reopen: %v, %v; want its stored seq %d", c.name, seqs, err, want[c.name])
+		}
+	}
+	_, err = n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}, warning(sb))
+	var stale *guard.StaleError
+	if !errors.As(err, &stale) || stale.Actual != 3 {
+		t.Fatalf("a new event on a stale expectation: %v; want refused as stale at 3", err)
+	}
+	var count int
+	n.Events(ctx, Query{}, func(Record) error { count++; return nil })
+	if count != 3 {
+		t.Fatalf("journal holds %d events, want 3: a retry was stored twice", count)
 	}
 }

@@ -399,10 +399,11 @@ func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...e
 // is its own journal append, synced before the next. It is the fallback
 // when a batch is refused as a whole, which tells each call its own result.
 func (n *Node) appendOneByOneLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) ([]uint64, error) {
-	for _, x := range expect {
-		if cur := n.revLocked(x.Entity); cur != x.Seq {
-			return nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
+	if err := n.checkExpectLocked(ctx, expect, evs); err != nil {
+		if seqs, ok := errStored(err); ok {
+			return seqs, nil
 		}
+		return nil, err
 	}
 	seqs := make([]uint64, 0, len(evs))
 	for i, e := range evs {

@@ -133,6 +133,7 @@ func (j *Journal) AppendBatch(ctx context.Context, msgs []Message) ([]Ack, error
 		if ack.Batch != id || ack.Count != len(msgs) || ack.Seq < uint64(len(msgs)) {
 			return nil, fmt.Errorf("journal batch %s of %d: acknowledged as batch %q of %d ending at %d", id, len(msgs), ack.Batch, ack.Count, ack.Seq)
 		}
+		noteStored(&j.synced.stored, ack.Seq)
 		if err := j.syncStore(); err != nil {
 			return nil, j.failedAppend(m.ID, err)
 		}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -30,17 +32,71 @@ import (
 // What the store derives from the blocks (index.db, the per-subject index)
 // is rebuilt from them after a crash, as it is after a kill today.
 
-// syncState is what syncStore has made durable so far; guarded by j.wmu.
+// syncState is what syncStore has made durable so far. Its own lock, not
+// j.wmu, serialises the fsyncs, so a group's records can be published
+// while the group before it is being synced (PublishGroup, SyncThrough);
+// where both are held, j.wmu is taken first.
 type syncState struct {
+	mu    sync.Mutex
 	block uint64 // the newest block at the last sync
 	dir   bool   // the blocks directory was synced since Open
 	count int
+	// stored is the highest sequence a group or batch append has had
+	// acknowledged by the server (written, maybe not yet synced); durable
+	// the highest such sequence a completed fsync covers.
+	stored  atomic.Uint64
+	durable uint64
 }
 
 // syncStore fsyncs every message block that may hold a record written since
-// the last sync, and the blocks directory when a block appeared since. Call
-// with j.wmu held.
+// the last sync, and the blocks directory when a block appeared since.
 func (j *Journal) syncStore() error {
+	j.synced.mu.Lock()
+	defer j.synced.mu.Unlock()
+	return j.syncStoreLocked()
+}
+
+func (j *Journal) syncStoreLocked() error {
+	// Every record acknowledged by now is in its block file (write(2)
+	// returned): the fsync below covers it.
+	covers := j.synced.stored.Load()
+	if j.synced.block > 0 && j.synced.dir {
+		done, err := j.syncKnownBlocksLocked()
+		if err != nil {
+			return fmt.Errorf("journal sync: %w", err)
+		}
+		if done {
+			j.synced.count++
+			j.synced.durable = max(j.synced.durable, covers)
+			return nil
+		}
+	}
+	return j.syncAllBlocksLocked(covers)
+}
+
+// syncKnownBlocksLocked is the common case without listing the directory
+// (a listing cost as much CPU as the fsync on a busy daemon): the store
+// writes into the block the last sync saw, or into the ones after it,
+// which the store numbers in order. It returns false, having synced
+// nothing, when that block is gone (compacted) or a new one appeared: the
+// full listing then decides. A failed fsync is returned, never retried: a
+// second fsync after an I/O error can succeed with the data lost.
+func (j *Journal) syncKnownBlocksLocked() (bool, error) {
+	dir := j.msgsDir()
+	next := filepath.Join(dir, strconv.FormatUint(j.synced.block+1, 10)+".blk")
+	if _, err := os.Lstat(next); !errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	err := fsyncPath(filepath.Join(dir, strconv.FormatUint(j.synced.block, 10)+".blk"))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// syncAllBlocksLocked lists the blocks and syncs every one that may have
+// grown since the last sync, and the directory when one appeared.
+func (j *Journal) syncAllBlocksLocked(covers uint64) error {
 	dir := j.msgsDir()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -81,6 +137,7 @@ func (j *Journal) syncStore() error {
 	}
 	j.synced.block = newest
 	j.synced.count++
+	j.synced.durable = max(j.synced.durable, covers)
 	return nil
 }
 
@@ -96,9 +153,38 @@ func fsyncPath(path string) error {
 // Syncs is how many times the journal has fsynced its store: one per
 // Append, AppendBatch or AppendGroup that stored something.
 func (j *Journal) Syncs() int {
-	j.wmu.Lock()
-	defer j.wmu.Unlock()
+	j.synced.mu.Lock()
+	defer j.synced.mu.Unlock()
 	return j.synced.count
+}
+
+// DurableThrough is the highest sequence stored by AppendGroup,
+// PublishGroup or AppendBatch that a completed fsync covers: no such
+// append may be acknowledged to its writer above it.
+func (j *Journal) DurableThrough() uint64 {
+	j.synced.mu.Lock()
+	defer j.synced.mu.Unlock()
+	return j.synced.durable
+}
+
+// SyncThrough returns once the records up to seq, which PublishGroup
+// stored, are on disk: at once if an fsync that started after they were
+// written has completed (another group's, which covered them too),
+// otherwise after one of its own. Publishing goes on meanwhile.
+func (j *Journal) SyncThrough(seq uint64) error {
+	j.synced.mu.Lock()
+	if j.synced.durable >= seq {
+		j.synced.mu.Unlock()
+		return nil
+	}
+	err := j.syncStoreLocked()
+	j.synced.mu.Unlock()
+	if err != nil {
+		j.wmu.Lock()
+		defer j.wmu.Unlock()
+		return j.failedAppend(fmt.Sprintf("through sequence %d", seq), err)
+	}
+	return nil
 }
 
 // AppendGroup stores msgs in order with one fsync for all of them: it
@@ -110,6 +196,20 @@ func (j *Journal) Syncs() int {
 // error that stopped it (nil if all were stored); append the rest one by
 // one, with Append, to learn each one's fate.
 func (j *Journal) AppendGroup(ctx context.Context, last uint64, msgs []Message) ([]Ack, error) {
+	acks, err := j.PublishGroup(ctx, last, msgs)
+	if len(acks) > 0 {
+		if serr := j.SyncThrough(acks[len(acks)-1].Seq); serr != nil {
+			return nil, serr
+		}
+	}
+	return acks, err
+}
+
+// PublishGroup is AppendGroup without its fsync: the acks it returns are of
+// records the server has written but that may not be on disk yet. Nothing
+// may be acknowledged to a writer before SyncThrough(the last ack's Seq)
+// returns nil. It lets the next group publish while this one syncs.
+func (j *Journal) PublishGroup(ctx context.Context, last uint64, msgs []Message) ([]Ack, error) {
 	for i, m := range msgs {
 		if m.ID == "" {
 			return nil, fmt.Errorf("journal group: message %d: message id is required", i)
@@ -168,9 +268,7 @@ func (j *Journal) AppendGroup(ctx context.Context, last uint64, msgs []Message) 
 		}
 	}
 	if len(acks) > 0 {
-		if err := j.syncStore(); err != nil {
-			return nil, j.failedAppend(msgs[0].ID, err)
-		}
+		noteStored(&j.synced.stored, acks[len(acks)-1].Seq)
 	}
 	if stop != nil && len(acks) < len(msgs) {
 		if cause := j.storeFailure(); cause != "" {
@@ -178,6 +276,11 @@ func (j *Journal) AppendGroup(ctx context.Context, last uint64, msgs []Message) 
 		}
 	}
 	return acks, stop
+}
+
+func noteStored(v *atomic.Uint64, seq uint64) {
+	for cur := v.Load(); seq > cur && !v.CompareAndSwap(cur, seq); cur = v.Load() {
+	}
 }
 
 // appendWait bounds how long a group waits for its acknowledgements.

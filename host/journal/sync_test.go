@@ -102,11 +102,11 @@ func TestSyncFollowsANewBlock(t *testing.T) {
 		if len(blocks) < 2 {
 			continue
 		}
-		j.wmu.Lock()
-		synced := j.synced
-		j.wmu.Unlock()
-		if synced.block != uint64(len(blocks)) || !synced.dir {
-			t.Fatalf("after the store made block %d, the last sync covered up to block %d (directory synced: %v)", len(blocks), synced.block, synced.dir)
+		j.synced.mu.Lock()
+		block, dir := j.synced.block, j.synced.dir
+		j.synced.mu.Unlock()
+		if block != uint64(len(blocks)) || !dir {
+			t.Fatalf("after the store made block %d, the last sync covered up to block %d (directory synced: %v)", len(blocks), block, dir)
 		}
 		return
 	}
