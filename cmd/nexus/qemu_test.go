@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,7 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/host/unixsock"
+	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -40,26 +39,26 @@ func guestInitramfs(t testing.TB, root string, g testutil.Guest) string {
 	return out
 }
 
-// pingVsock speaks CH's hybrid-vsock handshake on the sandbox's vsock
-// socket and pings nexus-init through it.
+// pingVsock dials the guest's agent through the sandbox's vsock socket
+// as nexus does (CH's hybrid-vsock handshake, then hello) and pings it.
+// Dialling is retried until the guest's init serves the port (a guest
+// still booting is no listener); the ping itself is not.
 func pingVsock(t *testing.T, root, id string) {
 	t.Helper()
+	sock := filepath.Join(root, "run", "sb-"+id+".vsock")
+	var a *agentproto.Client
+	testutil.WaitUntil(t, 60*time.Second, id+": the guest answering hello through the relay", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(10*time.Second))
+		defer cancel()
+		var err error
+		a, err = vmm.DialAgent(ctx, sock)
+		return err == nil
+	})
+	defer a.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
 	defer cancel()
-	conn, err := unixsock.Dial(ctx, filepath.Join(root, "run", "sb-"+id+".vsock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(testutil.Scale(30 * time.Second)))
-	br := bufio.NewReader(conn)
-	fmt.Fprintf(conn, "CONNECT 1024\n")
-	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
-		t.Fatalf("%s: CONNECT 1024: %q %v", id, line, err)
-	}
-	fmt.Fprintf(conn, "ping\n")
-	if line, err := br.ReadString('\n'); err != nil || line != "pong\n" {
-		t.Fatalf("%s: ping through the relay: %q %v", id, line, err)
+	if err := a.Ping(ctx); err != nil {
+		t.Fatalf("%s: ping through the relay: %v", id, err)
 	}
 }
 
