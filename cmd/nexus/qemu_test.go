@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,27 +18,112 @@ import (
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
-// guestInitramfs builds cmd/nexus-init as a user would (static) and an
-// initramfs for the guest kernel with `nexus guest initramfs`.
-func guestInitramfs(t testing.TB, root string, g testutil.Guest) string {
+// guestAssets holds what the real-guest tests share across the test
+// binary: each initramfs and guest program is built once (software
+// emulation leaves little CPU for rebuilding the same archive per test).
+var guestAssets struct {
+	sync.Mutex
+	dir   string
+	built map[string]string
+	err   map[string]error
+}
+
+// guestAsset returns the file build made for key, building it on the
+// first call into the shared directory.
+func guestAsset(t testing.TB, key string, build func(dir string) (string, error)) string {
 	t.Helper()
+	guestAssets.Lock()
+	defer guestAssets.Unlock()
+	if p, ok := guestAssets.built[key]; ok {
+		return p
+	}
+	if err, ok := guestAssets.err[key]; ok {
+		t.Fatalf("%s: %v (built once for every test)", key, err)
+	}
+	if guestAssets.dir == "" {
+		dir, err := os.MkdirTemp("", "nexus-guest-assets-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		guestAssets.dir, guestAssets.built, guestAssets.err = dir, map[string]string{}, map[string]error{}
+	}
+	dir := filepath.Join(guestAssets.dir, key)
+	os.Mkdir(dir, 0o700)
+	p, err := build(dir)
+	if err != nil {
+		guestAssets.err[key] = err
+		t.Fatalf("%s: %v", key, err)
+	}
+	guestAssets.built[key] = p
+	return p
+}
+
+// removeGuestAssets runs once the tests are over (TestMain).
+func removeGuestAssets() {
+	if guestAssets.dir != "" {
+		os.RemoveAll(guestAssets.dir)
+	}
+}
+
+// goBuildStatic builds a package of this repository (a path relative to
+// its root) as a static binary, as a guest needs it.
+func goBuildStatic(pkg, out string) error {
 	_, file, _, _ := runtime.Caller(0)
-	dir := t.TempDir()
-	init := filepath.Join(dir, "nexus-init")
-	build := exec.Command("go", "build", "-o", init, "./cmd/nexus-init")
+	build := exec.Command("go", "build", "-o", out, pkg)
 	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build nexus-init: %v\n%s", err, b)
+		return fmt.Errorf("build %s: %v\n%s", pkg, err, b)
 	}
-	out := filepath.Join(dir, "initrd.gz")
-	r := mustOK(t, nexus(t, root, "guest", "initramfs", "--kernel-release", g.Release, "-o", out, "--agent", init), "guest initramfs")
-	for _, m := range []string{"virtio_pci.ko", "virtio_blk.ko", "virtio_console.ko"} {
-		if !strings.Contains(r.stdout, m) {
-			t.Fatalf("initramfs lacks %s:\n%s", m, r.stdout)
+	return nil
+}
+
+// initramfsWith builds an initramfs for the guest kernel with `nexus
+// guest initramfs`, as a user would, with the static build of pkg as its
+// /init: once per test binary.
+func initramfsWith(t testing.TB, g testutil.Guest, pkg string) string {
+	t.Helper()
+	return guestAsset(t, "initramfs-"+filepath.Base(pkg), func(dir string) (string, error) {
+		init := filepath.Join(dir, filepath.Base(pkg))
+		if err := goBuildStatic(pkg, init); err != nil {
+			return "", err
 		}
-	}
-	return out
+		out := filepath.Join(dir, "initrd.gz")
+		cmd := exec.Command(nexusBin, "--state-dir", filepath.Join(dir, "root"), "guest", "initramfs", "--kernel-release", g.Release, "-o", out, "--agent", init)
+		cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("guest initramfs: %v\n%s", err, b)
+		}
+		for _, m := range []string{"virtio_pci.ko", "virtio_blk.ko", "virtio_console.ko"} {
+			if !strings.Contains(string(b), m) {
+				return "", fmt.Errorf("initramfs lacks %s:\n%s", m, b)
+			}
+		}
+		return out, nil
+	})
+}
+
+// guestInitramfs is the initramfs with nexus-init as /init.
+func guestInitramfs(t testing.TB, _ string, g testutil.Guest) string {
+	t.Helper()
+	return initramfsWith(t, g, "./cmd/nexus-init")
+}
+
+// agentInitramfs is the initramfs with nexus-agent as /init (PID 1).
+func agentInitramfs(t testing.TB, g testutil.Guest) string {
+	t.Helper()
+	return initramfsWith(t, g, "./cmd/nexus-agent")
+}
+
+// guestFill is cmd/nexus/testdata/guestfill, static, for `nexus cp` into
+// a guest whose initramfs has no shell.
+func guestFill(t testing.TB) string {
+	t.Helper()
+	return guestAsset(t, "guestfill", func(dir string) (string, error) {
+		out := filepath.Join(dir, "guestfill")
+		return out, goBuildStatic("./cmd/nexus/testdata/guestfill", out)
+	})
 }
 
 // pingVsock dials the guest's agent through the sandbox's vsock socket
@@ -251,25 +338,11 @@ func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
 // initramfs's /init, a qemu sandbox's stop is acknowledged by the real
 // guest (freeze through the adapter's vsock relay), the next start boots
 // on the acknowledged overlay, and its stop is acknowledged again; rm
-// leaves nothing. It needs cmd/nexus-agent's PID 1 mode, which lives on
-// another branch until they are merged: without that source it skips.
+// leaves nothing.
 func TestQEMUStopIsFlushAcknowledgedByTheAgent(t *testing.T) {
 	g := testutil.RealGuest(t)
-	_, file, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "..", "..")
-	if _, err := os.Stat(filepath.Join(src, "cmd", "nexus-agent")); err != nil {
-		t.Skip("no cmd/nexus-agent in this tree (it comes with the agent branch)")
-	}
 	root := shortRoot(t)
-	agent := filepath.Join(t.TempDir(), "nexus-agent")
-	build := exec.Command("go", "build", "-o", agent, "./cmd/nexus-agent")
-	build.Dir = src
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build nexus-agent: %v\n%s", err, b)
-	}
-	initrd := filepath.Join(t.TempDir(), "initrd.gz")
-	mustOK(t, nexus(t, root, "guest", "initramfs", "--kernel-release", g.Release, "-o", initrd, "--agent", agent), "guest initramfs")
+	initrd := agentInitramfs(t, g)
 	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg"}
 	qemu := func(args ...string) result {
 		t.Helper()
