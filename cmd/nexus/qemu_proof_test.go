@@ -3,14 +3,18 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -212,4 +216,104 @@ func TestQEMUOverlayFullProof(t *testing.T) {
 	q.exec(id, "write", "/workspace/after", "written after the recovery", "sync")
 	q.finish(id)
 	t.Logf("whole proof %.1fs", time.Since(began).Seconds())
+}
+
+// TestQEMUVMMKilledWhileTheGuestWrites: the VMM of a real guest is
+// SIGKILLed (the adapter nexus tracks, whose QEMU dies with it; or QEMU
+// itself, which ends its adapter) while the guest writes without
+// syncing. After `recover`, start does what docs/overlay.md says of an
+// unacknowledged run: refused, OverlayUnflushed, naming the run and the
+// VMM's end and the way out, the overlay untouched; `start
+// --accept-unflushed` replays it on a private copy and boots, and what
+// the guest had synced is there.
+func TestQEMUVMMKilledWhileTheGuestWrites(t *testing.T) {
+	for _, victim := range []string{"adapter", "qemu"} {
+		t.Run(victim, func(t *testing.T) {
+			q := newRealGuest(t, 32)
+			id := strings.Fields(q.ok("create", "create", "--image", makeImage(t)))[0]
+			q.ready(id)
+			q.exec(id, "write", "/workspace/synced", proofMarker, "sync")
+
+			churn := exec.Command(nexusBin, "--state-dir", q.root, "--driver", "qemu", "exec", id, "--", "/guestfill", "churn", "/workspace")
+			churn.Env = append(append(os.Environ(), "NEXUS_STATE_DIR="), q.env...)
+			out, err := churn.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := churn.Start(); err != nil {
+				t.Fatal(err)
+			}
+			churned := make(chan error, 1)
+			go func() { churned <- churn.Wait() }()
+			if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "churning\n" {
+				t.Fatalf("churn in the guest: %q %v", line, err)
+			}
+			go io.Copy(io.Discard, out)
+			time.Sleep(time.Second) // dirty pages and an open journal transaction
+
+			vmm := inspect(t, q.root, id).VMM
+			if vmm == nil {
+				t.Fatal("no VMM recorded for a running sandbox")
+			}
+			pid := vmm.Pid
+			if victim == "qemu" {
+				pid = 0
+				for _, p := range testutil.ProcessesUnder(q.root) {
+					if strings.Contains(p.Cmdline, "qemu-system") {
+						pid = p.Pid
+					}
+				}
+				if pid == 0 {
+					t.Fatalf("no qemu-system process under the root: %+v", testutil.ProcessesUnder(q.root))
+				}
+			}
+			img := overlayOf(q.root, id)
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-churned:
+				if err == nil {
+					t.Fatal("exec of a command that never ends succeeded when its VMM was killed")
+				}
+			case <-time.After(testutil.Scale(60 * time.Second)):
+				t.Fatal("exec still running 60s after its VMM was killed")
+			}
+			testutil.WaitUntil(t, 60*time.Second, "the sandbox seen exited", func() bool {
+				return inspect(t, q.root, id).State == "exited"
+			})
+			q.ok("recover", "recover")
+			if left := liveProcesses(t, q.root); len(left) > 0 {
+				t.Fatalf("recover left processes of the killed VMM: %v", left)
+			}
+			sum := ext4test.SHA256(t, img)
+			r := q.run("start", id)
+			wantFailure(t, r, 1, "no flush acknowledgement for its last run")
+			// The run, how its VMM ended, where its account is, the
+			// state of the overlay, and the way out.
+			for _, want := range []string{fmt.Sprintf("VMM pid %d exited", vmm.Pid), "without a stop", "--log vmm", "journal needs replay", "--accept-unflushed"} {
+				if !strings.Contains(r.stderr, want) {
+					t.Errorf("the refusal %q does not say %q", r.stderr, want)
+				}
+			}
+			t.Logf("refused: %s", strings.TrimSpace(r.stderr))
+			if got := ext4test.SHA256(t, img); got != sum {
+				t.Fatal("a refused start changed the overlay")
+			}
+			if sb := inspect(t, q.root, id); sb.State != "error" || len(sb.Conditions) == 0 || sb.Conditions[0].Reason != "OverlayUnflushed" {
+				t.Fatalf("after the refusal: state %s conditions %+v", sb.State, sb.Conditions)
+			}
+
+			q.ok("start --accept-unflushed", "start", "--accept-unflushed", id)
+			if got := ext4test.SHA256(t, img); got == sum {
+				t.Error("start --accept-unflushed booted the overlay without replaying its journal on a copy")
+			}
+			q.ready(id)
+			if got := string(q.cat(id, "/workspace/synced")); got != proofMarker {
+				t.Errorf("synced file after the crash and --accept-unflushed: %q", got)
+			}
+			q.exec(id, "write", "/workspace/after", "written after the crash", "sync")
+			q.finish(id)
+		})
+	}
 }
