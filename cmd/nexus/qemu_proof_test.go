@@ -105,32 +105,10 @@ func (q *realGuest) follow(id string) <-chan string {
 	return lines
 }
 
-// finish removes the sandboxes and checks what the real-guest tests all
-// promise at their end: nothing left under the state root, no process,
-// and neither the reaper (dry run) nor replay diff finds anything.
+// finish is removeRealGuests for this root.
 func (q *realGuest) finish(ids ...string) {
 	q.t.Helper()
-	q.ok("rm", append([]string{"rm", "-f", "--with-snapshots"}, ids...)...)
-	if left := untracked(q.t, q.root); len(left) > 0 {
-		q.t.Errorf("rm left untracked files: %v", left)
-	}
-	for _, id := range ids {
-		filepath.WalkDir(q.root, func(p string, d os.DirEntry, err error) error {
-			if err == nil && strings.Contains(d.Name(), id) {
-				q.t.Errorf("rm left %s", p)
-			}
-			return nil
-		})
-	}
-	if left := liveProcesses(q.t, q.root); len(left) > 0 {
-		q.t.Errorf("rm left processes: %v", left)
-	}
-	if r := q.run("reap"); r.code != 0 || !strings.Contains(r.stdout, " 0 orphan(s)") {
-		q.t.Errorf("reap (dry run) after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
-	}
-	if r := q.run("replay", "diff"); r.code != 0 {
-		q.t.Errorf("replay diff after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
-	}
+	removeRealGuests(q.t, q.root, q.env, ids...)
 }
 
 const (
