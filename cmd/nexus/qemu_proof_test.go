@@ -295,3 +295,49 @@ func TestQEMUVMMKilledWhileTheGuestWrites(t *testing.T) {
 		})
 	}
 }
+
+// TestQEMUForkAndSnapshotOfARunningAgentGuest: the guest agent freezes a
+// running real guest for fork and snapshot. Every fork child sees a file
+// the parent wrote and never fsynced (a copy taken without the freeze
+// would hold it empty, as a power cut leaves it), and the parent goes on
+// writing once thawed; a snapshot's restore continues the guest's memory:
+// a file on the initramfs's root (RAM, gone on any boot) is there in the
+// restored guest, which writes to its thawed workspace.
+func TestQEMUForkAndSnapshotOfARunningAgentGuest(t *testing.T) {
+	q := newRealGuest(t, 32)
+	parent := strings.Fields(q.ok("create", "create", "--image", makeImage(t)))[0]
+	q.ready(parent)
+	const unsynced = "written by the parent, never fsynced\n"
+	q.exec(parent, "write", "/workspace/unsynced", unsynced, "nosync")
+	var children []string
+	for _, line := range strings.Split(strings.TrimSpace(q.ok("fork", "fork", parent, "--count", "2")), "\n") {
+		children = append(children, strings.Fields(line)[0])
+	}
+	if len(children) != 2 {
+		t.Fatalf("fork made %v", children)
+	}
+	for _, child := range children {
+		q.ready(child) // a fork boots cold: guestfill is copied in again
+		if got := string(q.cat(child, "/workspace/unsynced")); got != unsynced {
+			t.Errorf("fork child %s holds %q of the parent's unsynced file", child, got)
+		}
+	}
+	q.exec(parent, "write", "/workspace/after-fork", "the parent, thawed", "sync")
+
+	const inRAM = "only in the guest's memory\n"
+	q.exec(parent, "write", "/in-ram", inRAM, "nosync")
+	snap := strings.TrimSpace(q.ok("snapshot", "snapshot", parent))
+	restored := strings.Fields(q.ok("restore", "restore", snap))[0]
+	testutil.WaitUntil(t, 60*time.Second, "the restored guest's agent answering", func() bool {
+		return q.run("cp", restored+":/in-ram", filepath.Join(t.TempDir(), "x")).code == 0
+	})
+	if got := string(q.cat(restored, "/in-ram")); got != inRAM {
+		t.Errorf("the restored guest's RAM file holds %q", got)
+	}
+	if got := string(q.cat(restored, "/workspace/unsynced")); got != unsynced {
+		t.Errorf("the restored guest's workspace file holds %q", got)
+	}
+	q.exec(restored, "write", "/workspace/after-restore", "the restored guest, thawed", "sync")
+	q.exec(parent, "write", "/workspace/after-snapshot", "the parent, thawed again", "sync")
+	q.finish(append([]string{parent, restored}, children...)...)
+}
