@@ -42,6 +42,11 @@ const (
 	TSignal = "signal"
 	TRead   = "read"
 	TWrite  = "write"
+	// TReset is a transport frame, not a session request: on a stream
+	// without connections (a virtio-serial port) it ends the session in
+	// progress and starts a fresh one; the agent echoes it, nonce and
+	// all, after the last frame of the old session.
+	TReset = "reset"
 	// Stream frames (both ways) and answers (agent → host).
 	TData   = "data"
 	TStdout = "stdout"
@@ -79,6 +84,8 @@ type Message struct {
 	Size int64  `msgpack:"size,omitempty"` // read, write answers
 
 	Error string `msgpack:"error,omitempty"` // error
+
+	Nonce uint64 `msgpack:"nonce,omitempty"` // reset and its echo
 }
 
 // ErrProtocol marks a frame or message the protocol does not allow; a
@@ -134,6 +141,10 @@ func (m *Message) Validate() error {
 		}
 		if m.Mode > 0o7777 {
 			return protoErr("%s mode %o is not permission bits", m.Type, m.Mode)
+		}
+	case TReset:
+		if m.Nonce == 0 {
+			return protoErr("reset without a nonce")
 		}
 	case TError:
 		if m.Error == "" {

@@ -86,13 +86,19 @@ type overlayPlan struct {
 // acceptUnflushed is the operator's explicit way out: the run counts as
 // acknowledged, and a journal needing replay is replayed on a private copy
 // (not left to the guest), under the same checks as any recovery.
-func planOverlay(lastRun, flushedRun string, c ext4.Check, warnRatio float64, acceptUnflushed bool) (overlayPlan, error) {
+//
+// ended, when not empty, says how the last run ended (runEnded), so a
+// refusal names the cause and not only its symptom.
+func planOverlay(lastRun, flushedRun, ended string, c ext4.Check, warnRatio float64, acceptUnflushed bool) (overlayPlan, error) {
 	acked := lastRun != "" && flushedRun == lastRun
 	low := c.UsableBytes() < LowWater(c.Bytes())
 	corrupt := !c.Clean && !c.NeedsRecovery
 	which := "no run of it was flush-acknowledged"
 	if lastRun != "" {
 		which = fmt.Sprintf("no flush acknowledgement for its last run %s", lastRun)
+		if ended != "" {
+			which += " (" + ended + ")"
+		}
 	}
 	const wayOut = "nexus edits an unacknowledged overlay only when told to: `nexus start --accept-unflushed ID` replays and checks it on a private copy and publishes it only if no saved block is released"
 	switch {
@@ -118,6 +124,19 @@ func planOverlay(lastRun, flushedRun string, c ext4.Check, warnRatio float64, ac
 			100*r, 100*warnRatio, c.UsableBytes()>>20, ConfigKey)}, nil
 	}
 	return overlayPlan{}, nil
+}
+
+// runEnded says how a sandbox's last run ended when the journal knows it
+// ended without a stop: the VMM's exit as its watcher saw it (a watcher
+// that is not the VMM's parent cannot learn the status) and where the
+// VMM's own account is. Empty otherwise.
+func runEnded(sb projections.Sandbox) string {
+	for _, c := range sb.Conditions {
+		if c.Type == projections.ConditionReady && c.Reason == projections.ReasonVMMExited {
+			return fmt.Sprintf("%s without a stop; its log: nexus logs %s --log vmm", c.Message, sb.ID)
+		}
+	}
+	return ""
 }
 
 // growthFor is how much to add to an overlay with check c so that it has at
@@ -174,7 +193,7 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 			if err != nil {
 				return nil, refuseOverlay(ReasonOverlayDiskFull, "read-only check of overlay %s: %v", m.rel(overlay), err)
 			}
-			plan, err = planOverlay(sb.LastRun, sb.FlushedRun, before, m.WarnFillRatio, acceptUnflushed)
+			plan, err = planOverlay(sb.LastRun, sb.FlushedRun, runEnded(sb), before, m.WarnFillRatio, acceptUnflushed)
 			if err != nil {
 				return nil, err
 			}

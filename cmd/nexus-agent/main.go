@@ -114,23 +114,19 @@ func run(a *agent.Agent, listen string, fd, vsockPort int, serial string) error 
 	}
 }
 
-// serveSerial serves sessions on a virtio-serial port: one stream without
-// connections, so a session ends when the host side closes (end of file)
-// and the next one starts on a fresh open.
+// serveSerial serves sessions on a virtio-serial port, held open for the
+// agent's life (agent.ServeSerial says why and where sessions end).
 func serveSerial(ctx context.Context, a *agent.Agent, path string) error {
-	for ctx.Err() == nil {
-		f, err := os.OpenFile(path, os.O_RDWR, 0)
-		if err != nil {
-			return err
-		}
-		context.AfterFunc(ctx, func() { f.Close() })
-		if err := a.Serve(f); err != nil && !errors.Is(err, os.ErrClosed) {
-			log.Printf("serial session: %v", err)
-		}
-		// With no host attached the port reads end-of-file at once.
-		time.Sleep(100 * time.Millisecond)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return err
 	}
-	return nil
+	context.AfterFunc(ctx, func() { f.Close() })
+	err = a.ServeSerial(ctx, f, 50*time.Millisecond)
+	if errors.Is(err, os.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 type vsockListener struct{ f *os.File }

@@ -6,7 +6,7 @@
 // /sys, finds the nexus disks by their virtio serial, mounts the workspace
 // at /workspace, says "nexus-init: ready" on the console, and stays PID 1,
 // counting seconds on the console ("nexus-init: alive N") and answering
-// pings on the agent's virtio-serial port. nexus-agent as PID 1 does the
+// hello and ping on the agent's virtio-serial port. nexus-agent as PID 1 does the
 // real work; this init is for tests of the VMM side without the agent.
 // Build it static: CGO_ENABLED=0.
 package main
@@ -15,12 +15,15 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/agentproto"
 )
 
 const (
@@ -79,36 +82,45 @@ func agentPortDevice() string {
 	return dev
 }
 
-// answerPings opens the port (so the host's vsock relay sees a listener)
-// and answers "ping" with "pong", anything else with "unsupported": this
-// init is no agent, and never claims a flush.
+// answerPings holds the port open (so the host's vsock relay finds a
+// listener) and speaks just enough of the agent protocol
+// (docs/guest-agent.md) for a host to reach it: hello, ping and the
+// relay's reset; anything else is answered "unsupported": this init is
+// no agent, and never claims a flush.
 func answerPings(dev string) {
 	say("agent port %s open", dev)
-	// As nexus-agent --serial does: a port with no host attached reads
-	// end-of-file at once, so a session ends there and the next one
-	// starts on a fresh open.
+	f, err := os.OpenFile(dev, os.O_RDWR, 0)
+	if err != nil {
+		say("agent port %s: %v", dev, err)
+		return
+	}
 	for {
-		f, err := os.OpenFile(dev, os.O_RDWR, 0)
-		if err != nil {
-			say("agent port %s: %v", dev, err)
-			return
+		m, err := agentproto.Read(f)
+		switch {
+		case err == io.EOF:
+			// No host attached: the port reads end-of-file until one is.
+			time.Sleep(50 * time.Millisecond)
+			continue
+		case errors.Is(err, agentproto.ErrUnknownType):
+		case err != nil:
+			say("agent port: %v", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
 		}
-		r := bufio.NewReader(f)
-		for {
-			line, err := r.ReadString('\n')
-			if err != nil {
-				break
-			}
-			switch strings.TrimSpace(line) {
-			case "ping":
-				f.WriteString("pong\n")
-			case "":
-			default:
-				f.WriteString("unsupported\n")
-			}
+		var answer *agentproto.Message
+		switch m.Type {
+		case agentproto.THello:
+			answer = &agentproto.Message{Type: agentproto.THello, ID: m.ID, Version: 1, Agent: "nexus-init"}
+		case agentproto.TPing:
+			answer = &agentproto.Message{Type: agentproto.TOK, ID: m.ID}
+		case agentproto.TReset:
+			answer = &agentproto.Message{Type: agentproto.TReset, ID: m.ID, Nonce: m.Nonce}
+		case agentproto.TData:
+			continue
+		default:
+			answer = agentproto.Errorf(m.ID, "unsupported: nexus-init is no agent")
 		}
-		f.Close()
-		time.Sleep(100 * time.Millisecond)
+		agentproto.Write(f, answer)
 	}
 }
 

@@ -49,6 +49,7 @@ func TestMain(m *testing.M) {
 	}
 	nexusBin = bin
 	code := m.Run()
+	removeGuestAssets()
 	if left := stopBinaryDaemons(nexusBin); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "stopped daemons the tests left running: %v\n", left)
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
@@ -10,56 +9,172 @@ import (
 	"regexp"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/host/unixsock"
+	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
-// guestInitramfs builds cmd/nexus-init as a user would (static) and an
-// initramfs for the guest kernel with `nexus guest initramfs`.
-func guestInitramfs(t testing.TB, root string, g testutil.Guest) string {
+// guestAssets holds what the real-guest tests share across the test
+// binary: each initramfs and guest program is built once (software
+// emulation leaves little CPU for rebuilding the same archive per test).
+var guestAssets struct {
+	sync.Mutex
+	dir   string
+	built map[string]string
+	err   map[string]error
+}
+
+// guestAsset returns the file build made for key, building it on the
+// first call into the shared directory.
+func guestAsset(t testing.TB, key string, build func(dir string) (string, error)) string {
 	t.Helper()
+	guestAssets.Lock()
+	defer guestAssets.Unlock()
+	if p, ok := guestAssets.built[key]; ok {
+		return p
+	}
+	if err, ok := guestAssets.err[key]; ok {
+		t.Fatalf("%s: %v (built once for every test)", key, err)
+	}
+	if guestAssets.dir == "" {
+		dir, err := os.MkdirTemp("", "nexus-guest-assets-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		guestAssets.dir, guestAssets.built, guestAssets.err = dir, map[string]string{}, map[string]error{}
+	}
+	dir := filepath.Join(guestAssets.dir, key)
+	os.Mkdir(dir, 0o700)
+	p, err := build(dir)
+	if err != nil {
+		guestAssets.err[key] = err
+		t.Fatalf("%s: %v", key, err)
+	}
+	guestAssets.built[key] = p
+	return p
+}
+
+// removeGuestAssets runs once the tests are over (TestMain).
+func removeGuestAssets() {
+	if guestAssets.dir != "" {
+		os.RemoveAll(guestAssets.dir)
+	}
+}
+
+// goBuildStatic builds a package of this repository (a path relative to
+// its root) as a static binary, as a guest needs it.
+func goBuildStatic(pkg, out string) error {
 	_, file, _, _ := runtime.Caller(0)
-	dir := t.TempDir()
-	init := filepath.Join(dir, "nexus-init")
-	build := exec.Command("go", "build", "-o", init, "./cmd/nexus-init")
+	build := exec.Command("go", "build", "-o", out, pkg)
 	build.Dir = filepath.Join(filepath.Dir(file), "..", "..")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build nexus-init: %v\n%s", err, b)
+		return fmt.Errorf("build %s: %v\n%s", pkg, err, b)
 	}
-	out := filepath.Join(dir, "initrd.gz")
-	r := mustOK(t, nexus(t, root, "guest", "initramfs", "--kernel-release", g.Release, "-o", out, "--agent", init), "guest initramfs")
-	for _, m := range []string{"virtio_pci.ko", "virtio_blk.ko", "virtio_console.ko"} {
-		if !strings.Contains(r.stdout, m) {
-			t.Fatalf("initramfs lacks %s:\n%s", m, r.stdout)
-		}
-	}
-	return out
+	return nil
 }
 
-// pingVsock speaks CH's hybrid-vsock handshake on the sandbox's vsock
-// socket and pings nexus-init through it.
+// initramfsWith builds an initramfs for the guest kernel with `nexus
+// guest initramfs`, as a user would, with the static build of pkg as its
+// /init: once per test binary.
+func initramfsWith(t testing.TB, g testutil.Guest, pkg string) string {
+	t.Helper()
+	return guestAsset(t, "initramfs-"+filepath.Base(pkg), func(dir string) (string, error) {
+		init := filepath.Join(dir, filepath.Base(pkg))
+		if err := goBuildStatic(pkg, init); err != nil {
+			return "", err
+		}
+		out := filepath.Join(dir, "initrd.gz")
+		cmd := exec.Command(nexusBin, "--state-dir", filepath.Join(dir, "root"), "guest", "initramfs", "--kernel-release", g.Release, "-o", out, "--agent", init)
+		cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			return "", fmt.Errorf("guest initramfs: %v\n%s", err, b)
+		}
+		for _, m := range []string{"virtio_pci.ko", "virtio_blk.ko", "virtio_console.ko"} {
+			if !strings.Contains(string(b), m) {
+				return "", fmt.Errorf("initramfs lacks %s:\n%s", m, b)
+			}
+		}
+		return out, nil
+	})
+}
+
+// guestInitramfs is the initramfs with nexus-init as /init.
+func guestInitramfs(t testing.TB, _ string, g testutil.Guest) string {
+	t.Helper()
+	return initramfsWith(t, g, "./cmd/nexus-init")
+}
+
+// agentInitramfs is the initramfs with nexus-agent as /init (PID 1).
+func agentInitramfs(t testing.TB, g testutil.Guest) string {
+	t.Helper()
+	return initramfsWith(t, g, "./cmd/nexus-agent")
+}
+
+// guestFill is cmd/nexus/testdata/guestfill, static, for `nexus cp` into
+// a guest whose initramfs has no shell.
+func guestFill(t testing.TB) string {
+	t.Helper()
+	return guestAsset(t, "guestfill", func(dir string) (string, error) {
+		out := filepath.Join(dir, "guestfill")
+		return out, goBuildStatic("./cmd/nexus/testdata/guestfill", out)
+	})
+}
+
+// removeRealGuests removes sandboxes (their snapshots too) and checks
+// what every real-guest test promises at its end: nothing of them left
+// anywhere under the state root, no process, and neither the reaper (dry
+// run) nor replay diff finds anything.
+func removeRealGuests(t *testing.T, root string, env []string, ids ...string) {
+	t.Helper()
+	mustOK(t, nexusEnv(t, root, env, append([]string{"rm", "-f", "--with-snapshots"}, ids...)...), "rm")
+	if left := untracked(t, root); len(left) > 0 {
+		t.Errorf("rm left untracked files: %v", left)
+	}
+	for _, id := range ids {
+		filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && strings.Contains(d.Name(), id) {
+				t.Errorf("rm left %s", p)
+			}
+			return nil
+		})
+	}
+	if left := testutil.ProcessesUnder(root); len(left) > 0 {
+		t.Errorf("rm left processes: %+v", left)
+	}
+	if r := nexusEnv(t, root, env, "reap"); r.code != 0 || !strings.Contains(r.stdout, " 0 orphan(s)") {
+		t.Errorf("reap (dry run) after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := nexusEnv(t, root, env, "replay", "diff"); r.code != 0 {
+		t.Errorf("replay diff after rm: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// pingVsock dials the guest's agent through the sandbox's vsock socket
+// as nexus does (CH's hybrid-vsock handshake, then hello) and pings it.
+// Dialling is retried until the guest's init serves the port (a guest
+// still booting is no listener); the ping itself is not.
 func pingVsock(t *testing.T, root, id string) {
 	t.Helper()
+	sock := filepath.Join(root, "run", "sb-"+id+".vsock")
+	var a *agentproto.Client
+	testutil.WaitUntil(t, 60*time.Second, id+": the guest answering hello through the relay", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(10*time.Second))
+		defer cancel()
+		var err error
+		a, err = vmm.DialAgent(ctx, sock)
+		return err == nil
+	})
+	defer a.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
 	defer cancel()
-	conn, err := unixsock.Dial(ctx, filepath.Join(root, "run", "sb-"+id+".vsock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(testutil.Scale(30 * time.Second)))
-	br := bufio.NewReader(conn)
-	fmt.Fprintf(conn, "CONNECT 1024\n")
-	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
-		t.Fatalf("%s: CONNECT 1024: %q %v", id, line, err)
-	}
-	fmt.Fprintf(conn, "ping\n")
-	if line, err := br.ReadString('\n'); err != nil || line != "pong\n" {
-		t.Fatalf("%s: ping through the relay: %q %v", id, line, err)
+	if err := a.Ping(ctx); err != nil {
+		t.Fatalf("%s: ping through the relay: %v", id, err)
 	}
 }
 
@@ -126,16 +241,7 @@ func TestQEMUBootsARealGuest(t *testing.T) {
 	if _, err := os.Stat(private[1]); !os.IsNotExist(err) {
 		t.Errorf("the adapter's private directory %s is still there: %v", private[1], err)
 	}
-	mustOK(t, qemu("rm", id), "rm")
-	if left := untracked(t, root); len(left) > 0 {
-		t.Errorf("rm left untracked files: %v", left)
-	}
-	if logs, _ := filepath.Glob(filepath.Join(root, "logs", id+"*")); len(logs) > 0 {
-		t.Errorf("rm left logs: %v", logs)
-	}
-	if left := testutil.ProcessesUnder(root); len(left) > 0 {
-		t.Errorf("rm left processes: %+v", left)
-	}
+	removeRealGuests(t, root, env, id)
 	t.Logf("whole test %.1fs", time.Since(start).Seconds())
 }
 
@@ -197,13 +303,7 @@ func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
 		c := counts(id)
 		return len(c) > 0 && c[len(c)-1] > before[len(before)-1]
 	})
-	mustOK(t, qemu("rm", "-f", "--with-snapshots", id, child), "rm")
-	if left := untracked(t, root); len(left) > 0 {
-		t.Errorf("rm left untracked files: %v", left)
-	}
-	if left := testutil.ProcessesUnder(root); len(left) > 0 {
-		t.Errorf("rm left processes: %+v", left)
-	}
+	removeRealGuests(t, root, env, id, child)
 }
 
 // TestQEMUGuestThatCannotBootSaysWhy: a guest whose kernel panics (here an
@@ -236,74 +336,38 @@ func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
 	if vmm := mustOK(t, qemu("logs", id, "--log", "vmm"), "logs").stdout; !strings.Contains(vmm, "on its own") {
 		t.Errorf("the VMM log does not say QEMU ended on its own:\n%s", vmm)
 	}
-	mustOK(t, qemu("rm", "-f", id), "rm")
-	if left := untracked(t, root); len(left) > 0 {
-		t.Errorf("rm left untracked files: %v", left)
-	}
-	if logs, _ := filepath.Glob(filepath.Join(root, "logs", id+"*")); len(logs) > 0 {
-		t.Errorf("rm left logs: %v", logs)
-	}
-	if left := testutil.ProcessesUnder(root); len(left) > 0 {
-		t.Errorf("rm left processes: %+v", left)
-	}
+	removeRealGuests(t, root, env, id)
 }
 
-// TestQEMUStopIsFlushAcknowledgedByTheAgent: with the guest agent as the
-// initramfs's /init, a qemu sandbox's stop is acknowledged by the real
-// guest (freeze through the adapter's vsock relay), the next start boots
-// on the acknowledged overlay, and its stop is acknowledged again; rm
-// leaves nothing. It needs cmd/nexus-agent's PID 1 mode, which lives on
-// another branch until they are merged: without that source it skips.
-func TestQEMUStopIsFlushAcknowledgedByTheAgent(t *testing.T) {
-	g := testutil.RealGuest(t)
-	_, file, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(file), "..", "..")
-	if _, err := os.Stat(filepath.Join(src, "cmd", "nexus-agent")); err != nil {
-		t.Skip("no cmd/nexus-agent in this tree (it comes with the agent branch)")
-	}
-	root := shortRoot(t)
-	agent := filepath.Join(t.TempDir(), "nexus-agent")
-	build := exec.Command("go", "build", "-o", agent, "./cmd/nexus-agent")
-	build.Dir = src
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build nexus-agent: %v\n%s", err, b)
-	}
-	initrd := filepath.Join(t.TempDir(), "initrd.gz")
-	mustOK(t, nexus(t, root, "guest", "initramfs", "--kernel-release", g.Release, "-o", initrd, "--agent", agent), "guest initramfs")
-	env := []string{"NEXUS_KERNEL_PATH=" + g.Kernel, "NEXUS_INITRAMFS_PATH=" + initrd, "NEXUS_QEMU_ACCEL=tcg"}
-	qemu := func(args ...string) result {
-		t.Helper()
-		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
-	}
-	id := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
-	console := filepath.Join(root, "logs", id+".console.log")
+// TestQEMUStopStartCyclesKeepFiles: with the guest agent as the
+// initramfs's /init, every stop of a qemu sandbox is acknowledged by the
+// real guest (flush: freeze through the adapter's vsock relay), and over
+// three stop/start cycles every file the guest wrote, fsynced or not,
+// comes back through cp after each start; rm leaves nothing.
+func TestQEMUStopStartCyclesKeepFiles(t *testing.T) {
+	q := newRealGuest(t, 32)
+	id := strings.Fields(q.ok("create", "create", "--image", makeImage(t)))[0]
 	acks := func() int {
-		return strings.Count(mustOK(t, nexus(t, root, "events", "--sandbox", id, "--type", "flush.acknowledged"), "events").stdout, "flush.acknowledged")
+		return strings.Count(q.ok("events", "events", "--sandbox", id, "--type", "flush.acknowledged"), "flush.acknowledged")
 	}
-	for round := 1; round <= 2; round++ {
-		// The agent serves the port once it has mounted the disks; a
-		// restart appends to the same console log.
-		testutil.WaitUntil(t, 60*time.Second, "the agent serving", func() bool {
-			b, _ := os.ReadFile(console)
-			return strings.Count(string(b), "serving on virtio-serial") >= round
-		})
-		mustOK(t, qemu("stop", id), "stop")
+	text := func(round int) string { return fmt.Sprintf("round %d: written by the guest, never fsynced\n", round) }
+	for round := 1; round <= 3; round++ {
+		q.ready(id)
+		for earlier := 1; earlier < round; earlier++ {
+			if got := string(q.cat(id, fmt.Sprintf("/workspace/round-%d", earlier))); got != text(earlier) {
+				t.Fatalf("after start %d the file of round %d holds %q", round-1, earlier, got)
+			}
+		}
+		q.exec(id, "write", fmt.Sprintf("/workspace/round-%d", round), text(round), "nosync")
+		if r := q.run("stop", id); r.code != 0 || strings.Contains(r.stderr, "warning") {
+			t.Fatalf("round %d: stop: exit %d %s (want the agent's flush acknowledged)", round, r.code, r.stderr)
+		}
 		if n := acks(); n != round {
-			b, _ := os.ReadFile(console)
-			t.Fatalf("round %d: %d flush acknowledgements after stop\n%s", round, n, b)
+			t.Fatalf("round %d: %d flush acknowledgements after stop", round, n)
 		}
-		if round == 1 {
-			mustOK(t, qemu("start", id), "start after an acknowledged stop")
-		}
+		q.ok("start", "start", id)
 	}
-	mustOK(t, qemu("rm", id), "rm")
-	if left := untracked(t, root); len(left) > 0 {
-		t.Errorf("rm left untracked files: %v", left)
-	}
-	if left := testutil.ProcessesUnder(root); len(left) > 0 {
-		t.Errorf("rm left processes: %+v", left)
-	}
+	q.finish(id)
 }
 
 // TestQEMUForkOfARunningGuest: fork of a running qemu sandbox whose guest
@@ -350,11 +414,5 @@ func TestQEMUForkOfARunningGuest(t *testing.T) {
 		c := aliveCounts(root, parent)
 		return len(c) > len(before)
 	})
-	mustOK(t, qemu("rm", "-f", parent, children[0], children[1]), "rm")
-	if left := untracked(t, root); len(left) > 0 {
-		t.Errorf("rm left untracked files: %v", left)
-	}
-	if left := testutil.ProcessesUnder(root); len(left) > 0 {
-		t.Errorf("rm left processes: %+v", left)
-	}
+	removeRealGuests(t, root, env, parent, children[0], children[1])
 }

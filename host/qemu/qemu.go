@@ -9,7 +9,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -29,6 +31,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 )
@@ -655,29 +658,42 @@ func (t *tail) String() string {
 
 // relay serves the sandbox's vsock socket as Cloud Hypervisor's hybrid
 // vsock does: a host connection sends "CONNECT <port>\n" and gets "OK
-// <n>\n" only when a guest listener is there, and is closed otherwise.
-// Here a listener is the guest holding the agent's virtio-serial port
-// open, which QEMU reports as VSERPORT_CHANGE. An agent with no host
-// attached reads end-of-file, closes and reopens the port every ~100 ms,
-// and QEMU sends at most one VSERPORT_CHANGE a second per port (the last
-// state wins, mostly "closed"), so "there" is open now, or the port
-// changed within listenerGrace; waited for up to connectWait. QEMU reads nothing from the host until the guest has the
-// port open, so bytes sent in between wait in the socket. A
-// virtio-serial port is one stream, so sessions take turns.
+// <n>\n" only once a guest agent answered, and is closed otherwise.
+//
+// A virtio-serial port is one stream without connections, and the guest
+// cannot tell one host session from the next by watching the port: when
+// the host side closes and reopens, the guest may not notice, still
+// holds bytes the old session sent, and its writes of the old session
+// wait and then reach the new one. So the relay holds one connection to
+// QEMU's end of the port for the VM's whole life (the guest never sees
+// it come and go, pause and resume included) and marks session
+// boundaries in the stream itself: it forwards the host's frames whole
+// (a host that dies inside a frame never leaves half of one in the
+// guest), and ends and starts each session with a reset frame carrying a
+// fresh random nonce. The agent ends the old session, then echoes the
+// reset; the relay discards everything the guest sends until it sees that
+// exact echo, and answers "OK" only then (docs/guest-agent.md). Sessions
+// take turns.
 type relay struct {
 	agent string
 	log   *stdlog.Logger
 	turn  chan struct{}
 
-	mu       sync.Mutex
-	open     bool      // the guest has the port open
-	lastSeen time.Time // when the guest last opened or closed it
-	l        *unixsock.Listener
-	conns    map[net.Conn]bool
-	n        int
+	guest net.Conn   // QEMU's end of the agent port
+	wmu   sync.Mutex // frames to the guest, whole and one at a time
+
+	mu      sync.Mutex
+	want    []byte        // the echo the session being set up waits for
+	pending net.Conn      // that session's host connection
+	synced  chan struct{} // closed when the echo arrived
+	host    net.Conn      // the session the guest's frames go to
+	l       *unixsock.Listener
+	conns   map[net.Conn]bool
+	n       int
 }
 
-// event follows QMP's VSERPORT_CHANGE for the agent's port.
+// event logs QMP's VSERPORT_CHANGE for the agent's port: the console of
+// the relay's view of the guest, not a rule it follows.
 func (r *relay) event(name string, data json.RawMessage) {
 	if name != "VSERPORT_CHANGE" {
 		return
@@ -689,20 +705,23 @@ func (r *relay) event(name string, data json.RawMessage) {
 	if json.Unmarshal(data, &d) != nil || d.ID != "agentport" {
 		return
 	}
-	r.mu.Lock()
-	r.open, r.lastSeen = d.Open, time.Now()
-	r.mu.Unlock()
 	r.log.Printf("guest %s the agent port", map[bool]string{true: "opened", false: "closed"}[d.Open])
 }
 
 func (r *relay) listen(path string) error {
+	g, err := net.Dial("unix", r.agent)
+	if err != nil {
+		return fmt.Errorf("agent port: %w", err)
+	}
 	l, err := unixsock.Listen(path)
 	if err != nil {
+		g.Close()
 		return err
 	}
 	r.mu.Lock()
-	r.l, r.conns = l, map[net.Conn]bool{}
+	r.guest, r.l, r.conns = g, l, map[net.Conn]bool{}
 	r.mu.Unlock()
+	go r.fromGuest()
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -716,6 +735,109 @@ func (r *relay) listen(path string) error {
 		}
 	}()
 	return nil
+}
+
+// fromGuest reads the guest's side for the VM's life: byte by byte
+// (watching for the echo a session waits for) while no session is
+// synced, frame by frame to the synced session's host.
+func (r *relay) fromGuest() {
+	br := bufio.NewReaderSize(r.guest, 256<<10)
+	var win []byte
+	scan := func(p []byte) {
+		for _, c := range p {
+			win = append(win, c)
+			if len(win) > 64 {
+				win = win[len(win)-64:]
+			}
+			r.mu.Lock()
+			if r.want != nil && bytes.HasSuffix(win, r.want) {
+				r.host, r.want = r.pending, nil
+				close(r.synced)
+				win = win[:0]
+			}
+			r.mu.Unlock()
+		}
+	}
+	one := make([]byte, 1)
+	for {
+		r.mu.Lock()
+		host := r.host
+		r.mu.Unlock()
+		if host == nil {
+			if _, err := io.ReadFull(br, one); err != nil {
+				return
+			}
+			scan(one)
+			continue
+		}
+		frame, err := readFrame(br)
+		if err != nil {
+			if errors.Is(err, agentproto.ErrProtocol) {
+				// Not the agent's framing: nothing more can be
+				// forwarded until the next session's echo.
+				r.log.Printf("agent port: %v", err)
+				r.mu.Lock()
+				r.host = nil
+				r.mu.Unlock()
+				continue
+			}
+			return
+		}
+		r.mu.Lock()
+		same := r.host == host
+		r.mu.Unlock()
+		if !same {
+			// The session ended while the frame arrived: it may be the
+			// next one's echo.
+			scan(frame)
+			continue
+		}
+		if _, err := host.Write(frame); err != nil {
+			r.mu.Lock()
+			if r.host == host {
+				r.host = nil
+			}
+			r.mu.Unlock()
+		}
+	}
+}
+
+// readFrame reads one whole agent frame, length prefix included.
+func readFrame(r io.Reader) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > agentproto.MaxFrame {
+		return nil, fmt.Errorf("%w: frame of %d bytes", agentproto.ErrProtocol, n)
+	}
+	frame := make([]byte, 4+n)
+	copy(frame, hdr[:])
+	_, err := io.ReadFull(r, frame[4:])
+	return frame, err
+}
+
+// toGuest writes whole frames to the guest's side.
+func (r *relay) toGuest(frame []byte) error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	_, err := r.guest.Write(frame)
+	return err
+}
+
+// newReset is a reset frame with a fresh random nonce. Its echo is the
+// same frame: the agent encodes the same message with the same codec,
+// whose field order and integer widths are fixed.
+func newReset() []byte {
+	var b [8]byte
+	rand.Read(b[:])
+	nonce := binary.BigEndian.Uint64(b[:]) | 1
+	frame, err := agentproto.Encode(&agentproto.Message{Type: agentproto.TReset, ID: uint32(nonce>>32) | 1, Nonce: nonce})
+	if err != nil {
+		panic(err) // a reset with a non-zero nonce always encodes
+	}
+	return frame
 }
 
 func (r *relay) serve(c net.Conn) {
@@ -732,7 +854,7 @@ func (r *relay) serve(c net.Conn) {
 		return
 	}
 	port, ok := strings.CutPrefix(strings.TrimSpace(line), "CONNECT ")
-	if !ok || port != "1024" || !r.listening(connectWait) {
+	if !ok || port != "1024" {
 		return // CH closes a connection to a port nothing listens on
 	}
 	c.SetReadDeadline(time.Time{})
@@ -742,12 +864,30 @@ func (r *relay) serve(c net.Conn) {
 		return
 	}
 	defer func() { <-r.turn }()
-	g, err := net.Dial("unix", r.agent)
-	if err != nil {
-		r.log.Printf("agent channel: %v", err)
+	synced, reset := make(chan struct{}), newReset()
+	r.mu.Lock()
+	r.synced, r.pending, r.want = synced, c, reset
+	r.mu.Unlock()
+	// However the session ends, the guest hears of it, so what it
+	// started ends with it, as on a closed vsock connection.
+	defer func() {
+		r.mu.Lock()
+		if r.host == c {
+			r.host = nil
+		}
+		r.want, r.pending = nil, nil
+		r.mu.Unlock()
+		r.toGuest(newReset())
+	}()
+	if err := r.toGuest(reset); err != nil {
+		r.log.Printf("agent port: %v", err)
 		return
 	}
-	defer g.Close()
+	select {
+	case <-synced:
+	case <-time.After(connectWait):
+		return // no agent answered: CH closes, as for no listener
+	}
 	r.mu.Lock()
 	r.n++
 	n := r.n
@@ -755,34 +895,21 @@ func (r *relay) serve(c net.Conn) {
 	if _, err := fmt.Fprintf(c, "OK %d\n", n); err != nil {
 		return
 	}
-	done := make(chan struct{}, 2)
-	go func() { io.Copy(g, br); done <- struct{}{} }()
-	go func() { io.Copy(c, g); done <- struct{}{} }()
-	<-done
-}
-
-const (
-	listenerGrace = 2 * time.Second
-	connectWait   = 2 * time.Second
-)
-
-// listening waits up to wait for the guest to have the port open now or
-// to have opened or closed it within listenerGrace.
-func (r *relay) listening(wait time.Duration) bool {
-	deadline := time.Now().Add(wait)
 	for {
-		r.mu.Lock()
-		ok := r.open || (!r.lastSeen.IsZero() && time.Since(r.lastSeen) < listenerGrace)
-		r.mu.Unlock()
-		if ok {
-			return true
+		frame, err := readFrame(br)
+		if err != nil {
+			return
 		}
-		if time.Now().After(deadline) {
-			return false
+		if err := r.toGuest(frame); err != nil {
+			return
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// connectWait bounds the wait for the agent's echo: a guest that is
+// booting, paused or has no agent gets the connection closed, as CH does
+// with no listener, and the caller's retry sends another reset.
+const connectWait = 5 * time.Second
 
 func (r *relay) close() {
 	if r == nil {
@@ -792,6 +919,9 @@ func (r *relay) close() {
 	defer r.mu.Unlock()
 	if r.l != nil {
 		r.l.Close()
+	}
+	if r.guest != nil {
+		r.guest.Close()
 	}
 	for c := range r.conns {
 		c.Close()

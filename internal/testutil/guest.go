@@ -52,6 +52,6 @@ func RealGuest(t testing.TB) Guest {
 		missing("kernel " + kernel + " has no /lib/modules/" + release + "/modules.dep")
 	}
 	ver, _ := exec.Command(q, "--version").Output()
-	t.Logf("guest: kernel %s, %s", kernel, strings.SplitN(string(ver), "\n", 2)[0])
+	t.Logf("guest: kernel release %s (%s), %s", release, kernel, strings.SplitN(string(ver), "\n", 2)[0])
 	return Guest{QEMU: q, Kernel: kernel, Release: release}
 }
