@@ -121,6 +121,9 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'SweepHappyPath|SweepDead' -benchtime 1x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ConcurrentCreatesAutoVsHand' -benchtime 5x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'QEMUBootVsHand' -benchtime 3x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'AgentExec/process' -benchtime 50x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'AgentCp/process' -benchtime 3x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'Agent(Exec|Cp)/qemu' -benchtime 3x -timeout 30m ./cmd/nexus/
 
 clean:
 	rm -rf bin $(STATE_DIR) $(DEMO_IMAGE) $(STATE_DIR).snap

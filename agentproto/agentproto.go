@@ -5,6 +5,7 @@
 package agentproto
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 
 	"github.com/vmihailenco/msgpack/v5"
 )
@@ -158,62 +160,184 @@ func (m *Message) Validate() error {
 
 // Encode returns m as one frame: its length, then its MessagePack body.
 func Encode(m *Message) ([]byte, error) {
-	if err := m.Validate(); err != nil {
+	b, err := appendFrame(nil, m)
+	if err != nil {
 		return nil, err
 	}
-	var b bytes.Buffer
+	return b, nil
+}
+
+// appendFrame appends m's frame to dst. A frame carrying data is sized
+// before encoding so its payload is copied once, not regrown.
+func appendFrame(dst []byte, m *Message) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return dst, err
+	}
+	start := len(dst)
+	b := bytes.NewBuffer(dst)
+	b.Grow(4 + len(m.Data) + 512)
 	b.Write([]byte{0, 0, 0, 0})
-	enc := msgpack.NewEncoder(&b)
+	enc := msgpack.NewEncoder(b)
 	enc.UseCompactInts(true)
 	if err := enc.Encode(m); err != nil {
-		return nil, err
+		return dst, err
 	}
 	out := b.Bytes()
-	if len(out)-4 > MaxFrame {
-		return nil, protoErr("frame of %d bytes, more than %d", len(out)-4, MaxFrame)
+	n := len(out) - start - 4
+	if n > MaxFrame {
+		return dst, protoErr("frame of %d bytes, more than %d", n, MaxFrame)
 	}
-	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	binary.BigEndian.PutUint32(out[start:], uint32(n))
 	return out, nil
 }
 
-// Write sends m as one frame. Concurrent writers must serialise calls.
+// Write sends m as one frame. Concurrent writers must serialise calls. A
+// stream that carries many frames keeps a FrameWriter instead.
 func Write(w io.Writer, m *Message) error {
-	b, err := Encode(m)
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(b)
-	return err
+	return (&FrameWriter{w: w}).Write(m)
 }
 
 // Read reads one frame and decodes it. io.EOF means the stream ended
 // between frames; a stream that ends inside one is io.ErrUnexpectedEOF. A
 // frame of an unknown type comes back with ErrUnknownType and the message
-// (its id), so it can be answered.
+// (its id), so it can be answered. A stream that carries many frames keeps
+// a FrameReader instead.
 func Read(r io.Reader) (*Message, error) {
+	return NewFrameReader(r).Read()
+}
+
+// FrameWriter writes frames to one stream through one buffer, reused, and
+// writes a frame's data from the caller's slice instead of copying it into
+// the frame: a cp is a hundred frames of MaxData per 100 MiB, and
+// allocating, zeroing and filling a growing buffer for each was most of
+// its CPU. Not safe for concurrent use.
+type FrameWriter struct {
+	w   io.Writer
+	buf []byte
+}
+
+// NewFrameWriter writes frames to w.
+func NewFrameWriter(w io.Writer) *FrameWriter { return &FrameWriter{w: w} }
+
+// inlineData is the most data a frame copies into its buffer; more is
+// written from where it is (writev on a socket).
+const inlineData = 16 << 10
+
+// Write sends m as one frame: one write, or a writev of the encoded
+// fields and the data.
+func (fw *FrameWriter) Write(m *Message) error {
+	if len(m.Data) > inlineData {
+		if err := m.Validate(); err != nil {
+			return err
+		}
+		rest := *m
+		rest.Data = nil
+		b, err := appendFrame(fw.buf[:0], &rest)
+		fw.buf = b[:0]
+		if err != nil {
+			return err
+		}
+		if b, ok := appendDataField(b, len(m.Data)); ok {
+			fw.buf = b[:0]
+			bufs := net.Buffers{b, m.Data}
+			_, err := bufs.WriteTo(fw.w)
+			return err
+		}
+	}
+	b, err := appendFrame(fw.buf[:0], m)
+	fw.buf = b[:0]
+	if err != nil {
+		return err
+	}
+	_, err = fw.w.Write(b)
+	return err
+}
+
+// appendDataField turns frame, a message encoded without data, into the
+// head of the same message with n bytes of data following it: one more
+// entry in its map, the key "data" and a bin 32 header. The map is the
+// same message either way (MessagePack maps are unordered, and the decoder
+// reads by key). ok is false for a map header this does not patch.
+func appendDataField(frame []byte, n int) ([]byte, bool) {
+	switch c := frame[4]; {
+	case c >= 0x80 && c < 0x8f: // fixmap of fewer than 15 entries
+		frame[4]++
+	case c == 0xde && binary.BigEndian.Uint16(frame[5:]) < 0xffff: // map 16
+		binary.BigEndian.PutUint16(frame[5:], binary.BigEndian.Uint16(frame[5:])+1)
+	default:
+		return frame, false
+	}
+	frame = append(frame, 0xa4, 'd', 'a', 't', 'a', 0xc6, 0, 0, 0, 0)
+	binary.BigEndian.PutUint32(frame[len(frame)-4:], uint32(n))
+	size := len(frame) - 4 + n
+	if size > MaxFrame {
+		return frame, false
+	}
+	binary.BigEndian.PutUint32(frame, uint32(size))
+	return frame, true
+}
+
+// FrameReader reads frames from one stream, decoding each straight from
+// the stream: a frame's data is read once, into the slice the message
+// keeps, with no frame buffer in between. The messages it returns own
+// their fields. Not safe for concurrent use.
+type FrameReader struct {
+	r   io.Reader
+	lr  io.LimitedReader // the current frame's body
+	br  *bufio.Reader
+	dec *msgpack.Decoder
+}
+
+// NewFrameReader reads frames from r.
+func NewFrameReader(r io.Reader) *FrameReader {
+	fr := &FrameReader{r: r}
+	fr.lr.R = r
+	fr.br = bufio.NewReaderSize(&fr.lr, 4<<10)
+	fr.dec = msgpack.NewDecoder(fr.br)
+	return fr
+}
+
+// Read reads one frame and decodes it; see the package-level Read.
+func (fr *FrameReader) Read() (*Message, error) {
 	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	if _, err := io.ReadFull(fr.r, hdr[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
 	if n > MaxFrame {
 		return nil, protoErr("frame of %d bytes, more than %d", n, MaxFrame)
 	}
-	body := make([]byte, n)
-	if _, err := io.ReadFull(r, body); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	fr.lr.N = int64(n)
+	fr.br.Reset(&fr.lr)
+	fr.dec.Reset(fr.br)
+	m, err := decodeFrom(fr.dec)
+	if err == nil || errors.Is(err, ErrUnknownType) {
+		// The body's end is the frame's: a stream that ended before it
+		// is a frame cut short.
+		if fr.lr.N > 0 || fr.br.Buffered() > 0 {
+			return nil, io.ErrUnexpectedEOF
 		}
-		return nil, err
+		return m, err
 	}
-	return Decode(body)
+	// Whether the body was bad or the stream ended inside it.
+	if _, cerr := io.Copy(io.Discard, fr.br); cerr != nil {
+		return nil, cerr
+	}
+	if fr.lr.N > 0 {
+		return nil, io.ErrUnexpectedEOF
+	}
+	return nil, err
 }
 
 // Decode decodes and validates one frame's body; see Read for
 // ErrUnknownType.
 func Decode(body []byte) (*Message, error) {
+	return decodeFrom(msgpack.NewDecoder(bytes.NewReader(body)))
+}
+
+// decodeFrom decodes one message from d, which must hold exactly one.
+func decodeFrom(d *msgpack.Decoder) (*Message, error) {
 	var m Message
-	d := msgpack.NewDecoder(bytes.NewReader(body))
 	if err := d.Decode(&m); err != nil {
 		return nil, protoErr("decode: %v", err)
 	}

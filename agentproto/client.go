@@ -26,6 +26,7 @@ var ErrClosed = errors.New("agent session closed")
 type Client struct {
 	rw  io.ReadWriteCloser
 	wmu sync.Mutex
+	w   *FrameWriter // under wmu
 
 	mu      sync.Mutex
 	next    uint32
@@ -36,7 +37,7 @@ type Client struct {
 
 // NewClient starts a session on rw; call Hello before anything else.
 func NewClient(rw io.ReadWriteCloser) *Client {
-	c := &Client{rw: rw, pending: map[uint32]chan *Message{}, done: make(chan struct{})}
+	c := &Client{rw: rw, w: NewFrameWriter(rw), pending: map[uint32]chan *Message{}, done: make(chan struct{})}
 	go c.readLoop()
 	return c
 }
@@ -50,9 +51,10 @@ func (c *Client) Close() error {
 
 func (c *Client) readLoop() {
 	var err error
+	r := NewFrameReader(c.rw)
 	for {
 		var m *Message
-		m, err = Read(c.rw)
+		m, err = r.Read()
 		if err != nil {
 			break
 		}
@@ -88,7 +90,7 @@ func (c *Client) closedErr() error {
 func (c *Client) send(m *Message) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return Write(c.rw, m)
+	return c.w.Write(m)
 }
 
 // start sends a request and returns the channel its frames arrive on.
@@ -273,7 +275,9 @@ func (c *Client) allocID() uint32 {
 
 // pump sends r as data frames for request ref, the last one with eof.
 func (c *Client) pump(ref uint32, r io.Reader, stop <-chan struct{}) error {
-	buf := make([]byte, 256<<10)
+	// Whole frames: fewer frames are fewer writes and wake-ups at both
+	// ends.
+	buf := make([]byte, MaxData)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {

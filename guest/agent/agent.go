@@ -96,6 +96,7 @@ type session struct {
 	a   *Agent
 	rw  io.ReadWriteCloser
 	wmu sync.Mutex
+	w   *agentproto.FrameWriter // under wmu
 
 	mu     sync.Mutex
 	procs  map[uint32]*proc
@@ -131,7 +132,7 @@ type upload struct {
 // protocol. On return every process the session started is killed and
 // every unfinished write abandoned.
 func (a *Agent) Serve(rw io.ReadWriteCloser) error {
-	s := &session{a: a, rw: rw, procs: map[uint32]*proc{}, writes: map[uint32]*upload{}}
+	s := &session{a: a, rw: rw, w: agentproto.NewFrameWriter(rw), procs: map[uint32]*proc{}, writes: map[uint32]*upload{}}
 	err := s.loop()
 	rw.Close()
 	s.mu.Lock()
@@ -154,13 +155,14 @@ func (a *Agent) Serve(rw io.ReadWriteCloser) error {
 func (s *session) send(m *agentproto.Message) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	return agentproto.Write(s.rw, m)
+	return s.w.Write(m)
 }
 
 func (s *session) loop() error {
 	hello := false
+	r := agentproto.NewFrameReader(s.rw)
 	for {
-		m, err := agentproto.Read(s.rw)
+		m, err := r.Read()
 		if errors.Is(err, agentproto.ErrUnknownType) {
 			s.send(agentproto.Errorf(m.ID, "%v", err))
 			continue
@@ -388,14 +390,14 @@ func (s *session) data(m *agentproto.Message) {
 			return
 		}
 		if len(m.Data) > 0 {
-			p.stdin <- append([]byte(nil), m.Data...)
+			p.stdin <- m.Data // the message owns it (agentproto.Read)
 		}
 		if m.EOF {
 			p.stdin <- nil
 		}
 	case u != nil:
 		if len(m.Data) > 0 {
-			u.ch <- append([]byte(nil), m.Data...)
+			u.ch <- m.Data
 		}
 		if m.EOF {
 			u.ch <- nil
@@ -412,7 +414,9 @@ func (s *session) read(m *agentproto.Message) {
 		return
 	}
 	defer f.Close()
-	buf := make([]byte, 256<<10)
+	// Whole frames: fewer frames are fewer writes and wake-ups at both
+	// ends.
+	buf := make([]byte, agentproto.MaxData)
 	var size int64
 	for {
 		n, err := f.Read(buf)

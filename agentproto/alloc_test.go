@@ -1,0 +1,131 @@
+package agentproto
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"reflect"
+	"runtime"
+	"testing"
+)
+
+// TestDataFrameCopiesOnce: a full data frame written and read back costs
+// about one payload of fresh memory (the decoded Data the reader keeps),
+// not the several a growing encode buffer and a per-frame read buffer
+// cost: those were most of a cp's CPU, and a cp moves a hundred of them
+// per 100 MiB.
+func TestDataFrameCopiesOnce(t *testing.T) {
+	payload := bytes.Repeat([]byte{7}, MaxData)
+	m := &Message{Type: TData, ID: 2, Ref: 1, Data: payload}
+	var wire bytes.Buffer
+	w, r := NewFrameWriter(&wire), NewFrameReader(&wire)
+	roundTrip := func() {
+		wire.Reset()
+		if err := w.Write(m); err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.Read()
+		if err != nil || len(got.Data) != MaxData {
+			t.Fatalf("read back %v", err)
+		}
+	}
+	for i := 0; i < 3; i++ {
+		roundTrip() // the buffers grown
+	}
+	const rounds = 20
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := 0; i < rounds; i++ {
+		roundTrip()
+	}
+	runtime.ReadMemStats(&after)
+	perFrame := float64(after.TotalAlloc-before.TotalAlloc) / rounds
+	if perFrame > 1.25*MaxData {
+		t.Fatalf("%.0f bytes allocated per data frame round trip, want about one payload (%d)", perFrame, MaxData)
+	}
+}
+
+// TestCopiesUseWholeFrames: WriteFile sends a file in frames of MaxData
+// (plus the request and the end), and the agent's answer to a read
+// should be read the same way; fewer frames are fewer writes and wake-ups.
+func TestCopiesUseWholeFrames(t *testing.T) {
+	host, agent := net.Pipe()
+	defer host.Close()
+	frames := make(chan int, 1)
+	go func() {
+		n := 0
+		for {
+			m, err := Read(agent)
+			if err != nil {
+				frames <- n
+				return
+			}
+			n++
+			switch {
+			case m.Type == THello:
+				Write(agent, &Message{Type: THello, ID: m.ID, Version: Version})
+			case m.Type == TData && m.EOF:
+				Write(agent, &Message{Type: TOK, ID: m.Ref})
+			}
+		}
+	}()
+	c := NewClient(host)
+	if _, _, err := c.Hello(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	const size = 8*MaxData + 1
+	if _, err := c.WriteFile(t.Context(), "/f", 0, io.LimitReader(zeros{}, size)); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	// hello, write, 9 data frames, the end.
+	if n := <-frames; n != 12 {
+		t.Fatalf("%d frames for a write of %d bytes, want 12 (frames of %d)", n, size, MaxData)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(b []byte) (int, error) {
+	clear(b)
+	return len(b), nil
+}
+
+// TestLargeDataFrameIsOneMessage: a frame whose data is written from the
+// caller's slice (after the other fields, patched into their map) is the
+// same message the plain encoder makes, for every map header size, and a
+// stream cut inside it reads as cut short.
+func TestLargeDataFrameIsOneMessage(t *testing.T) {
+	data := make([]byte, inlineData+1)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	msgs := []*Message{
+		{Type: TData, ID: 9, Ref: 3, Data: data, EOF: true}, // fixmap
+		{Type: TData, ID: 9, Version: 1, Agent: "a", DeadlineMs: 1, Paths: []string{"/"}, Argv: []string{"x"}, Env: []string{"A=1"},
+			Cwd: "/", Stdin: true, TTY: true, Ref: 3, Signal: 2, Code: 1, EOF: true, Path: "/p", Mode: 0o600, Size: 5, Error: "e", Data: data}, // map 16
+	}
+	for _, m := range msgs {
+		var wire bytes.Buffer
+		if err := NewFrameWriter(&wire).Write(m); err != nil {
+			t.Fatal(err)
+		}
+		frame := wire.Bytes()
+		plain, err := Decode(frame[4:])
+		if err != nil {
+			t.Fatalf("the frame does not decode as one message: %v", err)
+		}
+		if !reflect.DeepEqual(plain, m) {
+			t.Fatalf("decoded %+v, want %+v", plain, m)
+		}
+		if got, err := NewFrameReader(bytes.NewReader(frame)).Read(); err != nil || !reflect.DeepEqual(got, m) {
+			t.Fatalf("frame reader: %v", err)
+		}
+		for _, cut := range []int{5, 40, len(frame) - 1} {
+			if _, err := NewFrameReader(bytes.NewReader(frame[:cut])).Read(); err != io.ErrUnexpectedEOF {
+				t.Errorf("cut at %d of %d: %v, want io.ErrUnexpectedEOF", cut, len(frame), err)
+			}
+		}
+	}
+}
