@@ -201,59 +201,45 @@ func fleetLine(e replay.FleetEntry) string {
 }
 
 func fleetFindCmd() *cobra.Command {
-	var conn fleetConn
-	var o *output
-	c := &cobra.Command{
-		Use:   "find ID|HANDLE",
-		Short: "Which hosts have a sandbox, its state there and its last event",
-		Args:  exactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := conn.dial(cmd)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			found, err := replay.FleetFind(fleetReader(cmd.Context(), f, journal.Range{}), args[0])
-			if err != nil {
-				return err
-			}
-			return printList(cmd, o, found, func(x replay.Found) string { return x.ID }, table[replay.Found]{
-				header: []string{"HOST", "ID", "HANDLE", "STATE", "LAST EVENT", "SEQ", "TIME"},
-				row: func(x replay.Found) []string {
-					return []string{x.Host, x.ID, x.Handle, x.State, string(x.Last.Type), fmt.Sprint(x.Last.Seq), x.Last.Time.UTC().Format(time.RFC3339)}
-				},
-			})
-		},
-	}
-	conn.flags(c)
-	o = addOutput(c, true)
-	return c
+	return fleetSandboxCmd("find ID|HANDLE", "Which hosts have a sandbox, its state there and its last event",
+		replay.FleetFind, func(x replay.Found) string { return x.ID }, table[replay.Found]{
+			header: []string{"HOST", "ID", "HANDLE", "STATE", "LAST EVENT", "SEQ", "TIME"},
+			row: func(x replay.Found) []string {
+				return []string{x.Host, x.ID, x.Handle, x.State, string(x.Last.Type), fmt.Sprint(x.Last.Seq), x.Last.Time.UTC().Format(time.RFC3339)}
+			},
+		})
 }
 
 func fleetTimelineCmd() *cobra.Command {
+	return fleetSandboxCmd("timeline ID|HANDLE", "Every event of a sandbox on every host that has it, each with its host",
+		replay.FleetTimeline, func(e replay.FleetEntry) string { return e.ID }, table[replay.FleetEntry]{
+			header: []string{"HOST", "SEQ", "TIME", "TYPE", "SAGA", "STEP", "DATA"},
+			row: func(e replay.FleetEntry) []string {
+				data, _ := json.Marshal(e.Payload)
+				return []string{e.Host, fmt.Sprint(e.Seq), e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), string(e.Type), e.Saga, e.Step, string(data)}
+			},
+		})
+}
+
+// fleetSandboxCmd is a fleet-wide read about one sandbox (an ID, or a
+// handle on whichever hosts have it): read over the whole aggregate, its
+// rows printed through the output layer.
+func fleetSandboxCmd[T any](use, short string, read func(replay.FleetReader, string) ([]T, error), id func(T) string, t table[T]) *cobra.Command {
 	var conn fleetConn
 	var o *output
 	c := &cobra.Command{
-		Use:   "timeline ID|HANDLE",
-		Short: "Every event of a sandbox on every host that has it, each with its host",
-		Args:  exactArgs(1),
+		Use: use, Short: short, Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := conn.dial(cmd)
 			if err != nil {
 				return err
 			}
 			defer f.Close()
-			entries, err := replay.FleetTimeline(fleetReader(cmd.Context(), f, journal.Range{}), args[0])
+			rows, err := read(fleetReader(cmd.Context(), f, journal.Range{}), args[0])
 			if err != nil {
 				return err
 			}
-			return printList(cmd, o, entries, func(e replay.FleetEntry) string { return e.ID }, table[replay.FleetEntry]{
-				header: []string{"HOST", "SEQ", "TIME", "TYPE", "SAGA", "STEP", "DATA"},
-				row: func(e replay.FleetEntry) []string {
-					data, _ := json.Marshal(e.Payload)
-					return []string{e.Host, fmt.Sprint(e.Seq), e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), string(e.Type), e.Saga, e.Step, string(data)}
-				},
-			})
+			return printList(cmd, o, rows, id, t)
 		},
 	}
 	conn.flags(c)
