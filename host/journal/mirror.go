@@ -369,6 +369,19 @@ func (j *Journal) reportLastSeq(ctx context.Context, fleet jetstream.JetStream, 
 	if cfg.Metadata[metaLastSeq] == seq {
 		return nil
 	}
+	// A stream update writes the whole configuration and JetStream has no
+	// compare-and-set for it, so write back what the fleet holds now, not
+	// what this check read earlier: an operator's change made meanwhile
+	// (seen in a test: a max bytes set between the read and this write was
+	// reverted) is kept, and the window left is one round trip.
+	s, err := fleet.Stream(ctx, cfg.Name)
+	if err != nil {
+		return fmt.Errorf("mirror %s: re-read before reporting: %w", cfg.Name, err)
+	}
+	cfg = s.CachedInfo().Config
+	if cfg.Metadata[metaLastSeq] == seq {
+		return nil
+	}
 	md := make(map[string]string, len(cfg.Metadata)+2)
 	for k, v := range cfg.Metadata {
 		// The server's own keys (_nats.*) are its to set.
