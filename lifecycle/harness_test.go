@@ -349,7 +349,7 @@ func newFlow(t *testing.T) *flow {
 	l := &testLauncher{refuse: map[string]error{}, die: map[string]bool{}}
 	m := &Manager{Root: layout.Root(root), B: j, Launcher: l,
 		Driver:     Driver{Name: DriverProcess, Exe: "/nonexistent/nexus"},
-		OverlayMiB: 32, StartTimeout: 10 * time.Second}
+		OverlayMiB: 32, StartTimeout: testutil.Scale(10 * time.Second)}
 	f := &flow{t: t, m: m, j: j, l: l, root: root, ctx: context.Background()}
 	// Stop what the journal says runs, so it cleans up after itself
 	// (ShortRoot's cleanup, which runs after this, SIGKILLs the rest).
