@@ -226,6 +226,19 @@ func (j *memJournal) Sandbox(_ context.Context, ref string) (projections.Sandbox
 	return clone(*sb), true, nil
 }
 
+// SnapshotOwner is the sandbox holding snapshot snap (an exact ID): the
+// per-entity read control's backends serve and lifecycle asserts for.
+func (j *memJournal) SnapshotOwner(_ context.Context, snap string) (projections.Sandbox, bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, sb := range j.sandboxes.List() {
+		if slices.Contains(sb.Snapshots, snap) {
+			return clone(*sb), true, nil
+		}
+	}
+	return projections.Sandbox{}, false, nil
+}
+
 func (j *memJournal) OpenSagas(context.Context) ([]projections.OpenSaga, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
