@@ -274,3 +274,38 @@ func TestTheJournalRefusesAStaleExpectation(t *testing.T) {
 		t.Fatalf("append expecting an old sequence: %v; want a StaleError at %d", err, sb.Rev)
 	}
 }
+
+// A reader sees a VMM that died behind nexus's back as exited, by pid and
+// start time, before anything journals it; nothing is deleted by seeing it.
+func TestObserveExits(t *testing.T) {
+	f := newFlow(t)
+	dead := f.create(CreateSpec{})
+	live := f.create(CreateSpec{})
+	kill(t, dead.VMM)
+	mark := f.j.mark()
+	list, _ := f.j.Sandboxes(f.ctx)
+	seen := map[string]projections.State{}
+	for _, sb := range ObserveExits(list) {
+		seen[sb.ID] = sb.State
+	}
+	if seen[dead.ID] != projections.StateExited || seen[live.ID] != projections.StateRunning || f.j.mark() != mark {
+		t.Fatalf("observed %v: want %s exited, %s running, nothing journaled", seen, dead.ID, live.ID)
+	}
+	if !f.exists("disks/" + dead.ID + ".raw") {
+		t.Fatal("observing an exit deleted something")
+	}
+}
+
+// Remove is what a sweep of a gone owner's sandboxes calls: forced, with
+// its snapshots.
+func TestRemoveForcedWithSnapshots(t *testing.T) {
+	f := newFlow(t)
+	sb := f.create(CreateSpec{})
+	snapshot(f, sb)
+	if err := f.m.Remove(f.ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, found := f.find(sb.ID); found || len(f.files("snapshots", "disks")) != 0 {
+		t.Fatalf("left %v", f.files("snapshots", "disks"))
+	}
+}

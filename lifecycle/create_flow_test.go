@@ -269,3 +269,16 @@ func TestCreateWithWorkspaceAndShadows(t *testing.T) {
 		}
 	}
 }
+
+// The production Spawner says which process it could not spawn, and the
+// boot is undone back to the commit.
+func TestSpawnerNamesWhatItCouldNotSpawn(t *testing.T) {
+	f := newFlow(t)
+	f.m.Launcher = Spawner{}
+	f.m.Driver.Exe = filepath.Join(t.TempDir(), "no-nexus-here")
+	_, err := f.m.Create(f.ctx, CreateSpec{Image: f.image(), Handle: "h"})
+	wantErr(t, err, sagas.ErrCompensated, "spawn supervisor:", "no-nexus-here")
+	if sb, found := f.find("h"); !found || sb.State != projections.StateStopped {
+		t.Fatalf("%+v: want the committed sandbox, stopped", sb)
+	}
+}

@@ -226,6 +226,19 @@ func (j *memJournal) Sandbox(_ context.Context, ref string) (projections.Sandbox
 	return clone(*sb), true, nil
 }
 
+// SnapshotOwner is the sandbox holding snapshot snap (an exact ID): the
+// per-entity read control's backends serve and lifecycle asserts for.
+func (j *memJournal) SnapshotOwner(_ context.Context, snap string) (projections.Sandbox, bool, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, sb := range j.sandboxes.List() {
+		if slices.Contains(sb.Snapshots, snap) {
+			return clone(*sb), true, nil
+		}
+	}
+	return projections.Sandbox{}, false, nil
+}
+
 func (j *memJournal) OpenSagas(context.Context) ([]projections.OpenSaga, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -349,7 +362,7 @@ func newFlow(t *testing.T) *flow {
 	l := &testLauncher{refuse: map[string]error{}, die: map[string]bool{}}
 	m := &Manager{Root: layout.Root(root), B: j, Launcher: l,
 		Driver:     Driver{Name: DriverProcess, Exe: "/nonexistent/nexus"},
-		OverlayMiB: 32, StartTimeout: 10 * time.Second}
+		OverlayMiB: 32, StartTimeout: testutil.Scale(10 * time.Second)}
 	f := &flow{t: t, m: m, j: j, l: l, root: root, ctx: context.Background()}
 	// Stop what the journal says runs, so it cleans up after itself
 	// (ShortRoot's cleanup, which runs after this, SIGKILLs the rest).

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/sagas"
 )
 
 func TestVolumeCreateAndItsRefusals(t *testing.T) {
@@ -136,5 +137,27 @@ func TestVolumePrune(t *testing.T) {
 	}
 	if vols, _ := f.m.Volumes(f.ctx); len(vols) != 2 || len(vols[1].AttachedTo) != 1 || vols[1].AttachedTo[0] != sb.ID {
 		t.Fatalf("volumes %+v", vols)
+	}
+}
+
+// A volume rm killed mid-delete is finished forward by recover (the saga
+// names its volume in its one step), never undone: the journal never lists
+// a volume whose files are half gone.
+func TestRecoverFinishesAnInterruptedVolumeRemove(t *testing.T) {
+	for _, phase := range []sagas.Phase{sagas.BeforeRecord, sagas.AfterRecord} {
+		t.Run(string(phase), func(t *testing.T) {
+			f := newFlow(t)
+			if _, err := f.m.VolumeCreate(f.ctx, "data", 8<<20); err != nil {
+				t.Fatal(err)
+			}
+			f.crashAt(events.SagaVolumeRm, volumeRmStep+"data", phase, func() { f.m.VolumeRemove(f.ctx, "data") })
+			rep := f.recover()
+			if len(rep.Resumed) != 1 || f.exists("volumes/data") {
+				t.Fatalf("recover %+v, volumes %v: want the delete finished", rep, f.files("volumes"))
+			}
+			if vols, _ := f.m.Volumes(f.ctx); len(vols) != 0 {
+				t.Fatalf("volumes %+v after the recovered rm", vols)
+			}
+		})
 	}
 }
