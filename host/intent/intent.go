@@ -16,6 +16,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/lease"
 )
 
 // SchemaVersion is the version of the intent file's JSON.
@@ -90,7 +91,7 @@ func (h *Held) Release() error {
 	if h == nil || h.f == nil {
 		return nil
 	}
-	err := h.f.Close()
+	err := lease.Drop(h.f)
 	h.f = nil
 	return err
 }

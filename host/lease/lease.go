@@ -60,15 +60,25 @@ func openLeaseFile(path string) (*os.File, error) {
 	return fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR|os.O_CREATE, 0o600)
 }
 
-// Release drops the lease. Closing the descriptor is what releases a flock,
-// so this is also what process death does.
+// Release drops the lease. Process death drops it too: the kernel closes
+// the descriptor.
 func (l *Lease) Release() error {
 	if l == nil || l.f == nil {
 		return nil
 	}
-	err := l.f.Close()
+	err := Drop(l.f)
 	l.f = nil
 	return err
+}
+
+// Drop unlocks f's flock, then closes f. Closing alone is not enough while
+// this process starts another: a child forked before its exec holds a copy
+// of every descriptor, O_CLOEXEC ones included, and a flock belongs to the
+// open file description, so the lock would outlive the close until the
+// child execs. LOCK_UN through any copy releases it at once.
+func Drop(f *os.File) error {
+	unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return f.Close()
 }
 
 // Holder returns the pid recorded by the current or last holder of path, or 0.

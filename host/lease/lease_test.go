@@ -3,6 +3,7 @@ package lease
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -45,4 +46,32 @@ func TestLeaseRefusesPlantedFiles(t *testing.T) {
 		t.Fatal("holder pid not recorded")
 	}
 	l.Release()
+}
+
+// A lease is free the moment it is released, even while a process this one
+// started still holds a copy of its descriptor: the window between a
+// fork and its exec, here held open for as long as a real child lives
+// (the copy passed to it, sharing the open file description as a forked
+// child's does). Closing alone would leave the flock held until the child
+// ends, and the next command would see the lease busy.
+func TestReleaseWhileAChildHoldsTheDescriptor(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.lease")
+	l, err := TryAcquire(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("sleep", "60")
+	child.ExtraFiles = []*os.File{l.f}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	next, err := TryAcquire(path)
+	if err != nil {
+		t.Fatalf("lease still held after Release while a child holds a copy of its descriptor: %v", err)
+	}
+	next.Release()
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/lease"
 )
 
 // Dir is the leases directory, relative to the state root.
@@ -140,7 +141,7 @@ func (l *Lease) Release() {
 	if l == nil || l.f == nil {
 		return
 	}
-	l.f.Close()
+	lease.Drop(l.f)
 	l.f = nil
 }
 
