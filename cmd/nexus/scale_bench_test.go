@@ -5,11 +5,11 @@ package main
 // daemon, each against a baseline measured in the same round
 // (docs/benchmarks.md, "Scale table"):
 //
-//	BenchmarkScaleTable     ms and max RSS per command per size, growth 1k→largest
+//	BenchmarkScaleTable     ms and max RSS per command per size, growth 1k→100k and 1k→1M events
 //	BenchmarkScaleCreates8  8 clients creating through one daemon vs 1 client
 //
 // Run with -benchtime 1x: each benchmark runs its own rounds
-// (NEXUS_BENCH_ROUNDS, default 3), because a second invocation by the
+// (NEXUS_BENCH_ROUNDS), because a second invocation by the
 // testing package would build every fixture again.
 
 import (
@@ -34,12 +34,13 @@ import (
 	"github.com/nexus-sandbox/nexus/node"
 )
 
-// scaleRounds is how many times each command runs per fixture and mode.
-func scaleRounds() int {
+// scaleRounds is how many rounds a benchmark runs: NEXUS_BENCH_ROUNDS, or
+// def.
+func scaleRounds(def int) int {
 	if n, err := strconv.Atoi(os.Getenv("NEXUS_BENCH_ROUNDS")); err == nil && n > 0 {
 		return n
 	}
-	return 3
+	return def
 }
 
 // sample is one process's wall time and its max RSS.
@@ -172,9 +173,9 @@ var scaleOpBaseline = map[string]string{
 }
 
 // BenchmarkScaleTable runs each command of scaleOps on copies of roots of
-// 0, 1k and 10k sandboxes (and, with NEXUS_BENCH_LARGE=1, 100k sandboxes
-// and 10 sandboxes with 1M events), with no daemon and through a daemon
-// started by hand, NEXUS_BENCH_ROUNDS rounds each. Every round times each
+// 0, 1k, 10k and 100k sandboxes and of 10 sandboxes with 1M events, with
+// no daemon and through a daemon started by hand, NEXUS_BENCH_ROUNDS
+// rounds each. Every round times each
 // command's baseline right after it: `nexus version` (process start, the
 // fixed cost every command pays), `cat` of a file the size of what an ls
 // printed, `nexus version` plus mkfs.ext4 of the volume's size for the
@@ -185,8 +186,13 @@ var scaleOpBaseline = map[string]string{
 // a table of medians and reports each command's growth factor from 1k to
 // the largest size run.
 func BenchmarkScaleTable(b *testing.B) {
-	large := os.Getenv("NEXUS_BENCH_LARGE") == "1"
-	rounds := scaleRounds()
+	// The large fixtures take about 15 s (100k) and 80 s (1M events) to
+	// build here; NEXUS_BENCH_LARGE=0 leaves them out for a quick look.
+	large := os.Getenv("NEXUS_BENCH_LARGE") != "0"
+	if _, err := os.Stat(timeBin); err != nil {
+		b.Fatalf("GNU time reports each command's max RSS: %v (make bench installs it)", err)
+	}
+	rounds := scaleRounds(3)
 	img := makeImage(b)
 	fixtures := []scaleFixture{{"0", b.TempDir()}}
 	sizes := []int{1_000, 10_000}
@@ -442,13 +448,15 @@ func printScaleTable(w io.Writer, fixtures []scaleFixture, modes []string, cells
 // BenchmarkScaleCreates8 is the table's concurrency row: on one root with a
 // daemon started by hand, rounds alternate between 1 client creating 8
 // sandboxes one after another and 8 clients creating one each at once, so
-// both see the machine in the same state (NEXUS_BENCH_ROUNDS rounds). It
+// both see the machine in the same state (NEXUS_BENCH_ROUNDS rounds, 5
+// unless set). It
 // reports creates/s and the p50/p99 latency of one create for each, and
 // the ratio 8 clients / 1 client. The sandboxes are removed between
 // rounds, outside the clock.
 func BenchmarkScaleCreates8(b *testing.B) {
 	const clients = 8
-	rounds := scaleRounds()
+	// 5 rounds: 40 creates each way, so the p99 is not just the slowest.
+	rounds := scaleRounds(5)
 	img := makeImage(b)
 	root := shortRoot(b)
 	startDaemon(b, root)
