@@ -231,15 +231,20 @@ func BenchmarkScaleTable(b *testing.B) {
 	}
 	load, _ := os.ReadFile("/proc/loadavg")
 	printScaleTable(os.Stdout, fixtures, modes, cells, daemonStart, rounds, strings.Join(strings.Fields(string(load))[:3], " "))
-	from, to := "1k", fixtures[len(fixtures)-1].name
+	// Growth from 1k to the largest root of sandboxes, and to 1M events.
+	targets := []string{"10k"}
 	if large {
-		to = "100k"
+		targets = []string{"100k", scaleHistoryName}
 	}
-	for _, mode := range modes {
-		for _, op := range scaleOps {
-			g := medianOf(cells[mode][to][op].op).d.Seconds() / medianOf(cells[mode][from][op].op).d.Seconds()
-			b.ReportMetric(g, strings.NewReplacer(" ", "_").Replace(mode+"/"+op)+"/growth-"+from+"→"+to)
+	unit := strings.NewReplacer(" ", "_", ",", "")
+	for _, to := range targets {
+		for _, mode := range modes {
+			for _, op := range scaleOps {
+				g := medianOf(cells[mode][to][op].op).d.Seconds() / medianOf(cells[mode]["1k"][op].op).d.Seconds()
+				b.ReportMetric(g, unit.Replace(mode+"/"+op+"/growth-1k→"+to))
+			}
 		}
+		b.ReportMetric(daemonStart[to][0].d.Seconds()/daemonStart["1k"][0].d.Seconds(), unit.Replace("daemon-start/growth-1k→"+to))
 	}
 }
 
