@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -185,6 +186,14 @@ func TestVerifyBlocksSince(t *testing.T) {
 		next, chk := verifyAgain(t, clean, marks)
 		if chk.Whole != len(blocks) {
 			t.Fatalf("%+v, want blocks past the scrub age read whole", chk)
+		}
+		future := maps.Clone(next)
+		for i, m := range future {
+			m.whole = time.Now().Add(time.Hour).Unix()
+			future[i] = m
+		}
+		if _, chk := verifyAgain(t, clean, future); chk.Whole != len(blocks) {
+			t.Fatalf("%+v, want blocks recorded in the future (clock set back) read whole", chk)
 		}
 		for i, m := range next {
 			if time.Since(time.Unix(m.whole, 0)) > time.Minute {
