@@ -156,16 +156,39 @@ func (fr *frameReader) next() error {
 	return nil
 }
 
-// arrayLen reads an array header and checks its length is one of want.
+// arrayLen reads an array header and checks its length is want (any if
+// want < 0). A length is bounded by the bytes left in the frame (each
+// element takes at least one), so a garbled one allocates nothing.
 func (fr *frameReader) arrayLen(what string, want int) (int, error) {
 	n, err := fr.dec.DecodeArrayLen()
 	if err != nil {
 		return 0, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
 	}
-	if want >= 0 && n != want || n < 0 || n > maxFrame {
+	if want >= 0 && n != want || n < 0 || n > fr.br.Len() {
 		return 0, fmt.Errorf("append stream: bad frame: %s of %d fields", what, n)
 	}
 	return n, nil
+}
+
+// bytes reads a bin or str field, bounded by the bytes left in the frame.
+func (fr *frameReader) bytes(what string) ([]byte, error) {
+	n, err := fr.dec.DecodeBytesLen()
+	if err == nil && (n < 0 || n > fr.br.Len()) {
+		err = fmt.Errorf("%d bytes announced, %d left", n, fr.br.Len())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
+	}
+	b := make([]byte, n)
+	if err := fr.dec.ReadFull(b); err != nil {
+		return nil, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
+	}
+	return b, nil
+}
+
+func (fr *frameReader) string(what string) (string, error) {
+	b, err := fr.bytes(what)
+	return string(b), err
 }
 
 func (fr *frameReader) request() (*streamRequest, error) {
@@ -187,8 +210,8 @@ func (fr *frameReader) request() (*streamRequest, error) {
 	}
 	req.Events = make([][]byte, n)
 	for i := range req.Events {
-		if req.Events[i], err = d.DecodeBytes(); err != nil {
-			return nil, fmt.Errorf("append stream: bad frame: event %d: %w", i, err)
+		if req.Events[i], err = fr.bytes("event"); err != nil {
+			return nil, err
 		}
 	}
 	if n, err = fr.arrayLen("expectations", -1); err != nil {
@@ -198,9 +221,9 @@ func (fr *frameReader) request() (*streamRequest, error) {
 		if _, err := fr.arrayLen("expectation", 2); err != nil {
 			return nil, err
 		}
-		entity, err := d.DecodeString()
+		entity, err := fr.string("expectation")
 		if err != nil {
-			return nil, fmt.Errorf("append stream: bad frame: expectation %d: %w", i, err)
+			return nil, err
 		}
 		seq, err := d.DecodeUint64()
 		if err != nil {
@@ -238,8 +261,8 @@ func (fr *frameReader) response() (*streamResponse, error) {
 		}
 		resp.Seqs = append(resp.Seqs, seq)
 	}
-	if resp.Error, err = d.DecodeString(); err != nil {
-		return bad("error", err)
+	if resp.Error, err = fr.string("error"); err != nil {
+		return nil, err
 	}
 	if resp.Conflict, err = d.DecodeBool(); err != nil {
 		return bad("conflict", err)
@@ -257,7 +280,7 @@ func (fr *frameReader) response() (*streamResponse, error) {
 		return bad("stale", fmt.Errorf("%d fields", n))
 	}
 	st := &guard.StaleError{}
-	entity, err := d.DecodeString()
+	entity, err := fr.string("stale entity")
 	if err == nil {
 		st.Entity = guard.Entity(entity)
 		st.Expected, err = d.DecodeUint64()
@@ -267,7 +290,7 @@ func (fr *frameReader) response() (*streamResponse, error) {
 	}
 	var latest string
 	if err == nil {
-		latest, err = d.DecodeString()
+		latest, err = fr.string("stale type")
 	}
 	if err != nil {
 		return bad("stale", err)
@@ -371,7 +394,7 @@ func appendOverStream(ctx context.Context, n *node.Node, req *streamRequest) *st
 		}
 		evs = append(evs, e)
 	}
-	seqs, err := n.AppendExpect(ctx, req.Expect, evs...)
+	seqs, err := n.AppendDecoded(ctx, req.Expect, evs, req.Events)
 	resp.Seqs = seqs
 	if err != nil {
 		resp.Error = err.Error()

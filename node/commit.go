@@ -34,6 +34,7 @@ func newGroupCommit() groupCommit { return groupCommit{token: make(chan struct{}
 type appendReq struct {
 	expect []guard.Expect
 	evs    []events.Event
+	data   [][]byte // evs encoded, or nil
 	seqs   []uint64
 	err    error
 	done   chan struct{}
@@ -48,8 +49,8 @@ func (r *appendReq) finish(seqs []uint64, err error) {
 	close(r.done)
 }
 
-func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []events.Event) ([]uint64, error) {
-	r := &appendReq{expect: expect, evs: evs, done: make(chan struct{})}
+func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+	r := &appendReq{expect: expect, evs: evs, data: data, done: make(chan struct{})}
 	n.gc.mu.Lock()
 	n.gc.queue = append(n.gc.queue, r)
 	n.gc.mu.Unlock()
@@ -300,8 +301,10 @@ func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal
 		if err != nil {
 			return p, nil, err
 		}
-		data, err := events.Encode(e)
-		if err != nil {
+		var data []byte
+		if r.data != nil {
+			data = r.data[i]
+		} else if data, err = events.Encode(e); err != nil {
 			return p, nil, err
 		}
 		m := journal.Message{Subject: subject, ID: e.DedupID(), Data: data, Reserve: freesSpace(e, kind)}
