@@ -172,19 +172,31 @@ func (j *Journal) DurableThrough() uint64 {
 // written has completed (another group's, which covered them too),
 // otherwise after one of its own. Publishing goes on meanwhile.
 func (j *Journal) SyncThrough(seq uint64) error {
+	return j.SyncTurn()(seq)
+}
+
+// SyncTurn waits until no fsync is under way and reserves the next one: it
+// returns SyncThrough, to be called exactly once. A group committer takes
+// its turn before letting the next group publish, so at most one group
+// waits for the fsync under way, and the next forms meanwhile from every
+// writer that arrives, instead of many small groups each publishing on
+// its own.
+func (j *Journal) SyncTurn() func(seq uint64) error {
 	j.synced.mu.Lock()
-	if j.synced.durable >= seq {
+	return func(seq uint64) error {
+		if j.synced.durable >= seq {
+			j.synced.mu.Unlock()
+			return nil
+		}
+		err := j.syncStoreLocked()
 		j.synced.mu.Unlock()
+		if err != nil {
+			j.wmu.Lock()
+			defer j.wmu.Unlock()
+			return j.failedAppend(fmt.Sprintf("through sequence %d", seq), err)
+		}
 		return nil
 	}
-	err := j.syncStoreLocked()
-	j.synced.mu.Unlock()
-	if err != nil {
-		j.wmu.Lock()
-		defer j.wmu.Unlock()
-		return j.failedAppend(fmt.Sprintf("through sequence %d", seq), err)
-	}
-	return nil
 }
 
 // AppendGroup stores msgs in order with one fsync for all of them: it
