@@ -43,9 +43,10 @@ type syncState struct {
 	count int
 	// stored is the highest sequence a group or batch append has had
 	// acknowledged by the server (written, maybe not yet synced); durable
-	// the highest such sequence a completed fsync covers.
+	// the highest such sequence a completed fsync covers (written under mu,
+	// read without it, so a reader never waits for an fsync to see it).
 	stored  atomic.Uint64
-	durable uint64
+	durable atomic.Uint64
 }
 
 // syncStore fsyncs every message block that may hold a record written since
@@ -67,7 +68,7 @@ func (j *Journal) syncStoreLocked() error {
 		}
 		if done {
 			j.synced.count++
-			j.synced.durable = max(j.synced.durable, covers)
+			noteStored(&j.synced.durable, covers)
 			return nil
 		}
 	}
@@ -137,7 +138,7 @@ func (j *Journal) syncAllBlocksLocked(covers uint64) error {
 	}
 	j.synced.block = newest
 	j.synced.count++
-	j.synced.durable = max(j.synced.durable, covers)
+	noteStored(&j.synced.durable, covers)
 	return nil
 }
 
@@ -162,9 +163,7 @@ func (j *Journal) Syncs() int {
 // PublishGroup or AppendBatch that a completed fsync covers: no such
 // append may be acknowledged to its writer above it.
 func (j *Journal) DurableThrough() uint64 {
-	j.synced.mu.Lock()
-	defer j.synced.mu.Unlock()
-	return j.synced.durable
+	return j.synced.durable.Load()
 }
 
 // SyncThrough returns once the records up to seq, which PublishGroup
@@ -184,7 +183,7 @@ func (j *Journal) SyncThrough(seq uint64) error {
 func (j *Journal) SyncTurn() func(seq uint64) error {
 	j.synced.mu.Lock()
 	return func(seq uint64) error {
-		if j.synced.durable >= seq {
+		if j.synced.durable.Load() >= seq {
 			j.synced.mu.Unlock()
 			return nil
 		}
@@ -290,6 +289,7 @@ func (j *Journal) PublishGroup(ctx context.Context, last uint64, msgs []Message)
 	return acks, stop
 }
 
+// noteStored raises v to seq if it is lower.
 func noteStored(v *atomic.Uint64, seq uint64) {
 	for cur := v.Load(); seq > cur && !v.CompareAndSwap(cur, seq); cur = v.Load() {
 	}
