@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -353,34 +354,51 @@ func serveAppendStream(n *node.Node, cl *clients, streams *streamSet, w http.Res
 			conn.Close() // the reader sees it and ends the stream
 		}
 	}
-	// Requests are handed to workers, started as needed and kept while the
-	// stream lasts: a goroutine per request grew a fresh stack every time.
-	work := make(chan *streamRequest)
-	var workers sync.WaitGroup
-	// Answers still owed are written before the connection closes: a
-	// client that closes its side after its last answer gets every one.
-	defer workers.Wait()
-	defer close(work)
+	// Workers take turns reading: the one that read a request serves it
+	// itself, and another reads the next meanwhile, so a request reaches
+	// the committer without a hand-off from reader to worker (one wake-up
+	// less per append), and a client's pipelined requests are still served
+	// at once. A worker is started when none is left to read, and workers
+	// are kept while the stream lasts, their stacks grown once.
+	var (
+		readMu  sync.Mutex
+		readErr atomic.Bool
+		idle    atomic.Int32 // workers not serving a request
+		workers sync.WaitGroup
+	)
 	ctx := r.Context()
 	fr := newFrameReader(rw.Reader)
-	for {
-		req, err := fr.request()
-		if err != nil {
-			return
-		}
-		select {
-		case work <- req:
-			continue
-		default:
-		}
+	var start func()
+	start = func() {
 		workers.Add(1)
+		idle.Add(1)
 		go func() {
 			defer workers.Done()
-			for ; req != nil; req = <-work {
+			for {
+				readMu.Lock()
+				var req *streamRequest
+				err := net.ErrClosed
+				if !readErr.Load() {
+					req, err = fr.request()
+				}
+				if err != nil {
+					readErr.Store(true)
+					readMu.Unlock()
+					return
+				}
+				readMu.Unlock()
+				if idle.Add(-1) == 0 {
+					start()
+				}
 				answer(appendOverStream(ctx, n, req))
+				idle.Add(1)
 			}
 		}()
 	}
+	start()
+	// Answers still owed are written before the connection closes: a
+	// client that closes its side after its last answer gets every one.
+	workers.Wait()
 }
 
 func appendOverStream(ctx context.Context, n *node.Node, req *streamRequest) *streamResponse {
