@@ -463,10 +463,17 @@ func (s *streamSet) closeAll() {
 type appendStream struct {
 	conn net.Conn
 	wmu  sync.Mutex
+	fw   *frameWriter // under wmu
+
+	// turn is held (full) by the one call reading answers off the stream.
+	// A call waiting for its answer takes it when it is free, so the
+	// answer is usually read by its own caller, not handed over by a
+	// reader goroutine (a wake-up per append).
+	turn chan struct{}
+	fr   *frameReader // read by the turn's holder only
 
 	mu      sync.Mutex
 	next    uint64
-	fw      *frameWriter // under wmu
 	pending map[uint64]chan *streamResponse
 	err     error // set once the stream broke; every later call fails
 }
@@ -512,9 +519,8 @@ func dialAppendStream(ctx context.Context, dial func(context.Context) (net.Conn,
 		return nil, &streamRefused{status: resp.Status, text: text}
 	}
 	conn.SetDeadline(time.Time{})
-	s := &appendStream{conn: conn, fw: newFrameWriter(), pending: map[uint64]chan *streamResponse{}}
-	go s.readLoop(br)
-	return s, nil
+	return &appendStream{conn: conn, fw: newFrameWriter(), turn: make(chan struct{}, 1), fr: newFrameReader(br),
+		pending: map[uint64]chan *streamResponse{}}, nil
 }
 
 // streamRefused is a daemon that answered the upgrade with a refusal: a
@@ -523,24 +529,6 @@ type streamRefused struct{ status, text string }
 
 func (e *streamRefused) Error() string {
 	return fmt.Sprintf("append stream refused (%s): %s", e.status, e.text)
-}
-
-func (s *appendStream) readLoop(r *bufio.Reader) {
-	fr := newFrameReader(r)
-	for {
-		resp, err := fr.response()
-		if err != nil {
-			s.fail(errStreamBroken)
-			return
-		}
-		s.mu.Lock()
-		ch := s.pending[resp.ID]
-		delete(s.pending, resp.ID)
-		s.mu.Unlock()
-		if ch != nil {
-			ch <- resp
-		}
-	}
 }
 
 // fail ends the stream: every pending call learns it got no answer.
@@ -579,17 +567,62 @@ func (s *appendStream) call(ctx context.Context, req *streamRequest) (*streamRes
 	if err != nil {
 		s.fail(errStreamBroken)
 	}
-	select {
-	case resp, ok := <-ch:
-		if !ok {
+	for {
+		select {
+		case resp, ok := <-ch:
+			if !ok {
+				return nil, errStreamBroken
+			}
+			return resp, nil
+		case <-ctx.Done():
+			s.mu.Lock()
+			delete(s.pending, req.ID)
+			s.mu.Unlock()
+			return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+		case s.turn <- struct{}{}:
+			// Only the turn's holder delivers answers: one delivered to
+			// us before we took it is in ch already.
+			select {
+			case resp, ok := <-ch:
+				<-s.turn
+				if !ok {
+					return nil, errStreamBroken
+				}
+				return resp, nil
+			default:
+			}
+			resp, err := s.readUntil(ctx, req.ID)
+			<-s.turn
+			return resp, err
+		}
+	}
+}
+
+// readUntil reads answers, handing each to its caller, until the one to
+// id. Called with the turn held. A context ended while reading breaks the
+// stream: a frame read halfway cannot be resumed.
+func (s *appendStream) readUntil(ctx context.Context, id uint64) (*streamResponse, error) {
+	stop := context.AfterFunc(ctx, func() { s.conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	for {
+		resp, err := s.fr.response()
+		if err != nil {
+			s.fail(errStreamBroken)
+			if ctx.Err() != nil {
+				return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+			}
 			return nil, errStreamBroken
 		}
-		return resp, nil
-	case <-ctx.Done():
 		s.mu.Lock()
-		delete(s.pending, req.ID)
+		ch := s.pending[resp.ID]
+		delete(s.pending, resp.ID)
 		s.mu.Unlock()
-		return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+		if resp.ID == id {
+			return resp, nil
+		}
+		if ch != nil {
+			ch <- resp
+		}
 	}
 }
 
