@@ -385,6 +385,17 @@ func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error
 // once its own events are on disk, and a refusal of one call does not fail
 // the others.
 func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+	return n.AppendDecoded(ctx, expect, evs, nil)
+}
+
+// AppendDecoded is AppendExpect for events that arrived encoded (the
+// daemon's append stream): data[i] is the journal bytes evs[i] was decoded
+// from (events.Decode, which refuses anything it would not keep), stored
+// as they are instead of encoded again. data may be nil.
+func (n *Node) AppendDecoded(ctx context.Context, expect []guard.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+	if data != nil && len(data) != len(evs) {
+		return nil, fmt.Errorf("append: %d events with %d encodings", len(evs), len(data))
+	}
 	// An append is decided against the views (expectations, open sagas):
 	// a lazy node loads them first.
 	if !n.loaded.Load() {
@@ -392,7 +403,7 @@ func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...e
 			return nil, err
 		}
 	}
-	return n.groupAppend(ctx, expect, evs)
+	return n.groupAppend(ctx, expect, evs, data)
 }
 
 // appendOneByOneLocked is AppendExpect for one call on its own: each event
