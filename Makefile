@@ -123,6 +123,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'QEMUBootVsHand' -benchtime 3x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'AgentExec/process' -benchtime 50x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'AgentCp/process' -benchtime 3x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'Copy' -benchtime 5x ./guest/agent/
 	$(GO) test -run '^$$' -bench 'Agent(Exec|Cp)/qemu' -benchtime 3x -timeout 30m ./cmd/nexus/
 
 clean:
