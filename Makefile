@@ -94,7 +94,7 @@ soak: setup
 FUZZTIME ?= 30s
 FUZZ_TARGETS := events:FuzzDecode events:FuzzCheckBounds layout:FuzzCoveredBy projections:FuzzUnmarshalState \
 	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity \
-	lifecycle:FuzzArgumentsThatBecomePaths ledger:FuzzParseRecord ledger:FuzzParseNames
+	lifecycle:FuzzArgumentsThatBecomePaths ledger:FuzzParseRecord ledger:FuzzParseNames agentproto:FuzzDecode
 fuzz: setup
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz $$pkg $$fn"; $(GO) test ./$$pkg/ -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) || exit 1; done

@@ -73,7 +73,7 @@ type Message struct {
 	Ref    uint32 `msgpack:"ref,omitempty"`    // signal, data: the request they belong to
 	Signal int    `msgpack:"signal,omitempty"` // signal; exit when killed
 	Code   int    `msgpack:"code,omitempty"`   // exit
-	Data   []byte `msgpack:"data,omitempty"`   // data, stdout, stderr
+	Data   Bytes  `msgpack:"data,omitempty"`   // data, stdout, stderr
 	EOF    bool   `msgpack:"eof,omitempty"`    // data
 
 	Path string `msgpack:"path,omitempty"` // read, write
@@ -81,6 +81,33 @@ type Message struct {
 	Size int64  `msgpack:"size,omitempty"` // read, write answers
 
 	Error string `msgpack:"error,omitempty"` // error
+}
+
+// Bytes is a frame's payload. It decodes bounded by MaxData before it
+// allocates: a length in a bin header is the peer's claim, and msgpack
+// allocates whatever the header says (up to 4 GiB) before it finds the
+// frame shorter.
+type Bytes []byte
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (b *Bytes) DecodeMsgpack(d *msgpack.Decoder) error {
+	n, err := d.DecodeBytesLen()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		*b = nil
+		return nil
+	}
+	if n > MaxData {
+		return protoErr("data of %d bytes, more than %d", n, MaxData)
+	}
+	buf := make([]byte, n)
+	if err := d.ReadFull(buf); err != nil {
+		return err
+	}
+	*b = buf
+	return nil
 }
 
 // ErrProtocol marks a frame or message the protocol does not allow; a

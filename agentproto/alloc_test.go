@@ -2,6 +2,7 @@ package agentproto
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
 	"reflect"
@@ -127,5 +128,26 @@ func TestLargeDataFrameIsOneMessage(t *testing.T) {
 				t.Errorf("cut at %d of %d: %v, want io.ErrUnexpectedEOF", cut, len(frame), err)
 			}
 		}
+	}
+}
+
+// TestDataLengthIsBoundedBeforeAllocating: a bin header claiming 2 GiB in
+// a short frame is a protocol error, found before anything that size is
+// allocated (msgpack alone allocates the claimed length first).
+func TestDataLengthIsBoundedBeforeAllocating(t *testing.T) {
+	body := []byte("\x83\xa4type\xa4data\xa2id\x05\xa4data\xc6\x79\x79\x79\x79yyyyyyyy")
+	frame := append([]byte{0, 0, 0, byte(len(body))}, body...)
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, derr := Decode(body)
+	_, rerr := NewFrameReader(bytes.NewReader(frame)).Read()
+	runtime.ReadMemStats(&after)
+	for _, err := range []error{derr, rerr} {
+		if !errors.Is(err, ErrProtocol) {
+			t.Errorf("a 2 GiB data claim: %v, want a protocol error", err)
+		}
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Errorf("refusing it allocated %d bytes", n)
 	}
 }
