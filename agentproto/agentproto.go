@@ -239,10 +239,13 @@ func NewFrameWriter(w io.Writer) *FrameWriter { return &FrameWriter{w: w} }
 // written from where it is (writev on a socket).
 const inlineData = 16 << 10
 
-// Write sends m as one frame: one write, or a writev of the encoded
-// fields and the data.
+// Write sends m as one frame, in one call of the writer's Write, which
+// callers rely on (a writer that interleaves frames from several sessions
+// keeps each whole). On a socket the frame is one writev of the encoded
+// fields and the data instead: the socket's write lock keeps it whole
+// against every other writer of the connection.
 func (fw *FrameWriter) Write(m *Message) error {
-	if len(m.Data) > inlineData {
+	if len(m.Data) > inlineData && isSocket(fw.w) {
 		if err := m.Validate(); err != nil {
 			return err
 		}
@@ -267,6 +270,16 @@ func (fw *FrameWriter) Write(m *Message) error {
 	}
 	_, err = fw.w.Write(b)
 	return err
+}
+
+// isSocket says whether net.Buffers writes to w with one writev under
+// the connection's write lock.
+func isSocket(w io.Writer) bool {
+	switch w.(type) {
+	case *net.UnixConn, *net.TCPConn:
+		return true
+	}
+	return false
 }
 
 // appendDataField turns frame, a message encoded without data, into the
