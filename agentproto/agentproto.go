@@ -78,7 +78,7 @@ type Message struct {
 	Ref    uint32 `msgpack:"ref,omitempty"`    // signal, data: the request they belong to
 	Signal int    `msgpack:"signal,omitempty"` // signal; exit when killed
 	Code   int    `msgpack:"code,omitempty"`   // exit
-	Data   []byte `msgpack:"data,omitempty"`   // data, stdout, stderr
+	Data   Bytes  `msgpack:"data,omitempty"`   // data, stdout, stderr
 	EOF    bool   `msgpack:"eof,omitempty"`    // data
 
 	Path string `msgpack:"path,omitempty"` // read, write
@@ -88,6 +88,33 @@ type Message struct {
 	Error string `msgpack:"error,omitempty"` // error
 
 	Nonce uint64 `msgpack:"nonce,omitempty"` // reset and its echo
+}
+
+// Bytes is a frame's payload. It decodes bounded by MaxData before it
+// allocates: a length in a bin header is the peer's claim, and msgpack
+// allocates whatever the header says (up to 4 GiB) before it finds the
+// frame shorter.
+type Bytes []byte
+
+// DecodeMsgpack implements msgpack.CustomDecoder.
+func (b *Bytes) DecodeMsgpack(d *msgpack.Decoder) error {
+	n, err := d.DecodeBytesLen()
+	if err != nil {
+		return err
+	}
+	if n < 0 {
+		*b = nil
+		return nil
+	}
+	if n > MaxData {
+		return protoErr("data of %d bytes, more than %d", n, MaxData)
+	}
+	buf := make([]byte, n)
+	if err := d.ReadFull(buf); err != nil {
+		return err
+	}
+	*b = buf
+	return nil
 }
 
 // ErrProtocol marks a frame or message the protocol does not allow; a
@@ -223,10 +250,13 @@ func NewFrameWriter(w io.Writer) *FrameWriter { return &FrameWriter{w: w} }
 // written from where it is (writev on a socket).
 const inlineData = 16 << 10
 
-// Write sends m as one frame: one write, or a writev of the encoded
-// fields and the data.
+// Write sends m as one frame, in one call of the writer's Write, which
+// callers rely on (a writer that interleaves frames from several sessions
+// keeps each whole). On a socket the frame is one writev of the encoded
+// fields and the data instead: the socket's write lock keeps it whole
+// against every other writer of the connection.
 func (fw *FrameWriter) Write(m *Message) error {
-	if len(m.Data) > inlineData {
+	if len(m.Data) > inlineData && isSocket(fw.w) {
 		if err := m.Validate(); err != nil {
 			return err
 		}
@@ -251,6 +281,16 @@ func (fw *FrameWriter) Write(m *Message) error {
 	}
 	_, err = fw.w.Write(b)
 	return err
+}
+
+// isSocket says whether net.Buffers writes to w with one writev under
+// the connection's write lock.
+func isSocket(w io.Writer) bool {
+	switch w.(type) {
+	case *net.UnixConn, *net.TCPConn:
+		return true
+	}
+	return false
 }
 
 // appendDataField turns frame, a message encoded without data, into the
