@@ -28,6 +28,9 @@ type Status struct {
 	// Auto is a daemon started on demand: it exits when idle and retires
 	// when a command needs the journal in its own process.
 	Auto bool `json:"auto,omitempty"`
+	// Build is the executable the daemon runs (build.go); an older daemon
+	// sends none, which no client takes for its own.
+	Build *Build `json:"build,omitempty"`
 }
 
 // wireRecord carries one event as its journal bytes, so the client decodes
@@ -267,7 +270,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		writeJSON(w, http.StatusOK, Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
+		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: selfBuildRef()})
 	})
 	mux.HandleFunc("GET /v1/mirror", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, mirrorResponse{Mirror: n.Journal().MirrorState(r.Context())})
