@@ -111,6 +111,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'AppendGroupCommit' -benchtime 2000x ./control/
 	$(GO) test -run '^$$' -bench 'AppendingCommand10k' -benchtime 10x ./node/
 	$(GO) test -run '^$$' -bench 'OpenInspect' -benchtime 5x -timeout 20m ./node/
+	$(GO) test -run '^$$' -bench 'OpenGrowth' -benchtime 3x -timeout 30m ./node/
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 	$(GO) test -run '^$$' -bench 'CreateVsCpSparse' -benchtime 5x ./cmd/nexus/
