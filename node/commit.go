@@ -362,17 +362,25 @@ func errStored(err error) ([]uint64, bool) {
 }
 
 // findStoredLocked returns the sequences of evs (the same events: id and
-// message id), in order, among the records after x.Seq about x's entity,
-// or nil unless all are there. It
-// reads only what was appended since the writer decided.
+// message id), in order, among the records after x.Seq on their own
+// subjects, or nil unless all are there. It reads only what was appended
+// on those subjects since the writer decided.
 func (n *Node) findStoredLocked(ctx context.Context, x guard.Expect, evs []events.Event) []uint64 {
-	filter := journal.Subjects
-	if x.Entity.Kind() == "sandbox" {
-		filter = events.SandboxSubjects(x.Entity.Name())
+	var filters []string
+	seen := map[string]bool{}
+	for _, e := range evs {
+		subject, err := e.Subject()
+		if err != nil {
+			return nil
+		}
+		if !seen[subject] {
+			seen[subject] = true
+			filters = append(filters, subject)
+		}
 	}
 	seqs := make([]uint64, 0, len(evs))
 	found := errors.New("found")
-	err := n.j.Read(ctx, x.Seq+1, filter, func(rec journal.Record) error {
+	err := n.j.Scan(ctx, journal.Range{From: x.Seq + 1, Filters: filters}, func(rec journal.Record) error {
 		want := evs[len(seqs)]
 		if rec.MsgID != want.DedupID() {
 			return nil
