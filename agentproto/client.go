@@ -254,6 +254,7 @@ func (c *Client) Exec(ctx context.Context, e Exec) (ExitStatus, error) {
 					return ExitStatus{}, err
 				}
 			}
+			ReleaseData(m.Data)
 		case TExit:
 			return ExitStatus{Code: m.Code, Signal: m.Signal}, nil
 		case TError:
@@ -315,6 +316,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (int64,
 		switch m.Type {
 		case TData:
 			k, err := w.Write(m.Data)
+			ReleaseData(m.Data)
 			n += int64(k)
 			if err != nil {
 				return n, err
