@@ -168,10 +168,10 @@ func copyDir(b *testing.B, src, dst string) {
 }
 
 type startupFixture struct {
-	root      string
-	snapTip   string // projections/ snapshotted at the last event
-	snapTail  string // projections/ snapshotted startupTail events before the end
-	wantLive  int
+	root     string
+	snapTip  string // projections/ snapshotted at the last event
+	snapTail string // projections/ snapshotted startupTail events before the end
+	wantLive int
 }
 
 func buildStartupFixture(b *testing.B) *startupFixture {
