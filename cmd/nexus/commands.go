@@ -137,7 +137,11 @@ func daemonCmd(g *globals) *cobra.Command {
 			// Said after "serving", the line callers wait for.
 			var startup func()
 			o.Startup = func(ctx context.Context, b control.Backend) {
-				rep, err := build(b).RecoverSagas(ctx)
+				m, err := build(b)
+				var rep lifecycle.RecoverReport
+				if err == nil {
+					rep, err = m.RecoverSagas(ctx)
+				}
 				if err != nil {
 					startup = func() {
 						log.Error("finishing interrupted sagas failed; run `nexus recover`", "err", err)
