@@ -159,6 +159,9 @@ func fleetPass(user string) string { return "pw-" + user }
 // starts a cluster under their template (after edit, if given, rewrote it).
 func startTemplateFleet(t testing.TB, hosts []string, edit func(string) string) *templateFleet {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a fleet cluster; make test runs it, -short does not")
+	}
 	for _, u := range append([]string{"auditor"}, hosts...) {
 		t.Setenv(PasswordVar(u), fleetPass(u))
 	}
