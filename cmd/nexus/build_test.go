@@ -106,6 +106,14 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 	if len(old) != 1 || exeOf(old[0]) != binA {
 		t.Fatalf("daemons after A's demo: %v (exe %s), want one of %s", old, exeOf(old[0]), binA)
 	}
+	// Asking is not replacing: `daemon status` of build B shows A's
+	// daemon and what B's next command will do.
+	st := mustOK(t, nexus(t, root, "daemon", "status"), "daemon status").stdout
+	for _, want := range []string{" " + strconv.Itoa(old[0]) + "\n", "on demand", binA, "another build; its next command replaces the daemon"} {
+		if !strings.Contains(st, want) {
+			t.Fatalf("daemon status of build B lacks %q:\n%s", want, st)
+		}
+	}
 
 	create := exec.Command(binA, "--state-dir", root, "--driver", "process", "create", "--json", "--image", img)
 	create.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_PAUSE_AT=create.os-disk:before")
@@ -145,9 +153,11 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 	if len(now) != 1 || exeOf(now[0]) != nexusBin {
 		t.Fatalf("daemons after B's demos: %v (exe %q), want one of build B (%s)", now, exeOf(now[0]), nexusBin)
 	}
-	st, err := daemonStatus(root)
-	if err != nil || st.Pid != now[0] || st.Build == nil || !strings.Contains(st.Build.Path, nexusBin) {
-		t.Fatalf("the new daemon's status: %+v, %v", st, err)
+	st = mustOK(t, nexus(t, root, "daemon", "status"), "daemon status").stdout
+	for _, want := range []string{" " + strconv.Itoa(now[0]) + "\n", nexusBin, "the same build"} {
+		if !strings.Contains(st, want) {
+			t.Fatalf("daemon status of the new daemon lacks %q:\n%s", want, st)
+		}
 	}
 	list := sandboxes(t, root)
 	if len(list) != 1 || list[0].State != projections.StateRunning {
@@ -182,6 +192,13 @@ func TestHandDaemonOfAnotherBuildRefused(t *testing.T) {
 		t.Fatalf("daemons after the refusals: %v, want the hand-started %d alone", pids, d.Process.Pid)
 	}
 	mustOK(t, nexusBinEnv(t, binA, root, nil, "ls"), "ls of build A")
+	st := mustOK(t, nexus(t, root, "daemon", "status"), "daemon status").stdout
+	for _, want := range []string{"by hand", binA, nexusBin, "another build; its commands refuse the daemon until it is restarted"} {
+		if !strings.Contains(st, want) {
+			t.Fatalf("daemon status of build B lacks %q:\n%s", want, st)
+		}
+	}
+	wantFailure(t, nexus(t, shortRoot(t), "daemon", "status"), 1, "no daemon serves")
 }
 
 // TestSameBuildDaemonReused: a daemon of this build, started on demand or
