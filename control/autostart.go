@@ -80,7 +80,9 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 			return nil, ctx.Err()
 		}
 		var ob *OtherBuildError
-		if errors.As(err, &ob) {
+		if errors.As(err, &ob) || errors.Is(err, ErrBusy) {
+			// Another build's daemon: refused, or retiring too slowly.
+			// Opening the store here would only wait on it again.
 			return nil, err
 		}
 		// No daemon: it could not open the store (damaged, newer, held by
@@ -141,6 +143,40 @@ func (e *replacedError) Error() string {
 	return fmt.Sprintf("the daemon on %s was replaced by another nexus build's (pid %d, %s; this command: %s) while this command started: commands of two builds are running on it", e.root, e.st.Pid, d, self)
 }
 
+func (a *AutoStart) ready() time.Duration {
+	if a.Ready <= 0 {
+		return 2 * time.Minute
+	}
+	return a.Ready
+}
+
+// waitGone returns once no daemon answers on sock at all (a retiring one
+// included), or fails after d.
+func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		if _, err := os.Lstat(sock); err != nil {
+			return nil
+		}
+		c := NewClient(sock)
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := c.Status(sctx)
+		cancel()
+		c.Close()
+		if err != nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: the daemon on %s (pid %d), of another nexus build, retires but still serves its commands after %s; try again once they are done", ErrBusy, filepath.Dir(sock), pid, d)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // ensureDaemon returns once a daemon of this build answers on root's
 // socket, starting one if none does. The spawn lock makes racing callers
 // start exactly one: the holder dials again before starting, so whoever
@@ -163,9 +199,14 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions) error {
 			return otherBuild(root, st)
 		}
 		// It finishes with the commands talking to it (drain), then
-		// exits; the daemon started below waits for its journal.
+		// exits. Waiting for that here, rather than in the daemon started
+		// below (which gives up on a held journal after its lock wait),
+		// gives an old command as long as a daemon has to answer.
 		if err := c.retire(ctx); err != nil {
 			return fmt.Errorf("retire the daemon of another nexus build on %s (pid %d): %w", root, st.Pid, err)
+		}
+		if err := waitGone(ctx, sock, st.Pid, o.Auto.ready()); err != nil {
+			return err
 		}
 	}
 	if err := spawnDaemon(ctx, root, sock, o.Auto); err != nil {
@@ -222,10 +263,7 @@ func spawnDaemon(ctx context.Context, root, sock string, a *AutoStart) error {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	ready := a.Ready
-	if ready <= 0 {
-		ready = 2 * time.Minute
-	}
+	ready := a.ready()
 	deadline := time.NewTimer(ready)
 	defer deadline.Stop()
 	for {

@@ -89,13 +89,16 @@ func exeOf(pid int) string {
 
 // TestAutoDaemonOfAnotherBuildIsReplaced: build A's command started a
 // daemon on demand, and a create of build A is frozen mid saga through it
-// (its append stream open, its sandbox not yet created). Two commands of
-// build B then run at once: they retire A's daemon and start one daemon of
-// build B between them; the frozen create, resumed, finishes through A's
+// (its append stream open, its sandbox not yet created), for longer than a
+// daemon waits for a held journal. Two commands of build B then run at
+// once: they retire A's daemon and start one daemon of build B between
+// them, once A's is gone; the frozen create, resumed, finishes through A's
 // retiring daemon (none of its appends lost), A's daemon exits, and both B
 // commands succeed through the new daemon. Without the build check in
 // control.ConnectWith, B's commands would use A's daemon (its pid
-// unchanged, the test fails on it).
+// unchanged, the test fails on it); without ensureDaemon waiting for A's
+// daemon to go, the daemon B starts gives up on the held journal and B's
+// commands open it in process (no daemon left, the test fails on it).
 func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 	t.Parallel()
 	binA := anotherBuild(t)
@@ -140,6 +143,13 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 		st, err := daemonStatus(root)
 		return err == nil && st.Pid == old[0] && st.Retiring
 	})
+	// The old command outlasts the new daemon's wait for a held journal
+	// (lockWait): B's commands wait for A's daemon to finish with it
+	// before they start one, instead of starting one that gives up.
+	time.Sleep(lockWait + 2*time.Second)
+	if !slices.Contains(daemonPids(root), old[0]) {
+		t.Fatal("A's daemon exited while A's create was paused on it")
+	}
 	create.Process.Signal(syscall.SIGCONT)
 	if err := create.Wait(); err != nil {
 		t.Fatalf("A's create, resumed while its daemon retired: %v", err)
@@ -158,6 +168,11 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 		if !strings.Contains(st, want) {
 			t.Fatalf("daemon status of the new daemon lacks %q:\n%s", want, st)
 		}
+	}
+	// Every daemon started on demand served: none gave up on a journal
+	// A's daemon still held (its error would be in the log).
+	if log, err := os.ReadFile(filepath.Join(root, control.DaemonLog)); err != nil || strings.Contains(string(log), "nexus: ") {
+		t.Fatalf("a daemon started on demand failed (%v):\n%s", err, log)
 	}
 	list := sandboxes(t, root)
 	if len(list) != 1 || list[0].State != projections.StateRunning {
