@@ -65,7 +65,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 	sock := filepath.Join(root, SocketName)
 	if c, st, err := dialStatus(ctx, sock); err == nil {
 		if sameBuild(st) {
-			c.ensure = func(ctx context.Context) error { return ensureDaemon(ctx, root, o) }
+			c.ensure = redial(root, o)
 			return c, nil
 		}
 		c.Close()
@@ -75,7 +75,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		// Another build's daemon started on demand: ensureDaemon replaces
 		// it under the spawn lock, so racing commands replace it once.
 	}
-	if err := ensureDaemon(ctx, root, o); err != nil {
+	if err := ensureDaemon(ctx, root, o, false); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -112,7 +112,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		}
 		return nil, &replacedError{root: root, st: st}
 	}
-	c.ensure = func(ctx context.Context) error { return ensureDaemon(ctx, root, o) }
+	c.ensure = redial(root, o)
 	return c, nil
 }
 
@@ -128,10 +128,12 @@ func (s *startFailed) Error() string {
 }
 
 // replacedError is a daemon of another build that took the root between
-// this command starting one of its own and connecting to it.
+// this command starting one of its own and connecting to it, or, for a
+// command already running (redial), after its daemon went away.
 type replacedError struct {
-	root string
-	st   Status
+	root    string
+	st      Status
+	running bool
 }
 
 func (e *replacedError) Error() string {
@@ -140,7 +142,19 @@ func (e *replacedError) Error() string {
 	if e.st.Build != nil {
 		d = e.st.Build.String()
 	}
+	if e.running {
+		return fmt.Sprintf("the daemon on %s now runs another nexus build (pid %d, %s; this command: %s): run the command again with the installed nexus", e.root, e.st.Pid, d, self)
+	}
 	return fmt.Sprintf("the daemon on %s was replaced by another nexus build's (pid %d, %s; this command: %s) while this command started: commands of two builds are running on it", e.root, e.st.Pid, d, self)
+}
+
+// redial is a client's way back to a daemon after its own went away. A
+// command already running never replaces another build's daemon: it is the
+// old one (an `events --follow` left from before an upgrade, say), and
+// taking the root back would start a replacement every time a new command
+// ran; it stops with replacedError instead.
+func redial(root string, o ConnectOptions) func(context.Context) error {
+	return func(ctx context.Context) error { return ensureDaemon(ctx, root, o, true) }
 }
 
 func (a *AutoStart) ready() time.Duration {
@@ -183,7 +197,7 @@ func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error 
 // waited on the lock finds the daemon its predecessor started. A daemon of
 // another build started on demand is retired here, under the lock, so two
 // commands finding it replace it once; one started by hand is refused.
-func ensureDaemon(ctx context.Context, root string, o ConnectOptions) error {
+func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bool) error {
 	sock := filepath.Join(root, SocketName)
 	l, err := acquireSpawnLock(ctx, filepath.Join(root, SpawnLockName))
 	if err != nil {
@@ -195,6 +209,8 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions) error {
 		switch {
 		case sameBuild(st):
 			return nil
+		case running:
+			return &replacedError{root: root, st: st, running: true}
 		case !st.Auto:
 			return otherBuild(root, st)
 		}
@@ -217,7 +233,7 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions) error {
 	if c, st, err := dialStatus(ctx, sock); err == nil {
 		c.Close()
 		if !sameBuild(st) {
-			return &replacedError{root: root, st: st}
+			return &replacedError{root: root, st: st, running: running}
 		}
 	}
 	return nil

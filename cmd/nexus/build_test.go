@@ -238,3 +238,66 @@ func TestSameBuildDaemonReused(t *testing.T) {
 		t.Fatalf("daemons %v, want the hand-started %d", now, d.Process.Pid)
 	}
 }
+
+// TestOldFollowerStopsWhenItsDaemonIsReplaced: an `events --follow` of
+// build A, left running when build B's command replaces A's daemon, does
+// not take the root back (which would restart a daemon every time the
+// other build ran a command, for as long as it follows): once its daemon
+// is gone it stops, one line, exit 1, and B's daemon serves on. Without
+// the check on a redial, the follower retires B's daemon and starts one of
+// build A (the daemon's pid changes, the test fails on it).
+func TestOldFollowerStopsWhenItsDaemonIsReplaced(t *testing.T) {
+	t.Parallel()
+	binA := anotherBuild(t)
+	root := shortRoot(t)
+	mustOK(t, nexusBinEnv(t, binA, root, nil, "demo"), "demo of build A")
+	f := exec.Command(binA, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
+	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	var ferr bytes.Buffer
+	f.Stderr = &ferr
+	out, err := f.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.StartChild(t, f)
+	heard := make(chan string, 8)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			heard <- sc.Text()
+		}
+		close(heard)
+	}()
+	select {
+	case line := <-heard:
+		if !strings.Contains(line, "sandbox.created") {
+			t.Fatalf("follower heard %q", line)
+		}
+	case <-time.After(testutil.Scale(2 * time.Minute)):
+		t.Fatal("follower heard nothing")
+	}
+	mustOK(t, nexus(t, root, "demo"), "demo of build B")
+	now := daemonPids(root)
+	if len(now) != 1 || exeOf(now[0]) != nexusBin {
+		t.Fatalf("daemons after B's demo: %v, want one of build B", now)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("the old follower ended %v, want exit 1 (stderr %q)", err, ferr.String())
+		}
+	case <-time.After(testutil.Scale(time.Minute)):
+		pids := daemonPids(root)
+		f.Process.Kill()
+		<-done
+		t.Fatalf("the old follower still runs; daemons %v, were %v", pids, now)
+	}
+	wantFailure(t, result{1, "", ferr.String()}, 1, "now runs another nexus build")
+	mustOK(t, nexus(t, root, "demo"), "demo of build B")
+	if after := daemonPids(root); !slices.Equal(after, now) {
+		t.Fatalf("daemons %v after the old follower stopped, want B's %v", after, now)
+	}
+}
