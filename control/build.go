@@ -21,8 +21,8 @@ import (
 // version and revision are for people; Same never looks at them.
 type Build struct {
 	Dev     uint64 `json:"dev"`
-	Ino     uint64 `json:"ino"`
-	Size    int64  `json:"size"`
+	Ino     uint64 `json:"inode"`
+	Size    int64  `json:"size_bytes"`
 	MtimeNs int64  `json:"mtime_ns"`
 	// Path is where the executable was when the process started; an
 	// upgraded binary shows " (deleted)" after it.

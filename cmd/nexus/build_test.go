@@ -73,8 +73,8 @@ func nexusBinEnv(t testing.TB, bin, root string, env []string, args ...string) r
 	return result{code, out.String(), errb.String()}
 }
 
-// daemonStatus asks root's daemon for its Status (retiring ones too).
-func daemonStatus(root string) (control.Status, error) {
+// askDaemon asks root's daemon for its Status (retiring ones too).
+func askDaemon(root string) (control.Status, error) {
 	c := control.NewClient(filepath.Join(root, control.SocketName))
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -140,7 +140,7 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 		wg.Go(func() { rs[i] = nexusEnv(t, root, nil, "demo") })
 	}
 	waitUntil(t, "A's daemon retiring", func() bool {
-		st, err := daemonStatus(root)
+		st, err := askDaemon(root)
 		return err == nil && st.Pid == old[0] && st.Retiring
 	})
 	// The old command outlasts the new daemon's wait for a held journal

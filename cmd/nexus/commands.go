@@ -469,8 +469,22 @@ func dash(s string) string {
 	return s
 }
 
+// daemonStatus is `daemon status --json`: the daemon's own answer and
+// this nexus's build beside it.
+type daemonStatus struct {
+	Pid           int            `json:"pid"`
+	Root          string         `json:"root"`
+	Auto          bool           `json:"auto"`
+	Retiring      bool           `json:"retiring"`
+	SubscriberURL string         `json:"subscriber_url,omitempty"`
+	Build         *control.Build `json:"build"`
+	This          *control.Build `json:"this"`
+	SameBuild     bool           `json:"same_build"`
+}
+
 func daemonStatusCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var o *output
+	c := &cobra.Command{
 		Use:   "status",
 		Short: "Show the state root's daemon: pid, how it was started, and the nexus build it runs",
 		Args:  noArgs,
@@ -480,10 +494,17 @@ func daemonStatusCmd(g *globals) *cobra.Command {
 				return err
 			}
 			self, serr := control.SelfBuild()
-			printDaemonStatus(cmd.OutOrStdout(), st, self, serr)
-			return nil
+			v := daemonStatus{Pid: st.Pid, Root: st.Root, Auto: st.Auto, Retiring: st.Retiring,
+				SubscriberURL: st.SubscriberURL, Build: st.Build}
+			if serr == nil {
+				v.This = &self
+				v.SameBuild = st.Build != nil && st.Build.Same(self)
+			}
+			return printValue(cmd, o, v, nil, func(w io.Writer) { printDaemonStatus(w, st, self, serr) })
 		},
 	}
+	o = addOutput(c, false)
+	return c
 }
 
 func printDaemonStatus(w io.Writer, st control.Status, self control.Build, selfErr error) {
