@@ -1,8 +1,11 @@
 package control
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -18,8 +21,8 @@ import (
 // version and revision are for people; Same never looks at them.
 type Build struct {
 	Dev     uint64 `json:"dev"`
-	Ino     uint64 `json:"ino"`
-	Size    int64  `json:"size"`
+	Ino     uint64 `json:"inode"`
+	Size    int64  `json:"size_bytes"`
 	MtimeNs int64  `json:"mtime_ns"`
 	// Path is where the executable was when the process started; an
 	// upgraded binary shows " (deleted)" after it.
@@ -130,4 +133,29 @@ func (e *OtherBuildError) Error() string {
 func otherBuild(root string, st Status) error {
 	self, _ := selfBuild()
 	return &OtherBuildError{Root: root, Pid: st.Pid, Daemon: st.Build, Self: self}
+}
+
+// ErrNoDaemon is a state root no daemon answers for.
+var ErrNoDaemon = errors.New("no daemon serves")
+
+// DaemonStatus asks root's daemon who it is (a retiring one too), without
+// starting one.
+func DaemonStatus(ctx context.Context, root string) (Status, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return Status{}, err
+	}
+	sock := filepath.Join(abs, SocketName)
+	if _, err := os.Lstat(sock); err != nil {
+		return Status{}, fmt.Errorf("%w %s", ErrNoDaemon, abs)
+	}
+	c := NewClient(sock)
+	defer c.Close()
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := c.Status(sctx)
+	if err != nil {
+		return Status{}, fmt.Errorf("%w %s: %v", ErrNoDaemon, abs, err)
+	}
+	return st, nil
 }

@@ -10,8 +10,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
+	"github.com/nexus-sandbox/nexus/node"
 )
 
 // TestSelfBuildIsTheExecutable: this process's build is the file it runs
@@ -99,5 +102,60 @@ func TestCopiedBinaryIsAnotherBuild(t *testing.T) {
 	}
 	if other.Version != self.Version || other.Revision != self.Revision {
 		t.Fatalf("the copy's stamp %q %q differs from %q %q", other.Version, other.Revision, self.Version, self.Revision)
+	}
+}
+
+// TestRetiringDaemonServesItsClients: a command talking to an on-demand
+// daemon when it is asked to retire (here by an exclusive connect, as a
+// build replacement does) still gets its next append through, though the
+// append opens a new connection (the append stream); other clients are
+// told it is retiring; it exits once that command is done, and the
+// exclusive connect then owns the store. A retire that stopped accepting
+// at once would leave the append no daemon to reach.
+func TestRetiringDaemonServesItsClients(t *testing.T) {
+	root, done := runDaemon(t, control.DaemonOptions{Auto: true})
+	b, err := control.Connect(context.Background(), root, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	owned := make(chan control.Backend, 1)
+	go func() {
+		o, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
+		if err != nil {
+			t.Error(err)
+		}
+		owned <- o
+	}()
+	// A retire that stops accepting shows as a Status that fails (on a
+	// new connection each time, as a new client's).
+	testutil.WaitUntil(t, time.Minute, "the daemon retiring", func() bool {
+		probe := control.NewClient(filepath.Join(root, control.SocketName))
+		defer probe.Close()
+		st, err := probe.Status(context.Background())
+		return err != nil || st.Retiring
+	})
+	if _, err := b.Append(context.Background(), volumeEvent(1)); err != nil {
+		t.Fatalf("append by a client of the retiring daemon: %v", err)
+	}
+	select {
+	case <-owned:
+		t.Fatal("the exclusive connect got the store while a client of the daemon was still running")
+	default:
+	}
+	b.Close()
+	wantExit(t, done, "retired")
+	o := <-owned
+	if o == nil {
+		t.FailNow()
+	}
+	defer o.Close()
+	if _, ok := o.(control.Local); !ok {
+		t.Fatalf("exclusive connect gave %T", o)
+	}
+	n := 0
+	o.Events(context.Background(), node.Query{}, func(node.Record) error { n++; return nil })
+	if n != 1 {
+		t.Fatalf("%d events in the journal, want the 1 appended while the daemon retired", n)
 	}
 }
