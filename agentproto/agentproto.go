@@ -454,3 +454,27 @@ func DiskSerial(prefix, name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return (prefix + hex.EncodeToString(sum[:]))[:SerialBytes]
 }
+
+// ReadRawFrame reads one whole frame from r as bytes, its length prefix
+// included, without decoding it: for the relays that pass frames on and
+// need only their boundaries. A length above MaxFrame is ErrProtocol; a
+// frame cut short is io.ErrUnexpectedEOF, and io.EOF only between frames.
+func ReadRawFrame(r io.Reader) ([]byte, error) {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrame {
+		return nil, fmt.Errorf("%w: frame of %d bytes", ErrProtocol, n)
+	}
+	frame := make([]byte, 4+n)
+	copy(frame, hdr[:])
+	if _, err := io.ReadFull(r, frame[4:]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, err
+	}
+	return frame, nil
+}
