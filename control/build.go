@@ -1,6 +1,7 @@
 package control
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,23 +42,16 @@ func (b Build) Same(o Build) bool {
 // inode 1234, 5678 bytes, 2026-12-04T21:55:54Z)".
 func (b Build) String() string {
 	var s strings.Builder
-	s.WriteString(cmpOr(b.Version, "unknown"))
+	s.WriteString(cmp.Or(b.Version, "unknown"))
 	if b.Revision != "" {
 		fmt.Fprintf(&s, " rev %.12s", b.Revision)
 		if b.Modified {
 			s.WriteString("+")
 		}
 	}
-	fmt.Fprintf(&s, " (%s, inode %d, %d bytes, %s)", cmpOr(b.Path, "?"), b.Ino, b.Size,
+	fmt.Fprintf(&s, " (%s, inode %d, %d bytes, %s)", cmp.Or(b.Path, "?"), b.Ino, b.Size,
 		time.Unix(0, b.MtimeNs).UTC().Format(time.RFC3339))
 	return s.String()
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 // selfBuild is computed once per process. /proc/self/exe is the file this
