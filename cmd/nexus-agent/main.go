@@ -167,6 +167,9 @@ func (l *vsockListener) accept() (io.ReadWriteCloser, error) {
 
 func (l *vsockListener) Close() error { return l.f.Close() }
 
+// defaultPath is PATH for PID 1 and what it runs, as a shell would set it.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // pid1 is the agent as an initramfs's /init: mount what the kernel did
 // not, load the modules the initramfs lists, mount the nexus disks found
 // by serial, then serve for the guest's whole life. PID 1 must never exit
@@ -197,6 +200,22 @@ func pid1() {
 	}
 	if err := agent.MountDisks(mounts, 30*time.Second); err != nil {
 		die(err)
+	}
+	// The kernel gives PID 1 no PATH; exec's bare names need one.
+	if os.Getenv("PATH") == "" {
+		os.Setenv("PATH", defaultPath)
+	}
+	// The OS disk, when it holds a filesystem, becomes the agent's root:
+	// exec, file paths and the freeze then see the image with /workspace
+	// and the volumes in it. Its disk is there by now when attached (the
+	// virtio disks probe together), so a short wait suffices; without
+	// one, exec runs in the initramfs as before.
+	if err := agent.MountOSRoot(agentproto.SerialOS, agent.SysRoot, mounts, 2*time.Second); err != nil {
+		logger.Printf("init: no OS root, exec runs in the initramfs: %v", err)
+	} else if err := agent.EnterRoot(agent.SysRoot); err != nil {
+		die(fmt.Errorf("enter the OS root: %w", err))
+	} else {
+		logger.Printf("init: the OS disk is the root exec runs in (%s)", agent.SysRoot)
 	}
 	a := agent.New(agent.Config{Log: logger})
 	ctx := context.Background()

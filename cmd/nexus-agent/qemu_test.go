@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -40,8 +41,26 @@ func TestBootUnderQEMU(t *testing.T) {
 	}
 	initrd := filepath.Join(dir, "initrd.cpio.gz")
 	if _, err := initramfs.Build(initramfs.Options{ModulesDir: modDir, Init: agentBin, Out: initrd,
-		Wanted: initramfs.Wanted, Optional: initramfs.Optional, Programs: map[string]string{"orphan": orphanBin}}); err != nil {
+		Wanted: initramfs.Wanted, Optional: initramfs.Optional}); err != nil {
 		t.Fatal(err)
+	}
+	// The OS disk: an ext4 image holding a marker, the orphan helper in
+	// /bin and a copy of the agent in /sbin, none of which the initramfs
+	// has, and no /workspace, /data, /proc, /sys or /dev: PID 1 makes the
+	// mount points in the (writable) root.
+	osTree := filepath.Join(dir, "os")
+	for _, d := range []string{"etc", "bin", "sbin"} {
+		os.MkdirAll(filepath.Join(osTree, d), 0o755)
+	}
+	osMarker := "the image's own file\n"
+	os.WriteFile(filepath.Join(osTree, "etc", "nexus-os-marker"), []byte(osMarker), 0o644)
+	copyFile(t, orphanBin, filepath.Join(osTree, "bin", "orphan"))
+	copyFile(t, agentBin, filepath.Join(osTree, "sbin", "nexus-agent"))
+	osDisk := filepath.Join(dir, "os.ext4")
+	os.WriteFile(osDisk, nil, 0o600)
+	os.Truncate(osDisk, 64<<20)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-d", osTree, osDisk).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v %s", err, out)
 	}
 	ws := filepath.Join(dir, "ws.ext4")
 	if err := os.WriteFile(ws, nil, 0o600); err != nil {
@@ -81,6 +100,8 @@ func TestBootUnderQEMU(t *testing.T) {
 	cmd := exec.Command(qemu, "-machine", "q35", "-accel", accel, "-m", "256", "-smp", "1",
 		"-nodefaults", "-no-reboot", "-display", "none", "-serial", "file:"+console,
 		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1 no_timer_check nexus.mount="+volSerial+":/data",
+		"-drive", "file="+osDisk+",if=none,id=os,format=raw",
+		"-device", "virtio-blk-pci,drive=os,serial="+agentproto.SerialOS,
 		"-drive", "file="+ws+",if=none,id=ws,format=raw",
 		"-device", "virtio-blk-pci,drive=ws,serial="+agentproto.SerialWorkspace,
 		"-drive", "file="+vol+",if=none,id=vol,format=raw,readonly=on",
@@ -144,22 +165,24 @@ func TestBootUnderQEMU(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
+	// exec runs in the OS disk's root: the agent's copy is only there.
 	var stderr bytes.Buffer
-	st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/init", "--no-such-flag"}, Stderr: &stderr})
+	st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/sbin/nexus-agent", "--no-such-flag"}, Stderr: &stderr})
 	if err != nil || st.Code != 2 || !strings.Contains(stderr.String(), "no-such-flag") {
-		t.Fatalf("exec in the guest: %+v %v %q", st, err, stderr.String())
+		t.Fatalf("exec in the guest's OS root: %+v %v %q\n%s", st, err, stderr.String(), consoleTail())
 	}
-	// On a terminal (devpts, which PID 1 mounts) the same error arrives
-	// on stdout, through the pty.
+	// On a terminal (devpts, which PID 1 mounts and the OS root sees) the
+	// same error arrives on stdout, through the pty.
 	var onTTY bytes.Buffer
-	st, err = c.Exec(ctx, agentproto.Exec{Argv: []string{"/init", "--no-such-flag"}, Stdout: &onTTY, TTY: true})
+	st, err = c.Exec(ctx, agentproto.Exec{Argv: []string{"/sbin/nexus-agent", "--no-such-flag"}, Stdout: &onTTY, TTY: true})
 	if err != nil || st.Code != 2 || !strings.Contains(onTTY.String(), "no-such-flag") {
 		t.Fatalf("exec on a terminal in the guest: %+v %v %q", st, err, onTTY.String())
 	}
 	// An orphan is reparented to the agent as PID 1 and reaped when it
-	// exits, never left a zombie.
+	// exits, never left a zombie. Its bare name is found on PATH, in the
+	// OS root's /bin.
 	var pidOut bytes.Buffer
-	if st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"/orphan"}, Stdout: &pidOut}); err != nil || st.Code != 0 {
+	if st, err := c.Exec(ctx, agentproto.Exec{Argv: []string{"orphan"}, Stdout: &pidOut}); err != nil || st.Code != 0 {
 		t.Fatalf("orphan: %+v %v", st, err)
 	}
 	statPath := "/proc/" + strings.TrimSpace(pidOut.String()) + "/stat"
@@ -195,14 +218,25 @@ func TestBootUnderQEMU(t *testing.T) {
 	if _, err := c.WriteFile(ctx, "/data/nope", 0, strings.NewReader("x")); !errors.As(err, &ae) {
 		t.Fatalf("write to the read-only volume: %v", err)
 	}
+	// File paths are the OS root's too, and it is writable.
+	back.Reset()
+	if _, err := c.ReadFile(ctx, "/etc/nexus-os-marker", &back); err != nil || back.String() != osMarker {
+		t.Fatalf("the OS root's marker: %q %v", back.String(), err)
+	}
+	osWritten := []byte("written into the OS root\n")
+	if _, err := c.WriteFile(ctx, "/etc/written", 0o644, bytes.NewReader(osWritten)); err != nil {
+		t.Fatal(err)
+	}
 	t0 := time.Now()
 	paths, err := c.Flush(ctx, time.Minute)
 	if err != nil {
 		t.Fatalf("flush: %v\n%s", err, consoleTail())
 	}
 	t.Logf("flush answered in %.2f s: %v", time.Since(t0).Seconds(), paths)
-	if len(paths) != 1 || paths[0] != "/workspace" {
-		t.Fatalf("flush froze %v, want the workspace found by its serial", paths)
+	// The OS root (the agent's /) and the workspace, found by their
+	// serials; the read-only volume is left out.
+	if !slices.Equal(paths, []string{"/", "/workspace"}) {
+		t.Fatalf("flush froze %v, want the OS root and the workspace", paths)
 	}
 	// A power cut after the acknowledgement.
 	cmd.Process.Kill()
@@ -211,14 +245,30 @@ func TestBootUnderQEMU(t *testing.T) {
 	if err != nil || !bytes.Equal(out, marker) {
 		t.Fatalf("the disk after the power cut holds %q (%v)", out, err)
 	}
-	hdr, err := exec.Command("dumpe2fs", "-h", ws).Output()
-	if err != nil {
-		t.Fatal(err)
+	if out, err := exec.Command("debugfs", "-R", "cat /etc/written", osDisk).Output(); err != nil || !bytes.Equal(out, osWritten) {
+		t.Fatalf("the OS disk after the power cut holds %q (%v)", out, err)
 	}
-	for _, line := range strings.Split(string(hdr), "\n") {
-		if strings.HasPrefix(line, "Filesystem features:") && strings.Contains(line, "needs_recovery") {
-			t.Fatalf("a frozen filesystem still needs journal recovery: %s", line)
+	for _, disk := range []string{ws, osDisk} {
+		hdr, err := exec.Command("dumpe2fs", "-h", disk).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(hdr), "\n") {
+			if strings.HasPrefix(line, "Filesystem features:") && strings.Contains(line, "needs_recovery") {
+				t.Fatalf("%s: a frozen filesystem still needs journal recovery: %s", filepath.Base(disk), line)
+			}
 		}
 	}
 	t.Logf("whole run %.1f s", time.Since(start).Seconds())
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
 }
