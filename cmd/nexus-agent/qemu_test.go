@@ -86,82 +86,14 @@ func TestBootUnderQEMU(t *testing.T) {
 	}
 	volSerial := agentproto.DiskSerial(agentproto.SerialVolume, "data")
 
-	sock := filepath.Join(dir, "agent.sock")
-	console := filepath.Join(dir, "console.log")
-	// Software emulation unless asked: this kind of host has a /dev/kvm
-	// (kvm_pvm, nested) that opens and creates VMs, yet a stock kernel
-	// under it prints nothing and never boots.
-	accel := "tcg"
-	if a := os.Getenv("NEXUS_QEMU_ACCEL"); a != "" {
-		accel = a
-	}
-	// no_timer_check: under a loaded host the kernel's IO-APIC timer check
-	// can fail ("IO-APIC + timer doesn't work!") and panic a healthy guest.
-	cmd := exec.Command(qemu, "-machine", "q35", "-accel", accel, "-m", "256", "-smp", "1",
-		"-nodefaults", "-no-reboot", "-display", "none", "-serial", "file:"+console,
-		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1 no_timer_check nexus.mount="+volSerial+":/data",
+	vm := bootAgentGuest(t, qemu, kernel, initrd, dir, "nexus.mount="+volSerial+":/data",
 		"-drive", "file="+osDisk+",if=none,id=os,format=raw",
 		"-device", "virtio-blk-pci,drive=os,serial="+agentproto.SerialOS,
 		"-drive", "file="+ws+",if=none,id=ws,format=raw",
 		"-device", "virtio-blk-pci,drive=ws,serial="+agentproto.SerialWorkspace,
 		"-drive", "file="+vol+",if=none,id=vol,format=raw,readonly=on",
-		"-device", "virtio-blk-pci,drive=vol,serial="+volSerial,
-		"-device", "virtio-serial-pci",
-		"-chardev", "socket,id=agent,path="+sock+",server=on,wait=off",
-		"-device", "virtserialport,chardev=agent,name="+agentPort)
-	var qerr bytes.Buffer
-	cmd.Stderr = &qerr
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// exited is closed when QEMU is gone; waitErr says how.
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	defer func() {
-		cmd.Process.Kill()
-		<-exited
-	}()
-	consoleTail := func() string {
-		b, err := os.ReadFile(console)
-		if err != nil {
-			return err.Error() + "\n" + qerr.String()
-		}
-		if len(b) > 3000 {
-			b = b[len(b)-3000:]
-		}
-		return string(b) + qerr.String()
-	}
-
-	// Boot under software emulation on a loaded machine takes 4-40 s.
-	var c *agentproto.Client
-	for c == nil {
-		select {
-		case <-exited:
-			t.Fatalf("QEMU exited before the agent answered: %v\n%s", waitErr, consoleTail())
-		default:
-		}
-		if time.Since(start) > 150*time.Second {
-			t.Fatalf("no agent answer within 150 s (accel %s)\n%s", accel, consoleTail())
-		}
-		conn, err := net.Dial("unix", sock)
-		if err != nil {
-			time.Sleep(200 * time.Millisecond)
-			continue
-		}
-		try := agentproto.NewClient(conn)
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, name, err := try.Hello(ctx)
-		cancel()
-		if err != nil {
-			try.Close()
-			continue
-		}
-		t.Logf("agent %q answered %.1f s after QEMU started", name, time.Since(start).Seconds())
-		c = try
-	}
-	defer c.Close()
+		"-device", "virtio-blk-pci,drive=vol,serial="+volSerial)
+	c, consoleTail, start := vm.c, vm.consoleTail, vm.start
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
@@ -239,8 +171,7 @@ func TestBootUnderQEMU(t *testing.T) {
 		t.Fatalf("flush froze %v, want the OS root and the workspace", paths)
 	}
 	// A power cut after the acknowledgement.
-	cmd.Process.Kill()
-	<-exited
+	vm.kill()
 	out, err := exec.Command("debugfs", "-R", "cat /marker", ws).Output()
 	if err != nil || !bytes.Equal(out, marker) {
 		t.Fatalf("the disk after the power cut holds %q (%v)", out, err)
@@ -271,4 +202,176 @@ func copyFile(t *testing.T, from, to string) {
 	if err := os.WriteFile(to, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// agentGuest is a QEMU guest booted with nexus-agent as PID 1, and a
+// session with it.
+type agentGuest struct {
+	c           *agentproto.Client
+	start       time.Time
+	consoleTail func() string
+	kill        func() // SIGKILL QEMU (a power cut) and wait for it
+}
+
+// bootAgentGuest boots kernel and initrd under QEMU with the agent's
+// virtio-serial port, the kernel command line extended by cmdline and
+// the drives (QEMU arguments) given, and waits for the agent to answer.
+// QEMU is killed when the test ends.
+func bootAgentGuest(t *testing.T, qemu, kernel, initrd, dir, cmdline string, drives ...string) *agentGuest {
+	t.Helper()
+	sock := filepath.Join(dir, "agent.sock")
+	console := filepath.Join(dir, "console.log")
+	// Software emulation unless asked: this kind of host has a /dev/kvm
+	// (kvm_pvm, nested) that opens and creates VMs, yet a stock kernel
+	// under it prints nothing and never boots.
+	accel := "tcg"
+	if a := os.Getenv("NEXUS_QEMU_ACCEL"); a != "" {
+		accel = a
+	}
+	// no_timer_check: under a loaded host the kernel's IO-APIC timer check
+	// can fail ("IO-APIC + timer doesn't work!") and panic a healthy guest.
+	args := append([]string{"-machine", "q35", "-accel", accel, "-m", "256", "-smp", "1",
+		"-nodefaults", "-no-reboot", "-display", "none", "-serial", "file:" + console,
+		"-kernel", kernel, "-initrd", initrd, "-append", "console=ttyS0 panic=-1 no_timer_check " + cmdline}, drives...)
+	cmd := exec.Command(qemu, append(args,
+		"-device", "virtio-serial-pci",
+		"-chardev", "socket,id=agent,path="+sock+",server=on,wait=off",
+		"-device", "virtserialport,chardev=agent,name="+agentPort)...)
+	var qerr bytes.Buffer
+	cmd.Stderr = &qerr
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// exited is closed when QEMU is gone; waitErr says how.
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	kill := func() {
+		cmd.Process.Kill()
+		<-exited
+	}
+	t.Cleanup(kill)
+	consoleTail := func() string {
+		b, err := os.ReadFile(console)
+		if err != nil {
+			return err.Error() + "\n" + qerr.String()
+		}
+		if len(b) > 3000 {
+			b = b[len(b)-3000:]
+		}
+		return string(b) + qerr.String()
+	}
+
+	// Boot under software emulation on a loaded machine takes 4-40 s.
+	for {
+		select {
+		case <-exited:
+			t.Fatalf("QEMU exited before the agent answered: %v\n%s", waitErr, consoleTail())
+		default:
+		}
+		if time.Since(start) > 150*time.Second {
+			t.Fatalf("no agent answer within 150 s (accel %s)\n%s", accel, consoleTail())
+		}
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			time.Sleep(200 * time.Millisecond)
+			continue
+		}
+		try := agentproto.NewClient(conn)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, name, err := try.Hello(ctx)
+		cancel()
+		if err != nil {
+			try.Close()
+			continue
+		}
+		t.Logf("agent %q answered %.1f s after QEMU started", name, time.Since(start).Seconds())
+		t.Cleanup(func() { try.Close() })
+		return &agentGuest{c: try, start: start, consoleTail: consoleTail, kill: kill}
+	}
+}
+
+// TestHandOverPID1UnderQEMU: with nexus.init=/sbin/init on the command
+// line, PID 1 passes to the image's init (a static program that records
+// its pid and reaps) in the OS disk's root, while an agent started before
+// the switch keeps answering from that root: it reads the init's marker
+// and /proc/1/cmdline, runs as init's child, writes to the workspace, and
+// freezes the OS root and the workspace.
+func TestHandOverPID1UnderQEMU(t *testing.T) {
+	g := testutil.RealGuest(t) // skips, or fails under NEXUS_REQUIRE_QEMU=1
+	dir := t.TempDir()
+	osTree := filepath.Join(dir, "os")
+	for _, d := range []string{"etc", "sbin"} {
+		os.MkdirAll(filepath.Join(osTree, d), 0o755)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(osTree, "sbin", "init"), "./testdata/imageinit")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build imageinit: %v %s", err, out)
+	}
+	initrd := filepath.Join(dir, "initrd.cpio.gz")
+	if _, err := initramfs.Build(initramfs.Options{ModulesDir: filepath.Join("/lib/modules", g.Release), Init: agentBin, Out: initrd,
+		Wanted: initramfs.Wanted, Optional: initramfs.Optional}); err != nil {
+		t.Fatal(err)
+	}
+	disk := func(name string, size int64, tree string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, nil, 0o600)
+		os.Truncate(p, size)
+		args := []string{"-q", "-F", p}
+		if tree != "" {
+			args = append([]string{"-d", tree}, args...)
+		}
+		if out, err := exec.Command("mkfs.ext4", args...).CombinedOutput(); err != nil {
+			t.Fatalf("mkfs: %v %s", err, out)
+		}
+		return p
+	}
+	osDisk, ws := disk("os.ext4", 32<<20, osTree), disk("ws.ext4", 16<<20, "")
+	vm := bootAgentGuest(t, g.QEMU, g.Kernel, initrd, dir, "nexus.init=/sbin/init",
+		"-drive", "file="+osDisk+",if=none,id=os,format=raw",
+		"-device", "virtio-blk-pci,drive=os,serial="+agentproto.SerialOS,
+		"-drive", "file="+ws+",if=none,id=ws,format=raw",
+		"-device", "virtio-blk-pci,drive=ws,serial="+agentproto.SerialWorkspace)
+	c := vm.c
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	read := func(path string) (string, error) {
+		var b bytes.Buffer
+		_, err := c.ReadFile(ctx, path, &b)
+		return b.String(), err
+	}
+
+	// The agent may answer before init has run: the switch follows its start.
+	var marker string
+	for by := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		var err error
+		if marker, err = read("/etc/init-ran"); err == nil || time.Now().After(by) {
+			break
+		}
+	}
+	if marker != "pid 1\n" {
+		t.Fatalf("the image's init wrote %q, want it run as pid 1\n%s", marker, vm.consoleTail())
+	}
+	if cl, err := read("/proc/1/cmdline"); err != nil || cl != "/sbin/init\x00" {
+		t.Fatalf("PID 1 is %q (%v), want /sbin/init", cl, err)
+	}
+	// The agent answering is not PID 1 but init's child.
+	stat, err := read("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(stat[strings.LastIndex(stat, ")")+1:])
+	if pid := strings.Fields(stat)[0]; pid == "1" || len(f) < 2 || f[1] != "1" {
+		t.Fatalf("the agent's /proc/self/stat %q: want a pid other than 1 whose parent is 1", stat)
+	}
+	if _, err := c.WriteFile(ctx, "/workspace/after-handover", 0o600, strings.NewReader("x")); err != nil {
+		t.Fatal(err)
+	}
+	paths, err := c.Flush(ctx, time.Minute)
+	if err != nil || !slices.Equal(paths, []string{"/", "/workspace"}) {
+		t.Fatalf("flush after the hand-over froze %v (%v), want the OS root and the workspace\n%s", paths, err, vm.consoleTail())
+	}
+	t.Logf("whole run %.1f s", time.Since(vm.start).Seconds())
 }

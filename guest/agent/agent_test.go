@@ -103,3 +103,20 @@ func TestMountsParentsFirst(t *testing.T) {
 		t.Fatalf("mount order %v, want %v", got, want)
 	}
 }
+
+// TestInitPath: nexus.init names the image's init by an absolute path;
+// none leaves PID 1 with the agent, a relative one is refused.
+func TestInitPath(t *testing.T) {
+	for cmdline, want := range map[string]string{
+		"console=ttyS0 nexus.init=/sbin/init quiet": "/sbin/init",
+		"nexus.init=/usr/lib//systemd/systemd":      "/usr/lib/systemd/systemd",
+		"console=ttyS0 init=/init":                  "",
+	} {
+		if got, err := InitPath(cmdline); err != nil || got != want {
+			t.Errorf("InitPath(%q) = %q, %v; want %q", cmdline, got, err, want)
+		}
+	}
+	if got, err := InitPath("nexus.init=sbin/init"); err == nil {
+		t.Fatalf("a relative init was taken: %q", got)
+	}
+}

@@ -21,7 +21,25 @@ const (
 	// CmdlineMount mounts a disk by serial: nexus.mount=SERIAL:/path
 	// (repeatable), for volumes at their guest paths.
 	CmdlineMount = "nexus.mount="
+	// CmdlineInit hands PID 1 to the image's init, a path in the OS root:
+	// nexus.init=/sbin/init.
+	CmdlineInit = "nexus.init="
 )
+
+// InitPath returns the init a kernel command line hands PID 1 to, "" when
+// it names none.
+func InitPath(cmdline string) (string, error) {
+	var init string
+	for _, f := range strings.Fields(cmdline) {
+		if p, ok := strings.CutPrefix(f, CmdlineInit); ok {
+			if !filepath.IsAbs(p) {
+				return "", fmt.Errorf("%s: want an absolute path", f)
+			}
+			init = filepath.Clean(p)
+		}
+	}
+	return init, nil
+}
 
 // ParseCmdline returns the mounts a kernel command line asks for: the
 // workspace (nexus-workspace at /workspace unless moved) and every
@@ -161,6 +179,33 @@ func MountOSRoot(serial, root string, mounts map[string]string, wait time.Durati
 		}
 	}
 	return nil
+}
+
+// SwitchRoot makes root the root of the mount tree and of this process
+// and execs init there, as switch_root does: the initramfs stays beneath,
+// unreachable, and init becomes PID 1 with the OS root's mounts. It
+// returns only on failure.
+func SwitchRoot(root, init string, env []string) error {
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move %s to /: %w", root, err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	// Checked here, in the new root, where an absolute symlink such as
+	// /sbin/init -> /lib/systemd/systemd resolves.
+	if fi, err := os.Stat(init); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", init)
+	}
+	return unix.Exec(init, []string{init}, env)
 }
 
 // EnterRoot makes root this process's root and working directory (every
