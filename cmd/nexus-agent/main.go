@@ -214,15 +214,15 @@ func pid1() {
 	if os.Getenv("PATH") == "" {
 		os.Setenv("PATH", defaultPath)
 	}
+	imageInit, err := agent.InitPath(string(cmdline))
+	if err != nil {
+		die(err)
+	}
 	// The OS disk, when it holds a filesystem, becomes the agent's root:
 	// exec, file paths and the freeze then see the image with /workspace
 	// and the volumes in it. Its disk is there by now when attached (the
 	// virtio disks probe together), so a short wait suffices; without
 	// one, exec runs in the initramfs as before.
-	imageInit, err := agent.InitPath(string(cmdline))
-	if err != nil {
-		die(err)
-	}
 	if err := agent.MountOSRoot(agentproto.SerialOS, agent.SysRoot, mounts, 2*time.Second); err != nil {
 		logger.Printf("init: no OS root, exec runs in the initramfs: %v", err)
 		if imageInit != "" {
