@@ -74,6 +74,9 @@ func TestVolumeAttachDetachAndRemove(t *testing.T) {
 	wantErr(t, err, ErrRefused, "a writable volume is never shared")
 	_, err = f.m.Create(f.ctx, CreateSpec{Image: sb.Image, Volumes: []Mount{{"spare", "data"}}})
 	wantErr(t, err, ErrRefused, "is not absolute")
+	// The guest path travels on the kernel command line, split on spaces.
+	_, err = f.m.Create(f.ctx, CreateSpec{Image: sb.Image, Volumes: []Mount{{"spare", "/my data"}}})
+	wantErr(t, err, ErrRefused, "white space")
 
 	_, err = f.m.VolumeRemovePlan(f.ctx, "data")
 	wantErr(t, err, ErrRefused, "it is attached to "+sb.ID)
