@@ -94,7 +94,7 @@ soak: setup
 FUZZTIME ?= 30s
 FUZZ_TARGETS := events:FuzzDecode events:FuzzCheckBounds layout:FuzzCoveredBy projections:FuzzUnmarshalState \
 	host/intent:FuzzRead host/supervisor:FuzzParsePair host/imagecache:FuzzReadIdentity \
-	lifecycle:FuzzArgumentsThatBecomePaths ledger:FuzzParseRecord ledger:FuzzParseNames
+	lifecycle:FuzzArgumentsThatBecomePaths ledger:FuzzParseRecord ledger:FuzzParseNames agentproto:FuzzDecode
 fuzz: setup
 	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
 	  echo "fuzz $$pkg $$fn"; $(GO) test ./$$pkg/ -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) || exit 1; done
@@ -115,6 +115,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'AppendGroupCommit' -benchtime 2000x ./control/
 	$(GO) test -run '^$$' -bench 'AppendingCommand10k' -benchtime 10x ./node/
 	$(GO) test -run '^$$' -bench 'OpenInspect' -benchtime 5x -timeout 20m ./node/
+	$(GO) test -run '^$$' -bench 'OpenGrowth' -benchtime 3x -timeout 30m ./node/
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 	$(GO) test -run '^$$' -bench 'CreateVsCpSparse' -benchtime 5x ./cmd/nexus/
@@ -127,6 +128,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'QEMUBootVsHand' -benchtime 3x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'AgentExec/process' -benchtime 50x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'AgentCp/process' -benchtime 3x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'Copy' -benchtime 5x ./guest/agent/
 	$(GO) test -run '^$$' -bench 'Agent(Exec|Cp)/qemu' -benchtime 3x -timeout 30m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ScaleTable|ScaleCreates8' -benchtime 1x -timeout 60m ./cmd/nexus/
 

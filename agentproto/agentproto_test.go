@@ -130,8 +130,20 @@ func FuzzDecode(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte{0, 0, 0, 1, 0xc1})
+	// A frame whose data the writer sends after the other fields.
+	f.Add(overSocket(f, &Message{Type: TData, ID: 5, Ref: 3, Data: bytes.Repeat([]byte("y"), inlineData+1)}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := Read(bytes.NewReader(b))
+		// Read decodes from the stream; on a whole frame it must agree
+		// with Decode of the same body.
+		if len(b) >= 4 {
+			if n := int(binary.BigEndian.Uint32(b)); n <= len(b)-4 {
+				dm, derr := Decode(b[4 : 4+n])
+				if (err == nil) != (derr == nil) || (err == nil && !reflect.DeepEqual(m, dm)) {
+					t.Fatalf("Read: %+v, %v; Decode: %+v, %v", m, err, dm, derr)
+				}
+			}
+		}
 		if err != nil {
 			return
 		}

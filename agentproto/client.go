@@ -30,14 +30,14 @@ type Client struct {
 
 	mu      sync.Mutex
 	next    uint32
-	pending map[uint32]chan *Message
+	pending map[uint32]*pending
 	err     error // why the session ended
 	done    chan struct{}
 }
 
 // NewClient starts a session on rw; call Hello before anything else.
 func NewClient(rw io.ReadWriteCloser) *Client {
-	c := &Client{rw: rw, w: NewFrameWriter(rw), pending: map[uint32]chan *Message{}, done: make(chan struct{})}
+	c := &Client{rw: rw, w: NewFrameWriter(rw), pending: map[uint32]*pending{}, done: make(chan struct{})}
 	go c.readLoop()
 	return c
 }
@@ -59,14 +59,17 @@ func (c *Client) readLoop() {
 			break
 		}
 		c.mu.Lock()
-		ch := c.pending[m.ID]
+		p := c.pending[m.ID]
 		c.mu.Unlock()
-		if ch == nil {
+		if p == nil {
 			continue // an answer to a request its caller gave up on
 		}
+		// A caller can give up after the lookup (its writer failed, its
+		// context ended): then the frame is dropped, or every later frame
+		// of the session would wait behind it for good.
 		select {
-		case ch <- m:
-		case <-c.done:
+		case p.ch <- m:
+		case <-p.gone:
 		}
 	}
 	if err == io.EOF {
@@ -93,17 +96,29 @@ func (c *Client) send(m *Message) error {
 	return c.w.Write(m)
 }
 
+// pending is a request in flight: where its frames go, and closed once
+// its caller stopped receiving them.
+type pending struct {
+	ch   chan *Message
+	gone chan struct{}
+}
+
 // start sends a request and returns the channel its frames arrive on.
 func (c *Client) start(m *Message) (chan *Message, func(), error) {
 	m.ID = c.allocID()
-	ch := make(chan *Message)
+	p := &pending{ch: make(chan *Message), gone: make(chan struct{})}
+	ch := p.ch
 	c.mu.Lock()
-	c.pending[m.ID] = ch
+	c.pending[m.ID] = p
 	c.mu.Unlock()
+	var once sync.Once
 	end := func() {
-		c.mu.Lock()
-		delete(c.pending, m.ID)
-		c.mu.Unlock()
+		once.Do(func() {
+			c.mu.Lock()
+			delete(c.pending, m.ID)
+			c.mu.Unlock()
+			close(p.gone)
+		})
 	}
 	if err := c.send(m); err != nil {
 		end()
@@ -254,6 +269,7 @@ func (c *Client) Exec(ctx context.Context, e Exec) (ExitStatus, error) {
 					return ExitStatus{}, err
 				}
 			}
+			ReleaseData(m.Data)
 		case TExit:
 			return ExitStatus{Code: m.Code, Signal: m.Signal}, nil
 		case TError:
@@ -315,6 +331,7 @@ func (c *Client) ReadFile(ctx context.Context, path string, w io.Writer) (int64,
 		switch m.Type {
 		case TData:
 			k, err := w.Write(m.Data)
+			ReleaseData(m.Data)
 			n += int64(k)
 			if err != nil {
 				return n, err

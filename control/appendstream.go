@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -156,16 +157,39 @@ func (fr *frameReader) next() error {
 	return nil
 }
 
-// arrayLen reads an array header and checks its length is one of want.
+// arrayLen reads an array header and checks its length is want (any if
+// want < 0). A length is bounded by the bytes left in the frame (each
+// element takes at least one), so a garbled one allocates nothing.
 func (fr *frameReader) arrayLen(what string, want int) (int, error) {
 	n, err := fr.dec.DecodeArrayLen()
 	if err != nil {
 		return 0, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
 	}
-	if want >= 0 && n != want || n < 0 || n > maxFrame {
+	if want >= 0 && n != want || n < 0 || n > fr.br.Len() {
 		return 0, fmt.Errorf("append stream: bad frame: %s of %d fields", what, n)
 	}
 	return n, nil
+}
+
+// bytes reads a bin or str field, bounded by the bytes left in the frame.
+func (fr *frameReader) bytes(what string) ([]byte, error) {
+	n, err := fr.dec.DecodeBytesLen()
+	if err == nil && (n < 0 || n > fr.br.Len()) {
+		err = fmt.Errorf("%d bytes announced, %d left", n, fr.br.Len())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
+	}
+	b := make([]byte, n)
+	if err := fr.dec.ReadFull(b); err != nil {
+		return nil, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
+	}
+	return b, nil
+}
+
+func (fr *frameReader) string(what string) (string, error) {
+	b, err := fr.bytes(what)
+	return string(b), err
 }
 
 func (fr *frameReader) request() (*streamRequest, error) {
@@ -187,8 +211,8 @@ func (fr *frameReader) request() (*streamRequest, error) {
 	}
 	req.Events = make([][]byte, n)
 	for i := range req.Events {
-		if req.Events[i], err = d.DecodeBytes(); err != nil {
-			return nil, fmt.Errorf("append stream: bad frame: event %d: %w", i, err)
+		if req.Events[i], err = fr.bytes("event"); err != nil {
+			return nil, err
 		}
 	}
 	if n, err = fr.arrayLen("expectations", -1); err != nil {
@@ -198,9 +222,9 @@ func (fr *frameReader) request() (*streamRequest, error) {
 		if _, err := fr.arrayLen("expectation", 2); err != nil {
 			return nil, err
 		}
-		entity, err := d.DecodeString()
+		entity, err := fr.string("expectation")
 		if err != nil {
-			return nil, fmt.Errorf("append stream: bad frame: expectation %d: %w", i, err)
+			return nil, err
 		}
 		seq, err := d.DecodeUint64()
 		if err != nil {
@@ -238,8 +262,8 @@ func (fr *frameReader) response() (*streamResponse, error) {
 		}
 		resp.Seqs = append(resp.Seqs, seq)
 	}
-	if resp.Error, err = d.DecodeString(); err != nil {
-		return bad("error", err)
+	if resp.Error, err = fr.string("error"); err != nil {
+		return nil, err
 	}
 	if resp.Conflict, err = d.DecodeBool(); err != nil {
 		return bad("conflict", err)
@@ -257,7 +281,7 @@ func (fr *frameReader) response() (*streamResponse, error) {
 		return bad("stale", fmt.Errorf("%d fields", n))
 	}
 	st := &guard.StaleError{}
-	entity, err := d.DecodeString()
+	entity, err := fr.string("stale entity")
 	if err == nil {
 		st.Entity = guard.Entity(entity)
 		st.Expected, err = d.DecodeUint64()
@@ -267,7 +291,7 @@ func (fr *frameReader) response() (*streamResponse, error) {
 	}
 	var latest string
 	if err == nil {
-		latest, err = d.DecodeString()
+		latest, err = fr.string("stale type")
 	}
 	if err != nil {
 		return bad("stale", err)
@@ -330,34 +354,51 @@ func serveAppendStream(n *node.Node, cl *clients, streams *streamSet, w http.Res
 			conn.Close() // the reader sees it and ends the stream
 		}
 	}
-	// Requests are handed to workers, started as needed and kept while the
-	// stream lasts: a goroutine per request grew a fresh stack every time.
-	work := make(chan *streamRequest)
-	var workers sync.WaitGroup
-	// Answers still owed are written before the connection closes: a
-	// client that closes its side after its last answer gets every one.
-	defer workers.Wait()
-	defer close(work)
+	// Workers take turns reading: the one that read a request serves it
+	// itself, and another reads the next meanwhile, so a request reaches
+	// the committer without a hand-off from reader to worker (one wake-up
+	// less per append), and a client's pipelined requests are still served
+	// at once. A worker is started when none is left to read, and workers
+	// are kept while the stream lasts, their stacks grown once.
+	var (
+		readMu  sync.Mutex
+		readErr atomic.Bool
+		idle    atomic.Int32 // workers not serving a request
+		workers sync.WaitGroup
+	)
 	ctx := r.Context()
 	fr := newFrameReader(rw.Reader)
-	for {
-		req, err := fr.request()
-		if err != nil {
-			return
-		}
-		select {
-		case work <- req:
-			continue
-		default:
-		}
+	var start func()
+	start = func() {
 		workers.Add(1)
+		idle.Add(1)
 		go func() {
 			defer workers.Done()
-			for ; req != nil; req = <-work {
+			for {
+				readMu.Lock()
+				var req *streamRequest
+				err := net.ErrClosed
+				if !readErr.Load() {
+					req, err = fr.request()
+				}
+				if err != nil {
+					readErr.Store(true)
+					readMu.Unlock()
+					return
+				}
+				readMu.Unlock()
+				if idle.Add(-1) == 0 {
+					start()
+				}
 				answer(appendOverStream(ctx, n, req))
+				idle.Add(1)
 			}
 		}()
 	}
+	start()
+	// Answers still owed are written before the connection closes: a
+	// client that closes its side after its last answer gets every one.
+	workers.Wait()
 }
 
 func appendOverStream(ctx context.Context, n *node.Node, req *streamRequest) *streamResponse {
@@ -371,7 +412,7 @@ func appendOverStream(ctx context.Context, n *node.Node, req *streamRequest) *st
 		}
 		evs = append(evs, e)
 	}
-	seqs, err := n.AppendExpect(ctx, req.Expect, evs...)
+	seqs, err := n.AppendDecoded(ctx, req.Expect, evs, req.Events)
 	resp.Seqs = seqs
 	if err != nil {
 		resp.Error = err.Error()
@@ -422,10 +463,17 @@ func (s *streamSet) closeAll() {
 type appendStream struct {
 	conn net.Conn
 	wmu  sync.Mutex
+	fw   *frameWriter // under wmu
+
+	// turn is held (full) by the one call reading answers off the stream.
+	// A call waiting for its answer takes it when it is free, so the
+	// answer is usually read by its own caller, not handed over by a
+	// reader goroutine (a wake-up per append).
+	turn chan struct{}
+	fr   *frameReader // read by the turn's holder only
 
 	mu      sync.Mutex
 	next    uint64
-	fw      *frameWriter // under wmu
 	pending map[uint64]chan *streamResponse
 	err     error // set once the stream broke; every later call fails
 }
@@ -471,9 +519,8 @@ func dialAppendStream(ctx context.Context, dial func(context.Context) (net.Conn,
 		return nil, &streamRefused{status: resp.Status, text: text}
 	}
 	conn.SetDeadline(time.Time{})
-	s := &appendStream{conn: conn, fw: newFrameWriter(), pending: map[uint64]chan *streamResponse{}}
-	go s.readLoop(br)
-	return s, nil
+	return &appendStream{conn: conn, fw: newFrameWriter(), turn: make(chan struct{}, 1), fr: newFrameReader(br),
+		pending: map[uint64]chan *streamResponse{}}, nil
 }
 
 // streamRefused is a daemon that answered the upgrade with a refusal: a
@@ -482,24 +529,6 @@ type streamRefused struct{ status, text string }
 
 func (e *streamRefused) Error() string {
 	return fmt.Sprintf("append stream refused (%s): %s", e.status, e.text)
-}
-
-func (s *appendStream) readLoop(r *bufio.Reader) {
-	fr := newFrameReader(r)
-	for {
-		resp, err := fr.response()
-		if err != nil {
-			s.fail(errStreamBroken)
-			return
-		}
-		s.mu.Lock()
-		ch := s.pending[resp.ID]
-		delete(s.pending, resp.ID)
-		s.mu.Unlock()
-		if ch != nil {
-			ch <- resp
-		}
-	}
 }
 
 // fail ends the stream: every pending call learns it got no answer.
@@ -538,17 +567,62 @@ func (s *appendStream) call(ctx context.Context, req *streamRequest) (*streamRes
 	if err != nil {
 		s.fail(errStreamBroken)
 	}
-	select {
-	case resp, ok := <-ch:
-		if !ok {
+	for {
+		select {
+		case resp, ok := <-ch:
+			if !ok {
+				return nil, errStreamBroken
+			}
+			return resp, nil
+		case <-ctx.Done():
+			s.mu.Lock()
+			delete(s.pending, req.ID)
+			s.mu.Unlock()
+			return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+		case s.turn <- struct{}{}:
+			// Only the turn's holder delivers answers: one delivered to
+			// us before we took it is in ch already.
+			select {
+			case resp, ok := <-ch:
+				<-s.turn
+				if !ok {
+					return nil, errStreamBroken
+				}
+				return resp, nil
+			default:
+			}
+			resp, err := s.readUntil(ctx, req.ID)
+			<-s.turn
+			return resp, err
+		}
+	}
+}
+
+// readUntil reads answers, handing each to its caller, until the one to
+// id. Called with the turn held. A context ended while reading breaks the
+// stream: a frame read halfway cannot be resumed.
+func (s *appendStream) readUntil(ctx context.Context, id uint64) (*streamResponse, error) {
+	stop := context.AfterFunc(ctx, func() { s.conn.SetReadDeadline(time.Now()) })
+	defer stop()
+	for {
+		resp, err := s.fr.response()
+		if err != nil {
+			s.fail(errStreamBroken)
+			if ctx.Err() != nil {
+				return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+			}
 			return nil, errStreamBroken
 		}
-		return resp, nil
-	case <-ctx.Done():
 		s.mu.Lock()
-		delete(s.pending, req.ID)
+		ch := s.pending[resp.ID]
+		delete(s.pending, resp.ID)
 		s.mu.Unlock()
-		return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+		if resp.ID == id {
+			return resp, nil
+		}
+		if ch != nil {
+			ch <- resp
+		}
 	}
 }
 

@@ -146,3 +146,27 @@ func TestAppendStreamAnswers(t *testing.T) {
 		seen[seq] = true
 	}
 }
+
+// A command that only appends holds the daemon by its append stream alone
+// (a hijacked connection is out of the HTTP server's count): an idling
+// daemon stays while the stream is open, and exits once it is closed.
+func TestAppendStreamHoldsAnIdlingDaemon(t *testing.T) {
+	root, done := runDaemon(t, control.DaemonOptions{Idle: 200 * time.Millisecond, Auto: true})
+	c := control.NewClient(filepath.Join(root, control.SocketName)) // no HTTP request, no daemon started for it
+	ctx := context.Background()
+	if _, err := c.Append(ctx, volumeEvent(1)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // five idle periods, the stream open
+	select {
+	case err := <-done:
+		done <- err
+		t.Fatalf("daemon left a client whose append stream is open: %v", err)
+	default:
+	}
+	if _, err := c.Append(ctx, volumeEvent(2)); err != nil {
+		t.Fatalf("append after five idle periods: %v", err)
+	}
+	c.Close()
+	wantExit(t, done, "after its last client closed its append stream")
+}

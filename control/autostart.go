@@ -63,13 +63,27 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		return connectLocal(ctx, root, o.Wait)
 	}
 	sock := filepath.Join(root, SocketName)
-	if c, err := dial(ctx, sock); err == nil {
-		c.ensure = func(ctx context.Context) error { return ensureDaemon(ctx, root, o) }
-		return c, nil
+	if c, st, err := dialStatus(ctx, sock); err == nil {
+		if sameBuild(st) {
+			c.ensure = redial(root, o)
+			return c, nil
+		}
+		c.Close()
+		if !st.Auto {
+			return nil, otherBuild(root, st)
+		}
+		// Another build's daemon started on demand: ensureDaemon replaces
+		// it under the spawn lock, so racing commands replace it once.
 	}
-	if err := ensureDaemon(ctx, root, o); err != nil {
+	if err := ensureDaemon(ctx, root, o, false); err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
+		}
+		var ob *OtherBuildError
+		if errors.As(err, &ob) || errors.Is(err, ErrBusy) {
+			// Another build's daemon: refused, or retiring too slowly.
+			// Opening the store here would only wait on it again.
+			return nil, err
 		}
 		// No daemon: it could not open the store (damaged, newer, held by
 		// a command run without auto-start), or could not be started (no
@@ -85,11 +99,20 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		}
 		return b, nil
 	}
-	c, err := dial(ctx, sock)
+	c, st, err := dialStatus(ctx, sock)
 	if err != nil {
 		return nil, fmt.Errorf("the daemon started for %s stopped answering: %w (see %s)", root, err, filepath.Join(root, DaemonLog))
 	}
-	c.ensure = func(ctx context.Context) error { return ensureDaemon(ctx, root, o) }
+	if !sameBuild(st) {
+		// Replaced again since ensureDaemon saw ours answer: a command of
+		// another build is running beside this one.
+		c.Close()
+		if !st.Auto {
+			return nil, otherBuild(root, st)
+		}
+		return nil, &replacedError{root: root, st: st}
+	}
+	c.ensure = redial(root, o)
 	return c, nil
 }
 
@@ -104,22 +127,116 @@ func (s *startFailed) Error() string {
 	return fmt.Sprintf("the daemon started on demand (pid %d) exited before answering: %v (see %s)", s.pid, s.err, s.log)
 }
 
-// ensureDaemon returns once a daemon answers on root's socket, starting one
-// if none does. The spawn lock makes racing callers start exactly one: the
-// holder dials again before starting, so whoever waited on the lock finds
-// the daemon its predecessor started.
-func ensureDaemon(ctx context.Context, root string, o ConnectOptions) error {
+// replacedError is a daemon of another build that took the root between
+// this command starting one of its own and connecting to it, or, for a
+// command already running (redial), after its daemon went away.
+type replacedError struct {
+	root    string
+	st      Status
+	running bool
+}
+
+func (e *replacedError) Error() string {
+	self, _ := selfBuild()
+	d := "an older nexus"
+	if e.st.Build != nil {
+		d = e.st.Build.String()
+	}
+	if e.running {
+		return fmt.Sprintf("the daemon on %s now runs another nexus build (pid %d, %s; this command: %s): run the command again with the installed nexus", e.root, e.st.Pid, d, self)
+	}
+	return fmt.Sprintf("the daemon on %s was replaced by another nexus build's (pid %d, %s; this command: %s) while this command started: commands of two builds are running on it", e.root, e.st.Pid, d, self)
+}
+
+// redial is a client's way back to a daemon after its own went away. A
+// command already running never replaces another build's daemon: it is the
+// old one (an `events --follow` left from before an upgrade, say), and
+// taking the root back would start a replacement every time a new command
+// ran; it stops with replacedError instead.
+func redial(root string, o ConnectOptions) func(context.Context) error {
+	return func(ctx context.Context) error { return ensureDaemon(ctx, root, o, true) }
+}
+
+func (a *AutoStart) ready() time.Duration {
+	if a.Ready <= 0 {
+		return 2 * time.Minute
+	}
+	return a.Ready
+}
+
+// waitGone returns once no daemon answers on sock at all (a retiring one
+// included), or fails after d.
+func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for {
+		if _, err := os.Lstat(sock); err != nil {
+			return nil
+		}
+		c := NewClient(sock)
+		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := c.Status(sctx)
+		cancel()
+		c.Close()
+		if err != nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w: the daemon on %s (pid %d), of another nexus build, retires but still serves its commands after %s; try again once they are done", ErrBusy, filepath.Dir(sock), pid, d)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// ensureDaemon returns once a daemon of this build answers on root's
+// socket, starting one if none does. The spawn lock makes racing callers
+// start exactly one: the holder dials again before starting, so whoever
+// waited on the lock finds the daemon its predecessor started. A daemon of
+// another build started on demand is retired here, under the lock, so two
+// commands finding it replace it once; one started by hand is refused.
+func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bool) error {
 	sock := filepath.Join(root, SocketName)
 	l, err := acquireSpawnLock(ctx, filepath.Join(root, SpawnLockName))
 	if err != nil {
 		return err
 	}
 	defer l.Release()
-	if c, err := dial(ctx, sock); err == nil {
-		c.Close()
-		return nil
+	if c, st, err := dialStatus(ctx, sock); err == nil {
+		defer c.Close()
+		switch {
+		case sameBuild(st):
+			return nil
+		case running:
+			return &replacedError{root: root, st: st, running: true}
+		case !st.Auto:
+			return otherBuild(root, st)
+		}
+		// It finishes with the commands talking to it (drain), then
+		// exits. Waiting for that here, rather than in the daemon started
+		// below (which gives up on a held journal after its lock wait),
+		// gives an old command as long as a daemon has to answer.
+		if err := c.retire(ctx); err != nil {
+			return fmt.Errorf("retire the daemon of another nexus build on %s (pid %d): %w", root, st.Pid, err)
+		}
+		if err := waitGone(ctx, sock, st.Pid, o.Auto.ready()); err != nil {
+			return err
+		}
 	}
-	return spawnDaemon(ctx, root, sock, o.Auto)
+	if err := spawnDaemon(ctx, root, sock, o.Auto); err != nil {
+		return err
+	}
+	// The executable at o.Auto.Exe may not be the one this process runs
+	// (replaced since it started): say so rather than replace forever.
+	if c, st, err := dialStatus(ctx, sock); err == nil {
+		c.Close()
+		if !sameBuild(st) {
+			return &replacedError{root: root, st: st, running: running}
+		}
+	}
+	return nil
 }
 
 func acquireSpawnLock(ctx context.Context, path string) (*lease.Lease, error) {
@@ -162,10 +279,7 @@ func spawnDaemon(ctx context.Context, root, sock string, a *AutoStart) error {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	ready := a.Ready
-	if ready <= 0 {
-		ready = 2 * time.Minute
-	}
+	ready := a.ready()
 	deadline := time.NewTimer(ready)
 	defer deadline.Stop()
 	for {
@@ -224,8 +338,9 @@ func openDaemonLog(root string) (*os.File, error) {
 }
 
 // connectOwned opens the journal in this process. An auto-started daemon
-// holding it is asked to retire: it stops accepting at once and exits when
-// its last client is done. A hand-started daemon is used as it is.
+// holding it is asked to retire: it turns every new command away at once
+// and exits when its last client is done. A hand-started daemon is used as
+// it is, if it runs this build.
 func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend, error) {
 	sock := filepath.Join(root, SocketName)
 	deadline := time.Now().Add(wait)
@@ -238,9 +353,12 @@ func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend
 		if !errors.Is(err, journal.ErrLocked) {
 			return nil, err
 		}
-		if c, derr := dial(ctx, sock); derr == nil {
-			st, serr := c.Status(ctx)
-			if serr == nil && !st.Auto {
+		if c, st, derr := dialStatus(ctx, sock); derr == nil {
+			if !st.Auto {
+				if !sameBuild(st) {
+					c.Close()
+					return nil, otherBuild(root, st)
+				}
 				return c, nil
 			}
 			c.retire(ctx)

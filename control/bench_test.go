@@ -38,7 +38,7 @@ func BenchmarkAppendGroupCommit(b *testing.B) {
 	for _, c := range []struct {
 		g       int
 		through string
-	}{{8, "daemon"}, {32, "daemon"}, {8, "node"}, {32, "node"}} {
+	}{{1, "daemon"}, {8, "daemon"}, {32, "daemon"}, {1, "node"}, {8, "node"}, {32, "node"}} {
 		g := c.g
 		b.Run(fmt.Sprintf("%s/g=%d", c.through, g), func(b *testing.B) {
 			dir := b.TempDir()

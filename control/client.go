@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -33,6 +34,9 @@ type Client struct {
 	// (starting one if need be) after this one went away: idled out between
 	// our requests, or was killed.
 	ensure func(context.Context) error
+	// lost is set once ensure found another build's daemon: every later
+	// dial fails with it, so no retry reaches that daemon.
+	lost atomic.Pointer[replacedError]
 }
 
 // NewClient returns a client for the daemon socket at sock.
@@ -46,9 +50,15 @@ func NewClient(sock string) *Client {
 
 // dial connects to the daemon, making one answer first if it went away.
 func (c *Client) dial(ctx context.Context) (net.Conn, error) {
+	if re := c.lost.Load(); re != nil {
+		return nil, re
+	}
 	conn, err := unixsock.Dial(ctx, c.sock)
 	if err != nil && c.ensure != nil && gone(err) {
 		if err := c.ensure(ctx); err != nil {
+			if re := (*replacedError)(nil); errors.As(err, &re) {
+				c.lost.Store(re)
+			}
 			return nil, err
 		}
 		conn, err = unixsock.Dial(ctx, c.sock)
@@ -270,6 +280,11 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 				return ctx.Err()
 			}
 			return err
+		}
+		if re := (*replacedError)(nil); errors.As(err, &re) {
+			// Another build serves the root now: following it would
+			// be using it silently (autostart.go, redial).
+			return re
 		}
 		if last > 0 {
 			// Resume by position: the tail and start time were spent.

@@ -172,8 +172,19 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
 	for {
-		if c, err := dial(ctx, sock); err == nil {
-			return c, nil
+		if c, st, err := dialStatus(ctx, sock); err == nil {
+			if sameBuild(st) {
+				return c, nil
+			}
+			// Another build's daemon is never used: one started on demand
+			// retires, and the journal is ours once it has finished with
+			// its clients; one started by hand is the operator's to restart.
+			if !st.Auto {
+				c.Close()
+				return nil, otherBuild(root, st)
+			}
+			c.retire(ctx)
+			c.Close()
 		}
 		n, err := node.Open(ctx, root, node.Options{Lazy: true})
 		if err == nil {
@@ -194,16 +205,31 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 	}
 }
 
-// dial returns a client if a daemon answers on sock.
+// errRetiring is a daemon that answers only to finish with the commands
+// it was serving.
+var errRetiring = errors.New("the daemon is retiring")
+
+// dial returns a client if a daemon that is not retiring answers on sock.
 func dial(ctx context.Context, sock string) (*Client, error) {
+	c, _, err := dialStatus(ctx, sock)
+	return c, err
+}
+
+// dialStatus is dial with the daemon's Status.
+func dialStatus(ctx context.Context, sock string) (*Client, Status, error) {
 	if _, err := os.Lstat(sock); err != nil {
-		return nil, err
+		return nil, Status{}, err
 	}
 	c := NewClient(sock)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := c.Status(pctx); err != nil {
-		return nil, err
+	st, err := c.Status(pctx)
+	if err == nil && st.Retiring {
+		err = errRetiring
 	}
-	return c, nil
+	if err != nil {
+		c.Close()
+		return nil, st, err
+	}
+	return c, st, nil
 }

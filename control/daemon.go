@@ -71,6 +71,9 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	if err != nil {
 		return err
 	}
+	// The build is the executable as it was at start: identified now,
+	// before anything could replace the file this process runs.
+	selfBuild()
 	if o.Mirror != nil && o.Mirror.HostID == "" {
 		id, err := hostid.Load(root)
 		if err != nil {
@@ -126,7 +129,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 		if err := waitAnswering(ctx, filepath.Join(root, SocketName), served); err != nil {
 			return err
 		}
-		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto})
+		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: selfBuildRef()})
 	}
 	return <-served
 }

@@ -28,6 +28,13 @@ type Status struct {
 	// Auto is a daemon started on demand: it exits when idle and retires
 	// when a command needs the journal in its own process.
 	Auto bool `json:"auto,omitempty"`
+	// Build is the executable the daemon runs (build.go); an older daemon
+	// sends none, which no client takes for its own.
+	Build *Build `json:"build,omitempty"`
+	// Retiring is a daemon asked to retire: it still serves the commands
+	// that were talking to it, new connections of theirs included, and
+	// every other client goes elsewhere (dial skips it).
+	Retiring bool `json:"retiring,omitempty"`
 }
 
 // wireRecord carries one event as its journal bytes, so the client decodes
@@ -92,8 +99,10 @@ type clients struct {
 	mu       sync.Mutex
 	open     int
 	since    time.Time // when open last fell to 0
-	stopping bool      // accepting stopped: idle or retired
+	stopping bool      // finishing: idle (accepting stopped) or retiring
+	retiring bool      // still accepting, for the clients it has
 	none     chan struct{}
+	noneDone bool // none is closed
 }
 
 func (cl *clients) track(_ net.Conn, st http.ConnState) {
@@ -120,9 +129,41 @@ func (cl *clients) release() {
 	if cl.open == 0 {
 		cl.since = time.Now()
 		if cl.stopping {
-			close(cl.none)
+			cl.closeNone()
 		}
 	}
+}
+
+// closeNone says no client is left. A retiring daemon still accepts, so
+// its count can fall to 0 more than once.
+func (cl *clients) closeNone() {
+	if !cl.noneDone {
+		cl.noneDone = true
+		close(cl.none)
+	}
+}
+
+// drain retires the daemon without closing its listener: a command that
+// was talking to it and opens another connection (its append stream, a
+// second request at once) is still served, instead of finding no daemon
+// and waiting on a new one that waits for this one's journal. Other
+// clients see Retiring and go elsewhere. It exits when no client is left.
+func (cl *clients) drain() {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if cl.stopping {
+		return
+	}
+	cl.stopping, cl.retiring = true, true
+	if cl.open == 0 {
+		cl.closeNone()
+	}
+}
+
+func (cl *clients) isRetiring() bool {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	return cl.retiring
 }
 
 // stop stops accepting (closing the listener unlinks the socket) if ifIdle
@@ -143,7 +184,7 @@ func (cl *clients) stop(ln net.Listener, ifIdle time.Duration) bool {
 	cl.stopping = true
 	ln.Close()
 	if cl.open == 0 {
-		close(cl.none)
+		cl.closeNone()
 	}
 	return true
 }
@@ -191,7 +232,7 @@ func serve(ctx context.Context, n *node.Node, o serveOptions) error {
 				return finish(ctx, srv, cl)
 			}
 		case <-retire:
-			cl.stop(ln, 0)
+			cl.drain()
 			// Followers would keep a retiring daemon forever; they resume
 			// from their last sequence through the next daemon.
 			fs.end()
@@ -267,7 +308,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		writeJSON(w, http.StatusOK, Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
 	})
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto})
+		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: selfBuildRef(), Retiring: cl.isRetiring()})
 	})
 	mux.HandleFunc("GET /v1/mirror", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, mirrorResponse{Mirror: n.Journal().MirrorState(r.Context())})

@@ -121,7 +121,9 @@ func (d Driver) vmmArgv(apiSocket string) []string {
 
 // config is vm.create's body. The guest kernel logs to ttyS0, CH's serial
 // port, whose default mode (Null) drops every line: it goes to serialLog.
-func (d Driver) config(disks []vmm.Disk, vsock, serialLog string) vmm.Config {
+// mounts are appended to the kernel command line (guestMounts): the agent
+// as PID 1 reads them there to mount volumes at their guest paths.
+func (d Driver) config(disks []vmm.Disk, mounts []string, vsock, serialLog string) vmm.Config {
 	c := vmm.Config{
 		Disks:  disks,
 		Memory: vmm.Memory{Size: guestMemory},
@@ -134,6 +136,9 @@ func (d Driver) config(disks []vmm.Disk, vsock, serialLog string) vmm.Config {
 	}
 	if c.Payload.Cmdline == "" {
 		c.Payload.Cmdline = DefaultCmdline
+	}
+	if len(mounts) > 0 {
+		c.Payload.Cmdline += " " + strings.Join(mounts, " ")
 	}
 	if d.Name != DriverProcess {
 		c.Payload.Kernel = d.Kernel
@@ -263,7 +268,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				if err == nil {
 					err = c.Resume(ctx)
 				}
-			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), vsock, m.Root.ConsoleLog(id))); err == nil {
+			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), guestMounts(sb), vsock, m.Root.ConsoleLog(id))); err == nil {
 				err = c.Boot(ctx)
 			}
 			if err != nil {
@@ -369,6 +374,21 @@ func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Dis
 			Serial: agentproto.DiskSerial(agentproto.SerialVolume, v.Name)})
 	}
 	return disks
+}
+
+// guestMounts are the kernel command-line entries that mount each volume
+// at its guest path, nexus.mount=SERIAL:/path (docs/guest-agent.md), in
+// the order the volumes were attached. Create refuses a guest path the
+// command line cannot carry.
+func guestMounts(sb projections.Sandbox) []string {
+	var ms []string
+	for _, v := range sb.Volumes {
+		if v.GuestPath == "" {
+			continue
+		}
+		ms = append(ms, "nexus.mount="+agentproto.DiskSerial(agentproto.SerialVolume, v.Name)+":"+v.GuestPath)
+	}
+	return ms
 }
 
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {

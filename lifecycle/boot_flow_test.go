@@ -33,6 +33,7 @@ func kill(t *testing.T, p *projections.Process) {
 }
 
 func TestStopAndStartFromEachState(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name  string
 		setup func(f *flow, sb projections.Sandbox) // brings a running sandbox to the state
@@ -118,6 +119,7 @@ func stop(f *flow, sb projections.Sandbox) {
 // A stop whose guest answered its flush records the acknowledgement of the
 // run it ended; one that could not flush says so and records none.
 func TestStopRecordsTheFlushOnlyWhenTheGuestAnswered(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	stop(f, sb)
@@ -151,6 +153,7 @@ func TestStopRecordsTheFlushOnlyWhenTheGuestAnswered(t *testing.T) {
 // stopped, a VMM that started is stopped, and a run that never reached a
 // VM gives the previous run marker back (flush.restored).
 func TestStartUndoesAFailedBoot(t *testing.T) {
+	t.Parallel()
 	boom := errors.New("injected")
 	cases := []struct {
 		name     string
@@ -227,6 +230,7 @@ func (s *staleOnce) AppendExpect(ctx context.Context, expect []guard.Expect, evs
 // since moved is refused by the journal; the command decides again on what
 // moved it, and runs if the decision still holds or answers what changed.
 func TestAStaleDecisionIsTakenAgain(t *testing.T) {
+	t.Parallel()
 	warning := func(string) events.Payload {
 		return events.WarningRaisedEvent{Reason: "Test", Message: "an unrelated fact"}
 	}
@@ -265,6 +269,7 @@ func TestAStaleDecisionIsTakenAgain(t *testing.T) {
 // Without the expectation the stale stop above would run on a sandbox
 // another command already stopped; this is the refusal that prevents it.
 func TestTheJournalRefusesAStaleExpectation(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	e := events.New(ulid.Make(), time.Now(), sb.ID, events.WarningRaisedEvent{Reason: "Test"})
@@ -278,6 +283,7 @@ func TestTheJournalRefusesAStaleExpectation(t *testing.T) {
 // A reader sees a VMM that died behind nexus's back as exited, by pid and
 // start time, before anything journals it; nothing is deleted by seeing it.
 func TestObserveExits(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	dead := f.create(CreateSpec{})
 	live := f.create(CreateSpec{})
@@ -299,6 +305,7 @@ func TestObserveExits(t *testing.T) {
 // Remove is what a sweep of a gone owner's sandboxes calls: forced, with
 // its snapshots.
 func TestRemoveForcedWithSnapshots(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	snapshot(f, sb)

@@ -3,10 +3,13 @@ package lifecycle
 import (
 	"context"
 	"encoding/json"
+	"reflect"
 	"slices"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guest/agent"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -27,7 +30,7 @@ func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
 	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux"}, {Name: DriverQEMU, Kernel: "/boot/vmlinuz"}} {
 		disks := (&Manager{Root: root}).vmDisks(context.Background(), sandboxWithDisksAndVolume())
-		body, err := json.Marshal(d.config(disks, root.VsockSocket(id), root.ConsoleLog(id)))
+		body, err := json.Marshal(d.config(disks, guestMounts(sandboxWithDisksAndVolume()), root.VsockSocket(id), root.ConsoleLog(id)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,6 +111,47 @@ func TestVMDisksAreAllTyped(t *testing.T) {
 	}
 }
 
+// TestCmdlineMountsVolumesAtTheirGuestPaths: the kernel command line of
+// a sandbox with volumes carries nexus.mount=SERIAL:/path for each one
+// attached with a guest path, after the configured command line, for every
+// driver; the agent's own parser reads back each volume's serial at its
+// path (and the workspace where it always is). The serial named is the
+// one the volume's disk carries.
+func TestCmdlineMountsVolumesAtTheirGuestPaths(t *testing.T) {
+	sb := sandboxWithDisksAndVolume()
+	sb.Volumes = append(sb.Volumes, projections.Attachment{Name: "cache", GuestPath: "/var/cache/x", ReadOnly: true})
+	disks := (&Manager{Root: layout.Root("/state")}).vmDisks(context.Background(), sb)
+	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux", Cmdline: "console=ttyS0 quiet"}, {Name: DriverQEMU, Kernel: "/boot/vmlinuz"}} {
+		c := d.config(disks, guestMounts(sb), "/state/run/v.vsock", "/state/logs/c.log")
+		base := d.Cmdline
+		if base == "" {
+			base = DefaultCmdline
+		}
+		want := base + " nexus.mount=nexus-vol-data:/data nexus.mount=nexus-vol-cache:/var/cache/x"
+		if c.Payload.Cmdline != want {
+			t.Fatalf("%s: cmdline %q, want %q", d.Name, c.Payload.Cmdline, want)
+		}
+		mounts, err := agent.ParseCmdline(c.Payload.Cmdline, agentproto.SerialWorkspace)
+		if err != nil {
+			t.Fatalf("%s: the agent cannot parse %q: %v", d.Name, c.Payload.Cmdline, err)
+		}
+		wantMounts := map[string]string{"nexus-workspace": "/workspace", "nexus-vol-data": "/data", "nexus-vol-cache": "/var/cache/x"}
+		if !reflect.DeepEqual(mounts, wantMounts) {
+			t.Fatalf("%s: the agent reads %v, want %v", d.Name, mounts, wantMounts)
+		}
+		for serial := range wantMounts {
+			if serial != agentproto.SerialWorkspace && !slices.ContainsFunc(disks, func(d vmm.Disk) bool { return d.Serial == serial }) {
+				t.Fatalf("%s: cmdline mounts %s, which no disk carries: %+v", d.Name, serial, disks)
+			}
+		}
+	}
+	// Without volumes the command line is the configured one, untouched.
+	sb.Volumes = nil
+	if c := (Driver{Name: DriverProcess}).config(nil, guestMounts(sb), "v", "c"); c.Payload.Cmdline != DefaultCmdline {
+		t.Fatalf("cmdline without volumes %q", c.Payload.Cmdline)
+	}
+}
+
 func sandboxWithDisksAndVolume() projections.Sandbox {
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
 	return projections.Sandbox{ID: id,
@@ -128,7 +172,7 @@ func TestBootAssetsReachThePayload(t *testing.T) {
 		{Name: DriverProcess, Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
 		{Name: DriverCloudHypervisor, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
 	} {
-		p := d.config(nil, "/v", "/c").Payload
+		p := d.config(nil, nil, "/v", "/c").Payload
 		if p.Initramfs != d.Initramfs || p.Cmdline != d.Cmdline {
 			t.Errorf("%s: payload %+v, want initramfs %s cmdline %q", d.Name, p, d.Initramfs, d.Cmdline)
 		}
@@ -136,7 +180,7 @@ func TestBootAssetsReachThePayload(t *testing.T) {
 			t.Errorf("%s: kernel %q, want %q", d.Name, p.Kernel, d.Kernel)
 		}
 		d.Cmdline, d.Initramfs = "", ""
-		if p := d.config(nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
+		if p := d.config(nil, nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
 			t.Errorf("%s: payload without assets %+v, want cmdline %q and no initramfs", d.Name, p, DefaultCmdline)
 		}
 	}

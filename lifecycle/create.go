@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"unicode"
 
 	"github.com/oklog/ulid/v2"
 
@@ -284,6 +285,10 @@ func (m *Manager) checkVolumes(ctx context.Context, mounts []Mount) error {
 			return fmt.Errorf("%w: volume %q is attached to %s; a writable volume is never shared", ErrRefused, mt.Name, strings.Join(v.AttachedTo, ", "))
 		case !strings.HasPrefix(mt.GuestPath, "/"):
 			return fmt.Errorf("%w: volume %q: guest path %q is not absolute", ErrRefused, mt.Name, mt.GuestPath)
+		case strings.ContainsFunc(mt.GuestPath, func(r rune) bool { return unicode.IsSpace(r) || r == '"' || !unicode.IsPrint(r) }):
+			// The path travels on the guest kernel's command line
+			// (nexus.mount=SERIAL:/path), which splits on white space.
+			return fmt.Errorf("%w: volume %q: guest path %q has white space, a quote or a control character", ErrRefused, mt.Name, mt.GuestPath)
 		}
 		seen[mt.Name] = true
 	}

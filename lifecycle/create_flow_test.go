@@ -24,6 +24,7 @@ import (
 var bootTypes = []string{"resource.created", "resource.created", "resource.created", "flush.pending", "supervisor.started", "sandbox.started"}
 
 func TestCreateJournalsEveryStepAndBoots(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{Handle: "web/app"})
 	want := append([]string{"saga.started",
@@ -63,6 +64,7 @@ func TestCreateJournalsEveryStepAndBoots(t *testing.T) {
 }
 
 func TestCreateRefusesBeforeWritingAnything(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	img := f.image()
 	taken := f.create(CreateSpec{Image: img, Handle: "taken"})
@@ -118,6 +120,7 @@ func TestCreateRefusesBeforeWritingAnything(t *testing.T) {
 // left, not a file and not a view; after it (the pivot) the sandbox stays,
 // stopped, with its disks, and no process of it runs.
 func TestCreateUndoesAFailedStep(t *testing.T) {
+	t.Parallel()
 	boom := errors.New("injected")
 	cases := []struct {
 		name      string
@@ -204,6 +207,7 @@ func TestCreateUndoesAFailedStep(t *testing.T) {
 // issue 15, item 5: a disk path that exists before the create is someone
 // else's file; the create fails on it and its undo leaves it alone.
 func TestCreateLeavesAFileItFoundAtItsDiskPath(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	id := ulid.Make().String()
 	ws := filepath.Join(f.root, "disks", id+"-workspace.ext4")
@@ -222,6 +226,7 @@ func TestCreateLeavesAFileItFoundAtItsDiskPath(t *testing.T) {
 // A marker another create left (in flight or crashed) refuses a create of
 // the same handle before the journal hears of it.
 func TestCreateRefusesWhileAnotherIntentOfItsHandleExists(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	if err := os.MkdirAll(f.m.Root.Disks(), 0o700); err != nil {
 		t.Fatal(err)
@@ -241,6 +246,7 @@ func TestCreateRefusesWhileAnotherIntentOfItsHandleExists(t *testing.T) {
 // A manager without a Launcher refuses the boot; its create is undone back
 // to the commit like any boot that failed.
 func TestCreateWithoutALauncherIsRefusedAtItsBoot(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	f.m.Launcher = nil
 	_, err := f.m.Create(f.ctx, CreateSpec{Image: f.image()})
@@ -250,6 +256,7 @@ func TestCreateWithoutALauncherIsRefusedAtItsBoot(t *testing.T) {
 // A workspace directory becomes an ext4 image holding its files, and each
 // shadow (a directory or an image) a disk keyed by the handle.
 func TestCreateWithWorkspaceAndShadows(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	ws, shadowDir := t.TempDir(), t.TempDir()
 	os.WriteFile(filepath.Join(ws, "main.go"), []byte("package main"), 0o600)
@@ -273,6 +280,7 @@ func TestCreateWithWorkspaceAndShadows(t *testing.T) {
 // The production Spawner says which process it could not spawn, and the
 // boot is undone back to the commit.
 func TestSpawnerNamesWhatItCouldNotSpawn(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	f.m.Launcher = Spawner{}
 	f.m.Driver.Exe = filepath.Join(t.TempDir(), "no-nexus-here")

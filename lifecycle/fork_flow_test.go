@@ -39,6 +39,7 @@ func of(evs []events.Event, id string) []events.Event {
 }
 
 func TestForkCopiesEveryDiskOfTheParentIntoEachChild(t *testing.T) {
+	t.Parallel()
 	childTypes := append([]string{"saga.started", "intent.written", "disk.materialised", "disk.materialised",
 		"resource.created", "resource.created", "sandbox.forked", "intent.retired"}, bootTypes...)
 	childTypes = append(childTypes, "saga.finished")
@@ -84,6 +85,7 @@ func TestForkCopiesEveryDiskOfTheParentIntoEachChild(t *testing.T) {
 }
 
 func TestForkRefusals(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	parent := f.create(CreateSpec{})
 	exited := f.create(CreateSpec{})
@@ -132,6 +134,7 @@ func TestForkRefusals(t *testing.T) {
 // A running parent whose guest agent does not answer is not copied unless
 // the operator accepts a crash-consistent copy.
 func TestForkOfARunningParentNeedsItsFreeze(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	f.m.FreezeDeadline = 300 * time.Millisecond
 	parent := f.create(CreateSpec{})
@@ -161,6 +164,7 @@ func TestForkOfARunningParentNeedsItsFreeze(t *testing.T) {
 // A child whose saga fails is undone completely (nothing of it on disk or
 // in the view), the others are kept, and the parent is resumed either way.
 func TestForkUndoesAFailedChild(t *testing.T) {
+	t.Parallel()
 	boom := errors.New("injected")
 	for _, failing := range []events.Type{events.DiskMaterialised, events.SandboxForked, events.SandboxStarted} {
 		t.Run(string(failing), func(t *testing.T) {

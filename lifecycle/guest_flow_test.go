@@ -19,6 +19,7 @@ import (
 // exec, cp and logs reach a running guest through its agent (the process
 // driver's stand-in serves the real guest/agent), and journal nothing.
 func TestExecCopyAndLogsOfARunningGuest(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{Handle: "g"})
 	mark := f.j.mark()
@@ -101,6 +102,7 @@ func TestExecCopyAndLogsOfARunningGuest(t *testing.T) {
 }
 
 func TestExecRefusesAGuestThatDoesNotRun(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	stop(f, sb)
@@ -120,6 +122,7 @@ func TestExecRefusesAGuestThatDoesNotRun(t *testing.T) {
 // an unacknowledged one is refused and left untouched until the operator
 // accepts it; an overlay that is not ext4 or is missing is refused.
 func TestStartPreparesTheOverlay(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name     string
 		flushed  bool

@@ -10,6 +10,7 @@ import (
 // does: listed and planned by a dry run that changes nothing, removed and
 // journaled by the real one.
 func TestImageCacheListAndPrune(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	kept := f.create(CreateSpec{})
 	other := f.image()

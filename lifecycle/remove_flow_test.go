@@ -25,6 +25,7 @@ func reclaims(n int) []string {
 }
 
 func TestRemoveFromEachState(t *testing.T) {
+	t.Parallel()
 	stoppedRm := append(append([]string{"saga.started"}, reclaims(7)...), "sandbox.removed", "saga.finished")
 	runningRm := append(append(append([]string{}, stopTypes[:len(stopTypes)-1]...), reclaims(7)...), "sandbox.removed", "saga.finished")
 	cases := []struct {
@@ -105,6 +106,7 @@ func snapshot(f *flow, sb projections.Sandbox) {
 // and the next command on the sandbox (here rm again, holding its lease)
 // finishes it the way recover would before deciding.
 func TestRemoveInterruptedIsFinishedByTheNextCommand(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	stop(f, sb)

@@ -33,6 +33,7 @@ func (f *flow) manifest(sandbox, snap string) manifest {
 // (frozen by its agent, paused, resumed after), and a restore of it brings
 // the guest back from that state rather than booting cold.
 func TestSnapshotAndRestoreFromEachState(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name     string
 		running  bool
@@ -118,6 +119,7 @@ func TestSnapshotAndRestoreFromEachState(t *testing.T) {
 }
 
 func TestSnapshotAndRestoreRefusals(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	stop(f, sb)
@@ -172,6 +174,7 @@ func TestSnapshotAndRestoreRefusals(t *testing.T) {
 // snapshots directory it made for it); a restore that fails leaves nothing
 // of its child, its staged VM state included.
 func TestSnapshotAndRestoreUndoAFailedStep(t *testing.T) {
+	t.Parallel()
 	boom := errors.New("injected")
 	t.Run("capture", func(t *testing.T) {
 		f := newFlow(t)

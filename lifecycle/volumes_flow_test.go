@@ -16,6 +16,7 @@ import (
 )
 
 func TestVolumeCreateAndItsRefusals(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	v, err := f.m.VolumeCreate(f.ctx, "data", 8<<20)
 	if err != nil {
@@ -57,6 +58,7 @@ func TestVolumeCreateAndItsRefusals(t *testing.T) {
 // files; volume rm refuses while a sandbox has it, and deletes it once
 // none does (the only path that deletes volume data).
 func TestVolumeAttachDetachAndRemove(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	for _, name := range []string{"data", "spare"} {
 		if _, err := f.m.VolumeCreate(f.ctx, name, 8<<20); err != nil {
@@ -72,6 +74,9 @@ func TestVolumeAttachDetachAndRemove(t *testing.T) {
 	wantErr(t, err, ErrRefused, "a writable volume is never shared")
 	_, err = f.m.Create(f.ctx, CreateSpec{Image: sb.Image, Volumes: []Mount{{"spare", "data"}}})
 	wantErr(t, err, ErrRefused, "is not absolute")
+	// The guest path travels on the kernel command line, split on spaces.
+	_, err = f.m.Create(f.ctx, CreateSpec{Image: sb.Image, Volumes: []Mount{{"spare", "/my data"}}})
+	wantErr(t, err, ErrRefused, "white space")
 
 	_, err = f.m.VolumeRemovePlan(f.ctx, "data")
 	wantErr(t, err, ErrRefused, "it is attached to "+sb.ID)
@@ -109,6 +114,7 @@ func TestVolumeAttachDetachAndRemove(t *testing.T) {
 // prune clears attachments naming a sandbox that no longer exists and,
 // asked, deletes volumes nothing uses, but only those named after a dry run.
 func TestVolumePrune(t *testing.T) {
+	t.Parallel()
 	f := newFlow(t)
 	for _, name := range []string{"stale", "free", "used"} {
 		if _, err := f.m.VolumeCreate(f.ctx, name, 8<<20); err != nil {
@@ -144,6 +150,7 @@ func TestVolumePrune(t *testing.T) {
 // names its volume in its one step), never undone: the journal never lists
 // a volume whose files are half gone.
 func TestRecoverFinishesAnInterruptedVolumeRemove(t *testing.T) {
+	t.Parallel()
 	for _, phase := range []sagas.Phase{sagas.BeforeRecord, sagas.AfterRecord} {
 		t.Run(string(phase), func(t *testing.T) {
 			f := newFlow(t)

@@ -168,11 +168,10 @@ func copyDir(b *testing.B, src, dst string) {
 }
 
 type startupFixture struct {
-	root      string
-	snapTip   string // projections/ snapshotted at the last event
-	snapTail  string // projections/ snapshotted startupTail events before the end
-	wantOwned int
-	wantLive  int
+	root     string
+	snapTip  string // projections/ snapshotted at the last event
+	snapTail string // projections/ snapshotted startupTail events before the end
+	wantLive int
 }
 
 func buildStartupFixture(b *testing.B) *startupFixture {
@@ -198,12 +197,12 @@ func buildStartupFixture(b *testing.B) *startupFixture {
 	copyDir(b, "", proj)
 	n = openNode(b, f.root)
 	n.View(func(v node.Views) {
-		f.wantOwned, f.wantLive = v.Ownership.Len(), v.Sandboxes.Len()
+		f.wantLive = v.Sandboxes.Len()
 	})
 	closeNode(b, n)
 	copyDir(b, proj, f.snapTip)
-	b.Logf("fixture: %d events, %d live sandboxes, %d owned paths, built in %v",
-		startupEvents, f.wantLive, f.wantOwned, time.Since(start).Round(time.Millisecond))
+	b.Logf("fixture: %d events, %d live sandboxes, built in %v",
+		startupEvents, f.wantLive, time.Since(start).Round(time.Millisecond))
 	return f
 }
 
@@ -226,10 +225,10 @@ func closeNode(b *testing.B, n *node.Node) {
 func (f *startupFixture) check(b *testing.B, n *node.Node) {
 	b.Helper()
 	n.View(func(v node.Views) {
-		o, s := v.Ownership, v.Sandboxes
-		if o.Len() != f.wantOwned || s.Len() != f.wantLive || o.Seq() != startupEvents {
-			b.Fatalf("opened node: %d owned, %d live at seq %d; want %d, %d at %d",
-				o.Len(), s.Len(), o.Seq(), f.wantOwned, f.wantLive, startupEvents)
+		s := v.Sandboxes
+		if s.Len() != f.wantLive || s.Seq() != startupEvents {
+			b.Fatalf("opened node: %d live at seq %d; want %d at %d",
+				s.Len(), s.Seq(), f.wantLive, startupEvents)
 		}
 	})
 }

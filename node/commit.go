@@ -18,10 +18,13 @@ import (
 // committed at once, and a group forms only while a commit is under way.
 //
 // The token covers publishing a group, not its fsync: once the journal has
-// stored and the views have folded a group, the holder hands the token on
-// and only then waits for the fsync, so the next group is published while
-// this one syncs (a database's pipelined group commit). Its writers are
-// answered only after that fsync.
+// stored and the views have folded a group, the holder waits for its turn
+// to sync (the fsync under way, if any, ends), hands the token on, and
+// only then fsyncs, so the next group is published while this one syncs
+// (a database's pipelined group commit). Its writers are answered only
+// after that fsync. Handing the token on only at the turn keeps one group
+// waiting at most: writers arriving meanwhile form the next group, not
+// many small ones that each pay a publish round trip.
 type groupCommit struct {
 	mu    sync.Mutex
 	queue []*appendReq
@@ -34,6 +37,7 @@ func newGroupCommit() groupCommit { return groupCommit{token: make(chan struct{}
 type appendReq struct {
 	expect []guard.Expect
 	evs    []events.Event
+	data   [][]byte // evs encoded, or nil
 	seqs   []uint64
 	err    error
 	done   chan struct{}
@@ -48,8 +52,8 @@ func (r *appendReq) finish(seqs []uint64, err error) {
 	close(r.done)
 }
 
-func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []events.Event) ([]uint64, error) {
-	r := &appendReq{expect: expect, evs: evs, done: make(chan struct{})}
+func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+	r := &appendReq{expect: expect, evs: evs, data: data, done: make(chan struct{})}
 	n.gc.mu.Lock()
 	n.gc.queue = append(n.gc.queue, r)
 	n.gc.mu.Unlock()
@@ -63,7 +67,7 @@ func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []eve
 				<-r.done
 				return r.seqs, r.err
 			}
-			answer := n.commitQueued(ctx)
+			answer := n.commitQueued(ctx)()
 			<-n.gc.token
 			answer()
 		}
@@ -73,9 +77,10 @@ func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []eve
 // commitQueued commits what is queued: requests that touch no entity or
 // saga an earlier request of this group touches go into one batch; the
 // others wait for the next group, so every check below sees the journal
-// exactly as the batch will find it. It returns what is left to do once
-// the token is passed on: sync the group and answer its writers.
-func (n *Node) commitQueued(ctx context.Context) (answer func()) {
+// exactly as the batch will find it. It returns what is left to do: take
+// the group's turn to sync (still holding the token), then, with the token
+// passed on, sync the group and answer its writers.
+func (n *Node) commitQueued(ctx context.Context) (turn func() (answer func())) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	// Once published, a record is stored whether or not its caller is still
@@ -169,9 +174,10 @@ type planned struct {
 // commitGroupLocked commits group, whose requests touch disjoint entities:
 // the single-event requests as one pipelined group with one fsync, each
 // multi-event request (a saga step's events) as one atomic batch. The
-// single-event requests stored are answered by the function it returns,
-// after their fsync; every other request is answered before it returns.
-func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (answer func()) {
+// single-event requests stored are answered, after their fsync, by the
+// functions it returns (see commitQueued); every other request is answered
+// before it returns.
+func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (turn func() (answer func())) {
 	var singles, multis []planned
 	var msgs []journal.Message
 	var multiMsgs [][]journal.Message
@@ -192,7 +198,7 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (answe
 			multiMsgs = append(multiMsgs, rmsgs)
 		}
 	}
-	answer = func() {}
+	turn = func() func() { return func() {} }
 	if len(singles) > 0 {
 		acks, _ := n.j.PublishGroup(ctx, n.sandboxes.Seq(), msgs)
 		// The stored prefix is in the journal, durable or not yet: the
@@ -208,15 +214,18 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (answe
 			p.r.finish(n.appendOneByOneLocked(ctx, p.r.expect, p.r.evs))
 		}
 		if stored := singles[:len(acks)]; len(stored) > 0 {
-			answer = func() {
-				// Acknowledged only once on disk: every ack after its fsync.
-				err := n.j.SyncThrough(acks[len(acks)-1].Seq)
-				for i, p := range stored {
-					if err != nil {
-						p.r.finish(nil, err)
-						continue
+			turn = func() func() {
+				sync := n.j.SyncTurn()
+				return func() {
+					// Acknowledged only once on disk: every ack after its fsync.
+					err := sync(acks[len(acks)-1].Seq)
+					for i, p := range stored {
+						if err != nil {
+							p.r.finish(nil, err)
+							continue
+						}
+						p.r.finish([]uint64{acks[i].Seq}, p.refusal)
 					}
-					p.r.finish([]uint64{acks[i].Seq}, p.refusal)
 				}
 			}
 		}
@@ -224,7 +233,7 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (answe
 	for i, p := range multis {
 		n.commitAtomicLocked(ctx, p, multiMsgs[i])
 	}
-	return answer
+	return turn
 }
 
 // commitAtomicLocked appends one request's events as one atomic batch. If
@@ -300,8 +309,10 @@ func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal
 		if err != nil {
 			return p, nil, err
 		}
-		data, err := events.Encode(e)
-		if err != nil {
+		var data []byte
+		if r.data != nil {
+			data = r.data[i]
+		} else if data, err = events.Encode(e); err != nil {
 			return p, nil, err
 		}
 		m := journal.Message{Subject: subject, ID: e.DedupID(), Data: data, Reserve: freesSpace(e, kind)}
@@ -351,17 +362,25 @@ func errStored(err error) ([]uint64, bool) {
 }
 
 // findStoredLocked returns the sequences of evs (the same events: id and
-// message id), in order, among the records after x.Seq about x's entity,
-// or nil unless all are there. It
-// reads only what was appended since the writer decided.
+// message id), in order, among the records after x.Seq on their own
+// subjects, or nil unless all are there. It reads only what was appended
+// on those subjects since the writer decided.
 func (n *Node) findStoredLocked(ctx context.Context, x guard.Expect, evs []events.Event) []uint64 {
-	filter := journal.Subjects
-	if x.Entity.Kind() == "sandbox" {
-		filter = events.SandboxSubjects(x.Entity.Name())
+	var filters []string
+	seen := map[string]bool{}
+	for _, e := range evs {
+		subject, err := e.Subject()
+		if err != nil {
+			return nil
+		}
+		if !seen[subject] {
+			seen[subject] = true
+			filters = append(filters, subject)
+		}
 	}
 	seqs := make([]uint64, 0, len(evs))
 	found := errors.New("found")
-	err := n.j.Read(ctx, x.Seq+1, filter, func(rec journal.Record) error {
+	err := n.j.Scan(ctx, journal.Range{From: x.Seq + 1, Filters: filters}, func(rec journal.Record) error {
 		want := evs[len(seqs)]
 		if rec.MsgID != want.DedupID() {
 			return nil

@@ -385,3 +385,31 @@ func TestRetryOfAStoredAppendAfterReopen(t *testing.T) {
 		t.Fatalf("journal holds %d events, want 3: a retry was stored twice", count)
 	}
 }
+
+// Looking for a retry's own events behind a stale expectation reads the
+// records on those events' subjects since the expectation, not the
+// journal's: a stale volume decision behind 300 other events reads a few.
+func TestStaleLookupReadsOnlyItsSubjects(t *testing.T) {
+	n := openTestNode(t)
+	ctx := context.Background()
+	vol := func(name string) events.Event {
+		return events.New(ulid.Make(), time.Now(), "", events.VolumeCreatedEvent{Name: name, Path: "/v/" + name, SizeBytes: 1})
+	}
+	if _, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Volume("data"), Seq: 0}}, vol("data")); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 300; i++ {
+		if _, err := n.Append(ctx, warning(ulid.Make().String())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := n.j.RecordsRead()
+	_, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Volume("data"), Seq: 0}}, vol("data"))
+	var stale *guard.StaleError
+	if !errors.As(err, &stale) {
+		t.Fatalf("a second create of the volume on a stale decision: %v, want stale", err)
+	}
+	if read := n.j.RecordsRead() - before; read > 5 {
+		t.Fatalf("the stale check read %d journal records; the volume's subject holds 1", read)
+	}
+}

@@ -68,7 +68,6 @@ type Node struct {
 
 	views     []projections.Projection
 	sandboxes *projections.Sandboxes
-	ownership *projections.Ownership
 	sagas     *projections.Sagas
 	volumes   *projections.Volumes
 	images    *projections.ImageCache
@@ -286,11 +285,15 @@ func (n *Node) load(ctx context.Context) error {
 }
 
 func (n *Node) resetViews() {
-	n.sandboxes, n.ownership = projections.NewSandboxes(), projections.NewOwnership()
+	n.sandboxes = projections.NewSandboxes()
 	n.sagas, n.volumes = projections.NewSagas(), projections.NewVolumes()
 	n.images = projections.NewImageCache()
-	n.views = []projections.Projection{n.sandboxes, n.ownership, n.sagas, n.volumes, n.images}
+	n.views = []projections.Projection{n.sandboxes, n.sagas, n.volumes, n.images}
 }
+
+// retiredOwnershipSnap is the snapshot of the ownership view older builds
+// folded here; the Sandboxes view answers every ownership question now.
+const retiredOwnershipSnap = "ownership.snap"
 
 func (n *Node) snapshotPath(v projections.Projection) string {
 	return filepath.Join(n.root, "projections", v.Name()+".snap")
@@ -335,6 +338,11 @@ func (n *Node) writeSnapshots() error {
 		if err := fsx.WriteFile(n.root, n.snapshotPath(v), data, 0o600); err != nil {
 			return err
 		}
+	}
+	// Older builds also kept an ownership view no command read; its
+	// snapshot goes rather than lingering as a file nothing accounts for.
+	if err := fsx.Remove(n.root, filepath.Join("projections", retiredOwnershipSnap)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
 	n.sinceSnap = 0
 	return nil
@@ -385,6 +393,17 @@ func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error
 // once its own events are on disk, and a refusal of one call does not fail
 // the others.
 func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+	return n.AppendDecoded(ctx, expect, evs, nil)
+}
+
+// AppendDecoded is AppendExpect for events that arrived encoded (the
+// daemon's append stream): data[i] is the journal bytes evs[i] was decoded
+// from (events.Decode, which refuses anything it would not keep), stored
+// as they are instead of encoded again. data may be nil.
+func (n *Node) AppendDecoded(ctx context.Context, expect []guard.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+	if data != nil && len(data) != len(evs) {
+		return nil, fmt.Errorf("append: %d events with %d encodings", len(evs), len(data))
+	}
 	// An append is decided against the views (expectations, open sagas):
 	// a lazy node loads them first.
 	if !n.loaded.Load() {
@@ -392,7 +411,7 @@ func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...e
 			return nil, err
 		}
 	}
-	return n.groupAppend(ctx, expect, evs)
+	return n.groupAppend(ctx, expect, evs, data)
 }
 
 // appendOneByOneLocked is AppendExpect for one call on its own: each event
@@ -581,7 +600,6 @@ func (n *Node) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data 
 // Views are the projections a node keeps current.
 type Views struct {
 	Sandboxes *projections.Sandboxes
-	Ownership *projections.Ownership
 	Sagas     *projections.Sagas
 	Volumes   *projections.Volumes
 	Images    *projections.ImageCache
@@ -596,5 +614,5 @@ func (n *Node) View(fn func(Views)) {
 	if !n.loaded.Load() {
 		panic("node: View of a lazy node before Load")
 	}
-	fn(Views{n.sandboxes, n.ownership, n.sagas, n.volumes, n.images})
+	fn(Views{n.sandboxes, n.sagas, n.volumes, n.images})
 }

@@ -37,7 +37,10 @@ func Reap(ctx context.Context, root string, co control.ConnectOptions, hook func
 		}
 		return unreadable(err)
 	}
-	m := &lifecycle.Manager{Root: layout.Root(root), B: b, Hook: hook}
+	m, err := lifecycle.New(lifecycle.Manager{Root: layout.Root(root), B: b, Hook: hook})
+	if err != nil {
+		return nil, errors.Join(err, b.Close())
+	}
 	rep, err := m.Reap(ctx, o)
 	err = errors.Join(err, b.Close())
 	switch {

@@ -69,19 +69,7 @@ func nexus(t testing.TB, root string, args ...string) result {
 
 func nexusEnv(t testing.TB, root string, env []string, args ...string) result {
 	t.Helper()
-	stopDaemonsAtEnd(t, root)
-	cmd := exec.Command(nexusBin, append([]string{"--state-dir", root}, args...)...)
-	cmd.Env = append(append(os.Environ(), "NEXUS_STATE_DIR="), env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code, out.String(), errb.String()}
+	return nexusBinEnv(t, nexusBin, root, env, args...)
 }
 
 // wantFailure asserts exit code and a single-line error naming the cause.

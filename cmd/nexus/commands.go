@@ -137,7 +137,11 @@ func daemonCmd(g *globals) *cobra.Command {
 			// Said after "serving", the line callers wait for.
 			var startup func()
 			o.Startup = func(ctx context.Context, b control.Backend) {
-				rep, err := build(b).RecoverSagas(ctx)
+				m, err := build(b)
+				var rep lifecycle.RecoverReport
+				if err == nil {
+					rep, err = m.RecoverSagas(ctx)
+				}
 				if err != nil {
 					startup = func() {
 						log.Error("finishing interrupted sagas failed; run `nexus recover`", "err", err)
@@ -182,6 +186,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
 	c.Flags().IntVar(&m.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
 	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
+	c.AddCommand(daemonStatusCmd(g))
 	return c
 }
 
@@ -466,4 +471,77 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// daemonStatus is `daemon status --json`: the daemon's own answer and
+// this nexus's build beside it.
+type daemonStatus struct {
+	Pid           int            `json:"pid"`
+	Root          string         `json:"root"`
+	Auto          bool           `json:"auto"`
+	Retiring      bool           `json:"retiring"`
+	SubscriberURL string         `json:"subscriber_url,omitempty"`
+	Build         *control.Build `json:"build"`
+	This          *control.Build `json:"this"`
+	SameBuild     bool           `json:"same_build"`
+}
+
+func daemonStatusCmd(g *globals) *cobra.Command {
+	var o *output
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "Show the state root's daemon: pid, how it was started, and the nexus build it runs",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := control.DaemonStatus(cmd.Context(), g.stateDir)
+			if err != nil {
+				return err
+			}
+			self, serr := control.SelfBuild()
+			v := daemonStatus{Pid: st.Pid, Root: st.Root, Auto: st.Auto, Retiring: st.Retiring,
+				SubscriberURL: st.SubscriberURL, Build: st.Build}
+			if serr == nil {
+				v.This = &self
+				v.SameBuild = st.Build != nil && st.Build.Same(self)
+			}
+			return printValue(cmd, o, v, nil, func(w io.Writer) { printDaemonStatus(w, st, self, serr) })
+		},
+	}
+	o = addOutput(c, false)
+	return c
+}
+
+func printDaemonStatus(w io.Writer, st control.Status, self control.Build, selfErr error) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "pid\t%d\n", st.Pid)
+	fmt.Fprintf(tw, "root\t%s\n", st.Root)
+	started := "by hand"
+	if st.Auto {
+		started = "on demand (exits when idle)"
+	}
+	fmt.Fprintf(tw, "started\t%s\n", started)
+	state := "serving"
+	if st.Retiring {
+		state = "retiring (finishing with its commands)"
+	}
+	fmt.Fprintf(tw, "state\t%s\n", state)
+	build := "not reported (a nexus older than build identities)"
+	if st.Build != nil {
+		build = st.Build.String()
+	}
+	fmt.Fprintf(tw, "build\t%s\n", build)
+	switch {
+	case selfErr != nil:
+		fmt.Fprintf(tw, "this nexus\tunknown: %v\n", selfErr)
+	case st.Build != nil && st.Build.Same(self):
+		fmt.Fprintf(tw, "this nexus\tthe same build\n")
+	case st.Auto:
+		fmt.Fprintf(tw, "this nexus\t%s: another build; its next command replaces the daemon\n", self)
+	default:
+		fmt.Fprintf(tw, "this nexus\t%s: another build; its commands refuse the daemon until it is restarted\n", self)
+	}
+	if st.SubscriberURL != "" {
+		fmt.Fprintf(tw, "subscribers\t%s\n", st.SubscriberURL)
+	}
+	tw.Flush()
 }

@@ -103,10 +103,10 @@ func loadConfigFile(root string) (Config, configFile, error) {
 		}
 		return c, src, fmt.Errorf("config %s: unknown key %s", path, strings.Join(keys, ", "))
 	}
-	if v := c.VM.OverlayDiskMiB; md.IsDefined("vm", "overlay_disk_mib") && (v < 16 || v > 1<<20) {
-		return c, src, fmt.Errorf("config %s: [vm] overlay_disk_mib = %d: want 16 to 1048576", path, v)
+	if v := c.VM.OverlayDiskMiB; md.IsDefined("vm", "overlay_disk_mib") && lifecycle.CheckOverlayMiB(v) != nil {
+		return c, src, fmt.Errorf("config %s: [vm] overlay_disk_mib = %d: want %d to %d", path, v, lifecycle.MinOverlayMiB, lifecycle.MaxOverlayMiB)
 	}
-	if v := c.VM.OverlayWarnFillRatio; md.IsDefined("vm", "overlay_warn_fill_ratio") && (v <= 0 || v > 1) {
+	if v := c.VM.OverlayWarnFillRatio; md.IsDefined("vm", "overlay_warn_fill_ratio") && lifecycle.CheckWarnFillRatio(v) != nil {
 		return c, src, fmt.Errorf("config %s: [vm] overlay_warn_fill_ratio = %g: want a ratio in (0, 1]", path, v)
 	}
 	if v := c.VM.Initramfs; md.IsDefined("vm", "initramfs") && !filepath.IsAbs(v) {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -51,6 +52,8 @@ var jsonResources = map[string]reflect.Type{
 	"MirrorState":       reflect.TypeFor[journal.MirrorState](),
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
+	"DaemonStatus":      reflect.TypeFor[daemonStatus](),
+	"Build":             reflect.TypeFor[control.Build](),
 	"ReplayEntry":       reflect.TypeFor[replay.Entry](),
 	"FleetEntry":        reflect.TypeFor[replay.FleetEntry](),
 	"FleetFound":        reflect.TypeFor[replay.Found](),
@@ -350,6 +353,7 @@ func TestEveryJSONOutputMatchesTheDoc(t *testing.T) {
 	check("[]LedgerRun", list("LedgerRun"), "ledger", "sweep", "--dry-run", "--json")
 	check("[]Setting", list("Setting"), "config", "show", "--json")
 	check("Version", jsonResources["Version"], "version", "--json")
+	check("DaemonStatus", jsonResources["DaemonStatus"], "daemon", "status", "--json")
 	check("Snapshot", jsonResources["Snapshot"], "snapshot", "rm", snap.Snapshot, "--json")
 	check("Removed", jsonResources["Removed"], "rm", "-f", "--with-snapshots", sb.ID, "--json")
 	check("[]ReplayEntry", list("ReplayEntry"), "replay", "timeline", sb.ID, "--json")

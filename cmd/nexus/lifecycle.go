@@ -41,12 +41,18 @@ func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*life
 	if err != nil {
 		return err
 	}
-	return withBackendOwned(ctx, g, owned, func(b control.Backend) error { return fn(build(b)) })
+	return withBackendOwned(ctx, g, owned, func(b control.Backend) error {
+		m, err := build(b)
+		if err != nil {
+			return err
+		}
+		return fn(m)
+	})
 }
 
 // managerFor reads what a lifecycle manager needs (root, config, driver)
 // and returns how to build one over a backend.
-func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
+func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), error) {
 	root, err := node.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
@@ -67,8 +73,8 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 		driver = lifecycle.DriverCloudHypervisor
 	}
 	initramfs, cmdline := bootAssets(cfg)
-	return func(b control.Backend) *lifecycle.Manager {
-		return &lifecycle.Manager{
+	return func(b control.Backend) (*lifecycle.Manager, error) {
+		return lifecycle.New(lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
 			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH"),
 				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
@@ -76,7 +82,7 @@ func managerFor(g *globals) (func(control.Backend) *lifecycle.Manager, error) {
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),
 			Notice: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg)) },
-		}
+		})
 	}, nil
 }
 

@@ -343,10 +343,13 @@ func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
 // initramfs's /init, every stop of a qemu sandbox is acknowledged by the
 // real guest (flush: freeze through the adapter's vsock relay), and over
 // three stop/start cycles every file the guest wrote, fsynced or not,
-// comes back through cp after each start; rm leaves nothing.
+// comes back through cp after each start; rm leaves nothing. The same
+// holds on a volume attached at /data, which the guest mounts there
+// because nexus puts nexus.mount on its kernel command line.
 func TestQEMUStopStartCyclesKeepFiles(t *testing.T) {
 	q := newRealGuest(t, 32)
-	id := strings.Fields(q.ok("create", "create", "--image", makeImage(t)))[0]
+	q.ok("volume create", "volume", "create", "data", "--size", "16M")
+	id := strings.Fields(q.ok("create", "create", "--image", makeImage(t), "--volume", "data:/data"))[0]
 	acks := func() int {
 		return strings.Count(q.ok("events", "events", "--sandbox", id, "--type", "flush.acknowledged"), "flush.acknowledged")
 	}
@@ -354,11 +357,14 @@ func TestQEMUStopStartCyclesKeepFiles(t *testing.T) {
 	for round := 1; round <= 3; round++ {
 		q.ready(id)
 		for earlier := 1; earlier < round; earlier++ {
-			if got := string(q.cat(id, fmt.Sprintf("/workspace/round-%d", earlier))); got != text(earlier) {
-				t.Fatalf("after start %d the file of round %d holds %q", round-1, earlier, got)
+			for _, dir := range []string{"/workspace", "/data"} {
+				if got := string(q.cat(id, fmt.Sprintf("%s/round-%d", dir, earlier))); got != text(earlier) {
+					t.Fatalf("after start %d the file of round %d in %s holds %q", round-1, earlier, dir, got)
+				}
 			}
 		}
 		q.exec(id, "write", fmt.Sprintf("/workspace/round-%d", round), text(round), "nosync")
+		q.exec(id, "write", fmt.Sprintf("/data/round-%d", round), text(round), "nosync")
 		if r := q.run("stop", id); r.code != 0 || strings.Contains(r.stderr, "warning") {
 			t.Fatalf("round %d: stop: exit %d %s (want the agent's flush acknowledged)", round, r.code, r.stderr)
 		}

@@ -854,6 +854,10 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 	}
 	close(stop)
 	reaped := <-reapDone
+	// The checks below run the test's nexus, which refuses a hand-started
+	// daemon of another build (the race-instrumented one): stop it first.
+	d.Process.Signal(syscall.SIGTERM)
+	d.Wait()
 	// One last pass after the churn: every planted orphan must be gone.
 	final, r := reapRun(t, root, "--apply")
 	if r.code != 0 {

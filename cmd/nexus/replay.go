@@ -95,7 +95,7 @@ func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Reco
 func replayTimelineCmd(g *globals, f *replayFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "timeline ID|HANDLE",
-		Short: "Every event of one sandbox, in order, with saga, step and causation",
+		Short: "Every event of one sandbox, in order, with its saga and step",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			recs, err := readJournal(cmd.Context(), g, f)

@@ -302,7 +302,9 @@ func (s *session) exec(m *agentproto.Message) {
 				if b == nil {
 					return
 				}
-				if _, err := stdin.Write(b); err != nil {
+				_, err := stdin.Write(b)
+				agentproto.ReleaseData(b)
+				if err != nil {
 					for range p.stdin {
 					}
 					return
@@ -479,6 +481,7 @@ func (s *session) runWrite(u *upload) {
 		if werr == nil {
 			var n int
 			n, werr = u.f.Write(b)
+			agentproto.ReleaseData(b)
 			size += int64(n)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -88,5 +89,34 @@ func TestParseCmdline(t *testing.T) {
 		if _, err := ParseCmdline(bad, "nexus-workspace"); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// TestMountsParentsFirst: a volume inside the workspace is mounted (and
+// bound into the OS root) after the workspace, or the workspace would
+// cover it; ties go by path so the order is the same every boot.
+func TestMountsParentsFirst(t *testing.T) {
+	mounts := map[string]string{"nexus-vol-b": "/workspace/b", "nexus-workspace": "/workspace", "nexus-vol-a": "/data", "nexus-vol-c": "/workspace/b/c"}
+	got := byDepth(mounts)
+	want := []string{"nexus-vol-a", "nexus-workspace", "nexus-vol-b", "nexus-vol-c"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("mount order %v, want %v", got, want)
+	}
+}
+
+// TestInitPath: nexus.init names the image's init by an absolute path;
+// none leaves PID 1 with the agent, a relative one is refused.
+func TestInitPath(t *testing.T) {
+	for cmdline, want := range map[string]string{
+		"console=ttyS0 nexus.init=/sbin/init quiet": "/sbin/init",
+		"nexus.init=/usr/lib//systemd/systemd":      "/usr/lib/systemd/systemd",
+		"console=ttyS0 init=/init":                  "",
+	} {
+		if got, err := InitPath(cmdline); err != nil || got != want {
+			t.Errorf("InitPath(%q) = %q, %v; want %q", cmdline, got, err, want)
+		}
+	}
+	if got, err := InitPath("nexus.init=sbin/init"); err == nil {
+		t.Fatalf("a relative init was taken: %q", got)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,7 +21,25 @@ const (
 	// CmdlineMount mounts a disk by serial: nexus.mount=SERIAL:/path
 	// (repeatable), for volumes at their guest paths.
 	CmdlineMount = "nexus.mount="
+	// CmdlineInit hands PID 1 to the image's init, a path in the OS root:
+	// nexus.init=/sbin/init.
+	CmdlineInit = "nexus.init="
 )
+
+// InitPath returns the init a kernel command line hands PID 1 to, "" when
+// it names none.
+func InitPath(cmdline string) (string, error) {
+	var init string
+	for _, f := range strings.Fields(cmdline) {
+		if p, ok := strings.CutPrefix(f, CmdlineInit); ok {
+			if !filepath.IsAbs(p) {
+				return "", fmt.Errorf("%s: want an absolute path", f)
+			}
+			init = filepath.Clean(p)
+		}
+	}
+	return init, nil
+}
 
 // ParseCmdline returns the mounts a kernel command line asks for: the
 // workspace (nexus-workspace at /workspace unless moved) and every
@@ -72,24 +91,134 @@ func LoadModules(list string) error { return loadModules(list) }
 
 // MountDisks mounts each disk, found by its serial, on its directory
 // (ext4; read-only when the VMM attached it read-only), waiting up to wait
-// for the disks to appear.
+// for the disks to appear. Shallower directories first, so a volume
+// inside another mount lands on top of it, not beneath.
 func MountDisks(mounts map[string]string, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
-	for serial, dir := range mounts {
+	for _, serial := range byDepth(mounts) {
+		dir := mounts[serial]
 		dev, err := waitDisk(serial, deadline)
 		if err != nil {
 			return err
 		}
 		os.MkdirAll(dir, 0o755)
-		var flags uintptr
-		if ro, _ := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/ro"); strings.TrimSpace(string(ro)) == "1" {
-			flags = unix.MS_RDONLY
-		}
-		if err := unix.Mount(dev, dir, "ext4", flags, ""); err != nil {
+		if err := unix.Mount(dev, dir, "ext4", readOnlyFlag(dev), ""); err != nil {
 			return fmt.Errorf("mount %s (%s) on %s: %w", dev, serial, dir, err)
 		}
 	}
 	return nil
+}
+
+// byDepth lists the serials of mounts by their directory, parents first.
+func byDepth(mounts map[string]string) []string {
+	serials := make([]string, 0, len(mounts))
+	for s := range mounts {
+		serials = append(serials, s)
+	}
+	slices.SortFunc(serials, func(a, b string) int {
+		da, db := mounts[a], mounts[b]
+		if c := strings.Count(da, "/") - strings.Count(db, "/"); c != 0 {
+			return c
+		}
+		return strings.Compare(da, db)
+	})
+	return serials
+}
+
+// readOnlyFlag is MS_RDONLY for a disk the VMM attached read-only: an
+// ext4 mounted read-write there would fail, and is never frozen.
+func readOnlyFlag(dev string) uintptr {
+	if ro, _ := os.ReadFile("/sys/block/" + filepath.Base(dev) + "/ro"); strings.TrimSpace(string(ro)) == "1" {
+		return unix.MS_RDONLY
+	}
+	return 0
+}
+
+// SysRoot is where PID 1 mounts the OS disk: the root `exec` runs in, and
+// the one a handed-over init gets.
+const SysRoot = "/sysroot"
+
+// MountOSRoot mounts the disk whose serial is serial (the OS disk) at root,
+// read-write unless the VMM attached it read-only, and makes visible inside
+// it the kernel's filesystems (/dev, /proc, /sys) and every nexus mount at
+// its path, so a program run in that root sees what the initramfs sees. It
+// waits up to wait for the disk. On an error nothing stays mounted at
+// root: a disk with no ext4 on it (an image nexus only copies) or a
+// read-only root without a mount point is a guest without an OS root, not
+// a failed boot.
+func MountOSRoot(serial, root string, mounts map[string]string, wait time.Duration) error {
+	dev, err := waitDisk(serial, time.Now().Add(wait))
+	if err != nil {
+		return err
+	}
+	os.MkdirAll(root, 0o755)
+	if err := unix.Mount(dev, root, "ext4", readOnlyFlag(dev), ""); err != nil {
+		return fmt.Errorf("mount %s (%s) on %s: %w", dev, serial, root, err)
+	}
+	binds := []string{"/dev", "/proc", "/sys"}
+	for _, s := range byDepth(mounts) {
+		binds = append(binds, mounts[s])
+	}
+	var bound []string
+	for _, dir := range binds {
+		// A recursive bind of a parent brought this one along.
+		if slices.ContainsFunc(bound, func(b string) bool { return strings.HasPrefix(dir, b+"/") }) {
+			continue
+		}
+		bound = append(bound, dir)
+		at := filepath.Join(root, dir)
+		if err := os.MkdirAll(at, 0o755); err != nil {
+			unix.Unmount(root, unix.MNT_DETACH)
+			return fmt.Errorf("mount point %s in the OS root: %w", dir, err)
+		}
+		// Recursive, so /dev/pts (the terminals exec with tty uses) and
+		// anything mounted below a nexus mount come along.
+		if err := unix.Mount(dir, at, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			unix.Unmount(root, unix.MNT_DETACH)
+			return fmt.Errorf("bind %s into the OS root: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// SwitchRoot makes root the root of the mount tree and of this process
+// and execs init there, as switch_root does: the initramfs stays beneath,
+// unreachable, and init becomes PID 1 with the OS root's mounts. It
+// returns only on failure.
+func SwitchRoot(root, init string, env []string) error {
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.Mount(".", "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move %s to /: %w", root, err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	// Checked here, in the new root, where an absolute symlink such as
+	// /sbin/init -> /lib/systemd/systemd resolves.
+	if fi, err := os.Stat(init); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("%s is not an executable file", init)
+	}
+	return unix.Exec(init, []string{init}, env)
+}
+
+// EnterRoot makes root this process's root and working directory (every
+// thread's: Go's threads share one fs context), so exec, file paths and
+// the freeze's mount table are all the OS root's.
+func EnterRoot(root string) error {
+	if err := unix.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.Chroot("."); err != nil {
+		return err
+	}
+	return unix.Chdir("/")
 }
 
 func loadModules(list string) error {

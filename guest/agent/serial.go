@@ -51,7 +51,7 @@ func (a *Agent) ServeSerial(ctx context.Context, port io.ReadWriter, idle time.D
 		if resync {
 			frame, err = skipToReset(br)
 		} else {
-			frame, err = readFrame(br)
+			frame, err = agentproto.ReadRawFrame(br)
 		}
 		if err == io.EOF {
 			// No host attached (or none yet): whatever session there was
@@ -99,27 +99,6 @@ func sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-time.After(d):
 	}
-}
-
-// readFrame reads one whole frame, length prefix included.
-func readFrame(r io.Reader) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > agentproto.MaxFrame {
-		return nil, agentproto.ErrProtocol
-	}
-	frame := make([]byte, 4+n)
-	copy(frame, hdr[:])
-	if _, err := io.ReadFull(r, frame[4:]); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return nil, err
-	}
-	return frame, nil
 }
 
 // resetPrefix is how every encoded reset's body begins: a map of its

@@ -159,6 +159,9 @@ func fleetPass(user string) string { return "pw-" + user }
 // starts a cluster under their template (after edit, if given, rewrote it).
 func startTemplateFleet(t testing.TB, hosts []string, edit func(string) string) *templateFleet {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a fleet cluster; make test runs it, -short does not")
+	}
 	for _, u := range append([]string{"auditor"}, hosts...) {
 		t.Setenv(PasswordVar(u), fleetPass(u))
 	}
@@ -279,7 +282,7 @@ func auditorRead(t *testing.T, js jetstream.JetStream, stream string) (jetstream
 
 func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []string {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		s, err := js.Stream(ctx, stream)
@@ -441,7 +444,7 @@ func TestFleetNodeLoss(t *testing.T) {
 	}
 	for i, m := range ms {
 		mirrorIsJournal(t, reader, hosts[i], js[i], m, 10)
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 		for {
 			st := js[i].MirrorState(context.Background())
 			if st.Connected && st.Exists && st.LagEvents == 0 && st.MirrorLastSeq == 10 {
@@ -484,7 +487,7 @@ func TestFleetNodeStoreLoss(t *testing.T) {
 	// Each mirror's replica on the emptied node is rebuilt from its peers:
 	// wait until that node reports it current, then compare.
 	for i, m := range ms {
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 		for {
 			if localMsgs(c.nodes[lost], HostAccount(hosts[i]), m.StreamName()) == 25 {
 				break
@@ -523,7 +526,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	c := startTemplateFleet(t, hosts, nil)
 	js, ms := c.openHosts(t, 5)
 	for i := range js {
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 		for st := js[i].MirrorState(context.Background()); st.MirrorLastSeq != 5; st = js[i].MirrorState(context.Background()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s never current: %+v", hosts[i], st)
@@ -543,7 +546,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 		t.Fatalf("20 appends took %v with the fleet down: the journal waited on it", d)
 	}
 	for i, j := range js {
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(testutil.Scale(10 * time.Second))
 		for st := j.MirrorState(context.Background()); st.Connected; st = j.MirrorState(context.Background()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s reports a link with every node down", hosts[i])

@@ -31,6 +31,7 @@ const (
 // the fleet where it was.
 func startFleet(t *testing.T, dir string, clientPort, leafPort int) *server.Server {
 	t.Helper()
+	skipInShort(t, "starts a fleet server")
 	o := &server.Options{
 		ServerName: "fleet", Host: "127.0.0.1", Port: clientPort,
 		JetStream: true, JetStreamDomain: fleetDomain, StoreDir: dir,

@@ -43,9 +43,10 @@ type syncState struct {
 	count int
 	// stored is the highest sequence a group or batch append has had
 	// acknowledged by the server (written, maybe not yet synced); durable
-	// the highest such sequence a completed fsync covers.
+	// the highest such sequence a completed fsync covers (written under mu,
+	// read without it, so a reader never waits for an fsync to see it).
 	stored  atomic.Uint64
-	durable uint64
+	durable atomic.Uint64
 }
 
 // syncStore fsyncs every message block that may hold a record written since
@@ -67,7 +68,7 @@ func (j *Journal) syncStoreLocked() error {
 		}
 		if done {
 			j.synced.count++
-			j.synced.durable = max(j.synced.durable, covers)
+			noteStored(&j.synced.durable, covers)
 			return nil
 		}
 	}
@@ -137,7 +138,7 @@ func (j *Journal) syncAllBlocksLocked(covers uint64) error {
 	}
 	j.synced.block = newest
 	j.synced.count++
-	j.synced.durable = max(j.synced.durable, covers)
+	noteStored(&j.synced.durable, covers)
 	return nil
 }
 
@@ -162,9 +163,7 @@ func (j *Journal) Syncs() int {
 // PublishGroup or AppendBatch that a completed fsync covers: no such
 // append may be acknowledged to its writer above it.
 func (j *Journal) DurableThrough() uint64 {
-	j.synced.mu.Lock()
-	defer j.synced.mu.Unlock()
-	return j.synced.durable
+	return j.synced.durable.Load()
 }
 
 // SyncThrough returns once the records up to seq, which PublishGroup
@@ -172,19 +171,31 @@ func (j *Journal) DurableThrough() uint64 {
 // written has completed (another group's, which covered them too),
 // otherwise after one of its own. Publishing goes on meanwhile.
 func (j *Journal) SyncThrough(seq uint64) error {
+	return j.SyncTurn()(seq)
+}
+
+// SyncTurn waits until no fsync is under way and reserves the next one: it
+// returns SyncThrough, to be called exactly once. A group committer takes
+// its turn before letting the next group publish, so at most one group
+// waits for the fsync under way, and the next forms meanwhile from every
+// writer that arrives, instead of many small groups each publishing on
+// its own.
+func (j *Journal) SyncTurn() func(seq uint64) error {
 	j.synced.mu.Lock()
-	if j.synced.durable >= seq {
+	return func(seq uint64) error {
+		if j.synced.durable.Load() >= seq {
+			j.synced.mu.Unlock()
+			return nil
+		}
+		err := j.syncStoreLocked()
 		j.synced.mu.Unlock()
+		if err != nil {
+			j.wmu.Lock()
+			defer j.wmu.Unlock()
+			return j.failedAppend(fmt.Sprintf("through sequence %d", seq), err)
+		}
 		return nil
 	}
-	err := j.syncStoreLocked()
-	j.synced.mu.Unlock()
-	if err != nil {
-		j.wmu.Lock()
-		defer j.wmu.Unlock()
-		return j.failedAppend(fmt.Sprintf("through sequence %d", seq), err)
-	}
-	return nil
 }
 
 // AppendGroup stores msgs in order with one fsync for all of them: it
@@ -278,6 +289,7 @@ func (j *Journal) PublishGroup(ctx context.Context, last uint64, msgs []Message)
 	return acks, stop
 }
 
+// noteStored raises v to seq if it is lower.
 func noteStored(v *atomic.Uint64, seq uint64) {
 	for cur := v.Load(); seq > cur && !v.CompareAndSwap(cur, seq); cur = v.Load() {
 	}

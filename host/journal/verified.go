@@ -171,7 +171,10 @@ func checkBlock(dir string, b block, stream string, prev map[uint32]blockMark, n
 	}
 	old, known := prev[b.index]
 	known = known && old.dev == st.dev && old.ino == st.ino && old.size >= int64(len(old.tail))
-	fresh := now.Sub(time.Unix(old.whole, 0)) < ScrubAge
+	// A record from the future (the clock was set back since) is not
+	// trusted to postpone the scrub.
+	since := now.Sub(time.Unix(old.whole, 0))
+	fresh := since >= -time.Minute && since < ScrubAge
 
 	var last [8]byte
 	if known && fresh && !old.racy && old.state() == st {
@@ -217,12 +220,15 @@ func checkBlock(dir string, b block, stream string, prev map[uint32]blockMark, n
 	if err != nil {
 		return nil, err
 	}
+	// Racy against the clock at this fstat, not the start of the whole
+	// check, which may have begun long before on a large store.
+	statAt := time.Now()
 	if after != st || st.size < int64(len(last)) {
 		return nil, nil
 	}
 	return &blockMark{
 		dev: st.dev, ino: st.ino, size: st.size, mtime: st.mtime, ctime: st.ctime,
-		tail: last, racy: time.Unix(0, st.ctime).After(now.Add(-racyWindow)), whole: wholeAt,
+		tail: last, racy: time.Unix(0, st.ctime).After(statAt.Add(-racyWindow)), whole: wholeAt,
 	}, nil
 }
 

@@ -770,7 +770,7 @@ func (r *relay) fromGuest() {
 			scan(one)
 			continue
 		}
-		frame, err := readFrame(br)
+		frame, err := agentproto.ReadRawFrame(br)
 		if err != nil {
 			if errors.Is(err, agentproto.ErrProtocol) {
 				// Not the agent's framing: nothing more can be
@@ -800,22 +800,6 @@ func (r *relay) fromGuest() {
 			r.mu.Unlock()
 		}
 	}
-}
-
-// readFrame reads one whole agent frame, length prefix included.
-func readFrame(r io.Reader) ([]byte, error) {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return nil, err
-	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > agentproto.MaxFrame {
-		return nil, fmt.Errorf("%w: frame of %d bytes", agentproto.ErrProtocol, n)
-	}
-	frame := make([]byte, 4+n)
-	copy(frame, hdr[:])
-	_, err := io.ReadFull(r, frame[4:])
-	return frame, err
 }
 
 // toGuest writes whole frames to the guest's side.
@@ -896,7 +880,7 @@ func (r *relay) serve(c net.Conn) {
 		return
 	}
 	for {
-		frame, err := readFrame(br)
+		frame, err := agentproto.ReadRawFrame(br)
 		if err != nil {
 			return
 		}

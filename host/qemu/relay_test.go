@@ -1,6 +1,7 @@
 package qemu
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -8,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	stdlog "log"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +20,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/guest/agent"
 	"github.com/nexus-sandbox/nexus/host/initramfs"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -215,3 +219,89 @@ func (c *cutoff) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = (*cutoff)(nil)
+
+// TestRelayFramesAndBoundariesWithoutQEMU: the relay in front of the real
+// guest agent's ServeSerial over one stream (a unix socket standing for
+// QEMU's end of the port), no VM: a session that abandons a read, then a
+// host that dies inside a frame, then a session that must read the whole
+// file intact. The half frame never reaches the agent (without whole-frame
+// forwarding it swallows the next session's reset and that session
+// times out), and nothing of the abandoned read reaches a later session.
+func TestRelayFramesAndBoundariesWithoutQEMU(t *testing.T) {
+	dir := testutil.ShortRoot(t)
+	guestRoot := t.TempDir()
+	data := make([]byte, 3<<20)
+	rand.Read(data)
+	os.WriteFile(filepath.Join(guestRoot, "big"), data, 0o600)
+	port := filepath.Join(dir, "port.sock")
+	l, err := net.Listen("unix", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		l.Close()
+		if err != nil {
+			served <- err
+			return
+		}
+		served <- agent.New(agent.Config{FreezeMounts: []string{}, Root: guestRoot}).ServeSerial(ctx, c, 10*time.Millisecond)
+	}()
+	r := &relay{agent: port, log: stdlog.New(io.Discard, "", 0), turn: make(chan struct{}, 1)}
+	vsock := filepath.Join(dir, "vsock.sock")
+	if err := r.listen(vsock); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		r.close()
+		cancel()
+		<-served
+	})
+	dial := func() *agentproto.Client {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		a, err := vmm.DialAgent(ctx, vsock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	for i := 0; i < 5; i++ {
+		a := dial()
+		if _, err := a.ReadFile(context.Background(), "/big", &cutoff{left: 1 << 20}); !errors.Is(err, errCutoff) {
+			t.Fatalf("abandoned read: %v", err)
+		}
+		a.Close()
+
+		// A host that dies inside a frame: the header promises 100
+		// bytes, 10 arrive.
+		c, err := net.Dial("unix", vsock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(c, "CONNECT 1024\n")
+		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
+			t.Fatalf("CONNECT: %q %v", line, err)
+		}
+		c.Write([]byte{0, 0, 0, 100, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+		c.Close()
+
+		a = dial()
+		h := sha256.New()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		n, err := a.ReadFile(ctx, "/big", h)
+		want := sha256.Sum256(data)
+		if err != nil || n != int64(len(data)) || !bytes.Equal(h.Sum(nil), want[:]) {
+			t.Fatalf("round %d: read after an abandoned read and a cut frame: %d bytes, %v", i, n, err)
+		}
+		if err := a.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		a.Close()
+	}
+}

@@ -27,6 +27,10 @@ type Guest struct {
 // and logs which it found, so each test says what it ran on.
 func RealGuest(t testing.TB) Guest {
 	t.Helper()
+	if testing.Short() {
+		// A software-emulated boot is seconds of CPU: not a unit test.
+		t.Skip("boots a real guest under QEMU; make test runs it, -short (make test-fast) does not")
+	}
 	missing := func(what string) {
 		t.Helper()
 		if os.Getenv(RequireQEMUEnv) == "1" {
