@@ -66,6 +66,25 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	return conn, err
 }
 
+// afterBreak runs when this client's connection to its daemon broke and
+// it is about to go on: whatever daemon answers now must be of this build.
+// A dial alone cannot tell: when the replacement already listens, the dial
+// succeeds, and a command from before an upgrade would talk to the new
+// build's daemon silently (an old `events --follow` was seen doing so).
+func (c *Client) afterBreak(ctx context.Context) error {
+	if c.ensure == nil {
+		return nil
+	}
+	if re := c.lost.Load(); re != nil {
+		return re
+	}
+	err := c.ensure(ctx)
+	if re := (*replacedError)(nil); errors.As(err, &re) {
+		c.lost.Store(re)
+	}
+	return err
+}
+
 // gone is a dial error that means no daemon listens on the socket.
 func gone(err error) bool {
 	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
@@ -84,6 +103,9 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 	}
 	if err == nil || c.ensure == nil {
 		return resp, err
+	}
+	if aerr := c.afterBreak(req.Context()); aerr != nil {
+		return nil, aerr
 	}
 	if req.GetBody != nil {
 		body, berr := req.GetBody()
@@ -231,7 +253,9 @@ func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ..
 		// append unanswered: send it once more, through a daemon that
 		// answers. It may have been stored; its events' ids make the
 		// journal store it once.
-		resp, err = c.appendOnce(ctx, &req)
+		if err = c.afterBreak(ctx); err == nil {
+			resp, err = c.appendOnce(ctx, &req)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
@@ -246,7 +270,12 @@ func (c *Client) appendOnce(ctx context.Context, req *streamRequest) (*streamRes
 	s := c.stream
 	if s == nil || s.broken() {
 		var err error
-		s, err = dialAppendStream(ctx, c.dial)
+		if s != nil {
+			err = c.afterBreak(ctx)
+		}
+		if err == nil {
+			s, err = dialAppendStream(ctx, c.dial)
+		}
 		if err != nil {
 			c.smu.Unlock()
 			if ctx.Err() != nil {
@@ -285,6 +314,13 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 			// Another build serves the root now: following it would
 			// be using it silently (autostart.go, redial).
 			return re
+		}
+		if err := c.afterBreak(ctx); err != nil {
+			if re := (*replacedError)(nil); errors.As(err, &re) || ctx.Err() != nil {
+				return err
+			}
+			// No daemon could be made to answer yet: the next
+			// attempt's dial tries again, as before.
 		}
 		if last > 0 {
 			// Resume by position: the tail and start time were spent.

@@ -301,3 +301,72 @@ func TestOldFollowerStopsWhenItsDaemonIsReplaced(t *testing.T) {
 		t.Fatalf("daemons %v after the old follower stopped, want B's %v", after, now)
 	}
 }
+
+// TestOldFollowerFindsTheNewDaemonAlreadyUp: the window the test above
+// leaves to chance, held open. Build A's follower is stopped (SIGSTOP)
+// while its daemon is killed and build B's starts; resumed, the follower
+// finds its stream broken and a daemon already listening. Its dial then
+// succeeds, so only a build check after the break keeps it from following
+// B's daemon silently: it must stop with the one-line refusal.
+func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
+	t.Parallel()
+	binA := anotherBuild(t)
+	root := shortRoot(t)
+	mustOK(t, nexusBinEnv(t, binA, root, nil, "demo"), "demo of build A")
+	f := exec.Command(binA, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
+	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	var ferr bytes.Buffer
+	f.Stderr = &ferr
+	out, err := f.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.StartChild(t, f)
+	heard := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			heard <- sc.Text()
+		}
+		close(heard)
+	}()
+	select {
+	case <-heard:
+	case <-time.After(testutil.Scale(2 * time.Minute)):
+		t.Fatal("follower heard nothing")
+	}
+	was := daemonPids(root)
+	if len(was) != 1 || exeOf(was[0]) != binA {
+		t.Fatalf("daemons before: %v, want one of build A", was)
+	}
+	if err := f.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Kill(was[0], syscall.SIGKILL)
+	waitUntil(t, "build A's daemon gone", func() bool { return len(daemonPids(root)) == 0 })
+	mustOK(t, nexus(t, root, "demo"), "demo of build B")
+	now := daemonPids(root)
+	if len(now) != 1 || exeOf(now[0]) != nexusBin {
+		t.Fatalf("daemons after B's demo: %v, want one of build B", now)
+	}
+	if err := f.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- f.Wait() }()
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+			t.Fatalf("the old follower ended %v, want exit 1 (stderr %q)", err, ferr.String())
+		}
+	case <-time.After(testutil.Scale(time.Minute)):
+		f.Process.Kill()
+		<-done
+		t.Fatalf("the old follower still runs after build B's daemon took the root (stderr %q)", ferr.String())
+	}
+	wantFailure(t, result{1, "", ferr.String()}, 1, "now runs another nexus build")
+	if after := daemonPids(root); !slices.Equal(after, now) {
+		t.Fatalf("daemons %v after the old follower stopped, want B's %v", after, now)
+	}
+}
