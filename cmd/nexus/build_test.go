@@ -342,6 +342,11 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 	if err := f.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
+	// A stop takes effect when each of the follower's threads next enters
+	// the kernel: killing the daemon before then lets the follower see the
+	// break and take the daemon spawn lock, which it would then hold,
+	// stopped, for the rest of the test.
+	waitUntil(t, "every thread of the follower stopped", func() bool { return allThreadsStopped(f.Process.Pid) })
 	syscall.Kill(was[0], syscall.SIGKILL)
 	waitUntil(t, "build A's daemon gone", func() bool { return len(daemonPids(root)) == 0 })
 	mustOK(t, nexus(t, root, "demo"), "demo of build B")
@@ -369,4 +374,25 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 	if after := daemonPids(root); !slices.Equal(after, now) {
 		t.Fatalf("daemons %v after the old follower stopped, want B's %v", after, now)
 	}
+}
+
+
+// allThreadsStopped is whether every thread of pid is in the stopped state.
+func allThreadsStopped(pid int) bool {
+	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		data, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", task.Name(), "stat"))
+		if err != nil {
+			return false
+		}
+		// "tid (comm) S ...": the state follows the parenthesised name.
+		i := bytes.LastIndexByte(data, ')')
+		if i < 0 || i+2 >= len(data) || data[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
