@@ -376,7 +376,6 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 	}
 }
 
-
 // allThreadsStopped is whether every thread of pid is in the stopped state.
 func allThreadsStopped(pid int) bool {
 	tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
