@@ -250,52 +250,13 @@ func TestOldFollowerStopsWhenItsDaemonIsReplaced(t *testing.T) {
 	t.Parallel()
 	binA := anotherBuild(t)
 	root := shortRoot(t)
-	mustOK(t, nexusBinEnv(t, binA, root, nil, "demo"), "demo of build A")
-	f := exec.Command(binA, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
-	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	var ferr bytes.Buffer
-	f.Stderr = &ferr
-	out, err := f.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.StartChild(t, f)
-	heard := make(chan string, 8)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			heard <- sc.Text()
-		}
-		close(heard)
-	}()
-	select {
-	case line := <-heard:
-		if !strings.Contains(line, "sandbox.created") {
-			t.Fatalf("follower heard %q", line)
-		}
-	case <-time.After(testutil.Scale(2 * time.Minute)):
-		t.Fatal("follower heard nothing")
-	}
+	f, ferr := startOldFollower(t, binA, root)
 	mustOK(t, nexus(t, root, "demo"), "demo of build B")
 	now := daemonPids(root)
 	if len(now) != 1 || exeOf(now[0]) != nexusBin {
 		t.Fatalf("daemons after B's demo: %v, want one of build B", now)
 	}
-	done := make(chan error, 1)
-	go func() { done <- f.Wait() }()
-	select {
-	case err := <-done:
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-			t.Fatalf("the old follower ended %v, want exit 1 (stderr %q)", err, ferr.String())
-		}
-	case <-time.After(testutil.Scale(time.Minute)):
-		pids := daemonPids(root)
-		f.Process.Kill()
-		<-done
-		t.Fatalf("the old follower still runs; daemons %v, were %v", pids, now)
-	}
-	wantFailure(t, result{1, "", ferr.String()}, 1, "now runs another nexus build")
+	wantFollowerRefused(t, f, ferr, root, now)
 	mustOK(t, nexus(t, root, "demo"), "demo of build B")
 	if after := daemonPids(root); !slices.Equal(after, now) {
 		t.Fatalf("daemons %v after the old follower stopped, want B's %v", after, now)
@@ -312,29 +273,7 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 	t.Parallel()
 	binA := anotherBuild(t)
 	root := shortRoot(t)
-	mustOK(t, nexusBinEnv(t, binA, root, nil, "demo"), "demo of build A")
-	f := exec.Command(binA, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
-	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	var ferr bytes.Buffer
-	f.Stderr = &ferr
-	out, err := f.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.StartChild(t, f)
-	heard := make(chan string, 64)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			heard <- sc.Text()
-		}
-		close(heard)
-	}()
-	select {
-	case <-heard:
-	case <-time.After(testutil.Scale(2 * time.Minute)):
-		t.Fatal("follower heard nothing")
-	}
+	f, ferr := startOldFollower(t, binA, root)
 	was := daemonPids(root)
 	if len(was) != 1 || exeOf(was[0]) != binA {
 		t.Fatalf("daemons before: %v, want one of build A", was)
@@ -357,6 +296,49 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 	if err := f.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
+	wantFollowerRefused(t, f, ferr, root, now)
+	if after := daemonPids(root); !slices.Equal(after, now) {
+		t.Fatalf("daemons %v after the old follower stopped, want B's %v", after, now)
+	}
+}
+
+// startOldFollower runs build A's demo on root, then an `events --follow`
+// of build A, and returns once it printed its first sandbox.created.
+func startOldFollower(t *testing.T, binA, root string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	mustOK(t, nexusBinEnv(t, binA, root, nil, "demo"), "demo of build A")
+	f := exec.Command(binA, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
+	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	ferr := new(bytes.Buffer)
+	f.Stderr = ferr
+	out, err := f.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.StartChild(t, f)
+	heard := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			heard <- sc.Text()
+		}
+		close(heard)
+	}()
+	select {
+	case line := <-heard:
+		if !strings.Contains(line, "sandbox.created") {
+			t.Fatalf("follower heard %q", line)
+		}
+	case <-time.After(testutil.Scale(2 * time.Minute)):
+		t.Fatal("follower heard nothing")
+	}
+	return f, ferr
+}
+
+// wantFollowerRefused waits for the old follower f to stop with exit 1 and
+// the one-line refusal, while build B's daemons (now) serve root.
+func wantFollowerRefused(t *testing.T, f *exec.Cmd, ferr *bytes.Buffer, root string, now []int) {
+	t.Helper()
 	done := make(chan error, 1)
 	go func() { done <- f.Wait() }()
 	select {
@@ -366,14 +348,12 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 			t.Fatalf("the old follower ended %v, want exit 1 (stderr %q)", err, ferr.String())
 		}
 	case <-time.After(testutil.Scale(time.Minute)):
+		pids := daemonPids(root)
 		f.Process.Kill()
 		<-done
-		t.Fatalf("the old follower still runs after build B's daemon took the root (stderr %q)", ferr.String())
+		t.Fatalf("the old follower still runs; daemons %v, build B's were %v (stderr %q)", pids, now, ferr.String())
 	}
 	wantFailure(t, result{1, "", ferr.String()}, 1, "now runs another nexus build")
-	if after := daemonPids(root); !slices.Equal(after, now) {
-		t.Fatalf("daemons %v after the old follower stopped, want B's %v", after, now)
-	}
 }
 
 // allThreadsStopped is whether every thread of pid is in the stopped state.
