@@ -225,3 +225,33 @@ func TestSpawnLockWaitEndsOnCancel(t *testing.T) {
 		t.Fatalf("cancelled wait = %v, want context.Canceled", err)
 	}
 }
+
+// The kernel names the process that took a flock even after it exited,
+// while a process it started holds the descriptor: the message says that
+// pid no longer runs rather than name it as a process to resume or end.
+// flock(1) hands its descriptor to its command, here a shell that leaves
+// a sleep holding it and exits.
+func TestSpawnLockWaitNamesGoneTaker(t *testing.T) {
+	path := filepath.Join(t.TempDir(), SpawnLockName)
+	taker := exec.Command("flock", "-x", path, "sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!")
+	out, err := taker.Output()
+	if err != nil {
+		t.Fatalf("flock: %v", err)
+	}
+	var sleeper int
+	if _, err := fmt.Sscan(string(out), &sleeper); err != nil {
+		t.Fatalf("flock said %q", out)
+	}
+	t.Cleanup(func() { syscall.Kill(sleeper, syscall.SIGKILL) })
+	a := &AutoStart{LockGrace: time.Nanosecond, LockWait: 100 * time.Millisecond, Ready: time.Hour}
+	err = waitDone(t, acquireAsync(t.Context(), path, a), "a bounded wait")
+	want := fmt.Sprintf("by a process that inherited it from pid %d, which no longer runs: end the process that holds it", taker.Process.Pid)
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("wait = %v, want ErrBusy saying %q", err, want)
+	}
+	syscall.Kill(sleeper, syscall.SIGKILL)
+	a.LockWait = time.Hour
+	if err := waitDone(t, acquireAsync(t.Context(), path, a), "a wait once the descriptor's last holder died"); err != nil {
+		t.Fatal(err)
+	}
+}

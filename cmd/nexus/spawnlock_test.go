@@ -109,3 +109,21 @@ func TestStoppedSpawnLockHolder(t *testing.T) {
 		t.Fatalf("daemons running: %v", pids)
 	}
 }
+
+// A bad NEXUS_SPAWN_WAIT is a usage error (exit 2, one line), before any
+// daemon is started.
+func TestSpawnWaitUsage(t *testing.T) {
+	root := shortRoot(t)
+	for _, v := range []string{"soon", "0s", "-1s"} {
+		c := exec.Command(nexusBin, "--state-dir", root, "ls")
+		c.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_SPAWN_WAIT="+v)
+		var stderr strings.Builder
+		c.Stderr = &stderr
+		if code := runBounded(t, c, "ls with NEXUS_SPAWN_WAIT="+v); code != 2 || strings.Count(stderr.String(), "\n") != 1 || !strings.Contains(stderr.String(), "NEXUS_SPAWN_WAIT") {
+			t.Errorf("NEXUS_SPAWN_WAIT=%s: exit %d, stderr %q; want 2 and one line naming it", v, code, stderr.String())
+		}
+	}
+	if pids := daemonPids(root); len(pids) != 0 {
+		t.Fatalf("a refused command started a daemon: %v", pids)
+	}
+}
