@@ -288,6 +288,13 @@ func acquireSpawnLock(ctx context.Context, path string, a *AutoStart) (*lease.Le
 		}
 		if waited := time.Since(start); waited >= min(grace, bound) {
 			h := spawnHolder(lease.Who(path))
+			if _, ok := h.holder(); !ok {
+				// The holder may have let go since the try: try once
+				// more before naming nobody.
+				if l, err := lease.TryAcquire(path); err == nil {
+					return l, nil
+				}
+			}
 			if waited >= bound && (!h.running() || waited >= running) {
 				// It waited at least the bound that applied.
 				over := bound
