@@ -31,7 +31,28 @@ type AutoStart struct {
 	Args func(root string) []string
 	// Ready bounds the wait for a started daemon to answer on its socket.
 	Ready time.Duration
+	// LockGrace is how long a command waits in silence for another that
+	// holds the spawn lock (0: DefaultLockGrace); then Notice is given
+	// one line naming the holder.
+	LockGrace time.Duration
+	Notice    func(line string)
+	// LockWait bounds that wait (0: DefaultLockWait) while the holder is
+	// stopped (Ctrl-Z), or cannot be seen. A holder that is running is
+	// starting or replacing a daemon, bounded by its own Ready twice
+	// over: the waiter gives it that long on top.
+	LockWait time.Duration
+	// Locked, if set, runs with the spawn lock just taken: the tests'
+	// way to stop a real command while it holds the lock.
+	Locked func()
 }
+
+// DefaultLockGrace and DefaultLockWait are the spawn lock waits unless
+// AutoStart sets others. Starting a daemon takes well under a second on an
+// idle root, so 2 s of silence already means the holder is slow or stopped.
+const (
+	DefaultLockGrace = 2 * time.Second
+	DefaultLockWait  = 30 * time.Second
+)
 
 // ConnectOptions configure ConnectWith.
 type ConnectOptions struct {
@@ -199,11 +220,14 @@ func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error 
 // commands finding it replace it once; one started by hand is refused.
 func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bool) error {
 	sock := filepath.Join(root, SocketName)
-	l, err := acquireSpawnLock(ctx, filepath.Join(root, SpawnLockName))
+	l, err := acquireSpawnLock(ctx, filepath.Join(root, SpawnLockName), o.Auto)
 	if err != nil {
 		return err
 	}
 	defer l.Release()
+	if o.Auto.Locked != nil {
+		o.Auto.Locked()
+	}
 	if c, st, err := dialStatus(ctx, sock); err == nil {
 		defer c.Close()
 		switch {
@@ -239,7 +263,20 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 	return nil
 }
 
-func acquireSpawnLock(ctx context.Context, path string) (*lease.Lease, error) {
+// acquireSpawnLock takes the spawn lock, waiting for its holder. A holder
+// can be stopped (Ctrl-Z on a command, a debugger) and would then hold
+// every other command on the root forever: after a's grace the wait says
+// once who holds it, and it fails with ErrBusy after a's bound unless the
+// holder is seen running, which it is while it starts a daemon. The flock
+// is the truth; the kernel's lock table, not the pid recorded in the file,
+// names the holder.
+func acquireSpawnLock(ctx context.Context, path string, a *AutoStart) (*lease.Lease, error) {
+	start := time.Now()
+	grace, bound := a.lockGrace(), a.lockWait()
+	// The holder's own bound: retiring another build's daemon, then
+	// starting one, each up to ready().
+	running := bound + 2*a.ready()
+	noticed := false
 	backoff := 2 * time.Millisecond
 	for {
 		l, err := lease.TryAcquire(path)
@@ -249,12 +286,154 @@ func acquireSpawnLock(ctx context.Context, path string) (*lease.Lease, error) {
 		if !errors.Is(err, lease.ErrHeld) {
 			return nil, fmt.Errorf("daemon spawn lock: %w", err)
 		}
+		if waited := time.Since(start); waited >= min(grace, bound) {
+			h := spawnHolder(lease.Who(path))
+			if _, ok := h.holder(); !ok {
+				// The holder may have let go since the try: try once
+				// more before naming nobody.
+				if l, err := lease.TryAcquire(path); err == nil {
+					return l, nil
+				}
+			}
+			if waited >= bound && (!h.running() || waited >= running) {
+				// It waited at least the bound that applied.
+				over := bound
+				if h.running() {
+					over = running
+				}
+				return nil, fmt.Errorf("%w: the daemon spawn lock %s is still held after %s by %s: %s, then run the command again",
+					ErrBusy, path, over, h, h.remedy())
+			}
+			if !noticed && a.Notice != nil {
+				noticed = true
+				until := "Ctrl-C stops waiting"
+				if !h.running() {
+					until = fmt.Sprintf("giving up after %s unless it runs; %s", bound, until)
+				}
+				a.Notice(fmt.Sprintf("waiting for the daemon spawn lock %s, held by %s: %s (%s)", path, h, h.remedy(), until))
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, 50*time.Millisecond)
+	}
+}
+
+func (a *AutoStart) lockGrace() time.Duration {
+	if a.LockGrace <= 0 {
+		return DefaultLockGrace
+	}
+	return a.LockGrace
+}
+
+func (a *AutoStart) lockWait() time.Duration {
+	if a.LockWait <= 0 {
+		return DefaultLockWait
+	}
+	return a.LockWait
+}
+
+// spawnHolder is who holds the spawn lock, as far as this process can tell.
+type spawnHolder lease.Holding
+
+// holder is the live process the kernel names as the holder, if any. A
+// zombie has closed its files: the lock it took is held by a process it
+// started.
+func (h spawnHolder) holder() (lease.LockHolder, bool) {
+	for _, k := range h.Holders {
+		if k.Exclusive && k.State != 0 && k.State != 'Z' {
+			return k, true
+		}
+	}
+	return lease.LockHolder{}, false
+}
+
+func (h spawnHolder) running() bool {
+	k, ok := h.holder()
+	return ok && k.State != 'T' && k.State != 't'
+}
+
+// String names the holder, and what the kernel's table and the pid in the
+// file say when they disagree, without guessing past them.
+func (h spawnHolder) String() string {
+	rec := h.Recorded
+	var s string
+	if k, ok := h.holder(); ok {
+		s = process(k)
+		if rec.Pid != 0 && rec.Pid != k.Pid {
+			s += fmt.Sprintf("; the lock file records pid %d, which is not the holder", rec.Pid)
+		}
+		return s
+	}
+	for _, k := range h.Holders {
+		if k.Exclusive {
+			// Taken by a process that is gone: one it started before
+			// exiting holds the descriptor still.
+			return fmt.Sprintf("a process that inherited it from pid %d, which no longer runs", k.Pid)
+		}
+	}
+	switch {
+	case h.HoldersErr != nil:
+		s = fmt.Sprintf("a process the kernel's lock table does not name (%v)", h.HoldersErr)
+	default:
+		s = "a process not in this process's view of /proc/locks (another pid namespace, or it just let go)"
+	}
+	switch {
+	case rec.Pid == 0:
+	case rec.State == 0:
+		s += fmt.Sprintf("; the lock file records pid %d, which no longer runs", rec.Pid)
+	default:
+		s += fmt.Sprintf("; the lock file records %s, unconfirmed", process(rec))
+	}
+	return s
+}
+
+// remedy says what frees the lock.
+func (h spawnHolder) remedy() string {
+	k, ok := h.holder()
+	switch {
+	case !ok:
+		return "end the process that holds it"
+	case k.State == 'T':
+		return fmt.Sprintf("resume it with `kill -CONT %d` (or `fg` in its shell) or end it", k.Pid)
+	case k.State == 't':
+		return fmt.Sprintf("detach the debugger from pid %d or end it", k.Pid)
+	default:
+		return fmt.Sprintf("let it finish or end it (`kill %d`)", k.Pid)
+	}
+}
+
+// process is "pid N (command), state".
+func process(p lease.LockHolder) string {
+	cmd := p.Command
+	if cmd == "" {
+		cmd = "command line unreadable"
+	}
+	return fmt.Sprintf("pid %d (%s), %s", p.Pid, cmd, stateText(p.State))
+}
+
+// stateText reads a /proc/<pid>/stat state letter for a person.
+func stateText(s byte) string {
+	switch s {
+	case 0:
+		return "no longer running"
+	case 'T':
+		return "stopped (Ctrl-Z or SIGSTOP)"
+	case 't':
+		return "stopped by a debugger"
+	case 'R':
+		return "running"
+	case 'S', 'I':
+		return "running (sleeping)"
+	case 'D':
+		return "running (in uninterruptible I/O)"
+	case 'Z':
+		return "exited, not yet reaped by its parent"
+	default:
+		return fmt.Sprintf("state %c", s)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -62,10 +63,30 @@ func connectOptions() (control.ConnectOptions, error) {
 	if err != nil {
 		return o, err
 	}
+	wait, err := spawnWaitFromEnv()
+	if err != nil {
+		return o, err
+	}
 	o.Auto = &control.AutoStart{Exe: exe, Args: func(root string) []string {
 		return []string{"--state-dir", root, "daemon", "--auto"}
+	}, LockWait: wait, Locked: spawnLockHook(), Notice: func(line string) {
+		fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(line))
 	}}
 	return o, nil
+}
+
+// spawnWaitFromEnv reads NEXUS_SPAWN_WAIT, the bound on waiting for a
+// stopped command that holds the daemon spawn lock (0: the default).
+func spawnWaitFromEnv() (time.Duration, error) {
+	s := os.Getenv("NEXUS_SPAWN_WAIT")
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, usageError{fmt.Errorf("NEXUS_SPAWN_WAIT=%q: want a positive duration such as 30s", s)}
+	}
+	return d, nil
 }
 
 // idleFromEnv reads NEXUS_DAEMON_IDLE for a daemon started on demand.

@@ -14,6 +14,8 @@ import (
 
 func testHooks() func(kind, step string, phase sagas.Phase) { return nil }
 
+func spawnLockHook() func() { return nil }
+
 func failAppends(b control.Backend) control.Backend { return b }
 
 func testCommands(*globals) []*cobra.Command { return nil }

@@ -96,16 +96,33 @@ func pauseHook(at string) func(kind, step string, phase sagas.Phase) {
 	}
 	return func(kind, step string, p sagas.Phase) {
 		if match(kind, step, p) {
-			// A self-sent SIGSTOP may take effect a little after kill(2)
-			// returns; waiting for the SIGCONT itself makes the pause exact.
-			cont := make(chan os.Signal, 1)
-			signal.Notify(cont, syscall.SIGCONT)
-			defer signal.Stop(cont)
-			fmt.Fprintf(os.Stderr, "nexus: paused at %s (pid %d)\n", at, os.Getpid())
-			syscall.Kill(os.Getpid(), syscall.SIGSTOP)
-			<-cont
+			pauseHere(at)
 		}
 	}
+}
+
+// spawnLockPause is NEXUS_PAUSE_AT=daemon.spawn-lock: the command stops
+// with the daemon spawn lock just taken, as one a user stopped with Ctrl-Z
+// at that instant would.
+const spawnLockPause = "daemon.spawn-lock"
+
+func spawnLockHook() func() {
+	if os.Getenv("NEXUS_PAUSE_AT") != spawnLockPause {
+		return nil
+	}
+	return func() { pauseHere(spawnLockPause) }
+}
+
+// pauseHere says so on stderr, then stops this process until SIGCONT.
+func pauseHere(at string) {
+	// A self-sent SIGSTOP may take effect a little after kill(2) returns;
+	// waiting for the SIGCONT itself makes the pause exact.
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	fmt.Fprintf(os.Stderr, "nexus: paused at %s (pid %d)\n", at, os.Getpid())
+	syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	<-cont
 }
 
 // failAppends wraps b for the failure-injection tests: with

@@ -48,6 +48,11 @@ type LockHolder struct {
 	Pid       int
 	Exclusive bool
 	Command   string // argv joined by spaces, "" if unreadable
+	// State is the process's state letter from /proc/<pid>/stat ('R',
+	// 'S', 'D', 'T' stopped by a signal, ...), 0 if it no longer runs: the
+	// kernel names the process that took a flock, and a descendant that
+	// inherited the descriptor keeps it held after that process is gone.
+	State byte
 }
 
 func (h LockHolder) String() string {
@@ -89,7 +94,7 @@ func Holders(path string) ([]LockHolder, error) {
 		if err != nil || pid <= 0 {
 			continue
 		}
-		out = append(out, LockHolder{Pid: pid, Exclusive: fields[3] == "WRITE", Command: command(pid)})
+		out = append(out, LockHolder{Pid: pid, Exclusive: fields[3] == "WRITE", Command: command(pid), State: state(pid)})
 	}
 	return out, sc.Err()
 }
@@ -100,6 +105,46 @@ func command(pid int) string {
 		return ""
 	}
 	return strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " "))
+}
+
+// state reads pid's state letter, 0 if it is gone. The comm field before
+// it may hold spaces and ')', so only the last ')' ends it.
+func state(pid int) byte {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 || i+2 >= len(data) {
+		return 0
+	}
+	return data[i+2]
+}
+
+// Holding is what a process waiting for a flock can learn of who holds it.
+type Holding struct {
+	// Holders is the kernel's answer (/proc/locks), nil with HoldersErr
+	// set if it could not be read. Empty without an error, the lock was
+	// released meanwhile or its holder is in a pid namespace this process
+	// cannot see (the kernel then hides it).
+	Holders    []LockHolder
+	HoldersErr error
+	// Recorded is the pid the last holder wrote into the file, with its
+	// command and state now (Pid 0 if none). It is only a claim: the
+	// holder writes it just after taking the flock, and nothing erases it
+	// when the flock is dropped, so it may name an earlier holder or a
+	// process that reused the pid.
+	Recorded LockHolder
+}
+
+// Who reads who holds path's flock, for a message to a person waiting.
+func Who(path string) Holding {
+	var h Holding
+	h.Holders, h.HoldersErr = Holders(path)
+	if pid := Holder(path); pid > 0 {
+		h.Recorded = LockHolder{Pid: pid, Command: command(pid), State: state(pid)}
+	}
+	return h
 }
 
 func holdersSuffix(path string) string {
