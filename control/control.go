@@ -59,29 +59,25 @@ type Backend interface {
 type Local struct{ *node.Node }
 
 func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
-	if err := l.Load(ctx); err != nil {
-		return nil, err
-	}
 	var out []projections.Sandbox
-	l.View(func(v node.Views) {
-		for _, sb := range v.Sandboxes.List() {
-			out = append(out, *sb)
+	for after := ""; ; {
+		page, err := l.Node.SandboxPage(ctx, after, localPage)
+		if err != nil {
+			return nil, err
 		}
-	})
-	return out, nil
+		out = append(out, page...)
+		if len(page) < localPage {
+			return out, nil
+		}
+		after = page[len(page)-1].ID
+	}
 }
 
+// localPage is how many records Sandboxes reads from the store at a time.
+const localPage = 1000
+
 func (l Local) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
-	if err := l.Load(ctx); err != nil {
-		return nil, err
-	}
-	var out []projections.Sandbox
-	l.View(func(v node.Views) {
-		for _, sb := range v.Sandboxes.Page(after, limit) {
-			out = append(out, *sb)
-		}
-	})
-	return out, nil
+	return l.Node.SandboxPage(ctx, after, limit)
 }
 
 func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
@@ -89,23 +85,11 @@ func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bo
 }
 
 func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error) {
-	if err := l.Load(ctx); err != nil {
-		return "", "", false, err
-	}
-	l.View(func(v node.Views) { sandbox, path, found = v.Sandboxes.OwnerOf(paths, except) })
-	return sandbox, path, found, nil
+	return l.Node.OwnerOf(ctx, paths, except)
 }
 
 func (l Local) SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error) {
-	if err := l.Load(ctx); err != nil {
-		return projections.Sandbox{}, false, err
-	}
-	l.View(func(v node.Views) {
-		if p := v.Sandboxes.SnapshotOwner(snap); p != nil {
-			sb, found = *p, true
-		}
-	})
-	return sb, found, nil
+	return l.Node.SnapshotOwner(ctx, snap)
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {

@@ -160,8 +160,25 @@ func (m multimap) least(key, except string) (id string, found bool) {
 }
 
 // NewSandboxes returns an empty view.
-func NewSandboxes() *Sandboxes {
-	return &Sandboxes{byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), snaps: newMultimap()}
+func NewSandboxes() *Sandboxes { return NewSandboxesAt(0) }
+
+// NewSandboxesAt returns an empty view that has folded the journal up to
+// seq: the overlay a node keeps over its stored records, which holds only
+// the sandboxes touched since.
+func NewSandboxesAt(seq uint64) *Sandboxes {
+	return &Sandboxes{seq: seq, byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), snaps: newMultimap()}
+}
+
+// Put adds sb to the view as it is, replacing any record of its ID: a
+// node seeds its overlay with a stored record before folding an event
+// about that sandbox. The view keeps sb; the caller must not.
+func (s *Sandboxes) Put(sb *Sandbox) {
+	before := s.indexedOf(sb.ID)
+	if _, had := s.byID[sb.ID]; !had {
+		s.ids = nil
+	}
+	s.byID[sb.ID] = sb
+	s.reindexAll(sb.ID, before)
 }
 
 // indexed is what the indexes hold of one sandbox. Resources and
@@ -194,6 +211,11 @@ func (s *Sandboxes) reindex(id string, before indexed) {
 	if now.handle == before.handle && same(now.resources, before.resources) && same(now.snapshots, before.snapshots) {
 		return // the common event: neither handle, resources nor snapshots changed
 	}
+	s.reindexAll(id, before)
+}
+
+// reindexAll is reindex without its shortcut, for a record replaced whole.
+func (s *Sandboxes) reindexAll(id string, before indexed) {
 	if before.handle != "" {
 		s.handles.del(before.handle, id)
 	}
@@ -203,7 +225,7 @@ func (s *Sandboxes) reindex(id string, before indexed) {
 	for _, snap := range before.snapshots {
 		s.snaps.del(snap, id)
 	}
-	s.index(id, now)
+	s.index(id, s.indexedOf(id))
 }
 
 func (s *Sandboxes) index(id string, x indexed) {
@@ -467,6 +489,21 @@ func (s *Sandboxes) commit(e events.Event, handle, image, driver string) *Sandbo
 	sb.Handle, sb.Image, sb.Driver = handle, image, driver
 	sb.State, sb.Saga = StateStopped, ""
 	return sb
+}
+
+// EncodeSandbox is one sandbox record as a store keeps it (the encoding
+// of one element of MarshalState's list).
+func EncodeSandbox(sb *Sandbox) ([]byte, error) { return msgpack.Marshal(sb) }
+
+// DecodeSandbox reads a record EncodeSandbox wrote, as UnmarshalState
+// reads each element of a snapshot.
+func DecodeSandbox(data []byte) (*Sandbox, error) {
+	var sb Sandbox
+	if err := events.StrictUnmarshal(data, &sb); err != nil {
+		return nil, err
+	}
+	sb.CreatedAt, sb.UpdatedAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC()
+	return &sb, nil
 }
 
 func (s *Sandboxes) MarshalState() ([]byte, error) {
