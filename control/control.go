@@ -119,21 +119,17 @@ func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
 }
 
 func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
-	if err := l.Load(ctx); err != nil {
-		return projections.ImageCacheState{}, err
-	}
-	var st projections.ImageCacheState
-	l.View(func(v node.Views) { st = v.Images.State() })
-	return st, nil
+	return l.Node.ImageCache(ctx)
 }
 
+// Bootstrap reads the sandbox's own record: on a lazy node, its events
+// alone.
 func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
-	if err := l.Load(ctx); err != nil {
+	sb, found, err := l.Node.Sandbox(ctx, id)
+	if err != nil || !found {
 		return events.Bootstrap{}, err
 	}
-	var b events.Bootstrap
-	l.View(func(v node.Views) { b = v.Images.BootstrapOf(id) })
-	return b, nil
+	return sb.Bootstrap, nil
 }
 
 // ErrBusy means the state root stayed owned by another process that serves

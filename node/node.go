@@ -234,6 +234,30 @@ func (n *Node) SnapshotOwner(ctx context.Context, snap string) (projections.Sand
 	return *sb, true, nil
 }
 
+// ImageCache is the image cache's state: its entries and open sagas, and
+// every persisted sandbox with the entry it came from, read from the store
+// a page at a time (prune and list need them all).
+func (n *Node) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return projections.ImageCacheState{}, err
+	}
+	var users []projections.CacheUser
+	for after := ""; ; {
+		page, err := n.sandboxes.page(after, 1000)
+		if err != nil {
+			return projections.ImageCacheState{}, err
+		}
+		users = append(users, projections.CacheUsers(page)...)
+		if len(page) < 1000 {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	return n.images.State(users), nil
+}
+
 // SandboxCount is the number of sandboxes the journal shows.
 func (n *Node) SandboxCount(ctx context.Context) (int, error) {
 	n.mu.Lock()

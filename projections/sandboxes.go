@@ -68,6 +68,11 @@ type Sandbox struct {
 	// Resources is what the journal says this sandbox owns right now,
 	// including resources of a create still in flight.
 	Resources  []events.Resource `msgpack:"res,omitempty" json:"resources"`
+	// Bootstrap is the image cache entry the sandbox's OS disk came from
+	// (zero if its create recorded none), for the cache's references: kept
+	// with the sandbox, so a cache question about one sandbox reads one
+	// record. Not part of the JSON contract.
+	Bootstrap  events.Bootstrap  `msgpack:"boot,omitempty" json:"-"`
 	LastRun    string            `msgpack:"run,omitempty" json:"last_run,omitempty"`
 	FlushedRun string            `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
 	Seq        uint64            `msgpack:"seq" json:"seq"`
@@ -356,12 +361,16 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		return
 	case events.SandboxCreatedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
+		sb.Bootstrap = p.Bootstrap
 	case events.SandboxForkedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent = p.Parent
+		sb.Parent, sb.Bootstrap = p.Parent, p.Bootstrap
 	case events.SandboxRestoredEvent:
+		// The bootstrap is from the snapshot's manifest; a snapshot older
+		// than the cache records none, and the sandbox then protects every
+		// entry.
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Snapshot = p.Source, p.Snapshot
+		sb.Parent, sb.Snapshot, sb.Bootstrap = p.Source, p.Snapshot, p.Bootstrap
 	case events.SandboxRemovedEvent:
 		delete(s.byID, e.Sandbox)
 		s.ids = nil
