@@ -417,9 +417,11 @@ func (n *Node) storePath() string { return filepath.Join(n.root, "projections", 
 // no reason to refuse the root: the view stays whole in memory until a
 // later checkpoint can write one.
 func (n *Node) openSandboxesLocked(ctx context.Context) error {
-	if fi, err := os.Lstat(n.storePath()); err == nil && !fi.Mode().IsRegular() {
+	if f, err := fsx.Open(n.root, n.storePath()); err == nil {
+		f.Close()
+	} else if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
 		// Not nexus's file: an operator must look at it, not a rebuild.
-		return fmt.Errorf("projections: %s: %w", n.storePath(), fsx.ErrNotRegular)
+		return fmt.Errorf("projections: %w", err)
 	}
 	err := n.openStoreLocked()
 	if errors.Is(err, bolt.ErrTimeout) {
