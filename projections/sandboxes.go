@@ -67,15 +67,15 @@ type Sandbox struct {
 	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots"`
 	// Resources is what the journal says this sandbox owns right now,
 	// including resources of a create still in flight.
-	Resources  []events.Resource `msgpack:"res,omitempty" json:"resources"`
+	Resources []events.Resource `msgpack:"res,omitempty" json:"resources"`
 	// Bootstrap is the image cache entry the sandbox's OS disk came from
 	// (zero if its create recorded none), for the cache's references: kept
 	// with the sandbox, so a cache question about one sandbox reads one
 	// record. Not part of the JSON contract.
-	Bootstrap  events.Bootstrap  `msgpack:"boot,omitempty" json:"-"`
-	LastRun    string            `msgpack:"run,omitempty" json:"last_run,omitempty"`
-	FlushedRun string            `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
-	Seq        uint64            `msgpack:"seq" json:"seq"`
+	Bootstrap  events.Bootstrap `msgpack:"boot,omitempty" json:"-"`
+	LastRun    string           `msgpack:"run,omitempty" json:"last_run,omitempty"`
+	FlushedRun string           `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
+	Seq        uint64           `msgpack:"seq" json:"seq"`
 	// Rev is the sequence of the last event about this sandbox (any event
 	// carrying its id): the entity sequence a decision expects (guard.Expect).
 	Rev uint64 `msgpack:"rev" json:"rev"`
