@@ -201,3 +201,61 @@ func BenchmarkOpenInspect(b *testing.B) {
 		})
 	}
 }
+
+// TestLazyReadOfALongHistoryReadsItsRecord: a sandbox started and stopped
+// 600 times is read by ID from its record in the sandbox store plus the
+// events after the store's position, not replayed from its first event,
+// and the record is the one a full load holds.
+func TestLazyReadOfALongHistoryReadsItsRecord(t *testing.T) {
+	ctx := context.Background()
+	root, ids := fillRoot(t, 10)
+	target := ids[7]
+	nd, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var history []events.Event
+	for i := range 600 {
+		history = append(history,
+			events.New(ulid.Make(), time.Now(), target, events.SandboxStartedEvent{VMMPid: 100 + i, VMMStart: 7}),
+			events.New(ulid.Make(), time.Now(), target, events.SandboxStoppedEvent{}))
+	}
+	if _, err := nd.Append(ctx, history...); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.Close(); err != nil { // a tail of 1,200: checkpointed
+		t.Fatal(err)
+	}
+	nd, err = node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tail := events.New(ulid.Make(), time.Now(), target, events.SandboxStartedEvent{VMMPid: 9999, VMMStart: 8})
+	if _, err := nd.Append(ctx, tail); err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := nd.Sandbox(ctx, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.Close(); err != nil { // a tail of 1: left to the next open
+		t.Fatal(err)
+	}
+
+	lazy, err := node.Open(ctx, root, node.Options{Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lazy.Close()
+	got, found, err := lazy.Sandbox(ctx, target)
+	if err != nil || !found || !reflect.DeepEqual(got, want) {
+		t.Fatalf("lazy read: %+v %v %v, want %+v", got, found, err, want)
+	}
+	if got.VMM == nil || got.VMM.Pid != 9999 {
+		t.Fatalf("the event after the store's position was not folded: %+v", got.VMM)
+	}
+	// Its record and the one event after the store, not 1,202 events.
+	if d := lazy.Decoded(); d != 2 {
+		t.Fatalf("reading a sandbox with 1,202 events decoded %d records, want its stored record and the 1 event after it", d)
+	}
+}

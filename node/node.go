@@ -160,9 +160,26 @@ func (n *Node) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bo
 	return *sb, true, nil
 }
 
+// foldOneLocked is sandbox id's record as a full load would hold it, at
+// the cost of that sandbox alone: its record in the sandbox store, if the
+// store exists and matches the journal, and then its own events after the
+// store's position, read through the journal's per-sandbox subject filter
+// (all its events without a usable store). A long-lived sandbox is read
+// from its record, not replayed from its first event.
 func (n *Node) foldOneLocked(ctx context.Context, id string) (projections.Sandbox, bool, error) {
 	one := projections.NewSandboxes()
-	err := n.j.Scan(ctx, journal.Range{Filters: []string{events.SandboxSubjects(id)}}, func(r journal.Record) error {
+	from := uint64(0)
+	if pos, ok := n.usableStoreLocked(ctx); ok {
+		if sb, err := n.store.get(id); err == nil {
+			if sb != nil {
+				n.decoded.Add(1)
+				one.Put(sb)
+			}
+			from = pos.Seq + 1
+		}
+		// A record that does not read back: its events from the start.
+	}
+	err := n.j.Scan(ctx, journal.Range{From: from, Filters: []string{events.SandboxSubjects(id)}}, func(r journal.Record) error {
 		e, err := events.Decode(r.Data)
 		if err != nil {
 			return fmt.Errorf("journal event %d: %w", r.Seq, err)
@@ -178,6 +195,24 @@ func (n *Node) foldOneLocked(ctx context.Context, id string) (projections.Sandbo
 		return *sb, true, nil
 	}
 	return projections.Sandbox{}, false, nil
+}
+
+// usableStoreLocked opens the sandbox store if one exists (a read creates
+// none) and says where it stands, if that is an event of this journal.
+func (n *Node) usableStoreLocked(ctx context.Context) (storePosition, bool) {
+	if n.store == nil {
+		if fi, err := os.Lstat(n.storePath()); err != nil || !fi.Mode().IsRegular() {
+			return storePosition{}, false
+		}
+		if n.openStoreLocked() != nil {
+			return storePosition{}, false
+		}
+	}
+	pos, ok, err := n.store.position()
+	if err != nil || !ok || !n.storeMatches(ctx, pos) {
+		return storePosition{}, false
+	}
+	return pos, true
 }
 
 // SandboxPage is at most limit sandboxes whose IDs sort after after (""
