@@ -59,29 +59,25 @@ type Backend interface {
 type Local struct{ *node.Node }
 
 func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
-	if err := l.Load(ctx); err != nil {
-		return nil, err
-	}
 	var out []projections.Sandbox
-	l.View(func(v node.Views) {
-		for _, sb := range v.Sandboxes.List() {
-			out = append(out, *sb)
+	for after := ""; ; {
+		page, err := l.Node.SandboxPage(ctx, after, localPage)
+		if err != nil {
+			return nil, err
 		}
-	})
-	return out, nil
+		out = append(out, page...)
+		if len(page) < localPage {
+			return out, nil
+		}
+		after = page[len(page)-1].ID
+	}
 }
 
+// localPage is how many records Sandboxes reads from the store at a time.
+const localPage = 1000
+
 func (l Local) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
-	if err := l.Load(ctx); err != nil {
-		return nil, err
-	}
-	var out []projections.Sandbox
-	l.View(func(v node.Views) {
-		for _, sb := range v.Sandboxes.Page(after, limit) {
-			out = append(out, *sb)
-		}
-	})
-	return out, nil
+	return l.Node.SandboxPage(ctx, after, limit)
 }
 
 func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
@@ -89,23 +85,11 @@ func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bo
 }
 
 func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error) {
-	if err := l.Load(ctx); err != nil {
-		return "", "", false, err
-	}
-	l.View(func(v node.Views) { sandbox, path, found = v.Sandboxes.OwnerOf(paths, except) })
-	return sandbox, path, found, nil
+	return l.Node.OwnerOf(ctx, paths, except)
 }
 
 func (l Local) SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error) {
-	if err := l.Load(ctx); err != nil {
-		return projections.Sandbox{}, false, err
-	}
-	l.View(func(v node.Views) {
-		if p := v.Sandboxes.SnapshotOwner(snap); p != nil {
-			sb, found = *p, true
-		}
-	})
-	return sb, found, nil
+	return l.Node.SnapshotOwner(ctx, snap)
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
@@ -135,21 +119,17 @@ func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
 }
 
 func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
-	if err := l.Load(ctx); err != nil {
-		return projections.ImageCacheState{}, err
-	}
-	var st projections.ImageCacheState
-	l.View(func(v node.Views) { st = v.Images.State() })
-	return st, nil
+	return l.Node.ImageCache(ctx)
 }
 
+// Bootstrap reads the sandbox's own record: on a lazy node, its events
+// alone.
 func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
-	if err := l.Load(ctx); err != nil {
+	sb, found, err := l.Node.Sandbox(ctx, id)
+	if err != nil || !found {
 		return events.Bootstrap{}, err
 	}
-	var b events.Bootstrap
-	l.View(func(v node.Views) { b = v.Images.BootstrapOf(id) })
-	return b, nil
+	return sb.Bootstrap, nil
 }
 
 // ErrBusy means the state root stayed owned by another process that serves

@@ -58,12 +58,16 @@ func (w *exitWatcher) run(ctx context.Context) {
 	defer w.wg.Wait()
 	var since uint64
 	var initial []projections.Watched
-	w.n.View(func(v node.Views) {
-		since = v.Sandboxes.Seq()
-		for _, sb := range v.Sandboxes.List() {
-			initial = append(initial, sb.Watched()...)
-		}
-	})
+	w.n.View(func(v node.Views) { since = v.Seq() })
+	live, err := w.n.Live(ctx)
+	if err != nil {
+		// Without the list the watcher cannot tell which exits are due;
+		// the daemon goes on serving, and says why exits go unjournaled.
+		warn(fmt.Errorf("exit watcher: reading the sandboxes with running processes: %w", err))
+	}
+	for _, sb := range live {
+		initial = append(initial, sb.Watched()...)
+	}
 	w.mu.Lock()
 	for _, t := range initial {
 		w.watchLocked(ctx, t)
@@ -93,11 +97,17 @@ func (w *exitWatcher) run(ctx context.Context) {
 // records as running.
 func (w *exitWatcher) reconcile(ctx context.Context, sandbox string) {
 	var want []projections.Watched
+	var err error
 	w.n.View(func(v node.Views) {
-		if sb := v.Sandboxes.Get(sandbox); sb != nil {
+		var sb *projections.Sandbox
+		if sb, err = v.Sandbox(sandbox); sb != nil {
 			want = sb.Watched()
 		}
 	})
+	if err != nil {
+		warn(fmt.Errorf("exit watcher: sandbox %s: %w", sandbox, err))
+		return // its watches stay as they are: none ended on a read error
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for t, cancel := range w.bySandbox[sandbox] {
@@ -153,14 +163,17 @@ func (w *exitWatcher) journal(ctx context.Context, t projections.Watched, x proc
 		w.journalMu.Lock()
 		var due bool
 		var rev uint64
+		var err error
 		w.n.View(func(v node.Views) {
-			sb := v.Sandboxes.Get(t.Sandbox)
+			var sb *projections.Sandbox
+			if sb, err = v.Sandbox(t.Sandbox); err != nil {
+				return
+			}
 			due, _ = projections.JudgeExit(sb, v.Sagas.Open(), t)
 			if sb != nil {
 				rev = sb.Rev
 			}
 		})
-		var err error
 		if due {
 			// The judgement expects the sandbox as it was judged: a saga
 			// that opened since makes the journal refuse, and we judge again.
@@ -168,7 +181,9 @@ func (w *exitWatcher) journal(ctx context.Context, t projections.Watched, x proc
 			_, err = w.n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(t.Sandbox), Seq: rev}}, e)
 		}
 		w.journalMu.Unlock()
-		if !due || err == nil || ctx.Err() != nil {
+		// Done when judged not due or journaled; a failed read or append
+		// is judged again.
+		if err == nil || ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, guard.ErrStale) {

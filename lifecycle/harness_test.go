@@ -262,13 +262,16 @@ func (j *memJournal) Volumes(context.Context) ([]projections.Volume, error) {
 func (j *memJournal) ImageCache(context.Context) (projections.ImageCacheState, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return clone(j.images.State()), nil
+	return clone(j.images.State(projections.CacheUsers(j.sandboxes.List()))), nil
 }
 
 func (j *memJournal) Bootstrap(_ context.Context, id string) (events.Bootstrap, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.images.BootstrapOf(id), nil
+	if sb := j.sandboxes.Get(id); sb != nil {
+		return sb.Bootstrap, nil
+	}
+	return events.Bootstrap{}, nil
 }
 
 func (j *memJournal) OwnerOf(_ context.Context, paths []string, except string) (string, string, bool, error) {

@@ -196,9 +196,11 @@ func buildStartupFixture(b *testing.B) *startupFixture {
 	benchAppendJournal(b, jdir, startupEvents-startupTail, startupEvents)
 	copyDir(b, "", proj)
 	n = openNode(b, f.root)
-	n.View(func(v node.Views) {
-		f.wantLive = v.Sandboxes.Len()
-	})
+	live, err := n.SandboxCount(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.wantLive = live
 	closeNode(b, n)
 	copyDir(b, proj, f.snapTip)
 	b.Logf("fixture: %d events, %d live sandboxes, built in %v",
@@ -224,13 +226,15 @@ func closeNode(b *testing.B, n *node.Node) {
 
 func (f *startupFixture) check(b *testing.B, n *node.Node) {
 	b.Helper()
-	n.View(func(v node.Views) {
-		s := v.Sandboxes
-		if s.Len() != f.wantLive || s.Seq() != startupEvents {
-			b.Fatalf("opened node: %d live at seq %d; want %d at %d",
-				s.Len(), s.Seq(), f.wantLive, startupEvents)
-		}
-	})
+	live, err := n.SandboxCount(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	var seq uint64
+	n.View(func(v node.Views) { seq = v.Seq() })
+	if live != f.wantLive || seq != startupEvents {
+		b.Fatalf("opened node: %d live at seq %d; want %d at %d", live, seq, f.wantLive, startupEvents)
+	}
 }
 
 // timedOpen restores projections/ from snap ("" = none), then times one

@@ -94,6 +94,16 @@ func (n *Node) commitQueued(ctx context.Context) (turn func() (answer func())) {
 	n.gc.queue = nil
 	n.gc.mu.Unlock()
 
+	// The views are dropped if a fold failed (foldLocked): nothing is
+	// decided against views that do not hold the journal.
+	if err := n.loadLocked(ctx); err != nil {
+		for _, r := range queued {
+			r.taken.Store(true)
+			r.finish(nil, err)
+		}
+		return func() func() { return func() {} }
+	}
+
 	var group []*appendReq
 	var later []*appendReq
 	touched := map[string]bool{}
@@ -336,7 +346,10 @@ func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal
 // the expected sequence, the answer is storedError with their sequences.
 func (n *Node) checkExpectLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) error {
 	for _, x := range expect {
-		cur := n.revLocked(x.Entity)
+		cur, err := n.revLocked(x.Entity)
+		if err != nil {
+			return err
+		}
 		if cur == x.Seq {
 			continue
 		}

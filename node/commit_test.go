@@ -254,7 +254,7 @@ func TestCloseRewritesSnapshotsOnlyPastTheMinimum(t *testing.T) {
 		if _, err := n.Append(ctx, evs...); err != nil {
 			t.Fatal(err)
 		}
-		path := n.snapshotPath(n.sandboxes)
+		path := n.snapshotPath(n.sagas)
 		if err := n.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +273,7 @@ func TestCloseRewritesSnapshotsOnlyPastTheMinimum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := n.sandboxes.Len(); got != 3 {
+	if got := n.sandboxes.count(); got != 3 {
 		t.Fatalf("reopened: %d sandboxes, want 3 (the tail folded from the journal)", got)
 	}
 	if err := n.Close(); err != nil {

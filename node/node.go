@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -66,8 +67,11 @@ type Node struct {
 	mu   sync.Mutex // serialises appends so expected-sequence checks hold
 	gc   groupCommit
 
+	// views are the projections snapshotted whole; the sandboxes, which
+	// grow with the root, live in the store under an overlay (sandboxView).
 	views     []projections.Projection
-	sandboxes *projections.Sandboxes
+	sandboxes *sandboxView
+	store     *sandboxStore // open once loaded
 	sagas     *projections.Sagas
 	volumes   *projections.Volumes
 	images    *projections.ImageCache
@@ -149,19 +153,33 @@ func (n *Node) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bo
 	if err := n.loadLocked(ctx); err != nil {
 		return projections.Sandbox{}, false, err
 	}
-	sb := n.sandboxes.Get(id)
-	if sb == nil && ref != "" {
-		sb = n.sandboxes.ByHandle(ref)
-	}
-	if sb == nil {
-		return projections.Sandbox{}, false, nil
+	sb, err := n.sandboxLocked(ref)
+	if err != nil || sb == nil {
+		return projections.Sandbox{}, false, err
 	}
 	return *sb, true, nil
 }
 
+// foldOneLocked is sandbox id's record as a full load would hold it, at
+// the cost of that sandbox alone: its record in the sandbox store, if the
+// store exists and matches the journal, and then its own events after the
+// store's position, read through the journal's per-sandbox subject filter
+// (all its events without a usable store). A long-lived sandbox is read
+// from its record, not replayed from its first event.
 func (n *Node) foldOneLocked(ctx context.Context, id string) (projections.Sandbox, bool, error) {
 	one := projections.NewSandboxes()
-	err := n.j.Scan(ctx, journal.Range{Filters: []string{events.SandboxSubjects(id)}}, func(r journal.Record) error {
+	from := uint64(0)
+	if pos, ok := n.usableStoreLocked(ctx); ok {
+		if sb, err := n.store.get(id); err == nil {
+			if sb != nil {
+				n.decoded.Add(1)
+				one.Put(sb)
+			}
+			from = pos.Seq + 1
+		}
+		// A record that does not read back: its events from the start.
+	}
+	err := n.j.Scan(ctx, journal.Range{From: from, Filters: []string{events.SandboxSubjects(id)}}, func(r journal.Record) error {
 		e, err := events.Decode(r.Data)
 		if err != nil {
 			return fmt.Errorf("journal event %d: %w", r.Seq, err)
@@ -177,6 +195,121 @@ func (n *Node) foldOneLocked(ctx context.Context, id string) (projections.Sandbo
 		return *sb, true, nil
 	}
 	return projections.Sandbox{}, false, nil
+}
+
+// usableStoreLocked opens the sandbox store if one exists (a read creates
+// none) and says where it stands, if that is an event of this journal.
+func (n *Node) usableStoreLocked(ctx context.Context) (storePosition, bool) {
+	if n.store == nil {
+		if fi, err := os.Lstat(n.storePath()); err != nil || !fi.Mode().IsRegular() {
+			return storePosition{}, false
+		}
+		if n.openStoreLocked() != nil {
+			return storePosition{}, false
+		}
+	}
+	pos, ok, err := n.store.position()
+	if err != nil || !ok || !n.storeMatches(ctx, pos) {
+		return storePosition{}, false
+	}
+	return pos, true
+}
+
+// SandboxPage is at most limit sandboxes whose IDs sort after after (""
+// from the first), in ID order, read from the store a page at a time.
+func (n *Node) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
+	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) { return v.page(after, limit) })
+}
+
+// Live is every sandbox with a process recorded running (an index of the
+// store, not a scan): what the daemon's exit watcher starts from.
+func (n *Node) Live(ctx context.Context) ([]projections.Sandbox, error) {
+	return n.sandboxList(ctx, (*sandboxView).live)
+}
+
+func (n *Node) sandboxList(ctx context.Context, read func(*sandboxView) ([]*projections.Sandbox, error)) ([]projections.Sandbox, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return nil, err
+	}
+	list, err := read(n.sandboxes)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]projections.Sandbox, len(list))
+	for i, sb := range list {
+		out[i] = *sb
+	}
+	return out, nil
+}
+
+// OwnerOf names the sandbox other than except whose resources include one
+// of paths (the least ID, as projections.Sandboxes.OwnerOf), and that path.
+func (n *Node) OwnerOf(ctx context.Context, paths []string, except string) (id, path string, found bool, err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return "", "", false, err
+	}
+	return n.sandboxes.ownerOf(paths, except)
+}
+
+// SnapshotOwner is the sandbox holding snapshot snap (an exact ID).
+func (n *Node) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return projections.Sandbox{}, false, err
+	}
+	sb, err := n.sandboxes.snapshotOwner(snap)
+	if err != nil || sb == nil {
+		return projections.Sandbox{}, false, err
+	}
+	return *sb, true, nil
+}
+
+// ImageCache is the image cache's state: its entries and open sagas, and
+// every persisted sandbox with the entry it came from, read from the store
+// a page at a time (prune and list need them all).
+func (n *Node) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return projections.ImageCacheState{}, err
+	}
+	var users []projections.CacheUser
+	for after := ""; ; {
+		page, err := n.sandboxes.page(after, 1000)
+		if err != nil {
+			return projections.ImageCacheState{}, err
+		}
+		users = append(users, projections.CacheUsers(page)...)
+		if len(page) < 1000 {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	return n.images.State(users), nil
+}
+
+// SandboxCount is the number of sandboxes the journal shows.
+func (n *Node) SandboxCount(ctx context.Context) (int, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return 0, err
+	}
+	return n.sandboxes.count(), nil
+}
+
+// sandboxLocked is the loaded view's sandbox by ID, or by handle.
+func (n *Node) sandboxLocked(ref string) (*projections.Sandbox, error) {
+	sb, err := n.sandboxes.get(strings.ToUpper(ref))
+	if err != nil || sb != nil || ref == "" {
+		return sb, err
+	}
+	return n.sandboxes.byHandle(ref)
 }
 
 // PrepareRoot makes root absolute, creates it 0700 if missing, and refuses
@@ -217,11 +350,28 @@ func (n *Node) Root() string { return n.root }
 // Journal exposes the journal, for the daemon's subscriber listener.
 func (n *Node) Journal() *journal.Journal { return n.j }
 
-// load restores each projection from its snapshot when the snapshot still
-// matches the journal, then folds the tail. A snapshot that does not decode
-// or whose last event is not in the journal is ignored, and the projection
-// is rebuilt from the start.
+// load restores each whole projection from its snapshot when the snapshot
+// still matches the journal, opens the sandbox store, then folds the tail
+// past the oldest of them. A snapshot that does not decode or whose last
+// event is not in the journal is ignored, and its projection is rebuilt
+// from the start; so is a sandbox store that does not match the journal
+// (or a damaged record found in it), which is then written again whole.
 func (n *Node) load(ctx context.Context) error {
+	err := n.loadOnce(ctx)
+	if errors.Is(err, errStoreDamaged) {
+		// The journal is the truth: drop the store and rebuild it.
+		n.resetViews()
+		if err = n.dropStore(); err == nil {
+			err = n.loadOnce(ctx)
+		}
+	}
+	return err
+}
+
+// errStoreDamaged marks a sandbox store that cannot be read as written.
+var errStoreDamaged = errors.New("damaged sandbox store")
+
+func (n *Node) loadOnce(ctx context.Context) error {
 	from := uint64(0)
 	restored := true
 	for _, v := range n.views {
@@ -237,14 +387,15 @@ func (n *Node) load(ctx context.Context) error {
 		if from == 0 || snap.Seq < from {
 			from = snap.Seq
 		}
-		if v == projections.Projection(n.sandboxes) {
-			n.decoded.Add(uint64(n.sandboxes.Len()))
-		}
 	}
 	if !restored {
 		n.resetViews()
 		from = 0
 	}
+	if err := n.openSandboxesLocked(ctx); err != nil {
+		return err
+	}
+	from = min(from, n.sandboxes.Seq())
 	folded := 0
 	err := n.j.Read(ctx, from+1, journal.Subjects, func(r journal.Record) error {
 		e, err := events.Decode(r.Data)
@@ -254,6 +405,11 @@ func (n *Node) load(ctx context.Context) error {
 		for _, v := range n.views {
 			if r.Seq > v.Seq() {
 				v.Apply(r.Seq, e)
+			}
+		}
+		if r.Seq > n.sandboxes.Seq() {
+			if err := n.sandboxes.apply(r.Seq, e); err != nil {
+				return fmt.Errorf("%w: %v", errStoreDamaged, err)
 			}
 		}
 		n.lastID = e.ID
@@ -274,9 +430,11 @@ func (n *Node) load(ctx context.Context) error {
 		}
 	}
 	n.sinceSnap = folded
-	if folded >= snapshotEvery {
+	if folded >= snapshotEvery || n.sandboxes.store == nil {
 		// Best effort, as after an append: a full projections/ must not
-		// keep the state root from opening for reads.
+		// keep the state root from opening for reads. A view without a
+		// store is written into one now, so the next open reads records,
+		// not the whole view.
 		if err := n.writeSnapshots(); err != nil {
 			n.sinceSnap = snapshotEvery - snapshotRetry
 		}
@@ -284,16 +442,102 @@ func (n *Node) load(ctx context.Context) error {
 	return nil
 }
 
-func (n *Node) resetViews() {
-	n.sandboxes = projections.NewSandboxes()
-	n.sagas, n.volumes = projections.NewSagas(), projections.NewVolumes()
-	n.images = projections.NewImageCache()
-	n.views = []projections.Projection{n.sandboxes, n.sagas, n.volumes, n.images}
+func (n *Node) storePath() string { return filepath.Join(n.root, "projections", storeFile) }
+
+// openSandboxesLocked opens the sandbox store and reads through it if it
+// matches the journal. Otherwise the view starts whole in memory: from an
+// older build's sandboxes snapshot if that still matches, else empty (the
+// journal is folded from its start), and is written to the store once
+// loaded. A store that cannot be created (projections/ out of space) is
+// no reason to refuse the root: the view stays whole in memory until a
+// later checkpoint can write one.
+func (n *Node) openSandboxesLocked(ctx context.Context) error {
+	if f, err := fsx.Open(n.root, n.storePath()); err == nil {
+		f.Close()
+	} else if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
+		// Not nexus's file: an operator must look at it, not a rebuild.
+		return fmt.Errorf("projections: %w", err)
+	}
+	err := n.openStoreLocked()
+	if errors.Is(err, bolt.ErrTimeout) {
+		return err
+	}
+	if err == nil {
+		pos, ok, err := n.store.position()
+		if err == nil && ok && n.storeMatches(ctx, pos) {
+			n.sandboxes = newSandboxView(n.store, pos, &n.decoded)
+			return nil
+		}
+	}
+	full := projections.NewSandboxes()
+	if _, err := n.readSnapshot(ctx, full); err != nil {
+		full = projections.NewSandboxes()
+	}
+	n.decoded.Add(uint64(full.Len()))
+	n.sandboxes = completeView(full, &n.decoded)
+	return nil
 }
 
-// retiredOwnershipSnap is the snapshot of the ownership view older builds
-// folded here; the Sandboxes view answers every ownership question now.
-const retiredOwnershipSnap = "ownership.snap"
+// openStoreLocked opens the sandbox store, if it is not open, creating it
+// if missing. A file bbolt cannot open is removed and created again (the
+// journal rebuilds it); one whose lock another process holds is that
+// process's, and an error.
+func (n *Node) openStoreLocked() error {
+	if n.store != nil {
+		return nil
+	}
+	if err := fsx.MkdirAll(n.root, "projections", 0o700); err != nil {
+		return fmt.Errorf("projections: %w", err)
+	}
+	st, err := openSandboxStore(n.storePath())
+	if err != nil && !errors.Is(err, bolt.ErrTimeout) {
+		if err = n.dropStore(); err == nil {
+			st, err = openSandboxStore(n.storePath())
+		}
+	}
+	if err != nil {
+		return err
+	}
+	n.store = st
+	return nil
+}
+
+// storeMatches says whether the store's position is an event of this
+// journal, not of an earlier or replaced one.
+func (n *Node) storeMatches(ctx context.Context, pos storePosition) bool {
+	if pos.Seq == 0 {
+		return true
+	}
+	rec, err := n.j.Get(ctx, pos.Seq)
+	if err != nil {
+		return false
+	}
+	e, err := events.Decode(rec.Data)
+	return err == nil && e.ID == pos.EventID
+}
+
+// dropStore closes and removes the sandbox store, to be written again.
+func (n *Node) dropStore() error {
+	if n.store != nil {
+		n.store.close()
+		n.store = nil
+	}
+	if err := os.Remove(n.storePath()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("projections: %w", err)
+	}
+	return nil
+}
+
+func (n *Node) resetViews() {
+	n.sandboxes = completeView(projections.NewSandboxes(), &n.decoded)
+	n.sagas, n.volumes = projections.NewSagas(), projections.NewVolumes()
+	n.images = projections.NewImageCache()
+	n.views = []projections.Projection{n.sagas, n.volumes, n.images}
+}
+
+// retiredSnaps are snapshots older builds kept: of an ownership view no
+// command read, and of the sandboxes, which live in the store now.
+var retiredSnaps = []string{"ownership.snap", "sandboxes.snap"}
 
 func (n *Node) snapshotPath(v projections.Projection) string {
 	return filepath.Join(n.root, "projections", v.Name()+".snap")
@@ -326,6 +570,8 @@ func (n *Node) readSnapshot(ctx context.Context, v projections.Projection) (proj
 	return snap, nil
 }
 
+// writeSnapshots snapshots the whole views and checkpoints the sandboxes
+// into their store.
 func (n *Node) writeSnapshots() error {
 	if err := fsx.MkdirAll(n.root, "projections", 0o700); err != nil {
 		return err
@@ -339,10 +585,18 @@ func (n *Node) writeSnapshots() error {
 			return err
 		}
 	}
-	// Older builds also kept an ownership view no command read; its
-	// snapshot goes rather than lingering as a file nothing accounts for.
-	if err := fsx.Remove(n.root, filepath.Join("projections", retiredOwnershipSnap)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := n.openStoreLocked(); err != nil {
 		return err
+	}
+	if err := n.sandboxes.checkpoint(n.store, n.lastID); err != nil {
+		return err
+	}
+	// What older builds kept goes rather than lingering as files nothing
+	// accounts for.
+	for _, name := range retiredSnaps {
+		if err := fsx.Remove(n.root, filepath.Join("projections", name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	n.sinceSnap = 0
 	return nil
@@ -355,23 +609,25 @@ func (n *Node) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var err error
-	if !n.loaded.Load() {
-		return n.j.Close() // nothing folded, nothing to snapshot
-	}
-	if n.sinceSnap >= closeSnapshotMin || n.sinceSnap > 0 && !n.haveSnapshots() {
+	if n.loaded.Load() && (n.sinceSnap >= closeSnapshotMin || n.sinceSnap > 0 && !n.haveSnapshots()) {
 		err = n.writeSnapshots()
+	}
+	if n.store != nil {
+		err = errors.Join(err, n.store.close())
+		n.store = nil
 	}
 	return errors.Join(err, n.j.Close())
 }
 
-// haveSnapshots reports whether every projection has a snapshot file.
+// haveSnapshots reports whether every whole projection has a snapshot
+// file and the sandboxes a store.
 func (n *Node) haveSnapshots() bool {
 	for _, v := range n.views {
 		if _, err := fsx.Stat(n.root, n.snapshotPath(v)); err != nil {
 			return false
 		}
 	}
-	return true
+	return n.sandboxes.store != nil
 }
 
 // Append journals evs in order, each synced before the next, asserting the
@@ -449,21 +705,24 @@ func (n *Node) Rev(entity guard.Entity) uint64 {
 	if n.loadLocked(context.Background()) != nil {
 		return 0
 	}
-	return n.revLocked(entity)
+	rev, _ := n.revLocked(entity)
+	return rev
 }
 
-func (n *Node) revLocked(entity guard.Entity) uint64 {
+func (n *Node) revLocked(entity guard.Entity) (uint64, error) {
 	switch entity.Kind() {
 	case "sandbox":
-		if sb := n.sandboxes.Get(entity.Name()); sb != nil {
-			return sb.Rev
+		sb, err := n.sandboxes.get(entity.Name())
+		if err != nil || sb == nil {
+			return 0, err
 		}
+		return sb.Rev, nil
 	case "volume":
 		if v := n.volumes.Get(entity.Name()); v != nil {
-			return v.Rev
+			return v.Rev, nil
 		}
 	}
-	return 0
+	return 0, nil
 }
 
 // typeAt names the event at seq for a refusal message; "" if unknown.
@@ -534,7 +793,8 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 	defer cancel()
 	ack, err := n.j.Append(actx, msg)
 	if errors.Is(err, journal.ErrStaleSubject) {
-		return 0, &guard.StaleError{Entity: subj.Entity, Expected: subj.Seq, Actual: n.revLocked(subj.Entity)}
+		actual, _ := n.revLocked(subj.Entity)
+		return 0, &guard.StaleError{Entity: subj.Entity, Expected: subj.Seq, Actual: actual}
 	}
 	if err != nil {
 		return 0, err
@@ -549,8 +809,21 @@ func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Exp
 // foldLocked applies a newly stored event to every view and writes the
 // snapshots when enough events have been folded since the last ones.
 func (n *Node) foldLocked(seq uint64, e events.Event) {
+	if !n.loaded.Load() {
+		return // dropped after a fold failed: the next call loads them again
+	}
 	for _, v := range n.views {
 		v.Apply(seq, e)
+	}
+	if err := n.sandboxes.apply(seq, e); err != nil {
+		// The event is stored; the view could not read the sandbox's
+		// record to fold it. It is dropped, and the next call loads it
+		// again from the store and the journal (load rebuilds a store that
+		// does not read back).
+		fmt.Fprintf(os.Stderr, "nexus: folding event %d: %v (reloading the views)\n", seq, err)
+		n.loaded.Store(false)
+		n.resetViews()
+		return
 	}
 	n.lastID = e.ID
 	n.sinceSnap++
@@ -597,13 +870,20 @@ func (n *Node) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data 
 	return n.j.Scan(ctx, r, func(r journal.Record) error { return fn(r.Seq, r.Data) })
 }
 
-// Views are the projections a node keeps current.
+// Views are the projections a node keeps current. The sandboxes are read
+// one at a time (Sandbox): they live in the store, not in memory.
 type Views struct {
-	Sandboxes *projections.Sandboxes
+	sandboxes *sandboxView
 	Sagas     *projections.Sagas
 	Volumes   *projections.Volumes
 	Images    *projections.ImageCache
 }
+
+// Sandbox is the sandbox with id (exact), or nil.
+func (v Views) Sandbox(id string) (*projections.Sandbox, error) { return v.sandboxes.get(id) }
+
+// Seq is the last journal event the views have folded.
+func (v Views) Seq() uint64 { return v.sandboxes.Seq() }
 
 // View runs fn with the projections held still; fn must not keep them.
 // A lazy node must have been loaded (Load) first: a view that failed to

@@ -9,10 +9,11 @@ import (
 	"github.com/oklog/ulid/v2"
 )
 
-// A root written by a build that still kept the ownership view opens as
-// before, and its ownership snapshot goes with the next snapshot write
-// instead of lingering as a file nothing reads or accounts for.
-func TestRetiredOwnershipSnapshotIsRemoved(t *testing.T) {
+// A root written by a build that still kept the ownership view, or the
+// sandboxes as a whole snapshot, opens as before, and those snapshots go
+// with the next snapshot write instead of lingering as files nothing reads
+// or accounts for.
+func TestRetiredSnapshotsAreRemoved(t *testing.T) {
 	root := t.TempDir()
 	n, err := Open(context.Background(), root, Options{})
 	if err != nil {
@@ -22,22 +23,33 @@ func TestRetiredOwnershipSnapshotIsRemoved(t *testing.T) {
 	if _, err := n.Append(context.Background(), created(sb)); err != nil {
 		t.Fatal(err)
 	}
-	stale := filepath.Join(root, "projections", retiredOwnershipSnap)
-	if err := os.MkdirAll(filepath.Dir(stale), 0o700); err != nil {
+	if err := n.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(stale, []byte("an older build's ownership view"), 0o600); err != nil {
+	// As an older build left it: whole snapshots, no sandbox store.
+	if err := os.Remove(filepath.Join(root, "projections", storeFile)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range retiredSnaps {
+		if err := os.WriteFile(filepath.Join(root, "projections", name), []byte("an older build's snapshot"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err = Open(context.Background(), root, Options{})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := n.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(stale); !os.IsNotExist(err) {
-		t.Fatalf("the retired ownership snapshot is still there after a snapshot write: %v", err)
+	for _, name := range retiredSnaps {
+		if _, err := os.Stat(filepath.Join(root, "projections", name)); !os.IsNotExist(err) {
+			t.Fatalf("the retired %s is still there after a snapshot write: %v", name, err)
+		}
 	}
-	for _, v := range []string{"sandboxes", "sagas", "volumes", "imagecache"} {
-		if _, err := os.Stat(filepath.Join(root, "projections", v+".snap")); err != nil {
-			t.Fatalf("snapshot of %s not written: %v", v, err)
+	for _, name := range []string{"sagas.snap", "volumes.snap", "imagecache.snap", storeFile} {
+		if _, err := os.Stat(filepath.Join(root, "projections", name)); err != nil {
+			t.Fatalf("%s not written: %v", name, err)
 		}
 	}
 	n, err = Open(context.Background(), root, Options{})
@@ -46,8 +58,8 @@ func TestRetiredOwnershipSnapshotIsRemoved(t *testing.T) {
 	}
 	defer n.Close()
 	n.View(func(v Views) {
-		if v.Sandboxes.Get(sb) == nil {
-			t.Fatalf("sandbox %s lost across the reopen", sb)
+		if got, err := v.Sandbox(sb); err != nil || got == nil {
+			t.Fatalf("sandbox %s lost across the reopen: %v", sb, err)
 		}
 	})
 }

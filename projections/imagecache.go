@@ -42,19 +42,34 @@ type ImageCacheState struct {
 	Pending []PendingSaga `msgpack:"pending" json:"pending"`
 }
 
-// ImageCache folds the journal into image cache references: the entries
-// prepared and not pruned, the persisted sandboxes with the entry each came
-// from (stopped sandboxes included: only sandbox.removed ends a
-// reference), and the sandbox-producing sagas still open.
+// ImageCache folds the journal into the image cache's entries (prepared
+// and not pruned) and the sandbox-producing sagas still open. Which entry
+// each persisted sandbox came from is the sandbox's own Bootstrap
+// (Sandboxes), so this view grows with the cache, not with the sandboxes;
+// CacheUsers joins the two into the state's Users.
 type ImageCache struct {
 	seq     uint64
 	entries map[string]*CacheEntry
-	users   map[string]events.Bootstrap
 	pending map[string]PendingSaga
 }
 
 func NewImageCache() *ImageCache {
-	return &ImageCache{entries: map[string]*CacheEntry{}, users: map[string]events.Bootstrap{}, pending: map[string]PendingSaga{}}
+	return &ImageCache{entries: map[string]*CacheEntry{}, pending: map[string]PendingSaga{}}
+}
+
+// CacheUsers are the persisted sandboxes of list (stopped ones included:
+// only sandbox.removed ends a reference) with the entry each came from:
+// the Users of an ImageCacheState. A sandbox still being created is not
+// one; its saga is Pending.
+func CacheUsers(list []*Sandbox) []CacheUser {
+	out := make([]CacheUser, 0, len(list))
+	for _, sb := range list {
+		if sb.State != StateCreating {
+			out = append(out, CacheUser{Sandbox: sb.ID, Bootstrap: sb.Bootstrap})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Sandbox < out[j].Sandbox })
+	return out
 }
 
 func (*ImageCache) Name() string  { return "imagecache" }
@@ -76,16 +91,6 @@ func (c *ImageCache) Apply(seq uint64, e events.Event) {
 		}
 	case events.ImageCachePrunedEvent:
 		delete(c.entries, p.CacheID)
-	case events.SandboxCreatedEvent:
-		c.users[e.Sandbox] = p.Bootstrap
-	case events.SandboxForkedEvent:
-		c.users[e.Sandbox] = p.Bootstrap
-	case events.SandboxRestoredEvent:
-		// From the snapshot's manifest; a snapshot older than the cache
-		// records none, and the sandbox then protects every entry.
-		c.users[e.Sandbox] = p.Bootstrap
-	case events.SandboxRemovedEvent:
-		delete(c.users, e.Sandbox)
 	case events.SagaStartedEvent:
 		if p.Kind.CreatesSandbox() {
 			c.pending[e.Saga] = PendingSaga{Saga: e.Saga, Kind: p.Kind, Sandbox: e.Sandbox}
@@ -95,24 +100,24 @@ func (c *ImageCache) Apply(seq uint64, e events.Event) {
 	}
 }
 
-// State returns a copy of the projection, sorted for stable output.
-func (c *ImageCache) State() ImageCacheState {
+// State returns a copy of the projection, sorted for stable output, with
+// users (CacheUsers of the sandboxes) as its Users.
+func (c *ImageCache) State(users []CacheUser) ImageCacheState {
 	st := ImageCacheState{
 		Entries: make([]CacheEntry, 0, len(c.entries)),
-		Users:   make([]CacheUser, 0, len(c.users)),
+		Users:   users,
 		Pending: make([]PendingSaga, 0, len(c.pending)),
+	}
+	if st.Users == nil {
+		st.Users = []CacheUser{}
 	}
 	for _, ent := range c.entries {
 		st.Entries = append(st.Entries, *ent)
-	}
-	for sb, b := range c.users {
-		st.Users = append(st.Users, CacheUser{Sandbox: sb, Bootstrap: b})
 	}
 	for _, p := range c.pending {
 		st.Pending = append(st.Pending, p)
 	}
 	sort.Slice(st.Entries, func(i, j int) bool { return st.Entries[i].CacheID < st.Entries[j].CacheID })
-	sort.Slice(st.Users, func(i, j int) bool { return st.Users[i].Sandbox < st.Users[j].Sandbox })
 	sort.Slice(st.Pending, func(i, j int) bool { return st.Pending[i].Saga < st.Pending[j].Saga })
 	return st
 }
@@ -125,10 +130,6 @@ func (c *ImageCache) Entry(cacheID string) *CacheEntry {
 	}
 	return nil
 }
-
-// BootstrapOf is the cache entry sandbox sb's OS disk came from (zero if
-// the journal recorded none): one map read, where State copies every user.
-func (c *ImageCache) BootstrapOf(sb string) events.Bootstrap { return c.users[sb] }
 
 // References maps each cache ID to the sandboxes whose disk came from it;
 // Unattributed lists the sandboxes that recorded no entry and so
@@ -155,7 +156,7 @@ func (st ImageCacheState) Bootstrap(sb string) events.Bootstrap {
 	return events.Bootstrap{}
 }
 
-func (c *ImageCache) MarshalState() ([]byte, error) { return msgpack.Marshal(c.State()) }
+func (c *ImageCache) MarshalState() ([]byte, error) { return msgpack.Marshal(c.State(nil)) }
 
 func (c *ImageCache) UnmarshalState(seq uint64, data []byte) error {
 	var st ImageCacheState
@@ -167,12 +168,9 @@ func (c *ImageCache) UnmarshalState(seq uint64, data []byte) error {
 		ent := ent
 		n.entries[ent.CacheID] = &ent
 	}
-	for _, u := range st.Users {
-		n.users[u.Sandbox] = u.Bootstrap
-	}
 	for _, p := range st.Pending {
 		n.pending[p.Saga] = p
 	}
-	c.seq, c.entries, c.users, c.pending = seq, n.entries, n.users, n.pending
+	c.seq, c.entries, c.pending = seq, n.entries, n.pending
 	return nil
 }

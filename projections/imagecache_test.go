@@ -14,21 +14,23 @@ import (
 // only sandbox.removed ends the reference, a sandbox without bootstrap is
 // unattributed, and an open create saga is pending until it closes.
 func TestImageCacheReferences(t *testing.T) {
-	c := NewImageCache()
+	c, sandboxes := NewImageCache(), NewSandboxes()
 	seq := uint64(0)
 	apply := func(sb, saga string, p events.Payload) {
 		seq++
 		e := events.New(ulid.Make(), t0.Add(time.Duration(seq)*time.Second), sb, p)
 		e.Saga = saga
 		c.Apply(seq, e)
+		sandboxes.Apply(seq, e)
 	}
+	state := func(c *ImageCache) ImageCacheState { return c.State(CacheUsers(sandboxes.List())) }
 	a, b, legacy := ulid.Make().String(), ulid.Make().String(), ulid.Make().String()
 	boot := events.Bootstrap{CacheID: "img-a", Identity: "stat-sha256:aa"}
 
 	apply(a, "s1", events.SagaStartedEvent{Kind: "create"})
 	apply(a, "s1", events.ImageCachePreparedEvent{CacheID: "img-a", Ref: "/x.raw", Identity: boot.Identity, Layout: 1, Path: "images/img-a"})
 	apply(a, "s1", events.ImageCacheUsedEvent{CacheID: "img-a", LastUseMs: 10})
-	if st := c.State(); len(st.Pending) != 1 || st.Pending[0].Sandbox != a {
+	if st := state(c); len(st.Pending) != 1 || st.Pending[0].Sandbox != a {
 		t.Fatalf("open create not pending: %+v", st.Pending)
 	}
 	apply(a, "s1", events.SandboxCreatedEvent{Image: "/x.raw", Bootstrap: boot})
@@ -39,7 +41,7 @@ func TestImageCacheReferences(t *testing.T) {
 	apply("", "", events.ImageCacheUsedEvent{CacheID: "img-a", LastUseMs: 5}) // older: ignored
 	apply("", "", events.ImageCacheUsedEvent{CacheID: "ghost", LastUseMs: 5}) // unknown entry: ignored
 
-	st := c.State()
+	st := state(c)
 	if len(st.Pending) != 0 {
 		t.Fatalf("finished saga still pending: %+v", st.Pending)
 	}
@@ -63,13 +65,13 @@ func TestImageCacheReferences(t *testing.T) {
 	if err := c2.UnmarshalState(seq, data); err != nil {
 		t.Fatal(err)
 	}
-	if !reflect.DeepEqual(c2.State(), st) || c2.Seq() != seq {
-		t.Fatalf("snapshot changed the state:\n%+v\n%+v", c2.State(), st)
+	if !reflect.DeepEqual(state(c2), st) || c2.Seq() != seq {
+		t.Fatalf("snapshot changed the state:\n%+v\n%+v", state(c2), st)
 	}
 
 	apply(a, "", events.SandboxRemovedEvent{})
 	apply(b, "", events.SandboxRemovedEvent{})
-	if refs, _ := c.State().References(); len(refs["img-a"]) != 0 {
+	if refs, _ := state(c).References(); len(refs["img-a"]) != 0 {
 		t.Fatalf("removed sandboxes still reference img-a: %v", refs)
 	}
 	apply("", "", events.ImageCachePrunedEvent{CacheID: "img-a"})
@@ -80,7 +82,7 @@ func TestImageCacheReferences(t *testing.T) {
 	d := ulid.Make().String()
 	apply(d, "s2", events.SagaStartedEvent{Kind: "create"})
 	apply(d, "s2", events.SagaCompensatedEvent{Reason: "x"})
-	if st := c.State(); len(st.Pending) != 0 || len(st.Users) != 1 {
+	if st := state(c); len(st.Pending) != 0 || len(st.Users) != 1 {
 		t.Fatalf("after a compensated create: %+v", st)
 	}
 }

@@ -34,7 +34,9 @@ type Projection interface {
 // rebuilt from the journal rather than read with every Rev at zero.
 // Format 3: a reclaimed snapshot directory leaves its sandbox's Snapshots
 // (snapshot rm), so older snapshots are rebuilt rather than trusted.
-const SnapshotFormat = 3
+// Format 4: a sandbox carries the cache entry it came from (Bootstrap),
+// which the image cache no longer keeps per sandbox.
+const SnapshotFormat = 4
 
 // ErrBadSnapshot means a snapshot cannot be used; the caller rebuilds the
 // projection from the start of the journal instead.

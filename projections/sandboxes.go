@@ -67,10 +67,15 @@ type Sandbox struct {
 	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots"`
 	// Resources is what the journal says this sandbox owns right now,
 	// including resources of a create still in flight.
-	Resources  []events.Resource `msgpack:"res,omitempty" json:"resources"`
-	LastRun    string            `msgpack:"run,omitempty" json:"last_run,omitempty"`
-	FlushedRun string            `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
-	Seq        uint64            `msgpack:"seq" json:"seq"`
+	Resources []events.Resource `msgpack:"res,omitempty" json:"resources"`
+	// Bootstrap is the image cache entry the sandbox's OS disk came from
+	// (zero if its create recorded none), for the cache's references: kept
+	// with the sandbox, so a cache question about one sandbox reads one
+	// record. Not part of the JSON contract.
+	Bootstrap  events.Bootstrap `msgpack:"boot,omitempty" json:"-"`
+	LastRun    string           `msgpack:"run,omitempty" json:"last_run,omitempty"`
+	FlushedRun string           `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
+	Seq        uint64           `msgpack:"seq" json:"seq"`
 	// Rev is the sequence of the last event about this sandbox (any event
 	// carrying its id): the entity sequence a decision expects (guard.Expect).
 	Rev uint64 `msgpack:"rev" json:"rev"`
@@ -160,8 +165,25 @@ func (m multimap) least(key, except string) (id string, found bool) {
 }
 
 // NewSandboxes returns an empty view.
-func NewSandboxes() *Sandboxes {
-	return &Sandboxes{byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), snaps: newMultimap()}
+func NewSandboxes() *Sandboxes { return NewSandboxesAt(0) }
+
+// NewSandboxesAt returns an empty view that has folded the journal up to
+// seq: the overlay a node keeps over its stored records, which holds only
+// the sandboxes touched since.
+func NewSandboxesAt(seq uint64) *Sandboxes {
+	return &Sandboxes{seq: seq, byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), snaps: newMultimap()}
+}
+
+// Put adds sb to the view as it is, replacing any record of its ID: a
+// node seeds its overlay with a stored record before folding an event
+// about that sandbox. The view keeps sb; the caller must not.
+func (s *Sandboxes) Put(sb *Sandbox) {
+	before := s.indexedOf(sb.ID)
+	if _, had := s.byID[sb.ID]; !had {
+		s.ids = nil
+	}
+	s.byID[sb.ID] = sb
+	s.reindexAll(sb.ID, before)
 }
 
 // indexed is what the indexes hold of one sandbox. Resources and
@@ -194,6 +216,11 @@ func (s *Sandboxes) reindex(id string, before indexed) {
 	if now.handle == before.handle && same(now.resources, before.resources) && same(now.snapshots, before.snapshots) {
 		return // the common event: neither handle, resources nor snapshots changed
 	}
+	s.reindexAll(id, before)
+}
+
+// reindexAll is reindex without its shortcut, for a record replaced whole.
+func (s *Sandboxes) reindexAll(id string, before indexed) {
 	if before.handle != "" {
 		s.handles.del(before.handle, id)
 	}
@@ -203,7 +230,7 @@ func (s *Sandboxes) reindex(id string, before indexed) {
 	for _, snap := range before.snapshots {
 		s.snaps.del(snap, id)
 	}
-	s.index(id, now)
+	s.index(id, s.indexedOf(id))
 }
 
 func (s *Sandboxes) index(id string, x indexed) {
@@ -334,12 +361,16 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		return
 	case events.SandboxCreatedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
+		sb.Bootstrap = p.Bootstrap
 	case events.SandboxForkedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent = p.Parent
+		sb.Parent, sb.Bootstrap = p.Parent, p.Bootstrap
 	case events.SandboxRestoredEvent:
+		// The bootstrap is from the snapshot's manifest; a snapshot older
+		// than the cache records none, and the sandbox then protects every
+		// entry.
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Snapshot = p.Source, p.Snapshot
+		sb.Parent, sb.Snapshot, sb.Bootstrap = p.Source, p.Snapshot, p.Bootstrap
 	case events.SandboxRemovedEvent:
 		delete(s.byID, e.Sandbox)
 		s.ids = nil
@@ -467,6 +498,21 @@ func (s *Sandboxes) commit(e events.Event, handle, image, driver string) *Sandbo
 	sb.Handle, sb.Image, sb.Driver = handle, image, driver
 	sb.State, sb.Saga = StateStopped, ""
 	return sb
+}
+
+// EncodeSandbox is one sandbox record as a store keeps it (the encoding
+// of one element of MarshalState's list).
+func EncodeSandbox(sb *Sandbox) ([]byte, error) { return msgpack.Marshal(sb) }
+
+// DecodeSandbox reads a record EncodeSandbox wrote, as UnmarshalState
+// reads each element of a snapshot.
+func DecodeSandbox(data []byte) (*Sandbox, error) {
+	var sb Sandbox
+	if err := events.StrictUnmarshal(data, &sb); err != nil {
+		return nil, err
+	}
+	sb.CreatedAt, sb.UpdatedAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC()
+	return &sb, nil
 }
 
 func (s *Sandboxes) MarshalState() ([]byte, error) {

@@ -121,7 +121,8 @@ func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
 		run   []string
 		mayBe bool // the file may not exist before planting
 	}{
-		{"projection snapshot", filepath.Join(root, "projections", "sandboxes.snap"), []string{"ls"}, false},
+		{"projection snapshot", filepath.Join(root, "projections", "sagas.snap"), []string{"ls"}, false},
+		{"sandbox store", filepath.Join(root, "projections", "sandboxes.db"), []string{"ls"}, false},
 		{"journal FORMAT", filepath.Join(root, "journal", "FORMAT"), []string{"ls"}, false},
 		{"config.toml", filepath.Join(root, "config.toml"), []string{"start", sb.ID}, true},
 		{"snapshot manifest", filepath.Join(root, "snapshots", sb.ID, snap, "manifest.json"), []string{"restore", snap}, false},

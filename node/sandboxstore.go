@@ -1,0 +1,300 @@
+package node
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// sandboxStore is the Sandboxes view at rest: one record per sandbox in a
+// bbolt file (projections/sandboxes.db), keyed by ID, the indexes the
+// per-entity questions need (handle, owned path, snapshot, recorded
+// processes), and the journal position the records reflect. A node reads
+// the records it is asked about, not the file, and a checkpoint rewrites
+// the records touched since the last one, not every record: what a
+// command costs no longer grows with the sandboxes it does not name
+// (issue 21). bbolt, because a B+tree file with atomic, fsynced
+// transactions is what we would otherwise write by hand.
+type sandboxStore struct{ db *bolt.DB }
+
+// storeFile is the store's name under projections/.
+const storeFile = "sandboxes.db"
+
+// storeFormat is the version of the store's layout and records. A store of
+// another format is rebuilt from the journal, never read.
+const storeFormat = 1
+
+var (
+	bucketMeta    = []byte("meta")
+	bucketRecords = []byte("sandboxes") // id → projections.EncodeSandbox
+	// Index buckets hold key 0x00 id → nothing, so a key with several
+	// sandboxes (a history made by hand) keeps them all, in ID order.
+	bucketHandles = []byte("handles")   // handle
+	bucketOwners  = []byte("owners")    // resource path
+	bucketSnaps   = []byte("snapshots") // snapshot ID
+	bucketLive    = []byte("live")      // "" for each sandbox with a process recorded running
+
+	metaFormat = []byte("format")
+	metaSeq    = []byte("seq")
+	metaEvent  = []byte("event")
+	metaCount  = []byte("count")
+)
+
+// storePosition is the journal event the store's records reflect.
+type storePosition struct {
+	Seq     uint64
+	EventID ulid.ULID
+	Count   uint64 // records held
+}
+
+// storeOpenTimeout bounds the wait for the file's lock. Only the one node
+// of a state root opens it, so a wait means another process holds the root
+// against the rules; it is refused, not waited out.
+const storeOpenTimeout = 5 * time.Second
+
+func openSandboxStore(path string) (*sandboxStore, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: storeOpenTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("sandbox store %s: %w", path, err)
+	}
+	return &sandboxStore{db: db}, nil
+}
+
+func (s *sandboxStore) close() error { return s.db.Close() }
+
+// position is what the store reflects; ok is false for a store that holds
+// no position of this format (new, or written by another layout).
+func (s *sandboxStore) position() (pos storePosition, ok bool, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		m := tx.Bucket(bucketMeta)
+		if m == nil || !bytes.Equal(m.Get(metaFormat), u64(storeFormat)) {
+			return nil
+		}
+		seq, cnt, ev := m.Get(metaSeq), m.Get(metaCount), m.Get(metaEvent)
+		if len(seq) != 8 || len(cnt) != 8 || len(ev) != len(ulid.ULID{}) {
+			return fmt.Errorf("%w: sandbox store position is damaged", projections.ErrBadSnapshot)
+		}
+		pos.Seq, pos.Count = binary.BigEndian.Uint64(seq), binary.BigEndian.Uint64(cnt)
+		copy(pos.EventID[:], ev)
+		ok = true
+		return nil
+	})
+	return pos, ok, err
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+// get is the stored record of id; nil if the store holds none.
+func (s *sandboxStore) get(id string) (sb *projections.Sandbox, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		sb, err = getRecord(tx, id)
+		return err
+	})
+	return sb, err
+}
+
+func getRecord(tx *bolt.Tx, id string) (*projections.Sandbox, error) {
+	b := tx.Bucket(bucketRecords)
+	if b == nil {
+		return nil, nil
+	}
+	data := b.Get([]byte(id))
+	if data == nil {
+		return nil, nil
+	}
+	sb, err := projections.DecodeSandbox(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: sandbox %s: %v", projections.ErrBadSnapshot, id, err)
+	}
+	return sb, nil
+}
+
+// ids are the sandboxes the index holds under key, in ID order.
+func (s *sandboxStore) ids(index []byte, key string) (out []string, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(index)
+		if b == nil {
+			return nil
+		}
+		prefix := append([]byte(key), 0)
+		c := b.Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			out = append(out, string(k[len(prefix):]))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// page is at most limit records whose IDs sort after after, in ID order,
+// leaving out those skip names (the overlay's).
+func (s *sandboxStore) page(after string, limit int, skip func(id string) bool) (out []*projections.Sandbox, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRecords)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		k, v := c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+		for ; k != nil && len(out) < limit; k, v = c.Next() {
+			if skip(string(k)) {
+				continue
+			}
+			sb, err := projections.DecodeSandbox(v)
+			if err != nil {
+				return fmt.Errorf("%w: sandbox %s: %v", projections.ErrBadSnapshot, k, err)
+			}
+			out = append(out, sb)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// write makes the store reflect pos: each changed ID's record replaced by
+// the one given, or deleted where that is nil, its index entries moved
+// with it, in one transaction (bbolt syncs it before returning). pos.Count
+// is ignored: the result carries the count the store holds now.
+func (s *sandboxStore) write(pos storePosition, changed map[string]*projections.Sandbox) (storePosition, error) {
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, err := createBuckets(tx)
+		if err != nil {
+			return err
+		}
+		count, err := storedCount(tx)
+		if err != nil {
+			return err
+		}
+		for id, sb := range changed {
+			old, err := getRecord(tx, id)
+			if err != nil {
+				return err
+			}
+			if old != nil {
+				if err := indexRecord(tx, old, (*bolt.Bucket).Delete); err != nil {
+					return err
+				}
+				count--
+			}
+			if sb == nil {
+				if err := b.Delete([]byte(id)); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := putRecord(tx, b, sb); err != nil {
+				return err
+			}
+			count++
+		}
+		pos.Count = count
+		return putPosition(tx, pos)
+	})
+	return pos, err
+}
+
+func storedCount(tx *bolt.Tx) (uint64, error) {
+	c := tx.Bucket(bucketMeta).Get(metaCount)
+	switch len(c) {
+	case 0:
+		return 0, nil
+	case 8:
+		return binary.BigEndian.Uint64(c), nil
+	}
+	return 0, fmt.Errorf("%w: sandbox store count is damaged", projections.ErrBadSnapshot)
+}
+
+// replace makes the store hold exactly all, at pos: a rebuild from the
+// journal, or the first store of a root that had only snapshots.
+func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
+	pos.Count = uint64(len(all))
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, name := range [][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketLive} {
+			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+				return err
+			}
+		}
+		b, err := createBuckets(tx)
+		if err != nil {
+			return err
+		}
+		for _, sb := range all {
+			if err := putRecord(tx, b, sb); err != nil {
+				return err
+			}
+		}
+		return putPosition(tx, pos)
+	})
+	return pos, err
+}
+
+func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketLive} {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return nil, err
+		}
+	}
+	return tx.CreateBucketIfNotExists(bucketRecords)
+}
+
+func putRecord(tx *bolt.Tx, b *bolt.Bucket, sb *projections.Sandbox) error {
+	data, err := projections.EncodeSandbox(sb)
+	if err != nil {
+		return err
+	}
+	if err := b.Put([]byte(sb.ID), data); err != nil {
+		return err
+	}
+	return indexRecord(tx, sb, func(b *bolt.Bucket, k []byte) error { return b.Put(k, nil) })
+}
+
+func putPosition(tx *bolt.Tx, pos storePosition) error {
+	m := tx.Bucket(bucketMeta)
+	for k, v := range map[string][]byte{
+		string(metaFormat): u64(storeFormat), string(metaSeq): u64(pos.Seq),
+		string(metaCount): u64(pos.Count), string(metaEvent): pos.EventID[:],
+	} {
+		if err := m.Put([]byte(k), v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// indexRecord applies op (put or delete) to every index entry of sb.
+func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []byte) error) error {
+	entry := func(index []byte, key string) error {
+		k := make([]byte, 0, len(key)+1+len(sb.ID))
+		k = append(append(append(k, key...), 0), sb.ID...)
+		return op(tx.Bucket(index), k)
+	}
+	if sb.Handle != "" {
+		if err := entry(bucketHandles, sb.Handle); err != nil {
+			return err
+		}
+	}
+	for _, r := range sb.Resources {
+		if err := entry(bucketOwners, r.Path); err != nil {
+			return err
+		}
+	}
+	for _, snap := range sb.Snapshots {
+		if err := entry(bucketSnaps, snap); err != nil {
+			return err
+		}
+	}
+	if len(sb.Watched()) > 0 {
+		return entry(bucketLive, "")
+	}
+	return nil
+}

@@ -1,0 +1,248 @@
+package node
+
+import (
+	"slices"
+	"sync/atomic"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// sandboxView is the Sandboxes view a node decides from: the records at
+// rest in the store, as of the store's position, under an overlay that
+// holds every sandbox an event touched since. Folding an event seeds the
+// overlay with the sandbox's stored record first, so the overlay's record
+// is the one a fold of the whole journal would hold (the Sandboxes fold of
+// a sandbox depends on that sandbox's events alone), and a touched
+// sandbox missing from the overlay is gone. A checkpoint writes the
+// touched records back and empties the overlay, so the overlay, and so a
+// node's memory, is bounded by the events since the last checkpoint.
+//
+// Without a store (none usable yet, or none could be written) the overlay
+// holds every sandbox and is the whole view, as before the store existed.
+type sandboxView struct {
+	store   *sandboxStore // nil: the overlay is complete
+	pos     storePosition // what the store holds
+	overlay *projections.Sandboxes
+	// touched: the sandboxes with an event since pos, each mapped to
+	// whether the store holds a record of it (for count).
+	touched map[string]bool
+	decoded *atomic.Uint64 // records decoded from the store, for Decoded
+}
+
+func newSandboxView(store *sandboxStore, pos storePosition, decoded *atomic.Uint64) *sandboxView {
+	return &sandboxView{store: store, pos: pos, overlay: projections.NewSandboxesAt(pos.Seq),
+		touched: map[string]bool{}, decoded: decoded}
+}
+
+// completeView is a view held whole in memory: full is every sandbox.
+func completeView(full *projections.Sandboxes, decoded *atomic.Uint64) *sandboxView {
+	return &sandboxView{overlay: full, touched: map[string]bool{}, decoded: decoded}
+}
+
+// Seq is the last event folded.
+func (v *sandboxView) Seq() uint64 { return v.overlay.Seq() }
+
+func (v *sandboxView) stored(id string) (*projections.Sandbox, error) {
+	sb, err := v.store.get(id)
+	if sb != nil {
+		v.decoded.Add(1)
+	}
+	return sb, err
+}
+
+// apply folds the event stored at seq.
+func (v *sandboxView) apply(seq uint64, e events.Event) error {
+	if id := e.Sandbox; id != "" && v.store != nil {
+		if _, seen := v.touched[id]; !seen {
+			sb, err := v.stored(id)
+			if err != nil {
+				return err
+			}
+			if sb != nil {
+				v.overlay.Put(sb)
+			}
+			v.touched[id] = sb != nil
+		}
+	}
+	v.overlay.Apply(seq, e)
+	return nil
+}
+
+// fromStore says whether id's current record is the stored one.
+func (v *sandboxView) fromStore(id string) bool {
+	if v.store == nil {
+		return false
+	}
+	_, seen := v.touched[id]
+	return !seen
+}
+
+// get is the sandbox with id, or nil.
+func (v *sandboxView) get(id string) (*projections.Sandbox, error) {
+	if v.fromStore(id) {
+		return v.stored(id)
+	}
+	return v.overlay.Get(id), nil
+}
+
+// least is the smallest of the overlay's answer (over, "" for none) and
+// the stored IDs of index under key that are still current, leaving out
+// except.
+func (v *sandboxView) least(over string, index []byte, key, except string) (string, error) {
+	if v.store == nil {
+		return over, nil
+	}
+	ids, err := v.store.ids(index, key)
+	if err != nil {
+		return "", err
+	}
+	for _, id := range ids {
+		if id != except && v.fromStore(id) && (over == "" || id < over) {
+			over = id
+		}
+	}
+	return over, nil
+}
+
+// byHandle is Sandboxes.ByHandle over the whole view.
+func (v *sandboxView) byHandle(handle string) (*projections.Sandbox, error) {
+	if handle == "" {
+		return nil, nil
+	}
+	over := ""
+	if sb := v.overlay.ByHandle(handle); sb != nil {
+		over = sb.ID
+	}
+	id, err := v.least(over, bucketHandles, handle, "")
+	if err != nil || id == "" {
+		return nil, err
+	}
+	return v.get(id)
+}
+
+// snapshotOwner is Sandboxes.SnapshotOwner over the whole view.
+func (v *sandboxView) snapshotOwner(snap string) (*projections.Sandbox, error) {
+	over := ""
+	if sb := v.overlay.SnapshotOwner(snap); sb != nil {
+		over = sb.ID
+	}
+	id, err := v.least(over, bucketSnaps, snap, "")
+	if err != nil || id == "" {
+		return nil, err
+	}
+	return v.get(id)
+}
+
+// ownerOf is Sandboxes.OwnerOf over the whole view.
+func (v *sandboxView) ownerOf(paths []string, except string) (id, path string, found bool, err error) {
+	id, path, found = v.overlay.OwnerOf(paths, except)
+	for _, p := range paths {
+		if id, err = v.least(id, bucketOwners, p, except); err != nil {
+			return "", "", false, err
+		}
+	}
+	if id == "" || !v.fromStore(id) {
+		return id, path, found, nil
+	}
+	sb, err := v.stored(id)
+	if err != nil || sb == nil {
+		return "", "", false, err
+	}
+	for _, p := range paths {
+		if sb.Owns(p) {
+			return id, p, true, nil
+		}
+	}
+	return "", "", false, nil // unreachable: the index named it for one of paths
+}
+
+// page is Sandboxes.Page over the whole view: the overlay's page and the
+// store's, merged in ID order.
+func (v *sandboxView) page(after string, limit int) ([]*projections.Sandbox, error) {
+	over := v.overlay.Page(after, limit)
+	if v.store == nil {
+		return over, nil
+	}
+	stored, err := v.store.page(after, limit, func(id string) bool { return !v.fromStore(id) })
+	if err != nil {
+		return nil, err
+	}
+	v.decoded.Add(uint64(len(stored)))
+	out := append(over, stored...)
+	slices.SortFunc(out, func(a, b *projections.Sandbox) int {
+		switch {
+		case a.ID < b.ID:
+			return -1
+		case a.ID > b.ID:
+			return 1
+		}
+		return 0
+	})
+	return out[:min(limit, len(out))], nil
+}
+
+// count is the number of sandboxes in the view.
+func (v *sandboxView) count() int {
+	n := int(v.pos.Count) + v.overlay.Len()
+	for _, inStore := range v.touched {
+		if inStore {
+			n--
+		}
+	}
+	return n
+}
+
+// live is every sandbox with a process recorded running (Watched).
+func (v *sandboxView) live() ([]*projections.Sandbox, error) {
+	var out []*projections.Sandbox
+	for _, sb := range v.overlay.List() {
+		if len(sb.Watched()) > 0 {
+			out = append(out, sb)
+		}
+	}
+	if v.store == nil {
+		return out, nil
+	}
+	ids, err := v.store.ids(bucketLive, "")
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if !v.fromStore(id) {
+			continue
+		}
+		sb, err := v.stored(id)
+		if err != nil {
+			return nil, err
+		}
+		if sb != nil {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+// checkpoint writes the view to the store as of its last event (lastID)
+// and empties the overlay. A complete view is written whole to store, which
+// it then reads through.
+func (v *sandboxView) checkpoint(store *sandboxStore, lastID ulid.ULID) error {
+	pos := storePosition{Seq: v.Seq(), EventID: lastID}
+	var err error
+	if v.store == nil {
+		pos, err = store.replace(pos, v.overlay.List())
+	} else {
+		changed := make(map[string]*projections.Sandbox, len(v.touched))
+		for id := range v.touched {
+			changed[id] = v.overlay.Get(id)
+		}
+		pos, err = store.write(pos, changed)
+	}
+	if err != nil {
+		return err
+	}
+	*v = *newSandboxView(store, pos, v.decoded)
+	return nil
+}
