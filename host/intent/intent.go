@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -40,10 +41,13 @@ type Held struct {
 	f    *os.File
 }
 
-// Publish stages the intent under a temporary name, takes the exclusive
-// flock on it, writes and fsyncs it, renames it into place and fsyncs the
-// directory. The flock travels with the inode through the rename, so the
-// marker is never visible unleased. An existing marker is never replaced.
+// Publish writes the intent into an unnamed file (O_TMPFILE), takes the
+// exclusive flock on it, writes and fsyncs it, links it into place and
+// fsyncs the directory. The flock is taken before the marker has a name,
+// so it is never visible unleased, and a publisher killed before the link
+// leaves nothing behind. An existing marker is never replaced (the link
+// fails). On a filesystem without O_TMPFILE it stages the intent under a
+// temporary name instead (publishStaged).
 func Publish(path string, in Intent) (*Held, error) {
 	in.Schema = SchemaVersion
 	in.Pid = os.Getpid()
@@ -52,7 +56,56 @@ func Publish(path string, in Intent) (*Held, error) {
 		return nil, err
 	}
 	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".stage-*")
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EISDIR) {
+		return publishStaged(path, data)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("intent %s: %w", path, &os.PathError{Op: "open", Path: dir, Err: err})
+	}
+	f := os.NewFile(uintptr(fd), path)
+	fail := func(err error) (*Held, error) {
+		f.Close()
+		return nil, fmt.Errorf("intent %s: %w", path, err)
+	}
+	if err := writeLeased(f, data); err != nil {
+		return fail(err)
+	}
+	// Linking through /proc/self/fd needs no capability (AT_EMPTY_PATH
+	// would), and like a rename with RENAME_NOREPLACE it refuses an
+	// existing name: two creators of one name never swap markers.
+	if err := unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW); err != nil {
+		return fail(&os.LinkError{Op: "link", Old: "O_TMPFILE", New: path, Err: err})
+	}
+	if err := durable.SyncDir(dir); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &Held{Path: path, f: f}, nil
+}
+
+// writeLeased takes the marker's exclusive flock, then writes and fsyncs
+// data into it.
+func writeLeased(f *os.File, data []byte) error {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return err
+	}
+	if err := f.Chmod(0o600); err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+// publishStaged is Publish where O_TMPFILE is missing: the intent is staged
+// under ".<name>.stage-XXXX", leased, written and renamed into place. A
+// publisher killed before the rename leaves the staged file, which recover
+// sweeps once its lease is free and the reaper judges by that lease.
+func publishStaged(path string, data []byte) (*Held, error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+StageInfix+"*")
 	if err != nil {
 		return nil, fmt.Errorf("intent %s: %w", path, err)
 	}
@@ -61,16 +114,7 @@ func Publish(path string, in Intent) (*Held, error) {
 		os.Remove(f.Name())
 		return nil, fmt.Errorf("intent %s: %w", path, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return fail(err)
-	}
-	if err := f.Chmod(0o600); err != nil {
-		return fail(err)
-	}
-	if _, err := f.Write(data); err != nil {
-		return fail(err)
-	}
-	if err := f.Sync(); err != nil {
+	if err := writeLeased(f, data); err != nil {
 		return fail(err)
 	}
 	// RENAME_NOREPLACE: two creators of one name must not silently swap markers.
@@ -82,6 +126,23 @@ func Publish(path string, in Intent) (*Held, error) {
 		return nil, err
 	}
 	return &Held{Path: path, f: f}, nil
+}
+
+// StageInfix marks a marker staged under a temporary name by publishStaged
+// (or by builds before O_TMPFILE): ".<final name>.stage-XXXX".
+const StageInfix = ".stage-"
+
+// Staged is the final name of a staged marker's file name, if it is one.
+func Staged(name string) (final string, ok bool) {
+	rest, ok := strings.CutPrefix(name, ".")
+	if !ok {
+		return "", false
+	}
+	i := strings.LastIndex(rest, StageInfix)
+	if i <= 0 {
+		return "", false
+	}
+	return rest[:i], true
 }
 
 // Release drops the lease without removing the marker. Callers release only

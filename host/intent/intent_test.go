@@ -113,3 +113,43 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 		t.Fatalf("the marker itself must survive its creator: %v", err)
 	}
 }
+
+// The fallback for filesystems without O_TMPFILE stages the marker under a
+// temporary name: leased before the rename, nothing staged left after it,
+// and never over an existing marker.
+func TestPublishStagedFallback(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "y.create-intent.json")
+	h, err := publishStaged(path, []byte(`{"kind":"create","sandbox":"y"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release()
+	if held, err := LeaseHeld(path); err != nil || !held {
+		t.Fatalf("staged publish: held=%v err=%v", held, err)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("staging file left behind: %v", entries)
+	}
+	if _, err := publishStaged(path, []byte(`{}`)); err == nil {
+		t.Fatal("staged publish over an existing intent")
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("a refused staged publish left %v", entries)
+	}
+}
+
+func TestStagedNames(t *testing.T) {
+	for name, want := range map[string]string{
+		".01J.create-intent.json.stage-12345": "01J.create-intent.json",
+		".a.stage-1.stage-2":                  "a.stage-1",
+		"01J.create-intent.json":              "",
+		".stage-1":                            "",
+		"x.stage-1":                           "",
+	} {
+		got, ok := Staged(name)
+		if got != want || ok != (want != "") {
+			t.Errorf("Staged(%q) = %q, %v; want %q", name, got, ok, want)
+		}
+	}
+}
