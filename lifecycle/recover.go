@@ -525,12 +525,6 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		known[sb.ID] = true
 	}
 	for _, e := range entries {
-		if final, staged := intent.Staged(e.Name()); staged {
-			if err := m.sweepStagedIntent(e.Name(), final, rep); err != nil {
-				return err
-			}
-			continue
-		}
 		id, ok := strings.CutSuffix(e.Name(), ".create-intent.json")
 		if !ok || !layout.IsULID(id) || known[id] || m.creatorAlive(id) {
 			continue
@@ -544,27 +538,6 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		}
 		rep.Intents = append(rep.Intents, id)
 	}
-	return nil
-}
-
-// sweepStagedIntent removes a create intent left under its staging name
-// (intent.Publish's fallback, or an older build) by a publisher that died
-// before renaming it into place: the intent never existed under its name,
-// so nothing it covers was made yet. Its own lease says whether the
-// publisher still runs; one that cannot be probed is kept (RL-9).
-func (m *Manager) sweepStagedIntent(name, final string, rep *RecoverReport) error {
-	id, ok := strings.CutSuffix(final, ".create-intent.json")
-	if !ok || !layout.IsULID(id) {
-		return nil
-	}
-	path := filepath.Join(m.Root.Disks(), name)
-	if held, err := intent.LeaseHeld(path); err != nil || held {
-		return nil
-	}
-	if err := intent.Retire(path); err != nil {
-		return err
-	}
-	rep.Intents = append(rep.Intents, id)
 	return nil
 }
 

@@ -377,29 +377,3 @@ func (f *flow) waitNoProcesses() {
 		return len(testutil.ProcessesUnder(f.root)) == 0
 	})
 }
-
-// A create intent left under its staging name (a publisher killed before
-// its rename, where O_TMPFILE is missing, or an older build) is swept once
-// its lease is free and kept while its publisher holds it.
-func TestRecoverSweepsAStagedIntent(t *testing.T) {
-	f := newFlow(t)
-	id := ulid.Make().String()
-	rel := f.m.rel(filepath.Join(f.m.Root.Disks(), "."+id+".create-intent.json"+intent.StageInfix+"4242"))
-	if err := os.MkdirAll(f.m.Root.Disks(), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	staged, err := os.OpenFile(filepath.Join(f.root, rel), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Flock(int(staged.Fd()), unix.LOCK_EX); err != nil {
-		t.Fatal(err)
-	}
-	if rep := f.recover(); len(rep.Intents) != 0 || !f.exists(rel) {
-		t.Fatalf("recover swept a staged intent its publisher holds: %+v", rep)
-	}
-	staged.Close()
-	if rep := f.recover(); !slices.Equal(rep.Intents, []string{id}) || f.exists(rel) {
-		t.Fatalf("recover %+v left the dead publisher's staged intent (there: %v)", rep, f.exists(rel))
-	}
-}

@@ -11,7 +11,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -131,19 +130,6 @@ func publishStaged(path string, data []byte) (*Held, error) {
 // StageInfix marks a marker staged under a temporary name by publishStaged
 // (or by builds before O_TMPFILE): ".<final name>.stage-XXXX".
 const StageInfix = ".stage-"
-
-// Staged is the final name of a staged marker's file name, if it is one.
-func Staged(name string) (final string, ok bool) {
-	rest, ok := strings.CutPrefix(name, ".")
-	if !ok {
-		return "", false
-	}
-	i := strings.LastIndex(rest, StageInfix)
-	if i <= 0 {
-		return "", false
-	}
-	return rest[:i], true
-}
 
 // Release drops the lease without removing the marker. Callers release only
 // after the journal acknowledged the event that makes the intent redundant

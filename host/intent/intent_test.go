@@ -138,18 +138,3 @@ func TestPublishStagedFallback(t *testing.T) {
 		t.Fatalf("a refused staged publish left %v", entries)
 	}
 }
-
-func TestStagedNames(t *testing.T) {
-	for name, want := range map[string]string{
-		".01J.create-intent.json.stage-12345": "01J.create-intent.json",
-		".a.stage-1.stage-2":                  "a.stage-1",
-		"01J.create-intent.json":              "",
-		".stage-1":                            "",
-		"x.stage-1":                           "",
-	} {
-		got, ok := Staged(name)
-		if got != want || ok != (want != "") {
-			t.Errorf("Staged(%q) = %q, %v; want %q", name, got, ok, want)
-		}
-	}
-}
