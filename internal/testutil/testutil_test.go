@@ -95,3 +95,26 @@ func (f *fakeT) Fatalf(format string, args ...any) {
 	f.msg = strings.TrimSpace(strings.ReplaceAll(fmt.Sprintf(format, args...), "\n", " "))
 	panic("fatal")
 }
+
+// A reap kept ambiguous only for an inconclusive /proc scan is asked
+// again, a bounded number of times; any other verdict ends the loop.
+func TestReapUntilConclusive(t *testing.T) {
+	if !KeptInconclusive("ambiguous", "/proc scan inconclusive: pid 9: no such file") ||
+		KeptInconclusive("live", ProcInconclusive) || KeptInconclusive("ambiguous", "journal unreadable") {
+		t.Fatal("KeptInconclusive misjudges a reason")
+	}
+	passes := 0
+	ReapUntilConclusive(t, "reap", func() (bool, string) { passes++; return passes < 3, "" })
+	if passes != 3 {
+		t.Fatalf("stopped after %d passes, want the first conclusive one, 3", passes)
+	}
+	ft := &fakeT{TB: t}
+	passes = 0
+	func() {
+		defer func() { recover() }()
+		ReapUntilConclusive(ft, "reap --apply", func() (bool, string) { passes++; return true, "kept x" })
+	}()
+	if !ft.failed || passes != ReapPasses || !strings.Contains(ft.msg, "reap --apply: the /proc scan was inconclusive 20 times running: kept x") {
+		t.Fatalf("after %d passes: failed %v with %q", passes, ft.failed, ft.msg)
+	}
+}
