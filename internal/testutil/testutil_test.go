@@ -118,3 +118,24 @@ func TestReapUntilConclusive(t *testing.T) {
 		t.Fatalf("after %d passes: failed %v with %q", passes, ft.failed, ft.msg)
 	}
 }
+
+// A child's output read while os/exec still copies it in: run under
+// -race, an unguarded bytes.Buffer here is reported as a data race.
+func TestBufferReadWhileWritten(t *testing.T) {
+	var b Buffer
+	cmd := exec.Command("sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo line $i; sleep 0.01; done")
+	cmd.Stdout = &b
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		_ = b.String()
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); !strings.HasPrefix(got, "line 1\n") || !strings.HasSuffix(got, "line 10\n") {
+		t.Fatalf("buffer holds %q", got)
+	}
+}
