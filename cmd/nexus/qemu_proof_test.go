@@ -64,12 +64,12 @@ func (q *realGuest) ready(id string) {
 			break
 		}
 		if time.Since(began) > limit {
-			console, _ := os.ReadFile(filepath.Join(q.root, "logs", id+".console.log"))
-			if len(console) > 4000 {
-				console = console[len(console)-4000:]
+			tail := func(name string, n int) []byte {
+				b, _ := os.ReadFile(filepath.Join(q.root, "logs", id+name))
+				return b[max(0, len(b)-n):]
 			}
-			q.t.Fatalf("%s: the guest agent took no guestfill in %v; the last cp exited %d: %s\nconsole ends:\n%s",
-				id, limit, r.code, strings.TrimSpace(r.stderr), console)
+			q.t.Fatalf("%s: the guest agent took no guestfill in %v; the last cp exited %d: %s\nconsole ends:\n%s\nVMM log ends:\n%s",
+				id, limit, r.code, strings.TrimSpace(r.stderr), tail(".console.log", 4000), tail(".vmm.log", 2000))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
