@@ -44,7 +44,10 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dir, "mitm-ca.pem"), []byte("key"), 0o600)
-		who, err := proc.SpawnDetached([]string{"sh", "-c", "sleep 120; :", "supervisor", "--sandbox", id, "--state-dir", dir}, nil, filepath.Join(root, id+".log"))
+		// The test binary idling (TestMain), not a shell running sleep: a
+		// shell's child names the sandbox too until it execs, and a reap
+		// that sees it (it did, at load 30) rightly keeps the state dir live.
+		who, err := proc.SpawnDetached([]string{os.Args[0], "idle", "supervisor", "--sandbox", id, "--state-dir", dir}, nil, filepath.Join(root, id+".log"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +94,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 		t.Fatal("orphaned supervisor with matching pid and start time survived")
 	}
 	if _, err := os.Lstat(filepath.Join(root, "supervisors", orphan)); !os.IsNotExist(err) {
-		t.Fatalf("the killed supervisor's state dir was not reclaimed in the same pass: kept %+v", rep.Kept)
+		t.Fatalf("the killed supervisor's state dir was not reclaimed in the same pass (orphan supervisor pid %d, reused %d): kept %+v", orphanWho.Pid, reusedWho.Pid, rep.Kept)
 	}
 	if alive, _ := proc.Alive(reusedWho); !alive {
 		t.Fatal("a process whose start time does not match the record was killed")
