@@ -70,6 +70,12 @@ func serveRole(role string, args []string) int {
 		if err = fs.Parse(args); err == nil {
 			err = supervisor.Serve(ctx, o)
 		}
+	case "idle":
+		// A process whose command line (the arguments after the role)
+		// names what the test wants named, until SIGTERM; unlike a shell
+		// running sleep, it forks no child that carries the same command
+		// line between fork and exec.
+		<-ctx.Done()
 	default:
 		err = fmt.Errorf("role %q: dying before answering, as asked", role)
 	}

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,7 +18,6 @@ import (
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/node"
-	"github.com/nexus-sandbox/nexus/reaper"
 )
 
 // shortRoot: a state root whose processes never outlive the test
@@ -44,7 +44,10 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		os.WriteFile(filepath.Join(dir, "mitm-ca.pem"), []byte("key"), 0o600)
-		who, err := proc.SpawnDetached([]string{"sh", "-c", "sleep 120; :", "supervisor", "--sandbox", id, "--state-dir", dir}, nil, filepath.Join(root, id+".log"))
+		// The test binary idling (TestMain), not a shell running sleep: a
+		// shell's child names the sandbox too until it execs, and a reap
+		// that sees it (it did, at load 30) rightly keeps the state dir live.
+		who, err := proc.SpawnDetached([]string{os.Args[0], "idle", "supervisor", "--sandbox", id, "--state-dir", dir}, nil, filepath.Join(root, id+".log"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +94,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 		t.Fatal("orphaned supervisor with matching pid and start time survived")
 	}
 	if _, err := os.Lstat(filepath.Join(root, "supervisors", orphan)); !os.IsNotExist(err) {
-		t.Fatal("the killed supervisor's state dir was not reclaimed in the same pass")
+		t.Fatalf("the killed supervisor's state dir was not reclaimed in the same pass (orphan supervisor pid %d, reused %d): kept %+v", orphanWho.Pid, reusedWho.Pid, rep.Kept)
 	}
 	if alive, _ := proc.Alive(reusedWho); !alive {
 		t.Fatal("a process whose start time does not match the record was killed")
@@ -116,16 +119,17 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 }
 
 // reapSettled runs m.Reap until no entry is kept only because its /proc
-// scan was inconclusive (a process exited while it was read, which on a
-// busy machine happens in any scan; keeping the entry is what the reaper
-// owes given that evidence, RL-9), and returns that run, with what earlier
-// runs deleted (and its Allocated, for an apply) carried over.
+// scan was inconclusive (testutil.ReapUntilConclusive), and returns that
+// run, with what earlier runs deleted (and its Allocated, for an apply)
+// carried over.
 func reapSettled(t *testing.T, m *Manager, o ReapOptions) ReapReport {
 	t.Helper()
 	var deleted []ReapItem
 	var freed int64
-	for attempt := 1; ; attempt++ {
-		rep, err := m.Reap(context.Background(), o)
+	var rep ReapReport
+	testutil.ReapUntilConclusive(t, "reap", func() (bool, string) {
+		var err error
+		rep, err = m.Reap(context.Background(), o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,21 +137,18 @@ func reapSettled(t *testing.T, m *Manager, o ReapOptions) ReapReport {
 		if o.Apply {
 			freed += rep.Allocated
 		}
-		unsure := false
 		for _, k := range rep.Kept {
-			unsure = unsure || k.Verdict == reaper.Ambiguous && strings.Contains(k.Reason, "/proc scan inconclusive")
-		}
-		if !unsure {
-			rep.Deleted = deleted
-			if o.Apply {
-				rep.Allocated = freed
+			if testutil.KeptInconclusive(string(k.Verdict), k.Reason) {
+				return true, fmt.Sprintf("%+v", rep.Kept)
 			}
-			return rep
 		}
-		if attempt == 20 {
-			t.Fatalf("the /proc scan was inconclusive %d times running: %+v", attempt, rep.Kept)
-		}
+		return false, ""
+	})
+	rep.Deleted = deleted
+	if o.Apply {
+		rep.Allocated = freed
 	}
+	return rep
 }
 
 // RL-18: a supervisor state dir whose own supervisor.sock answers is kept

@@ -34,7 +34,7 @@ type RecoverReport struct {
 	Restarted   []string `json:"restarted"`   // supervisors replaced (CA re-seeded)
 	Killed      []string `json:"killed"`      // orphaned supervisors terminated (RL-13)
 	Unpaused    []string `json:"unpaused"`    // VMs a crashed fork or snapshot left paused
-	Intents     []string `json:"intents"`     // unjournaled intents whose covered files were removed
+	Intents     []string `json:"intents"`     // unjournaled intents whose covered files were removed (by sandbox; a staged one by its file name)
 	// Skipped lists what recover left alone because a live process holds
 	// its runner lease, or because a live VMM did not answer in time.
 	Skipped []Skipped `json:"skipped"`
@@ -525,6 +525,12 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		known[sb.ID] = true
 	}
 	for _, e := range entries {
+		if staged, ok := stagedIntent(e.Name()); ok {
+			if err := m.sweepStaged(staged, rep); err != nil {
+				return err
+			}
+			continue
+		}
 		id, ok := strings.CutSuffix(e.Name(), ".create-intent.json")
 		if !ok || !layout.IsULID(id) || known[id] || m.creatorAlive(id) {
 			continue
@@ -538,6 +544,38 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		}
 		rep.Intents = append(rep.Intents, id)
 	}
+	return nil
+}
+
+// stagedIntent reports whether name is an intent intent.Publish was
+// staging (".<final name>.stage-XXXX"), create or shadow, and returns it.
+func stagedIntent(name string) (string, bool) {
+	i := strings.LastIndex(name, ".stage-")
+	if !strings.HasPrefix(name, ".") || i <= 1 {
+		return "", false
+	}
+	final := name[1:i]
+	if strings.HasSuffix(final, ".create-intent.json") || strings.HasSuffix(final, ".shadow-intent.json") {
+		return name, true
+	}
+	return "", false
+}
+
+// sweepStaged removes an intent whose creator died staging it (between
+// intent.Publish's create and its rename; a fork copying children
+// concurrently can be killed there). Never published, it covers nothing:
+// a creator makes nothing before its intent is in place. Its flock is
+// taken while staged, so a held lease is a creator still running, and a
+// probe that cannot tell keeps it (RL-9) for the reaper to judge.
+func (m *Manager) sweepStaged(name string, rep *RecoverReport) error {
+	path := filepath.Join(m.Root.Disks(), name)
+	if held, err := intent.LeaseHeld(path); err != nil || held {
+		return nil
+	}
+	if err := intent.Retire(path); err != nil {
+		return err
+	}
+	rep.Intents = append(rep.Intents, name)
 	return nil
 }
 

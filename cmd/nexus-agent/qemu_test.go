@@ -94,7 +94,7 @@ func TestBootUnderQEMU(t *testing.T) {
 		"-drive", "file="+vol+",if=none,id=vol,format=raw,readonly=on",
 		"-device", "virtio-blk-pci,drive=vol,serial="+volSerial)
 	c, consoleTail, start := vm.c, vm.consoleTail, vm.start
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(60*time.Second))
 	defer cancel()
 
 	// exec runs in the OS disk's root: the agent's copy is only there.
@@ -118,7 +118,7 @@ func TestBootUnderQEMU(t *testing.T) {
 		t.Fatalf("orphan: %+v %v", st, err)
 	}
 	statPath := "/proc/" + strings.TrimSpace(pidOut.String()) + "/stat"
-	reapBy := time.Now().Add(15 * time.Second)
+	reapBy := time.Now().Add(testutil.Scale(15 * time.Second))
 	for reaped := false; !reaped; {
 		var stat bytes.Buffer
 		_, err := c.ReadFile(ctx, statPath, &stat)
@@ -237,7 +237,8 @@ func bootAgentGuest(t *testing.T, qemu, kernel, initrd, dir, cmdline string, dri
 		"-device", "virtio-serial-pci",
 		"-chardev", "socket,id=agent,path="+sock+",server=on,wait=off",
 		"-device", "virtserialport,chardev=agent,name="+agentPort)...)
-	var qerr bytes.Buffer
+	// Read by consoleTail while QEMU still writes it.
+	var qerr testutil.Buffer
 	cmd.Stderr = &qerr
 	start := time.Now()
 	if err := cmd.Start(); err != nil {
@@ -263,15 +264,17 @@ func bootAgentGuest(t *testing.T, qemu, kernel, initrd, dir, cmdline string, dri
 		return string(b) + qerr.String()
 	}
 
-	// Boot under software emulation on a loaded machine takes 4-40 s.
+	// Boot under software emulation takes 4-40 s on a loaded machine;
+	// the bound, scaled like every wait, is for a guest that never boots.
+	bootLimit := testutil.Scale(150 * time.Second)
 	for {
 		select {
 		case <-exited:
 			t.Fatalf("QEMU exited before the agent answered: %v\n%s", waitErr, consoleTail())
 		default:
 		}
-		if time.Since(start) > 150*time.Second {
-			t.Fatalf("no agent answer within 150 s (accel %s)\n%s", accel, consoleTail())
+		if time.Since(start) > bootLimit {
+			t.Fatalf("no agent answer within %v (accel %s)\n%s", bootLimit, accel, consoleTail())
 		}
 		conn, err := net.Dial("unix", sock)
 		if err != nil {
@@ -335,7 +338,7 @@ func TestHandOverPID1UnderQEMU(t *testing.T) {
 		"-drive", "file="+ws+",if=none,id=ws,format=raw",
 		"-device", "virtio-blk-pci,drive=ws,serial="+agentproto.SerialWorkspace)
 	c := vm.c
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(60*time.Second))
 	defer cancel()
 	read := func(path string) (string, error) {
 		var b bytes.Buffer
@@ -343,16 +346,19 @@ func TestHandOverPID1UnderQEMU(t *testing.T) {
 		return b.String(), err
 	}
 
-	// The agent may answer before init has run: the switch follows its start.
+	// The agent may answer before init has run: the switch follows its
+	// start, and under software emulation on a loaded machine init can
+	// take tens of seconds more. init publishes its marker by rename, so a
+	// read finds it whole or not at all.
 	var marker string
-	for by := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		var err error
-		if marker, err = read("/etc/init-ran"); err == nil || time.Now().After(by) {
+	var markerErr error
+	for by := time.Now().Add(testutil.Scale(30 * time.Second)); ; time.Sleep(200 * time.Millisecond) {
+		if marker, markerErr = read("/etc/init-ran"); markerErr == nil || time.Now().After(by) {
 			break
 		}
 	}
 	if marker != "pid 1\n" {
-		t.Fatalf("the image's init wrote %q, want it run as pid 1\n%s", marker, vm.consoleTail())
+		t.Fatalf("the image's init wrote %q (%v), want it run as pid 1\n%s", marker, markerErr, vm.consoleTail())
 	}
 	if cl, err := read("/proc/1/cmdline"); err != nil || cl != "/sbin/init\x00" {
 		t.Fatalf("PID 1 is %q (%v), want /sbin/init", cl, err)

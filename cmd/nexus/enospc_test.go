@@ -70,10 +70,10 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	_, planted := orphansOf(t, root)
 	// A process that exits while the reaper scans /proc makes that pass
 	// inconclusive, and the reaper then keeps what it could not judge (in
-	// the plan or at apply): right for the reaper, so on a loaded machine
-	// the test asks again, as an operator would, up to five times, and
-	// requires each pass that kept a planted orphan to say it was unsure.
-	for attempt := 1; ; attempt++ {
+	// the plan or at apply): right for the reaper, so the test asks again
+	// (testutil.ReapUntilConclusive) and requires each pass that kept a
+	// planted orphan to say it was unsure.
+	testutil.ReapUntilConclusive(t, "reap --apply --plan on a nearly full disk", func() (bool, string) {
 		var plan struct {
 			Plan string `json:"plan"`
 		}
@@ -87,14 +87,14 @@ func fullDisk(t *testing.T, withDaemon bool) {
 			}
 		}
 		if left == "" {
-			break
+			return false, ""
 		}
 		// "not in plan": the dry run's own scan was the inconclusive one.
-		inconclusive := strings.Contains(rr.stdout, "/proc scan inconclusive") || strings.Contains(rr.stdout, "not in plan")
-		if attempt == 5 || !inconclusive {
-			t.Fatalf("reap --apply left %s (pass %d):\n%s", left, attempt, rr.stdout)
+		if !strings.Contains(rr.stdout, testutil.ProcInconclusive) && !strings.Contains(rr.stdout, "not in plan") {
+			t.Fatalf("reap --apply left %s:\n%s", left, rr.stdout)
 		}
-	}
+		return true, rr.stdout
+	})
 	// Below the floor nothing is admitted, not even rm.
 	filler3 := smallfs.Fill(t, mnt, 1<<20)
 	defer os.Remove(filler3)

@@ -50,14 +50,29 @@ func (q *realGuest) ok(what string, args ...string) string {
 
 // ready waits for the guest's agent by copying guestfill in (the
 // initramfs's root is the guest's RAM: a boot loses it): the first cp that
-// succeeds is the agent answering.
+// succeeds is the agent answering. A guest that never answers fails the
+// test with what the last cp said and how the guest's console ends, the
+// evidence of a slow boot as against a dead one.
 func (q *realGuest) ready(id string) {
 	q.t.Helper()
 	gf := guestFill(q.t)
 	began := time.Now()
-	testutil.WaitUntil(q.t, 120*time.Second, "the guest agent taking guestfill", func() bool {
-		return q.run("cp", gf, id+":/guestfill").code == 0
-	})
+	limit := testutil.Scale(120 * time.Second)
+	for {
+		r := q.run("cp", gf, id+":/guestfill")
+		if r.code == 0 {
+			break
+		}
+		if time.Since(began) > limit {
+			tail := func(name string, n int) []byte {
+				b, _ := os.ReadFile(filepath.Join(q.root, "logs", id+name))
+				return b[max(0, len(b)-n):]
+			}
+			q.t.Fatalf("%s: the guest agent took no guestfill in %v; the last cp exited %d: %s\nconsole ends:\n%s\nVMM log ends:\n%s",
+				id, limit, r.code, strings.TrimSpace(r.stderr), tail(".console.log", 4000), tail(".vmm.log", 2000))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	q.t.Logf("%s: agent answered %.1fs after we began waiting", id, time.Since(began).Seconds())
 }
 

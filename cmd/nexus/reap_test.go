@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -51,41 +52,33 @@ func reapOnce(t *testing.T, root string, args ...string) (reapJSON, result) {
 	return rep, r
 }
 
-// procInconclusive is the reason the reaper keeps an entry whose sandbox
-// no process was seen to name, when the /proc scan met a process that
-// exited while it was being read (reaper.runGate, RL-9).
-const procInconclusive = "/proc scan inconclusive"
-
 // reapRun runs reap until no entry is kept only because its /proc scan
-// was inconclusive, and returns that run (an apply's Deleted and Allocated
-// carry what earlier runs deleted). On a busy machine processes exit during any scan,
-// and keeping such an entry is exactly what the reaper owes given that
-// evidence; every other decision is the test's to assert.
+// was inconclusive (testutil.ReapUntilConclusive), and returns that run;
+// an apply's Deleted and Allocated carry what earlier runs deleted.
 func reapRun(t *testing.T, root string, args ...string) (reapJSON, result) {
 	t.Helper()
 	var deleted []reapR
 	var freed int64
-	for attempt := 1; ; attempt++ {
-		rep, r := reapOnce(t, root, args...)
+	var rep reapJSON
+	var r result
+	testutil.ReapUntilConclusive(t, fmt.Sprintf("reap %v", args), func() (bool, string) {
+		rep, r = reapOnce(t, root, args...)
 		deleted = append(deleted, rep.Deleted...)
 		if rep.Apply {
 			freed += rep.Allocated
 		}
-		unsure := false
 		for _, k := range rep.Kept {
-			unsure = unsure || k.Verdict == "ambiguous" && strings.Contains(k.Reason, procInconclusive)
-		}
-		if !unsure {
-			rep.Deleted = deleted
-			if rep.Apply {
-				rep.Allocated = freed
+			if testutil.KeptInconclusive(k.Verdict, k.Reason) {
+				return true, fmt.Sprintf("%+v", rep.Kept)
 			}
-			return rep, r
 		}
-		if attempt == 20 {
-			t.Fatalf("reap %v: the /proc scan was inconclusive %d times running: %+v", args, attempt, rep.Kept)
-		}
+		return false, ""
+	})
+	rep.Deleted = deleted
+	if rep.Apply {
+		rep.Allocated = freed
 	}
+	return rep, r
 }
 
 func paths(list []reapR) []string {

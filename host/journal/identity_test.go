@@ -145,6 +145,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	}
 	appendN(t, j, 0, 4)
 	awaitMirrored(t, fleet, m.StreamName(), 4)
+	awaitReported(t, fleet, m.StreamName(), 4)
 
 	nc, err := nats.Connect(fleet.ClientURL())
 	if err != nil {

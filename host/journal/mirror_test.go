@@ -113,6 +113,32 @@ func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*
 	}
 }
 
+// awaitReported waits until the mirror's metadata holds the host's report
+// of journal sequence seq. The report rewrites the mirror's configuration
+// as the fleet holds it, and JetStream has no compare-and-set for that, so
+// an operator's change landing between the host's re-read and its write is
+// lost (a window of one round trip, wide on a loaded machine). A test that
+// plays the operator therefore changes a setting once the host has nothing
+// left to report, as the code promises only then to keep it.
+func awaitReported(t *testing.T, fleet *server.Server, stream string, seq uint64) {
+	t.Helper()
+	nc, err := nats.Connect(fleet.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, 20*time.Second, fmt.Sprintf("reported sequence %d in %s's metadata", seq, stream), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, stream)
+		return err == nil && hostReport(s.CachedInfo().Config.Metadata).LastSeq == seq
+	})
+}
+
 // openMirrored opens a fresh journal mirroring, as host "host-a", to the
 // fleet's leaf port.
 func openMirrored(t *testing.T, leafPort int) (*Journal, *Mirror) {

@@ -9,6 +9,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // A flapping link is reported at most once per quiet period, with the
@@ -51,7 +53,7 @@ func TestLinkLimiter(t *testing.T) {
 // awaitChange takes changes from the journal's feed until one of kind.
 func awaitChange(t *testing.T, j *Journal, kind string) MirrorChange {
 	t.Helper()
-	deadline := time.After(20 * time.Second)
+	deadline := time.After(testutil.Scale(20 * time.Second))
 	for {
 		select {
 		case c := <-j.MirrorChanges():
@@ -80,6 +82,7 @@ func TestMirrorChangesReported(t *testing.T) {
 	}
 	appendN(t, j, 0, 2)
 	awaitMirrored(t, fleet, m.StreamName(), 2)
+	awaitReported(t, fleet, m.StreamName(), 2)
 
 	nc, err := nats.Connect(fleet.ClientURL())
 	if err != nil {

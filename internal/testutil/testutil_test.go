@@ -95,3 +95,47 @@ func (f *fakeT) Fatalf(format string, args ...any) {
 	f.msg = strings.TrimSpace(strings.ReplaceAll(fmt.Sprintf(format, args...), "\n", " "))
 	panic("fatal")
 }
+
+// A reap kept ambiguous only for an inconclusive /proc scan is asked
+// again, a bounded number of times; any other verdict ends the loop.
+func TestReapUntilConclusive(t *testing.T) {
+	if !KeptInconclusive("ambiguous", "/proc scan inconclusive: pid 9: no such file") ||
+		KeptInconclusive("live", ProcInconclusive) || KeptInconclusive("ambiguous", "journal unreadable") {
+		t.Fatal("KeptInconclusive misjudges a reason")
+	}
+	passes := 0
+	ReapUntilConclusive(t, "reap", func() (bool, string) { passes++; return passes < 3, "" })
+	if passes != 3 {
+		t.Fatalf("stopped after %d passes, want the first conclusive one, 3", passes)
+	}
+	ft := &fakeT{TB: t}
+	passes = 0
+	func() {
+		defer func() { recover() }()
+		ReapUntilConclusive(ft, "reap --apply", func() (bool, string) { passes++; return true, "kept x" })
+	}()
+	if !ft.failed || passes != ReapPasses || !strings.Contains(ft.msg, "reap --apply: the /proc scan was inconclusive 20 times running: kept x") {
+		t.Fatalf("after %d passes: failed %v with %q", passes, ft.failed, ft.msg)
+	}
+}
+
+// A child's output read while os/exec still copies it in: run under
+// -race, an unguarded bytes.Buffer here is reported as a data race.
+func TestBufferReadWhileWritten(t *testing.T) {
+	var b Buffer
+	cmd := exec.Command("sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10; do echo line $i; sleep 0.01; done")
+	cmd.Stdout = &b
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		_ = b.String()
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.String(); !strings.HasPrefix(got, "line 1\n") || !strings.HasSuffix(got, "line 10\n") {
+		t.Fatalf("buffer holds %q", got)
+	}
+}

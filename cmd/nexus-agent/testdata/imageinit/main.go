@@ -12,7 +12,14 @@ import (
 )
 
 func main() {
-	if err := os.WriteFile("/etc/init-ran", fmt.Appendf(nil, "pid %d\n", os.Getpid()), 0o644); err != nil {
+	// Written aside and renamed into place: the test polls for the file
+	// through the agent, and once read it empty between WriteFile's create
+	// and its write (under load, the guest's one vCPU switched away).
+	err := os.WriteFile("/etc/init-ran.tmp", fmt.Appendf(nil, "pid %d\n", os.Getpid()), 0o644)
+	if err == nil {
+		err = os.Rename("/etc/init-ran.tmp", "/etc/init-ran")
+	}
+	if err != nil {
 		fmt.Println("imageinit:", err)
 	}
 	fmt.Println("imageinit: running as pid", os.Getpid())
