@@ -259,3 +259,53 @@ func TestLazyReadOfALongHistoryReadsItsRecord(t *testing.T) {
 		t.Fatalf("reading a sandbox with 1,202 events decoded %d records, want its stored record and the 1 event after it", d)
 	}
 }
+
+// TestLazyAppendDecodesOnlyWhatItTouches is issue 21's structural O(1)
+// test for an appending command without a daemon: on a root of 2,000
+// sandboxes, a guarded append about one sandbox (its expectation read by
+// ID), a lookup by handle and an owner check decode that sandbox's record
+// and the few events past the sandbox store's last checkpoint, not the
+// 2,000 records a whole load decodes; and the append is checkpointed by
+// rewriting that one record, not every sandbox.
+func TestLazyAppendDecodesOnlyWhatItTouches(t *testing.T) {
+	ctx := context.Background()
+	root, ids := fillRoot(t, 2000)
+	target := ids[777]
+	nd, err := node.Open(ctx, root, node.Options{Lazy: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, found, err := nd.Sandbox(ctx, target)
+	if err != nil || !found {
+		t.Fatalf("read: %v %v", found, err)
+	}
+	start := events.New(ulid.Make(), time.Now(), target, events.SandboxStartedEvent{VMMPid: 4242, VMMStart: 1})
+	if _, err := nd.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(target), Seq: sb.Rev}}, start); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := nd.Sandbox(ctx, "sb-777"); err != nil || got.ID != target || got.VMM == nil || got.VMM.Pid != 4242 {
+		t.Fatalf("by handle after the append: %+v %v", got, err)
+	}
+	if owner, _, found, err := nd.OwnerOf(ctx, []string{"disks/" + ids[5] + ".raw"}, ""); err != nil || !found || owner != ids[5] {
+		t.Fatalf("owner: %s %v %v", owner, found, err)
+	}
+	// The lazy read (record + nothing past the store), the load's seeding
+	// of the appended sandbox, the handle's and the owner's records.
+	if d := nd.Decoded(); d > 6 {
+		t.Fatalf("an append and two lookups on a root of 2,000 sandboxes decoded %d records", d)
+	}
+	if err := nd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	full, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer full.Close()
+	if got, _, _ := full.Sandbox(ctx, target); got.VMM == nil || got.VMM.Pid != 4242 {
+		t.Fatalf("reopened: the appended start is lost: %+v", got.VMM)
+	}
+	if n, err := full.SandboxCount(ctx); err != nil || n != 2000 {
+		t.Fatalf("reopened: %d sandboxes (%v), want 2,000", n, err)
+	}
+}
