@@ -43,19 +43,36 @@ function apply(m) {
 async function catchUp(nc) {
   for (;;) {
     const inbox = createInbox(creds.inbox_prefix || "nexus.reply");
-    const sub = nc.subscribe(inbox, { timeout: 5000 });
+    const sub = nc.subscribe(inbox);
+    // A page that stops arriving (the server went away mid-answer: the
+    // subscription outlives the reconnect, and its end marker never comes)
+    // is given up after 5 s of silence, so the next retry asks again
+    // instead of every later catch-up queueing behind this one for ever.
+    let stalled = false, ended = false, timer;
+    const arm = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => { stalled = true; sub.unsubscribe(); }, 5000);
+    };
+    arm();
     nc.publish(creds.history || "nexus.history", json.encode({ since: last + 1, max: page }), { reply: inbox });
     let n = 0;
-    for await (const m of sub) {
-      if (m.headers && m.headers.get("Nexus-History-End") === "1") {
-        const err = m.headers.get("Nexus-History-Error");
-        if (err) throw new Error("history: " + err);
-        break;
+    try {
+      for await (const m of sub) {
+        arm();
+        if (m.headers && m.headers.get("Nexus-History-End") === "1") {
+          const err = m.headers.get("Nexus-History-Error");
+          if (err) throw new Error("history: " + err);
+          ended = true;
+          break;
+        }
+        if (!apply(m)) throw new Error("history skipped a sequence after " + last);
+        n++;
       }
-      if (!apply(m)) throw new Error("history skipped a sequence after " + last);
-      n++;
+    } finally {
+      clearTimeout(timer);
+      sub.unsubscribe();
     }
-    sub.unsubscribe();
+    if (stalled || !ended) throw new Error("history: no answer for 5 s after " + last);
     if (n < page) return;
   }
 }
