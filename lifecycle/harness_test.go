@@ -37,6 +37,10 @@ import (
 // childEnv marks a process this test binary started as a supervisor or VMM.
 const childEnv = "NEXUS_LIFECYCLE_TEST_CHILD"
 
+// slowVMMEnv makes the vmm-process role never bind its socket, as a VMM
+// does for a while after its spawn on a loaded machine.
+const slowVMMEnv = "NEXUS_LIFECYCLE_TEST_SLOW_VMM"
+
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" && len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "-test.") {
 		os.Exit(serveRole(os.Args[1], os.Args[2:]))
@@ -60,6 +64,11 @@ func serveRole(role string, args []string) int {
 	case "vmm-process":
 		api := fs.String("api-socket", "", "")
 		if err = fs.Parse(args); err == nil {
+			if os.Getenv(slowVMMEnv) != "" {
+				// A VMM still starting: it has its command line, no socket yet.
+				<-ctx.Done()
+				return 0
+			}
 			err = vmm.Serve(ctx, *api, os.Stderr)
 		}
 	case "supervisor":

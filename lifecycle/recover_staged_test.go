@@ -6,11 +6,14 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/host/intent"
+	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -74,5 +77,52 @@ func TestRecoverSweepsStagedIntents(t *testing.T) {
 	}
 	if len(rep.Intents) != 2 {
 		t.Fatalf("report's intents: %v", rep.Intents)
+	}
+}
+
+// A VMM its creator spawned just before dying, still starting (no socket
+// yet, as under load for seconds), is found by its command line and
+// stopped by recover's undo of the uncommitted create, not left to bind
+// its socket after the cleanup and outlive the sandbox.
+func TestRecoverStopsAVMMStillStarting(t *testing.T) {
+	ctx := context.Background()
+	root := shortRoot(t)
+	n, err := node.Open(ctx, root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	for _, d := range []string{m.Root.Disks(), m.Root.RunDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := ulid.Make().String()
+	// The creator published its intent, spawned the VMM, and died: the
+	// intent's lease is free, no saga reached the journal.
+	held, err := intent.Publish(m.Root.CreateIntent(id), intent.Intent{Kind: "create", Sandbox: id, Saga: ulid.Make().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Release(); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), slowVMMEnv+"=1")
+	who, err := proc.SpawnDetached([]string{os.Args[0], "vmm-process", "--api-socket", m.Root.APISocket(id)}, env, filepath.Join(root, "vmm.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proc.Terminate(who, time.Second) })
+
+	rep, err := m.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Intents, id) {
+		t.Fatalf("recover did not undo the create of %s: %+v", id, rep)
+	}
+	if alive, _ := proc.Alive(who); alive {
+		t.Fatalf("the VMM still starting for %s (pid %d) outlived recover", id, who.Pid)
 	}
 }

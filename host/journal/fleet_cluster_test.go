@@ -2,7 +2,6 @@ package journal
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -108,16 +107,21 @@ leafnodes { listen: 127.0.0.1:%d }
 			return nil, fmt.Errorf("fleet node %s not ready", s.Name())
 		}
 	}
+	// A meta leader alone is not a formed fleet: until it has every
+	// node's JetStream stats it cannot place 3 replicas, and a mirror
+	// created then falls back to 1 (as it must) on whichever node; a test
+	// that then stops that node finds the mirror offline for good (seen
+	// at load 30: "stream is offline" for 3 minutes in TestFleetNodeLoss).
 	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 	for {
 		for _, s := range c.nodes {
-			if s.JetStreamIsLeader() {
+			if s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) == n {
 				return c, nil
 			}
 		}
 		if time.Now().After(deadline) {
 			shutdown()
-			return nil, errors.New("the fleet elected no JetStream meta leader")
+			return nil, fmt.Errorf("the fleet's JetStream meta leader did not see its %d nodes", n)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -422,6 +426,11 @@ func TestFleetNodeLoss(t *testing.T) {
 	a2 := audit(2)
 	for _, m := range ms {
 		awaitAudited(t, a2, m.StreamName(), 5)
+		// A mirror of 1 replica goes offline with its node: the loss
+		// below proves something only of 3.
+		if cfg, _ := auditorRead(t, a2, m.StreamName()); cfg.Replicas != 3 {
+			t.Fatalf("%s has %d replicas, want 3", m.StreamName(), cfg.Replicas)
+		}
 	}
 	// Kill the node holding the most links, then the hosts keep appending.
 	victim := 0
