@@ -5,6 +5,9 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
@@ -353,12 +356,38 @@ func (n *Node) checkExpectLocked(ctx context.Context, expect []guard.Expect, evs
 		if cur == x.Seq {
 			continue
 		}
-		if seqs := n.findStoredLocked(ctx, x, evs); seqs != nil {
+		if seqs := n.findStoredLocked(ctx, journal.Range{From: x.Seq + 1}, evs); seqs != nil {
 			return storedError(seqs)
 		}
 		return &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur, Latest: n.typeAt(ctx, cur)}
 	}
+	if seqs := n.findAgedLocked(ctx, evs); seqs != nil {
+		return storedError(seqs)
+	}
 	return nil
+}
+
+// findAgedLocked finds evs already stored when they are old enough that
+// the journal might no longer recognise them: JetStream drops a message id
+// sent again only within its de-duplication window, so an append retried
+// after it (a client stopped mid-append, a daemon that took minutes to
+// come back) would be stored twice. A retry sends the very events it sent
+// before, and their ids date them: once the oldest is half a window old,
+// the records on their subjects since just before it are searched. A
+// fresh append searches nothing.
+func (n *Node) findAgedLocked(ctx context.Context, evs []events.Event) []uint64 {
+	if len(evs) == 0 {
+		return nil
+	}
+	oldest := evs[0].ID.Time()
+	for _, e := range evs[1:] {
+		oldest = min(oldest, e.ID.Time())
+	}
+	since := ulid.Time(oldest)
+	if time.Since(since) < n.j.DedupeWindow()/2 {
+		return nil
+	}
+	return n.findStoredLocked(ctx, journal.Range{FromTime: since.Add(-time.Second)}, evs)
 }
 
 // storedError is a call whose events are all in the journal already.
@@ -375,10 +404,10 @@ func errStored(err error) ([]uint64, bool) {
 }
 
 // findStoredLocked returns the sequences of evs (the same events: id and
-// message id), in order, among the records after x.Seq on their own
-// subjects, or nil unless all are there. It reads only what was appended
-// on those subjects since the writer decided.
-func (n *Node) findStoredLocked(ctx context.Context, x guard.Expect, evs []events.Event) []uint64 {
+// message id), in order, among the records of from (its start: after the
+// expectation the writer decided on, or since the events were made) on
+// their own subjects, or nil unless all are there.
+func (n *Node) findStoredLocked(ctx context.Context, from journal.Range, evs []events.Event) []uint64 {
 	var filters []string
 	seen := map[string]bool{}
 	for _, e := range evs {
@@ -393,7 +422,8 @@ func (n *Node) findStoredLocked(ctx context.Context, x guard.Expect, evs []event
 	}
 	seqs := make([]uint64, 0, len(evs))
 	found := errors.New("found")
-	err := n.j.Scan(ctx, journal.Range{From: x.Seq + 1, Filters: filters}, func(rec journal.Record) error {
+	from.Filters = filters
+	err := n.j.Scan(ctx, from, func(rec journal.Record) error {
 		want := evs[len(seqs)]
 		if rec.MsgID != want.DedupID() {
 			return nil

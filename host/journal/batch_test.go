@@ -129,7 +129,7 @@ func TestOpenEnablesBatchesOnAnOlderStream(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "journal")
 	j := openTest(t, dir)
 	appendN(t, j, 0, 1)
-	old := streamConfig()
+	old := streamConfig(DefaultDedupeWindow)
 	old.AllowAtomicPublish = false
 	if _, err := j.js.UpdateStream(ctx, old); err != nil {
 		t.Fatal(err)

@@ -76,7 +76,14 @@ type Options struct {
 	Logger *slog.Logger
 	// TLS, if set, makes the Listen port TLS-only.
 	TLS *TLS
+	// DedupeWindow is how long JetStream recognises a message id sent
+	// again (0: DefaultDedupeWindow). Tests shorten it to reach what lies
+	// beyond it without waiting.
+	DedupeWindow time.Duration
 }
+
+// DefaultDedupeWindow is the journal stream's de-duplication window.
+const DefaultDedupeWindow = 2 * time.Minute
 
 // TLS is the listener's certificate and, if ClientCA is set, the CA a
 // subscriber's client certificate must chain to (mutual TLS).
@@ -94,12 +101,13 @@ type Credentials struct {
 
 // Journal is an open, exclusively owned journal.
 type Journal struct {
-	dir   string
-	lease *lease.Lease
-	srv   *server.Server
-	nc    *nats.Conn
-	js    jetstream.JetStream
-	space Space
+	dir    string
+	dedupe time.Duration // the stream's de-duplication window
+	lease  *lease.Lease
+	srv    *server.Server
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	space  Space
 
 	smu    sync.RWMutex // guards stream, replaced when the store is reopened
 	stream jetstream.Stream
@@ -165,7 +173,10 @@ func Open(ctx context.Context, opts Options) (*Journal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("journal %s: %w", dir, err)
 	}
-	j := &Journal{dir: dir, lease: l, log: opts.Logger}
+	j := &Journal{dir: dir, lease: l, log: opts.Logger, dedupe: opts.DedupeWindow}
+	if j.dedupe <= 0 {
+		j.dedupe = DefaultDedupeWindow
+	}
 	if j.log == nil {
 		j.log = slog.New(slog.DiscardHandler)
 	}
@@ -228,7 +239,7 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	if j.js, err = jetstream.New(nc); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
-	j.stream, err = j.js.CreateOrUpdateStream(ctx, streamConfig())
+	j.stream, err = j.js.CreateOrUpdateStream(ctx, streamConfig(j.dedupe))
 	if err != nil {
 		return fmt.Errorf("journal: open stream %s: %w", StreamName, err)
 	}
@@ -293,7 +304,11 @@ func (j *Journal) verifyBlocks() error {
 // many it skipped as verified by an earlier open, and how many bytes it read.
 func (j *Journal) BlockCheck() BlockCheck { return j.check }
 
-func streamConfig() jetstream.StreamConfig {
+// DedupeWindow is how long the journal recognises a message id appended
+// again: a retry after it is stored again unless its sender checks.
+func (j *Journal) DedupeWindow() time.Duration { return j.dedupe }
+
+func streamConfig(dedupe time.Duration) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:             StreamName,
 		Subjects:         []string{appendSubjects},
@@ -304,7 +319,7 @@ func streamConfig() jetstream.StreamConfig {
 		MaxMsgs:          -1,
 		MaxBytes:         -1,
 		Replicas:         1,
-		Duplicates:       2 * time.Minute,
+		Duplicates:       dedupe,
 		// The journal is append-only: nothing, not even nexus, deletes or
 		// purges history. PersistMode stays default: async would turn the
 		// server's SyncAlways off for this stream.

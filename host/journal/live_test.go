@@ -65,7 +65,7 @@ func TestJournalOfTheEarlierStreamConfigOpens(t *testing.T) {
 	dir := t.TempDir()
 	j := openTest(t, dir)
 	ctx := context.Background()
-	old := streamConfig()
+	old := streamConfig(DefaultDedupeWindow)
 	old.Subjects, old.SubjectTransform, old.RePublish = []string{Subjects}, nil, nil
 	if _, err := j.js.UpdateStream(ctx, old); err != nil {
 		t.Fatal(err)

@@ -131,7 +131,7 @@ func (j *Journal) reopenStore(ctx context.Context) error {
 	if err := j.srv.EnableJetStream(&cfg); err != nil {
 		return fmt.Errorf("journal: reopen after a failed write: %w", err)
 	}
-	stream, err := j.js.CreateOrUpdateStream(ctx, streamConfig())
+	stream, err := j.js.CreateOrUpdateStream(ctx, streamConfig(j.dedupe))
 	if err != nil {
 		return fmt.Errorf("journal: reopen stream %s: %w", StreamName, err)
 	}
