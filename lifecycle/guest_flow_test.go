@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -85,7 +84,7 @@ func TestExecCopyAndLogsOfARunningGuest(t *testing.T) {
 
 	// Followed, a log is copied until its sandbox is removed.
 	followed := make(chan error, 1)
-	tail := &lockedBuffer{}
+	tail := &testutil.Buffer{}
 	go func() { followed <- f.m.Logs(f.ctx, sb.ID, "supervisor", true, tail) }()
 	testutil.WaitUntil(t, 10*time.Second, "following the supervisor's log", func() bool { return tail.Len() > 0 })
 	if _, err := f.m.RemoveWith(f.ctx, sb.ID, RemoveOptions{Force: true}); err != nil {
@@ -195,28 +194,4 @@ func hasCondition(sb projections.Sandbox, reason string) bool {
 		}
 	}
 	return false
-}
-
-// lockedBuffer is a buffer one goroutine writes while another reads it.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) Len() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Len()
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }

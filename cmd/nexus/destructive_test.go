@@ -159,7 +159,7 @@ func TestVolumePruneDeletesOnlyWhatItNamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &lockedBuffer{}
+	out := &testutil.Buffer{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

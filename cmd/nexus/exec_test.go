@@ -8,12 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // procStdin is proc with stdin.
@@ -85,7 +85,7 @@ func TestExecForwardsInterrupt(t *testing.T) {
 	cmd := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "exec", sb.ID, "--",
 		"sh", "-c", `trap 'echo got INT; exit 5' INT; echo ready; while :; do sleep 0.05; done`)
 	cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	var out syncBuffer
+	var out testutil.Buffer
 	var errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Start(); err != nil {
@@ -162,24 +162,6 @@ func TestCpBothWays(t *testing.T) {
 	if entries, _ := os.ReadDir(dir); len(entries) != 3 {
 		t.Errorf("the local directory holds %d entries, want in.bin, out.bin and sub: a failed cp left a file", len(entries))
 	}
-}
-
-// syncBuffer is a buffer a process writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // A stop whose flush the agent does not confirm succeeds, journals no

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // Every mirror misconfiguration is a one-line error at daemon start,
@@ -68,24 +67,6 @@ func TestFleetTemplateAndStatusErrors(t *testing.T) {
 	wantFailure(t, nexus(t, root, "fleet", "status"), 1, "no daemon")
 }
 
-// lockedBuffer collects a daemon's log while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // fleetStatus polls `nexus fleet status --json` until ok accepts it.
 func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) journal.MirrorState {
 	t.Helper()
@@ -116,7 +97,7 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	root := shortRoot(t)
 	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", "host-a")
 	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
-	var logs lockedBuffer
+	var logs testutil.Buffer
 	d.Stderr = &logs
 	if err := d.Start(); err != nil {
 		t.Fatal(err)
@@ -219,7 +200,7 @@ func TestDaemonRefusesAnotherHostsName(t *testing.T) {
 	first := shortRoot(t)
 	d := exec.Command(nexusBin, "--state-dir", first, "daemon", "--mirror-host", "host-a")
 	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
-	var logs lockedBuffer
+	var logs testutil.Buffer
 	d.Stderr = &logs
 	if err := d.Start(); err != nil {
 		t.Fatal(err)

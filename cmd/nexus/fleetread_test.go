@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 func freeTCPPort(t *testing.T) int {
@@ -94,7 +95,7 @@ func startMirroringDaemon(t *testing.T, root, host, pass string, leaf []int) {
 	}
 	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", host)
 	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+strings.Join(urls, ","))
-	var logs lockedBuffer
+	var logs testutil.Buffer
 	d.Stderr = &logs
 	if err := d.Start(); err != nil {
 		t.Fatal(err)
@@ -226,7 +227,7 @@ func TestFleetWideReads(t *testing.T) {
 	f := exec.Command(nexusBin, "fleet", "events", "--follow", "--json", "--host", "host-a", "--type", "sandbox.created",
 		"--since", fmt.Sprint(all[len(all)-1].FleetSeq+1))
 	f.Env = append(os.Environ(), env...)
-	var out lockedBuffer
+	var out testutil.Buffer
 	f.Stdout = &out
 	if err := f.Start(); err != nil {
 		t.Fatal(err)

@@ -7,11 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
-func openLogged(t *testing.T, dir string) (*Journal, *syncBuffer) {
+func openLogged(t *testing.T, dir string) (*Journal, *testutil.Buffer) {
 	t.Helper()
-	var logs syncBuffer
+	var logs testutil.Buffer
 	j, err := Open(context.Background(), Options{Dir: dir, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatalf("Open %s: %v", dir, err)

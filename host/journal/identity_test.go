@@ -1,7 +1,6 @@
 package journal
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -55,24 +53,6 @@ func TestHostNames(t *testing.T) {
 			t.Errorf("HostNameFrom(%q) = %q is not valid: %v", in, got, err)
 		}
 	}
-}
-
-// syncBuffer is a log sink the mirror goroutines write while the test reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Two hosts that chose one name: the second is refused at Open, in one
@@ -138,7 +118,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	leafPort, clientPort := freePort(t), freePort(t)
 	fleet := startFleet(t, t.TempDir(), clientPort, leafPort)
 	defer fleet.Shutdown()
-	var logs syncBuffer
+	var logs testutil.Buffer
 	j, m, err := openHost(t, "host-a", ulid.Make().String(), slog.New(slog.NewTextHandler(&logs, nil)), leafPort)
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +149,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	// A restart of the host (same root, same identity) keeps it too.
 	dir := j.Dir()
 	j.Close()
-	var logs2 syncBuffer
+	var logs2 testutil.Buffer
 	j, err = Open(context.Background(), Options{Dir: dir, Mirror: m, Logger: slog.New(slog.NewTextHandler(&logs2, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +176,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	}
 }
 
-func waitLog(t *testing.T, logs *syncBuffer, want string) {
+func waitLog(t *testing.T, logs *testutil.Buffer, want string) {
 	t.Helper()
 	deadline := time.Now().Add(testutil.Scale(15 * time.Second))
 	for !strings.Contains(logs.String(), want) {
