@@ -161,10 +161,37 @@ func (f *Fleet) Scan(ctx context.Context, r Range, fn func(FleetRecord) error) e
 	if err != nil {
 		return f.noAggregate(err)
 	}
+	// JetStream sources at least once: a source whose consumer restarts
+	// (the aggregate extended under load, a node lost) can store a host's
+	// record again (seen once: host-b's first record twice after the
+	// aggregate gained host-b). A host's records arrive in its journal's
+	// order, so one at or below the last yielded for its host is such a
+	// copy, and each host record is yielded once.
+	seen := hostSeqs{}
 	return scan(ctx, s, r, nil, func(rec Record) error {
 		host, _, _ := strings.Cut(rec.Subject, ".")
-		return fn(FleetRecord{Record: rec, Host: host, HostSeq: sourceSeq(rec.source)})
+		seq := sourceSeq(rec.source)
+		if !seen.fresh(host, seq) {
+			return nil
+		}
+		return fn(FleetRecord{Record: rec, Host: host, HostSeq: seq})
 	})
+}
+
+// hostSeqs is the last host sequence yielded per host.
+type hostSeqs map[string]uint64
+
+// fresh says whether host's record at seq comes after the last one
+// yielded (and records it); a record without a host sequence always does.
+func (h hostSeqs) fresh(host string, seq uint64) bool {
+	if seq == 0 {
+		return true
+	}
+	if seq <= h[host] {
+		return false
+	}
+	h[host] = seq
+	return true
 }
 
 // sourceSeq is the sequence in a Nats-Stream-Source header ("<stream
