@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -175,7 +177,12 @@ func (s *sandboxStore) write(pos storePosition, changed map[string]*projections.
 		if err != nil {
 			return err
 		}
-		for id, sb := range changed {
+		// In key order: new sandboxes' IDs (ULIDs) sort after the stored
+		// ones, so their records append to the last page, which is then
+		// filled, not split in half (a map's order scattered them over
+		// half-empty pages: 146 MB for 100k sandboxes).
+		for _, id := range slices.Sorted(maps.Keys(changed)) {
+			sb := changed[id]
 			old, err := getRecord(tx, id)
 			if err != nil {
 				return err
@@ -239,13 +246,26 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketLive} {
-		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketLive, bucketRecords} {
+		b, err := tx.CreateBucketIfNotExists(name)
+		if err != nil {
 			return nil, err
 		}
+		// Records, owned paths (disks/<ID>...) and snapshots are keyed by
+		// ULIDs that grow with time, so they are mostly appended: a page
+		// split then keeps the old page nearly full, not half (bbolt's
+		// default, made for random inserts, such as handles). FillPercent
+		// holds for this transaction.
+		if !bytes.Equal(name, bucketHandles) {
+			b.FillPercent = appendFill
+		}
 	}
-	return tx.CreateBucketIfNotExists(bucketRecords)
+	return tx.Bucket(bucketRecords), nil
 }
+
+// appendFill is how full a split leaves the pages of the buckets whose
+// keys mostly grow.
+const appendFill = 0.9
 
 func putRecord(tx *bolt.Tx, b *bolt.Bucket, sb *projections.Sandbox) error {
 	data, err := projections.EncodeSandbox(sb)
