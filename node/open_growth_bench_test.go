@@ -8,65 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oklog/ulid/v2"
-
-	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/internal/journalfixture"
 	"github.com/nexus-sandbox/nexus/node"
 )
-
-// fillHistory journals a root of 10 live sandboxes and n events: nine
-// sandboxes started and stopped over and over (the long history), then a
-// tenth created last, the one a benchmark reads (its own history is one
-// event, so reading it costs the same whatever came before). It returns
-// the root and the IDs, the tenth last.
-func fillHistory(tb testing.TB, n int) (string, []string) {
-	tb.Helper()
-	ctx := context.Background()
-	root := tb.TempDir()
-	nd, err := node.Open(ctx, root, node.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	created := func(i int) (string, events.Event) {
-		id := ulid.Make().String()
-		return id, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{
-			Handle: fmt.Sprintf("sb-%d", i), Image: "ghcr.io/nexus/base:24.04", Driver: "process",
-			Resources: []events.Resource{{Kind: events.KindRawDisk, Path: "disks/" + id + ".raw"}},
-		})
-	}
-	var ids []string
-	var first []events.Event
-	for i := range 9 {
-		id, e := created(i)
-		ids, first = append(ids, id), append(first, e)
-	}
-	if _, err := nd.Append(ctx, first...); err != nil {
-		tb.Fatal(err)
-	}
-	for done := len(first); done < n-1; {
-		evs := make([]events.Event, min(1000, n-1-done))
-		for i := range evs {
-			k := done + i
-			var p events.Payload = events.SandboxStartedEvent{Driver: "process", VMMPid: 100 + k%9}
-			if (k/9)%2 == 1 {
-				p = events.SandboxStoppedEvent{Reason: "bench"}
-			}
-			evs[i] = events.New(ulid.Make(), time.Now(), ids[k%9], p)
-		}
-		if _, err := nd.Append(ctx, evs...); err != nil {
-			tb.Fatal(err)
-		}
-		done += len(evs)
-	}
-	id, e := created(9)
-	if _, err := nd.Append(ctx, e); err != nil {
-		tb.Fatal(err)
-	}
-	if err := nd.Close(); err != nil {
-		tb.Fatal(err)
-	}
-	return root, append(ids, id)
-}
 
 // dedupeWindow is the journal stream's Duplicates window: an open reloads
 // the message ids stored within it (nats-server's rebuildDedupe).
@@ -101,7 +45,8 @@ func BenchmarkOpenGrowth(b *testing.B) {
 	}
 	if os.Getenv("NEXUS_BENCH_1M") != "0" {
 		t0 := time.Now()
-		root, ids := fillHistory(b, 1_000_000)
+		root := b.TempDir()
+		ids := journalfixture.History(b, root, 1_000_000)
 		b.Logf("1M-event fixture built in %v", time.Since(t0).Round(time.Second))
 		fixtures = append(fixtures, fixture{"sandboxes=10,events=1M", root, ids[len(ids)-1]})
 	}

@@ -14,7 +14,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -28,10 +27,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oklog/ulid/v2"
-
-	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/internal/journalfixture"
 )
 
 // scaleRounds is how many rounds a benchmark runs: NEXUS_BENCH_ROUNDS, or
@@ -94,57 +90,6 @@ func runSample(b *testing.B, env []string, name string, args ...string) (sample,
 func runNexus(b *testing.B, root string, env []string, args ...string) (sample, []byte) {
 	b.Helper()
 	return runSample(b, append([]string{"NEXUS_STATE_DIR="}, env...), nexusBin, append([]string{"--state-dir", root}, args...)...)
-}
-
-// fillScaleHistory journals into root 10 live sandboxes and n events in
-// all: nine started and stopped over and over (the long history), then a
-// tenth created last. Appends go 1,000 at a time through node.Append, the
-// same records a command writes, one group commit per batch.
-func fillScaleHistory(b *testing.B, root string, n int) {
-	b.Helper()
-	ctx := context.Background()
-	nd, err := node.Open(ctx, root, node.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	created := func(i int) (string, events.Event) {
-		id := ulid.Make().String()
-		return id, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{
-			Handle: fmt.Sprintf("hist-%d", i), Image: "filler", Driver: "process",
-			Resources: []events.Resource{{Kind: events.KindRawDisk, Path: "disks/" + id + ".raw"}},
-		})
-	}
-	var ids []string
-	var first []events.Event
-	for i := range 9 {
-		id, e := created(i)
-		ids, first = append(ids, id), append(first, e)
-	}
-	if _, err := nd.Append(ctx, first...); err != nil {
-		b.Fatal(err)
-	}
-	for done := len(first); done < n-1; {
-		evs := make([]events.Event, min(1000, n-1-done))
-		for i := range evs {
-			k := done + i
-			var p events.Payload = events.SandboxStartedEvent{Driver: "process", VMMPid: 100 + k%9}
-			if (k/9)%2 == 1 {
-				p = events.SandboxStoppedEvent{Reason: "bench"}
-			}
-			evs[i] = events.New(ulid.Make(), time.Now(), ids[k%9], p)
-		}
-		if _, err := nd.Append(ctx, evs...); err != nil {
-			b.Fatal(err)
-		}
-		done += len(evs)
-	}
-	_, last := created(9)
-	if _, err := nd.Append(ctx, last); err != nil {
-		b.Fatal(err)
-	}
-	if err := nd.Close(); err != nil {
-		b.Fatal(err)
-	}
 }
 
 // scaleHistoryName names the fixture of 10 sandboxes and 1M events.
@@ -211,7 +156,7 @@ func BenchmarkScaleTable(b *testing.B) {
 	if large {
 		dir := b.TempDir()
 		t0 := time.Now()
-		fillScaleHistory(b, dir, 1_000_000)
+		journalfixture.History(b, dir, 1_000_000)
 		lastWrite = time.Now()
 		b.Logf("1M-event fixture built in %v", lastWrite.Sub(t0).Round(time.Second))
 		fixtures = append(fixtures, scaleFixture{scaleHistoryName, dir})
