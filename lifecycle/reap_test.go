@@ -24,19 +24,27 @@ import (
 // (testutil.ShortRoot).
 var shortRoot = testutil.ShortRoot
 
+// localManager is a Manager on a fresh short root with its own node, closed
+// when the test ends: the reaper's and recover's tests drive them in
+// process, without the binary.
+func localManager(t *testing.T) (*Manager, string) {
+	t.Helper()
+	root := shortRoot(t)
+	n, err := node.Open(context.Background(), root, node.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return &Manager{Root: layout.Root(root), B: control.Local{Node: n}}, root
+}
+
 // RL-13: a detached supervisor the journal recorded for a sandbox that is
 // gone is killed by reap --apply, but only when its pid AND start time
 // still match; a process under a recorded pid with another start time is
 // someone else and is left alone (and, naming the sandbox, keeps its state).
 func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 	ctx := context.Background()
-	root := shortRoot(t)
-	n, err := node.Open(ctx, root, node.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	m, root := localManager(t)
 	spawn := func(id string) proc.Identity {
 		t.Helper()
 		dir := filepath.Join(root, "supervisors", id)
@@ -61,7 +69,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 			events.SupervisorStartedEvent{Pid: who.Pid, Start: who.StartTicks, Socket: "supervisors/" + id + "/supervisor.sock", StateDir: events.Resource{Kind: events.KindSupervisorState, Path: "supervisors/" + id}},
 			events.SandboxRemovedEvent{}, // removed without the supervisor ever stopping
 		} {
-			if _, err := n.Append(ctx, events.New(ulid.Make(), time.Now(), id, p)); err != nil {
+			if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now(), id, p)); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -155,14 +163,7 @@ func reapSettled(t *testing.T, m *Manager, o ReapOptions) ReapReport {
 // live even when nothing else names its sandbox; once the socket is gone it
 // is reclaimed (its CA key with it).
 func TestReapKeepsStateDirWithLiveSupervisorSocket(t *testing.T) {
-	ctx := context.Background()
-	root := shortRoot(t)
-	n, err := node.Open(ctx, root, node.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	m, root := localManager(t)
 	id := ulid.Make().String()
 	dir := filepath.Join(root, "supervisors", id)
 	os.MkdirAll(dir, 0o700)

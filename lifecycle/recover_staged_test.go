@@ -11,11 +11,8 @@ import (
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
-	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/node"
 )
 
 // An intent its creator died staging (killed between intent.Publish's
@@ -24,13 +21,7 @@ import (
 // holds it; other dot files are not intents and stay.
 func TestRecoverSweepsStagedIntents(t *testing.T) {
 	ctx := context.Background()
-	root := shortRoot(t)
-	n, err := node.Open(ctx, root, node.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	m, _ := localManager(t)
 	disks := m.Root.Disks()
 	if err := os.MkdirAll(disks, 0o700); err != nil {
 		t.Fatal(err)
@@ -86,13 +77,7 @@ func TestRecoverSweepsStagedIntents(t *testing.T) {
 // its socket after the cleanup and outlive the sandbox.
 func TestRecoverStopsAVMMStillStarting(t *testing.T) {
 	ctx := context.Background()
-	root := shortRoot(t)
-	n, err := node.Open(ctx, root, node.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
-	m := &Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+	m, root := localManager(t)
 	for _, d := range []string{m.Root.Disks(), m.Root.RunDir()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
