@@ -59,22 +59,8 @@ type Backend interface {
 type Local struct{ *node.Node }
 
 func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
-	var out []projections.Sandbox
-	for after := ""; ; {
-		page, err := l.Node.SandboxPage(ctx, after, localPage)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, page...)
-		if len(page) < localPage {
-			return out, nil
-		}
-		after = page[len(page)-1].ID
-	}
+	return l.Node.Sandboxes(ctx)
 }
-
-// localPage is how many records Sandboxes reads from the store at a time.
-const localPage = 1000
 
 func (l Local) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
 	return l.Node.SandboxPage(ctx, after, limit)

@@ -279,18 +279,23 @@ func (n *Node) ImageCache(ctx context.Context) (projections.ImageCacheState, err
 		return projections.ImageCacheState{}, err
 	}
 	var users []projections.CacheUser
-	for after := ""; ; {
-		page, err := n.sandboxes.page(after, 1000)
-		if err != nil {
-			return projections.ImageCacheState{}, err
-		}
+	err := n.sandboxes.each(func(page []*projections.Sandbox) {
 		users = append(users, projections.CacheUsers(page)...)
-		if len(page) < 1000 {
-			break
-		}
-		after = page[len(page)-1].ID
+	})
+	if err != nil {
+		return projections.ImageCacheState{}, err
 	}
 	return n.images.State(users), nil
+}
+
+// Sandboxes is every sandbox, in ID order, read from the store a page at
+// a time.
+func (n *Node) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
+	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) {
+		var all []*projections.Sandbox
+		err := v.each(func(page []*projections.Sandbox) { all = append(all, page...) })
+		return all, err
+	})
 }
 
 // SandboxCount is the number of sandboxes the journal shows.

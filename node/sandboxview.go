@@ -184,6 +184,22 @@ func (v *sandboxView) page(after string, limit int) ([]*projections.Sandbox, err
 	return out[:min(limit, len(out))], nil
 }
 
+// each calls fn with every sandbox, a page at a time in ID order.
+func (v *sandboxView) each(fn func([]*projections.Sandbox)) error {
+	const pageSize = 1000
+	for after := ""; ; {
+		page, err := v.page(after, pageSize)
+		if err != nil {
+			return err
+		}
+		fn(page)
+		if len(page) < pageSize {
+			return nil
+		}
+		after = page[len(page)-1].ID
+	}
+}
+
 // count is the number of sandboxes in the view.
 func (v *sandboxView) count() int {
 	n := int(v.pos.Count) + v.overlay.Len()
