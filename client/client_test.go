@@ -174,6 +174,7 @@ func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
 // all 3 within 5 seconds although the child still runs (it never held the
 // pipe's write end).
 func TestWatchdogReapsKilledClient(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	cmd, s := startClient(t, root, 3)
 	t.Cleanup(func() { syscall.Kill(s.Child, syscall.SIGKILL) })
@@ -217,6 +218,7 @@ func TestWatchdogReapsKilledClient(t *testing.T) {
 // TestCleanCloseLeavesNothing: a client that closes removes its sandboxes
 // and files; its watchdog exits at once.
 func TestCleanCloseLeavesNothing(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	cmd, s := startClient(t, root, 1, "T_CLOSE=1")
 	if err := cmd.Wait(); err != nil {
@@ -239,6 +241,7 @@ func TestCleanCloseLeavesNothing(t *testing.T) {
 // TestKeepNeverEntersLedger: a kept sandbox is never listed, so neither
 // the watchdog nor a sweep removes it.
 func TestKeepNeverEntersLedger(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process", Reaper: ledger.ModeSweep})
 	if err != nil {
@@ -280,6 +283,7 @@ func TestKeepNeverEntersLedger(t *testing.T) {
 // TestHappyPathSweepSpawnsNothing: with only live runs the sweep decides in
 // process; the nexus binary is needed (and run) only once a run is dead.
 func TestHappyPathSweepSpawnsNothing(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := t.TempDir()
 	dir := filepath.Join(root, "runs")
 	os.MkdirAll(dir, 0o700)
@@ -345,6 +349,7 @@ func keptEvents(t *testing.T, root string) map[string]map[string]string {
 // the next nexus process the client runs: `ledger journal-kept` for Begin,
 // the first create otherwise. Every kept run is named with its rule.
 func TestKeepDecisionsAreJournaled(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	dir := filepath.Join(root, "runs")
 	os.MkdirAll(dir, 0o700)

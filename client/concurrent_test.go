@@ -6,12 +6,14 @@ import (
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/client"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // TestCreateFromTwoGoroutines: one client, two goroutines creating at once
 // on a root where nobody started a daemon; every create succeeds and Close
 // removes them all.
 func TestCreateFromTwoGoroutines(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
 	if err != nil {

@@ -121,6 +121,7 @@ func resumeAll(t *testing.T, cmds []*exec.Cmd) []projections.Sandbox {
 // With commands owning journal/LOCK for their whole run, only one create
 // could get there; the other 3 fail "busy" after 10 s.
 func TestParallelCreatesWithoutDaemon(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
@@ -154,6 +155,7 @@ func TestParallelCreatesWithoutDaemon(t *testing.T) {
 // right after its disk copy; ls, inspect and events answer, and a second
 // create runs to the end, while it stays frozen.
 func TestLsAnswersDuringLongCreate(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	big := filepath.Join(t.TempDir(), "big.raw")
@@ -295,6 +297,7 @@ func TestAutoDaemonExitsWhenIdle(t *testing.T) {
 // daemon by itself; `recover` finishes whatever is open, and the journal and
 // the disk agree.
 func TestKilledAutoDaemonMidCommand(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)

@@ -100,6 +100,7 @@ func exeOf(pid int) string {
 // daemon to go, the daemon B starts gives up on the held journal and B's
 // commands open it in process (no daemon left, the test fails on it).
 func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	binA := anotherBuild(t)
 	root := shortRoot(t)

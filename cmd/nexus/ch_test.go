@@ -11,6 +11,7 @@ import (
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -43,6 +44,7 @@ func diskList(cfg map[string]any) []map[string]any {
 // config.json changed only where it names the source's files, so the
 // restored guest keeps its device ids, image types and serial port.
 func TestRestoreCarriesWhatCHWrote(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -121,6 +123,7 @@ func TestRestoreCarriesWhatCHWrote(t *testing.T) {
 // its volume's disk, which a restored sandbox never takes over; refused up
 // front, nothing made.
 func TestRestoreRefusesRunningSnapshotWithVolumes(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
@@ -145,6 +148,7 @@ func TestRestoreRefusesRunningSnapshotWithVolumes(t *testing.T) {
 // from opening a volume its running parent holds read-write; the fork is
 // refused before anything is copied, and works from a stopped parent.
 func TestForkReadonlyVolumesOfRunningParent(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
@@ -170,6 +174,7 @@ func TestForkReadonlyVolumesOfRunningParent(t *testing.T) {
 // TestConsoleLogUnderLogs: the guest's console goes to logs/<id>.console.log,
 // and a symlink planted there is refused, not followed.
 func TestConsoleLogUnderLogs(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -194,6 +199,7 @@ func TestConsoleLogUnderLogs(t *testing.T) {
 // sandbox owns it while its VMM runs, stop, recover and rm reclaim it,
 // and the reaper knows its name.
 func TestAPISocketLockIsReclaimed(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -253,6 +259,7 @@ func TestAPISocketLockIsReclaimed(t *testing.T) {
 // (docs/guest-agent.md), its own and a fork child's alike, and a volume
 // name too long for a virtio-blk serial gets the hashed form CH accepts.
 func TestDisksCarrySerials(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	long := "a-volume-name-longer-than-a-serial"
 	mustOK(t, proc(t, root, "volume", "create", long, "--size", "16M"), "volume create")

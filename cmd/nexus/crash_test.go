@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // crashAt runs a nexus command that SIGKILLs itself at one saga step and
@@ -56,6 +58,7 @@ func assertNothingLeft(t *testing.T, root string) {
 // it: before commit the saga is compensated and nothing is left; after it
 // the sandbox exists, owns everything on disk, and rm removes it all.
 func TestCrashAtEveryCreateStep(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	src := t.TempDir()
@@ -98,6 +101,7 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 }
 
 func TestCrashAtEveryRemoveStep(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	for _, step := range []string{"vmm-stop", "supervisor-stop", "reclaim", "remove"} {
@@ -116,6 +120,7 @@ func TestCrashAtEveryRemoveStep(t *testing.T) {
 }
 
 func TestCrashDuringFork(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	for _, point := range []string{"fork.os-disk:before", "fork.workspace-disk", "fork.commit:before", "fork.commit", "fork.vmm:before"} {
@@ -149,6 +154,7 @@ func TestCrashDuringFork(t *testing.T) {
 // capture never journaled is compensated (its directory removed, the paused
 // VM resumed); a journaled one is a snapshot that restores.
 func TestCrashDuringSnapshot(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	for _, point := range []string{"snapshot.capture:before", "snapshot.capture"} {
@@ -186,6 +192,7 @@ func TestCrashDuringSnapshot(t *testing.T) {
 // only the source remains; after it the restored child exists and owns
 // every file it made.
 func TestCrashAtEveryRestoreStep(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	steps := []string{"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}

@@ -51,6 +51,7 @@ func volumeExists(t *testing.T, root, name string) bool {
 // and asks on a terminal; without one, only --yes deletes, and a prune
 // deletes only the volumes it named.
 func TestVolumeDeletionIsConfirmed(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	for _, v := range []string{"data", "spare", "keep"} {
 		mustOK(t, proc(t, root, "volume", "create", v, "--size", "16M"), "volume create "+v)
@@ -107,6 +108,7 @@ func TestVolumeDeletionIsConfirmed(t *testing.T) {
 // TestDryRunEverywhere: every removing command takes --dry-run, names
 // what it would remove, and removes nothing.
 func TestDryRunEverywhere(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "dry/one")
 	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
@@ -147,6 +149,7 @@ func TestDryRunEverywhere(t *testing.T) {
 // TestVolumePruneDeletesOnlyWhatItNamed: a volume detached while the
 // prompt waits (after the list was shown) is not deleted by the yes.
 func TestVolumePruneDeletesOnlyWhatItNamed(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	for _, v := range []string{"spare", "late"} {
 		mustOK(t, proc(t, root, "volume", "create", v, "--size", "16M"), "volume create "+v)
@@ -189,6 +192,7 @@ func TestVolumePruneDeletesOnlyWhatItNamed(t *testing.T) {
 // TestLedgerSweepDryRunNamesWhatItWouldRemove: sweep --dry-run (and ls)
 // name the sandboxes a sweep of a dead run would remove, and remove none.
 func TestLedgerSweepDryRunNamesWhatItWouldRemove(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	a := createJSON(t, root, "--image", makeImage(t))
 	dir := filepath.Join(root, "runs")

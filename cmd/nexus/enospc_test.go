@@ -20,6 +20,7 @@ import (
 // reads keep being answered, rm and reap still work (they free space), and
 // once space is freed writes work again, through the same daemon process.
 func TestFullDisk(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Run("daemon", func(t *testing.T) { fullDisk(t, true) })
 	t.Run("local", func(t *testing.T) { fullDisk(t, false) })
 }
@@ -127,6 +128,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 // reflinked, and the same create is refused. A fork's children, reflinks
 // of the parent's disks, are admitted the same way.
 func TestPreflightKnowsReflink(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	mnt := smallfs.MountXFS(t, 1<<30)
 	root := filepath.Join(mnt, "root")
 	t.Cleanup(func() { testutil.KillProcessesUnder(root) }) // before the unmount

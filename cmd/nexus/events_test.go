@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 type eventRow struct {
@@ -41,6 +43,7 @@ func seqs(rows []eventRow) []uint64 {
 // TestEventsSelectByPositionTimeAgeHandleAndTypes: every way of naming a
 // position selects the events it names, and nothing else.
 func TestEventsSelectByPositionTimeAgeHandleAndTypes(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root, image := shortRoot(t), makeImage(t)
 	mustOK(t, nexus(t, root, "demo"), "demo")

@@ -39,6 +39,7 @@ func procStdin(t *testing.T, root string, stdin string, args ...string) result {
 // driver, the stand-in guest runs them on the host under its guest root)
 // and passes their status through as its own exit code.
 func TestExecStatusStreamsAndStdin(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "ex")
 
@@ -79,6 +80,7 @@ func TestExecStatusStreamsAndStdin(t *testing.T) {
 // Ctrl-C at `nexus exec` reaches the guest process, which decides what
 // it means: here it traps SIGINT and exits 5, and nexus exits 5.
 func TestExecForwardsInterrupt(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	stopDaemonsAtEnd(t, root)
@@ -111,6 +113,7 @@ func TestExecForwardsInterrupt(t *testing.T) {
 // not those inside a command's arguments: commands here use -w and
 // relative names.)
 func TestCpBothWays(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "cpy")
 	dir := t.TempDir()
@@ -170,6 +173,7 @@ func TestCpBothWays(t *testing.T) {
 // answers (the process driver's guest while its VM is paused) costs the
 // deadline, not the default 10 s.
 func TestStopSaysWhenTheFlushFailed(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	r := mustOK(t, proc(t, root, "stop", sb.ID), "stop")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	hostproc "github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -125,6 +126,7 @@ func assertExitedKeepingEverything(t *testing.T, root string, before projections
 // start settle it like a crash; and the exits that stop, start's settling
 // and rm cause themselves are not journaled a second time.
 func TestDaemonJournalsAVMMExit(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	d := startDaemon(t, root)
@@ -199,6 +201,7 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 // deriving it at read time: nothing is journaled, nothing deleted. stop
 // and rm of such a sandbox settle it.
 func TestLsShowsAnExitedVMMWithoutADaemon(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	// No daemon at all: not even one started on demand, whose watcher
 	// would journal the exit.
 	t.Setenv("NEXUS_NO_AUTO_DAEMON", "1")

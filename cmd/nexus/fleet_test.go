@@ -92,6 +92,7 @@ func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) j
 // server (the URL, with its password, from NEXUS_MIRROR) reports link,
 // sequences and lag, and says when the fleet goes away.
 func TestFleetStatusThroughDaemon(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	fleet, leaf := startFleetServer(t)
 	root := shortRoot(t)
@@ -195,6 +196,7 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 // A cloned machine with the same host name: its daemon is refused at
 // start, in one line, and the first host's mirror is untouched.
 func TestDaemonRefusesAnotherHostsName(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	_, leaf := startFleetServer(t)
 	first := shortRoot(t)

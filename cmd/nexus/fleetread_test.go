@@ -114,6 +114,7 @@ func startMirroringDaemon(t *testing.T, root, host, pass string, leaf []int) {
 // host, filtered by host, sandbox and type; a followed read sees a new
 // event arrive from a host.
 func TestFleetWideReads(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit"}
 	for user, p := range passes {
 		t.Setenv(journal.PasswordVar(user), p)

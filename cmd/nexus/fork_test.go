@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -17,6 +18,7 @@ import (
 // the last child's last disk step, the parent's VMM already runs; then the
 // fork finishes with every child running and the journal matching the disk.
 func TestForkResumesParentOnceCopied(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	const count = 4
 	root := shortRoot(t)
 	parent := createJSON(t, root, "--image", makeImage(t))

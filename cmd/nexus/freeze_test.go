@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -18,6 +19,7 @@ import (
 // before the child boots: a fork killed just before its child's commit
 // leaves the parent running and thawed, without recover.
 func TestForkFreezesAndThawsBeforeTheChildBoots(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	parent := createJSON(t, root, "--image", makeImage(t))
 	crashAt(t, root, "fork.commit:before", "fork", parent.ID)
@@ -48,6 +50,7 @@ func TestForkFreezesAndThawsBeforeTheChildBoots(t *testing.T) {
 // snapshotted, unless --crash-consistent says to copy it as a power cut
 // would leave it, and then nexus says so.
 func TestForkAndSnapshotRefuseWithoutAFreeze(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	os.Remove(filepath.Join(root, "run", "sb-"+sb.ID+".vsock"))
@@ -75,6 +78,7 @@ func TestForkAndSnapshotRefuseWithoutAFreeze(t *testing.T) {
 // snapshot of a running sandbox freezes it for the copies and thaws it
 // after; its memory was saved frozen, so restore thaws the restored guest.
 func TestSnapshotFreezesAndRestoreThaws(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)

@@ -108,6 +108,7 @@ func listed(t *testing.T, root, id string) *projections.Sandbox {
 // and only the boot steps are undone. Either way the journal matches the
 // disk and nothing is left for recover. With and without a daemon.
 func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	for _, c := range []struct {
@@ -171,6 +172,7 @@ func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
 // runner holds its lease, so recover leaves the saga alone and says why,
 // and the snapshot finishes into one that restores.
 func TestRecoverLeavesALiveSagaAlone(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	startDaemon(t, root)
@@ -198,6 +200,7 @@ func TestRecoverLeavesALiveSagaAlone(t *testing.T) {
 // saga and its pid; with --wait it runs after it. start racing rm never
 // leaves a VMM running on deleted disks.
 func TestCommandsOnOneSandboxAreSerialised(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	startDaemon(t, root)
@@ -236,6 +239,7 @@ func TestCommandsOnOneSandboxAreSerialised(t *testing.T) {
 // attaches the volume: the volume is claimed by the create's lease and
 // expectation, so neither deletes it.
 func TestVolumeCannotBeDeletedUnderAnAttachingCreate(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	startDaemon(t, root)
@@ -265,6 +269,7 @@ func TestVolumeCannotBeDeletedUnderAnAttachingCreate(t *testing.T) {
 // A live VMM that does not answer its API (stopped with SIGSTOP) is slow,
 // not dead: recover neither kills it nor calls the sandbox stopped.
 func TestRecoverKeepsASlowVMM(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -314,6 +319,7 @@ func procState(pid int) byte {
 // new daemon and recover every sandbox is either gone without a trace or
 // committed with all its files, and the journal matches the disk.
 func TestDaemonRestartMidCreatesLosesNothing(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -368,6 +374,7 @@ func waitFor(t *testing.T, cond func() bool) {
 // (found by the concurrent harness: a stop closed after its VMM was gone
 // left the API socket owned but deleted).
 func TestInterruptedTeardownFinishes(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	for _, c := range []struct{ at, cmd string }{{"stop.vmm-stop", "stop"}, {"rm.supervisor-stop", "rm -f"}} {
 		t.Run(c.cmd, func(t *testing.T) {
@@ -418,6 +425,7 @@ func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
 // only sagas with free leases, and the next daemon start resumes or
 // compensates them itself).
 func TestDaemonStartFinishesDeadSagas(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)

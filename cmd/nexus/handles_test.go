@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -24,6 +25,7 @@ func fileSum(t *testing.T, path string) [32]byte {
 // "a_b" once shared a safe handle, so their shadow disks and intents
 // collided and a failed create of one deleted the other's shadow disk.
 func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root, image := shortRoot(t), makeImage(t)
 	src := filepath.Join(t.TempDir(), "cfg.img")
@@ -92,6 +94,7 @@ func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
 // another sandbox's shadow disk (damaged, planted, or written by a nexus
 // with the lossy mapping) must not make recover delete it.
 func TestRecoverKeepsAShadowDiskAnotherSandboxOwns(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root, image := shortRoot(t), makeImage(t)
 	src := filepath.Join(t.TempDir(), "cfg.img")

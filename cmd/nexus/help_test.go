@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // Every command a user can run shows an example in its help.
@@ -59,6 +61,7 @@ func TestDocsManWritesEveryCommand(t *testing.T) {
 // Completion offers what is in the state root: sandbox IDs and handles,
 // snapshots for restore, volume names, and fixed values for flags.
 func TestCompletionOffersStateRootValues(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "web/1")

@@ -84,6 +84,7 @@ func sameBytes(t *testing.T, a, b string) bool {
 // protects it; once the sandbox is removed a dry run reports it, a real
 // prune removes it, reports its allocated bytes and journals the removal.
 func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -215,6 +216,7 @@ func TestImageCacheLegacyEntriesAndSandboxes(t *testing.T) {
 // leaves an open saga; prune refuses until recover closes it. The entry
 // that create prepared but never journaled is adopted from its identity.
 func TestImageCacheIncompleteCreateBlocksPrune(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -395,6 +397,7 @@ func TestImageCacheCLIParsing(t *testing.T) {
 // finish or refuse cleanly, and after each round every sandbox's entry
 // must exist. Rounds start both sides together, so both orders occur.
 func TestImageCachePruneRacesCreate(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -484,6 +487,7 @@ func TestImageCachePruneRacesCreate(t *testing.T) {
 // ID that lacks its identity is not reused; create fails and leaves no
 // sandbox behind.
 func TestImageCacheDamagedEntryStopsCreate(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -550,6 +554,7 @@ func TestImageCacheRefusesSymlinkedImagesDir(t *testing.T) {
 // parent's entry and a restore takes it from the snapshot's manifest, so
 // each protects that entry (and only it) after the original is gone.
 func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -601,6 +606,7 @@ func TestImageCacheForkAndRestoreKeepTheReference(t *testing.T) {
 // entry; the os-disk step only takes it over. On a hit nothing is written
 // before os-disk, which clones the entry.
 func TestCreateMissCopiesOnce(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	image := makeImage(t)
 	root := shortRoot(t)
 	rawDisks := func() []string {
@@ -653,6 +659,7 @@ func TestCreateMissCopiesOnce(t *testing.T) {
 // the next (not rewritten), each a clean empty ext4 (e2fsck -fn); the
 // template is out of the image cache's scope (not listed, not pruned).
 func TestWorkspaceFromTemplate(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	image := makeImage(t)
 	root := shortRoot(t)
 	a := createJSON(t, root, "--image", image)

@@ -5,12 +5,15 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // Ctrl-C during a fork: the children already made are committed, kept and
 // printed; the one in flight is undone; the message says so, and no
 // transport error reaches the user.
 func TestInterruptedForkReportsChildrenKept(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	parent := createJSON(t, root, "--image", makeImage(t))

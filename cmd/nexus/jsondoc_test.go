@@ -20,6 +20,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/replay"
@@ -319,6 +320,7 @@ func jsonField(t reflect.Type, i int) reflect.StructField { return structFields(
 // a populated state root and checks each output against its documented
 // shape.
 func TestEveryJSONOutputMatchesTheDoc(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	image := makeImage(t)
 	list := func(name string) reflect.Type { return reflect.SliceOf(jsonResources[name]) }
@@ -376,6 +378,7 @@ func TestEveryJSONOutputMatchesTheDoc(t *testing.T) {
 // JSON's values once per item, tables print human sizes, and the three
 // choices exclude each other (usage errors, exit 2).
 func TestOutputFlags(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
 	if r := mustOK(t, proc(t, root, "ls", "-q"), "ls -q"); r.stdout != "" {
 		t.Fatalf("ls -q of an empty root printed %q", r.stdout)

@@ -92,6 +92,7 @@ func sweepJSON(t *testing.T, root string, args ...string) []sweepOutcome {
 }
 
 func TestLedgerConformanceHandWritten(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
@@ -222,6 +223,7 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 // (the second finds the run gone); with one they run side by side and the
 // run's flock decides.
 func TestRacingSweepsRemoveEachSandboxOnce(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	t.Run("no-daemon", func(t *testing.T) { racingSweeps(t, false) })
 	t.Run("daemon", func(t *testing.T) { racingSweeps(t, true) })
@@ -284,6 +286,7 @@ func racingSweeps(t *testing.T, daemon bool) {
 // returns the command's status; --keep binds nothing, even under an
 // inherited NEXUS_RUN_ID.
 func TestRunBindsAndKeeps(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
@@ -320,6 +323,7 @@ func TestRunBindsAndKeeps(t *testing.T) {
 // TestReaperModes: NEXUS_REAPER=off neither sweeps nor watches, sweep only
 // sweeps, anything else does both.
 func TestReaperModes(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	for _, c := range []struct {
 		mode           string
@@ -356,6 +360,7 @@ func TestReaperModes(t *testing.T) {
 // TestRunKilledWatchdogReaps: SIGKILL `nexus run` itself while its command
 // (still alive afterwards) holds sandboxes: the watchdog removes them.
 func TestRunKilledWatchdogReaps(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)

@@ -27,6 +27,7 @@ func deadRun(t *testing.T, root, run string) string {
 // "creating"; after: it runs). The sweep of the dead run leaves nothing:
 // an uncommitted create is compensated, a committed one removed.
 func TestCrashedCreateInDeadRunIsSwept(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	img := makeImage(t)
 	for _, point := range []string{"create.intents", "create.os-disk:before", "create.commit", "create.vmm:before", "create.vmm"} {
@@ -58,6 +59,7 @@ func TestCrashedCreateInDeadRunIsSwept(t *testing.T) {
 // a sandbox's removal; the run's ledger survives (nothing was journaled as
 // swept), and the next sweep finishes the removal without error.
 func TestSweepKilledMidRemoveIsFinished(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	img := makeImage(t)
 	for _, point := range []string{"rm.vmm-stop", "rm.reclaim:before", "rm.remove:before"} {
@@ -85,6 +87,7 @@ func TestSweepKilledMidRemoveIsFinished(t *testing.T) {
 // SIGTERM; once it exits, its sandboxes are removed and nexus run exits with
 // the command's status.
 func TestRunForwardsSIGTERM(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)

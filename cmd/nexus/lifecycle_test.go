@@ -138,6 +138,7 @@ func assertClean(t *testing.T, root string) {
 }
 
 func TestLifecycleEndToEnd(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -227,6 +228,7 @@ func TestLifecycleEndToEnd(t *testing.T) {
 // root so deep that its socket paths exceed sockaddr_un's 108 bytes: every
 // socket is then bound and dialled through its directory's descriptor.
 func TestDeepStateRootBeyondSunPath(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := filepath.Join(shortRoot(t), strings.Repeat("deep", 20))
 	if n := len(filepath.Join(root, "supervisors", "01JABCDEFGHJKMNPQRSTVWXYZ0", "supervisor.sock")); n < 140 {
@@ -254,6 +256,7 @@ func TestDeepStateRootBeyondSunPath(t *testing.T) {
 }
 
 func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -281,6 +284,7 @@ func TestVolumesAreNeverSharedOrDeletedByRm(t *testing.T) {
 }
 
 func TestBadInputLeavesNothing(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -330,6 +334,7 @@ func TestSymlinkedStateDirIsRefused(t *testing.T) {
 }
 
 func TestENOSPCCompensates(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := filepath.Join(t.TempDir(), "small")
 	os.Mkdir(root, 0o700)
@@ -361,6 +366,7 @@ func TestENOSPCCompensates(t *testing.T) {
 // on the real socket (Cloud Hypervisor itself cannot run here). The driver
 // must pass the kernel in vm.create's payload, as Cloud Hypervisor needs.
 func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	bin := t.TempDir()

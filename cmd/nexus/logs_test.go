@@ -10,11 +10,14 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // A sandbox's logs are its resources: journaled when a boot first writes
 // them, shown by `nexus logs`, removed by rm.
 func TestLogsAreOwnedShownAndRemoved(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "logged")
@@ -60,6 +63,7 @@ func TestLogsAreOwnedShownAndRemoved(t *testing.T) {
 // `nexus logs --follow` prints lines appended after it started and ends
 // when the sandbox is removed.
 func TestLogsFollowEndsWithTheSandbox(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -86,6 +90,7 @@ func TestLogsFollowEndsWithTheSandbox(t *testing.T) {
 // The logs of a sandbox the journal no longer has are orphans the reaper
 // deletes; the daemon's own log is no sandbox's and is never reported.
 func TestReapFindsOrphanLogs(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	live := createJSON(t, root, "--image", makeImage(t))

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -31,6 +32,7 @@ import (
 // NEXUS_MODEL_CONC_RUNS and NEXUS_MODEL_ROUNDS size it; NEXUS_MODEL_SEED
 // replays one run.
 func TestModelConcurrentLifecycles(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	runs, rounds := envInt("NEXUS_MODEL_CONC_RUNS", 2), envInt("NEXUS_MODEL_ROUNDS", 4)
 	seed := envSeed()

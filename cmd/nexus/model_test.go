@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/replay"
 )
@@ -53,6 +54,7 @@ type modelRun struct {
 // NEXUS_MODEL_RUNS and NEXUS_MODEL_OPS size it (make soak raises both);
 // NEXUS_MODEL_SEED replays one failing sequence.
 func TestModelRandomLifecycles(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	runs, ops := envInt("NEXUS_MODEL_RUNS", 3), envInt("NEXUS_MODEL_OPS", 10)
 	seed := envSeed()

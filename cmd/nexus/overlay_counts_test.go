@@ -8,6 +8,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -17,6 +18,7 @@ import (
 // figure in its summary; the start must still see a full overlay and
 // recover and grow it.
 func TestStaleFreeCountOverlayIsRecovered(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
@@ -42,6 +44,7 @@ func TestStaleFreeCountOverlayIsRecovered(t *testing.T) {
 // real guest's overlay after a VMM crash) is refused with that reason,
 // not "full"; start --accept-unflushed replays it on a private copy.
 func TestUnflushedDirtyJournalIsRefusedThenAccepted(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, true, false)

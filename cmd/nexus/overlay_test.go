@@ -10,6 +10,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -135,6 +136,7 @@ func assertRefused(t *testing.T, root, id, sum, reason, mention string) {
 // recovered before boot: files intact, filler the same size, image grown,
 // warning emitted; a later start keeps the larger overlay.
 func TestFullOverlayIsRecoveredOnStart(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
@@ -173,6 +175,7 @@ func TestFullOverlayIsRecoveredOnStart(t *testing.T) {
 // Regression 2: the same without a flush acknowledgement: refused, and the
 // image is unchanged (SHA-256).
 func TestUnacknowledgedOverlayIsRefused(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, true, true)
@@ -186,6 +189,7 @@ func TestUnacknowledgedOverlayIsRefused(t *testing.T) {
 // Regression 3: an unattached inode needs an interactive fsck (connect to
 // lost+found): refused, unchanged, whether the overlay is full or not.
 func TestOverlayNeedingInteractiveRepairIsRefused(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	for _, full := range []bool{true, false} {
 		t.Run(map[bool]string{true: "full", false: "roomy"}[full], func(t *testing.T) {
@@ -202,6 +206,7 @@ func TestOverlayNeedingInteractiveRepairIsRefused(t *testing.T) {
 // Regression 4: the superblock magic is damaged: refused as not ext4,
 // unchanged, including by the read-only check itself.
 func TestOverlayWithBadMagicIsRefused(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
@@ -220,6 +225,7 @@ func TestOverlayWithBadMagicIsRefused(t *testing.T) {
 // Regression 5: a saved 64 MiB overlay restarted after the default was
 // raised to 128 MiB is preserved and readable; only new sandboxes get 128.
 func TestSmallerSavedOverlayIsPreservedAfterRaisingDefault(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
@@ -244,6 +250,7 @@ func TestSmallerSavedOverlayIsPreservedAfterRaisingDefault(t *testing.T) {
 // after the rename and directory fsync, before the event): the next start
 // reads the published image, with every saved file.
 func TestPublishedOverlaySurvivesLostEvent(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
@@ -267,6 +274,7 @@ func TestPublishedOverlaySurvivesLostEvent(t *testing.T) {
 // full and acknowledged, so recovery is always possible), and nothing left
 // untracked.
 func TestCrashAtEveryOverlayStep(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	for _, step := range []string{"overlay-check", "overlay-copy", "overlay-repair", "overlay-grow", "overlay-publish", "run-mark"} {
 		for _, phase := range []string{":before", ""} {
@@ -299,6 +307,7 @@ func TestCrashAtEveryOverlayStep(t *testing.T) {
 // A full overlay whose journal needs recovery, acknowledged: the journal
 // is replayed on the copy, never on the original, and the files survive.
 func TestAcknowledgedDirtyFullOverlayIsReplayedOnACopy(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
@@ -314,6 +323,7 @@ func TestAcknowledgedDirtyFullOverlayIsReplayedOnACopy(t *testing.T) {
 
 // A published overlay that went missing is refused, never recreated empty.
 func TestMissingOverlayIsNeverRecreated(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
@@ -331,6 +341,7 @@ func TestMissingOverlayIsNeverRecreated(t *testing.T) {
 // Usage is reported before the overlay needs recovery, at the configured
 // fill ratio.
 func TestOverlayUsageWarningAtFillRatio(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mib = 64\noverlay_warn_fill_ratio = 0.5\n"), 0o600)
@@ -346,6 +357,7 @@ func TestOverlayUsageWarningAtFillRatio(t *testing.T) {
 // A spawn that fails before any VM exists restores the previous run marker
 // and acknowledgement durably: the overlay stays startable, unchanged.
 func TestSpawnFailureRestoresRunMarker(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	bin := t.TempDir()
@@ -389,6 +401,7 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 }
 
 func TestMissingToolIsLegibleAtStart(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, _ := stoppedWithFiles(t, root, false, false)
@@ -421,6 +434,7 @@ func TestBadConfigIsRefused(t *testing.T) {
 // boot cold with the boot assets); stop, snapshot, rm and recover go on,
 // since the file only shapes new overlays, start's check and cold boots.
 func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -470,6 +484,7 @@ func TestConfigShowNamesSources(t *testing.T) {
 // after the rename and directory fsync. The start fails, and the next start
 // reads the published image with every saved file.
 func TestPublishEventWriteFailureKeepsPublishedImage(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := overlayRoot(t, 64)
 	sb, fillSize := stoppedWithFiles(t, root, false, true)
@@ -491,6 +506,7 @@ func TestPublishEventWriteFailureKeepsPublishedImage(t *testing.T) {
 // the copy is dropped and released in the journal, the original is
 // byte-for-byte the same, and a start then recovers it.
 func TestRecoverDropsAnInterruptedCopy(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	for _, point := range []string{"start.overlay-copy", "start.overlay-grow"} {
 		t.Run(point, func(t *testing.T) {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // TestEverythingNexusCreatesIsPrivate runs every flow that creates files
@@ -17,6 +19,7 @@ import (
 // checks every path under the state root: directories 0700, files and
 // sockets 0600, nothing else (no symlink, fifo or device), owned by us.
 func TestEverythingNexusCreatesIsPrivate(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)

@@ -140,6 +140,7 @@ const (
 // come back intact through cp, the filler kept its size, and the guest
 // can write again.
 func TestQEMUOverlayFullProof(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	began := time.Now()
 	q := newRealGuest(t, 16)
 	id := strings.Fields(q.ok("create", "create", "--image", makeImage(t)))[0]
@@ -220,6 +221,7 @@ func TestQEMUOverlayFullProof(t *testing.T) {
 // --accept-unflushed` replays it on a private copy and boots, and what
 // the guest had synced is there.
 func TestQEMUVMMKilledWhileTheGuestWrites(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	for _, victim := range []string{"adapter", "qemu"} {
 		t.Run(victim, func(t *testing.T) {
 			q := newRealGuest(t, 32)
@@ -319,6 +321,7 @@ func TestQEMUVMMKilledWhileTheGuestWrites(t *testing.T) {
 // a file on the initramfs's root (RAM, gone on any boot) is there in the
 // restored guest, which writes to its thawed workspace.
 func TestQEMUForkAndSnapshotOfARunningAgentGuest(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	q := newRealGuest(t, 32)
 	parent := strings.Fields(q.ok("create", "create", "--image", makeImage(t)))[0]
 	q.ready(parent)

@@ -184,6 +184,7 @@ func pingVsock(t *testing.T, root, id string) {
 // the console, which is kept in logs/<id>.console.log with the command
 // line the config file gave; stop leaves no process; rm leaves nothing.
 func TestQEMUBootsARealGuest(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	g := testutil.RealGuest(t)
 	start := time.Now()
 	root := shortRoot(t)
@@ -267,6 +268,7 @@ func aliveCounts(root, sandbox string) []int {
 // parent was at the snapshot, and shows no boot (no kernel banner, no
 // "ready"), where a cold boot would start again at 1.
 func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	g := testutil.RealGuest(t)
 	root := shortRoot(t)
 	initrd := guestInitramfs(t, root, g)
@@ -311,6 +313,7 @@ func TestQEMUSnapshotRestoreContinuesTheGuest(t *testing.T) {
 // ends its VMM (-no-reboot, panic=-1), the sandbox is seen exited, and its
 // console log, kept and shown by `nexus logs`, says why. rm leaves nothing.
 func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	g := testutil.RealGuest(t)
 	root := shortRoot(t)
 	initrd := guestInitramfs(t, root, g)
@@ -347,6 +350,7 @@ func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
 // holds on a volume attached at /data, which the guest mounts there
 // because nexus puts nexus.mount on its kernel command line.
 func TestQEMUStopStartCyclesKeepFiles(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	q := newRealGuest(t, 32)
 	q.ok("volume create", "volume", "create", "data", "--size", "16M")
 	id := strings.Fields(q.ok("create", "create", "--image", makeImage(t), "--volume", "data:/data"))[0]
@@ -383,6 +387,7 @@ func TestQEMUStopStartCyclesKeepFiles(t *testing.T) {
 // on its own console with its copies found by serial and answers on its
 // own vsock relay, the parent resumes and runs on, and rm leaves nothing.
 func TestQEMUForkOfARunningGuest(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	g := testutil.RealGuest(t)
 	root := shortRoot(t)
 	initrd := guestInitramfs(t, root, g)

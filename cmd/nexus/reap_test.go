@@ -159,6 +159,7 @@ func orphansOf(t *testing.T, root string) (string, []string) {
 // Dry run by default (RL-4), --apply deletes and verifies, every decision
 // is in the journal, and a second pass has nothing left to do.
 func TestReapDryRunThenApply(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -323,6 +324,7 @@ func TestReapNeverTouchesVolumesOrBuildCache(t *testing.T) {
 }
 
 func TestReapFilters(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	a, plantedA := orphansOf(t, root)
@@ -390,6 +392,7 @@ func TestReapWatchdogLogs(t *testing.T) {
 // A plan-bound apply deletes only what the dry run listed, and re-judges
 // each entry: what changed since is kept and reported.
 func TestReapPlanBoundApply(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	a := ulid.Make().String()
@@ -432,6 +435,7 @@ func TestReapPlanBoundApply(t *testing.T) {
 
 // RL-9: a journal that cannot be fully read keeps everything, and says why.
 func TestReapUnreadableJournalKeepsEverything(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	for _, spoil := range []string{"damaged", "newer schema"} {
 		t.Run(spoil, func(t *testing.T) {
@@ -565,6 +569,7 @@ func TestReapKeepsInFlightCreate(t *testing.T) {
 // before reading the journal, while a real creator commits and releases its
 // lease; the reaper then sees the commit, so it deletes nothing.
 func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	root := shortRoot(t)
@@ -623,6 +628,7 @@ func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 // After any crash, one recover plus one reap --apply leaves no orphan, and
 // a second reap --apply deletes nothing.
 func TestReapIdempotentAfterCrash(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	for _, point := range []string{"create.os-disk:before", "create.supervisor-state", "create.commit", "create.vmm:before", "rm.reclaim:before", "fork.commit:before", "fork.os-disk", "reap.delete:before", "reap.decide"} {
@@ -671,6 +677,7 @@ func TestReapIdempotentAfterCrash(t *testing.T) {
 // Two state roots, two daemons, the /proc gate on: neither reaps the
 // other's resources, and each reaps its own orphans.
 func TestReapTwoStateRoots(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	rootA, rootB := shortRoot(t), shortRoot(t)
@@ -726,6 +733,7 @@ func waitStopped(t *testing.T, pid int) {
 // on disk belongs to a sandbox that is owned or in flight), any lifecycle
 // command failing, or anything left untracked at the end.
 func TestReapConcurrentWithLifecycle(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	bin := nexusBin
 	if raceEnabled {

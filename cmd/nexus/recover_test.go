@@ -66,6 +66,7 @@ func recoverReport(t *testing.T, root string) lifecycle.RecoverReport {
 // a replacement that serves the CA persisted in the state dir, so the
 // guest's trust anchor still holds.
 func TestRecoverReplacesAKilledSupervisorWithTheSameCA(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -110,6 +111,7 @@ func TestRecoverReplacesAKilledSupervisorWithTheSameCA(t *testing.T) {
 // the journal) and reclaims the stale sockets (RL-11). A later start seeds
 // a new supervisor from the same CA.
 func TestRecoverKillsTheSupervisorOfADeadVMM(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
@@ -149,6 +151,7 @@ func TestRecoverKillsTheSupervisorOfADeadVMM(t *testing.T) {
 // uncommitted create's intent covers, so a damaged or planted marker that
 // names a volume or another sandbox's disk must cover nothing there.
 func TestRecoverTrustsAnIntentOnlyForItsOwnSandbox(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)

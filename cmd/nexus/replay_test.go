@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -47,6 +48,7 @@ func treeSum(t *testing.T, dir string) string {
 // root and on a copy taken elsewhere, before and after recover. No replay
 // command changes a byte of the journal it reads.
 func TestReplayAuditsACrashedCreate(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	crashAt(t, root, "create.commit:before", "create", "--image", makeImage(t), "--handle", "audit/me")

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // hangLimit only tells a hang from slowness on a loaded machine: a command
@@ -108,6 +110,7 @@ func treeDigest(t *testing.T, dir string) [32]byte {
 // TestPlantedFIFOsAreOneLineErrors plants a FIFO where nexus reads its own
 // files (issue 15, item 9); every command must fail at once, naming it.
 func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	root := shortRoot(t)
@@ -181,6 +184,7 @@ func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
 // files and directories (issue 15, item 9): the command fails with one
 // line and nothing outside the root is read into a sandbox or written.
 func TestPlantedSymlinksAreRefused(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	root, outside := shortRoot(t), t.TempDir()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -52,6 +53,7 @@ func fillRoot(t testing.TB, root string, n int) {
 // holds. A flow that fetched the sandbox list, or the image cache's list of
 // every user, would encode all 2,000.
 func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	const sandboxes = 2000
 	// A command touches its own sandbox a few times (lookup, decide, re-read
 	// after its saga, record); nothing near the root's size.

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -24,6 +25,7 @@ func commonPrefix(a, b string) string {
 // prefix (projections.Match), and an ambiguous prefix is one line naming
 // the candidates.
 func TestIDPrefixAndHandleEverywhere(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -73,6 +75,7 @@ func TestIDPrefixAndHandleEverywhere(t *testing.T) {
 // idempotent; rm refuses a running sandbox without -f and says what it
 // removed.
 func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	image := makeImage(t)
@@ -136,6 +139,7 @@ func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
 // Snapshots are listed and removed on their own, each removal journaled
 // through a saga; rm refuses to drop them without --with-snapshots.
 func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t), "--handle", "snappy")
@@ -214,6 +218,7 @@ func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
 // A snapshot rm killed before or after its event is finished by recover:
 // the directory is gone, the view forgets the snapshot, nothing is left.
 func TestCrashDuringSnapshotRm(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	for _, phase := range []string{":before", ""} {
 		t.Run("delete"+phase, func(t *testing.T) {
@@ -241,6 +246,7 @@ func TestCrashDuringSnapshotRm(t *testing.T) {
 // before. Counting the snapshots directory and each snapshot in it
 // separately would report the snapshots twice.
 func TestRmReportsBytesOnce(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))

@@ -13,6 +13,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -58,6 +59,7 @@ func prune(t *testing.T, root string, args ...string) lifecycle.PruneReport {
 // run changes nothing, a live sandbox's attachment is never cleared, and no
 // volume byte changes until the user's explicit rm.
 func TestVolumePruneClearsStaleAttachments(t *testing.T) {
+	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
 	mustOK(t, proc(t, root, "volume", "create", "stale", "--size", "16M"), "volume create stale")

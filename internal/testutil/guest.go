@@ -59,3 +59,13 @@ func RealGuest(t testing.TB) Guest {
 	t.Logf("guest: kernel release %s (%s), %s", release, kernel, strings.SplitN(string(ver), "\n", 2)[0])
 	return Guest{QEMU: q, Kernel: kernel, Release: release}
 }
+
+// StartsSandboxes marks a test that starts sandboxes' VMMs and supervisors,
+// a real guest or a cluster: seconds of processes each, so -short (make
+// test-fast) leaves it out and make test runs it.
+func StartsSandboxes(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts sandboxes, guests or a cluster: make test runs it, -short does not")
+	}
+}
