@@ -50,7 +50,8 @@ func TestAbandonedRequestDoesNotStallTheSession(t *testing.T) {
 	})); !errors.Is(err, gaveUp) {
 		t.Fatalf("read: %v", err)
 	}
-	// Without the fix the session is stuck for good (even a send blocks:
+	// If an abandoned request stalls the reader, the session is stuck for
+	// good (even a send blocks:
 	// the agent cannot write its next frame), so the rest runs beside a
 	// deadline.
 	after := make(chan error, 1)

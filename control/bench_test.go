@@ -8,7 +8,7 @@ package control_test
 //	        and only then acknowledges each of them (a database's group commit)
 //	daemon: g writers, each its own client connection (a separate command),
 //	        each appending one event and waiting for its acknowledgement
-//	ratio:  daemon events/s ÷ raw records/s (issue 21 target: ≥ 0.8)
+//	ratio:  daemon events/s ÷ raw records/s (target: ≥ 0.8)
 //
 // cpu-us/event and raw-cpu-us/event are this process's CPU per event
 // while each side ran (whether a rate is bound by CPU or by waiting);

@@ -70,7 +70,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 // it is about to go on: whatever daemon answers now must be of this build.
 // A dial alone cannot tell: when the replacement already listens, the dial
 // succeeds, and a command from before an upgrade would talk to the new
-// build's daemon silently (an old `events --follow` was seen doing so).
+// build's daemon silently (as a long-running `events --follow` would).
 func (c *Client) afterBreak(ctx context.Context) error {
 	if c.ensure == nil {
 		return nil

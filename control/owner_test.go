@@ -36,8 +36,8 @@ func rawGet(t *testing.T, root, path string) []byte {
 }
 
 // "Is this path taken?" is answered by the daemon with one answer: the
-// reply's size does not grow with the number of sandboxes, as the list a
-// command used to fetch for it does.
+// reply's size does not grow with the number of sandboxes, as a fetched
+// list would.
 func TestOwnerOfAnswersWithoutTheList(t *testing.T) {
 	d := startDaemon(t, "")
 	b := connect(t, d.root)

@@ -56,9 +56,9 @@ type sandboxResponse struct {
 
 // Stats counts what the daemon has served since it started. Sandboxes is
 // every sandbox record it encoded into a response (a list counts each
-// member, the image cache each user): the structural test of issue 21
-// asserts that a single-sandbox command moves it by a bounded number,
-// whatever the number of sandboxes in the root.
+// member, the image cache each user): a single-sandbox command must move
+// it by a bounded number, whatever the number of sandboxes in the root,
+// and tests assert that through it.
 type Stats struct {
 	Sandboxes int64 `json:"sandboxes_encoded"`
 	// MostInOneAnswer is the most sandbox records one answer held: a

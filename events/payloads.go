@@ -24,7 +24,8 @@ const (
 	// KindOverlayStaging is the private copy an overlay recovery repairs
 	// and grows before publishing it over the workspace disk.
 	KindOverlayStaging ResourceKind = "overlay-staging"
-	// KindSupervisorProcess is a detached supervisor process (RL-13); its
+	// KindSupervisorProcess is a detached supervisor process, orphaned when
+	// its sandbox is gone and it still runs; its
 	// path in a reap report is /proc/<pid>.
 	KindSupervisorProcess ResourceKind = "supervisor-process"
 	// KindLog is one of a sandbox's logs under logs/ (<id>.vmm.log,
@@ -177,8 +178,8 @@ const (
 type VMMExitedEvent ProcessExit
 
 // SupervisorExitedEvent: the sandbox's recorded supervisor ended while
-// nothing nexus runs was stopping it. recover replaces it (RL-19) while the
-// VMM runs.
+// nothing nexus runs was stopping it. While the VMM runs, recover replaces
+// it, seeded with the persisted CA so the guest's TLS trust still holds.
 type SupervisorExitedEvent ProcessExit
 
 type SnapshotTakenEvent struct {

@@ -27,11 +27,13 @@ func CoveredBy(rel, id, handle string) bool {
 	if base == id+".raw" || base == id+"-workspace.ext4" {
 		return true
 	}
-	// A fork or restore child's copy of a parent's shadow disk (RL-14).
+	// A fork or restore child's copy of a parent's shadow disk: the child
+	// owns it though its name carries the parent's handle.
 	if rest, ok := strings.CutPrefix(base, id+"-"); ok && isShadowFile(rest) {
 		return true
 	}
-	// The handle-keyed shadow disk of a create with a handle (RL-17).
+	// The handle-keyed shadow disk of a create with a handle, written
+	// before the sandbox has a record.
 	if handle != "" {
 		if rest, ok := strings.CutPrefix(base, SafeHandle(handle)+".shadow."); ok {
 			return validShadowName(strings.TrimSuffix(rest, ".ext4")) && strings.HasSuffix(rest, ".ext4")

@@ -21,7 +21,7 @@ func TestCoveredBy(t *testing.T) {
 		"builder-supervisors/" + sb:                       true,
 		"disks/" + other + ".raw":                         false, // another sandbox's disk
 		"disks/someone.shadow.cfg.ext4":                   false, // another handle's shadow
-		"volumes/data":                                    false, // RL-10
+		"volumes/data":                                    false, // user-owned
 		"volumes/data/disk.ext4":                          false,
 		"caches/buildkit.ext4":                            false,
 		"journal":                                         false,

@@ -132,7 +132,8 @@ func (r Root) ShadowIntent(handle string) string {
 	return r.join("disks", SafeHandle(handle)+".shadow-intent.json")
 }
 
-// ForkShadowDisk is a fork child's copy of a parent's shadow disk (RL-14).
+// ForkShadowDisk is a fork or restore child's copy of a parent's shadow
+// disk; the child's ULID prefix makes it the child's.
 func (r Root) ForkShadowDisk(child, parentHandle, name string) string {
 	return r.join("disks", child+"-"+SafeHandle(parentHandle)+".shadow."+name+".ext4")
 }

@@ -412,7 +412,7 @@ func (m *Manager) stopSupervisor(who proc.Identity) ([]events.Payload, error) {
 }
 
 // stopVMM asks the VMM to shut down through its API, makes sure the
-// process is gone, then removes the sandbox's sockets (RL-11). flush asks
+// process is gone, then removes the sandbox's sockets. flush asks
 // the guest to flush its filesystem first and, only if it confirms,
 // journals the flush acknowledgement.
 func (m *Manager) stopVMM(ctx context.Context, id string, who proc.Identity, flush bool) ([]events.Payload, error) {
@@ -456,7 +456,7 @@ func (m *Manager) terminateVMM(ctx context.Context, id string, who proc.Identity
 	return append(ps, events.SandboxStoppedEvent{Reason: "stopped"}), nil
 }
 
-// reclaimVMMSockets removes the API and vsock sockets (RL-11) and the API
+// reclaimVMMSockets removes the API and vsock sockets and the API
 // socket's lock file, once the VMM is gone.
 func (m *Manager) reclaimVMMSockets(id string, owned func(rel string) bool) ([]events.Payload, error) {
 	var ps []events.Payload

@@ -19,7 +19,7 @@ import (
 
 var stopTypes = []string{"saga.started",
 	"flush.acknowledged", "sandbox.stopped", // vmm-stop: the guest flushed, then the VMM went
-	"resource.reclaimed", "resource.reclaimed", "resource.reclaimed", // API socket, its lock, vsock (RL-11)
+	"resource.reclaimed", "resource.reclaimed", "resource.reclaimed", // API socket, its lock, vsock
 	"supervisor.stopped", "resource.reclaimed", // the supervisor, then its IID socket
 	"saga.finished"}
 

@@ -300,8 +300,10 @@ type publishedIntent struct {
 	covers []string
 }
 
-// publishIntents takes the shadow intent first (RL-17: shadow disks are
-// written before anything else can name them), then the create intent.
+// publishIntents takes the shadow intent first (shadow disks are written
+// before anything else can name them, and the reaper correlates them by
+// handle, which the create intent cannot answer for), then the create
+// intent.
 func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*intent.Held, []publishedIntent, error) {
 	var held []*intent.Held
 	var out []publishedIntent
@@ -434,7 +436,7 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan, 
 }
 
 // diskStep materialises one disk; its undo deletes it, but only if this
-// step created it (issue 15, item 5): a path that was there before, or
+// step created it: a path that was there before, or
 // that make found there (it creates dst with O_EXCL: disk.Clone,
 // disk.MakeExt4, so fs.ErrExist means someone else's file), is left alone.
 func (m *Manager) diskStep(name string, r events.Resource, make func(dst string) (disk.Method, error)) sagas.Step {
@@ -469,7 +471,7 @@ func (m *Manager) diskStep(name string, r events.Resource, make func(dst string)
 }
 
 // supervisorStateStep creates supervisors/<id>/ (0700) and its MITM CA,
-// minted once here and re-seeded into every later supervisor (RL-18, RL-19).
+// minted once here and re-seeded into every later supervisor.
 // A fork or restore child seeds from the parent's CA so TLS sessions the
 // guest trusts keep validating.
 func (m *Manager) supervisorStateStep(id, seedFrom string) sagas.Step {
@@ -543,8 +545,8 @@ func (m *Manager) commitStep(id string, committed func([]events.Resource) events
 }
 
 // retireStep follows commit: only once the journal has acknowledged the
-// commit are the leases released and the markers removed (RL-6: a reaper
-// that sees a free lease also sees the commit).
+// commit are the leases released and the markers removed, so a reaper that
+// sees a free lease also sees the commit.
 func (m *Manager) retireStep(held []*intent.Held, intents []publishedIntent) sagas.Step {
 	return sagas.Step{
 		Name: "retire-intents",

@@ -46,7 +46,7 @@ func TestCreateJournalsEveryStepAndBoots(t *testing.T) {
 			t.Errorf("%s: exists %v, owned %v; want both", rel, f.exists(rel), sb.Owns(rel))
 		}
 	}
-	// RL-6: the markers are gone once the commit is journaled.
+	// The markers are gone once the commit is journaled.
 	for _, rel := range f.files("disks") {
 		if strings.Contains(rel, "intent") {
 			t.Errorf("intent %s left after the commit", rel)
@@ -204,7 +204,7 @@ func TestCreateUndoesAFailedStep(t *testing.T) {
 	}
 }
 
-// issue 15, item 5: a disk path that exists before the create is someone
+// A disk path that exists before the create is someone
 // else's file; the create fails on it and its undo leaves it alone.
 func TestCreateLeavesAFileItFoundAtItsDiskPath(t *testing.T) {
 	t.Parallel()

@@ -12,7 +12,8 @@ import (
 // recorded VMM no longer runs by pid + start time shows as exited (and a
 // dead recorded supervisor is marked), though no daemon journaled the
 // exit. It is derived at read time, never journaled, and deletes nothing;
-// a process whose state cannot be read counts as running (RL-9).
+// a process whose state cannot be read counts as running, since doubt
+// must never lead to settling a sandbox that may still be up.
 func ObserveExits(list []projections.Sandbox) []projections.Sandbox {
 	out := make([]projections.Sandbox, len(list))
 	for i, sb := range list {
@@ -35,8 +36,8 @@ func gone(p *projections.Process) bool {
 
 // settleExited brings an exited sandbox (journaled, or seen so by pid +
 // start time) to stopped the way recover does after a crash: its dead VMM
-// is journaled stopped and its sockets reclaimed (RL-11), its supervisor
-// stopped (RL-13), in a recover saga. Any other sandbox is returned as is.
+// is journaled stopped and its sockets reclaimed, its supervisor stopped
+// (nothing else would stop a detached one), in a recover saga. Any other sandbox is returned as is.
 func (m *Manager) settleExited(ctx context.Context, sb projections.Sandbox) (projections.Sandbox, error) {
 	if observeExits(sb).State != projections.StateExited {
 		return sb, nil

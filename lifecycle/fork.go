@@ -58,7 +58,7 @@ func CheckForkCount(n int) error {
 }
 
 // Fork creates Count children of a committed sandbox, each a full set of
-// copy-on-write disks owned by the child (RL-14), one saga per child.
+// copy-on-write disks owned by the child, one saga per child.
 func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbox, error) {
 	c, err := m.claim(ctx, spec.Parent, guard.Fork)
 	if err != nil {
@@ -355,8 +355,9 @@ type manifestDisk struct {
 	File string              `json:"file"`
 }
 
-// Snapshot captures a sandbox into snapshots/<id>/<snapshot>/ (RL-15):
-// its disks, and the VM state when it runs.
+// Snapshot captures a sandbox into snapshots/<id>/<snapshot>/, a path the
+// reaper attributes to the owning sandbox: its disks, and the VM state
+// when it runs.
 func (m *Manager) Snapshot(ctx context.Context, ref string) (string, error) {
 	return m.SnapshotWith(ctx, ref, SnapshotOptions{})
 }

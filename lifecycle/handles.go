@@ -9,7 +9,8 @@ import (
 
 // refuseHandleCollision refuses, before anything is written, a handle
 // whose shadow intent or shadow disks would land on a path the journal
-// already attributes to a sandbox (issue 15, item 5). layout.SafeHandle is
+// already attributes to a sandbox: that path is another sandbox's, and the
+// create must not write or later delete it. layout.SafeHandle is
 // injective, so two handles never share a name; what remains are paths of
 // other naming schemes (a fork child's <ULID>-<parentSafeHandle> copies)
 // and names written by an older nexus whose mapping was lossy.
@@ -28,7 +29,7 @@ func (m *Manager) refuseHandleCollision(ctx context.Context, spec CreateSpec) er
 	if found {
 		return fmt.Errorf("%w: handle %q: %s is already owned by sandbox %s", ErrRefused, spec.Handle, p, owner)
 	}
-	// <ULID>-... is the fork copies' namespace (RL-14): a handle there could
+	// <ULID>-... is the fork copies' namespace: a handle there could
 	// later meet a child's copy, and the reaper would credit it to the child.
 	if h := spec.Handle; len(h) > 27 && h[26] == '-' && layout.IsULID(h[:26]) {
 		return fmt.Errorf("%w: handle %q starts with a sandbox id and '-', which names fork copies", ErrRefused, h)

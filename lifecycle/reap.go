@@ -87,8 +87,9 @@ const procScanAttempts = 3
 
 // Reap classifies every reapable resource of the state root and, with
 // Apply, deletes the orphans: ownership from the journal, joined with a
-// fresh scan, intent leases probed before the journal is read (RL-7) and
-// the liveness gate (RL-8).
+// fresh scan, intent leases probed before the journal is read and the
+// liveness gate. That order is what makes the two observations safe
+// together: a lease is released only after its create is journaled.
 func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	root := string(m.Root)
 	// 1. The scan, then every listed intent's lease, BEFORE the journal.
@@ -98,7 +99,7 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	}
 	leases := probeLeases(root, sc.Entries)
 	if m.Hook != nil {
-		// Between the two observations RL-7 orders: tests freeze the reaper
+		// Between the two ordered observations: tests freeze the reaper
 		// here while a real creator commits and releases its lease.
 		m.Hook("reap", "observe-leases", sagas.AfterRecord)
 	}
@@ -163,7 +164,8 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 }
 
 // ReapUnreadable reports a state root whose journal cannot be fully read:
-// everything is kept, and the report says why (RL-9).
+// everything is kept, since ownership cannot be known, and the report says
+// why.
 func ReapUnreadable(root string, why string, o ReapOptions) (ReapReport, error) {
 	sc, err := scan.Root(root)
 	if err != nil {
@@ -199,7 +201,7 @@ func probeLeases(root string, entries []reaper.Entry) map[string]reaper.Lease {
 
 // supervisorEntries turns recorded supervisors of gone sandboxes into
 // process resources, but only those whose pid still runs with the recorded
-// start time (RL-13): a reused pid is someone else.
+// start time: a reused pid is someone else.
 func supervisorEntries(recorded []reaper.Recorded) []reaper.Entry {
 	var out []reaper.Entry
 	for _, r := range recorded {

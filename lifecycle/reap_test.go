@@ -38,7 +38,7 @@ func localManager(t *testing.T) (*Manager, string) {
 	return &Manager{Root: layout.Root(root), B: control.Local{Node: n}}, root
 }
 
-// RL-13: a detached supervisor the journal recorded for a sandbox that is
+// A detached supervisor the journal recorded for a sandbox that is
 // gone is killed by reap --apply, but only when its pid AND start time
 // still match; a process under a recorded pid with another start time is
 // someone else and is left alone (and, naming the sandbox, keeps its state).
@@ -54,7 +54,8 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, "mitm-ca.pem"), []byte("key"), 0o600)
 		// The test binary idling (TestMain), not a shell running sleep: a
 		// shell's child names the sandbox too until it execs, and a reap
-		// that sees it (it did, at load 30) rightly keeps the state dir live.
+		// that sees it (a busy host can make that window long) rightly keeps
+		// the state dir live.
 		who, err := proc.SpawnDetached([]string{os.Args[0], "idle", "supervisor", "--sandbox", id, "--state-dir", dir}, nil, filepath.Join(root, id+".log"))
 		if err != nil {
 			t.Fatal(err)
@@ -159,7 +160,7 @@ func reapSettled(t *testing.T, m *Manager, o ReapOptions) ReapReport {
 	return rep
 }
 
-// RL-18: a supervisor state dir whose own supervisor.sock answers is kept
+// A supervisor state dir whose own supervisor.sock answers is kept
 // live even when nothing else names its sandbox; once the socket is gone it
 // is reclaimed (its CA key with it).
 func TestReapKeepsStateDirWithLiveSupervisorSocket(t *testing.T) {

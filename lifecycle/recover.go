@@ -32,7 +32,7 @@ type RecoverReport struct {
 	Resumed     []string `json:"resumed"`     // sagas finished
 	Stopped     []string `json:"stopped"`     // sandboxes whose VMM was gone
 	Restarted   []string `json:"restarted"`   // supervisors replaced (CA re-seeded)
-	Killed      []string `json:"killed"`      // orphaned supervisors terminated (RL-13)
+	Killed      []string `json:"killed"`      // orphaned supervisors terminated
 	Unpaused    []string `json:"unpaused"`    // VMs a crashed fork or snapshot left paused
 	Intents     []string `json:"intents"`     // unjournaled intents whose covered files were removed (by sandbox; a staged one by its file name)
 	// Skipped lists what recover left alone because a live process holds
@@ -140,7 +140,7 @@ func (m *Manager) recoverSandboxes(ctx context.Context, rep *RecoverReport) erro
 func (m *Manager) creatorAlive(sandbox string) bool {
 	held, err := intent.LeaseHeld(m.Root.CreateIntent(sandbox))
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return true // RL-9: cannot tell, so assume it lives
+		return true // cannot tell, so assume it lives
 	}
 	return held
 }
@@ -398,9 +398,9 @@ func (m *Manager) stopUnrecordedVMM(ctx context.Context, id string) ([]events.Pa
 }
 
 // killStartingVMM terminates a VMM spawned just before its creator died
-// that does not answer yet (under load a VMM can take seconds to bind its
-// socket, and would bind it after recover cleaned up, outliving the
-// sandbox: TestCrashDuringFork left one at load 30). As for an unrecorded
+// that does not answer yet (on a busy host a VMM can take seconds to bind
+// its socket, and would bind it after recover cleaned up, outliving the
+// sandbox). As for an unrecorded
 // supervisor, it is found by the command line boot gave it (vmmArgv), for
 // any driver, so only a process started for this sandbox's socket is hit.
 func (m *Manager) killStartingVMM(id string) error {
@@ -593,7 +593,7 @@ func stagedIntent(name string) (string, bool) {
 // concurrently can be killed there). Never published, it covers nothing:
 // a creator makes nothing before its intent is in place. Its flock is
 // taken while staged, so a held lease is a creator still running, and a
-// probe that cannot tell keeps it (RL-9) for the reaper to judge.
+// probe that cannot tell keeps it for the reaper to judge.
 func (m *Manager) sweepStaged(name string, rep *RecoverReport) error {
 	path := filepath.Join(m.Root.Disks(), name)
 	if held, err := intent.LeaseHeld(path); err != nil || held {
@@ -653,7 +653,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, re
 		alive, _ := proc.Alive(who)
 		switch {
 		case vmmAlive && !alive:
-			// RL-19: the replacement is seeded with the persisted CA, so the
+			// The replacement is seeded with the persisted CA, so the
 			// guest's trust anchor keeps working.
 			steps = append(steps, sagas.Step{Name: "supervisor-restart", Do: func(ctx context.Context) ([]events.Payload, error) {
 				ps := []events.Payload{events.SupervisorStoppedEvent{Pid: who.Pid, Reason: "gone"}}
@@ -667,8 +667,9 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb projections.Sandbox, re
 			}})
 			rep.Restarted = append(rep.Restarted, sb.ID)
 		case !vmmAlive:
-			// RL-13: a supervisor whose sandbox no longer runs is killed,
-			// but only if pid AND start time still match.
+			// A supervisor whose sandbox no longer runs is an orphan nothing
+			// else stops: kill it, but only if pid AND start time still
+			// match (a reused pid is someone else).
 			steps = append(steps, sagas.Step{Name: "supervisor-orphan", Do: func(context.Context) ([]events.Payload, error) {
 				if alive {
 					rep.Killed = append(rep.Killed, sb.ID)

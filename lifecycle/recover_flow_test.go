@@ -246,8 +246,8 @@ func wantStoppedClean(f *flow, sb projections.Sandbox, _ string) {
 }
 
 // recover checks every sandbox against its processes: a dead VMM is
-// journaled stopped and its orphaned supervisor killed (RL-13); a dead
-// supervisor of a live VMM is replaced, re-seeded with the same CA (RL-19).
+// journaled stopped and its orphaned supervisor killed; a dead supervisor
+// of a live VMM is replaced, re-seeded with the same CA.
 func TestRecoverJudgesEachSandboxByItsProcesses(t *testing.T) {
 	f := newFlow(t)
 	vmmGone := f.create(CreateSpec{})

@@ -16,7 +16,7 @@ import (
 )
 
 // An intent its creator died staging (killed between intent.Publish's
-// create and rename, as a fork of three children was once at load 30) is
+// create and rename, as a fork copying children concurrently can be) is
 // removed by recover when its lease is free, and kept while a creator
 // holds it; other dot files are not intents and stay.
 func TestRecoverSweepsStagedIntents(t *testing.T) {

@@ -43,8 +43,8 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 }
 
 // RemoveWith tears a sandbox down completely: VMM and supervisor stopped,
-// sockets (RL-11), supervisor state (RL-18), builder-supervisor dir
-// (RL-12), snapshots (RL-15) and disks deleted, volumes detached (their
+// sockets, supervisor state, builder-supervisor dir, snapshots and disks
+// deleted, volumes detached (their
 // files are never touched), and finally the sandbox removed from the
 // journal's view. A removal interrupted at any step is finished by recover.
 func (m *Manager) RemoveWith(ctx context.Context, ref string, opt RemoveOptions) (Removed, error) {

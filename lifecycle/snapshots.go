@@ -73,7 +73,7 @@ type snapshotOwners interface {
 // exact ID, any case, or a unique prefix) to the snapshot and its sandbox.
 // An exact ID is one per-entity read; only a reference that is not one
 // fetches the list to match against, so restore and snapshot rm cost the
-// same at 10 sandboxes and 100,000 (TestSingleSandboxCommandsAreConstantCost).
+// same at 10 sandboxes and 100,000.
 func (m *Manager) findSnapshot(ctx context.Context, ref string) (string, projections.Sandbox, error) {
 	if b, ok := m.B.(snapshotOwners); ok {
 		snap := strings.ToUpper(ref)

@@ -10,8 +10,8 @@ import (
 	"github.com/nexus-sandbox/nexus/node"
 )
 
-// TestEventsReadOnlyWhatTheyReturn is issue 21's "events read by
-// position", structurally: over a journal of 20,000 events, a tail, one
+// TestEventsReadOnlyWhatTheyReturn is "events read by position",
+// structurally: over a journal of 20,000 events, a tail, one
 // sandbox's events or a late start costs the records returned, counted by
 // the journal, not the history before them.
 func TestEventsReadOnlyWhatTheyReturn(t *testing.T) {

@@ -15,8 +15,8 @@ import (
 // BenchmarkAppendGuardedVsPlain interleaves, per op, one plain append and
 // one guarded append (an expectation on the sandbox, checked by the node
 // and by the journal over nexus.events.*.*.<sandbox>) on a journal holding
-// 2,000 sandboxes' events, and reports ratio = guarded ÷ plain. Target
-// (issue 15): ratio <= 1.10.
+// 2,000 sandboxes' events, and reports ratio = guarded ÷ plain. Target:
+// ratio <= 1.10.
 func BenchmarkAppendGuardedVsPlain(b *testing.B) {
 	ctx := context.Background()
 	n, err := node.Open(ctx, b.TempDir(), node.Options{})

@@ -48,8 +48,8 @@ func fillRoot(tb testing.TB, n int) (string, []string) {
 	return root, ids
 }
 
-// TestLazyOpenDecodesOnlyTheSandboxAsked is issue 21's structural O(1)
-// test without a daemon: on a root of 2,000 sandboxes (snapshots written,
+// TestLazyOpenDecodesOnlyTheSandboxAsked is the structural O(1) test
+// without a daemon: on a root of 2,000 sandboxes (snapshots written,
 // plus a tail), a lazy Open and a read of one sandbox by ID decode that
 // sandbox's events alone (Decoded), and the record equals what a full load
 // holds. A node that decoded the projections to answer would count 2,000.
@@ -260,8 +260,8 @@ func TestLazyReadOfALongHistoryReadsItsRecord(t *testing.T) {
 	}
 }
 
-// TestLazyAppendDecodesOnlyWhatItTouches is issue 21's structural O(1)
-// test for an appending command without a daemon: on a root of 2,000
+// TestLazyAppendDecodesOnlyWhatItTouches is the structural O(1) test for
+// an appending command without a daemon: on a root of 2,000
 // sandboxes, a guarded append about one sandbox (its expectation read by
 // ID), a lookup by handle and an owner check decode that sandbox's record
 // and the few events past the sandbox store's last checkpoint, not the

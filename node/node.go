@@ -133,8 +133,8 @@ func (n *Node) loadLocked(ctx context.Context) error {
 }
 
 // Decoded counts the journal events this node has folded and the sandbox
-// records it has decoded from snapshots since Open: what the O(1) tests of
-// issue 21 count.
+// records it has decoded from snapshots since Open: what a single-sandbox
+// command must keep bounded, whatever the number of sandboxes.
 func (n *Node) Decoded() uint64 { return n.decoded.Load() }
 
 // Sandbox is one sandbox by ID (any case) or handle; found is false if

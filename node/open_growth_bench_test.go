@@ -16,7 +16,7 @@ import (
 // the message ids stored within it (nats-server's rebuildDedupe).
 const dedupeWindow = 2 * time.Minute
 
-// BenchmarkOpenGrowth is issue 21's "opening a root" at 1k, 10k and 100k
+// BenchmarkOpenGrowth is "opening a root" at 1k, 10k and 100k
 // sandboxes and at 10 sandboxes with 1M events: a lazy node.Open, one
 // Sandbox read by ID, Close, two ways interleaved in each op:
 //

@@ -21,8 +21,8 @@ import (
 // processes), and the journal position the records reflect. A node reads
 // the records it is asked about, not the file, and a checkpoint rewrites
 // the records touched since the last one, not every record: what a
-// command costs no longer grows with the sandboxes it does not name
-// (issue 21). bbolt, because a B+tree file with atomic, fsynced
+// command costs does not grow with the sandboxes it does not name.
+// bbolt, because a B+tree file with atomic, fsynced
 // transactions is what we would otherwise write by hand.
 type sandboxStore struct{ db *bolt.DB }
 

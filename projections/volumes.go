@@ -21,7 +21,7 @@ type Volume struct {
 
 // Volumes is every named volume. Attachments end when the sandbox detaches
 // the volume or is removed, so a removed sandbox can never leave a stale
-// attachment behind (TBD-PD-22).
+// attachment behind that would block `volume rm`.
 type Volumes struct {
 	seq    uint64
 	byName map[string]*Volume

@@ -16,7 +16,7 @@ type Verdict string
 const (
 	Owned     Verdict = "owned"     // the journal (or the name, against the journal) names a sandbox
 	Live      Verdict = "live"      // no owner, but a lease, a process or a socket says someone uses it
-	Ambiguous Verdict = "ambiguous" // cannot tell: kept (RL-9), an operator should look
+	Ambiguous Verdict = "ambiguous" // cannot tell: kept, an operator should look
 	Orphan    Verdict = "orphan"    // every check is definitively dead: reclaimable
 )
 
@@ -35,7 +35,7 @@ const (
 	LeaseGone       LeaseState = iota // no such file
 	LeaseFree                         // the creator is gone
 	LeaseHeld                         // a creator is in flight
-	LeaseUnreadable                   // cannot be opened or probed (RL-9)
+	LeaseUnreadable                   // cannot be opened or probed: a creator may be alive
 )
 
 // Lease is one probed intent.
@@ -60,7 +60,7 @@ const (
 	Unsure
 )
 
-// Gate is the liveness gate's evidence (RL-8). Its methods are called only
+// Gate is the liveness gate's evidence. Its methods are called only
 // for ULIDs that have no owner and no lease, each at most once per ULID.
 // Implementations hold a single /proc scan taken for the whole run.
 type Gate interface {
@@ -68,7 +68,7 @@ type Gate interface {
 	Process(id string, ignorePids []int) Probe
 	// Socket probes run/sb-<id>.sock.
 	Socket(id string) Probe
-	// SupervisorSocket probes supervisors/<id>/supervisor.sock (RL-18).
+	// SupervisorSocket probes supervisors/<id>/supervisor.sock.
 	SupervisorSocket(id string) Probe
 	// Intent probes an intent the scan did not list (it may have landed in
 	// a directory slot the readdir had already passed).
@@ -149,7 +149,9 @@ func (j *Journal) ownerOf(p string) (string, bool) {
 type Inputs struct {
 	Entries []Entry
 	// Leases holds every intent the scan listed, probed BEFORE the journal
-	// was read (RL-7), keyed by the intent's relative path.
+	// was read, keyed by the intent's relative path. A lease is released
+	// only after its create's commit is journaled, so a create that lets go
+	// between the two observations is in the journal read afterwards.
 	Leases  map[string]Lease
 	Journal *Journal
 	Gate    Gate
@@ -220,7 +222,9 @@ func (c *classifier) decide(e Entry) Decision {
 	if id, ok := j.ownerOf(e.Rel); ok {
 		return keep(e, id, Owned, "the journal attributes it to sandbox %s", id)
 	}
-	// Leases, probed before the journal was read (RL-7, RL-17).
+	// Leases, probed before the journal was read: a held create intent
+	// covers its ULID's disks and a held shadow intent its handle's shadow
+	// disks, none of which the journal attributes yet.
 	if d, ok := c.leaseVerdict(e, owner); ok {
 		return d
 	}
@@ -338,7 +342,7 @@ func (c *classifier) lateIntent(e Entry, rel, owner string) (Decision, bool) {
 	}
 }
 
-// liveness is the RL-8 gate for a ULID-keyed entry with no owner and no
+// liveness is the liveness gate for a ULID-keyed entry with no owner and no
 // lease: one /proc scan per run, then the API socket; ambiguity keeps.
 func (c *classifier) liveness(e Entry) Decision {
 	if d, ok := c.lateIntent(e, CreateIntentRel(e.ID), e.ID); ok {
@@ -355,8 +359,8 @@ func (c *classifier) liveness(e Entry) Decision {
 		c.gate[e.ID] = g
 	}
 	if g.Verdict == Orphan && e.Kind == events.KindSupervisorState {
-		// RL-18: the supervisor's own socket lives inside the directory and
-		// can outlive the VM's socket.
+		// The supervisor's own socket lives inside the directory and can
+		// outlive the VM's socket.
 		switch p := c.in.Gate.SupervisorSocket(e.ID); p.State {
 		case Alive:
 			return keep(e, e.ID, Live, "supervisor socket answers: %s", p.Detail)

@@ -198,11 +198,11 @@ func TestOwnerFromJournalFirst(t *testing.T) {
 	// Not journaled, but the name's ULID is a known sandbox.
 	want(t, one(t, Inputs{}, entry("run", "sb-"+idA+".iid")), Owned, idA, "owner from the name")
 	want(t, one(t, Inputs{}, entry("disks", "team_web.shadow.cfg.ext4")), Owned, idA, "handle team_web")
-	// An unparsed, unjournaled name is kept (RL-3).
+	// An unparsed, unjournaled name is kept: its owner cannot be ruled out.
 	want(t, one(t, Inputs{}, entry("disks", "notes.txt")), Ambiguous, "", "does not parse")
 }
 
-// RL-14: a fork child's shadow copy belongs to the child.
+// A fork child's shadow copy belongs to the child.
 func TestForkChildShadowCopy(t *testing.T) {
 	j := NewJournal([]projections.Sandbox{{ID: idC, Parent: idA}}, nil)
 	want(t, one(t, Inputs{Journal: j}, entry("disks", idC+"-team_web.shadow.cfg.ext4")), Owned, idC, "exists")
@@ -223,7 +223,7 @@ func TestLegacyAndHandleShadowDisks(t *testing.T) {
 	}
 }
 
-// Issue 15, item 5: idA's handle is "team/web" (safe "team_web"). The
+// idA's handle is "team/web" (safe "team_web"). The
 // leftover disk of a gone "team_web" (safe "team+web") is its own orphan,
 // never credited to team/web, and team/web's disk is never an orphan.
 func TestSlashAndUnderscoreHandlesAreTold(t *testing.T) {
@@ -231,7 +231,8 @@ func TestSlashAndUnderscoreHandlesAreTold(t *testing.T) {
 	want(t, one(t, Inputs{Gate: newGate()}, entry("disks", "team+web.shadow.cfg.ext4")), Orphan, "team+web", "no sandbox has handle")
 }
 
-// RL-7 / RL-17: held leases keep; an unreadable intent keeps, and says so.
+// Held leases keep, shadow intents included; an unreadable intent keeps,
+// and says so.
 func TestLeases(t *testing.T) {
 	held := map[string]Lease{CreateIntentRel(idB): {State: LeaseHeld, Covers: []string{"disks/custom-" + idB + ".img"}}}
 	want(t, one(t, Inputs{Leases: held}, entry("disks", idB+".raw")), Live, idB, "create intent lease is held")
@@ -262,7 +263,7 @@ func TestIntentAppearingAfterTheScanKeeps(t *testing.T) {
 	want(t, one(t, Inputs{Gate: g}, entry("disks", "late_h.shadow.cfg.ext4")), Live, "late_h", "appeared after the scan")
 }
 
-// RL-8: the gate, asked once per ULID; RL-9: inconclusive keeps.
+// The liveness gate, asked once per ULID; an inconclusive probe keeps.
 func TestLivenessGate(t *testing.T) {
 	g := newGate()
 	g.procs[idB] = Probe{State: Alive, Detail: "pid 7 names " + idB}
@@ -290,7 +291,7 @@ func TestLivenessGate(t *testing.T) {
 	}
 }
 
-// RL-18: a responsive supervisor socket inside the directory keeps it.
+// A responsive supervisor socket inside the directory keeps it.
 func TestSupervisorStateSocket(t *testing.T) {
 	g := newGate()
 	g.sups[idB] = Probe{State: Alive, Detail: "supervisor.sock accepts"}
@@ -319,7 +320,7 @@ func TestAmbiguityKeeps(t *testing.T) {
 	want(t, one(t, Inputs{}, entry("disks", "01HZZZZZZZZZZZZZZZZZZZZZZD.raw")), Live, "01HZZZZZZZZZZZZZZZZZZZZZZD", "saga")
 }
 
-// RL-13: a recorded supervisor of a gone sandbox is an orphan, and its
+// A recorded supervisor of a gone sandbox is an orphan, and its
 // own command line is then no evidence that the sandbox lives.
 func TestOrphanSupervisorProcess(t *testing.T) {
 	g := newGate()
@@ -374,7 +375,7 @@ func TestFilterAndOrder(t *testing.T) {
 	}
 }
 
-// The volumes exclusion is structural (RL-10): the boundary itself.
+// The volumes exclusion is structural: the boundary itself.
 func TestDirsNeverIncludeVolumes(t *testing.T) {
 	for _, d := range Dirs {
 		if d == "volumes" || d == "images" || d == "caches" || strings.Contains(d, "/") {

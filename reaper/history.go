@@ -9,8 +9,9 @@ import (
 
 // Supervisors folds supervisor.started/stopped events into the identities
 // the journal recorded and never saw stop, per sandbox. Unlike the
-// Sandboxes projection it keeps them after the sandbox is removed: that is
-// exactly the orphan RL-13 is about.
+// Sandboxes projection it keeps them after the sandbox is removed: a
+// detached supervisor that outlived its sandbox is an orphan only this
+// record can name.
 type Supervisors struct {
 	running map[string][]projections.Process
 }
@@ -47,7 +48,8 @@ type Recorded struct {
 	projections.Process
 }
 
-// Of sandboxes the journal no longer knows: candidates for RL-13.
+// Gone lists the supervisors recorded running for sandboxes the journal no
+// longer knows: the candidates for killing as orphans.
 func (s *Supervisors) Gone(j *Journal) []Recorded {
 	var out []Recorded
 	for id, list := range s.running {

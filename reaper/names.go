@@ -1,8 +1,8 @@
 // Package reaper decides, without any I/O, which host resources under a
 // state root are orphans: it joins what a filesystem scan found with the
 // journal's ownership, the intent leases probed before the journal was
-// read (RL-7), and the liveness gate (RL-8), and resolves every doubt to
-// KEEP (RL-9). host/ gathers the observations; lifecycle applies verdicts.
+// read, and the liveness gate, and resolves every doubt to KEEP.
+// host/ gathers the observations; lifecycle applies verdicts.
 package reaper
 
 import (
@@ -15,7 +15,7 @@ import (
 )
 
 // Dirs are the only directories a reap scans, relative to the state root.
-// volumes/ is user-owned and structurally absent (RL-10); images/ belongs to
+// volumes/ is user-owned and structurally absent; images/ belongs to
 // the image-cache prune; caches/ holds the shared builder cache, never reaped.
 // logs/ holds the sandboxes' logs, which are theirs, beside the daemon's own
 // log, which is no sandbox's (NotResource).
@@ -56,7 +56,8 @@ type Entry struct {
 	ModTime time.Time
 	// Allocated is st_blocks*512 (for a directory: of its whole tree).
 	Allocated int64
-	// StatErr is a stat failure other than "not there" (RL-9 keeps it).
+	// StatErr is a stat failure other than "not there"; it is ambiguity,
+	// so the entry is kept.
 	StatErr string
 	// Pid and StartTicks identify a supervisor-process entry.
 	Pid        int
@@ -76,8 +77,10 @@ func CreateIntentRel(id string) string { return "disks/" + id + createIntentSuff
 func ShadowIntentRel(safeHandle string) string { return "disks/" + safeHandle + shadowIntentSuffix }
 
 // Identify names the entry `name` found directly in scanned directory dir
-// (one of Dirs). ok is false for names that are not resources at all
-// (nothing of that directory's shape); such names are reported unparsed.
+// (one of Dirs): its kind and, where the name carries them, the owning
+// sandbox's ID, handle or client run. A name of no resource shape in that
+// directory comes back Unparsed, with the directory's default kind, and is
+// kept unless the journal names it.
 func Identify(dir, name string, isDir bool) Entry {
 	e := Entry{Rel: dir + "/" + name, Dir: isDir}
 	switch dir {
@@ -154,8 +157,9 @@ func identifyDisk(e *Entry, name string) {
 		// the split is at the last one.
 		e.Handle = name[:strings.LastIndex(name, ".shadow.")]
 		safe := e.Handle
-		// RL-14: <childULID>-<parentSafeHandle>.shadow.<name>.ext4 belongs to
-		// the fork child. A ULID never contains '-', so the split is unique
+		// <childULID>-<parentSafeHandle>.shadow.<name>.ext4 is a fork or
+		// restore child's copy of its parent's shadow disk: it belongs to
+		// the child, whose handle it does not carry. A ULID never contains '-', so the split is unique
 		// (and lifecycle refuses a handle that starts <ULID>-).
 		if len(e.Handle) > 27 && e.Handle[26] == '-' && layout.IsULID(e.Handle[:26]) {
 			e.ID, safe = e.Handle[:26], e.Handle[27:]

@@ -15,7 +15,8 @@ import (
 // Reap reaches the journal of the prepared state root and reaps. A journal
 // that cannot be fully read (damaged, newer schema) is not an error to
 // stop at: the scan still runs, everything is kept, and the report says
-// why (RL-9); --apply is then refused. A nil report means there is nothing
+// why, since what cannot be attributed might still be in use; --apply is
+// then refused. A nil report means there is nothing
 // to print.
 func Reap(ctx context.Context, root string, co control.ConnectOptions, hook func(kind, step string, phase sagas.Phase), o lifecycle.ReapOptions) (*lifecycle.ReapReport, error) {
 	unreadable := func(why error) (*lifecycle.ReapReport, error) {

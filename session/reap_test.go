@@ -21,7 +21,7 @@ import (
 	"github.com/nexus-sandbox/nexus/session"
 )
 
-// RL-9 without the binary: over a journal holding an event of a newer
+// Without the binary: over a journal holding an event of a newer
 // schema, the reap still scans, keeps the orphan it would otherwise
 // delete, says why, and refuses --apply with nothing deleted.
 func TestReapOverUnreadableJournalKeepsEverything(t *testing.T) {

@@ -389,7 +389,7 @@ func ulidString() string { return ulid.Make().String() }
 // through a daemon started by hand (before the clock runs), alternating
 // within one run. ratio is the on-demand throughput over the hand-started
 // one over b.N rounds on one root each (the start on demand is in the
-// first round; issue 15 asks for at least 0.8). cold-ratio is the same
+// first round; it should stay at 0.8 or above). cold-ratio is the same
 // with a fresh root every round, so every on-demand round pays a start.
 func BenchmarkConcurrentCreatesAutoVsHand(b *testing.B) {
 	img := makeImage(b)

@@ -220,7 +220,8 @@ func TestDemoEventsLsInspect(t *testing.T) {
 }
 
 // A --listen port already taken fails the daemon at once with the address
-// and the kernel's reason (it used to wait 30 s and blame readiness).
+// and the kernel's reason, rather than waiting for readiness and blaming
+// that.
 func TestDaemonListenBusyNamesTheAddress(t *testing.T) {
 	t.Parallel()
 	busy, err := net.Listen("tcp", "127.0.0.1:0")

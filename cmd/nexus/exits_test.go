@@ -156,7 +156,7 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 		t.Fatal("the dead VMM's supervisor still runs after start")
 	}
 
-	// recover of an exited sandbox: stopped, supervisor killed (RL-13).
+	// recover of an exited sandbox: stopped, its orphaned supervisor killed.
 	killAndAwait(t, b.VMM)
 	awaitVMMExited(t, root, b.ID)
 	rep := recoverReport(t, root)

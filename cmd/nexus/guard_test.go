@@ -371,8 +371,8 @@ func waitFor(t *testing.T, cond func() bool) {
 
 // Ctrl-C during a teardown (stop, rm) does not leave it half done: it has
 // nothing to undo, so it runs to its end and the journal matches the disk
-// (found by the concurrent harness: a stop closed after its VMM was gone
-// left the API socket owned but deleted).
+// (a stop cut short after its VMM was gone would leave the API socket
+// owned in the journal but deleted on disk).
 func TestInterruptedTeardownFinishes(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
@@ -398,8 +398,8 @@ func TestInterruptedTeardownFinishes(t *testing.T) {
 }
 
 // volume rm killed after its files are gone but before volume.removed is
-// journaled (found by the concurrent harness: the journal listed a volume
-// whose files were gone): its saga stays open and recover finishes it.
+// journaled (else the journal would list a volume whose files are gone):
+// its saga stays open and recover finishes it.
 func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
@@ -421,9 +421,9 @@ func TestKilledVolumeRmIsFinishedByRecover(t *testing.T) {
 }
 
 // A daemon that starts on a root whose sagas were left open by dead
-// runners finishes them before it serves (issue 15: a killed daemon leaves
-// only sagas with free leases, and the next daemon start resumes or
-// compensates them itself).
+// runners finishes them before it serves (a killed daemon leaves only
+// sagas with free leases, and the next daemon start resumes or compensates
+// them itself).
 func TestDaemonStartFinishesDeadSagas(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()

@@ -21,9 +21,9 @@ func fileSum(t *testing.T, path string) [32]byte {
 	return sha256.Sum256(data)
 }
 
-// TestHandlesDifferingBySlashAndUnderscore (issue 15, item 5): "a/b" and
-// "a_b" once shared a safe handle, so their shadow disks and intents
-// collided and a failed create of one deleted the other's shadow disk.
+// TestHandlesDifferingBySlashAndUnderscore: "a/b" and "a_b" must map to
+// different safe handles, or their shadow disks and intents collide and a
+// failed create of one deletes the other's shadow disk.
 func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()

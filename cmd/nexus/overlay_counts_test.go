@@ -12,7 +12,7 @@ import (
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// TestStaleFreeCountOverlayIsRecovered is the incident: a full overlay whose
+// TestStaleFreeCountOverlayIsRecovered: a full overlay whose
 // superblock, after a plain sync, still claims almost every block free.
 // e2fsck -fn says "Free blocks count wrong" and exits 0 with the stale
 // figure in its summary; the start must still see a full overlay and

@@ -132,7 +132,7 @@ func assertRefused(t *testing.T, root, id, sum, reason, mention string) {
 	}
 }
 
-// Regression 1: a full overlay whose last run was acknowledged is
+// A full overlay whose last run was acknowledged is
 // recovered before boot: files intact, filler the same size, image grown,
 // warning emitted; a later start keeps the larger overlay.
 func TestFullOverlayIsRecoveredOnStart(t *testing.T) {
@@ -172,7 +172,7 @@ func TestFullOverlayIsRecoveredOnStart(t *testing.T) {
 	assertNothingLeft(t, root)
 }
 
-// Regression 2: the same without a flush acknowledgement: refused, and the
+// The same without a flush acknowledgement: refused, and the
 // image is unchanged (SHA-256).
 func TestUnacknowledgedOverlayIsRefused(t *testing.T) {
 	testutil.StartsSandboxes(t)
@@ -186,7 +186,7 @@ func TestUnacknowledgedOverlayIsRefused(t *testing.T) {
 	assertRefused(t, root, sb.ID, ext4test.SHA256(t, overlayOf(root, sb.ID)), "OverlayDiskFull", "OverlayDiskFull")
 }
 
-// Regression 3: an unattached inode needs an interactive fsck (connect to
+// An unattached inode needs an interactive fsck (connect to
 // lost+found): refused, unchanged, whether the overlay is full or not.
 func TestOverlayNeedingInteractiveRepairIsRefused(t *testing.T) {
 	testutil.StartsSandboxes(t)
@@ -203,7 +203,7 @@ func TestOverlayNeedingInteractiveRepairIsRefused(t *testing.T) {
 	}
 }
 
-// Regression 4: the superblock magic is damaged: refused as not ext4,
+// The superblock magic is damaged: refused as not ext4,
 // unchanged, including by the read-only check itself.
 func TestOverlayWithBadMagicIsRefused(t *testing.T) {
 	testutil.StartsSandboxes(t)
@@ -222,7 +222,7 @@ func TestOverlayWithBadMagicIsRefused(t *testing.T) {
 	assertRefused(t, root, sb.ID, sum, "ProvisioningFailed", "not ext4")
 }
 
-// Regression 5: a saved 64 MiB overlay restarted after the default was
+// A saved 64 MiB overlay restarted after the default was
 // raised to 128 MiB is preserved and readable; only new sandboxes get 128.
 func TestSmallerSavedOverlayIsPreservedAfterRaisingDefault(t *testing.T) {
 	testutil.StartsSandboxes(t)
@@ -246,7 +246,7 @@ func TestSmallerSavedOverlayIsPreservedAfterRaisingDefault(t *testing.T) {
 	}
 }
 
-// Regression 6: the overlay-published event is lost (the process dies
+// The overlay-published event is lost (the process dies
 // after the rename and directory fsync, before the event): the next start
 // reads the published image, with every saved file.
 func TestPublishedOverlaySurvivesLostEvent(t *testing.T) {
@@ -480,7 +480,7 @@ func TestConfigShowNamesSources(t *testing.T) {
 	}
 }
 
-// Regression 6, without a crash: writing the overlay-published event fails
+// The same loss without a crash: writing the overlay-published event fails
 // after the rename and directory fsync. The start fails, and the next start
 // reads the published image with every saved file.
 func TestPublishEventWriteFailureKeepsPublishedImage(t *testing.T) {

@@ -104,7 +104,7 @@ func exists(path string) bool {
 	return err == nil
 }
 
-// staleSocket leaves a socket file whose listener is gone (RL-11).
+// staleSocket leaves a socket file whose listener is gone.
 func staleSocket(t *testing.T, path string) {
 	t.Helper()
 	l, err := net.Listen("unix", path)
@@ -156,7 +156,7 @@ func orphansOf(t *testing.T, root string) (string, []string) {
 	return id, want
 }
 
-// Dry run by default (RL-4), --apply deletes and verifies, every decision
+// Dry run by default, --apply deletes and verifies, every decision
 // is in the journal, and a second pass has nothing left to do.
 func TestReapDryRunThenApply(t *testing.T) {
 	testutil.StartsSandboxes(t)
@@ -291,8 +291,8 @@ func TestReapSymlinkOutsideRootSurvives(t *testing.T) {
 	}
 }
 
-// RL-10: volumes are never scanned, and the shared build cache is never
-// reaped, even with resource-shaped names inside them.
+// Volumes are never scanned (they are user-owned), and the shared build
+// cache is never reaped, even with resource-shaped names inside them.
 func TestReapNeverTouchesVolumesOrBuildCache(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
@@ -433,7 +433,8 @@ func TestReapPlanBoundApply(t *testing.T) {
 	}
 }
 
-// RL-9: a journal that cannot be fully read keeps everything, and says why.
+// A journal that cannot be fully read keeps everything, and says why: what
+// cannot be attributed might be in use.
 func TestReapUnreadableJournalKeepsEverything(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
@@ -513,9 +514,9 @@ func pausedCreate(t *testing.T, root, at string, args ...string) (*exec.Cmd, *st
 	return cmd, out
 }
 
-// RL-7 with a real concurrent creator: a create frozen after materialising
-// a disk but before journaling it holds its leases; reap --apply (even the
-// /proc gate sees no VMM yet) must keep it, and the create then completes.
+// A real concurrent creator: a create frozen after materialising a disk but
+// before journaling it holds its leases; reap --apply (even the /proc gate
+// sees no VMM yet) must keep it, and the create then completes.
 func TestReapKeepsInFlightCreate(t *testing.T) {
 	t.Parallel()
 	image := makeImage(t)
@@ -565,9 +566,10 @@ func TestReapKeepsInFlightCreate(t *testing.T) {
 	}
 }
 
-// The RL-7 window itself: the reaper is frozen after probing the leases and
-// before reading the journal, while a real creator commits and releases its
-// lease; the reaper then sees the commit, so it deletes nothing.
+// The window between the reaper's two observations: it is frozen after
+// probing the leases and before reading the journal, while a real creator
+// commits and releases its lease; the reaper then sees the commit, so it
+// deletes nothing.
 func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
@@ -895,7 +897,7 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 	}
 }
 
-// RL-9: an intent that cannot be read keeps what it might cover, and the
+// An intent that cannot be read keeps what it might cover, and the
 // report says so distinctly; the reaper neither hangs on it nor deletes it.
 func TestReapUnreadableIntentKeeps(t *testing.T) {
 	t.Parallel()

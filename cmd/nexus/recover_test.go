@@ -61,7 +61,7 @@ func recoverReport(t *testing.T, root string) lifecycle.RecoverReport {
 	return rep
 }
 
-// TestRecoverReplacesAKilledSupervisorWithTheSameCA is RL-19 end to end: the
+// TestRecoverReplacesAKilledSupervisorWithTheSameCA: the
 // perimeter supervisor of a running sandbox dies by SIGKILL; recover starts
 // a replacement that serves the CA persisted in the state dir, so the
 // guest's trust anchor still holds.
@@ -105,10 +105,10 @@ func TestRecoverReplacesAKilledSupervisorWithTheSameCA(t *testing.T) {
 	assertNothingLeft(t, root)
 }
 
-// TestRecoverKillsTheSupervisorOfADeadVMM is RL-13 end to end: the VMM dies,
+// TestRecoverKillsTheSupervisorOfADeadVMM: the VMM dies,
 // leaving its detached supervisor running; recover records the sandbox as
 // stopped, kills the now-orphaned supervisor (its pid and start time match
-// the journal) and reclaims the stale sockets (RL-11). A later start seeds
+// the journal) and reclaims the stale sockets. A later start seeds
 // a new supervisor from the same CA.
 func TestRecoverKillsTheSupervisorOfADeadVMM(t *testing.T) {
 	testutil.StartsSandboxes(t)

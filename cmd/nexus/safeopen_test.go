@@ -108,7 +108,7 @@ func treeDigest(t *testing.T, dir string) [32]byte {
 }
 
 // TestPlantedFIFOsAreOneLineErrors plants a FIFO where nexus reads its own
-// files (issue 15, item 9); every command must fail at once, naming it.
+// files; every command must fail at once, naming it.
 func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
@@ -164,7 +164,8 @@ func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
 	mustOK(t, bounded(t, root, "ls"), "ls after the FIFOs are gone")
 
 	// A FIFO under an intent's name: the reaper's lease probe and recover's
-	// intent sweep open it. Neither may block; the reaper keeps it (RL-9).
+	// intent sweep open it. Neither may block; the reaper keeps it, since
+	// an unreadable intent may belong to a live creator.
 	t.Run("create intent", func(t *testing.T) {
 		fifo := filepath.Join(root, "disks", "01JABCDEFGHJKMNPQRSTVWXYZ0.create-intent.json")
 		mkfifo(t, fifo)
@@ -181,7 +182,7 @@ func TestPlantedFIFOsAreOneLineErrors(t *testing.T) {
 }
 
 // TestPlantedSymlinksAreRefused plants a symlink where nexus writes its own
-// files and directories (issue 15, item 9): the command fails with one
+// files and directories: the command fails with one
 // line and nothing outside the root is read into a sandbox or written.
 func TestPlantedSymlinksAreRefused(t *testing.T) {
 	testutil.StartsSandboxes(t)

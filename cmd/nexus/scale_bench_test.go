@@ -1,6 +1,6 @@
 package main
 
-// Issue 21's scale table: the real binary's commands at 0, 1k, 10k and
+// The scale table: the real binary's commands at 0, 1k, 10k and
 // 100k sandboxes and on 10 sandboxes with 1M events, with and without a
 // daemon, each against a baseline measured in the same round
 // (docs/benchmarks.md, "Scale table"):

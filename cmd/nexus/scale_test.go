@@ -45,8 +45,8 @@ func fillRoot(t testing.TB, root string, n int) {
 	}
 }
 
-// TestSingleSandboxCommandsAreConstantCost is issue 21's structural O(1)
-// test, counted rather than timed: on a root of 2,000 sandboxes, each
+// TestSingleSandboxCommandsAreConstantCost is the structural O(1) test,
+// counted rather than timed: on a root of 2,000 sandboxes, each
 // single-sandbox command through the daemon (restore and snapshot rm of one
 // snapshot, and completing a full ID, included) makes the daemon encode a
 // bounded number of sandbox records (control.Stats), however many the root

@@ -19,7 +19,7 @@ import (
 )
 
 // appendRaw writes events straight into a state root's journal, as an
-// older nexus (or one with the TBD-PD-22 defect) would have left them.
+// older nexus (one whose rm left stale attachments) would have left them.
 func appendRaw(t *testing.T, root string, evs ...events.Event) {
 	t.Helper()
 	stopDaemons(root) // one started on demand by an earlier command
@@ -53,8 +53,8 @@ func prune(t *testing.T, root string, args ...string) lifecycle.PruneReport {
 	return rep
 }
 
-// TestVolumePruneClearsStaleAttachments covers TBD-PD-22 for journals that
-// already hold the defect: an attachment naming a sandbox that no longer
+// TestVolumePruneClearsStaleAttachments covers journals that already hold
+// stale attachments: an attachment naming a sandbox that no longer
 // exists blocks `volume rm` until `volume prune --apply` clears it. A dry
 // run changes nothing, a live sandbox's attachment is never cleared, and no
 // volume byte changes until the user's explicit rm.

@@ -37,7 +37,7 @@ type freezer struct {
 	gen    uint64 // which freeze the running timer belongs to
 }
 
-// freeze syncs, then freezes every target (or, when already frozen, moves
+// Freeze syncs, then freezes every target (or, when already frozen, moves
 // the deadline). A failure thaws what this call froze.
 func (z *freezer) Freeze(deadline time.Duration) ([]string, error) {
 	z.mu.Lock()
@@ -99,7 +99,7 @@ func (z *freezer) paths() []string {
 	return out
 }
 
-// thaw thaws everything frozen and returns the mount points.
+// Thaw thaws everything frozen and returns the mount points.
 func (z *freezer) Thaw() ([]string, error) {
 	z.mu.Lock()
 	defer z.mu.Unlock()

@@ -53,11 +53,10 @@ const (
 	// per-byte cost of copying.
 	copyChunk = 1 << 20
 	// maxWrite caps one pwrite, whatever the read chunk: the size GNU cp
-	// writes with (coreutils' io_blksize, 128 KiB). On this VM a 1 MiB
-	// write faults in large page-cache folios that the balloon's free-page
-	// reporting has handed back to the host, and those stalls gave Clone a
-	// worse tail than cp (issue 21: dd with 1 MiB blocks 1.26x slower than
-	// with 128 KiB); docs/benchmarks-disk.md has the runs.
+	// writes with (coreutils' io_blksize, 128 KiB). On a VM whose balloon
+	// reports free pages to the host, a 1 MiB write faults in large
+	// page-cache folios the host took back, and those stalls gave Clone a
+	// worse tail than cp; docs/benchmarks-disk.md has the runs.
 	maxWrite = 128 << 10
 	// copyBuffers chunks are in flight between the reader and the writer.
 	copyBuffers = 4

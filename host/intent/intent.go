@@ -1,5 +1,5 @@
 // Package intent publishes the leased markers written before any disk is
-// materialised (RL-5, RL-6): the ULID-keyed create intent and the
+// materialised: the ULID-keyed create intent and the
 // handle-keyed shadow intent. An intent becomes visible only already
 // leased, and the lease lives exactly as long as its creator.
 package intent
@@ -132,8 +132,8 @@ func publishStaged(path string, data []byte) (*Held, error) {
 const StageInfix = ".stage-"
 
 // Release drops the lease without removing the marker. Callers release only
-// after the journal acknowledged the event that makes the intent redundant
-// (RL-6), so a reaper that sees the lease free also sees the owner.
+// after the journal acknowledged the event that makes the intent redundant,
+// so a reaper that sees the lease free also sees the owner.
 func (h *Held) Release() error {
 	if h == nil || h.f == nil {
 		return nil
@@ -153,7 +153,7 @@ func Retire(path string) error {
 }
 
 // ErrUnreadable means the marker exists but cannot be read or parsed; the
-// reaper must keep what it might cover (RL-9).
+// reaper must keep what it might cover, since its creator may be alive.
 var ErrUnreadable = errors.New("intent unreadable")
 
 // Read parses the marker at path.
@@ -200,7 +200,7 @@ func LeaseHeld(path string) (bool, error) {
 
 // openMarker opens a marker through fsx (beneath its directory): a link or
 // a FIFO planted under a marker's name is an error (so the reaper keeps
-// what it might cover, RL-9), never followed and never a blocking open.
+// what it might cover), never followed and never a blocking open.
 func openMarker(path string) (*os.File, error) {
 	return fsx.Open(filepath.Dir(path), filepath.Base(path))
 }

@@ -163,8 +163,8 @@ func (f *Fleet) Scan(ctx context.Context, r Range, fn func(FleetRecord) error) e
 	}
 	// JetStream sources at least once: a source whose consumer restarts
 	// (the aggregate extended under load, a node lost) can store a host's
-	// record again (seen once: host-b's first record twice after the
-	// aggregate gained host-b). A host's records arrive in its journal's
+	// record again (a host's first record twice, after the aggregate
+	// gained that host as a source). A host's records arrive in its journal's
 	// order, so one at or below the last yielded for its host is such a
 	// copy, and each host record is yielded once.
 	seen := hostSeqs{}

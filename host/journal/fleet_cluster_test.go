@@ -110,8 +110,8 @@ leafnodes { listen: 127.0.0.1:%d }
 	// A meta leader alone is not a formed fleet: until it has every
 	// node's JetStream stats it cannot place 3 replicas, and a mirror
 	// created then falls back to 1 (as it must) on whichever node; a test
-	// that then stops that node finds the mirror offline for good (seen
-	// at load 30: "stream is offline" for 3 minutes in TestFleetNodeLoss).
+	// that then stops that node finds the mirror offline for good ("stream
+	// is offline" until the test gives up).
 	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 	for {
 		for _, s := range c.nodes {

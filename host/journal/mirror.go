@@ -372,8 +372,8 @@ func (j *Journal) reportLastSeq(ctx context.Context, fleet jetstream.JetStream, 
 	// A stream update writes the whole configuration and JetStream has no
 	// compare-and-set for it, so write back what the fleet holds now, not
 	// what this check read earlier: an operator's change made meanwhile
-	// (seen in a test: a max bytes set between the read and this write was
-	// reverted) is kept, and the window left is one round trip.
+	// (a max bytes set between the read and this write would be reverted)
+	// is kept, and the window left is one round trip.
 	s, err := fleet.Stream(ctx, cfg.Name)
 	if err != nil {
 		return fmt.Errorf("mirror %s: re-read before reporting: %w", cfg.Name, err)

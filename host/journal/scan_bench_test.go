@@ -12,7 +12,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
-// BenchmarkEventsByPosition is issue 21's "events read by position" over
+// BenchmarkEventsByPosition is "events read by position" over
 // 100,000 events: a full dump through Scan (and with every event decoded,
 // as `nexus events` does) against a raw ordered consumer over the same
 // stream, paired in each op (target: dump ≥ 0.8x raw), and the cost of a

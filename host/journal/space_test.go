@@ -119,9 +119,8 @@ func TestStoreWriteFailureReopens(t *testing.T) {
 		}
 	}
 	if got := readAll(t, j, 1, Subjects); len(got) != acked+3 || got[len(got)-1].MsgID != "m-10002" {
-		// Seen once under a full parallel `go test ./...`, not reproduced
-		// since: say what the stream reports, to tell a read problem from
-		// a lost state.
+		// Say what the stream reports, to tell a read problem from a lost
+		// state.
 		info, ierr := j.currentStream().Info(context.Background())
 		again := readAll(t, j, 1, Subjects)
 		if ierr == nil {

@@ -311,8 +311,8 @@ func TestVerifiedRecordTornOrLying(t *testing.T) {
 	t.Logf("server's own check: read %d of 50 records, then: %v", got, err)
 }
 
-// TestOpenVerifiesOnlyWhatChanged is issue 21's structural test of the
-// journal's open: a second open of an unchanged journal reads no byte of
+// TestOpenVerifiesOnlyWhatChanged is the structural test of the journal's
+// open: a second open of an unchanged journal reads no byte of
 // its blocks, appends cost the next open what they added, and a block
 // changed in place is verified again (and its damage refused).
 func TestOpenVerifiesOnlyWhatChanged(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 
 // A link or FIFO planted under a lease's name (journal/LOCK, images/.lease,
 // volumes/<v>/.lock) is refused at once: never followed out of its
-// directory, never a blocking open (issue 15, item 9).
+// directory, never a blocking open.
 func TestLeaseRefusesPlantedFiles(t *testing.T) {
 	dir, outside := t.TempDir(), t.TempDir()
 	target := filepath.Join(outside, "victim")

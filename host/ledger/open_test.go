@@ -12,7 +12,7 @@ import (
 
 // A FIFO or link planted under a run file's name is refused at once: the
 // append, the read of a list and the close never block and never write
-// through the link (issue 15, item 9).
+// through the link.
 func TestRunFilesRefusePlantedFIFOAndLink(t *testing.T) {
 	dir, outside := t.TempDir(), t.TempDir()
 	r := openRun(t, dir, "RUNP", "process", deadPid(t), 1)

@@ -1,7 +1,8 @@
 // Package liveness gathers the reaper's evidence that something still uses
 // a resource: intent leases (a non-blocking flock), one scan of every
 // /proc/<pid>/cmdline per run, and unix-socket probes. Every inconclusive
-// observation is reported as such, never as "dead" (RL-9).
+// observation is reported as such, never as "dead": the reaper keeps what
+// it cannot rule out.
 package liveness
 
 import (
@@ -26,7 +27,7 @@ import (
 )
 
 // MaxCmdline is how much of a command line is read; a longer one is
-// ambiguous because the ULID might lie past the cutoff (RL-8).
+// ambiguous because the ULID might lie past the cutoff.
 const MaxCmdline = 512 << 10
 
 // ProbeIntent opens the intent at path, tries a shared non-blocking flock

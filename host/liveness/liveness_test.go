@@ -54,7 +54,7 @@ func TestProcScanFindsTheULID(t *testing.T) {
 	}
 }
 
-// RL-8: a command line longer than 512 KiB is ambiguous for every ULID not
+// A command line longer than 512 KiB is ambiguous for every ULID not
 // found before the cutoff.
 func TestProcScanTruncatedCmdlineIsAmbiguous(t *testing.T) {
 	chunk := strings.Repeat("a", 120<<10)
@@ -171,7 +171,7 @@ func TestProbeIntent(t *testing.T) {
 	if l := ProbeIntent(link); l.State != reaper.LeaseUnreadable {
 		t.Fatalf("symlinked intent: %+v", l)
 	}
-	// A marker that cannot be opened is unreadable, not free (RL-9).
+	// A marker that cannot be opened is unreadable, not free: doubt keeps.
 	if l := ProbeIntent(filepath.Join(path, "below-a-file")); l.State != reaper.LeaseUnreadable || l.Err == "" {
 		t.Fatalf("unopenable intent: %+v", l)
 	}

@@ -14,8 +14,7 @@ import (
 
 // A FIFO or link planted as an entity's lease file is an error at once:
 // Acquire (run by every command and by recover for every open saga) never
-// blocks on it and never creates or locks a file outside leases/ (issue 15,
-// item 9).
+// blocks on it and never creates or locks a file outside leases/.
 func TestPlantedLeaseFileIsRefused(t *testing.T) {
 	root, outside := t.TempDir(), t.TempDir()
 	if err := os.MkdirAll(filepath.Join(root, Dir), 0o700); err != nil {

@@ -1,7 +1,8 @@
 // Package scan lists the reapable resources under a state root in one pass:
 // a readdir of each directory in reaper.Dirs and an fstatat of each entry
 // relative to the directory's descriptor (never a path a symlink could
-// redirect). It never opens volumes/, images/ or caches/ (RL-10).
+// redirect). It never opens volumes/, images/ or caches/: named volumes are
+// user-owned, and the boundary is structural, not a filter.
 package scan
 
 import (
@@ -20,7 +21,7 @@ import (
 type Result struct {
 	Entries []reaper.Entry
 	// Opened lists every directory the scan opened, relative to the root:
-	// the scan boundary, checked by the RL-10 guard test.
+	// the scan boundary, which must never widen to volumes/.
 	Opened []string
 	// Errors are directories that exist but could not be read; nothing in
 	// them is listed, so nothing in them can be reaped.

@@ -22,9 +22,10 @@ func touch(t *testing.T, root, rel string) {
 	}
 }
 
-// TestReap_NeverTouchesVolumes is the RL-10 guard: the scan boundary must
-// never reach volumes/ (nor images/ or caches/), even when they hold names
-// that look exactly like reapable resources.
+// TestReap_NeverTouchesVolumes guards the structural exclusion of named
+// volumes: the scan boundary must never reach volumes/ (nor images/ or
+// caches/), even when they hold names that look exactly like reapable
+// resources.
 func TestReap_NeverTouchesVolumes(t *testing.T) {
 	root := t.TempDir()
 	for _, rel := range []string{

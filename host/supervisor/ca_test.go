@@ -217,7 +217,7 @@ func TestLoadCARefusesSymlink(t *testing.T) {
 }
 
 // A FIFO planted at the CA's name must be a lost CA at once: a blocking
-// open would hang every start and fork (issue 15, item 9).
+// open would hang every start and fork.
 func TestLoadCARefusesFIFO(t *testing.T) {
 	dir := newStateDir(t)
 	if err := syscall.Mkfifo(filepath.Join(dir, CAFileName), 0o600); err != nil {

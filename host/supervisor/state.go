@@ -4,7 +4,7 @@
 // one for the host (supervisor.sock) and one for instance identity.
 //
 // The state directory outlives the process on purpose: after a crash or a
-// SIGKILL a replacement supervisor re-seeds from it (RL-19), so the CA that
+// SIGKILL a replacement supervisor re-seeds from it, so the CA that
 // the guest already trusts stays the same.
 package supervisor
 

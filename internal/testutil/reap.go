@@ -7,7 +7,7 @@ import (
 
 // ProcInconclusive is the reason the reaper gives for keeping an entry
 // that no process was seen to name when its /proc scan met a process that
-// exited while it was being read (reaper.runGate, RL-9).
+// exited while it was being read (reaper.runGate): ambiguity keeps.
 const ProcInconclusive = "/proc scan inconclusive"
 
 // ReapPasses bounds how many reaps ReapUntilConclusive asks for. A pass
