@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
@@ -145,13 +146,61 @@ func (m *Manager) creatorAlive(sandbox string) bool {
 	return held
 }
 
+// recoverSaga gathers the evidence about an open saga, asks
+// core.Recovery what to do with it, and does it.
 func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep *RecoverReport) error {
 	sb, findErr := m.Find(ctx, sg.Sandbox)
-	done := map[string]bool{}
-	for _, d := range sg.Done {
-		done[d] = true
+	ev := core.RecoveryEvidence{CreatorAlive: sg.Sandbox != "" && m.creatorAlive(sg.Sandbox),
+		Found: findErr == nil, Snapshot: snapshotOfSaga(sg), Volume: volumeOfSaga(sg)}
+	if ev.Found {
+		ev.State = sb.State
 	}
-	resume := func(steps []sagas.Step) error {
+	if !ValidName(ev.Volume) {
+		ev.Volume = ""
+	}
+	d := core.Recovery(sg, ev)
+	var steps []sagas.Step
+	switch d.Plan {
+	case core.PlanClose:
+	case core.PlanFinishCommitted:
+		// recoverSandbox stops a VMM the crash left without an event.
+		steps = []sagas.Step{m.retireLeftoverIntents(sb), m.stopUnrecorded(sb.ID), m.stopUnrecordedSupervisor(sb)}
+	case core.PlanUndoUncommitted:
+		steps = []sagas.Step{m.undoUncommitted(sg.Sandbox)}
+	case core.PlanRemove:
+		steps = m.removeSteps(sb)
+	case core.PlanStop:
+		steps = m.stopSteps(sb)
+	case core.PlanUndoStart:
+		// A private overlay copy an interrupted recovery left is dropped;
+		// the original overlay (or the published one) is never touched.
+		dropCopy := sagas.Step{Name: "overlay-copy", Undo: func(ctx context.Context) ([]events.Payload, error) { return m.dropStaging(ctx, sg.Sandbox) }}
+		steps = []sagas.Step{dropCopy, m.stopUnrecorded(sg.Sandbox), {Name: "supervisor-stop", Undo: func(context.Context) ([]events.Payload, error) {
+			if sb.Supervisor == nil {
+				return m.killUnrecordedSupervisor(sg.Sandbox)
+			}
+			return m.stopSupervisor(proc.Identity{Pid: sb.Supervisor.Pid, StartTicks: sb.Supervisor.StartTicks})
+		}}}
+	case core.PlanDropCapture:
+		steps = []sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
+			return m.dropUnrecordedSnapshots(ctx, sb)
+		}}}
+	case core.PlanDeleteSnapshot:
+		steps = m.snapshotRmSaga(sg.Sandbox, ev.Snapshot).Steps
+	case core.PlanDeleteVolume:
+		steps = m.volumeRmSaga(ev.Volume).Steps
+	default:
+		return fmt.Errorf("recovery plan %q has no steps", d.Plan)
+	}
+	done := map[string]bool{}
+	for _, s := range sg.Done {
+		done[s] = true
+	}
+	switch d.Action {
+	case core.Leave:
+		rep.InFlight = append(rep.InFlight, sg.ID)
+		return nil
+	case core.Resume:
 		s := &sagas.Saga{ID: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Steps: steps, Done: done, Hook: m.Hook}
 		done[string(events.SagaStarted)] = true // never journal the start twice
 		if err := s.Run(ctx, m.B); err != nil {
@@ -159,74 +208,15 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		}
 		rep.Resumed = append(rep.Resumed, sg.ID)
 		return nil
-	}
-	compensate := func(steps []sagas.Step, reason string) error {
+	case core.Compensate:
 		s := &sagas.Saga{ID: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Steps: steps, Hook: m.Hook}
-		if err := s.Compensate(ctx, m.B, reason); err != nil {
+		if err := s.Compensate(ctx, m.B, d.Reason); err != nil {
 			return err
 		}
 		rep.Compensated = append(rep.Compensated, sg.ID)
 		return nil
-	}
-	switch sg.Kind {
-	case events.SagaCreate, events.SagaFork, events.SagaRestore:
-		if m.creatorAlive(sg.Sandbox) {
-			rep.InFlight = append(rep.InFlight, sg.ID)
-			return nil
-		}
-		if findErr == nil && sb.State != projections.StateCreating {
-			// Committed: what remains is bookkeeping. The sandbox is left
-			// stopped (recoverSandbox stops a VMM the crash left without an
-			// event); the user starts it again.
-			return resume([]sagas.Step{m.retireLeftoverIntents(sb), m.stopUnrecorded(sb.ID), m.stopUnrecordedSupervisor(sb)})
-		}
-		return compensate([]sagas.Step{m.undoUncommitted(sg.Sandbox)}, "creator died before commit")
-	case events.SagaRm:
-		if findErr != nil {
-			return resume(nil) // removed already; only the saga's end is missing
-		}
-		return resume(m.removeSteps(sb))
-	case events.SagaStop:
-		if findErr != nil {
-			return resume(nil)
-		}
-		return resume(m.stopSteps(sb))
-	case events.SagaStart:
-		if findErr != nil || sb.State == projections.StateRunning {
-			return resume(nil)
-		}
-		// A private overlay copy an interrupted recovery left is dropped;
-		// the original overlay (or the published one) is never touched.
-		dropCopy := sagas.Step{Name: "overlay-copy", Undo: func(ctx context.Context) ([]events.Payload, error) { return m.dropStaging(ctx, sg.Sandbox) }}
-		return compensate([]sagas.Step{dropCopy, m.stopUnrecorded(sg.Sandbox), {Name: "supervisor-stop", Undo: func(context.Context) ([]events.Payload, error) {
-			if sb.Supervisor == nil {
-				return m.killUnrecordedSupervisor(sg.Sandbox)
-			}
-			return m.stopSupervisor(proc.Identity{Pid: sb.Supervisor.Pid, StartTicks: sb.Supervisor.StartTicks})
-		}}}, "starter died before the VMM was recorded")
-	case events.SagaSnapshot:
-		// The snapshot never got its event: drop the partial directory.
-		return compensate([]sagas.Step{{Name: "capture", Undo: func(context.Context) ([]events.Payload, error) {
-			return m.dropUnrecordedSnapshots(ctx, sb)
-		}}}, "snapshot interrupted")
-	case events.SagaSnapshotRm:
-		// The directory may be half deleted: finish it, then the event.
-		if snap := snapshotOfSaga(sg); snap != "" && findErr == nil {
-			return resume(m.snapshotRmSaga(sg.Sandbox, snap).Steps)
-		}
-		return resume(nil) // its sandbox is gone, and rm deleted the snapshot with it
-	case events.SagaVolumeRm:
-		// The files may be half deleted: finish the delete, then the event.
-		if name := volumeOfSaga(sg); name != "" && ValidName(name) {
-			return resume(m.volumeRmSaga(name).Steps)
-		}
-		return compensate(nil, "volume-rm saga names no volume")
-	case events.SagaReap:
-		// Deleting orphans is idempotent and the next reap re-derives its
-		// plan from the disk and the journal: close the interrupted run.
-		return compensate(nil, "reap interrupted; the next reap judges again")
 	default:
-		return compensate(nil, "unknown saga kind "+string(sg.Kind))
+		return fmt.Errorf("recovery action %q", d.Action)
 	}
 }
 

@@ -289,3 +289,40 @@ func TestLifecycleDoesNotDependOnTheJournal(t *testing.T) {
 		}
 	}
 }
+
+// core holds the decisions, so it does no I/O: it imports no nexus package
+// but those ARCHITECTURE.md's table calls pure ("yes"), nothing outside
+// the module and the standard library, and nothing of the standard library
+// that reaches the host (files, processes, sockets, the clock's source of
+// randomness).
+func TestCoreImportsOnlyPurePackages(t *testing.T) {
+	g := loadGraph(t)
+	pure := map[string]bool{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([^`]+)` \\|[^|]*\\| yes \\|$").FindAllStringSubmatch(readDoc(t), -1) {
+		pure[strings.TrimSuffix(m[1], "/")] = true
+	}
+	if !pure["core"] || !pure["events"] {
+		t.Fatalf("ARCHITECTURE.md's table marks neither core nor events pure: %v", pure)
+	}
+	banned := []string{"os", "io/fs", "io/ioutil", "net", "syscall", "math/rand", "crypto/rand", "runtime", "unsafe", "plugin"}
+	imps := g.imports["core"]
+	if len(imps) == 0 {
+		t.Fatal("go list reports no imports of core")
+	}
+	for _, imp := range imps {
+		switch pkg, ours := strings.CutPrefix(imp, module); {
+		case ours:
+			if !pure[pkg] {
+				t.Errorf("core imports %s, which ARCHITECTURE.md's table does not call pure", pkg)
+			}
+		case strings.Contains(strings.SplitN(imp, "/", 2)[0], "."):
+			t.Errorf("core imports %s, from outside the module and the standard library", imp)
+		default:
+			for _, b := range banned {
+				if imp == b || strings.HasPrefix(imp, b+"/") {
+					t.Errorf("core imports %s, which reaches the host", imp)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,111 @@
+package core
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs in testdata/ with what the code decides")
+
+// A case file is a list of cases in the shape of raft's interaction files:
+//
+//	# comment
+//	command key=value flag
+//	----
+//	expected output
+//
+// with a blank line after each case. run hands each case's command and
+// arguments to do and compares what it returns with the expected output;
+// with -rewrite it writes the outputs back into the file instead.
+type testCase struct {
+	pos  string // file:line of the command
+	line string
+	cmd  string
+	args map[string]string
+	// want is the expected output; from and to are its lines in the file.
+	want     string
+	from, to int
+}
+
+// arg returns the value of key, and whether the case gave it.
+func (c testCase) arg(key string) (string, bool) { v, ok := c.args[key]; return v, ok }
+
+// only fails the test if the case gives an argument not in keys: a
+// misspelt one would otherwise be a case that tests something else.
+func (c testCase) only(t *testing.T, keys ...string) {
+	t.Helper()
+	for k := range c.args {
+		if !slices.Contains(keys, k) {
+			t.Fatalf("%s: unknown argument %q (want one of %v)", c.pos, k, keys)
+		}
+	}
+}
+
+func runCases(t *testing.T, path string, do func(t *testing.T, c testCase) string) []testCase {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	cases := parseCases(t, path, lines)
+	if len(cases) == 0 {
+		t.Fatalf("%s holds no cases", path)
+	}
+	var out []string
+	last := 0
+	for _, c := range cases {
+		got := strings.TrimRight(do(t, c), "\n")
+		if *rewrite {
+			out = append(append(out, lines[last:c.from]...), strings.Split(got, "\n")...)
+			last = c.to
+			continue
+		}
+		if got != c.want {
+			t.Errorf("%s: %s\ngot:\n%s\nwant:\n%s", c.pos, c.line, got, c.want)
+		}
+	}
+	if *rewrite {
+		out = append(out, lines[last:]...)
+		if err := os.WriteFile(path, []byte(strings.Join(out, "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return cases
+}
+
+func parseCases(t *testing.T, path string, lines []string) []testCase {
+	t.Helper()
+	var cases []testCase
+	for i := 0; i < len(lines); i++ {
+		l := strings.TrimSpace(lines[i])
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		fields := strings.Fields(l)
+		c := testCase{pos: fmt.Sprintf("%s:%d", path, i+1), line: l, cmd: fields[0], args: map[string]string{}}
+		for _, f := range fields[1:] {
+			k, v, _ := strings.Cut(f, "=")
+			if _, dup := c.args[k]; dup {
+				t.Fatalf("%s: %s given twice", c.pos, k)
+			}
+			c.args[k] = v
+		}
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s: a command is followed by ----", c.pos)
+		}
+		c.from = i + 2
+		c.to = c.from
+		for c.to < len(lines) && lines[c.to] != "" {
+			c.to++
+		}
+		c.want = strings.Join(lines[c.from:c.to], "\n")
+		cases = append(cases, c)
+		i = c.to
+	}
+	return cases
+}
