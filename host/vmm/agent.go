@@ -140,7 +140,7 @@ func (a *agent) serve(c net.Conn) {
 	}()
 	// CH routes the connection to a guest port first; only the handshake
 	// is a text line, read a byte at a time so no frame is consumed.
-	line, err := readLine(c)
+	line, err := ReadHandshakeLine(c)
 	if err != nil {
 		return
 	}

@@ -88,7 +88,7 @@ func (c Calls[S]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(out)
 	}
-	if op == "vmm.shutdown" {
+	if op == OpShutdownVMM {
 		c.Stop()
 	}
 }

@@ -281,6 +281,34 @@ func writeGuestSector0(d disk) error {
 	return err
 }
 
+// snapshotState is the stand-in's state.json, shaped like CH's Snapshot
+// tree: per-component snapshots keyed by id, the device manager's keyed by
+// device id, the memory manager's carrying the table of guest memory
+// ranges that memory-ranges holds back to back.
+type snapshotState struct {
+	Snapshots map[string]snapshotNode `json:"snapshots"`
+}
+
+type snapshotNode struct {
+	Snapshots map[string]snapshotNode `json:"snapshots,omitempty"`
+	Data      json.RawMessage         `json:"snapshot_data,omitempty"`
+}
+
+type memoryRange struct {
+	GPA    uint64 `json:"gpa"`
+	Length uint64 `json:"length"`
+}
+
+type memoryState struct {
+	MemoryRanges []memoryRange `json:"memory_ranges"`
+}
+
+// vmState is the stand-in's own record of the VM at snapshot time.
+type vmState struct {
+	State   State  `json:"state"`
+	TakenAt string `json:"taken_at"`
+}
+
 // writeSnapshot writes CH's three snapshot files into dir, which must
 // exist; each is created exclusively, as CH does.
 func writeSnapshot(dir string, vc *vmConfig, st vmState) error {
@@ -376,7 +404,7 @@ func readSnapshot(dir string) (*vmConfig, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", SnapshotConfigFile, err)
 	}
-	if err := vc.cfg.validate(); err != nil {
+	if err := validateConfig(&vc.cfg); err != nil {
 		return nil, fmt.Errorf("%s: %w", SnapshotConfigFile, err)
 	}
 	data, err = os.ReadFile(filepath.Join(dir, SnapshotStateFile))
@@ -421,21 +449,4 @@ func readSnapshot(dir string) (*vmConfig, error) {
 		return nil, fmt.Errorf("device ids %v in %s do not match the saved device state %v: the guest would get fresh devices", got, SnapshotConfigFile, saved)
 	}
 	return vc, nil
-}
-
-// APISocketLockHeld reports whether a process holds the lock of a CH v53+
-// API socket lock file (<socket>.lock): CH holds it for as long as it
-// runs. A missing file is an error satisfying errors.Is(err,
-// os.ErrNotExist); a symlink is refused, never followed.
-func APISocketLockHeld(path string) (bool, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
-	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
-		return false, err
-	}
-	return lk.Type != unix.F_UNLCK, nil
 }

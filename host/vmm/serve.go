@@ -89,6 +89,10 @@ func lockAPISocket(apiSocket string) (*os.File, error) {
 	return f, nil
 }
 
+// Version is what the process driver's VMM answers to vmm.ping, so a
+// caller can tell it from a real CH (which answers e.g. "v43.0").
+const Version = "nexus-process-vmm"
+
 type server struct {
 	log *logger
 
@@ -147,24 +151,21 @@ func badRequest(format string, args ...any) error {
 
 // routes are the calls of CH's API the stand-in answers, by operation.
 var routes = map[string]Route[*server]{
-	op(pathPing):        {Method: http.MethodGet, Fn: (*server).ping},
-	op(pathShutdownVMM): {Method: http.MethodPut, Fn: (*server).shutdownVMM},
-	op(pathCreate):      {Method: http.MethodPut, Fn: (*server).create},
-	op(pathBoot):        {Method: http.MethodPut, Fn: (*server).boot},
-	op(pathShutdown):    {Method: http.MethodPut, Fn: (*server).shutdown},
-	op(pathDelete):      {Method: http.MethodPut, Fn: (*server).delete},
-	op(pathInfo):        {Method: http.MethodGet, Fn: (*server).info},
-	op(pathPause):       {Method: http.MethodPut, Fn: (*server).pause},
-	op(pathResume):      {Method: http.MethodPut, Fn: (*server).resume},
-	op(pathSnapshot):    {Method: http.MethodPut, Fn: (*server).snapshot},
-	op(pathRestore):     {Method: http.MethodPut, Fn: (*server).restore},
+	OpPing:        {Method: http.MethodGet, Fn: (*server).ping},
+	OpShutdownVMM: {Method: http.MethodPut, Fn: (*server).shutdownVMM},
+	OpCreate:      {Method: http.MethodPut, Fn: (*server).create},
+	OpBoot:        {Method: http.MethodPut, Fn: (*server).boot},
+	OpShutdown:    {Method: http.MethodPut, Fn: (*server).shutdown},
+	OpDelete:      {Method: http.MethodPut, Fn: (*server).delete},
+	OpInfo:        {Method: http.MethodGet, Fn: (*server).info},
+	OpPause:       {Method: http.MethodPut, Fn: (*server).pause},
+	OpResume:      {Method: http.MethodPut, Fn: (*server).resume},
+	OpSnapshot:    {Method: http.MethodPut, Fn: (*server).snapshot},
+	OpRestore:     {Method: http.MethodPut, Fn: (*server).restore},
 }
 
-// op is a path's operation: the part below APIRoot.
-func op(path string) string { return strings.TrimPrefix(path, APIRoot) }
-
 func (s *server) ping(*http.Request) (any, error) {
-	return pingResponse{Version: Version, Pid: os.Getpid()}, nil
+	return PingResponse{Version: Version, Pid: os.Getpid()}, nil
 }
 
 func (s *server) shutdownVMM(*http.Request) (any, error) {
@@ -321,7 +322,7 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 	if v == nil || v.state != StatePaused {
 		return nil, failed("cannot snapshot: VM is %s, not Paused", stateOf(v))
 	}
-	var req snapshotRequest
+	var req SnapshotRequest
 	if err := decodeBody(r, &req); err != nil {
 		return nil, err
 	}
@@ -339,7 +340,7 @@ func (s *server) restore(r *http.Request) (any, error) {
 	if s.vm != nil {
 		return nil, failed("cannot restore: VM is already created")
 	}
-	var req restoreRequest
+	var req RestoreRequest
 	if err := decodeBody(r, &req); err != nil {
 		return nil, err
 	}
@@ -410,7 +411,7 @@ func stateOf(v *vm) string {
 }
 
 func (vc *vmConfig) validate() error {
-	if err := vc.cfg.validate(); err != nil {
+	if err := validateConfig(&vc.cfg); err != nil {
 		return err
 	}
 	// CH's defaults, so vm.info shows what CH would.
@@ -429,7 +430,9 @@ func (vc *vmConfig) validate() error {
 	return nil
 }
 
-func (c *Config) validate() error {
+// validateConfig refuses a configuration CH would refuse and fills in
+// CH's defaults.
+func validateConfig(c *Config) error {
 	if c.Payload.Kernel == "" && c.Payload.Firmware == "" {
 		return failed("invalid VM config: payload needs a kernel or firmware")
 	}
