@@ -1,8 +1,10 @@
 // Package vmm speaks the subset of Cloud Hypervisor's REST API that nexus
-// uses, over CH's unix API socket, from both ends: Client drives a real CH or
-// the process driver, and Serve is the process driver's stand-in VMM, for
-// hosts where CH cannot run. Field names and status codes follow CH's OpenAPI
-// document so that code exercised against Serve behaves the same against CH.
+// uses, over CH's unix API socket: its types and operations, Client (which
+// drives a real CH and both drivers' VMMs), the scaffolding every VMM that
+// serves the subset shares (apiserver.go), the guest agent's vsock
+// handshake and the snapshot config.json edit a restore makes. Field names
+// and status codes follow CH's OpenAPI document; the process driver's
+// stand-in VMM is host/vmm/standin.
 package vmm
 
 // Operations of CH's API: each is the path of its call below APIRoot.

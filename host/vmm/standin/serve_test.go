@@ -1,4 +1,4 @@
-package vmm
+package standin
 
 import (
 	"bufio"
@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -54,7 +55,7 @@ func childMain(sock string) int {
 type vmmProc struct {
 	cmd    *exec.Cmd
 	sock   string
-	client *Client
+	client *vmm.Client
 	stderr *bytes.Buffer
 	exited chan struct{}
 	err    error // Wait's result, once exited is closed
@@ -72,7 +73,7 @@ func startVMM(t *testing.T, sock string) *vmmProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &vmmProc{sock: sock, client: NewClient(sock), stderr: new(bytes.Buffer), exited: make(chan struct{})}
+	p := &vmmProc{sock: sock, client: vmm.NewClient(sock), stderr: new(bytes.Buffer), exited: make(chan struct{})}
 	p.cmd = exec.Command(exe, "-test.run=^$")
 	// The race runtime otherwise sleeps a second at exit before reporting.
 	p.cmd.Env = append(os.Environ(), envSocket+"="+sock, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
@@ -158,11 +159,11 @@ func openFiles(t *testing.T, pid int) map[string]int {
 
 func wantStatus(t *testing.T, err error, status int) {
 	t.Helper()
-	var ae *APIError
+	var ae *vmm.APIError
 	if !errors.As(err, &ae) || ae.Status != status {
 		t.Fatalf("got %v, want HTTP %d", err, status)
 	}
-	if IsDead(err) {
+	if vmm.IsDead(err) {
 		t.Fatalf("IsDead(%v) on an answering VMM", err)
 	}
 	if strings.Contains(err.Error(), "\n") {
@@ -183,7 +184,7 @@ func wantRaw(t *testing.T, sock, method, op string, body any, status int) {
 			return new(net.Dialer).DialContext(ctx, "unix", sock)
 		},
 	}}
-	req, err := http.NewRequest(method, "http://localhost"+APIRoot+op, bytes.NewReader(data))
+	req, err := http.NewRequest(method, "http://localhost"+vmm.APIRoot+op, bytes.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +218,7 @@ func dialAgent(t *testing.T, path string) *agentConn {
 	if _, err := c.Write([]byte("CONNECT 1024\n")); err != nil {
 		t.Fatal(err)
 	}
-	line, err := ReadHandshakeLine(c)
+	line, err := vmm.ReadHandshakeLine(c)
 	if err != nil || !strings.HasPrefix(line, "OK ") {
 		t.Fatalf("CONNECT -> %q, %v", line, err)
 	}
@@ -294,19 +295,19 @@ func TestLifecycle(t *testing.T) {
 
 	rw := makeDisk(t, dir, "rootfs.img")
 	ro := makeDisk(t, dir, "base.img")
-	cfg := Config{
-		Payload: Payload{Kernel: "/boot/vmlinux", Cmdline: "console=hvc0"},
-		Disks:   []Disk{{Path: rw}, {Path: ro, Readonly: true}},
-		Memory:  Memory{Size: 256 << 20},
-		Cpus:    Cpus{BootVcpus: 2},
-		Vsock:   &Vsock{Cid: 3, Socket: vsock},
+	cfg := vmm.Config{
+		Payload: vmm.Payload{Kernel: "/boot/vmlinux", Cmdline: "console=hvc0"},
+		Disks:   []vmm.Disk{{Path: rw}, {Path: ro, Readonly: true}},
+		Memory:  vmm.Memory{Size: 256 << 20},
+		Cpus:    vmm.Cpus{BootVcpus: 2},
+		Vsock:   &vmm.Vsock{Cid: 3, Socket: vsock},
 	}
 	if err := c.Create(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	wantStatus(t, c.Create(ctx, cfg), http.StatusInternalServerError)
 	info, err := c.Info(ctx)
-	if err != nil || info.State != StateCreated {
+	if err != nil || info.State != vmm.StateCreated {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// Disks are held from create on: writable ones O_RDWR, readonly O_RDONLY.
@@ -327,15 +328,15 @@ func TestLifecycle(t *testing.T) {
 	}
 	wantStatus(t, c.Boot(ctx), http.StatusInternalServerError)
 	info, err = c.Info(ctx)
-	if err != nil || info.State != StateRunning {
+	if err != nil || info.State != vmm.StateRunning {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// vm.info shows what CH filled in: device ids from one counter, disks
 	// before vsock, and the probed image type.
 	want := cfg
 	want.Cpus.MaxVcpus = 2
-	want.Disks = []Disk{{Path: rw, ImageType: ImageRaw, ID: "_disk0"}, {Path: ro, Readonly: true, ImageType: ImageRaw, ID: "_disk1"}}
-	want.Vsock = &Vsock{Cid: 3, Socket: vsock, ID: "_vsock2"}
+	want.Disks = []vmm.Disk{{Path: rw, ImageType: vmm.ImageRaw, ID: "_disk0"}, {Path: ro, Readonly: true, ImageType: vmm.ImageRaw, ID: "_disk1"}}
+	want.Vsock = &vmm.Vsock{Cid: 3, Socket: vsock, ID: "_vsock2"}
 	if fmt.Sprint(info.Config.Payload, info.Config.Disks, info.Config.Memory, info.Config.Cpus, *info.Config.Vsock) !=
 		fmt.Sprint(want.Payload, want.Disks, want.Memory, want.Cpus, *want.Vsock) {
 		t.Fatalf("Info config %+v, want %+v", info.Config, want)
@@ -359,7 +360,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	// The stand-in guest runs commands for real, in its guest root: a
 	// file written by one exec is read back through the agent.
-	cl, err := DialAgent(ctx, vsock)
+	cl, err := vmm.DialAgent(ctx, vsock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -384,7 +385,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantStatus(t, c.Pause(ctx), http.StatusInternalServerError)
-	if info, err := c.Info(ctx); err != nil || info.State != StatePaused {
+	if info, err := c.Info(ctx); err != nil || info.State != vmm.StatePaused {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// A paused guest answers nothing. Silence has no event to wait for, so
@@ -427,7 +428,7 @@ func TestLifecycle(t *testing.T) {
 	if err := c.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if info, err := c.Info(ctx); err != nil || info.State != StateShutdown {
+	if info, err := c.Info(ctx); err != nil || info.State != vmm.StateShutdown {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	files = openFiles(t, p.cmd.Process.Pid)
@@ -465,7 +466,7 @@ func TestLifecycle(t *testing.T) {
 			t.Fatalf("%s after vmm.shutdown: %v", path, err)
 		}
 	}
-	if _, err := c.Ping(ctx); !IsDead(err) {
+	if _, err := c.Ping(ctx); !vmm.IsDead(err) {
 		t.Fatalf("Ping after exit: %v, want dead", err)
 	}
 }
@@ -475,10 +476,10 @@ func TestRestore(t *testing.T) {
 	ctx := ctxT(t)
 	disk := makeDisk(t, dir, "rootfs.img")
 	vsock := filepath.Join(dir, "v.sock")
-	cfg := Config{
-		Payload: Payload{Kernel: "/boot/vmlinux"},
-		Disks:   []Disk{{Path: disk}},
-		Vsock:   &Vsock{Cid: 7, Socket: vsock},
+	cfg := vmm.Config{
+		Payload: vmm.Payload{Kernel: "/boot/vmlinux"},
+		Disks:   []vmm.Disk{{Path: disk}},
+		Vsock:   &vmm.Vsock{Cid: 7, Socket: vsock},
 	}
 	snap := filepath.Join(dir, "snap")
 	os.Mkdir(snap, 0o700)
@@ -505,7 +506,7 @@ func TestRestore(t *testing.T) {
 	}
 	wantStatus(t, b.client.Restore(ctx, snap), http.StatusInternalServerError)
 	info, err := b.client.Info(ctx)
-	if err != nil || info.State != StatePaused || info.Config.Vsock == nil || info.Config.Vsock.Cid != 7 {
+	if err != nil || info.State != vmm.StatePaused || info.Config.Vsock == nil || info.Config.Vsock.Cid != 7 {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	if _, ok := openFiles(t, b.cmd.Process.Pid)[disk]; !ok {
@@ -514,7 +515,7 @@ func TestRestore(t *testing.T) {
 	if err := b.client.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if info, err := b.client.Info(ctx); err != nil || info.State != StateRunning {
+	if info, err := b.client.Info(ctx); err != nil || info.State != vmm.StateRunning {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// CH wrote the probed type into its configuration, so the restored
@@ -542,26 +543,26 @@ func TestBadRequests(t *testing.T) {
 
 	_, err := c.Info(ctx)
 	wantStatus(t, err, http.StatusNotFound)
-	wantStatus(t, c.Create(ctx, Config{}), http.StatusInternalServerError) // no kernel
-	wantStatus(t, c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: filepath.Join(dir, "missing.img")}}}),
+	wantStatus(t, c.Create(ctx, vmm.Config{}), http.StatusInternalServerError) // no kernel
+	wantStatus(t, c.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: filepath.Join(dir, "missing.img")}}}),
 		http.StatusInternalServerError)
 	wantRaw(t, p.sock, http.MethodPut, "vm.nonesuch", nil, http.StatusNotFound)
-	wantRaw(t, p.sock, http.MethodGet, OpBoot, nil, http.StatusBadRequest)
-	wantRaw(t, p.sock, http.MethodPut, OpCreate, "not a config", http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodGet, vmm.OpBoot, nil, http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpCreate, "not a config", http.StatusBadRequest)
 	// A body that parses but names a URL CH cannot use fails the action.
-	wantRaw(t, p.sock, http.MethodPut, OpRestore, RestoreRequest{SourceURL: "http://example/snap"}, http.StatusInternalServerError)
-	wantRaw(t, p.sock, http.MethodPut, OpRestore, "not a restore config", http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpRestore, vmm.RestoreRequest{SourceURL: "http://example/snap"}, http.StatusInternalServerError)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpRestore, "not a restore config", http.StatusBadRequest)
 
 	// A create that failed on its second disk released the first.
 	good := makeDisk(t, dir, "good.img")
-	wantStatus(t, c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: good}, {Path: filepath.Join(dir, "missing.img")}}}),
+	wantStatus(t, c.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: good}, {Path: filepath.Join(dir, "missing.img")}}}),
 		http.StatusInternalServerError)
 	if _, ok := openFiles(t, p.cmd.Process.Pid)[good]; ok {
 		t.Fatal("failed create still holds a disk")
 	}
 
 	// vm.delete releases a created-but-never-booted VM's disks.
-	if err := c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: good}}}); err != nil {
+	if err := c.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: good}}}); err != nil {
 		t.Fatal(err)
 	}
 	wantStatus(t, c.Shutdown(ctx), http.StatusInternalServerError)
@@ -584,7 +585,7 @@ func TestIsDeadOnALiveVMM(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := p.client.Boot(ctx)
-	if err == nil || IsDead(err) {
+	if err == nil || vmm.IsDead(err) {
 		t.Fatalf("live server's refusal: IsDead(%v) = true", err)
 	}
 }
@@ -603,7 +604,7 @@ func TestSIGKILLLeavesDeadSocket(t *testing.T) {
 		t.Fatalf("SIGKILL should leave the socket file: %v", err)
 	}
 	_, err := p.client.Ping(ctx)
-	if !IsDead(err) || !errors.Is(err, syscall.ECONNREFUSED) {
+	if !vmm.IsDead(err) || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("after SIGKILL: IsDead(%v) = false", err)
 	}
 
@@ -621,7 +622,7 @@ func TestSIGTERM(t *testing.T) {
 	vsock := filepath.Join(dir, "v.sock")
 	disk := makeDisk(t, dir, "d.img")
 	p := startVMM(t, sock)
-	if err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: disk}}, Vsock: &Vsock{Cid: 3, Socket: vsock}}); err != nil {
+	if err := p.client.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: disk}}, Vsock: &vmm.Vsock{Cid: 3, Socket: vsock}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.client.Boot(ctx); err != nil {
@@ -674,7 +675,7 @@ func TestServeInProcessContext(t *testing.T) {
 	var log bytes.Buffer
 	go func() { done <- serve(ctx, sock, &log, func() { close(ready) }) }()
 	<-ready
-	if _, err := NewClient(sock).Ping(ctxT(t)); err != nil {
+	if _, err := vmm.NewClient(sock).Ping(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	cancel()
