@@ -29,7 +29,7 @@ type claim struct {
 // lease takes entity's runner lease for kind, waiting if the manager was
 // asked to (--wait) and refusing at once, naming the holder, otherwise.
 func (m *Manager) lease(ctx context.Context, entity guard.Entity, kind string) (*sagalease.Lease, error) {
-	l, err := sagalease.Acquire(ctx, string(m.Root), entity, sagalease.Holder{Kind: kind}, m.Wait)
+	l, err := sagalease.Acquire(ctx, string(m.Root), string(entity), sagalease.Holder{Kind: kind}, m.Wait)
 	if errors.Is(err, sagalease.ErrHeld) {
 		return nil, fmt.Errorf("%w: %w", ErrRefused, err)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
-	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/host/vmm/standin"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -69,7 +69,7 @@ func serveRole(role string, args []string) int {
 				<-ctx.Done()
 				return 0
 			}
-			err = vmm.Serve(ctx, *api, os.Stderr)
+			err = standin.Serve(ctx, *api, os.Stderr)
 		}
 	case "supervisor":
 		o := supervisor.ServeOptions{Now: time.Now, Log: os.Stderr}

@@ -87,7 +87,7 @@ func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) error {
 		case volumeOfSaga(sg) != "":
 			entity = guard.Volume(volumeOfSaga(sg))
 		}
-		l, err := sagalease.Acquire(ctx, string(m.Root), entity, sagalease.Holder{Kind: "recover", Saga: sg.ID}, false)
+		l, err := sagalease.Acquire(ctx, string(m.Root), string(entity), sagalease.Holder{Kind: "recover", Saga: sg.ID}, false)
 		var held *sagalease.HeldError
 		if errors.As(err, &held) {
 			rep.InFlight = append(rep.InFlight, sg.ID)
@@ -114,7 +114,7 @@ func (m *Manager) recoverSandboxes(ctx context.Context, rep *RecoverReport) erro
 		return err
 	}
 	for _, sb := range list {
-		l, err := sagalease.Acquire(ctx, string(m.Root), guard.Sandbox(sb.ID), sagalease.Holder{Kind: "recover"}, false)
+		l, err := sagalease.Acquire(ctx, string(m.Root), string(guard.Sandbox(sb.ID)), sagalease.Holder{Kind: "recover"}, false)
 		var held *sagalease.HeldError
 		if errors.As(err, &held) {
 			rep.Skipped = append(rep.Skipped, Skipped{Sandbox: sb.ID, Reason: "a command is running on it: " + held.By.String()})

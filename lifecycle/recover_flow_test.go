@@ -296,7 +296,7 @@ func TestRecoverLeavesALiveRunnerAlone(t *testing.T) {
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	f.crashAt(events.SagaStop, "vmm-stop", sagas.AfterRecord, func() { f.m.Stop(f.ctx, sb.ID) })
-	l, err := sagalease.Acquire(f.ctx, f.root, guard.Sandbox(sb.ID), sagalease.Holder{Kind: "stop"}, false)
+	l, err := sagalease.Acquire(f.ctx, f.root, string(guard.Sandbox(sb.ID)), sagalease.Holder{Kind: "stop"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

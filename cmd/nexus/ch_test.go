@@ -16,7 +16,7 @@ import (
 )
 
 // Cloud Hypervisor's rules, end to end on the process driver, whose VMM
-// enforces them as CH does (host/vmm/chrules.go).
+// enforces them as CH does (host/vmm/standin/chrules.go).
 
 func readJSON(t *testing.T, path string) map[string]any {
 	t.Helper()

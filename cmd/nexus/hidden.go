@@ -9,7 +9,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/qemu"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
-	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/host/vmm/standin"
 )
 
 // vmmProcessCmd is the process driver's VMM: a host process serving the
@@ -21,7 +21,7 @@ func vmmProcessCmd() *cobra.Command {
 		Use: "vmm-process --api-socket PATH", Hidden: true, Args: noArgs,
 		Short: "Serve the Cloud Hypervisor API subset as a plain process (process driver)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return vmm.Serve(cmd.Context(), api, os.Stderr)
+			return standin.Serve(cmd.Context(), api, os.Stderr)
 		},
 	}
 	c.Flags().StringVar(&api, "api-socket", "", "API socket path (required)")

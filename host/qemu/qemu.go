@@ -130,17 +130,17 @@ func failed(format string, args ...any) error {
 }
 
 var routes = map[string]vmm.Route[*server]{
-	"vmm.ping":     {Method: http.MethodGet, Fn: (*server).ping},
-	"vmm.shutdown": {Method: http.MethodPut, Fn: (*server).shutdownVMM},
-	"vm.create":    {Method: http.MethodPut, Fn: (*server).create},
-	"vm.boot":      {Method: http.MethodPut, Fn: (*server).boot},
-	"vm.shutdown":  {Method: http.MethodPut, Fn: (*server).shutdown},
-	"vm.delete":    {Method: http.MethodPut, Fn: (*server).delete},
-	"vm.info":      {Method: http.MethodGet, Fn: (*server).info},
-	"vm.pause":     {Method: http.MethodPut, Fn: (*server).pause},
-	"vm.resume":    {Method: http.MethodPut, Fn: (*server).resume},
-	"vm.snapshot":  {Method: http.MethodPut, Fn: (*server).snapshot},
-	"vm.restore":   {Method: http.MethodPut, Fn: (*server).restore},
+	vmm.OpPing:        {Method: http.MethodGet, Fn: (*server).ping},
+	vmm.OpShutdownVMM: {Method: http.MethodPut, Fn: (*server).shutdownVMM},
+	vmm.OpCreate:      {Method: http.MethodPut, Fn: (*server).create},
+	vmm.OpBoot:        {Method: http.MethodPut, Fn: (*server).boot},
+	vmm.OpShutdown:    {Method: http.MethodPut, Fn: (*server).shutdown},
+	vmm.OpDelete:      {Method: http.MethodPut, Fn: (*server).delete},
+	vmm.OpInfo:        {Method: http.MethodGet, Fn: (*server).info},
+	vmm.OpPause:       {Method: http.MethodPut, Fn: (*server).pause},
+	vmm.OpResume:      {Method: http.MethodPut, Fn: (*server).resume},
+	vmm.OpSnapshot:    {Method: http.MethodPut, Fn: (*server).snapshot},
+	vmm.OpRestore:     {Method: http.MethodPut, Fn: (*server).restore},
 }
 
 func (s *server) ping(*http.Request) (any, error) {

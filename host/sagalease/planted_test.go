@@ -8,7 +8,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 )
 
@@ -20,7 +19,7 @@ func TestPlantedLeaseFileIsRefused(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(root, Dir), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	fifo, link := guard.Sandbox("FIFO"), guard.Sandbox("LINK")
+	fifo, link := "sandbox/FIFO", "sandbox/LINK"
 	if err := syscall.Mkfifo(Path(root, fifo), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +27,7 @@ func TestPlantedLeaseFileIsRefused(t *testing.T) {
 	if err := os.Symlink(target, Path(root, link)); err != nil {
 		t.Fatal(err)
 	}
-	for entity, want := range map[guard.Entity]error{fifo: fsx.ErrNotRegular, link: fsx.ErrSymlink} {
+	for entity, want := range map[string]error{fifo: fsx.ErrNotRegular, link: fsx.ErrSymlink} {
 		if _, err := Acquire(context.Background(), root, entity, Holder{Kind: "start"}, false); !errors.Is(err, want) {
 			t.Errorf("Acquire(%s) = %v, want %v", entity, err, want)
 		}

@@ -18,7 +18,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
 )
@@ -53,7 +52,7 @@ func (h Holder) String() string {
 
 // HeldError names who holds a lease.
 type HeldError struct {
-	Entity guard.Entity
+	Entity string
 	By     Holder
 }
 
@@ -70,14 +69,16 @@ type Lease struct {
 	holder Holder
 }
 
-// Path is the lease file of entity under root.
-func Path(root string, entity guard.Entity) string {
-	return filepath.Join(root, Dir, strings.ReplaceAll(string(entity), "/", ".")+".lease")
+// Path is the lease file of entity under root. An entity is named as its
+// caller names it ("sandbox/<id>", "volume/<name>", "reap"); a slash in
+// the name is a dot in the file's.
+func Path(root, entity string) string {
+	return filepath.Join(root, Dir, strings.ReplaceAll(entity, "/", ".")+".lease")
 }
 
 // Acquire takes entity's lease. Without wait a held lease is a *HeldError
 // at once; with it Acquire polls until the lease is free or ctx is done.
-func Acquire(ctx context.Context, root string, entity guard.Entity, h Holder, wait bool) (*Lease, error) {
+func Acquire(ctx context.Context, root, entity string, h Holder, wait bool) (*Lease, error) {
 	if err := fsx.EnsureDir(root, Dir); err != nil {
 		return nil, err
 	}

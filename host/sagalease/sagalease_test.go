@@ -9,8 +9,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/nexus-sandbox/nexus/guard"
 )
 
 const childEnv = "NEXUS_SAGALEASE_CHILD_ROOT"
@@ -22,7 +20,7 @@ func TestChildHolds(t *testing.T) {
 	if root == "" {
 		t.Skip("only runs as the child of TestLeaseDiesWithItsHolder")
 	}
-	if _, err := Acquire(context.Background(), root, guard.Sandbox("X"), Holder{Kind: "start", Saga: "S1"}, false); err != nil {
+	if _, err := Acquire(context.Background(), root, "sandbox/X", Holder{Kind: "start", Saga: "S1"}, false); err != nil {
 		os.Exit(2)
 	}
 	os.Stdout.WriteString("held\n")
@@ -41,7 +39,7 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 	if line, _ := bufio.NewReader(out).ReadString('\n'); line != "held\n" {
 		t.Fatalf("child said %q", line)
 	}
-	_, err := Acquire(context.Background(), root, guard.Sandbox("X"), Holder{Kind: "rm"}, false)
+	_, err := Acquire(context.Background(), root, "sandbox/X", Holder{Kind: "rm"}, false)
 	var he *HeldError
 	if !errors.As(err, &he) || he.By.Pid != cmd.Process.Pid || he.By.Kind != "start" || he.By.Saga != "S1" {
 		t.Fatalf("Acquire of a held lease = %v, want HeldError naming pid %d", err, cmd.Process.Pid)
@@ -49,7 +47,7 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 	// A waiter gets the lease as soon as the holder dies, however it dies.
 	got := make(chan error, 1)
 	go func() {
-		l, err := Acquire(context.Background(), root, guard.Sandbox("X"), Holder{Kind: "recover"}, true)
+		l, err := Acquire(context.Background(), root, "sandbox/X", Holder{Kind: "recover"}, true)
 		l.Release()
 		got <- err
 	}()
@@ -58,7 +56,7 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 	if err := <-got; err != nil {
 		t.Fatalf("waiter after the holder's SIGKILL: %v", err)
 	}
-	l, err := Acquire(context.Background(), root, guard.Sandbox("X"), Holder{Kind: "rm"}, false)
+	l, err := Acquire(context.Background(), root, "sandbox/X", Holder{Kind: "rm"}, false)
 	if err != nil {
 		t.Fatalf("lease still held after its holder died and the waiter released it: %v", err)
 	}
@@ -67,7 +65,7 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 
 func TestRemovedLeaseIsNotSharedWithAWaiter(t *testing.T) {
 	root := t.TempDir()
-	ent := guard.Volume("v")
+	ent := "volume/v"
 	a, err := Acquire(context.Background(), root, ent, Holder{Kind: "volume rm"}, false)
 	if err != nil {
 		t.Fatal(err)

@@ -1,30 +1,26 @@
 // Package vmm speaks the subset of Cloud Hypervisor's REST API that nexus
-// uses, over CH's unix API socket, from both ends: Client drives a real CH or
-// the process driver, and Serve is the process driver's stand-in VMM, for
-// hosts where CH cannot run. Field names and status codes follow CH's OpenAPI
-// document so that code exercised against Serve behaves the same against CH.
+// uses, over CH's unix API socket: its types and operations, Client (which
+// drives a real CH and both drivers' VMMs), the scaffolding every VMM that
+// serves the subset shares (apiserver.go), the guest agent's vsock
+// handshake and the snapshot config.json edit a restore makes. Field names
+// and status codes follow CH's OpenAPI document; the process driver's
+// stand-in VMM is host/vmm/standin.
 package vmm
 
-import "encoding/json"
-
-// Paths under CH's API root.
+// Operations of CH's API: each is the path of its call below APIRoot.
 const (
-	pathPing        = "/api/v1/vmm.ping"
-	pathShutdownVMM = "/api/v1/vmm.shutdown"
-	pathCreate      = "/api/v1/vm.create"
-	pathBoot        = "/api/v1/vm.boot"
-	pathShutdown    = "/api/v1/vm.shutdown"
-	pathDelete      = "/api/v1/vm.delete"
-	pathInfo        = "/api/v1/vm.info"
-	pathPause       = "/api/v1/vm.pause"
-	pathResume      = "/api/v1/vm.resume"
-	pathSnapshot    = "/api/v1/vm.snapshot"
-	pathRestore     = "/api/v1/vm.restore"
+	OpPing        = "vmm.ping"
+	OpShutdownVMM = "vmm.shutdown"
+	OpCreate      = "vm.create"
+	OpBoot        = "vm.boot"
+	OpShutdown    = "vm.shutdown"
+	OpDelete      = "vm.delete"
+	OpInfo        = "vm.info"
+	OpPause       = "vm.pause"
+	OpResume      = "vm.resume"
+	OpSnapshot    = "vm.snapshot"
+	OpRestore     = "vm.restore"
 )
-
-// Version is what the process driver answers to vmm.ping, so a caller can
-// tell it from a real CH (which answers e.g. "v43.0").
-const Version = "nexus-process-vmm"
 
 // Config is the subset of CH's VmConfig that nexus sets. Unknown fields in a
 // request are ignored, as CH's serde does for optional ones. It is for
@@ -134,16 +130,19 @@ type Info struct {
 	Config Config `json:"config"`
 }
 
-type pingResponse struct {
+// PingResponse is CH's VmmPingResponse.
+type PingResponse struct {
 	Version string `json:"version"`
 	Pid     int    `json:"pid,omitempty"`
 }
 
-type snapshotRequest struct {
+// SnapshotRequest is CH's VmSnapshotConfig.
+type SnapshotRequest struct {
 	DestinationURL string `json:"destination_url"`
 }
 
-type restoreRequest struct {
+// RestoreRequest is CH's RestoreConfig.
+type RestoreRequest struct {
 	SourceURL string `json:"source_url"`
 	Prefault  bool   `json:"prefault,omitempty"`
 }
@@ -156,31 +155,3 @@ const (
 	SnapshotStateFile  = "state.json"
 	SnapshotMemoryFile = "memory-ranges"
 )
-
-// snapshotState is the stand-in's state.json, shaped like CH's Snapshot
-// tree: per-component snapshots keyed by id, the device manager's keyed by
-// device id, the memory manager's carrying the table of guest memory
-// ranges that memory-ranges holds back to back.
-type snapshotState struct {
-	Snapshots map[string]snapshotNode `json:"snapshots"`
-}
-
-type snapshotNode struct {
-	Snapshots map[string]snapshotNode `json:"snapshots,omitempty"`
-	Data      json.RawMessage         `json:"snapshot_data,omitempty"`
-}
-
-type memoryRange struct {
-	GPA    uint64 `json:"gpa"`
-	Length uint64 `json:"length"`
-}
-
-type memoryState struct {
-	MemoryRanges []memoryRange `json:"memory_ranges"`
-}
-
-// vmState is the stand-in's own record of the VM at snapshot time.
-type vmState struct {
-	State   State  `json:"state"`
-	TakenAt string `json:"taken_at"`
-}

@@ -16,9 +16,9 @@ import (
 )
 
 // The HTTP-over-unix-socket scaffolding of a VMM that serves Cloud
-// Hypervisor's REST subset: the process driver's (Serve) and the qemu
-// driver's (host/qemu). What a call does is each VMM's own; how calls are
-// routed, refused, answered and stopped is CH's, and so shared.
+// Hypervisor's REST subset: the process driver's (host/vmm/standin) and
+// the qemu driver's (host/qemu). What a call does is each VMM's own; how
+// calls are routed, refused, answered and stopped is CH's, and so shared.
 
 // APIRoot is the path every call of CH's API is below.
 const APIRoot = "/api/v1/"
@@ -88,7 +88,7 @@ func (c Calls[S]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(out)
 	}
-	if op == "vmm.shutdown" {
+	if op == OpShutdownVMM {
 		c.Stop()
 	}
 }

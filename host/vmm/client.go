@@ -67,8 +67,8 @@ func IsDead(err error) bool {
 
 // Ping returns the VMM's version string.
 func (c *Client) Ping(ctx context.Context) (string, error) {
-	var r pingResponse
-	if err := c.do(ctx, http.MethodGet, pathPing, nil, &r); err != nil {
+	var r PingResponse
+	if err := c.do(ctx, http.MethodGet, OpPing, nil, &r); err != nil {
 		return "", err
 	}
 	return r.Version, nil
@@ -76,35 +76,35 @@ func (c *Client) Ping(ctx context.Context) (string, error) {
 
 // Create defines the VM without booting it.
 func (c *Client) Create(ctx context.Context, cfg Config) error {
-	return c.do(ctx, http.MethodPut, pathCreate, cfg, nil)
+	return c.do(ctx, http.MethodPut, OpCreate, cfg, nil)
 }
 
 func (c *Client) Boot(ctx context.Context) error {
-	return c.do(ctx, http.MethodPut, pathBoot, nil, nil)
+	return c.do(ctx, http.MethodPut, OpBoot, nil, nil)
 }
 
 // Shutdown stops the VM; the VMM process keeps running.
 func (c *Client) Shutdown(ctx context.Context) error {
-	return c.do(ctx, http.MethodPut, pathShutdown, nil, nil)
+	return c.do(ctx, http.MethodPut, OpShutdown, nil, nil)
 }
 
 // Delete forgets the VM, shutting it down first if it runs.
 func (c *Client) Delete(ctx context.Context) error {
-	return c.do(ctx, http.MethodPut, pathDelete, nil, nil)
+	return c.do(ctx, http.MethodPut, OpDelete, nil, nil)
 }
 
 func (c *Client) Info(ctx context.Context) (Info, error) {
 	var info Info
-	err := c.do(ctx, http.MethodGet, pathInfo, nil, &info)
+	err := c.do(ctx, http.MethodGet, OpInfo, nil, &info)
 	return info, err
 }
 
 func (c *Client) Pause(ctx context.Context) error {
-	return c.do(ctx, http.MethodPut, pathPause, nil, nil)
+	return c.do(ctx, http.MethodPut, OpPause, nil, nil)
 }
 
 func (c *Client) Resume(ctx context.Context) error {
-	return c.do(ctx, http.MethodPut, pathResume, nil, nil)
+	return c.do(ctx, http.MethodPut, OpResume, nil, nil)
 }
 
 // Snapshot writes a paused VM's snapshot into dir. As with CH, the VM must
@@ -114,7 +114,7 @@ func (c *Client) Snapshot(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	return c.do(ctx, http.MethodPut, pathSnapshot, snapshotRequest{DestinationURL: u}, nil)
+	return c.do(ctx, http.MethodPut, OpSnapshot, SnapshotRequest{DestinationURL: u}, nil)
 }
 
 // Restore recreates a VM from dir's snapshot in a VMM that has none; it comes
@@ -124,12 +124,12 @@ func (c *Client) Restore(ctx context.Context, dir string) error {
 	if err != nil {
 		return err
 	}
-	return c.do(ctx, http.MethodPut, pathRestore, restoreRequest{SourceURL: u}, nil)
+	return c.do(ctx, http.MethodPut, OpRestore, RestoreRequest{SourceURL: u}, nil)
 }
 
 // ShutdownVMM makes the VMM process exit.
 func (c *Client) ShutdownVMM(ctx context.Context) error {
-	return c.do(ctx, http.MethodPut, pathShutdownVMM, nil, nil)
+	return c.do(ctx, http.MethodPut, OpShutdownVMM, nil, nil)
 }
 
 // fileURL makes dir absolute because the VMM resolves it against its own
@@ -143,7 +143,9 @@ func fileURL(dir string) (string, error) {
 	return "file://" + abs, nil
 }
 
-func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+// do makes the call op (OpPing, ...) of CH's API.
+func (c *Client) do(ctx context.Context, method, op string, in, out any) error {
+	path := APIRoot + op
 	var body io.Reader
 	if in != nil {
 		data, err := json.Marshal(in)

@@ -37,7 +37,7 @@ func DialAgent(ctx context.Context, vsockSocket string) (*agentproto.Client, err
 		conn.Close()
 		return nil, fmt.Errorf("guest agent: %w", err)
 	}
-	line, err := readLine(conn)
+	line, err := ReadHandshakeLine(conn)
 	if err != nil || !strings.HasPrefix(line, "OK ") {
 		conn.Close()
 		return nil, fmt.Errorf("guest agent: vsock handshake to port %d: %q %v (no agent listening)", GuestAgentPort, line, err)
@@ -51,9 +51,10 @@ func DialAgent(ctx context.Context, vsockSocket string) (*agentproto.Client, err
 	return c, nil
 }
 
-// readLine reads one handshake line a byte at a time: whatever follows it
+// ReadHandshakeLine reads one line of CH's hybrid-vsock handshake
+// ("CONNECT <port>", "OK <n>") a byte at a time: whatever follows it
 // belongs to the protocol's frames and must stay unread.
-func readLine(r io.Reader) (string, error) {
+func ReadHandshakeLine(r io.Reader) (string, error) {
 	var b []byte
 	one := make([]byte, 1)
 	for len(b) < 128 {

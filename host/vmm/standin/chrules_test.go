@@ -1,4 +1,4 @@
-package vmm
+package standin
 
 import (
 	"encoding/json"
@@ -10,12 +10,13 @@ import (
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 	"golang.org/x/sys/unix"
 )
 
 // snapshotVM boots cfg in a fresh stand-in VMM, snapshots it into a new
 // directory and shuts the VMM down, returning the directory.
-func snapshotVM(t *testing.T, dir string, cfg Config) string {
+func snapshotVM(t *testing.T, dir string, cfg vmm.Config) string {
 	t.Helper()
 	ctx := ctxT(t)
 	snap := filepath.Join(dir, "snap")
@@ -83,14 +84,14 @@ func TestRestoreNeedsWhatCHNeeds(t *testing.T) {
 	ctx := ctxT(t)
 	os1, ws := makeDisk(t, dir, "os.img"), makeDisk(t, dir, "ws.img")
 	vol := makeDisk(t, dir, "vol.img")
-	snap := snapshotVM(t, dir, Config{
-		Payload: Payload{Kernel: "k"},
-		Disks:   []Disk{{Path: os1, ImageType: ImageRaw}, {Path: ws, ImageType: ImageRaw}, {Path: vol, ImageType: ImageRaw}},
-		Memory:  Memory{Size: 64 << 20},
-		Vsock:   &Vsock{Cid: 3, Socket: filepath.Join(dir, "v.sock")},
+	snap := snapshotVM(t, dir, vmm.Config{
+		Payload: vmm.Payload{Kernel: "k"},
+		Disks:   []vmm.Disk{{Path: os1, ImageType: vmm.ImageRaw}, {Path: ws, ImageType: vmm.ImageRaw}, {Path: vol, ImageType: vmm.ImageRaw}},
+		Memory:  vmm.Memory{Size: 64 << 20},
+		Vsock:   &vmm.Vsock{Cid: 3, Socket: filepath.Join(dir, "v.sock")},
 	})
 	var cfg map[string]any
-	data, _ := os.ReadFile(filepath.Join(snap, SnapshotConfigFile))
+	data, _ := os.ReadFile(filepath.Join(snap, vmm.SnapshotConfigFile))
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +102,7 @@ func TestRestoreNeedsWhatCHNeeds(t *testing.T) {
 	b := startVMM(t, filepath.Join(dir, "b.sock"))
 	// Without memory-ranges.
 	noMem := filepath.Join(dir, "nomem")
-	copySnapshot(t, snap, noMem, SnapshotMemoryFile)
+	copySnapshot(t, snap, noMem, vmm.SnapshotMemoryFile)
 	err := b.client.Restore(ctx, noMem)
 	wantStatus(t, err, http.StatusInternalServerError)
 	if !strings.Contains(err.Error(), "memory-ranges") {
@@ -110,7 +111,7 @@ func TestRestoreNeedsWhatCHNeeds(t *testing.T) {
 	// With a short memory-ranges.
 	short := filepath.Join(dir, "short")
 	copySnapshot(t, snap, short)
-	os.Truncate(filepath.Join(short, SnapshotMemoryFile), 4096)
+	os.Truncate(filepath.Join(short, vmm.SnapshotMemoryFile), 4096)
 	wantStatus(t, b.client.Restore(ctx, short), http.StatusInternalServerError)
 
 	// A config.json that lost a disk (a volume dropped from a restored
@@ -129,12 +130,12 @@ func TestRestoreNeedsWhatCHNeeds(t *testing.T) {
 		},
 	} {
 		d := filepath.Join(dir, name)
-		copySnapshot(t, snap, d, SnapshotConfigFile)
+		copySnapshot(t, snap, d, vmm.SnapshotConfigFile)
 		var c map[string]any
 		json.Unmarshal(data, &c)
 		edit(c)
 		out, _ := json.Marshal(c)
-		os.WriteFile(filepath.Join(d, SnapshotConfigFile), out, 0o600)
+		os.WriteFile(filepath.Join(d, vmm.SnapshotConfigFile), out, 0o600)
 		err := b.client.Restore(ctx, d)
 		wantStatus(t, err, http.StatusInternalServerError)
 		if !strings.Contains(err.Error(), "device ids") {
@@ -158,15 +159,15 @@ func TestSectorZeroAndImageType(t *testing.T) {
 	typed, untyped := makeDisk(t, dir, "typed.img"), makeDisk(t, dir, "untyped.img")
 	vsock := filepath.Join(dir, "v.sock")
 	for _, tc := range []struct {
-		disk Disk
+		disk vmm.Disk
 		want string
 	}{
-		{Disk{Path: typed, ImageType: ImageRaw}, agentproto.TOK},
-		{Disk{Path: untyped}, "error"},
-		{Disk{Path: untyped, ImageType: ImageUnknown}, "error"},
+		{vmm.Disk{Path: typed, ImageType: vmm.ImageRaw}, agentproto.TOK},
+		{vmm.Disk{Path: untyped}, "error"},
+		{vmm.Disk{Path: untyped, ImageType: vmm.ImageUnknown}, "error"},
 	} {
 		p := startVMM(t, filepath.Join(dir, "api.sock"))
-		if err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{tc.disk}, Vsock: &Vsock{Cid: 3, Socket: vsock}}); err != nil {
+		if err := p.client.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{tc.disk}, Vsock: &vmm.Vsock{Cid: 3, Socket: vsock}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := p.client.Boot(ctx); err != nil {
@@ -176,7 +177,7 @@ func TestSectorZeroAndImageType(t *testing.T) {
 			t.Fatalf("%+v: flush -> %q, want %s", tc.disk, got, tc.want)
 		}
 		// The host's client, as stop uses it, agrees.
-		if err := GuestFlush(ctx, vsock, 0); (err == nil) != (tc.want == agentproto.TOK) {
+		if err := vmm.GuestFlush(ctx, vsock, 0); (err == nil) != (tc.want == agentproto.TOK) {
 			t.Fatalf("%+v: GuestFlush: %v", tc.disk, err)
 		}
 		p.client.ShutdownVMM(ctx)
@@ -186,7 +187,7 @@ func TestSectorZeroAndImageType(t *testing.T) {
 	qcow := filepath.Join(dir, "q.img")
 	os.WriteFile(qcow, append([]byte("QFI\xfb"), make([]byte, 4096)...), 0o600)
 	p := startVMM(t, filepath.Join(dir, "api.sock"))
-	err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: qcow, ImageType: ImageRaw}}})
+	err := p.client.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: qcow, ImageType: vmm.ImageRaw}}})
 	wantStatus(t, err, http.StatusInternalServerError)
 	if !strings.Contains(err.Error(), "Qcow2 detected") {
 		t.Fatalf("Raw given for a qcow2 image: %v", err)
@@ -217,8 +218,8 @@ func TestDiskLocks(t *testing.T) {
 	vol := makeDisk(t, dir, "vol.img")
 	a := startVMM(t, filepath.Join(dir, "a.sock"))
 	b := startVMM(t, filepath.Join(dir, "b.sock"))
-	cfg := func(ro bool) Config {
-		return Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: vol, Readonly: ro, ImageType: ImageRaw}}}
+	cfg := func(ro bool) vmm.Config {
+		return vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: vol, Readonly: ro, ImageType: vmm.ImageRaw}}}
 	}
 	if err := a.client.Create(ctx, cfg(false)); err != nil {
 		t.Fatal(err)
@@ -257,7 +258,7 @@ func TestSerialFile(t *testing.T) {
 	log := filepath.Join(dir, "serial.log")
 	os.WriteFile(log, []byte("previous run\n"), 0o600)
 	p := startVMM(t, filepath.Join(dir, "api.sock"))
-	if err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k", Cmdline: "console=ttyS0"}, Serial: &Console{Mode: ConsoleFile, File: log}}); err != nil {
+	if err := p.client.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k", Cmdline: "console=ttyS0"}, Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: log}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.client.Boot(ctx); err != nil {
@@ -279,7 +280,7 @@ func TestAPISocketLock(t *testing.T) {
 	if got := lockOf(t, sock+".lock"); got != unix.F_WRLCK {
 		t.Fatalf("%s.lock: lock type %d, want a write lock", sock, got)
 	}
-	if held, err := APISocketLockHeld(sock + ".lock"); err != nil || !held {
+	if held, err := vmm.APISocketLockHeld(sock + ".lock"); err != nil || !held {
 		t.Fatalf("APISocketLockHeld while serving: %v, %v", held, err)
 	}
 	err := serve(ctx, sock, nil, nil)
@@ -302,10 +303,10 @@ func TestAPISocketLock(t *testing.T) {
 	if got := lockOf(t, sock+".lock"); got != unix.F_UNLCK {
 		t.Fatalf("lock still held after exit: %d", got)
 	}
-	if held, err := APISocketLockHeld(sock + ".lock"); err != nil || held {
+	if held, err := vmm.APISocketLockHeld(sock + ".lock"); err != nil || held {
 		t.Fatalf("APISocketLockHeld after exit: %v, %v", held, err)
 	}
-	if _, err := APISocketLockHeld(filepath.Join(dir, "none.lock")); !os.IsNotExist(err) {
+	if _, err := vmm.APISocketLockHeld(filepath.Join(dir, "none.lock")); !os.IsNotExist(err) {
 		t.Fatalf("missing lock file: %v", err)
 	}
 }
@@ -317,20 +318,20 @@ func TestDiskSerial(t *testing.T) {
 	ctx := ctxT(t)
 	img := makeDisk(t, dir, "d.img")
 	p := startVMM(t, filepath.Join(dir, "api.sock"))
-	err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: img, ImageType: ImageRaw, Serial: strings.Repeat("s", SerialMax+1)}}})
+	err := p.client.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: img, ImageType: vmm.ImageRaw, Serial: strings.Repeat("s", vmm.SerialMax+1)}}})
 	wantStatus(t, err, http.StatusInternalServerError)
 	if err == nil || !strings.Contains(err.Error(), "serial length (21)") {
 		t.Fatalf("long serial: %v", err)
 	}
-	if err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: img, ImageType: ImageRaw, Serial: agentproto.SerialWorkspace}}}); err != nil {
+	if err := p.client.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: img, ImageType: vmm.ImageRaw, Serial: agentproto.SerialWorkspace}}}); err != nil {
 		t.Fatal(err)
 	}
 	info, err := p.client.Info(ctx)
 	if err != nil || len(info.Config.Disks) != 1 || info.Config.Disks[0].Serial != agentproto.SerialWorkspace {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
-	if agentproto.SerialBytes != SerialMax {
-		t.Fatalf("the protocol's serial bound %d is not CH's %d", agentproto.SerialBytes, SerialMax)
+	if agentproto.SerialBytes != vmm.SerialMax {
+		t.Fatalf("the protocol's serial bound %d is not CH's %d", agentproto.SerialBytes, vmm.SerialMax)
 	}
 	p.client.ShutdownVMM(ctx)
 	p.wait(t)

@@ -1,4 +1,4 @@
-package vmm
+package standin
 
 import (
 	"fmt"
@@ -14,6 +14,7 @@ import (
 
 	guestagent "github.com/nexus-sandbox/nexus/guest/agent"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 )
 
 // agent stands in for the guest agent behind CH's vsock socket. It answers
@@ -140,7 +141,7 @@ func (a *agent) serve(c net.Conn) {
 	}()
 	// CH routes the connection to a guest port first; only the handshake
 	// is a text line, read a byte at a time so no frame is consumed.
-	line, err := readLine(c)
+	line, err := vmm.ReadHandshakeLine(c)
 	if err != nil {
 		return
 	}

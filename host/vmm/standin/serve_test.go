@@ -1,9 +1,10 @@
-package vmm
+package standin
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -53,7 +55,7 @@ func childMain(sock string) int {
 type vmmProc struct {
 	cmd    *exec.Cmd
 	sock   string
-	client *Client
+	client *vmm.Client
 	stderr *bytes.Buffer
 	exited chan struct{}
 	err    error // Wait's result, once exited is closed
@@ -71,7 +73,7 @@ func startVMM(t *testing.T, sock string) *vmmProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &vmmProc{sock: sock, client: NewClient(sock), stderr: new(bytes.Buffer), exited: make(chan struct{})}
+	p := &vmmProc{sock: sock, client: vmm.NewClient(sock), stderr: new(bytes.Buffer), exited: make(chan struct{})}
 	p.cmd = exec.Command(exe, "-test.run=^$")
 	// The race runtime otherwise sleeps a second at exit before reporting.
 	p.cmd.Env = append(os.Environ(), envSocket+"="+sock, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
@@ -157,15 +159,43 @@ func openFiles(t *testing.T, pid int) map[string]int {
 
 func wantStatus(t *testing.T, err error, status int) {
 	t.Helper()
-	var ae *APIError
+	var ae *vmm.APIError
 	if !errors.As(err, &ae) || ae.Status != status {
 		t.Fatalf("got %v, want HTTP %d", err, status)
 	}
-	if IsDead(err) {
+	if vmm.IsDead(err) {
 		t.Fatalf("IsDead(%v) on an answering VMM", err)
 	}
 	if strings.Contains(err.Error(), "\n") {
 		t.Fatalf("error spans lines: %q", err)
+	}
+}
+
+// wantRaw sends a call the client would never send (a wrong method, a body
+// of the wrong shape) and wants the VMM to answer it with status.
+func wantRaw(t *testing.T, sock, method, op string, body any, status int) {
+	t.Helper()
+	data, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return new(net.Dialer).DialContext(ctx, "unix", sock)
+		},
+	}}
+	req, err := http.NewRequest(method, "http://localhost"+vmm.APIRoot+op, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, op, err)
+	}
+	defer resp.Body.Close()
+	answer, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != status {
+		t.Fatalf("%s %s: HTTP %d %s, want %d", method, op, resp.StatusCode, answer, status)
 	}
 }
 
@@ -188,7 +218,7 @@ func dialAgent(t *testing.T, path string) *agentConn {
 	if _, err := c.Write([]byte("CONNECT 1024\n")); err != nil {
 		t.Fatal(err)
 	}
-	line, err := readLine(c)
+	line, err := vmm.ReadHandshakeLine(c)
 	if err != nil || !strings.HasPrefix(line, "OK ") {
 		t.Fatalf("CONNECT -> %q, %v", line, err)
 	}
@@ -265,19 +295,19 @@ func TestLifecycle(t *testing.T) {
 
 	rw := makeDisk(t, dir, "rootfs.img")
 	ro := makeDisk(t, dir, "base.img")
-	cfg := Config{
-		Payload: Payload{Kernel: "/boot/vmlinux", Cmdline: "console=hvc0"},
-		Disks:   []Disk{{Path: rw}, {Path: ro, Readonly: true}},
-		Memory:  Memory{Size: 256 << 20},
-		Cpus:    Cpus{BootVcpus: 2},
-		Vsock:   &Vsock{Cid: 3, Socket: vsock},
+	cfg := vmm.Config{
+		Payload: vmm.Payload{Kernel: "/boot/vmlinux", Cmdline: "console=hvc0"},
+		Disks:   []vmm.Disk{{Path: rw}, {Path: ro, Readonly: true}},
+		Memory:  vmm.Memory{Size: 256 << 20},
+		Cpus:    vmm.Cpus{BootVcpus: 2},
+		Vsock:   &vmm.Vsock{Cid: 3, Socket: vsock},
 	}
 	if err := c.Create(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	wantStatus(t, c.Create(ctx, cfg), http.StatusInternalServerError)
 	info, err := c.Info(ctx)
-	if err != nil || info.State != StateCreated {
+	if err != nil || info.State != vmm.StateCreated {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// Disks are held from create on: writable ones O_RDWR, readonly O_RDONLY.
@@ -298,15 +328,15 @@ func TestLifecycle(t *testing.T) {
 	}
 	wantStatus(t, c.Boot(ctx), http.StatusInternalServerError)
 	info, err = c.Info(ctx)
-	if err != nil || info.State != StateRunning {
+	if err != nil || info.State != vmm.StateRunning {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// vm.info shows what CH filled in: device ids from one counter, disks
 	// before vsock, and the probed image type.
 	want := cfg
 	want.Cpus.MaxVcpus = 2
-	want.Disks = []Disk{{Path: rw, ImageType: ImageRaw, ID: "_disk0"}, {Path: ro, Readonly: true, ImageType: ImageRaw, ID: "_disk1"}}
-	want.Vsock = &Vsock{Cid: 3, Socket: vsock, ID: "_vsock2"}
+	want.Disks = []vmm.Disk{{Path: rw, ImageType: vmm.ImageRaw, ID: "_disk0"}, {Path: ro, Readonly: true, ImageType: vmm.ImageRaw, ID: "_disk1"}}
+	want.Vsock = &vmm.Vsock{Cid: 3, Socket: vsock, ID: "_vsock2"}
 	if fmt.Sprint(info.Config.Payload, info.Config.Disks, info.Config.Memory, info.Config.Cpus, *info.Config.Vsock) !=
 		fmt.Sprint(want.Payload, want.Disks, want.Memory, want.Cpus, *want.Vsock) {
 		t.Fatalf("Info config %+v, want %+v", info.Config, want)
@@ -330,7 +360,7 @@ func TestLifecycle(t *testing.T) {
 	}
 	// The stand-in guest runs commands for real, in its guest root: a
 	// file written by one exec is read back through the agent.
-	cl, err := DialAgent(ctx, vsock)
+	cl, err := vmm.DialAgent(ctx, vsock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +385,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantStatus(t, c.Pause(ctx), http.StatusInternalServerError)
-	if info, err := c.Info(ctx); err != nil || info.State != StatePaused {
+	if info, err := c.Info(ctx); err != nil || info.State != vmm.StatePaused {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// A paused guest answers nothing. Silence has no event to wait for, so
@@ -398,7 +428,7 @@ func TestLifecycle(t *testing.T) {
 	if err := c.Shutdown(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if info, err := c.Info(ctx); err != nil || info.State != StateShutdown {
+	if info, err := c.Info(ctx); err != nil || info.State != vmm.StateShutdown {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	files = openFiles(t, p.cmd.Process.Pid)
@@ -436,7 +466,7 @@ func TestLifecycle(t *testing.T) {
 			t.Fatalf("%s after vmm.shutdown: %v", path, err)
 		}
 	}
-	if _, err := c.Ping(ctx); !IsDead(err) {
+	if _, err := c.Ping(ctx); !vmm.IsDead(err) {
 		t.Fatalf("Ping after exit: %v, want dead", err)
 	}
 }
@@ -446,10 +476,10 @@ func TestRestore(t *testing.T) {
 	ctx := ctxT(t)
 	disk := makeDisk(t, dir, "rootfs.img")
 	vsock := filepath.Join(dir, "v.sock")
-	cfg := Config{
-		Payload: Payload{Kernel: "/boot/vmlinux"},
-		Disks:   []Disk{{Path: disk}},
-		Vsock:   &Vsock{Cid: 7, Socket: vsock},
+	cfg := vmm.Config{
+		Payload: vmm.Payload{Kernel: "/boot/vmlinux"},
+		Disks:   []vmm.Disk{{Path: disk}},
+		Vsock:   &vmm.Vsock{Cid: 7, Socket: vsock},
 	}
 	snap := filepath.Join(dir, "snap")
 	os.Mkdir(snap, 0o700)
@@ -476,7 +506,7 @@ func TestRestore(t *testing.T) {
 	}
 	wantStatus(t, b.client.Restore(ctx, snap), http.StatusInternalServerError)
 	info, err := b.client.Info(ctx)
-	if err != nil || info.State != StatePaused || info.Config.Vsock == nil || info.Config.Vsock.Cid != 7 {
+	if err != nil || info.State != vmm.StatePaused || info.Config.Vsock == nil || info.Config.Vsock.Cid != 7 {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	if _, ok := openFiles(t, b.cmd.Process.Pid)[disk]; !ok {
@@ -485,7 +515,7 @@ func TestRestore(t *testing.T) {
 	if err := b.client.Resume(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if info, err := b.client.Info(ctx); err != nil || info.State != StateRunning {
+	if info, err := b.client.Info(ctx); err != nil || info.State != vmm.StateRunning {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
 	// CH wrote the probed type into its configuration, so the restored
@@ -513,26 +543,26 @@ func TestBadRequests(t *testing.T) {
 
 	_, err := c.Info(ctx)
 	wantStatus(t, err, http.StatusNotFound)
-	wantStatus(t, c.Create(ctx, Config{}), http.StatusInternalServerError) // no kernel
-	wantStatus(t, c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: filepath.Join(dir, "missing.img")}}}),
+	wantStatus(t, c.Create(ctx, vmm.Config{}), http.StatusInternalServerError) // no kernel
+	wantStatus(t, c.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: filepath.Join(dir, "missing.img")}}}),
 		http.StatusInternalServerError)
-	wantStatus(t, c.do(ctx, http.MethodPut, "/api/v1/vm.nonesuch", nil, nil), http.StatusNotFound)
-	wantStatus(t, c.do(ctx, http.MethodGet, pathBoot, nil, nil), http.StatusBadRequest)
-	wantStatus(t, c.do(ctx, http.MethodPut, pathCreate, "not a config", nil), http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodPut, "vm.nonesuch", nil, http.StatusNotFound)
+	wantRaw(t, p.sock, http.MethodGet, vmm.OpBoot, nil, http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpCreate, "not a config", http.StatusBadRequest)
 	// A body that parses but names a URL CH cannot use fails the action.
-	wantStatus(t, c.do(ctx, http.MethodPut, pathRestore, restoreRequest{SourceURL: "http://example/snap"}, nil), http.StatusInternalServerError)
-	wantStatus(t, c.do(ctx, http.MethodPut, pathRestore, "not a restore config", nil), http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpRestore, vmm.RestoreRequest{SourceURL: "http://example/snap"}, http.StatusInternalServerError)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpRestore, "not a restore config", http.StatusBadRequest)
 
 	// A create that failed on its second disk released the first.
 	good := makeDisk(t, dir, "good.img")
-	wantStatus(t, c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: good}, {Path: filepath.Join(dir, "missing.img")}}}),
+	wantStatus(t, c.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: good}, {Path: filepath.Join(dir, "missing.img")}}}),
 		http.StatusInternalServerError)
 	if _, ok := openFiles(t, p.cmd.Process.Pid)[good]; ok {
 		t.Fatal("failed create still holds a disk")
 	}
 
 	// vm.delete releases a created-but-never-booted VM's disks.
-	if err := c.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: good}}}); err != nil {
+	if err := c.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: good}}}); err != nil {
 		t.Fatal(err)
 	}
 	wantStatus(t, c.Shutdown(ctx), http.StatusInternalServerError)
@@ -546,52 +576,17 @@ func TestBadRequests(t *testing.T) {
 	wantStatus(t, err, http.StatusNotFound)
 }
 
-func TestIsDead(t *testing.T) {
+// TestIsDeadOnALiveVMM: a refusal from a VMM that answers is not death.
+func TestIsDeadOnALiveVMM(t *testing.T) {
 	dir := t.TempDir()
 	ctx := ctxT(t)
-
-	_, err := NewClient(filepath.Join(dir, "missing.sock")).Ping(ctx)
-	if !IsDead(err) {
-		t.Fatalf("missing socket: IsDead(%v) = false", err)
-	}
-
-	// A socket file with nobody listening, as a crashed server leaves.
-	stale := filepath.Join(dir, "stale.sock")
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.SetUnlinkOnClose(false)
-	l.Close()
-	_, err = NewClient(stale).Ping(ctx)
-	if !IsDead(err) || !errors.Is(err, syscall.ECONNREFUSED) {
-		t.Fatalf("stale socket: IsDead(%v) = false", err)
-	}
-
-	// A listener that never answers: a timeout proves nothing.
-	hung := filepath.Join(dir, "hung.sock")
-	hl, err := net.Listen("unix", hung)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hl.Close()
-	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	defer cancel()
-	_, err = NewClient(hung).Ping(tctx)
-	if err == nil || IsDead(err) {
-		t.Fatalf("hung server: IsDead(%v) = true", err)
-	}
-
 	p := startVMM(t, filepath.Join(dir, "live.sock"))
 	if _, err := p.client.Ping(ctx); err != nil {
 		t.Fatal(err)
 	}
-	err = p.client.Boot(ctx)
-	if err == nil || IsDead(err) {
+	err := p.client.Boot(ctx)
+	if err == nil || vmm.IsDead(err) {
 		t.Fatalf("live server's refusal: IsDead(%v) = true", err)
-	}
-	if IsDead(nil) || IsDead(errors.New("connection refused")) {
-		t.Fatal("IsDead of nil or a plain error")
 	}
 }
 
@@ -609,7 +604,7 @@ func TestSIGKILLLeavesDeadSocket(t *testing.T) {
 		t.Fatalf("SIGKILL should leave the socket file: %v", err)
 	}
 	_, err := p.client.Ping(ctx)
-	if !IsDead(err) || !errors.Is(err, syscall.ECONNREFUSED) {
+	if !vmm.IsDead(err) || !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Fatalf("after SIGKILL: IsDead(%v) = false", err)
 	}
 
@@ -627,7 +622,7 @@ func TestSIGTERM(t *testing.T) {
 	vsock := filepath.Join(dir, "v.sock")
 	disk := makeDisk(t, dir, "d.img")
 	p := startVMM(t, sock)
-	if err := p.client.Create(ctx, Config{Payload: Payload{Kernel: "k"}, Disks: []Disk{{Path: disk}}, Vsock: &Vsock{Cid: 3, Socket: vsock}}); err != nil {
+	if err := p.client.Create(ctx, vmm.Config{Payload: vmm.Payload{Kernel: "k"}, Disks: []vmm.Disk{{Path: disk}}, Vsock: &vmm.Vsock{Cid: 3, Socket: vsock}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.client.Boot(ctx); err != nil {
@@ -680,7 +675,7 @@ func TestServeInProcessContext(t *testing.T) {
 	var log bytes.Buffer
 	go func() { done <- serve(ctx, sock, &log, func() { close(ready) }) }()
 	<-ready
-	if _, err := NewClient(sock).Ping(ctxT(t)); err != nil {
+	if _, err := vmm.NewClient(sock).Ping(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	cancel()

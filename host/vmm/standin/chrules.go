@@ -1,4 +1,4 @@
-package vmm
+package standin
 
 import (
 	"bytes"
@@ -13,6 +13,8 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/vmm"
 )
 
 // The rules below are Cloud Hypervisor's, as its sources state them; the
@@ -53,7 +55,7 @@ const (
 // its typed view for the fields the stand-in acts on.
 type vmConfig struct {
 	raw map[string]any
-	cfg Config
+	cfg vmm.Config
 }
 
 func parseVMConfig(data []byte) (*vmConfig, error) {
@@ -79,7 +81,7 @@ func (vc *vmConfig) sync() error {
 	if err != nil {
 		return err
 	}
-	var cfg Config
+	var cfg vmm.Config
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return err
 	}
@@ -156,7 +158,7 @@ func (vc *vmConfig) deviceIDs() []string {
 // probeImageType reads what CH's open_disk looks at: the QCOW and VHDX
 // magic at offset 0, a fixed VHD's "conectix" footer in the last sector;
 // anything else is Raw.
-func probeImageType(f *os.File) (ImageType, error) {
+func probeImageType(f *os.File) (vmm.ImageType, error) {
 	head := make([]byte, 8)
 	n, err := f.ReadAt(head, 0)
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -165,9 +167,9 @@ func probeImageType(f *os.File) (ImageType, error) {
 	head = head[:n]
 	switch {
 	case bytes.HasPrefix(head, []byte("QFI\xfb")):
-		return ImageQcow2, nil
+		return vmm.ImageQcow2, nil
 	case bytes.HasPrefix(head, []byte("vhdxfile")):
-		return ImageVhdx, nil
+		return vmm.ImageVhdx, nil
 	}
 	fi, err := f.Stat()
 	if err != nil {
@@ -176,10 +178,10 @@ func probeImageType(f *os.File) (ImageType, error) {
 	if fi.Size() >= sectorSize {
 		foot := make([]byte, 8)
 		if _, err := f.ReadAt(foot, fi.Size()-sectorSize); err == nil && string(foot) == "conectix" {
-			return ImageFixedVhd, nil
+			return vmm.ImageFixedVhd, nil
 		}
 	}
-	return ImageRaw, nil
+	return vmm.ImageRaw, nil
 }
 
 // openDisks opens every configured disk as CH's device manager does at
@@ -216,10 +218,10 @@ func openDisks(vc *vmConfig) ([]disk, error) {
 			return fail(failed("cannot open disk %s: probe image type: %v", path, err))
 		}
 		given, _ := raw["image_type"].(string)
-		switch ImageType(given) {
-		case "", ImageUnknown:
+		switch vmm.ImageType(given) {
+		case "", vmm.ImageUnknown:
 			raw["image_type"] = string(probed)
-			disks[len(disks)-1].sector0Refused = probed == ImageRaw || probed == ImageFixedVhd
+			disks[len(disks)-1].sector0Refused = probed == vmm.ImageRaw || probed == vmm.ImageFixedVhd
 		case probed:
 		default:
 			return fail(failed("cannot open disk %s: image_type %s given, %s detected", path, given, probed))
@@ -281,6 +283,34 @@ func writeGuestSector0(d disk) error {
 	return err
 }
 
+// snapshotState is the stand-in's state.json, shaped like CH's Snapshot
+// tree: per-component snapshots keyed by id, the device manager's keyed by
+// device id, the memory manager's carrying the table of guest memory
+// ranges that memory-ranges holds back to back.
+type snapshotState struct {
+	Snapshots map[string]snapshotNode `json:"snapshots"`
+}
+
+type snapshotNode struct {
+	Snapshots map[string]snapshotNode `json:"snapshots,omitempty"`
+	Data      json.RawMessage         `json:"snapshot_data,omitempty"`
+}
+
+type memoryRange struct {
+	GPA    uint64 `json:"gpa"`
+	Length uint64 `json:"length"`
+}
+
+type memoryState struct {
+	MemoryRanges []memoryRange `json:"memory_ranges"`
+}
+
+// vmState is the stand-in's own record of the VM at snapshot time.
+type vmState struct {
+	State   vmm.State `json:"state"`
+	TakenAt string    `json:"taken_at"`
+}
+
 // writeSnapshot writes CH's three snapshot files into dir, which must
 // exist; each is created exclusively, as CH does.
 func writeSnapshot(dir string, vc *vmConfig, st vmState) error {
@@ -318,17 +348,17 @@ func writeSnapshot(dir string, vc *vmConfig, st vmState) error {
 	if err != nil {
 		return err
 	}
-	if err := createExclusive(filepath.Join(dir, SnapshotConfigFile), cfgData, 0); err != nil {
+	if err := createExclusive(filepath.Join(dir, vmm.SnapshotConfigFile), cfgData, 0); err != nil {
 		return err
 	}
-	if err := createExclusive(filepath.Join(dir, SnapshotStateFile), stateData, 0); err != nil {
+	if err := createExclusive(filepath.Join(dir, vmm.SnapshotStateFile), stateData, 0); err != nil {
 		return err
 	}
 	// Guest memory: the ranges back to back, sparse where the guest never
 	// wrote, as CH's sparse layout leaves them; the stand-in's guest has
 	// written its first page.
 	page := bytes.Repeat([]byte("nexus stand-in guest memory\n"), 4096/28+1)[:4096]
-	if err := createExclusive(filepath.Join(dir, SnapshotMemoryFile), page, int64(mem.MemoryRanges[0].Length)); err != nil {
+	if err := createExclusive(filepath.Join(dir, vmm.SnapshotMemoryFile), page, int64(mem.MemoryRanges[0].Length)); err != nil {
 		return err
 	}
 	return syncDir(dir)
@@ -368,44 +398,44 @@ func syncDir(dir string) error {
 // readSnapshot reads what CH's vm.restore reads: the configuration, the
 // state, and the guest memory, which must hold every saved range.
 func readSnapshot(dir string) (*vmConfig, error) {
-	data, err := os.ReadFile(filepath.Join(dir, SnapshotConfigFile))
+	data, err := os.ReadFile(filepath.Join(dir, vmm.SnapshotConfigFile))
 	if err != nil {
 		return nil, err
 	}
 	vc, err := parseVMConfig(data)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", SnapshotConfigFile, err)
+		return nil, fmt.Errorf("%s: %w", vmm.SnapshotConfigFile, err)
 	}
-	if err := vc.cfg.validate(); err != nil {
-		return nil, fmt.Errorf("%s: %w", SnapshotConfigFile, err)
+	if err := validateConfig(&vc.cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", vmm.SnapshotConfigFile, err)
 	}
-	data, err = os.ReadFile(filepath.Join(dir, SnapshotStateFile))
+	data, err = os.ReadFile(filepath.Join(dir, vmm.SnapshotStateFile))
 	if err != nil {
 		return nil, err
 	}
 	var st snapshotState
 	if err := json.Unmarshal(data, &st); err != nil {
-		return nil, fmt.Errorf("%s: %w", SnapshotStateFile, err)
+		return nil, fmt.Errorf("%s: %w", vmm.SnapshotStateFile, err)
 	}
 	var vs vmState
-	if err := json.Unmarshal(st.Snapshots["vm"].Data, &vs); err != nil || vs.State != StatePaused {
-		return nil, fmt.Errorf("%s: not the snapshot of a paused VM (CH snapshots only paused ones): %v", SnapshotStateFile, err)
+	if err := json.Unmarshal(st.Snapshots["vm"].Data, &vs); err != nil || vs.State != vmm.StatePaused {
+		return nil, fmt.Errorf("%s: not the snapshot of a paused VM (CH snapshots only paused ones): %v", vmm.SnapshotStateFile, err)
 	}
 	var mem memoryState
 	if err := json.Unmarshal(st.Snapshots["memory_manager"].Data, &mem); err != nil {
-		return nil, fmt.Errorf("%s: memory manager state: %w", SnapshotStateFile, err)
+		return nil, fmt.Errorf("%s: memory manager state: %w", vmm.SnapshotStateFile, err)
 	}
 	var want uint64
 	for _, r := range mem.MemoryRanges {
 		want += r.Length
 	}
 	if want > 0 {
-		fi, err := os.Stat(filepath.Join(dir, SnapshotMemoryFile))
+		fi, err := os.Stat(filepath.Join(dir, vmm.SnapshotMemoryFile))
 		if err != nil {
 			return nil, fmt.Errorf("guest memory: %w", err)
 		}
 		if uint64(fi.Size()) < want {
-			return nil, fmt.Errorf("guest memory: %s holds %d bytes, the saved ranges %d", SnapshotMemoryFile, fi.Size(), want)
+			return nil, fmt.Errorf("guest memory: %s holds %d bytes, the saved ranges %d", vmm.SnapshotMemoryFile, fi.Size(), want)
 		}
 	}
 	vc.assignIDs()
@@ -418,24 +448,7 @@ func readSnapshot(dir string) (*vmConfig, error) {
 	}
 	sort.Strings(saved)
 	if got := vc.deviceIDs(); !slices.Equal(got, saved) {
-		return nil, fmt.Errorf("device ids %v in %s do not match the saved device state %v: the guest would get fresh devices", got, SnapshotConfigFile, saved)
+		return nil, fmt.Errorf("device ids %v in %s do not match the saved device state %v: the guest would get fresh devices", got, vmm.SnapshotConfigFile, saved)
 	}
 	return vc, nil
-}
-
-// APISocketLockHeld reports whether a process holds the lock of a CH v53+
-// API socket lock file (<socket>.lock): CH holds it for as long as it
-// runs. A missing file is an error satisfying errors.Is(err,
-// os.ErrNotExist); a symlink is refused, never followed.
-func APISocketLockHeld(path string) (bool, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart}
-	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, &lk); err != nil {
-		return false, err
-	}
-	return lk.Type != unix.F_UNLCK, nil
 }

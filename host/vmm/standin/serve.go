@@ -1,4 +1,9 @@
-package vmm
+// Package standin is the process driver's VMM: a stand-in for Cloud
+// Hypervisor, for hosts where CH cannot run. It serves CH's REST subset
+// (host/vmm) and enforces CH's rules with real kernel objects (chrules.go),
+// and its guest serves the agent protocol with guest/agent itself on the
+// host (agent.go), so code exercised against it behaves the same against CH.
+package standin
 
 import (
 	"context"
@@ -15,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/vmm"
 )
 
 // Serve is the process driver's VMM: it answers CH's API on apiSocket and
@@ -43,9 +50,9 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 		return fmt.Errorf("vmm: API socket: %w", err)
 	}
 	defer lock.Close() // the file stays, as CH leaves it
-	err = APIServer{
+	err = vmm.APIServer{
 		Socket: apiSocket,
-		Handler: Calls[*server]{Routes: routes, VMM: s, Lock: &s.op, Logf: s.log.Printf,
+		Handler: vmm.Calls[*server]{Routes: routes, VMM: s, Lock: &s.op, Logf: s.log.Printf,
 			Stopping: func() bool { return s.stopping },
 			Stop:     func() { s.stopOnce.Do(func() { close(s.stop) }) }},
 		Name: Version, Logf: s.log.Printf, ErrorLog: stdlog.New(s.log, "vmm http: ", 0),
@@ -89,6 +96,10 @@ func lockAPISocket(apiSocket string) (*os.File, error) {
 	return f, nil
 }
 
+// Version is what the process driver's VMM answers to vmm.ping, so a
+// caller can tell it from a real CH (which answers e.g. "v43.0").
+const Version = "nexus-process-vmm"
+
 type server struct {
 	log *logger
 
@@ -104,7 +115,7 @@ type server struct {
 }
 
 type vm struct {
-	state  State
+	state  vmm.State
 	config *vmConfig
 	disks  []disk   // nil while shut down
 	agent  *agent   // nil while shut down or without vsock
@@ -146,25 +157,22 @@ func badRequest(format string, args ...any) error {
 }
 
 // routes are the calls of CH's API the stand-in answers, by operation.
-var routes = map[string]Route[*server]{
-	op(pathPing):        {Method: http.MethodGet, Fn: (*server).ping},
-	op(pathShutdownVMM): {Method: http.MethodPut, Fn: (*server).shutdownVMM},
-	op(pathCreate):      {Method: http.MethodPut, Fn: (*server).create},
-	op(pathBoot):        {Method: http.MethodPut, Fn: (*server).boot},
-	op(pathShutdown):    {Method: http.MethodPut, Fn: (*server).shutdown},
-	op(pathDelete):      {Method: http.MethodPut, Fn: (*server).delete},
-	op(pathInfo):        {Method: http.MethodGet, Fn: (*server).info},
-	op(pathPause):       {Method: http.MethodPut, Fn: (*server).pause},
-	op(pathResume):      {Method: http.MethodPut, Fn: (*server).resume},
-	op(pathSnapshot):    {Method: http.MethodPut, Fn: (*server).snapshot},
-	op(pathRestore):     {Method: http.MethodPut, Fn: (*server).restore},
+var routes = map[string]vmm.Route[*server]{
+	vmm.OpPing:        {Method: http.MethodGet, Fn: (*server).ping},
+	vmm.OpShutdownVMM: {Method: http.MethodPut, Fn: (*server).shutdownVMM},
+	vmm.OpCreate:      {Method: http.MethodPut, Fn: (*server).create},
+	vmm.OpBoot:        {Method: http.MethodPut, Fn: (*server).boot},
+	vmm.OpShutdown:    {Method: http.MethodPut, Fn: (*server).shutdown},
+	vmm.OpDelete:      {Method: http.MethodPut, Fn: (*server).delete},
+	vmm.OpInfo:        {Method: http.MethodGet, Fn: (*server).info},
+	vmm.OpPause:       {Method: http.MethodPut, Fn: (*server).pause},
+	vmm.OpResume:      {Method: http.MethodPut, Fn: (*server).resume},
+	vmm.OpSnapshot:    {Method: http.MethodPut, Fn: (*server).snapshot},
+	vmm.OpRestore:     {Method: http.MethodPut, Fn: (*server).restore},
 }
 
-// op is a path's operation: the part below APIRoot.
-func op(path string) string { return strings.TrimPrefix(path, APIRoot) }
-
 func (s *server) ping(*http.Request) (any, error) {
-	return pingResponse{Version: Version, Pid: os.Getpid()}, nil
+	return vmm.PingResponse{Version: Version, Pid: os.Getpid()}, nil
 }
 
 func (s *server) shutdownVMM(*http.Request) (any, error) {
@@ -201,14 +209,14 @@ func (s *server) create(r *http.Request) (any, error) {
 		}
 		return nil, err
 	}
-	s.vm = &vm{state: StateCreated, config: vc, disks: disks, serial: serial}
+	s.vm = &vm{state: vmm.StateCreated, config: vc, disks: disks, serial: serial}
 	return nil, nil
 }
 
 // openSerial opens the serial port's file as CH does, following the path
 // as given: keeping it safe is the host's job, before it names the file.
-func openSerial(cfg Config) (*os.File, error) {
-	if cfg.Serial == nil || cfg.Serial.Mode != ConsoleFile {
+func openSerial(cfg vmm.Config) (*os.File, error) {
+	if cfg.Serial == nil || cfg.Serial.Mode != vmm.ConsoleFile {
 		return nil, nil
 	}
 	if cfg.Serial.File == "" {
@@ -233,7 +241,7 @@ func (s *server) boot(*http.Request) (any, error) {
 	if v == nil {
 		return nil, notCreated("cannot boot: VM is not created")
 	}
-	if v.state != StateCreated && v.state != StateShutdown {
+	if v.state != vmm.StateCreated && v.state != vmm.StateShutdown {
 		return nil, failed("cannot boot: VM is %s", v.state)
 	}
 	if v.disks == nil {
@@ -258,7 +266,7 @@ func (s *server) boot(*http.Request) (any, error) {
 		v.agent = a
 	}
 	v.console("booted: %s", v.config.cfg.Payload.Cmdline)
-	v.state = StateRunning
+	v.state = vmm.StateRunning
 	return nil, nil
 }
 
@@ -267,11 +275,11 @@ func (s *server) shutdown(*http.Request) (any, error) {
 	if v == nil {
 		return nil, failed("cannot shut down: VM is not created")
 	}
-	if v.state != StateRunning && v.state != StatePaused {
+	if v.state != vmm.StateRunning && v.state != vmm.StatePaused {
 		return nil, failed("cannot shut down: VM is %s", v.state)
 	}
 	v.release()
-	v.state = StateShutdown
+	v.state = vmm.StateShutdown
 	return nil, nil
 }
 
@@ -292,25 +300,25 @@ func (s *server) info(*http.Request) (any, error) {
 
 func (s *server) pause(*http.Request) (any, error) {
 	v := s.vm
-	if v == nil || v.state != StateRunning {
+	if v == nil || v.state != vmm.StateRunning {
 		return nil, failed("cannot pause: VM is %s", stateOf(v))
 	}
 	if v.agent != nil {
 		v.agent.setPaused(true)
 	}
-	v.state = StatePaused
+	v.state = vmm.StatePaused
 	return nil, nil
 }
 
 func (s *server) resume(*http.Request) (any, error) {
 	v := s.vm
-	if v == nil || v.state != StatePaused {
+	if v == nil || v.state != vmm.StatePaused {
 		return nil, failed("cannot resume: VM is %s", stateOf(v))
 	}
 	if v.agent != nil {
 		v.agent.setPaused(false)
 	}
-	v.state = StateRunning
+	v.state = vmm.StateRunning
 	return nil, nil
 }
 
@@ -318,10 +326,10 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 	v := s.vm
 	// CH snapshots only a paused VM, so a host that forgets to pause fails
 	// here too rather than only on real CH.
-	if v == nil || v.state != StatePaused {
+	if v == nil || v.state != vmm.StatePaused {
 		return nil, failed("cannot snapshot: VM is %s, not Paused", stateOf(v))
 	}
-	var req snapshotRequest
+	var req vmm.SnapshotRequest
 	if err := decodeBody(r, &req); err != nil {
 		return nil, err
 	}
@@ -339,7 +347,7 @@ func (s *server) restore(r *http.Request) (any, error) {
 	if s.vm != nil {
 		return nil, failed("cannot restore: VM is already created")
 	}
-	var req restoreRequest
+	var req vmm.RestoreRequest
 	if err := decodeBody(r, &req); err != nil {
 		return nil, err
 	}
@@ -362,7 +370,7 @@ func (s *server) restore(r *http.Request) (any, error) {
 		}
 		return nil, failed("cannot restore: %v", err)
 	}
-	v := &vm{state: StatePaused, config: vc, disks: disks, serial: serial}
+	v := &vm{state: vmm.StatePaused, config: vc, disks: disks, serial: serial}
 	v.console("restored from %s", dir)
 	if vc.cfg.Vsock != nil {
 		// CH recreates the vsock device, socket included, at restore; the
@@ -410,7 +418,7 @@ func stateOf(v *vm) string {
 }
 
 func (vc *vmConfig) validate() error {
-	if err := vc.cfg.validate(); err != nil {
+	if err := validateConfig(&vc.cfg); err != nil {
 		return err
 	}
 	// CH's defaults, so vm.info shows what CH would.
@@ -429,7 +437,9 @@ func (vc *vmConfig) validate() error {
 	return nil
 }
 
-func (c *Config) validate() error {
+// validateConfig refuses a configuration CH would refuse and fills in
+// CH's defaults.
+func validateConfig(c *vmm.Config) error {
 	if c.Payload.Kernel == "" && c.Payload.Firmware == "" {
 		return failed("invalid VM config: payload needs a kernel or firmware")
 	}
@@ -438,8 +448,8 @@ func (c *Config) validate() error {
 			return failed("invalid VM config: disk %d has no path", i)
 		}
 		// CH's DiskConfig::validate (v47+), message included.
-		if len(d.Serial) > SerialMax {
-			return failed("invalid VM config: Block device serial length (%d) exceeds maximum allowed length (%d)", len(d.Serial), SerialMax)
+		if len(d.Serial) > vmm.SerialMax {
+			return failed("invalid VM config: Block device serial length (%d) exceeds maximum allowed length (%d)", len(d.Serial), vmm.SerialMax)
 		}
 	}
 	if c.Vsock != nil && c.Vsock.Socket == "" {
