@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
 )
 
 // Root is an absolute state root.
@@ -116,16 +118,9 @@ func (r Root) ShadowDisk(handle, name string) string {
 }
 
 // ShadowName is the shadow name in a ShadowDisk or ForkShadowDisk path.
-// Shadow names hold no '.', so the last ".shadow." starts it whatever the
-// handle holds.
 func ShadowName(path string) (string, bool) {
-	base := filepath.Base(path)
-	i := strings.LastIndex(base, ".shadow.")
-	if i < 0 || !strings.HasSuffix(base, ".ext4") {
-		return "", false
-	}
-	name := strings.TrimSuffix(base[i+len(".shadow."):], ".ext4")
-	return name, name != "" && !strings.Contains(name, ".")
+	n := ParseEntry("disks", filepath.Base(path), false)
+	return n.Shadow, n.Kind == events.KindShadowDisk && n.Shadow != ""
 }
 
 func (r Root) ShadowIntent(handle string) string {
