@@ -36,7 +36,10 @@ func (r Root) HostID() string { return r.join("host-id") }
 func (r Root) Record(id string) string        { return r.join("sandboxes", id, "record.json") }
 func (r Root) RawDisk(id string) string       { return r.join("disks", id+".raw") }
 func (r Root) WorkspaceDisk(id string) string { return r.join("disks", id+"-workspace.ext4") }
-func (r Root) CreateIntent(id string) string  { return r.join("disks", id+".create-intent.json") }
+func (r Root) CreateIntent(id string) string  { return r.join(CreateIntentRel(id)) }
+
+// CreateIntentRel is CreateIntent relative to the root, as leases are keyed.
+func CreateIntentRel(id string) string { return filepath.Join("disks", id+createIntentSuffix) }
 
 // OverlayStaging is the private copy an overlay recovery repairs and grows
 // before renaming it over WorkspaceDisk (same directory, so the rename is
@@ -123,8 +126,12 @@ func ShadowName(path string) (string, bool) {
 	return n.Shadow, n.Kind == events.KindShadowDisk && n.Shadow != ""
 }
 
-func (r Root) ShadowIntent(handle string) string {
-	return r.join("disks", SafeHandle(handle)+".shadow-intent.json")
+func (r Root) ShadowIntent(handle string) string { return r.join(ShadowIntentRel(SafeHandle(handle))) }
+
+// ShadowIntentRel is the shadow intent of a safe handle (Name.Handle)
+// relative to the root, as leases are keyed.
+func ShadowIntentRel(safeHandle string) string {
+	return filepath.Join("disks", safeHandle+shadowIntentSuffix)
 }
 
 // ForkShadowDisk is a fork child's copy of a parent's shadow disk (RL-14).

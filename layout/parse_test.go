@@ -205,3 +205,95 @@ func FuzzBuiltNamesParseBack(f *testing.F) {
 		}
 	})
 }
+
+const (
+	idA = "01HZZZZZZZZZZZZZZZZZZZZZZA"
+	idC = "01HZZZZZZZZZZZZZZZZZZZZZZC"
+)
+
+// The daemon's log lives in logs/ but is nobody's resource; a client run's
+// watchdog log is its run's (KindWatchdogLog).
+func TestNotResource(t *testing.T) {
+	for _, c := range []struct {
+		dir, name string
+		want      bool
+	}{
+		{"logs", "daemon.log", true},
+		{"logs", "run-" + idA + ".watchdog.log", false},
+		{"logs", idA + ".vmm.log", false},
+		{"disks", "daemon.log", false},
+	} {
+		if got := NotResource(c.dir, c.name); got != c.want {
+			t.Errorf("NotResource(%q, %q) = %v", c.dir, c.name, got)
+		}
+	}
+}
+
+// TestParseEntryNames: the names of each directory, as a scan sees them.
+func TestParseEntryNames(t *testing.T) {
+	cases := []struct {
+		dir, name string
+		kind      events.ResourceKind
+		id, h     string
+		legacy    bool
+		unparsed  bool
+	}{
+		{"disks", idA + ".raw", events.KindRawDisk, idA, "", false, false},
+		{"disks", idA + "-workspace.ext4", events.KindWorkspaceDisk, idA, "", false, false},
+		{"disks", idA + ".create-intent.json", events.KindCreateIntent, idA, "", false, false},
+		{"disks", "." + idA + ".create-intent.json.stage-123", events.KindCreateIntent, idA, "", false, false},
+		{"disks", "team_web.shadow-intent.json", events.KindShadowIntent, "", "team_web", false, false},
+		{"disks", "team+web.shadow.cfg.ext4", events.KindShadowDisk, "", "team+web", false, false},
+		{"disks", "a.shadow.b.shadow.cfg.ext4", events.KindShadowDisk, "", "a.shadow.b", false, false},
+		{"disks", "bad%5F.shadow.cfg.ext4", events.KindShadowDisk, "", "", false, true},
+		{"disks", "bad%5F.shadow-intent.json", events.KindShadowIntent, "", "", false, true},
+		{"disks", "team_web.shadow.cfg.ext4", events.KindShadowDisk, "", "team_web", false, false},
+		{"disks", idC + "-team_web.shadow.cfg.ext4", events.KindShadowDisk, idC, "", false, false}, // the child's, not the handle's
+		{"disks", "old.shadow.ext4", events.KindShadowDisk, "", "", true, false},
+		{"disks", "notes.txt", events.KindRawDisk, "", "", false, true},
+		{"disks", strings.ToLower(idA) + ".raw", events.KindRawDisk, "", "", false, true},
+		{"run", "sb-" + idA + ".sock", events.KindAPISocket, idA, "", false, false},
+		{"run", "sb-" + idA + ".sock.lock", events.KindAPISocketLock, idA, "", false, false},
+		{"run", "sb-" + idA + ".vsock", events.KindVsockSocket, idA, "", false, false},
+		{"run", "sb-" + idA + ".iid", events.KindIIDSocket, idA, "", false, false},
+		{"run", "other.sock", events.KindAPISocket, "", "", false, true},
+		{"supervisors", idA, events.KindSupervisorState, idA, "", false, false},
+		{"builder-supervisors", idA, events.KindBuilderSupervisor, idA, "", false, false},
+		{"snapshots", idA, events.KindSnapshot, idA, "", false, false},
+		{"sandboxes", idA, events.KindRecord, idA, "", false, false},
+		{"logs", idA + ".vmm.log", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".supervisor.log", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".console.log", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".kernel.log", events.KindLog, "", "", false, true},
+		{"logs", "notes.log", events.KindLog, "", "", false, true},
+	}
+	for _, c := range cases {
+		e := ParseEntry(c.dir, c.name, false)
+		if e.Kind != c.kind || e.ID != c.id || e.Handle != c.h || e.Legacy != c.legacy || e.Unparsed != c.unparsed {
+			t.Errorf("%s/%s: got %+v", c.dir, c.name, e)
+		}
+	}
+	for _, c := range []struct {
+		name, run string
+		unparsed  bool
+	}{
+		{"run-r_1-x.watchdog.log", "r_1-x", false},
+		{"run-" + idA + ".watchdog.log", idA, false},
+		{"run-.watchdog.log", "", true},
+		{"run-a.b.watchdog.log", "a.b", true}, // no run id has a '.'
+	} {
+		e := ParseEntry("logs", c.name, false)
+		if e.Kind != events.KindWatchdogLog || e.Run != c.run || e.ID != "" || e.Unparsed != c.unparsed {
+			t.Errorf("logs/%s: got %+v", c.name, e)
+		}
+	}
+}
+
+// The volumes exclusion is structural (RL-10): the boundary itself.
+func TestDirsNeverIncludeVolumes(t *testing.T) {
+	for _, d := range Dirs {
+		if d == "volumes" || d == "images" || d == "caches" || strings.Contains(d, "/") {
+			t.Fatalf("scan boundary includes %q", d)
+		}
+	}
+}
