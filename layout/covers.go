@@ -11,7 +11,7 @@ import "github.com/nexus-sandbox/nexus/events"
 // nothing.
 func CoveredBy(rel, id, handle string) bool {
 	n, ok := Parse(rel)
-	if !ok || n.Unparsed || !IsULID(id) {
+	if !ok || !IsULID(id) {
 		return false
 	}
 	switch n.Kind {
@@ -24,7 +24,7 @@ func CoveredBy(rel, id, handle string) bool {
 			return n.ID == id
 		}
 		// The handle-keyed shadow disk of a create with a handle (RL-17).
-		return handle != "" && !n.Legacy && n.Handle == SafeHandle(handle)
+		return handle != "" && n.Handle == SafeHandle(handle)
 	}
 	return false
 }
