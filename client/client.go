@@ -122,7 +122,7 @@ func New(opts Options) (*Client, error) {
 	if opts.RunID == "" {
 		opts.RunID = ulid.Make().String()
 	}
-	if !ledger.ValidRunID(opts.RunID) {
+	if !layout.ValidRunID(opts.RunID) {
 		return nil, fmt.Errorf("client: run id %q: want letters, digits, '_' and '-'", opts.RunID)
 	}
 	return &Client{opts: opts}, nil

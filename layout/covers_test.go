@@ -20,6 +20,9 @@ func TestCoveredBy(t *testing.T) {
 		"snapshots/" + sb:                                 true,
 		"builder-supervisors/" + sb:                       true,
 		"disks/" + other + ".raw":                         false, // another sandbox's disk
+		"disks/" + other + "-dev_one.shadow.cfg.ext4":     false, // another child's copy
+		"disks/old.shadow.ext4":                           false, // legacy: no handle
+		"builder-supervisors/" + other:                    false,
 		"disks/someone.shadow.cfg.ext4":                   false, // another handle's shadow
 		"volumes/data":                                    false, // user-owned
 		"volumes/data/disk.ext4":                          false,
@@ -36,8 +39,10 @@ func TestCoveredBy(t *testing.T) {
 			t.Errorf("CoveredBy(%q) = %v, want %v", rel, got, want)
 		}
 	}
-	if CoveredBy("disks/dev_one.shadow.cfg.ext4", sb, "") {
-		t.Error("a handle-keyed shadow disk covered by an intent without a handle")
+	for _, rel := range []string{"disks/dev_one.shadow.cfg.ext4", "disks/old.shadow.ext4", "disks/x y.shadow.cfg.ext4"} {
+		if CoveredBy(rel, sb, "") {
+			t.Errorf("%s covered by an intent without a handle", rel)
+		}
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
 )
 
 // Root is an absolute state root.
@@ -34,7 +36,10 @@ func (r Root) HostID() string { return r.join("host-id") }
 func (r Root) Record(id string) string        { return r.join("sandboxes", id, "record.json") }
 func (r Root) RawDisk(id string) string       { return r.join("disks", id+".raw") }
 func (r Root) WorkspaceDisk(id string) string { return r.join("disks", id+"-workspace.ext4") }
-func (r Root) CreateIntent(id string) string  { return r.join("disks", id+".create-intent.json") }
+func (r Root) CreateIntent(id string) string  { return r.join(CreateIntentRel(id)) }
+
+// CreateIntentRel is CreateIntent relative to the root, as leases are keyed.
+func CreateIntentRel(id string) string { return filepath.Join("disks", id+createIntentSuffix) }
 
 // OverlayStaging is the private copy an overlay recovery repairs and grows
 // before renaming it over WorkspaceDisk (same directory, so the rename is
@@ -116,20 +121,17 @@ func (r Root) ShadowDisk(handle, name string) string {
 }
 
 // ShadowName is the shadow name in a ShadowDisk or ForkShadowDisk path.
-// Shadow names hold no '.', so the last ".shadow." starts it whatever the
-// handle holds.
 func ShadowName(path string) (string, bool) {
-	base := filepath.Base(path)
-	i := strings.LastIndex(base, ".shadow.")
-	if i < 0 || !strings.HasSuffix(base, ".ext4") {
-		return "", false
-	}
-	name := strings.TrimSuffix(base[i+len(".shadow."):], ".ext4")
-	return name, name != "" && !strings.Contains(name, ".")
+	n := ParseEntry("disks", filepath.Base(path), false)
+	return n.Shadow, n.Kind == events.KindShadowDisk && n.Shadow != ""
 }
 
-func (r Root) ShadowIntent(handle string) string {
-	return r.join("disks", SafeHandle(handle)+".shadow-intent.json")
+func (r Root) ShadowIntent(handle string) string { return r.join(ShadowIntentRel(SafeHandle(handle))) }
+
+// ShadowIntentRel is the shadow intent of a safe handle (Name.Handle)
+// relative to the root, as leases are keyed.
+func ShadowIntentRel(safeHandle string) string {
+	return filepath.Join("disks", safeHandle+shadowIntentSuffix)
 }
 
 // ForkShadowDisk is a fork or restore child's copy of a parent's shadow

@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/nexus-sandbox/nexus/layout"
 )
 
 // Schema is the record schema this nexus writes and fully understands.
@@ -29,30 +31,6 @@ var ErrMalformed = errors.New("malformed ledger file")
 // ErrSchemaTooNew marks a record written by a newer client. It is kept, never
 // swept: its owner may well be alive and we cannot tell.
 var ErrSchemaTooNew = errors.New("ledger schema newer than this nexus")
-
-// ValidRunID reports whether s may name a run (and so three files):
-// [A-Za-z0-9][A-Za-z0-9_-]{0,127}. Checked by hand, not by regexp: a sweep
-// checks every file name under runs/.
-func ValidRunID(s string) bool { return validToken(s, "_-") }
-
-// ValidName reports whether s may be a line of a .sandboxes or .networks
-// file: a sandbox reference as `nexus rm` takes it (a ULID or a handle),
-// [A-Za-z0-9][A-Za-z0-9._/-]{0,127} without "..".
-func ValidName(s string) bool { return validToken(s, "._/-") && !strings.Contains(s, "..") }
-
-func validToken(s, extra string) bool {
-	if len(s) == 0 || len(s) > 128 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || strings.IndexByte(extra, c) < 0) {
-			return false
-		}
-	}
-	return true
-}
 
 // Record is <run-id>.json.
 type Record struct {
@@ -80,13 +58,13 @@ func (r Record) validate() error {
 	switch {
 	case r.Schema != Schema:
 		return fmt.Errorf("%w: schema %d, want %d", ErrMalformed, r.Schema, Schema)
-	case !ValidRunID(r.Run):
+	case !layout.ValidRunID(r.Run):
 		return fmt.Errorf("%w: run id %q", ErrMalformed, r.Run)
 	case r.Pid <= 0 || r.Pid > 1<<22:
 		return fmt.Errorf("%w: pid %d", ErrMalformed, r.Pid)
 	case r.StartTimeMs <= 0:
 		return fmt.Errorf("%w: start_time_ms %d", ErrMalformed, r.StartTimeMs)
-	case !ValidName(r.Driver):
+	case !layout.ValidSandboxRef(r.Driver):
 		return fmt.Errorf("%w: driver %q", ErrMalformed, r.Driver)
 	case r.Nexus != "" && !strings.HasPrefix(r.Nexus, "/"):
 		return fmt.Errorf("%w: nexus path %q is not absolute", ErrMalformed, r.Nexus)
@@ -163,7 +141,7 @@ func ParseNames(data []byte) ([]string, error) {
 			data = nil
 		}
 		s := string(line)
-		if !ValidName(s) {
+		if !layout.ValidSandboxRef(s) {
 			if bad == nil {
 				bad = fmt.Errorf("%w: line %q is not a sandbox or network name", ErrMalformed, truncate(s))
 			}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/layout"
 )
 
 func good() Record {
@@ -205,7 +207,7 @@ func FuzzParseNames(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		names, _ := ParseNames(data)
 		for _, n := range names {
-			if !ValidName(n) {
+			if !layout.ValidSandboxRef(n) {
 				t.Fatalf("returned invalid name %q", n)
 			}
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/vmm"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
@@ -220,7 +221,7 @@ func (m *Manager) childCopies(parent projections.Sandbox, child string, sources 
 		case events.KindWorkspaceDisk:
 			c.dst, c.name = m.Root.WorkspaceDisk(child), "workspace-disk"
 		case events.KindShadowDisk:
-			name := shadowName(s.src)
+			name, _ := layout.ShadowName(s.src)
 			handle := parent.Handle
 			if handle == "" {
 				handle = parent.ID
@@ -230,15 +231,6 @@ func (m *Manager) childCopies(parent projections.Sandbox, child string, sources 
 		out = append(out, c)
 	}
 	return out
-}
-
-// shadowName extracts <name> from ...shadow.<name>.ext4.
-func shadowName(path string) string {
-	base := filepath.Base(path)
-	if i := strings.LastIndex(base, ".shadow."); i >= 0 {
-		return strings.TrimSuffix(base[i+len(".shadow."):], ".ext4")
-	}
-	return strings.TrimSuffix(base, ".ext4")
 }
 
 // preflightCopies checks that count copies of sources, plus extra bytes

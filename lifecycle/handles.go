@@ -31,8 +31,8 @@ func (m *Manager) refuseHandleCollision(ctx context.Context, spec CreateSpec) er
 	}
 	// <ULID>-... is the fork copies' namespace: a handle there could
 	// later meet a child's copy, and the reaper would credit it to the child.
-	if h := spec.Handle; len(h) > 27 && h[26] == '-' && layout.IsULID(h[:26]) {
-		return fmt.Errorf("%w: handle %q starts with a sandbox id and '-', which names fork copies", ErrRefused, h)
+	if _, _, ok := layout.ForkPrefixed(spec.Handle); ok {
+		return fmt.Errorf("%w: handle %q starts with a sandbox id and '-', which names fork copies", ErrRefused, spec.Handle)
 	}
 	return nil
 }

@@ -186,9 +186,9 @@ func probeLeases(root string, entries []reaper.Entry) map[string]reaper.Lease {
 		l := liveness.ProbeIntent(filepath.Join(root, e.Rel))
 		leases[e.Rel] = l
 		// A staged marker speaks for the final name too (it is flocked first).
-		final := reaper.CreateIntentRel(e.ID)
+		final := layout.CreateIntentRel(e.ID)
 		if e.Kind == events.KindShadowIntent {
-			final = reaper.ShadowIntentRel(e.Handle)
+			final = layout.ShadowIntentRel(e.Handle)
 		}
 		if final != e.Rel {
 			if prev, ok := leases[final]; !ok || l.State > prev.State {
@@ -207,7 +207,7 @@ func supervisorEntries(recorded []reaper.Recorded) []reaper.Entry {
 	for _, r := range recorded {
 		who := proc.Identity{Pid: r.Pid, StartTicks: r.StartTicks}
 		alive, err := proc.Alive(who)
-		e := reaper.Entry{Kind: events.KindSupervisorProcess, Rel: "/proc/" + strconv.Itoa(r.Pid), ID: r.Sandbox, Pid: r.Pid, StartTicks: r.StartTicks}
+		e := reaper.Entry{Name: layout.Name{Kind: events.KindSupervisorProcess, ID: r.Sandbox}, Rel: "/proc/" + strconv.Itoa(r.Pid), Pid: r.Pid, StartTicks: r.StartTicks}
 		switch {
 		case err != nil:
 			e.StatErr = err.Error()
@@ -379,8 +379,8 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 		// before writing the disk: if one exists now that this reap did not
 		// judge an orphan itself, the name is taken again. (While the judged
 		// one exists, no new one can be published: RENAME_NOREPLACE.)
-		if e.Kind == events.KindShadowDisk && e.Handle != "" && !e.Legacy && !reaping[reaper.ShadowIntentRel(e.Handle)] {
-			if ok, _ := b.Exists(reaper.ShadowIntentRel(e.Handle)); ok {
+		if e.Kind == events.KindShadowDisk && e.Handle != "" && !e.Legacy && !reaping[layout.ShadowIntentRel(e.Handle)] {
+			if ok, _ := b.Exists(layout.ShadowIntentRel(e.Handle)); ok {
 				it.Verdict, it.Reason = reaper.Live, "shadow intent for "+e.Handle+" appeared before the delete"
 				rep.Kept = append(rep.Kept, it)
 				continue

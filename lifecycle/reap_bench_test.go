@@ -30,7 +30,7 @@ const perSandbox = 9
 func benchTree(b *testing.B, resources int) (string, []projections.Sandbox) {
 	b.Helper()
 	root := b.TempDir()
-	for _, d := range reaper.Dirs {
+	for _, d := range layout.Dirs {
 		os.MkdirAll(filepath.Join(root, d), 0o700)
 	}
 	r := layout.Root(root)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -274,7 +273,8 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 					ps = append(ps, events.WarningRaisedEvent{Reason: "ForeignIntentCover", Message: fmt.Sprintf("%s covers %q, which sandbox %s owns; kept", m.rel(ip), c, owner)})
 					continue
 				}
-				add(events.Resource{Kind: kindOfPath(c), Path: c})
+				n, _ := layout.Parse(c)
+				add(events.Resource{Kind: n.Kind, Path: c})
 			}
 			if in.Handle != "" {
 				intents = append(intents, m.res(events.KindShadowIntent, m.Root.ShadowIntent(in.Handle)))
@@ -305,25 +305,6 @@ func (m *Manager) undoUncommitted(id string) sagas.Step {
 		}
 		return ps, nil
 	}}
-}
-
-// kindOfPath names the kind of a path an intent covers, from its layout.
-func kindOfPath(rel string) events.ResourceKind {
-	base := filepath.Base(rel)
-	switch {
-	case strings.HasPrefix(rel, "supervisors/"):
-		return events.KindSupervisorState
-	case strings.HasPrefix(rel, "sandboxes/"):
-		return events.KindRecord
-	case strings.HasPrefix(rel, "snapshots/"):
-		return events.KindSnapshot
-	case strings.Contains(base, ".shadow."):
-		return events.KindShadowDisk
-	case strings.HasSuffix(base, "-workspace.ext4"):
-		return events.KindWorkspaceDisk
-	default:
-		return events.KindRawDisk
-	}
 }
 
 // retireLeftoverIntents finishes a committed create whose creator died
@@ -542,14 +523,15 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		known[sb.ID] = true
 	}
 	for _, e := range entries {
-		if staged, ok := stagedIntent(e.Name()); ok {
-			if err := m.sweepStaged(staged, rep); err != nil {
+		n := layout.ParseEntry("disks", e.Name(), e.IsDir())
+		if n.Staged {
+			if err := m.sweepStaged(e.Name(), rep); err != nil {
 				return err
 			}
 			continue
 		}
-		id, ok := strings.CutSuffix(e.Name(), ".create-intent.json")
-		if !ok || !layout.IsULID(id) || known[id] || m.creatorAlive(id) {
+		id := n.ID
+		if n.Kind != events.KindCreateIntent || known[id] || m.creatorAlive(id) {
 			continue
 		}
 		s := &sagas.Saga{ID: ulid.Make().String(), Kind: events.SagaRecover, Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}
@@ -562,20 +544,6 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		rep.Intents = append(rep.Intents, id)
 	}
 	return nil
-}
-
-// stagedIntent reports whether name is an intent intent.Publish was
-// staging (".<final name>.stage-XXXX"), create or shadow, and returns it.
-func stagedIntent(name string) (string, bool) {
-	i := strings.LastIndex(name, ".stage-")
-	if !strings.HasPrefix(name, ".") || i <= 1 {
-		return "", false
-	}
-	final := name[1:i]
-	if strings.HasSuffix(final, ".create-intent.json") || strings.HasSuffix(final, ".shadow-intent.json") {
-		return name, true
-	}
-	return "", false
 }
 
 // sweepStaged removes an intent whose creator died staging it (between

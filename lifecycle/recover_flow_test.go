@@ -323,9 +323,11 @@ func TestRecoverSweepsAnIntentTheJournalNeverSaw(t *testing.T) {
 	other := f.create(CreateSpec{})
 	id := ulid.Make().String()
 	own := f.m.rel(f.m.Root.RawDisk(id))
+	builder := f.m.rel(f.m.Root.BuilderDir(id))
 	foreign := f.m.rel(f.m.Root.RawDisk(other.ID))
 	os.WriteFile(filepath.Join(f.root, own), []byte("half a disk"), 0o600)
-	h, err := intent.Publish(f.m.Root.CreateIntent(id), intent.Intent{Kind: string(events.KindCreateIntent), Sandbox: id, Covers: []string{own, foreign}})
+	os.MkdirAll(filepath.Join(f.root, builder), 0o700)
+	h, err := intent.Publish(f.m.Root.CreateIntent(id), intent.Intent{Kind: string(events.KindCreateIntent), Sandbox: id, Covers: []string{own, builder, foreign}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,6 +343,15 @@ func TestRecoverSweepsAnIntentTheJournalNeverSaw(t *testing.T) {
 	}
 	if !f.exists(foreign) {
 		t.Fatal("recover deleted a disk another sandbox owns")
+	}
+	// Each reclaimed path is journaled as the kind its name is.
+	kinds := map[string]events.ResourceKind{}
+	for _, e := range ofType(f.j.since(mark), events.ResourceReclaimed) {
+		r := e.Payload.(events.ResourceReclaimedEvent).Resource
+		kinds[r.Path] = r.Kind
+	}
+	if kinds[own] != events.KindRawDisk || kinds[builder] != events.KindBuilderSupervisor {
+		t.Fatalf("reclaimed as %v", kinds)
 	}
 	var warned bool
 	for _, e := range ofType(f.j.since(mark), events.WarningRaised) {

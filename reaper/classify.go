@@ -259,7 +259,7 @@ func (c *classifier) decide(e Entry) Decision {
 		if e.Kind == events.KindShadowIntent {
 			return keep(e, e.Handle, Orphan, "shadow intent lease is free and no sandbox has handle %s", e.Handle)
 		}
-		if d, ok := c.lateIntent(e, ShadowIntentRel(e.Handle), e.Handle); ok {
+		if d, ok := c.lateIntent(e, layout.ShadowIntentRel(e.Handle), e.Handle); ok {
 			return d
 		}
 		return keep(e, e.Handle, Orphan, "no sandbox has handle %s and no shadow intent lease is held", e.Handle)
@@ -305,12 +305,12 @@ func (c *classifier) leaseVerdict(e Entry, owner string) (Decision, bool) {
 		}
 	}
 	if e.ID != "" {
-		if d, ok := check(CreateIntentRel(e.ID), "create intent"); ok {
+		if d, ok := check(layout.CreateIntentRel(e.ID), "create intent"); ok {
 			return d, true
 		}
 	}
 	if e.Handle != "" {
-		if d, ok := check(ShadowIntentRel(e.Handle), "shadow intent"); ok {
+		if d, ok := check(layout.ShadowIntentRel(e.Handle), "shadow intent"); ok {
 			return d, true
 		}
 	}
@@ -345,11 +345,11 @@ func (c *classifier) lateIntent(e Entry, rel, owner string) (Decision, bool) {
 // liveness is the liveness gate for a ULID-keyed entry with no owner and no
 // lease: one /proc scan per run, then the API socket; ambiguity keeps.
 func (c *classifier) liveness(e Entry) Decision {
-	if d, ok := c.lateIntent(e, CreateIntentRel(e.ID), e.ID); ok {
+	if d, ok := c.lateIntent(e, layout.CreateIntentRel(e.ID), e.ID); ok {
 		return d
 	}
 	if e.Handle != "" {
-		if d, ok := c.lateIntent(e, ShadowIntentRel(e.Handle), e.ID); ok {
+		if d, ok := c.lateIntent(e, layout.ShadowIntentRel(e.Handle), e.ID); ok {
 			return d
 		}
 	}

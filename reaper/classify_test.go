@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -85,83 +86,6 @@ func want(t *testing.T, d Decision, v Verdict, owner, mention string) {
 	}
 }
 
-// The daemon's log lives in logs/ but is nobody's resource; a client run's
-// watchdog log is its run's (KindWatchdogLog).
-func TestNotResource(t *testing.T) {
-	for _, c := range []struct {
-		dir, name string
-		want      bool
-	}{
-		{"logs", "daemon.log", true},
-		{"logs", "run-" + idA + ".watchdog.log", false},
-		{"logs", idA + ".vmm.log", false},
-		{"disks", "daemon.log", false},
-	} {
-		if got := NotResource(c.dir, c.name); got != c.want {
-			t.Errorf("NotResource(%q, %q) = %v", c.dir, c.name, got)
-		}
-	}
-}
-
-func TestIdentifyNames(t *testing.T) {
-	cases := []struct {
-		dir, name string
-		kind      events.ResourceKind
-		id, h     string
-		legacy    bool
-		unparsed  bool
-	}{
-		{"disks", idA + ".raw", events.KindRawDisk, idA, "", false, false},
-		{"disks", idA + "-workspace.ext4", events.KindWorkspaceDisk, idA, "", false, false},
-		{"disks", idA + ".create-intent.json", events.KindCreateIntent, idA, "", false, false},
-		{"disks", "." + idA + ".create-intent.json.stage-123", events.KindCreateIntent, idA, "", false, false},
-		{"disks", "team_web.shadow-intent.json", events.KindShadowIntent, "", "team_web", false, false},
-		{"disks", "team+web.shadow.cfg.ext4", events.KindShadowDisk, "", "team+web", false, false},
-		{"disks", "a.shadow.b.shadow.cfg.ext4", events.KindShadowDisk, "", "a.shadow.b", false, false},
-		{"disks", "bad%5F.shadow.cfg.ext4", events.KindShadowDisk, "", "", false, true},
-		{"disks", "bad%5F.shadow-intent.json", events.KindShadowIntent, "", "", false, true},
-		{"disks", "team_web.shadow.cfg.ext4", events.KindShadowDisk, "", "team_web", false, false},
-		{"disks", idC + "-team_web.shadow.cfg.ext4", events.KindShadowDisk, idC, idC + "-team_web", false, false},
-		{"disks", "old.shadow.ext4", events.KindShadowDisk, "", "", true, false},
-		{"disks", "notes.txt", events.KindRawDisk, "", "", false, true},
-		{"disks", strings.ToLower(idA) + ".raw", events.KindRawDisk, "", "", false, true},
-		{"run", "sb-" + idA + ".sock", events.KindAPISocket, idA, "", false, false},
-		{"run", "sb-" + idA + ".sock.lock", events.KindAPISocketLock, idA, "", false, false},
-		{"run", "sb-" + idA + ".vsock", events.KindVsockSocket, idA, "", false, false},
-		{"run", "sb-" + idA + ".iid", events.KindIIDSocket, idA, "", false, false},
-		{"run", "other.sock", events.KindAPISocket, "", "", false, true},
-		{"supervisors", idA, events.KindSupervisorState, idA, "", false, false},
-		{"builder-supervisors", idA, events.KindBuilderSupervisor, idA, "", false, false},
-		{"snapshots", idA, events.KindSnapshot, idA, "", false, false},
-		{"sandboxes", idA, events.KindRecord, idA, "", false, false},
-		{"logs", idA + ".vmm.log", events.KindLog, idA, "", false, false},
-		{"logs", idA + ".supervisor.log", events.KindLog, idA, "", false, false},
-		{"logs", idA + ".console.log", events.KindLog, idA, "", false, false},
-		{"logs", idA + ".kernel.log", events.KindLog, "", "", false, true},
-		{"logs", "notes.log", events.KindLog, "", "", false, true},
-	}
-	for _, c := range cases {
-		e := Identify(c.dir, c.name, false)
-		if e.Kind != c.kind || e.ID != c.id || e.Handle != c.h || e.Legacy != c.legacy || e.Unparsed != c.unparsed {
-			t.Errorf("%s/%s: got %+v", c.dir, c.name, e)
-		}
-	}
-	for _, c := range []struct {
-		name, run string
-		unparsed  bool
-	}{
-		{"run-r_1-x.watchdog.log", "r_1-x", false},
-		{"run-" + idA + ".watchdog.log", idA, false},
-		{"run-.watchdog.log", "", true},
-		{"run-a.b.watchdog.log", "a.b", true}, // no run id has a '.'
-	} {
-		e := Identify("logs", c.name, false)
-		if e.Kind != events.KindWatchdogLog || e.Run != c.run || e.ID != "" || e.Unparsed != c.unparsed {
-			t.Errorf("logs/%s: got %+v", c.name, e)
-		}
-	}
-}
-
 // A watchdog log is its run's while the run has its record in runs/ (the
 // sweep removes it with the run), an orphan once the record is gone, and
 // kept when the record cannot be checked; never judged by the journal's
@@ -198,11 +122,11 @@ func TestOwnerFromJournalFirst(t *testing.T) {
 	// Not journaled, but the name's ULID is a known sandbox.
 	want(t, one(t, Inputs{}, entry("run", "sb-"+idA+".iid")), Owned, idA, "owner from the name")
 	want(t, one(t, Inputs{}, entry("disks", "team_web.shadow.cfg.ext4")), Owned, idA, "handle team_web")
-	// An unparsed, unjournaled name is kept: its owner cannot be ruled out.
+	// An unparsed, unjournaled name is kept (RL-3).
 	want(t, one(t, Inputs{}, entry("disks", "notes.txt")), Ambiguous, "", "does not parse")
 }
 
-// A fork child's shadow copy belongs to the child.
+// RL-14: a fork child's shadow copy belongs to the child.
 func TestForkChildShadowCopy(t *testing.T) {
 	j := NewJournal([]projections.Sandbox{{ID: idC, Parent: idA}}, nil)
 	want(t, one(t, Inputs{Journal: j}, entry("disks", idC+"-team_web.shadow.cfg.ext4")), Owned, idC, "exists")
@@ -223,7 +147,7 @@ func TestLegacyAndHandleShadowDisks(t *testing.T) {
 	}
 }
 
-// idA's handle is "team/web" (safe "team_web"). The
+// Issue 15, item 5: idA's handle is "team/web" (safe "team_web"). The
 // leftover disk of a gone "team_web" (safe "team+web") is its own orphan,
 // never credited to team/web, and team/web's disk is never an orphan.
 func TestSlashAndUnderscoreHandlesAreTold(t *testing.T) {
@@ -231,10 +155,9 @@ func TestSlashAndUnderscoreHandlesAreTold(t *testing.T) {
 	want(t, one(t, Inputs{Gate: newGate()}, entry("disks", "team+web.shadow.cfg.ext4")), Orphan, "team+web", "no sandbox has handle")
 }
 
-// Held leases keep, shadow intents included; an unreadable intent keeps,
-// and says so.
+// RL-7 / RL-17: held leases keep; an unreadable intent keeps, and says so.
 func TestLeases(t *testing.T) {
-	held := map[string]Lease{CreateIntentRel(idB): {State: LeaseHeld, Covers: []string{"disks/custom-" + idB + ".img"}}}
+	held := map[string]Lease{layout.CreateIntentRel(idB): {State: LeaseHeld, Covers: []string{"disks/custom-" + idB + ".img"}}}
 	want(t, one(t, Inputs{Leases: held}, entry("disks", idB+".raw")), Live, idB, "create intent lease is held")
 	want(t, one(t, Inputs{Leases: held}, entry("disks", idB+".create-intent.json")), Live, idB, "lease is held")
 	want(t, one(t, Inputs{Leases: held}, entry("supervisors", idB)), Live, idB, "create intent lease is held")
@@ -242,13 +165,13 @@ func TestLeases(t *testing.T) {
 	d := one(t, Inputs{Leases: held}, entry("disks", "custom-"+idB+".img"))
 	want(t, d, Live, "", "covered by")
 
-	shadow := map[string]Lease{ShadowIntentRel("new_h"): {State: LeaseHeld}}
+	shadow := map[string]Lease{layout.ShadowIntentRel("new_h"): {State: LeaseHeld}}
 	want(t, one(t, Inputs{Leases: shadow}, entry("disks", "new_h.shadow.cfg.ext4")), Live, "new_h", "shadow intent lease is held")
 
-	bad := map[string]Lease{CreateIntentRel(idB): {State: LeaseUnreadable, Err: "permission denied"}}
+	bad := map[string]Lease{layout.CreateIntentRel(idB): {State: LeaseUnreadable, Err: "permission denied"}}
 	want(t, one(t, Inputs{Leases: bad}, entry("disks", idB+".raw")), Ambiguous, idB, "intent unreadable (permission denied)")
 
-	free := map[string]Lease{CreateIntentRel(idB): {State: LeaseFree}}
+	free := map[string]Lease{layout.CreateIntentRel(idB): {State: LeaseFree}}
 	want(t, one(t, Inputs{Leases: free}, entry("disks", idB+".create-intent.json")), Orphan, idB, "API socket dead")
 	want(t, one(t, Inputs{Leases: free}, entry("disks", idB+".raw")), Orphan, idB, "API socket dead")
 }
@@ -257,13 +180,13 @@ func TestLeases(t *testing.T) {
 // at classification time keeps the resource.
 func TestIntentAppearingAfterTheScanKeeps(t *testing.T) {
 	g := newGate()
-	g.intents[CreateIntentRel(idB)] = Lease{State: LeaseFree}
+	g.intents[layout.CreateIntentRel(idB)] = Lease{State: LeaseFree}
 	want(t, one(t, Inputs{Gate: g}, entry("disks", idB+".raw")), Live, idB, "appeared after the scan")
-	g.intents[ShadowIntentRel("late_h")] = Lease{State: LeaseHeld}
+	g.intents[layout.ShadowIntentRel("late_h")] = Lease{State: LeaseHeld}
 	want(t, one(t, Inputs{Gate: g}, entry("disks", "late_h.shadow.cfg.ext4")), Live, "late_h", "appeared after the scan")
 }
 
-// The liveness gate, asked once per ULID; an inconclusive probe keeps.
+// RL-8: the gate, asked once per ULID; RL-9: inconclusive keeps.
 func TestLivenessGate(t *testing.T) {
 	g := newGate()
 	g.procs[idB] = Probe{State: Alive, Detail: "pid 7 names " + idB}
@@ -291,7 +214,7 @@ func TestLivenessGate(t *testing.T) {
 	}
 }
 
-// A responsive supervisor socket inside the directory keeps it.
+// RL-18: a responsive supervisor socket inside the directory keeps it.
 func TestSupervisorStateSocket(t *testing.T) {
 	g := newGate()
 	g.sups[idB] = Probe{State: Alive, Detail: "supervisor.sock accepts"}
@@ -320,12 +243,12 @@ func TestAmbiguityKeeps(t *testing.T) {
 	want(t, one(t, Inputs{}, entry("disks", "01HZZZZZZZZZZZZZZZZZZZZZZD.raw")), Live, "01HZZZZZZZZZZZZZZZZZZZZZZD", "saga")
 }
 
-// A recorded supervisor of a gone sandbox is an orphan, and its
+// RL-13: a recorded supervisor of a gone sandbox is an orphan, and its
 // own command line is then no evidence that the sandbox lives.
 func TestOrphanSupervisorProcess(t *testing.T) {
 	g := newGate()
 	g.procPids[idB] = []int{4242}
-	sup := Entry{Kind: events.KindSupervisorProcess, Rel: "/proc/4242", ID: idB, Pid: 4242, StartTicks: 99}
+	sup := Entry{Name: layout.Name{Kind: events.KindSupervisorProcess, ID: idB}, Rel: "/proc/4242", Pid: 4242, StartTicks: 99}
 	ds := Classify(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
 	want(t, ds[1], Orphan, idB, "pid and start time still match")
 	want(t, ds[0], Orphan, idB, "dead")
@@ -334,7 +257,7 @@ func TestOrphanSupervisorProcess(t *testing.T) {
 	ds = Classify(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
 	want(t, ds[0], Live, idB, "pid names it")
 	// A supervisor of a sandbox that still exists is recover's business.
-	want(t, one(t, Inputs{}, Entry{Kind: events.KindSupervisorProcess, Rel: "/proc/1", ID: idA, Pid: 1}), Owned, idA, "exists")
+	want(t, one(t, Inputs{}, Entry{Name: layout.Name{Kind: events.KindSupervisorProcess, ID: idA}, Rel: "/proc/1", Pid: 1}), Owned, idA, "exists")
 }
 
 func TestSupervisorHistory(t *testing.T) {
@@ -352,8 +275,8 @@ func TestSupervisorHistory(t *testing.T) {
 
 func TestFilterAndOrder(t *testing.T) {
 	now := time.Unix(10_000, 0)
-	old := Decision{Entry: Entry{Kind: events.KindRawDisk, ID: idB, ModTime: now.Add(-2 * time.Hour)}, Owner: idB}
-	young := Decision{Entry: Entry{Kind: events.KindRawDisk, ID: idB, ModTime: now.Add(-time.Minute)}, Owner: idB}
+	old := Decision{Entry: Entry{Name: layout.Name{Kind: events.KindRawDisk, ID: idB}, ModTime: now.Add(-2 * time.Hour)}, Owner: idB}
+	young := Decision{Entry: Entry{Name: layout.Name{Kind: events.KindRawDisk, ID: idB}, ModTime: now.Add(-time.Minute)}, Owner: idB}
 	f := Filter{OlderThan: 3600, NowUnix: now.Unix()}
 	if !f.Match(old) || f.Match(young) {
 		t.Fatal("--older-than")
@@ -368,18 +291,9 @@ func TestFilterAndOrder(t *testing.T) {
 	if !(Filter{Handle: "team_web"}).Match(shadow) || (Filter{Handle: "team_web"}).Match(old) || (Filter{Sandbox: idB}).Match(shadow) {
 		t.Fatal("--sandbox HANDLE")
 	}
-	ds := []Decision{{Entry: Entry{Kind: events.KindCreateIntent, Rel: "a"}}, {Entry: Entry{Kind: events.KindRawDisk, Rel: "b"}}, {Entry: Entry{Kind: events.KindSupervisorProcess, Rel: "c"}}}
+	ds := []Decision{{Entry: Entry{Name: layout.Name{Kind: events.KindCreateIntent}, Rel: "a"}}, {Entry: Entry{Name: layout.Name{Kind: events.KindRawDisk}, Rel: "b"}}, {Entry: Entry{Name: layout.Name{Kind: events.KindSupervisorProcess}, Rel: "c"}}}
 	Order(ds)
 	if ds[0].Entry.Kind != events.KindSupervisorProcess || ds[2].Entry.Kind != events.KindCreateIntent {
 		t.Fatalf("apply order: %v", ds)
-	}
-}
-
-// The volumes exclusion is structural: the boundary itself.
-func TestDirsNeverIncludeVolumes(t *testing.T) {
-	for _, d := range Dirs {
-		if d == "volumes" || d == "images" || d == "caches" || strings.Contains(d, "/") {
-			t.Fatalf("scan boundary includes %q", d)
-		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
@@ -90,7 +91,7 @@ func readKept(r io.Reader) ([]events.RunKeptEvent, error) {
 		}
 		for _, k := range ev.Kept {
 			for _, run := range k.Runs {
-				if !ledger.ValidRunID(run) {
+				if !layout.ValidRunID(run) {
 					return nil, usageError{fmt.Errorf("run.kept event on stdin: %q is not a run id", run)}
 				}
 			}
@@ -194,7 +195,7 @@ func manage(g *globals) session.Manage {
 }
 
 func watchRun(cmd *cobra.Command, g *globals, run string) error {
-	if !ledger.ValidRunID(run) {
+	if !layout.ValidRunID(run) {
 		return usageError{fmt.Errorf("--run %q is not a run id", run)}
 	}
 	// EOF on anything but the owner's pipe (a terminal, /dev/null) would

@@ -57,7 +57,7 @@ func (r *Run) Dir() string { return r.dir }
 // Attach returns a handle on an existing run's files for appends and drops
 // (a `nexus create` inside `nexus run` uses its parent's run this way).
 func Attach(dir, id string) (*Run, error) {
-	if !format.ValidRunID(id) {
+	if !layout.ValidRunID(id) {
 		return nil, fmt.Errorf("run id %q: %w", id, format.ErrMalformed)
 	}
 	if _, err := os.Stat(recordPath(dir, id)); err != nil {
@@ -128,7 +128,7 @@ func lockRecord(path string, nb bool) (*os.File, error) {
 // instant before creating the thing: the list must be a superset of what
 // exists.
 func (r *Run) Add(k Kind, name string) error {
-	if !format.ValidName(name) {
+	if !layout.ValidSandboxRef(name) {
 		return fmt.Errorf("ledger: %q is not a valid name", name)
 	}
 	lk, err := lockRecord(recordPath(r.dir, r.id), false)

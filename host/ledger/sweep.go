@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/layout"
 	format "github.com/nexus-sandbox/nexus/ledger"
 )
 
@@ -54,7 +55,7 @@ func scan(dir string) ([]entry, error) {
 		name := de.Name()
 		for _, suf := range []string{format.RecordSuffix, format.SandboxesSuffix, format.NetworksSuffix} {
 			run, ok := strings.CutSuffix(name, suf)
-			if !ok || !format.ValidRunID(run) || !de.Type().IsRegular() {
+			if !ok || !layout.ValidRunID(run) || !de.Type().IsRegular() {
 				continue
 			}
 			e := byRun[run]

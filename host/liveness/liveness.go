@@ -22,6 +22,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/reaper"
 )
@@ -258,10 +259,11 @@ func (g *Gate) inListing(dir, name string) bool {
 }
 
 func (g *Gate) Socket(id string) reaper.Probe {
-	if !g.inListing("run", "sb-"+id+".sock") {
+	sock := layout.Root(g.Root).APISocket(id)
+	if !g.inListing("run", filepath.Base(sock)) {
 		return reaper.Probe{State: reaper.Dead}
 	}
-	return ProbeSocket(filepath.Join(g.Root, "run", "sb-"+id+".sock"), g.timeout())
+	return ProbeSocket(sock, g.timeout())
 }
 
 func (g *Gate) SupervisorSocket(id string) reaper.Probe {

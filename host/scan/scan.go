@@ -1,5 +1,5 @@
 // Package scan lists the reapable resources under a state root in one pass:
-// a readdir of each directory in reaper.Dirs and an fstatat of each entry
+// a readdir of each directory in layout.Dirs and an fstatat of each entry
 // relative to the directory's descriptor (never a path a symlink could
 // redirect). It never opens volumes/, images/ or caches/: named volumes are
 // user-owned, and the boundary is structural, not a filter.
@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/reaper"
 )
 
@@ -37,7 +38,7 @@ func Root(root string) (Result, error) {
 		return res, fmt.Errorf("scan %s: %w", root, err)
 	}
 	defer unix.Close(rootfd)
-	for _, dir := range reaper.Dirs {
+	for _, dir := range layout.Dirs {
 		if err := scanDir(rootfd, dir, &res); err != nil {
 			res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", filepath.Join(root, dir), err))
 		}
@@ -61,7 +62,7 @@ func scanDir(rootfd int, dir string, res *Result) error {
 		return err
 	}
 	for _, name := range names {
-		if reaper.NotResource(dir, name) {
+		if layout.NotResource(dir, name) {
 			continue
 		}
 		var st unix.Stat_t

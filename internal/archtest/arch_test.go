@@ -338,7 +338,7 @@ var policy = []string{"core", "guard", "projections", "reaper", "ledger", "sagas
 var adapterPolicyImports = map[string][]string{
 	"host/ledger":   {"ledger"},
 	"host/liveness": {"ledger", "projections", "reaper"},
-	"host/scan":     {"ledger", "projections", "reaper"},
+	"host/scan":     {"projections", "reaper"},
 }
 
 func TestAdaptersImportNoPolicy(t *testing.T) {
