@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/lease"
 	"github.com/nexus-sandbox/nexus/node"
@@ -83,7 +84,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 	case o.Auto == nil:
 		return connectLocal(ctx, root, o.Wait)
 	}
-	sock := filepath.Join(root, SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	if c, st, err := dialStatus(ctx, sock); err == nil {
 		if sameBuild(st) {
 			c.ensure = redial(root, o)
@@ -153,7 +154,7 @@ func (s *startFailed) Error() string {
 // command already running (redial), after its daemon went away.
 type replacedError struct {
 	root    string
-	st      Status
+	st      wire.Status
 	running bool
 }
 
@@ -219,7 +220,7 @@ func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error 
 // another build started on demand is retired here, under the lock, so two
 // commands finding it replace it once; one started by hand is refused.
 func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bool) error {
-	sock := filepath.Join(root, SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	l, err := acquireSpawnLock(ctx, filepath.Join(root, SpawnLockName), o.Auto)
 	if err != nil {
 		return err
@@ -521,7 +522,7 @@ func openDaemonLog(root string) (*os.File, error) {
 // and exits when its last client is done. A hand-started daemon is used as
 // it is, if it runs this build.
 func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend, error) {
-	sock := filepath.Join(root, SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
 	for {

@@ -30,6 +30,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -214,7 +215,7 @@ func startBenchDaemon(b *testing.B, root string, g int) *benchDaemon {
 	done := make(chan error, 1)
 	ready := make(chan struct{})
 	go func() {
-		done <- control.RunDaemon(ctx, root, control.DaemonOptions{Ready: func(control.Status) { close(ready) }})
+		done <- control.RunDaemon(ctx, root, control.DaemonOptions{Ready: func(wire.Status) { close(ready) }})
 	}()
 	d := &benchDaemon{}
 	b.Cleanup(func() {

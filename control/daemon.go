@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/hostid"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -49,7 +50,7 @@ type DaemonOptions struct {
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket.
-	Ready func(Status)
+	Ready func(wire.Status)
 	// Idle > 0 stops the daemon once no client has been connected for that
 	// long (0: serve until ctx is done).
 	Idle time.Duration
@@ -126,10 +127,10 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 	if o.Ready != nil {
 		// Serve creates the socket almost at once; wait until it answers so
 		// Ready means a client can connect.
-		if err := waitAnswering(ctx, filepath.Join(root, SocketName), served); err != nil {
+		if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
 			return err
 		}
-		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: selfBuildRef()})
+		o.Ready(wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: selfBuildRef()})
 	}
 	return <-served
 }
@@ -149,7 +150,7 @@ func openWaiting(ctx context.Context, root string, jo journal.Options, wait time
 		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
 			return n, err
 		}
-		if c, err := dial(ctx, filepath.Join(root, SocketName)); err == nil {
+		if c, err := dial(ctx, filepath.Join(root, wire.SocketName)); err == nil {
 			st, serr := c.Status(ctx)
 			switch {
 			case takeOver && serr == nil && st.Auto:

@@ -17,6 +17,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -27,7 +28,7 @@ import (
 // daemon is a RunDaemon running in this process on its own state root.
 type daemon struct {
 	root   string
-	status control.Status
+	status wire.Status
 	cancel context.CancelFunc
 	done   chan error
 }
@@ -49,9 +50,9 @@ func startDaemonWith(t *testing.T, root string, o control.DaemonOptions) *daemon
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	d := &daemon{root: root, cancel: cancel, done: make(chan error, 1)}
-	ready := make(chan control.Status, 1)
+	ready := make(chan wire.Status, 1)
 	go func() {
-		o.Ready = func(st control.Status) { ready <- st }
+		o.Ready = func(st wire.Status) { ready <- st }
 		d.done <- control.RunDaemon(ctx, root, o)
 	}()
 	t.Cleanup(func() {
@@ -391,7 +392,7 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 		readyCalled := false
 		err := control.RunDaemon(ctx, root, control.DaemonOptions{
 			Listen: addr,
-			Ready:  func(control.Status) { readyCalled = true },
+			Ready:  func(wire.Status) { readyCalled = true },
 		})
 		cancel()
 		if err == nil || readyCalled {
@@ -406,7 +407,7 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 			t.Fatalf("--listen %s --allow-remote without TLS: %v; want a refusal naming --tls-cert", addr, err)
 		}
 		// Refused before anything was created: no credentials, no journal.
-		for _, name := range []string{control.SubscriberFile, "journal", control.SocketName} {
+		for _, name := range []string{control.SubscriberFile, "journal", wire.SocketName} {
 			if _, err := os.Stat(filepath.Join(root, name)); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("--listen %s refused, but %s exists (%v)", addr, name, err)
 			}
@@ -416,7 +417,7 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 
 func TestDaemonShutdown(t *testing.T) {
 	d := startDaemon(t, "127.0.0.1:0")
-	sock := filepath.Join(d.root, control.SocketName)
+	sock := filepath.Join(d.root, wire.SocketName)
 	b := connect(t, d.root)
 	if _, ok := b.(*control.Client); !ok {
 		t.Fatalf("Connect with a daemon running returned %T, want *control.Client", b)
@@ -431,7 +432,7 @@ func TestDaemonShutdown(t *testing.T) {
 		t.Fatalf("RunDaemon after cancel: %v, want nil", err)
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("%s after shutdown: %v, want it removed", control.SocketName, err)
+		t.Fatalf("%s after shutdown: %v, want it removed", wire.SocketName, err)
 	}
 
 	// With no daemon, Connect owns the store itself, at once: the daemon
@@ -446,7 +447,7 @@ func TestDaemonShutdown(t *testing.T) {
 		t.Fatalf("events after shutdown = %+v, want the one appended through the daemon", got)
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("a local Connect created %s: %v", control.SocketName, err)
+		t.Fatalf("a local Connect created %s: %v", wire.SocketName, err)
 	}
 }
 
@@ -472,7 +473,7 @@ func TestSandboxByRef(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			go control.Serve(ctx, n)
 			defer cancel()
-			c := control.NewClient(filepath.Join(root, control.SocketName))
+			c := control.NewClient(filepath.Join(root, wire.SocketName))
 			for i := 0; i < 500; i++ {
 				if _, err := c.Status(context.Background()); err == nil {
 					break

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -21,7 +22,7 @@ func runDaemon(t *testing.T, o control.DaemonOptions) (string, chan error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	ready := make(chan struct{})
-	o.Ready = func(control.Status) { close(ready) }
+	o.Ready = func(wire.Status) { close(ready) }
 	go func() { done <- control.RunDaemon(ctx, root, o) }()
 	t.Cleanup(func() {
 		cancel()
@@ -73,7 +74,7 @@ func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
 	}
 	b.Close()
 	wantExit(t, done, "after its last client closed")
-	if _, err := os.Lstat(filepath.Join(root, control.SocketName)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(filepath.Join(root, wire.SocketName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket after idle exit: %v", err)
 	}
 	n, err := node.Open(context.Background(), root, node.Options{})

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
@@ -173,7 +174,7 @@ func daemonCmd(g *globals) *cobra.Command {
 					}
 				}
 			}
-			o.Ready = func(st control.Status) {
+			o.Ready = func(st wire.Status) {
 				log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
 				if startup != nil {
 					startup()
@@ -497,14 +498,14 @@ func dash(s string) string {
 // daemonStatus is `daemon status --json`: the daemon's own answer and
 // this nexus's build beside it.
 type daemonStatus struct {
-	Pid           int            `json:"pid"`
-	Root          string         `json:"root"`
-	Auto          bool           `json:"auto"`
-	Retiring      bool           `json:"retiring"`
-	SubscriberURL string         `json:"subscriber_url,omitempty"`
-	Build         *control.Build `json:"build"`
-	This          *control.Build `json:"this"`
-	SameBuild     bool           `json:"same_build"`
+	Pid           int         `json:"pid"`
+	Root          string      `json:"root"`
+	Auto          bool        `json:"auto"`
+	Retiring      bool        `json:"retiring"`
+	SubscriberURL string      `json:"subscriber_url,omitempty"`
+	Build         *wire.Build `json:"build"`
+	This          *wire.Build `json:"this"`
+	SameBuild     bool        `json:"same_build"`
 }
 
 func daemonStatusCmd(g *globals) *cobra.Command {
@@ -532,7 +533,7 @@ func daemonStatusCmd(g *globals) *cobra.Command {
 	return c
 }
 
-func printDaemonStatus(w io.Writer, st control.Status, self control.Build, selfErr error) {
+func printDaemonStatus(w io.Writer, st wire.Status, self wire.Build, selfErr error) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "pid\t%d\n", st.Pid)
 	fmt.Fprintf(tw, "root\t%s\n", st.Root)
