@@ -243,7 +243,7 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 		// exits. Waiting for that here, rather than in the daemon started
 		// below (which gives up on a held journal after its lock wait),
 		// gives an old command as long as a daemon has to answer.
-		if err := c.retire(ctx); err != nil {
+		if err := c.Retire(ctx); err != nil {
 			return fmt.Errorf("retire the daemon of another nexus build on %s (pid %d): %w", root, st.Pid, err)
 		}
 		if err := waitGone(ctx, sock, st.Pid, o.Auto.ready()); err != nil {
@@ -463,7 +463,7 @@ func spawnDaemon(ctx context.Context, root, sock string, a *AutoStart) error {
 	deadline := time.NewTimer(ready)
 	defer deadline.Stop()
 	for {
-		if c, err := dial(ctx, sock); err == nil {
+		if c, err := Dial(ctx, sock); err == nil {
 			c.Close()
 			return nil
 		}
@@ -541,7 +541,7 @@ func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend
 				}
 				return c, nil
 			}
-			c.retire(ctx)
+			c.Retire(ctx)
 			c.Close()
 		}
 		if time.Now().After(deadline) {

@@ -45,15 +45,6 @@ var selfBuild = sync.OnceValues(func() (wire.Build, error) {
 // SelfBuild is this process's build.
 func SelfBuild() (wire.Build, error) { return selfBuild() }
 
-// selfBuildRef is SelfBuild for a Status: nil if it cannot be known.
-func selfBuildRef() *wire.Build {
-	b, err := selfBuild()
-	if err != nil {
-		return nil
-	}
-	return &b
-}
-
 // sameBuild is whether a daemon reporting st runs this process's build. A
 // daemon that reports none is older than build identities, so another
 // build. A process that cannot identify itself (no /proc) cannot tell, and

@@ -126,9 +126,9 @@ type notAwaited struct{ cause, ctxErr error }
 func (e notAwaited) Error() string   { return "the daemon's answer was not awaited: " + e.cause.Error() }
 func (e notAwaited) Unwrap() []error { return []error{e.cause, e.ctxErr} }
 
-// retire asks a daemon started on demand to stop accepting and exit once
+// Retire asks a daemon started on demand to stop accepting and exit once
 // its clients are done.
-func (c *Client) retire(ctx context.Context) error {
+func (c *Client) Retire(ctx context.Context) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wire.PathRetire, nil)
 	if err != nil {
 		return err

@@ -147,7 +147,7 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 				c.Close()
 				return nil, otherBuild(root, st)
 			}
-			c.retire(ctx)
+			c.Retire(ctx)
 			c.Close()
 		}
 		n, err := node.Open(ctx, root, node.Options{Lazy: true})
@@ -173,8 +173,8 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 // it was serving.
 var errRetiring = errors.New("the daemon is retiring")
 
-// dial returns a client if a daemon that is not retiring answers on sock.
-func dial(ctx context.Context, sock string) (*Client, error) {
+// Dial returns a client if a daemon that is not retiring answers on sock.
+func Dial(ctx context.Context, sock string) (*Client, error) {
 	c, _, err := dialStatus(ctx, sock)
 	return c, err
 }

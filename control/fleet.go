@@ -21,7 +21,7 @@ func FleetStatus(ctx context.Context, root string) (*journal.MirrorState, error)
 	if err != nil {
 		return nil, err
 	}
-	c, err := dial(ctx, filepath.Join(abs, wire.SocketName))
+	c, err := Dial(ctx, filepath.Join(abs, wire.SocketName))
 	if err != nil {
 		return nil, fmt.Errorf("%w: no daemon serves %s (mirroring runs in `nexus daemon --mirror`)", ErrNotMirroring, root)
 	}

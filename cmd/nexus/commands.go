@@ -18,6 +18,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
@@ -104,7 +105,7 @@ func idleFromEnv() (time.Duration, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var o control.DaemonOptions
+	var o daemon.Options
 	var mirrorURLs []string
 	var mirrorBytes string
 	var tlsOpts journal.TLS
@@ -183,11 +184,11 @@ func daemonCmd(g *globals) *cobra.Command {
 					log.Info("mirroring", "stream", o.Mirror.StreamName(), "domain", o.Mirror.Domain, "host", o.Mirror.Host, "host_id", o.Mirror.HostID, "urls", strings.Join(o.Mirror.Redacted(), ","))
 				}
 				if st.SubscriberURL != "" {
-					log.Info("subscribers", "url", st.SubscriberURL, "credentials", filepath.Join(st.Root, control.SubscriberFile))
+					log.Info("subscribers", "url", st.SubscriberURL, "credentials", filepath.Join(st.Root, daemon.SubscriberFile))
 				}
 			}
-			err = control.RunDaemon(cmd.Context(), g.stateDir, o)
-			if o.Auto && errors.Is(err, control.ErrServedElsewhere) {
+			err = daemon.Run(cmd.Context(), g.stateDir, o)
+			if o.Auto && errors.Is(err, daemon.ErrServedElsewhere) {
 				log.Info("not needed", "reason", err.Error())
 				return nil
 			}

@@ -29,7 +29,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	mnt := smallfs.Mount(t, 256<<20) // reserve 16 MiB, floor 2 MiB
 	root := filepath.Join(mnt, "root")
 	image := makeImage(t)
-	var d *daemon
+	var d *runningDaemon
 	if withDaemon {
 		d = startDaemon(t, root)
 	}

@@ -1,4 +1,4 @@
-package control
+package daemon
 
 import (
 	"context"
@@ -14,11 +14,22 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
+
+// buildRef is this process's build for a Status: nil if it cannot be
+// known.
+func buildRef() *wire.Build {
+	b, err := control.SelfBuild()
+	if err != nil {
+		return nil
+	}
+	return &b
+}
 
 // Serve answers control requests for n on <root>/nexus.sock (mode 0600)
 // until ctx is done. The caller owns n's journal lock, so any socket file
@@ -239,7 +250,7 @@ func (f *followers) end() {
 
 func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
-	local := Local{n}
+	local := control.Local{Node: n}
 	var served, most atomic.Int64
 	count := func(n int) {
 		served.Add(int64(n))
@@ -250,7 +261,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		writeJSON(w, http.StatusOK, wire.Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
 	})
 	mux.HandleFunc("GET "+wire.PathStatus, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: selfBuildRef(), Retiring: cl.isRetiring()})
+		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring()})
 	})
 	mux.HandleFunc("GET "+wire.PathMirror, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wire.MirrorAnswer{Mirror: n.Journal().MirrorState(r.Context())})

@@ -1,4 +1,9 @@
-package control
+// Package daemon is the process that owns a state root for every command:
+// it keeps the journal open, serves the control protocol (control/wire) on
+// the root's socket, journals the exits of the processes it records as
+// running and the fleet mirror's changes, and, when started on demand,
+// exits when idle or retires for a command that needs the journal itself.
+package daemon
 
 import (
 	"context"
@@ -13,6 +18,7 @@ import (
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/hostid"
@@ -36,8 +42,8 @@ type SubscriberCredentials struct {
 	InboxPrefix string `json:"inbox_prefix"`
 }
 
-// DaemonOptions configure RunDaemon.
-type DaemonOptions struct {
+// Options configure Run.
+type Options struct {
 	// Listen exposes NATS to subscribers on this TCP address ("" = none).
 	Listen string
 	// AllowRemote permits a Listen address that is not loopback; such an
@@ -62,19 +68,19 @@ type DaemonOptions struct {
 	// Startup, if set, runs once the journal is open and before the socket
 	// serves: the daemon finishes the sagas a dead runner (or a killed
 	// daemon) left open, under their free runner leases.
-	Startup func(ctx context.Context, b Backend)
+	Startup func(ctx context.Context, b control.Backend)
 }
 
-// RunDaemon owns the state root until ctx is done: it keeps the journal
+// Run owns the state root until ctx is done: it keeps the journal
 // open, serves commands on the control socket and, if asked, subscribers.
-func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
+func Run(ctx context.Context, root string, o Options) error {
 	root, err := node.PrepareRoot(root)
 	if err != nil {
 		return err
 	}
 	// The build is the executable as it was at start: identified now,
 	// before anything could replace the file this process runs.
-	selfBuild()
+	control.SelfBuild()
 	if o.Mirror != nil && o.Mirror.HostID == "" {
 		id, err := hostid.Load(root)
 		if err != nil {
@@ -115,12 +121,12 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 		}
 	}
 	if o.Startup != nil {
-		o.Startup(ctx, Local{n})
+		o.Startup(ctx, control.Local{Node: n})
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Exits are facts (control/exits.go): stopped before the node closes.
+	// Exits are facts (exits.go): stopped before the node closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n)()
 	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto}) }()
@@ -130,7 +136,7 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 		if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
 			return err
 		}
-		o.Ready(wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: selfBuildRef()})
+		o.Ready(wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef()})
 	}
 	return <-served
 }
@@ -150,11 +156,11 @@ func openWaiting(ctx context.Context, root string, jo journal.Options, wait time
 		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
 			return n, err
 		}
-		if c, err := dial(ctx, filepath.Join(root, wire.SocketName)); err == nil {
+		if c, err := control.Dial(ctx, filepath.Join(root, wire.SocketName)); err == nil {
 			st, serr := c.Status(ctx)
 			switch {
 			case takeOver && serr == nil && st.Auto:
-				c.retire(ctx)
+				c.Retire(ctx)
 			case !takeOver:
 				// Started on demand while another daemon took the root
 				// (one started by hand): the command that started us is
@@ -174,7 +180,7 @@ func openWaiting(ctx context.Context, root string, jo journal.Options, wait time
 
 func waitAnswering(ctx context.Context, sock string, served <-chan error) error {
 	for {
-		if c, err := dial(ctx, sock); err == nil {
+		if c, err := control.Dial(ctx, sock); err == nil {
 			c.Close()
 			return nil
 		}

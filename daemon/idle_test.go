@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -10,20 +10,21 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
 // runDaemon runs RunDaemon with o on a new root and returns once it
 // answers, with the channel RunDaemon's result arrives on.
-func runDaemon(t *testing.T, o control.DaemonOptions) (string, chan error) {
+func runDaemon(t *testing.T, o daemon.Options) (string, chan error) {
 	t.Helper()
 	root := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	ready := make(chan struct{})
 	o.Ready = func(wire.Status) { close(ready) }
-	go func() { done <- control.RunDaemon(ctx, root, o) }()
+	go func() { done <- daemon.Run(ctx, root, o) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done
@@ -57,7 +58,7 @@ func wantExit(t *testing.T, done chan error, why string) {
 // between requests) keeps an idling daemon; once it closes, the daemon
 // exits, its socket is gone, and the store opens in process at once.
 func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Idle: 200 * time.Millisecond, Auto: true})
+	root, done := runDaemon(t, daemon.Options{Idle: 200 * time.Millisecond, Auto: true})
 	b := connect(t, root)
 	for range 5 {
 		time.Sleep(100 * time.Millisecond)
@@ -92,7 +93,7 @@ func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
 // TestRetire: an exclusive connect retires an on-demand daemon and owns the
 // store in process; a hand-started daemon is used as it is.
 func TestRetire(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Auto: true})
+	root, done := runDaemon(t, daemon.Options{Auto: true})
 	b, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -114,7 +115,7 @@ func TestCopiedBinaryIsAnotherBuild(t *testing.T) {
 // exclusive connect then owns the store. A retire that stopped accepting
 // at once would leave the append no daemon to reach.
 func TestRetiringDaemonServesItsClients(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Auto: true})
+	root, done := runDaemon(t, daemon.Options{Auto: true})
 	b, err := control.Connect(context.Background(), root, time.Minute)
 	if err != nil {
 		t.Fatal(err)

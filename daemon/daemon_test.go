@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -26,34 +27,34 @@ import (
 )
 
 // daemon is a RunDaemon running in this process on its own state root.
-type daemon struct {
+type running struct {
 	root   string
 	status wire.Status
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func startDaemon(t *testing.T, listen string) *daemon {
+func startDaemon(t *testing.T, listen string) *running {
 	t.Helper()
 	return startDaemonAt(t, t.TempDir(), listen)
 }
 
 // startDaemonAt runs RunDaemon on root until the test ends, and returns
 // once Ready has been called.
-func startDaemonAt(t *testing.T, root, listen string) *daemon {
+func startDaemonAt(t *testing.T, root, listen string) *running {
 	t.Helper()
-	return startDaemonWith(t, root, control.DaemonOptions{Listen: listen})
+	return startDaemonWith(t, root, daemon.Options{Listen: listen})
 }
 
 // startDaemonWith is startDaemonAt with every option (Ready is its own).
-func startDaemonWith(t *testing.T, root string, o control.DaemonOptions) *daemon {
+func startDaemonWith(t *testing.T, root string, o daemon.Options) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemon{root: root, cancel: cancel, done: make(chan error, 1)}
+	d := &running{root: root, cancel: cancel, done: make(chan error, 1)}
 	ready := make(chan wire.Status, 1)
 	go func() {
 		o.Ready = func(st wire.Status) { ready <- st }
-		d.done <- control.RunDaemon(ctx, root, o)
+		d.done <- daemon.Run(ctx, root, o)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -71,7 +72,7 @@ func startDaemonWith(t *testing.T, root string, o control.DaemonOptions) *daemon
 }
 
 // stop cancels the daemon and returns what RunDaemon returned.
-func (d *daemon) stop(t *testing.T) error {
+func (d *running) stop(t *testing.T) error {
 	t.Helper()
 	d.cancel()
 	select {
@@ -117,8 +118,8 @@ func TestDaemonServesClients(t *testing.T) {
 	if d.status.Pid != os.Getpid() || d.status.SubscriberURL != "" {
 		t.Fatalf("Ready status = %+v; want this pid and no subscriber URL without --listen", d.status)
 	}
-	if _, err := os.Stat(filepath.Join(d.root, control.SubscriberFile)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("%s without --listen: %v, want it absent", control.SubscriberFile, err)
+	if _, err := os.Stat(filepath.Join(d.root, daemon.SubscriberFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s without --listen: %v, want it absent", daemon.SubscriberFile, err)
 	}
 
 	b := connect(t, d.root)
@@ -172,26 +173,26 @@ func TestDaemonServesClients(t *testing.T) {
 	}
 }
 
-func readSubscriber(t *testing.T, root string) control.SubscriberCredentials {
+func readSubscriber(t *testing.T, root string) daemon.SubscriberCredentials {
 	t.Helper()
-	path := filepath.Join(root, control.SubscriberFile)
+	path := filepath.Join(root, daemon.SubscriberFile)
 	fi, err := os.Stat(path)
 	if err != nil {
-		t.Fatalf("%s: %v", control.SubscriberFile, err)
+		t.Fatalf("%s: %v", daemon.SubscriberFile, err)
 	}
 	if mode := fi.Mode().Perm(); mode != 0o600 {
-		t.Fatalf("%s has mode %04o, want 0600", control.SubscriberFile, mode)
+		t.Fatalf("%s has mode %04o, want 0600", daemon.SubscriberFile, mode)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c control.SubscriberCredentials
+	var c daemon.SubscriberCredentials
 	if err := json.Unmarshal(data, &c); err != nil {
-		t.Fatalf("%s: %v", control.SubscriberFile, err)
+		t.Fatalf("%s: %v", daemon.SubscriberFile, err)
 	}
 	if c.User == "" || c.Password == "" || c.URL == "" {
-		t.Fatalf("%s lacks user, password or url: %s", control.SubscriberFile, data)
+		t.Fatalf("%s lacks user, password or url: %s", daemon.SubscriberFile, data)
 	}
 	return c
 }
@@ -219,7 +220,7 @@ func TestDaemonSubscribers(t *testing.T) {
 	d := startDaemon(t, "127.0.0.1:0")
 	creds := readSubscriber(t, d.root)
 	if creds.URL != d.status.SubscriberURL {
-		t.Fatalf("%s url %q, Ready said %q", control.SubscriberFile, creds.URL, d.status.SubscriberURL)
+		t.Fatalf("%s url %q, Ready said %q", daemon.SubscriberFile, creds.URL, d.status.SubscriberURL)
 	}
 	if !strings.Contains(creds.URL, "127.0.0.1:") {
 		t.Fatalf("subscriber url %q is not on the loopback listener", creds.URL)
@@ -390,7 +391,7 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 		root := t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		readyCalled := false
-		err := control.RunDaemon(ctx, root, control.DaemonOptions{
+		err := daemon.Run(ctx, root, daemon.Options{
 			Listen: addr,
 			Ready:  func(wire.Status) { readyCalled = true },
 		})
@@ -402,12 +403,12 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 			t.Fatalf("--listen %s refused with %v; want it to say the address is not loopback", addr, err)
 		}
 		// Allowed beyond loopback, but not in clear.
-		err = control.RunDaemon(context.Background(), root, control.DaemonOptions{Listen: addr, AllowRemote: true})
+		err = daemon.Run(context.Background(), root, daemon.Options{Listen: addr, AllowRemote: true})
 		if err == nil || !strings.Contains(err.Error(), "--tls-cert") {
 			t.Fatalf("--listen %s --allow-remote without TLS: %v; want a refusal naming --tls-cert", addr, err)
 		}
 		// Refused before anything was created: no credentials, no journal.
-		for _, name := range []string{control.SubscriberFile, "journal", wire.SocketName} {
+		for _, name := range []string{daemon.SubscriberFile, "journal", wire.SocketName} {
 			if _, err := os.Stat(filepath.Join(root, name)); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("--listen %s refused, but %s exists (%v)", addr, name, err)
 			}
@@ -471,7 +472,7 @@ func TestSandboxByRef(t *testing.T) {
 		var b control.Backend = control.Local{Node: n}
 		if viaDaemon {
 			ctx, cancel := context.WithCancel(context.Background())
-			go control.Serve(ctx, n)
+			go daemon.Serve(ctx, n)
 			defer cancel()
 			c := control.NewClient(filepath.Join(root, wire.SocketName))
 			for i := 0; i < 500; i++ {

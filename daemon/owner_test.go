@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -84,8 +84,8 @@ func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
 		t.Cleanup(func() { n.Close() })
 		return control.Local{Node: n}
 	}
-	daemon := func(t *testing.T) control.Backend { return connect(t, startDaemon(t, "").root) }
-	for name, open := range map[string]func(*testing.T) control.Backend{"daemon": daemon, "local": local} {
+	viaDaemon := func(t *testing.T) control.Backend { return connect(t, startDaemon(t, "").root) }
+	for name, open := range map[string]func(*testing.T) control.Backend{"daemon": viaDaemon, "local": local} {
 		t.Run(name, func(t *testing.T) {
 			b := open(t)
 			var evs []events.Event

@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
@@ -152,7 +153,7 @@ func TestAppendStreamAnswers(t *testing.T) {
 // (a hijacked connection is out of the HTTP server's count): an idling
 // daemon stays while the stream is open, and exits once it is closed.
 func TestAppendStreamHoldsAnIdlingDaemon(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Idle: 200 * time.Millisecond, Auto: true})
+	root, done := runDaemon(t, daemon.Options{Idle: 200 * time.Millisecond, Auto: true})
 	c := control.NewClient(filepath.Join(root, wire.SocketName)) // no HTTP request, no daemon started for it
 	ctx := context.Background()
 	if _, err := c.Append(ctx, volumeEvent(1)); err != nil {
