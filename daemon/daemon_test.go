@@ -26,7 +26,7 @@ import (
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// daemon is a RunDaemon running in this process on its own state root.
+// running is a daemon.Run in this process on its own state root.
 type running struct {
 	root   string
 	status wire.Status
@@ -39,7 +39,7 @@ func startDaemon(t *testing.T, listen string) *running {
 	return startDaemonAt(t, t.TempDir(), listen)
 }
 
-// startDaemonAt runs RunDaemon on root until the test ends, and returns
+// startDaemonAt runs Run on root until the test ends, and returns
 // once Ready has been called.
 func startDaemonAt(t *testing.T, root, listen string) *running {
 	t.Helper()
@@ -71,7 +71,7 @@ func startDaemonWith(t *testing.T, root string, o daemon.Options) *running {
 	return d
 }
 
-// stop cancels the daemon and returns what RunDaemon returned.
+// stop cancels the daemon and returns what Run returned.
 func (d *running) stop(t *testing.T) error {
 	t.Helper()
 	d.cancel()
@@ -430,14 +430,14 @@ func TestDaemonShutdown(t *testing.T) {
 	b.Close()
 
 	if err := d.stop(t); err != nil {
-		t.Fatalf("RunDaemon after cancel: %v, want nil", err)
+		t.Fatalf("Run after cancel: %v, want nil", err)
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("%s after shutdown: %v, want it removed", wire.SocketName, err)
 	}
 
 	// With no daemon, Connect owns the store itself, at once: the daemon
-	// released the lock before RunDaemon returned.
+	// released the lock before Run returned.
 	l := connect(t, d.root)
 	local, ok := l.(control.Local)
 	if !ok {

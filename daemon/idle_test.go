@@ -15,11 +15,17 @@ import (
 	"github.com/nexus-sandbox/nexus/node"
 )
 
-// runDaemon runs RunDaemon with o on a new root and returns once it
-// answers, with the channel RunDaemon's result arrives on.
+// runDaemon runs Run with o on a new root and returns once it
+// answers, with the channel Run's result arrives on.
 func runDaemon(t *testing.T, o daemon.Options) (string, chan error) {
 	t.Helper()
 	root := t.TempDir()
+	return root, runDaemonAt(t, root, o)
+}
+
+// runDaemonAt is runDaemon on root.
+func runDaemonAt(t *testing.T, root string, o daemon.Options) chan error {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	ready := make(chan struct{})
@@ -36,10 +42,10 @@ func runDaemon(t *testing.T, o daemon.Options) (string, chan error) {
 	case <-time.After(testutil.Scale(30 * time.Second)):
 		t.Fatal("daemon not ready after 30s")
 	}
-	return root, done
+	return done
 }
 
-// wantExit waits for RunDaemon to return nil and puts its result back for
+// wantExit waits for Run to return nil and puts its result back for
 // the cleanup.
 func wantExit(t *testing.T, done chan error, why string) {
 	t.Helper()

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"text/tabwriter"
@@ -155,44 +154,8 @@ func daemonCmd(g *globals) *cobra.Command {
 			if passOnCmdline {
 				log.Warn("the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_MIRROR or use --mirror-creds")
 			}
-			// A killed daemon (or command) leaves only sagas whose runner
-			// lease is free: the next daemon finishes them before it serves.
-			// Said after "serving", the line callers wait for.
-			var startup func()
-			o.Startup = func(ctx context.Context, b control.Backend) {
-				m, err := build(b)
-				var rep lifecycle.RecoverReport
-				if err == nil {
-					rep, err = m.RecoverSagas(ctx)
-				}
-				if err != nil {
-					startup = func() {
-						log.Error("finishing interrupted sagas failed; run `nexus recover`", "err", err)
-					}
-				} else if n := len(rep.Compensated) + len(rep.Resumed); n > 0 {
-					startup = func() {
-						log.Info("finished interrupted sagas", "compensated", len(rep.Compensated), "resumed", len(rep.Resumed))
-					}
-				}
-			}
-			o.Ready = func(st wire.Status) {
-				log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
-				if startup != nil {
-					startup()
-				}
-				if o.Mirror != nil {
-					log.Info("mirroring", "stream", o.Mirror.StreamName(), "domain", o.Mirror.Domain, "host", o.Mirror.Host, "host_id", o.Mirror.HostID, "urls", strings.Join(o.Mirror.Redacted(), ","))
-				}
-				if st.SubscriberURL != "" {
-					log.Info("subscribers", "url", st.SubscriberURL, "credentials", filepath.Join(st.Root, daemon.SubscriberFile))
-				}
-			}
-			err = daemon.Run(cmd.Context(), g.stateDir, o)
-			if o.Auto && errors.Is(err, daemon.ErrServedElsewhere) {
-				log.Info("not needed", "reason", err.Error())
-				return nil
-			}
-			return err
+			o.Manager = build
+			return daemon.Run(cmd.Context(), g.stateDir, o)
 		},
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
