@@ -112,7 +112,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Verify1M' -benchtime 1x -timeout 20m ./host/journal/
 	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
 	$(GO) test -run '^$$' -bench 'AppendGuardedVsPlain' -benchtime 3000x ./node/
-	$(GO) test -run '^$$' -bench 'AppendGroupCommit' -benchtime 2000x ./control/
+	$(GO) test -run '^$$' -bench 'AppendGroupCommit' -benchtime 2000x ./daemon/
 	$(GO) test -run '^$$' -bench 'AppendingCommand10k' -benchtime 10x ./node/
 	$(GO) test -run '^$$' -bench 'OpenInspect' -benchtime 5x -timeout 20m ./node/
 	$(GO) test -run '^$$' -bench 'OpenGrowth' -benchtime 3x -timeout 30m ./node/

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/lease"
 	"github.com/nexus-sandbox/nexus/node"
@@ -83,7 +84,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 	case o.Auto == nil:
 		return connectLocal(ctx, root, o.Wait)
 	}
-	sock := filepath.Join(root, SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	if c, st, err := dialStatus(ctx, sock); err == nil {
 		if sameBuild(st) {
 			c.ensure = redial(root, o)
@@ -153,7 +154,7 @@ func (s *startFailed) Error() string {
 // command already running (redial), after its daemon went away.
 type replacedError struct {
 	root    string
-	st      Status
+	st      wire.Status
 	running bool
 }
 
@@ -219,7 +220,7 @@ func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error 
 // another build started on demand is retired here, under the lock, so two
 // commands finding it replace it once; one started by hand is refused.
 func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bool) error {
-	sock := filepath.Join(root, SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	l, err := acquireSpawnLock(ctx, filepath.Join(root, SpawnLockName), o.Auto)
 	if err != nil {
 		return err
@@ -242,7 +243,7 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 		// exits. Waiting for that here, rather than in the daemon started
 		// below (which gives up on a held journal after its lock wait),
 		// gives an old command as long as a daemon has to answer.
-		if err := c.retire(ctx); err != nil {
+		if err := c.Retire(ctx); err != nil {
 			return fmt.Errorf("retire the daemon of another nexus build on %s (pid %d): %w", root, st.Pid, err)
 		}
 		if err := waitGone(ctx, sock, st.Pid, o.Auto.ready()); err != nil {
@@ -462,7 +463,7 @@ func spawnDaemon(ctx context.Context, root, sock string, a *AutoStart) error {
 	deadline := time.NewTimer(ready)
 	defer deadline.Stop()
 	for {
-		if c, err := dial(ctx, sock); err == nil {
+		if c, err := Dial(ctx, sock); err == nil {
 			c.Close()
 			return nil
 		}
@@ -521,7 +522,7 @@ func openDaemonLog(root string) (*os.File, error) {
 // and exits when its last client is done. A hand-started daemon is used as
 // it is, if it runs this build.
 func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend, error) {
-	sock := filepath.Join(root, SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
 	for {
@@ -540,7 +541,7 @@ func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend
 				}
 				return c, nil
 			}
-			c.retire(ctx)
+			c.Retire(ctx)
 			c.Close()
 		}
 		if time.Now().After(deadline) {

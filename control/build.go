@@ -1,68 +1,29 @@
 package control
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/control/wire"
 )
-
-// Build identifies the nexus executable a process runs. A daemon and a
-// command agree only if they run the same file: replacing the binary (an
-// upgrade) gives the new one another inode, size or mtime, even when the
-// version stamped in it is the same (a local build, a rebuilt tag). The
-// version and revision are for people; Same never looks at them.
-type Build struct {
-	Dev     uint64 `json:"dev"`
-	Ino     uint64 `json:"inode"`
-	Size    int64  `json:"size_bytes"`
-	MtimeNs int64  `json:"mtime_ns"`
-	// Path is where the executable was when the process started; an
-	// upgraded binary shows " (deleted)" after it.
-	Path     string `json:"path,omitempty"`
-	Version  string `json:"version,omitempty"`
-	Revision string `json:"revision,omitempty"`
-	Modified bool   `json:"modified,omitempty"`
-}
-
-// Same is whether b and o are the same executable file.
-func (b Build) Same(o Build) bool {
-	return b.Dev == o.Dev && b.Ino == o.Ino && b.Size == o.Size && b.MtimeNs == o.MtimeNs
-}
-
-// String is the one-line form: "devel rev 0123abcd4567 (/usr/bin/nexus,
-// inode 1234, 5678 bytes, 2026-12-04T21:55:54Z)".
-func (b Build) String() string {
-	var s strings.Builder
-	s.WriteString(cmp.Or(b.Version, "unknown"))
-	if b.Revision != "" {
-		fmt.Fprintf(&s, " rev %.12s", b.Revision)
-		if b.Modified {
-			s.WriteString("+")
-		}
-	}
-	fmt.Fprintf(&s, " (%s, inode %d, %d bytes, %s)", cmp.Or(b.Path, "?"), b.Ino, b.Size,
-		time.Unix(0, b.MtimeNs).UTC().Format(time.RFC3339))
-	return s.String()
-}
 
 // selfBuild is computed once per process. /proc/self/exe is the file this
 // process was executed from, even after it was renamed over or deleted, so
 // a daemon that outlived an upgrade still reports the build it runs.
-var selfBuild = sync.OnceValues(func() (Build, error) {
+var selfBuild = sync.OnceValues(func() (wire.Build, error) {
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/exe", &st); err != nil {
-		return Build{}, fmt.Errorf("identify this executable: %w", err)
+		return wire.Build{}, fmt.Errorf("identify this executable: %w", err)
 	}
-	b := Build{Dev: st.Dev, Ino: st.Ino, Size: st.Size, MtimeNs: st.Mtim.Nano()}
+	b := wire.Build{Dev: st.Dev, Ino: st.Ino, Size: st.Size, MtimeNs: st.Mtim.Nano()}
 	b.Path, _ = os.Readlink("/proc/self/exe")
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		b.Version = bi.Main.Version
@@ -82,22 +43,13 @@ var selfBuild = sync.OnceValues(func() (Build, error) {
 })
 
 // SelfBuild is this process's build.
-func SelfBuild() (Build, error) { return selfBuild() }
-
-// selfBuildRef is SelfBuild for a Status: nil if it cannot be known.
-func selfBuildRef() *Build {
-	b, err := selfBuild()
-	if err != nil {
-		return nil
-	}
-	return &b
-}
+func SelfBuild() (wire.Build, error) { return selfBuild() }
 
 // sameBuild is whether a daemon reporting st runs this process's build. A
 // daemon that reports none is older than build identities, so another
 // build. A process that cannot identify itself (no /proc) cannot tell, and
 // keeps the behaviour from before builds were compared.
-func sameBuild(st Status) bool {
+func sameBuild(st wire.Status) bool {
 	self, err := selfBuild()
 	if err != nil {
 		return true
@@ -110,8 +62,8 @@ func sameBuild(st Status) bool {
 type OtherBuildError struct {
 	Root   string
 	Pid    int
-	Daemon *Build // nil: a daemon too old to say
-	Self   Build
+	Daemon *wire.Build // nil: a daemon too old to say
+	Self   wire.Build
 }
 
 func (e *OtherBuildError) Error() string {
@@ -124,7 +76,7 @@ func (e *OtherBuildError) Error() string {
 }
 
 // otherBuild is the refusal for a hand-started daemon reporting st.
-func otherBuild(root string, st Status) error {
+func otherBuild(root string, st wire.Status) error {
 	self, _ := selfBuild()
 	return &OtherBuildError{Root: root, Pid: st.Pid, Daemon: st.Build, Self: self}
 }
@@ -134,14 +86,14 @@ var ErrNoDaemon = errors.New("no daemon serves")
 
 // DaemonStatus asks root's daemon who it is (a retiring one too), without
 // starting one.
-func DaemonStatus(ctx context.Context, root string) (Status, error) {
+func DaemonStatus(ctx context.Context, root string) (wire.Status, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
-		return Status{}, err
+		return wire.Status{}, err
 	}
-	sock := filepath.Join(abs, SocketName)
+	sock := filepath.Join(abs, wire.SocketName)
 	if _, err := os.Lstat(sock); err != nil {
-		return Status{}, fmt.Errorf("%w %s", ErrNoDaemon, abs)
+		return wire.Status{}, fmt.Errorf("%w %s", ErrNoDaemon, abs)
 	}
 	c := NewClient(sock)
 	defer c.Close()
@@ -149,7 +101,7 @@ func DaemonStatus(ctx context.Context, root string) (Status, error) {
 	defer cancel()
 	st, err := c.Status(sctx)
 	if err != nil {
-		return Status{}, fmt.Errorf("%w %s: %v", ErrNoDaemon, abs, err)
+		return wire.Status{}, fmt.Errorf("%w %s: %v", ErrNoDaemon, abs, err)
 	}
 	return st, nil
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -125,10 +126,10 @@ type notAwaited struct{ cause, ctxErr error }
 func (e notAwaited) Error() string   { return "the daemon's answer was not awaited: " + e.cause.Error() }
 func (e notAwaited) Unwrap() []error { return []error{e.cause, e.ctxErr} }
 
-// retire asks a daemon started on demand to stop accepting and exit once
+// Retire asks a daemon started on demand to stop accepting and exit once
 // its clients are done.
-func (c *Client) retire(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/retire", nil)
+func (c *Client) Retire(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wire.PathRetire, nil)
 	if err != nil {
 		return err
 	}
@@ -157,79 +158,79 @@ func (c *Client) Close() error {
 }
 
 // Status asks the daemon who it is.
-func (c *Client) Status(ctx context.Context) (Status, error) {
-	var st Status
-	err := c.getJSON(ctx, "/v1/status", &st)
+func (c *Client) Status(ctx context.Context) (wire.Status, error) {
+	var st wire.Status
+	err := c.getJSON(ctx, wire.PathStatus, &st)
 	return st, err
 }
 
 // Stats asks the daemon what it has served (tests count with it).
-func (c *Client) Stats(ctx context.Context) (Stats, error) {
-	var st Stats
-	err := c.getJSON(ctx, "/v1/stats", &st)
+func (c *Client) Stats(ctx context.Context) (wire.Stats, error) {
+	var st wire.Stats
+	err := c.getJSON(ctx, wire.PathStats, &st)
 	return st, err
 }
 
 // Mirror asks the daemon for its fleet mirror's state (nil: none).
 func (c *Client) Mirror(ctx context.Context) (*journal.MirrorState, error) {
-	var out mirrorResponse
-	err := c.getJSON(ctx, "/v1/mirror", &out)
+	var out wire.MirrorAnswer
+	err := c.getJSON(ctx, wire.PathMirror, &out)
 	return out.Mirror, err
 }
 
 func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	var list []projections.Sandbox
-	err := c.getJSON(ctx, "/v1/sandboxes", &list)
+	err := c.getJSON(ctx, wire.PathSandboxes, &list)
 	return list, err
 }
 
 func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
 	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}}
 	var list []projections.Sandbox
-	err := c.getJSON(ctx, "/v1/sandboxes?"+q.Encode(), &list)
+	err := c.getJSON(ctx, wire.PathSandboxes+"?"+q.Encode(), &list)
 	return list, err
 }
 
 func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
-	var out sandboxResponse
-	err := c.getJSON(ctx, "/v1/sandbox?ref="+url.QueryEscape(ref), &out)
+	var out wire.SandboxAnswer
+	err := c.getJSON(ctx, wire.PathSandbox+"?ref="+url.QueryEscape(ref), &out)
 	return out.Sandbox, out.Found, err
 }
 
 func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (string, string, bool, error) {
 	q := url.Values{"path": paths, "except": {except}}
-	var out ownerResponse
-	err := c.getJSON(ctx, "/v1/owner?"+q.Encode(), &out)
+	var out wire.OwnerAnswer
+	err := c.getJSON(ctx, wire.PathOwner+"?"+q.Encode(), &out)
 	return out.Sandbox, out.Path, out.Found, err
 }
 
 func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
-	var out sandboxResponse
-	err := c.getJSON(ctx, "/v1/snapshot-owner?snap="+url.QueryEscape(snap), &out)
+	var out wire.SandboxAnswer
+	err := c.getJSON(ctx, wire.PathSnapshotOwner+"?snap="+url.QueryEscape(snap), &out)
 	return out.Sandbox, out.Found, err
 }
 
 func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 	var list []projections.OpenSaga
-	err := c.getJSON(ctx, "/v1/sagas", &list)
+	err := c.getJSON(ctx, wire.PathSagas, &list)
 	return list, err
 }
 
 func (c *Client) Volumes(ctx context.Context) ([]projections.Volume, error) {
 	var list []projections.Volume
-	err := c.getJSON(ctx, "/v1/volumes", &list)
+	err := c.getJSON(ctx, wire.PathVolumes, &list)
 	return list, err
 }
 
 func (c *Client) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
 	var st projections.ImageCacheState
-	err := c.getJSON(ctx, "/v1/imagecache", &st)
+	err := c.getJSON(ctx, wire.PathImageCache, &st)
 	return st, err
 }
 
 func (c *Client) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
 	var b events.Bootstrap
-	err := c.getJSON(ctx, "/v1/bootstrap?id="+url.QueryEscape(id), &b)
+	err := c.getJSON(ctx, wire.PathBootstrap+"?id="+url.QueryEscape(id), &b)
 	return b, err
 }
 
@@ -238,7 +239,7 @@ func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, err
 }
 
 func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
-	req := streamRequest{Events: make([][]byte, 0, len(evs))}
+	req := wire.AppendRequest{Events: make([][]byte, 0, len(evs))}
 	for _, e := range evs {
 		data, err := events.Encode(e)
 		if err != nil {
@@ -260,12 +261,12 @@ func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ..
 	if err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	return resp.result()
+	return resp.Result()
 }
 
 // appendOnce sends req on the client's append stream, opening one if there
 // is none or the last one broke.
-func (c *Client) appendOnce(ctx context.Context, req *streamRequest) (*streamResponse, error) {
+func (c *Client) appendOnce(ctx context.Context, req *wire.AppendRequest) (*wire.AppendResponse, error) {
 	c.smu.Lock()
 	s := c.stream
 	if s == nil || s.broken() {
@@ -339,8 +340,8 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 // events runs one events request; broken reports a stream that ended
 // without the journal's say (connection lost, or a follow cut short).
 func (c *Client) events(ctx context.Context, q node.Query, fn func(node.Record) error) (broken bool, err error) {
-	v := queryValues(q)
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/v1/events?"+v.Encode(), nil)
+	v := wire.QueryValues(q)
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+wire.PathEvents+"?"+v.Encode(), nil)
 	if err != nil {
 		return false, err
 	}
@@ -355,7 +356,7 @@ func (c *Client) events(ctx context.Context, q node.Query, fn func(node.Record) 
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
 	for sc.Scan() {
-		var rec wireRecord
+		var rec wire.Record
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
 			return false, fmt.Errorf("daemon: events: %w", err)
 		}
@@ -393,38 +394,4 @@ func (c *Client) getJSON(ctx context.Context, path string, v any) error {
 		return fmt.Errorf("daemon: %s: %s", path, resp.Status)
 	}
 	return json.NewDecoder(resp.Body).Decode(v)
-}
-
-// queryValues is q on the wire; parseQuery reads it back.
-func queryValues(q node.Query) url.Values {
-	v := url.Values{}
-	seq := func(k string, n uint64) {
-		if n > 0 {
-			v.Set(k, strconv.FormatUint(n, 10))
-		}
-	}
-	at := func(k string, t time.Time) {
-		if !t.IsZero() {
-			v.Set(k, t.UTC().Format(time.RFC3339Nano))
-		}
-	}
-	seq("since", q.Since)
-	seq("until", q.Until)
-	at("since_time", q.SinceTime)
-	at("until_time", q.UntilTime)
-	if q.Tail > 0 {
-		v.Set("tail", strconv.Itoa(q.Tail))
-	}
-	if q.Sandbox != "" {
-		v.Set("sandbox", q.Sandbox)
-	}
-	for _, t := range append([]string{q.Type}, q.Types...) {
-		if t != "" {
-			v.Add("type", t)
-		}
-	}
-	if q.Follow {
-		v.Set("follow", "1")
-	}
-	return v
 }

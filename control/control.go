@@ -11,15 +11,13 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
-
-// SocketName is the daemon's control socket, directly under the state root.
-const SocketName = "nexus.sock"
 
 // Backend is what commands need from a state root.
 type Backend interface {
@@ -134,7 +132,7 @@ func Connect(ctx context.Context, root string, wait time.Duration) (Backend, err
 
 // connectLocal is Connect on a prepared root.
 func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend, error) {
-	sock := filepath.Join(root, SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
 	for {
@@ -149,7 +147,7 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 				c.Close()
 				return nil, otherBuild(root, st)
 			}
-			c.retire(ctx)
+			c.Retire(ctx)
 			c.Close()
 		}
 		n, err := node.Open(ctx, root, node.Options{Lazy: true})
@@ -160,7 +158,7 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 			return nil, err
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: %v; it serves no %s (start `nexus daemon` to share the state root)", ErrBusy, err, SocketName)
+			return nil, fmt.Errorf("%w: %v; it serves no %s (start `nexus daemon` to share the state root)", ErrBusy, err, wire.SocketName)
 		}
 		select {
 		case <-ctx.Done():
@@ -175,16 +173,16 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 // it was serving.
 var errRetiring = errors.New("the daemon is retiring")
 
-// dial returns a client if a daemon that is not retiring answers on sock.
-func dial(ctx context.Context, sock string) (*Client, error) {
+// Dial returns a client if a daemon that is not retiring answers on sock.
+func Dial(ctx context.Context, sock string) (*Client, error) {
 	c, _, err := dialStatus(ctx, sock)
 	return c, err
 }
 
 // dialStatus is dial with the daemon's Status.
-func dialStatus(ctx context.Context, sock string) (*Client, Status, error) {
+func dialStatus(ctx context.Context, sock string) (*Client, wire.Status, error) {
 	if _, err := os.Lstat(sock); err != nil {
-		return nil, Status{}, err
+		return nil, wire.Status{}, err
 	}
 	c := NewClient(sock)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)

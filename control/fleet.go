@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -20,7 +21,7 @@ func FleetStatus(ctx context.Context, root string) (*journal.MirrorState, error)
 	if err != nil {
 		return nil, err
 	}
-	c, err := dial(ctx, filepath.Join(abs, SocketName))
+	c, err := Dial(ctx, filepath.Join(abs, wire.SocketName))
 	if err != nil {
 		return nil, fmt.Errorf("%w: no daemon serves %s (mirroring runs in `nexus daemon --mirror`)", ErrNotMirroring, root)
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -74,8 +75,8 @@ func nexusBinEnv(t testing.TB, bin, root string, env []string, args ...string) r
 }
 
 // askDaemon asks root's daemon for its Status (retiring ones too).
-func askDaemon(root string) (control.Status, error) {
-	c := control.NewClient(filepath.Join(root, control.SocketName))
+func askDaemon(root string) (wire.Status, error) {
+	c := control.NewClient(filepath.Join(root, wire.SocketName))
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"text/tabwriter"
@@ -17,6 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
@@ -103,7 +104,7 @@ func idleFromEnv() (time.Duration, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var o control.DaemonOptions
+	var o daemon.Options
 	var mirrorURLs []string
 	var mirrorBytes string
 	var tlsOpts journal.TLS
@@ -153,44 +154,8 @@ func daemonCmd(g *globals) *cobra.Command {
 			if passOnCmdline {
 				log.Warn("the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_MIRROR or use --mirror-creds")
 			}
-			// A killed daemon (or command) leaves only sagas whose runner
-			// lease is free: the next daemon finishes them before it serves.
-			// Said after "serving", the line callers wait for.
-			var startup func()
-			o.Startup = func(ctx context.Context, b control.Backend) {
-				m, err := build(b)
-				var rep lifecycle.RecoverReport
-				if err == nil {
-					rep, err = m.RecoverSagas(ctx)
-				}
-				if err != nil {
-					startup = func() {
-						log.Error("finishing interrupted sagas failed; run `nexus recover`", "err", err)
-					}
-				} else if n := len(rep.Compensated) + len(rep.Resumed); n > 0 {
-					startup = func() {
-						log.Info("finished interrupted sagas", "compensated", len(rep.Compensated), "resumed", len(rep.Resumed))
-					}
-				}
-			}
-			o.Ready = func(st control.Status) {
-				log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
-				if startup != nil {
-					startup()
-				}
-				if o.Mirror != nil {
-					log.Info("mirroring", "stream", o.Mirror.StreamName(), "domain", o.Mirror.Domain, "host", o.Mirror.Host, "host_id", o.Mirror.HostID, "urls", strings.Join(o.Mirror.Redacted(), ","))
-				}
-				if st.SubscriberURL != "" {
-					log.Info("subscribers", "url", st.SubscriberURL, "credentials", filepath.Join(st.Root, control.SubscriberFile))
-				}
-			}
-			err = control.RunDaemon(cmd.Context(), g.stateDir, o)
-			if o.Auto && errors.Is(err, control.ErrServedElsewhere) {
-				log.Info("not needed", "reason", err.Error())
-				return nil
-			}
-			return err
+			o.Manager = build
+			return daemon.Run(cmd.Context(), g.stateDir, o)
 		},
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
@@ -497,14 +462,14 @@ func dash(s string) string {
 // daemonStatus is `daemon status --json`: the daemon's own answer and
 // this nexus's build beside it.
 type daemonStatus struct {
-	Pid           int            `json:"pid"`
-	Root          string         `json:"root"`
-	Auto          bool           `json:"auto"`
-	Retiring      bool           `json:"retiring"`
-	SubscriberURL string         `json:"subscriber_url,omitempty"`
-	Build         *control.Build `json:"build"`
-	This          *control.Build `json:"this"`
-	SameBuild     bool           `json:"same_build"`
+	Pid           int         `json:"pid"`
+	Root          string      `json:"root"`
+	Auto          bool        `json:"auto"`
+	Retiring      bool        `json:"retiring"`
+	SubscriberURL string      `json:"subscriber_url,omitempty"`
+	Build         *wire.Build `json:"build"`
+	This          *wire.Build `json:"this"`
+	SameBuild     bool        `json:"same_build"`
 }
 
 func daemonStatusCmd(g *globals) *cobra.Command {
@@ -532,7 +497,7 @@ func daemonStatusCmd(g *globals) *cobra.Command {
 	return c
 }
 
-func printDaemonStatus(w io.Writer, st control.Status, self control.Build, selfErr error) {
+func printDaemonStatus(w io.Writer, st wire.Status, self wire.Build, selfErr error) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "pid\t%d\n", st.Pid)
 	fmt.Fprintf(tw, "root\t%s\n", st.Root)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/smallfs"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -29,7 +30,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	mnt := smallfs.Mount(t, 256<<20) // reserve 16 MiB, floor 2 MiB
 	root := filepath.Join(mnt, "root")
 	image := makeImage(t)
-	var d *daemon
+	var d *runningDaemon
 	if withDaemon {
 		d = startDaemon(t, root)
 	}
@@ -108,7 +109,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	mustOK(t, proc(t, root, "stop", a.ID), "stop after space was freed")
 	c := createJSON(t, root, "--image", image)
 	if d != nil {
-		st, err := control.NewClient(filepath.Join(root, control.SocketName)).Status(context.Background())
+		st, err := control.NewClient(filepath.Join(root, wire.SocketName)).Status(context.Background())
 		if err != nil || st.Pid != d.cmd.Process.Pid {
 			t.Fatalf("the daemon answering is %+v (%v), want the one started before the disk filled (pid %d)", st, err, d.cmd.Process.Pid)
 		}

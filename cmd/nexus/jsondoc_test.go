@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -54,7 +54,7 @@ var jsonResources = map[string]reflect.Type{
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
 	"DaemonStatus":      reflect.TypeFor[daemonStatus](),
-	"Build":             reflect.TypeFor[control.Build](),
+	"Build":             reflect.TypeFor[wire.Build](),
 	"ReplayEntry":       reflect.TypeFor[replay.Entry](),
 	"FleetEntry":        reflect.TypeFor[replay.FleetEntry](),
 	"FleetFound":        reflect.TypeFor[replay.Found](),

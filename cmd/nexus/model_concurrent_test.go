@@ -51,7 +51,7 @@ func TestModelConcurrentLifecycles(t *testing.T) {
 					t.Logf("daemon=%v operations (NEXUS_MODEL_SEED=%d NEXUS_MODEL_CONC_RUNS=1 NEXUS_MODEL_ROUNDS=%d):\n  %s", withDaemon, s, rounds, strings.Join(m.log, "\n  "))
 				}
 			})
-			var d *daemon
+			var d *runningDaemon
 			if withDaemon {
 				d = startDaemon(t, m.root)
 			}
@@ -73,7 +73,7 @@ func envSeed() uint64 {
 
 // concurrentRound runs one round and returns the daemon serving the root
 // afterwards (restarted if the round killed it; nil if the run has none).
-func (m *modelRun) concurrentRound(d *daemon) *daemon {
+func (m *modelRun) concurrentRound(d *runningDaemon) *runningDaemon {
 	t := m.t
 	list := sandboxes(t, m.root)
 	type running struct {

@@ -475,14 +475,14 @@ func TestReapUnreadableJournalKeepsEverything(t *testing.T) {
 	}
 }
 
-type daemon struct {
+type runningDaemon struct {
 	cmd *exec.Cmd
 }
 
 // startDaemon runs `nexus daemon` on root until the test ends.
-func startDaemon(t testing.TB, root string) *daemon {
+func startDaemon(t testing.TB, root string) *runningDaemon {
 	t.Helper()
-	return &daemon{cmd: testutil.StartDaemon(t, nexusBin, root)}
+	return &runningDaemon{cmd: testutil.StartDaemon(t, nexusBin, root)}
 }
 
 // pausedCreate starts `nexus create` through the daemon and waits until it

@@ -207,7 +207,7 @@ func runScaleMode(b *testing.B, f scaleFixture, mode, img string, rounds int, da
 		b.Fatalf("copy fixture %s: %v: %s", f.name, err, out)
 	}
 	var env []string
-	var d *daemon
+	var d *runningDaemon
 	if mode == "daemon" {
 		t0 := time.Now()
 		d = startDaemon(b, root)

@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
@@ -49,7 +50,7 @@ func fillRoot(t testing.TB, root string, n int) {
 // counted rather than timed: on a root of 2,000 sandboxes, each
 // single-sandbox command through the daemon (restore and snapshot rm of one
 // snapshot, and completing a full ID, included) makes the daemon encode a
-// bounded number of sandbox records (control.Stats), however many the root
+// bounded number of sandbox records (wire.Stats), however many the root
 // holds. A flow that fetched the sandbox list, or the image cache's list of
 // every user, would encode all 2,000.
 func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
@@ -61,7 +62,7 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 	root := shortRoot(t)
 	fillRoot(t, root, sandboxes)
 	startDaemon(t, root)
-	c := control.NewClient(filepath.Join(root, control.SocketName))
+	c := control.NewClient(filepath.Join(root, wire.SocketName))
 	defer c.Close()
 	ctx := context.Background()
 	served := func() int64 {
@@ -123,7 +124,7 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 }
 
 // TestLsPages: ls reads the sandboxes a page at a time, through the daemon
-// (no answer holds more than a page, control.Stats) and without one, and
+// (no answer holds more than a page, wire.Stats) and without one, and
 // prints every sandbox once, in ID order, the same either way; --limit
 // and --after page by hand.
 func TestLsPages(t *testing.T) {
@@ -145,7 +146,7 @@ func TestLsPages(t *testing.T) {
 	}
 
 	startDaemon(t, root)
-	c := control.NewClient(filepath.Join(root, control.SocketName))
+	c := control.NewClient(filepath.Join(root, wire.SocketName))
 	defer c.Close()
 	viaDaemon := mustOK(t, nexus(t, root, "ls", "--json"), "ls through the daemon")
 	if viaDaemon.stdout != local.stdout {

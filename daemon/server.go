@@ -1,4 +1,4 @@
-package control
+package daemon
 
 import (
 	"context"
@@ -14,68 +14,21 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// Status describes a running daemon.
-type Status struct {
-	Pid           int    `json:"pid"`
-	Root          string `json:"root"`
-	SubscriberURL string `json:"subscriber_url,omitempty"`
-	// Auto is a daemon started on demand: it exits when idle and retires
-	// when a command needs the journal in its own process.
-	Auto bool `json:"auto,omitempty"`
-	// Build is the executable the daemon runs (build.go); an older daemon
-	// sends none, which no client takes for its own.
-	Build *Build `json:"build,omitempty"`
-	// Retiring is a daemon asked to retire: it still serves the commands
-	// that were talking to it, new connections of theirs included, and
-	// every other client goes elsewhere (dial skips it).
-	Retiring bool `json:"retiring,omitempty"`
-}
-
-// wireRecord carries one event as its journal bytes, so the client decodes
-// with the same code, and the same errors, as a local reader.
-type wireRecord struct {
-	Seq   uint64 `json:"seq,omitempty"`
-	Data  []byte `json:"data,omitempty"`
-	Error string `json:"error,omitempty"`
-}
-
-type mirrorResponse struct {
-	Mirror *journal.MirrorState `json:"mirror"`
-}
-
-type sandboxResponse struct {
-	Found   bool                `json:"found"`
-	Sandbox projections.Sandbox `json:"sandbox"`
-}
-
-// Stats counts what the daemon has served since it started. Sandboxes is
-// every sandbox record it encoded into a response (a list counts each
-// member, the image cache each user): a single-sandbox command must move
-// it by a bounded number, whatever the number of sandboxes in the root,
-// and tests assert that through it.
-type Stats struct {
-	Sandboxes int64 `json:"sandboxes_encoded"`
-	// MostInOneAnswer is the most sandbox records one answer held: a
-	// paged `ls` keeps it at its page size.
-	MostInOneAnswer int64 `json:"most_in_one_answer"`
-}
-
-type ownerResponse struct {
-	Found   bool   `json:"found"`
-	Sandbox string `json:"sandbox,omitempty"`
-	Path    string `json:"path,omitempty"`
-}
-
-// errorResponse is a refusal; its field is the one an older client's
-// append answer carried its error in, so that client prints it.
-type errorResponse struct {
-	Error string `json:"error,omitempty"`
+// buildRef is this process's build for a Status: nil if it cannot be
+// known.
+func buildRef() *wire.Build {
+	b, err := control.SelfBuild()
+	if err != nil {
+		return nil
+	}
+	return &b
 }
 
 // Serve answers control requests for n on <root>/nexus.sock (mode 0600)
@@ -192,7 +145,7 @@ func (cl *clients) stop(ln net.Listener, ifIdle time.Duration) bool {
 func serve(ctx context.Context, n *node.Node, o serveOptions) error {
 	// Holding the journal lock, we know any socket file there is a dead
 	// daemon's; Listen replaces it because it refuses connections.
-	ln, err := unixsock.Listen(filepath.Join(n.Root(), SocketName))
+	ln, err := unixsock.Listen(filepath.Join(n.Root(), wire.SocketName))
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
@@ -297,28 +250,28 @@ func (f *followers) end() {
 
 func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
-	local := Local{n}
+	local := control.Local{Node: n}
 	var served, most atomic.Int64
 	count := func(n int) {
 		served.Add(int64(n))
 		for m := most.Load(); int64(n) > m && !most.CompareAndSwap(m, int64(n)); m = most.Load() {
 		}
 	}
-	mux.HandleFunc("GET /v1/stats", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
+	mux.HandleFunc("GET "+wire.PathStats, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, wire.Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
 	})
-	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: selfBuildRef(), Retiring: cl.isRetiring()})
+	mux.HandleFunc("GET "+wire.PathStatus, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring()})
 	})
-	mux.HandleFunc("GET /v1/mirror", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, mirrorResponse{Mirror: n.Journal().MirrorState(r.Context())})
+	mux.HandleFunc("GET "+wire.PathMirror, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, wire.MirrorAnswer{Mirror: n.Journal().MirrorState(r.Context())})
 	})
 	// A command that must own the journal in its own process (a ledger
 	// sweep that removes) retires a daemon started on demand; one started
 	// by hand serves until it is stopped.
-	mux.HandleFunc("POST /v1/retire", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST "+wire.PathRetire, func(w http.ResponseWriter, r *http.Request) {
 		if !auto {
-			writeJSON(w, http.StatusConflict, errorResponse{Error: "a daemon started by hand does not retire"})
+			writeJSON(w, http.StatusConflict, wire.ErrorAnswer{Error: "a daemon started by hand does not retire"})
 			return
 		}
 		select {
@@ -327,18 +280,18 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		}
 		writeJSON(w, http.StatusOK, struct{}{})
 	})
-	mux.HandleFunc("POST "+appendStreamPath, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("POST "+wire.PathAppendStream, func(w http.ResponseWriter, r *http.Request) {
 		serveAppendStream(n, cl, streams, w, r)
 	})
 	// An older client posts each append as JSON: refuse it in the answer
 	// it decodes, so it prints why instead of misreading the reply.
-	mux.HandleFunc("POST /v1/append", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusUpgradeRequired, errorResponse{Error: errAppendOverHTTP})
+	mux.HandleFunc("POST "+wire.PathAppendJSON, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusUpgradeRequired, wire.ErrorAnswer{Error: wire.AppendOverHTTPRefusal})
 	})
-	mux.HandleFunc("GET /v1/events", func(w http.ResponseWriter, r *http.Request) {
-		q, err := parseQuery(r)
+	mux.HandleFunc("GET "+wire.PathEvents, func(w http.ResponseWriter, r *http.Request) {
+		q, err := wire.ParseQuery(r.URL.Query())
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, wireRecord{Error: err.Error()})
+			writeJSON(w, http.StatusBadRequest, wire.Record{Error: err.Error()})
 			return
 		}
 		w.Header().Set("Content-Type", "application/x-ndjson")
@@ -355,7 +308,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		enc := json.NewEncoder(w)
 		flusher, _ := w.(http.Flusher)
 		err = n.EventsRaw(ctx, q, func(seq uint64, data []byte) error {
-			if err := enc.Encode(wireRecord{Seq: seq, Data: data}); err != nil {
+			if err := enc.Encode(wire.Record{Seq: seq, Data: data}); err != nil {
 				return err
 			}
 			if q.Follow && flusher != nil {
@@ -364,15 +317,15 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 			return nil
 		})
 		if err != nil && ctx.Err() == nil {
-			enc.Encode(wireRecord{Error: err.Error()})
+			enc.Encode(wire.Record{Error: err.Error()})
 		}
 	})
-	mux.HandleFunc("GET /v1/sandboxes", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathSandboxes, func(w http.ResponseWriter, r *http.Request) {
 		var list []projections.Sandbox
 		if s := r.URL.Query().Get("limit"); s != "" {
 			limit, err := strconv.Atoi(s)
 			if err != nil || limit < 0 {
-				writeJSON(w, http.StatusBadRequest, errorResponse{Error: fmt.Sprintf("limit %q: not a count", s)})
+				writeJSON(w, http.StatusBadRequest, wire.ErrorAnswer{Error: fmt.Sprintf("limit %q: not a count", s)})
 				return
 			}
 			list, _ = local.SandboxPage(r.Context(), r.URL.Query().Get("after"), limit)
@@ -382,74 +335,43 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		count(len(list))
 		writeJSON(w, http.StatusOK, list)
 	})
-	mux.HandleFunc("GET /v1/sandbox", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathSandbox, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
 		if found {
 			count(1)
 		}
-		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
+		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: sb})
 	})
-	mux.HandleFunc("GET /v1/owner", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathOwner, func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		id, path, found, _ := local.OwnerOf(r.Context(), q["path"], q.Get("except"))
-		writeJSON(w, http.StatusOK, ownerResponse{Found: found, Sandbox: id, Path: path})
+		writeJSON(w, http.StatusOK, wire.OwnerAnswer{Found: found, Sandbox: id, Path: path})
 	})
-	mux.HandleFunc("GET /v1/snapshot-owner", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathSnapshotOwner, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.SnapshotOwner(r.Context(), r.URL.Query().Get("snap"))
 		if found {
 			count(1)
 		}
-		writeJSON(w, http.StatusOK, sandboxResponse{Found: found, Sandbox: sb})
+		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: sb})
 	})
-	mux.HandleFunc("GET /v1/volumes", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathVolumes, func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())
 		writeJSON(w, http.StatusOK, list)
 	})
-	mux.HandleFunc("GET /v1/imagecache", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathImageCache, func(w http.ResponseWriter, r *http.Request) {
 		st, _ := local.ImageCache(r.Context())
 		count(len(st.Users))
 		writeJSON(w, http.StatusOK, st)
 	})
-	mux.HandleFunc("GET /v1/bootstrap", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathBootstrap, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := local.Bootstrap(r.Context(), r.URL.Query().Get("id"))
 		writeJSON(w, http.StatusOK, b)
 	})
-	mux.HandleFunc("GET /v1/sagas", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+wire.PathSagas, func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())
 		writeJSON(w, http.StatusOK, list)
 	})
 	return mux
-}
-
-func parseQuery(r *http.Request) (node.Query, error) {
-	v := r.URL.Query()
-	q := node.Query{Sandbox: v.Get("sandbox"), Types: v["type"], Follow: v.Get("follow") == "1"}
-	for k, p := range map[string]*uint64{"since": &q.Since, "until": &q.Until} {
-		if s := v.Get(k); s != "" {
-			n, err := strconv.ParseUint(s, 10, 64)
-			if err != nil {
-				return q, fmt.Errorf("%s %q: not a sequence number", k, s)
-			}
-			*p = n
-		}
-	}
-	for k, p := range map[string]*time.Time{"since_time": &q.SinceTime, "until_time": &q.UntilTime} {
-		if s := v.Get(k); s != "" {
-			t, err := time.Parse(time.RFC3339Nano, s)
-			if err != nil {
-				return q, fmt.Errorf("%s %q: not an RFC 3339 time", k, s)
-			}
-			*p = t
-		}
-	}
-	if s := v.Get("tail"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			return q, fmt.Errorf("tail %q: not a count", s)
-		}
-		q.Tail = n
-	}
-	return q, nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

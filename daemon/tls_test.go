@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"crypto/ecdsa"
@@ -18,7 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -81,7 +81,7 @@ func writePEM(t *testing.T, path, kind string, der []byte) {
 // and a client speaking plain NATS is turned away.
 func TestDaemonSubscribersOverTLS(t *testing.T) {
 	p := newPKI(t)
-	d := startDaemonWith(t, t.TempDir(), control.DaemonOptions{
+	d := startDaemonWith(t, t.TempDir(), daemon.Options{
 		Listen: "127.0.0.1:0",
 		TLS:    &journal.TLS{CertFile: p.certFile, KeyFile: p.keyFile},
 	})
@@ -111,7 +111,7 @@ func TestDaemonSubscribersOverTLS(t *testing.T) {
 // that CA.
 func TestDaemonSubscribersMutualTLS(t *testing.T) {
 	p := newPKI(t)
-	d := startDaemonWith(t, t.TempDir(), control.DaemonOptions{
+	d := startDaemonWith(t, t.TempDir(), daemon.Options{
 		Listen: "127.0.0.1:0",
 		TLS:    &journal.TLS{CertFile: p.certFile, KeyFile: p.keyFile, ClientCA: p.caFile},
 	})

@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"bufio"
@@ -16,6 +16,8 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -38,7 +40,7 @@ func TestDaemonChild(t *testing.T) {
 		io.Copy(io.Discard, os.Stdin)
 		os.Exit(3)
 	}()
-	err := control.RunDaemon(context.Background(), root, control.DaemonOptions{Ready: func(control.Status) { fmt.Println("ready") }})
+	err := daemon.Run(context.Background(), root, daemon.Options{Ready: func(wire.Status) { fmt.Println("ready") }})
 	fmt.Fprintf(os.Stderr, "daemon child: %v\n", err)
 	os.Exit(2)
 }
@@ -92,7 +94,7 @@ func TestSIGKILLedDaemonMidGroup(t *testing.T) {
 		t.Skip("starts and kills daemon processes")
 	}
 	root := testutil.ShortRoot(t)
-	sock := filepath.Join(root, control.SocketName)
+	sock := filepath.Join(root, wire.SocketName)
 	ctx := context.Background()
 	const writers = 16
 	ws := make([]*crashWriter, writers)

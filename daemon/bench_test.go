@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 // BenchmarkAppendGroupCommit measures concurrent appends through the daemon
 // against the rate a group commit reaches on the same disk in the same run:
@@ -30,6 +30,8 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -214,7 +216,7 @@ func startBenchDaemon(b *testing.B, root string, g int) *benchDaemon {
 	done := make(chan error, 1)
 	ready := make(chan struct{})
 	go func() {
-		done <- control.RunDaemon(ctx, root, control.DaemonOptions{Ready: func(control.Status) { close(ready) }})
+		done <- daemon.Run(ctx, root, daemon.Options{Ready: func(wire.Status) { close(ready) }})
 	}()
 	d := &benchDaemon{}
 	b.Cleanup(func() {

@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
@@ -21,7 +22,7 @@ import (
 func rawGet(t *testing.T, root, path string) []byte {
 	t.Helper()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return unixsock.Dial(ctx, filepath.Join(root, control.SocketName))
+		return unixsock.Dial(ctx, filepath.Join(root, wire.SocketName))
 	}}}
 	resp, err := hc.Get("http://nexus" + path)
 	if err != nil {
@@ -83,8 +84,8 @@ func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
 		t.Cleanup(func() { n.Close() })
 		return control.Local{Node: n}
 	}
-	daemon := func(t *testing.T) control.Backend { return connect(t, startDaemon(t, "").root) }
-	for name, open := range map[string]func(*testing.T) control.Backend{"daemon": daemon, "local": local} {
+	viaDaemon := func(t *testing.T) control.Backend { return connect(t, startDaemon(t, "").root) }
+	for name, open := range map[string]func(*testing.T) control.Backend{"daemon": viaDaemon, "local": local} {
 		t.Run(name, func(t *testing.T) {
 			b := open(t)
 			var evs []events.Event

@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -9,20 +9,28 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
-// runDaemon runs RunDaemon with o on a new root and returns once it
-// answers, with the channel RunDaemon's result arrives on.
-func runDaemon(t *testing.T, o control.DaemonOptions) (string, chan error) {
+// runDaemon runs Run with o on a new root and returns once it
+// answers, with the channel Run's result arrives on.
+func runDaemon(t *testing.T, o daemon.Options) (string, chan error) {
 	t.Helper()
 	root := t.TempDir()
+	return root, runDaemonAt(t, root, o)
+}
+
+// runDaemonAt is runDaemon on root.
+func runDaemonAt(t *testing.T, root string, o daemon.Options) chan error {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	ready := make(chan struct{})
-	o.Ready = func(control.Status) { close(ready) }
-	go func() { done <- control.RunDaemon(ctx, root, o) }()
+	o.Ready = func(wire.Status) { close(ready) }
+	go func() { done <- daemon.Run(ctx, root, o) }()
 	t.Cleanup(func() {
 		cancel()
 		<-done
@@ -34,10 +42,10 @@ func runDaemon(t *testing.T, o control.DaemonOptions) (string, chan error) {
 	case <-time.After(testutil.Scale(30 * time.Second)):
 		t.Fatal("daemon not ready after 30s")
 	}
-	return root, done
+	return done
 }
 
-// wantExit waits for RunDaemon to return nil and puts its result back for
+// wantExit waits for Run to return nil and puts its result back for
 // the cleanup.
 func wantExit(t *testing.T, done chan error, why string) {
 	t.Helper()
@@ -56,7 +64,7 @@ func wantExit(t *testing.T, done chan error, why string) {
 // between requests) keeps an idling daemon; once it closes, the daemon
 // exits, its socket is gone, and the store opens in process at once.
 func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Idle: 200 * time.Millisecond, Auto: true})
+	root, done := runDaemon(t, daemon.Options{Idle: 200 * time.Millisecond, Auto: true})
 	b := connect(t, root)
 	for range 5 {
 		time.Sleep(100 * time.Millisecond)
@@ -73,7 +81,7 @@ func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
 	}
 	b.Close()
 	wantExit(t, done, "after its last client closed")
-	if _, err := os.Lstat(filepath.Join(root, control.SocketName)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Lstat(filepath.Join(root, wire.SocketName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket after idle exit: %v", err)
 	}
 	n, err := node.Open(context.Background(), root, node.Options{})
@@ -91,7 +99,7 @@ func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
 // TestRetire: an exclusive connect retires an on-demand daemon and owns the
 // store in process; a hand-started daemon is used as it is.
 func TestRetire(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Auto: true})
+	root, done := runDaemon(t, daemon.Options{Auto: true})
 	b, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
 	if err != nil {
 		t.Fatal(err)

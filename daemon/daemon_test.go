@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -24,35 +26,35 @@ import (
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// daemon is a RunDaemon running in this process on its own state root.
-type daemon struct {
+// running is a daemon.Run in this process on its own state root.
+type running struct {
 	root   string
-	status control.Status
+	status wire.Status
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func startDaemon(t *testing.T, listen string) *daemon {
+func startDaemon(t *testing.T, listen string) *running {
 	t.Helper()
 	return startDaemonAt(t, t.TempDir(), listen)
 }
 
-// startDaemonAt runs RunDaemon on root until the test ends, and returns
+// startDaemonAt runs Run on root until the test ends, and returns
 // once Ready has been called.
-func startDaemonAt(t *testing.T, root, listen string) *daemon {
+func startDaemonAt(t *testing.T, root, listen string) *running {
 	t.Helper()
-	return startDaemonWith(t, root, control.DaemonOptions{Listen: listen})
+	return startDaemonWith(t, root, daemon.Options{Listen: listen})
 }
 
 // startDaemonWith is startDaemonAt with every option (Ready is its own).
-func startDaemonWith(t *testing.T, root string, o control.DaemonOptions) *daemon {
+func startDaemonWith(t *testing.T, root string, o daemon.Options) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	d := &daemon{root: root, cancel: cancel, done: make(chan error, 1)}
-	ready := make(chan control.Status, 1)
+	d := &running{root: root, cancel: cancel, done: make(chan error, 1)}
+	ready := make(chan wire.Status, 1)
 	go func() {
-		o.Ready = func(st control.Status) { ready <- st }
-		d.done <- control.RunDaemon(ctx, root, o)
+		o.Ready = func(st wire.Status) { ready <- st }
+		d.done <- daemon.Run(ctx, root, o)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -69,8 +71,8 @@ func startDaemonWith(t *testing.T, root string, o control.DaemonOptions) *daemon
 	return d
 }
 
-// stop cancels the daemon and returns what RunDaemon returned.
-func (d *daemon) stop(t *testing.T) error {
+// stop cancels the daemon and returns what Run returned.
+func (d *running) stop(t *testing.T) error {
 	t.Helper()
 	d.cancel()
 	select {
@@ -116,8 +118,8 @@ func TestDaemonServesClients(t *testing.T) {
 	if d.status.Pid != os.Getpid() || d.status.SubscriberURL != "" {
 		t.Fatalf("Ready status = %+v; want this pid and no subscriber URL without --listen", d.status)
 	}
-	if _, err := os.Stat(filepath.Join(d.root, control.SubscriberFile)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("%s without --listen: %v, want it absent", control.SubscriberFile, err)
+	if _, err := os.Stat(filepath.Join(d.root, daemon.SubscriberFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s without --listen: %v, want it absent", daemon.SubscriberFile, err)
 	}
 
 	b := connect(t, d.root)
@@ -171,26 +173,26 @@ func TestDaemonServesClients(t *testing.T) {
 	}
 }
 
-func readSubscriber(t *testing.T, root string) control.SubscriberCredentials {
+func readSubscriber(t *testing.T, root string) daemon.SubscriberCredentials {
 	t.Helper()
-	path := filepath.Join(root, control.SubscriberFile)
+	path := filepath.Join(root, daemon.SubscriberFile)
 	fi, err := os.Stat(path)
 	if err != nil {
-		t.Fatalf("%s: %v", control.SubscriberFile, err)
+		t.Fatalf("%s: %v", daemon.SubscriberFile, err)
 	}
 	if mode := fi.Mode().Perm(); mode != 0o600 {
-		t.Fatalf("%s has mode %04o, want 0600", control.SubscriberFile, mode)
+		t.Fatalf("%s has mode %04o, want 0600", daemon.SubscriberFile, mode)
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var c control.SubscriberCredentials
+	var c daemon.SubscriberCredentials
 	if err := json.Unmarshal(data, &c); err != nil {
-		t.Fatalf("%s: %v", control.SubscriberFile, err)
+		t.Fatalf("%s: %v", daemon.SubscriberFile, err)
 	}
 	if c.User == "" || c.Password == "" || c.URL == "" {
-		t.Fatalf("%s lacks user, password or url: %s", control.SubscriberFile, data)
+		t.Fatalf("%s lacks user, password or url: %s", daemon.SubscriberFile, data)
 	}
 	return c
 }
@@ -218,7 +220,7 @@ func TestDaemonSubscribers(t *testing.T) {
 	d := startDaemon(t, "127.0.0.1:0")
 	creds := readSubscriber(t, d.root)
 	if creds.URL != d.status.SubscriberURL {
-		t.Fatalf("%s url %q, Ready said %q", control.SubscriberFile, creds.URL, d.status.SubscriberURL)
+		t.Fatalf("%s url %q, Ready said %q", daemon.SubscriberFile, creds.URL, d.status.SubscriberURL)
 	}
 	if !strings.Contains(creds.URL, "127.0.0.1:") {
 		t.Fatalf("subscriber url %q is not on the loopback listener", creds.URL)
@@ -389,9 +391,9 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 		root := t.TempDir()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		readyCalled := false
-		err := control.RunDaemon(ctx, root, control.DaemonOptions{
+		err := daemon.Run(ctx, root, daemon.Options{
 			Listen: addr,
-			Ready:  func(control.Status) { readyCalled = true },
+			Ready:  func(wire.Status) { readyCalled = true },
 		})
 		cancel()
 		if err == nil || readyCalled {
@@ -401,12 +403,12 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 			t.Fatalf("--listen %s refused with %v; want it to say the address is not loopback", addr, err)
 		}
 		// Allowed beyond loopback, but not in clear.
-		err = control.RunDaemon(context.Background(), root, control.DaemonOptions{Listen: addr, AllowRemote: true})
+		err = daemon.Run(context.Background(), root, daemon.Options{Listen: addr, AllowRemote: true})
 		if err == nil || !strings.Contains(err.Error(), "--tls-cert") {
 			t.Fatalf("--listen %s --allow-remote without TLS: %v; want a refusal naming --tls-cert", addr, err)
 		}
 		// Refused before anything was created: no credentials, no journal.
-		for _, name := range []string{control.SubscriberFile, "journal", control.SocketName} {
+		for _, name := range []string{daemon.SubscriberFile, "journal", wire.SocketName} {
 			if _, err := os.Stat(filepath.Join(root, name)); !errors.Is(err, os.ErrNotExist) {
 				t.Fatalf("--listen %s refused, but %s exists (%v)", addr, name, err)
 			}
@@ -416,7 +418,7 @@ func TestDaemonRefusesRemoteListen(t *testing.T) {
 
 func TestDaemonShutdown(t *testing.T) {
 	d := startDaemon(t, "127.0.0.1:0")
-	sock := filepath.Join(d.root, control.SocketName)
+	sock := filepath.Join(d.root, wire.SocketName)
 	b := connect(t, d.root)
 	if _, ok := b.(*control.Client); !ok {
 		t.Fatalf("Connect with a daemon running returned %T, want *control.Client", b)
@@ -428,14 +430,14 @@ func TestDaemonShutdown(t *testing.T) {
 	b.Close()
 
 	if err := d.stop(t); err != nil {
-		t.Fatalf("RunDaemon after cancel: %v, want nil", err)
+		t.Fatalf("Run after cancel: %v, want nil", err)
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("%s after shutdown: %v, want it removed", control.SocketName, err)
+		t.Fatalf("%s after shutdown: %v, want it removed", wire.SocketName, err)
 	}
 
 	// With no daemon, Connect owns the store itself, at once: the daemon
-	// released the lock before RunDaemon returned.
+	// released the lock before Run returned.
 	l := connect(t, d.root)
 	local, ok := l.(control.Local)
 	if !ok {
@@ -446,7 +448,7 @@ func TestDaemonShutdown(t *testing.T) {
 		t.Fatalf("events after shutdown = %+v, want the one appended through the daemon", got)
 	}
 	if _, err := os.Lstat(sock); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("a local Connect created %s: %v", control.SocketName, err)
+		t.Fatalf("a local Connect created %s: %v", wire.SocketName, err)
 	}
 }
 
@@ -470,9 +472,9 @@ func TestSandboxByRef(t *testing.T) {
 		var b control.Backend = control.Local{Node: n}
 		if viaDaemon {
 			ctx, cancel := context.WithCancel(context.Background())
-			go control.Serve(ctx, n)
+			go daemon.Serve(ctx, n)
 			defer cancel()
-			c := control.NewClient(filepath.Join(root, control.SocketName))
+			c := control.NewClient(filepath.Join(root, wire.SocketName))
 			for i := 0; i < 500; i++ {
 				if _, err := c.Status(context.Background()); err == nil {
 					break

@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -45,7 +47,7 @@ func TestSelfBuildIsTheExecutable(t *testing.T) {
 	if d.status.Build == nil || !d.status.Build.Same(b) {
 		t.Fatalf("Ready status build = %v, want %v", d.status.Build, b)
 	}
-	c := control.NewClient(filepath.Join(d.root, control.SocketName))
+	c := control.NewClient(filepath.Join(d.root, wire.SocketName))
 	defer c.Close()
 	got, err := c.Status(context.Background())
 	if err != nil || got.Build == nil || !got.Build.Same(b) {
@@ -93,7 +95,7 @@ func TestCopiedBinaryIsAnotherBuild(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the copy: %v", err)
 	}
-	var other control.Build
+	var other wire.Build
 	if err := json.Unmarshal(out, &other); err != nil {
 		t.Fatalf("the copy printed %q: %v", out, err)
 	}
@@ -113,7 +115,7 @@ func TestCopiedBinaryIsAnotherBuild(t *testing.T) {
 // exclusive connect then owns the store. A retire that stopped accepting
 // at once would leave the append no daemon to reach.
 func TestRetiringDaemonServesItsClients(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Auto: true})
+	root, done := runDaemon(t, daemon.Options{Auto: true})
 	b, err := control.Connect(context.Background(), root, time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +132,7 @@ func TestRetiringDaemonServesItsClients(t *testing.T) {
 	// A retire that stops accepting shows as a Status that fails (on a
 	// new connection each time, as a new client's).
 	testutil.WaitUntil(t, time.Minute, "the daemon retiring", func() bool {
-		probe := control.NewClient(filepath.Join(root, control.SocketName))
+		probe := control.NewClient(filepath.Join(root, wire.SocketName))
 		defer probe.Close()
 		st, err := probe.Status(context.Background())
 		return err != nil || st.Retiring

@@ -1,4 +1,10 @@
-package control
+// Package daemon is the process that owns a state root for every command:
+// it keeps the journal open, serves the control protocol (control/wire) on
+// the root's socket, journals the exits of the processes it records as
+// running and the fleet mirror's changes, finishes the sagas a dead runner
+// left open before it serves, and, when started on demand, exits when idle
+// or retires for a command that needs the journal itself.
+package daemon
 
 import (
 	"context"
@@ -9,13 +15,17 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/hostid"
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -35,8 +45,8 @@ type SubscriberCredentials struct {
 	InboxPrefix string `json:"inbox_prefix"`
 }
 
-// DaemonOptions configure RunDaemon.
-type DaemonOptions struct {
+// Options configure Run.
+type Options struct {
 	// Listen exposes NATS to subscribers on this TCP address ("" = none).
 	Listen string
 	// AllowRemote permits a Listen address that is not loopback; such an
@@ -48,32 +58,41 @@ type DaemonOptions struct {
 	Mirror *journal.Mirror
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
-	// Ready, if set, is called once the daemon serves its socket.
-	Ready func(Status)
+	// Ready, if set, is called once the daemon serves its socket, after
+	// its start-up lines are logged.
+	Ready func(wire.Status)
 	// Idle > 0 stops the daemon once no client has been connected for that
 	// long (0: serve until ctx is done).
 	Idle time.Duration
 	// Auto marks a daemon a command started on demand.
 	Auto bool
-	// Logger receives the embedded NATS server's warnings and errors; nil
-	// discards them.
+	// Logger receives the daemon's own lines ("serving" once a client can
+	// connect, then how start-up went) and the embedded NATS server's
+	// warnings and errors; nil discards them.
 	Logger *slog.Logger
-	// Startup, if set, runs once the journal is open and before the socket
-	// serves: the daemon finishes the sagas a dead runner (or a killed
-	// daemon) left open, under their free runner leases.
-	Startup func(ctx context.Context, b Backend)
+	// Manager, if set, makes the flows' manager over the daemon's node:
+	// once the journal is open and before the socket serves, the daemon
+	// finishes with it the sagas a dead runner (or a killed daemon) left
+	// open, under their free runner leases.
+	Manager func(control.Backend) (*lifecycle.Manager, error)
 }
 
-// RunDaemon owns the state root until ctx is done: it keeps the journal
-// open, serves commands on the control socket and, if asked, subscribers.
-func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
+// Run owns the state root until ctx is done: it keeps the journal
+// open, finishes interrupted sagas, serves commands on the control socket
+// and, if asked, subscribers. A daemon started on demand that finds
+// another serving the root is not needed: it says so and returns nil.
+func Run(ctx context.Context, root string, o Options) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	root, err := node.PrepareRoot(root)
 	if err != nil {
 		return err
 	}
 	// The build is the executable as it was at start: identified now,
 	// before anything could replace the file this process runs.
-	selfBuild()
+	control.SelfBuild()
 	if o.Mirror != nil && o.Mirror.HostID == "" {
 		id, err := hostid.Load(root)
 		if err != nil {
@@ -103,6 +122,10 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 		jo.Subscriber = &journal.Credentials{User: creds.User, PasswordHash: string(hash)}
 	}
 	n, err := openWaiting(ctx, root, jo, o.LockWait, !o.Auto)
+	if errors.Is(err, errServedElsewhere) {
+		log.Info("not needed", "reason", err.Error())
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -113,30 +136,42 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 			return err
 		}
 	}
-	if o.Startup != nil {
-		o.Startup(ctx, Local{n})
+	var recovered func()
+	if o.Manager != nil {
+		recovered = recoverSagas(ctx, log, o.Manager, control.Local{Node: n})
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Exits are facts (control/exits.go): stopped before the node closes.
+	// Exits are facts (exits.go): stopped before the node closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n)()
 	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto}) }()
+	// Serve creates the socket almost at once; wait until it answers so
+	// "serving" (and Ready) means a client can connect.
+	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
+		return err
+	}
+	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef()}
+	log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
+	if recovered != nil {
+		recovered()
+	}
+	if m := o.Mirror; m != nil {
+		log.Info("mirroring", "stream", m.StreamName(), "domain", m.Domain, "host", m.Host, "host_id", m.HostID, "urls", strings.Join(m.Redacted(), ","))
+	}
+	if st.SubscriberURL != "" {
+		log.Info("subscribers", "url", st.SubscriberURL, "credentials", filepath.Join(root, SubscriberFile))
+	}
 	if o.Ready != nil {
-		// Serve creates the socket almost at once; wait until it answers so
-		// Ready means a client can connect.
-		if err := waitAnswering(ctx, filepath.Join(root, SocketName), served); err != nil {
-			return err
-		}
-		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: selfBuildRef()})
+		o.Ready(st)
 	}
 	return <-served
 }
 
-// ErrServedElsewhere is a daemon started on demand that found another
+// errServedElsewhere is a daemon started on demand that found another
 // daemon serving the root while it waited for the journal.
-var ErrServedElsewhere = errors.New("another daemon serves the state root")
+var errServedElsewhere = errors.New("another daemon serves the state root")
 
 // openWaiting opens the node, waiting up to wait for a holder of the
 // journal to let go. A daemon started by hand (takeOver) asks a daemon
@@ -149,17 +184,17 @@ func openWaiting(ctx context.Context, root string, jo journal.Options, wait time
 		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
 			return n, err
 		}
-		if c, err := dial(ctx, filepath.Join(root, SocketName)); err == nil {
+		if c, err := control.Dial(ctx, filepath.Join(root, wire.SocketName)); err == nil {
 			st, serr := c.Status(ctx)
 			switch {
 			case takeOver && serr == nil && st.Auto:
-				c.retire(ctx)
+				c.Retire(ctx)
 			case !takeOver:
 				// Started on demand while another daemon took the root
 				// (one started by hand): the command that started us is
 				// served by it, so we are not needed.
 				c.Close()
-				return nil, ErrServedElsewhere
+				return nil, errServedElsewhere
 			}
 			c.Close()
 		}
@@ -173,7 +208,7 @@ func openWaiting(ctx context.Context, root string, jo journal.Options, wait time
 
 func waitAnswering(ctx context.Context, sock string, served <-chan error) error {
 	for {
-		if c, err := dial(ctx, sock); err == nil {
+		if c, err := control.Dial(ctx, sock); err == nil {
 			c.Close()
 			return nil
 		}

@@ -1,4 +1,4 @@
-package control_test
+package daemon_test
 
 import (
 	"bufio"
@@ -18,6 +18,8 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
@@ -28,7 +30,7 @@ import (
 func TestAppendOverHTTPIsRefusedWithAReason(t *testing.T) {
 	d := startDaemon(t, "")
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return unixsock.Dial(ctx, filepath.Join(d.root, control.SocketName))
+		return unixsock.Dial(ctx, filepath.Join(d.root, wire.SocketName))
 	}}}
 	// The body an older client sent: the event's journal bytes, base64 in JSON.
 	body := []byte(`{"events":["gqF0"]}`)
@@ -55,7 +57,7 @@ func TestAppendOverHTTPIsRefusedWithAReason(t *testing.T) {
 // A daemon without the append stream (an older nexus) is named as such,
 // and an upgrade to another stream version is refused, not misread.
 func TestAppendStreamVersionMismatch(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), control.SocketName)
+	sock := filepath.Join(t.TempDir(), wire.SocketName)
 	ln, err := unixsock.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
@@ -73,7 +75,7 @@ func TestAppendStreamVersionMismatch(t *testing.T) {
 	}
 
 	d := startDaemon(t, "")
-	conn, err := unixsock.Dial(ctx, filepath.Join(d.root, control.SocketName))
+	conn, err := unixsock.Dial(ctx, filepath.Join(d.root, wire.SocketName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,8 +153,8 @@ func TestAppendStreamAnswers(t *testing.T) {
 // (a hijacked connection is out of the HTTP server's count): an idling
 // daemon stays while the stream is open, and exits once it is closed.
 func TestAppendStreamHoldsAnIdlingDaemon(t *testing.T) {
-	root, done := runDaemon(t, control.DaemonOptions{Idle: 200 * time.Millisecond, Auto: true})
-	c := control.NewClient(filepath.Join(root, control.SocketName)) // no HTTP request, no daemon started for it
+	root, done := runDaemon(t, daemon.Options{Idle: 200 * time.Millisecond, Auto: true})
+	c := control.NewClient(filepath.Join(root, wire.SocketName)) // no HTTP request, no daemon started for it
 	ctx := context.Background()
 	if _, err := c.Append(ctx, volumeEvent(1)); err != nil {
 		t.Fatal(err)
