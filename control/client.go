@@ -233,6 +233,12 @@ func (c *Client) Bootstrap(ctx context.Context, id string) (events.Bootstrap, er
 	return b, err
 }
 
+func (c *Client) Rev(ctx context.Context, entity guard.Entity) (uint64, error) {
+	var out revResponse
+	err := c.getJSON(ctx, "/v1/rev?entity="+url.QueryEscape(string(entity)), &out)
+	return out.Rev, err
+}
+
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
 	return c.AppendExpect(ctx, nil, evs...)
 }

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
@@ -64,6 +65,10 @@ type Stats struct {
 	// MostInOneAnswer is the most sandbox records one answer held: a
 	// paged `ls` keeps it at its page size.
 	MostInOneAnswer int64 `json:"most_in_one_answer"`
+}
+
+type revResponse struct {
+	Rev uint64 `json:"rev"`
 }
 
 type ownerResponse struct {
@@ -413,6 +418,14 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 	mux.HandleFunc("GET /v1/bootstrap", func(w http.ResponseWriter, r *http.Request) {
 		b, _ := local.Bootstrap(r.Context(), r.URL.Query().Get("id"))
 		writeJSON(w, http.StatusOK, b)
+	})
+	mux.HandleFunc("GET /v1/rev", func(w http.ResponseWriter, r *http.Request) {
+		rev, err := local.Rev(r.Context(), guard.Entity(r.URL.Query().Get("entity")))
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, errorResponse{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, revResponse{Rev: rev})
 	})
 	mux.HandleFunc("GET /v1/sagas", func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())
