@@ -234,6 +234,12 @@ func (c *Client) Bootstrap(ctx context.Context, id string) (events.Bootstrap, er
 	return b, err
 }
 
+func (c *Client) Rev(ctx context.Context, entity guard.Entity) (uint64, error) {
+	var out wire.RevAnswer
+	err := c.getJSON(ctx, wire.PathRev+"?entity="+url.QueryEscape(string(entity)), &out)
+	return out.Rev, err
+}
+
 func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
 	return c.AppendExpect(ctx, nil, evs...)
 }

@@ -47,6 +47,9 @@ type Backend interface {
 	// Bootstrap is the cache entry sandbox id's OS disk came from (zero if
 	// the journal recorded none), without the cache's list of every user.
 	Bootstrap(ctx context.Context, id string) (events.Bootstrap, error)
+	// Rev is the sequence of the last event about entity (0: none), what
+	// a decision about it expects (for a handle, its last claim).
+	Rev(ctx context.Context, entity guard.Entity) (uint64, error)
 	Close() error
 }
 
@@ -114,6 +117,10 @@ func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, erro
 		return events.Bootstrap{}, err
 	}
 	return sb.Bootstrap, nil
+}
+
+func (l Local) Rev(ctx context.Context, entity guard.Entity) (uint64, error) {
+	return l.Node.EntityRev(ctx, entity)
 }
 
 // ErrBusy means the state root stayed owned by another process that serves

@@ -87,7 +87,7 @@ func TestAppendStreamVersionMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	reply, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusUpgradeRequired || !strings.Contains(string(reply), "nexus-append/1") {
+	if resp.StatusCode != http.StatusUpgradeRequired || !strings.Contains(string(reply), "nexus-append/2") {
 		t.Fatalf("upgrade to another stream version answered %s %q; want 426 naming the version spoken", resp.Status, reply)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -366,6 +367,14 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 	mux.HandleFunc("GET "+wire.PathBootstrap, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := local.Bootstrap(r.Context(), r.URL.Query().Get("id"))
 		writeJSON(w, http.StatusOK, b)
+	})
+	mux.HandleFunc("GET "+wire.PathRev, func(w http.ResponseWriter, r *http.Request) {
+		rev, err := local.Rev(r.Context(), guard.Entity(r.URL.Query().Get("entity")))
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, wire.RevAnswer{Rev: rev})
 	})
 	mux.HandleFunc("GET "+wire.PathSagas, func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.OpenSagas(r.Context())

@@ -98,6 +98,7 @@ var registry = map[Type]typeSpec{
 	SagaStarted:        spec(SagaStartedEvent{}, 1),
 	SagaFinished:       spec(SagaFinishedEvent{}, 1),
 	SagaCompensated:    spec(SagaCompensatedEvent{}, 1),
+	HandleClaimed:      spec(HandleClaimedEvent{}, 1),
 
 	// The daemon's fleet mirror (host/journal's Mirror).
 	MirrorCreated:        spec(MirrorCreatedEvent{}, 1),

@@ -63,6 +63,7 @@ var samples = []Payload{
 	SagaStartedEvent{Kind: "create", Steps: []string{"intent", "disk", "commit"}},
 	SagaFinishedEvent{},
 	SagaCompensatedEvent{Reason: "ENOSPC"},
+	HandleClaimedEvent{Sandbox: testSandbox, Handle: "web/1"},
 }
 
 func TestEveryTypeRoundTrips(t *testing.T) {

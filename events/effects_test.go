@@ -58,6 +58,7 @@ func TestEffectsOfEveryType(t *testing.T) {
 		ImageCachePrepared: {},
 		ImageCacheUsed:     {},
 		ImageCachePruned:   {},
+		HandleClaimed:      {},
 
 		MirrorCreated:        {},
 		MirrorRecreated:      {},

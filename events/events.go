@@ -39,6 +39,8 @@ const (
 
 	SnapshotTaken Type = "snapshot.taken"
 
+	HandleClaimed Type = "handle.claimed"
+
 	VolumeCreated  Type = "volume.created"
 	VolumeAttached Type = "volume.attached"
 	VolumeDetached Type = "volume.detached"
@@ -104,9 +106,15 @@ type Event struct {
 }
 
 // New builds an event around p, stamping the envelope's type and current
-// schema version from the payload so the two can never disagree.
+// schema version from the payload so the two can never disagree. A
+// handle.claimed event belongs to its handle, not to a sandbox: its
+// envelope names none (its payload does), so it is no event of the
+// sandbox's and is stored on the handle's own subject.
 func New(id ulid.ULID, at time.Time, sandbox string, p Payload) Event {
 	t := p.EventType()
+	if t == HandleClaimed {
+		sandbox = ""
+	}
 	return Event{
 		Envelope: Envelope{ID: id, Type: t, Schema: registry[t].current, Sandbox: sandbox, Time: at.UTC()},
 		Payload:  p,
@@ -119,9 +127,59 @@ func (e Event) InSaga(saga, step string) Event {
 	return e
 }
 
-// Subject is where e is published: nexus.events.<category>.<action>.<sandbox>.
+// Subject is where e is published: nexus.events.<category>.<action>.<sandbox>,
+// or for a handle.claimed event the handle's subject (HandleSubject).
 func (e Event) Subject() (string, error) {
+	if p, ok := e.Payload.(HandleClaimedEvent); ok {
+		if p.Handle == "" {
+			return "", fmt.Errorf("%s names no handle", e.Type)
+		}
+		return HandleSubject(p.Handle), nil
+	}
 	return Subject(e.Type, e.Sandbox)
+}
+
+// HandleSubject is the subject of every claim of handle:
+// nexus.events.handle.claimed.<HandleToken(handle)>. The journal's last
+// record on it is the claim a new claim of the handle must expect.
+func HandleSubject(handle string) string {
+	return SubjectPrefix + "." + string(HandleClaimed) + "." + HandleToken(handle)
+}
+
+// HandleToken encodes handle as one subject token: "h_", then the handle
+// with every byte other than a letter, a digit or '-' written as '_' and
+// two hex digits ("web/1" is h_web_2F1). The encoding is injective, uses no
+// character a subject gives a meaning to, and holds a '_', which neither a
+// sandbox ULID nor NoSandbox alone does, so a handle's subject never
+// matches a sandbox's filter.
+func HandleToken(handle string) string {
+	const hex = "0123456789ABCDEF"
+	b := []byte("h_")
+	for i := 0; i < len(handle); i++ {
+		c := handle[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' {
+			b = append(b, c)
+			continue
+		}
+		b = append(b, '_', hex[c>>4], hex[c&15])
+	}
+	return string(b)
+}
+
+// HandleOf is the handle e gives its sandbox: the handle of a
+// sandbox.created, sandbox.forked or sandbox.restored that names one, or
+// "". Such an event is appended with the handle.claimed of the same
+// handle right after it, in one batch.
+func HandleOf(e Event) string {
+	switch p := e.Payload.(type) {
+	case SandboxCreatedEvent:
+		return p.Handle
+	case SandboxForkedEvent:
+		return p.Handle
+	case SandboxRestoredEvent:
+		return p.Handle
+	}
+	return ""
 }
 
 // Subject builds the journal subject for an event type and sandbox.

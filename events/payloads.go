@@ -364,6 +364,17 @@ type SagaStartedEvent struct {
 
 type SagaFinishedEvent struct{}
 
+// HandleClaimedEvent: Sandbox took Handle. It is appended right after the
+// event that gives the sandbox its handle (sandbox.created, .forked or
+// .restored), in the same atomic batch, on the handle's own subject
+// (HandleSubject), expecting the last claim of the handle the decision
+// saw: of two claims decided on the same state, the journal takes one.
+// A handle is free again once its holder is removed; no event releases it.
+type HandleClaimedEvent struct {
+	Sandbox string `msgpack:"sandbox" json:"sandbox"`
+	Handle  string `msgpack:"handle" json:"handle"`
+}
+
 type SagaCompensatedEvent struct {
 	Reason string `msgpack:"reason" json:"reason"`
 }
@@ -404,6 +415,7 @@ func (ImageCachePrunedEvent) EventType() Type   { return ImageCachePruned }
 func (SagaStartedEvent) EventType() Type        { return SagaStarted }
 func (SagaFinishedEvent) EventType() Type       { return SagaFinished }
 func (SagaCompensatedEvent) EventType() Type    { return SagaCompensated }
+func (HandleClaimedEvent) EventType() Type      { return HandleClaimed }
 
 // MirrorCreatedEvent: the daemon created this host's mirror stream on the
 // fleet (the journal's audit copy) with these replicas.

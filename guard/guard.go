@@ -17,7 +17,8 @@ import (
 )
 
 // Entity names something decisions are taken about: "sandbox/<ULID>",
-// "volume/<name>", or "reap" (the one reap run at a time).
+// "volume/<name>", "handle/<handle>", or "reap" (the one reap run at a
+// time).
 type Entity string
 
 // Sandbox is the entity of a sandbox.
@@ -26,13 +27,17 @@ func Sandbox(id string) Entity { return Entity("sandbox/" + id) }
 // Volume is the entity of a named volume.
 func Volume(name string) Entity { return Entity("volume/" + name) }
 
+// Handle is the entity of a sandbox handle: at most one live sandbox
+// holds it.
+func Handle(handle string) Entity { return Entity("handle/" + handle) }
+
 // Reap is the entity every reap --apply run claims.
 const Reap Entity = "reap"
 
-// Kind is the part before the slash ("sandbox", "volume", "reap").
+// Kind is the part before the slash ("sandbox", "volume", "handle", "reap").
 func (e Entity) Kind() string { k, _, _ := strings.Cut(string(e), "/"); return k }
 
-// Name is the part after the slash (a sandbox id or a volume name).
+// Name is the part after the slash (a sandbox id, a volume name, a handle).
 func (e Entity) Name() string { _, n, _ := strings.Cut(string(e), "/"); return n }
 
 // Expect says: admit this append only if the last event about Entity is
@@ -42,14 +47,21 @@ type Expect struct {
 	Seq    uint64 `json:"seq"`
 }
 
-// EntitiesOf lists the entities an event concerns: its sandbox, and the
-// volume a volume event names.
+// EntitiesOf lists the entities an event concerns: its sandbox, the volume
+// a volume event names, and the handle an event gives its sandbox or
+// claims. It is the one statement of it: admission, expectations and the
+// node's group commit all read it.
 func EntitiesOf(e events.Event) []Entity {
 	var out []Entity
 	if e.Sandbox != "" {
 		out = append(out, Sandbox(e.Sandbox))
 	}
+	if h := events.HandleOf(e); h != "" {
+		out = append(out, Handle(h))
+	}
 	switch p := e.Payload.(type) {
+	case events.HandleClaimedEvent:
+		out = append(out, Handle(p.Handle))
 	case events.VolumeCreatedEvent:
 		out = append(out, Volume(p.Name))
 	case events.VolumeAttachedEvent:

@@ -14,6 +14,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
@@ -79,7 +80,8 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 		return projections.Sandbox{}, err
 	}
 	defer release()
-	s.Expect = expect
+	s.Expect = append(expect, plan.handle...)
+	m.decided(events.SagaCreate)
 
 	// Intents come first, before saga.started: from the moment the journal
 	// names this sandbox, a leased marker on disk says its creator lives.
@@ -109,7 +111,10 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	s.Steps = append(s.Steps, m.attachSteps(spec.Volumes, false)...)
 	s.Steps = append(s.Steps, m.bootSteps(id, "")...)
 	if err := s.Run(ctx, m.B); err != nil {
-		return projections.Sandbox{}, err
+		if errors.Is(err, sagas.ErrNotStarted) {
+			dropIntents(m, held, intents)
+		}
+		return projections.Sandbox{}, m.handleTaken(ctx, spec.Handle, id, err)
 	}
 	sb, err := m.writeRecord(ctx, id)
 	if err != nil {
@@ -119,6 +124,9 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 }
 
 type createPlan struct {
+	// handle is the expectation of the handle the create gives, as its
+	// decision saw it (none without a handle).
+	handle         []guard.Expect
 	image          string
 	boot           events.Bootstrap // the cache entry the OS disk is cloned from
 	workspaceBytes int64
@@ -158,13 +166,8 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if plan.boot.Identity, plan.boot.CacheID, err = imagecache.IdentityOf(image); err != nil {
 		return refuse("%v", err)
 	}
-	if spec.Handle != "" {
-		if !handleRE.MatchString(spec.Handle) || strings.Contains(spec.Handle, "..") {
-			return refuse("handle %q: use letters, digits, '.', '_', '-', '/'", spec.Handle)
-		}
-		if _, err := m.Find(ctx, spec.Handle); err == nil {
-			return refuse("handle %q is already in use", spec.Handle)
-		}
+	if plan.handle, err = m.decideHandle(ctx, spec.Handle); err != nil {
+		return plan, err
 	}
 	if len(spec.Shadows) > 0 && spec.Handle == "" {
 		return refuse("--shadow needs --handle: shadow disks are keyed by the sandbox handle")
@@ -325,7 +328,11 @@ func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*i
 				intent.Retire(m.Root.Abs(in.res.Path))
 			}
 			if errors.Is(err, fs.ErrExist) {
-				return nil, nil, fmt.Errorf("%w: %s exists: another create of this handle is in flight or crashed (run `nexus recover`)", ErrRefused, w.path)
+				by := ""
+				if in, rerr := intent.Read(w.path); rerr == nil && in.Sandbox != "" {
+					by = "sandbox " + in.Sandbox + "; "
+				}
+				return nil, nil, fmt.Errorf("%w: %s exists: another create of this handle is in flight or crashed (%srun `nexus recover`)", ErrRefused, w.path, by)
 			}
 			return nil, nil, err
 		}
@@ -536,7 +543,14 @@ func (m *Manager) commitStep(id string, committed func([]events.Resource) events
 					owned = append(owned, r)
 				}
 			}
-			return sagas.One(committed(owned)), nil
+			p := committed(owned)
+			// A commit giving a handle claims it in the same append, on the
+			// handle's subject: the journal takes one claim of two decided
+			// on the same state.
+			if h := events.HandleOf(events.Event{Payload: p}); h != "" {
+				return []events.Payload{p, events.HandleClaimedEvent{Sandbox: id, Handle: h}}, nil
+			}
+			return sagas.One(p), nil
 		},
 		Undo: func(context.Context) ([]events.Payload, error) {
 			return sagas.One(events.SandboxRemovedEvent{}), nil

@@ -32,7 +32,8 @@ func TestCreateJournalsEveryStepAndBoots(t *testing.T) {
 		"imagecache.prepared", "imagecache.used", // a miss: the entry is made, and used
 		"disk.materialised", "disk.materialised", // OS disk (written with the entry), workspace
 		"resource.created", "resource.created", // supervisor state, record dir
-		"sandbox.created", "intent.retired", "intent.retired"}, bootTypes...)
+		"sandbox.created", "handle.claimed", // one append: the commit claims its handle
+		"intent.retired", "intent.retired"}, bootTypes...)
 	want = append(want, "saga.finished")
 	if got := types(f.j.since(0)); !reflect.DeepEqual(got, want) {
 		t.Fatalf("create journaled\n%v\nwant\n%v", got, want)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -28,6 +29,8 @@ import (
 type ForkSpec struct {
 	Parent string
 	Count  int
+	// Handle names the child (only with Count 1).
+	Handle string
 	Force  bool
 	// ReadOnlyVolumes attaches the parent's named volumes to every child
 	// read-only. Without it a parent with volumes is refused: a writable
@@ -68,6 +71,13 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	defer c.release()
 	parent := c.sb
 	if err := CheckForkCount(spec.Count); err != nil {
+		return nil, err
+	}
+	if spec.Handle != "" && spec.Count != 1 {
+		return nil, fmt.Errorf("%w: --handle names one child: not with --count %d", ErrRefused, spec.Count)
+	}
+	handle, err := m.decideHandle(ctx, spec.Handle)
+	if err != nil {
 		return nil, err
 	}
 	if len(parent.Volumes) > 0 && !spec.ReadOnlyVolumes {
@@ -142,9 +152,9 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 			child := ids[i]
 			copies := m.childCopies(parent, child, sources)
 			committed := func(rs []events.Resource) events.Payload {
-				return events.SandboxForkedEvent{Parent: parent.ID, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
+				return events.SandboxForkedEvent{Parent: parent.ID, Handle: spec.Handle, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
 			}
-			if errs[i] = m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied); errs[i] != nil {
+			if errs[i] = m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied, handle); errs[i] != nil {
 				failed.Store(true)
 			}
 		}()
@@ -277,14 +287,15 @@ func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (f
 
 // runChild runs the create-like saga of a fork or restore child.
 func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, seedCA string, copies []sourceDisk,
-	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step, copied func()) error {
+	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step, copied func(), handle []guard.Expect) error {
 	s := m.saga(kind, child, nil)
 	release, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
 	if err != nil {
 		return err
 	}
 	defer release()
-	s.Expect = expect
+	s.Expect = append(expect, handle...)
+	m.decided(kind)
 	covers := []string{m.rel(m.Root.SupervisorDir(child)), m.rel(filepath.Dir(m.Root.Record(child))), m.rel(m.Root.SnapshotsOf(child))}
 	for _, c := range copies {
 		covers = append(covers, m.rel(c.dst))
@@ -321,6 +332,12 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 	s.Steps = append(s.Steps, m.attachSteps(mounts, readOnly)...)
 	s.Steps = append(s.Steps, m.bootSteps(child, restoreFrom)...)
 	if err := s.Run(ctx, m.B); err != nil {
+		if errors.Is(err, sagas.ErrNotStarted) {
+			dropIntents(m, held, intents)
+		}
+		if len(handle) > 0 {
+			err = m.handleTaken(ctx, handle[0].Entity.Name(), child, err)
+		}
 		return err
 	}
 	_, err = m.writeRecord(ctx, child)
@@ -461,8 +478,15 @@ func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOpti
 	return snap, nil
 }
 
+// RestoreOptions are `nexus restore`'s choices.
+type RestoreOptions struct {
+	Force  bool   // skip the disk-space preflight
+	Handle string // names the new sandbox
+}
+
 // Restore creates a new sandbox from a snapshot, through the fork path.
-func (m *Manager) Restore(ctx context.Context, snap string, force bool) (projections.Sandbox, error) {
+func (m *Manager) Restore(ctx context.Context, snap string, o RestoreOptions) (projections.Sandbox, error) {
+	force := o.Force
 	snap, src, err := m.findSnapshot(ctx, snap)
 	if err != nil {
 		return projections.Sandbox{}, err
@@ -512,6 +536,10 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 	if err := m.preflightCopies(sources, 1, filesAllocated(dir, stateFiles), force); err != nil {
 		return projections.Sandbox{}, err
 	}
+	handle, err := m.decideHandle(ctx, o.Handle)
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
 	restoreFrom := ""
 	var stage *sagas.Step
 	if man.VMState {
@@ -541,9 +569,9 @@ func (m *Manager) Restore(ctx context.Context, snap string, force bool) (project
 		}
 	}
 	committed := func(rs []events.Resource) events.Payload {
-		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Image: man.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: man.Bootstrap}
+		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Handle: o.Handle, Image: man.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: man.Bootstrap}
 	}
-	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil); err != nil {
+	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil, handle); err != nil {
 		return projections.Sandbox{}, err
 	}
 	if man.VMState && man.Frozen {

@@ -2,10 +2,77 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/sagas"
 )
+
+// decideHandle checks that handle may name a new sandbox (create, or a
+// fork or restore child): well formed, and held by no live sandbox. It
+// returns the expectation the command's saga carries: the handle's last
+// claim as this decision saw it, so that the store and the journal refuse
+// the commit if anyone claimed the handle since. No handle, no
+// expectation.
+func (m *Manager) decideHandle(ctx context.Context, handle string) ([]guard.Expect, error) {
+	if handle == "" {
+		return nil, nil
+	}
+	if !handleRE.MatchString(handle) || strings.Contains(handle, "..") {
+		return nil, fmt.Errorf("%w: handle %q: use letters, digits, '.', '_', '-', '/'", ErrRefused, handle)
+	}
+	// The claim is read before the holder: a claim between the two reads
+	// then shows as a holder, never as a free handle expected at a
+	// sequence past its claim.
+	rev, err := m.B.Rev(ctx, guard.Handle(handle))
+	if err != nil {
+		return nil, err
+	}
+	if sb, err := m.Find(ctx, handle); err == nil {
+		return nil, fmt.Errorf("%w: handle %q is already in use by sandbox %s", ErrRefused, handle, sb.ID)
+	}
+	return []guard.Expect{{Entity: guard.Handle(handle), Seq: rev}}, nil
+}
+
+// decided runs the manager's hook between a create-like command's
+// decision and its first write (the tests stall a create there, as a
+// loaded machine might).
+func (m *Manager) decided(kind events.SagaKind) {
+	if m.Hook != nil {
+		m.Hook(string(kind), "decided", sagas.AfterRecord)
+	}
+}
+
+// handleTaken names the sandbox holding handle in the error of a command
+// that was to give it to sandbox id and was refused because of it: the
+// journal found the handle claimed since the decision. Other errors are
+// returned as they are (the store's own refusal, guard.HandleHeld, names
+// the holder already).
+func (m *Manager) handleTaken(ctx context.Context, handle, id string, err error) error {
+	var stale *guard.StaleError
+	if handle == "" || !errors.As(err, &stale) || stale.Entity != guard.Handle(handle) {
+		return err
+	}
+	sb, found, ferr := m.B.Sandbox(context.WithoutCancel(ctx), handle)
+	if ferr != nil || !found || sb.ID == id || sb.Handle != handle {
+		return err
+	}
+	return fmt.Errorf("%w: handle %q is held by sandbox %s (%w)", ErrRefused, handle, sb.ID, err)
+}
+
+// dropIntents retires the intents of a saga the journal refused to start:
+// nothing names them, and nothing of the command may be left.
+func dropIntents(m *Manager, held []*intent.Held, intents []publishedIntent) {
+	releaseAll(held)
+	for _, in := range intents {
+		intent.Retire(m.Root.Abs(in.res.Path))
+	}
+}
 
 // refuseHandleCollision refuses, before anything is written, a handle
 // whose shadow intent or shadow disks would land on a path the journal

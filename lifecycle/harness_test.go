@@ -123,20 +123,13 @@ func (j *memJournal) Append(ctx context.Context, evs ...events.Event) ([]uint64,
 func (j *memJournal) AppendExpect(_ context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	for _, x := range expect {
-		if cur := j.revLocked(x.Entity); cur != x.Seq {
-			stale := &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: cur}
-			if cur > 0 {
-				stale.Latest = j.recs[cur-1].Event.Type
-			}
-			return nil, stale
-		}
+	n, refusal := guard.Admit(memLedger{j}, expect, evs)
+	var stale *guard.StaleError
+	if errors.As(refusal, &stale) && stale.Actual > 0 {
+		stale.Latest = j.recs[stale.Actual-1].Event.Type
 	}
 	var seqs []uint64
-	for _, e := range evs {
-		if e.Saga != "" && e.Type != events.SagaStarted && j.sagas.Get(e.Saga) == nil {
-			return seqs, fmt.Errorf("%w: %s of saga %s is not open in the journal", guard.ErrSagaClosed, e.Type, e.Saga)
-		}
+	for _, e := range evs[:n] {
 		if j.fail != nil {
 			if err := j.fail(e); err != nil {
 				return seqs, err
@@ -157,21 +150,45 @@ func (j *memJournal) AppendExpect(_ context.Context, expect []guard.Expect, evs 
 		j.images.Apply(seq, e)
 		seqs = append(seqs, seq)
 	}
-	return seqs, nil
+	return seqs, refusal
 }
 
-func (j *memJournal) revLocked(entity guard.Entity) uint64 {
+func (j *memJournal) Rev(_ context.Context, entity guard.Entity) (uint64, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return memLedger{j}.Rev(entity)
+}
+
+// memLedger is the journal as guard.Admit reads it; j.mu is held.
+type memLedger struct{ j *memJournal }
+
+func (l memLedger) Rev(entity guard.Entity) (uint64, error) {
 	switch entity.Kind() {
 	case "sandbox":
-		if sb := j.sandboxes.Get(entity.Name()); sb != nil {
-			return sb.Rev
+		if sb := l.j.sandboxes.Get(entity.Name()); sb != nil {
+			return sb.Rev, nil
 		}
 	case "volume":
-		if v := j.volumes.Get(entity.Name()); v != nil {
-			return v.Rev
+		if v := l.j.volumes.Get(entity.Name()); v != nil {
+			return v.Rev, nil
+		}
+	case "handle":
+		for i := len(l.j.recs) - 1; i >= 0; i-- {
+			if c, ok := l.j.recs[i].Event.Payload.(events.HandleClaimedEvent); ok && c.Handle == entity.Name() {
+				return l.j.recs[i].Seq, nil
+			}
 		}
 	}
-	return 0
+	return 0, nil
+}
+
+func (l memLedger) SagaOpen(id string) bool { return l.j.sagas.Get(id) != nil }
+
+func (l memLedger) Holder(handle string) (string, error) {
+	if sb := l.j.sandboxes.ByHandle(handle); sb != nil {
+		return sb.ID, nil
+	}
+	return "", nil
 }
 
 func (j *memJournal) Events(ctx context.Context, q events.Query, fn func(events.Record) error) error {

@@ -56,6 +56,9 @@ type Backend interface {
 	// OwnerOf names the sandbox other than except whose resources include
 	// one of paths (found false if none): one answer, not the sandbox list.
 	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
+	// Rev is the sequence of the last event about entity (0: none): what
+	// a decision about it expects (for a handle, its last claim).
+	Rev(ctx context.Context, entity guard.Entity) (uint64, error)
 }
 
 // Manager runs flows against one state root.

@@ -76,7 +76,7 @@ func TestSnapshotAndRestoreFromEachState(t *testing.T) {
 			}
 
 			mark = f.j.mark()
-			child, err := f.m.Restore(f.ctx, snap[:12], false) // a unique prefix names it
+			child, err := f.m.Restore(f.ctx, snap[:12], RestoreOptions{}) // a unique prefix names it
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -147,14 +147,14 @@ func TestSnapshotAndRestoreRefusals(t *testing.T) {
 	}{
 		{name: "snapshot of an exited sandbox", run: func() error { _, err := f.m.Snapshot(f.ctx, exited.ID); return err }, is: ErrRefused, says: "it is exited"},
 		{name: "snapshot of an unknown sandbox", run: func() error { _, err := f.m.Snapshot(f.ctx, "nope"); return err }, is: ErrNotFound, says: `no sandbox "nope"`},
-		{name: "restore of an unknown snapshot", run: func() error { _, err := f.m.Restore(f.ctx, "nope", false); return err }, is: ErrNotFound, says: `no snapshot "nope"`},
+		{name: "restore of an unknown snapshot", run: func() error { _, err := f.m.Restore(f.ctx, "nope", RestoreOptions{}); return err }, is: ErrNotFound, says: `no snapshot "nope"`},
 		{name: "rm of an unknown snapshot", run: func() error { _, err := f.m.SnapshotRemove(f.ctx, "nope"); return err }, is: ErrNotFound, says: `no snapshot "nope"`},
 		{name: "a manifest naming a file outside", setup: func() func() {
 			return tamper([]manifestDisk{{Kind: events.KindRawDisk, File: "../../disks/x.raw"}})
-		}, run: func() error { _, err := f.m.Restore(f.ctx, snap, false); return err }, says: "outside the snapshot"},
+		}, run: func() error { _, err := f.m.Restore(f.ctx, snap, RestoreOptions{}); return err }, says: "outside the snapshot"},
 		{name: "a manifest naming a missing disk", setup: func() func() {
 			return tamper([]manifestDisk{{Kind: events.KindRawDisk, File: "gone.raw"}})
-		}, run: func() error { _, err := f.m.Restore(f.ctx, snap, false); return err }, is: ErrRefused, says: "gone.raw"},
+		}, run: func() error { _, err := f.m.Restore(f.ctx, snap, RestoreOptions{}); return err }, is: ErrRefused, says: "gone.raw"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -199,7 +199,7 @@ func TestSnapshotAndRestoreUndoAFailedStep(t *testing.T) {
 			}
 			before := f.files("disks", "snapshots", "supervisors", "sandboxes")
 			f.j.failType(failing, boom)
-			_, err = f.m.Restore(f.ctx, snap, false)
+			_, err = f.m.Restore(f.ctx, snap, RestoreOptions{})
 			wantErr(t, err, sagas.ErrCompensated, "injected")
 			if after := f.files("disks", "snapshots", "supervisors", "sandboxes"); !reflect.DeepEqual(after, before) {
 				t.Fatalf("an undone restore changed the root:\n%v\nwas\n%v", after, before)

@@ -676,45 +676,58 @@ func (n *Node) AppendDecoded(ctx context.Context, expect []guard.Expect, evs []e
 }
 
 // appendOneByOneLocked is AppendExpect for one call on its own: each event
-// is its own journal append, synced before the next. It is the fallback
-// when a batch is refused as a whole, which tells each call its own result.
+// is its own journal append, synced before the next, except that an event
+// giving a handle and its handle.claimed go in together, as one batch. It
+// is the fallback when a batch is refused as a whole, which tells each
+// call its own result.
 func (n *Node) appendOneByOneLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) ([]uint64, error) {
-	if err := n.checkExpectLocked(ctx, expect, evs); err != nil {
-		if seqs, ok := errStored(err); ok {
-			return seqs, nil
-		}
+	k, refusal := n.admitLocked(ctx, expect, evs)
+	if seqs, ok := errStored(refusal); ok {
+		return seqs, nil
+	}
+	if k == 0 && refusal != nil {
+		return nil, refusal
+	}
+	msgs, err := n.messagesLocked(ctx, expect, evs[:k], nil)
+	if err != nil {
 		return nil, err
 	}
-	seqs := make([]uint64, 0, len(evs))
-	for i, e := range evs {
-		if err := n.admitLocked(e); err != nil {
-			return seqs, err
+	seqs := make([]uint64, 0, k)
+	for i := 0; i < k; {
+		unit := 1
+		if guard.Claimed(evs, i) {
+			unit = 2
 		}
-		var subj *guard.Expect
-		if i == 0 {
-			subj = journalExpectation(expect, e)
-		}
-		seq, err := n.appendLocked(ctx, e, subj)
+		got, err := n.appendLocked(ctx, msgs[i:i+unit], evs[i:i+unit])
 		if err != nil {
 			return seqs, err
 		}
-		seqs = append(seqs, seq)
+		seqs = append(seqs, got...)
+		i += unit
 	}
-	return seqs, nil
+	return seqs, refusal
 }
 
-// Rev is the sequence of the last event about entity (0: none).
+// Rev is the sequence of the last event about entity (0: none, or when
+// it cannot be read).
 func (n *Node) Rev(entity guard.Entity) uint64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.loadLocked(context.Background()) != nil {
-		return 0
-	}
-	rev, _ := n.revLocked(entity)
+	rev, _ := n.EntityRev(context.Background(), entity)
 	return rev
 }
 
-func (n *Node) revLocked(entity guard.Entity) (uint64, error) {
+// EntityRev is the sequence of the last event about entity (0: none): what
+// a decision about it expects (guard.Expect). For a handle it is the
+// handle's last handle.claimed.
+func (n *Node) EntityRev(ctx context.Context, entity guard.Entity) (uint64, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return 0, err
+	}
+	return n.revLocked(ctx, entity)
+}
+
+func (n *Node) revLocked(ctx context.Context, entity guard.Entity) (uint64, error) {
 	switch entity.Kind() {
 	case "sandbox":
 		sb, err := n.sandboxes.get(entity.Name())
@@ -726,8 +739,18 @@ func (n *Node) revLocked(entity guard.Entity) (uint64, error) {
 		if v := n.volumes.Get(entity.Name()); v != nil {
 			return v.Rev, nil
 		}
+	case "handle":
+		return n.handleRevLocked(ctx, entity.Name())
 	}
 	return 0, nil
+}
+
+// handleRevLocked is the sequence of handle's last handle.claimed: the
+// journal's last record on the handle's subject, which is what the
+// journal checks a new claim against. Every append goes through this
+// node under its lock, so the answer holds until the lock is let go.
+func (n *Node) handleRevLocked(ctx context.Context, handle string) (uint64, error) {
+	return n.j.LastOnSubject(ctx, events.HandleSubject(handle))
 }
 
 // typeAt names the event at seq for a refusal message; "" if unknown.
@@ -746,20 +769,6 @@ func (n *Node) typeAt(ctx context.Context, seq uint64) events.Type {
 	return e.Type
 }
 
-// admitLocked refuses an event of a saga the journal does not show open:
-// once a saga is finished or compensated (by its runner or by recover),
-// nothing more may be written in its name.
-func (n *Node) admitLocked(e events.Event) error {
-	if e.Saga == "" || e.Type == events.SagaStarted || n.sagas.Get(e.Saga) != nil {
-		return nil
-	}
-	return sagaClosedError(e)
-}
-
-func sagaClosedError(e events.Event) error {
-	return fmt.Errorf("%w: %s of saga %s is not open in the journal", guard.ErrSagaClosed, e.Type, e.Saga)
-}
-
 // journalExpectation is the expectation the journal itself checks for an
 // event: the one about the event's own sandbox, whose subjects are
 // nexus.events.*.*.<sandbox>.
@@ -767,48 +776,73 @@ func journalExpectation(expect []guard.Expect, e events.Event) *guard.Expect {
 	if e.Sandbox == "" {
 		return nil
 	}
+	return expectationOf(expect, guard.Sandbox(e.Sandbox))
+}
+
+func expectationOf(expect []guard.Expect, entity guard.Entity) *guard.Expect {
 	for i := range expect {
-		if expect[i].Entity == guard.Sandbox(e.Sandbox) {
+		if expect[i].Entity == entity {
 			return &expect[i]
 		}
 	}
 	return nil
 }
 
-func (n *Node) appendLocked(ctx context.Context, e events.Event, subj *guard.Expect) (uint64, error) {
-	subject, err := e.Subject()
-	if err != nil {
-		return 0, err
-	}
-	data, err := events.Encode(e)
-	if err != nil {
-		return 0, err
-	}
+// appendLocked appends msgs, the journal messages of evs: one message on
+// its own, or an event giving a handle and its claim as one batch.
+func (n *Node) appendLocked(ctx context.Context, msgs []journal.Message, evs []events.Event) ([]uint64, error) {
 	last := n.sandboxes.Seq()
-	msg := journal.Message{Subject: subject, ID: e.DedupID(), Data: data, ExpectLastSeq: &last,
-		Reserve: freesSpace(e, n.sagaKind(e))}
-	if subj != nil {
-		msg.ExpectSubjects, msg.ExpectSubjectSeq = events.SandboxSubjects(e.Sandbox), subj.Seq
-	}
+	msgs[0].ExpectLastSeq = &last
 	// Once published, a record is stored whether or not its caller is
 	// still there (a client killed mid-append, a daemon request whose
 	// connection closed): the caller's cancellation must not split "stored"
 	// from "folded", or every later append would find the journal moved on.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendTimeout)
 	defer cancel()
-	ack, err := n.j.Append(actx, msg)
-	if errors.Is(err, journal.ErrStaleSubject) {
-		actual, _ := n.revLocked(subj.Entity)
-		return 0, &guard.StaleError{Entity: subj.Entity, Expected: subj.Seq, Actual: actual}
+	var acks []journal.Ack
+	var err error
+	if len(msgs) == 1 {
+		var ack journal.Ack
+		ack, err = n.j.Append(actx, msgs[0])
+		acks = []journal.Ack{ack}
+	} else {
+		acks, err = n.j.AppendBatch(actx, msgs)
 	}
 	if err != nil {
-		return 0, err
+		return nil, n.journalRefusal(ctx, msgs, evs, err)
 	}
-	if ack.Duplicate {
-		return ack.Seq, nil // already folded when it was first appended
+	seqs := make([]uint64, len(acks))
+	for i, ack := range acks {
+		seqs[i] = ack.Seq
+		if !ack.Duplicate { // a duplicate was folded when first appended
+			n.foldLocked(ack.Seq, evs[i])
+		}
 	}
-	n.foldLocked(ack.Seq, e)
-	return ack.Seq, nil
+	return seqs, nil
+}
+
+// journalRefusal names what the journal's own expectation refused: the
+// entity whose subject moved (a *guard.StaleError), or err as it is.
+func (n *Node) journalRefusal(ctx context.Context, msgs []journal.Message, evs []events.Event, err error) error {
+	var be *journal.BatchError
+	stale := errors.Is(err, journal.ErrStaleSubject) ||
+		errors.As(err, &be) && be.WrongLastSequence()
+	if !stale {
+		return err
+	}
+	for i, m := range msgs {
+		if m.ExpectSubjects == "" {
+			continue
+		}
+		entity := guard.Sandbox(evs[i].Sandbox)
+		if c, ok := evs[i].Payload.(events.HandleClaimedEvent); ok {
+			entity = guard.Handle(c.Handle)
+		}
+		if actual, rerr := n.revLocked(ctx, entity); rerr == nil && actual != m.ExpectSubjectSeq {
+			return &guard.StaleError{Entity: entity, Expected: m.ExpectSubjectSeq, Actual: actual, Latest: n.typeAt(ctx, actual)}
+		}
+	}
+	return err
 }
 
 // foldLocked applies a newly stored event to every view and writes the

@@ -353,6 +353,8 @@ func applyCases() []applyCase {
 		elsewhere("mirror unlinked", events.MirrorUnlinkedEvent{Stream: "m"}),
 		elsewhere("mirror settings differ", events.MirrorSettingsDifferEvent{Stream: "m"}),
 		elsewhere("mirror refused", events.MirrorRefusedEvent{Stream: "m"}),
+		// A claim is the handle's event: the commit beside it gave the handle.
+		elsewhere("handle claimed", events.HandleClaimedEvent{Sandbox: applyID, Handle: "web"}),
 	}
 }
 

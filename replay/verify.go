@@ -7,6 +7,8 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -32,11 +34,16 @@ type Report struct {
 	// open at that point (closed already, or never started): a write the
 	// guard should have refused.
 	OutsideSaga []string `json:"outside_saga"`
+	// SharedHandles lists events that gave a sandbox a handle another live
+	// sandbox held: two live sandboxes with one handle, which admission
+	// should have refused.
+	SharedHandles []string `json:"shared_handles"`
 }
 
 // OK reports a journal with no gap, no repeated id and nothing unreadable.
 func (r Report) OK() bool {
-	return len(r.Gaps) == 0 && len(r.DuplicateID) == 0 && len(r.Undecodable) == 0 && len(r.NewerSchema) == 0 && len(r.OutsideSaga) == 0
+	return len(r.Gaps) == 0 && len(r.DuplicateID) == 0 && len(r.Undecodable) == 0 && len(r.NewerSchema) == 0 && len(r.OutsideSaga) == 0 &&
+		len(r.SharedHandles) == 0
 }
 
 // Verifier checks records one at a time, in stored order, so a journal of
@@ -46,13 +53,18 @@ type Verifier struct {
 	seen  idSet
 	sagas *projections.Sagas
 	last  uint64
+	// handles maps each live sandbox's handle to the sandboxes holding
+	// it; handleOf is the other way round.
+	handles  map[string][]string
+	handleOf map[string]string
 }
 
 // NewVerifier returns an empty Verifier.
 func NewVerifier() *Verifier {
 	return &Verifier{
-		rep:  Report{Gaps: []string{}, DuplicateID: []string{}, Undecodable: []string{}, NewerSchema: []string{}, OutsideSaga: []string{}},
+		rep:  Report{Gaps: []string{}, DuplicateID: []string{}, Undecodable: []string{}, NewerSchema: []string{}, OutsideSaga: []string{}, SharedHandles: []string{}},
 		seen: newIDSet(), sagas: projections.NewSagas(),
+		handles: map[string][]string{}, handleOf: map[string]string{},
 	}
 }
 
@@ -79,6 +91,31 @@ func (v *Verifier) Add(r Record) {
 		v.rep.OutsideSaga = append(v.rep.OutsideSaga, fmt.Sprintf("%d: %s of saga %s, which is not open", r.Seq, e.Type, e.Saga))
 	}
 	v.sagas.Apply(r.Seq, e)
+	v.checkHandle(r.Seq, e)
+}
+
+// checkHandle follows which live sandbox holds which handle, and reports
+// an event giving a handle another live sandbox holds.
+func (v *Verifier) checkHandle(seq uint64, e events.Event) {
+	if e.Type == events.SandboxRemoved {
+		if h, ok := v.handleOf[e.Sandbox]; ok {
+			delete(v.handleOf, e.Sandbox)
+			v.handles[h] = slices.DeleteFunc(v.handles[h], func(id string) bool { return id == e.Sandbox })
+			if len(v.handles[h]) == 0 {
+				delete(v.handles, h)
+			}
+		}
+		return
+	}
+	h := events.HandleOf(e)
+	if h == "" || v.handleOf[e.Sandbox] == h {
+		return
+	}
+	if holders := v.handles[h]; len(holders) > 0 {
+		v.rep.SharedHandles = append(v.rep.SharedHandles, fmt.Sprintf("%d: %s gave sandbox %s handle %q, which live sandbox %s holds", seq, e.Type, e.Sandbox, h, strings.Join(holders, ", ")))
+	}
+	v.handleOf[e.Sandbox] = h
+	v.handles[h] = append(v.handles[h], e.Sandbox)
 }
 
 // Report is what the records added so far show.

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,5 +103,36 @@ func TestVerifyFlagsEventsOutsideAnOpenSaga(t *testing.T) {
 		mk(3, events.SnapshotTakenEvent{SnapshotID: "X"})})
 	if bad.OK() || len(bad.OutsideSaga) != 1 {
 		t.Fatalf("event after the saga closed not flagged: %+v", bad)
+	}
+}
+
+func TestVerifyFlagsTwoLiveSandboxesWithOneHandle(t *testing.T) {
+	a, b, c := ulid.Make().String(), ulid.Make().String(), ulid.Make().String()
+	seq := uint64(0)
+	mk := func(sb string, p events.Payload) Record {
+		seq++
+		return rec(t, seq, events.New(ulid.Make(), time.Unix(int64(seq), 0), sb, p))
+	}
+	// a holds d9, is removed, and c takes d9: one live holder at a time.
+	clean := Verify([]Record{
+		mk(a, events.SandboxCreatedEvent{Handle: "d9"}), mk(a, events.HandleClaimedEvent{Sandbox: a, Handle: "d9"}),
+		mk(a, events.SandboxRemovedEvent{}),
+		mk(c, events.SandboxRestoredEvent{Handle: "d9"}), mk(c, events.HandleClaimedEvent{Sandbox: c, Handle: "d9"}),
+	})
+	if !clean.OK() {
+		t.Fatalf("a handle reused after its holder was removed is flagged: %+v", clean)
+	}
+	seq = 0
+	bad := Verify([]Record{
+		mk(a, events.SandboxCreatedEvent{Handle: "d9"}),
+		mk(b, events.SandboxForkedEvent{Parent: a, Handle: "d9"}),
+	})
+	if bad.OK() || len(bad.SharedHandles) != 1 {
+		t.Fatalf("two live sandboxes with handle d9 not flagged: %+v", bad)
+	}
+	for _, want := range []string{a, b, `"d9"`} {
+		if !strings.Contains(bad.SharedHandles[0], want) {
+			t.Fatalf("report %q does not name %s", bad.SharedHandles[0], want)
+		}
 	}
 }

@@ -182,6 +182,9 @@ func forkCmd(g *globals) *cobra.Command {
 			if err := lifecycle.CheckForkCount(spec.Count); err != nil {
 				return usageError{err}
 			}
+			if spec.Handle != "" && spec.Count != 1 {
+				return usageError{fmt.Errorf("--handle names one child: not with --count %d", spec.Count)}
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				m.FreezeDeadline = freezeTimeout
 				children, err := m.Fork(cmd.Context(), spec)
@@ -205,6 +208,7 @@ func forkCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
+	c.Flags().StringVar(&spec.Handle, "handle", "", "human handle for the child (unique; with --count 1)")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
 	o = addOutput(c, true)
@@ -450,12 +454,13 @@ func maxArgs(n int) cobra.PositionalArgs {
 
 func restoreCmd(g *globals) *cobra.Command {
 	var force bool
+	var handle string
 	var o *output
 	c := &cobra.Command{
 		Use: "restore SNAPSHOT", Short: "Create a new sandbox from a snapshot", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				sb, err := m.Restore(cmd.Context(), args[0], force)
+				sb, err := m.Restore(cmd.Context(), args[0], lifecycle.RestoreOptions{Force: force, Handle: handle})
 				if err != nil {
 					return err
 				}
@@ -464,6 +469,7 @@ func restoreCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&force, "force", false, "skip the disk-space preflight")
+	c.Flags().StringVar(&handle, "handle", "", "human handle for the new sandbox (unique)")
 	o = addOutput(c, true)
 	return c
 }

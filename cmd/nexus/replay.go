@@ -183,7 +183,7 @@ func printState(out io.Writer, st replay.State) error {
 func replayVerifyCmd(g *globals, f *replayFlags) *cobra.Command {
 	return &cobra.Command{
 		Use:   "verify",
-		Short: "Re-decode every event; check sequence continuity, unique message ids, finished sagas (exit 1 on a problem)",
+		Short: "Re-decode every event; check sequence continuity, unique message ids, finished sagas, one live sandbox per handle (exit 1 on a problem)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			add, finish := replay.NewVerifier().Concurrent()
@@ -221,6 +221,7 @@ func printVerify(out io.Writer, rep replay.Report) {
 	section("undecodable records", rep.Undecodable)
 	section("records from a newer schema (not read)", rep.NewerSchema)
 	section("events outside an open saga", rep.OutsideSaga)
+	section("handles held by two live sandboxes", rep.SharedHandles)
 	fmt.Fprintf(out, "unfinished sagas: %d\n", len(rep.OpenSagas))
 	for _, sg := range rep.OpenSagas {
 		fmt.Fprintf(out, "  %s: %s of %s, done %v\n", sg.ID, sg.Kind, sg.Sandbox, sg.Done)

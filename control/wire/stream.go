@@ -26,7 +26,7 @@ import (
 // token, so a client and a daemon of different wire versions refuse each
 // other with a message instead of misreading frames.
 const (
-	AppendStreamProto = "nexus-append/1"
+	AppendStreamProto = "nexus-append/2"
 	// maxFrame bounds a frame a peer announces, so a garbled length is an
 	// error, not an allocation of gigabytes.
 	maxFrame = 64 << 20
@@ -53,13 +53,14 @@ type AppendResponse struct {
 	Conflict   bool
 	SagaClosed bool
 	Stale      *guard.StaleError
+	Held       *guard.HandleHeld
 }
 
 // A frame is a 4-byte big-endian length, then one msgpack array: a
 // request [id, [event bytes...], [[entity, seq]...]], a response [id,
 // [seq...], error, conflict, saga closed, nil or [entity, expected,
-// actual, latest type]]. They are written and read field by field, not by
-// reflection: on a busy daemon a frame's cost is what the stream saves.
+// actual, latest type], nil or [handle, holder, sandbox]]. They are
+// written and read field by field, not by reflection: on a busy daemon a frame's cost is what the stream saves.
 
 // FrameWriter encodes frames onto one connection; the caller serialises.
 type FrameWriter struct {
@@ -106,13 +107,18 @@ func (fw *FrameWriter) Request(req *AppendRequest) error {
 func (fw *FrameWriter) Response(resp *AppendResponse) error {
 	fw.begin()
 	e := fw.enc
-	err := errors.Join(e.EncodeArrayLen(6), e.EncodeUint(resp.ID), e.EncodeArrayLen(len(resp.Seqs)))
+	err := errors.Join(e.EncodeArrayLen(7), e.EncodeUint(resp.ID), e.EncodeArrayLen(len(resp.Seqs)))
 	for _, seq := range resp.Seqs {
 		err = errors.Join(err, e.EncodeUint(seq))
 	}
 	err = errors.Join(err, e.EncodeString(resp.Error), e.EncodeBool(resp.Conflict), e.EncodeBool(resp.SagaClosed))
 	if st := resp.Stale; st != nil {
 		err = errors.Join(err, e.EncodeArrayLen(4), e.EncodeString(string(st.Entity)), e.EncodeUint(st.Expected), e.EncodeUint(st.Actual), e.EncodeString(string(st.Latest)))
+	} else {
+		err = errors.Join(err, e.EncodeNil())
+	}
+	if h := resp.Held; h != nil {
+		err = errors.Join(err, e.EncodeArrayLen(3), e.EncodeString(h.Handle), e.EncodeString(h.Holder), e.EncodeString(h.Sandbox))
 	} else {
 		err = errors.Join(err, e.EncodeNil())
 	}
@@ -245,7 +251,7 @@ func (fr *FrameReader) Response() (*AppendResponse, error) {
 	bad := func(what string, err error) (*AppendResponse, error) {
 		return nil, fmt.Errorf("append stream: bad frame: %s: %w", what, err)
 	}
-	if _, err := fr.arrayLen("response", 6); err != nil {
+	if _, err := fr.arrayLen("response", 7); err != nil {
 		return nil, err
 	}
 	var err error
@@ -275,30 +281,48 @@ func (fr *FrameReader) Response() (*AppendResponse, error) {
 	if n, err = d.DecodeArrayLen(); err != nil {
 		return bad("stale", err)
 	}
-	if n == -1 { // nil: not a stale refusal
+	if n != -1 { // nil: not a stale refusal
+		if n != 4 {
+			return bad("stale", fmt.Errorf("%d fields", n))
+		}
+		st := &guard.StaleError{}
+		entity, err := fr.string("stale entity")
+		if err == nil {
+			st.Entity = guard.Entity(entity)
+			st.Expected, err = d.DecodeUint64()
+		}
+		if err == nil {
+			st.Actual, err = d.DecodeUint64()
+		}
+		var latest string
+		if err == nil {
+			latest, err = fr.string("stale type")
+		}
+		if err != nil {
+			return bad("stale", err)
+		}
+		st.Latest = events.Type(latest)
+		resp.Stale = st
+	}
+	if n, err = d.DecodeArrayLen(); err != nil {
+		return bad("held", err)
+	}
+	if n == -1 { // nil: not a taken handle
 		return resp, nil
 	}
-	if n != 4 {
-		return bad("stale", fmt.Errorf("%d fields", n))
+	if n != 3 {
+		return bad("held", fmt.Errorf("%d fields", n))
 	}
-	st := &guard.StaleError{}
-	entity, err := fr.string("stale entity")
-	if err == nil {
-		st.Entity = guard.Entity(entity)
-		st.Expected, err = d.DecodeUint64()
-	}
-	if err == nil {
-		st.Actual, err = d.DecodeUint64()
-	}
-	var latest string
-	if err == nil {
-		latest, err = fr.string("stale type")
+	h := &guard.HandleHeld{}
+	if h.Handle, err = fr.string("held handle"); err == nil {
+		if h.Holder, err = fr.string("held holder"); err == nil {
+			h.Sandbox, err = fr.string("held sandbox")
+		}
 	}
 	if err != nil {
-		return bad("stale", err)
+		return bad("held", err)
 	}
-	st.Latest = events.Type(latest)
-	resp.Stale = st
+	resp.Held = h
 	return resp, nil
 }
 
@@ -317,6 +341,7 @@ func Answer(id uint64, seqs []uint64, err error) *AppendResponse {
 		resp.Conflict = errors.Is(err, journal.ErrConflict)
 		resp.SagaClosed = errors.Is(err, guard.ErrSagaClosed)
 		errors.As(err, &resp.Stale)
+		errors.As(err, &resp.Held)
 	}
 	return resp
 }
@@ -328,6 +353,8 @@ func (resp *AppendResponse) Result() ([]uint64, error) {
 	switch {
 	case resp.Stale != nil:
 		return resp.Seqs, resp.Stale
+	case resp.Held != nil:
+		return resp.Seqs, resp.Held
 	case resp.SagaClosed:
 		return resp.Seqs, fmt.Errorf("daemon: %w: %s", guard.ErrSagaClosed, resp.Error)
 	case resp.Conflict:

@@ -40,6 +40,7 @@ const (
 	PathImageCache    = "/v1/imagecache"     // projections.ImageCacheState
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap
 	PathSagas         = "/v1/sagas"          // []projections.OpenSaga
+	PathRev           = "/v1/rev"            // entity; RevAnswer
 )
 
 // Status describes a running daemon.
@@ -83,6 +84,11 @@ type Record struct {
 // MirrorAnswer is the daemon's fleet mirror (nil: it mirrors nothing).
 type MirrorAnswer struct {
 	Mirror *journal.MirrorState `json:"mirror"`
+}
+
+// RevAnswer is the sequence of the last event about an entity (0: none).
+type RevAnswer struct {
+	Rev uint64 `json:"rev"`
 }
 
 // SandboxAnswer is one sandbox, or Found false.

@@ -48,6 +48,12 @@ func (e *BatchError) Error() string {
 
 func (e *BatchError) Unwrap() error { return ErrBatchRefused }
 
+// WrongLastSequence says whether an expectation of the batch did not hold:
+// the stream's last sequence, or a subject's.
+func (e *BatchError) WrongLastSequence() bool {
+	return e.Code == int(jetstream.JSErrCodeStreamWrongLastSequence)
+}
+
 // batchAck is the server's answer to a batch's commit message.
 type batchAck struct {
 	Seq   uint64 `json:"seq"`

@@ -527,6 +527,20 @@ func (j *Journal) LastSeq(ctx context.Context) (uint64, error) {
 	return info.State.LastSeq, nil
 }
 
+// LastOnSubject is the sequence of the newest record on subject (an exact
+// subject, no wildcard), 0 if there is none: what an append expecting
+// that subject's last sequence must name.
+func (j *Journal) LastOnSubject(ctx context.Context, subject string) (uint64, error) {
+	m, err := j.currentStream().GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("journal: last record on %s: %w", subject, err)
+	}
+	return m.Sequence, nil
+}
+
 // Get returns the record at seq.
 func (j *Journal) Get(ctx context.Context, seq uint64) (Record, error) {
 	m, err := j.currentStream().GetMsg(ctx, seq)
