@@ -102,11 +102,11 @@ func Holders(path string) ([]LockHolder, error) {
 }
 
 func command(pid int) string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	argv, err := proc.Args(pid)
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " "))
+	return strings.TrimSpace(strings.Join(argv, " "))
 }
 
 // state is pid's state letter, 0 if it is gone or unreadable.

@@ -2,11 +2,6 @@ package proc
 
 import (
 	"errors"
-	"os"
-	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 )
 
 // Running reads pid's identity and whether it still runs (not a zombie) in
@@ -32,31 +27,4 @@ func State(pid int) (byte, error) {
 		return 0, err
 	}
 	return st.state, nil
-}
-
-// WithArgs lists the processes whose command line (after argv[0]) starts
-// with args: how a process this code spawned is found before it has said
-// anything about itself. Processes that exit or cannot be read mid-scan
-// are left out.
-func WithArgs(args ...string) []int {
-	names, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
-	var out []int
-	for _, e := range names {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		argv := strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00")
-		if len(argv) > len(args) && slices.Equal(argv[1:1+len(args)], args) {
-			out = append(out, pid)
-		}
-	}
-	return out
 }
