@@ -19,6 +19,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm"
@@ -61,8 +62,8 @@ func serveRole(role string, args []string) int {
 	fs := flag.NewFlagSet(role, flag.ContinueOnError)
 	var err error
 	switch role {
-	case "vmm-process":
-		api := fs.String("api-socket", "", "")
+	case driver.ProcessCommand:
+		api := fs.String(driver.APISocketFlag, "", "")
 		if err = fs.Parse(args); err == nil {
 			if os.Getenv(slowVMMEnv) != "" {
 				// A VMM still starting: it has its command line, no socket yet.
@@ -379,7 +380,7 @@ func newFlow(t *testing.T) *flow {
 	j := newMemJournal()
 	l := &testLauncher{refuse: map[string]error{}, die: map[string]bool{}}
 	m := &Manager{Root: layout.Root(root), B: j, Launcher: l,
-		Driver:     Driver{Name: DriverProcess, Exe: "/nonexistent/nexus"},
+		Driver:     driver.Driver{Name: driver.Process, Exe: "/nonexistent/nexus"},
 		OverlayMiB: 32, StartTimeout: testutil.Scale(10 * time.Second)}
 	f := &flow{t: t, m: m, j: j, l: l, root: root, ctx: context.Background()}
 	// Stop what the journal says runs, so it cleans up after itself

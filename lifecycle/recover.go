@@ -14,6 +14,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
@@ -400,16 +401,11 @@ func (m *Manager) stopUnrecordedVMM(ctx context.Context, id string) ([]events.Pa
 // killStartingVMM terminates a VMM spawned just before its creator died
 // that does not answer yet (under load a VMM can take seconds to bind its
 // socket, and would bind it after recover cleaned up, outliving the
-// sandbox: TestCrashDuringFork left one at load 30). As for an unrecorded
-// supervisor, it is found by the command line boot gave it (vmmArgv), for
-// any driver, so only a process started for this sandbox's socket is hit.
+// sandbox). As for an unrecorded supervisor, it is found by the command
+// line boot gave it (driver.VMMs), for any driver, so only a process
+// started for this sandbox's socket is hit.
 func (m *Manager) killStartingVMM(id string) error {
-	api := m.Root.APISocket(id)
-	pids := proc.WithArgs("--api-socket", api) // cloud-hypervisor
-	for _, sub := range []string{"vmm-process", "vmm-qemu"} {
-		pids = append(pids, proc.WithArgs(sub, "--api-socket", api)...)
-	}
-	for _, pid := range pids {
+	for _, pid := range driver.VMMs(m.Root.APISocket(id)) {
 		who, err := proc.Of(pid)
 		if err != nil {
 			continue // gone meanwhile

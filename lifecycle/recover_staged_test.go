@@ -11,6 +11,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
 )
@@ -94,7 +95,8 @@ func TestRecoverStopsAVMMStillStarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := append(os.Environ(), slowVMMEnv+"=1")
-	who, err := proc.SpawnDetached([]string{os.Args[0], "vmm-process", "--api-socket", m.Root.APISocket(id)}, env, filepath.Join(root, "vmm.log"))
+	argv := driver.Driver{Name: driver.Process, Exe: os.Args[0]}.Argv(m.Root.APISocket(id))
+	who, err := proc.SpawnDetached(argv, env, filepath.Join(root, "vmm.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
