@@ -304,7 +304,7 @@ func guestMounts(sb projections.Sandbox) []string {
 
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
 	stateDir := m.Root.SupervisorDir(id)
-	argv := []string{m.Driver.Exe, "supervisor", "--sandbox", id, "--state-dir", stateDir, "--iid-socket", m.Root.IIDSocket(id)}
+	argv := supervisor.Argv(m.Driver.Exe, supervisor.ServeOptions{SandboxID: id, StateDir: stateDir, IIDSocket: m.Root.IIDSocket(id)})
 	who, err := m.launch(ctx, "supervisor", argv, m.Root.SupervisorLog(id), func(ctx context.Context) error {
 		_, err := supervisor.Ping(ctx, stateDir)
 		return err

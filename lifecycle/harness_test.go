@@ -38,9 +38,9 @@ import (
 // childEnv marks a process this test binary started as a supervisor or VMM.
 const childEnv = "NEXUS_LIFECYCLE_TEST_CHILD"
 
-// slowVMMEnv makes the vmm-process role never bind its socket, as a VMM
-// does for a while after its spawn on a loaded machine.
-const slowVMMEnv = "NEXUS_LIFECYCLE_TEST_SLOW_VMM"
+// slowEnv makes the VMM and supervisor roles never bind their sockets,
+// as they do for a while after their spawn on a loaded machine.
+const slowEnv = "NEXUS_LIFECYCLE_TEST_SLOW"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" && len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "-test.") {
@@ -65,19 +65,24 @@ func serveRole(role string, args []string) int {
 	case driver.ProcessCommand:
 		api := fs.String(driver.APISocketFlag, "", "")
 		if err = fs.Parse(args); err == nil {
-			if os.Getenv(slowVMMEnv) != "" {
+			if os.Getenv(slowEnv) != "" {
 				// A VMM still starting: it has its command line, no socket yet.
 				<-ctx.Done()
 				return 0
 			}
 			err = vmm.Serve(ctx, *api, os.Stderr)
 		}
-	case "supervisor":
+	case supervisor.Command:
 		o := supervisor.ServeOptions{Now: time.Now, Log: os.Stderr}
-		fs.StringVar(&o.SandboxID, "sandbox", "", "")
-		fs.StringVar(&o.StateDir, "state-dir", "", "")
-		fs.StringVar(&o.IIDSocket, "iid-socket", "", "")
+		fs.StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "")
+		fs.StringVar(&o.StateDir, supervisor.StateDirFlag, "", "")
+		fs.StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "")
 		if err = fs.Parse(args); err == nil {
+			if os.Getenv(slowEnv) != "" {
+				// A supervisor still starting: no socket yet.
+				<-ctx.Done()
+				return 0
+			}
 			err = supervisor.Serve(ctx, o)
 		}
 	case "idle":

@@ -444,7 +444,7 @@ func (m *Manager) killUnrecordedSupervisor(id string) ([]events.Payload, error) 
 		// One spawned just before its creator died may not answer yet (and
 		// would bind its sockets after we cleaned up): find it by the
 		// command line boot gave it.
-		pids = proc.WithArgs("supervisor", "--sandbox", id, "--state-dir", m.Root.SupervisorDir(id))
+		pids = supervisor.Processes(id, m.Root.SupervisorDir(id))
 	}
 	var ps []events.Payload
 	for _, pid := range pids {

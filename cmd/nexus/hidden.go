@@ -57,16 +57,16 @@ func vmmQEMUCmd() *cobra.Command {
 func supervisorCmd() *cobra.Command {
 	var o supervisor.ServeOptions
 	c := &cobra.Command{
-		Use: "supervisor --sandbox ID --state-dir DIR --iid-socket PATH", Hidden: true, Args: noArgs,
+		Use: supervisor.Command + " --" + supervisor.SandboxFlag + " ID --" + supervisor.StateDirFlag + " DIR --" + supervisor.IIDSocketFlag + " PATH", Hidden: true, Args: noArgs,
 		Short: "Run a sandbox's perimeter supervisor",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Now, o.Log = time.Now, os.Stderr
 			return supervisor.Serve(cmd.Context(), o)
 		},
 	}
-	c.Flags().StringVar(&o.SandboxID, "sandbox", "", "sandbox ULID (required)")
-	c.Flags().StringVar(&o.StateDir, "state-dir", "", "supervisors/<ULID> directory (required)")
-	c.Flags().StringVar(&o.IIDSocket, "iid-socket", "", "instance-identity socket path (required)")
-	requireFlags(c, "sandbox", "state-dir", "iid-socket")
+	c.Flags().StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "sandbox ULID (required)")
+	c.Flags().StringVar(&o.StateDir, supervisor.StateDirFlag, "", "supervisors/<ULID> directory (required)")
+	c.Flags().StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "instance-identity socket path (required)")
+	requireFlags(c, supervisor.SandboxFlag, supervisor.StateDirFlag, supervisor.IIDSocketFlag)
 	return c
 }
