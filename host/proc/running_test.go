@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -116,5 +117,21 @@ func TestArgs(t *testing.T) {
 	argv, err := Args(cmd.Process.Pid)
 	if err != nil || !slices.Equal(argv, []string{"sleep", "4242.7"}) {
 		t.Fatalf("Args = %q, %v", argv, err)
+	}
+}
+
+// A process's start in Unix time is no later than now (btime has whole
+// seconds, so it may read up to a second early, never late).
+func TestStartUnixMs(t *testing.T) {
+	self, err := Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := self.StartUnixMs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := time.Now().UnixMilli(); ms <= 0 || ms > now+1000 {
+		t.Fatalf("StartUnixMs = %d, now %d", ms, now)
 	}
 }
