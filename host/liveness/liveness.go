@@ -86,9 +86,9 @@ type Procs struct {
 	Reads int
 }
 
-// ScanProcs reads every process's command line once (host/proc's scan),
-// skipping this process (whose own arguments may name a sandbox, as
-// `--sandbox ID` does).
+// ScanProcs reads every process's command line under procRoot (/proc when
+// empty) once, through host/proc's scan, which skips this process (whose
+// own arguments may name a sandbox, as `--sandbox ID` does).
 func ScanProcs(procRoot string) *Procs {
 	p := &Procs{byULID: map[string][]int{}}
 	err := proc.ScanCmdlines(procRoot, MaxCmdline, func(c proc.Cmdline) {

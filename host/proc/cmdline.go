@@ -29,11 +29,14 @@ type Cmdline struct {
 func (c Cmdline) Args() []string { return splitArgs(c.Data) }
 
 // ScanCmdlines reads the command line of every process listed in procRoot
-// (/proc, or a tree shaped like it), once each and at most limit bytes of
+// (/proc when empty, or a tree shaped like it), once each and at most limit bytes of
 // it, and hands each to visit. The calling process is left out: its own
 // arguments may name what the caller looks for. An error opening or
 // listing procRoot is returned after visiting whatever was listed.
 func ScanCmdlines(procRoot string, limit int, visit func(Cmdline)) error {
+	if procRoot == "" {
+		procRoot = "/proc"
+	}
 	d, err := os.Open(procRoot)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", procRoot, err)
@@ -106,7 +109,7 @@ func splitArgs(data []byte) []string {
 // itself. Processes that exit or cannot be read mid-scan are left out.
 func Matching(match func(argv []string) bool) []int {
 	var out []int
-	ScanCmdlines("/proc", cmdlineLimit, func(c Cmdline) {
+	ScanCmdlines("", cmdlineLimit, func(c Cmdline) {
 		if c.Err == nil && match(c.Args()) {
 			out = append(out, c.Pid)
 		}
