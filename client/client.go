@@ -28,6 +28,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -114,7 +115,7 @@ func New(opts Options) (*Client, error) {
 		opts.Driver = os.Getenv("NEXUS_DRIVER")
 	}
 	if opts.Driver == "" {
-		opts.Driver = "cloud-hypervisor"
+		opts.Driver = driver.Default
 	}
 	if opts.Reaper == "" {
 		opts.Reaper = ledger.ParseMode(os.Getenv(EnvReaper))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
@@ -25,105 +25,16 @@ import (
 	"github.com/nexus-sandbox/nexus/sagas"
 )
 
-// Driver names the VMM nexus spawns. Both drivers are driven through the
-// same Cloud Hypervisor REST API on the same socket; only the binary and
-// the kernel requirement differ.
-type Driver struct {
-	Name      string // "cloud-hypervisor" or "process"
-	Exe       string // the nexus binary: the process driver's VMM, and every supervisor
-	CHBinary  string // cloud-hypervisor, for the cloud-hypervisor driver
-	Kernel    string // NEXUS_KERNEL_PATH, for the cloud-hypervisor driver
-	Initramfs string // optional; a distro kernel needs one to load its virtio modules
-	Cmdline   string // the guest kernel's command line; DefaultCmdline when empty
-	QEMU      string // qemu-system-x86_64, for the qemu driver
-}
-
 // DefaultCmdline logs to the serial port (kept as logs/<id>.console.log).
 // root= serves a kernel booted without an initramfs; an initramfs's /init
 // ignores it and finds its disks by serial.
 const DefaultCmdline = "console=ttyS0 root=/dev/vda rw"
 
-const (
-	DriverCloudHypervisor = "cloud-hypervisor"
-	DriverProcess         = "process"
-	// DriverQEMU runs nexus's own adapter (`nexus vmm-qemu`), which serves
-	// the same API and runs qemu-system-x86_64 underneath.
-	DriverQEMU = "qemu"
-)
-
-// Preflight refuses a driver that cannot boot anything, before any byte
-// of a sandbox is written.
-func (d Driver) Preflight() error {
-	switch d.Name {
-	case DriverProcess:
-		return nil
-	case DriverCloudHypervisor:
-		if err := d.assets(); err != nil {
-			return err
-		}
-		if _, err := exec.LookPath(d.chBinary()); err != nil {
-			return fmt.Errorf("cloud-hypervisor driver: %v", err)
-		}
-		return nil
-	case DriverQEMU:
-		if err := d.assets(); err != nil {
-			return err
-		}
-		if _, err := exec.LookPath(d.qemuBinary()); err != nil {
-			return fmt.Errorf("qemu driver: %v", err)
-		}
-		return nil
-	default:
-		return fmt.Errorf("unknown driver %q", d.Name)
-	}
-}
-
-// assets checks the kernel (required) and the initramfs (if any) of a
-// driver that boots a real guest.
-func (d Driver) assets() error {
-	if d.Kernel == "" {
-		return fmt.Errorf("NEXUS_KERNEL_PATH is not set: the %s driver needs a guest kernel (or use --driver process)", d.Name)
-	}
-	if err := regularFile(d.Kernel); err != nil {
-		return fmt.Errorf("NEXUS_KERNEL_PATH: %v", err)
-	}
-	if d.Initramfs != "" {
-		if err := regularFile(d.Initramfs); err != nil {
-			return fmt.Errorf("initramfs: %v", err)
-		}
-	}
-	return nil
-}
-
-func (d Driver) chBinary() string {
-	if d.CHBinary != "" {
-		return d.CHBinary
-	}
-	return "cloud-hypervisor"
-}
-
-func (d Driver) qemuBinary() string {
-	if d.QEMU != "" {
-		return d.QEMU
-	}
-	return "qemu-system-x86_64"
-}
-
-func (d Driver) vmmArgv(apiSocket string) []string {
-	switch d.Name {
-	case DriverCloudHypervisor:
-		return []string{d.chBinary(), "--api-socket", apiSocket}
-	case DriverQEMU:
-		return []string{d.Exe, "vmm-qemu", "--api-socket", apiSocket, "--qemu", d.qemuBinary()}
-	}
-	return []string{d.Exe, "vmm-process", "--api-socket", apiSocket}
-}
-
-// config is vm.create's body. The guest kernel logs to ttyS0, CH's serial
+// vmConfig is vm.create's body for d. The guest kernel logs to ttyS0, CH's serial
 // port, whose default mode (Null) drops every line: it goes to serialLog.
 // mounts are appended to the kernel command line (guestMounts): the agent
 // as PID 1 reads them there to mount volumes at their guest paths.
-func (d Driver) config(disks []vmm.Disk, mounts []string, vsock, serialLog string) vmm.Config {
+func vmConfig(d driver.Driver, disks []vmm.Disk, mounts []string, vsock, serialLog string) vmm.Config {
 	c := vmm.Config{
 		Disks:  disks,
 		Memory: vmm.Memory{Size: guestMemory},
@@ -140,7 +51,7 @@ func (d Driver) config(disks []vmm.Disk, mounts []string, vsock, serialLog strin
 	if len(mounts) > 0 {
 		c.Payload.Cmdline += " " + strings.Join(mounts, " ")
 	}
-	if d.Name != DriverProcess {
+	if d.BootsKernel() {
 		c.Payload.Kernel = d.Kernel
 	}
 	return c
@@ -251,7 +162,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				return nil, err
 			}
 			c := vmm.NewClient(api)
-			if vm, err = m.launch(ctx, "VMM", m.Driver.vmmArgv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
+			if vm, err = m.launch(ctx, "VMM", m.Driver.Argv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err
 			}
 			// CH opens the serial log by name and follows symlinks: make it
@@ -268,7 +179,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				if err == nil {
 					err = c.Resume(ctx)
 				}
-			} else if err = c.Create(ctx, m.Driver.config(m.vmDisks(ctx, sb), guestMounts(sb), vsock, m.Root.ConsoleLog(id))); err == nil {
+			} else if err = c.Create(ctx, vmConfig(m.Driver, m.vmDisks(ctx, sb), guestMounts(sb), vsock, m.Root.ConsoleLog(id))); err == nil {
 				err = c.Boot(ctx)
 			}
 			if err != nil {
@@ -393,7 +304,7 @@ func guestMounts(sb projections.Sandbox) []string {
 
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
 	stateDir := m.Root.SupervisorDir(id)
-	argv := []string{m.Driver.Exe, "supervisor", "--sandbox", id, "--state-dir", stateDir, "--iid-socket", m.Root.IIDSocket(id)}
+	argv := supervisor.Argv(m.Driver.Exe, supervisor.ServeOptions{SandboxID: id, StateDir: stateDir, IIDSocket: m.Root.IIDSocket(id)})
 	who, err := m.launch(ctx, "supervisor", argv, m.Root.SupervisorLog(id), func(ctx context.Context) error {
 		_, err := supervisor.Ping(ctx, stateDir)
 		return err

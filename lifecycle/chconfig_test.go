@@ -10,6 +10,7 @@ import (
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guest/agent"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -28,9 +29,9 @@ import (
 func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 	root := layout.Root("/state")
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
-	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux"}, {Name: DriverQEMU, Kernel: "/boot/vmlinuz"}} {
+	for _, d := range []driver.Driver{{Name: driver.Process}, {Name: driver.CloudHypervisor, Kernel: "/boot/vmlinux"}, {Name: driver.QEMU, Kernel: "/boot/vmlinuz"}} {
 		disks := (&Manager{Root: root}).vmDisks(context.Background(), sandboxWithDisksAndVolume())
-		body, err := json.Marshal(d.config(disks, guestMounts(sandboxWithDisksAndVolume()), root.VsockSocket(id), root.ConsoleLog(id)))
+		body, err := json.Marshal(vmConfig(d, disks, guestMounts(sandboxWithDisksAndVolume()), root.VsockSocket(id), root.ConsoleLog(id)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,8 +122,8 @@ func TestCmdlineMountsVolumesAtTheirGuestPaths(t *testing.T) {
 	sb := sandboxWithDisksAndVolume()
 	sb.Volumes = append(sb.Volumes, projections.Attachment{Name: "cache", GuestPath: "/var/cache/x", ReadOnly: true})
 	disks := (&Manager{Root: layout.Root("/state")}).vmDisks(context.Background(), sb)
-	for _, d := range []Driver{{Name: DriverProcess}, {Name: DriverCloudHypervisor, Kernel: "/boot/vmlinux", Cmdline: "console=ttyS0 quiet"}, {Name: DriverQEMU, Kernel: "/boot/vmlinuz"}} {
-		c := d.config(disks, guestMounts(sb), "/state/run/v.vsock", "/state/logs/c.log")
+	for _, d := range []driver.Driver{{Name: driver.Process}, {Name: driver.CloudHypervisor, Kernel: "/boot/vmlinux", Cmdline: "console=ttyS0 quiet"}, {Name: driver.QEMU, Kernel: "/boot/vmlinuz"}} {
+		c := vmConfig(d, disks, guestMounts(sb), "/state/run/v.vsock", "/state/logs/c.log")
 		base := d.Cmdline
 		if base == "" {
 			base = DefaultCmdline
@@ -147,7 +148,7 @@ func TestCmdlineMountsVolumesAtTheirGuestPaths(t *testing.T) {
 	}
 	// Without volumes the command line is the configured one, untouched.
 	sb.Volumes = nil
-	if c := (Driver{Name: DriverProcess}).config(nil, guestMounts(sb), "v", "c"); c.Payload.Cmdline != DefaultCmdline {
+	if c := vmConfig(driver.Driver{Name: driver.Process}, nil, guestMounts(sb), "v", "c"); c.Payload.Cmdline != DefaultCmdline {
 		t.Fatalf("cmdline without volumes %q", c.Payload.Cmdline)
 	}
 }
@@ -168,11 +169,11 @@ func sandboxWithDisksAndVolume() projections.Sandbox {
 // vm.create's payload for every driver, the kernel for every driver that
 // boots one, and an unset command line is the default.
 func TestBootAssetsReachThePayload(t *testing.T) {
-	for _, d := range []Driver{
-		{Name: DriverProcess, Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
-		{Name: DriverCloudHypervisor, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
+	for _, d := range []driver.Driver{
+		{Name: driver.Process, Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
+		{Name: driver.CloudHypervisor, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
 	} {
-		p := d.config(nil, nil, "/v", "/c").Payload
+		p := vmConfig(d, nil, nil, "/v", "/c").Payload
 		if p.Initramfs != d.Initramfs || p.Cmdline != d.Cmdline {
 			t.Errorf("%s: payload %+v, want initramfs %s cmdline %q", d.Name, p, d.Initramfs, d.Cmdline)
 		}
@@ -180,7 +181,7 @@ func TestBootAssetsReachThePayload(t *testing.T) {
 			t.Errorf("%s: kernel %q, want %q", d.Name, p.Kernel, d.Kernel)
 		}
 		d.Cmdline, d.Initramfs = "", ""
-		if p := d.config(nil, nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
+		if p := vmConfig(d, nil, nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
 			t.Errorf("%s: payload without assets %+v, want cmdline %q and no initramfs", d.Name, p, DefaultCmdline)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -95,11 +96,11 @@ func TestCreateRefusesBeforeWritingAnything(t *testing.T) {
 		{"workspace a file", CreateSpec{Image: img, Workspace: filepath.Join(dir, "file")}, "", ErrRefused, "is not a directory"},
 		{"unknown volume", CreateSpec{Image: img, Volumes: []Mount{{"data", "/data"}}}, "", ErrNotFound, `no volume "data"`},
 		{"unknown driver", CreateSpec{Image: img}, "nope", ErrRefused, `unknown driver "nope"`},
-		{"cloud-hypervisor without a kernel", CreateSpec{Image: img}, DriverCloudHypervisor, ErrRefused, "NEXUS_KERNEL_PATH is not set"},
+		{"cloud-hypervisor without a kernel", CreateSpec{Image: img}, driver.CloudHypervisor, ErrRefused, "NEXUS_KERNEL_PATH is not set"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f.m.Driver.Name = DriverProcess
+			f.m.Driver.Name = driver.Process
 			if c.driver != "" {
 				f.m.Driver.Name = c.driver
 			}

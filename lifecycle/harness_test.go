@@ -19,6 +19,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm/standin"
@@ -37,9 +38,9 @@ import (
 // childEnv marks a process this test binary started as a supervisor or VMM.
 const childEnv = "NEXUS_LIFECYCLE_TEST_CHILD"
 
-// slowVMMEnv makes the vmm-process role never bind its socket, as a VMM
-// does for a while after its spawn on a loaded machine.
-const slowVMMEnv = "NEXUS_LIFECYCLE_TEST_SLOW_VMM"
+// slowEnv makes the VMM and supervisor roles never bind their sockets,
+// as they do for a while after their spawn on a loaded machine.
+const slowEnv = "NEXUS_LIFECYCLE_TEST_SLOW"
 
 func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) == "1" && len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "-test.") {
@@ -61,22 +62,27 @@ func serveRole(role string, args []string) int {
 	fs := flag.NewFlagSet(role, flag.ContinueOnError)
 	var err error
 	switch role {
-	case "vmm-process":
-		api := fs.String("api-socket", "", "")
+	case driver.ProcessCommand:
+		api := fs.String(driver.APISocketFlag, "", "")
 		if err = fs.Parse(args); err == nil {
-			if os.Getenv(slowVMMEnv) != "" {
+			if os.Getenv(slowEnv) != "" {
 				// A VMM still starting: it has its command line, no socket yet.
 				<-ctx.Done()
 				return 0
 			}
 			err = standin.Serve(ctx, *api, os.Stderr)
 		}
-	case "supervisor":
+	case supervisor.Command:
 		o := supervisor.ServeOptions{Now: time.Now, Log: os.Stderr}
-		fs.StringVar(&o.SandboxID, "sandbox", "", "")
-		fs.StringVar(&o.StateDir, "state-dir", "", "")
-		fs.StringVar(&o.IIDSocket, "iid-socket", "", "")
+		fs.StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "")
+		fs.StringVar(&o.StateDir, supervisor.StateDirFlag, "", "")
+		fs.StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "")
 		if err = fs.Parse(args); err == nil {
+			if os.Getenv(slowEnv) != "" {
+				// A supervisor still starting: no socket yet.
+				<-ctx.Done()
+				return 0
+			}
 			err = supervisor.Serve(ctx, o)
 		}
 	case "idle":
@@ -396,7 +402,7 @@ func newFlow(t *testing.T) *flow {
 	j := newMemJournal()
 	l := &testLauncher{refuse: map[string]error{}, die: map[string]bool{}}
 	m := &Manager{Root: layout.Root(root), B: j, Launcher: l,
-		Driver:     Driver{Name: DriverProcess, Exe: "/nonexistent/nexus"},
+		Driver:     driver.Driver{Name: driver.Process, Exe: "/nonexistent/nexus"},
 		OverlayMiB: 32, StartTimeout: testutil.Scale(10 * time.Second)}
 	f := &flow{t: t, m: m, j: j, l: l, root: root, ctx: context.Background()}
 	// Stop what the journal says runs, so it cleans up after itself

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -65,7 +66,7 @@ type Backend interface {
 type Manager struct {
 	Root   layout.Root
 	B      Backend
-	Driver Driver
+	Driver driver.Driver
 	// Launcher starts the supervisors and VMMs (Spawner in production); a
 	// flow that would start one without it is refused (ErrNoLauncher).
 	Launcher Launcher

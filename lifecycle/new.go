@@ -3,6 +3,8 @@ package lifecycle
 import (
 	"errors"
 	"fmt"
+
+	"github.com/nexus-sandbox/nexus/host/driver"
 )
 
 // The bounds of a Manager's settings. New holds a Manager to them, and the
@@ -41,9 +43,7 @@ func New(cfg Manager) (*Manager, error) {
 	if cfg.B == nil {
 		errs = append(errs, errors.New("no backend"))
 	}
-	switch cfg.Driver.Name {
-	case "", DriverProcess, DriverCloudHypervisor, DriverQEMU:
-	default:
+	if cfg.Driver.Name != "" && !driver.Known(cfg.Driver.Name) {
 		errs = append(errs, fmt.Errorf("unknown driver %q", cfg.Driver.Name))
 	}
 	if cfg.OverlayMiB != 0 {

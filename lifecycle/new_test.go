@@ -4,10 +4,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/host/driver"
 )
 
 func TestNewRefusesBadSettings(t *testing.T) {
-	good := Manager{Root: "/r", B: &memJournal{}, Driver: Driver{Name: DriverProcess}}
+	good := Manager{Root: "/r", B: &memJournal{}, Driver: driver.Driver{Name: driver.Process}}
 	if _, err := New(good); err != nil {
 		t.Fatalf("New(good) = %v", err)
 	}

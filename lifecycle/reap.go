@@ -220,14 +220,10 @@ func supervisorEntries(recorded []reaper.Recorded) []reaper.Entry {
 }
 
 func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string]reaper.Lease, j *reaper.Journal, sc scan.Result) ReapReport {
-	procRoot := o.ProcRoot
-	if procRoot == "" {
-		procRoot = "/proc"
-	}
 	rep := ReapReport{Apply: o.Apply, Orphans: []ReapItem{}, Kept: []ReapItem{}, Deleted: []ReapItem{}, Failed: []ReapItem{}, ScanErrors: sc.Errors}
 	var procs *liveness.Procs
 	for i := 0; i < procScanAttempts; i++ {
-		procs = liveness.ScanProcs(procRoot)
+		procs = liveness.ScanProcs(o.ProcRoot)
 		rep.ProcReads += procs.Reads
 		rep.ProcScans++
 		if len(procs.Incomplete) == 0 {

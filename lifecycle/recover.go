@@ -14,6 +14,7 @@ import (
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
@@ -369,18 +370,13 @@ func (m *Manager) stopUnrecordedVMM(ctx context.Context, id string) ([]events.Pa
 }
 
 // killStartingVMM terminates a VMM spawned just before its creator died
-// that does not answer yet (on a busy host a VMM can take seconds to bind
-// its socket, and would bind it after recover cleaned up, outliving the
-// sandbox). As for an unrecorded
-// supervisor, it is found by the command line boot gave it (vmmArgv), for
-// any driver, so only a process started for this sandbox's socket is hit.
+// that does not answer yet (on a busy host a VMM can take seconds to bind its
+// socket, and would bind it after recover cleaned up, outliving the
+// sandbox). As for an unrecorded supervisor, it is found by the command
+// line boot gave it (driver.VMMs), for any driver, so only a process
+// started for this sandbox's socket is hit.
 func (m *Manager) killStartingVMM(id string) error {
-	api := m.Root.APISocket(id)
-	pids := proc.WithArgs("--api-socket", api) // cloud-hypervisor
-	for _, sub := range []string{"vmm-process", "vmm-qemu"} {
-		pids = append(pids, proc.WithArgs(sub, "--api-socket", api)...)
-	}
-	for _, pid := range pids {
+	for _, pid := range driver.VMMs(m.Root.APISocket(id)) {
 		who, err := proc.Of(pid)
 		if err != nil {
 			continue // gone meanwhile
@@ -419,7 +415,7 @@ func (m *Manager) killUnrecordedSupervisor(id string) ([]events.Payload, error) 
 		// One spawned just before its creator died may not answer yet (and
 		// would bind its sockets after we cleaned up): find it by the
 		// command line boot gave it.
-		pids = proc.WithArgs("supervisor", "--sandbox", id, "--state-dir", m.Root.SupervisorDir(id))
+		pids = supervisor.Processes(id, m.Root.SupervisorDir(id))
 	}
 	var ps []events.Payload
 	for _, pid := range pids {

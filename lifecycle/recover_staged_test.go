@@ -11,8 +11,10 @@ import (
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/host/supervisor"
 )
 
 // An intent its creator died staging (killed between intent.Publish's
@@ -93,8 +95,9 @@ func TestRecoverStopsAVMMStillStarting(t *testing.T) {
 	if err := held.Release(); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), slowVMMEnv+"=1")
-	who, err := proc.SpawnDetached([]string{os.Args[0], "vmm-process", "--api-socket", m.Root.APISocket(id)}, env, filepath.Join(root, "vmm.log"))
+	env := append(os.Environ(), slowEnv+"=1")
+	argv := driver.Driver{Name: driver.Process, Exe: os.Args[0]}.Argv(m.Root.APISocket(id))
+	who, err := proc.SpawnDetached(argv, env, filepath.Join(root, "vmm.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,5 +112,44 @@ func TestRecoverStopsAVMMStillStarting(t *testing.T) {
 	}
 	if alive, _ := proc.Alive(who); alive {
 		t.Fatalf("the VMM still starting for %s (pid %d) outlived recover", id, who.Pid)
+	}
+}
+
+// A supervisor its creator spawned just before dying, still starting (not
+// answering yet), is found by its command line and stopped by recover's
+// undo of the uncommitted create.
+func TestRecoverStopsASupervisorStillStarting(t *testing.T) {
+	ctx := context.Background()
+	m, root := localManager(t)
+	for _, d := range []string{m.Root.Disks(), m.Root.RunDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := ulid.Make().String()
+	held, err := intent.Publish(m.Root.CreateIntent(id), intent.Intent{Kind: "create", Sandbox: id, Saga: ulid.Make().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := held.Release(); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), slowEnv+"=1")
+	argv := supervisor.Argv(os.Args[0], supervisor.ServeOptions{SandboxID: id, StateDir: m.Root.SupervisorDir(id), IIDSocket: m.Root.IIDSocket(id)})
+	who, err := proc.SpawnDetached(argv, env, filepath.Join(root, "supervisor.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proc.Terminate(who, time.Second) })
+
+	rep, err := m.Recover(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Intents, id) {
+		t.Fatalf("recover did not undo the create of %s: %+v", id, rep)
+	}
+	if alive, _ := proc.Alive(who); alive {
+		t.Fatalf("the supervisor still starting for %s (pid %d) outlived recover", id, who.Pid)
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/client"
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/oneline"
 )
 
@@ -60,12 +60,12 @@ func Run(ctx context.Context, o RunOptions) (int, error) {
 	}
 	var cl *client.Client
 	if !o.Keep {
-		driver := o.Driver
-		if driver == "" {
-			driver = lifecycle.DriverCloudHypervisor
+		name := o.Driver
+		if name == "" {
+			name = driver.Default
 		}
 		var err error
-		cl, err = client.New(client.Options{Nexus: o.Nexus, StateDir: o.Root, Driver: driver})
+		cl, err = client.New(client.Options{Nexus: o.Nexus, StateDir: o.Root, Driver: name})
 		if err != nil {
 			return 0, err
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -54,7 +55,7 @@ func firstArg(f func(*globals) cobra.CompletionFunc) func(*globals) cobra.Comple
 
 // flagCompleters complete flag values wherever a command has the flag.
 var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
-	"driver":  fixedValues(lifecycle.DriverCloudHypervisor, lifecycle.DriverProcess, lifecycle.DriverQEMU),
+	"driver":  fixedValues(driver.Names...),
 	"type":    eventTypes,
 	"kind":    reapKindValues,
 	"sandbox": sandboxRefs,

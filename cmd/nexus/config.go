@@ -10,6 +10,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
@@ -177,9 +178,9 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 	case os.Getenv("XDG_STATE_HOME") != "":
 		stateDir.Source = "env XDG_STATE_HOME"
 	}
-	driver := fromEnv("driver", "NEXUS_DRIVER", lifecycle.DriverCloudHypervisor, "default")
+	drv := fromEnv("driver", "NEXUS_DRIVER", driver.Default, "default")
 	if cmd.Flags().Changed("driver") {
-		driver = setting{"driver", g.driver, "flag --driver"}
+		drv = setting{"driver", g.driver, "flag --driver"}
 	}
 	configPath := setting{"config_file", file.Path, "default (absent: every default)"}
 	switch {
@@ -196,15 +197,15 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 	}
 	return []setting{
 		stateDir,
-		driver,
+		drv,
 		configPath,
 		fromFile("vm.overlay_disk_mib", cfg.VM.OverlayDiskMiB, lifecycle.DefaultOverlayMiB),
 		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, lifecycle.DefaultWarnFillRatio),
 		fileOrEnv("vm.initramfs", "NEXUS_INITRAMFS_PATH", cfg.VM.Initramfs, ""),
 		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
 		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor and qemu drivers need it)"),
-		fromEnv("ch_binary", "NEXUS_CH_BINARY", "cloud-hypervisor", "default (looked up in PATH)"),
-		fromEnv("qemu_binary", "NEXUS_QEMU_BINARY", "qemu-system-x86_64", "default (looked up in PATH)"),
+		fromEnv("ch_binary", "NEXUS_CH_BINARY", driver.DefaultCHBinary, "default (looked up in PATH)"),
+		fromEnv("qemu_binary", "NEXUS_QEMU_BINARY", driver.DefaultQEMUBinary, "default (looked up in PATH)"),
 		fromEnv("qemu_accel", "NEXUS_QEMU_ACCEL", "", "unset (kvm when /dev/kvm answers, else tcg)"),
 		fromEnv("daemon_idle", "NEXUS_DAEMON_IDLE", defaultIdle.String(), "default"),
 		fromEnv("no_auto_daemon", "NEXUS_NO_AUTO_DAEMON", "", "unset (a daemon is started on demand)"),

@@ -7,25 +7,27 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/qemu"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm/standin"
 )
 
 // vmmProcessCmd is the process driver's VMM: a host process serving the
-// Cloud Hypervisor API subset on the sandbox's API socket. nexus spawns it;
+// Cloud Hypervisor API subset on the sandbox's API socket. nexus spawns it
+// with the driver's command line (host/driver names the command and flags);
 // it also stands in for cloud-hypervisor in the driver's tests.
 func vmmProcessCmd() *cobra.Command {
 	var api string
 	c := &cobra.Command{
-		Use: "vmm-process --api-socket PATH", Hidden: true, Args: noArgs,
+		Use: driver.ProcessCommand + " --" + driver.APISocketFlag + " PATH", Hidden: true, Args: noArgs,
 		Short: "Serve the Cloud Hypervisor API subset as a plain process (process driver)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return standin.Serve(cmd.Context(), api, os.Stderr)
 		},
 	}
-	c.Flags().StringVar(&api, "api-socket", "", "API socket path (required)")
-	requireFlags(c, "api-socket")
+	c.Flags().StringVar(&api, driver.APISocketFlag, "", "API socket path (required)")
+	requireFlags(c, driver.APISocketFlag)
 	return c
 }
 
@@ -35,7 +37,7 @@ func vmmQEMUCmd() *cobra.Command {
 	var api string
 	o := qemu.Options{Log: os.Stderr}
 	c := &cobra.Command{
-		Use: "vmm-qemu --api-socket PATH", Hidden: true, Args: noArgs,
+		Use: driver.QEMUCommand + " --" + driver.APISocketFlag + " PATH", Hidden: true, Args: noArgs,
 		Short: "Serve the Cloud Hypervisor API subset over QEMU (qemu driver)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.Accel != "" && o.Accel != "kvm" && o.Accel != "tcg" {
@@ -44,10 +46,10 @@ func vmmQEMUCmd() *cobra.Command {
 			return qemu.Serve(cmd.Context(), api, o)
 		},
 	}
-	c.Flags().StringVar(&api, "api-socket", "", "API socket path (required)")
-	c.Flags().StringVar(&o.Binary, "qemu", "qemu-system-x86_64", "QEMU binary")
+	c.Flags().StringVar(&api, driver.APISocketFlag, "", "API socket path (required)")
+	c.Flags().StringVar(&o.Binary, driver.QEMUBinaryFlag, driver.DefaultQEMUBinary, "QEMU binary")
 	c.Flags().StringVar(&o.Accel, "accel", os.Getenv("NEXUS_QEMU_ACCEL"), "kvm or tcg (env NEXUS_QEMU_ACCEL; default kvm when /dev/kvm answers)")
-	requireFlags(c, "api-socket")
+	requireFlags(c, driver.APISocketFlag)
 	return c
 }
 
@@ -55,16 +57,16 @@ func vmmQEMUCmd() *cobra.Command {
 func supervisorCmd() *cobra.Command {
 	var o supervisor.ServeOptions
 	c := &cobra.Command{
-		Use: "supervisor --sandbox ID --state-dir DIR --iid-socket PATH", Hidden: true, Args: noArgs,
+		Use: supervisor.Command + " --" + supervisor.SandboxFlag + " ID --" + supervisor.StateDirFlag + " DIR --" + supervisor.IIDSocketFlag + " PATH", Hidden: true, Args: noArgs,
 		Short: "Run a sandbox's perimeter supervisor",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.Now, o.Log = time.Now, os.Stderr
 			return supervisor.Serve(cmd.Context(), o)
 		},
 	}
-	c.Flags().StringVar(&o.SandboxID, "sandbox", "", "sandbox ULID (required)")
-	c.Flags().StringVar(&o.StateDir, "state-dir", "", "supervisors/<ULID> directory (required)")
-	c.Flags().StringVar(&o.IIDSocket, "iid-socket", "", "instance-identity socket path (required)")
-	requireFlags(c, "sandbox", "state-dir", "iid-socket")
+	c.Flags().StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "sandbox ULID (required)")
+	c.Flags().StringVar(&o.StateDir, supervisor.StateDirFlag, "", "supervisors/<ULID> directory (required)")
+	c.Flags().StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "instance-identity socket path (required)")
+	requireFlags(c, supervisor.SandboxFlag, supervisor.StateDirFlag, supervisor.IIDSocketFlag)
 	return c
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
@@ -68,15 +69,11 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		}
 		cfg = Config{} // this command reads no setting: defaults are never used
 	}
-	driver := g.driver
-	if driver == "" {
-		driver = lifecycle.DriverCloudHypervisor
-	}
 	initramfs, cmdline := bootAssets(cfg)
 	return func(b control.Backend) (*lifecycle.Manager, error) {
 		return lifecycle.New(lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
-			Driver: lifecycle.Driver{Name: driver, Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH"),
+			Driver: driver.Driver{Name: driverOf(g), Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH"),
 				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,

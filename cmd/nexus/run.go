@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
@@ -23,7 +24,7 @@ import (
 
 func driverOf(g *globals) string {
 	if g.driver == "" {
-		return lifecycle.DriverCloudHypervisor
+		return driver.Default
 	}
 	return g.driver
 }

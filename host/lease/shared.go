@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/proc"
 )
 
 // AcquireShared takes a shared flock on path (created 0600 if missing),
@@ -100,25 +102,20 @@ func Holders(path string) ([]LockHolder, error) {
 }
 
 func command(pid int) string {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	argv, err := proc.Args(pid)
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(strings.ReplaceAll(string(data), "\x00", " "))
+	return strings.TrimSpace(strings.Join(argv, " "))
 }
 
-// state reads pid's state letter, 0 if it is gone. The comm field before
-// it may hold spaces and ')', so only the last ')' ends it.
+// state is pid's state letter, 0 if it is gone or unreadable.
 func state(pid int) byte {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	s, err := proc.State(pid)
 	if err != nil {
 		return 0
 	}
-	i := strings.LastIndexByte(string(data), ')')
-	if i < 0 || i+2 >= len(data) {
-		return 0
-	}
-	return data[i+2]
+	return s
 }
 
 // Holding is what a process waiting for a flock can learn of who holds it.

@@ -6,15 +6,11 @@
 package ledger
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -290,46 +286,6 @@ func deleteFiles(dir, id string) error {
 	return durable.SyncDir(dir)
 }
 
-// userHZ is the unit of /proc/<pid>/stat's starttime. Linux fixes the
-// userspace tick at 100 on every architecture nexus runs on
-// (sysconf(_SC_CLK_TCK)).
-const userHZ = 100
-
-var (
-	btimeOnce sync.Once
-	btimeSec  int64
-	btimeErr  error
-)
-
-// bootTime is /proc/stat's btime: the boot instant, in Unix seconds.
-func bootTime() (int64, error) {
-	btimeOnce.Do(func() {
-		data, err := os.ReadFile("/proc/stat")
-		if err != nil {
-			btimeErr = err
-			return
-		}
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		for sc.Scan() {
-			if v, ok := strings.CutPrefix(sc.Text(), "btime "); ok {
-				btimeSec, btimeErr = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-				return
-			}
-		}
-		btimeErr = errors.New("/proc/stat has no btime")
-	})
-	return btimeSec, btimeErr
-}
-
-// StartTimeMs converts a process's start ticks to Unix milliseconds.
-func StartTimeMs(ticks uint64) (int64, error) {
-	bt, err := bootTime()
-	if err != nil {
-		return 0, err
-	}
-	return bt*1000 + int64(ticks)*1000/userHZ, nil
-}
-
 // OwnerOf reads what runs under pid now: whether a process (not a zombie)
 // has it, and when that process started.
 func OwnerOf(pid int) (format.Owner, error) {
@@ -337,7 +293,7 @@ func OwnerOf(pid int) (format.Owner, error) {
 	if err != nil || !alive {
 		return format.Owner{}, err
 	}
-	ms, err := StartTimeMs(id.StartTicks)
+	ms, err := id.StartUnixMs()
 	if err != nil {
 		return format.Owner{}, err
 	}
@@ -350,7 +306,7 @@ func SelfRecord(run, driver, nexus string) (format.Record, error) {
 	if err != nil {
 		return format.Record{}, err
 	}
-	ms, err := StartTimeMs(id.StartTicks)
+	ms, err := id.StartUnixMs()
 	if err != nil {
 		return format.Record{}, err
 	}

@@ -1,8 +1,8 @@
 // Package liveness gathers the reaper's evidence that something still uses
-// a resource: intent leases (a non-blocking flock), one scan of every
-// /proc/<pid>/cmdline per run, and unix-socket probes. Every inconclusive
-// observation is reported as such, never as "dead": the reaper keeps what
-// it cannot rule out.
+// a resource: intent leases (a non-blocking flock), which ULIDs the
+// processes' command lines name (one host/proc scan per run), and
+// unix-socket probes. Every inconclusive observation is reported as such,
+// never as "dead": the reaper keeps what it cannot rule out.
 package liveness
 
 import (
@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -22,6 +21,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
+	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/reaper"
@@ -87,66 +87,29 @@ type Procs struct {
 	Reads int
 }
 
-// ScanProcs reads every process's command line once, skipping this
-// process (whose own arguments may name a sandbox, as `--sandbox ID` does).
+// ScanProcs reads every process's command line under procRoot (/proc when
+// empty) once, through host/proc's scan, which skips this process (whose
+// own arguments may name a sandbox, as `--sandbox ID` does).
 func ScanProcs(procRoot string) *Procs {
 	p := &Procs{byULID: map[string][]int{}}
-	d, err := os.Open(procRoot)
-	if err != nil {
-		p.Incomplete = append(p.Incomplete, "open "+procRoot+": "+err.Error())
-		return p
-	}
-	names, err := d.Readdirnames(-1)
-	d.Close()
-	if err != nil {
-		p.Incomplete = append(p.Incomplete, "readdir "+procRoot+": "+err.Error())
-	}
-	self := os.Getpid()
-	buf := make([]byte, MaxCmdline+1)
-	for _, name := range names {
-		pid, err := strconv.Atoi(name)
-		if err != nil || pid == self {
-			continue
-		}
-		n, err := readCmdline(filepath.Join(procRoot, name, "cmdline"), buf)
+	err := proc.ScanCmdlines(procRoot, MaxCmdline, func(c proc.Cmdline) {
 		p.Reads++
 		switch {
-		case err != nil:
-			p.Incomplete = append(p.Incomplete, fmt.Sprintf("pid %d: %v", pid, err))
-			continue
-		case n > MaxCmdline:
-			p.Incomplete = append(p.Incomplete, fmt.Sprintf("pid %d: command line longer than %d bytes", pid, MaxCmdline))
-			n = MaxCmdline
+		case c.Err != nil:
+			p.Incomplete = append(p.Incomplete, fmt.Sprintf("pid %d: %v", c.Pid, c.Err))
+			return
+		case c.Truncated:
+			p.Incomplete = append(p.Incomplete, fmt.Sprintf("pid %d: command line longer than %d bytes", c.Pid, MaxCmdline))
 		}
-		for _, id := range ulidTokens(buf[:n]) {
-			p.byULID[id] = append(p.byULID[id], pid)
+		for _, id := range ulidTokens(c.Data) {
+			p.byULID[id] = append(p.byULID[id], c.Pid)
 		}
+	})
+	if err != nil {
+		// A failed listing is named first, as the first reason to doubt.
+		p.Incomplete = append([]string{err.Error()}, p.Incomplete...)
 	}
 	return p
-}
-
-func readCmdline(path string, buf []byte) (int, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	n := 0
-	for n < len(buf) {
-		m, err := f.Read(buf[n:])
-		n += m
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			// ESRCH: the process exited mid-read.
-			return n, err
-		}
-		if m == 0 {
-			break
-		}
-	}
-	return n, nil
 }
 
 // ulidTokens returns every 26-character window of a run of ULID characters

@@ -3,9 +3,12 @@ package proc
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -54,5 +57,81 @@ func TestWithArgsFindsAProcessByItsCommandLine(t *testing.T) {
 	}
 	if got := WithArgs("4242.5", "extra"); slices.Contains(got, cmd.Process.Pid) {
 		t.Fatalf("WithArgs matched a longer prefix than the command line: %v", got)
+	}
+}
+
+// One scan over a /proc-shaped tree: each process once, this process
+// left out, a long command line cut and flagged, a vanished one reported.
+func TestScanCmdlines(t *testing.T) {
+	root := t.TempDir()
+	write := func(pid int, data string) {
+		dir := filepath.Join(root, strconv.Itoa(pid))
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if data != "" {
+			if err := os.WriteFile(filepath.Join(dir, "cmdline"), []byte(data), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	write(11, "a\x00b\x00")
+	write(12, "0123456789\x00")
+	write(13, "") // no cmdline file: gone mid-scan
+	write(os.Getpid(), "self\x00")
+	os.Mkdir(filepath.Join(root, "self"), 0o700)
+	got := map[int]Cmdline{}
+	err := ScanCmdlines(root, 8, func(c Cmdline) {
+		c.Data = slices.Clone(c.Data)
+		if _, dup := got[c.Pid]; dup {
+			t.Errorf("pid %d visited twice", c.Pid)
+		}
+		got[c.Pid] = c
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 {
+		t.Fatalf("visited %v, want pids 11, 12, 13 only", got)
+	}
+	if c := got[11]; c.Err != nil || c.Truncated || !slices.Equal(c.Args(), []string{"a", "b"}) {
+		t.Errorf("pid 11: %+v, args %q", c, c.Args())
+	}
+	if c := got[12]; c.Err != nil || !c.Truncated || string(c.Data) != "01234567" {
+		t.Errorf("pid 12: %+v, want the first 8 bytes, truncated", c)
+	}
+	if c := got[13]; c.Err == nil {
+		t.Errorf("pid 13: %+v, want an error", c)
+	}
+	if err := ScanCmdlines(filepath.Join(root, "none"), 8, func(Cmdline) { t.Error("visited a missing root") }); err == nil {
+		t.Error("a missing root: no error")
+	}
+}
+
+func TestArgs(t *testing.T) {
+	cmd := exec.Command("sleep", "4242.7")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	argv, err := Args(cmd.Process.Pid)
+	if err != nil || !slices.Equal(argv, []string{"sleep", "4242.7"}) {
+		t.Fatalf("Args = %q, %v", argv, err)
+	}
+}
+
+// A process's start in Unix time is no later than now (btime has whole
+// seconds, so it may read up to a second early, never late).
+func TestStartUnixMs(t *testing.T) {
+	self, err := Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := self.StartUnixMs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := time.Now().UnixMilli(); ms <= 0 || ms > now+1000 {
+		t.Fatalf("StartUnixMs = %d, now %d", ms, now)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 )
@@ -56,7 +57,7 @@ type Options struct {
 // or panicked: -no-reboot), and returns only once QEMU is gone.
 func Serve(ctx context.Context, apiSocket string, o Options) error {
 	if o.Binary == "" {
-		o.Binary = "qemu-system-x86_64"
+		o.Binary = driver.DefaultQEMUBinary
 	}
 	if o.Log == nil {
 		o.Log = io.Discard

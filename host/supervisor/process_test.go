@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -22,11 +23,18 @@ const (
 	childIDEnv    = "NEXUS_SUPERVISOR_TEST_ID"
 	childStateEnv = "NEXUS_SUPERVISOR_TEST_STATE"
 	childIIDEnv   = "NEXUS_SUPERVISOR_TEST_IID"
+	// childWaitEnv makes the test executable wait for its stdin to close,
+	// a process that carries a command line and does nothing else.
+	childWaitEnv = "NEXUS_SUPERVISOR_TEST_WAIT"
 )
 
 // TestMain doubles as the supervisor binary: with childEnv set, the test
 // executable runs Serve as a real detached process would.
 func TestMain(m *testing.M) {
+	if os.Getenv(childWaitEnv) == "1" {
+		io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
 	if os.Getenv(childEnv) == "1" {
 		os.Exit(childMain())
 	}
