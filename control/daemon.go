@@ -131,7 +131,18 @@ func RunDaemon(ctx context.Context, root string, o DaemonOptions) error {
 		}
 		o.Ready(Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: selfBuildRef()})
 	}
-	return <-served
+	// A host whose mirror the fleet says is another's stops, with the
+	// same error whether the fleet said so before Open returned or later.
+	refused, _ := n.Journal().MirrorRefused()
+	select {
+	case err := <-served:
+		return err
+	case <-refused:
+		cancel()
+		<-served
+		_, err := n.Journal().MirrorRefused()
+		return err
+	}
 }
 
 // ErrServedElsewhere is a daemon started on demand that found another
