@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -70,7 +69,7 @@ func TestFleetTemplateAndStatusErrors(t *testing.T) {
 // fleetStatus polls `nexus fleet status --json` until ok accepts it.
 func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) journal.MirrorState {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 	for {
 		r := nexus(t, root, "fleet", "status", "--json")
 		var st journal.MirrorState
@@ -95,18 +94,9 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	t.Parallel()
 	fleet, leaf := startFleetServer(t)
 	root := shortRoot(t)
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", "host-a")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
-	var logs testutil.Buffer
-	d.Stderr = &logs
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	})
-	waitUntil(t, "daemon serving", func() bool { return strings.Contains(logs.String(), `"serving"`) })
+	d := mirroringDaemon(t, root, "host-a", leaf)
+	d.WaitLog(t, 2*time.Minute, `"serving"`)
+	logs := &d.Stderr
 	mustOK(t, nexus(t, root, "demo"), "demo")
 
 	st := fleetStatus(t, root, func(s journal.MirrorState) bool {
@@ -165,6 +155,16 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	}
 }
 
+// mirroringDaemon starts `nexus daemon --mirror-host host` on root, the
+// fleet's URLs (with their passwords) in NEXUS_MIRROR; it is stopped when
+// the test ends, and each wait on it is bounded.
+func mirroringDaemon(t *testing.T, root, host, urls string) *testutil.Proc {
+	t.Helper()
+	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", host)
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+urls)
+	return testutil.Start(t, d)
+}
+
 // startFleetServer runs a one-node fleet in this process: JetStream in
 // domain "fleet", a leaf port with a password. It returns the server and
 // the leaf URL hosts dial.
@@ -184,9 +184,10 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fleet.SetLoggerV2(testutil.KeepServerLog(t, "fleet server"), false, false, false)
 	fleet.Start()
 	t.Cleanup(fleet.Shutdown)
-	if !fleet.ReadyForConnections(10 * time.Second) {
+	if !fleet.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("fleet not ready")
 	}
 	return fleet, fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", leafPort)
@@ -198,18 +199,7 @@ func TestDaemonRefusesAnotherHostsName(t *testing.T) {
 	t.Parallel()
 	_, leaf := startFleetServer(t)
 	first := shortRoot(t)
-	d := exec.Command(nexusBin, "--state-dir", first, "daemon", "--mirror-host", "host-a")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
-	var logs testutil.Buffer
-	d.Stderr = &logs
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	})
-	waitUntil(t, "mirror created", func() bool { return strings.Contains(logs.String(), "mirror.created") })
+	mirroringDaemon(t, first, "host-a", leaf).WaitLog(t, 2*time.Minute, "mirror.created")
 
 	r := nexusEnv(t, shortRoot(t), []string{"NEXUS_MIRROR=" + leaf}, "daemon", "--mirror-host", "host-a")
 	// A daemon logs as it starts; its failure is the last line, the only error.
