@@ -221,15 +221,15 @@ func TestDaemonRefusesAnotherHostsName(t *testing.T) {
 	}
 }
 
-// TestDaemonRefusesAnotherHostsNameWheneverItJoins: daemons of one host name join a
-// fleet at offsets around the first one's mirror creation: before its
-// link is up, while it is linked but the mirror not yet made, as the
-// mirror appears, and after its first report into the mirror. Two
+// TestDaemonRefusesAnotherHostsNameWheneverItJoins: daemons of one host
+// name join a fleet at offsets around the first one's mirror creation:
+// before its link is up, while it is linked but the mirror not yet made,
+// as the mirror appears, and after its first report into the mirror. Two
 // daemons starting before the name is taken race for it fairly, so the
 // rule held is: of the daemons of one name on a fleet, the one whose
 // identity the mirror holds serves, and every other exits 1 with the
-// one-line refusal, however late the fleet answered it. Each round is
-// one fleet, a first daemon and ten more; five rounds shift the offsets.
+// one-line refusal, however late the fleet answered it. Each round is one
+// fleet, a first daemon and ten more; five rounds shift the offsets.
 func TestDaemonRefusesAnotherHostsNameWheneverItJoins(t *testing.T) {
 	t.Parallel()
 	rounds := 5
@@ -244,8 +244,8 @@ func TestDaemonRefusesAnotherHostsNameWheneverItJoins(t *testing.T) {
 	}
 }
 
-// nameRace is one round of TestDaemonRefusesAnotherHostsNameWheneverItJoins, each
-// offset moved later by shift.
+// nameRace is one round: a fleet, a first daemon and ten more of its
+// name, each offset moved later by shift.
 func nameRace(t *testing.T, shift time.Duration) {
 	fleet, leaf := startFleetServer(t)
 	nc, err := nats.Connect(fleet.ClientURL())
