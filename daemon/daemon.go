@@ -166,7 +166,18 @@ func Run(ctx context.Context, root string, o Options) error {
 	if o.Ready != nil {
 		o.Ready(st)
 	}
-	return <-served
+	// A host whose mirror the fleet says is another's stops, with the
+	// same error whether the fleet said so before Open returned or later.
+	refused, _ := n.Journal().MirrorRefused()
+	select {
+	case err := <-served:
+		return err
+	case <-refused:
+		cancel()
+		<-served
+		_, err := n.Journal().MirrorRefused()
+		return err
+	}
 }
 
 // errServedElsewhere is a daemon started on demand that found another

@@ -377,8 +377,8 @@ func TestSweepRetiresAutoDaemon(t *testing.T) {
 	deadRun(t, root, "dead2")
 	writeHand(t, dir, "dead2.sandboxes", ulidString()+"\n")
 	sweepJSON(t, root)
-	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.cmd.Process.Pid {
-		t.Fatalf("daemons after a sweep: %v, want the hand-started %d", pids, d.cmd.Process.Pid)
+	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.Cmd.Process.Pid {
+		t.Fatalf("daemons after a sweep: %v, want the hand-started %d", pids, d.Cmd.Process.Pid)
 	}
 }
 
@@ -478,9 +478,9 @@ func TestFollowerSurvivesRetire(t *testing.T) {
 	// for the journal finds the hand-started one serving and leaves.
 	waitUntil(t, "served by the hand-started daemon alone", func() bool {
 		after := daemonPids(root)
-		return len(after) == 1 && after[0] == d.cmd.Process.Pid
+		return len(after) == 1 && after[0] == d.Cmd.Process.Pid
 	})
-	if len(before) != 1 || before[0] == d.cmd.Process.Pid {
+	if len(before) != 1 || before[0] == d.Cmd.Process.Pid {
 		t.Fatalf("daemons before the takeover: %v", before)
 	}
 	select {
@@ -505,7 +505,7 @@ func TestHandDaemonTakesOver(t *testing.T) {
 	if r := mustOK(t, nexus(t, root, "events"), "events"); strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events through the hand-started daemon: %q", r.stdout)
 	}
-	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.cmd.Process.Pid {
-		t.Fatalf("daemons %v, want only the hand-started %d", pids, d.cmd.Process.Pid)
+	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.Cmd.Process.Pid {
+		t.Fatalf("daemons %v, want only the hand-started %d", pids, d.Cmd.Process.Pid)
 	}
 }

@@ -56,22 +56,20 @@ func anotherBuild(t *testing.T) string {
 	return bin
 }
 
+// commandWait bounds one command of a test (scaled): one that runs
+// longer has hung, and fails the test with its stderr rather than holding
+// the package until go test's own timeout. A daemon run in the foreground
+// that should have refused to start is such a command.
+const commandWait = 5 * time.Minute
+
 // nexusBinEnv is nexusEnv with another nexus binary.
 func nexusBinEnv(t testing.TB, bin, root string, env []string, args ...string) result {
 	t.Helper()
 	stopDaemonsAtEnd(t, root)
 	cmd := exec.Command(bin, append([]string{"--state-dir", root}, args...)...)
 	cmd.Env = append(append(os.Environ(), "NEXUS_STATE_DIR="), env...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return result{code, out.String(), errb.String()}
+	p := testutil.Run(t, cmd, commandWait)
+	return result{p.Cmd.ProcessState.ExitCode(), p.Stdout.String(), p.Stderr.String()}
 }
 
 // askDaemon asks root's daemon for its Status (retiring ones too).
@@ -199,14 +197,14 @@ func TestHandDaemonOfAnotherBuildRefused(t *testing.T) {
 	for _, env := range [][]string{nil, {"NEXUS_NO_AUTO_DAEMON=1"}} {
 		r := nexusBinEnv(t, nexusBin, root, env, "ls")
 		wantFailure(t, r, 1, "runs another nexus build")
-		for _, want := range []string{binA, nexusBin, "restart it", "kill " + strconv.Itoa(d.Process.Pid)} {
+		for _, want := range []string{binA, nexusBin, "restart it", "kill " + strconv.Itoa(d.Cmd.Process.Pid)} {
 			if !strings.Contains(r.stderr, want) {
 				t.Fatalf("%v: refusal %q does not name %q", env, r.stderr, want)
 			}
 		}
 	}
-	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.Process.Pid {
-		t.Fatalf("daemons after the refusals: %v, want the hand-started %d alone", pids, d.Process.Pid)
+	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.Cmd.Process.Pid {
+		t.Fatalf("daemons after the refusals: %v, want the hand-started %d alone", pids, d.Cmd.Process.Pid)
 	}
 	mustOK(t, nexusBinEnv(t, binA, root, nil, "ls"), "ls of build A")
 	st := mustOK(t, nexus(t, root, "daemon", "status"), "daemon status").stdout
@@ -236,8 +234,8 @@ func TestSameBuildDaemonReused(t *testing.T) {
 	hand := shortRoot(t)
 	d := testutil.StartDaemon(t, nexusBin, hand)
 	mustOK(t, nexus(t, hand, "demo"), "demo beside a hand-started daemon")
-	if now := daemonPids(hand); len(now) != 1 || now[0] != d.Process.Pid {
-		t.Fatalf("daemons %v, want the hand-started %d", now, d.Process.Pid)
+	if now := daemonPids(hand); len(now) != 1 || now[0] != d.Cmd.Process.Pid {
+		t.Fatalf("daemons %v, want the hand-started %d", now, d.Cmd.Process.Pid)
 	}
 }
 

@@ -16,7 +16,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -237,26 +236,15 @@ func TestDaemonListenBusyNamesTheAddress(t *testing.T) {
 func TestDaemonServesCommands(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	d := exec.CommandContext(ctx, nexusBin, "--state-dir", root, "daemon")
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stderr).ReadString('\n')
-	if err != nil || !strings.Contains(line, "serving") {
-		t.Fatalf("daemon said %q, %v", line, err)
-	}
+	d := testutil.Start(t, exec.Command(nexusBin, "--state-dir", root, "daemon"))
+	d.WaitLog(t, 2*time.Minute, "\n")
+	line, _, _ := strings.Cut(d.Stderr.String(), "\n")
 	// Not a terminal: one JSON object per line, fields named.
 	var rec struct {
 		Level, Msg, Root string
 		Pid              int
 	}
-	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Level != "INFO" || rec.Msg != "serving" || rec.Root == "" || rec.Pid != d.Process.Pid {
+	if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Level != "INFO" || rec.Msg != "serving" || rec.Root == "" || rec.Pid != d.Cmd.Process.Pid {
 		t.Fatalf("daemon log line %q (%v) is not a JSON record of serving with root and pid", line, err)
 	}
 	if r := nexus(t, root, "demo"); r.code != 0 {
@@ -265,11 +253,8 @@ func TestDaemonServesCommands(t *testing.T) {
 	if r := nexus(t, root, "events"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events through daemon: %+v", r)
 	}
-	if err := d.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Wait(); err != nil {
-		t.Fatalf("daemon exit after SIGTERM: %v", err)
+	if code := d.Stop(t); code != 0 {
+		t.Fatalf("daemon exit %d after SIGTERM:\n%s", code, d.Stderr.String())
 	}
 	if _, err := os.Stat(filepath.Join(root, "nexus.sock")); !os.IsNotExist(err) {
 		t.Fatalf("control socket left behind: %v", err)

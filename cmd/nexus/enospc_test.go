@@ -30,7 +30,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	mnt := smallfs.Mount(t, 256<<20) // reserve 16 MiB, floor 2 MiB
 	root := filepath.Join(mnt, "root")
 	image := makeImage(t)
-	var d *runningDaemon
+	var d *testutil.Proc
 	if withDaemon {
 		d = startDaemon(t, root)
 	}
@@ -110,8 +110,8 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	c := createJSON(t, root, "--image", image)
 	if d != nil {
 		st, err := control.NewClient(filepath.Join(root, wire.SocketName)).Status(context.Background())
-		if err != nil || st.Pid != d.cmd.Process.Pid {
-			t.Fatalf("the daemon answering is %+v (%v), want the one started before the disk filled (pid %d)", st, err, d.cmd.Process.Pid)
+		if err != nil || st.Pid != d.Cmd.Process.Pid {
+			t.Fatalf("the daemon answering is %+v (%v), want the one started before the disk filled (pid %d)", st, err, d.Cmd.Process.Pid)
 		}
 	}
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", a.ID), "rm")

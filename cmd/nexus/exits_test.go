@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -180,9 +179,8 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", b.ID), "rm")
 	// Stopping the daemon waits for its watcher: every exit it saw has been
 	// judged and, if due, journaled.
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	if err := d.cmd.Wait(); err != nil {
-		t.Fatalf("daemon: %v", err)
+	if code := d.Stop(t); code != 0 {
+		t.Fatalf("daemon: exit %d:\n%s", code, d.Stderr.String())
 	}
 	got := exitEvents(t, root)
 	var gotIDs []string

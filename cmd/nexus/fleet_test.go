@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -8,11 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -70,7 +72,7 @@ func TestFleetTemplateAndStatusErrors(t *testing.T) {
 // fleetStatus polls `nexus fleet status --json` until ok accepts it.
 func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) journal.MirrorState {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 	for {
 		r := nexus(t, root, "fleet", "status", "--json")
 		var st journal.MirrorState
@@ -96,18 +98,9 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	t.Parallel()
 	fleet, leaf := startFleetServer(t)
 	root := shortRoot(t)
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", "host-a")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
-	var logs testutil.Buffer
-	d.Stderr = &logs
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	})
-	waitUntil(t, "daemon serving", func() bool { return strings.Contains(logs.String(), `"serving"`) })
+	d := mirroringDaemon(t, root, "host-a", leaf)
+	d.WaitLog(t, 2*time.Minute, `"serving"`)
+	logs := &d.Stderr
 	mustOK(t, nexus(t, root, "demo"), "demo")
 
 	st := fleetStatus(t, root, func(s journal.MirrorState) bool {
@@ -166,6 +159,16 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	}
 }
 
+// mirroringDaemon starts `nexus daemon --mirror-host host` on root, the
+// fleet's URLs (with their passwords) in NEXUS_MIRROR; it is stopped when
+// the test ends, and each wait on it is bounded.
+func mirroringDaemon(t *testing.T, root, host, urls string) *testutil.Proc {
+	t.Helper()
+	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", host)
+	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+urls)
+	return testutil.Start(t, d)
+}
+
 // startFleetServer runs a one-node fleet in this process: JetStream in
 // domain "fleet", a leaf port with a password. It returns the server and
 // the leaf URL hosts dial.
@@ -185,9 +188,10 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	fleet.SetLoggerV2(testutil.KeepServerLog(t, "fleet server"), false, false, false)
 	fleet.Start()
 	t.Cleanup(fleet.Shutdown)
-	if !fleet.ReadyForConnections(10 * time.Second) {
+	if !fleet.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("fleet not ready")
 	}
 	return fleet, fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", leafPort)
@@ -200,18 +204,7 @@ func TestDaemonRefusesAnotherHostsName(t *testing.T) {
 	t.Parallel()
 	_, leaf := startFleetServer(t)
 	first := shortRoot(t)
-	d := exec.Command(nexusBin, "--state-dir", first, "daemon", "--mirror-host", "host-a")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+leaf)
-	var logs testutil.Buffer
-	d.Stderr = &logs
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	})
-	waitUntil(t, "mirror created", func() bool { return strings.Contains(logs.String(), "mirror.created") })
+	mirroringDaemon(t, first, "host-a", leaf).WaitLog(t, 2*time.Minute, "mirror.created")
 
 	r := nexusEnv(t, shortRoot(t), []string{"NEXUS_MIRROR=" + leaf}, "daemon", "--mirror-host", "host-a")
 	// A daemon logs as it starts; its failure is the last line, the only error.
@@ -227,5 +220,166 @@ func TestDaemonRefusesAnotherHostsName(t *testing.T) {
 	st := fleetStatus(t, first, func(s journal.MirrorState) bool { return s.Exists })
 	if st.LastError != "" {
 		t.Fatalf("the first host's mirror after the refusal: %+v", st)
+	}
+}
+
+// TestDaemonRefusesAnotherHostsNameWheneverItJoins: daemons of one host
+// name join a fleet at offsets around the first one's mirror creation:
+// before its link is up, while it is linked but the mirror not yet made,
+// as the mirror appears, and after its first report into the mirror. Two
+// daemons starting before the name is taken race for it fairly, so the
+// rule held is: of the daemons of one name on a fleet, the one whose
+// identity the mirror holds serves, and every other exits 1 with the
+// one-line refusal, however late the fleet answered it. Each round is one
+// fleet, a first daemon and ten more; five rounds shift the offsets.
+func TestDaemonRefusesAnotherHostsNameWheneverItJoins(t *testing.T) {
+	t.Parallel()
+	rounds := 5
+	if testing.Short() {
+		rounds = 1
+	}
+	for r := range rounds {
+		t.Run(fmt.Sprintf("round%d", r), func(t *testing.T) {
+			t.Parallel()
+			nameRace(t, time.Duration(r)*60*time.Millisecond)
+		})
+	}
+}
+
+// nameRace is one round: a fleet, a first daemon and ten more of its
+// name, each offset moved later by shift.
+func nameRace(t *testing.T, shift time.Duration) {
+	fleet, leaf := startFleetServer(t)
+	nc, err := nats.Connect(fleet.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// mirror is the fleet's NEXUS_HOST_A as it is now (nil: not made).
+	mirror := func() *jetstream.StreamConfig {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, "NEXUS_HOST_A")
+		if err != nil {
+			return nil
+		}
+		return &s.CachedInfo().Config
+	}
+	type daemon struct {
+		at   string
+		root string
+		p    *testutil.Proc
+	}
+	var all []daemon
+	join := func(at string) {
+		root := shortRoot(t)
+		all = append(all, daemon{at, root, mirroringDaemon(t, root, "host-a", leaf)})
+	}
+	// Polled tightly, so a daemon joins as close to the moment as a start
+	// can be.
+	when := func(what string, cond func() bool) {
+		testutil.WaitUntil(t, 2*time.Minute, what, func() bool {
+			if cond() {
+				return true
+			}
+			time.Sleep(5 * time.Millisecond)
+			return false
+		})
+	}
+	join("first")
+	time.Sleep(shift)
+	join("at the first's start")
+	time.Sleep(100 * time.Millisecond)
+	join("100ms after the first's start")
+	time.Sleep(400 * time.Millisecond)
+	join("500ms after the first's start")
+	when("a leaf linked to the fleet", func() bool { return fleet.NumLeafNodes() > 0 })
+	time.Sleep(shift)
+	join("once a leaf linked")
+	when("the mirror made", func() bool { return mirror() != nil })
+	join("as the mirror appeared")
+	time.Sleep(shift)
+	join("just after the mirror appeared")
+	time.Sleep(300 * time.Millisecond)
+	join("300ms after the mirror appeared")
+	// The owner reports its journal's last sequence on its first check
+	// after creating the mirror.
+	when("the owner's first report", func() bool {
+		m := mirror()
+		return m != nil && m.Metadata["nexus_journal_last_seq"] != ""
+	})
+	join("as the first report appeared")
+	time.Sleep(shift)
+	join("just after the first report")
+	time.Sleep(time.Second)
+	join("1s after the first report")
+
+	// The fleet may miss one answer on a loaded machine: ask again.
+	var owner string
+	when("the mirror's owner", func() bool {
+		if m := mirror(); m != nil {
+			owner = m.Metadata["nexus_host_id"]
+		}
+		return owner != ""
+	})
+	idOf := func(root string) string {
+		id, _ := os.ReadFile(filepath.Join(root, "host-id"))
+		return strings.TrimSpace(string(id))
+	}
+	// Every daemon but the owner ends; a bound, not a timing: one still
+	// serving past it was not refused.
+	settle := time.Now().Add(testutil.Scale(2 * time.Minute))
+	for {
+		running := 0
+		for _, d := range all {
+			if !d.p.Exited() {
+				running++
+			}
+		}
+		if running <= 1 || time.Now().After(settle) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var slipped []string
+	refused := 0
+	for _, d := range all {
+		mine := idOf(d.root) == owner
+		code, exited := d.p.Code()
+		switch {
+		case mine && exited:
+			t.Errorf("the mirror's owner (joined %s) exited %d:\n%s", d.at, code, d.p.Stderr.String())
+		case mine:
+			t.Logf("the daemon that joined %s owns the name", d.at)
+		case !exited:
+			slipped = append(slipped, d.at)
+			t.Errorf("a second host-a (joined %s) serves on:\n%s", d.at, d.p.Stderr.String())
+		default:
+			// A daemon logs as it starts; its failure is the last line, the only error.
+			stderr := d.p.Stderr.String()
+			lines := strings.Split(strings.TrimRight(stderr, "\n"), "\n")
+			last := lines[len(lines)-1]
+			if code != 1 || !strings.HasPrefix(last, "nexus: ") || !strings.Contains(last, "NEXUS_HOST_A is the mirror of host") ||
+				strings.Count(stderr, "NEXUS_HOST_A is the mirror") != 1 || strings.Contains(stderr, "fleet-secret") {
+				t.Errorf("second host-a (joined %s): exit %d, stderr %q", d.at, code, stderr)
+				continue
+			}
+			refused++
+		}
+	}
+	if len(slipped) > 0 {
+		t.Errorf("%d of %d daemons not refused, joined: %s", len(slipped), len(all)-1, strings.Join(slipped, "; "))
+	}
+	if refused != len(all)-1 {
+		t.Fatalf("%d of %d daemons refused as they should be", refused, len(all)-1)
+	}
+	var now *jetstream.StreamConfig
+	when("the mirror read again", func() bool { now = mirror(); return now != nil })
+	if now.Metadata["nexus_host_id"] != owner {
+		t.Fatalf("the mirror changed hands: %+v", now)
 	}
 }

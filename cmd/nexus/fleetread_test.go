@@ -65,12 +65,13 @@ func startTemplateCluster(t *testing.T, tmpl string) (string, []int) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		s.SetLoggerV2(testutil.KeepServerLog(t, fmt.Sprintf("fleet node %d", i)), false, false, false)
 		s.Start()
 		t.Cleanup(s.Shutdown)
 		nodes = append(nodes, s)
 	}
 	for _, s := range nodes {
-		if !s.ReadyForConnections(20 * time.Second) {
+		if !s.ReadyForConnections(testutil.Scale(20 * time.Second)) {
 			t.Fatal("fleet node not ready")
 		}
 	}
@@ -93,18 +94,7 @@ func startMirroringDaemon(t *testing.T, root, host, pass string, leaf []int) {
 	for _, p := range leaf {
 		urls = append(urls, fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", host, pass, p))
 	}
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", host)
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+strings.Join(urls, ","))
-	var logs testutil.Buffer
-	d.Stderr = &logs
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	})
-	waitUntil(t, host+" mirroring", func() bool { return strings.Contains(logs.String(), "mirror.created") })
+	mirroringDaemon(t, root, host, strings.Join(urls, ",")).WaitLog(t, 2*time.Minute, "mirror.created")
 }
 
 // TestFleetWideReads: two hosts under the template on a real three-node

@@ -329,20 +329,16 @@ func TestDaemonRestartMidCreatesLosesNothing(t *testing.T) {
 	// poll for that window missed it on a loaded machine, when every
 	// create booted between two polls.
 	held := pauseAt(t, root, "create.retire-intents", "create", "--image", image)
-	var cmds []*exec.Cmd
+	var cmds []*testutil.Proc
 	for range 3 {
 		c := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "create", "--image", image)
 		c.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, c)
+		cmds = append(cmds, testutil.Start(t, c))
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	d.cmd.Wait()
+	d.Stop(t)
 	held.resume(t, 0) // success or failure: both are legitimate here
 	for _, c := range cmds {
-		c.Wait() // success or failure: both are legitimate here
+		c.Wait(t, commandWait) // success or failure: both are legitimate here
 	}
 	startDaemon(t, root)
 	recoverReport(t, root)

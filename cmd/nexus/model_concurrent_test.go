@@ -51,7 +51,7 @@ func TestModelConcurrentLifecycles(t *testing.T) {
 					t.Logf("daemon=%v operations (NEXUS_MODEL_SEED=%d NEXUS_MODEL_CONC_RUNS=1 NEXUS_MODEL_ROUNDS=%d):\n  %s", withDaemon, s, rounds, strings.Join(m.log, "\n  "))
 				}
 			})
-			var d *runningDaemon
+			var d *testutil.Proc
 			if withDaemon {
 				d = startDaemon(t, m.root)
 			}
@@ -73,13 +73,12 @@ func envSeed() uint64 {
 
 // concurrentRound runs one round and returns the daemon serving the root
 // afterwards (restarted if the round killed it; nil if the run has none).
-func (m *modelRun) concurrentRound(d *runningDaemon) *runningDaemon {
+func (m *modelRun) concurrentRound(d *testutil.Proc) *testutil.Proc {
 	t := m.t
 	list := sandboxes(t, m.root)
 	type running struct {
 		args []string
-		cmd  *exec.Cmd
-		errb *strings.Builder
+		p    *testutil.Proc
 	}
 	var cmds []running
 	for range 2 + m.rng.IntN(3) {
@@ -106,12 +105,7 @@ func (m *modelRun) concurrentRound(d *runningDaemon) *runningDaemon {
 		}
 		cmd := exec.Command(nexusBin, append([]string{"--state-dir", m.root, "--driver", "process"}, args...)...)
 		cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-		errb := &strings.Builder{}
-		cmd.Stderr = errb
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		cmds = append(cmds, running{args, cmd, errb})
+		cmds = append(cmds, running{args, testutil.Start(t, cmd)})
 	}
 	var fates []string
 	for _, c := range cmds {
@@ -119,10 +113,10 @@ func (m *modelRun) concurrentRound(d *runningDaemon) *runningDaemon {
 		switch m.rng.IntN(4) {
 		case 0:
 			fates = append(fates, fmt.Sprintf("SIGINT after %v: nexus %s", delay, strings.Join(c.args, " ")))
-			time.AfterFunc(delay, func() { c.cmd.Process.Signal(syscall.SIGINT) })
+			time.AfterFunc(delay, func() { c.p.Cmd.Process.Signal(syscall.SIGINT) })
 		case 1:
 			fates = append(fates, fmt.Sprintf("SIGKILL after %v: nexus %s", delay, strings.Join(c.args, " ")))
-			time.AfterFunc(delay, func() { c.cmd.Process.Signal(syscall.SIGKILL) })
+			time.AfterFunc(delay, func() { c.p.Cmd.Process.Signal(syscall.SIGKILL) })
 		default:
 			fates = append(fates, "nexus "+strings.Join(c.args, " "))
 		}
@@ -132,22 +126,22 @@ func (m *modelRun) concurrentRound(d *runningDaemon) *runningDaemon {
 		delay := time.Duration(m.rng.IntN(400)) * time.Millisecond
 		fates = append(fates, fmt.Sprintf("daemon SIGKILL after %v", delay))
 		killedDaemon = true
-		time.AfterFunc(delay, func() { d.cmd.Process.Signal(syscall.SIGKILL) })
+		time.AfterFunc(delay, func() { d.Cmd.Process.Signal(syscall.SIGKILL) })
 	}
 	m.log = append(m.log, "round: "+strings.Join(fates, " | "))
 	for _, c := range cmds {
-		c.cmd.Wait()
-		code := c.cmd.ProcessState.ExitCode()
+		code := c.p.Wait(t, commandWait)
+		errb := c.p.Stderr.String()
 		// 0 done, 1 refused or failed cleanly, 130 interrupted, -1 killed.
 		if code != 0 && code != 1 && code != 130 && code != -1 {
-			t.Fatalf("nexus %s: exit %d: %s", strings.Join(c.args, " "), code, c.errb)
+			t.Fatalf("nexus %s: exit %d: %s", strings.Join(c.args, " "), code, errb)
 		}
-		if code == 1 && strings.Contains(c.errb.String(), "panic") {
-			t.Fatalf("nexus %s panicked: %s", strings.Join(c.args, " "), c.errb)
+		if code == 1 && strings.Contains(errb, "panic") {
+			t.Fatalf("nexus %s panicked: %s", strings.Join(c.args, " "), errb)
 		}
 	}
 	if killedDaemon {
-		d.cmd.Wait()
+		d.Wait(t, time.Minute)
 		d = startDaemon(t, m.root)
 	}
 	m.log = append(m.log, "nexus recover")

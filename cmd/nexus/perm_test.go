@@ -1,14 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
@@ -30,20 +29,10 @@ func TestEverythingNexusCreatesIsPrivate(t *testing.T) {
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")
 	crashAt(t, root, "create.os-disk", "create", "--image", image)
 
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--listen", "127.0.0.1:0")
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(stderr).ReadString('\n'); err != nil || !strings.Contains(line, "serving") {
-		t.Fatalf("daemon said %q, %v", line, err)
-	}
+	d := testutil.Start(t, exec.Command(nexusBin, "--state-dir", root, "daemon", "--listen", "127.0.0.1:0"))
+	d.WaitLog(t, 2*time.Minute, `"serving"`)
 	checkPrivate(t, root) // while the daemon's socket and credentials exist
-	d.Process.Signal(syscall.SIGTERM)
-	d.Wait()
+	d.Stop(t)
 	if _, err := os.Stat(filepath.Join(root, "subscriber.json")); err != nil {
 		t.Fatalf("the daemon wrote no subscriber.json: %v", err)
 	}

@@ -475,14 +475,10 @@ func TestReapUnreadableJournalKeepsEverything(t *testing.T) {
 	}
 }
 
-type runningDaemon struct {
-	cmd *exec.Cmd
-}
-
 // startDaemon runs `nexus daemon` on root until the test ends.
-func startDaemon(t testing.TB, root string) *runningDaemon {
+func startDaemon(t testing.TB, root string) *testutil.Proc {
 	t.Helper()
-	return &runningDaemon{cmd: testutil.StartDaemon(t, nexusBin, root)}
+	return testutil.StartDaemon(t, nexusBin, root)
 }
 
 // pausedCreate starts `nexus create` through the daemon and waits until it
@@ -746,16 +742,7 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 	}
 	image := makeImage(t)
 	root := shortRoot(t)
-	d := exec.Command(bin, "--state-dir", root, "daemon")
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	dErr, _ := d.StderrPipe()
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(dErr).ReadString('\n'); err != nil || !strings.Contains(line, "serving") {
-		t.Fatalf("daemon: %q %v", line, err)
-	}
-	defer func() { d.Process.Signal(syscall.SIGTERM); d.Wait() }()
+	d := testutil.StartDaemon(t, bin, root)
 	withRoot := func(args ...string) []string {
 		return append([]string{"--state-dir", root, "--driver", "process"}, args...)
 	}
@@ -859,8 +846,7 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 	reaped := <-reapDone
 	// The checks below run the test's nexus, which refuses a hand-started
 	// daemon of another build (the race-instrumented one): stop it first.
-	d.Process.Signal(syscall.SIGTERM)
-	d.Wait()
+	d.Stop(t)
 	// One last pass after the churn: every planted orphan must be gone.
 	final, r := reapRun(t, root, "--apply")
 	if r.code != 0 {

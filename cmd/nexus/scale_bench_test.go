@@ -23,11 +23,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/internal/journalfixture"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // scaleRounds is how many rounds a benchmark runs: NEXUS_BENCH_ROUNDS, or
@@ -207,11 +207,11 @@ func runScaleMode(b *testing.B, f scaleFixture, mode, img string, rounds int, da
 		b.Fatalf("copy fixture %s: %v: %s", f.name, err, out)
 	}
 	var env []string
-	var d *runningDaemon
+	var d *testutil.Proc
 	if mode == "daemon" {
 		t0 := time.Now()
 		d = startDaemon(b, root)
-		daemonStart[f.name] = append(daemonStart[f.name], sample{d: time.Since(t0), rssKB: vmKB(b, d.cmd.Process.Pid, "VmRSS")})
+		daemonStart[f.name] = append(daemonStart[f.name], sample{d: time.Since(t0), rssKB: vmKB(b, d.Cmd.Process.Pid, "VmRSS")})
 	} else {
 		env = []string{"NEXUS_NO_AUTO_DAEMON=1"}
 	}
@@ -285,9 +285,8 @@ func runScaleMode(b *testing.B, f scaleFixture, mode, img string, rounds int, da
 	}
 	if d != nil {
 		last := &daemonStart[f.name][len(daemonStart[f.name])-1]
-		last.rssKB = max(last.rssKB, vmKB(b, d.cmd.Process.Pid, "VmHWM"))
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		d.cmd.Wait()
+		last.rssKB = max(last.rssKB, vmKB(b, d.Cmd.Process.Pid, "VmHWM"))
+		d.Stop(b)
 	}
 	// The next mode's copy needs the room (1M events is about 0.5 GB).
 	killProcessesUnder(root)

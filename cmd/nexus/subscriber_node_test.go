@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // nodeSubscriber is examples/subscriber-node, which `make setup-test` installs
@@ -21,44 +23,9 @@ const nodeSubscriber = "../../examples/subscriber-node"
 // listeningDaemon runs `nexus daemon --listen addr` on root until stopped.
 func listeningDaemon(t *testing.T, root, addr string) (stop func()) {
 	t.Helper()
-	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--listen", addr)
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if strings.Contains(sc.Text(), `"serving"`) {
-				served <- true
-			}
-		}
-		close(served)
-	}()
-	select {
-	case ok := <-served:
-		if !ok {
-			t.Fatalf("daemon --listen %s exited before serving: %v", addr, d.Wait())
-		}
-	case <-time.After(30 * time.Second):
-		d.Process.Kill()
-		t.Fatalf("daemon --listen %s not serving after 30s", addr)
-	}
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	}
-	t.Cleanup(stop)
-	return stop
+	d := testutil.Start(t, exec.Command(nexusBin, "--state-dir", root, "daemon", "--listen", addr))
+	d.WaitLog(t, 2*time.Minute, `"serving"`)
+	return func() { d.Stop(t) }
 }
 
 // TestNodeSubscriberFollowsReconnectsAndCatchesUp: the Node.js subscriber

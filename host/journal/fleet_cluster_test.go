@@ -41,6 +41,7 @@ func (c *fleetCluster) start(t testing.TB, i int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.SetLoggerV2(testutil.KeepServerLog(t, fmt.Sprintf("fleet node %d", i)), false, false, false)
 	s.Start()
 	t.Cleanup(s.Shutdown)
 	c.nodes[i] = s

@@ -68,7 +68,8 @@ func TestMirrorRefusesAnotherHostsStream(t *testing.T) {
 	appendN(t, a, 0, 3)
 	awaitMirrored(t, fleet, m.StreamName(), 3)
 
-	_, _, err = openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
+	second, _, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
+	err = refusal(t, second, err)
 	if !errors.Is(err, ErrHostTaken) {
 		t.Fatalf("a second host named host-a opened: %v", err)
 	}
@@ -79,6 +80,57 @@ func TestMirrorRefusesAnotherHostsStream(t *testing.T) {
 	got := mirrored(t, fleet, m.StreamName())
 	if len(got) != 3 {
 		t.Fatalf("host-a's mirror holds %d messages, want 3", len(got))
+	}
+}
+
+// refusal is the refusal of a host's mirror: Open's error, or, when the
+// fleet answered after Open returned, what MirrorRefused delivers (a
+// bounded wait: a mirror never refused fails the test).
+func refusal(t *testing.T, j *Journal, err error) error {
+	t.Helper()
+	if err != nil {
+		return err
+	}
+	refused, _ := j.MirrorRefused()
+	select {
+	case <-refused:
+		_, err := j.MirrorRefused()
+		return err
+	case <-time.After(testutil.Scale(30 * time.Second)):
+		ok, last := j.MirrorStatus()
+		t.Fatalf("the mirror was never refused (status %v, last error %q)", ok, last)
+		return nil
+	}
+}
+
+// A refusal the fleet gives after Open returned is delivered all the
+// same: Open waits only StartWait for the fleet, and a host that went on
+// past it must still learn the name is another's.
+func TestMirrorRefusedAfterOpen(t *testing.T) {
+	leafPort := freePort(t)
+	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
+	defer fleet.Shutdown()
+	_, m := openMirrored(t, leafPort)
+	awaitCreated(t, fleet, m.StreamName())
+
+	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, leafPort))
+	late := &Mirror{URLs: []*url.URL{u}, Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String(),
+		Check: 200 * time.Millisecond, StartWait: time.Nanosecond}
+	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: late})
+	if err != nil {
+		// The fleet answered within a nanosecond: nothing left to test.
+		t.Skipf("refused at Open: %v", err)
+	}
+	defer j.Close()
+	err = refusal(t, j, nil)
+	if !errors.Is(err, ErrHostTaken) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "NEXUS_HOST_A is the mirror of host") {
+		t.Fatalf("late refusal: %v", err)
+	}
+	if _, last := j.MirrorStatus(); last != err.Error() {
+		t.Fatalf("status after the refusal says %q, want %q", last, err)
+	}
+	if got := mirrored(t, fleet, m.StreamName()); len(got) != 0 {
+		t.Fatalf("the first host's empty mirror holds %d messages after the refusal", len(got))
 	}
 }
 
@@ -234,14 +286,8 @@ func TestReadMirrorRefusesAnEmptyMirror(t *testing.T) {
 	leafPort := freePort(t)
 	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
 	defer fleet.Shutdown()
-	j, m := openMirrored(t, leafPort)
-	deadline := time.Now().Add(20 * time.Second)
-	for ok, _ := j.MirrorStatus(); !ok; ok, _ = j.MirrorStatus() {
-		if time.Now().After(deadline) {
-			t.Fatal("mirror never created")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	_, m := openMirrored(t, leafPort)
+	awaitCreated(t, fleet, m.StreamName())
 	err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(Record) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Fatalf("an empty mirror read without complaint: %v", err)

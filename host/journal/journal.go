@@ -130,12 +130,19 @@ type Journal struct {
 	mirrorErr  error
 	mirrorSet  bool
 	// mirrorSeen: the mirror existed once, so a create is a re-create.
+	// mirrorCreating: a create was sent and not confirmed (its reply
+	// may be lost while the fleet made the stream).
 	// mirrorDrift: how the fleet's mirror differs from the settings.
-	mirrorSeen  bool
-	mirrorDrift string
-	mirror      *Mirror
+	mirrorSeen     bool
+	mirrorCreating bool
+	mirrorDrift    string
+	mirror         *Mirror
 	// mirrorChanges feeds MirrorChanges.
 	mirrorChanges chan MirrorChange
+	// mirrorRefused is closed once the fleet's mirror proves to be another
+	// host's; refusal is why (MirrorRefused).
+	mirrorRefused chan struct{}
+	refusal       error
 
 	// log is Options.Logger (discarding if nil), for mirror state changes.
 	log    *slog.Logger
@@ -256,6 +263,7 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		j.mirrorStop = stop
 		j.mirror = m
 		j.mirrorChanges = make(chan MirrorChange, mirrorChangeBuffer)
+		j.mirrorRefused = make(chan struct{})
 		first := make(chan error, 1)
 		go j.keepMirror(mctx, m, first)
 		go j.watchLink(mctx, m)
@@ -263,11 +271,14 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		if wait <= 0 {
 			wait = 5 * time.Second
 		}
-		// A mirror of another host is refused now, as one line, rather
-		// than logged later by a daemon that said it was mirroring.
+		// A refusal the fleet gives in time fails Open, as one line; one
+		// found later is MirrorRefused's to deliver.
 		select {
+		case <-j.mirrorRefused:
+			_, err := j.MirrorRefused()
+			return err
 		case err := <-first:
-			if errors.Is(err, ErrHostTaken) || refusedAccount(err) {
+			if refusedAccount(err) {
 				return err
 			}
 		case <-j.srvLog.linkRefused:

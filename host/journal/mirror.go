@@ -276,19 +276,13 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 	for {
 		err := j.ensureMirror(ctx, fleet, m)
 		j.setMirrorErr(err)
-		if errors.Is(err, ErrHostTaken) && told {
-			// Found after start (Open returns a refusal it waited for).
-			j.log.Error("mirror.refused", "stream", m.StreamName(), "err", err)
-		}
 		if errors.Is(err, ErrHostTaken) {
-			j.reportChange(MirrorChange{Kind: "refused", Detail: err.Error()})
+			j.refuse(err)
+			return
 		}
-		if !told && (err == nil || errors.Is(err, ErrHostTaken) || refusedAccount(err)) {
+		if !told && (err == nil || refusedAccount(err)) {
 			first <- err
 			told = true
-		}
-		if errors.Is(err, ErrHostTaken) {
-			return
 		}
 		wait := every
 		if err != nil {
@@ -321,8 +315,13 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 		return err
 	}
 	j.mirrorMu.Lock()
-	j.mirrorSeen = true
+	pending := j.mirrorCreating
+	j.mirrorSeen = j.mirrorSeen || !pending
 	j.mirrorMu.Unlock()
+	if pending {
+		// This host's own create, whose answer did not come back.
+		j.madeMirror(m, cfg.Replicas)
+	}
 	if m.Replicas > cfg.Replicas {
 		was := cfg.Replicas
 		cfg.Replicas = m.Replicas
@@ -468,6 +467,9 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 3
 	}
+	j.mirrorMu.Lock()
+	j.mirrorCreating = true
+	j.mirrorMu.Unlock()
 	_, err := fleet.CreateStream(ctx, cfg)
 	var api *jetstream.APIError
 	if err != nil && m.Replicas == 0 && errors.As(err, &api) && cannotPlace(api.ErrorCode) {
@@ -477,17 +479,23 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if err != nil {
 		return fmt.Errorf("mirror %s: create: %w", m.StreamName(), err)
 	}
+	j.madeMirror(m, cfg.Replicas)
+	return nil
+}
+
+// madeMirror logs and reports the mirror this host made: created, or
+// recreated when it had seen one before.
+func (j *Journal) madeMirror(m *Mirror, replicas int) {
 	j.mirrorMu.Lock()
 	seen := j.mirrorSeen
-	j.mirrorSeen = true
+	j.mirrorSeen, j.mirrorCreating = true, false
 	j.mirrorMu.Unlock()
 	kind := "created"
 	if seen {
 		kind = "recreated"
 	}
-	j.log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", cfg.Replicas, "domain", m.Domain)
-	j.reportChange(MirrorChange{Kind: kind, Replicas: cfg.Replicas})
-	return nil
+	j.log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", replicas, "domain", m.Domain)
+	j.reportChange(MirrorChange{Kind: kind, Replicas: replicas})
 }
 
 // refusedAccount: the fleet's account cannot hold the mirror as asked
@@ -543,6 +551,31 @@ func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// refuse ends this host's claim to its name: the fleet's stream of that
+// name is another host's. Whenever that is found (before Open returns or
+// long after), it is final and delivered the same way, through
+// MirrorRefused: a host that went on would serve under a name whose audit
+// copy is another's, and a second found while the fleet was slow would
+// otherwise outlive the refusal a quick fleet gives at start.
+func (j *Journal) refuse(err error) {
+	j.mirrorMu.Lock()
+	j.refusal = err
+	j.mirrorMu.Unlock()
+	j.reportChange(MirrorChange{Kind: "refused", Detail: err.Error()})
+	close(j.mirrorRefused)
+}
+
+// MirrorRefused is closed once the fleet's mirror stream proves to belong
+// to another host (ErrHostTaken), however long after Open that is found;
+// err then says whose it is. The journal stops mirroring, and its owner
+// must stop acting as this host (the daemon exits with err). Without a
+// mirror the channel is nil: it never fires.
+func (j *Journal) MirrorRefused() (refused <-chan struct{}, err error) {
+	j.mirrorMu.Lock()
+	defer j.mirrorMu.Unlock()
+	return j.mirrorRefused, j.refusal
 }
 
 func (j *Journal) setMirrorErr(err error) {

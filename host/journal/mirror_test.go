@@ -43,6 +43,7 @@ func startFleet(t *testing.T, dir string, clientPort, leafPort int) *server.Serv
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.SetLoggerV2(testutil.KeepServerLog(t, "fleet server"), false, false, false)
 	s.Start()
 	if !s.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("fleet server not ready")
@@ -111,6 +112,26 @@ func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// awaitCreated waits until the fleet holds the mirror stream.
+func awaitCreated(t *testing.T, fleet *server.Server, stream string) {
+	t.Helper()
+	nc, err := nats.Connect(fleet.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, 30*time.Second, stream+" made on the fleet", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := js.Stream(ctx, stream)
+		return err == nil
+	})
 }
 
 // awaitReported waits until the mirror's metadata holds the host's report

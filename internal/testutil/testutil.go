@@ -5,10 +5,8 @@
 package testutil
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,41 +168,16 @@ func ShortRoot(t testing.TB) string {
 }
 
 // StartDaemon runs `bin --state-dir root daemon` until the test ends
-// (SIGTERM, then reaped), returning once it said it is serving.
-func StartDaemon(t testing.TB, bin, root string) *exec.Cmd {
+// (stopped as a Proc is), returning once it said it is serving; one that
+// does not within Scale(2 min) fails the test with its log.
+func StartDaemon(t testing.TB, bin, root string) *Proc {
 	t.Helper()
 	d := exec.Command(bin, "--state-dir", root, "daemon")
 	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	stderr, err := d.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	// The embedded server may warn first (a store rebuilt after a kill):
-	// wait for the serving line, then keep draining so the daemon never
-	// blocks on a full pipe.
-	rd := bufio.NewReader(stderr)
-	var said []string
-	for {
-		line, err := rd.ReadString('\n')
-		said = append(said, line)
-		if err == nil && strings.Contains(line, `"serving"`) || strings.Contains(line, "msg=serving") {
-			break
-		}
-		if err != nil || len(said) > 100 {
-			d.Process.Kill()
-			d.Wait()
-			t.Fatalf("daemon said %q, %v", said, err)
-		}
-	}
-	go io.Copy(io.Discard, rd)
-	t.Cleanup(func() {
-		d.Process.Signal(syscall.SIGTERM)
-		d.Wait()
-	})
-	return d
+	p := Start(t, d)
+	// The embedded server may warn first (a store rebuilt after a kill).
+	p.WaitLog(t, 2*time.Minute, `"serving"`, "msg=serving")
+	return p
 }
 
 // StartChild starts cmd as our child and, when the test ends, kills and
