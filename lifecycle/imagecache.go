@@ -11,6 +11,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
@@ -201,10 +202,6 @@ type CachePruneReport struct {
 	CacheBytes     int64                `json:"cache_after_bytes"`
 }
 
-// ErrIncomplete marks a prune refused because a sandbox-producing saga is
-// open: the sandbox it leaves, and the entry it references, are unknown.
-var ErrIncomplete = errors.New("incomplete sandbox state")
-
 // planPrune decides, purely, which entries an unused-prune removes:
 // nothing while a create, fork or restore is unfinished; nothing while a
 // persisted sandbox records no bootstrap (it may use any entry); never an
@@ -217,7 +214,7 @@ func planPrune(list []CacheListing, st projections.ImageCacheState, opts CachePr
 		for _, p := range st.Pending {
 			open = append(open, fmt.Sprintf("%s saga %s of sandbox %s", p.Kind, p.Saga, p.Sandbox))
 		}
-		return nil, nil, fmt.Errorf("%w: %s is unfinished; let it finish or run `nexus recover`", ErrIncomplete, strings.Join(open, ", "))
+		return nil, nil, fmt.Errorf("%w: %s is unfinished; let it finish or run `nexus recover`", core.ErrIncomplete, strings.Join(open, ", "))
 	}
 	refs, unattributed := st.References()
 	var candidates []CacheListing

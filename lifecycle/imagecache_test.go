@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -67,7 +68,7 @@ func TestPlanPrune(t *testing.T) {
 	}
 	pending := st
 	pending.Pending = []projections.PendingSaga{{Saga: "G", Kind: "create", Sandbox: "S2"}}
-	if _, _, err := planPrune(list, pending, CachePruneOptions{MaxBytes: -1}, now); !errors.Is(err, ErrIncomplete) {
+	if _, _, err := planPrune(list, pending, CachePruneOptions{MaxBytes: -1}, now); !errors.Is(err, core.ErrIncomplete) {
 		t.Fatalf("an open create must block prune, got %v", err)
 	}
 }

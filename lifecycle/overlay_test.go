@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -17,7 +18,7 @@ func check(usedMiB int64, clean, dirty bool) ext4.Check {
 }
 
 func TestPlanOverlay(t *testing.T) {
-	const full, unflushed = ReasonOverlayDiskFull, ReasonOverlayUnflushed
+	const full, unflushed = core.ReasonOverlayDiskFull, core.ReasonOverlayUnflushed
 	stale := check(10, false, false)
 	stale.StaleCounts, stale.Problems = true, []string{"Free blocks count wrong (60000, counted=55000)."}
 	cases := []struct {
@@ -77,8 +78,8 @@ func TestGrowthLeavesUsableSpace(t *testing.T) {
 		}
 		free := (c.Blocks - c.UsedBlocks) * c.BlockSize
 		reserved := c.ReservedBlocks * c.BlockSize * (c.Bytes() + g) / c.Bytes()
-		if usableAfter := free + g*97/100 - reserved; usableAfter < LowWater(c.Bytes()+g) {
-			t.Fatalf("growth %d leaves %d usable, low water %d", g, usableAfter, LowWater(c.Bytes()+g))
+		if usableAfter := free + g*97/100 - reserved; usableAfter < core.LowWater(c.Bytes()+g) {
+			t.Fatalf("growth %d leaves %d usable, low water %d", g, usableAfter, core.LowWater(c.Bytes()+g))
 		}
 	}
 }
