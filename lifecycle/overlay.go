@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/oklog/ulid/v2"
 
@@ -41,66 +40,11 @@ func refuseOverlay(reason, format string, args ...any) error {
 	return &OverlayRefusal{Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 
-// overlayPlan is what the read-only check decided.
-type overlayPlan struct {
-	Recover bool   // work on a private copy, then publish it
-	Grow    bool   // the copy must grow (low space)
-	Warn    string // a usage warning to raise when nothing else is done
-}
-
-// planOverlay is the pure decision of the offline preparation, from the
-// journal's run marker and acknowledgement and the read-only check of the
-// saved overlay. Every figure it uses is one e2fsck counted, never a
-// superblock count; a stale superblock count is a finding (not Clean).
-//
-// Without an acknowledgement of the last run, nexus edits nothing: an
-// overlay that would need recovery (low space, errors) or whose journal
-// needs replay is refused, both for an unacknowledged run and for a legacy
-// overlay that never had one; the refusal names the cause and the way out
-// (start --accept-unflushed). A clean, roomy overlay nexus would not touch
-// boots as it is, acknowledged or not.
-//
-// acceptUnflushed is the operator's explicit way out: the run counts as
-// acknowledged, and a journal needing replay is replayed on a private copy
-// (not left to the guest), under the same checks as any recovery.
-//
-// ended, when not empty, says how the last run ended (runEnded), so a
-// refusal names the cause and not only its symptom.
-func planOverlay(lastRun, flushedRun, ended string, c ext4.Check, warnRatio float64, acceptUnflushed bool) (overlayPlan, error) {
-	acked := lastRun != "" && flushedRun == lastRun
-	low := c.UsableBytes() < core.LowWater(c.Bytes())
-	corrupt := !c.Clean && !c.NeedsRecovery
-	which := "no run of it was flush-acknowledged"
-	if lastRun != "" {
-		which = fmt.Sprintf("no flush acknowledgement for its last run %s", lastRun)
-		if ended != "" {
-			which += " (" + ended + ")"
-		}
-	}
-	const wayOut = "nexus edits an unacknowledged overlay only when told to: `nexus start --accept-unflushed ID` replays and checks it on a private copy and publishes it only if no saved block is released"
-	switch {
-	case acceptUnflushed && (low || corrupt || c.NeedsRecovery):
-		return overlayPlan{Recover: true, Grow: low}, nil
-	case !acked && low:
-		return overlayPlan{}, refuseOverlay(core.ReasonOverlayDiskFull,
-			"the overlay is full (%d MiB usable, counted by e2fsck) and %s; %s", c.UsableBytes()>>20, which, wayOut)
-	case !acked && c.NeedsRecovery:
-		return overlayPlan{}, refuseOverlay(core.ReasonOverlayUnflushed,
-			"%s, and the overlay's ext4 journal needs replay (as after a VMM crash); it has room (%d MiB usable); %s", which, c.UsableBytes()>>20, wayOut)
-	case !acked && corrupt:
-		return overlayPlan{}, refuseOverlay(core.ReasonOverlayUnflushed,
-			"%s, and the read-only check found problems (%s); it has room (%d MiB usable); %s", which, strings.Join(c.Problems, "; "), c.UsableBytes()>>20, wayOut)
-	case low || corrupt:
-		return overlayPlan{Recover: true, Grow: low}, nil
-	}
-	if warnRatio <= 0 {
-		warnRatio = core.DefaultWarnFillRatio
-	}
-	if r := c.FillRatio(); r >= warnRatio {
-		return overlayPlan{Warn: fmt.Sprintf("VM overlay is %.0f%% full (warning threshold %.0f%%, %d MiB usable); remove files or increase %s for new sandboxes",
-			100*r, 100*warnRatio, c.UsableBytes()>>20, core.OverlaySizeSetting)}, nil
-	}
-	return overlayPlan{}, nil
+// overlayCheck is the read-only check's figures, as core.OverlayPlan
+// decides on them.
+func overlayCheck(c ext4.Check) core.OverlayCheck {
+	return core.OverlayCheck{Bytes: c.Bytes(), UsableBytes: c.UsableBytes(), FillRatio: c.FillRatio(),
+		Clean: c.Clean, NeedsRecovery: c.NeedsRecovery, Problems: c.Problems}
 }
 
 // runEnded says how a sandbox's last run ended when the journal knows it
@@ -148,7 +92,7 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 	overlay := m.Root.WorkspaceDisk(sb.ID)
 	staging := m.Root.OverlayStaging(sb.ID)
 	stagingRes := m.res(events.KindOverlayStaging, staging)
-	var plan overlayPlan
+	var plan core.OverlayDecision
 	var before, after ext4.Check
 	var replayed bool
 	return []sagas.Step{{
@@ -170,9 +114,10 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 			if err != nil {
 				return nil, refuseOverlay(core.ReasonOverlayDiskFull, "read-only check of overlay %s: %v", m.rel(overlay), err)
 			}
-			plan, err = planOverlay(sb.LastRun, sb.FlushedRun, runEnded(sb), before, m.WarnFillRatio, acceptUnflushed)
-			if err != nil {
-				return nil, err
+			plan = core.OverlayPlan(core.OverlayEvidence{LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Ended: runEnded(sb),
+				Check: overlayCheck(before), WarnRatio: m.WarnFillRatio, AcceptUnflushed: acceptUnflushed})
+			if plan.Refuse != "" {
+				return nil, &OverlayRefusal{Reason: plan.Refuse, Message: plan.Message}
 			}
 			if plan.Warn != "" {
 				ps = append(ps, events.WarningRaisedEvent{Reason: core.ReasonOverlayNearlyFull, Message: plan.Warn})
