@@ -61,7 +61,7 @@ func runEnded(sb projections.Sandbox) string {
 }
 
 // growthFor is how much to add to an overlay with check c so that it has at
-// least LowWater of usable space afterwards: MinGrowth or more, in whole
+// least core.LowWater of usable space afterwards: MinGrowth or more, in whole
 // MiB. resize2fs keeps the reserved share of the grown file system, and new
 // block groups carry their own metadata (~3%), so the estimate works from
 // free blocks and the reserved fraction rather than today's usable figure
