@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -14,7 +15,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs in testd
 // A case file is a list of cases in the shape of raft's interaction files:
 //
 //	# comment
-//	command key=value flag
+//	command key=value key="quoted value" flag
 //	----
 //	expected output
 //
@@ -86,10 +87,17 @@ func parseCases(t *testing.T, path string, lines []string) []testCase {
 		if l == "" || strings.HasPrefix(l, "#") {
 			continue
 		}
-		fields := strings.Fields(l)
-		c := testCase{pos: fmt.Sprintf("%s:%d", path, i+1), line: l, cmd: fields[0], args: map[string]string{}}
+		pos := fmt.Sprintf("%s:%d", path, i+1)
+		fields, err := splitArgs(l)
+		if err != nil {
+			t.Fatalf("%s: %v", pos, err)
+		}
+		c := testCase{pos: pos, line: l, cmd: fields[0], args: map[string]string{}}
 		for _, f := range fields[1:] {
 			k, v, _ := strings.Cut(f, "=")
+			if strings.HasPrefix(v, `"`) {
+				v, _ = strconv.Unquote(v)
+			}
 			if _, dup := c.args[k]; dup {
 				t.Fatalf("%s: %s given twice", c.pos, k)
 			}
@@ -108,4 +116,32 @@ func parseCases(t *testing.T, path string, lines []string) []testCase {
 		i = c.to
 	}
 	return cases
+}
+
+// splitArgs splits a command line at spaces, except inside a Go-quoted
+// value (key="a b").
+func splitArgs(l string) ([]string, error) {
+	var out []string
+	for l = strings.TrimSpace(l); l != ""; l = strings.TrimLeft(l, " \t") {
+		end := strings.IndexAny(l, " \t\"")
+		if end < 0 {
+			out = append(out, l)
+			break
+		}
+		if l[end] != '"' {
+			out = append(out, l[:end])
+			l = l[end:]
+			continue
+		}
+		q, err := strconv.QuotedPrefix(l[end:])
+		if err != nil {
+			return nil, fmt.Errorf("unterminated quote in %q", l)
+		}
+		out = append(out, l[:end]+q)
+		l = l[end+len(q):]
+		if l != "" && l[0] != ' ' && l[0] != '\t' {
+			return nil, fmt.Errorf("no space after the quoted value in %q", out[len(out)-1]+l)
+		}
+	}
+	return out, nil
 }

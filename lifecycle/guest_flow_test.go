@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -131,10 +132,10 @@ func TestStartPreparesTheOverlay(t *testing.T) {
 		recovers bool
 	}{
 		{name: "full, flushed", flushed: true, spoil: fill, recovers: true},
-		{name: "full, unflushed", spoil: fill, reason: ReasonOverlayDiskFull},
+		{name: "full, unflushed", spoil: fill, reason: core.ReasonOverlayDiskFull},
 		{name: "full, unflushed, accepted", spoil: fill, accept: true, recovers: true},
-		{name: "not ext4", flushed: true, spoil: func(t *testing.T, o string) { ext4test.CorruptMagic(t, o) }, reason: ReasonProvisioningFailed},
-		{name: "missing", flushed: true, spoil: func(t *testing.T, o string) { os.Remove(o) }, reason: ReasonOverlayDiskFull},
+		{name: "not ext4", flushed: true, spoil: func(t *testing.T, o string) { ext4test.CorruptMagic(t, o) }, reason: core.ReasonProvisioningFailed},
+		{name: "missing", flushed: true, spoil: func(t *testing.T, o string) { os.Remove(o) }, reason: core.ReasonOverlayDiskFull},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

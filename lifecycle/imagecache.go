@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
@@ -117,7 +117,7 @@ type CacheListing struct {
 	Layout     *int       `json:"layout_version"`
 	Sandboxes  []string   `json:"sandboxes"`
 
-	ageMs int64 // last use, else preparation, else the disk's mtime
+	usedMs int64 // last use, else preparation, else the disk's mtime (Unix ms)
 }
 
 // ImageCacheList joins the committed entries on disk with what the journal
@@ -145,7 +145,7 @@ func (m *Manager) listWith(st projections.ImageCacheState) ([]CacheListing, []im
 	refs, unattributed := st.References()
 	out := make([]CacheListing, 0, len(found))
 	for _, e := range found {
-		l := CacheListing{CacheID: e.CacheID, Allocated: e.Allocated, Apparent: e.Apparent, ageMs: e.ModMs}
+		l := CacheListing{CacheID: e.CacheID, Allocated: e.Allocated, Apparent: e.Apparent, usedMs: e.ModMs}
 		if ent := known[e.CacheID]; ent != nil {
 			if ent.Ref != "" {
 				l.Ref = &ent.Ref
@@ -156,7 +156,7 @@ func (m *Manager) listWith(st projections.ImageCacheState) ([]CacheListing, []im
 			if ent.LastUseMs != 0 {
 				t := time.UnixMilli(ent.LastUseMs).UTC()
 				l.LastUsedAt = &t
-				l.ageMs = ent.LastUseMs
+				l.usedMs = ent.LastUseMs
 			}
 		} else if id, err := imagecache.ReadIdentity(m.Root, e.CacheID); err == nil {
 			if id.Ref != "" {
@@ -166,7 +166,7 @@ func (m *Manager) listWith(st projections.ImageCacheState) ([]CacheListing, []im
 				l.Layout = &id.Layout
 			}
 			if id.PreparedMs != 0 {
-				l.ageMs = id.PreparedMs
+				l.usedMs = id.PreparedMs
 			}
 		}
 		l.Sandboxes = append(append([]string{}, refs[e.CacheID]...), unattributed...)
@@ -199,59 +199,6 @@ type CachePruneReport struct {
 	Kept           []KeptEntry          `json:"kept"`
 	Skipped        []imagecache.Skipped `json:"skipped"`
 	CacheBytes     int64                `json:"cache_after_bytes"`
-}
-
-// ErrIncomplete marks a prune refused because a sandbox-producing saga is
-// open: the sandbox it leaves, and the entry it references, are unknown.
-var ErrIncomplete = errors.New("incomplete sandbox state")
-
-// planPrune decides, purely, which entries an unused-prune removes:
-// nothing while a create, fork or restore is unfinished; nothing while a
-// persisted sandbox records no bootstrap (it may use any entry); never an
-// entry a persisted sandbox references; with OlderThan only entries unused
-// for that long; with MaxBytes only the least recently used until the
-// whole cache fits.
-func planPrune(list []CacheListing, st projections.ImageCacheState, opts CachePruneOptions, nowMs int64) (remove []CacheListing, kept []KeptEntry, err error) {
-	if len(st.Pending) > 0 {
-		var open []string
-		for _, p := range st.Pending {
-			open = append(open, fmt.Sprintf("%s saga %s of sandbox %s", p.Kind, p.Saga, p.Sandbox))
-		}
-		return nil, nil, fmt.Errorf("%w: %s is unfinished; let it finish or run `nexus recover`", ErrIncomplete, strings.Join(open, ", "))
-	}
-	refs, unattributed := st.References()
-	var candidates []CacheListing
-	var total int64
-	for _, l := range list {
-		total += l.Allocated
-		switch {
-		case len(unattributed) > 0:
-			kept = append(kept, KeptEntry{l.CacheID, "sandbox " + strings.Join(unattributed, ", ") + " records no bootstrap identity and protects every entry"})
-		case len(refs[l.CacheID]) > 0:
-			kept = append(kept, KeptEntry{l.CacheID, "referenced by " + strings.Join(refs[l.CacheID], ", ")})
-		case opts.OlderThan > 0 && l.ageMs > nowMs-opts.OlderThan.Milliseconds():
-			kept = append(kept, KeptEntry{l.CacheID, "used within " + opts.OlderThan.String()})
-		default:
-			candidates = append(candidates, l)
-		}
-	}
-	// Least recently used first; ties by id so the plan is deterministic.
-	sort.SliceStable(candidates, func(i, j int) bool {
-		if candidates[i].ageMs != candidates[j].ageMs {
-			return candidates[i].ageMs < candidates[j].ageMs
-		}
-		return candidates[i].CacheID < candidates[j].CacheID
-	})
-	for _, c := range candidates {
-		if opts.MaxBytes >= 0 && total <= opts.MaxBytes {
-			kept = append(kept, KeptEntry{c.CacheID, fmt.Sprintf("cache fits in %d bytes", opts.MaxBytes)})
-			continue
-		}
-		remove = append(remove, c)
-		total -= c.Allocated
-	}
-	sort.Slice(kept, func(i, j int) bool { return kept[i].CacheID < kept[j].CacheID })
-	return remove, kept, nil
 }
 
 // PruneImageCache removes committed entries no persisted sandbox
@@ -287,11 +234,23 @@ func (m *Manager) PruneImageCache(ctx context.Context, opts CachePruneOptions) (
 		return rep, err
 	}
 	rep.Skipped = skipped
-	remove, kept, err := planPrune(list, st, opts, nowUTC().UnixMilli())
+	entries := make([]core.CachedImage, len(list))
+	byID := make(map[string]CacheListing, len(list))
+	for i, l := range list {
+		entries[i] = core.CachedImage{CacheID: l.CacheID, Allocated: l.Allocated, UsedMs: l.usedMs}
+		byID[l.CacheID] = l
+	}
+	ids, kept, err := core.PrunePlan(entries, st, core.PruneLimits{OlderThan: opts.OlderThan, MaxBytes: opts.MaxBytes}, nowUTC().UnixMilli())
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", ErrRefused, err)
 	}
-	rep.Kept = kept
+	for _, k := range kept {
+		rep.Kept = append(rep.Kept, KeptEntry(k))
+	}
+	var remove []CacheListing
+	for _, id := range ids {
+		remove = append(remove, byID[id])
+	}
 	for _, l := range list {
 		rep.CacheBytes += l.Allocated
 	}

@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/durable"
@@ -19,28 +19,9 @@ import (
 	"github.com/nexus-sandbox/nexus/sagas"
 )
 
-// Reasons a start refusal carries in the sandbox's Ready=False condition.
-const (
-	ReasonOverlayDiskFull    = "OverlayDiskFull"
-	ReasonProvisioningFailed = "ProvisioningFailed"
-	// ReasonOverlayUnflushed refuses an overlay that has room but needs
-	// offline work (its ext4 journal needs replay, or the check found
-	// errors or stale counts) while its last run has no flush
-	// acknowledgement: every real guest's overlay after a VMM crash.
-	ReasonOverlayUnflushed = "OverlayUnflushed"
-	// ReasonOverlayNearlyFull is the warning raised when an overlay's fill
-	// ratio passes the configured threshold before it needs recovery.
-	ReasonOverlayNearlyFull = "OverlayNearlyFull"
-)
-
-// ConfigKey is how messages name the setting an operator can change.
-const ConfigKey = "[vm] overlay_disk_mib"
-
 const (
 	// MinGrowth is the least an overlay recovery grows an overlay by.
 	MinGrowth = 64 << 20
-	// DefaultWarnFillRatio is the fill ratio above which start warns.
-	DefaultWarnFillRatio = 0.9
 	// maxGrowRounds bounds the grow-then-measure loop.
 	maxGrowRounds = 4
 )
@@ -59,71 +40,11 @@ func refuseOverlay(reason, format string, args ...any) error {
 	return &OverlayRefusal{Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 
-// LowWater is the usable space below which an overlay counts as full and
-// is recovered: the larger of 8 MiB and 1/32 of its size (32 MiB of a
-// 1 GiB overlay).
-func LowWater(sizeBytes int64) int64 { return max(8<<20, sizeBytes/32) }
-
-// overlayPlan is what the read-only check decided.
-type overlayPlan struct {
-	Recover bool   // work on a private copy, then publish it
-	Grow    bool   // the copy must grow (low space)
-	Warn    string // a usage warning to raise when nothing else is done
-}
-
-// planOverlay is the pure decision of the offline preparation, from the
-// journal's run marker and acknowledgement and the read-only check of the
-// saved overlay. Every figure it uses is one e2fsck counted, never a
-// superblock count; a stale superblock count is a finding (not Clean).
-//
-// Without an acknowledgement of the last run, nexus edits nothing: an
-// overlay that would need recovery (low space, errors) or whose journal
-// needs replay is refused, both for an unacknowledged run and for a legacy
-// overlay that never had one; the refusal names the cause and the way out
-// (start --accept-unflushed). A clean, roomy overlay nexus would not touch
-// boots as it is, acknowledged or not.
-//
-// acceptUnflushed is the operator's explicit way out: the run counts as
-// acknowledged, and a journal needing replay is replayed on a private copy
-// (not left to the guest), under the same checks as any recovery.
-//
-// ended, when not empty, says how the last run ended (runEnded), so a
-// refusal names the cause and not only its symptom.
-func planOverlay(lastRun, flushedRun, ended string, c ext4.Check, warnRatio float64, acceptUnflushed bool) (overlayPlan, error) {
-	acked := lastRun != "" && flushedRun == lastRun
-	low := c.UsableBytes() < LowWater(c.Bytes())
-	corrupt := !c.Clean && !c.NeedsRecovery
-	which := "no run of it was flush-acknowledged"
-	if lastRun != "" {
-		which = fmt.Sprintf("no flush acknowledgement for its last run %s", lastRun)
-		if ended != "" {
-			which += " (" + ended + ")"
-		}
-	}
-	const wayOut = "nexus edits an unacknowledged overlay only when told to: `nexus start --accept-unflushed ID` replays and checks it on a private copy and publishes it only if no saved block is released"
-	switch {
-	case acceptUnflushed && (low || corrupt || c.NeedsRecovery):
-		return overlayPlan{Recover: true, Grow: low}, nil
-	case !acked && low:
-		return overlayPlan{}, refuseOverlay(ReasonOverlayDiskFull,
-			"the overlay is full (%d MiB usable, counted by e2fsck) and %s; %s", c.UsableBytes()>>20, which, wayOut)
-	case !acked && c.NeedsRecovery:
-		return overlayPlan{}, refuseOverlay(ReasonOverlayUnflushed,
-			"%s, and the overlay's ext4 journal needs replay (as after a VMM crash); it has room (%d MiB usable); %s", which, c.UsableBytes()>>20, wayOut)
-	case !acked && corrupt:
-		return overlayPlan{}, refuseOverlay(ReasonOverlayUnflushed,
-			"%s, and the read-only check found problems (%s); it has room (%d MiB usable); %s", which, strings.Join(c.Problems, "; "), c.UsableBytes()>>20, wayOut)
-	case low || corrupt:
-		return overlayPlan{Recover: true, Grow: low}, nil
-	}
-	if warnRatio <= 0 {
-		warnRatio = DefaultWarnFillRatio
-	}
-	if r := c.FillRatio(); r >= warnRatio {
-		return overlayPlan{Warn: fmt.Sprintf("VM overlay is %.0f%% full (warning threshold %.0f%%, %d MiB usable); remove files or increase %s for new sandboxes",
-			100*r, 100*warnRatio, c.UsableBytes()>>20, ConfigKey)}, nil
-	}
-	return overlayPlan{}, nil
+// overlayCheck is the read-only check's figures, as core.OverlayPlan
+// decides on them.
+func overlayCheck(c ext4.Check) core.OverlayCheck {
+	return core.OverlayCheck{Bytes: c.Bytes(), UsableBytes: c.UsableBytes(), FillRatio: c.FillRatio(),
+		Clean: c.Clean, NeedsRecovery: c.NeedsRecovery, Problems: c.Problems}
 }
 
 // runEnded says how a sandbox's last run ended when the journal knows it
@@ -140,7 +61,7 @@ func runEnded(sb projections.Sandbox) string {
 }
 
 // growthFor is how much to add to an overlay with check c so that it has at
-// least LowWater of usable space afterwards: MinGrowth or more, in whole
+// least core.LowWater of usable space afterwards: MinGrowth or more, in whole
 // MiB. resize2fs keeps the reserved share of the grown file system, and new
 // block groups carry their own metadata (~3%), so the estimate works from
 // free blocks and the reserved fraction rather than today's usable figure
@@ -154,7 +75,7 @@ func growthFor(c ext4.Check) int64 {
 	}
 	g := int64(MinGrowth)
 	for range 4 {
-		short := LowWater(size+g) - usableAfter(g)
+		short := core.LowWater(size+g) - usableAfter(g)
 		if short <= 0 {
 			break
 		}
@@ -171,7 +92,7 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 	overlay := m.Root.WorkspaceDisk(sb.ID)
 	staging := m.Root.OverlayStaging(sb.ID)
 	stagingRes := m.res(events.KindOverlayStaging, staging)
-	var plan overlayPlan
+	var plan core.OverlayDecision
 	var before, after ext4.Check
 	var replayed bool
 	return []sagas.Step{{
@@ -183,22 +104,23 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 				return nil, err
 			}
 			if _, err := os.Lstat(overlay); errors.Is(err, os.ErrNotExist) {
-				return nil, refuseOverlay(ReasonOverlayDiskFull,
+				return nil, refuseOverlay(core.ReasonOverlayDiskFull,
 					"overlay %s is missing; a published overlay is never recreated empty", m.rel(overlay))
 			}
 			before, err = ext4.CheckImage(ctx, overlay)
 			if errors.Is(err, ext4.ErrNotExt4) {
-				return nil, refuseOverlay(ReasonProvisioningFailed, "overlay %s is not ext4: %v", m.rel(overlay), err)
+				return nil, refuseOverlay(core.ReasonProvisioningFailed, "overlay %s is not ext4: %v", m.rel(overlay), err)
 			}
 			if err != nil {
-				return nil, refuseOverlay(ReasonOverlayDiskFull, "read-only check of overlay %s: %v", m.rel(overlay), err)
+				return nil, refuseOverlay(core.ReasonOverlayDiskFull, "read-only check of overlay %s: %v", m.rel(overlay), err)
 			}
-			plan, err = planOverlay(sb.LastRun, sb.FlushedRun, runEnded(sb), before, m.WarnFillRatio, acceptUnflushed)
-			if err != nil {
-				return nil, err
+			plan = core.OverlayPlan(core.OverlayEvidence{LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Ended: runEnded(sb),
+				Check: overlayCheck(before), WarnRatio: m.WarnFillRatio, AcceptUnflushed: acceptUnflushed})
+			if plan.Refuse != "" {
+				return nil, &OverlayRefusal{Reason: plan.Refuse, Message: plan.Message}
 			}
 			if plan.Warn != "" {
-				ps = append(ps, events.WarningRaisedEvent{Reason: ReasonOverlayNearlyFull, Message: plan.Warn})
+				ps = append(ps, events.WarningRaisedEvent{Reason: core.ReasonOverlayNearlyFull, Message: plan.Warn})
 			}
 			return ps, nil
 		},
@@ -214,7 +136,7 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 			err := disk.CopyScratch(overlay, staging, update)
 			end()
 			if err != nil {
-				return nil, refuseOverlay(ReasonOverlayDiskFull, "copy overlay for recovery: %v; free host space or increase %s", err, ConfigKey)
+				return nil, refuseOverlay(core.ReasonOverlayDiskFull, "copy overlay for recovery: %v; free host space or increase %s", err, core.OverlaySizeSetting)
 			}
 			return sagas.One(events.ResourceCreatedEvent{Resource: stagingRes}), nil
 		},
@@ -227,20 +149,20 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 			}
 			if _, err := ext4.Preen(ctx, staging); err != nil {
 				if errors.Is(err, ext4.ErrInteractiveRepair) {
-					return nil, refuseOverlay(ReasonOverlayDiskFull, "overlay %s %v; it was left untouched", m.rel(overlay), err)
+					return nil, refuseOverlay(core.ReasonOverlayDiskFull, "overlay %s %v; it was left untouched", m.rel(overlay), err)
 				}
-				return nil, refuseOverlay(ReasonOverlayDiskFull, "repair of the overlay's copy: %v", err)
+				return nil, refuseOverlay(core.ReasonOverlayDiskFull, "repair of the overlay's copy: %v", err)
 			}
 			var err error
 			after, err = ext4.CheckImage(ctx, staging)
 			if err != nil {
-				return nil, refuseOverlay(ReasonOverlayDiskFull, "check of the repaired copy: %v", err)
+				return nil, refuseOverlay(core.ReasonOverlayDiskFull, "check of the repaired copy: %v", err)
 			}
 			if !after.Clean || after.NeedsRecovery {
-				return nil, refuseOverlay(ReasonOverlayDiskFull, "the repaired copy is still not clean: %v", after.Problems)
+				return nil, refuseOverlay(core.ReasonOverlayDiskFull, "the repaired copy is still not clean: %v", after.Problems)
 			}
 			if after.UsedBlocks < before.UsedBlocks || after.UsedInodes < before.UsedInodes {
-				return nil, refuseOverlay(ReasonOverlayDiskFull,
+				return nil, refuseOverlay(core.ReasonOverlayDiskFull,
 					"journal replay or repair would release saved data (blocks %d -> %d, inodes %d -> %d); overlay %s left untouched",
 					before.UsedBlocks, after.UsedBlocks, before.UsedInodes, after.UsedInodes, m.rel(overlay))
 			}
@@ -253,21 +175,21 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 			if !plan.Grow {
 				return nil, nil
 			}
-			for round := 0; after.UsableBytes() < LowWater(after.Bytes()); round++ {
+			for round := 0; after.UsableBytes() < core.LowWater(after.Bytes()); round++ {
 				if round == maxGrowRounds {
-					return nil, refuseOverlay(ReasonOverlayDiskFull, "overlay still has only %d MiB usable after growing to %d MiB; increase %s",
-						after.UsableBytes()>>20, after.Bytes()>>20, ConfigKey)
+					return nil, refuseOverlay(core.ReasonOverlayDiskFull, "overlay still has only %d MiB usable after growing to %d MiB; increase %s",
+						after.UsableBytes()>>20, after.Bytes()>>20, core.OverlaySizeSetting)
 				}
 				size := after.Bytes() + growthFor(after)
 				if err := disk.Preflight(filepath.Dir(staging), size-after.Bytes()); err != nil {
-					return nil, refuseOverlay(ReasonOverlayDiskFull, "grow overlay to %d MiB: %v; free host space or increase %s for new sandboxes", size>>20, err, ConfigKey)
+					return nil, refuseOverlay(core.ReasonOverlayDiskFull, "grow overlay to %d MiB: %v; free host space or increase %s for new sandboxes", size>>20, err, core.OverlaySizeSetting)
 				}
 				if err := ext4.Grow(ctx, staging, size); err != nil {
-					return nil, refuseOverlay(ReasonOverlayDiskFull, "grow overlay to %d MiB: %v", size>>20, err)
+					return nil, refuseOverlay(core.ReasonOverlayDiskFull, "grow overlay to %d MiB: %v", size>>20, err)
 				}
 				var err error
 				if after, err = ext4.CheckImage(ctx, staging); err != nil || !after.Clean {
-					return nil, refuseOverlay(ReasonOverlayDiskFull, "check of the grown copy: %v %v", err, after.Problems)
+					return nil, refuseOverlay(core.ReasonOverlayDiskFull, "check of the grown copy: %v %v", err, after.Problems)
 				}
 			}
 			return nil, nil
@@ -295,9 +217,9 @@ func (m *Manager) overlaySteps(sb projections.Sandbox, acceptUnflushed bool) []s
 				events.ResourceReclaimedEvent{Resource: stagingRes, By: "publish"},
 			}
 			if grown := after.Bytes() - before.Bytes(); grown > 0 {
-				ps = append(ps, events.WarningRaisedEvent{Reason: ReasonOverlayDiskFull, Message: fmt.Sprintf(
+				ps = append(ps, events.WarningRaisedEvent{Reason: core.ReasonOverlayDiskFull, Message: fmt.Sprintf(
 					"VM overlay was nearly full and grew by %d MiB for recovery (%d MiB usable now); remove files or increase %s for new sandboxes",
-					grown>>20, after.UsableBytes()>>20, ConfigKey)})
+					grown>>20, after.UsableBytes()>>20, core.OverlaySizeSetting)})
 			}
 			return ps, nil
 		},

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/host/driver"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
@@ -200,7 +201,7 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		drv,
 		configPath,
 		fromFile("vm.overlay_disk_mib", cfg.VM.OverlayDiskMiB, lifecycle.DefaultOverlayMiB),
-		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, lifecycle.DefaultWarnFillRatio),
+		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, core.DefaultWarnFillRatio),
 		fileOrEnv("vm.initramfs", "NEXUS_INITRAMFS_PATH", cfg.VM.Initramfs, ""),
 		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
 		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor and qemu drivers need it)"),
