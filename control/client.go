@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
@@ -234,7 +234,7 @@ func (c *Client) Bootstrap(ctx context.Context, id string) (events.Bootstrap, er
 	return b, err
 }
 
-func (c *Client) Rev(ctx context.Context, entity guard.Entity) (uint64, error) {
+func (c *Client) Rev(ctx context.Context, entity core.Entity) (uint64, error) {
 	var out wire.RevAnswer
 	err := c.getJSON(ctx, wire.PathRev+"?entity="+url.QueryEscape(string(entity)), &out)
 	return out.Rev, err
@@ -244,7 +244,7 @@ func (c *Client) Append(ctx context.Context, evs ...events.Event) ([]uint64, err
 	return c.AppendExpect(ctx, nil, evs...)
 }
 
-func (c *Client) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+func (c *Client) AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
 	req := wire.AppendRequest{Events: make([][]byte, 0, len(evs))}
 	for _, e := range evs {
 		data, err := events.Encode(e)

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -23,8 +23,8 @@ import (
 type Backend interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
 	// AppendExpect appends only if every expected entity is unchanged since
-	// the decision read it (*guard.StaleError otherwise).
-	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
+	// the decision read it (*core.StaleError otherwise).
+	AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
 	// SandboxPage is at most limit sandboxes whose IDs sort after after
@@ -49,7 +49,7 @@ type Backend interface {
 	Bootstrap(ctx context.Context, id string) (events.Bootstrap, error)
 	// Rev is the sequence of the last event about entity (0: none), what
 	// a decision about it expects (for a handle, its last claim).
-	Rev(ctx context.Context, entity guard.Entity) (uint64, error)
+	Rev(ctx context.Context, entity core.Entity) (uint64, error)
 	Close() error
 }
 
@@ -119,7 +119,7 @@ func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, erro
 	return sb.Bootstrap, nil
 }
 
-func (l Local) Rev(ctx context.Context, entity guard.Entity) (uint64, error) {
+func (l Local) Rev(ctx context.Context, entity core.Entity) (uint64, error) {
 	return l.Node.EntityRev(ctx, entity)
 }
 

@@ -19,9 +19,9 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
@@ -93,8 +93,8 @@ func TestAppendStreamVersionMismatch(t *testing.T) {
 }
 
 // The append stream carries every answer a local append gives: sequences,
-// a stale decision as *guard.StaleError with its fields, a closed saga as
-// guard.ErrSagaClosed; and one client's concurrent appends, pipelined on
+// a stale decision as *core.StaleError with its fields, a closed saga as
+// core.ErrSagaClosed; and one client's concurrent appends, pipelined on
 // its one connection, each get their own answer.
 func TestAppendStreamAnswers(t *testing.T) {
 	d := startDaemon(t, "")
@@ -102,19 +102,19 @@ func TestAppendStreamAnswers(t *testing.T) {
 	ctx := context.Background()
 	sb := ulid.Make().String()
 	created := events.New(ulid.Make(), time.Now(), sb, events.SandboxCreatedEvent{Image: "i", Driver: "process"})
-	seqs, err := b.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 0}}, created)
+	seqs, err := b.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(sb), Seq: 0}}, created)
 	if err != nil || len(seqs) != 1 || seqs[0] != 1 {
 		t.Fatalf("first append: %v, %v", seqs, err)
 	}
 	warn := events.New(ulid.Make(), time.Now(), sb, events.WarningRaisedEvent{Reason: "stale"})
-	_, err = b.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 0}}, warn)
-	var stale *guard.StaleError
-	if !errors.As(err, &stale) || stale.Entity != guard.Sandbox(sb) || stale.Expected != 0 || stale.Actual != 1 || stale.Latest != events.SandboxCreated {
+	_, err = b.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(sb), Seq: 0}}, warn)
+	var stale *core.StaleError
+	if !errors.As(err, &stale) || stale.Entity != core.Sandbox(sb) || stale.Expected != 0 || stale.Actual != 1 || stale.Latest != events.SandboxCreated {
 		t.Fatalf("stale append through the stream: %v (%+v)", err, stale)
 	}
 	closed := events.New(ulid.Make(), time.Now(), sb, events.WarningRaisedEvent{Reason: "late"})
 	closed.Saga, closed.Step = ulid.Make().String(), "x"
-	if _, err := b.Append(ctx, closed); !errors.Is(err, guard.ErrSagaClosed) {
+	if _, err := b.Append(ctx, closed); !errors.Is(err, core.ErrSagaClosed) {
 		t.Fatalf("event of a saga never started: %v; want ErrSagaClosed", err)
 	}
 

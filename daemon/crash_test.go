@@ -17,9 +17,9 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
 )
@@ -81,7 +81,7 @@ func (w *crashWriter) appendOnce(ctx context.Context, b control.Backend, e event
 	if !w.expect {
 		return b.Append(ctx, e)
 	}
-	return b.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(w.sandbox), Seq: w.rev}}, e)
+	return b.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(w.sandbox), Seq: w.rev}}, e)
 }
 
 // A daemon SIGKILLed while concurrent writers' appends are in its groups:

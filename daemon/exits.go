@@ -11,8 +11,8 @@ import (
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -178,7 +178,7 @@ func (w *exitWatcher) journal(ctx context.Context, t projections.Watched, x proc
 			// The judgement expects the sandbox as it was judged: a saga
 			// that opened since makes the journal refuse, and we judge again.
 			e := events.New(ulid.Make(), time.Now().UTC(), t.Sandbox, projections.ExitPayload(t, exitOf(x)))
-			_, err = w.n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(t.Sandbox), Seq: rev}}, e)
+			_, err = w.n.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(t.Sandbox), Seq: rev}}, e)
 		}
 		w.journalMu.Unlock()
 		// Done when judged not due or journaled; a failed read or append
@@ -186,7 +186,7 @@ func (w *exitWatcher) journal(ctx context.Context, t projections.Watched, x proc
 		if err == nil || ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, guard.ErrStale) {
+		if errors.Is(err, core.ErrStale) {
 			continue
 		}
 		warn(fmt.Errorf("exit watcher: journal the exit of %s pid %d of sandbox %s: %w (retrying)", t.Role, t.Process.Pid, t.Sandbox, err))

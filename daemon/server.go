@@ -16,7 +16,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
-	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -369,7 +369,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		writeJSON(w, http.StatusOK, b)
 	})
 	mux.HandleFunc("GET "+wire.PathRev, func(w http.ResponseWriter, r *http.Request) {
-		rev, err := local.Rev(r.Context(), guard.Entity(r.URL.Query().Get("entity")))
+		rev, err := local.Rev(r.Context(), core.Entity(r.URL.Query().Get("entity")))
 		if err != nil {
 			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
 			return

@@ -12,8 +12,8 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/fsx"
@@ -400,7 +400,7 @@ type StartOptions struct {
 
 // StartWith boots a stopped sandbox with options.
 func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (projections.Sandbox, error) {
-	c, err := m.claim(ctx, ref, guard.Start)
+	c, err := m.claim(ctx, ref, core.Start)
 	if err != nil {
 		return m.already(ctx, ref, err)
 	}
@@ -488,7 +488,7 @@ func (m *Manager) refuseVolumesReadLocked(ctx context.Context, sb projections.Sa
 
 // Stop shuts a running sandbox down: guest flush, VMM, sockets, supervisor.
 func (m *Manager) Stop(ctx context.Context, ref string) (projections.Sandbox, error) {
-	c, err := m.claim(ctx, ref, guard.Stop)
+	c, err := m.claim(ctx, ref, core.Stop)
 	if err != nil {
 		return m.already(ctx, ref, err)
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -215,7 +215,7 @@ type staleOnce struct {
 	done  bool
 }
 
-func (s *staleOnce) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+func (s *staleOnce) AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
 	if p, ok := evs[0].Payload.(events.SagaStartedEvent); ok && p.Kind == s.kind && !s.done {
 		s.done = true
 		e := events.New(ulid.Make(), time.Now(), evs[0].Sandbox, s.other(evs[0].Sandbox))
@@ -273,8 +273,8 @@ func TestTheJournalRefusesAStaleExpectation(t *testing.T) {
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	e := events.New(ulid.Make(), time.Now(), sb.ID, events.WarningRaisedEvent{Reason: "Test"})
-	_, err := f.j.AppendExpect(f.ctx, []guard.Expect{{Entity: guard.Sandbox(sb.ID), Seq: sb.Rev - 1}}, e)
-	var stale *guard.StaleError
+	_, err := f.j.AppendExpect(f.ctx, []core.Expect{{Entity: core.Sandbox(sb.ID), Seq: sb.Rev - 1}}, e)
+	var stale *core.StaleError
 	if !errors.As(err, &stale) || stale.Actual != sb.Rev {
 		t.Fatalf("append expecting an old sequence: %v; want a StaleError at %d", err, sb.Rev)
 	}

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -14,21 +14,21 @@ import (
 
 // Every command on an existing sandbox starts the same way (the guard):
 // take the sandbox's runner lease, read it afresh, decide with the pure
-// guard.Decide, and run its saga expecting the sandbox exactly as read. The
+// core.Decide, and run its saga expecting the sandbox exactly as read. The
 // lease keeps a second runner and recover off the sandbox until the saga
 // ends; the expectation makes the journal refuse the saga if anything
 // about the sandbox was journaled between the read and the saga's start.
 
 // claim is a sandbox held for one command.
 type claim struct {
-	cmd   guard.Command
+	cmd   core.Command
 	sb    projections.Sandbox
 	lease *sagalease.Lease
 }
 
 // lease takes entity's runner lease for kind, waiting if the manager was
 // asked to (--wait) and refusing at once, naming the holder, otherwise.
-func (m *Manager) lease(ctx context.Context, entity guard.Entity, kind string) (*sagalease.Lease, error) {
+func (m *Manager) lease(ctx context.Context, entity core.Entity, kind string) (*sagalease.Lease, error) {
 	l, err := sagalease.Acquire(ctx, string(m.Root), string(entity), sagalease.Holder{Kind: kind}, m.Wait)
 	if errors.Is(err, sagalease.ErrHeld) {
 		return nil, fmt.Errorf("%w: %w", ErrRefused, err)
@@ -37,12 +37,12 @@ func (m *Manager) lease(ctx context.Context, entity guard.Entity, kind string) (
 }
 
 // claim resolves ref, takes its lease and decides cmd on the fresh state.
-func (m *Manager) claim(ctx context.Context, ref string, cmd guard.Command) (*claim, error) {
+func (m *Manager) claim(ctx context.Context, ref string, cmd core.Command) (*claim, error) {
 	sb, err := m.Lookup(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
-	l, err := m.lease(ctx, guard.Sandbox(sb.ID), string(cmd))
+	l, err := m.lease(ctx, core.Sandbox(sb.ID), string(cmd))
 	if err != nil {
 		return nil, err
 	}
@@ -54,7 +54,7 @@ func (m *Manager) claim(ctx context.Context, ref string, cmd guard.Command) (*cl
 	return c, nil
 }
 
-// decide reads the sandbox and the open sagas again and applies guard.Decide.
+// decide reads the sandbox and the open sagas again and applies core.Decide.
 func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 	sb, err := m.Find(ctx, id)
 	if err != nil {
@@ -67,8 +67,8 @@ func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 	// Decide on what a reader sees: a VMM dead by pid + start time is
 	// exited even before any daemon journaled it.
 	sb = observeExits(sb)
-	err = guard.Decide(c.cmd, sb, open)
-	var r *guard.Refusal
+	err = core.Decide(c.cmd, sb, open)
+	var r *core.Refusal
 	if errors.As(err, &r) && r.Saga != nil && r.Saga.Sandbox == id {
 		// We hold the sandbox's lease, so the saga's runner is dead:
 		// finish it the way recover would, then decide on what it left.
@@ -83,9 +83,9 @@ func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 		if open, err = m.B.OpenSagas(ctx); err != nil {
 			return err
 		}
-		err = guard.Decide(c.cmd, sb, open)
+		err = core.Decide(c.cmd, sb, open)
 	}
-	if errors.Is(err, guard.ErrAlready) {
+	if errors.Is(err, core.ErrAlready) {
 		return err // nothing to do is not a refusal
 	}
 	if err != nil {
@@ -98,8 +98,8 @@ func (c *claim) decide(ctx context.Context, m *Manager, id string) error {
 func (c *claim) release() { c.lease.Release() }
 
 // expect is what the saga's appends expect of the claimed sandbox.
-func (c *claim) expect() []guard.Expect {
-	return []guard.Expect{{Entity: guard.Sandbox(c.sb.ID), Seq: c.sb.Rev}}
+func (c *claim) expect() []core.Expect {
+	return []core.Expect{{Entity: core.Sandbox(c.sb.ID), Seq: c.sb.Rev}}
 }
 
 // run runs the saga build makes from the claimed state. If the journal
@@ -112,7 +112,7 @@ func (m *Manager) run(ctx context.Context, c *claim, build func(projections.Sand
 		s.Expect = append(s.Expect, c.expect()...)
 		c.lease.Set(sagalease.Holder{Kind: string(s.Kind), Saga: s.ID})
 		err := s.Run(ctx, m.B)
-		var stale *guard.StaleError
+		var stale *core.StaleError
 		if !errors.As(err, &stale) || !errors.Is(err, sagas.ErrNotStarted) || attempt == 3 {
 			return err
 		}
@@ -124,28 +124,28 @@ func (m *Manager) run(ctx context.Context, c *claim, build func(projections.Sand
 
 // holdNew takes the leases a create-like saga needs: the new sandbox's
 // and, for each volume it attaches, the volume's. The volumes are read
-// again under their leases and decided (guard.DecideAttach), and their
+// again under their leases and decided (core.DecideAttach), and their
 // revisions become expectations of the saga, so a `volume rm` decided on
 // the same state can never also succeed: one of the two is refused by the
 // lease or, failing that, by the journal.
-func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, mounts []Mount, readOnly bool) (func(), []guard.Expect, error) {
+func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, mounts []Mount, readOnly bool) (func(), []core.Expect, error) {
 	var leases []*sagalease.Lease
 	release := func() {
 		for _, l := range leases {
 			l.Release()
 		}
 	}
-	l, err := m.lease(ctx, guard.Sandbox(id), string(kind))
+	l, err := m.lease(ctx, core.Sandbox(id), string(kind))
 	if err != nil {
 		return nil, nil, err
 	}
 	leases = append(leases, l)
-	expect := []guard.Expect{{Entity: guard.Sandbox(id), Seq: 0}}
+	expect := []core.Expect{{Entity: core.Sandbox(id), Seq: 0}}
 	if len(mounts) == 0 {
 		return release, expect, nil
 	}
 	for _, mt := range mounts {
-		l, err := m.lease(ctx, guard.Volume(mt.Name), string(kind))
+		l, err := m.lease(ctx, core.Volume(mt.Name), string(kind))
 		if err != nil {
 			release()
 			return nil, nil, err
@@ -164,7 +164,7 @@ func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, 
 	for _, mt := range mounts {
 		v := byName[mt.Name]
 		if !readOnly {
-			if err := guard.DecideAttach(v, mt.Name); err != nil {
+			if err := core.DecideAttach(v, mt.Name); err != nil {
 				release()
 				return nil, nil, fmt.Errorf("refused: %w", err)
 			}
@@ -172,7 +172,7 @@ func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, 
 			release()
 			return nil, nil, fmt.Errorf("%w: no volume %q", ErrNotFound, mt.Name)
 		}
-		expect = append(expect, guard.Expect{Entity: guard.Volume(mt.Name), Seq: v.Rev})
+		expect = append(expect, core.Expect{Entity: core.Volume(mt.Name), Seq: v.Rev})
 	}
 	return release, expect, nil
 }

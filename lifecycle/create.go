@@ -13,8 +13,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
@@ -126,7 +126,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 type createPlan struct {
 	// handle is the expectation of the handle the create gives, as its
 	// decision saw it (none without a handle).
-	handle         []guard.Expect
+	handle         []core.Expect
 	image          string
 	boot           events.Bootstrap // the cache entry the OS disk is cloned from
 	workspaceBytes int64

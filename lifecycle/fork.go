@@ -14,8 +14,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
@@ -64,7 +64,7 @@ func CheckForkCount(n int) error {
 // Fork creates Count children of a committed sandbox, each a full set of
 // copy-on-write disks owned by the child, one saga per child.
 func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbox, error) {
-	c, err := m.claim(ctx, spec.Parent, guard.Fork)
+	c, err := m.claim(ctx, spec.Parent, core.Fork)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +287,7 @@ func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (f
 
 // runChild runs the create-like saga of a fork or restore child.
 func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, seedCA string, copies []sourceDisk,
-	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step, copied func(), handle []guard.Expect) error {
+	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step, copied func(), handle []core.Expect) error {
 	s := m.saga(kind, child, nil)
 	release, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
 	if err != nil {
@@ -380,7 +380,7 @@ type SnapshotOptions struct {
 
 // SnapshotWith is Snapshot with options.
 func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOptions) (string, error) {
-	c, err := m.claim(ctx, ref, guard.Snapshot)
+	c, err := m.claim(ctx, ref, core.Snapshot)
 	if err != nil {
 		return "", err
 	}
@@ -494,7 +494,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, o RestoreOptions) (p
 	source := &src
 	// The source is held for the restore: rm of it (which deletes its
 	// snapshots) waits or is refused until the copies are made.
-	c, err := m.claim(ctx, source.ID, guard.Restore)
+	c, err := m.claim(ctx, source.ID, core.Restore)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}

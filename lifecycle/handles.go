@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -19,7 +19,7 @@ import (
 // claim as this decision saw it, so that the store and the journal refuse
 // the commit if anyone claimed the handle since. No handle, no
 // expectation.
-func (m *Manager) decideHandle(ctx context.Context, handle string) ([]guard.Expect, error) {
+func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expect, error) {
 	if handle == "" {
 		return nil, nil
 	}
@@ -29,14 +29,14 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]guard.Expe
 	// The claim is read before the holder: a claim between the two reads
 	// then shows as a holder, never as a free handle expected at a
 	// sequence past its claim.
-	rev, err := m.B.Rev(ctx, guard.Handle(handle))
+	rev, err := m.B.Rev(ctx, core.Handle(handle))
 	if err != nil {
 		return nil, err
 	}
 	if sb, err := m.Find(ctx, handle); err == nil {
 		return nil, fmt.Errorf("%w: handle %q is already in use by sandbox %s", ErrRefused, handle, sb.ID)
 	}
-	return []guard.Expect{{Entity: guard.Handle(handle), Seq: rev}}, nil
+	return []core.Expect{{Entity: core.Handle(handle), Seq: rev}}, nil
 }
 
 // decided runs the manager's hook between a create-like command's
@@ -51,11 +51,11 @@ func (m *Manager) decided(kind events.SagaKind) {
 // handleTaken names the sandbox holding handle in the error of a command
 // that was to give it to sandbox id and was refused because of it: the
 // journal found the handle claimed since the decision. Other errors are
-// returned as they are (the store's own refusal, guard.HandleHeld, names
+// returned as they are (the store's own refusal, core.HandleHeld, names
 // the holder already).
 func (m *Manager) handleTaken(ctx context.Context, handle, id string, err error) error {
-	var stale *guard.StaleError
-	if handle == "" || !errors.As(err, &stale) || stale.Entity != guard.Handle(handle) {
+	var stale *core.StaleError
+	if handle == "" || !errors.As(err, &stale) || stale.Entity != core.Handle(handle) {
 		return err
 	}
 	sb, found, ferr := m.B.Sandbox(context.WithoutCancel(ctx), handle)

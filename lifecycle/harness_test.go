@@ -17,8 +17,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
@@ -126,11 +126,11 @@ func (j *memJournal) Append(ctx context.Context, evs ...events.Event) ([]uint64,
 	return j.AppendExpect(ctx, nil, evs...)
 }
 
-func (j *memJournal) AppendExpect(_ context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+func (j *memJournal) AppendExpect(_ context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	n, refusal := guard.Admit(memLedger{j}, expect, evs)
-	var stale *guard.StaleError
+	n, refusal := core.Admit(memLedger{j}, expect, evs)
+	var stale *core.StaleError
 	if errors.As(refusal, &stale) && stale.Actual > 0 {
 		stale.Latest = j.recs[stale.Actual-1].Event.Type
 	}
@@ -159,16 +159,16 @@ func (j *memJournal) AppendExpect(_ context.Context, expect []guard.Expect, evs 
 	return seqs, refusal
 }
 
-func (j *memJournal) Rev(_ context.Context, entity guard.Entity) (uint64, error) {
+func (j *memJournal) Rev(_ context.Context, entity core.Entity) (uint64, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	return memLedger{j}.Rev(entity)
 }
 
-// memLedger is the journal as guard.Admit reads it; j.mu is held.
+// memLedger is the journal as core.Admit reads it; j.mu is held.
 type memLedger struct{ j *memJournal }
 
-func (l memLedger) Rev(entity guard.Entity) (uint64, error) {
+func (l memLedger) Rev(entity core.Entity) (uint64, error) {
 	switch entity.Kind() {
 	case "sandbox":
 		if sb := l.j.sandboxes.Get(entity.Name()); sb != nil {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -28,10 +28,10 @@ import (
 var (
 	// ErrRefused marks an operation refused before it changed anything
 	// (the guard's refusals are the same error).
-	ErrRefused = guard.ErrRefused
+	ErrRefused = core.ErrRefused
 	// ErrAlready marks a stop of a stopped sandbox or a start of a running
-	// one: the command's end state already holds (guard.Already).
-	ErrAlready = guard.ErrAlready
+	// one: the command's end state already holds (core.Already).
+	ErrAlready = core.ErrAlready
 	// ErrNotFound marks an unknown sandbox, snapshot or volume.
 	ErrNotFound = errors.New("not found")
 )
@@ -43,7 +43,7 @@ var (
 // its consumer, keeps lifecycle from importing control.
 type Backend interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
-	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
+	AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q events.Query, fn func(events.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
 	// Sandbox is one sandbox by id or handle; found is false if there is none.
@@ -59,7 +59,7 @@ type Backend interface {
 	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
 	// Rev is the sequence of the last event about entity (0: none): what
 	// a decision about it expects (for a handle, its last claim).
-	Rev(ctx context.Context, entity guard.Entity) (uint64, error)
+	Rev(ctx context.Context, entity core.Entity) (uint64, error)
 }
 
 // Manager runs flows against one state root.

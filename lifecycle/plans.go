@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -26,14 +26,14 @@ func (m *Manager) RemovePlan(ctx context.Context, ref string, opt RemoveOptions)
 		return Removed{}, nil, err
 	}
 	sb = observeExits(sb)
-	cmd := guard.Remove
+	cmd := core.Remove
 	if opt.Force {
-		cmd = guard.ForceRemove
+		cmd = core.ForceRemove
 	}
-	if err := guard.Decide(cmd, sb, open); err != nil {
+	if err := core.Decide(cmd, sb, open); err != nil {
 		return Removed{}, nil, fmt.Errorf("refused: %w", err)
 	}
-	if err := guard.DecideSnapshots(sb, opt.WithSnapshots); err != nil {
+	if err := core.DecideSnapshots(sb, opt.WithSnapshots); err != nil {
 		return Removed{}, nil, err
 	}
 	rep := Removed{ID: sb.ID, Handle: sb.Handle, Resources: len(sb.Resources), Snapshots: append([]string{}, sb.Snapshots...)}
@@ -54,7 +54,7 @@ func (m *Manager) SnapshotRemovePlan(ctx context.Context, ref string) (SnapshotI
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	if err := guard.Decide(guard.SnapshotRemove, observeExits(sb), open); err != nil {
+	if err := core.Decide(core.SnapshotRemove, observeExits(sb), open); err != nil {
 		return SnapshotInfo{}, fmt.Errorf("refused: %w", err)
 	}
 	all, err := m.Snapshots(ctx, sb.ID)
@@ -79,7 +79,7 @@ func (m *Manager) VolumeRemovePlan(ctx context.Context, name string) (projection
 	if v == nil {
 		return projections.Volume{}, fmt.Errorf("%w: no volume %q", ErrNotFound, name)
 	}
-	if err := guard.DecideVolumeRemove(v, name, nil); err != nil {
+	if err := core.DecideVolumeRemove(v, name, nil); err != nil {
 		return projections.Volume{}, fmt.Errorf("refused: %w", err)
 	}
 	return *v, nil

@@ -11,8 +11,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/liveness"
 	"github.com/nexus-sandbox/nexus/host/proc"
@@ -148,7 +148,7 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		}
 		return rep, nil
 	}
-	l, err := m.lease(ctx, guard.Reap, "reap")
+	l, err := m.lease(ctx, core.Reap, "reap")
 	if err != nil {
 		return rep, err
 	}

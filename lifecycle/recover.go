@@ -13,7 +13,6 @@ import (
 
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/intent"
@@ -80,12 +79,12 @@ func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) error {
 	for _, sg := range open {
 		// Only a saga whose runner lease is free is resumed or
 		// compensated, and recover holds the lease while it does.
-		entity := guard.Reap
+		entity := core.Reap
 		switch {
 		case sg.Sandbox != "":
-			entity = guard.Sandbox(sg.Sandbox)
+			entity = core.Sandbox(sg.Sandbox)
 		case volumeOfSaga(sg) != "":
-			entity = guard.Volume(volumeOfSaga(sg))
+			entity = core.Volume(volumeOfSaga(sg))
 		}
 		l, err := sagalease.Acquire(ctx, string(m.Root), string(entity), sagalease.Holder{Kind: "recover", Saga: sg.ID}, false)
 		var held *sagalease.HeldError
@@ -114,7 +113,7 @@ func (m *Manager) recoverSandboxes(ctx context.Context, rep *RecoverReport) erro
 		return err
 	}
 	for _, sb := range list {
-		l, err := sagalease.Acquire(ctx, string(m.Root), string(guard.Sandbox(sb.ID)), sagalease.Holder{Kind: "recover"}, false)
+		l, err := sagalease.Acquire(ctx, string(m.Root), string(core.Sandbox(sb.ID)), sagalease.Holder{Kind: "recover"}, false)
 		var held *sagalease.HeldError
 		if errors.As(err, &held) {
 			rep.Skipped = append(rep.Skipped, Skipped{Sandbox: sb.ID, Reason: "a command is running on it: " + held.By.String()})

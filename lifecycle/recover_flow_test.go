@@ -15,8 +15,8 @@ import (
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -296,7 +296,7 @@ func TestRecoverLeavesALiveRunnerAlone(t *testing.T) {
 	f := newFlow(t)
 	sb := f.create(CreateSpec{})
 	f.crashAt(events.SagaStop, "vmm-stop", sagas.AfterRecord, func() { f.m.Stop(f.ctx, sb.ID) })
-	l, err := sagalease.Acquire(f.ctx, f.root, string(guard.Sandbox(sb.ID)), sagalease.Holder{Kind: "stop"}, false)
+	l, err := sagalease.Acquire(f.ctx, f.root, string(core.Sandbox(sb.ID)), sagalease.Holder{Kind: "stop"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -48,15 +48,15 @@ func (m *Manager) Remove(ctx context.Context, ref string) error {
 // files are never touched), and finally the sandbox removed from the
 // journal's view. A removal interrupted at any step is finished by recover.
 func (m *Manager) RemoveWith(ctx context.Context, ref string, opt RemoveOptions) (Removed, error) {
-	cmd := guard.Remove
+	cmd := core.Remove
 	if opt.Force {
-		cmd = guard.ForceRemove
+		cmd = core.ForceRemove
 	}
 	c, err := m.claim(ctx, ref, cmd)
 	if err != nil {
 		return Removed{}, err
 	}
-	if err := guard.DecideSnapshots(c.sb, opt.WithSnapshots); err != nil {
+	if err := core.DecideSnapshots(c.sb, opt.WithSnapshots); err != nil {
 		c.release()
 		return Removed{}, err
 	}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -106,7 +106,7 @@ func (m *Manager) SnapshotRemove(ctx context.Context, ref string) (SnapshotInfo,
 	if err != nil {
 		return SnapshotInfo{}, err
 	}
-	c, err := m.claim(ctx, sb.ID, guard.SnapshotRemove)
+	c, err := m.claim(ctx, sb.ID, core.SnapshotRemove)
 	if err != nil {
 		return SnapshotInfo{}, err
 	}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
@@ -47,7 +47,7 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 	if size < 8<<20 {
 		return projections.Volume{}, fmt.Errorf("%w: volume size %d: at least 8 MiB", ErrRefused, size)
 	}
-	l, err := m.lease(ctx, guard.Volume(name), "volume create")
+	l, err := m.lease(ctx, core.Volume(name), "volume create")
 	if err != nil {
 		return projections.Volume{}, err
 	}
@@ -82,7 +82,7 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, err
 	}
 	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeCreatedEvent{Name: name, Path: m.rel(m.Root.VolumeDisk(name)), SizeBytes: size})
-	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []guard.Expect{{Entity: guard.Volume(name), Seq: 0}}, e); err != nil {
+	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []core.Expect{{Entity: core.Volume(name), Seq: 0}}, e); err != nil {
 		return projections.Volume{}, err
 	}
 	v, _ = m.findVolume(ctx, name)
@@ -109,7 +109,7 @@ func (m *Manager) Volumes(ctx context.Context) ([]projections.Volume, error) { r
 // attached. This is the only path in nexus that deletes volume data, and
 // only on the user's explicit command.
 func (m *Manager) VolumeRemove(ctx context.Context, name string) error {
-	l, err := m.lease(ctx, guard.Volume(name), "volume rm")
+	l, err := m.lease(ctx, core.Volume(name), "volume rm")
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[st
 	if v == nil {
 		return fmt.Errorf("%w: no volume %q", ErrNotFound, name)
 	}
-	if err := guard.DecideVolumeRemove(v, name, live); err != nil {
+	if err := core.DecideVolumeRemove(v, name, live); err != nil {
 		return fmt.Errorf("refused: %w", err)
 	}
 	dl, err := m.volumeLock(name)
@@ -138,7 +138,7 @@ func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[st
 	// Under the volume's lease nothing else may have attached it; the
 	// expectation makes the journal say so too.
 	s := m.volumeRmSaga(name)
-	s.Expect = []guard.Expect{{Entity: guard.Volume(name), Seq: v.Rev}}
+	s.Expect = []core.Expect{{Entity: core.Volume(name), Seq: v.Rev}}
 	if err := s.Run(ctx, m.B); err != nil {
 		return err
 	}
@@ -202,7 +202,7 @@ func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool, 
 		// of the sandboxes (one finishing a create just now is live).
 		l := &sagalease.Lease{}
 		if apply {
-			if l, err = m.lease(ctx, guard.Volume(v.Name), "volume prune"); err != nil {
+			if l, err = m.lease(ctx, core.Volume(v.Name), "volume prune"); err != nil {
 				return rep, err
 			}
 		}
@@ -241,7 +241,7 @@ func (m *Manager) pruneOne(ctx context.Context, name string, apply, includeDetac
 			rep.Stale = append(rep.Stale, v.Name+"@"+sb)
 			if apply {
 				e := events.New(ulid.Make(), nowUTC(), sb, events.VolumeDetachedEvent{Name: v.Name})
-				seqs, err := m.B.AppendExpect(context.WithoutCancel(ctx), []guard.Expect{{Entity: guard.Volume(v.Name), Seq: v.Rev}}, e)
+				seqs, err := m.B.AppendExpect(context.WithoutCancel(ctx), []core.Expect{{Entity: core.Volume(v.Name), Seq: v.Rev}}, e)
 				if err != nil {
 					return err
 				}

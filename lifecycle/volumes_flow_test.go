@@ -10,8 +10,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
 
@@ -126,7 +126,7 @@ func TestVolumePrune(t *testing.T) {
 	// nexus's journal could leave one).
 	gone := ulid.Make().String()
 	e := events.New(ulid.Make(), time.Now(), gone, events.VolumeAttachedEvent{Name: "stale", GuestPath: "/s"})
-	if _, err := f.j.AppendExpect(f.ctx, []guard.Expect{}, e); err != nil {
+	if _, err := f.j.AppendExpect(f.ctx, []core.Expect{}, e); err != nil {
 		t.Fatal(err)
 	}
 	mark := f.j.mark()

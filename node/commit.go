@@ -9,8 +9,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -38,7 +38,7 @@ func newGroupCommit() groupCommit { return groupCommit{token: make(chan struct{}
 
 // appendReq is one AppendExpect call.
 type appendReq struct {
-	expect []guard.Expect
+	expect []core.Expect
 	evs    []events.Event
 	data   [][]byte // evs encoded, or nil
 	seqs   []uint64
@@ -55,7 +55,7 @@ func (r *appendReq) finish(seqs []uint64, err error) {
 	close(r.done)
 }
 
-func (n *Node) groupAppend(ctx context.Context, expect []guard.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+func (n *Node) groupAppend(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
 	r := &appendReq{expect: expect, evs: evs, data: data, done: make(chan struct{})}
 	n.gc.mu.Lock()
 	n.gc.queue = append(n.gc.queue, r)
@@ -139,7 +139,7 @@ func (n *Node) commitQueued(ctx context.Context) (turn func() (answer func())) {
 }
 
 // requestKeys names what a request's checks read and its events change:
-// the entities it expects or its events concern (guard.EntitiesOf), and
+// the entities it expects or its events concern (core.EntitiesOf), and
 // the sagas it writes.
 func requestKeys(r *appendReq) []string {
 	var keys []string
@@ -147,7 +147,7 @@ func requestKeys(r *appendReq) []string {
 		keys = append(keys, string(x.Entity))
 	}
 	for _, e := range r.evs {
-		for _, ent := range guard.EntitiesOf(e) {
+		for _, ent := range core.EntitiesOf(e) {
 			keys = append(keys, string(ent))
 		}
 		if e.Saga != "" {
@@ -290,7 +290,7 @@ func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal
 // sandbox's subjects, and each handle.claimed's on its handle's subject,
 // at the sequence the decision saw (the handle's current one if the
 // decision named none). data, if set, is evs encoded.
-func (n *Node) messagesLocked(ctx context.Context, expect []guard.Expect, evs []events.Event, data [][]byte) ([]journal.Message, error) {
+func (n *Node) messagesLocked(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]journal.Message, error) {
 	kinds := map[string]events.SagaKind{} // of the sagas evs start
 	msgs := make([]journal.Message, 0, len(evs))
 	for i, e := range evs {
@@ -318,7 +318,7 @@ func (n *Node) messagesLocked(ctx context.Context, expect []guard.Expect, evs []
 		}
 		if c, ok := e.Payload.(events.HandleClaimedEvent); ok {
 			m.ExpectSubjects = subject
-			if x := expectationOf(expect, guard.Handle(c.Handle)); x != nil {
+			if x := expectationOf(expect, core.Handle(c.Handle)); x != nil {
 				m.ExpectSubjectSeq = x.Seq
 			} else if m.ExpectSubjectSeq, err = n.handleRevLocked(ctx, c.Handle); err != nil {
 				return nil, err
@@ -329,7 +329,7 @@ func (n *Node) messagesLocked(ctx context.Context, expect []guard.Expect, evs []
 	return msgs, nil
 }
 
-// admitLocked applies guard.Admit to a call against the views (see
+// admitLocked applies core.Admit to a call against the views (see
 // ledger). A stale expectation may be the call's own earlier attempt: a
 // writer whose append got no answer (its daemon was killed between the
 // journal's ack and the reply) sends the same events again through the
@@ -338,9 +338,9 @@ func (n *Node) messagesLocked(ctx context.Context, expect []guard.Expect, evs []
 // is stored after the expected sequence, the answer is storedError with
 // their sequences. Otherwise it is how many events are admitted and why
 // the next one is not.
-func (n *Node) admitLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) (int, error) {
+func (n *Node) admitLocked(ctx context.Context, expect []core.Expect, evs []events.Event) (int, error) {
 	k, err := admit(ledger{n: n, ctx: ctx}, expect, evs)
-	var stale *guard.StaleError
+	var stale *core.StaleError
 	if errors.As(err, &stale) {
 		if seqs := n.findStoredLocked(ctx, journal.Range{From: stale.Expected + 1}, evs); seqs != nil {
 			return 0, storedError(seqs)
@@ -354,17 +354,17 @@ func (n *Node) admitLocked(ctx context.Context, expect []guard.Expect, evs []eve
 	return k, err
 }
 
-// admit is guard.Admit; the tests that prove the journal's own checks
+// admit is core.Admit; the tests that prove the journal's own checks
 // replace it with one that admits everything.
-var admit = guard.Admit
+var admit = core.Admit
 
-// ledger is the views as guard.Admit reads them. Call with n.mu held.
+// ledger is the views as core.Admit reads them. Call with n.mu held.
 type ledger struct {
 	n   *Node
 	ctx context.Context
 }
 
-func (l ledger) Rev(entity guard.Entity) (uint64, error) { return l.n.revLocked(l.ctx, entity) }
+func (l ledger) Rev(entity core.Entity) (uint64, error) { return l.n.revLocked(l.ctx, entity) }
 
 func (l ledger) SagaOpen(id string) bool { return l.n.sagas.Get(id) != nil }
 

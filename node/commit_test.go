@@ -12,8 +12,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -97,10 +97,10 @@ func TestGroupCommitSharesOneFsyncAndRefusesStaleAlone(t *testing.T) {
 	// other waits for the next and is refused there: it is stale by then.
 	calls = append(calls,
 		func() ([]uint64, error) {
-			return n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(target), Seq: first[0]}}, warning(target))
+			return n.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(target), Seq: first[0]}}, warning(target))
 		},
 		func() ([]uint64, error) {
-			return n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(target), Seq: first[0]}}, warning(target))
+			return n.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(target), Seq: first[0]}}, warning(target))
 		},
 	)
 	syncs := n.Journal().Syncs()
@@ -113,7 +113,7 @@ func TestGroupCommitSharesOneFsyncAndRefusesStaleAlone(t *testing.T) {
 			t.Fatalf("writer %d: %v, %v", w, r.seqs, r.err)
 		}
 		seen[r.seqs[0]] = true
-		if rev := n.Rev(guard.Sandbox(sandboxes[w])); rev != r.seqs[0] {
+		if rev := n.Rev(core.Sandbox(sandboxes[w])); rev != r.seqs[0] {
 			t.Fatalf("writer %d: Rev = %d, want its seq %d (not folded)", w, rev, r.seqs[0])
 		}
 	}
@@ -125,7 +125,7 @@ func TestGroupCommitSharesOneFsyncAndRefusesStaleAlone(t *testing.T) {
 	if fresh.err != nil {
 		t.Fatalf("fresh decision refused: %v", fresh.err)
 	}
-	var se *guard.StaleError
+	var se *core.StaleError
 	if !errors.As(stale.err, &se) || se.Actual != fresh.seqs[0] {
 		t.Fatalf("stale decision = %v, %v; want refused, target at %d", stale.seqs, stale.err, fresh.seqs[0])
 	}
@@ -198,7 +198,7 @@ func TestGroupCommitSagaStepIsOneBatch(t *testing.T) {
 	}
 	calls := []func() ([]uint64, error){
 		func() ([]uint64, error) {
-			return n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: made[0]}},
+			return n.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(sb), Seq: made[0]}},
 				step(events.SagaStartedEvent{Kind: "rm"}, "start"),
 				step(events.WarningRaisedEvent{Reason: "a"}, "a"),
 				step(events.SagaFinishedEvent{}, "finish"),
@@ -210,14 +210,14 @@ func TestGroupCommitSagaStepIsOneBatch(t *testing.T) {
 	r := got[0]
 	// The fourth event comes after the saga finished: refused, the three
 	// before it stored, as one batch at consecutive sequences.
-	if !errors.Is(r.err, guard.ErrSagaClosed) || len(r.seqs) != 3 || r.seqs[1] != r.seqs[0]+1 || r.seqs[2] != r.seqs[1]+1 {
+	if !errors.Is(r.err, core.ErrSagaClosed) || len(r.seqs) != 3 || r.seqs[1] != r.seqs[0]+1 || r.seqs[2] != r.seqs[1]+1 {
 		t.Fatalf("saga step = %v, %v; want 3 consecutive seqs and ErrSagaClosed", r.seqs, r.err)
 	}
 	if got[1].err != nil {
 		t.Fatal(got[1].err)
 	}
-	if n.Rev(guard.Sandbox(sb)) != r.seqs[2] || n.sagas.Get(saga) != nil {
-		t.Fatalf("views after the batch: Rev %d (want %d), saga open %v", n.Rev(guard.Sandbox(sb)), r.seqs[2], n.sagas.Get(saga) != nil)
+	if n.Rev(core.Sandbox(sb)) != r.seqs[2] || n.sagas.Get(saga) != nil {
+		t.Fatalf("views after the batch: Rev %d (want %d), saga open %v", n.Rev(core.Sandbox(sb)), r.seqs[2], n.sagas.Get(saga) != nil)
 	}
 }
 
@@ -341,15 +341,15 @@ func TestRetryOfAStoredAppendAfterReopen(t *testing.T) {
 	first := created(sb)
 	guarded := warning(sb)
 	plain := warning(sb)
-	if _, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 0}}, first); err != nil {
+	if _, err := n.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(sb), Seq: 0}}, first); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]uint64{}
 	for _, c := range []struct {
 		name   string
 		e      events.Event
-		expect []guard.Expect
-	}{{"guarded", guarded, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
+		expect []core.Expect
+	}{{"guarded", guarded, []core.Expect{{Entity: core.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
 		seqs, err := n.AppendExpect(ctx, c.expect, c.e)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
@@ -367,15 +367,15 @@ func TestRetryOfAStoredAppendAfterReopen(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		e      events.Event
-		expect []guard.Expect
-	}{{"guarded", guarded, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
+		expect []core.Expect
+	}{{"guarded", guarded, []core.Expect{{Entity: core.Sandbox(sb), Seq: 1}}}, {"plain", plain, nil}} {
 		seqs, err := n.AppendExpect(ctx, c.expect, c.e)
 		if err != nil || len(seqs) != 1 || seqs[0] != want[c.name] {
 			t.Fatalf("%s append sent again after a reopen: %v, %v; want its stored seq %d", c.name, seqs, err, want[c.name])
 		}
 	}
-	_, err = n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: 1}}, warning(sb))
-	var stale *guard.StaleError
+	_, err = n.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(sb), Seq: 1}}, warning(sb))
+	var stale *core.StaleError
 	if !errors.As(err, &stale) || stale.Actual != 3 {
 		t.Fatalf("a new event on a stale expectation: %v; want refused as stale at 3", err)
 	}
@@ -395,7 +395,7 @@ func TestStaleLookupReadsOnlyItsSubjects(t *testing.T) {
 	vol := func(name string) events.Event {
 		return events.New(ulid.Make(), time.Now(), "", events.VolumeCreatedEvent{Name: name, Path: "/v/" + name, SizeBytes: 1})
 	}
-	if _, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Volume("data"), Seq: 0}}, vol("data")); err != nil {
+	if _, err := n.AppendExpect(ctx, []core.Expect{{Entity: core.Volume("data"), Seq: 0}}, vol("data")); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 300; i++ {
@@ -404,8 +404,8 @@ func TestStaleLookupReadsOnlyItsSubjects(t *testing.T) {
 		}
 	}
 	before := n.j.RecordsRead()
-	_, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Volume("data"), Seq: 0}}, vol("data"))
-	var stale *guard.StaleError
+	_, err := n.AppendExpect(ctx, []core.Expect{{Entity: core.Volume("data"), Seq: 0}}, vol("data"))
+	var stale *core.StaleError
 	if !errors.As(err, &stale) {
 		t.Fatalf("a second create of the volume on a stale decision: %v, want stale", err)
 	}

@@ -12,8 +12,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -44,7 +44,7 @@ func appendConcurrently(ctx context.Context, n *node.Node) {
 				} else {
 					evs = append(evs, events.New(ulid.Make(), time.Now(), sb, events.SandboxCreatedEvent{Image: "i", Driver: "process"}))
 				}
-				seqs, err := n.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(sb), Seq: rev}}, evs...)
+				seqs, err := n.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(sb), Seq: rev}}, evs...)
 				if err != nil {
 					fmt.Fprintf(os.Stderr, "child: writer append: %v\n", err)
 					os.Exit(2)

@@ -7,8 +7,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -45,7 +45,7 @@ func BenchmarkAppendGuardedVsPlain(b *testing.B) {
 			b.Fatal(err)
 		}
 		t1 := time.Now()
-		x := []guard.Expect{{Entity: guard.Sandbox(c), Seq: n.Rev(guard.Sandbox(c))}}
+		x := []core.Expect{{Entity: core.Sandbox(c), Seq: n.Rev(core.Sandbox(c))}}
 		if _, err := n.AppendExpect(ctx, x, warn(c)); err != nil {
 			b.Fatal(err)
 		}

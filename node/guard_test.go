@@ -8,8 +8,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -27,9 +27,9 @@ func TestAppendExpectRefusesStaleDecisionsAndClosedSagas(t *testing.T) {
 		e.Saga, e.Step = saga, string(p.EventType())
 		return e
 	}
-	ent := guard.Sandbox(id)
+	ent := core.Sandbox(id)
 	// A new sandbox: the create decision saw nothing about it.
-	seqs, err := n.AppendExpect(ctx, []guard.Expect{{Entity: ent, Seq: 0}}, ev(events.SagaStartedEvent{Kind: "create"}))
+	seqs, err := n.AppendExpect(ctx, []core.Expect{{Entity: ent, Seq: 0}}, ev(events.SagaStartedEvent{Kind: "create"}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,8 +37,8 @@ func TestAppendExpectRefusesStaleDecisionsAndClosedSagas(t *testing.T) {
 		t.Fatalf("Rev = %d, want %d", n.Rev(ent), seqs[0])
 	}
 	// A second create decided on the same empty state loses.
-	_, err = n.AppendExpect(ctx, []guard.Expect{{Entity: ent, Seq: 0}}, ev(events.SagaStartedEvent{Kind: "create"}))
-	var stale *guard.StaleError
+	_, err = n.AppendExpect(ctx, []core.Expect{{Entity: ent, Seq: 0}}, ev(events.SagaStartedEvent{Kind: "create"}))
+	var stale *core.StaleError
 	if !errors.As(err, &stale) || stale.Actual != seqs[0] || stale.Latest != events.SagaStarted {
 		t.Fatalf("second decision on the same state = %v, want stale at %d (saga.started)", err, seqs[0])
 	}
@@ -47,11 +47,11 @@ func TestAppendExpectRefusesStaleDecisionsAndClosedSagas(t *testing.T) {
 	if _, err := n.Append(ctx, other); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.AppendExpect(ctx, []guard.Expect{{Entity: ent, Seq: seqs[0]}}, ev(events.SagaCompensatedEvent{Reason: "test"})); err != nil {
+	if _, err := n.AppendExpect(ctx, []core.Expect{{Entity: ent, Seq: seqs[0]}}, ev(events.SagaCompensatedEvent{Reason: "test"})); err != nil {
 		t.Fatalf("fresh decision refused: %v", err)
 	}
 	// The saga is closed: nothing more may be written in its name.
-	if _, err := n.Append(ctx, ev(events.ResourceReclaimedEvent{By: "late"})); !errors.Is(err, guard.ErrSagaClosed) {
+	if _, err := n.Append(ctx, ev(events.ResourceReclaimedEvent{By: "late"})); !errors.Is(err, core.ErrSagaClosed) {
 		t.Fatalf("event of a closed saga = %v, want ErrSagaClosed", err)
 	}
 }

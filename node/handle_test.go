@@ -8,8 +8,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 )
 
 // createWithHandle is a create's commit: the sandbox and its claim of
@@ -22,7 +22,7 @@ func createWithHandle(ctx context.Context, n *Node, handle string, rev uint64) (
 		e.Saga, e.Step = saga, step
 		return e
 	}
-	expect := []guard.Expect{{Entity: guard.Sandbox(id)}, {Entity: guard.Handle(handle), Seq: rev}}
+	expect := []core.Expect{{Entity: core.Sandbox(id)}, {Entity: core.Handle(handle), Seq: rev}}
 	seqs, err := n.AppendExpect(ctx, expect, ev(events.SagaStartedEvent{Kind: events.SagaCreate}, "saga.started"),
 		ev(events.SandboxCreatedEvent{Handle: handle, Image: "img", Driver: "process"}, "commit"),
 		ev(events.HandleClaimedEvent{Sandbox: id, Handle: handle}, "commit#2"))
@@ -39,13 +39,13 @@ func TestStoreRefusesAHeldHandle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rev := n.Rev(guard.Handle("d9"))
+	rev := n.Rev(core.Handle("d9"))
 	if rev != seqs[2] {
 		t.Fatalf("Rev(handle/d9) = %d, want the claim's %d", rev, seqs[2])
 	}
 	b, _, err := createWithHandle(ctx, n, "d9", rev)
-	var held *guard.HandleHeld
-	if !errors.As(err, &held) || held.Holder != a || !errors.Is(err, guard.ErrRefused) {
+	var held *core.HandleHeld
+	if !errors.As(err, &held) || held.Holder != a || !errors.Is(err, core.ErrRefused) {
 		t.Fatalf("create of a held handle = %v, want refused naming %s", err, a)
 	}
 	if sb, found, _ := n.Sandbox(ctx, b); found && sb.Handle != "" {
@@ -74,14 +74,14 @@ func TestJournalRefusesAStaleClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { admit = guard.Admit }()
-	admit = func(_ guard.Journal, _ []guard.Expect, evs []events.Event) (int, error) { return len(evs), nil }
+	defer func() { admit = core.Admit }()
+	admit = func(_ core.Journal, _ []core.Expect, evs []events.Event) (int, error) { return len(evs), nil }
 	b, _, err := createWithHandle(ctx, n, "d9", 0) // decided when d9 was free
-	var stale *guard.StaleError
-	if !errors.As(err, &stale) || stale.Entity != guard.Handle("d9") || stale.Actual != seqs[2] {
+	var stale *core.StaleError
+	if !errors.As(err, &stale) || stale.Entity != core.Handle("d9") || stale.Actual != seqs[2] {
 		t.Fatalf("claim decided on a free d9 after %s claimed it = %v, want stale on handle/d9 at %d", a, err, seqs[2])
 	}
-	admit = guard.Admit
+	admit = core.Admit
 	err = n.Events(ctx, Query{Sandbox: b}, func(r Record) error {
 		if r.Event.Type == events.SandboxCreated {
 			t.Errorf("the refused create's commit is in the journal at %d", r.Seq)

@@ -11,8 +11,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
@@ -138,15 +138,15 @@ func TestLazyNodeAppendsLikeAFullOne(t *testing.T) {
 	if err != nil || !found || sb.Rev == 0 {
 		t.Fatalf("lazy read: %+v %v %v", sb, found, err)
 	}
-	ent := guard.Sandbox(ids[3])
+	ent := core.Sandbox(ids[3])
 	start := func() events.Event {
 		return events.New(ulid.Make(), time.Now(), ids[3], events.SandboxStartedEvent{VMMPid: 1, VMMStart: 1})
 	}
-	var stale *guard.StaleError
-	if _, err := lazy.AppendExpect(ctx, []guard.Expect{{Entity: ent, Seq: sb.Rev - 1}}, start()); !errors.As(err, &stale) {
+	var stale *core.StaleError
+	if _, err := lazy.AppendExpect(ctx, []core.Expect{{Entity: ent, Seq: sb.Rev - 1}}, start()); !errors.As(err, &stale) {
 		t.Fatalf("a stale expectation on a lazy node: %v, want a StaleError", err)
 	}
-	seqs, err := lazy.AppendExpect(ctx, []guard.Expect{{Entity: ent, Seq: sb.Rev}}, start())
+	seqs, err := lazy.AppendExpect(ctx, []core.Expect{{Entity: ent, Seq: sb.Rev}}, start())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestLazyAppendDecodesOnlyWhatItTouches(t *testing.T) {
 		t.Fatalf("read: %v %v", found, err)
 	}
 	start := events.New(ulid.Make(), time.Now(), target, events.SandboxStartedEvent{VMMPid: 4242, VMMStart: 1})
-	if _, err := nd.AppendExpect(ctx, []guard.Expect{{Entity: guard.Sandbox(target), Seq: sb.Rev}}, start); err != nil {
+	if _, err := nd.AppendExpect(ctx, []core.Expect{{Entity: core.Sandbox(target), Seq: sb.Rev}}, start); err != nil {
 		t.Fatal(err)
 	}
 	if got, _, err := nd.Sandbox(ctx, "sb-777"); err != nil || got.ID != target || got.VMM == nil || got.VMM.Pid != 4242 {

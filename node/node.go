@@ -19,8 +19,8 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -643,17 +643,17 @@ func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error
 }
 
 // AppendExpect is Append for a decision: it refuses the whole batch with a
-// *guard.StaleError unless every expected entity is still at the sequence
+// *core.StaleError unless every expected entity is still at the sequence
 // the decision saw. The node checks under its append lock, and the journal
 // checks the first sandbox expectation again on the event's own subjects.
-// Any event of a saga the journal has closed is refused (guard.ErrSagaClosed).
+// Any event of a saga the journal has closed is refused (core.ErrSagaClosed).
 //
 // Concurrent calls are committed together (see groupAppend): each call's
 // events are one atomic journal batch, and calls that touch different
 // entities share it, so they share one fsync. Each call still returns only
 // once its own events are on disk, and a refusal of one call does not fail
 // the others.
-func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+func (n *Node) AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
 	return n.AppendDecoded(ctx, expect, evs, nil)
 }
 
@@ -661,7 +661,7 @@ func (n *Node) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...e
 // daemon's append stream): data[i] is the journal bytes evs[i] was decoded
 // from (events.Decode, which refuses anything it would not keep), stored
 // as they are instead of encoded again. data may be nil.
-func (n *Node) AppendDecoded(ctx context.Context, expect []guard.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+func (n *Node) AppendDecoded(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
 	if data != nil && len(data) != len(evs) {
 		return nil, fmt.Errorf("append: %d events with %d encodings", len(evs), len(data))
 	}
@@ -680,7 +680,7 @@ func (n *Node) AppendDecoded(ctx context.Context, expect []guard.Expect, evs []e
 // giving a handle and its handle.claimed go in together, as one batch. It
 // is the fallback when a batch is refused as a whole, which tells each
 // call its own result.
-func (n *Node) appendOneByOneLocked(ctx context.Context, expect []guard.Expect, evs []events.Event) ([]uint64, error) {
+func (n *Node) appendOneByOneLocked(ctx context.Context, expect []core.Expect, evs []events.Event) ([]uint64, error) {
 	k, refusal := n.admitLocked(ctx, expect, evs)
 	if seqs, ok := errStored(refusal); ok {
 		return seqs, nil
@@ -695,7 +695,7 @@ func (n *Node) appendOneByOneLocked(ctx context.Context, expect []guard.Expect, 
 	seqs := make([]uint64, 0, k)
 	for i := 0; i < k; {
 		unit := 1
-		if guard.Claimed(evs, i) {
+		if core.Claimed(evs, i) {
 			unit = 2
 		}
 		got, err := n.appendLocked(ctx, msgs[i:i+unit], evs[i:i+unit])
@@ -710,15 +710,15 @@ func (n *Node) appendOneByOneLocked(ctx context.Context, expect []guard.Expect, 
 
 // Rev is the sequence of the last event about entity (0: none, or when
 // it cannot be read).
-func (n *Node) Rev(entity guard.Entity) uint64 {
+func (n *Node) Rev(entity core.Entity) uint64 {
 	rev, _ := n.EntityRev(context.Background(), entity)
 	return rev
 }
 
 // EntityRev is the sequence of the last event about entity (0: none): what
-// a decision about it expects (guard.Expect). For a handle it is the
+// a decision about it expects (core.Expect). For a handle it is the
 // handle's last handle.claimed.
-func (n *Node) EntityRev(ctx context.Context, entity guard.Entity) (uint64, error) {
+func (n *Node) EntityRev(ctx context.Context, entity core.Entity) (uint64, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -727,7 +727,7 @@ func (n *Node) EntityRev(ctx context.Context, entity guard.Entity) (uint64, erro
 	return n.revLocked(ctx, entity)
 }
 
-func (n *Node) revLocked(ctx context.Context, entity guard.Entity) (uint64, error) {
+func (n *Node) revLocked(ctx context.Context, entity core.Entity) (uint64, error) {
 	switch entity.Kind() {
 	case "sandbox":
 		sb, err := n.sandboxes.get(entity.Name())
@@ -772,14 +772,14 @@ func (n *Node) typeAt(ctx context.Context, seq uint64) events.Type {
 // journalExpectation is the expectation the journal itself checks for an
 // event: the one about the event's own sandbox, whose subjects are
 // nexus.events.*.*.<sandbox>.
-func journalExpectation(expect []guard.Expect, e events.Event) *guard.Expect {
+func journalExpectation(expect []core.Expect, e events.Event) *core.Expect {
 	if e.Sandbox == "" {
 		return nil
 	}
-	return expectationOf(expect, guard.Sandbox(e.Sandbox))
+	return expectationOf(expect, core.Sandbox(e.Sandbox))
 }
 
-func expectationOf(expect []guard.Expect, entity guard.Entity) *guard.Expect {
+func expectationOf(expect []core.Expect, entity core.Entity) *core.Expect {
 	for i := range expect {
 		if expect[i].Entity == entity {
 			return &expect[i]
@@ -822,7 +822,7 @@ func (n *Node) appendLocked(ctx context.Context, msgs []journal.Message, evs []e
 }
 
 // journalRefusal names what the journal's own expectation refused: the
-// entity whose subject moved (a *guard.StaleError), or err as it is.
+// entity whose subject moved (a *core.StaleError), or err as it is.
 func (n *Node) journalRefusal(ctx context.Context, msgs []journal.Message, evs []events.Event, err error) error {
 	var be *journal.BatchError
 	stale := errors.Is(err, journal.ErrStaleSubject) ||
@@ -834,12 +834,12 @@ func (n *Node) journalRefusal(ctx context.Context, msgs []journal.Message, evs [
 		if m.ExpectSubjects == "" {
 			continue
 		}
-		entity := guard.Sandbox(evs[i].Sandbox)
+		entity := core.Sandbox(evs[i].Sandbox)
 		if c, ok := evs[i].Payload.(events.HandleClaimedEvent); ok {
-			entity = guard.Handle(c.Handle)
+			entity = core.Handle(c.Handle)
 		}
 		if actual, rerr := n.revLocked(ctx, entity); rerr == nil && actual != m.ExpectSubjectSeq {
-			return &guard.StaleError{Entity: entity, Expected: m.ExpectSubjectSeq, Actual: actual, Latest: n.typeAt(ctx, actual)}
+			return &core.StaleError{Entity: entity, Expected: m.ExpectSubjectSeq, Actual: actual, Latest: n.typeAt(ctx, actual)}
 		}
 	}
 	return err

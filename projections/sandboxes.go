@@ -77,7 +77,7 @@ type Sandbox struct {
 	FlushedRun string           `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
 	Seq        uint64           `msgpack:"seq" json:"seq"`
 	// Rev is the sequence of the last event about this sandbox (any event
-	// carrying its id): the entity sequence a decision expects (guard.Expect).
+	// carrying its id): the entity sequence a decision expects (core.Expect).
 	Rev uint64 `msgpack:"rev" json:"rev"`
 }
 

@@ -15,7 +15,7 @@ type Volume struct {
 	SizeBytes  int64    `msgpack:"size" json:"size_bytes"`
 	AttachedTo []string `msgpack:"att,omitempty" json:"attached_to"`
 	// Rev is the sequence of the last event naming this volume: the
-	// entity sequence a decision about it expects (guard.Expect).
+	// entity sequence a decision about it expects (core.Expect).
 	Rev uint64 `msgpack:"rev" json:"rev"`
 }
 

@@ -14,8 +14,8 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 )
 
 // Journal is where a saga records its steps.
@@ -26,7 +26,7 @@ type Journal interface {
 // GuardedJournal also refuses an append decided on stale state.
 type GuardedJournal interface {
 	Journal
-	AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error)
+	AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error)
 }
 
 // Step is one unit of a saga. Do performs it and returns the events that
@@ -68,7 +68,7 @@ type Saga struct {
 	// those entities have not moved since (the saga advances each to what
 	// it last wrote), so a decision taken on stale state is refused by the
 	// journal. Compensation is never guarded: it records what was undone.
-	Expect []guard.Expect
+	Expect []core.Expect
 	// Forward marks a saga that only goes forward (a teardown such as rm
 	// or stop, whose steps have nothing to undo): an interruption does not
 	// stop it between steps, and a failed step leaves it open for recover
@@ -257,7 +257,7 @@ func (s *Saga) record(ctx context.Context, j Journal, guarded bool, step string,
 		return fmt.Errorf("%s: the journal cannot check expectations", s.Kind)
 	}
 	seqs, err := gj.AppendExpect(rctx, s.Expect, evs...)
-	guard.Advance(s.Expect, evs, seqs)
+	core.Advance(s.Expect, evs, seqs)
 	return err
 }
 

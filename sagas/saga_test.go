@@ -6,8 +6,8 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -146,25 +146,25 @@ func TestResumeSkipsDoneSteps(t *testing.T) {
 // an unreachable journal would.
 type guardedJournal struct {
 	memJournal
-	rev    map[guard.Entity]uint64
+	rev    map[core.Entity]uint64
 	failOn string
 }
 
 func newGuarded() *guardedJournal {
-	return &guardedJournal{memJournal: memJournal{sagas: projections.NewSagas()}, rev: map[guard.Entity]uint64{}}
+	return &guardedJournal{memJournal: memJournal{sagas: projections.NewSagas()}, rev: map[core.Entity]uint64{}}
 }
 
 func (g *guardedJournal) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
 	return g.AppendExpect(ctx, nil, evs...)
 }
 
-func (g *guardedJournal) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+func (g *guardedJournal) AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	for _, x := range expect {
 		if g.rev[x.Entity] != x.Seq {
-			return nil, &guard.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: g.rev[x.Entity]}
+			return nil, &core.StaleError{Entity: x.Entity, Expected: x.Seq, Actual: g.rev[x.Entity]}
 		}
 	}
 	for _, e := range evs {
@@ -174,7 +174,7 @@ func (g *guardedJournal) AppendExpect(ctx context.Context, expect []guard.Expect
 	}
 	seqs, err := g.memJournal.Append(ctx, evs...)
 	for i, e := range evs {
-		for _, ent := range guard.EntitiesOf(e) {
+		for _, ent := range core.EntitiesOf(e) {
 			g.rev[ent] = seqs[i]
 		}
 	}
@@ -259,19 +259,19 @@ func TestCompensationStopsWhereTheJournalCannotHear(t *testing.T) {
 
 func TestStaleDecisionIsRefusedAndStepsAdvanceTheirExpectation(t *testing.T) {
 	j := newGuarded()
-	ent := guard.Sandbox(sb1)
+	ent := core.Sandbox(sb1)
 	j.rev[ent] = 7 // the journal moved on after the decision read 5
 	var undone []string
-	s := &Saga{Kind: "stop", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone)}, Expect: []guard.Expect{{Entity: ent, Seq: 5}}}
+	s := &Saga{Kind: "stop", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone)}, Expect: []core.Expect{{Entity: ent, Seq: 5}}}
 	err := s.Run(context.Background(), j)
-	var stale *guard.StaleError
+	var stale *core.StaleError
 	if !errors.As(err, &stale) || stale.Actual != 7 {
 		t.Fatalf("Run = %v, want a stale refusal at 7", err)
 	}
 	if len(j.evs) != 0 {
 		t.Fatal("a stale saga wrote events")
 	}
-	s = &Saga{Kind: "stop", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone), recordingStep("b", &undone)}, Expect: []guard.Expect{{Entity: ent, Seq: 7}}}
+	s = &Saga{Kind: "stop", Sandbox: sb1, Steps: []Step{recordingStep("a", &undone), recordingStep("b", &undone)}, Expect: []core.Expect{{Entity: ent, Seq: 7}}}
 	if err := s.Run(context.Background(), j); err != nil {
 		t.Fatalf("fresh decision refused: %v", err)
 	}

@@ -10,8 +10,8 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/core"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )

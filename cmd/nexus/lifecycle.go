@@ -14,8 +14,8 @@ import (
 
 	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -267,7 +267,7 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 				var done []projections.Sandbox
 				err := eachRef(cmd, args, func(ref string) error {
 					sb, err := run(cmd.Context(), m, ref)
-					var already *guard.Already
+					var already *core.Already
 					if errors.As(err, &already) {
 						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "%s already %s\n", sb.ID, already.State)

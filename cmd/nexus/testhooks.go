@@ -20,8 +20,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
 
@@ -145,7 +145,7 @@ func (f failingBackend) Append(ctx context.Context, evs ...events.Event) ([]uint
 	return f.AppendExpect(ctx, nil, evs...)
 }
 
-func (f failingBackend) AppendExpect(ctx context.Context, expect []guard.Expect, evs ...events.Event) ([]uint64, error) {
+func (f failingBackend) AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
 	for _, e := range evs {
 		if e.Type == f.fail {
 			return nil, fmt.Errorf("injected failure appending %s (NEXUS_FAIL_APPEND)", f.fail)

@@ -9,8 +9,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/guard"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -41,7 +41,7 @@ const AppendOverHTTPRefusal = "this nexus daemon takes appends only on its appen
 type AppendRequest struct {
 	ID     uint64
 	Events [][]byte // each event's journal bytes (events.Encode)
-	Expect []guard.Expect
+	Expect []core.Expect
 }
 
 // AppendResponse answers the request of the same ID: the sequences
@@ -52,8 +52,8 @@ type AppendResponse struct {
 	Error      string
 	Conflict   bool
 	SagaClosed bool
-	Stale      *guard.StaleError
-	Held       *guard.HandleHeld
+	Stale      *core.StaleError
+	Held       *core.HandleHeld
 }
 
 // A frame is a 4-byte big-endian length, then one msgpack array: a
@@ -236,7 +236,7 @@ func (fr *FrameReader) Request() (*AppendRequest, error) {
 		if err != nil {
 			return nil, fmt.Errorf("append stream: bad frame: expectation %d: %w", i, err)
 		}
-		req.Expect = append(req.Expect, guard.Expect{Entity: guard.Entity(entity), Seq: seq})
+		req.Expect = append(req.Expect, core.Expect{Entity: core.Entity(entity), Seq: seq})
 	}
 	return req, nil
 }
@@ -285,10 +285,10 @@ func (fr *FrameReader) Response() (*AppendResponse, error) {
 		if n != 4 {
 			return bad("stale", fmt.Errorf("%d fields", n))
 		}
-		st := &guard.StaleError{}
+		st := &core.StaleError{}
 		entity, err := fr.string("stale entity")
 		if err == nil {
-			st.Entity = guard.Entity(entity)
+			st.Entity = core.Entity(entity)
 			st.Expected, err = d.DecodeUint64()
 		}
 		if err == nil {
@@ -313,7 +313,7 @@ func (fr *FrameReader) Response() (*AppendResponse, error) {
 	if n != 3 {
 		return bad("held", fmt.Errorf("%d fields", n))
 	}
-	h := &guard.HandleHeld{}
+	h := &core.HandleHeld{}
 	if h.Handle, err = fr.string("held handle"); err == nil {
 		if h.Holder, err = fr.string("held holder"); err == nil {
 			h.Sandbox, err = fr.string("held sandbox")
@@ -339,7 +339,7 @@ func Answer(id uint64, seqs []uint64, err error) *AppendResponse {
 	if err != nil {
 		resp.Error = err.Error()
 		resp.Conflict = errors.Is(err, journal.ErrConflict)
-		resp.SagaClosed = errors.Is(err, guard.ErrSagaClosed)
+		resp.SagaClosed = errors.Is(err, core.ErrSagaClosed)
 		errors.As(err, &resp.Stale)
 		errors.As(err, &resp.Held)
 	}
@@ -356,7 +356,7 @@ func (resp *AppendResponse) Result() ([]uint64, error) {
 	case resp.Held != nil:
 		return resp.Seqs, resp.Held
 	case resp.SagaClosed:
-		return resp.Seqs, fmt.Errorf("daemon: %w: %s", guard.ErrSagaClosed, resp.Error)
+		return resp.Seqs, fmt.Errorf("daemon: %w: %s", core.ErrSagaClosed, resp.Error)
 	case resp.Conflict:
 		return resp.Seqs, fmt.Errorf("daemon: %w: %s", journal.ErrConflict, resp.Error)
 	case resp.Error != "":

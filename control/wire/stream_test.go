@@ -5,14 +5,14 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/nexus-sandbox/nexus/guard"
+	"github.com/nexus-sandbox/nexus/core"
 )
 
 // Frames round-trip, and any bytes a peer sends decode to a frame or an
 // error, never a panic or an allocation beyond the frame.
 func FuzzAppendStreamFrames(f *testing.F) {
-	req := &AppendRequest{ID: 7, Events: [][]byte{{0x81, 0xa1, 0x74, 0x01}, {}}, Expect: []guard.Expect{{Entity: "sandbox/X", Seq: 3}}}
-	resp := &AppendResponse{ID: 7, Seqs: []uint64{4, 5}, Error: "e", Conflict: true, Stale: &guard.StaleError{Entity: "sandbox/X", Expected: 3, Actual: 9, Latest: "sandbox.created"}}
+	req := &AppendRequest{ID: 7, Events: [][]byte{{0x81, 0xa1, 0x74, 0x01}, {}}, Expect: []core.Expect{{Entity: "sandbox/X", Seq: 3}}}
+	resp := &AppendResponse{ID: 7, Seqs: []uint64{4, 5}, Error: "e", Conflict: true, Stale: &core.StaleError{Entity: "sandbox/X", Expected: 3, Actual: 9, Latest: "sandbox.created"}}
 	var seeds [][]byte
 	for _, enc := range []func(*FrameWriter) error{
 		func(fw *FrameWriter) error { return fw.Request(req) },

@@ -1,12 +1,11 @@
-// Package guard is how nexus refuses a transition decided on stale state.
-// It is pure: it names the entities an event concerns, carries the
-// sequence a decision saw for each (Expect), and decides whether a command
-// may run on a sandbox or volume in its current state (Decide*). The node
-// checks an Expect under its append lock and the journal checks it again
-// (Nats-Expected-Last-Subject-Sequence over the sandbox's subjects); the
+// The guard on every transition: a decision names the entities its events
+// concern and the sequence it saw for each (Expect); the store checks the
+// Expects under its append lock (Admit) and the journal checks them again
+// (Nats-Expected-Last-Subject-Sequence over the entity's subjects); the
 // runner lease (host/sagalease) keeps a second runner off the entity while
 // a saga is open.
-package guard
+
+package core
 
 import (
 	"errors"
