@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/host/driver"
-	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
@@ -71,18 +70,16 @@ func loadConfigFile(root string) (Config, configFile, error) {
 	var c Config
 	path, named := os.Getenv("NEXUS_CONFIG"), true
 	if path == "" {
-		path, named = filepath.Join(root, "config.toml"), false
+		path, named = filepath.Join(root, lifecycle.ConfigFile), false
 	}
 	var md toml.MetaData
 	var err error
 	if named {
 		md, err = toml.DecodeFile(path, &c)
 	} else {
-		// nexus's own file: read through fsx, so a FIFO or a link planted
-		// at <root>/config.toml is a one-line error, not a hang or a read
-		// of something outside the root.
+		// nexus's own file, read as every file under the root is.
 		var data []byte
-		if data, err = fsx.ReadFile(root, "config.toml"); err == nil {
+		if data, err = lifecycle.ReadConfig(root); err == nil {
 			md, err = toml.Decode(string(data), &c)
 		}
 	}
