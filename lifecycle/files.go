@@ -18,6 +18,14 @@ import (
 // instead of a write outside the root or a hang. These are the lifecycle's
 // uses that need more than fsx.ReadFile/WriteFile.
 
+// ConfigFile is the name of nexus's config file in the state root.
+const ConfigFile = "config.toml"
+
+// ReadConfig reads <root>/config.toml through fsx, so a FIFO or a link
+// planted there is a one-line error, not a hang or a read of something
+// outside the root.
+func ReadConfig(root string) ([]byte, error) { return fsx.ReadFile(root, ConfigFile) }
+
 // volumeLock takes volumes/<name>/.lock, refusing a volume directory that
 // is a link (the lock file would otherwise be created wherever it points).
 func (m *Manager) volumeLock(name string) (*lease.Lease, error) {

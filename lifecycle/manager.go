@@ -20,6 +20,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
@@ -62,6 +63,18 @@ type Backend interface {
 	Rev(ctx context.Context, entity core.Entity) (uint64, error)
 }
 
+// Already is the ErrAlready of one command: the state its sandbox is
+// already in.
+type Already = core.Already
+
+// Hook runs around a saga step: after its effect (sagas.BeforeRecord) and
+// after its events are journaled (sagas.AfterRecord).
+type Hook = func(kind, step string, phase sagas.Phase)
+
+// DefaultFlushDeadline is how long stop waits for the guest agent's flush,
+// and fork and snapshot for its freeze, unless told otherwise.
+const DefaultFlushDeadline = vmm.DefaultFlushDeadline
+
 // Manager runs flows against one state root.
 type Manager struct {
 	Root   layout.Root
@@ -71,7 +84,7 @@ type Manager struct {
 	// flow that would start one without it is refused (ErrNoLauncher).
 	Launcher Launcher
 	// Hook runs around every saga step (crash tests set it).
-	Hook func(kind, step string, phase sagas.Phase)
+	Hook Hook
 	// OverlayMiB is the size of a new sandbox's workspace (overlay) disk
 	// (config overlay_disk_mib); existing overlays are never resized to it.
 	OverlayMiB int64
@@ -87,7 +100,7 @@ type Manager struct {
 	Wait bool
 	// FlushDeadline bounds how long stop waits for the guest agent's
 	// flush, and FreezeDeadline how long fork and snapshot wait for its
-	// freeze (0: vmm.DefaultFlushDeadline).
+	// freeze (0: DefaultFlushDeadline).
 	FlushDeadline, FreezeDeadline time.Duration
 	// Notice, if set, tells the operator something that did not fail the
 	// command but changes what comes next (a stop without a flush).
@@ -102,6 +115,10 @@ func (m *Manager) notice(format string, args ...any) {
 
 // DefaultOverlayMiB is a new sandbox's overlay size when none is configured.
 const DefaultOverlayMiB = 256
+
+// DefaultWarnFillRatio is the overlay fill ratio start warns at when none
+// is configured (the overlay plan's default).
+const DefaultWarnFillRatio = core.DefaultWarnFillRatio
 
 func (m *Manager) overlayBytes() int64 {
 	if m.OverlayMiB <= 0 {

@@ -6,9 +6,10 @@ import "github.com/nexus-sandbox/nexus/host/disk"
 // when stderr is a terminal; nil shows nothing.
 type Progress interface {
 	// Copy begins showing the copy described by what (e.g. "os-disk of
-	// 01J…"); update hears its position, end closes the display whether
-	// the copy finished or failed.
-	Copy(what string) (update disk.Progress, end func())
+	// 01J…"); update hears its position (done of total bytes, as
+	// disk.Progress), end closes the display whether the copy finished or
+	// failed.
+	Copy(what string) (update func(done, total int64), end func())
 }
 
 // clone is disk.Clone shown through m.Progress.
@@ -26,5 +27,6 @@ func (m *Manager) copyProgress(what string) (disk.Progress, func()) {
 	if m.Progress == nil {
 		return nil, func() {}
 	}
-	return m.Progress.Copy(what)
+	update, end := m.Progress.Copy(what)
+	return update, end
 }

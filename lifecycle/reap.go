@@ -48,6 +48,11 @@ type ReapItem struct {
 	entry reaper.Entry
 }
 
+// Owned reports whether the journal (or the name, against the journal)
+// gives the item to a sandbox: kept as a matter of course, not for a
+// reason the report has to show.
+func (it ReapItem) Owned() bool { return it.Verdict == reaper.Owned }
+
 // ReapReport is `nexus reap --json`.
 type ReapReport struct {
 	Apply   bool       `json:"apply"`

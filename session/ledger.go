@@ -39,6 +39,24 @@ func SweepRuns(ctx context.Context, root string, self ledger.Self, by string, ma
 	return out, err
 }
 
+// PlanRuns is what a sweep of the prepared root (all but self.Run) would
+// decide, run by run, without the journal and without sweeping: a run to
+// sweep lists the sandboxes it would remove.
+func PlanRuns(root string, self ledger.Self) ([]hostledger.Outcome, error) {
+	dir := hostledger.Dir(root)
+	plan, err := hostledger.Plan(dir, self, time.Now())
+	if err != nil {
+		return nil, err
+	}
+	out := hostledger.Outcomes(plan)
+	for i := range out {
+		if out[i].Verdict == string(ledger.Sweep) {
+			out[i].WouldRemove = hostledger.ListedSandboxes(dir, out[i].Run)
+		}
+	}
+	return out, nil
+}
+
 // WatchdogPatience bounds how long a watchdog waits for a busy journal.
 const WatchdogPatience = 5 * time.Minute
 

@@ -8,8 +8,6 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
-	"github.com/nexus-sandbox/nexus/sagas"
 )
 
 // Reap reaches the journal of the prepared state root and reaps. A journal
@@ -18,7 +16,7 @@ import (
 // why, since what cannot be attributed might still be in use; --apply is
 // then refused. A nil report means there is nothing
 // to print.
-func Reap(ctx context.Context, root string, co control.ConnectOptions, hook func(kind, step string, phase sagas.Phase), o lifecycle.ReapOptions) (*lifecycle.ReapReport, error) {
+func Reap(ctx context.Context, root string, co control.ConnectOptions, hook lifecycle.Hook, o lifecycle.ReapOptions) (*lifecycle.ReapReport, error) {
 	unreadable := func(why error) (*lifecycle.ReapReport, error) {
 		rep, serr := lifecycle.ReapUnreadable(root, why.Error(), o)
 		if serr != nil {
@@ -33,7 +31,7 @@ func Reap(ctx context.Context, root string, co control.ConnectOptions, hook func
 	if err != nil {
 		// A bad root, a busy journal or an interruption says nothing about
 		// whether the journal is readable.
-		if errors.Is(err, node.ErrStateRoot) || errors.Is(err, control.ErrBusy) || ctx.Err() != nil {
+		if errors.Is(err, control.ErrStateRoot) || errors.Is(err, control.ErrBusy) || ctx.Err() != nil {
 			return nil, err
 		}
 		return unreadable(err)

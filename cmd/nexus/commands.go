@@ -21,7 +21,6 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -206,7 +205,7 @@ func mirrorFlags(m *journal.Mirror, urls []string, maxBytes string) error {
 }
 
 func eventsCmd(g *globals) *cobra.Command {
-	var q node.Query
+	var q events.Query
 	var since, until string
 	var o *output
 	c := &cobra.Command{
@@ -222,7 +221,7 @@ func eventsCmd(g *globals) *cobra.Command {
 					return err
 				}
 				out := cmd.OutOrStdout()
-				err := b.Events(cmd.Context(), q, func(r node.Record) error {
+				err := b.Events(cmd.Context(), q, func(r events.Record) error {
 					return printStreamed(out, o, eventJSON(r), r.Event.ID.String(), func() string { return eventLine(r) })
 				})
 				if q.Follow && errors.Is(err, context.Canceled) {
@@ -255,13 +254,13 @@ type jsonEvent struct {
 	Data    events.Payload `json:"data"`
 }
 
-func eventJSON(r node.Record) jsonEvent {
+func eventJSON(r events.Record) jsonEvent {
 	e := r.Event
 	return jsonEvent{Seq: r.Seq, ID: e.ID.String(), Type: e.Type, Schema: e.Schema, Sandbox: e.Sandbox,
 		Time: e.Time, Saga: e.Saga, Step: e.Step, Data: e.Payload}
 }
 
-func eventLine(r node.Record) string {
+func eventLine(r events.Record) string {
 	e := r.Event
 	sb := e.Sandbox
 	if sb == "" {

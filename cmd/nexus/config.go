@@ -10,9 +10,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/driver"
-	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
@@ -72,18 +70,16 @@ func loadConfigFile(root string) (Config, configFile, error) {
 	var c Config
 	path, named := os.Getenv("NEXUS_CONFIG"), true
 	if path == "" {
-		path, named = filepath.Join(root, "config.toml"), false
+		path, named = filepath.Join(root, lifecycle.ConfigFile), false
 	}
 	var md toml.MetaData
 	var err error
 	if named {
 		md, err = toml.DecodeFile(path, &c)
 	} else {
-		// nexus's own file: read through fsx, so a FIFO or a link planted
-		// at <root>/config.toml is a one-line error, not a hang or a read
-		// of something outside the root.
+		// nexus's own file, read as every file under the root is.
 		var data []byte
-		if data, err = fsx.ReadFile(root, "config.toml"); err == nil {
+		if data, err = lifecycle.ReadConfig(root); err == nil {
 			md, err = toml.Decode(string(data), &c)
 		}
 	}
@@ -201,7 +197,7 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		drv,
 		configPath,
 		fromFile("vm.overlay_disk_mib", cfg.VM.OverlayDiskMiB, lifecycle.DefaultOverlayMiB),
-		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, core.DefaultWarnFillRatio),
+		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, lifecycle.DefaultWarnFillRatio),
 		fileOrEnv("vm.initramfs", "NEXUS_INITRAMFS_PATH", cfg.VM.Initramfs, ""),
 		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
 		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor and qemu drivers need it)"),

@@ -13,7 +13,6 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
 )
 
 // parsePosition reads a journal position: a sequence (digits only), an
@@ -39,7 +38,7 @@ func parsePosition(flag, s string, now time.Time) (uint64, time.Time, error) {
 }
 
 // eventsQuery fills q from the flags; every error is a usage error.
-func eventsQuery(q *node.Query, since, until string, now time.Time) error {
+func eventsQuery(q *events.Query, since, until string, now time.Time) error {
 	var err error
 	if q.Since, q.SinceTime, err = parsePosition("--since", since, now); err != nil {
 		return err
@@ -59,7 +58,7 @@ func eventsQuery(q *node.Query, since, until string, now time.Time) error {
 
 // resolveEventSandbox turns a handle into its sandbox's id. A ULID is taken
 // as is, so the events of a removed sandbox stay reachable by id.
-func resolveEventSandbox(ctx context.Context, b control.Backend, q *node.Query) error {
+func resolveEventSandbox(ctx context.Context, b control.Backend, q *events.Query) error {
 	if q.Sandbox == "" {
 		return nil
 	}

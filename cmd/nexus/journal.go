@@ -1,15 +1,12 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 func journalCmd(g *globals) *cobra.Command {
@@ -27,13 +24,9 @@ func journalCmd(g *globals) *cobra.Command {
 			if backup == "" {
 				return usageError{errors.New("--backup DIR is required: repair copies the store there before cutting anything")}
 			}
-			dir := filepath.Join(g.stateDir, "journal")
-			rep, err := journal.Repair(dir, backup)
-			if errors.Is(err, journal.ErrLocked) && retireOnDemandDaemon(cmd.Context(), g) == nil {
-				// A daemon started on demand steps down for the repair; a
-				// hand-started one does not, and the refusal says so.
-				rep, err = journal.Repair(dir, backup)
-			}
+			// Settings that cannot start a daemon leave none to retire.
+			co, _ := connectOptions()
+			rep, err := control.RepairJournal(cmd.Context(), g.stateDir, backup, co)
 			if err != nil {
 				return err
 			}
@@ -46,7 +39,7 @@ func journalCmd(g *globals) *cobra.Command {
 	return c
 }
 
-func repairHuman(cmd *cobra.Command, rep journal.RepairReport) {
+func repairHuman(cmd *cobra.Command, rep control.RepairReport) {
 	out := cmd.OutOrStdout()
 	if rep.Whole {
 		fmt.Fprintf(out, "journal %s is whole: nothing cut, no backup made\n", rep.Dir)
@@ -63,20 +56,4 @@ func repairHuman(cmd *cobra.Command, rep journal.RepairReport) {
 		fmt.Fprintf(out, "removed %s (the server rebuilds it from the blocks)\n", f)
 	}
 	fmt.Fprintf(out, "the store as it was: %s\n", rep.Backup)
-}
-
-// retireOnDemandDaemon asks a daemon started on demand to step down (as a
-// removing ledger sweep does) by taking the journal in this process, then
-// lets go of it.
-func retireOnDemandDaemon(ctx context.Context, g *globals) error {
-	o, err := connectOptions()
-	if err != nil || o.Auto == nil {
-		return errors.New("no daemon to retire")
-	}
-	o.Exclusive = true
-	b, err := control.ConnectWith(ctx, g.stateDir, o)
-	if err != nil {
-		return err
-	}
-	return b.Close()
 }

@@ -14,13 +14,10 @@ import (
 
 	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
-	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/session"
@@ -54,7 +51,7 @@ func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*life
 // managerFor reads what a lifecycle manager needs (root, config, driver)
 // and returns how to build one over a backend.
 func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), error) {
-	root, err := node.PrepareRoot(g.stateDir)
+	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +207,7 @@ func forkCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&spec.CrashConsistent, "crash-consistent", false, "fork a running parent whose guest agent does not freeze its filesystems anyway (children get what a power cut would leave)")
-	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", vmm.DefaultFlushDeadline, "how long to wait for a running parent's guest agent to freeze its filesystems")
+	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for a running parent's guest agent to freeze its filesystems")
 	return c
 }
 
@@ -267,7 +264,7 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 				var done []projections.Sandbox
 				err := eachRef(cmd, args, func(ref string) error {
 					sb, err := run(cmd.Context(), m, ref)
-					var already *core.Already
+					var already *lifecycle.Already
 					if errors.As(err, &already) {
 						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "%s already %s\n", sb.ID, already.State)
@@ -304,7 +301,7 @@ func stopCmd(g *globals) *cobra.Command {
 		m.FlushDeadline = deadline
 		return m.Stop(ctx, ref)
 	})
-	c.Flags().DurationVar(&deadline, "flush-timeout", vmm.DefaultFlushDeadline, "how long to wait for the guest agent's flush; without one the run stays unacknowledged")
+	c.Flags().DurationVar(&deadline, "flush-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for the guest agent's flush; without one the run stays unacknowledged")
 	return c
 }
 
@@ -374,7 +371,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	}
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&opt.CrashConsistent, "crash-consistent", false, "snapshot a running sandbox whose guest agent does not freeze its filesystems anyway (its disks hold what a power cut would leave)")
-	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", vmm.DefaultFlushDeadline, "how long to wait for a running sandbox's guest agent to freeze its filesystems")
+	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for a running sandbox's guest agent to freeze its filesystems")
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
 }

@@ -18,8 +18,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/driver"
-	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/oneline"
 )
 
@@ -96,7 +96,7 @@ func exitCode(err error) int {
 		return es.code // a command's own status (run's child, exec's guest command)
 	}
 	msg := err.Error()
-	if ce := (*journal.CorruptError)(nil); errors.As(err, &ce) {
+	if ce := (*control.CorruptError)(nil); errors.As(err, &ce) {
 		msg += "; if only the end of the last block is torn, `nexus journal repair --backup DIR` copies the store aside and cuts it"
 	}
 	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg))

@@ -9,7 +9,6 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
-	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
@@ -33,7 +32,7 @@ func progressFor() lifecycle.Progress {
 	return terminalProgress{w: os.Stderr, delay: progressDelay}
 }
 
-func (p terminalProgress) Copy(what string) (disk.Progress, func()) {
+func (p terminalProgress) Copy(what string) (func(done, total int64), func()) {
 	start := time.Now()
 	var mu sync.Mutex
 	var bar *progressbar.ProgressBar

@@ -10,11 +10,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
-	"github.com/nexus-sandbox/nexus/reaper"
 	"github.com/nexus-sandbox/nexus/session"
 )
 
@@ -109,7 +108,7 @@ func reapCmd(g *globals) *cobra.Command {
 // runReap reaps the state root (session.Reap: a journal that cannot be
 // fully read keeps everything).
 func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecycle.ReapReport, error) {
-	root, err := node.PrepareRoot(g.stateDir)
+	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +127,7 @@ func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
 	}
 	owned := 0
 	for _, it := range rep.Kept {
-		if it.Verdict == reaper.Owned {
+		if it.Owned() {
 			owned++
 		}
 	}
@@ -149,7 +148,7 @@ func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
 		}
 	}
 	for _, it := range rep.Kept {
-		if it.Verdict != reaper.Owned {
+		if !it.Owned() {
 			line(string(it.Verdict), it)
 		}
 	}

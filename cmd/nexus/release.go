@@ -6,13 +6,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/sagas"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
 // A release build has no failure injection and no test-only commands; see
 // testhooks.go, which a build with -tags nexustest uses instead.
 
-func testHooks() func(kind, step string, phase sagas.Phase) { return nil }
+func testHooks() lifecycle.Hook { return nil }
 
 func spawnLockHook() func() { return nil }
 

@@ -6,17 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/host/journal"
-	"github.com/nexus-sandbox/nexus/host/scan"
+	"github.com/nexus-sandbox/nexus/audit"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -48,48 +44,37 @@ func replayCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().StringVar(&f.natsURL, "nats", "", "audit a mirror stream on this NATS server (a fleet's, see daemon --mirror) instead")
 	c.PersistentFlags().StringVar(&f.stream, "stream", "", "the mirror stream to read with --nats (NEXUS_<HOST>)")
 	c.PersistentFlags().StringVar(&f.natsCreds, "nats-creds", "", "NATS .creds file for --nats")
-	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of `nexus fleet template`: "+journal.AuditAPIPrefix+")")
+	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of `nexus fleet template`: "+audit.AuditorAPIPrefix+")")
 	c.PersistentFlags().BoolVar(&f.asJSON, "json", false, "print JSON")
 	c.AddCommand(replayTimelineCmd(g, f), replayAtCmd(g, f), replayVerifyCmd(g, f), replayDiffCmd(g, f))
 	return c
 }
 
-// eachRecord calls fn with every record of the audited journal, in order:
-// a fleet mirror (--nats), or a copy of the journal directory made in a
-// scratch directory that is removed before returning.
+// source is the journal the flags name; --nats needs --stream and
+// excludes --journal.
+func (f *replayFlags) source(g *globals) (audit.Source, error) {
+	if f.natsURL != "" && (f.stream == "" || f.journalDir != "") {
+		return audit.Source{}, usageError{errors.New("--nats needs --stream, and excludes --journal")}
+	}
+	return audit.Source{Root: g.stateDir, Dir: f.journalDir, NATS: f.natsURL, Stream: f.stream, Creds: f.natsCreds, APIPrefix: f.natsPrefix}, nil
+}
+
+// eachRecord calls fn with every record of the audited journal, in order.
 func eachRecord(ctx context.Context, g *globals, f *replayFlags, fn func(replay.Record)) error {
-	pass := func(r journal.Record) error {
-		fn(replay.Record{Seq: r.Seq, MsgID: r.MsgID, Data: r.Data})
-		return nil
-	}
-	if f.natsURL != "" {
-		if f.stream == "" || f.journalDir != "" {
-			return usageError{errors.New("--nats needs --stream, and excludes --journal")}
-		}
-		return journal.ReadMirror(ctx, f.natsURL, f.natsCreds, f.natsPrefix, f.stream, pass)
-	}
-	dir := f.journalDir
-	if dir == "" {
-		dir = filepath.Join(g.stateDir, "journal")
-	}
-	scratch, err := os.MkdirTemp("", "nexus-replay-")
+	src, err := f.source(g)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(scratch)
-	j, err := journal.OpenCopy(ctx, dir, scratch)
-	if err != nil {
-		return err
-	}
-	defer j.Close()
-	return j.Read(ctx, 1, "", pass)
+	return audit.Each(ctx, src, fn)
 }
 
 // readJournal returns every record of the audited journal.
 func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Record, error) {
-	var recs []replay.Record
-	err := eachRecord(ctx, g, f, func(r replay.Record) { recs = append(recs, r) })
-	return recs, err
+	src, err := f.source(g)
+	if err != nil {
+		return nil, err
+	}
+	return audit.Records(ctx, src)
 }
 
 func replayTimelineCmd(g *globals, f *replayFlags) *cobra.Command {
@@ -238,22 +223,7 @@ func replayDiffCmd(g *globals, f *replayFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			res, err := scan.Root(g.stateDir)
-			if err != nil {
-				return err
-			}
-			if len(res.Errors) > 0 {
-				return fmt.Errorf("scan incomplete, a diff would be wrong: %s", strings.Join(res.Errors, "; "))
-			}
-			onDisk := make([]string, 0, len(res.Entries))
-			for _, e := range res.Entries {
-				onDisk = append(onDisk, e.Rel)
-			}
-			present := func(rel string) bool {
-				_, err := os.Lstat(filepath.Join(g.stateDir, rel))
-				return err == nil
-			}
-			d, err := replay.Diff(recs, onDisk, present)
+			d, err := audit.Diff(g.stateDir, recs)
 			if err != nil {
 				return err
 			}

@@ -8,17 +8,16 @@ import (
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/session"
 )
 
@@ -60,7 +59,7 @@ func runCmd(g *globals) *cobra.Command {
 }
 
 func runBound(ctx context.Context, g *globals, keep bool, argv []string) (int, error) {
-	root, err := node.PrepareRoot(g.stateDir)
+	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return 0, err
 	}
@@ -109,15 +108,15 @@ func ledgerCmd(g *globals) *cobra.Command {
 	var lsOut *output
 	ls := &cobra.Command{Use: "ls", Short: "Show every run and what a sweep would decide", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			root, err := node.PrepareRoot(g.stateDir)
+			root, err := control.PrepareRoot(g.stateDir)
 			if err != nil {
 				return err
 			}
-			plan, err := hostledger.Plan(hostledger.Dir(root), ledger.Self{Driver: driverOf(g)}, time.Now())
+			out, err := session.PlanRuns(root, ledger.Self{Driver: driverOf(g)})
 			if err != nil {
 				return err
 			}
-			return printOutcomes(cmd, lsOut, plannedOutcomes(root, plan), false)
+			return printOutcomes(cmd, lsOut, out, false)
 		}}
 	lsOut = addOutput(ls, true)
 
@@ -128,15 +127,15 @@ func ledgerCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if sweepDry {
 				// What ledger ls shows: each run's verdict, nothing swept.
-				root, err := node.PrepareRoot(g.stateDir)
+				root, err := control.PrepareRoot(g.stateDir)
 				if err != nil {
 					return err
 				}
-				plan, err := hostledger.Plan(hostledger.Dir(root), ledger.Self{Run: exclude, Driver: driverOf(g)}, time.Now())
+				out, err := session.PlanRuns(root, ledger.Self{Run: exclude, Driver: driverOf(g)})
 				if err != nil {
 					return err
 				}
-				return printOutcomes(cmd, sweepOut, plannedOutcomes(root, plan), false)
+				return printOutcomes(cmd, sweepOut, out, false)
 			}
 			out, err := sweepRuns(cmd.Context(), g, exclude, "init")
 			if err != nil {
@@ -181,7 +180,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 
 // sweepRuns sweeps the dead runs of the state root, all but exclude.
 func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledger.Outcome, error) {
-	root, err := node.PrepareRoot(g.stateDir)
+	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
 	}
@@ -207,23 +206,11 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 	// Blocks until every holder of the write end has closed it: the owner
 	// exited (any way) or shut down cleanly.
 	io.Copy(io.Discard, os.Stdin)
-	root, err := node.PrepareRoot(g.stateDir)
+	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return err
 	}
 	return session.SweepWatched(context.WithoutCancel(cmd.Context()), root, run, ledger.Self{Driver: driverOf(g)}, manage(g), cmd.ErrOrStderr())
-}
-
-// plannedOutcomes is each run's verdict and, for a run a sweep would
-// remove, the sandboxes it would remove.
-func plannedOutcomes(root string, plan []hostledger.Planned) []hostledger.Outcome {
-	out := hostledger.Outcomes(plan)
-	for i := range out {
-		if out[i].Verdict == string(ledger.Sweep) {
-			out[i].WouldRemove = hostledger.ListedSandboxes(hostledger.Dir(root), out[i].Run)
-		}
-	}
-	return out
 }
 
 // printOutcomes prints one line per run; acted adds what a sweep did.
