@@ -1,4 +1,4 @@
-package lifecycle
+package lifecycle_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
 // An intent its creator died staging (killed between intent.Publish's
@@ -93,7 +94,7 @@ func TestRecoverStopsAVMMStillStarting(t *testing.T) {
 	if err := held.Release(); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), slowVMMEnv+"=1")
+	env := append(os.Environ(), lifecycle.SlowVMMEnv+"=1")
 	who, err := proc.SpawnDetached([]string{os.Args[0], "vmm-process", "--api-socket", m.Root.APISocket(id)}, env, filepath.Join(root, "vmm.log"))
 	if err != nil {
 		t.Fatal(err)
