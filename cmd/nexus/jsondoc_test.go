@@ -332,12 +332,12 @@ func TestEveryJSONOutputMatchesTheDoc(t *testing.T) {
 	}
 	check("Volume", jsonResources["Volume"], "volume", "create", "data", "--size", "16M", "--json")
 	check("Volume", jsonResources["Volume"], "volume", "create", "spare", "--size", "16M", "--json")
-	var sb projections.Sandbox
+	var sb jsonSandbox
 	json.Unmarshal([]byte(check("Sandbox", jsonResources["Sandbox"], "create", "--image", image, "--handle", "doc/one", "--volume", "data:/data", "--json")), &sb)
 	check("Sandbox", jsonResources["Sandbox"], "stop", sb.ID, "--json")
 	var snap snapshotTaken
 	json.Unmarshal([]byte(check("SnapshotTaken", jsonResources["SnapshotTaken"], "snapshot", sb.ID, "--json")), &snap)
-	var restored projections.Sandbox
+	var restored jsonSandbox
 	json.Unmarshal([]byte(check("Sandbox", jsonResources["Sandbox"], "restore", snap.Snapshot, "--json")), &restored)
 	check("Sandbox", jsonResources["Sandbox"], "stop", restored.ID, "--json")
 	check("Sandbox", jsonResources["Sandbox"], "start", restored.ID, "--json")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -61,4 +62,10 @@ func TestSandboxJSONKeepsItsBytes(t *testing.T) {
 			t.Errorf("%s sandbox prints\n%s\nwant\n%s", name, got.String(), strings.TrimSpace(string(want)))
 		}
 	}
+}
+
+// Owns reports whether the printed sandbox lists the resource at path, as
+// projections.Sandbox.Owns does for the view.
+func (sb jsonSandbox) Owns(path string) bool {
+	return slices.ContainsFunc(sb.Resources, func(r events.Resource) bool { return r.Path == path })
 }
