@@ -179,22 +179,22 @@ func (c *Client) Mirror(ctx context.Context) (*journal.MirrorState, error) {
 }
 
 func (c *Client) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
-	var list []projections.Sandbox
+	var list []wire.Sandbox
 	err := c.getJSON(ctx, wire.PathSandboxes, &list)
-	return list, err
+	return wire.Views(list), err
 }
 
 func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
 	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}}
-	var list []projections.Sandbox
+	var list []wire.Sandbox
 	err := c.getJSON(ctx, wire.PathSandboxes+"?"+q.Encode(), &list)
-	return list, err
+	return wire.Views(list), err
 }
 
 func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
 	var out wire.SandboxAnswer
 	err := c.getJSON(ctx, wire.PathSandbox+"?ref="+url.QueryEscape(ref), &out)
-	return out.Sandbox, out.Found, err
+	return out.Sandbox.View(), out.Found, err
 }
 
 func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (string, string, bool, error) {
@@ -207,7 +207,7 @@ func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (st
 func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
 	var out wire.SandboxAnswer
 	err := c.getJSON(ctx, wire.PathSnapshotOwner+"?snap="+url.QueryEscape(snap), &out)
-	return out.Sandbox, out.Found, err
+	return out.Sandbox.View(), out.Found, err
 }
 
 func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {

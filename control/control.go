@@ -15,43 +15,28 @@ import (
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// Backend is what commands need from a state root.
+// Backend is what commands need from a state root: what the flows
+// consume (lifecycle.Backend, declared once there) and what commands alone
+// use.
 type Backend interface {
-	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
-	// AppendExpect appends only if every expected entity is unchanged since
-	// the decision read it (*core.StaleError otherwise).
-	AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error)
-	Events(ctx context.Context, q node.Query, fn func(node.Record) error) error
-	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	lifecycle.Backend
 	// SandboxPage is at most limit sandboxes whose IDs sort after after
 	// ("" from the first), in ID order: `ls` reads a page at a time, so
 	// neither the daemon's answer nor the command holds every sandbox.
 	SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error)
-	// Sandbox is one sandbox by id or handle, without listing them all;
-	// found is false if there is none.
-	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
-	// OwnerOf names the sandbox other than except whose resources include
-	// one of paths, and that path; found is false if none does. It reads
-	// one answer, not the list of every sandbox.
-	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
-	// SnapshotOwner is the sandbox holding snapshot snap (an exact ID);
-	// found is false if none does. One answer, not the sandbox list.
-	SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error)
-	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
-	Volumes(ctx context.Context) ([]projections.Volume, error)
-	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
-	// Bootstrap is the cache entry sandbox id's OS disk came from (zero if
-	// the journal recorded none), without the cache's list of every user.
-	Bootstrap(ctx context.Context, id string) (events.Bootstrap, error)
-	// Rev is the sequence of the last event about entity (0: none), what
-	// a decision about it expects (for a handle, its last claim).
-	Rev(ctx context.Context, entity core.Entity) (uint64, error)
 	Close() error
 }
+
+// Both of Connect's answers are Backends.
+var (
+	_ Backend = (*Client)(nil)
+	_ Backend = Local{}
+)
 
 // Local serves a Backend from a node this process owns. A command's node
 // is opened lazily (node.Options.Lazy): reading one sandbox by ID folds

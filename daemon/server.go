@@ -334,14 +334,14 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 			list, _ = local.Sandboxes(r.Context())
 		}
 		count(len(list))
-		writeJSON(w, http.StatusOK, list)
+		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
 	})
 	mux.HandleFunc("GET "+wire.PathSandbox, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
 		if found {
 			count(1)
 		}
-		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: sb})
+		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: wire.SandboxOf(sb)})
 	})
 	mux.HandleFunc("GET "+wire.PathOwner, func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
@@ -353,7 +353,7 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		if found {
 			count(1)
 		}
-		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: sb})
+		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: wire.SandboxOf(sb)})
 	})
 	mux.HandleFunc("GET "+wire.PathVolumes, func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())

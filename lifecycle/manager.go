@@ -39,9 +39,10 @@ var (
 
 // Backend is what the flows need of the journal and its projections:
 // appends (guarded by the sequences a decision saw, or not), the events
-// they re-read, and the views they decide on. control.Backend (a daemon
-// client or a node this process owns) satisfies it; declaring it here, by
-// its consumer, keeps lifecycle from importing control.
+// they re-read, and the views they decide on. It is declared once, here
+// by its consumer: control.Backend (a daemon client or a node this
+// process owns) embeds it and adds only what commands alone need, so the
+// two cannot drift, and lifecycle imports no control.
 type Backend interface {
 	Append(ctx context.Context, evs ...events.Event) ([]uint64, error)
 	AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error)
@@ -61,6 +62,9 @@ type Backend interface {
 	// Rev is the sequence of the last event about entity (0: none): what
 	// a decision about it expects (for a handle, its last claim).
 	Rev(ctx context.Context, entity core.Entity) (uint64, error)
+	// SnapshotOwner is the sandbox holding snapshot snap (an exact ID);
+	// found is false if none does. One answer, not the sandbox list.
+	SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error)
 }
 
 // Already is the ErrAlready of one command: the state its sandbox is

@@ -61,25 +61,15 @@ func (m *Manager) snapshotInfo(sb projections.Sandbox, snap string) SnapshotInfo
 	return info
 }
 
-// snapshotOwners is the per-entity read of a snapshot's sandbox, which
-// control's backends (daemon client and local node) serve. Declared here
-// by its consumer and asserted, so a Backend without it (a test's) still
-// resolves snapshots, from the list.
-type snapshotOwners interface {
-	SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error)
-}
-
 // findSnapshot resolves a snapshot reference as projections.Match does (an
 // exact ID, any case, or a unique prefix) to the snapshot and its sandbox.
 // An exact ID is one per-entity read; only a reference that is not one
 // fetches the list to match against, so restore and snapshot rm cost the
 // same at 10 sandboxes and 100,000.
 func (m *Manager) findSnapshot(ctx context.Context, ref string) (string, projections.Sandbox, error) {
-	if b, ok := m.B.(snapshotOwners); ok {
-		snap := strings.ToUpper(ref)
-		if sb, found, err := b.SnapshotOwner(ctx, snap); err != nil || found {
-			return snap, sb, err
-		}
+	snap := strings.ToUpper(ref)
+	if sb, found, err := m.B.SnapshotOwner(ctx, snap); err != nil || found {
+		return snap, sb, err
 	}
 	list, err := m.B.Sandboxes(ctx)
 	if err != nil {

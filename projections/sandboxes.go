@@ -25,60 +25,63 @@ const (
 // Process identifies a host process by pid and start time; a pid alone can
 // be reused by an unrelated process.
 type Process struct {
-	Pid        int    `msgpack:"pid" json:"pid"`
-	StartTicks uint64 `msgpack:"start" json:"start_ticks"`
+	Pid        int    `msgpack:"pid"`
+	StartTicks uint64 `msgpack:"start"`
 	// Exited says the process ended without a stop (vmm.exited,
 	// supervisor.exited, or pid + start time at read time): it stays
 	// recorded so that stop, rm, recover and start know what to settle.
-	Exited bool `msgpack:"exited,omitempty" json:"exited,omitempty"`
+	Exited bool `msgpack:"exited,omitempty"`
 }
 
 // Condition is a Kubernetes-style status condition (Ready=False, reason).
 type Condition struct {
-	Type    string `msgpack:"type" json:"type"`
-	Status  string `msgpack:"status" json:"status"`
-	Reason  string `msgpack:"reason" json:"reason"`
-	Message string `msgpack:"message" json:"message"`
+	Type    string `msgpack:"type"`
+	Status  string `msgpack:"status"`
+	Reason  string `msgpack:"reason"`
+	Message string `msgpack:"message"`
 }
 
 // Attachment is a named volume attached to a sandbox.
 type Attachment struct {
-	Name      string `msgpack:"name" json:"name"`
-	GuestPath string `msgpack:"guest" json:"guest_path"`
-	ReadOnly  bool   `msgpack:"ro,omitempty" json:"read_only,omitempty"`
+	Name      string `msgpack:"name"`
+	GuestPath string `msgpack:"guest"`
+	ReadOnly  bool   `msgpack:"ro,omitempty"`
 }
 
-// Sandbox is the journal's view of one sandbox.
+// Sandbox is the journal's view of one sandbox: the fold's state, and by
+// its msgpack tags the node's store encoding. What the daemon sends
+// (wire.Sandbox) and what commands print (docs/json.md) are types of
+// their own, each made from this one in one place.
 type Sandbox struct {
-	ID         string       `msgpack:"id" json:"id"`
-	Handle     string       `msgpack:"handle,omitempty" json:"handle,omitempty"`
-	Image      string       `msgpack:"image,omitempty" json:"image,omitempty"`
-	Driver     string       `msgpack:"driver,omitempty" json:"driver,omitempty"`
-	Parent     string       `msgpack:"parent,omitempty" json:"parent,omitempty"`
-	Snapshot   string       `msgpack:"snapshot,omitempty" json:"snapshot,omitempty"`
-	State      State        `msgpack:"state" json:"state"`
-	Saga       string       `msgpack:"saga,omitempty" json:"saga,omitempty"`
-	CreatedAt  time.Time    `msgpack:"created" json:"created_at"`
-	UpdatedAt  time.Time    `msgpack:"updated" json:"updated_at"`
-	VMM        *Process     `msgpack:"vmm,omitempty" json:"vmm,omitempty"`
-	Supervisor *Process     `msgpack:"sup,omitempty" json:"supervisor,omitempty"`
-	Volumes    []Attachment `msgpack:"vols,omitempty" json:"volumes"`
-	Conditions []Condition  `msgpack:"conds,omitempty" json:"conditions"`
-	Snapshots  []string     `msgpack:"snaps,omitempty" json:"snapshots"`
+	ID         string       `msgpack:"id"`
+	Handle     string       `msgpack:"handle,omitempty"`
+	Image      string       `msgpack:"image,omitempty"`
+	Driver     string       `msgpack:"driver,omitempty"`
+	Parent     string       `msgpack:"parent,omitempty"`
+	Snapshot   string       `msgpack:"snapshot,omitempty"`
+	State      State        `msgpack:"state"`
+	Saga       string       `msgpack:"saga,omitempty"`
+	CreatedAt  time.Time    `msgpack:"created"`
+	UpdatedAt  time.Time    `msgpack:"updated"`
+	VMM        *Process     `msgpack:"vmm,omitempty"`
+	Supervisor *Process     `msgpack:"sup,omitempty"`
+	Volumes    []Attachment `msgpack:"vols,omitempty"`
+	Conditions []Condition  `msgpack:"conds,omitempty"`
+	Snapshots  []string     `msgpack:"snaps,omitempty"`
 	// Resources is what the journal says this sandbox owns right now,
 	// including resources of a create still in flight.
-	Resources []events.Resource `msgpack:"res,omitempty" json:"resources"`
+	Resources []events.Resource `msgpack:"res,omitempty"`
 	// Bootstrap is the image cache entry the sandbox's OS disk came from
 	// (zero if its create recorded none), for the cache's references: kept
 	// with the sandbox, so a cache question about one sandbox reads one
-	// record. Not part of the JSON contract.
-	Bootstrap  events.Bootstrap `msgpack:"boot,omitempty" json:"-"`
-	LastRun    string           `msgpack:"run,omitempty" json:"last_run,omitempty"`
-	FlushedRun string           `msgpack:"flushed,omitempty" json:"flushed_run,omitempty"`
-	Seq        uint64           `msgpack:"seq" json:"seq"`
+	// record.
+	Bootstrap  events.Bootstrap `msgpack:"boot,omitempty"`
+	LastRun    string           `msgpack:"run,omitempty"`
+	FlushedRun string           `msgpack:"flushed,omitempty"`
+	Seq        uint64           `msgpack:"seq"`
 	// Rev is the sequence of the last event about this sandbox (any event
 	// carrying its id): the entity sequence a decision expects (core.Expect).
-	Rev uint64 `msgpack:"rev" json:"rev"`
+	Rev uint64 `msgpack:"rev"`
 }
 
 // Sandboxes is every sandbox that exists or is being created. Removed

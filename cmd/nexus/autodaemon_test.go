@@ -96,9 +96,9 @@ func pauseAll(t *testing.T, root string, n int, at string, args ...string) []*ex
 	return cmds
 }
 
-func resumeAll(t *testing.T, cmds []*exec.Cmd) []projections.Sandbox {
+func resumeAll(t *testing.T, cmds []*exec.Cmd) []jsonSandbox {
 	t.Helper()
-	var out []projections.Sandbox
+	var out []jsonSandbox
 	for _, c := range cmds {
 		c.Process.Signal(syscall.SIGCONT)
 	}
@@ -106,7 +106,7 @@ func resumeAll(t *testing.T, cmds []*exec.Cmd) []projections.Sandbox {
 		if err := c.Wait(); err != nil {
 			t.Fatalf("create %d: %v", c.Process.Pid, err)
 		}
-		var sb projections.Sandbox
+		var sb jsonSandbox
 		if err := json.Unmarshal([]byte(c.Stdout.(*strings.Builder).String()), &sb); err != nil {
 			t.Fatalf("create --json: %v", err)
 		}

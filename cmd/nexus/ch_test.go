@@ -72,7 +72,7 @@ func TestRestoreCarriesWhatCHWrote(t *testing.T) {
 		t.Fatalf("snapshot.taken allocated %d, want at least disks %d + memory-ranges %d", taken.Data.Allocated, disksAllocated, mem.Allocated)
 	}
 
-	var child projections.Sandbox
+	var child jsonSandbox
 	json.Unmarshal([]byte(mustOK(t, proc(t, root, "restore", snap, "--json"), "restore").stdout), &child)
 	stage := filepath.Join(root, "snapshots", child.ID, "restore")
 	for _, name := range []string{"config.json", "state.json", "memory-ranges"} {
@@ -137,7 +137,7 @@ func TestRestoreRefusesRunningSnapshotWithVolumes(t *testing.T) {
 	// Stopped, the snapshot is disks only and restores (cold, no volume).
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
 	snap = strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
-	var child projections.Sandbox
+	var child jsonSandbox
 	json.Unmarshal([]byte(mustOK(t, proc(t, root, "restore", snap, "--json"), "restore stopped").stdout), &child)
 	if child.State != projections.StateRunning || len(child.Volumes) != 0 {
 		t.Fatalf("restored child %+v", child)
@@ -159,7 +159,7 @@ func TestForkReadonlyVolumesOfRunningParent(t *testing.T) {
 	}
 	assertClean(t, root)
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
-	var children []projections.Sandbox
+	var children []jsonSandbox
 	json.Unmarshal([]byte(mustOK(t, proc(t, root, "fork", sb.ID, "--readonly-volumes", "--json"), "fork stopped").stdout), &children)
 	if len(children) != 1 || children[0].State != projections.StateRunning || len(children[0].Volumes) != 1 || !children[0].Volumes[0].ReadOnly {
 		t.Fatalf("children %+v", children)
@@ -214,7 +214,7 @@ func TestAPISocketLockIsReclaimed(t *testing.T) {
 		t.Fatalf("stop left %s: %v", rel, err)
 	}
 	mustOK(t, proc(t, root, "start", sb.ID), "start")
-	var cur projections.Sandbox
+	var cur jsonSandbox
 	for _, s := range sandboxes(t, root) {
 		if s.ID == sb.ID {
 			cur = s
@@ -292,7 +292,7 @@ func TestDisksCarrySerials(t *testing.T) {
 		t.Fatalf("hashed serial %q", hashed)
 	}
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
-	var children []projections.Sandbox
+	var children []jsonSandbox
 	json.Unmarshal([]byte(mustOK(t, proc(t, root, "fork", sb.ID, "--readonly-volumes", "--json"), "fork").stdout), &children)
 	if len(children) != 1 {
 		t.Fatalf("children %+v", children)

@@ -296,7 +296,7 @@ func lsCmd(g *globals) *cobra.Command {
 			after = strings.ToUpper(after) // IDs are ULIDs, any case
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				out := cmd.OutOrStdout()
-				var rows []projections.Sandbox // the table's, aligned once
+				var rows []jsonSandbox // the table's, aligned once
 				printed := 0
 				if o.json {
 					fmt.Fprint(out, "[")
@@ -313,10 +313,10 @@ func lsCmd(g *globals) *cobra.Command {
 					if err != nil {
 						return err
 					}
-					page = lifecycle.ObserveExits(page)
+					shown := sandboxesJSON(lifecycle.ObserveExits(page))
 					switch {
 					case o.json:
-						for _, sb := range page {
+						for _, sb := range shown {
 							// The same normalised value printJSON prints ([] never
 							// null, UTC times), one item at a time.
 							data, err := json.MarshalIndent(normalize(reflect.ValueOf(sb)).Interface(), "  ", "  ")
@@ -331,10 +331,10 @@ func lsCmd(g *globals) *cobra.Command {
 							printed++
 						}
 					case o.human():
-						rows = append(rows, page...)
+						rows = append(rows, shown...)
 						printed += len(page)
 					default:
-						if err := printList(cmd, o, page, sandboxID, sandboxTable); err != nil {
+						if err := printList(cmd, o, shown, sandboxID, sandboxTable); err != nil {
 							return err
 						}
 						printed += len(page)
@@ -364,11 +364,11 @@ func lsCmd(g *globals) *cobra.Command {
 	return c
 }
 
-func sandboxID(sb projections.Sandbox) string { return sb.ID }
+func sandboxID(sb jsonSandbox) string { return sb.ID }
 
-var sandboxTable = table[projections.Sandbox]{
+var sandboxTable = table[jsonSandbox]{
 	header: []string{"ID", "HANDLE", "STATE", "IMAGE", "DRIVER", "CREATED"},
-	row: func(sb projections.Sandbox) []string {
+	row: func(sb jsonSandbox) []string {
 		return []string{sb.ID, sb.Handle, string(sb.State), sb.Image, sb.Driver, age(sb.CreatedAt)}
 	},
 }
@@ -405,7 +405,7 @@ func inspectCmd(g *globals) *cobra.Command {
 					return nil
 				})
 				if !o.human() {
-					return errors.Join(err, printList(cmd, o, found, sandboxID, sandboxTable))
+					return errors.Join(err, printList(cmd, o, sandboxesJSON(found), sandboxID, sandboxTable))
 				}
 				for i, sb := range found {
 					if i > 0 {

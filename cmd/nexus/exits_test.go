@@ -78,10 +78,10 @@ func awaitVMMExited(t *testing.T, root, id string) exitEvent {
 	return e
 }
 
-func inspectJSON(t *testing.T, root, id string) projections.Sandbox {
+func inspectJSON(t *testing.T, root, id string) jsonSandbox {
 	t.Helper()
 	r := mustOK(t, nexus(t, root, "inspect", "--json", id), "inspect")
-	var list []projections.Sandbox
+	var list []jsonSandbox
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list) != 1 {
 		t.Fatalf("inspect --json: %v\n%s", err, r.stdout)
 	}
@@ -91,7 +91,7 @@ func inspectJSON(t *testing.T, root, id string) projections.Sandbox {
 // assertExitedKeepingEverything: the sandbox shows exited with its dead
 // VMM still recorded, and owns every file it owned before (nothing was
 // deleted).
-func assertExitedKeepingEverything(t *testing.T, root string, before projections.Sandbox) projections.Sandbox {
+func assertExitedKeepingEverything(t *testing.T, root string, before jsonSandbox) jsonSandbox {
 	t.Helper()
 	sb := inspectJSON(t, root, before.ID)
 	if sb.State != projections.StateExited || sb.VMM == nil || !sb.VMM.Exited || sb.VMM.Pid != before.VMM.Pid {
@@ -109,7 +109,7 @@ func assertExitedKeepingEverything(t *testing.T, root string, before projections
 		}
 	}
 	list := sandboxes(t, root)
-	if i := slices.IndexFunc(list, func(x projections.Sandbox) bool { return x.ID == before.ID }); i < 0 || list[i].State != projections.StateExited {
+	if i := slices.IndexFunc(list, func(x jsonSandbox) bool { return x.ID == before.ID }); i < 0 || list[i].State != projections.StateExited {
 		t.Fatalf("ls --json after the VMM died: %+v; want %s exited", list, before.ID)
 	}
 	text := mustOK(t, nexus(t, root, "inspect", before.ID), "inspect").stdout
@@ -144,7 +144,7 @@ func TestDaemonJournalsAVMMExit(t *testing.T) {
 	// start of an exited sandbox works like start after a crash: the dead
 	// VMM is settled (its orphaned supervisor stopped) and a new one boots.
 	started := mustOK(t, proc(t, root, "start", "--json", a.ID), "start exited sandbox")
-	var sa projections.Sandbox
+	var sa jsonSandbox
 	if err := json.Unmarshal([]byte(started.stdout), &sa); err != nil {
 		t.Fatalf("start --json: %v\n%s", err, started.stdout)
 	}

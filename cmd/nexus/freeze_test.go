@@ -11,7 +11,6 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // fork of a running parent freezes the guest's filesystems through its
@@ -99,7 +98,7 @@ func TestSnapshotFreezesAndRestoreThaws(t *testing.T) {
 
 func createdID(t *testing.T, out string) string {
 	t.Helper()
-	var sb projections.Sandbox
+	var sb jsonSandbox
 	if err := json.Unmarshal([]byte(out), &sb); err != nil || sb.ID == "" {
 		t.Fatalf("restore --json: %v\n%s", err, out)
 	}

@@ -93,7 +93,7 @@ func journalMatchesDisk(t *testing.T, root string) {
 	assertClean(t, root)
 }
 
-func listed(t *testing.T, root, id string) *projections.Sandbox {
+func listed(t *testing.T, root, id string) *jsonSandbox {
 	t.Helper()
 	for _, sb := range sandboxes(t, root) {
 		if sb.ID == id {

@@ -41,7 +41,7 @@ func TestCreatesOfOneHandleAtOnce(t *testing.T) {
 	wg.Wait()
 	stalledCode := stalled.resume(t, 0)
 
-	var holders []projections.Sandbox
+	var holders []jsonSandbox
 	for _, sb := range sandboxes(t, root) {
 		if sb.Handle == "d9" {
 			holders = append(holders, sb)

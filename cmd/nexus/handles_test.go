@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/projections"
 )
 
 func fileSum(t *testing.T, path string) [32]byte {
@@ -74,7 +73,7 @@ func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
 	// another sandbox (here a fork child's copy of a/b's shadow disk) is
 	// refused before anything is written.
 	forked := mustOK(t, proc(t, root, "fork", slash.ID, "--json"), "fork")
-	var children []projections.Sandbox
+	var children []jsonSandbox
 	if err := json.Unmarshal([]byte(forked.stdout), &children); err != nil || len(children) != 1 {
 		t.Fatalf("fork made %d children", len(children))
 	}

@@ -29,10 +29,10 @@ import (
 // jsonResources are the shapes docs/json.md documents, by the name of its
 // section: every --json output is one of them or a list of one.
 var jsonResources = map[string]reflect.Type{
-	"Sandbox":           reflect.TypeFor[projections.Sandbox](),
-	"Process":           reflect.TypeFor[projections.Process](),
-	"Attachment":        reflect.TypeFor[projections.Attachment](),
-	"Condition":         reflect.TypeFor[projections.Condition](),
+	"Sandbox":           reflect.TypeFor[jsonSandbox](),
+	"Process":           reflect.TypeFor[jsonProcess](),
+	"Attachment":        reflect.TypeFor[jsonAttachment](),
+	"Condition":         reflect.TypeFor[jsonCondition](),
 	"Resource":          reflect.TypeFor[events.Resource](),
 	"Removed":           reflect.TypeFor[lifecycle.Removed](),
 	"Snapshot":          reflect.TypeFor[lifecycle.SnapshotInfo](),
@@ -58,7 +58,7 @@ var jsonResources = map[string]reflect.Type{
 	"ReplayEntry":       reflect.TypeFor[replay.Entry](),
 	"FleetEntry":        reflect.TypeFor[replay.FleetEntry](),
 	"FleetFound":        reflect.TypeFor[replay.Found](),
-	"ReplayState":       reflect.TypeFor[replay.State](),
+	"ReplayState":       reflect.TypeFor[jsonReplayState](),
 	"OwnedPath":         reflect.TypeFor[projections.OwnedPath](),
 	"OpenSaga":          reflect.TypeFor[projections.OpenSaga](),
 	"VerifyReport":      reflect.TypeFor[replay.Report](),
@@ -332,12 +332,12 @@ func TestEveryJSONOutputMatchesTheDoc(t *testing.T) {
 	}
 	check("Volume", jsonResources["Volume"], "volume", "create", "data", "--size", "16M", "--json")
 	check("Volume", jsonResources["Volume"], "volume", "create", "spare", "--size", "16M", "--json")
-	var sb projections.Sandbox
+	var sb jsonSandbox
 	json.Unmarshal([]byte(check("Sandbox", jsonResources["Sandbox"], "create", "--image", image, "--handle", "doc/one", "--volume", "data:/data", "--json")), &sb)
 	check("Sandbox", jsonResources["Sandbox"], "stop", sb.ID, "--json")
 	var snap snapshotTaken
 	json.Unmarshal([]byte(check("SnapshotTaken", jsonResources["SnapshotTaken"], "snapshot", sb.ID, "--json")), &snap)
-	var restored projections.Sandbox
+	var restored jsonSandbox
 	json.Unmarshal([]byte(check("Sandbox", jsonResources["Sandbox"], "restore", snap.Snapshot, "--json")), &restored)
 	check("Sandbox", jsonResources["Sandbox"], "stop", restored.ID, "--json")
 	check("Sandbox", jsonResources["Sandbox"], "start", restored.ID, "--json")

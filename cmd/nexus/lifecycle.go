@@ -147,7 +147,7 @@ func createCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, o, sb, sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
+				return printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
 			})
 		},
 	}
@@ -187,7 +187,7 @@ func forkCmd(g *globals) *cobra.Command {
 				}
 				// Children made before a failure or an interruption are
 				// committed and kept: say which, then why the rest are not.
-				if perr := printResult(cmd, o, children, sandboxIDs(children...), func() {
+				if perr := printResult(cmd, o, sandboxesJSON(children), sandboxIDs(children...), func() {
 					for _, sb := range children {
 						sandboxLine(cmd, sb)
 					}
@@ -278,7 +278,7 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, o, args, done, sandboxID))
+				return errors.Join(err, printEach(cmd, o, args, sandboxesJSON(done), sandboxID))
 			})
 		},
 	}
@@ -458,7 +458,7 @@ func restoreCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, o, sb, sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
+				return printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
 			})
 		},
 	}

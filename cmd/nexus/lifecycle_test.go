@@ -53,20 +53,20 @@ func mustOK(t testing.TB, r result, what string) result {
 	return r
 }
 
-func sandboxes(t testing.TB, root string) []projections.Sandbox {
+func sandboxes(t testing.TB, root string) []jsonSandbox {
 	t.Helper()
 	r := mustOK(t, nexus(t, root, "ls", "--json"), "ls")
-	var list []projections.Sandbox
+	var list []jsonSandbox
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
 		t.Fatalf("ls --json: %v\n%s", err, r.stdout)
 	}
 	return list
 }
 
-func createJSON(t testing.TB, root string, args ...string) projections.Sandbox {
+func createJSON(t testing.TB, root string, args ...string) jsonSandbox {
 	t.Helper()
 	r := mustOK(t, proc(t, root, append([]string{"create", "--json"}, args...)...), "create")
-	var sb projections.Sandbox
+	var sb jsonSandbox
 	if err := json.Unmarshal([]byte(r.stdout), &sb); err != nil {
 		t.Fatalf("create --json: %v\n%s", err, r.stdout)
 	}
@@ -191,14 +191,14 @@ func TestLifecycleEndToEnd(t *testing.T) {
 		t.Fatalf("snapshot dir (RL-15): %v", err)
 	}
 	restored := mustOK(t, proc(t, root, "restore", snap, "--json"), "restore")
-	var rsb projections.Sandbox
+	var rsb jsonSandbox
 	json.Unmarshal([]byte(restored.stdout), &rsb)
 	if rsb.State != projections.StateRunning || rsb.Parent != sb.ID {
 		t.Fatalf("restored sandbox: %+v", rsb)
 	}
 
 	forked := mustOK(t, proc(t, root, "fork", sb.ID, "--count", "2", "--json"), "fork")
-	var children []projections.Sandbox
+	var children []jsonSandbox
 	json.Unmarshal([]byte(forked.stdout), &children)
 	if len(children) != 2 {
 		t.Fatalf("fork made %d children", len(children))
@@ -377,7 +377,7 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 	env := []string{"NEXUS_CH_BINARY=" + fake, "NEXUS_KERNEL_PATH=" + kernel}
 	r := nexusEnv(t, root, env, "--driver", "cloud-hypervisor", "create", "--image", makeImage(t), "--json")
 	mustOK(t, r, "create (cloud-hypervisor driver)")
-	var sb projections.Sandbox
+	var sb jsonSandbox
 	json.Unmarshal([]byte(r.stdout), &sb)
 	if sb.Driver != "cloud-hypervisor" || sb.State != projections.StateRunning {
 		t.Fatalf("sandbox %+v", sb)

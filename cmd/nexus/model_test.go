@@ -95,15 +95,15 @@ func envInt(name string, def int) int {
 	return def
 }
 
-func (m *modelRun) pick(list []projections.Sandbox, state projections.State) (projections.Sandbox, bool) {
-	var c []projections.Sandbox
+func (m *modelRun) pick(list []jsonSandbox, state projections.State) (jsonSandbox, bool) {
+	var c []jsonSandbox
 	for _, sb := range list {
 		if state == "" || sb.State == state {
 			c = append(c, sb)
 		}
 	}
 	if len(c) == 0 {
-		return projections.Sandbox{}, false
+		return jsonSandbox{}, false
 	}
 	return c[m.rng.IntN(len(c))], true
 }
@@ -121,7 +121,7 @@ func (m *modelRun) step() {
 
 // choose picks a random operation on the current sandboxes: its saga kind
 // and its arguments (nil: nothing to do).
-func (m *modelRun) choose(list []projections.Sandbox) (saga string, args []string) {
+func (m *modelRun) choose(list []jsonSandbox) (saga string, args []string) {
 	switch op := m.rng.IntN(10); {
 	case op < 3 || len(list) == 0:
 		saga, args = "create", []string{"create", "--image", m.image}
@@ -250,7 +250,7 @@ func (m *modelRun) check() {
 // reapTwice runs `reap --apply` and then a dry run: the apply deletes
 // nothing any sandbox owns and fails nothing, and the dry run after it
 // finds no orphan left (recover plus one reap leaves none).
-func (m *modelRun) reapTwice(before []projections.Sandbox) {
+func (m *modelRun) reapTwice(before []jsonSandbox) {
 	t := m.t
 	t.Helper()
 	owned := map[string]string{}
@@ -286,7 +286,7 @@ func (m *modelRun) reapTwice(before []projections.Sandbox) {
 // checkReplay: the journal verifies, `replay diff` finds the state root
 // matching it, and a fold from scratch over it gives the sandboxes the live
 // projections report.
-func (m *modelRun) checkReplay(list []projections.Sandbox) {
+func (m *modelRun) checkReplay(list []jsonSandbox) {
 	t := m.t
 	t.Helper()
 	r := nexus(t, m.root, "replay", "verify", "--json")
@@ -298,13 +298,13 @@ func (m *modelRun) checkReplay(list []projections.Sandbox) {
 		t.Fatalf("replay diff after recover and reap: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	var st struct {
-		Sandboxes []projections.Sandbox `json:"sandboxes"`
+		Sandboxes []jsonSandbox `json:"sandboxes"`
 	}
 	out := mustOK(t, nexus(t, m.root, "replay", "at", "999999999", "--json"), "replay at").stdout
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatal(err)
 	}
-	key := func(l []projections.Sandbox) []string {
+	key := func(l []jsonSandbox) []string {
 		var k []string
 		for _, sb := range l {
 			k = append(k, fmt.Sprintf("%s:%s:%d", sb.ID, sb.State, len(sb.Resources)))

@@ -44,7 +44,7 @@ func overlayOf(root, id string) string { return filepath.Join(root, "disks", id+
 // acknowledged unless breakFlush), then, as the guest would have, writes
 // the marker and the second file into its overlay and fills it until no
 // usable block is left. It returns the sandbox and the filler's size.
-func stoppedWithFiles(t *testing.T, root string, breakFlush, fill bool) (projections.Sandbox, int64) {
+func stoppedWithFiles(t *testing.T, root string, breakFlush, fill bool) (jsonSandbox, int64) {
 	t.Helper()
 	sb := createJSON(t, root, "--image", makeImage(t))
 	if breakFlush {
@@ -89,7 +89,7 @@ func assertFilesIntact(t *testing.T, img string, fillSize int64) {
 	}
 }
 
-func inspect(t *testing.T, root, id string) projections.Sandbox {
+func inspect(t *testing.T, root, id string) jsonSandbox {
 	t.Helper()
 	return inspectJSON(t, root, id)
 }
@@ -371,7 +371,7 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 		return nexusEnv(t, root, env, append([]string{"--driver", "cloud-hypervisor"}, args...)...)
 	}
 	r := mustOK(t, ch("create", "--image", makeImage(t), "--json"), "create")
-	var sb projections.Sandbox
+	var sb jsonSandbox
 	json.Unmarshal([]byte(r.stdout), &sb)
 	mustOK(t, ch("stop", sb.ID), "stop")
 	acked := inspect(t, root, sb.ID)

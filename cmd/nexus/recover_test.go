@@ -21,7 +21,7 @@ import (
 // killAndAwait SIGKILLs a detached process (not our child, so it cannot be
 // waited for) and returns once its pid + start time no longer name a live
 // process.
-func killAndAwait(t *testing.T, p *projections.Process) {
+func killAndAwait(t *testing.T, p *jsonProcess) {
 	t.Helper()
 	who := hostproc.Identity{Pid: p.Pid, StartTicks: p.StartTicks}
 	if err := syscall.Kill(p.Pid, syscall.SIGKILL); err != nil {

@@ -129,7 +129,7 @@ func replayAtCmd(g *globals, f *replayFlags) *cobra.Command {
 				return err
 			}
 			if f.asJSON {
-				return printJSON(cmd.OutOrStdout(), st)
+				return printJSON(cmd.OutOrStdout(), replayStateJSON(st))
 			}
 			return printState(cmd.OutOrStdout(), st)
 		},

@@ -16,7 +16,6 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/node"
-	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // fillRoot journals n committed sandboxes (two disk resources each, no files
@@ -133,12 +132,12 @@ func TestLsPages(t *testing.T) {
 	fillRoot(t, root, sandboxes)
 	local := nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "ls", "--json")
 	mustOK(t, local, "ls without a daemon")
-	var all []projections.Sandbox
+	var all []jsonSandbox
 	if err := json.Unmarshal([]byte(local.stdout), &all); err != nil {
 		t.Fatalf("ls --json: %v", err)
 	}
-	if len(all) != sandboxes || !slices.IsSortedFunc(all, func(a, b projections.Sandbox) int { return strings.Compare(a.ID, b.ID) }) {
-		t.Fatalf("ls --json printed %d sandboxes (sorted: %v), want %d in ID order", len(all), slices.IsSortedFunc(all, func(a, b projections.Sandbox) int { return strings.Compare(a.ID, b.ID) }), sandboxes)
+	if len(all) != sandboxes || !slices.IsSortedFunc(all, func(a, b jsonSandbox) int { return strings.Compare(a.ID, b.ID) }) {
+		t.Fatalf("ls --json printed %d sandboxes (sorted: %v), want %d in ID order", len(all), slices.IsSortedFunc(all, func(a, b jsonSandbox) int { return strings.Compare(a.ID, b.ID) }), sandboxes)
 	}
 	text := mustOK(t, nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "ls"), "ls")
 	if rows := strings.Count(text.stdout, "\n"); rows != sandboxes+1 {
@@ -161,10 +160,10 @@ func TestLsPages(t *testing.T) {
 	}
 
 	page := mustOK(t, nexus(t, root, "ls", "--json", "--limit", "10"), "ls --limit")
-	var first []projections.Sandbox
+	var first []jsonSandbox
 	json.Unmarshal([]byte(page.stdout), &first)
 	next := mustOK(t, nexus(t, root, "ls", "--json", "--limit", "10", "--after", strings.ToLower(first[9].ID)), "ls --after")
-	var second []projections.Sandbox
+	var second []jsonSandbox
 	json.Unmarshal([]byte(next.stdout), &second)
 	if len(first) != 10 || len(second) != 10 || first[0].ID != all[0].ID || second[0].ID != all[10].ID || second[9].ID != all[19].ID {
 		t.Fatalf("--limit 10 then --after: %d and %d sandboxes, not ls's first 20 in order", len(first), len(second))

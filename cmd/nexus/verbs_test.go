@@ -38,7 +38,7 @@ func TestIDPrefixAndHandleEverywhere(t *testing.T) {
 	uniqueB := strings.ToLower(b.ID[:len(shared)+1])
 
 	r := mustOK(t, nexus(t, root, "inspect", "--json", "web", uniqueB), "inspect by handle and prefix")
-	var got []projections.Sandbox
+	var got []jsonSandbox
 	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || len(got) != 2 || got[0].ID != a.ID || got[1].ID != b.ID {
 		t.Fatalf("inspect web %s = %v %s", uniqueB, err, r.stdout)
 	}
@@ -91,7 +91,7 @@ func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "nexus: "+missing+": ") || !strings.Contains(r.stderr, "1 of 3 failed") {
 		t.Fatalf("stop with one unknown ID: exit %d, stderr %q", r.code, r.stderr)
 	}
-	for _, sb := range []projections.Sandbox{a, b} {
+	for _, sb := range []jsonSandbox{a, b} {
 		if cur := listed(t, root, sb.ID); cur == nil || cur.State != projections.StateStopped {
 			t.Fatalf("stop A missing B did not stop %s: %+v", sb.ID, cur)
 		}
@@ -101,14 +101,14 @@ func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
 		t.Fatalf("stop of stopped sandboxes printed %q", r.stdout)
 	}
 	r = mustOK(t, proc(t, root, "start", "--json", a.ID, b.ID), "start two")
-	var started []projections.Sandbox
+	var started []jsonSandbox
 	if err := json.Unmarshal([]byte(r.stdout), &started); err != nil || len(started) != 2 || started[0].State != projections.StateRunning || started[1].State != projections.StateRunning {
 		t.Fatalf("start --json A B: %v %s", err, r.stdout)
 	}
 
 	// inspect of several: a JSON array of those found; one missing fails.
 	r = nexus(t, root, "inspect", "--json", a.ID, missing, b.ID)
-	var found []projections.Sandbox
+	var found []jsonSandbox
 	if err := json.Unmarshal([]byte(r.stdout), &found); err != nil || r.code != 1 || len(found) != 2 || !strings.Contains(r.stderr, missing) {
 		t.Fatalf("inspect A missing B: exit %d, %v, stdout %q stderr %q", r.code, err, r.stdout, r.stderr)
 	}
@@ -123,7 +123,7 @@ func TestSeveralIDsIdempotenceAndRm(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, missing) {
 		t.Fatalf("rm -f A missing B: exit %d, stderr %q", r.code, r.stderr)
 	}
-	for _, sb := range []projections.Sandbox{a, b} {
+	for _, sb := range []jsonSandbox{a, b} {
 		if !strings.Contains(r.stdout, "removed "+sb.ID+" (") || listed(t, root, sb.ID) != nil {
 			t.Fatalf("rm -f A missing B: %s not removed or not reported: %q", sb.ID, r.stdout)
 		}

@@ -12,7 +12,6 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
-	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // SocketName is the daemon's control socket, directly under the state root.
@@ -32,7 +31,7 @@ const (
 	// PathAppendStream (POST, upgraded) carries appends (stream.go).
 	PathAppendStream  = "/v1/append-stream"
 	PathEvents        = "/v1/events"         // ParseQuery's parameters; one Record a line
-	PathSandboxes     = "/v1/sandboxes"      // after, limit (none: every sandbox); []projections.Sandbox
+	PathSandboxes     = "/v1/sandboxes"      // after, limit (none: every sandbox); []Sandbox
 	PathSandbox       = "/v1/sandbox"        // ref; SandboxAnswer
 	PathOwner         = "/v1/owner"          // path (repeated), except; OwnerAnswer
 	PathSnapshotOwner = "/v1/snapshot-owner" // snap; SandboxAnswer
@@ -93,8 +92,8 @@ type RevAnswer struct {
 
 // SandboxAnswer is one sandbox, or Found false.
 type SandboxAnswer struct {
-	Found   bool                `json:"found"`
-	Sandbox projections.Sandbox `json:"sandbox"`
+	Found   bool    `json:"found"`
+	Sandbox Sandbox `json:"sandbox"`
 }
 
 // OwnerAnswer names the sandbox owning a path, or Found false.
