@@ -237,8 +237,12 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		// EnableJetStream appends "jetstream" to the directory it is given.
 		j.jsConfig.StoreDir = filepath.Dir(c.StoreDir)
 	}
+	// The handshake over the in-process pipe is bounded like the server's
+	// start above, not by the client's 2 s default: on a host whose CPU is
+	// busy elsewhere the server can take longer to answer it, and a journal
+	// that fails to open fails the command.
 	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.UserInfo(internalUser, internalPass),
-		nats.Name("nexus"), nats.MaxReconnects(-1))
+		nats.Name("nexus"), nats.MaxReconnects(-1), nats.Timeout(30*time.Second))
 	if err != nil {
 		return fmt.Errorf("journal: connect in process: %w", err)
 	}
