@@ -152,7 +152,7 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 		return refuse("image %q: %v", spec.Image, err)
 	}
 	plan.image = image
-	if err := regularFile(image); err != nil {
+	if err := fsx.RegularFile(image); err != nil {
 		return refuse("image: %v", err)
 	}
 	if spec.ID != "" {
@@ -566,17 +566,6 @@ func (m *Manager) retireStep(held []*intent.Held, intents []publishedIntent) sag
 		Name: "retire-intents",
 		Do:   func(context.Context) ([]events.Payload, error) { return m.retireIntents(held, intents) },
 	}
-}
-
-func regularFile(path string) error {
-	info, err := os.Lstat(path)
-	if err != nil {
-		return err
-	}
-	if !info.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", path)
-	}
-	return nil
 }
 
 // treeBytes is the apparent size of every regular file under dir, the

@@ -7,10 +7,10 @@ package driver
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"slices"
 
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
 )
 
@@ -91,24 +91,13 @@ func (d Driver) assets() error {
 	if d.Kernel == "" {
 		return fmt.Errorf("NEXUS_KERNEL_PATH is not set: the %s driver needs a guest kernel (or use --driver process)", d.Name)
 	}
-	if err := regularFile(d.Kernel); err != nil {
+	if err := fsx.RegularFile(d.Kernel); err != nil {
 		return fmt.Errorf("NEXUS_KERNEL_PATH: %v", err)
 	}
 	if d.Initramfs != "" {
-		if err := regularFile(d.Initramfs); err != nil {
+		if err := fsx.RegularFile(d.Initramfs); err != nil {
 			return fmt.Errorf("initramfs: %v", err)
 		}
-	}
-	return nil
-}
-
-func regularFile(path string) error {
-	info, err := os.Lstat(path)
-	if err != nil {
-		return err
-	}
-	if !info.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file", path)
 	}
 	return nil
 }

@@ -338,3 +338,17 @@ func Mkdir(root, name string, perm os.FileMode) error {
 	}
 	return nil
 }
+
+// RegularFile refuses an input nexus is handed from outside the root (an
+// image, a kernel, an initramfs) unless path itself, not followed if it is
+// a link, is a regular file.
+func RegularFile(path string) error {
+	info, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if !info.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file", path)
+	}
+	return nil
+}
