@@ -100,7 +100,10 @@ func Run(ctx context.Context, root string, o Options) error {
 		}
 		o.Mirror.HostID = id.String()
 	}
-	jo := journal.Options{Mirror: o.Mirror, Logger: o.Logger}
+	jo := journal.Options{Logger: o.Logger}
+	if o.Mirror != nil {
+		jo.Mirror = o.Mirror
+	}
 	var creds *SubscriberCredentials
 	if o.Listen != "" {
 		if err := checkListen(o.Listen, o.AllowRemote, o.TLS != nil); err != nil {
@@ -145,8 +148,8 @@ func Run(ctx context.Context, root string, o Options) error {
 	defer cancel()
 	// Exits are facts (exits.go): stopped before the node closes.
 	defer watchExits(sctx, n)()
-	defer journalMirror(sctx, n)()
-	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto}) }()
+	defer journalMirror(sctx, n, o.Mirror)()
+	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror}) }()
 	// Serve creates the socket almost at once; wait until it answers so
 	// "serving" (and Ready) means a client can connect.
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
@@ -168,14 +171,17 @@ func Run(ctx context.Context, root string, o Options) error {
 	}
 	// A host whose mirror the fleet says is another's stops, with the
 	// same error whether the fleet said so before Open returned or later.
-	refused, _ := n.Journal().MirrorRefused()
+	var refused <-chan struct{}
+	if o.Mirror != nil {
+		refused, _ = o.Mirror.Refused()
+	}
 	select {
 	case err := <-served:
 		return err
 	case <-refused:
 		cancel()
 		<-served
-		_, err := n.Journal().MirrorRefused()
+		_, err := o.Mirror.Refused()
 		return err
 	}
 }

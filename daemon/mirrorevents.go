@@ -41,11 +41,11 @@ func mirrorEvent(c journal.MirrorChange, at time.Time) (events.Event, bool) {
 // never waits for it (its feed drops rather than blocks), and the local
 // append does not depend on the fleet, so a fleet that is down holds up
 // nothing. The returned function stops it and waits for it.
-func journalMirror(ctx context.Context, n *node.Node) (stop func()) {
-	changes := n.Journal().MirrorChanges()
-	if changes == nil {
+func journalMirror(ctx context.Context, n *node.Node, m *journal.Mirror) (stop func()) {
+	if m == nil {
 		return func() {}
 	}
+	changes := m.Changes()
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

@@ -168,9 +168,9 @@ func (f *Fleet) Scan(ctx context.Context, r Range, fn func(FleetRecord) error) e
 	// order, so one at or below the last yielded for its host is such a
 	// copy, and each host record is yielded once.
 	seen := hostSeqs{}
-	return scan(ctx, s, r, nil, func(rec Record) error {
+	return ScanStream(ctx, s, r, func(rec Record) error {
 		host, _, _ := strings.Cut(rec.Subject, ".")
-		seq := sourceSeq(rec.source)
+		seq := sourceSeq(rec.Source)
 		if !seen.fresh(host, seq) {
 			return nil
 		}

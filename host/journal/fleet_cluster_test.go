@@ -409,7 +409,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 		t.Fatalf("A's link saw %d of B's messages", n)
 	}
 	// Status from each host: linked, current, three replicas.
-	st := b.MirrorState(context.Background())
+	st := mb.State(context.Background())
 	if !st.Connected || !st.Exists || st.LagEvents != 0 || st.MirrorLastSeq != 8 || st.Replicas != 3 {
 		t.Fatalf("B's mirror state: %+v", st)
 	}
@@ -456,7 +456,7 @@ func TestFleetNodeLoss(t *testing.T) {
 		mirrorIsJournal(t, reader, hosts[i], js[i], m, 10)
 		deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 		for {
-			st := js[i].MirrorState(context.Background())
+			st := ms[i].State(context.Background())
 			if st.Connected && st.Exists && st.LagEvents == 0 && st.MirrorLastSeq == 10 {
 				break
 			}
@@ -537,7 +537,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	js, ms := c.openHosts(t, 5)
 	for i := range js {
 		deadline := time.Now().Add(testutil.Scale(30 * time.Second))
-		for st := js[i].MirrorState(context.Background()); st.MirrorLastSeq != 5; st = js[i].MirrorState(context.Background()) {
+		for st := ms[i].State(context.Background()); st.MirrorLastSeq != 5; st = ms[i].State(context.Background()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s never current: %+v", hosts[i], st)
 			}
@@ -555,9 +555,9 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	if d := time.Since(began); d > 5*time.Second {
 		t.Fatalf("20 appends took %v with the fleet down: the journal waited on it", d)
 	}
-	for i, j := range js {
+	for i := range js {
 		deadline := time.Now().Add(testutil.Scale(10 * time.Second))
-		for st := j.MirrorState(context.Background()); st.Connected; st = j.MirrorState(context.Background()) {
+		for st := ms[i].State(context.Background()); st.Connected; st = ms[i].State(context.Background()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s reports a link with every node down", hosts[i])
 			}
@@ -568,10 +568,10 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 		c.start(t, i)
 	}
 	back := time.Now()
-	for i, j := range js {
+	for i := range js {
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			st := j.MirrorState(context.Background())
+			st := ms[i].State(context.Background())
 			if st.Connected && st.Exists && st.MirrorLastSeq == 15 && st.LagEvents == 0 {
 				break
 			}

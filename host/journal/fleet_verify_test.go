@@ -59,7 +59,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 	if err := ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(Record) error { count++; return nil }); err != nil || count != 5 {
 		t.Fatalf("the whole mirror: %d records, %v", count, err)
 	}
-	if st := j.MirrorState(ctx); st.ReportedSeq != 5 || st.MirrorLastSeq != 5 {
+	if st := m.State(ctx); st.ReportedSeq != 5 || st.MirrorLastSeq != 5 {
 		t.Fatalf("status of a reported mirror: %+v", st)
 	}
 	j.Close()

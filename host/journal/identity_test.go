@@ -68,7 +68,7 @@ func TestMirrorRefusesAnotherHostsStream(t *testing.T) {
 	appendN(t, a, 0, 3)
 	awaitMirrored(t, fleet, m.StreamName(), 3)
 
-	second, _, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
+	_, second, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
 	err = refusal(t, second, err)
 	if !errors.Is(err, ErrHostTaken) {
 		t.Fatalf("a second host named host-a opened: %v", err)
@@ -84,20 +84,20 @@ func TestMirrorRefusesAnotherHostsStream(t *testing.T) {
 }
 
 // refusal is the refusal of a host's mirror: Open's error, or, when the
-// fleet answered after Open returned, what MirrorRefused delivers (a
+// fleet answered after Open returned, what Refused delivers (a
 // bounded wait: a mirror never refused fails the test).
-func refusal(t *testing.T, j *Journal, err error) error {
+func refusal(t *testing.T, m *Mirror, err error) error {
 	t.Helper()
 	if err != nil {
 		return err
 	}
-	refused, _ := j.MirrorRefused()
+	refused, _ := m.Refused()
 	select {
 	case <-refused:
-		_, err := j.MirrorRefused()
+		_, err := m.Refused()
 		return err
 	case <-time.After(testutil.Scale(30 * time.Second)):
-		ok, last := j.MirrorStatus()
+		ok, last := m.Status()
 		t.Fatalf("the mirror was never refused (status %v, last error %q)", ok, last)
 		return nil
 	}
@@ -122,11 +122,11 @@ func TestMirrorRefusedAfterOpen(t *testing.T) {
 		t.Skipf("refused at Open: %v", err)
 	}
 	defer j.Close()
-	err = refusal(t, j, nil)
+	err = refusal(t, late, nil)
 	if !errors.Is(err, ErrHostTaken) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "NEXUS_HOST_A is the mirror of host") {
 		t.Fatalf("late refusal: %v", err)
 	}
-	if _, last := j.MirrorStatus(); last != err.Error() {
+	if _, last := late.Status(); last != err.Error() {
 		t.Fatalf("status after the refusal says %q, want %q", last, err)
 	}
 	if got := mirrored(t, fleet, m.StreamName()); len(got) != 0 {

@@ -9,9 +9,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
@@ -20,6 +20,10 @@ import (
 // Mirror configures replication of the journal to a stream on an existing
 // NATS JetStream deployment (the fleet's audit store), so one place holds
 // the events of many hosts.
+//
+// A Mirror given to Open (Options.Mirror) keeps the mirror for that
+// journal (LeafMirror), as an http.Server holds its settings and serves:
+// it is used through a pointer and serves one journal at a time.
 //
 // It is JetStream's own mirroring, not a copier: the embedded server joins
 // the fleet as a leaf node in its own JetStream domain, and a mirror stream
@@ -55,6 +59,9 @@ type Mirror struct {
 	// 0 means 5 s. A refusal within it fails Open; a fleet that does not
 	// answer in time is retried in the background.
 	StartWait time.Duration
+
+	mu  sync.Mutex
+	cur *run
 }
 
 // ErrHostTaken is a mirror stream on the fleet that belongs to another
@@ -228,30 +235,84 @@ func MirrorStream(host string) string {
 	return StreamName + "_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
 }
 
-// deniedFromFleet is every subject the fleet may not send into this
-// server: appends to the journal, and each JetStream API call that writes
-// or deletes. Reads and the consumers a mirror needs stay open; the fleet
-// can see the journal, never change it.
-func deniedFromFleet(domain string) []string {
-	deny := []string{Subjects, appendSubjects, "$SYS.>", "$JS.API.>"}
-	for _, api := range []string{
-		"STREAM.CREATE.>", "STREAM.UPDATE.>", "STREAM.DELETE.>", "STREAM.PURGE.>",
-		"STREAM.MSG.DELETE.>", "STREAM.SNAPSHOT.>", "STREAM.RESTORE.>", "STREAM.PEER.>",
-		"STREAM.LEADER.>", "CONSUMER.DELETE.>", "CONSUMER.PAUSE.>", "CONSUMER.UNPIN.>",
-		"ACCOUNT.>", "META.>", "SERVER.>",
-	} {
-		deny = append(deny, "$JS."+domain+".API."+api)
+// Leaf is the journal's link to the fleet: its server and JetStream
+// domain named by the host identity.
+func (m *Mirror) Leaf() (Leaf, error) {
+	if err := m.validate(); err != nil {
+		return Leaf{}, err
 	}
-	return deny
+	return Leaf{ServerName: m.serverName(), Domain: m.localDomain(), URLs: m.URLs, Credentials: m.Credentials}, nil
 }
 
-// leafRemote is the embedded server's side of the link.
-func (m *Mirror) leafRemote() *server.RemoteLeafOpts {
-	return &server.RemoteLeafOpts{
-		URLs:        m.URLs,
-		Credentials: m.Credentials,
-		DenyImports: deniedFromFleet(m.localDomain()),
+// run is a Mirror's state while it serves one journal, from Start on.
+type run struct {
+	link    Linked
+	stop    context.CancelFunc
+	changes chan MirrorChange // feeds Changes
+	// refused is closed once the fleet's mirror proves to be another
+	// host's; refusal is why (Refused).
+	refused chan struct{}
+
+	mu      sync.Mutex
+	refusal error
+	err     error
+	set     bool
+	// seen: the mirror existed once, so a create is a re-create.
+	// creating: a create was sent and not confirmed (its reply may be
+	// lost while the fleet made the stream).
+	// drift: how the fleet's mirror differs from the settings.
+	seen     bool
+	creating bool
+	drift    string
+}
+
+// Start keeps the mirror from now until Stop (LeafMirror), afresh for
+// each journal it is given to. It waits up to StartWait for the fleet's
+// first answer: a refusal in that time is its error, as one line; one
+// found later is Refused's to deliver.
+func (m *Mirror) Start(ctx context.Context, l Linked) error {
+	mctx, stop := context.WithCancel(context.Background())
+	r := &run{link: l, stop: stop, changes: make(chan MirrorChange, mirrorChangeBuffer), refused: make(chan struct{})}
+	m.mu.Lock()
+	m.cur = r
+	m.mu.Unlock()
+	first := make(chan error, 1)
+	go m.keep(mctx, r, first)
+	go m.watchLink(mctx, r)
+	wait := m.StartWait
+	if wait <= 0 {
+		wait = 5 * time.Second
 	}
+	select {
+	case <-r.refused:
+		_, err := m.Refused()
+		return err
+	case err := <-first:
+		if refusedAccount(err) {
+			return err
+		}
+	case <-l.Refused:
+		return fmt.Errorf("journal: the fleet refused this host's link credentials (authorization violation) at %s", strings.Join(m.Redacted(), ", "))
+	case <-time.After(wait):
+		l.Log.Warn("mirror.pending", "stream", m.StreamName(), "reason", "the fleet has not answered yet; retrying in the background")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// Stop ends the mirroring (LeafMirror); the journal's Close calls it.
+func (m *Mirror) Stop() {
+	if r := m.current(); r != nil {
+		r.stop()
+	}
+}
+
+// current is the run of the journal the Mirror serves (nil before Start).
+func (m *Mirror) current() *run {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cur
 }
 
 // mirrorRetry spaces attempts to create the mirror stream while the fleet
@@ -261,10 +322,10 @@ const mirrorRetry = 2 * time.Second
 // keepMirror makes sure the mirror stream exists on the fleet until ctx
 // ends: created when missing (again if someone deleted it), refused for
 // good when it belongs to another host. first gets the first verdict.
-func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error) {
-	fleet, err := jetstream.NewWithDomain(j.nc, m.Domain)
+func (m *Mirror) keep(ctx context.Context, r *run, first chan<- error) {
+	fleet, err := jetstream.NewWithDomain(r.link.Conn, m.Domain)
 	if err != nil {
-		j.setMirrorErr(err)
+		r.setErr(err)
 		first <- err
 		return
 	}
@@ -274,10 +335,10 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 	}
 	told := false
 	for {
-		err := j.ensureMirror(ctx, fleet, m)
-		j.setMirrorErr(err)
+		err := m.ensure(ctx, r, fleet)
+		r.setErr(err)
 		if errors.Is(err, ErrHostTaken) {
-			j.refuse(err)
+			m.refuse(r, err)
 			return
 		}
 		if !told && (err == nil || refusedAccount(err)) {
@@ -300,12 +361,12 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 // missing mirror with the settings, and never rewrites one that exists:
 // replicas or limits an operator changed stay (a difference is logged),
 // only an explicit request for more replicas is applied.
-func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m *Mirror) error {
+func (m *Mirror) ensure(ctx context.Context, r *run, fleet jetstream.JetStream) error {
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s, err := fleet.Stream(actx, m.StreamName())
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return j.createMirror(actx, fleet, m)
+		return m.create(actx, r, fleet)
 	}
 	if err != nil {
 		return fmt.Errorf("mirror %s: %w", m.StreamName(), err)
@@ -314,13 +375,13 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if err := m.owns(cfg); err != nil {
 		return err
 	}
-	j.mirrorMu.Lock()
-	pending := j.mirrorCreating
-	j.mirrorSeen = j.mirrorSeen || !pending
-	j.mirrorMu.Unlock()
+	r.mu.Lock()
+	pending := r.creating
+	r.seen = r.seen || !pending
+	r.mu.Unlock()
 	if pending {
 		// This host's own create, whose answer did not come back.
-		j.madeMirror(m, cfg.Replicas)
+		m.made(r, cfg.Replicas)
 	}
 	if m.Replicas > cfg.Replicas {
 		was := cfg.Replicas
@@ -328,7 +389,7 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 		if _, err := fleet.UpdateStream(actx, cfg); err != nil {
 			return fmt.Errorf("mirror %s: raise replicas %d to %d: %w", m.StreamName(), was, m.Replicas, err)
 		}
-		j.log.Info("mirror.updated", "stream", m.StreamName(), "replicas", m.Replicas, "was", was)
+		r.link.Log.Info("mirror.updated", "stream", m.StreamName(), "replicas", m.Replicas, "was", was)
 		return nil
 	}
 	var drift []string
@@ -339,19 +400,19 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 		drift = append(drift, fmt.Sprintf("max bytes %d (nexus asks %d)", cfg.MaxBytes, want))
 	}
 	d := strings.Join(drift, ", ")
-	j.mirrorMu.Lock()
-	changed := d != j.mirrorDrift
-	j.mirrorDrift = d
-	j.mirrorMu.Unlock()
+	r.mu.Lock()
+	changed := d != r.drift
+	r.drift = d
+	r.mu.Unlock()
 	if changed && d != "" {
-		j.log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
-		j.reportChange(MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
+		r.link.Log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
+		m.reportChange(r, MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
 	}
 	// The report is for auditors; failing it (an account that refuses
 	// stream updates) leaves the mirror itself healthy, so it is logged,
 	// not returned.
-	if err := j.reportLastSeq(actx, fleet, cfg); err != nil {
-		j.log.Warn("mirror.report-failed", "stream", m.StreamName(), "err", err)
+	if err := m.reportLastSeq(actx, r, fleet, cfg); err != nil {
+		r.link.Log.Warn("mirror.report-failed", "stream", m.StreamName(), "err", err)
 	}
 	return nil
 }
@@ -359,8 +420,8 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 // reportLastSeq records the journal's last sequence in the mirror's
 // metadata when it moved since the last report. Everything else in the
 // configuration is written back as read, so operator settings stay.
-func (j *Journal) reportLastSeq(ctx context.Context, fleet jetstream.JetStream, cfg jetstream.StreamConfig) error {
-	last, err := j.LastSeq(ctx)
+func (m *Mirror) reportLastSeq(ctx context.Context, r *run, fleet jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	last, err := r.link.Journal.LastSeq(ctx)
 	if err != nil {
 		return err
 	}
@@ -448,7 +509,7 @@ func (m *Mirror) owns(cfg jetstream.StreamConfig) error {
 
 // createMirror makes the mirror stream. Replicas 0 asks for 3 and falls
 // back to 1 only when the fleet says it cannot place them.
-func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m *Mirror) error {
+func (m *Mirror) create(ctx context.Context, r *run, fleet jetstream.JetStream) error {
 	cfg := jetstream.StreamConfig{
 		Name:        m.StreamName(),
 		Description: fmt.Sprintf("nexus journal of host %s (%s)", m.Host, m.HostID),
@@ -467,9 +528,9 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 3
 	}
-	j.mirrorMu.Lock()
-	j.mirrorCreating = true
-	j.mirrorMu.Unlock()
+	r.mu.Lock()
+	r.creating = true
+	r.mu.Unlock()
 	_, err := fleet.CreateStream(ctx, cfg)
 	var api *jetstream.APIError
 	if err != nil && m.Replicas == 0 && errors.As(err, &api) && cannotPlace(api.ErrorCode) {
@@ -479,23 +540,23 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if err != nil {
 		return fmt.Errorf("mirror %s: create: %w", m.StreamName(), err)
 	}
-	j.madeMirror(m, cfg.Replicas)
+	m.made(r, cfg.Replicas)
 	return nil
 }
 
-// madeMirror logs and reports the mirror this host made: created, or
-// recreated when it had seen one before.
-func (j *Journal) madeMirror(m *Mirror, replicas int) {
-	j.mirrorMu.Lock()
-	seen := j.mirrorSeen
-	j.mirrorSeen, j.mirrorCreating = true, false
-	j.mirrorMu.Unlock()
+// made logs and reports the mirror this host made: created, or recreated
+// when it had seen one before.
+func (m *Mirror) made(r *run, replicas int) {
+	r.mu.Lock()
+	seen := r.seen
+	r.seen, r.creating = true, false
+	r.mu.Unlock()
 	kind := "created"
 	if seen {
 		kind = "recreated"
 	}
-	j.log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", replicas, "domain", m.Domain)
-	j.reportChange(MirrorChange{Kind: kind, Replicas: replicas})
+	r.link.Log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", replicas, "domain", m.Domain)
+	m.reportChange(r, MirrorChange{Kind: kind, Replicas: replicas})
 }
 
 // refusedAccount: the fleet's account cannot hold the mirror as asked
@@ -525,24 +586,24 @@ func cannotPlace(code jetstream.ErrorCode) bool {
 
 // watchLink logs the leaf link going up and down, and reports changes
 // (linkLimiter) for the journal.
-func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
+func (m *Mirror) watchLink(ctx context.Context, r *run) {
 	up := false
 	lim := linkLimiter{quiet: linkQuiet}
 	for {
-		now := j.srv.NumLeafNodes() > 0
+		now := r.link.Up()
 		if report, flaps := lim.observe(time.Now(), now); report {
 			kind := "unlinked"
 			if now {
 				kind = "linked"
 			}
-			j.reportChange(MirrorChange{Kind: kind, URLs: m.Redacted(), Flaps: flaps})
+			m.reportChange(r, MirrorChange{Kind: kind, URLs: m.Redacted(), Flaps: flaps})
 		}
 		if now != up {
 			up = now
 			if up {
-				j.log.Info("mirror.linked", "urls", strings.Join(m.Redacted(), ","))
+				r.link.Log.Info("mirror.linked", "urls", strings.Join(m.Redacted(), ","))
 			} else {
-				j.log.Warn("mirror.unlinked", "urls", strings.Join(m.Redacted(), ","))
+				r.link.Log.Warn("mirror.unlinked", "urls", strings.Join(m.Redacted(), ","))
 			}
 		}
 		select {
@@ -556,43 +617,51 @@ func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
 // refuse ends this host's claim to its name: the fleet's stream of that
 // name is another host's. Whenever that is found (before Open returns or
 // long after), it is final and delivered the same way, through
-// MirrorRefused: a host that went on would serve under a name whose audit
+// Refused: a host that went on would serve under a name whose audit
 // copy is another's, and a second found while the fleet was slow would
 // otherwise outlive the refusal a quick fleet gives at start.
-func (j *Journal) refuse(err error) {
-	j.mirrorMu.Lock()
-	j.refusal = err
-	j.mirrorMu.Unlock()
-	j.reportChange(MirrorChange{Kind: "refused", Detail: err.Error()})
-	close(j.mirrorRefused)
+func (m *Mirror) refuse(r *run, err error) {
+	r.mu.Lock()
+	r.refusal = err
+	r.mu.Unlock()
+	m.reportChange(r, MirrorChange{Kind: "refused", Detail: err.Error()})
+	close(r.refused)
 }
 
-// MirrorRefused is closed once the fleet's mirror stream proves to belong
-// to another host (ErrHostTaken), however long after Open that is found;
-// err then says whose it is. The journal stops mirroring, and its owner
-// must stop acting as this host (the daemon exits with err). Without a
-// mirror the channel is nil: it never fires.
-func (j *Journal) MirrorRefused() (refused <-chan struct{}, err error) {
-	j.mirrorMu.Lock()
-	defer j.mirrorMu.Unlock()
-	return j.mirrorRefused, j.refusal
-}
-
-func (j *Journal) setMirrorErr(err error) {
-	j.mirrorMu.Lock()
-	defer j.mirrorMu.Unlock()
-	j.mirrorErr, j.mirrorSet = err, true
-}
-
-// MirrorStatus reports whether the mirror stream exists on the fleet yet:
-// ok once created; otherwise the last error ("" before the first attempt).
-func (j *Journal) MirrorStatus() (ok bool, lastErr string) {
-	j.mirrorMu.Lock()
-	defer j.mirrorMu.Unlock()
-	if j.mirrorErr != nil {
-		return false, j.mirrorErr.Error()
+// Refused is closed once the fleet's mirror stream proves to belong to
+// another host (ErrHostTaken), however long after Open that is found; err
+// then says whose it is. Mirroring stops, and the journal's owner must
+// stop acting as this host (the daemon exits with err). Before Start the
+// channel is nil: it never fires.
+func (m *Mirror) Refused() (refused <-chan struct{}, err error) {
+	r := m.current()
+	if r == nil {
+		return nil, nil
 	}
-	return j.mirrorSet, ""
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refused, r.refusal
+}
+
+func (r *run) setErr(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.err, r.set = err, true
+}
+
+// Status reports whether the mirror stream exists on the fleet yet: ok
+// once created; otherwise the last error ("" before the first attempt).
+func (m *Mirror) Status() (ok bool, lastErr string) {
+	r := m.current()
+	if r == nil {
+		return false, ""
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return false, r.err.Error()
+	}
+	return r.set, ""
 }
 
 // ReadMirror reads every record of a mirror stream on the fleet (or any
@@ -633,7 +702,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 		return err
 	}
 	if apiPrefix == "" {
-		return scan(ctx, s, Range{}, nil, fn)
+		return ScanStream(ctx, s, Range{}, fn)
 	}
 	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)

@@ -196,7 +196,7 @@ func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
 	j, m := openMirrored(t, leafPort)
 	appendN(t, j, 0, 5)
 	got := awaitMirrored(t, fleet, m.StreamName(), 5)
-	if ok, msg := j.MirrorStatus(); !ok {
+	if ok, msg := m.Status(); !ok {
 		t.Fatalf("mirror status: %v %q", ok, msg)
 	}
 
