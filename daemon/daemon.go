@@ -22,6 +22,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/hostid"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -55,7 +56,7 @@ type Options struct {
 	// TLS makes the Listen port TLS-only (and, with a client CA, mutual).
 	TLS *journal.TLS
 	// Mirror, if set, replicates the journal to a fleet's JetStream.
-	Mirror *journal.Mirror
+	Mirror *fleet.Mirror
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket, after

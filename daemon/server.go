@@ -17,7 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/guard"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -46,7 +46,7 @@ type serveOptions struct {
 	// auto: started on demand (reported in Status; may be retired).
 	auto bool
 	// mirror is the journal's fleet mirror (nil: none).
-	mirror *journal.Mirror
+	mirror *fleet.Mirror
 }
 
 // clients counts the open connections. A command keeps its connection for
@@ -252,7 +252,7 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *node.Node, auto bool, mirror *journal.Mirror, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *node.Node, auto bool, mirror *fleet.Mirror, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
 	local := control.Local{Node: n}
 	var served, most atomic.Int64
@@ -268,7 +268,7 @@ func handler(n *node.Node, auto bool, mirror *journal.Mirror, retire chan<- stru
 		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring()})
 	})
 	mux.HandleFunc("GET "+wire.PathMirror, func(w http.ResponseWriter, r *http.Request) {
-		var st *journal.MirrorState
+		var st *fleet.MirrorState
 		if mirror != nil {
 			st = mirror.State(r.Context())
 		}

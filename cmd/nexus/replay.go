@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/replay"
@@ -48,7 +49,7 @@ func replayCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().StringVar(&f.natsURL, "nats", "", "audit a mirror stream on this NATS server (a fleet's, see daemon --mirror) instead")
 	c.PersistentFlags().StringVar(&f.stream, "stream", "", "the mirror stream to read with --nats (NEXUS_<HOST>)")
 	c.PersistentFlags().StringVar(&f.natsCreds, "nats-creds", "", "NATS .creds file for --nats")
-	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of `nexus fleet template`: "+journal.AuditAPIPrefix+")")
+	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of `nexus fleet template`: "+fleet.AuditAPIPrefix+")")
 	c.PersistentFlags().BoolVar(&f.asJSON, "json", false, "print JSON")
 	c.AddCommand(replayTimelineCmd(g, f), replayAtCmd(g, f), replayVerifyCmd(g, f), replayDiffCmd(g, f))
 	return c
@@ -66,7 +67,7 @@ func eachRecord(ctx context.Context, g *globals, f *replayFlags, fn func(replay.
 		if f.stream == "" || f.journalDir != "" {
 			return usageError{errors.New("--nats needs --stream, and excludes --journal")}
 		}
-		return journal.ReadMirror(ctx, f.natsURL, f.natsCreds, f.natsPrefix, f.stream, pass)
+		return fleet.ReadMirror(ctx, f.natsURL, f.natsCreds, f.natsPrefix, f.stream, pass)
 	}
 	dir := f.journalDir
 	if dir == "" {

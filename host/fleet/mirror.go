@@ -1,4 +1,8 @@
-package journal
+// Package fleet is a host's part in a fleet's NATS JetStream: the mirror
+// of its journal there (through the journal's leaf-node link), the
+// fleet's permission template, and the auditors' reads of the mirrors and
+// their aggregate.
+package fleet
 
 import (
 	"context"
@@ -15,14 +19,16 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // Mirror configures replication of the journal to a stream on an existing
 // NATS JetStream deployment (the fleet's audit store), so one place holds
 // the events of many hosts.
 //
-// A Mirror given to Open (Options.Mirror) keeps the mirror for that
-// journal (LeafMirror), as an http.Server holds its settings and serves:
+// A Mirror given to journal.Open (Options.Mirror) keeps the mirror for that
+// journal (journal.LeafMirror), as an http.Server holds its settings and serves:
 // it is used through a pointer and serves one journal at a time.
 //
 // It is JetStream's own mirroring, not a copier: the embedded server joins
@@ -66,7 +72,7 @@ type Mirror struct {
 
 // ErrHostTaken is a mirror stream on the fleet that belongs to another
 // host identity: mirroring into it would interleave two journals.
-var ErrHostTaken = errors.New("journal: mirror stream belongs to another host")
+var ErrHostTaken = errors.New("fleet: mirror stream belongs to another host")
 
 // metaHostID and metaHost are the mirror stream's metadata keys.
 const (
@@ -122,7 +128,7 @@ func HostNameFrom(hostname string) string {
 
 func (m *Mirror) validate() error {
 	if len(m.URLs) == 0 {
-		return errors.New("journal: mirror needs a fleet URL")
+		return errors.New("fleet: mirror needs a fleet URL")
 	}
 	for _, u := range m.URLs {
 		if err := checkFleetURL(u); err != nil {
@@ -130,26 +136,26 @@ func (m *Mirror) validate() error {
 		}
 	}
 	if err := ValidHostName(m.Host); err != nil {
-		return fmt.Errorf("journal: mirror %w", err)
+		return fmt.Errorf("fleet: mirror %w", err)
 	}
 	if _, err := ulid.ParseStrict(m.HostID); err != nil {
-		return fmt.Errorf("journal: mirror host identity %q: %v", m.HostID, err)
+		return fmt.Errorf("fleet: mirror host identity %q: %v", m.HostID, err)
 	}
 	if !hostToken.MatchString(m.Domain) {
-		return fmt.Errorf("journal: mirror domain %q: want 1-64 letters, digits, '-' or '_'", m.Domain)
+		return fmt.Errorf("fleet: mirror domain %q: want 1-64 letters, digits, '-' or '_'", m.Domain)
 	}
 	if m.Replicas < 0 || m.Replicas > 5 {
-		return fmt.Errorf("journal: mirror replicas %d: want 1-5 (0 for 3 where the fleet has room)", m.Replicas)
+		return fmt.Errorf("fleet: mirror replicas %d: want 1-5 (0 for 3 where the fleet has room)", m.Replicas)
 	}
 	if m.Credentials != "" {
 		// The server only logs an unreadable creds file, and then never
 		// links: the daemon would say "mirroring" and mirror nothing.
 		data, err := os.ReadFile(m.Credentials)
 		if err != nil {
-			return fmt.Errorf("journal: mirror credentials: %w", err)
+			return fmt.Errorf("fleet: mirror credentials: %w", err)
 		}
 		if !strings.Contains(string(data), "BEGIN NATS USER JWT") {
-			return fmt.Errorf("journal: mirror credentials %s: not a NATS .creds file", m.Credentials)
+			return fmt.Errorf("fleet: mirror credentials %s: not a NATS .creds file", m.Credentials)
 		}
 	}
 	return nil
@@ -159,17 +165,17 @@ func (m *Mirror) validate() error {
 // without its password.
 func checkFleetURL(u *url.URL) error {
 	if u == nil || u.Hostname() == "" {
-		return errors.New("journal: mirror URL needs a host")
+		return errors.New("fleet: mirror URL needs a host")
 	}
 	switch u.Scheme {
 	case "nats-leaf", "nats", "tls":
 	default:
-		return fmt.Errorf("journal: mirror URL %s: scheme %q: want nats-leaf, nats or tls", u.Redacted(), u.Scheme)
+		return fmt.Errorf("fleet: mirror URL %s: scheme %q: want nats-leaf, nats or tls", u.Redacted(), u.Scheme)
 	}
 	if p := u.Port(); p != "" {
 		var n int
 		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("journal: mirror URL %s: bad port", u.Redacted())
+			return fmt.Errorf("fleet: mirror URL %s: bad port", u.Redacted())
 		}
 	}
 	return nil
@@ -182,7 +188,7 @@ func ParseFleetURL(s string) (*url.URL, error) {
 		return nil, fmt.Errorf("mirror URL %s: want nats-leaf://[user:pass@]HOST:PORT", RedactURL(s))
 	}
 	if err := checkFleetURL(u); err != nil {
-		return nil, errors.New(strings.TrimPrefix(err.Error(), "journal: "))
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "fleet: "))
 	}
 	return u, nil
 }
@@ -232,21 +238,21 @@ func (m *Mirror) StreamName() string { return MirrorStream(m.Host) }
 // MirrorStream is the fleet stream a valid host name mirrors into; it is
 // injective over valid names, which hold no '_' and no upper case.
 func MirrorStream(host string) string {
-	return StreamName + "_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
+	return journal.StreamName + "_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
 }
 
 // Leaf is the journal's link to the fleet: its server and JetStream
 // domain named by the host identity.
-func (m *Mirror) Leaf() (Leaf, error) {
+func (m *Mirror) Leaf() (journal.Leaf, error) {
 	if err := m.validate(); err != nil {
-		return Leaf{}, err
+		return journal.Leaf{}, err
 	}
-	return Leaf{ServerName: m.serverName(), Domain: m.localDomain(), URLs: m.URLs, Credentials: m.Credentials}, nil
+	return journal.Leaf{ServerName: m.serverName(), Domain: m.localDomain(), URLs: m.URLs, Credentials: m.Credentials}, nil
 }
 
 // run is a Mirror's state while it serves one journal, from Start on.
 type run struct {
-	link    Linked
+	link    journal.Linked
 	stop    context.CancelFunc
 	changes chan MirrorChange // feeds Changes
 	// refused is closed once the fleet's mirror proves to be another
@@ -266,11 +272,11 @@ type run struct {
 	drift    string
 }
 
-// Start keeps the mirror from now until Stop (LeafMirror), afresh for
+// Start keeps the mirror from now until Stop (journal.LeafMirror), afresh for
 // each journal it is given to. It waits up to StartWait for the fleet's
 // first answer: a refusal in that time is its error, as one line; one
 // found later is Refused's to deliver.
-func (m *Mirror) Start(ctx context.Context, l Linked) error {
+func (m *Mirror) Start(ctx context.Context, l journal.Linked) error {
 	mctx, stop := context.WithCancel(context.Background())
 	r := &run{link: l, stop: stop, changes: make(chan MirrorChange, mirrorChangeBuffer), refused: make(chan struct{})}
 	m.mu.Lock()
@@ -292,7 +298,7 @@ func (m *Mirror) Start(ctx context.Context, l Linked) error {
 			return err
 		}
 	case <-l.Refused:
-		return fmt.Errorf("journal: the fleet refused this host's link credentials (authorization violation) at %s", strings.Join(m.Redacted(), ", "))
+		return fmt.Errorf("fleet: the fleet refused this host's link credentials (authorization violation) at %s", strings.Join(m.Redacted(), ", "))
 	case <-time.After(wait):
 		l.Log.Warn("mirror.pending", "stream", m.StreamName(), "reason", "the fleet has not answered yet; retrying in the background")
 	case <-ctx.Done():
@@ -301,7 +307,7 @@ func (m *Mirror) Start(ctx context.Context, l Linked) error {
 	return nil
 }
 
-// Stop ends the mirroring (LeafMirror); the journal's Close calls it.
+// Stop ends the mirroring (journal.LeafMirror); the journal's Close calls it.
 func (m *Mirror) Stop() {
 	if r := m.current(); r != nil {
 		r.stop()
@@ -319,7 +325,7 @@ func (m *Mirror) current() *run {
 // is unreachable.
 const mirrorRetry = 2 * time.Second
 
-// keepMirror makes sure the mirror stream exists on the fleet until ctx
+// keep makes sure the mirror stream exists on the fleet until ctx
 // ends: created when missing (again if someone deleted it), refused for
 // good when it belongs to another host. first gets the first verdict.
 func (m *Mirror) keep(ctx context.Context, r *run, first chan<- error) {
@@ -357,7 +363,7 @@ func (m *Mirror) keep(ctx context.Context, r *run, first chan<- error) {
 	}
 }
 
-// ensureMirror is one check of the mirror on the fleet. It creates a
+// ensure is one check of the mirror on the fleet. It creates a
 // missing mirror with the settings, and never rewrites one that exists:
 // replicas or limits an operator changed stay (a difference is logged),
 // only an explicit request for more replicas is applied.
@@ -478,11 +484,11 @@ func hostReport(md map[string]string) HostReport {
 func checkMirrorSpan(stream string, st jetstream.StreamState, rep HostReport) error {
 	switch {
 	case st.Msgs == 0:
-		return fmt.Errorf("journal: mirror %s is empty: it holds none of the host's journal", stream)
+		return fmt.Errorf("fleet: mirror %s is empty: it holds none of the host's journal", stream)
 	case st.FirstSeq != 1:
-		return fmt.Errorf("journal: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
+		return fmt.Errorf("fleet: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
 	case st.LastSeq < rep.LastSeq:
-		return fmt.Errorf("journal: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
+		return fmt.Errorf("fleet: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
 			stream, st.LastSeq, rep.LastSeq, rep.Reported.Format(time.RFC3339))
 	}
 	return nil
@@ -507,7 +513,7 @@ func (m *Mirror) owns(cfg jetstream.StreamConfig) error {
 	return nil
 }
 
-// createMirror makes the mirror stream. Replicas 0 asks for 3 and falls
+// create makes the mirror stream. Replicas 0 asks for 3 and falls
 // back to 1 only when the fleet says it cannot place them.
 func (m *Mirror) create(ctx context.Context, r *run, fleet jetstream.JetStream) error {
 	cfg := jetstream.StreamConfig{
@@ -517,7 +523,7 @@ func (m *Mirror) create(ctx context.Context, r *run, fleet jetstream.JetStream) 
 		Replicas:    m.Replicas,
 		MaxBytes:    maxBytes(m.MaxBytes),
 		Mirror: &jetstream.StreamSource{
-			Name:              StreamName,
+			Name:              journal.StreamName,
 			Domain:            m.localDomain(),
 			SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: ">", Destination: m.Host + ".>"}},
 		},
@@ -673,14 +679,14 @@ func (m *Mirror) Status() (ok bool, lastErr string) {
 // error: a journal starts at 1 and never loses its head, so either means
 // the audit copy is not the journal; so is one that ends before the last
 // sequence its host reported in the mirror's metadata.
-func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(Record) error) error {
+func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(journal.Record) error) error {
 	opts := []nats.Option{nats.Name("nexus replay")}
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
 	}
 	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("journal: connect to %s: %w", RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: connect to %s: %w", RedactURL(natsURL), err)
 	}
 	defer nc.Close()
 	var js jetstream.JetStream
@@ -694,7 +700,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return fmt.Errorf("journal: stream %s at %s: %w", stream, RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: stream %s at %s: %w", stream, RedactURL(natsURL), err)
 	}
 	info := s.CachedInfo()
 	st := info.State
@@ -702,14 +708,14 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 		return err
 	}
 	if apiPrefix == "" {
-		return ScanStream(ctx, s, Range{}, fn)
+		return journal.ScanStream(ctx, s, journal.Range{}, fn)
 	}
 	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
-			return fmt.Errorf("journal: %s sequence %d: %w", stream, seq, err)
+			return fmt.Errorf("fleet: %s sequence %d: %w", stream, seq, err)
 		}
-		if err := fn(Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
+		if err := fn(journal.Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
 			return err
 		}
 	}
