@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -176,13 +175,10 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 	t.Helper()
 	o := &server.Options{ServerName: "fleet", Host: "127.0.0.1", Port: server.RANDOM_PORT,
 		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leafPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", leafPort
+	// The server picks its leaf port as it binds it: a port picked free
+	// beforehand can be taken meanwhile (by one of the daemons' own
+	// outgoing links, which draw from the same range).
+	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", server.RANDOM_PORT
 	o.LeafNode.Username, o.LeafNode.Password = "leaf", "fleet-secret"
 	fleet, err := server.NewServer(o)
 	if err != nil {
@@ -194,7 +190,14 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 	if !fleet.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("fleet not ready")
 	}
-	return fleet, fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", leafPort)
+	v, err := fleet.Varz(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.LeafNode.Port <= 0 {
+		t.Fatalf("fleet's leaf port is %d", v.LeafNode.Port)
+	}
+	return fleet, fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", v.LeafNode.Port)
 }
 
 // A cloned machine with the same host name: its daemon is refused at
