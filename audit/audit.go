@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -19,7 +20,7 @@ import (
 
 // AuditorAPIPrefix is the JetStream API prefix an auditor of the fleet's
 // permission template reads mirrors through.
-const AuditorAPIPrefix = journal.AuditAPIPrefix
+const AuditorAPIPrefix = fleet.AuditAPIPrefix
 
 // Source is the journal an audit reads: the mirror Stream on the NATS
 // server at NATS when NATS is set, else the journal directory Dir (the
@@ -40,7 +41,7 @@ func Each(ctx context.Context, src Source, fn func(replay.Record)) error {
 		return nil
 	}
 	if src.NATS != "" {
-		return journal.ReadMirror(ctx, src.NATS, src.Creds, src.APIPrefix, src.Stream, pass)
+		return fleet.ReadMirror(ctx, src.NATS, src.Creds, src.APIPrefix, src.Stream, pass)
 	}
 	dir := src.Dir
 	if dir == "" {

@@ -18,7 +18,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -172,7 +172,7 @@ func (c *Client) Stats(ctx context.Context) (wire.Stats, error) {
 }
 
 // Mirror asks the daemon for its fleet mirror's state (nil: none).
-func (c *Client) Mirror(ctx context.Context) (*journal.MirrorState, error) {
+func (c *Client) Mirror(ctx context.Context) (*fleet.MirrorState, error) {
 	var out wire.MirrorAnswer
 	err := c.getJSON(ctx, wire.PathMirror, &out)
 	return out.Mirror, err

@@ -22,6 +22,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/hostid"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -45,6 +46,10 @@ type SubscriberCredentials struct {
 	InboxPrefix string `json:"inbox_prefix"`
 }
 
+// TLS is the listener's certificate and key (and client CA, for mutual
+// TLS), as the journal's server takes them.
+type TLS = journal.TLS
+
 // Options configure Run.
 type Options struct {
 	// Listen exposes NATS to subscribers on this TCP address ("" = none).
@@ -53,9 +58,9 @@ type Options struct {
 	// address also needs TLS.
 	AllowRemote bool
 	// TLS makes the Listen port TLS-only (and, with a client CA, mutual).
-	TLS *journal.TLS
+	TLS *TLS
 	// Mirror, if set, replicates the journal to a fleet's JetStream.
-	Mirror *journal.Mirror
+	Mirror *fleet.Mirror
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket, after
@@ -100,7 +105,10 @@ func Run(ctx context.Context, root string, o Options) error {
 		}
 		o.Mirror.HostID = id.String()
 	}
-	jo := journal.Options{Mirror: o.Mirror, Logger: o.Logger}
+	jo := journal.Options{Logger: o.Logger}
+	if o.Mirror != nil {
+		jo.Mirror = o.Mirror
+	}
 	var creds *SubscriberCredentials
 	if o.Listen != "" {
 		if err := checkListen(o.Listen, o.AllowRemote, o.TLS != nil); err != nil {
@@ -145,8 +153,8 @@ func Run(ctx context.Context, root string, o Options) error {
 	defer cancel()
 	// Exits are facts (exits.go): stopped before the node closes.
 	defer watchExits(sctx, n)()
-	defer journalMirror(sctx, n)()
-	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto}) }()
+	defer journalMirror(sctx, n, o.Mirror)()
+	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror}) }()
 	// Serve creates the socket almost at once; wait until it answers so
 	// "serving" (and Ready) means a client can connect.
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
@@ -168,14 +176,17 @@ func Run(ctx context.Context, root string, o Options) error {
 	}
 	// A host whose mirror the fleet says is another's stops, with the
 	// same error whether the fleet said so before Open returned or later.
-	refused, _ := n.Journal().MirrorRefused()
+	var refused <-chan struct{}
+	if o.Mirror != nil {
+		refused, _ = o.Mirror.Refused()
+	}
 	select {
 	case err := <-served:
 		return err
 	case <-refused:
 		cancel()
 		<-served
-		_, err := n.Journal().MirrorRefused()
+		_, err := o.Mirror.Refused()
 		return err
 	}
 }

@@ -9,13 +9,13 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/node"
 )
 
 // mirrorEvent is the journal's record of a mirror change (false for a
 // kind this build does not journal).
-func mirrorEvent(c journal.MirrorChange, at time.Time) (events.Event, bool) {
+func mirrorEvent(c fleet.MirrorChange, at time.Time) (events.Event, bool) {
 	var p events.Payload
 	switch c.Kind {
 	case "created":
@@ -41,11 +41,11 @@ func mirrorEvent(c journal.MirrorChange, at time.Time) (events.Event, bool) {
 // never waits for it (its feed drops rather than blocks), and the local
 // append does not depend on the fleet, so a fleet that is down holds up
 // nothing. The returned function stops it and waits for it.
-func journalMirror(ctx context.Context, n *node.Node) (stop func()) {
-	changes := n.Journal().MirrorChanges()
-	if changes == nil {
+func journalMirror(ctx context.Context, n *node.Node, m *fleet.Mirror) (stop func()) {
+	if m == nil {
 		return func() {}
 	}
+	changes := m.Changes()
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {

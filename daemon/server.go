@@ -17,6 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/core"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -44,6 +45,8 @@ type serveOptions struct {
 	idle time.Duration
 	// auto: started on demand (reported in Status; may be retired).
 	auto bool
+	// mirror is the journal's fleet mirror (nil: none).
+	mirror *fleet.Mirror
 }
 
 // clients counts the open connections. A command keeps its connection for
@@ -156,7 +159,7 @@ func serve(ctx context.Context, n *node.Node, o serveOptions) error {
 	streams := &streamSet{}
 	defer streams.closeAll()
 	srv := &http.Server{
-		Handler:     handler(n, o.auto, retire, fs, cl, streams),
+		Handler:     handler(n, o.auto, o.mirror, retire, fs, cl, streams),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -249,7 +252,7 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *node.Node, auto bool, mirror *fleet.Mirror, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
 	local := control.Local{Node: n}
 	var served, most atomic.Int64
@@ -265,7 +268,11 @@ func handler(n *node.Node, auto bool, retire chan<- struct{}, fs *followers, cl 
 		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring()})
 	})
 	mux.HandleFunc("GET "+wire.PathMirror, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, wire.MirrorAnswer{Mirror: n.Journal().MirrorState(r.Context())})
+		var st *fleet.MirrorState
+		if mirror != nil {
+			st = mirror.State(r.Context())
+		}
+		writeJSON(w, http.StatusOK, wire.MirrorAnswer{Mirror: st})
 	})
 	// A command that must own the journal in its own process (a ledger
 	// sweep that removes) retires a daemon started on demand; one started

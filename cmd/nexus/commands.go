@@ -19,7 +19,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -106,8 +106,8 @@ func daemonCmd(g *globals) *cobra.Command {
 	var o daemon.Options
 	var mirrorURLs []string
 	var mirrorBytes string
-	var tlsOpts journal.TLS
-	m := &journal.Mirror{}
+	var tlsOpts daemon.TLS
+	m := &fleet.Mirror{}
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Keep the journal open and serve commands (and, with --listen, subscribers)",
@@ -126,11 +126,11 @@ func daemonCmd(g *globals) *cobra.Command {
 			}
 			o.LockWait = lockWait
 			switch {
-			case tlsOpts != (journal.TLS{}) && (tlsOpts.CertFile == "" || tlsOpts.KeyFile == ""):
+			case tlsOpts != (daemon.TLS{}) && (tlsOpts.CertFile == "" || tlsOpts.KeyFile == ""):
 				return usageError{errors.New("--tls-cert and --tls-key go together")}
-			case tlsOpts != (journal.TLS{}) && o.Listen == "":
+			case tlsOpts != (daemon.TLS{}) && o.Listen == "":
 				return usageError{errors.New("--tls-cert needs --listen")}
-			case tlsOpts != (journal.TLS{}):
+			case tlsOpts != (daemon.TLS{}):
 				o.TLS = &tlsOpts
 			}
 			if o.Auto && !cmd.Flags().Changed("idle") {
@@ -177,10 +177,10 @@ func daemonCmd(g *globals) *cobra.Command {
 
 // mirrorFlags fills m from the daemon's --mirror flags. Its errors never
 // repeat a password.
-func mirrorFlags(m *journal.Mirror, urls []string, maxBytes string) error {
+func mirrorFlags(m *fleet.Mirror, urls []string, maxBytes string) error {
 	for _, arg := range urls {
 		for _, s := range strings.Split(arg, ",") {
-			u, err := journal.ParseFleetURL(strings.TrimSpace(s))
+			u, err := fleet.ParseFleetURL(strings.TrimSpace(s))
 			if err != nil {
 				return fmt.Errorf("--mirror: %w", err)
 			}
@@ -189,8 +189,8 @@ func mirrorFlags(m *journal.Mirror, urls []string, maxBytes string) error {
 	}
 	if m.Host == "" {
 		h, _ := os.Hostname()
-		m.Host = journal.HostNameFrom(h)
-	} else if err := journal.ValidHostName(m.Host); err != nil {
+		m.Host = fleet.HostNameFrom(h)
+	} else if err := fleet.ValidHostName(m.Host); err != nil {
 		return fmt.Errorf("--mirror-host: %w", err)
 	}
 	if m.Replicas < 0 || m.Replicas > 5 {

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 )
 
 func fleetCmd(g *globals) *cobra.Command {
@@ -39,7 +39,7 @@ func fleetStatusCmd(g *globals) *cobra.Command {
 	return c
 }
 
-func printMirrorState(w io.Writer, st *journal.MirrorState) {
+func printMirrorState(w io.Writer, st *fleet.MirrorState) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	link := "down"
 	if st.Connected {
@@ -67,7 +67,7 @@ func printMirrorState(w io.Writer, st *journal.MirrorState) {
 
 func fleetTemplateCmd() *cobra.Command {
 	var hosts []string
-	var t journal.Template
+	var t fleet.Template
 	var domain, maxBytes string
 	c := &cobra.Command{
 		Use:   "template --host NAME [--host NAME...]",

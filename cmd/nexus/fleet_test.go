@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -70,12 +69,12 @@ func TestFleetTemplateAndStatusErrors(t *testing.T) {
 }
 
 // fleetStatus polls `nexus fleet status --json` until ok accepts it.
-func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) journal.MirrorState {
+func fleetStatus(t *testing.T, root string, ok func(fleet.MirrorState) bool) fleet.MirrorState {
 	t.Helper()
 	deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 	for {
 		r := nexus(t, root, "fleet", "status", "--json")
-		var st journal.MirrorState
+		var st fleet.MirrorState
 		if r.code == 0 && json.Unmarshal([]byte(r.stdout), &st) == nil && ok(st) {
 			if strings.Contains(r.stdout, "fleet-secret") {
 				t.Fatalf("status shows the password: %s", r.stdout)
@@ -96,14 +95,14 @@ func fleetStatus(t *testing.T, root string, ok func(journal.MirrorState) bool) j
 func TestFleetStatusThroughDaemon(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
-	fleet, leaf := startFleetServer(t)
+	hub, leaf := startFleetServer(t)
 	root := shortRoot(t)
 	d := mirroringDaemon(t, root, "host-a", leaf)
 	d.WaitLog(t, 2*time.Minute, `"serving"`)
 	logs := &d.Stderr
 	mustOK(t, nexus(t, root, "demo"), "demo")
 
-	st := fleetStatus(t, root, func(s journal.MirrorState) bool {
+	st := fleetStatus(t, root, func(s fleet.MirrorState) bool {
 		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq
 	})
 	if st.Host != "host-a" || st.Stream != "NEXUS_HOST_A" || st.LagEvents != 0 || st.Replicas != 1 {
@@ -119,11 +118,11 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	}
 
 	// The mirror audits like the journal.
-	mustOK(t, nexus(t, root, "replay", "verify", "--nats", fleet.ClientURL(), "--stream", st.Stream), "replay verify of the mirror")
+	mustOK(t, nexus(t, root, "replay", "verify", "--nats", hub.ClientURL(), "--stream", st.Stream), "replay verify of the mirror")
 
-	fleet.Shutdown()
-	fleet.WaitForShutdown()
-	fleetStatus(t, root, func(s journal.MirrorState) bool { return !s.Connected })
+	hub.Shutdown()
+	hub.WaitForShutdown()
+	fleetStatus(t, root, func(s fleet.MirrorState) bool { return !s.Connected })
 	for _, want := range []string{"mirror.created", "mirror.linked", "mirror.unlinked"} {
 		waitUntil(t, want, func() bool { return strings.Contains(logs.String(), want) })
 	}
@@ -176,13 +175,10 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 	t.Helper()
 	o := &server.Options{ServerName: "fleet", Host: "127.0.0.1", Port: server.RANDOM_PORT,
 		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leafPort := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", leafPort
+	// The server picks its leaf port as it binds it: a port picked free
+	// beforehand can be taken meanwhile (by one of the daemons' own
+	// outgoing links, which draw from the same range).
+	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", server.RANDOM_PORT
 	o.LeafNode.Username, o.LeafNode.Password = "leaf", "fleet-secret"
 	fleet, err := server.NewServer(o)
 	if err != nil {
@@ -194,7 +190,14 @@ func startFleetServer(t *testing.T) (*server.Server, string) {
 	if !fleet.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("fleet not ready")
 	}
-	return fleet, fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", leafPort)
+	v, err := fleet.Varz(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.LeafNode.Port <= 0 {
+		t.Fatalf("fleet's leaf port is %d", v.LeafNode.Port)
+	}
+	return fleet, fmt.Sprintf("nats-leaf://leaf:fleet-secret@127.0.0.1:%d", v.LeafNode.Port)
 }
 
 // A cloned machine with the same host name: its daemon is refused at
@@ -217,7 +220,7 @@ func TestDaemonRefusesAnotherHostsName(t *testing.T) {
 	if strings.Contains(r.stderr, "fleet-secret") {
 		t.Fatalf("refusal shows the password: %q", r.stderr)
 	}
-	st := fleetStatus(t, first, func(s journal.MirrorState) bool { return s.Exists })
+	st := fleetStatus(t, first, func(s fleet.MirrorState) bool { return s.Exists })
 	if st.LastError != "" {
 		t.Fatalf("the first host's mirror after the refusal: %+v", st)
 	}

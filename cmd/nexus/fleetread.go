@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -30,7 +30,7 @@ func (c *fleetConn) flags(cmd *cobra.Command) {
 }
 
 // dial connects, or says which flag is missing (exit 2).
-func (c *fleetConn) dial(cmd *cobra.Command) (*journal.Fleet, error) {
+func (c *fleetConn) dial(cmd *cobra.Command) (*fleet.Auditor, error) {
 	if c.url == "" {
 		c.url = os.Getenv("NEXUS_FLEET_URL")
 	} else if strings.Contains(c.url, "@") {
@@ -39,16 +39,16 @@ func (c *fleetConn) dial(cmd *cobra.Command) (*journal.Fleet, error) {
 	if c.url == "" {
 		return nil, usageError{errors.New("name the fleet with --nats URL or NEXUS_FLEET_URL")}
 	}
-	return journal.DialFleet(c.url, c.creds)
+	return fleet.Dial(c.url, c.creds)
 }
 
 // fleetReader reads the aggregate from r's position, with the filters
 // the caller decides (replay.FleetReader).
-func fleetReader(ctx context.Context, f *journal.Fleet, r journal.Range) replay.FleetReader {
+func fleetReader(ctx context.Context, f *fleet.Auditor, r fleet.Range) replay.FleetReader {
 	return func(filters []string, fn func(replay.FleetRecord) error) error {
 		r := r
 		r.Filters = filters
-		return f.Scan(ctx, r, func(rec journal.FleetRecord) error {
+		return f.Scan(ctx, r, func(rec fleet.Record) error {
 			return fn(replay.FleetRecord{Host: rec.Host, Seq: rec.HostSeq, FleetSeq: rec.Seq, Data: rec.Data})
 		})
 	}
@@ -60,7 +60,7 @@ func fleetAggregateCmd() *cobra.Command {
 	var replicas int
 	c := &cobra.Command{
 		Use:   "aggregate --host NAME [--host NAME...]",
-		Short: "Create the fleet's aggregate stream (" + journal.FleetStream + ") from the hosts' mirrors, or add hosts to it",
+		Short: "Create the fleet's aggregate stream (" + fleet.AggregateStream + ") from the hosts' mirrors, or add hosts to it",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var names []string
@@ -71,7 +71,7 @@ func fleetAggregateCmd() *cobra.Command {
 				return usageError{errors.New("name at least one --host")}
 			}
 			for _, h := range names {
-				if err := journal.ValidHostName(h); err != nil {
+				if err := fleet.ValidHostName(h); err != nil {
 					return usageError{fmt.Errorf("--host: %w", err)}
 				}
 			}
@@ -91,7 +91,7 @@ func fleetAggregateCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: sourced from %s (added: %s)\n", journal.FleetStream, strings.Join(all, ", "), dash(strings.Join(added, ", ")))
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: sourced from %s (added: %s)\n", fleet.AggregateStream, strings.Join(all, ", "), dash(strings.Join(added, ", ")))
 			return nil
 		},
 	}
@@ -112,7 +112,7 @@ func fleetEventsCmd() *cobra.Command {
 		Short: "Print every host's events from the fleet's aggregate, one a line, each with its host",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var r journal.Range
+			var r fleet.Range
 			var err error
 			if r.From, r.FromTime, err = parsePosition("--since", since, time.Now()); err != nil {
 				return usageError{err}
@@ -121,7 +121,7 @@ func fleetEventsCmd() *cobra.Command {
 				return usageError{err}
 			}
 			for _, h := range hosts {
-				if err := journal.ValidHostName(h); err != nil {
+				if err := fleet.ValidHostName(h); err != nil {
 					return usageError{fmt.Errorf("--host: %w", err)}
 				}
 			}
@@ -132,7 +132,7 @@ func fleetEventsCmd() *cobra.Command {
 			}
 			defer f.Close()
 			ctx := cmd.Context()
-			filters, err := fleetEventFilters(fleetReader(ctx, f, journal.Range{}), hosts, sandbox, types)
+			filters, err := fleetEventFilters(fleetReader(ctx, f, fleet.Range{}), hosts, sandbox, types)
 			if err != nil {
 				return err
 			}
@@ -235,7 +235,7 @@ func fleetSandboxCmd[T any](use, short string, read func(replay.FleetReader, str
 				return err
 			}
 			defer f.Close()
-			rows, err := read(fleetReader(cmd.Context(), f, journal.Range{}), args[0])
+			rows, err := read(fleetReader(cmd.Context(), f, fleet.Range{}), args[0])
 			if err != nil {
 				return err
 			}

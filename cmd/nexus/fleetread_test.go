@@ -15,7 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -107,7 +107,7 @@ func TestFleetWideReads(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit"}
 	for user, p := range passes {
-		t.Setenv(journal.PasswordVar(user), p)
+		t.Setenv(fleet.PasswordVar(user), p)
 	}
 	tmpl := mustOK(t, nexus(t, t.TempDir(), "fleet", "template", "--host", "host-a,host-b"), "template").stdout
 	clientURL, leaf := startTemplateCluster(t, tmpl)

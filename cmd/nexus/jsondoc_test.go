@@ -17,6 +17,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
@@ -50,7 +51,7 @@ var jsonResources = map[string]reflect.Type{
 	"LedgerRun":         reflect.TypeFor[hostledger.Outcome](),
 	"Event":             reflect.TypeFor[jsonEvent](),
 	"Setting":           reflect.TypeFor[setting](),
-	"MirrorState":       reflect.TypeFor[journal.MirrorState](),
+	"MirrorState":       reflect.TypeFor[fleet.MirrorState](),
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
 	"DaemonStatus":      reflect.TypeFor[daemonStatus](),

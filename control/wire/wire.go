@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 )
 
 // SocketName is the daemon's control socket, directly under the state root.
@@ -82,7 +82,7 @@ type Record struct {
 
 // MirrorAnswer is the daemon's fleet mirror (nil: it mirrors nothing).
 type MirrorAnswer struct {
-	Mirror *journal.MirrorState `json:"mirror"`
+	Mirror *fleet.MirrorState `json:"mirror"`
 }
 
 // RevAnswer is the sequence of the last event about an entity (0: none).

@@ -56,12 +56,13 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		}},
 	}
 	if m := opts.Mirror; m != nil {
-		if err := m.validate(); err != nil {
+		leaf, err := m.Leaf()
+		if err != nil {
 			return nil, err
 		}
-		so.ServerName = m.serverName()
-		so.JetStreamDomain = m.localDomain()
-		so.LeafNode.Remotes = []*server.RemoteLeafOpts{m.leafRemote()}
+		so.ServerName = leaf.ServerName
+		so.JetStreamDomain = leaf.Domain
+		so.LeafNode.Remotes = []*server.RemoteLeafOpts{leafRemote(leaf)}
 	}
 	if opts.Listen == "" {
 		return so, nil

@@ -67,8 +67,9 @@ type Options struct {
 	// Subscriber is the read-only identity for external clients; required
 	// when Listen is set.
 	Subscriber *Credentials
-	// Mirror, if set, replicates the journal to a fleet's JetStream.
-	Mirror *Mirror
+	// Mirror, if set, replicates the journal through a leaf-node link
+	// (the fleet's mirror).
+	Mirror LeafMirror
 	// Space is the free-space policy of appends; nil means DefaultSpace
 	// of the filesystem holding Dir.
 	Space *Space
@@ -125,26 +126,9 @@ type Journal struct {
 	read  atomic.Uint64 // records handed to readers; see RecordsRead
 	check BlockCheck    // Open's block verification; see BlockCheck
 
-	mirrorStop context.CancelFunc
-	mirrorMu   sync.Mutex
-	mirrorErr  error
-	mirrorSet  bool
-	// mirrorSeen: the mirror existed once, so a create is a re-create.
-	// mirrorCreating: a create was sent and not confirmed (its reply
-	// may be lost while the fleet made the stream).
-	// mirrorDrift: how the fleet's mirror differs from the settings.
-	mirrorSeen     bool
-	mirrorCreating bool
-	mirrorDrift    string
-	mirror         *Mirror
-	// mirrorChanges feeds MirrorChanges.
-	mirrorChanges chan MirrorChange
-	// mirrorRefused is closed once the fleet's mirror proves to be another
-	// host's; refusal is why (MirrorRefused).
-	mirrorRefused chan struct{}
-	refusal       error
+	mirror LeafMirror // Options.Mirror, stopped by Close
 
-	// log is Options.Logger (discarding if nil), for mirror state changes.
+	// log is Options.Logger (discarding if nil).
 	log    *slog.Logger
 	srvLog *serverLog
 }
@@ -156,9 +140,9 @@ type Record struct {
 	MsgID   string
 	Time    time.Time
 	Data    []byte
-	// source is a sourced record's Nats-Stream-Source header (the fleet's
+	// Source is a sourced record's Nats-Stream-Source header (the fleet's
 	// aggregate), else "".
-	source string
+	Source string
 }
 
 // Open takes the store's lock, verifies the message blocks (those an earlier
@@ -263,35 +247,11 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		}
 	}
 	if m := opts.Mirror; m != nil {
-		mctx, stop := context.WithCancel(context.Background())
-		j.mirrorStop = stop
 		j.mirror = m
-		j.mirrorChanges = make(chan MirrorChange, mirrorChangeBuffer)
-		j.mirrorRefused = make(chan struct{})
-		first := make(chan error, 1)
-		go j.keepMirror(mctx, m, first)
-		go j.watchLink(mctx, m)
-		wait := m.StartWait
-		if wait <= 0 {
-			wait = 5 * time.Second
-		}
-		// A refusal the fleet gives in time fails Open, as one line; one
-		// found later is MirrorRefused's to deliver.
-		select {
-		case <-j.mirrorRefused:
-			_, err := j.MirrorRefused()
-			return err
-		case err := <-first:
-			if refusedAccount(err) {
-				return err
-			}
-		case <-j.srvLog.linkRefused:
-			return fmt.Errorf("journal: the fleet refused this host's link credentials (authorization violation) at %s", strings.Join(m.Redacted(), ", "))
-		case <-time.After(wait):
-			j.log.Warn("mirror.pending", "stream", m.StreamName(), "reason", "the fleet has not answered yet; retrying in the background")
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+		return m.Start(ctx, Linked{
+			Journal: j, Conn: j.nc, Log: j.log, Refused: j.srvLog.linkRefused,
+			Up: func() bool { return j.srv.NumLeafNodes() > 0 },
+		})
 	}
 	return nil
 }
@@ -398,8 +358,8 @@ func (j *Journal) ClientURL() string {
 // Close stops the server and releases the lock, in that order, so no other
 // process can open the store while this server still has its files open.
 func (j *Journal) Close() error {
-	if j.mirrorStop != nil {
-		j.mirrorStop()
+	if j.mirror != nil {
+		j.mirror.Stop()
 	}
 	if j.nc != nil {
 		j.nc.Drain()

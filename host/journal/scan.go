@@ -32,6 +32,12 @@ type Range struct {
 // a record past the bound that may never match.
 var ErrFollowBounded = errors.New("journal: a follow has no upper bound")
 
+// ScanStream reads r from another stream of nexus events (a mirror of a
+// journal, the fleet's aggregate) as Scan reads the journal.
+func ScanStream(ctx context.Context, stream jetstream.Stream, r Range, fn func(Record) error) error {
+	return scan(ctx, stream, r, nil, fn)
+}
+
 // scan reads r from stream. read, if not nil, counts records received.
 func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Uint64, fn func(Record) error) error {
 	if r.Follow && (r.To != 0 || !r.ToTime.IsZero()) {
@@ -181,7 +187,7 @@ func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Ui
 		}
 		rec := Record{
 			Seq: seq, Subject: msg.Subject(), MsgID: msg.Headers().Get(jetstream.MsgIDHeader),
-			Time: meta.Timestamp, Data: msg.Data(), source: msg.Headers().Get("Nats-Stream-Source"),
+			Time: meta.Timestamp, Data: msg.Data(), Source: msg.Headers().Get("Nats-Stream-Source"),
 		}
 		if err := fn(rec); err != nil {
 			if errors.Is(err, errStop) {

@@ -41,10 +41,10 @@ var cmdNexusImports = map[string]string{
 	"session":            "run, ledger sweeps and reap",
 }
 
-// cmdNexusFleetFiles may import host/journal, and only for the fleet:
-// mirror flags, fleet status and template, fleet reads. The fleet lives in
-// host/journal until it moves into a package of its own; then this goes
-// and host/journal joins the store as something cmd/nexus never imports.
+// cmdNexusFleetFiles may import host/fleet, and only they: mirror flags,
+// fleet status and template, fleet reads. The fleet commands dial the
+// fleet through that adapter until they have a command-facing package of
+// their own; host/journal, like the store, cmd/nexus never imports.
 var cmdNexusFleetFiles = []string{"commands.go", "fleet.go", "fleetread.go"}
 
 // cmdNexusImportsOf lists, file by file, the nexus packages cmd/nexus's
@@ -96,9 +96,9 @@ func TestCmdNexusImportsOnlyCommandFacingPackages(t *testing.T) {
 		for _, pkg := range files[name] {
 			used[pkg] = true
 			switch {
-			case pkg == "host/journal":
+			case pkg == "host/fleet":
 				if !slices.Contains(cmdNexusFleetFiles, name) {
-					t.Errorf("cmd/nexus/%s imports host/journal: only the fleet's files may, until the fleet moves", name)
+					t.Errorf("cmd/nexus/%s imports host/fleet: only the fleet commands' files may", name)
 				}
 			case cmdNexusImports[pkg] == "":
 				t.Errorf("cmd/nexus/%s imports %s: cmd/nexus parses, calls one command-facing package and prints; move what needs %s behind one", name, pkg, pkg)

@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -162,7 +163,7 @@ func awaitReported(t *testing.T, fleet *server.Server, stream string, seq uint64
 
 // openMirrored opens a fresh journal mirroring, as host "host-a", to the
 // fleet's leaf port.
-func openMirrored(t *testing.T, leafPort int) (*Journal, *Mirror) {
+func openMirrored(t *testing.T, leafPort int) (*journal.Journal, *Mirror) {
 	t.Helper()
 	j, m, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
 	if err != nil {
@@ -173,14 +174,14 @@ func openMirrored(t *testing.T, leafPort int) (*Journal, *Mirror) {
 
 // openHost opens a fresh journal mirroring as host name with identity id
 // to the fleet's leaf ports, logging to log (nil: nowhere).
-func openHost(t *testing.T, name, id string, log *slog.Logger, leafPorts ...int) (*Journal, *Mirror, error) {
+func openHost(t *testing.T, name, id string, log *slog.Logger, leafPorts ...int) (*journal.Journal, *Mirror, error) {
 	t.Helper()
 	m := &Mirror{Domain: fleetDomain, Host: name, HostID: id, Check: 200 * time.Millisecond}
 	for _, p := range leafPorts {
 		u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, p))
 		m.URLs = append(m.URLs, u)
 	}
-	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m, Logger: log})
+	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m, Logger: log})
 	if err != nil {
 		return nil, m, err
 	}
@@ -199,7 +200,7 @@ func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
 	// The create's answer can be lost on a busy fleet though the stream was
 	// made; the next check finds the stream its own and clears the error.
 	testutil.WaitUntil(t, 30*time.Second, "mirror status ok", func() bool {
-		ok, _ := j.MirrorStatus()
+		ok, _ := m.Status()
 		return ok
 	})
 
@@ -224,8 +225,8 @@ func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
 	}
 
 	// replay reads the mirror as it reads a journal: ids kept, in order.
-	var recs []Record
-	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(r Record) error {
+	var recs []journal.Record
+	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(r journal.Record) error {
 		recs = append(recs, r)
 		return nil
 	}); err != nil {
@@ -253,7 +254,7 @@ func TestFleetCannotWriteTheJournal(t *testing.T) {
 	defer nc.Close()
 	// A publish into the journal's subjects, stored and append-side, from
 	// the fleet side.
-	for _, subj := range []string{"nexus.events.sandbox.created.x", AppendSubject("nexus.events.sandbox.created.x")} {
+	for _, subj := range []string{"nexus.events.sandbox.created.x", journal.AppendSubject("nexus.events.sandbox.created.x")} {
 		if err := nc.Publish(subj, []byte("injected")); err != nil {
 			t.Fatal(err)
 		}
@@ -266,12 +267,12 @@ func TestFleetCannotWriteTheJournal(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if err := local.DeleteStream(ctx, StreamName); err == nil {
+	if err := local.DeleteStream(ctx, journal.StreamName); err == nil {
 		t.Fatal("the fleet deleted the journal stream")
 	}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel2()
-	if _, err := local.UpdateStream(ctx2, jetstream.StreamConfig{Name: StreamName, Subjects: []string{Subjects}}); err == nil {
+	if _, err := local.UpdateStream(ctx2, jetstream.StreamConfig{Name: journal.StreamName, Subjects: []string{journal.Subjects}}); err == nil {
 		t.Fatal("the fleet updated the journal stream")
 	}
 	if recs := readAll(t, j, 1, ""); len(recs) != 3 {

@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -51,12 +51,12 @@ func TestLinkLimiter(t *testing.T) {
 }
 
 // awaitChange takes changes from the journal's feed until one of kind.
-func awaitChange(t *testing.T, j *Journal, kind string) MirrorChange {
+func awaitChange(t *testing.T, m *Mirror, kind string) MirrorChange {
 	t.Helper()
 	deadline := time.After(testutil.Scale(20 * time.Second))
 	for {
 		select {
-		case c := <-j.MirrorChanges():
+		case c := <-m.Changes():
 			if c.Kind == kind {
 				return c
 			}
@@ -77,7 +77,7 @@ func TestMirrorChangesReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := awaitChange(t, j, "created"); c.Stream != m.StreamName() || c.Domain != fleetDomain || c.Replicas != 1 {
+	if c := awaitChange(t, m, "created"); c.Stream != m.StreamName() || c.Domain != fleetDomain || c.Replicas != 1 {
 		t.Fatalf("created: %+v", c)
 	}
 	appendN(t, j, 0, 2)
@@ -101,15 +101,15 @@ func TestMirrorChangesReported(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	if c := awaitChange(t, j, "settings_differ"); !strings.Contains(c.Detail, "max bytes 1073741824") {
+	if c := awaitChange(t, m, "settings_differ"); !strings.Contains(c.Detail, "max bytes 1073741824") {
 		t.Fatalf("settings_differ: %+v", c)
 	}
 	if err := js.DeleteStream(ctx, m.StreamName()); err != nil {
 		t.Fatal(err)
 	}
-	awaitChange(t, j, "recreated")
+	awaitChange(t, m, "recreated")
 	fleet.Shutdown()
-	if c := awaitChange(t, j, "unlinked"); c.Stream != m.StreamName() || len(c.URLs) != 1 || strings.Contains(c.URLs[0], leafPass) {
+	if c := awaitChange(t, m, "unlinked"); c.Stream != m.StreamName() || len(c.URLs) != 1 || strings.Contains(c.URLs[0], leafPass) {
 		t.Fatalf("unlinked: %+v", c)
 	}
 }

@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -37,34 +37,36 @@ type MirrorState struct {
 	Drift string `json:"drift,omitempty"`
 }
 
-// MirrorState reports the mirror now; nil when the journal does not
-// mirror. It asks the fleet, so it waits at most a few seconds.
-func (j *Journal) MirrorState(ctx context.Context) *MirrorState {
-	m := j.mirror
-	if m == nil {
-		return nil
+// State reports the mirror now. It asks the fleet, so it waits at most a
+// few seconds.
+func (m *Mirror) State(ctx context.Context) *MirrorState {
+	st := &MirrorState{Host: m.Host, HostID: m.HostID, Stream: m.StreamName(), Domain: m.Domain, URLs: m.Redacted()}
+	r := m.current()
+	if r == nil {
+		return st // not started
 	}
-	st := &MirrorState{
-		Host: m.Host, HostID: m.HostID, Stream: m.StreamName(), Domain: m.Domain,
-		URLs: m.Redacted(), Connected: j.srv.NumLeafNodes() > 0,
+	r.mu.Lock()
+	if r.err != nil {
+		st.LastError = r.err.Error()
 	}
-	j.mirrorMu.Lock()
-	if j.mirrorErr != nil {
-		st.LastError = j.mirrorErr.Error()
-	}
-	st.Drift = j.mirrorDrift
-	j.mirrorMu.Unlock()
+	st.Drift = r.drift
+	r.mu.Unlock()
+	l := r.link
+	st.Connected = l.Up()
 
 	var lastTime time.Time
-	if info, err := j.currentStream().Info(ctx); err == nil {
-		st.JournalLastSeq, lastTime = info.State.LastSeq, info.State.LastTime
+	if last, err := l.Journal.LastSeq(ctx); err == nil {
+		st.JournalLastSeq = last
+		if r, err := l.Journal.Get(ctx, last); last > 0 && err == nil {
+			lastTime = r.Time
+		}
 	}
 	if !st.Connected {
 		return st
 	}
 	qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	fleet, err := jetstream.NewWithDomain(j.nc, m.Domain)
+	fleet, err := jetstream.NewWithDomain(l.Conn, m.Domain)
 	if err != nil {
 		st.LastError = err.Error()
 		return st
@@ -85,7 +87,7 @@ func (j *Journal) MirrorState(ctx context.Context) *MirrorState {
 			st.LagSeconds = lastTime.Sub(info.State.LastTime).Seconds()
 		} else if info.State.LastTime.IsZero() && !lastTime.IsZero() {
 			// Nothing mirrored yet: the lag is the journal's whole age.
-			if first, err := j.Get(ctx, 1); err == nil {
+			if first, err := l.Journal.Get(ctx, 1); err == nil {
 				st.LagSeconds = time.Since(first.Time).Seconds()
 			}
 		}

@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/oklog/ulid/v2"
 )
 
@@ -23,7 +24,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 	c := startCluster(t, tmpl)
 	m := &Mirror{URLs: c.urls("h", "p"), Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String(),
 		StartWait: 20 * time.Second, Check: 200 * time.Millisecond}
-	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,10 +57,10 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 		t.Fatalf("report %+v, metadata %v", rep, info.Config.Metadata)
 	}
 	count := 0
-	if err := ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(Record) error { count++; return nil }); err != nil || count != 5 {
+	if err := ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { count++; return nil }); err != nil || count != 5 {
 		t.Fatalf("the whole mirror: %d records, %v", count, err)
 	}
-	if st := j.MirrorState(ctx); st.ReportedSeq != 5 || st.MirrorLastSeq != 5 {
+	if st := m.State(ctx); st.ReportedSeq != 5 || st.MirrorLastSeq != 5 {
 		t.Fatalf("status of a reported mirror: %+v", st)
 	}
 	j.Close()
@@ -88,7 +89,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(Record) error { return nil })
+	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "ends at sequence 3, but its host reported its journal at 5") {
 		t.Fatalf("a mirror cut short of its host's report: %v", err)
 	}

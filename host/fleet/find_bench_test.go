@@ -1,8 +1,9 @@
-package journal_test
+package fleet_test
 
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"os"
 	"strconv"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/replay"
 )
@@ -49,12 +51,12 @@ func BenchmarkFleetFind(b *testing.B) {
 	defer nc.Close()
 	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(16384))
 	ctx := context.Background()
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: journal.FleetStream, Subjects: []string{"host-a.>", "host-b.>", "host-c.>"}, AllowDirect: true})
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: fleet.AggregateStream, Subjects: []string{"host-a.>", "host-b.>", "host-c.>"}, AllowDirect: true})
 	if err != nil {
 		b.Fatal(err)
 	}
 	hosts := []string{"host-a", "host-b", "host-c"}
-	entropy := benchEntropy(7)
+	entropy := ulid.Monotonic(rand.New(rand.NewSource(7)), 0)
 	var target, targetHost string
 	steps := []events.Payload{
 		events.SagaStartedEvent{Kind: "create", Steps: []string{"intent", "os-disk", "commit"}},
@@ -68,7 +70,7 @@ func BenchmarkFleetFind(b *testing.B) {
 		events.SandboxStartedEvent{Driver: "process", VMMPid: 43},
 		events.WarningRaisedEvent{Reason: "bench", Message: "tenth event"},
 	}
-	at := benchT0
+	at := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
 	for i := 0; i < n/len(steps); i++ {
 		host := hosts[i%len(hosts)]
 		id := ulid.MustNew(ulid.Timestamp(at), entropy).String()
@@ -99,13 +101,13 @@ func BenchmarkFleetFind(b *testing.B) {
 	if info, err := s.Info(ctx); err != nil || info.State.Msgs != uint64(n/len(steps)*len(steps)) {
 		b.Fatalf("aggregate holds %+v (%v)", info.State, err)
 	}
-	f, err := journal.DialFleet(srv.ClientURL(), "")
+	f, err := fleet.Dial(srv.ClientURL(), "")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer f.Close()
 	read := func(filters []string, fn func(replay.FleetRecord) error) error {
-		return f.Scan(ctx, journal.Range{Filters: filters}, func(r journal.FleetRecord) error {
+		return f.Scan(ctx, journal.Range{Filters: filters}, func(r fleet.Record) error {
 			return fn(replay.FleetRecord{Host: r.Host, Seq: r.HostSeq, FleetSeq: r.Seq, Data: r.Data})
 		})
 	}

@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -138,10 +139,10 @@ func (c *fleetCluster) urls(user, pass string) []*url.URL {
 	return out
 }
 
-func openFleetHost(t testing.TB, c *fleetCluster, name, pass string) (*Journal, *Mirror) {
+func openFleetHost(t testing.TB, c *fleetCluster, name, pass string) (*journal.Journal, *Mirror) {
 	t.Helper()
 	m := &Mirror{URLs: c.urls(name, pass), Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), StartWait: 20 * time.Second}
-	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,9 +183,9 @@ func startTemplateFleet(t testing.TB, hosts []string, edit func(string) string) 
 
 // openHosts opens every host's journal mirroring to the fleet, in order,
 // and appends events events to each.
-func (f *templateFleet) openHosts(t testing.TB, events int) ([]*Journal, []*Mirror) {
+func (f *templateFleet) openHosts(t testing.TB, events int) ([]*journal.Journal, []*Mirror) {
 	t.Helper()
-	js, ms := make([]*Journal, len(f.hosts)), make([]*Mirror, len(f.hosts))
+	js, ms := make([]*journal.Journal, len(f.hosts)), make([]*Mirror, len(f.hosts))
 	for i, h := range f.hosts {
 		js[i], ms[i] = openFleetHost(t, f.fleetCluster, h, fleetPass(h))
 		if events > 0 {
@@ -197,7 +198,7 @@ func (f *templateFleet) openHosts(t testing.TB, events int) ([]*Journal, []*Mirr
 // mirrorIsJournal waits for the auditor to read n messages in host's
 // mirror m, and checks they are host's journal j, in order, each as
 // "<host>.<subject> <data>".
-func mirrorIsJournal(t *testing.T, audit jetstream.JetStream, host string, j *Journal, m *Mirror, n int) {
+func mirrorIsJournal(t *testing.T, audit jetstream.JetStream, host string, j *journal.Journal, m *Mirror, n int) {
 	t.Helper()
 	got := awaitAudited(t, audit, m.StreamName(), n)
 	want := readAll(t, j, 1, "")
@@ -368,7 +369,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	x2()
 	c3, x3 := try()
 	// A replacement of B's mirror: a stream of that name fed from A.
-	fjs.CreateStream(c3, jetstream.StreamConfig{Name: mb.StreamName(), Mirror: &jetstream.StreamSource{Name: StreamName, Domain: ma.localDomain()}})
+	fjs.CreateStream(c3, jetstream.StreamConfig{Name: mb.StreamName(), Mirror: &jetstream.StreamSource{Name: journal.StreamName, Domain: ma.localDomain()}})
 	x3()
 	c4, x4 := try()
 	if err := fjs.DeleteStream(c4, ma.StreamName()); err == nil {
@@ -394,8 +395,8 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	}
 	// replay reads B's mirror as the auditor, by sequence, ids kept.
 	auditURL := c.auditorURL(1)
-	var recs []Record
-	if err := ReadMirror(ctx, auditURL, "", AuditAPIPrefix, mb.StreamName(), func(r Record) error {
+	var recs []journal.Record
+	if err := ReadMirror(ctx, auditURL, "", AuditAPIPrefix, mb.StreamName(), func(r journal.Record) error {
 		recs = append(recs, r)
 		return nil
 	}); err != nil {
@@ -409,7 +410,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 		t.Fatalf("A's link saw %d of B's messages", n)
 	}
 	// Status from each host: linked, current, three replicas.
-	st := b.MirrorState(context.Background())
+	st := mb.State(context.Background())
 	if !st.Connected || !st.Exists || st.LagEvents != 0 || st.MirrorLastSeq != 8 || st.Replicas != 3 {
 		t.Fatalf("B's mirror state: %+v", st)
 	}
@@ -456,7 +457,7 @@ func TestFleetNodeLoss(t *testing.T) {
 		mirrorIsJournal(t, reader, hosts[i], js[i], m, 10)
 		deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 		for {
-			st := js[i].MirrorState(context.Background())
+			st := ms[i].State(context.Background())
 			if st.Connected && st.Exists && st.LagEvents == 0 && st.MirrorLastSeq == 10 {
 				break
 			}
@@ -537,7 +538,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	js, ms := c.openHosts(t, 5)
 	for i := range js {
 		deadline := time.Now().Add(testutil.Scale(30 * time.Second))
-		for st := js[i].MirrorState(context.Background()); st.MirrorLastSeq != 5; st = js[i].MirrorState(context.Background()) {
+		for st := ms[i].State(context.Background()); st.MirrorLastSeq != 5; st = ms[i].State(context.Background()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s never current: %+v", hosts[i], st)
 			}
@@ -555,9 +556,9 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	if d := time.Since(began); d > 5*time.Second {
 		t.Fatalf("20 appends took %v with the fleet down: the journal waited on it", d)
 	}
-	for i, j := range js {
+	for i := range js {
 		deadline := time.Now().Add(testutil.Scale(10 * time.Second))
-		for st := j.MirrorState(context.Background()); st.Connected; st = j.MirrorState(context.Background()) {
+		for st := ms[i].State(context.Background()); st.Connected; st = ms[i].State(context.Background()) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s reports a link with every node down", hosts[i])
 			}
@@ -568,10 +569,10 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 		c.start(t, i)
 	}
 	back := time.Now()
-	for i, j := range js {
+	for i := range js {
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			st := j.MirrorState(context.Background())
+			st := ms[i].State(context.Background())
 			if st.Connected && st.Exists && st.MirrorLastSeq == 15 && st.LagEvents == 0 {
 				break
 			}

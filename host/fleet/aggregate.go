@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -7,54 +7,66 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
-// FleetStream is the fleet's aggregate: one stream in the auditors'
+// AggregateStream is the fleet's aggregate: one stream in the auditors'
 // account sourced from every host's mirror, so the fleet reads as one
 // journal. No host name maps to it: MirrorStream never makes a '-'.
-const FleetStream = "NEXUS-FLEET"
+const AggregateStream = "NEXUS-FLEET"
 
 // aggregateDeliver is where a host account delivers its mirror's messages
 // to the aggregate's source (exported to the auditors' account only).
 func aggregateDeliver(host string) string { return "$NEXUS.AGG." + MirrorStream(host) }
 
-// Fleet is an auditor's connection to the fleet: it keeps the aggregate
+// connectTimeout bounds an auditor's or a replay's connection handshake
+// with the fleet: a busy fleet node can take more than the client's 2 s
+// default to answer, and the command then fails for no fault of the fleet.
+const connectTimeout = 15 * time.Second
+
+// Range selects records of the aggregate by position, as a journal's
+// reads do.
+type Range = journal.Range
+
+// Auditor is an auditor's connection to the fleet: it keeps the aggregate
 // and reads it. It never writes a host's mirror (the template lets it
 // not), and every consumer it makes is ordered and ephemeral, gone when
 // the read ends.
-type Fleet struct {
+type Auditor struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	url string
 }
 
-// DialFleet connects as an auditor of `nexus fleet template`.
-func DialFleet(natsURL, credsFile string) (*Fleet, error) {
-	opts := []nats.Option{nats.Name("nexus fleet")}
+// Dial connects as an auditor of `nexus fleet template`.
+func Dial(natsURL, credsFile string) (*Auditor, error) {
+	opts := []nats.Option{nats.Name("nexus fleet"), nats.Timeout(connectTimeout)}
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
 	}
 	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("journal: connect to %s: %w", RedactURL(natsURL), err)
+		return nil, fmt.Errorf("fleet: connect to %s: %w", RedactURL(natsURL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	return &Fleet{nc: nc, js: js, url: RedactURL(natsURL)}, nil
+	return &Auditor{nc: nc, js: js, url: RedactURL(natsURL)}, nil
 }
 
 // Close ends the connection.
-func (f *Fleet) Close() { f.nc.Close() }
+func (f *Auditor) Close() { f.nc.Close() }
 
 // AggregateSources are the hosts the aggregate is sourced from.
-func (f *Fleet) AggregateSources(ctx context.Context) ([]string, error) {
-	s, err := f.js.Stream(ctx, FleetStream)
+func (f *Auditor) AggregateSources(ctx context.Context) ([]string, error) {
+	s, err := f.js.Stream(ctx, AggregateStream)
 	if err != nil {
 		return nil, f.noAggregate(err)
 	}
@@ -66,22 +78,22 @@ func (f *Fleet) AggregateSources(ctx context.Context) ([]string, error) {
 	return hosts, nil
 }
 
-func (f *Fleet) noAggregate(err error) error {
+func (f *Auditor) noAggregate(err error) error {
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("journal: %s has no %s stream: create it with `nexus fleet aggregate --host NAME...`", f.url, FleetStream)
+		return fmt.Errorf("fleet: %s has no %s stream: create it with `nexus fleet aggregate --host NAME...`", f.url, AggregateStream)
 	}
-	return fmt.Errorf("journal: %s at %s: %w", FleetStream, f.url, err)
+	return fmt.Errorf("fleet: %s at %s: %w", AggregateStream, f.url, err)
 }
 
 func hostOfStream(stream string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(stream, StreamName+"_")), "_", "-")
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(stream, journal.StreamName+"_")), "_", "-")
 }
 
 // EnsureAggregate creates the aggregate sourced from hosts, or adds the
 // hosts it lacks to an existing one; it never drops a source. replicas 0
 // asks for 3 and takes 1 where the fleet cannot place 3. It returns the
 // hosts it added.
-func (f *Fleet) EnsureAggregate(ctx context.Context, hosts []string, replicas int) (added []string, err error) {
+func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas int) (added []string, err error) {
 	for _, h := range hosts {
 		if err := ValidHostName(h); err != nil {
 			return nil, err
@@ -91,10 +103,10 @@ func (f *Fleet) EnsureAggregate(ctx context.Context, hosts []string, replicas in
 		return &jetstream.StreamSource{Name: MirrorStream(h), External: &jetstream.ExternalStream{
 			APIPrefix: AuditAPIPrefix, DeliverPrefix: aggregateDeliver(h)}}
 	}
-	s, err := f.js.Stream(ctx, FleetStream)
+	s, err := f.js.Stream(ctx, AggregateStream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		cfg := jetstream.StreamConfig{
-			Name:        FleetStream,
+			Name:        AggregateStream,
 			Description: "nexus: every host's journal, sourced from the hosts' mirrors",
 			Storage:     jetstream.FileStorage,
 			Replicas:    replicas,
@@ -115,7 +127,7 @@ func (f *Fleet) EnsureAggregate(ctx context.Context, hosts []string, replicas in
 			_, err = f.js.CreateStream(ctx, cfg)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("journal: create %s: %w", FleetStream, err)
+			return nil, fmt.Errorf("fleet: create %s: %w", AggregateStream, err)
 		}
 		return hosts, nil
 	}
@@ -138,16 +150,16 @@ func (f *Fleet) EnsureAggregate(ctx context.Context, hosts []string, replicas in
 		return nil, nil
 	}
 	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
-		return nil, fmt.Errorf("journal: add %s to %s: %w", strings.Join(added, ", "), FleetStream, err)
+		return nil, fmt.Errorf("fleet: add %s to %s: %w", strings.Join(added, ", "), AggregateStream, err)
 	}
 	return added, nil
 }
 
-// FleetRecord is one record of the aggregate: a host's record with its
+// Record is one record of the aggregate: a host's record with its
 // sequence in that host's journal.
-type FleetRecord struct {
-	Record        // Seq is the aggregate's; Subject keeps the host prefix
-	Host   string // the subject's first token
+type Record struct {
+	journal.Record        // Seq is the aggregate's; Subject keeps the host prefix
+	Host           string // the subject's first token
 	// HostSeq is the record's sequence in its host's journal (the mirror
 	// keeps the journal's), from the source header the aggregate adds.
 	HostSeq uint64
@@ -156,8 +168,8 @@ type FleetRecord struct {
 // Scan reads the aggregate's records in r (its Filters are full subjects
 // with the host token), in the aggregate's order, through one ordered
 // ephemeral consumer.
-func (f *Fleet) Scan(ctx context.Context, r Range, fn func(FleetRecord) error) error {
-	s, err := f.js.Stream(ctx, FleetStream)
+func (f *Auditor) Scan(ctx context.Context, r journal.Range, fn func(Record) error) error {
+	s, err := f.js.Stream(ctx, AggregateStream)
 	if err != nil {
 		return f.noAggregate(err)
 	}
@@ -168,13 +180,13 @@ func (f *Fleet) Scan(ctx context.Context, r Range, fn func(FleetRecord) error) e
 	// order, so one at or below the last yielded for its host is such a
 	// copy, and each host record is yielded once.
 	seen := hostSeqs{}
-	return scan(ctx, s, r, nil, func(rec Record) error {
+	return journal.ScanStream(ctx, s, r, func(rec journal.Record) error {
 		host, _, _ := strings.Cut(rec.Subject, ".")
-		seq := sourceSeq(rec.source)
+		seq := sourceSeq(rec.Source)
 		if !seen.fresh(host, seq) {
 			return nil
 		}
-		return fn(FleetRecord{Record: rec, Host: host, HostSeq: seq})
+		return fn(Record{Record: rec, Host: host, HostSeq: seq})
 	})
 }
 

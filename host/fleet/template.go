@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"fmt"
@@ -17,7 +17,7 @@ import (
 // account, only the requests that read a stream (info, get by sequence,
 // and the consumer the aggregate sources through): they can read every
 // mirror and change none. Their own JetStream holds only the aggregate
-// (FleetStream), which they may create and extend but not delete or purge.
+// (AggregateStream), which they may create and extend but not delete or purge.
 type Template struct {
 	// Hosts are the fleet's host names (ValidHostName).
 	Hosts []string
@@ -83,9 +83,9 @@ func auditorAllowed() []string {
 	js := "$JS.API."
 	return []string{
 		AuditAPIPrefix + ".>",
-		js + "STREAM.CREATE." + FleetStream, js + "STREAM.UPDATE." + FleetStream, js + "STREAM.INFO." + FleetStream,
-		js + "STREAM.MSG.GET." + FleetStream, js + "DIRECT.GET." + FleetStream, js + "DIRECT.GET." + FleetStream + ".>",
-		js + "CONSUMER.*." + FleetStream, js + "CONSUMER.*." + FleetStream + ".>", js + "CONSUMER.MSG.NEXT." + FleetStream + ".>",
+		js + "STREAM.CREATE." + AggregateStream, js + "STREAM.UPDATE." + AggregateStream, js + "STREAM.INFO." + AggregateStream,
+		js + "STREAM.MSG.GET." + AggregateStream, js + "DIRECT.GET." + AggregateStream, js + "DIRECT.GET." + AggregateStream + ".>",
+		js + "CONSUMER.*." + AggregateStream, js + "CONSUMER.*." + AggregateStream + ".>", js + "CONSUMER.MSG.NEXT." + AggregateStream + ".>",
 	}
 }
 
@@ -133,7 +133,7 @@ func (t Template) Config(domain string) (string, error) {
 		fmt.Fprintf(&b, "      { stream: %q, accounts: [%s] }\n", aggregateDeliver(h)+".>", AuditAccount)
 		b.WriteString("    ]\n  }\n")
 	}
-	// The auditors' account holds the aggregate (FleetStream) and nothing
+	// The auditors' account holds the aggregate (AggregateStream) and nothing
 	// else its users may write.
 	fmt.Fprintf(&b, "  %s: {\n    jetstream: enabled\n", AuditAccount)
 	fmt.Fprintf(&b, "    users: [{ user: %q, password: $%s, permissions: { publish: { allow: %s }, subscribe: { allow: [\"_INBOX.>\"] } } }]\n",

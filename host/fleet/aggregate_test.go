@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -8,15 +8,16 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // fleetRecords scans the whole aggregate (or what filters select).
-func fleetRecords(t *testing.T, f *Fleet, filters ...string) []FleetRecord {
+func fleetRecords(t *testing.T, f *Auditor, filters ...string) []Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	var out []FleetRecord
-	if err := f.Scan(ctx, Range{Filters: filters}, func(r FleetRecord) error {
+	var out []Record
+	if err := f.Scan(ctx, journal.Range{Filters: filters}, func(r Record) error {
 		out = append(out, r)
 		return nil
 	}); err != nil {
@@ -39,14 +40,14 @@ func TestFleetAggregate(t *testing.T) {
 	appendN(t, b, 100, 6)
 
 	url := c.auditorURL(1)
-	f, err := DialFleet(url, "")
+	f, err := Dial(url, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if err := f.Scan(ctx, Range{}, func(FleetRecord) error { return nil }); err == nil || !strings.Contains(err.Error(), "nexus fleet aggregate") {
+	if err := f.Scan(ctx, journal.Range{}, func(Record) error { return nil }); err == nil || !strings.Contains(err.Error(), "nexus fleet aggregate") {
 		t.Fatalf("a read before the aggregate exists: %v", err)
 	}
 	if added, err := f.EnsureAggregate(ctx, []string{"host-a"}, 0); err != nil || len(added) != 1 {
@@ -60,7 +61,7 @@ func TestFleetAggregate(t *testing.T) {
 		t.Fatalf("sources %v %v", hosts, err)
 	}
 
-	var all []FleetRecord
+	var all []Record
 	for all = fleetRecords(t, f); len(all) < 10; all = fleetRecords(t, f) {
 		if ctx.Err() != nil {
 			t.Fatalf("the aggregate holds %d of 10 records", len(all))
@@ -89,8 +90,8 @@ func TestFleetAggregate(t *testing.T) {
 	// Follow: an event appended on A arrives, with A's next sequence.
 	fctx, fcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer fcancel()
-	got := make(chan FleetRecord, 1)
-	go f.Scan(fctx, Range{From: all[len(all)-1].Seq + 1, Follow: true}, func(r FleetRecord) error {
+	got := make(chan Record, 1)
+	go f.Scan(fctx, journal.Range{From: all[len(all)-1].Seq + 1, Follow: true}, func(r Record) error {
 		got <- r
 		return errStop
 	})
@@ -106,7 +107,7 @@ func TestFleetAggregate(t *testing.T) {
 	fcancel()
 
 	// Nothing the reads made outlives them.
-	s, err := f.js.Stream(ctx, FleetStream)
+	s, err := f.js.Stream(ctx, AggregateStream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestFleetAggregate(t *testing.T) {
 			t.Fatalf("the auditor %s", what)
 		}
 	}
-	refused("deleted the aggregate", func(c context.Context) error { return f.js.DeleteStream(c, FleetStream) })
+	refused("deleted the aggregate", func(c context.Context) error { return f.js.DeleteStream(c, AggregateStream) })
 	refused("purged the aggregate", func(c context.Context) error { return s.Purge(c) })
 	refused("deleted a mirror", func(c context.Context) error { return f.js.DeleteStream(c, mb.StreamName()) })
 }

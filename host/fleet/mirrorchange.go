@@ -1,10 +1,10 @@
-package journal
+package fleet
 
 import "time"
 
 // MirrorChange is a state change of the mirror or its link, for the
-// daemon to journal (as a mirror.<Kind> event). The journal package only
-// reports it; the daemon owns the append path.
+// daemon to journal (as a mirror.<Kind> event). the Mirror only reports
+// it; the daemon owns the append path.
 type MirrorChange struct {
 	// Kind is created, recreated, linked, unlinked, settings_differ or
 	// refused.
@@ -25,18 +25,18 @@ type MirrorChange struct {
 // and with link changes limited a full buffer means no one is reading.
 const mirrorChangeBuffer = 64
 
-// MirrorChanges delivers the mirror's state changes (nil without a mirror).
-func (j *Journal) MirrorChanges() <-chan MirrorChange { return j.mirrorChanges }
+// Changes delivers the mirror's state changes (nil before Start).
+func (m *Mirror) Changes() <-chan MirrorChange {
+	if r := m.current(); r != nil {
+		return r.changes
+	}
+	return nil
+}
 
-func (j *Journal) reportChange(c MirrorChange) {
-	if j.mirrorChanges == nil {
-		return
-	}
-	if m := j.mirror; m != nil {
-		c.Stream, c.Domain = m.StreamName(), m.Domain
-	}
+func (m *Mirror) reportChange(r *run, c MirrorChange) {
+	c.Stream, c.Domain = m.StreamName(), m.Domain
 	select {
-	case j.mirrorChanges <- c:
+	case r.changes <- c:
 	default:
 	}
 }

@@ -1,10 +1,12 @@
-package journal
+package fleet
 
 import (
 	"context"
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // fleetBurst links hosts nexus hosts to a 3-node cluster run from the
@@ -28,7 +30,7 @@ func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 	for i := range js {
 		go func() {
 			for k := range events {
-				if _, err := js[i].Append(context.Background(), Message{
+				if _, err := js[i].Append(context.Background(), journal.Message{
 					Subject: "nexus.events.sandbox.created.x", ID: fmt.Sprintf("m-%d", k), Data: []byte("e"),
 				}); err != nil {
 					done <- err

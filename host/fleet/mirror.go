@@ -1,4 +1,8 @@
-package journal
+// Package fleet is a host's part in a fleet's NATS JetStream: the mirror
+// of its journal there (through the journal's leaf-node link), the
+// fleet's permission template, and the auditors' reads of the mirrors and
+// their aggregate.
+package fleet
 
 import (
 	"context"
@@ -9,17 +13,23 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // Mirror configures replication of the journal to a stream on an existing
 // NATS JetStream deployment (the fleet's audit store), so one place holds
 // the events of many hosts.
+//
+// A Mirror given to journal.Open (Options.Mirror) keeps the mirror for that
+// journal (journal.LeafMirror), as an http.Server holds its settings and serves:
+// it is used through a pointer and serves one journal at a time.
 //
 // It is JetStream's own mirroring, not a copier: the embedded server joins
 // the fleet as a leaf node in its own JetStream domain, and a mirror stream
@@ -55,11 +65,14 @@ type Mirror struct {
 	// 0 means 5 s. A refusal within it fails Open; a fleet that does not
 	// answer in time is retried in the background.
 	StartWait time.Duration
+
+	mu  sync.Mutex
+	cur *run
 }
 
 // ErrHostTaken is a mirror stream on the fleet that belongs to another
 // host identity: mirroring into it would interleave two journals.
-var ErrHostTaken = errors.New("journal: mirror stream belongs to another host")
+var ErrHostTaken = errors.New("fleet: mirror stream belongs to another host")
 
 // metaHostID and metaHost are the mirror stream's metadata keys.
 const (
@@ -115,7 +128,7 @@ func HostNameFrom(hostname string) string {
 
 func (m *Mirror) validate() error {
 	if len(m.URLs) == 0 {
-		return errors.New("journal: mirror needs a fleet URL")
+		return errors.New("fleet: mirror needs a fleet URL")
 	}
 	for _, u := range m.URLs {
 		if err := checkFleetURL(u); err != nil {
@@ -123,26 +136,26 @@ func (m *Mirror) validate() error {
 		}
 	}
 	if err := ValidHostName(m.Host); err != nil {
-		return fmt.Errorf("journal: mirror %w", err)
+		return fmt.Errorf("fleet: mirror %w", err)
 	}
 	if _, err := ulid.ParseStrict(m.HostID); err != nil {
-		return fmt.Errorf("journal: mirror host identity %q: %v", m.HostID, err)
+		return fmt.Errorf("fleet: mirror host identity %q: %v", m.HostID, err)
 	}
 	if !hostToken.MatchString(m.Domain) {
-		return fmt.Errorf("journal: mirror domain %q: want 1-64 letters, digits, '-' or '_'", m.Domain)
+		return fmt.Errorf("fleet: mirror domain %q: want 1-64 letters, digits, '-' or '_'", m.Domain)
 	}
 	if m.Replicas < 0 || m.Replicas > 5 {
-		return fmt.Errorf("journal: mirror replicas %d: want 1-5 (0 for 3 where the fleet has room)", m.Replicas)
+		return fmt.Errorf("fleet: mirror replicas %d: want 1-5 (0 for 3 where the fleet has room)", m.Replicas)
 	}
 	if m.Credentials != "" {
 		// The server only logs an unreadable creds file, and then never
 		// links: the daemon would say "mirroring" and mirror nothing.
 		data, err := os.ReadFile(m.Credentials)
 		if err != nil {
-			return fmt.Errorf("journal: mirror credentials: %w", err)
+			return fmt.Errorf("fleet: mirror credentials: %w", err)
 		}
 		if !strings.Contains(string(data), "BEGIN NATS USER JWT") {
-			return fmt.Errorf("journal: mirror credentials %s: not a NATS .creds file", m.Credentials)
+			return fmt.Errorf("fleet: mirror credentials %s: not a NATS .creds file", m.Credentials)
 		}
 	}
 	return nil
@@ -152,17 +165,17 @@ func (m *Mirror) validate() error {
 // without its password.
 func checkFleetURL(u *url.URL) error {
 	if u == nil || u.Hostname() == "" {
-		return errors.New("journal: mirror URL needs a host")
+		return errors.New("fleet: mirror URL needs a host")
 	}
 	switch u.Scheme {
 	case "nats-leaf", "nats", "tls":
 	default:
-		return fmt.Errorf("journal: mirror URL %s: scheme %q: want nats-leaf, nats or tls", u.Redacted(), u.Scheme)
+		return fmt.Errorf("fleet: mirror URL %s: scheme %q: want nats-leaf, nats or tls", u.Redacted(), u.Scheme)
 	}
 	if p := u.Port(); p != "" {
 		var n int
 		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("journal: mirror URL %s: bad port", u.Redacted())
+			return fmt.Errorf("fleet: mirror URL %s: bad port", u.Redacted())
 		}
 	}
 	return nil
@@ -175,7 +188,7 @@ func ParseFleetURL(s string) (*url.URL, error) {
 		return nil, fmt.Errorf("mirror URL %s: want nats-leaf://[user:pass@]HOST:PORT", RedactURL(s))
 	}
 	if err := checkFleetURL(u); err != nil {
-		return nil, errors.New(strings.TrimPrefix(err.Error(), "journal: "))
+		return nil, errors.New(strings.TrimPrefix(err.Error(), "fleet: "))
 	}
 	return u, nil
 }
@@ -225,46 +238,100 @@ func (m *Mirror) StreamName() string { return MirrorStream(m.Host) }
 // MirrorStream is the fleet stream a valid host name mirrors into; it is
 // injective over valid names, which hold no '_' and no upper case.
 func MirrorStream(host string) string {
-	return StreamName + "_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
+	return journal.StreamName + "_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
 }
 
-// deniedFromFleet is every subject the fleet may not send into this
-// server: appends to the journal, and each JetStream API call that writes
-// or deletes. Reads and the consumers a mirror needs stay open; the fleet
-// can see the journal, never change it.
-func deniedFromFleet(domain string) []string {
-	deny := []string{Subjects, appendSubjects, "$SYS.>", "$JS.API.>"}
-	for _, api := range []string{
-		"STREAM.CREATE.>", "STREAM.UPDATE.>", "STREAM.DELETE.>", "STREAM.PURGE.>",
-		"STREAM.MSG.DELETE.>", "STREAM.SNAPSHOT.>", "STREAM.RESTORE.>", "STREAM.PEER.>",
-		"STREAM.LEADER.>", "CONSUMER.DELETE.>", "CONSUMER.PAUSE.>", "CONSUMER.UNPIN.>",
-		"ACCOUNT.>", "META.>", "SERVER.>",
-	} {
-		deny = append(deny, "$JS."+domain+".API."+api)
+// Leaf is the journal's link to the fleet: its server and JetStream
+// domain named by the host identity.
+func (m *Mirror) Leaf() (journal.Leaf, error) {
+	if err := m.validate(); err != nil {
+		return journal.Leaf{}, err
 	}
-	return deny
+	return journal.Leaf{ServerName: m.serverName(), Domain: m.localDomain(), URLs: m.URLs, Credentials: m.Credentials}, nil
 }
 
-// leafRemote is the embedded server's side of the link.
-func (m *Mirror) leafRemote() *server.RemoteLeafOpts {
-	return &server.RemoteLeafOpts{
-		URLs:        m.URLs,
-		Credentials: m.Credentials,
-		DenyImports: deniedFromFleet(m.localDomain()),
+// run is a Mirror's state while it serves one journal, from Start on.
+type run struct {
+	link    journal.Linked
+	stop    context.CancelFunc
+	changes chan MirrorChange // feeds Changes
+	// refused is closed once the fleet's mirror proves to be another
+	// host's; refusal is why (Refused).
+	refused chan struct{}
+
+	mu      sync.Mutex
+	refusal error
+	err     error
+	set     bool
+	// seen: the mirror existed once, so a create is a re-create.
+	// creating: a create was sent and not confirmed (its reply may be
+	// lost while the fleet made the stream).
+	// drift: how the fleet's mirror differs from the settings.
+	seen     bool
+	creating bool
+	drift    string
+}
+
+// Start keeps the mirror from now until Stop (journal.LeafMirror), afresh for
+// each journal it is given to. It waits up to StartWait for the fleet's
+// first answer: a refusal in that time is its error, as one line; one
+// found later is Refused's to deliver.
+func (m *Mirror) Start(ctx context.Context, l journal.Linked) error {
+	mctx, stop := context.WithCancel(context.Background())
+	r := &run{link: l, stop: stop, changes: make(chan MirrorChange, mirrorChangeBuffer), refused: make(chan struct{})}
+	m.mu.Lock()
+	m.cur = r
+	m.mu.Unlock()
+	first := make(chan error, 1)
+	go m.keep(mctx, r, first)
+	go m.watchLink(mctx, r)
+	wait := m.StartWait
+	if wait <= 0 {
+		wait = 5 * time.Second
 	}
+	select {
+	case <-r.refused:
+		_, err := m.Refused()
+		return err
+	case err := <-first:
+		if refusedAccount(err) {
+			return err
+		}
+	case <-l.Refused:
+		return fmt.Errorf("fleet: the fleet refused this host's link credentials (authorization violation) at %s", strings.Join(m.Redacted(), ", "))
+	case <-time.After(wait):
+		l.Log.Warn("mirror.pending", "stream", m.StreamName(), "reason", "the fleet has not answered yet; retrying in the background")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// Stop ends the mirroring (journal.LeafMirror); the journal's Close calls it.
+func (m *Mirror) Stop() {
+	if r := m.current(); r != nil {
+		r.stop()
+	}
+}
+
+// current is the run of the journal the Mirror serves (nil before Start).
+func (m *Mirror) current() *run {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.cur
 }
 
 // mirrorRetry spaces attempts to create the mirror stream while the fleet
 // is unreachable.
 const mirrorRetry = 2 * time.Second
 
-// keepMirror makes sure the mirror stream exists on the fleet until ctx
+// keep makes sure the mirror stream exists on the fleet until ctx
 // ends: created when missing (again if someone deleted it), refused for
 // good when it belongs to another host. first gets the first verdict.
-func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error) {
-	fleet, err := jetstream.NewWithDomain(j.nc, m.Domain)
+func (m *Mirror) keep(ctx context.Context, r *run, first chan<- error) {
+	fleet, err := jetstream.NewWithDomain(r.link.Conn, m.Domain)
 	if err != nil {
-		j.setMirrorErr(err)
+		r.setErr(err)
 		first <- err
 		return
 	}
@@ -274,10 +341,10 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 	}
 	told := false
 	for {
-		err := j.ensureMirror(ctx, fleet, m)
-		j.setMirrorErr(err)
+		err := m.ensure(ctx, r, fleet)
+		r.setErr(err)
 		if errors.Is(err, ErrHostTaken) {
-			j.refuse(err)
+			m.refuse(r, err)
 			return
 		}
 		if !told && (err == nil || refusedAccount(err)) {
@@ -296,16 +363,16 @@ func (j *Journal) keepMirror(ctx context.Context, m *Mirror, first chan<- error)
 	}
 }
 
-// ensureMirror is one check of the mirror on the fleet. It creates a
+// ensure is one check of the mirror on the fleet. It creates a
 // missing mirror with the settings, and never rewrites one that exists:
 // replicas or limits an operator changed stay (a difference is logged),
 // only an explicit request for more replicas is applied.
-func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m *Mirror) error {
+func (m *Mirror) ensure(ctx context.Context, r *run, fleet jetstream.JetStream) error {
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s, err := fleet.Stream(actx, m.StreamName())
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return j.createMirror(actx, fleet, m)
+		return m.create(actx, r, fleet)
 	}
 	if err != nil {
 		return fmt.Errorf("mirror %s: %w", m.StreamName(), err)
@@ -314,13 +381,13 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if err := m.owns(cfg); err != nil {
 		return err
 	}
-	j.mirrorMu.Lock()
-	pending := j.mirrorCreating
-	j.mirrorSeen = j.mirrorSeen || !pending
-	j.mirrorMu.Unlock()
+	r.mu.Lock()
+	pending := r.creating
+	r.seen = r.seen || !pending
+	r.mu.Unlock()
 	if pending {
 		// This host's own create, whose answer did not come back.
-		j.madeMirror(m, cfg.Replicas)
+		m.made(r, cfg.Replicas)
 	}
 	if m.Replicas > cfg.Replicas {
 		was := cfg.Replicas
@@ -328,7 +395,7 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 		if _, err := fleet.UpdateStream(actx, cfg); err != nil {
 			return fmt.Errorf("mirror %s: raise replicas %d to %d: %w", m.StreamName(), was, m.Replicas, err)
 		}
-		j.log.Info("mirror.updated", "stream", m.StreamName(), "replicas", m.Replicas, "was", was)
+		r.link.Log.Info("mirror.updated", "stream", m.StreamName(), "replicas", m.Replicas, "was", was)
 		return nil
 	}
 	var drift []string
@@ -339,19 +406,19 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 		drift = append(drift, fmt.Sprintf("max bytes %d (nexus asks %d)", cfg.MaxBytes, want))
 	}
 	d := strings.Join(drift, ", ")
-	j.mirrorMu.Lock()
-	changed := d != j.mirrorDrift
-	j.mirrorDrift = d
-	j.mirrorMu.Unlock()
+	r.mu.Lock()
+	changed := d != r.drift
+	r.drift = d
+	r.mu.Unlock()
 	if changed && d != "" {
-		j.log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
-		j.reportChange(MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
+		r.link.Log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
+		m.reportChange(r, MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
 	}
 	// The report is for auditors; failing it (an account that refuses
 	// stream updates) leaves the mirror itself healthy, so it is logged,
 	// not returned.
-	if err := j.reportLastSeq(actx, fleet, cfg); err != nil {
-		j.log.Warn("mirror.report-failed", "stream", m.StreamName(), "err", err)
+	if err := m.reportLastSeq(actx, r, fleet, cfg); err != nil {
+		r.link.Log.Warn("mirror.report-failed", "stream", m.StreamName(), "err", err)
 	}
 	return nil
 }
@@ -359,8 +426,8 @@ func (j *Journal) ensureMirror(ctx context.Context, fleet jetstream.JetStream, m
 // reportLastSeq records the journal's last sequence in the mirror's
 // metadata when it moved since the last report. Everything else in the
 // configuration is written back as read, so operator settings stay.
-func (j *Journal) reportLastSeq(ctx context.Context, fleet jetstream.JetStream, cfg jetstream.StreamConfig) error {
-	last, err := j.LastSeq(ctx)
+func (m *Mirror) reportLastSeq(ctx context.Context, r *run, fleet jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	last, err := r.link.Journal.LastSeq(ctx)
 	if err != nil {
 		return err
 	}
@@ -417,11 +484,11 @@ func hostReport(md map[string]string) HostReport {
 func checkMirrorSpan(stream string, st jetstream.StreamState, rep HostReport) error {
 	switch {
 	case st.Msgs == 0:
-		return fmt.Errorf("journal: mirror %s is empty: it holds none of the host's journal", stream)
+		return fmt.Errorf("fleet: mirror %s is empty: it holds none of the host's journal", stream)
 	case st.FirstSeq != 1:
-		return fmt.Errorf("journal: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
+		return fmt.Errorf("fleet: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
 	case st.LastSeq < rep.LastSeq:
-		return fmt.Errorf("journal: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
+		return fmt.Errorf("fleet: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
 			stream, st.LastSeq, rep.LastSeq, rep.Reported.Format(time.RFC3339))
 	}
 	return nil
@@ -446,9 +513,9 @@ func (m *Mirror) owns(cfg jetstream.StreamConfig) error {
 	return nil
 }
 
-// createMirror makes the mirror stream. Replicas 0 asks for 3 and falls
+// create makes the mirror stream. Replicas 0 asks for 3 and falls
 // back to 1 only when the fleet says it cannot place them.
-func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m *Mirror) error {
+func (m *Mirror) create(ctx context.Context, r *run, fleet jetstream.JetStream) error {
 	cfg := jetstream.StreamConfig{
 		Name:        m.StreamName(),
 		Description: fmt.Sprintf("nexus journal of host %s (%s)", m.Host, m.HostID),
@@ -456,7 +523,7 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 		Replicas:    m.Replicas,
 		MaxBytes:    maxBytes(m.MaxBytes),
 		Mirror: &jetstream.StreamSource{
-			Name:              StreamName,
+			Name:              journal.StreamName,
 			Domain:            m.localDomain(),
 			SubjectTransforms: []jetstream.SubjectTransformConfig{{Source: ">", Destination: m.Host + ".>"}},
 		},
@@ -467,9 +534,9 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if cfg.Replicas == 0 {
 		cfg.Replicas = 3
 	}
-	j.mirrorMu.Lock()
-	j.mirrorCreating = true
-	j.mirrorMu.Unlock()
+	r.mu.Lock()
+	r.creating = true
+	r.mu.Unlock()
 	_, err := fleet.CreateStream(ctx, cfg)
 	var api *jetstream.APIError
 	if err != nil && m.Replicas == 0 && errors.As(err, &api) && cannotPlace(api.ErrorCode) {
@@ -479,23 +546,23 @@ func (j *Journal) createMirror(ctx context.Context, fleet jetstream.JetStream, m
 	if err != nil {
 		return fmt.Errorf("mirror %s: create: %w", m.StreamName(), err)
 	}
-	j.madeMirror(m, cfg.Replicas)
+	m.made(r, cfg.Replicas)
 	return nil
 }
 
-// madeMirror logs and reports the mirror this host made: created, or
-// recreated when it had seen one before.
-func (j *Journal) madeMirror(m *Mirror, replicas int) {
-	j.mirrorMu.Lock()
-	seen := j.mirrorSeen
-	j.mirrorSeen, j.mirrorCreating = true, false
-	j.mirrorMu.Unlock()
+// made logs and reports the mirror this host made: created, or recreated
+// when it had seen one before.
+func (m *Mirror) made(r *run, replicas int) {
+	r.mu.Lock()
+	seen := r.seen
+	r.seen, r.creating = true, false
+	r.mu.Unlock()
 	kind := "created"
 	if seen {
 		kind = "recreated"
 	}
-	j.log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", replicas, "domain", m.Domain)
-	j.reportChange(MirrorChange{Kind: kind, Replicas: replicas})
+	r.link.Log.Info("mirror."+kind, "stream", m.StreamName(), "replicas", replicas, "domain", m.Domain)
+	m.reportChange(r, MirrorChange{Kind: kind, Replicas: replicas})
 }
 
 // refusedAccount: the fleet's account cannot hold the mirror as asked
@@ -525,24 +592,24 @@ func cannotPlace(code jetstream.ErrorCode) bool {
 
 // watchLink logs the leaf link going up and down, and reports changes
 // (linkLimiter) for the journal.
-func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
+func (m *Mirror) watchLink(ctx context.Context, r *run) {
 	up := false
 	lim := linkLimiter{quiet: linkQuiet}
 	for {
-		now := j.srv.NumLeafNodes() > 0
+		now := r.link.Up()
 		if report, flaps := lim.observe(time.Now(), now); report {
 			kind := "unlinked"
 			if now {
 				kind = "linked"
 			}
-			j.reportChange(MirrorChange{Kind: kind, URLs: m.Redacted(), Flaps: flaps})
+			m.reportChange(r, MirrorChange{Kind: kind, URLs: m.Redacted(), Flaps: flaps})
 		}
 		if now != up {
 			up = now
 			if up {
-				j.log.Info("mirror.linked", "urls", strings.Join(m.Redacted(), ","))
+				r.link.Log.Info("mirror.linked", "urls", strings.Join(m.Redacted(), ","))
 			} else {
-				j.log.Warn("mirror.unlinked", "urls", strings.Join(m.Redacted(), ","))
+				r.link.Log.Warn("mirror.unlinked", "urls", strings.Join(m.Redacted(), ","))
 			}
 		}
 		select {
@@ -556,43 +623,51 @@ func (j *Journal) watchLink(ctx context.Context, m *Mirror) {
 // refuse ends this host's claim to its name: the fleet's stream of that
 // name is another host's. Whenever that is found (before Open returns or
 // long after), it is final and delivered the same way, through
-// MirrorRefused: a host that went on would serve under a name whose audit
+// Refused: a host that went on would serve under a name whose audit
 // copy is another's, and a second found while the fleet was slow would
 // otherwise outlive the refusal a quick fleet gives at start.
-func (j *Journal) refuse(err error) {
-	j.mirrorMu.Lock()
-	j.refusal = err
-	j.mirrorMu.Unlock()
-	j.reportChange(MirrorChange{Kind: "refused", Detail: err.Error()})
-	close(j.mirrorRefused)
+func (m *Mirror) refuse(r *run, err error) {
+	r.mu.Lock()
+	r.refusal = err
+	r.mu.Unlock()
+	m.reportChange(r, MirrorChange{Kind: "refused", Detail: err.Error()})
+	close(r.refused)
 }
 
-// MirrorRefused is closed once the fleet's mirror stream proves to belong
-// to another host (ErrHostTaken), however long after Open that is found;
-// err then says whose it is. The journal stops mirroring, and its owner
-// must stop acting as this host (the daemon exits with err). Without a
-// mirror the channel is nil: it never fires.
-func (j *Journal) MirrorRefused() (refused <-chan struct{}, err error) {
-	j.mirrorMu.Lock()
-	defer j.mirrorMu.Unlock()
-	return j.mirrorRefused, j.refusal
-}
-
-func (j *Journal) setMirrorErr(err error) {
-	j.mirrorMu.Lock()
-	defer j.mirrorMu.Unlock()
-	j.mirrorErr, j.mirrorSet = err, true
-}
-
-// MirrorStatus reports whether the mirror stream exists on the fleet yet:
-// ok once created; otherwise the last error ("" before the first attempt).
-func (j *Journal) MirrorStatus() (ok bool, lastErr string) {
-	j.mirrorMu.Lock()
-	defer j.mirrorMu.Unlock()
-	if j.mirrorErr != nil {
-		return false, j.mirrorErr.Error()
+// Refused is closed once the fleet's mirror stream proves to belong to
+// another host (ErrHostTaken), however long after Open that is found; err
+// then says whose it is. Mirroring stops, and the journal's owner must
+// stop acting as this host (the daemon exits with err). Before Start the
+// channel is nil: it never fires.
+func (m *Mirror) Refused() (refused <-chan struct{}, err error) {
+	r := m.current()
+	if r == nil {
+		return nil, nil
 	}
-	return j.mirrorSet, ""
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.refused, r.refusal
+}
+
+func (r *run) setErr(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.err, r.set = err, true
+}
+
+// Status reports whether the mirror stream exists on the fleet yet: ok
+// once created; otherwise the last error ("" before the first attempt).
+func (m *Mirror) Status() (ok bool, lastErr string) {
+	r := m.current()
+	if r == nil {
+		return false, ""
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.err != nil {
+		return false, r.err.Error()
+	}
+	return r.set, ""
 }
 
 // ReadMirror reads every record of a mirror stream on the fleet (or any
@@ -604,14 +679,14 @@ func (j *Journal) MirrorStatus() (ok bool, lastErr string) {
 // error: a journal starts at 1 and never loses its head, so either means
 // the audit copy is not the journal; so is one that ends before the last
 // sequence its host reported in the mirror's metadata.
-func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(Record) error) error {
-	opts := []nats.Option{nats.Name("nexus replay")}
+func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(journal.Record) error) error {
+	opts := []nats.Option{nats.Name("nexus replay"), nats.Timeout(connectTimeout)}
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
 	}
 	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("journal: connect to %s: %w", RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: connect to %s: %w", RedactURL(natsURL), err)
 	}
 	defer nc.Close()
 	var js jetstream.JetStream
@@ -625,7 +700,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return fmt.Errorf("journal: stream %s at %s: %w", stream, RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: stream %s at %s: %w", stream, RedactURL(natsURL), err)
 	}
 	info := s.CachedInfo()
 	st := info.State
@@ -633,14 +708,14 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 		return err
 	}
 	if apiPrefix == "" {
-		return scan(ctx, s, Range{}, nil, fn)
+		return journal.ScanStream(ctx, s, journal.Range{}, fn)
 	}
 	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
-			return fmt.Errorf("journal: %s sequence %d: %w", stream, seq, err)
+			return fmt.Errorf("fleet: %s sequence %d: %w", stream, seq, err)
 		}
-		if err := fn(Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
+		if err := fn(journal.Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
 			return err
 		}
 	}

@@ -1,4 +1,4 @@
-package journal
+package fleet
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -68,7 +69,7 @@ func TestMirrorRefusesAnotherHostsStream(t *testing.T) {
 	appendN(t, a, 0, 3)
 	awaitMirrored(t, fleet, m.StreamName(), 3)
 
-	second, _, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
+	_, second, err := openHost(t, "host-a", ulid.Make().String(), nil, leafPort)
 	err = refusal(t, second, err)
 	if !errors.Is(err, ErrHostTaken) {
 		t.Fatalf("a second host named host-a opened: %v", err)
@@ -84,20 +85,20 @@ func TestMirrorRefusesAnotherHostsStream(t *testing.T) {
 }
 
 // refusal is the refusal of a host's mirror: Open's error, or, when the
-// fleet answered after Open returned, what MirrorRefused delivers (a
+// fleet answered after Open returned, what Refused delivers (a
 // bounded wait: a mirror never refused fails the test).
-func refusal(t *testing.T, j *Journal, err error) error {
+func refusal(t *testing.T, m *Mirror, err error) error {
 	t.Helper()
 	if err != nil {
 		return err
 	}
-	refused, _ := j.MirrorRefused()
+	refused, _ := m.Refused()
 	select {
 	case <-refused:
-		_, err := j.MirrorRefused()
+		_, err := m.Refused()
 		return err
 	case <-time.After(testutil.Scale(30 * time.Second)):
-		ok, last := j.MirrorStatus()
+		ok, last := m.Status()
 		t.Fatalf("the mirror was never refused (status %v, last error %q)", ok, last)
 		return nil
 	}
@@ -116,17 +117,17 @@ func TestMirrorRefusedAfterOpen(t *testing.T) {
 	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, leafPass, leafPort))
 	late := &Mirror{URLs: []*url.URL{u}, Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String(),
 		Check: 200 * time.Millisecond, StartWait: time.Nanosecond}
-	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: late})
+	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: late})
 	if err != nil {
 		// The fleet answered within a nanosecond: nothing left to test.
 		t.Skipf("refused at Open: %v", err)
 	}
 	defer j.Close()
-	err = refusal(t, j, nil)
+	err = refusal(t, late, nil)
 	if !errors.Is(err, ErrHostTaken) || strings.Contains(err.Error(), "\n") || !strings.Contains(err.Error(), "NEXUS_HOST_A is the mirror of host") {
 		t.Fatalf("late refusal: %v", err)
 	}
-	if _, last := j.MirrorStatus(); last != err.Error() {
+	if _, last := late.Status(); last != err.Error() {
 		t.Fatalf("status after the refusal says %q, want %q", last, err)
 	}
 	if got := mirrored(t, fleet, m.StreamName()); len(got) != 0 {
@@ -141,7 +142,7 @@ func TestMirrorHostsDoNotEvictEachOther(t *testing.T) {
 	fleet := startFleet(t, t.TempDir(), freePort(t), leafPort)
 	defer fleet.Shutdown()
 	const hosts = 4
-	var js []*Journal
+	var js []*journal.Journal
 	var ms []*Mirror
 	for i := range hosts {
 		j, m, err := openHost(t, "host-"+string(rune('a'+i)), ulid.Make().String(), nil, leafPort)
@@ -202,7 +203,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	dir := j.Dir()
 	j.Close()
 	var logs2 testutil.Buffer
-	j, err = Open(context.Background(), Options{Dir: dir, Mirror: m, Logger: slog.New(slog.NewTextHandler(&logs2, nil))})
+	j, err = journal.Open(context.Background(), journal.Options{Dir: dir, Mirror: m, Logger: slog.New(slog.NewTextHandler(&logs2, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,11 +257,11 @@ func TestMirrorMisconfigurationRefusedAtOpen(t *testing.T) {
 	}
 }
 
-func openHostCreds(t *testing.T, creds string) (*Journal, *Mirror, error) {
+func openHostCreds(t *testing.T, creds string) (*journal.Journal, *Mirror, error) {
 	t.Helper()
 	u, _ := ParseFleetURL("nats-leaf://127.0.0.1:1")
 	m := &Mirror{URLs: []*url.URL{u}, Credentials: creds, Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String()}
-	j, err := Open(context.Background(), Options{Dir: t.TempDir() + "/journal", Mirror: m})
+	j, err := journal.Open(context.Background(), journal.Options{Dir: t.TempDir() + "/journal", Mirror: m})
 	if err == nil {
 		j.Close()
 	}
@@ -288,7 +289,7 @@ func TestReadMirrorRefusesAnEmptyMirror(t *testing.T) {
 	defer fleet.Shutdown()
 	_, m := openMirrored(t, leafPort)
 	awaitCreated(t, fleet, m.StreamName())
-	err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(Record) error { return nil })
+	err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(journal.Record) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Fatalf("an empty mirror read without complaint: %v", err)
 	}
@@ -302,7 +303,7 @@ func TestMirrorRefusalsAtOpen(t *testing.T) {
 	defer fleet.Shutdown()
 	u, _ := url.Parse(fmt.Sprintf("nats-leaf://%s:%s@127.0.0.1:%d", leafUser, "wrong-pw", leafPort))
 	m := &Mirror{URLs: []*url.URL{u}, Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String()}
-	_, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	_, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
 	if err == nil || !strings.Contains(err.Error(), "refused") || strings.Contains(err.Error(), "wrong-pw") {
 		t.Fatalf("a refused password opened (or was shown): %v", err)
 	}
@@ -319,10 +320,10 @@ func TestMirrorRefusalsAtOpen(t *testing.T) {
 	}
 }
 
-func openHostAt(t *testing.T, name string, urls []*url.URL, maxBytes int64) (*Journal, *Mirror, error) {
+func openHostAt(t *testing.T, name string, urls []*url.URL, maxBytes int64) (*journal.Journal, *Mirror, error) {
 	t.Helper()
 	m := &Mirror{URLs: urls, Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), MaxBytes: maxBytes, StartWait: 20 * time.Second}
-	j, err := Open(context.Background(), Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
+	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
 	if err == nil {
 		t.Cleanup(func() { j.Close() })
 	}
