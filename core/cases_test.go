@@ -16,17 +16,21 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs in testd
 //
 //	# comment
 //	command key=value key="quoted value" flag
+//	input line
 //	----
 //	expected output
 //
-// with a blank line after each case. run hands each case's command and
-// arguments to do and compares what it returns with the expected output;
-// with -rewrite it writes the outputs back into the file instead.
+// with a blank line after each case; the input lines (none, or as many as
+// the command reads) are the command's own, say a batch of events. run
+// hands each case to do and compares what it returns with the expected
+// output; with -rewrite it writes the outputs back into the file instead.
 type testCase struct {
 	pos  string // file:line of the command
 	line string
 	cmd  string
 	args map[string]string
+	// input is the lines between the command and "----".
+	input []string
 	// want is the expected output; from and to are its lines in the file.
 	want     string
 	from, to int
@@ -35,9 +39,19 @@ type testCase struct {
 // arg returns the value of key, and whether the case gave it.
 func (c testCase) arg(key string) (string, bool) { v, ok := c.args[key]; return v, ok }
 
-// only fails the test if the case gives an argument not in keys: a
-// misspelt one would otherwise be a case that tests something else.
+// only fails the test if the case gives an argument not in keys, or input
+// lines: a misspelt argument or a stray line would otherwise be a case
+// that tests something else.
 func (c testCase) only(t *testing.T, keys ...string) {
+	t.Helper()
+	if len(c.input) > 0 {
+		t.Fatalf("%s: %s reads no input lines", c.pos, c.cmd)
+	}
+	c.onlyArgs(t, keys...)
+}
+
+// onlyArgs is only for a command that reads input lines.
+func (c testCase) onlyArgs(t *testing.T, keys ...string) {
 	t.Helper()
 	for k := range c.args {
 		if !slices.Contains(keys, k) {
@@ -103,10 +117,16 @@ func parseCases(t *testing.T, path string, lines []string) []testCase {
 			}
 			c.args[k] = v
 		}
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s: a command is followed by ----", c.pos)
+		for i++; i < len(lines) && lines[i] != "----"; i++ {
+			if strings.TrimSpace(lines[i]) == "" {
+				break
+			}
+			c.input = append(c.input, lines[i])
 		}
-		c.from = i + 2
+		if i >= len(lines) || lines[i] != "----" {
+			t.Fatalf("%s: a command and its input are followed by ----", c.pos)
+		}
+		c.from = i + 1
 		c.to = c.from
 		for c.to < len(lines) && lines[c.to] != "" {
 			c.to++
