@@ -110,12 +110,12 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Replay100k' -benchtime 5x -benchmem ./host/journal/
 	$(GO) test -run '^$$' -bench 'EventsByPosition' -benchtime 3x ./host/journal/
 	$(GO) test -run '^$$' -bench 'Verify1M' -benchtime 1x -timeout 20m ./host/journal/
-	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./node/
-	$(GO) test -run '^$$' -bench 'AppendGuardedVsPlain' -benchtime 3000x ./node/
+	$(GO) test -run '^$$' -bench 'Startup100k' -benchtime 3x ./store/
+	$(GO) test -run '^$$' -bench 'AppendGuardedVsPlain' -benchtime 3000x ./store/
 	$(GO) test -run '^$$' -bench 'AppendGroupCommit' -benchtime 2000x ./daemon/
-	$(GO) test -run '^$$' -bench 'AppendingCommand10k' -benchtime 10x ./node/
-	$(GO) test -run '^$$' -bench 'OpenInspect' -benchtime 5x -timeout 20m ./node/
-	$(GO) test -run '^$$' -bench 'OpenGrowth' -benchtime 3x -timeout 30m ./node/
+	$(GO) test -run '^$$' -bench 'AppendingCommand10k' -benchtime 10x ./store/
+	$(GO) test -run '^$$' -bench 'OpenInspect' -benchtime 5x -timeout 20m ./store/
+	$(GO) test -run '^$$' -bench 'OpenGrowth' -benchtime 3x -timeout 30m ./store/
 	$(GO) test -run TestOwnershipMemory100k -v ./projections/
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 	$(GO) test -run '^$$' -bench 'CreateVsCpSparse' -benchtime 5x ./cmd/nexus/

@@ -15,7 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/lease"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // SpawnLockName serialises on-demand daemon starts: whoever holds its flock
@@ -74,7 +74,7 @@ type ConnectOptions struct {
 // it, so no command ever holds the journal for its whole run and any number
 // of them share the root at once.
 func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, error) {
-	root, err := node.PrepareRoot(root)
+	root, err := store.PrepareRoot(root)
 	if err != nil {
 		return nil, err
 	}
@@ -526,7 +526,7 @@ func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
 	for {
-		n, err := node.Open(ctx, root, node.Options{Lazy: true})
+		n, err := store.Open(ctx, root, store.Options{Lazy: true})
 		if err == nil {
 			return Local{n}, nil
 		}

@@ -20,8 +20,8 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // Client talks to a daemon over its control socket.
@@ -296,7 +296,7 @@ func (c *Client) appendOnce(ctx context.Context, req *wire.AppendRequest) (*wire
 	return s.call(ctx, req)
 }
 
-func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) error) error {
+func (c *Client) Events(ctx context.Context, q store.Query, fn func(store.Record) error) error {
 	if !q.Follow || c.ensure == nil {
 		_, err := c.events(ctx, q, fn)
 		return err
@@ -307,7 +307,7 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 	backoff := 50 * time.Millisecond
 	for {
 		var last uint64
-		broken, err := c.events(ctx, q, func(r node.Record) error {
+		broken, err := c.events(ctx, q, func(r store.Record) error {
 			last = r.Seq
 			return fn(r)
 		})
@@ -345,7 +345,7 @@ func (c *Client) Events(ctx context.Context, q node.Query, fn func(node.Record) 
 
 // events runs one events request; broken reports a stream that ended
 // without the journal's say (connection lost, or a follow cut short).
-func (c *Client) events(ctx context.Context, q node.Query, fn func(node.Record) error) (broken bool, err error) {
+func (c *Client) events(ctx context.Context, q store.Query, fn func(store.Record) error) (broken bool, err error) {
 	v := wire.QueryValues(q)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+wire.PathEvents+"?"+v.Encode(), nil)
 	if err != nil {
@@ -373,7 +373,7 @@ func (c *Client) events(ctx context.Context, q node.Query, fn func(node.Record) 
 		if err != nil {
 			return false, fmt.Errorf("journal event %d: %w", rec.Seq, err)
 		}
-		if err := fn(node.Record{Seq: rec.Seq, Event: e}); err != nil {
+		if err := fn(store.Record{Seq: rec.Seq, Event: e}); err != nil {
 			return false, err
 		}
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // Backend is what commands need from a state root: what the flows
@@ -38,30 +38,30 @@ var (
 	_ Backend = Local{}
 )
 
-// Local serves a Backend from a node this process owns. A command's node
-// is opened lazily (node.Options.Lazy): reading one sandbox by ID folds
+// Local serves a Backend from a store this process owns. A command's store
+// is opened lazily (store.Options.Lazy): reading one sandbox by ID folds
 // that sandbox's events alone, and anything else loads the projections
 // first (Load), returning the error if they cannot be.
-type Local struct{ *node.Node }
+type Local struct{ *store.Store }
 
 func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
-	return l.Node.Sandboxes(ctx)
+	return l.Store.Sandboxes(ctx)
 }
 
 func (l Local) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
-	return l.Node.SandboxPage(ctx, after, limit)
+	return l.Store.SandboxPage(ctx, after, limit)
 }
 
 func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
-	return l.Node.Sandbox(ctx, ref)
+	return l.Store.Sandbox(ctx, ref)
 }
 
 func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error) {
-	return l.Node.OwnerOf(ctx, paths, except)
+	return l.Store.OwnerOf(ctx, paths, except)
 }
 
 func (l Local) SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error) {
-	return l.Node.SnapshotOwner(ctx, snap)
+	return l.Store.SnapshotOwner(ctx, snap)
 }
 
 func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
@@ -69,7 +69,7 @@ func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 		return nil, err
 	}
 	var out []projections.OpenSaga
-	l.View(func(v node.Views) {
+	l.View(func(v store.Views) {
 		for _, sg := range v.Sagas.Open() {
 			out = append(out, *sg)
 		}
@@ -82,7 +82,7 @@ func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
 		return nil, err
 	}
 	var out []projections.Volume
-	l.View(func(v node.Views) {
+	l.View(func(v store.Views) {
 		for _, vol := range v.Volumes.List() {
 			out = append(out, *vol)
 		}
@@ -91,13 +91,13 @@ func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
 }
 
 func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
-	return l.Node.ImageCache(ctx)
+	return l.Store.ImageCache(ctx)
 }
 
-// Bootstrap reads the sandbox's own record: on a lazy node, its events
+// Bootstrap reads the sandbox's own record: on a lazy store, its events
 // alone.
 func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
-	sb, found, err := l.Node.Sandbox(ctx, id)
+	sb, found, err := l.Store.Sandbox(ctx, id)
 	if err != nil || !found {
 		return events.Bootstrap{}, err
 	}
@@ -105,7 +105,7 @@ func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, erro
 }
 
 func (l Local) Rev(ctx context.Context, entity core.Entity) (uint64, error) {
-	return l.Node.EntityRev(ctx, entity)
+	return l.Store.EntityRev(ctx, entity)
 }
 
 // ErrBusy means the state root stayed owned by another process that serves
@@ -142,7 +142,7 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 			c.Retire(ctx)
 			c.Close()
 		}
-		n, err := node.Open(ctx, root, node.Options{Lazy: true})
+		n, err := store.Open(ctx, root, store.Options{Lazy: true})
 		if err == nil {
 			return Local{n}, nil
 		}

@@ -6,11 +6,11 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // ErrStateRoot means the state root cannot be used as given.
-var ErrStateRoot = node.ErrStateRoot
+var ErrStateRoot = store.ErrStateRoot
 
 // CorruptError is a journal block found damaged: the operator's way out
 // is RepairJournal.
@@ -22,7 +22,7 @@ type RepairReport = journal.RepairReport
 // PrepareRoot makes the state root if it is missing and returns its
 // absolute path, refusing one that others can write, that belongs to
 // another user or that cannot be written (ErrStateRoot).
-func PrepareRoot(root string) (string, error) { return node.PrepareRoot(root) }
+func PrepareRoot(root string) (string, error) { return store.PrepareRoot(root) }
 
 // RepairJournal copies the state root's journal store to backup, then
 // cuts a torn tail off its last block. A daemon started on demand holds

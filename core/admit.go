@@ -33,7 +33,7 @@ func (e *HandleHeld) Error() string {
 func (e *HandleHeld) Unwrap() error { return ErrRefused }
 
 // Admit decides whether evs may be appended, in order, by a writer whose
-// decision saw expect. It is the one admission rule: the node applies it
+// decision saw expect. It is the one admission rule: the store applies it
 // under its append lock, and a test's in-memory journal applies it too.
 //
 // A stale expectation refuses every event (a *StaleError naming the first

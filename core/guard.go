@@ -49,7 +49,7 @@ type Expect struct {
 // EntitiesOf lists the entities an event concerns: its sandbox, the volume
 // a volume event names, and the handle an event gives its sandbox or
 // claims. It is the one statement of it: admission, expectations and the
-// node's group commit all read it.
+// store's group commit all read it.
 func EntitiesOf(e events.Event) []Entity {
 	var out []Entity
 	if e.Sandbox != "" {

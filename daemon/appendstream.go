@@ -11,14 +11,14 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // serveAppendStream upgrades r's connection to an append stream and
 // serves it until the client closes it or the daemon stops. Each request
 // runs on its own goroutine, so a client's concurrent appends join one
 // group; answers are written as they come.
-func serveAppendStream(n *node.Node, cl *clients, streams *streamSet, w http.ResponseWriter, r *http.Request) {
+func serveAppendStream(n *store.Store, cl *clients, streams *streamSet, w http.ResponseWriter, r *http.Request) {
 	if got := r.Header.Get("Upgrade"); !strings.EqualFold(got, wire.AppendStreamProto) {
 		http.Error(w, fmt.Sprintf("append stream: this daemon speaks %s, the client asked for %q: use the nexus binary the daemon runs", wire.AppendStreamProto, got), http.StatusUpgradeRequired)
 		return
@@ -107,7 +107,7 @@ func serveAppendStream(n *node.Node, cl *clients, streams *streamSet, w http.Res
 	workers.Wait()
 }
 
-func appendOverStream(ctx context.Context, n *node.Node, req *wire.AppendRequest) *wire.AppendResponse {
+func appendOverStream(ctx context.Context, n *store.Store, req *wire.AppendRequest) *wire.AppendResponse {
 	evs := make([]events.Event, 0, len(req.Events))
 	for _, data := range req.Events {
 		e, err := events.Decode(data)

@@ -12,7 +12,7 @@ package daemon_test
 //
 // cpu-us/event and raw-cpu-us/event are this process's CPU per event
 // while each side ran (whether a rate is bound by CPU or by waiting);
-// per-fsync is the in-process node's events per journal fsync.
+// per-fsync is the in-process store's events per journal fsync.
 //
 // See docs/benchmarks.md for the figures.
 
@@ -33,7 +33,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 func BenchmarkAppendGroupCommit(b *testing.B) {
@@ -248,18 +248,18 @@ type appender interface {
 	run(b *testing.B, evs [][]events.Event, from, k int)
 }
 
-// openBenchNode opens a node on root in this process, without a daemon:
+// openBenchNode opens a store on root in this process, without a daemon:
 // the group commit alone, for comparison with the daemon's figure.
 func openBenchNode(b *testing.B, root string, g int) *benchDaemon {
 	b.Helper()
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { n.Close() })
 	d := &benchDaemon{syncs: n.Journal().Syncs}
 	for w := 0; w < g; w++ {
-		d.clients = append(d.clients, control.Local{Node: n})
+		d.clients = append(d.clients, control.Local{Store: n})
 	}
 	return d
 }
@@ -288,7 +288,7 @@ func (d *benchDaemon) run(b *testing.B, evs [][]events.Event, from, k int) {
 }
 
 // cpuNow is this process's CPU time so far (the daemon, its clients and
-// the node all run in it).
+// the store all run in it).
 func cpuNow() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)

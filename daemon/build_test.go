@@ -16,7 +16,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // TestSelfBuildIsTheExecutable: this process's build is the file it runs
@@ -156,7 +156,7 @@ func TestRetiringDaemonServesItsClients(t *testing.T) {
 		t.Fatalf("exclusive connect gave %T", o)
 	}
 	n := 0
-	o.Events(context.Background(), node.Query{}, func(node.Record) error { n++; return nil })
+	o.Events(context.Background(), store.Query{}, func(store.Record) error { n++; return nil })
 	if n != 1 {
 		t.Fatalf("%d events in the journal, want the 1 appended while the daemon retired", n)
 	}

@@ -21,7 +21,7 @@ import (
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // The daemon child is this test binary re-run with this variable naming
@@ -177,13 +177,13 @@ func resend(t *testing.T, sock string, ws []*crashWriter, cycle int) {
 // is stored once at its sequence, and no event twice.
 func checkJournal(t *testing.T, root string, ws []*crashWriter, cycle int) {
 	t.Helper()
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		t.Fatalf("cycle %d: open after SIGKILL: %v", cycle, err)
 	}
 	defer n.Close()
 	stored := map[ulid.ULID]uint64{}
-	err = n.Events(context.Background(), node.Query{}, func(r node.Record) error {
+	err = n.Events(context.Background(), store.Query{}, func(r store.Record) error {
 		if prev, dup := stored[r.Event.ID]; dup {
 			return fmt.Errorf("event %s stored twice, at %d and %d", r.Event.ID, prev, r.Seq)
 		}

@@ -27,7 +27,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/hostid"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // SubscriberFile holds the external subscribers' credentials, 0600, under
@@ -75,7 +75,7 @@ type Options struct {
 	// connect, then how start-up went) and the embedded NATS server's
 	// warnings and errors; nil discards them.
 	Logger *slog.Logger
-	// Manager, if set, makes the flows' manager over the daemon's node:
+	// Manager, if set, makes the flows' manager over the daemon's store:
 	// once the journal is open and before the socket serves, the daemon
 	// finishes with it the sagas a dead runner (or a killed daemon) left
 	// open, under their free runner leases.
@@ -91,7 +91,7 @@ func Run(ctx context.Context, root string, o Options) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	root, err := node.PrepareRoot(root)
+	root, err := store.PrepareRoot(root)
 	if err != nil {
 		return err
 	}
@@ -146,12 +146,12 @@ func Run(ctx context.Context, root string, o Options) error {
 	}
 	var recovered func()
 	if o.Manager != nil {
-		recovered = recoverSagas(ctx, log, o.Manager, control.Local{Node: n})
+		recovered = recoverSagas(ctx, log, o.Manager, control.Local{Store: n})
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Exits are facts (exits.go): stopped before the node closes.
+	// Exits are facts (exits.go): stopped before the store closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n, o.Mirror)()
 	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror}) }()
@@ -195,14 +195,14 @@ func Run(ctx context.Context, root string, o Options) error {
 // daemon serving the root while it waited for the journal.
 var errServedElsewhere = errors.New("another daemon serves the state root")
 
-// openWaiting opens the node, waiting up to wait for a holder of the
+// openWaiting opens the store, waiting up to wait for a holder of the
 // journal to let go. A daemon started by hand (takeOver) asks a daemon
 // started on demand to retire, so `nexus daemon` works whatever commands
 // ran before it.
-func openWaiting(ctx context.Context, root string, jo journal.Options, wait time.Duration, takeOver bool) (*node.Node, error) {
+func openWaiting(ctx context.Context, root string, jo journal.Options, wait time.Duration, takeOver bool) (*store.Store, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		n, err := node.Open(ctx, root, node.Options{Journal: jo})
+		n, err := store.Open(ctx, root, store.Options{Journal: jo})
 		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
 			return n, err
 		}

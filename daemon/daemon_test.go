@@ -22,8 +22,8 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // running is a daemon.Run in this process on its own state root.
@@ -101,10 +101,10 @@ func volumeEvent(i int) events.Event {
 	})
 }
 
-func allEvents(t *testing.T, b control.Backend) []node.Record {
+func allEvents(t *testing.T, b control.Backend) []store.Record {
 	t.Helper()
-	var out []node.Record
-	if err := b.Events(context.Background(), node.Query{}, func(r node.Record) error {
+	var out []store.Record
+	if err := b.Events(context.Background(), store.Query{}, func(r store.Record) error {
 		out = append(out, r)
 		return nil
 	}); err != nil {
@@ -457,7 +457,7 @@ func TestDaemonShutdown(t *testing.T) {
 func TestSandboxByRef(t *testing.T) {
 	for _, viaDaemon := range []bool{false, true} {
 		root := t.TempDir()
-		n, err := node.Open(context.Background(), root, node.Options{})
+		n, err := store.Open(context.Background(), root, store.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -469,7 +469,7 @@ func TestSandboxByRef(t *testing.T) {
 		if _, err := n.Append(context.Background(), e, h); err != nil {
 			t.Fatal(err)
 		}
-		var b control.Backend = control.Local{Node: n}
+		var b control.Backend = control.Local{Store: n}
 		if viaDaemon {
 			ctx, cancel := context.WithCancel(context.Background())
 			go daemon.Serve(ctx, n)
@@ -554,7 +554,7 @@ func waitEvents(t *testing.T, b control.Backend, typ events.Type, want int) []ev
 	defer cancel()
 	var got []events.Event
 	errEnough := errors.New("enough")
-	err := b.Events(ctx, node.Query{Type: string(typ), Follow: true}, func(r node.Record) error {
+	err := b.Events(ctx, store.Query{Type: string(typ), Follow: true}, func(r store.Record) error {
 		got = append(got, r.Event)
 		if len(got) == want {
 			return errEnough

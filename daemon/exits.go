@@ -14,8 +14,8 @@ import (
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // watchExits makes exits facts while the daemon runs: it watches every VMM
@@ -27,7 +27,7 @@ import (
 // that saga's, which journals the outcome itself). It follows the journal
 // to learn of processes started and stopped after it began. The returned
 // function stops it and waits for it.
-func watchExits(ctx context.Context, n *node.Node) (stop func()) {
+func watchExits(ctx context.Context, n *store.Store) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	w := &exitWatcher{n: n, bySandbox: map[string]map[projections.Watched]context.CancelFunc{}}
 	done := make(chan struct{})
@@ -42,7 +42,7 @@ func watchExits(ctx context.Context, n *node.Node) (stop func()) {
 }
 
 type exitWatcher struct {
-	n *node.Node
+	n *store.Store
 
 	mu        sync.Mutex
 	bySandbox map[string]map[projections.Watched]context.CancelFunc
@@ -58,7 +58,7 @@ func (w *exitWatcher) run(ctx context.Context) {
 	defer w.wg.Wait()
 	var since uint64
 	var initial []projections.Watched
-	w.n.View(func(v node.Views) { since = v.Seq() })
+	w.n.View(func(v store.Views) { since = v.Seq() })
 	live, err := w.n.Live(ctx)
 	if err != nil {
 		// Without the list the watcher cannot tell which exits are due;
@@ -74,7 +74,7 @@ func (w *exitWatcher) run(ctx context.Context) {
 	}
 	w.mu.Unlock()
 	for {
-		err := w.n.Events(ctx, node.Query{Since: since + 1, Follow: true}, func(r node.Record) error {
+		err := w.n.Events(ctx, store.Query{Since: since + 1, Follow: true}, func(r store.Record) error {
 			since = r.Seq
 			if r.Event.Sandbox != "" {
 				w.reconcile(ctx, r.Event.Sandbox)
@@ -98,7 +98,7 @@ func (w *exitWatcher) run(ctx context.Context) {
 func (w *exitWatcher) reconcile(ctx context.Context, sandbox string) {
 	var want []projections.Watched
 	var err error
-	w.n.View(func(v node.Views) {
+	w.n.View(func(v store.Views) {
 		var sb *projections.Sandbox
 		if sb, err = v.Sandbox(sandbox); sb != nil {
 			want = sb.Watched()
@@ -164,7 +164,7 @@ func (w *exitWatcher) journal(ctx context.Context, t projections.Watched, x proc
 		var due bool
 		var rev uint64
 		var err error
-		w.n.View(func(v node.Views) {
+		w.n.View(func(v store.Views) {
 			var sb *projections.Sandbox
 			if sb, err = v.Sandbox(t.Sandbox); err != nil {
 				return

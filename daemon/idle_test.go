@@ -12,7 +12,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // runDaemon runs Run with o on a new root and returns once it
@@ -84,13 +84,13 @@ func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(root, wire.SocketName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("socket after idle exit: %v", err)
 	}
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		t.Fatalf("store after idle exit: %v", err)
 	}
 	defer n.Close()
 	var count int
-	n.Events(context.Background(), node.Query{}, func(node.Record) error { count++; return nil })
+	n.Events(context.Background(), store.Query{}, func(store.Record) error { count++; return nil })
 	if count != 5 {
 		t.Fatalf("%d events after idle exit, want 5", count)
 	}

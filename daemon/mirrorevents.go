@@ -10,7 +10,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleet"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // mirrorEvent is the journal's record of a mirror change (false for a
@@ -37,11 +37,11 @@ func mirrorEvent(c fleet.MirrorChange, at time.Time) (events.Event, bool) {
 }
 
 // journalMirror appends a mirror.* event for each change the journal
-// reports, through the node's append path, until stopped. The journal
+// reports, through the store's append path, until stopped. The journal
 // never waits for it (its feed drops rather than blocks), and the local
 // append does not depend on the fleet, so a fleet that is down holds up
 // nothing. The returned function stops it and waits for it.
-func journalMirror(ctx context.Context, n *node.Node, m *fleet.Mirror) (stop func()) {
+func journalMirror(ctx context.Context, n *store.Store, m *fleet.Mirror) (stop func()) {
 	if m == nil {
 		return func() {}
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // rawGet fetches path from the daemon's socket and returns the body bytes.
@@ -72,17 +72,17 @@ func TestOwnerOfAnswersWithoutTheList(t *testing.T) {
 }
 
 // "Which sandbox holds this snapshot?" is one answer too, from the daemon
-// and from a node this process owns alike: restore and snapshot rm ask it
+// and from a store this process owns alike: restore and snapshot rm ask it
 // instead of fetching every sandbox to search their snapshot lists.
 func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
 	ctx := context.Background()
 	local := func(t *testing.T) control.Backend {
-		n, err := node.Open(ctx, t.TempDir(), node.Options{Lazy: true})
+		n, err := store.Open(ctx, t.TempDir(), store.Options{Lazy: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { n.Close() })
-		return control.Local{Node: n}
+		return control.Local{Store: n}
 	}
 	viaDaemon := func(t *testing.T) control.Backend { return connect(t, startDaemon(t, "").root) }
 	for name, open := range map[string]func(*testing.T) control.Backend{"daemon": viaDaemon, "local": local} {

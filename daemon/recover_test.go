@@ -18,7 +18,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // logBuffer collects a daemon's log lines; the daemon and its NATS server
@@ -55,7 +55,7 @@ func (l *logBuffer) messages(t *testing.T) []string {
 func openReapSaga(t *testing.T, root string) {
 	t.Helper()
 	ctx := context.Background()
-	n, err := node.Open(ctx, root, node.Options{})
+	n, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

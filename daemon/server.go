@@ -19,8 +19,8 @@ import (
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // buildRef is this process's build for a Status: nil if it cannot be
@@ -36,7 +36,7 @@ func buildRef() *wire.Build {
 // Serve answers control requests for n on <root>/nexus.sock (mode 0600)
 // until ctx is done. The caller owns n's journal lock, so any socket file
 // already there is a dead daemon's and is replaced.
-func Serve(ctx context.Context, n *node.Node) error {
+func Serve(ctx context.Context, n *store.Store) error {
 	return serve(ctx, n, serveOptions{})
 }
 
@@ -146,7 +146,7 @@ func (cl *clients) stop(ln net.Listener, ifIdle time.Duration) bool {
 	return true
 }
 
-func serve(ctx context.Context, n *node.Node, o serveOptions) error {
+func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	// Holding the journal lock, we know any socket file there is a dead
 	// daemon's; Listen replaces it because it refuses connections.
 	ln, err := unixsock.Listen(filepath.Join(n.Root(), wire.SocketName))
@@ -252,9 +252,9 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *node.Node, auto bool, mirror *fleet.Mirror, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
-	local := control.Local{Node: n}
+	local := control.Local{Store: n}
 	var served, most atomic.Int64
 	count := func(n int) {
 		served.Add(int64(n))

@@ -426,7 +426,7 @@ type MirrorCreatedEvent struct {
 }
 
 // MirrorRecreatedEvent: the mirror was gone from the fleet (deleted, or
-// lost with a node's store) and the daemon created it again; the fleet
+// lost with a store's store) and the daemon created it again; the fleet
 // copies the journal into it from sequence 1.
 type MirrorRecreatedEvent struct {
 	Stream   string `msgpack:"stream" json:"stream"`

@@ -8,7 +8,7 @@ type Record struct {
 	Event Event
 }
 
-// Query selects journal events. It lives beside the events (not in node,
+// Query selects journal events. It lives beside the events (not in the store,
 // which reads the journal) so a package that only asks for events, such as
 // lifecycle, does not depend on the journal's implementation. Every bound
 // is a position the journal seeks to, so a query reads only the events it

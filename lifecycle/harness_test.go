@@ -103,7 +103,7 @@ func serveRole(role string, args []string) int {
 
 // memJournal is a Backend whose journal is a slice: every event is
 // encoded and decoded by the real codec, folded by the real projections,
-// and refused as the node refuses it (a stale expectation, an event of a
+// and refused as the store refuses it (a stale expectation, an event of a
 // saga that is not open).
 type memJournal struct {
 	mu        sync.Mutex

@@ -40,7 +40,7 @@ var (
 // Backend is what the flows need of the journal and its projections:
 // appends (guarded by the sequences a decision saw, or not), the events
 // they re-read, and the views they decide on. It is declared once, here
-// by its consumer: control.Backend (a daemon client or a node this
+// by its consumer: control.Backend (a daemon client or a store this
 // process owns) embeds it and adds only what commands alone need, so the
 // two cannot drift, and lifecycle imports no control.
 type Backend interface {

@@ -19,25 +19,25 @@ import (
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // shortRoot: a state root whose processes never outlive the test
 // (testutil.ShortRoot).
 var shortRoot = testutil.ShortRoot
 
-// localManager is a Manager on a fresh short root with its own node, closed
+// localManager is a Manager on a fresh short root with its own store, closed
 // when the test ends: the reaper's and recover's tests drive them in
 // process, without the binary.
 func localManager(t *testing.T) (*lifecycle.Manager, string) {
 	t.Helper()
 	root := shortRoot(t)
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	return &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Node: n}}, root
+	return &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Store: n}}, root
 }
 
 // A detached supervisor the journal recorded for a sandbox that is
@@ -199,11 +199,11 @@ func BenchmarkReapApply10k(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		root := b.TempDir()
-		n, err := node.Open(ctx, root, node.Options{})
+		n, err := store.Open(ctx, root, store.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		m := &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Node: n}}
+		m := &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Store: n}}
 		other := filepath.Join(b.TempDir(), "disks")
 		os.MkdirAll(filepath.Join(root, "disks"), 0o700)
 		os.MkdirAll(other, 0o700)

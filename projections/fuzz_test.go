@@ -4,7 +4,7 @@ import "testing"
 
 // FuzzUnmarshalState: a snapshot's state bytes (the CRC checked, but a
 // snapshot written by a buggy or future nexus can still be wrong) either
-// load or fail; loading never panics. A failed load makes node rebuild the
+// load or fail; loading never panics. A failed load makes the store rebuild the
 // projection from the journal.
 func FuzzUnmarshalState(f *testing.F) {
 	f.Add([]byte{0x90})

@@ -24,7 +24,7 @@ const (
 //
 // Events are generated and applied one at a time, so only the view is live
 // at the second measurement. Every event builds its own path strings, as
-// events.Decode does when node replays the journal: when disk.materialised
+// events.Decode does when the store replays the journal: when disk.materialised
 // and sandbox.created both name a disk, the view holds whatever copies it
 // keeps, as it would after a real replay.
 func TestOwnershipMemory100k(t *testing.T) {

@@ -49,7 +49,7 @@ type Attachment struct {
 }
 
 // Sandbox is the journal's view of one sandbox: the fold's state, and by
-// its msgpack tags the node's store encoding. What the daemon sends
+// its msgpack tags the store's store encoding. What the daemon sends
 // (wire.Sandbox) and what commands print (docs/json.md) are types of
 // their own, each made from this one in one place.
 type Sandbox struct {
@@ -171,14 +171,14 @@ func (m multimap) least(key, except string) (id string, found bool) {
 func NewSandboxes() *Sandboxes { return NewSandboxesAt(0) }
 
 // NewSandboxesAt returns an empty view that has folded the journal up to
-// seq: the overlay a node keeps over its stored records, which holds only
+// seq: the overlay a store keeps over its stored records, which holds only
 // the sandboxes touched since.
 func NewSandboxesAt(seq uint64) *Sandboxes {
 	return &Sandboxes{seq: seq, byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), snaps: newMultimap()}
 }
 
 // Put adds sb to the view as it is, replacing any record of its ID: a
-// node seeds its overlay with a stored record before folding an event
+// the store seeds its overlay with a stored record before folding an event
 // about that sandbox. The view keeps sb; the caller must not.
 func (s *Sandboxes) Put(sb *Sandbox) {
 	before := s.indexedOf(sb.ID)

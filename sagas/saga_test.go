@@ -11,7 +11,7 @@ import (
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// memJournal folds appended events the way node does, so the test checks
+// memJournal folds appended events the way the store does, so the test checks
 // what the projections would say.
 type memJournal struct {
 	evs   []events.Event
@@ -142,7 +142,7 @@ func TestResumeSkipsDoneSteps(t *testing.T) {
 }
 
 // guardedJournal is memJournal with per-entity revisions, refusing a stale
-// expectation the way node does; failOn makes appends of one step fail as
+// expectation the way the store does; failOn makes appends of one step fail as
 // an unreachable journal would.
 type guardedJournal struct {
 	memJournal

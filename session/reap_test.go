@@ -17,8 +17,8 @@ import (
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/session"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // Without the binary: over a journal holding an event of a newer
@@ -26,11 +26,11 @@ import (
 // delete, says why, and refuses --apply with nothing deleted.
 func TestReapOverUnreadableJournalKeepsEverything(t *testing.T) {
 	ctx := context.Background()
-	root, err := node.PrepareRoot(testutil.ShortRoot(t))
+	root, err := store.PrepareRoot(testutil.ShortRoot(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := node.Open(ctx, root, node.Options{})
+	n, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/smallfs"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 const benchEntries = 10000
@@ -33,7 +33,7 @@ func cacheFixture(b *testing.B, root string) {
 	if err := os.MkdirAll(r.Images(), 0o700); err != nil {
 		b.Fatal(err)
 	}
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

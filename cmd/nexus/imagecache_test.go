@@ -23,7 +23,7 @@ import (
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // cacheRowFormat prints a list row as tab-separated fields, "-" for an
@@ -56,7 +56,7 @@ func pruneJSON(t *testing.T, root string, args ...string) lifecycle.CachePruneRe
 func appendEvents(t *testing.T, root string, evs ...events.Event) {
 	t.Helper()
 	stopDaemons(root) // one started on demand by an earlier command
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

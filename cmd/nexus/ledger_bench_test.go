@@ -19,8 +19,8 @@ import (
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/session"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 const benchRuns, benchNames = 1000, 10
@@ -133,11 +133,11 @@ func BenchmarkSweepDead1000x10(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		root := shortBenchRoot(b)
-		n, err := node.Open(ctx, root, node.Options{})
+		n, err := store.Open(ctx, root, store.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
-		m := &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Node: n}, Driver: driver.Driver{Name: driver.Process}}
+		m := &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Store: n}, Driver: driver.Driver{Name: driver.Process}}
 		dir := hostledger.Dir(root)
 		writeRuns(b, dir, benchRuns, 1<<22, 1_700_000_000_000) // pid beyond pid_max: never running
 		self := ledger.Self{Run: "bench", Driver: "process"}
@@ -202,7 +202,7 @@ func BenchmarkJournalKept1000(b *testing.B) {
 	ctx := context.Background()
 	root := shortBenchRoot(b)
 	defer os.RemoveAll(root)
-	n, err := node.Open(ctx, root, node.Options{})
+	n, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // fillRoot journals n committed sandboxes (two disk resources each, no files
@@ -23,7 +23,7 @@ import (
 func fillRoot(t testing.TB, root string, n int) {
 	t.Helper()
 	ctx := context.Background()
-	nd, err := node.Open(ctx, root, node.Options{})
+	nd, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // appendRaw writes events straight into a state root's journal, as an
@@ -24,7 +24,7 @@ func appendRaw(t *testing.T, root string, evs ...events.Event) {
 	t.Helper()
 	stopDaemons(root) // one started on demand by an earlier command
 	ctx := context.Background()
-	n, err := node.Open(ctx, root, node.Options{})
+	n, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 
 // Sandbox is one sandbox as the daemon's answers carry it: the journal's
 // view (projections.Sandbox) whole, Bootstrap included, so a sandbox read
-// through the daemon is the sandbox a node in process reads. SandboxOf
+// through the daemon is the sandbox a store in process reads. SandboxOf
 // and View are the one conversion each way.
 type Sandbox struct {
 	ID         string            `json:"id"`

@@ -13,7 +13,7 @@ import (
 // A sandbox crosses the wire whole: the view with every field set, one
 // with empty lists, and one with nothing but an ID come back from
 // SandboxOf, JSON and View as they went in (nil and empty lists kept
-// apart), so the daemon's client reads what a node in process reads.
+// apart), so the daemon's client reads what a store in process reads.
 func TestSandboxCrossesTheWireWhole(t *testing.T) {
 	at := time.Date(2026, 12, 4, 19, 16, 2, 123456789, time.UTC)
 	full := projections.Sandbox{

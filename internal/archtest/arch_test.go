@@ -303,7 +303,7 @@ func TestLifecycleDoesNotDependOnTheJournal(t *testing.T) {
 		t.Fatalf("go list -deps ./lifecycle misses sagas: %v", deps)
 	}
 	for _, d := range deps {
-		for _, banned := range []string{module + "control", module + "node", module + "host/journal", "github.com/nats-io/"} {
+		for _, banned := range []string{module + "control", module + "store", module + "host/journal", "github.com/nats-io/"} {
 			if d == banned || strings.HasPrefix(d, banned) && strings.HasSuffix(banned, "/") {
 				t.Errorf("lifecycle depends on %s", d)
 			}
@@ -351,7 +351,7 @@ func TestCoreImportsOnlyPurePackages(t *testing.T) {
 // policy are the packages that decide what nexus allows; the adapters
 // under host/ gather evidence and carry out effects for them, and so
 // import none of them, directly or through another package.
-var policy = []string{"core", "guard", "projections", "reaper", "ledger", "sagas", "lifecycle", "session", "node", "control", "replay"}
+var policy = []string{"core", "projections", "reaper", "ledger", "sagas", "lifecycle", "session", "store", "control", "replay"}
 
 // adapterPolicyImports are the adapters that still reach policy, each with
 // the policy packages in its closure. An entry that no longer holds fails

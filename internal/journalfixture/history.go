@@ -12,7 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // History journals into root 10 live sandboxes and n events in all: nine
@@ -22,7 +22,7 @@ import (
 func History(tb testing.TB, root string, n int) []string {
 	tb.Helper()
 	ctx := context.Background()
-	nd, err := node.Open(ctx, root, node.Options{})
+	nd, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}

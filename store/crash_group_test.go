@@ -1,4 +1,4 @@
-package node_test
+package store_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // groupWriters is how many goroutines the append-group child runs; each
@@ -25,7 +25,7 @@ const groupWriters = 16
 // append until the process is killed, each about its own sandbox, so their
 // appends are committed in groups. Every event of a call is printed only
 // after the call returned, one line per write.
-func appendConcurrently(ctx context.Context, n *node.Node) {
+func appendConcurrently(ctx context.Context, n *store.Store) {
 	var out sync.Mutex
 	for w := 0; w < groupWriters; w++ {
 		go func() {
@@ -80,7 +80,7 @@ func TestSIGKILLMidGroupCommit(t *testing.T) {
 	for cycle := 1; cycle <= 3; cycle++ {
 		got := killAfterAcks(t, "append-group", root, 300+rand.IntN(200))
 		known = append(known, got...)
-		n, err := node.Open(ctx, root, node.Options{})
+		n, err := store.Open(ctx, root, store.Options{})
 		if err != nil {
 			t.Fatalf("cycle %d: open after SIGKILL: %v", cycle, err)
 		}

@@ -1,4 +1,4 @@
-package node_test
+package store_test
 
 import (
 	"context"
@@ -9,17 +9,17 @@ import (
 
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // BenchmarkAppendGuardedVsPlain interleaves, per op, one plain append and
-// one guarded append (an expectation on the sandbox, checked by the node
+// one guarded append (an expectation on the sandbox, checked by the store
 // and by the journal over nexus.events.*.*.<sandbox>) on a journal holding
 // 2,000 sandboxes' events, and reports ratio = guarded ÷ plain. Target:
 // ratio <= 1.10.
 func BenchmarkAppendGuardedVsPlain(b *testing.B) {
 	ctx := context.Background()
-	n, err := node.Open(ctx, b.TempDir(), node.Options{})
+	n, err := store.Open(ctx, b.TempDir(), store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

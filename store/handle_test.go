@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 // createWithHandle is a create's commit: the sandbox and its claim of
 // handle, in one append, on a decision that saw the handle at rev.
-func createWithHandle(ctx context.Context, n *Node, handle string, rev uint64) (string, []uint64, error) {
+func createWithHandle(ctx context.Context, n *Store, handle string, rev uint64) (string, []uint64, error) {
 	id := ulid.Make().String()
 	saga := ulid.Make().String()
 	ev := func(p events.Payload, step string) events.Event {

@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"context"
@@ -55,7 +55,7 @@ func (r *appendReq) finish(seqs []uint64, err error) {
 	close(r.done)
 }
 
-func (n *Node) groupAppend(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+func (n *Store) groupAppend(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
 	r := &appendReq{expect: expect, evs: evs, data: data, done: make(chan struct{})}
 	n.gc.mu.Lock()
 	n.gc.queue = append(n.gc.queue, r)
@@ -83,7 +83,7 @@ func (n *Node) groupAppend(ctx context.Context, expect []core.Expect, evs []even
 // exactly as the batch will find it. It returns what is left to do: take
 // the group's turn to sync (still holding the token), then, with the token
 // passed on, sync the group and answer its writers.
-func (n *Node) commitQueued(ctx context.Context) (turn func() (answer func())) {
+func (n *Store) commitQueued(ctx context.Context) (turn func() (answer func())) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	// Once published, a record is stored whether or not its caller is still
@@ -174,7 +174,7 @@ type planned struct {
 // single-event requests stored are answered, after their fsync, by the
 // functions it returns (see commitQueued); every other request is answered
 // before it returns.
-func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (turn func() (answer func())) {
+func (n *Store) commitGroupLocked(ctx context.Context, group []*appendReq) (turn func() (answer func())) {
 	var singles, multis []planned
 	var msgs []journal.Message
 	var multiMsgs [][]journal.Message
@@ -236,7 +236,7 @@ func (n *Node) commitGroupLocked(ctx context.Context, group []*appendReq) (turn 
 // commitAtomicLocked appends one request's events as one atomic batch. If
 // the journal refuses the batch as a whole, the events are appended one by
 // one, which finds a retry's stored ids and names the refused event.
-func (n *Node) commitAtomicLocked(ctx context.Context, p planned, msgs []journal.Message) {
+func (n *Store) commitAtomicLocked(ctx context.Context, p planned, msgs []journal.Message) {
 	if len(msgs) > journal.MaxBatch {
 		// More than the server takes in one batch: one by one, as before
 		// batches existed.
@@ -266,7 +266,7 @@ func (n *Node) commitAtomicLocked(ctx context.Context, p planned, msgs []journal
 // (admitLocked): a stale expectation refuses the whole request, and an
 // event refused ends it there, the events before it still appended. It
 // returns r's messages.
-func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal.Message, error) {
+func (n *Store) planLocked(ctx context.Context, r *appendReq) (planned, []journal.Message, error) {
 	p := planned{r: r}
 	k, err := n.admitLocked(ctx, r.expect, r.evs)
 	if seqs, ok := errStored(err); ok {
@@ -290,7 +290,7 @@ func (n *Node) planLocked(ctx context.Context, r *appendReq) (planned, []journal
 // sandbox's subjects, and each handle.claimed's on its handle's subject,
 // at the sequence the decision saw (the handle's current one if the
 // decision named none). data, if set, is evs encoded.
-func (n *Node) messagesLocked(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]journal.Message, error) {
+func (n *Store) messagesLocked(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]journal.Message, error) {
 	kinds := map[string]events.SagaKind{} // of the sagas evs start
 	msgs := make([]journal.Message, 0, len(evs))
 	for i, e := range evs {
@@ -338,7 +338,7 @@ func (n *Node) messagesLocked(ctx context.Context, expect []core.Expect, evs []e
 // is stored after the expected sequence, the answer is storedError with
 // their sequences. Otherwise it is how many events are admitted and why
 // the next one is not.
-func (n *Node) admitLocked(ctx context.Context, expect []core.Expect, evs []events.Event) (int, error) {
+func (n *Store) admitLocked(ctx context.Context, expect []core.Expect, evs []events.Event) (int, error) {
 	k, err := admit(ledger{n: n, ctx: ctx}, expect, evs)
 	var stale *core.StaleError
 	if errors.As(err, &stale) {
@@ -360,7 +360,7 @@ var admit = core.Admit
 
 // ledger is the views as core.Admit reads them. Call with n.mu held.
 type ledger struct {
-	n   *Node
+	n   *Store
 	ctx context.Context
 }
 
@@ -384,7 +384,7 @@ func (l ledger) Holder(handle string) (string, error) {
 // before, and their ids date them: once the oldest is half a window old,
 // the records on their subjects since just before it are searched. A
 // fresh append searches nothing.
-func (n *Node) findAgedLocked(ctx context.Context, evs []events.Event) []uint64 {
+func (n *Store) findAgedLocked(ctx context.Context, evs []events.Event) []uint64 {
 	if len(evs) == 0 {
 		return nil
 	}
@@ -416,7 +416,7 @@ func errStored(err error) ([]uint64, bool) {
 // message id), in order, among the records of from (its start: after the
 // expectation the writer decided on, or since the events were made) on
 // their own subjects, or nil unless all are there.
-func (n *Node) findStoredLocked(ctx context.Context, from journal.Range, evs []events.Event) []uint64 {
+func (n *Store) findStoredLocked(ctx context.Context, from journal.Range, evs []events.Event) []uint64 {
 	var filters []string
 	seen := map[string]bool{}
 	for _, e := range evs {

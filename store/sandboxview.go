@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"slices"
@@ -10,7 +10,7 @@ import (
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// sandboxView is the Sandboxes view a node decides from: the records at
+// sandboxView is the Sandboxes view a store decides from: the records at
 // rest in the store, as of the store's position, under an overlay that
 // holds every sandbox an event touched since. Folding an event seeds the
 // overlay with the sandbox's stored record first, so the overlay's record
@@ -18,7 +18,7 @@ import (
 // a sandbox depends on that sandbox's events alone), and a touched
 // sandbox missing from the overlay is gone. A checkpoint writes the
 // touched records back and empties the overlay, so the overlay, and so a
-// node's memory, is bounded by the events since the last checkpoint.
+// store's memory, is bounded by the events since the last checkpoint.
 //
 // Without a store (none usable yet, or none could be written) the overlay
 // holds every sandbox and is the whole view, as before the store existed.

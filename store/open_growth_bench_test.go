@@ -1,4 +1,4 @@
-package node_test
+package store_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/internal/journalfixture"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // dedupeWindow is the journal stream's Duplicates window: an open reloads
@@ -17,7 +17,7 @@ import (
 const dedupeWindow = 2 * time.Minute
 
 // BenchmarkOpenGrowth is "opening a root" at 1k, 10k and 100k
-// sandboxes and at 10 sandboxes with 1M events: a lazy node.Open, one
+// sandboxes and at 10 sandboxes with 1M events: a lazy store.Open, one
 // Sandbox read by ID, Close, two ways interleaved in each op:
 //
 //	full: journal/VERIFIED removed first, so Open verifies every block
@@ -62,7 +62,7 @@ func BenchmarkOpenGrowth(b *testing.B) {
 			}
 		}
 		t0 := time.Now()
-		n, err := node.Open(ctx, f.root, node.Options{Lazy: true})
+		n, err := store.Open(ctx, f.root, store.Options{Lazy: true})
 		if err != nil {
 			b.Fatal(err)
 		}

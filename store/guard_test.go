@@ -1,4 +1,4 @@
-package node_test
+package store_test
 
 import (
 	"context"
@@ -10,12 +10,12 @@ import (
 
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 func TestAppendExpectRefusesStaleDecisionsAndClosedSagas(t *testing.T) {
 	ctx := context.Background()
-	n, err := node.Open(ctx, t.TempDir(), node.Options{})
+	n, err := store.Open(ctx, t.TempDir(), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

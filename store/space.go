@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"strings"
@@ -43,7 +43,7 @@ func freesSpace(e events.Event, kind events.SagaKind) bool {
 
 // sagaKind is the kind of the saga e belongs to: from e itself when it
 // opens the saga, else from the open sagas. Call with n.mu held.
-func (n *Node) sagaKind(e events.Event) events.SagaKind {
+func (n *Store) sagaKind(e events.Event) events.SagaKind {
 	if p, ok := e.Payload.(events.SagaStartedEvent); ok {
 		return p.Kind
 	}

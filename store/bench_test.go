@@ -1,6 +1,6 @@
-package node_test
+package store_test
 
-// BenchmarkStartup100k measures node.Open on a state root whose journal holds
+// BenchmarkStartup100k measures store.Open on a state root whose journal holds
 // 100,000 events, with and without a valid projections snapshot, against
 // journal.Open alone (the floor every start pays) measured in the same run.
 // See docs/benchmarks.md.
@@ -21,8 +21,8 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
-	"github.com/nexus-sandbox/nexus/node"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 const (
@@ -208,37 +208,37 @@ func buildStartupFixture(b *testing.B) *startupFixture {
 	return f
 }
 
-func openNode(b *testing.B, root string) *node.Node {
+func openNode(b *testing.B, root string) *store.Store {
 	b.Helper()
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
 	return n
 }
 
-func closeNode(b *testing.B, n *node.Node) {
+func closeNode(b *testing.B, n *store.Store) {
 	b.Helper()
 	if err := n.Close(); err != nil {
 		b.Fatal(err)
 	}
 }
 
-func (f *startupFixture) check(b *testing.B, n *node.Node) {
+func (f *startupFixture) check(b *testing.B, n *store.Store) {
 	b.Helper()
 	live, err := n.SandboxCount(context.Background())
 	if err != nil {
 		b.Fatal(err)
 	}
 	var seq uint64
-	n.View(func(v node.Views) { seq = v.Seq() })
+	n.View(func(v store.Views) { seq = v.Seq() })
 	if live != f.wantLive || seq != startupEvents {
 		b.Fatalf("opened node: %d live at seq %d; want %d at %d", live, seq, f.wantLive, startupEvents)
 	}
 }
 
 // timedOpen restores projections/ from snap ("" = none), then times one
-// node.Open; the restore, the check and Close are outside the benchmark timer.
+// store.Open; the restore, the check and Close are outside the benchmark timer.
 func (f *startupFixture) timedOpen(b *testing.B, snap string) time.Duration {
 	b.Helper()
 	b.StopTimer()
@@ -268,7 +268,7 @@ func (f *startupFixture) timedJournalOpen(b *testing.B) time.Duration {
 	return d
 }
 
-// snapshotViews are fresh projections for every snapshot node writes.
+// snapshotViews are fresh projections for every snapshot the store writes.
 func snapshotViews() []projections.Projection {
 	return []projections.Projection{projections.NewSandboxes(), projections.NewOwnership(),
 		projections.NewSagas(), projections.NewVolumes()}
@@ -304,9 +304,9 @@ func (f *startupFixture) timedSnapshotDecode(b *testing.B) time.Duration {
 //
 //	journal-only:          journal.Open alone (block verification + server start): the floor
 //	snapshot-decode-only:  projections.DecodeSnapshot of the three tip snapshots, no journal
-//	without-snapshot:      node.Open with no projections/ (replays all 100,000 and writes snapshots)
-//	with-snapshot:         node.Open with a snapshot at the last event (replays nothing)
-//	with-snapshot+1k-tail: node.Open with a snapshot 1,000 events back (replays the 1,000)
+//	without-snapshot:      store.Open with no projections/ (replays all 100,000 and writes snapshots)
+//	with-snapshot:         store.Open with a snapshot at the last event (replays nothing)
+//	with-snapshot+1k-tail: store.Open with a snapshot 1,000 events back (replays the 1,000)
 //	ratio:                 without and with snapshot alternately each op;
 //	                       ratio = with ÷ without (lower is better), and
 //	                       over-floor = with-snapshot ÷ journal-only

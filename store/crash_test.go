@@ -1,4 +1,4 @@
-package node_test
+package store_test
 
 import (
 	"bufio"
@@ -20,7 +20,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // The child process is this test binary re-run with these variables set;
@@ -44,7 +44,7 @@ func TestNodeChild(t *testing.T) {
 		os.Exit(3)
 	}()
 	ctx := context.Background()
-	n, err := node.Open(ctx, os.Getenv(childRootEnv), node.Options{})
+	n, err := store.Open(ctx, os.Getenv(childRootEnv), store.Options{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "child: open: %v\n", err)
 		os.Exit(2)
@@ -203,10 +203,10 @@ func killAfterAcks(t *testing.T, mode, root string, killAt int) []ack {
 	return acks
 }
 
-func readAll(t *testing.T, n *node.Node) []node.Record {
+func readAll(t *testing.T, n *store.Store) []store.Record {
 	t.Helper()
-	var out []node.Record
-	if err := n.Events(context.Background(), node.Query{}, func(r node.Record) error {
+	var out []store.Record
+	if err := n.Events(context.Background(), store.Query{}, func(r store.Record) error {
 		out = append(out, r)
 		return nil
 	}); err != nil {
@@ -229,7 +229,7 @@ func TestSIGKILLMidAppend(t *testing.T) {
 		got := appendUntilKilled(t, root, 200+rand.IntN(50))
 		known = append(known, got...)
 
-		n, err := node.Open(ctx, root, node.Options{})
+		n, err := store.Open(ctx, root, store.Options{})
 		if err != nil {
 			t.Fatalf("cycle %d: open after SIGKILL: %v", cycle, err)
 		}
@@ -302,7 +302,7 @@ func TestSecondOwnerRefused(t *testing.T) {
 		t.Fatalf("holding child said %q, %v; want \"open\"", line, err)
 	}
 
-	n, err := node.Open(ctx, root, node.Options{})
+	n, err := store.Open(ctx, root, store.Options{})
 	if err == nil {
 		n.Close()
 		t.Fatal("opened the store while another process owns it")
@@ -319,7 +319,7 @@ func TestSecondOwnerRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.wait(t)
-	n, err = node.Open(ctx, root, node.Options{})
+	n, err = store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatalf("open after the owner was SIGKILLed: %v", err)
 	}

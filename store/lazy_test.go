@@ -1,4 +1,4 @@
-package node_test
+package store_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // fillRoot journals n committed sandboxes (two disks each, handle sb-<i>)
@@ -23,7 +23,7 @@ func fillRoot(tb testing.TB, n int) (string, []string) {
 	tb.Helper()
 	ctx := context.Background()
 	root := tb.TempDir()
-	nd, err := node.Open(ctx, root, node.Options{})
+	nd, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -52,13 +52,13 @@ func fillRoot(tb testing.TB, n int) (string, []string) {
 // without a daemon: on a root of 2,000 sandboxes (snapshots written,
 // plus a tail), a lazy Open and a read of one sandbox by ID decode that
 // sandbox's events alone (Decoded), and the record equals what a full load
-// holds. A node that decoded the projections to answer would count 2,000.
+// holds. A store that decoded the projections to answer would count 2,000.
 func TestLazyOpenDecodesOnlyTheSandboxAsked(t *testing.T) {
 	ctx := context.Background()
 	root, ids := fillRoot(t, 2000)
 	target := ids[1234]
 	// A tail after the snapshots, about the target and another sandbox.
-	nd, err := node.Open(ctx, root, node.Options{})
+	nd, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +78,7 @@ func TestLazyOpenDecodesOnlyTheSandboxAsked(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	lazy, err := node.Open(ctx, root, node.Options{Lazy: true})
+	lazy, err := store.Open(ctx, root, store.Options{Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,13 +123,13 @@ func TestLazyOpenDecodesOnlyTheSandboxAsked(t *testing.T) {
 	}
 }
 
-// TestLazyNodeAppendsLikeAFullOne: an append on a lazy node loads the views
+// TestLazyNodeAppendsLikeAFullOne: an append on a lazy store loads the views
 // first, so its guard sees the journal: an expectation older than the
 // sandbox's last event is refused, the current one is accepted.
 func TestLazyNodeAppendsLikeAFullOne(t *testing.T) {
 	ctx := context.Background()
 	root, ids := fillRoot(t, 10)
-	lazy, err := node.Open(ctx, root, node.Options{Lazy: true})
+	lazy, err := store.Open(ctx, root, store.Options{Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,12 +156,12 @@ func TestLazyNodeAppendsLikeAFullOne(t *testing.T) {
 }
 
 // BenchmarkOpenInspect is what `nexus inspect ID` without a daemon costs
-// on roots of 1,000, 10,000 and 100,000 sandboxes (snapshots written): node.Open,
+// on roots of 1,000, 10,000 and 100,000 sandboxes (snapshots written): store.Open,
 // one Sandbox by ID, Close. Each op runs three, interleaved so the machine
 // is the same for each:
 //
 //	full: Open loading every projection (snapshots decoded, tail folded), as before
-//	lazy: Open with Options.Lazy (what a command's node does now)
+//	lazy: Open with Options.Lazy (what a command's store does now)
 //	floor: a lazy Open and Close alone, no read: the journal's own start
 //
 // Compare across sizes for the growth; docs/benchmarks.md has the figures.
@@ -170,9 +170,9 @@ func BenchmarkOpenInspect(b *testing.B) {
 	for _, size := range []int{1_000, 10_000, 100_000} {
 		root, ids := fillRoot(b, size)
 		target := ids[size/2]
-		run := func(o node.Options, read bool) time.Duration {
+		run := func(o store.Options, read bool) time.Duration {
 			t0 := time.Now()
-			n, err := node.Open(ctx, root, o)
+			n, err := store.Open(ctx, root, o)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -189,9 +189,9 @@ func BenchmarkOpenInspect(b *testing.B) {
 		b.Run(fmt.Sprintf("sandboxes=%d", size), func(b *testing.B) {
 			var full, lazy, floor time.Duration
 			for i := 0; i < b.N; i++ {
-				full += run(node.Options{}, true)
-				lazy += run(node.Options{Lazy: true}, true)
-				floor += run(node.Options{Lazy: true}, false)
+				full += run(store.Options{}, true)
+				lazy += run(store.Options{Lazy: true}, true)
+				floor += run(store.Options{Lazy: true}, false)
 			}
 			ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 / float64(b.N) }
 			b.ReportMetric(ms(full), "full-ms/op")
@@ -210,7 +210,7 @@ func TestLazyReadOfALongHistoryReadsItsRecord(t *testing.T) {
 	ctx := context.Background()
 	root, ids := fillRoot(t, 10)
 	target := ids[7]
-	nd, err := node.Open(ctx, root, node.Options{})
+	nd, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestLazyReadOfALongHistoryReadsItsRecord(t *testing.T) {
 	if err := nd.Close(); err != nil { // a tail of 1,200: checkpointed
 		t.Fatal(err)
 	}
-	nd, err = node.Open(ctx, root, node.Options{})
+	nd, err = store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func TestLazyReadOfALongHistoryReadsItsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	lazy, err := node.Open(ctx, root, node.Options{Lazy: true})
+	lazy, err := store.Open(ctx, root, store.Options{Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestLazyAppendDecodesOnlyWhatItTouches(t *testing.T) {
 	ctx := context.Background()
 	root, ids := fillRoot(t, 2000)
 	target := ids[777]
-	nd, err := node.Open(ctx, root, node.Options{Lazy: true})
+	nd, err := store.Open(ctx, root, store.Options{Lazy: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestLazyAppendDecodesOnlyWhatItTouches(t *testing.T) {
 	if err := nd.Close(); err != nil {
 		t.Fatal(err)
 	}
-	full, err := node.Open(ctx, root, node.Options{})
+	full, err := store.Open(ctx, root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

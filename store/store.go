@@ -1,7 +1,9 @@
-// Package node owns one state root while it is open: the journal, the
-// projections folded from it, and their snapshots. Exactly one node per
-// state root exists at a time; other processes reach it through control.
-package node
+// Package store owns one state root while it is open: the journal, the
+// projections folded from it, the bbolt sandbox store and its indexes, and
+// their snapshots. It is the only writer, and admits each append with
+// core.Admit; it holds no rule of its own. Exactly one Store per state
+// root exists at a time; other processes reach it through control.
+package store
 
 import (
 	"context"
@@ -60,8 +62,8 @@ type Options struct {
 // Record is one journal event with its sequence.
 type Record = events.Record
 
-// Node is an open state root.
-type Node struct {
+// Store is an open state root.
+type Store struct {
 	root string
 	j    *journal.Journal
 	mu   sync.Mutex // serialises appends so expected-sequence checks hold
@@ -87,7 +89,7 @@ type Node struct {
 }
 
 // Open opens the state root at root, creating it (0700) if missing.
-func Open(ctx context.Context, root string, opts Options) (*Node, error) {
+func Open(ctx context.Context, root string, opts Options) (*Store, error) {
 	root, err := PrepareRoot(root)
 	if err != nil {
 		return nil, err
@@ -98,7 +100,7 @@ func Open(ctx context.Context, root string, opts Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{
+	n := &Store{
 		root: root, j: j, gc: newGroupCommit(),
 	}
 	n.resetViews()
@@ -114,13 +116,13 @@ func Open(ctx context.Context, root string, opts Options) (*Node, error) {
 
 // Load brings the projections up to the journal, if Open was lazy and
 // nothing has loaded them yet.
-func (n *Node) Load(ctx context.Context) error {
+func (n *Store) Load(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.loadLocked(ctx)
 }
 
-func (n *Node) loadLocked(ctx context.Context) error {
+func (n *Store) loadLocked(ctx context.Context) error {
 	if n.loaded.Load() {
 		return nil
 	}
@@ -132,18 +134,18 @@ func (n *Node) loadLocked(ctx context.Context) error {
 	return nil
 }
 
-// Decoded counts the journal events this node has folded and the sandbox
+// Decoded counts the journal events this store has folded and the sandbox
 // records it has decoded from snapshots since Open: what a single-sandbox
 // command must keep bounded, whatever the number of sandboxes.
-func (n *Node) Decoded() uint64 { return n.decoded.Load() }
+func (n *Store) Decoded() uint64 { return n.decoded.Load() }
 
 // Sandbox is one sandbox by ID (any case) or handle; found is false if
-// there is none. On a lazy node not yet loaded, an ID is answered by
+// there is none. On a lazy store not yet loaded, an ID is answered by
 // folding that sandbox's own events, read through the journal's
 // per-sandbox subject filter: the Sandboxes fold of a sandbox depends only
 // on its own events, so this is the record a full load would hold, at the
 // cost of that sandbox's history alone. A handle needs the loaded view.
-func (n *Node) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
+func (n *Store) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	id := strings.ToUpper(ref)
@@ -166,7 +168,7 @@ func (n *Node) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bo
 // store's position, read through the journal's per-sandbox subject filter
 // (all its events without a usable store). A long-lived sandbox is read
 // from its record, not replayed from its first event.
-func (n *Node) foldOneLocked(ctx context.Context, id string) (projections.Sandbox, bool, error) {
+func (n *Store) foldOneLocked(ctx context.Context, id string) (projections.Sandbox, bool, error) {
 	one := projections.NewSandboxes()
 	from := uint64(0)
 	if pos, ok := n.usableStoreLocked(ctx); ok {
@@ -199,7 +201,7 @@ func (n *Node) foldOneLocked(ctx context.Context, id string) (projections.Sandbo
 
 // usableStoreLocked opens the sandbox store if one exists (a read creates
 // none) and says where it stands, if that is an event of this journal.
-func (n *Node) usableStoreLocked(ctx context.Context) (storePosition, bool) {
+func (n *Store) usableStoreLocked(ctx context.Context) (storePosition, bool) {
 	if n.store == nil {
 		if fi, err := os.Lstat(n.storePath()); err != nil || !fi.Mode().IsRegular() {
 			return storePosition{}, false
@@ -217,17 +219,17 @@ func (n *Node) usableStoreLocked(ctx context.Context) (storePosition, bool) {
 
 // SandboxPage is at most limit sandboxes whose IDs sort after after (""
 // from the first), in ID order, read from the store a page at a time.
-func (n *Node) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
+func (n *Store) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
 	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) { return v.page(after, limit) })
 }
 
 // Live is every sandbox with a process recorded running (an index of the
 // store, not a scan): what the daemon's exit watcher starts from.
-func (n *Node) Live(ctx context.Context) ([]projections.Sandbox, error) {
+func (n *Store) Live(ctx context.Context) ([]projections.Sandbox, error) {
 	return n.sandboxList(ctx, (*sandboxView).live)
 }
 
-func (n *Node) sandboxList(ctx context.Context, read func(*sandboxView) ([]*projections.Sandbox, error)) ([]projections.Sandbox, error) {
+func (n *Store) sandboxList(ctx context.Context, read func(*sandboxView) ([]*projections.Sandbox, error)) ([]projections.Sandbox, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -246,7 +248,7 @@ func (n *Node) sandboxList(ctx context.Context, read func(*sandboxView) ([]*proj
 
 // OwnerOf names the sandbox other than except whose resources include one
 // of paths (the least ID, as projections.Sandboxes.OwnerOf), and that path.
-func (n *Node) OwnerOf(ctx context.Context, paths []string, except string) (id, path string, found bool, err error) {
+func (n *Store) OwnerOf(ctx context.Context, paths []string, except string) (id, path string, found bool, err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -256,7 +258,7 @@ func (n *Node) OwnerOf(ctx context.Context, paths []string, except string) (id, 
 }
 
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID).
-func (n *Node) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
+func (n *Store) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -272,7 +274,7 @@ func (n *Node) SnapshotOwner(ctx context.Context, snap string) (projections.Sand
 // ImageCache is the image cache's state: its entries and open sagas, and
 // every persisted sandbox with the entry it came from, read from the store
 // a page at a time (prune and list need them all).
-func (n *Node) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
+func (n *Store) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -290,7 +292,7 @@ func (n *Node) ImageCache(ctx context.Context) (projections.ImageCacheState, err
 
 // Sandboxes is every sandbox, in ID order, read from the store a page at
 // a time.
-func (n *Node) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
+func (n *Store) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) {
 		var all []*projections.Sandbox
 		err := v.each(func(page []*projections.Sandbox) { all = append(all, page...) })
@@ -299,7 +301,7 @@ func (n *Node) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 }
 
 // SandboxCount is the number of sandboxes the journal shows.
-func (n *Node) SandboxCount(ctx context.Context) (int, error) {
+func (n *Store) SandboxCount(ctx context.Context) (int, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -309,7 +311,7 @@ func (n *Node) SandboxCount(ctx context.Context) (int, error) {
 }
 
 // sandboxLocked is the loaded view's sandbox by ID, or by handle.
-func (n *Node) sandboxLocked(ref string) (*projections.Sandbox, error) {
+func (n *Store) sandboxLocked(ref string) (*projections.Sandbox, error) {
 	sb, err := n.sandboxes.get(strings.ToUpper(ref))
 	if err != nil || sb != nil || ref == "" {
 		return sb, err
@@ -350,10 +352,10 @@ func PrepareRoot(root string) (string, error) {
 }
 
 // Root is the absolute state root.
-func (n *Node) Root() string { return n.root }
+func (n *Store) Root() string { return n.root }
 
 // Journal exposes the journal, for the daemon's subscriber listener.
-func (n *Node) Journal() *journal.Journal { return n.j }
+func (n *Store) Journal() *journal.Journal { return n.j }
 
 // load restores each whole projection from its snapshot when the snapshot
 // still matches the journal, opens the sandbox store, then folds the tail
@@ -361,7 +363,7 @@ func (n *Node) Journal() *journal.Journal { return n.j }
 // event is not in the journal is ignored, and its projection is rebuilt
 // from the start; so is a sandbox store that does not match the journal
 // (or a damaged record found in it), which is then written again whole.
-func (n *Node) load(ctx context.Context) error {
+func (n *Store) load(ctx context.Context) error {
 	err := n.loadOnce(ctx)
 	if errors.Is(err, errStoreDamaged) {
 		// The journal is the truth: drop the store and rebuild it.
@@ -376,7 +378,7 @@ func (n *Node) load(ctx context.Context) error {
 // errStoreDamaged marks a sandbox store that cannot be read as written.
 var errStoreDamaged = errors.New("damaged sandbox store")
 
-func (n *Node) loadOnce(ctx context.Context) error {
+func (n *Store) loadOnce(ctx context.Context) error {
 	from := uint64(0)
 	restored := true
 	for _, v := range n.views {
@@ -447,7 +449,7 @@ func (n *Node) loadOnce(ctx context.Context) error {
 	return nil
 }
 
-func (n *Node) storePath() string { return filepath.Join(n.root, "projections", storeFile) }
+func (n *Store) storePath() string { return filepath.Join(n.root, "projections", storeFile) }
 
 // openSandboxesLocked opens the sandbox store and reads through it if it
 // matches the journal. Otherwise the view starts whole in memory: from an
@@ -456,7 +458,7 @@ func (n *Node) storePath() string { return filepath.Join(n.root, "projections", 
 // loaded. A store that cannot be created (projections/ out of space) is
 // no reason to refuse the root: the view stays whole in memory until a
 // later checkpoint can write one.
-func (n *Node) openSandboxesLocked(ctx context.Context) error {
+func (n *Store) openSandboxesLocked(ctx context.Context) error {
 	if f, err := fsx.Open(n.root, n.storePath()); err == nil {
 		f.Close()
 	} else if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
@@ -487,7 +489,7 @@ func (n *Node) openSandboxesLocked(ctx context.Context) error {
 // if missing. A file bbolt cannot open is removed and created again (the
 // journal rebuilds it); one whose lock another process holds is that
 // process's, and an error.
-func (n *Node) openStoreLocked() error {
+func (n *Store) openStoreLocked() error {
 	if n.store != nil {
 		return nil
 	}
@@ -509,7 +511,7 @@ func (n *Node) openStoreLocked() error {
 
 // storeMatches says whether the store's position is an event of this
 // journal, not of an earlier or replaced one.
-func (n *Node) storeMatches(ctx context.Context, pos storePosition) bool {
+func (n *Store) storeMatches(ctx context.Context, pos storePosition) bool {
 	if pos.Seq == 0 {
 		return true
 	}
@@ -522,7 +524,7 @@ func (n *Node) storeMatches(ctx context.Context, pos storePosition) bool {
 }
 
 // dropStore closes and removes the sandbox store, to be written again.
-func (n *Node) dropStore() error {
+func (n *Store) dropStore() error {
 	if n.store != nil {
 		n.store.close()
 		n.store = nil
@@ -533,7 +535,7 @@ func (n *Node) dropStore() error {
 	return nil
 }
 
-func (n *Node) resetViews() {
+func (n *Store) resetViews() {
 	n.sandboxes = completeView(projections.NewSandboxes(), &n.decoded)
 	n.sagas, n.volumes = projections.NewSagas(), projections.NewVolumes()
 	n.images = projections.NewImageCache()
@@ -544,11 +546,11 @@ func (n *Node) resetViews() {
 // command read, and of the sandboxes, which live in the store now.
 var retiredSnaps = []string{"ownership.snap", "sandboxes.snap"}
 
-func (n *Node) snapshotPath(v projections.Projection) string {
+func (n *Store) snapshotPath(v projections.Projection) string {
 	return filepath.Join(n.root, "projections", v.Name()+".snap")
 }
 
-func (n *Node) readSnapshot(ctx context.Context, v projections.Projection) (projections.Snapshot, error) {
+func (n *Store) readSnapshot(ctx context.Context, v projections.Projection) (projections.Snapshot, error) {
 	data, err := fsx.ReadFile(n.root, n.snapshotPath(v))
 	if err != nil {
 		return projections.Snapshot{}, err
@@ -577,7 +579,7 @@ func (n *Node) readSnapshot(ctx context.Context, v projections.Projection) (proj
 
 // writeSnapshots snapshots the whole views and checkpoints the sandboxes
 // into their store.
-func (n *Node) writeSnapshots() error {
+func (n *Store) writeSnapshots() error {
 	if err := fsx.MkdirAll(n.root, "projections", 0o700); err != nil {
 		return err
 	}
@@ -610,7 +612,7 @@ func (n *Node) writeSnapshots() error {
 // Close snapshots the projections, if the tail the next Open would replay
 // has grown past closeSnapshotMin events or there are no snapshots yet, and
 // closes the journal.
-func (n *Node) Close() error {
+func (n *Store) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var err error
@@ -626,7 +628,7 @@ func (n *Node) Close() error {
 
 // haveSnapshots reports whether every whole projection has a snapshot
 // file and the sandboxes a store.
-func (n *Node) haveSnapshots() bool {
+func (n *Store) haveSnapshots() bool {
 	for _, v := range n.views {
 		if _, err := fsx.Stat(n.root, n.snapshotPath(v)); err != nil {
 			return false
@@ -636,15 +638,15 @@ func (n *Node) haveSnapshots() bool {
 }
 
 // Append journals evs in order, each synced before the next, asserting the
-// journal has not moved since this node last folded it, then folds them.
+// journal has not moved since this store last folded it, then folds them.
 // It returns each event's sequence.
-func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
+func (n *Store) Append(ctx context.Context, evs ...events.Event) ([]uint64, error) {
 	return n.AppendExpect(ctx, nil, evs...)
 }
 
 // AppendExpect is Append for a decision: it refuses the whole batch with a
 // *core.StaleError unless every expected entity is still at the sequence
-// the decision saw. The node checks under its append lock, and the journal
+// the decision saw. The store checks under its append lock, and the journal
 // checks the first sandbox expectation again on the event's own subjects.
 // Any event of a saga the journal has closed is refused (core.ErrSagaClosed).
 //
@@ -653,7 +655,7 @@ func (n *Node) Append(ctx context.Context, evs ...events.Event) ([]uint64, error
 // entities share it, so they share one fsync. Each call still returns only
 // once its own events are on disk, and a refusal of one call does not fail
 // the others.
-func (n *Node) AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
+func (n *Store) AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error) {
 	return n.AppendDecoded(ctx, expect, evs, nil)
 }
 
@@ -661,12 +663,12 @@ func (n *Node) AppendExpect(ctx context.Context, expect []core.Expect, evs ...ev
 // daemon's append stream): data[i] is the journal bytes evs[i] was decoded
 // from (events.Decode, which refuses anything it would not keep), stored
 // as they are instead of encoded again. data may be nil.
-func (n *Node) AppendDecoded(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
+func (n *Store) AppendDecoded(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
 	if data != nil && len(data) != len(evs) {
 		return nil, fmt.Errorf("append: %d events with %d encodings", len(evs), len(data))
 	}
 	// An append is decided against the views (expectations, open sagas):
-	// a lazy node loads them first.
+	// a lazy store loads them first.
 	if !n.loaded.Load() {
 		if err := n.Load(ctx); err != nil {
 			return nil, err
@@ -680,7 +682,7 @@ func (n *Node) AppendDecoded(ctx context.Context, expect []core.Expect, evs []ev
 // giving a handle and its handle.claimed go in together, as one batch. It
 // is the fallback when a batch is refused as a whole, which tells each
 // call its own result.
-func (n *Node) appendOneByOneLocked(ctx context.Context, expect []core.Expect, evs []events.Event) ([]uint64, error) {
+func (n *Store) appendOneByOneLocked(ctx context.Context, expect []core.Expect, evs []events.Event) ([]uint64, error) {
 	k, refusal := n.admitLocked(ctx, expect, evs)
 	if seqs, ok := errStored(refusal); ok {
 		return seqs, nil
@@ -710,7 +712,7 @@ func (n *Node) appendOneByOneLocked(ctx context.Context, expect []core.Expect, e
 
 // Rev is the sequence of the last event about entity (0: none, or when
 // it cannot be read).
-func (n *Node) Rev(entity core.Entity) uint64 {
+func (n *Store) Rev(entity core.Entity) uint64 {
 	rev, _ := n.EntityRev(context.Background(), entity)
 	return rev
 }
@@ -718,7 +720,7 @@ func (n *Node) Rev(entity core.Entity) uint64 {
 // EntityRev is the sequence of the last event about entity (0: none): what
 // a decision about it expects (core.Expect). For a handle it is the
 // handle's last handle.claimed.
-func (n *Node) EntityRev(ctx context.Context, entity core.Entity) (uint64, error) {
+func (n *Store) EntityRev(ctx context.Context, entity core.Entity) (uint64, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -727,7 +729,7 @@ func (n *Node) EntityRev(ctx context.Context, entity core.Entity) (uint64, error
 	return n.revLocked(ctx, entity)
 }
 
-func (n *Node) revLocked(ctx context.Context, entity core.Entity) (uint64, error) {
+func (n *Store) revLocked(ctx context.Context, entity core.Entity) (uint64, error) {
 	switch entity.Kind() {
 	case "sandbox":
 		sb, err := n.sandboxes.get(entity.Name())
@@ -748,13 +750,13 @@ func (n *Node) revLocked(ctx context.Context, entity core.Entity) (uint64, error
 // handleRevLocked is the sequence of handle's last handle.claimed: the
 // journal's last record on the handle's subject, which is what the
 // journal checks a new claim against. Every append goes through this
-// node under its lock, so the answer holds until the lock is let go.
-func (n *Node) handleRevLocked(ctx context.Context, handle string) (uint64, error) {
+// the store under its lock, so the answer holds until the lock is let go.
+func (n *Store) handleRevLocked(ctx context.Context, handle string) (uint64, error) {
 	return n.j.LastOnSubject(ctx, events.HandleSubject(handle))
 }
 
 // typeAt names the event at seq for a refusal message; "" if unknown.
-func (n *Node) typeAt(ctx context.Context, seq uint64) events.Type {
+func (n *Store) typeAt(ctx context.Context, seq uint64) events.Type {
 	if seq == 0 {
 		return ""
 	}
@@ -790,7 +792,7 @@ func expectationOf(expect []core.Expect, entity core.Entity) *core.Expect {
 
 // appendLocked appends msgs, the journal messages of evs: one message on
 // its own, or an event giving a handle and its claim as one batch.
-func (n *Node) appendLocked(ctx context.Context, msgs []journal.Message, evs []events.Event) ([]uint64, error) {
+func (n *Store) appendLocked(ctx context.Context, msgs []journal.Message, evs []events.Event) ([]uint64, error) {
 	last := n.sandboxes.Seq()
 	msgs[0].ExpectLastSeq = &last
 	// Once published, a record is stored whether or not its caller is
@@ -823,7 +825,7 @@ func (n *Node) appendLocked(ctx context.Context, msgs []journal.Message, evs []e
 
 // journalRefusal names what the journal's own expectation refused: the
 // entity whose subject moved (a *core.StaleError), or err as it is.
-func (n *Node) journalRefusal(ctx context.Context, msgs []journal.Message, evs []events.Event, err error) error {
+func (n *Store) journalRefusal(ctx context.Context, msgs []journal.Message, evs []events.Event, err error) error {
 	var be *journal.BatchError
 	stale := errors.Is(err, journal.ErrStaleSubject) ||
 		errors.As(err, &be) && be.WrongLastSequence()
@@ -847,7 +849,7 @@ func (n *Node) journalRefusal(ctx context.Context, msgs []journal.Message, evs [
 
 // foldLocked applies a newly stored event to every view and writes the
 // snapshots when enough events have been folded since the last ones.
-func (n *Node) foldLocked(seq uint64, e events.Event) {
+func (n *Store) foldLocked(seq uint64, e events.Event) {
 	if !n.loaded.Load() {
 		return // dropped after a fold failed: the next call loads them again
 	}
@@ -882,7 +884,7 @@ type Query = events.Query
 
 // Events calls fn for every event matching q, in journal order. Without
 // Follow it stops at the end of the journal; with it, when ctx is done.
-func (n *Node) Events(ctx context.Context, q Query, fn func(Record) error) error {
+func (n *Store) Events(ctx context.Context, q Query, fn func(Record) error) error {
 	return n.EventsRaw(ctx, q, func(seq uint64, data []byte) error {
 		e, err := events.Decode(data)
 		if err != nil {
@@ -895,7 +897,7 @@ func (n *Node) Events(ctx context.Context, q Query, fn func(Record) error) error
 // EventsRaw is Events with each event as stored, undecoded: the daemon
 // relays the bytes, so a client decodes each event once and the daemon not
 // at all.
-func (n *Node) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data []byte) error) error {
+func (n *Store) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data []byte) error) error {
 	types := q.Types
 	if q.Type != "" || len(types) == 0 {
 		types = append(slices.Clip(types), q.Type)
@@ -909,7 +911,7 @@ func (n *Node) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data 
 	return n.j.Scan(ctx, r, func(r journal.Record) error { return fn(r.Seq, r.Data) })
 }
 
-// Views are the projections a node keeps current. The sandboxes are read
+// Views are the projections a store keeps current. The sandboxes are read
 // one at a time (Sandbox): they live in the store, not in memory.
 type Views struct {
 	sandboxes *sandboxView
@@ -925,9 +927,9 @@ func (v Views) Sandbox(id string) (*projections.Sandbox, error) { return v.sandb
 func (v Views) Seq() uint64 { return v.sandboxes.Seq() }
 
 // View runs fn with the projections held still; fn must not keep them.
-// A lazy node must have been loaded (Load) first: a view that failed to
+// A lazy store must have been loaded (Load) first: a view that failed to
 // load must never be decided on as if it were empty.
-func (n *Node) View(fn func(Views)) {
+func (n *Store) View(fn func(Views)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if !n.loaded.Load() {

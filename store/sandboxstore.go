@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 // sandboxStore is the Sandboxes view at rest: one record per sandbox in a
 // bbolt file (projections/sandboxes.db), keyed by ID, the indexes the
 // per-entity questions need (handle, owned path, snapshot, recorded
-// processes), and the journal position the records reflect. A node reads
+// processes), and the journal position the records reflect. A store reads
 // the records it is asked about, not the file, and a checkpoint rewrites
 // the records touched since the last one, not every record: what a
 // command costs does not grow with the sandboxes it does not name.
@@ -56,7 +56,7 @@ type storePosition struct {
 	Count   uint64 // records held
 }
 
-// storeOpenTimeout bounds the wait for the file's lock. Only the one node
+// storeOpenTimeout bounds the wait for the file's lock. Only the one store
 // of a state root opens it, so a wait means another process holds the root
 // against the rules; it is refused, not waited out.
 const storeOpenTimeout = 5 * time.Second

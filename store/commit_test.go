@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
-func openTestNode(t *testing.T) *Node {
+func openTestNode(t *testing.T) *Store {
 	t.Helper()
 	n, err := Open(context.Background(), t.TempDir(), Options{})
 	if err != nil {
@@ -40,10 +40,10 @@ type result struct {
 	err  error
 }
 
-// inOneGroup runs calls concurrently while the test holds the node's lock,
+// inOneGroup runs calls concurrently while the test holds the store's lock,
 // so every one of them is queued before the committer can start: they are
 // committed as one group. It returns each call's result, in order.
-func inOneGroup(t *testing.T, n *Node, calls []func() ([]uint64, error)) []result {
+func inOneGroup(t *testing.T, n *Store, calls []func() ([]uint64, error)) []result {
 	t.Helper()
 	out := make([]result, len(calls))
 	var wg sync.WaitGroup
@@ -241,7 +241,7 @@ func TestGroupCommitOversizedCall(t *testing.T) {
 func TestCloseRewritesSnapshotsOnlyPastTheMinimum(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
-	cycle := func(appends int) (*Node, []byte) {
+	cycle := func(appends int) (*Store, []byte) {
 		t.Helper()
 		n, err := Open(ctx, root, Options{})
 		if err != nil {

@@ -1,4 +1,4 @@
-package node
+package store
 
 import (
 	"os"
@@ -17,7 +17,7 @@ import (
 )
 
 // TestSandboxViewAnswersAsTheWholeFold: the store and its overlay answer
-// every question a node asks of the sandboxes exactly as the whole fold in
+// every question a store asks of the sandboxes exactly as the whole fold in
 // memory does, after any history of events with checkpoints (and reopens
 // of the store file) between them. The histories share a few IDs,
 // handles, paths and snapshots, so sandboxes come and go, take over one
@@ -53,7 +53,7 @@ func TestSandboxViewAnswersAsTheWholeFold(t *testing.T) {
 				}
 			case 1:
 				// Checkpoint, close the file, and read it again as a new
-				// node would.
+				// the store would.
 				if err := view.checkpoint(st, ulid.Make()); err != nil {
 					rt.Fatal(err)
 				}

@@ -1,4 +1,4 @@
-package node_test
+package store_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/node"
+	"github.com/nexus-sandbox/nexus/store"
 )
 
 // TestEventsReadOnlyWhatTheyReturn is "events read by position",
@@ -42,28 +42,28 @@ func TestEventsReadOnlyWhatTheyReturn(t *testing.T) {
 	if itsEvents < 3 || inWindow < 10 {
 		t.Fatalf("fixture: %d events of %s, %d in the window", itsEvents, sandbox, inWindow)
 	}
-	n, err := node.Open(context.Background(), root, node.Options{})
+	n, err := store.Open(context.Background(), root, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer n.Close()
 	cases := []struct {
 		name string
-		q    node.Query
+		q    store.Query
 		want int
 	}{
-		{"tail", node.Query{Tail: 5}, 5},
-		{"one sandbox", node.Query{Sandbox: sandbox}, itsEvents},
-		{"one sandbox's last", node.Query{Sandbox: sandbox, Tail: 1}, 1},
-		{"a type's tail", node.Query{Types: []string{"sandbox.removed", "disk"}, Tail: 7}, 7},
-		{"a late start", node.Query{Since: total - 9}, 10},
-		{"a window", node.Query{Since: 5000, Until: 5099, Type: "sandbox"}, inWindow},
+		{"tail", store.Query{Tail: 5}, 5},
+		{"one sandbox", store.Query{Sandbox: sandbox}, itsEvents},
+		{"one sandbox's last", store.Query{Sandbox: sandbox, Tail: 1}, 1},
+		{"a type's tail", store.Query{Types: []string{"sandbox.removed", "disk"}, Tail: 7}, 7},
+		{"a late start", store.Query{Since: total - 9}, 10},
+		{"a window", store.Query{Since: 5000, Until: 5099, Type: "sandbox"}, inWindow},
 	}
 	for _, c := range cases {
 		before := n.Journal().RecordsRead()
 		got := 0
 		var last uint64
-		if err := n.Events(context.Background(), c.q, func(r node.Record) error {
+		if err := n.Events(context.Background(), c.q, func(r store.Record) error {
 			got++
 			last = r.Seq
 			return nil
