@@ -10,7 +10,9 @@ import (
 // append: the store's views, or a test's in-memory journal.
 type Journal interface {
 	// Rev is the sequence of the last event about entity (0: none); for a
-	// handle, of its last handle.claimed.
+	// handle, of its last handle.claimed; for a volume that no longer
+	// exists, of the last event on its own subject (events.VolumeSubjects),
+	// which a new volume of the name expects.
 	Rev(Entity) (uint64, error)
 	// SagaOpen says whether the journal shows saga id open.
 	SagaOpen(id string) bool

@@ -294,7 +294,7 @@ func TestDaemonSubscribers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, subject := range []string{"nexus.events.volume.created._", "nexus.events.sandbox.created._", "$JS.API.STREAM.DELETE.NEXUS"} {
+	for _, subject := range []string{events.VolumeSubject(events.VolumeCreated, "x"), "nexus.events.volume.created._", "nexus.events.sandbox.created._", "$JS.API.STREAM.DELETE.NEXUS"} {
 		if err := nc.Publish(subject, forged); err != nil {
 			t.Fatalf("publish %s: %v", subject, err)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,7 +252,7 @@ func TestSubjects(t *testing.T) {
 	if err != nil || got != "nexus.events.sandbox.created."+testSandbox {
 		t.Fatalf("Subject = %q, %v", got, err)
 	}
-	if got, _ := Subject(VolumeCreated, ""); got != "nexus.events.volume.created._" {
+	if got, _ := Subject(ReapDecided, ""); got != "nexus.events.reap.decided._" {
 		t.Fatalf("no-sandbox subject = %q", got)
 	}
 	if _, err := Subject(SandboxCreated, "not.a.ulid"); err == nil {
@@ -293,6 +294,66 @@ func TestSubjects(t *testing.T) {
 			t.Errorf("FilterSubject(%q) = %v, want ErrUnknownType", bad, err)
 		}
 	}
+}
+
+// A volume's own events are on its own subject, which its filter matches
+// and no other volume's, sandbox's or handle's does; attachments stay on
+// their sandbox's subject.
+func TestVolumeSubjects(t *testing.T) {
+	own := []struct {
+		p    Payload
+		name string
+		want string
+	}{
+		{VolumeCreatedEvent{Name: "data"}, "data", "nexus.events.volume.created.v_data"},
+		{VolumeRemovedEvent{Name: "my_vol"}, "my_vol", "nexus.events.volume.removed.v_my_5Fvol"},
+		{VolumeCreatedEvent{Name: "my-vol"}, "my-vol", "nexus.events.volume.created.v_my-vol"},
+	}
+	for _, c := range own {
+		got, err := New(testID, testTime, "", c.p).Subject()
+		if err != nil || got != c.want {
+			t.Errorf("%s of %q: subject %q, %v; want %q", c.p.EventType(), c.name, got, err, c.want)
+		}
+		for _, o := range own {
+			f := VolumeSubjects(o.name)
+			if match := subjectMatch(f, got); match != (o.name == c.name) {
+				t.Errorf("filter %s matches %s: %v", f, got, match)
+			}
+		}
+	}
+	if got, _ := New(testID, testTime, testSandbox, VolumeAttachedEvent{Name: "data"}).Subject(); got != "nexus.events.volume.attached."+testSandbox {
+		t.Errorf("volume.attached subject = %q, want its sandbox's", got)
+	}
+	if _, err := New(testID, testTime, "", VolumeCreatedEvent{}).Subject(); err == nil {
+		t.Error("a volume.created naming no volume has a subject")
+	}
+	// The token is injective and never a sandbox's, a handle's or NoSandbox.
+	seen := map[string]string{}
+	for _, name := range []string{"a", "a_", "a_5F", "a-b", "a.b", "a/b", "A", "_", "", "h_x"} {
+		tok := VolumeToken(name)
+		if prev, ok := seen[tok]; ok {
+			t.Errorf("VolumeToken(%q) = VolumeToken(%q) = %s", name, prev, tok)
+		}
+		seen[tok] = name
+		if _, err := ulid.ParseStrict(tok); err == nil || tok == NoSandbox || strings.HasPrefix(tok, "h_") || strings.ContainsAny(tok, ".*> ") {
+			t.Errorf("VolumeToken(%q) = %q is not a volume's own token", name, tok)
+		}
+	}
+}
+
+// subjectMatch reports whether filter, whose '*' is one token, matches
+// subject.
+func subjectMatch(filter, subject string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subject, ".")
+	if len(f) != len(s) {
+		return false
+	}
+	for i := range f {
+		if f[i] != "*" && f[i] != s[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func FuzzDecode(f *testing.F) {

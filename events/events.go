@@ -80,7 +80,7 @@ const (
 const SubjectPrefix = "nexus.events"
 
 // NoSandbox is the subject token used for events that belong to no sandbox
-// (volumes, runs, reap plans), so every subject has the same token count.
+// (runs, reap plans), so every subject has the same token count.
 const NoSandbox = "_"
 
 // Envelope is what every event carries besides its payload.
@@ -128,7 +128,8 @@ func (e Event) InSaga(saga, step string) Event {
 }
 
 // Subject is where e is published: nexus.events.<category>.<action>.<sandbox>,
-// or for a handle.claimed event the handle's subject (HandleSubject).
+// for a handle.claimed event the handle's subject (HandleSubject), and for
+// a volume.created or volume.removed its volume's (VolumeSubject).
 func (e Event) Subject() (string, error) {
 	if p, ok := e.Payload.(HandleClaimedEvent); ok {
 		if p.Handle == "" {
@@ -136,7 +137,39 @@ func (e Event) Subject() (string, error) {
 		}
 		return HandleSubject(p.Handle), nil
 	}
+	if name, ok := VolumeOf(e); ok {
+		if name == "" {
+			return "", fmt.Errorf("%s names no volume", e.Type)
+		}
+		return VolumeSubject(e.Type, name), nil
+	}
 	return Subject(e.Type, e.Sandbox)
+}
+
+// VolumeOf is the volume whose own subject e is published on: the volume
+// a volume.created or volume.removed names. A volume.attached or
+// .detached belongs to its sandbox and stays on the sandbox's subject.
+func VolumeOf(e Event) (string, bool) {
+	switch p := e.Payload.(type) {
+	case VolumeCreatedEvent:
+		return p.Name, true
+	case VolumeRemovedEvent:
+		return p.Name, true
+	}
+	return "", false
+}
+
+// VolumeSubject is where a volume's own event of type t is published:
+// nexus.events.<category>.<action>.<VolumeToken(name)>.
+func VolumeSubject(t Type, name string) string {
+	return SubjectPrefix + "." + string(t) + "." + VolumeToken(name)
+}
+
+// VolumeSubjects is the subject filter matching every event on a volume's
+// own subject. The journal's last record on it is what a decision about
+// the volume expects, there.
+func VolumeSubjects(name string) string {
+	return SubjectPrefix + ".volume.*." + VolumeToken(name)
 }
 
 // HandleSubject is the subject of every claim of handle:
@@ -152,11 +185,18 @@ func HandleSubject(handle string) string {
 // character a subject gives a meaning to, and holds a '_', which neither a
 // sandbox ULID nor NoSandbox alone does, so a handle's subject never
 // matches a sandbox's filter.
-func HandleToken(handle string) string {
+func HandleToken(handle string) string { return subjectToken("h_", handle) }
+
+// VolumeToken encodes a volume name as one subject token the way
+// HandleToken encodes a handle, behind "v_" ("my_vol" is v_my_5Fvol): no
+// sandbox's, no handle's and not NoSandbox.
+func VolumeToken(name string) string { return subjectToken("v_", name) }
+
+func subjectToken(prefix, s string) string {
 	const hex = "0123456789ABCDEF"
-	b := []byte("h_")
-	for i := 0; i < len(handle); i++ {
-		c := handle[i]
+	b := []byte(prefix)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
 		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' {
 			b = append(b, c)
 			continue
@@ -182,7 +222,9 @@ func HandleOf(e Event) string {
 	return ""
 }
 
-// Subject builds the journal subject for an event type and sandbox.
+// Subject builds the journal subject for an event type and sandbox. An
+// event's own subject is Event.Subject: a handle's claims and a volume's
+// own events are on their entity's token instead.
 func Subject(t Type, sandbox string) (string, error) {
 	if _, ok := registry[t]; !ok {
 		return "", fmt.Errorf("%w: %q", ErrUnknownType, t)

@@ -322,3 +322,30 @@ func TestEncodedEventsHaveTheDocumentedKeys(t *testing.T) {
 		check(string(e.Type)+" payload", payload, sections[string(e.Type)])
 	}
 }
+
+// The Subjects section's token examples and per-volume filter are what
+// the encoders produce, and each of the two own tokens is documented.
+func TestWireDocSubjects(t *testing.T) {
+	data, err := os.ReadFile(wireDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(data)
+	section := doc[strings.Index(doc, "## Subjects"):strings.Index(doc, "## Sequence")]
+	section = strings.Join(strings.Fields(section), " ")
+	encode := map[string]func(string) string{"h_": HandleToken, "v_": VolumeToken}
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([^`]+)` is `([hv]_[^`]+)`").FindAllStringSubmatch(section, -1) {
+		prefix := m[2][:2]
+		seen[prefix] = true
+		if got := encode[prefix](m[1]); got != m[2] {
+			t.Errorf("%s: %q is documented as %s, encoded as %s", wireDoc, m[1], m[2], got)
+		}
+	}
+	if !seen["h_"] || !seen["v_"] {
+		t.Errorf("%s: Subjects gives no example of a handle's or a volume's token (%v)", wireDoc, seen)
+	}
+	if filter := strings.Replace(VolumeSubjects("NAME"), VolumeToken("NAME"), "v_<name>", 1); !strings.Contains(section, "`"+filter+"`") {
+		t.Errorf("%s: Subjects does not give a volume's filter as %s", wireDoc, filter)
+	}
+}

@@ -178,6 +178,11 @@ func (l memLedger) Rev(entity core.Entity) (uint64, error) {
 		if v := l.j.volumes.Get(entity.Name()); v != nil {
 			return v.Rev, nil
 		}
+		for i := len(l.j.recs) - 1; i >= 0; i-- {
+			if name, own := events.VolumeOf(l.j.recs[i].Event); own && name == entity.Name() {
+				return l.j.recs[i].Seq, nil
+			}
+		}
 	case "handle":
 		for i := len(l.j.recs) - 1; i >= 0; i-- {
 			if c, ok := l.j.recs[i].Event.Payload.(events.HandleClaimedEvent); ok && c.Handle == entity.Name() {

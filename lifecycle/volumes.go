@@ -52,6 +52,14 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, err
 	}
 	defer l.Release()
+	// The revision is read before the volume, as a handle's claim is: a
+	// create between the two reads shows as the volume, never as a free
+	// name expected at a sequence before its create. A name used before
+	// is at its last volume.removed, not at 0.
+	rev, err := m.B.Rev(ctx, core.Volume(name))
+	if err != nil {
+		return projections.Volume{}, err
+	}
 	v, err := m.findVolume(ctx, name)
 	if err != nil {
 		return projections.Volume{}, err
@@ -82,7 +90,7 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, err
 	}
 	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeCreatedEvent{Name: name, Path: m.rel(m.Root.VolumeDisk(name)), SizeBytes: size})
-	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []core.Expect{{Entity: core.Volume(name), Seq: 0}}, e); err != nil {
+	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []core.Expect{{Entity: core.Volume(name), Seq: rev}}, e); err != nil {
 		return projections.Volume{}, err
 	}
 	v, _ = m.findVolume(ctx, name)

@@ -287,11 +287,14 @@ func (n *Store) planLocked(ctx context.Context, r *appendReq) (planned, []journa
 
 // messagesLocked turns admitted events into journal messages, with the
 // expectations the journal checks again itself: the first event's on its
-// sandbox's subjects, and each handle.claimed's on its handle's subject,
-// at the sequence the decision saw (the handle's current one if the
-// decision named none). data, if set, is evs encoded.
+// sandbox's subjects, each handle.claimed's on its handle's subject, at
+// the sequence the decision saw (the handle's current one if the
+// decision named none), and the first volume.created or .removed of a
+// volume on the volume's subject (volumeJournalSeqLocked). data, if set,
+// is evs encoded.
 func (n *Store) messagesLocked(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]journal.Message, error) {
 	kinds := map[string]events.SagaKind{} // of the sagas evs start
+	volumes := map[string]bool{}          // whose own subject an earlier message writes
 	msgs := make([]journal.Message, 0, len(evs))
 	for i, e := range evs {
 		kind := n.sagaKind(e)
@@ -311,7 +314,15 @@ func (n *Store) messagesLocked(ctx context.Context, expect []core.Expect, evs []
 			return nil, err
 		}
 		m := journal.Message{Subject: subject, ID: e.DedupID(), Data: b, Reserve: freesSpace(e, kind)}
-		if i == 0 {
+		if name, own := events.VolumeOf(e); own {
+			if !volumes[name] {
+				volumes[name] = true
+				m.ExpectSubjects = events.VolumeSubjects(name)
+				if m.ExpectSubjectSeq, err = n.volumeJournalSeqLocked(ctx, expect, name); err != nil {
+					return nil, err
+				}
+			}
+		} else if i == 0 {
 			if x := journalExpectation(expect, e); x != nil {
 				m.ExpectSubjects, m.ExpectSubjectSeq = events.SandboxSubjects(e.Sandbox), x.Seq
 			}

@@ -741,6 +741,9 @@ func (n *Store) revLocked(ctx context.Context, entity core.Entity) (uint64, erro
 		if v := n.volumes.Get(entity.Name()); v != nil {
 			return v.Rev, nil
 		}
+		// Removed (or never made): its last record on its own subject,
+		// which a new volume of the name expects there.
+		return n.j.LastOnSubject(ctx, events.VolumeSubjects(entity.Name()))
 	case "handle":
 		return n.handleRevLocked(ctx, entity.Name())
 	}
@@ -753,6 +756,27 @@ func (n *Store) revLocked(ctx context.Context, entity core.Entity) (uint64, erro
 // the store under its lock, so the answer holds until the lock is let go.
 func (n *Store) handleRevLocked(ctx context.Context, handle string) (uint64, error) {
 	return n.j.LastOnSubject(ctx, events.HandleSubject(handle))
+}
+
+// volumeJournalSeqLocked is the sequence the journal is to find last on
+// a volume's own subject for an event on it, given the expectation the
+// decision named. The volume's revision counts every event naming it, and
+// some of those are on other subjects: a volume.attached or .detached on
+// its sandbox's, and every volume event written before volumes had
+// subjects of their own, on the shared one. So the journal is asked for
+// the decision's sequence when the volume's subject is already past it
+// (the append is refused), and otherwise for the subject's own last
+// record: any event landing there after this read refuses the append.
+// With no expectation named, the subject's last record too.
+func (n *Node) volumeJournalSeqLocked(ctx context.Context, expect []core.Expect, name string) (uint64, error) {
+	last, err := n.j.LastOnSubject(ctx, events.VolumeSubjects(name))
+	if err != nil {
+		return 0, err
+	}
+	if x := expectationOf(expect, core.Volume(name)); x != nil && x.Seq < last {
+		return x.Seq, nil
+	}
+	return last, nil
 }
 
 // typeAt names the event at seq for a refusal message; "" if unknown.
@@ -839,6 +863,8 @@ func (n *Store) journalRefusal(ctx context.Context, msgs []journal.Message, evs 
 		entity := core.Sandbox(evs[i].Sandbox)
 		if c, ok := evs[i].Payload.(events.HandleClaimedEvent); ok {
 			entity = core.Handle(c.Handle)
+		} else if name, own := events.VolumeOf(evs[i]); own {
+			entity = core.Volume(name)
 		}
 		if actual, rerr := n.revLocked(ctx, entity); rerr == nil && actual != m.ExpectSubjectSeq {
 			return &core.StaleError{Entity: entity, Expected: m.ExpectSubjectSeq, Actual: actual, Latest: n.typeAt(ctx, actual)}
