@@ -768,7 +768,7 @@ func (n *Store) handleRevLocked(ctx context.Context, handle string) (uint64, err
 // (the append is refused), and otherwise for the subject's own last
 // record: any event landing there after this read refuses the append.
 // With no expectation named, the subject's last record too.
-func (n *Node) volumeJournalSeqLocked(ctx context.Context, expect []core.Expect, name string) (uint64, error) {
+func (n *Store) volumeJournalSeqLocked(ctx context.Context, expect []core.Expect, name string) (uint64, error) {
 	last, err := n.j.LastOnSubject(ctx, events.VolumeSubjects(name))
 	if err != nil {
 		return 0, err

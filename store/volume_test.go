@@ -30,7 +30,7 @@ func admitAll(t *testing.T) {
 
 // volumeEvents lists the types of the volume events the journal holds
 // about name, on any subject.
-func volumeEvents(t *testing.T, n *Node, name string) []events.Type {
+func volumeEvents(t *testing.T, n *Store, name string) []events.Type {
 	t.Helper()
 	var out []events.Type
 	err := n.Events(context.Background(), Query{Types: []string{"volume"}}, func(r Record) error {
