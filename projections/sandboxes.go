@@ -178,7 +178,7 @@ func NewSandboxesAt(seq uint64) *Sandboxes {
 }
 
 // Put adds sb to the view as it is, replacing any record of its ID: a
-// the store seeds its overlay with a stored record before folding an event
+// store seeds its overlay with a stored record before folding an event
 // about that sandbox. The view keeps sb; the caller must not.
 func (s *Sandboxes) Put(sb *Sandbox) {
 	before := s.indexedOf(sb.ID)

@@ -53,7 +53,7 @@ func TestSandboxViewAnswersAsTheWholeFold(t *testing.T) {
 				}
 			case 1:
 				// Checkpoint, close the file, and read it again as a new
-				// the store would.
+				// store would.
 				if err := view.checkpoint(st, ulid.Make()); err != nil {
 					rt.Fatal(err)
 				}

@@ -753,7 +753,7 @@ func (n *Store) revLocked(ctx context.Context, entity core.Entity) (uint64, erro
 // handleRevLocked is the sequence of handle's last handle.claimed: the
 // journal's last record on the handle's subject, which is what the
 // journal checks a new claim against. Every append goes through this
-// the store under its lock, so the answer holds until the lock is let go.
+// store under its lock, so the answer holds until the lock is let go.
 func (n *Store) handleRevLocked(ctx context.Context, handle string) (uint64, error) {
 	return n.j.LastOnSubject(ctx, events.HandleSubject(handle))
 }
