@@ -26,8 +26,10 @@ func TestDaemonStopsOnALateRefusal(t *testing.T) {
 		t.Skip("starts a fleet server; make test runs it, -short does not")
 	}
 	o := &server.Options{ServerName: "fleet", Host: "127.0.0.1", Port: server.RANDOM_PORT,
-		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
+		AuthTimeout: testutil.Scale(30 * time.Second).Seconds()}
 	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", server.RANDOM_PORT
+	o.LeafNode.AuthTimeout = o.AuthTimeout
 	hub, err := server.NewServer(o)
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +45,7 @@ func TestDaemonStopsOnALateRefusal(t *testing.T) {
 		t.Fatal(err)
 	}
 	// host-a's mirror on the fleet, made by another host identity.
-	nc, err := nats.Connect(hub.ClientURL())
+	nc, err := nats.Connect(hub.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

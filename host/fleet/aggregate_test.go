@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // fleetRecords scans the whole aggregate (or what filters select).
@@ -151,7 +153,7 @@ func TestHostCannotForgeItsAggregateDeliveries(t *testing.T) {
 		return strings.Replace(tmpl, auditUsers, `users: [{ user: "probe", password: "probe" }, { user: "auditor"`, 1)
 	})
 
-	probe, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("probe", "probe"))
+	probe, err := nats.Connect(c.nodes[0].ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)), nats.UserInfo("probe", "probe"))
 	if err != nil {
 		t.Fatal(err)
 	}

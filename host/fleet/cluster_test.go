@@ -38,6 +38,10 @@ func (c *fleetCluster) start(t testing.TB, i int) {
 		t.Fatalf("node %d config: %v", i, err)
 	}
 	o.NoLog, o.NoSigs = true, true
+	// A loaded test machine can take longer than the 2 s default to
+	// finish a handshake.
+	o.AuthTimeout = testutil.Scale(30 * time.Second).Seconds()
+	o.LeafNode.AuthTimeout = o.AuthTimeout
 	s, err := server.NewServer(o)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +225,7 @@ func (f *templateFleet) auditorURL(node int) string {
 // prefix, closed when the test ends.
 func (f *templateFleet) auditor(t testing.TB, node int) jetstream.JetStream {
 	t.Helper()
-	nc, err := nats.Connect(f.nodes[node].ClientURL(), nats.UserInfo("auditor", fleetPass("auditor")))
+	nc, err := nats.Connect(f.nodes[node].ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)), nats.UserInfo("auditor", fleetPass("auditor")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +342,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	}
 
 	// A's password is for leaf links only.
-	if nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.UserInfo("host-a", fleetPass("host-a"))); err == nil {
+	if nc, err := nats.Connect(c.nodes[0].ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)), nats.UserInfo("host-a", fleetPass("host-a"))); err == nil {
 		nc.Close()
 		t.Fatal("host-a's identity connected as a client")
 	}

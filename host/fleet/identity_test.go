@@ -180,7 +180,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	awaitMirrored(t, fleet, m.StreamName(), 4)
 	awaitReported(t, fleet, m.StreamName(), 4)
 
-	nc, err := nats.Connect(fleet.ClientURL())
+	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

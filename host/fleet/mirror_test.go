@@ -36,9 +36,10 @@ func startFleet(t *testing.T, dir string, clientPort, leafPort int) *server.Serv
 	o := &server.Options{
 		ServerName: "fleet", Host: "127.0.0.1", Port: clientPort,
 		JetStream: true, JetStreamDomain: fleetDomain, StoreDir: dir,
-		NoLog: true, NoSigs: true,
+		NoLog: true, NoSigs: true, AuthTimeout: testutil.Scale(30 * time.Second).Seconds(),
 	}
 	o.LeafNode.Host, o.LeafNode.Port = "127.0.0.1", leafPort
+	o.LeafNode.AuthTimeout = o.AuthTimeout
 	o.LeafNode.Username, o.LeafNode.Password = leafUser, leafPass
 	s, err := server.NewServer(o)
 	if err != nil {
@@ -66,7 +67,7 @@ func freePort(t testing.TB) int {
 
 func mirrored(t *testing.T, fleet *server.Server, stream string) []*nats.Msg {
 	t.Helper()
-	nc, err := nats.Connect(fleet.ClientURL())
+	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +119,7 @@ func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*
 // awaitCreated waits until the fleet holds the mirror stream.
 func awaitCreated(t *testing.T, fleet *server.Server, stream string) {
 	t.Helper()
-	nc, err := nats.Connect(fleet.ClientURL())
+	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +145,7 @@ func awaitCreated(t *testing.T, fleet *server.Server, stream string) {
 // left to report, as the code promises only then to keep it.
 func awaitReported(t *testing.T, fleet *server.Server, stream string, seq uint64) {
 	t.Helper()
-	nc, err := nats.Connect(fleet.ClientURL())
+	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +248,7 @@ func TestFleetCannotWriteTheJournal(t *testing.T) {
 	appendN(t, j, 0, 3)
 	awaitMirrored(t, fleet, m.StreamName(), 3)
 
-	nc, err := nats.Connect(fleet.ClientURL())
+	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

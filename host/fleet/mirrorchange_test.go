@@ -84,7 +84,7 @@ func TestMirrorChangesReported(t *testing.T) {
 	awaitMirrored(t, fleet, m.StreamName(), 2)
 	awaitReported(t, fleet, m.StreamName(), 2)
 
-	nc, err := nats.Connect(fleet.ClientURL())
+	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,8 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // TestReadMirrorComparesWithTheHostsReport: on a real three-node fleet the
@@ -32,7 +34,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 
 	u, _ := url.Parse(c.nodes[2].ClientURL())
 	u.User = url.UserPassword("h", "p")
-	admin, err := nats.Connect(u.String())
+	admin, err := nats.Connect(u.String(), nats.Timeout(testutil.Scale(30*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

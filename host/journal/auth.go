@@ -49,6 +49,7 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		DontListen:        opts.Listen == "",
 		NoLog:             true,
 		NoSigs:            true,
+		AuthTimeout:       slowHostTimeout.Seconds(),
 		Users: []*server.User{{
 			Username:               internalUser,
 			Password:               internalPass,

@@ -145,6 +145,13 @@ type Record struct {
 	Source string
 }
 
+// slowHostTimeout bounds the in-process handshake (both sides) and every
+// JetStream request made without a deadline of its own. The libraries'
+// defaults (2 s to authenticate, 5 s per request) are for a remote server
+// on a quiet network; here the server shares a host whose CPU and disk may
+// be busy elsewhere, and a journal that gives up early fails the command.
+const slowHostTimeout = 30 * time.Second
+
 // Open takes the store's lock, verifies the message blocks (those an earlier
 // Open verified and nothing changed since are not read again), and starts the
 // embedded server. It never creates a second owner: if the lock is held it
@@ -210,7 +217,7 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	j.srvLog = logs
 	srv.SetLoggerV2(logs, false, false, false)
 	srv.Start()
-	if err := logs.waitReady(ctx, srv, 30*time.Second); err != nil {
+	if err := logs.waitReady(ctx, srv, slowHostTimeout); err != nil {
 		if opts.Listen != "" {
 			return fmt.Errorf("journal: --listen %s: %w", opts.Listen, err)
 		}
@@ -221,17 +228,13 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		// EnableJetStream appends "jetstream" to the directory it is given.
 		j.jsConfig.StoreDir = filepath.Dir(c.StoreDir)
 	}
-	// The handshake over the in-process pipe is bounded like the server's
-	// start above, not by the client's 2 s default: on a host whose CPU is
-	// busy elsewhere the server can take longer to answer it, and a journal
-	// that fails to open fails the command.
 	nc, err := nats.Connect("", nats.InProcessServer(srv), nats.UserInfo(internalUser, internalPass),
-		nats.Name("nexus"), nats.MaxReconnects(-1), nats.Timeout(30*time.Second))
+		nats.Name("nexus"), nats.MaxReconnects(-1), nats.Timeout(slowHostTimeout))
 	if err != nil {
 		return fmt.Errorf("journal: connect in process: %w", err)
 	}
 	j.nc = nc
-	if j.js, err = jetstream.New(nc); err != nil {
+	if j.js, err = jetstream.New(nc, jetstream.WithDefaultTimeout(slowHostTimeout)); err != nil {
 		return fmt.Errorf("journal: %w", err)
 	}
 	j.stream, err = j.js.CreateOrUpdateStream(ctx, streamConfig(j.dedupe))
