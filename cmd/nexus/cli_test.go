@@ -111,6 +111,31 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	wantFailure(t, nexus(t, root, "daemon", "--listen", "0.0.0.0:0"), 1, "loopback")
 }
 
+// What people type from other tools: aliases, docker's named formats,
+// short flags, a word that is not a verb here, and a missing argument,
+// which prints the usage line.
+func TestWordsFromOtherTools(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	wantFailure(t, nexus(t, root, "rm"), 2, "usage: nexus rm ID... [flags] (see `nexus rm --help`)")
+	wantFailure(t, nexus(t, root, "snapshot", "create", "web"), 2, "there is no `nexus snapshot create`: `nexus snapshot web` snapshots a sandbox")
+	wantFailure(t, nexus(t, root, "snapshot", "lss"), 1, "did you mean `nexus snapshot ls`?")
+	for _, alias := range []string{"remove", "delete"} {
+		wantFailure(t, nexus(t, root, alias, "nosuch"), 1, `no sandbox "nosuch"`)
+	}
+	for _, args := range [][]string{{"ps"}, {"list"}, {"ls", "--format", "table"}} {
+		if r := nexus(t, root, args...); r.code != 0 || !strings.HasPrefix(r.stdout, "ID ") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := nexus(t, root, "ls", "--format", "json"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("ls --format json: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := nexus(t, root, "events", "-n", "1"); r.code != 0 {
+		t.Errorf("events -n 1: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
 // TestReleaseBuildHasNoTestHooks builds nexus as a user would (no build
 // tags) and checks that nothing of the failure injection or the made-up
 // demo events is in it: not the environment variables' names, not the

@@ -231,10 +231,10 @@ func eventsCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.Flags().BoolVar(&q.Follow, "follow", false, "keep printing new events")
+	c.Flags().BoolVarP(&q.Follow, "follow", "f", false, "keep printing new events")
 	c.Flags().StringVar(&since, "since", "", "start at a journal sequence (42), a time (RFC 3339) or an age (10m, 7d)")
 	c.Flags().StringVar(&until, "until", "", "end at a journal sequence, a time or an age, as --since")
-	c.Flags().IntVar(&q.Tail, "tail", 0, "only the last N events selected")
+	c.Flags().IntVarP(&q.Tail, "tail", "n", 0, "only the last N events selected")
 	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ID or handle)")
 	c.Flags().StringArrayVar(&q.Types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. reap); repeats")
 	o = addOutput(c, true)
@@ -283,8 +283,9 @@ func lsCmd(g *globals) *cobra.Command {
 	var limit int
 	var after string
 	c := &cobra.Command{
-		Use:   "ls",
-		Short: "List sandboxes",
+		Use:     "ls",
+		Aliases: []string{"ps", "list"},
+		Short:   "List sandboxes",
 		Long: "List sandboxes in ID order (oldest first), read a page at a time.\n" +
 			"--limit N prints at most N; --after ID continues after the last ID a page printed.\n" +
 			"--json, --format and -q print each page as it arrives; the table is aligned over all rows.",

@@ -310,7 +310,7 @@ func rmCmd(g *globals) *cobra.Command {
 	var dryRun bool
 	var o *output
 	c := &cobra.Command{
-		Use: "rm ID...", Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
+		Use: "rm ID...", Aliases: []string{"remove", "delete"}, Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				var done []lifecycle.Removed
@@ -357,11 +357,18 @@ func snapshotCmd(g *globals) *cobra.Command {
 	var opt lifecycle.SnapshotOptions
 	var freezeTimeout time.Duration
 	c := &cobra.Command{
-		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: exactArgs(1),
+		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: snapshotArgs,
+		SuggestionsMinimumDistance: 2,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				m.FreezeDeadline = freezeTimeout
 				snap, err := m.SnapshotWith(cmd.Context(), args[0], opt)
+				if suggest := cmd.SuggestionsFor(args[0]); errors.Is(err, lifecycle.ErrNotFound) && len(suggest) > 0 {
+					for i, v := range suggest {
+						suggest[i] = "`" + cmd.CommandPath() + " " + v + "`"
+					}
+					return fmt.Errorf("%w (did you mean %s?)", err, oneOf(suggest))
+				}
 				if err != nil {
 					return err
 				}
@@ -374,6 +381,15 @@ func snapshotCmd(g *globals) *cobra.Command {
 	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for a running sandbox's guest agent to freeze its filesystems")
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
+}
+
+// snapshotArgs takes one sandbox. Two words starting with a verb of
+// another tool (`snapshot create X`) are refused with the one this takes.
+func snapshotArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 2 && slices.Contains([]string{"create", "take", "new", "save"}, args[0]) {
+		return usageError{fmt.Errorf("there is no `%s %s`: `%s %s` snapshots a sandbox", cmd.CommandPath(), args[0], cmd.CommandPath(), args[1])}
+	}
+	return exactArgs(1)(cmd, args)
 }
 
 // snapshotTaken is what `snapshot ID --json` prints.
@@ -435,15 +451,6 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed; change nothing")
 	o = addOutput(c, true)
 	return c
-}
-
-func maxArgs(n int) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.MaximumNArgs(n)(cmd, args); err != nil {
-			return usageError{err}
-		}
-		return nil
-	}
 }
 
 func restoreCmd(g *globals) *cobra.Command {
@@ -664,13 +671,4 @@ func logsCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
 	return c
-}
-
-func minArgs(n int) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.MinimumNArgs(n)(cmd, args); err != nil {
-			return usageError{err}
-		}
-		return nil
-	}
 }

@@ -163,11 +163,18 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("nexus-%d", os.Getuid()))
 }
 
-// exactArgs is cobra.ExactArgs reporting a usage error.
-func exactArgs(n int) cobra.PositionalArgs {
+// exactArgs, minArgs, maxArgs and noArgs are cobra's argument checks
+// reporting a usage error (exit 2) that carries the command's usage line.
+func exactArgs(n int) cobra.PositionalArgs { return argsUsage(cobra.ExactArgs(n)) }
+func minArgs(n int) cobra.PositionalArgs   { return argsUsage(cobra.MinimumNArgs(n)) }
+func maxArgs(n int) cobra.PositionalArgs   { return argsUsage(cobra.MaximumNArgs(n)) }
+
+func noArgs(cmd *cobra.Command, args []string) error { return argsUsage(cobra.NoArgs)(cmd, args) }
+
+func argsUsage(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
-			return usageError{err}
+		if err := check(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%w; usage: %s (see `%s --help`)", err, cmd.UseLine(), cmd.CommandPath())}
 		}
 		return nil
 	}
@@ -189,13 +196,6 @@ func requireFlags(c *cobra.Command, names ...string) {
 		}
 		return nil
 	}
-}
-
-func noArgs(cmd *cobra.Command, args []string) error {
-	if err := cobra.NoArgs(cmd, args); err != nil {
-		return usageError{err}
-	}
-	return nil
 }
 
 // helpCmd is cobra's help command, except that an unknown topic is a usage
