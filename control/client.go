@@ -2,6 +2,7 @@ package control
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -140,6 +142,28 @@ func (c *Client) Retire(ctx context.Context) error {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("daemon: retire: %s", resp.Status)
+	}
+	return nil
+}
+
+// Stop asks the daemon, however it was started, to finish with the
+// commands it has and exit.
+func (c *Client) Stop(ctx context.Context) error {
+	body, err := json.Marshal(wire.StopRequest{Pid: os.Getpid()})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wire.PathStop, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("stop: %s", resp.Status)
 	}
 	return nil
 }

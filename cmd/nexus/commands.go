@@ -171,7 +171,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
 	c.Flags().IntVar(&m.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
 	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
-	c.AddCommand(daemonStatusCmd(g))
+	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g))
 	return c
 }
 
@@ -493,6 +493,35 @@ func daemonStatusCmd(g *globals) *cobra.Command {
 			return printValue(cmd, o, v, nil, func(w io.Writer) { printDaemonStatus(w, st, self, serr) })
 		},
 	}
+	o = addOutput(c, false)
+	return c
+}
+
+// daemonStopped is `daemon stop --json`.
+type daemonStopped struct {
+	Pid  int    `json:"pid"`
+	Root string `json:"root"`
+}
+
+func daemonStopCmd(g *globals) *cobra.Command {
+	var o *output
+	var timeout time.Duration
+	c := &cobra.Command{
+		Use:   "stop",
+		Short: "Stop the state root's daemon once it has finished the commands it is running (however it was started)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			st, err := control.StopDaemon(ctx, g.stateDir)
+			if err != nil {
+				return err
+			}
+			v := daemonStopped{Pid: st.Pid, Root: st.Root}
+			return printValue(cmd, o, v, nil, func(w io.Writer) { fmt.Fprintf(w, "stopped the daemon of %s (pid %d)\n", st.Root, st.Pid) })
+		},
+	}
+	c.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the daemon's running commands to end")
 	o = addOutput(c, false)
 	return c
 }

@@ -55,6 +55,7 @@ var jsonResources = map[string]reflect.Type{
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
 	"DaemonStatus":      reflect.TypeFor[daemonStatus](),
+	"DaemonStopped":     reflect.TypeFor[daemonStopped](),
 	"Build":             reflect.TypeFor[wire.Build](),
 	"ReplayEntry":       reflect.TypeFor[replay.Entry](),
 	"FleetEntry":        reflect.TypeFor[replay.FleetEntry](),

@@ -25,6 +25,9 @@ const (
 	PathMirror = "/v1/mirror" // MirrorAnswer
 	// PathRetire (POST) asks a daemon started on demand to retire.
 	PathRetire = "/v1/retire"
+	// PathStop (POST, a StopRequest) asks any daemon to finish with the
+	// commands it has and exit.
+	PathStop = "/v1/stop"
 	// PathAppendJSON (POST) is where an older client posted appends; it is
 	// refused with AppendOverHTTPRefusal in an ErrorAnswer.
 	PathAppendJSON = "/v1/append"
@@ -172,4 +175,9 @@ func ParseQuery(v url.Values) (events.Query, error) {
 		q.Tail = n
 	}
 	return q, nil
+}
+
+// StopRequest names who asked a daemon to stop, for its log.
+type StopRequest struct {
+	Pid int `json:"pid"`
 }
