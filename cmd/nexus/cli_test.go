@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -448,4 +450,23 @@ func TestUnusableStateRoot(t *testing.T) {
 	}
 	defer exec.Command("umount", ro).Run()
 	wantFailure(t, nexus(t, ro, "ls"), 1, "not writable")
+}
+
+// pflag takes a flag's first `quoted` word as the name of its value in
+// --help; a quoted command in a flag's text would print as that name.
+func TestFlagValueNamesAreWords(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.LocalFlags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) {
+				if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " /") {
+					t.Errorf("%s --%s: --help names its value %q", c.CommandPath(), f.Name, name)
+				}
+			})
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot())
 }
