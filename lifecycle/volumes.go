@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/dustin/go-humanize"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/core"
@@ -45,7 +46,7 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, fmt.Errorf("%w: volume name %q: want lowercase letters, digits, '-', '_'", ErrRefused, name)
 	}
 	if size < 8<<20 {
-		return projections.Volume{}, fmt.Errorf("%w: volume size %d: at least 8 MiB", ErrRefused, size)
+		return projections.Volume{}, fmt.Errorf("%w: volume size %d bytes: at least 8 MiB (a size takes a unit: 64M, 10G)", ErrRefused, size)
 	}
 	l, err := m.lease(ctx, core.Volume(name), "volume create")
 	if err != nil {
@@ -88,6 +89,9 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 	if err := disk.MakeExt4(m.Root.VolumeDisk(name), size, ""); err != nil {
 		fsx.Remove(string(m.Root), m.rel(dir))
 		return projections.Volume{}, err
+	}
+	if free, err := disk.FreeBytes(dir); err == nil && size > free {
+		m.notice("volume %s is %s, more than the %s free where it lives: it is sparse, and the guest's writes fail once that space is used", name, humanize.IBytes(uint64(size)), humanize.IBytes(uint64(free)))
 	}
 	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeCreatedEvent{Name: name, Path: m.rel(m.Root.VolumeDisk(name)), SizeBytes: size})
 	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []core.Expect{{Entity: core.Volume(name), Seq: rev}}, e); err != nil {

@@ -68,6 +68,10 @@ func TestIDPrefixAndHandleEverywhere(t *testing.T) {
 		t.Fatalf("timeline of a removed sandbox by prefix: %q", r.stdout)
 	}
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", "web"), "rm by handle")
+	// And a removed sandbox's events by its handle, as its timeline.
+	if r := mustOK(t, proc(t, root, "events", "--sandbox", "web", "--type", "sandbox.removed"), "events --sandbox of a removed handle"); strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, a.ID) {
+		t.Fatalf("events --sandbox web after its removal: %q", r.stdout)
+	}
 }
 
 // Several IDs per stop/start/rm/inspect: each is reported, the others are
