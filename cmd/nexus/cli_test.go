@@ -439,7 +439,12 @@ func TestUnusableStateRoot(t *testing.T) {
 	open := filepath.Join(dir, "open")
 	os.Mkdir(open, 0o777)
 	os.Chmod(open, 0o777)
-	wantFailure(t, nexus(t, open, "ls"), 1, "writable by group or others")
+	wantFailure(t, nexus(t, open, "ls"), 1, "writable by group or others (mode 0777; chmod 700 "+open+")")
+
+	real, link := filepath.Join(dir, "real"), filepath.Join(dir, "link")
+	os.Mkdir(real, 0o700)
+	os.Symlink(real, link)
+	wantFailure(t, nexus(t, link, "ls"), 1, "is a symlink (to "+real+"), and nexus follows none in its root: give the directory itself (--state-dir "+real+")")
 
 	// A read-only mount is unwritable even for root; mode bits are not.
 	ro := filepath.Join(dir, "ro")
