@@ -41,7 +41,13 @@ type ExecStartError struct {
 }
 
 func (e *ExecStartError) Error() string {
-	return "exec: the guest could not start the command: " + e.Reason
+	// An older agent prefixes its reason with os/exec's "exec: ", once or
+	// twice.
+	reason := e.Reason
+	for strings.HasPrefix(reason, "exec: ") {
+		reason = strings.TrimPrefix(reason, "exec: ")
+	}
+	return "exec: the guest could not start " + reason
 }
 
 // running resolves ref to a sandbox whose guest is running.
