@@ -135,14 +135,14 @@ func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
 
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	r := mustOK(t, nexus(t, root, "image-cache", "prune", "--unused", "--dry-run"), "dry run")
-	if want := fmt.Sprintf("would remove 1 entries, %d allocated bytes", e.Allocated); !strings.Contains(r.stdout, want) {
+	if want := "would remove 1 entry, " + formatSize(e.Allocated) + " allocated"; !strings.Contains(r.stdout, want) {
 		t.Fatalf("dry run said %q, want %q", r.stdout, want)
 	}
 	if _, err := os.Stat(disk); err != nil {
 		t.Fatal("dry run deleted:", err)
 	}
 	r = mustOK(t, nexus(t, root, "image-cache", "prune", "--unused"), "prune")
-	if want := fmt.Sprintf("removed 1 entries, %d allocated bytes", e.Allocated); !strings.Contains(r.stdout, want) {
+	if want := "removed 1 entry, " + formatSize(e.Allocated) + " allocated"; !strings.Contains(r.stdout, want) {
 		t.Fatalf("prune said %q, want %q", r.stdout, want)
 	}
 	if _, err := os.Lstat(filepath.Join(root, "images", e.CacheID)); !os.IsNotExist(err) {
