@@ -212,7 +212,7 @@ func TestDemoEventsLsInspect(t *testing.T) {
 	if _, err := ulid.ParseStrict(id); err != nil {
 		t.Fatalf("demo printed %q, no sandbox id", r.stdout)
 	}
-	r = nexus(t, root, "events", "--json")
+	r = nexus(t, root, "events", "--all", "--json")
 	var types []string
 	sc := bufio.NewScanner(strings.NewReader(r.stdout))
 	for sc.Scan() {
@@ -277,7 +277,7 @@ func TestDaemonServesCommands(t *testing.T) {
 	if r := nexus(t, root, "demo"); r.code != 0 {
 		t.Fatalf("demo through daemon: %+v", r)
 	}
-	if r := nexus(t, root, "events"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
+	if r := nexus(t, root, "events", "--all", "-q"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events through daemon: %+v", r)
 	}
 	if code := d.Stop(t); code != 0 {
@@ -286,7 +286,7 @@ func TestDaemonServesCommands(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "nexus.sock")); !os.IsNotExist(err) {
 		t.Fatalf("control socket left behind: %v", err)
 	}
-	if r := nexus(t, root, "events"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
+	if r := nexus(t, root, "events", "--all", "-q"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events after the daemon stopped: %+v", r)
 	}
 }

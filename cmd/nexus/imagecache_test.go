@@ -640,7 +640,7 @@ func TestCreateMissCopiesOnce(t *testing.T) {
 			t.Fatalf("%s: %s differs from the image", c.name, raw)
 		}
 		var methods []string
-		for _, line := range strings.Split(mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb.ID), "events").stdout, "\n") {
+		for _, line := range strings.Split(mustOK(t, nexus(t, root, "events", "--all", "--json", "--sandbox", sb.ID), "events").stdout, "\n") {
 			if strings.Contains(line, `"disk.materialised"`) && strings.Contains(line, `"raw-disk"`) {
 				methods = append(methods, line)
 			}
@@ -680,7 +680,7 @@ func TestWorkspaceFromTemplate(t *testing.T) {
 		if out, err := exec.Command("e2fsck", "-fn", ws).CombinedOutput(); err != nil {
 			t.Fatalf("e2fsck -fn %s: %v\n%s", ws, err, out)
 		}
-		events := mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb), "events").stdout
+		events := mustOK(t, nexus(t, root, "events", "--all", "--json", "--sandbox", sb), "events").stdout
 		if !strings.Contains(events, `"workspace-disk"`) || strings.Contains(events, `"method":"mkfs"`) {
 			t.Fatalf("workspace of %s not cloned from the template:\n%s", sb, events)
 		}
