@@ -34,8 +34,8 @@ func vmmConfig(t *testing.T, root, id string) vmm.Config {
 // sandbox's size and driver; the VMM's vm.create body carries the size as
 // CH reads it (boot_vcpus = max_vcpus, memory.size in bytes); a start
 // without --driver (the command's own default is cloud-hypervisor) boots
-// under the recorded process driver at the recorded size, and a fork
-// child inherits both.
+// under the recorded process driver at the recorded size, and fork and
+// restore children inherit both.
 func TestBootConfigIsRecordedAndUsed(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
@@ -69,7 +69,16 @@ func TestBootConfigIsRecordedAndUsed(t *testing.T) {
 		t.Fatalf("fork child: driver %q, boot %+v; want the parent's process, %+v", child.Driver, child.Boot, *sb.Boot)
 	}
 	sized(child.ID, "fork child")
-	mustOK(t, proc(t, root, "rm", "-f", sb.ID, child.ID), "rm")
+	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
+	var restored jsonSandbox
+	if err := json.Unmarshal([]byte(mustOK(t, nexusEnv(t, root, []string{"NEXUS_DRIVER="}, "restore", "--json", snap), "restore").stdout), &restored); err != nil {
+		t.Fatal(err)
+	}
+	if restored.Driver != "process" || restored.Boot == nil || *restored.Boot != *sb.Boot {
+		t.Fatalf("restored: driver %q, boot %+v; want the source's process, %+v", restored.Driver, restored.Boot, *sb.Boot)
+	}
+	sized(restored.ID, "restored")
+	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID, child.ID, restored.ID), "rm")
 }
 
 // TestStartRefusesAnotherDriver: an explicit --driver other than the
@@ -157,4 +166,67 @@ func TestBootSettingsInConfig(t *testing.T) {
 		os.WriteFile(file, []byte(body), 0o600)
 		wantFailure(t, proc(t, root, "create", "--image", makeImage(t)), 1, mention)
 	}
+}
+
+// qemuArgs is the command line of the QEMU running under root.
+func qemuArgs(t *testing.T, root string) string {
+	t.Helper()
+	for _, p := range testutil.ProcessesUnder(root) {
+		if strings.Contains(p.Cmdline, " -smp ") {
+			return p.Cmdline + " "
+		}
+	}
+	t.Fatalf("no QEMU runs under %s: %+v", root, testutil.ProcessesUnder(root))
+	return ""
+}
+
+// TestQEMUBootsAsRecorded: a sandbox created with --driver qemu, 2 vCPUs
+// (1 on a 1-CPU host) and 1 GiB is handed to QEMU so (-smp, -m) and its
+// guest sees that many CPUs and about that much memory. Once stopped,
+// `--driver process start` is refused naming qemu, and a start with no
+// --driver and no kernel or initramfs in the environment boots it under
+// qemu again, from its record: its agent answers.
+func TestQEMUBootsAsRecorded(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	q := newRealGuest(t, 32)
+	cpus := min(2, runtime.NumCPU())
+	var sb jsonSandbox
+	if err := json.Unmarshal([]byte(q.ok("create", "create", "--json", "--image", makeImage(t), "--cpus", strconv.Itoa(cpus), "--memory", "1G")), &sb); err != nil {
+		t.Fatal(err)
+	}
+	if sb.Driver != "qemu" || sb.Boot == nil || sb.Boot.Kernel == "" || sb.Boot.Initramfs == "" {
+		t.Fatalf("create --json: driver %q, boot %+v", sb.Driver, sb.Boot)
+	}
+	sizedArgs := func(when string) {
+		t.Helper()
+		if a := qemuArgs(t, q.root); !strings.Contains(a, fmt.Sprintf(" -smp %d ", cpus)) || !strings.Contains(a, " -m 1024 ") || !strings.Contains(a, " -kernel "+sb.Boot.Kernel+" ") {
+			t.Fatalf("%s: QEMU runs as %s; want -smp %d, -m 1024 and the recorded kernel", when, a, cpus)
+		}
+	}
+	sizedArgs("create")
+	q.ready(sb.ID)
+	if n := strings.Count(q.exec(sb.ID, "cat", "/proc/cpuinfo"), "processor\t:"); n != cpus {
+		t.Errorf("the guest has %d CPUs, want %d", n, cpus)
+	}
+	var kib int64
+	for _, line := range strings.Split(q.exec(sb.ID, "cat", "/proc/meminfo"), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			kib, _ = strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	// The kernel keeps some of the 1 GiB for itself; 512 MiB (the default)
+	// would be well below the floor.
+	if kib < 768<<10 || kib > 1<<20 {
+		t.Errorf("the guest's MemTotal is %d KiB, want about 1 GiB", kib)
+	}
+	q.ok("stop", "stop", sb.ID)
+	bare := []string{"NEXUS_QEMU_ACCEL=tcg", "NEXUS_DRIVER=", "NEXUS_KERNEL_PATH=", "NEXUS_INITRAMFS_PATH="}
+	wantFailure(t, nexusEnv(t, q.root, bare, "--driver", "process", "start", sb.ID), 1, "boots under the qemu driver")
+	mustOK(t, nexusEnv(t, q.root, bare, "start", sb.ID), "start without --driver or a kernel in the environment")
+	sizedArgs("start")
+	if ev := q.ok("events", "events", "--sandbox", sb.ID, "--type", "sandbox.started", "--json"); strings.Count(ev, `"driver":"qemu"`) != 2 {
+		t.Errorf("want two sandbox.started under qemu:\n%s", ev)
+	}
+	q.ready(sb.ID)
+	q.finish(sb.ID)
 }
