@@ -116,6 +116,10 @@ func TestSizeBeyondTheHostIsRefused(t *testing.T) {
 	wantFailure(t, proc(t, root, "create", "--image", img, "--cpus", "0"), 2, "--cpus 0")
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte(fmt.Sprintf("[vm]\ncpus = %d\n", n+1)), 0o600)
 	wantFailure(t, proc(t, root, "create", "--image", img), 2, fmt.Sprintf("%d vCPUs is more than this host's %d CPUs", n+1, n))
+	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\nmemory = \"64T\"\n"), 0o600)
+	wantFailure(t, proc(t, root, "create", "--image", img), 2, "memory 65536 GiB is more than this host's")
+	// The flag wins over the setting.
+	wantFailure(t, proc(t, root, "create", "--image", img, "--memory", "32M"), 2, "want at least 64 MiB")
 	if list := sandboxes(t, root); len(list) != 0 {
 		t.Fatalf("a refused size left sandboxes: %+v", list)
 	}
