@@ -81,9 +81,20 @@ const DefaultFlushDeadline = vmm.DefaultFlushDeadline
 
 // Manager runs flows against one state root.
 type Manager struct {
-	Root   layout.Root
-	B      Backend
+	Root layout.Root
+	B    Backend
+	// Driver is what a new sandbox is made with (its name, kernel,
+	// initramfs and command line, which its record keeps) and this host's
+	// binaries. A sandbox already made boots as its record says (bootOf).
 	Driver driver.Driver
+	// AskedDriver is the driver the command named explicitly (--driver),
+	// "" if none: a sandbox recorded with another one is refused
+	// (core.DecideDriver) rather than booted under either.
+	AskedDriver string
+	// Cpus and MemoryBytes size a new sandbox whose create names no size
+	// (config cpus, memory; zero: DefaultCpus, DefaultMemory).
+	Cpus        int
+	MemoryBytes int64
 	// Launcher starts the supervisors and VMMs (Spawner in production); a
 	// flow that would start one without it is refused (ErrNoLauncher).
 	Launcher Launcher

@@ -75,10 +75,13 @@ type Sandbox struct {
 	// (zero if its create recorded none), for the cache's references: kept
 	// with the sandbox, so a cache question about one sandbox reads one
 	// record.
-	Bootstrap  events.Bootstrap `msgpack:"boot,omitempty"`
-	LastRun    string           `msgpack:"run,omitempty"`
-	FlushedRun string           `msgpack:"flushed,omitempty"`
-	Seq        uint64           `msgpack:"seq"`
+	Bootstrap events.Bootstrap `msgpack:"boot,omitempty"`
+	// BootConfig is how the sandbox boots besides its Driver (zero fields:
+	// not recorded, events.BootConfig).
+	BootConfig events.BootConfig `msgpack:"bootcfg,omitempty"`
+	LastRun    string            `msgpack:"run,omitempty"`
+	FlushedRun string            `msgpack:"flushed,omitempty"`
+	Seq        uint64            `msgpack:"seq"`
 	// Rev is the sequence of the last event about this sandbox (any event
 	// carrying its id): the entity sequence a decision expects (core.Expect).
 	Rev uint64 `msgpack:"rev"`
@@ -364,16 +367,16 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		return
 	case events.SandboxCreatedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Bootstrap = p.Bootstrap
+		sb.Bootstrap, sb.BootConfig = p.Bootstrap, p.Boot
 	case events.SandboxForkedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Bootstrap = p.Parent, p.Bootstrap
+		sb.Parent, sb.Bootstrap, sb.BootConfig = p.Parent, p.Bootstrap, p.Boot
 	case events.SandboxRestoredEvent:
 		// The bootstrap is from the snapshot's manifest; a snapshot older
 		// than the cache records none, and the sandbox then protects every
 		// entry.
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Snapshot, sb.Bootstrap = p.Source, p.Snapshot, p.Bootstrap
+		sb.Parent, sb.Snapshot, sb.Bootstrap, sb.BootConfig = p.Source, p.Snapshot, p.Bootstrap, p.Boot
 	case events.SandboxRemovedEvent:
 		delete(s.byID, e.Sandbox)
 		s.ids = nil

@@ -512,6 +512,14 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "ID:\t%s\nHandle:\t%s\nState:\t%s\nImage:\t%s\nDriver:\t%s\nCreated:\t%s\nUpdated:\t%s\n",
 		sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.UTC().Format(time.RFC3339Nano), sb.UpdatedAt.UTC().Format(time.RFC3339Nano))
+	if b := sb.BootConfig; !b.IsZero() {
+		fmt.Fprintf(tw, "Size:\t%d vCPUs, %s\n", b.Cpus, formatSize(b.MemoryBytes))
+		fmt.Fprintf(tw, "Kernel:\t%s\n", dash(b.Kernel))
+		if b.Initramfs != "" {
+			fmt.Fprintf(tw, "Initramfs:\t%s\n", b.Initramfs)
+		}
+		fmt.Fprintf(tw, "Cmdline:\t%s\n", dash(b.Cmdline))
+	}
 	if sb.Parent != "" {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
 	}

@@ -32,6 +32,7 @@ import (
 var jsonResources = map[string]reflect.Type{
 	"Sandbox":           reflect.TypeFor[jsonSandbox](),
 	"Process":           reflect.TypeFor[jsonProcess](),
+	"Boot":              reflect.TypeFor[jsonBoot](),
 	"Attachment":        reflect.TypeFor[jsonAttachment](),
 	"Condition":         reflect.TypeFor[jsonCondition](),
 	"Resource":          reflect.TypeFor[events.Resource](),

@@ -66,12 +66,14 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		}
 		cfg = Config{} // this command reads no setting: defaults are never used
 	}
-	initramfs, cmdline := bootAssets(cfg)
+	kernel, initramfs, cmdline := bootAssets(cfg)
 	return func(b control.Backend) (*lifecycle.Manager, error) {
 		return lifecycle.New(lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
-			Driver: driver.Driver{Name: driverOf(g), Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH"),
+			Driver: driver.Driver{Name: driverName(g, cfg), Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: kernel,
 				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
+			AskedDriver: g.askedDriver,
+			Cpus:        cfg.VM.Cpus, MemoryBytes: cfg.memoryBytes(),
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),
@@ -104,6 +106,7 @@ func createCmd(g *globals) *cobra.Command {
 	var spec lifecycle.CreateSpec
 	var shadows, volumes []string
 	var journalKeptIn bool
+	var memory string
 	var o *output
 	c := &cobra.Command{
 		Use:   "create --image IMG",
@@ -127,6 +130,16 @@ func createCmd(g *globals) *cobra.Command {
 			if spec.Image == "" {
 				return usageError{fmt.Errorf("--image is required")}
 			}
+			if cmd.Flags().Changed("cpus") && spec.Cpus < 1 {
+				return usageError{fmt.Errorf("--cpus %d: want at least 1", spec.Cpus)}
+			}
+			if memory != "" {
+				n, err := parseSize(memory)
+				if err != nil {
+					return usageError{fmt.Errorf("--memory %q: %v", memory, err)}
+				}
+				spec.MemoryBytes = n
+			}
 			var kept []events.RunKeptEvent
 			if journalKeptIn {
 				var err error
@@ -143,6 +156,10 @@ func createCmd(g *globals) *cobra.Command {
 				if err := session.BindToRun(m, os.Getenv(client.EnvRunID), &spec); err != nil {
 					return err
 				}
+				var err error
+				if spec.Cpus, spec.MemoryBytes, err = m.Sizing(spec.Cpus, spec.MemoryBytes); err != nil {
+					return usageError{err}
+				}
 				sb, err := m.Create(cmd.Context(), spec)
 				if err != nil {
 					return err
@@ -157,6 +174,8 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVar(&shadows, "shadow", nil, "NAME=SRC: a per-sandbox copy of SRC (needs --handle)")
 	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
+	c.Flags().IntVar(&spec.Cpus, "cpus", 0, "vCPUs (default [vm] cpus, else 1; at most the host's CPUs)")
+	c.Flags().StringVar(&memory, "memory", "", "guest memory, e.g. 1G or 768M (default [vm] memory, else 512M; at most the host's)")
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&journalKeptIn, "journal-kept", false, "first journal the run.kept events (a JSON array) on stdin")
 	c.Flags().MarkHidden("journal-kept")

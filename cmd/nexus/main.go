@@ -38,7 +38,10 @@ func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code
 type globals struct {
 	stateDir string
 	driver   string
-	wait     bool
+	// askedDriver is --driver when given on the command line: a sandbox
+	// recorded with another driver is refused, not booted under it.
+	askedDriver string
+	wait        bool
 	// readsConfig is set for the commands that read config settings:
 	// only they are refused by a config file nexus cannot use.
 	readsConfig bool
@@ -121,6 +124,9 @@ func newRoot() *cobra.Command {
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if g.driver != "" && !driver.Known(g.driver) {
 				return usageError{fmt.Errorf("--driver %q: want %s", g.driver, oneOf(driver.Names))}
+			}
+			if cmd.Flags().Changed("driver") {
+				g.askedDriver = g.driver
 			}
 			g.readsConfig = configReaders[strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")]
 			return nil
