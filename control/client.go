@@ -191,6 +191,12 @@ func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]pr
 	return wire.Views(list), err
 }
 
+func (c *Client) WithProcesses(ctx context.Context) ([]projections.Sandbox, error) {
+	var list []wire.Sandbox
+	err := c.getJSON(ctx, wire.PathWithProcesses, &list)
+	return wire.Views(list), err
+}
+
 func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
 	var out wire.SandboxAnswer
 	err := c.getJSON(ctx, wire.PathSandbox+"?ref="+url.QueryEscape(ref), &out)

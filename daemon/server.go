@@ -343,6 +343,15 @@ func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- stru
 		count(len(list))
 		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
 	})
+	mux.HandleFunc("GET "+wire.PathWithProcesses, func(w http.ResponseWriter, r *http.Request) {
+		list, err := local.WithProcesses(r.Context())
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		count(len(list))
+		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
+	})
 	mux.HandleFunc("GET "+wire.PathSandbox, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
 		if found {

@@ -256,6 +256,18 @@ func (j *memJournal) Sandboxes(context.Context) ([]projections.Sandbox, error) {
 	return out, nil
 }
 
+func (j *memJournal) WithProcesses(context.Context) ([]projections.Sandbox, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out []projections.Sandbox
+	for _, sb := range j.sandboxes.List() {
+		if sb.HasProcess() {
+			out = append(out, clone(*sb))
+		}
+	}
+	return out, nil
+}
+
 func (j *memJournal) Sandbox(_ context.Context, ref string) (projections.Sandbox, bool, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()

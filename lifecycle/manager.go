@@ -48,6 +48,9 @@ type Backend interface {
 	AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q events.Query, fn func(events.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	// WithProcesses is every sandbox that records a process, running or
+	// exited: an index of the store, so recover costs what runs.
+	WithProcesses(ctx context.Context) ([]projections.Sandbox, error)
 	// Sandbox is one sandbox by id or handle; found is false if there is none.
 	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)

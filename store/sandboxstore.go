@@ -31,7 +31,7 @@ const storeFile = "sandboxes.db"
 
 // storeFormat is the version of the store's layout and records. A store of
 // another format is rebuilt from the journal, never read.
-const storeFormat = 1
+const storeFormat = 2
 
 var (
 	bucketMeta    = []byte("meta")
@@ -41,7 +41,7 @@ var (
 	bucketHandles = []byte("handles")   // handle
 	bucketOwners  = []byte("owners")    // resource path
 	bucketSnaps   = []byte("snapshots") // snapshot ID
-	bucketLive    = []byte("live")      // "" for each sandbox with a process recorded running
+	bucketProcs   = []byte("processes") // "" for each sandbox that records a process (HasProcess)
 
 	metaFormat = []byte("format")
 	metaSeq    = []byte("seq")
@@ -226,7 +226,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketLive} {
+		for _, name := range [][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs} {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
@@ -246,7 +246,7 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketLive, bucketRecords} {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketRecords} {
 		b, err := tx.CreateBucketIfNotExists(name)
 		if err != nil {
 			return nil, err
@@ -313,8 +313,8 @@ func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []b
 			return err
 		}
 	}
-	if len(sb.Watched()) > 0 {
-		return entry(bucketLive, "")
+	if sb.HasProcess() {
+		return entry(bucketProcs, "")
 	}
 	return nil
 }

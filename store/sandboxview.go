@@ -211,18 +211,18 @@ func (v *sandboxView) count() int {
 	return n
 }
 
-// live is every sandbox with a process recorded running (Watched).
-func (v *sandboxView) live() ([]*projections.Sandbox, error) {
+// withProcesses is every sandbox that records a process (HasProcess).
+func (v *sandboxView) withProcesses() ([]*projections.Sandbox, error) {
 	var out []*projections.Sandbox
 	for _, sb := range v.overlay.List() {
-		if len(sb.Watched()) > 0 {
+		if sb.HasProcess() {
 			out = append(out, sb)
 		}
 	}
 	if v.store == nil {
 		return out, nil
 	}
-	ids, err := v.store.ids(bucketLive, "")
+	ids, err := v.store.ids(bucketProcs, "")
 	if err != nil {
 		return nil, err
 	}

@@ -223,10 +223,11 @@ func (n *Store) SandboxPage(ctx context.Context, after string, limit int) ([]pro
 	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) { return v.page(after, limit) })
 }
 
-// Live is every sandbox with a process recorded running (an index of the
-// store, not a scan): what the daemon's exit watcher starts from.
-func (n *Store) Live(ctx context.Context) ([]projections.Sandbox, error) {
-	return n.sandboxList(ctx, (*sandboxView).live)
+// WithProcesses is every sandbox that records a process, running or
+// exited (an index of the store, not a scan): what the daemon's exit
+// watcher starts from and what recover checks.
+func (n *Store) WithProcesses(ctx context.Context) ([]projections.Sandbox, error) {
+	return n.sandboxList(ctx, (*sandboxView).withProcesses)
 }
 
 func (n *Store) sandboxList(ctx context.Context, read func(*sandboxView) ([]*projections.Sandbox, error)) ([]projections.Sandbox, error) {
