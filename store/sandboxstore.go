@@ -43,6 +43,9 @@ var (
 	bucketSnaps   = []byte("snapshots") // snapshot ID
 	bucketProcs   = []byte("processes") // "" for each sandbox that records a process (HasProcess)
 
+	// retiredBuckets are older formats' buckets, dropped when the store is rebuilt.
+	retiredBuckets = [][]byte{[]byte("live")}
+
 	metaFormat = []byte("format")
 	metaSeq    = []byte("seq")
 	metaEvent  = []byte("event")
@@ -226,7 +229,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs} {
+		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs}, retiredBuckets...) {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
