@@ -210,6 +210,26 @@ func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (st
 	return out.Sandbox, out.Path, out.Found, err
 }
 
+// pathOwnersChunk bounds the paths of one request (its URL).
+const pathOwnersChunk = 256
+
+func (c *Client) PathOwners(ctx context.Context, paths []string) ([]string, error) {
+	out := make([]string, 0, len(paths))
+	for len(paths) > 0 {
+		chunk := paths[:min(pathOwnersChunk, len(paths))]
+		paths = paths[len(chunk):]
+		var got []string
+		if err := c.getJSON(ctx, wire.PathPathOwners+"?"+url.Values{"path": chunk}.Encode(), &got); err != nil {
+			return nil, err
+		}
+		if len(got) != len(chunk) {
+			return nil, fmt.Errorf("daemon: %s: %d answers for %d paths", wire.PathPathOwners, len(got), len(chunk))
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
 func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
 	var out wire.SandboxAnswer
 	err := c.getJSON(ctx, wire.PathSnapshotOwner+"?snap="+url.QueryEscape(snap), &out)

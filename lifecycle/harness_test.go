@@ -336,6 +336,16 @@ func (j *memJournal) OwnerOf(_ context.Context, paths []string, except string) (
 	return sb, p, found, nil
 }
 
+func (j *memJournal) PathOwners(_ context.Context, paths []string) ([]string, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i], _ = j.sandboxes.PathOwner(p)
+	}
+	return out, nil
+}
+
 // since returns the events journaled after mark (a len of the journal).
 func (j *memJournal) since(mark int) []events.Event {
 	j.mu.Lock()

@@ -138,6 +138,26 @@ func (s *sandboxStore) ids(index []byte, key string) (out []string, err error) {
 	return out, err
 }
 
+// idsBelow are the sandboxes the owners index holds for a path under
+// directory dir: one seek, then the keys under it.
+func (s *sandboxStore) idsBelow(dir string) (out []string, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketOwners)
+		if b == nil {
+			return nil
+		}
+		prefix := []byte(dir + "/")
+		c := b.Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if i := bytes.IndexByte(k, 0); i >= 0 {
+				out = append(out, string(k[i+1:]))
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // page is at most limit records whose IDs sort after after, in ID order,
 // leaving out those skip names (the overlay's).
 func (s *sandboxStore) page(after string, limit int, skip func(id string) bool) (out []*projections.Sandbox, err error) {

@@ -258,6 +258,27 @@ func (n *Store) OwnerOf(ctx context.Context, paths []string, except string) (id,
 	return n.sandboxes.ownerOf(paths, except)
 }
 
+// PathOwners is, for each of paths, the sandbox that owns it by
+// projections.PathOwner's rule ("" for none): point lookups in the
+// store's ownership index, so a reap costs the paths it scanned, not the
+// sandboxes the root holds.
+func (n *Store) PathOwners(ctx context.Context, paths []string) ([]string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		id, _, err := n.sandboxes.pathOwner(p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = id
+	}
+	return out, nil
+}
+
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID).
 func (n *Store) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
 	n.mu.Lock()
