@@ -215,6 +215,12 @@ func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]pr
 	return wire.Views(list), err
 }
 
+func (c *Client) WithProcesses(ctx context.Context) ([]projections.Sandbox, error) {
+	var list []wire.Sandbox
+	err := c.getJSON(ctx, wire.PathWithProcesses, &list)
+	return wire.Views(list), err
+}
+
 func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
 	var out wire.SandboxAnswer
 	err := c.getJSON(ctx, wire.PathSandbox+"?ref="+url.QueryEscape(ref), &out)
@@ -226,6 +232,26 @@ func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (st
 	var out wire.OwnerAnswer
 	err := c.getJSON(ctx, wire.PathOwner+"?"+q.Encode(), &out)
 	return out.Sandbox, out.Path, out.Found, err
+}
+
+// pathOwnersChunk bounds the paths of one request (its URL).
+const pathOwnersChunk = 256
+
+func (c *Client) PathOwners(ctx context.Context, paths []string) ([]string, error) {
+	out := make([]string, 0, len(paths))
+	for len(paths) > 0 {
+		chunk := paths[:min(pathOwnersChunk, len(paths))]
+		paths = paths[len(chunk):]
+		var got []string
+		if err := c.getJSON(ctx, wire.PathPathOwners+"?"+url.Values{"path": chunk}.Encode(), &got); err != nil {
+			return nil, err
+		}
+		if len(got) != len(chunk) {
+			return nil, fmt.Errorf("daemon: %s: %d answers for %d paths", wire.PathPathOwners, len(got), len(chunk))
+		}
+		out = append(out, got...)
+	}
+	return out, nil
 }
 
 func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {

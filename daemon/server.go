@@ -369,6 +369,15 @@ func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- stri
 		count(len(list))
 		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
 	})
+	mux.HandleFunc("GET "+wire.PathWithProcesses, func(w http.ResponseWriter, r *http.Request) {
+		list, err := local.WithProcesses(r.Context())
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		count(len(list))
+		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
+	})
 	mux.HandleFunc("GET "+wire.PathSandbox, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
 		if found {
@@ -380,6 +389,14 @@ func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- stri
 		q := r.URL.Query()
 		id, path, found, _ := local.OwnerOf(r.Context(), q["path"], q.Get("except"))
 		writeJSON(w, http.StatusOK, wire.OwnerAnswer{Found: found, Sandbox: id, Path: path})
+	})
+	mux.HandleFunc("GET "+wire.PathPathOwners, func(w http.ResponseWriter, r *http.Request) {
+		owners, err := local.PathOwners(r.Context(), r.URL.Query()["path"])
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, owners)
 	})
 	mux.HandleFunc("GET "+wire.PathSnapshotOwner, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.SnapshotOwner(r.Context(), r.URL.Query().Get("snap"))

@@ -36,8 +36,10 @@ const (
 	PathEvents        = "/v1/events"         // ParseQuery's parameters; one Record a line
 	PathSandboxes     = "/v1/sandboxes"      // after, limit (none: every sandbox); []Sandbox
 	PathSandbox       = "/v1/sandbox"        // ref; SandboxAnswer
+	PathWithProcesses = "/v1/with-processes" // []Sandbox: those that record a process
 	PathOwner         = "/v1/owner"          // path (repeated), except; OwnerAnswer
 	PathSnapshotOwner = "/v1/snapshot-owner" // snap; SandboxAnswer
+	PathPathOwners    = "/v1/path-owners"    // path (repeated); []string, "" for none
 	PathVolumes       = "/v1/volumes"        // []projections.Volume
 	PathImageCache    = "/v1/imagecache"     // projections.ImageCacheState
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap
