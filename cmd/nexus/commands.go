@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -122,6 +123,12 @@ func daemonCmd(g *globals) *cobra.Command {
 			if len(mirrorURLs) == 0 && os.Getenv("NEXUS_MIRROR") != "" {
 				mirrorURLs = []string{os.Getenv("NEXUS_MIRROR")}
 			}
+			if len(mirrorURLs) == 0 {
+				var err error
+				if mirrorURLs, err = fleetFromConfig(cmd, g, m, &mirrorBytes); err != nil {
+					return err
+				}
+			}
 			if len(mirrorURLs) > 0 {
 				if err := mirrorFlags(m, mirrorURLs, mirrorBytes); err != nil {
 					return usageError{err}
@@ -177,6 +184,32 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
 	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g))
 	return c
+}
+
+// fleetFromConfig is the config file's [fleet] section for a daemon given
+// no fleet URL: its URLs, and each setting its flag does not set.
+func fleetFromConfig(cmd *cobra.Command, g *globals, m *fleet.Mirror, maxBytes *string) ([]string, error) {
+	root, err := control.PrepareRoot(g.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := loadConfig(root)
+	if err != nil || len(cfg.Fleet.URLs) == 0 {
+		return nil, err
+	}
+	f := cfg.Fleet
+	for flag, set := range map[string]func(){
+		"mirror-host":      func() { m.Host = cmp.Or(f.Host, m.Host) },
+		"mirror-creds":     func() { m.Credentials = cmp.Or(f.Credentials, m.Credentials) },
+		"mirror-domain":    func() { m.Domain = cmp.Or(f.Domain, m.Domain) },
+		"mirror-replicas":  func() { m.Replicas = cmp.Or(f.Replicas, m.Replicas) },
+		"mirror-max-bytes": func() { *maxBytes = cmp.Or(f.MaxBytes, *maxBytes) },
+	} {
+		if !cmd.Flags().Changed(flag) {
+			set()
+		}
+	}
+	return f.URLs, nil
 }
 
 // mirrorFlags fills m from the daemon's --mirror flags. Its errors never

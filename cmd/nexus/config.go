@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +32,18 @@ import (
 //	cmdline = "console=ttyS0 ..."   # guest kernel command line (env NEXUS_KERNEL_CMDLINE wins)
 //	cpus = 2                        # vCPUs (create --cpus wins)
 //	memory = "1G"                   # guest memory (create --memory wins)
+//
+// The fleet settings are what every daemon of the root mirrors with, the
+// ones commands start on demand included (the daemon's flags and
+// NEXUS_MIRROR win):
+//
+//	[fleet]
+//	urls = ["nats-leaf://fleet-1:7422", "nats-leaf://fleet-2:7422"]
+//	host = "web-7"                  # this host's name in the fleet (default: the hostname)
+//	credentials = "/etc/nexus/fleet.creds"
+//	domain = "fleet"
+//	replicas = 3
+//	max_bytes = "10G"
 type Config struct {
 	VM struct {
 		OverlayDiskMiB       int64   `toml:"overlay_disk_mib"`
@@ -42,6 +55,14 @@ type Config struct {
 		Cpus                 int     `toml:"cpus"`
 		Memory               string  `toml:"memory"`
 	} `toml:"vm"`
+	Fleet struct {
+		URLs        []string `toml:"urls"`
+		Host        string   `toml:"host"`
+		Credentials string   `toml:"credentials"`
+		Domain      string   `toml:"domain"`
+		Replicas    int      `toml:"replicas"`
+		MaxBytes    string   `toml:"max_bytes"`
+	} `toml:"fleet"`
 }
 
 // bootAssets is the kernel, initramfs and command line a new sandbox
@@ -250,6 +271,12 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
 		fromFile("vm.cpus", cfg.VM.Cpus, lifecycle.DefaultCpus),
 		fromFile("vm.memory", cfg.VM.Memory, formatSize(lifecycle.DefaultMemory)),
+		fromFile("fleet.urls", redactedURLs(cfg.Fleet.URLs), "none (the daemon mirrors only with --mirror or NEXUS_MIRROR)"),
+		fromFile("fleet.host", cfg.Fleet.Host, "the hostname"),
+		fromFile("fleet.credentials", cfg.Fleet.Credentials, ""),
+		fromFile("fleet.domain", cfg.Fleet.Domain, "fleet"),
+		fromFile("fleet.replicas", cfg.Fleet.Replicas, "3, or 1 on a fleet that cannot place 3"),
+		fromFile("fleet.max_bytes", cfg.Fleet.MaxBytes, "0 (none)"),
 		fromEnv("ch_binary", "NEXUS_CH_BINARY", driver.DefaultCHBinary, "default (looked up in PATH)"),
 		fromEnv("qemu_binary", "NEXUS_QEMU_BINARY", driver.DefaultQEMUBinary, "default (looked up in PATH)"),
 		fromEnv("qemu_accel", "NEXUS_QEMU_ACCEL", "", "unset (kvm when /dev/kvm answers, else tcg)"),
@@ -257,4 +284,17 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		fromEnv("no_auto_daemon", "NEXUS_NO_AUTO_DAEMON", "", "unset (a daemon is started on demand)"),
 		fromEnv("log_level", "NEXUS_LOG_LEVEL", "info", "default"),
 	}, nil
+}
+
+// redactedURLs are urls with any password replaced, for printing.
+func redactedURLs(urls []string) string {
+	out := make([]string, len(urls))
+	for i, s := range urls {
+		if u, err := url.Parse(s); err == nil {
+			out[i] = u.Redacted()
+		} else {
+			out[i] = "(unparsable)"
+		}
+	}
+	return strings.Join(out, ",")
 }

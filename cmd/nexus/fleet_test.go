@@ -388,3 +388,28 @@ func nameRace(t *testing.T, shift time.Duration) {
 		t.Fatalf("the mirror changed hands: %+v", now)
 	}
 }
+
+// A root whose config has a [fleet] section: a plain command's on-demand
+// daemon mirrors with the configured name, and config show says where
+// each fleet setting came from without the password.
+func TestFleetFromConfig(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	_, leaf := startFleetServer(t)
+	root := shortRoot(t)
+	cfg := fmt.Sprintf("[fleet]\nurls = [%q]\nhost = \"from-config\"\nreplicas = 1\n", leaf)
+	if err := os.WriteFile(filepath.Join(root, "config.toml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustOK(t, nexus(t, root, "demo"), "demo")
+	st := fleetStatus(t, root, func(s fleet.MirrorState) bool {
+		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq
+	})
+	if st.Host != "from-config" || st.Stream != "NEXUS_FROM_CONFIG" {
+		t.Fatalf("the on-demand daemon mirrors as %+v, want host from-config", st)
+	}
+	show := mustOK(t, nexus(t, root, "config", "show"), "config show").stdout
+	if strings.Contains(show, "fleet-secret") || !strings.Contains(show, "fleet.host") || !strings.Contains(show, "from-config") {
+		t.Fatalf("config show:\n%s", show)
+	}
+}
