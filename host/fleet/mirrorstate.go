@@ -20,7 +20,8 @@ type MirrorState struct {
 	Exists   bool `json:"exists"`
 	Replicas int  `json:"replicas,omitempty"`
 	// JournalLastSeq and MirrorLastSeq are the last sequence of each; the
-	// mirror keeps the journal's sequences, so LagEvents is their difference.
+	// mirror keeps the journal's sequences, so LagEvents is their
+	// difference, plus MissingEvents.
 	JournalLastSeq uint64 `json:"journal_last_seq"`
 	MirrorLastSeq  uint64 `json:"mirror_last_seq"`
 	LagEvents      uint64 `json:"lag_events"`
