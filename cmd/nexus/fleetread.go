@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -49,8 +50,24 @@ func (c *fleetConn) dial(cmd *cobra.Command) (*fleet.Auditor, error) {
 }
 
 // warnSkipped reports a record a fleet read skipped and went past.
-func warnSkipped(cmd *cobra.Command, r fleet.Rejected) {
-	fmt.Fprintf(cmd.ErrOrStderr(), "nexus: warning: skipped %s\n", r)
+func warnSkipped(cmd *cobra.Command, r fleet.Rejected) { warnSkippedTo(cmd.ErrOrStderr(), r) }
+
+func warnSkippedTo(w io.Writer, r fleet.Rejected) {
+	fmt.Fprintf(w, "nexus: warning: skipped %s\n", r)
+}
+
+// printFleetEvent prints each aggregate record as an event; one that does
+// not decode is reported on errOut and the read goes on: one bad record
+// must not hide every event after it.
+func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) error {
+	return func(rec replay.FleetRecord) error {
+		e, err := replay.DecodeFleet(rec)
+		if err != nil {
+			warnSkippedTo(errOut, fleet.Rejected{Stream: fleet.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
+			return nil
+		}
+		return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
+	}
 }
 
 // fleetReader reads the aggregate from r's position, with the filters
@@ -148,14 +165,7 @@ func fleetEventsCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			err = fleetReader(ctx, f, r)(filters, func(rec replay.FleetRecord) error {
-				e, err := replay.DecodeFleet(rec)
-				if err != nil {
-					warnSkipped(cmd, fleet.Rejected{Stream: fleet.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
-					return nil
-				}
-				return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
-			})
+			err = fleetReader(ctx, f, r)(filters, printFleetEvent(out, cmd.ErrOrStderr(), o))
 			if follow && errors.Is(err, context.Canceled) {
 				return nil
 			}
