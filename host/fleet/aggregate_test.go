@@ -261,19 +261,29 @@ func awaitScan(t *testing.T, f *Auditor, from uint64, n int) []Record {
 	}
 }
 
-// TestHostCannotForgeItsAggregateDeliveries: the aggregate's deliveries
-// from host A's account reach the auditors' account, so A's identity,
-// linked as a leaf, may not publish there itself. A probe user added to
-// the auditors' account sees what the import carries; a forged delivery
-// never arrives (without the template's deny it does).
-func TestHostCannotForgeItsAggregateDeliveries(t *testing.T) {
+// TestHostAccountBounds: what a host's account holds it to, on one
+// cluster with two hosts.
+//
+// The aggregate's deliveries from host A's account reach the auditors'
+// account, so A's identity, linked as a leaf, may not publish there
+// itself. A probe user added to the auditors' account sees what the
+// import carries; a forged delivery never arrives (without the template's
+// allow-list it does).
+//
+// The template's JetStream limits hold on their own, where a host's
+// permissions would let it make streams: host X's user, allowed
+// everything (the template edited), makes its two streams and no third,
+// and none larger than its account's storage.
+func TestHostAccountBounds(t *testing.T) {
 	const auditUsers = `users: [`
-	c := startTemplateFleet(t, []string{"host-a"}, func(tmpl string) string {
+	c := startTemplateFleet(t, []string{"host-a", "host-x"}, func(tmpl string) string {
 		i := strings.Index(tmpl, AuditAccount+": {")
-		if i < 0 || !strings.Contains(tmpl[i:], auditUsers) {
+		perm := "permissions: { publish: { allow: " + list(hostAllowed("host-x", fleetDomain)) + " } }"
+		if i < 0 || !strings.Contains(tmpl[i:], auditUsers) || !strings.Contains(tmpl, perm) {
 			t.Fatalf("template changed shape:\n%s", tmpl)
 		}
-		return tmpl[:i] + strings.Replace(tmpl[i:], auditUsers, auditUsers+`{ user: "probe", password: "probe" },`, 1)
+		tmpl = tmpl[:i] + strings.Replace(tmpl[i:], auditUsers, auditUsers+`{ user: "probe", password: "probe" },`, 1)
+		return strings.Replace(tmpl, perm, `permissions: { publish: { allow: [">"] } }`, 1)
 	})
 
 	probe, err := nats.Connect(c.nodes[0].ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)), nats.UserInfo("probe", "probe"))
@@ -298,4 +308,24 @@ func TestHostCannotForgeItsAggregateDeliveries(t *testing.T) {
 	if m, err := got.NextMsg(time.Second); err == nil {
 		t.Fatalf("a forged delivery reached the auditors' account: %s %q", m.Subject, m.Data)
 	}
+	fjs, _ := jetstream.NewWithDomain(c.attacker(t, "host-x"), fleetDomain)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
+	defer cancel()
+	mk := func(name string, maxBytes int64) error {
+		_, err := fjs.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name)}, Replicas: 1, MaxBytes: maxBytes})
+		return err
+	}
+	var api *jetstream.APIError
+	if err := mk("TOO-BIG", 2*testMaxBytes); !errors.As(err, &api) || !refusedAccount(err) {
+		t.Fatalf("a stream larger than the account's storage: %v", err)
+	}
+	for _, name := range []string{"ONE", "TWO"} {
+		if err := mk(name, 1<<20); err != nil {
+			t.Fatalf("stream %s within the limits: %v", name, err)
+		}
+	}
+	if err := mk("THREE", 1<<20); !errors.As(err, &api) || api.ErrorCode != 10027 {
+		t.Fatalf("a third stream past the account's limit of %d: %v", hostStreams, err)
+	}
 }
+

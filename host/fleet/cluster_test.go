@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -325,6 +324,7 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	c := startTemplateFleet(t, []string{"host-a", "host-b"}, nil)
+	c.check = time.Second // the hosts report within a second
 	js, ms := c.openHosts(t, 0)
 	a, b, ma, mb := js[0], js[1], ms[0], ms[1]
 	appendN(t, a, 0, 4)
@@ -457,6 +457,10 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// The auditor reads the same report, through its imports.
+	if rep, err := readReport(ctx, ajs, "host-b", mb.HostID); err != nil || rep.LastSeq != 8 {
+		t.Fatalf("B's report as the auditor reads it: %+v, %v", rep, err)
+	}
 }
 
 // refusedAll runs every attempt at once and fails unless each is
@@ -494,40 +498,6 @@ func mirrorConfig(t *testing.T, js jetstream.JetStream, stream string) jetstream
 		t.Fatalf("%s: %v", stream, err)
 	}
 	return s.CachedInfo().Config
-}
-
-// TestHostAccountLimits: the template's JetStream limits hold on their
-// own, where a host's permissions would let it make streams: a host user
-// allowed everything (the template edited) makes its two streams and no
-// third, and none larger than its account's storage.
-func TestHostAccountLimits(t *testing.T) {
-	skipInShort(t, "runs a three-node fleet cluster")
-	c := startTemplateFleet(t, []string{"host-a"}, func(tmpl string) string {
-		perm := "permissions: { publish: { allow: " + list(hostAllowed("host-a", fleetDomain)) + " } }"
-		if !strings.Contains(tmpl, perm) {
-			t.Fatalf("template changed shape:\n%s", tmpl)
-		}
-		return strings.Replace(tmpl, perm, `permissions: { publish: { allow: [">"] } }`, 1)
-	})
-	fjs, _ := jetstream.NewWithDomain(c.attacker(t, "host-a"), fleetDomain)
-	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
-	defer cancel()
-	mk := func(name string, maxBytes int64) error {
-		_, err := fjs.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name)}, Replicas: 1, MaxBytes: maxBytes})
-		return err
-	}
-	var api *jetstream.APIError
-	if err := mk("TOO-BIG", 2*testMaxBytes); !errors.As(err, &api) || !refusedAccount(err) {
-		t.Fatalf("a stream larger than the account's storage: %v", err)
-	}
-	for _, name := range []string{"ONE", "TWO"} {
-		if err := mk(name, 1<<20); err != nil {
-			t.Fatalf("stream %s within the limits: %v", name, err)
-		}
-	}
-	if err := mk("THREE", 1<<20); !errors.As(err, &api) || api.ErrorCode != 10027 {
-		t.Fatalf("a third stream past the account's limit of %d: %v", hostStreams, err)
-	}
 }
 
 // TestFleetNodeLoss: with replicas 3, killing the node each host is linked

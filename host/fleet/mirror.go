@@ -466,8 +466,21 @@ func (m *Mirror) report(ctx context.Context, r *run, fleet jetstream.JetStream, 
 		return fmt.Errorf("report %s: %w", name, err)
 	}
 	data, _ := json.Marshal(HostReport{HostID: m.HostID, LastSeq: last, Reported: time.Now().UTC()})
-	if _, err := fleet.Publish(ctx, ReportSubject, data); err != nil {
-		return fmt.Errorf("report %s: journal sequence %d: %w", name, last, err)
+	// A stream just made takes a moment to reach the link as interest in
+	// its subject; until then a publish finds no stream to answer it.
+	for try := 1; ; try++ {
+		_, err := fleet.Publish(ctx, ReportSubject, data)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) || try == 10 {
+			return fmt.Errorf("report %s: journal sequence %d: %w", name, last, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 	r.mu.Lock()
 	r.reported, r.reportedOnce = last, true
