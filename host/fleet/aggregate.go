@@ -183,7 +183,21 @@ func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas 
 // resumeAt is the host sequence after the last record of host the
 // aggregate holds (0 when it holds none).
 func (f *Auditor) resumeAt(ctx context.Context, s jetstream.Stream, host string) (uint64, error) {
-	m, err := s.GetLastMsgForSubject(ctx, host+".>")
+	var m *jetstream.RawStreamMsg
+	var err error
+	// An aggregate just made answers gets only once its leader is
+	// elected; until then no one responds.
+	for try := 1; ; try++ {
+		m, err = s.GetLastMsgForSubject(ctx, host+".>")
+		if !errors.Is(err, nats.ErrNoResponders) || try == 25 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}

@@ -423,9 +423,9 @@ func ReportStream(host string) string {
 const reportMaxBytes = 64 << 10
 
 // HostReport is a host's word on its journal: the last sequence it held
-// and when, published to its report stream, which auditors read and no
-// one else may write; a mirror shorter than that word is seen without
-// asking the host. It lives outside the mirror's configuration because a
+// and when, published to its report stream, which only that host
+// publishes to and auditors read; a mirror shorter than that word is seen
+// without asking the host. It lives outside the mirror's configuration because a
 // host may not update its mirror.
 type HostReport struct {
 	HostID   string    `json:"host_id"`
