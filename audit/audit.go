@@ -29,6 +29,9 @@ type Source struct {
 	Root, Dir string
 
 	NATS, Stream, Creds, APIPrefix string
+	// Rejected gets each record of a mirror that is not its host's, which
+	// the audit skips (nil: dropped silently).
+	Rejected func(fleet.Rejected)
 }
 
 // Each calls fn with every record of the source, in order. A journal
@@ -41,7 +44,7 @@ func Each(ctx context.Context, src Source, fn func(replay.Record)) error {
 		return nil
 	}
 	if src.NATS != "" {
-		return fleet.ReadMirror(ctx, src.NATS, src.Creds, src.APIPrefix, src.Stream, pass)
+		return fleet.ReadMirror(ctx, src.NATS, src.Creds, src.APIPrefix, src.Stream, pass, src.Rejected)
 	}
 	dir := src.Dir
 	if dir == "" {

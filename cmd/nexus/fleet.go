@@ -50,8 +50,11 @@ func printMirrorState(w io.Writer, st *fleet.MirrorState) {
 	switch {
 	case st.Exists:
 		fmt.Fprintf(tw, "mirror\t%s in domain %s, %d replicas\n", st.Stream, st.Domain, st.Replicas)
-		fmt.Fprintf(tw, "sequence\tjournal %d, mirror %d, reported to the mirror %d\n", st.JournalLastSeq, st.MirrorLastSeq, st.ReportedSeq)
+		fmt.Fprintf(tw, "sequence\tjournal %d, mirror %d to %d, reported %d\n", st.JournalLastSeq, st.MirrorFirstSeq, st.MirrorLastSeq, st.ReportedSeq)
 		fmt.Fprintf(tw, "lag\t%d events, %.1fs\n", st.LagEvents, st.LagSeconds)
+		if st.MissingEvents > 0 {
+			fmt.Fprintf(tw, "missing\t%d events up to the mirror's last are not in it\n", st.MissingEvents)
+		}
 	default:
 		fmt.Fprintf(tw, "mirror\t%s in domain %s: not seen on the fleet\n", st.Stream, st.Domain)
 		fmt.Fprintf(tw, "sequence\tjournal %d\n", st.JournalLastSeq)
@@ -71,7 +74,7 @@ func fleetTemplateCmd() *cobra.Command {
 	var domain, maxBytes string
 	c := &cobra.Command{
 		Use:   "template --host NAME [--host NAME...]",
-		Short: "Print the fleet's account and permission configuration: one account per host, a read-only auditor",
+		Short: "Print the fleet's account and permission configuration: one account per host, a read-only auditor, the aggregator, the operator",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			for _, h := range hosts {
@@ -91,7 +94,10 @@ func fleetTemplateCmd() *cobra.Command {
 		},
 	}
 	c.Flags().StringArrayVar(&hosts, "host", nil, "a host name of the fleet (repeat, or separate with commas)")
-	c.Flags().StringVar(&t.Auditor, "auditor", "auditor", "the auditors' user name")
+	c.Flags().StringVar(&t.Auditor, "auditor", "auditor", "the auditors' user name (reads only)")
+	c.Flags().StringVar(&t.Aggregator, "aggregator", "aggregator", "the user that creates and keeps the aggregate (nexus fleet aggregate)")
+	c.Flags().StringVar(&t.Operator, "operator", "operator", "the user that repairs mirrors and the aggregate (update, delete)")
+	c.Flags().IntVar(&t.MaxStreams, "max-streams", 2, "JetStream streams of each host's account (a host makes 2: its mirror and its report; 0: no limit)")
 	c.Flags().StringVar(&domain, "domain", "fleet", "the fleet's JetStream domain (daemon --mirror-domain)")
 	c.Flags().StringVar(&maxBytes, "max-bytes", "0", "JetStream storage limit of each host's account (0: none)")
 	return c

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"slices"
 	"strings"
@@ -29,7 +30,8 @@ func (c *fleetConn) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&c.creds, "nats-creds", "", "NATS .creds file for the auditor")
 }
 
-// dial connects, or says which flag is missing (exit 2).
+// dial connects, or says which flag is missing (exit 2). A record a read
+// skips is reported on stderr.
 func (c *fleetConn) dial(cmd *cobra.Command) (*fleet.Auditor, error) {
 	if c.url == "" {
 		c.url = os.Getenv("NEXUS_FLEET_URL")
@@ -39,7 +41,33 @@ func (c *fleetConn) dial(cmd *cobra.Command) (*fleet.Auditor, error) {
 	if c.url == "" {
 		return nil, usageError{errors.New("name the fleet with --nats URL or NEXUS_FLEET_URL")}
 	}
-	return fleet.Dial(c.url, c.creds)
+	f, err := fleet.Dial(c.url, c.creds)
+	if err != nil {
+		return nil, err
+	}
+	f.Reject = func(r fleet.Rejected) { warnSkipped(cmd, r) }
+	return f, nil
+}
+
+// warnSkipped reports a record a fleet read skipped and went past.
+func warnSkipped(cmd *cobra.Command, r fleet.Rejected) { warnSkippedTo(cmd.ErrOrStderr(), r) }
+
+func warnSkippedTo(w io.Writer, r fleet.Rejected) {
+	fmt.Fprintf(w, "nexus: warning: skipped %s\n", r)
+}
+
+// printFleetEvent prints each aggregate record as an event; one that does
+// not decode is reported on errOut and the read goes on: one bad record
+// must not hide every event after it.
+func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) error {
+	return func(rec replay.FleetRecord) error {
+		e, err := replay.DecodeFleet(rec)
+		if err != nil {
+			warnSkippedTo(errOut, fleet.Rejected{Stream: fleet.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
+			return nil
+		}
+		return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
+	}
 }
 
 // fleetReader reads the aggregate from r's position, with the filters
@@ -60,7 +88,7 @@ func fleetAggregateCmd() *cobra.Command {
 	var replicas int
 	c := &cobra.Command{
 		Use:   "aggregate --host NAME [--host NAME...]",
-		Short: "Create the fleet's aggregate stream (" + fleet.AggregateStream + ") from the hosts' mirrors, or add hosts to it",
+		Short: "As the aggregator: create the fleet's aggregate stream (" + fleet.AggregateStream + ") from the hosts' mirrors, add hosts to it, and set its resume points",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var names []string
@@ -137,13 +165,7 @@ func fleetEventsCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			err = fleetReader(ctx, f, r)(filters, func(rec replay.FleetRecord) error {
-				e, err := replay.DecodeFleet(rec)
-				if err != nil {
-					return err
-				}
-				return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
-			})
+			err = fleetReader(ctx, f, r)(filters, printFleetEvent(out, cmd.ErrOrStderr(), o))
 			if follow && errors.Is(err, context.Canceled) {
 				return nil
 			}

@@ -105,7 +105,7 @@ func startMirroringDaemon(t *testing.T, root, host, pass string, leaf []int) {
 // event arrive from a host.
 func TestFleetWideReads(t *testing.T) {
 	testutil.StartsSandboxes(t)
-	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit"}
+	passes := map[string]string{"host-a": "pass-a", "host-b": "pass-b", "auditor": "pass-audit", "aggregator": "pass-agg", "operator": "pass-op"}
 	for user, p := range passes {
 		t.Setenv(fleet.PasswordVar(user), p)
 	}
@@ -127,11 +127,15 @@ func TestFleetWideReads(t *testing.T) {
 	}
 	wantFailure(t, fleet("events"), 1, "nexus fleet aggregate")
 	wantFailure(t, nexus(t, t.TempDir(), "fleet", "events"), 2, "NEXUS_FLEET_URL")
-	r := mustOK(t, fleet("aggregate", "--host", "host-a", "--host", "host-b"), "aggregate")
+	aggEnv := []string{"NEXUS_FLEET_URL=" + strings.Replace(clientURL, "nats://", "nats://aggregator:pass-agg@", 1)}
+	aggregate := func(args ...string) result {
+		return nexusEnv(t, t.TempDir(), aggEnv, append([]string{"fleet", "aggregate"}, args...)...)
+	}
+	r := mustOK(t, aggregate("--host", "host-a", "--host", "host-b"), "aggregate")
 	if !strings.Contains(r.stdout, "sourced from host-a, host-b (added: host-a, host-b)") {
 		t.Fatalf("aggregate: %q", r.stdout)
 	}
-	if r := mustOK(t, fleet("aggregate", "--host", "host-b"), "aggregate again"); !strings.Contains(r.stdout, "(added: -)") {
+	if r := mustOK(t, aggregate("--host", "host-b"), "aggregate again"); !strings.Contains(r.stdout, "(added: -)") {
 		t.Fatalf("aggregate again: %q", r.stdout)
 	}
 

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/audit"
+	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -55,7 +57,8 @@ func (f *replayFlags) source(g *globals) (audit.Source, error) {
 	if f.natsURL != "" && (f.stream == "" || f.journalDir != "") {
 		return audit.Source{}, usageError{errors.New("--nats needs --stream, and excludes --journal")}
 	}
-	return audit.Source{Root: g.stateDir, Dir: f.journalDir, NATS: f.natsURL, Stream: f.stream, Creds: f.natsCreds, APIPrefix: f.natsPrefix}, nil
+	return audit.Source{Root: g.stateDir, Dir: f.journalDir, NATS: f.natsURL, Stream: f.stream, Creds: f.natsCreds, APIPrefix: f.natsPrefix,
+		Rejected: func(r fleet.Rejected) { fmt.Fprintf(os.Stderr, "nexus: warning: skipped %s\n", r) }}, nil
 }
 
 // eachRecord calls fn with every record of the audited journal, in order.

@@ -33,14 +33,17 @@ const connectTimeout = 15 * time.Second
 // reads do.
 type Range = journal.Range
 
-// Auditor is an auditor's connection to the fleet: it keeps the aggregate
-// and reads it. It never writes a host's mirror (the template lets it
-// not), and every consumer it makes is ordered and ephemeral, gone when
-// the read ends.
+// Auditor is a connection to the fleet as one of the audit account's
+// users of the template: the auditor reads the aggregate, the aggregator
+// also keeps it (EnsureAggregate). It never writes a host's mirror (the
+// template lets it not), and every consumer it makes is ordered and
+// ephemeral, gone when the read ends.
 type Auditor struct {
 	nc  *nats.Conn
 	js  jetstream.JetStream
 	url string
+	// Reject gets every record a read skips (Rejected); nil drops them.
+	Reject func(Rejected)
 }
 
 // Dial connects as an auditor of `nexus fleet template`.
@@ -93,6 +96,15 @@ func hostOfStream(stream string) string {
 // hosts it lacks to an existing one; it never drops a source. replicas 0
 // asks for 3 and takes 1 where the fleet cannot place 3. It returns the
 // hosts it added.
+//
+// It also sets each source's resume point (its opt_start_seq) to the
+// host sequence after the last the aggregate holds of that host. A source
+// running on keeps its own position and ignores it; JetStream resumes
+// from it only when the source stream proves re-created (a mirror deleted
+// and made again), where it would otherwise source the host's whole
+// journal again. So the aggregate holds each (host, host sequence) once
+// across a re-creation as far as it held it when this last ran: run it
+// after a repair's delete, or on a schedule; readers skip what is left.
 func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas int) (added []string, err error) {
 	for _, h := range hosts {
 		if err := ValidHostName(h); err != nil {
@@ -135,24 +147,69 @@ func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas 
 		return nil, f.noAggregate(err)
 	}
 	cfg := s.CachedInfo().Config
+	changed := false
 	have := map[string]bool{}
 	for _, src := range cfg.Sources {
 		have[src.Name] = true
+		next, err := f.resumeAt(ctx, s, hostOfStream(src.Name))
+		if err != nil {
+			return nil, err
+		}
+		if next > src.OptStartSeq {
+			src.OptStartSeq = next
+			changed = true
+		}
 	}
 	for _, h := range hosts {
 		if !have[MirrorStream(h)] {
 			have[MirrorStream(h)] = true
 			cfg.Sources = append(cfg.Sources, source(h))
 			added = append(added, h)
+			changed = true
 		}
 	}
-	if len(added) == 0 {
+	if !changed {
 		return nil, nil
 	}
 	if _, err := f.js.UpdateStream(ctx, cfg); err != nil {
+		if len(added) == 0 {
+			return nil, fmt.Errorf("fleet: set the resume points of %s: %w", AggregateStream, err)
+		}
 		return nil, fmt.Errorf("fleet: add %s to %s: %w", strings.Join(added, ", "), AggregateStream, err)
 	}
 	return added, nil
+}
+
+// resumeAt is the host sequence after the last record of host the
+// aggregate holds (0 when it holds none).
+func (f *Auditor) resumeAt(ctx context.Context, s jetstream.Stream, host string) (uint64, error) {
+	var m *jetstream.RawStreamMsg
+	var err error
+	// An aggregate just made answers gets only once its leader is
+	// elected; until then no one responds.
+	for try := 1; ; try++ {
+		m, err = s.GetLastMsgForSubject(ctx, host+".>")
+		if !errors.Is(err, nats.ErrNoResponders) || try == 25 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("fleet: %s's last record of %s: %w", AggregateStream, host, err)
+	}
+	src, err := checkSource(m.Subject, m.Header.Get(sourceHeader))
+	if err != nil {
+		// Not a record of the host: no resume point from it.
+		return 0, nil
+	}
+	return src.seq + 1, nil
 }
 
 // Record is one record of the aggregate: a host's record with its
@@ -167,26 +224,32 @@ type Record struct {
 
 // Scan reads the aggregate's records in r (its Filters are full subjects
 // with the host token), in the aggregate's order, through one ordered
-// ephemeral consumer.
+// ephemeral consumer. A record that does not match its source
+// (checkSource) goes to Reject and the read goes on.
 func (f *Auditor) Scan(ctx context.Context, r journal.Range, fn func(Record) error) error {
 	s, err := f.js.Stream(ctx, AggregateStream)
 	if err != nil {
 		return f.noAggregate(err)
 	}
 	// JetStream sources at least once: a source whose consumer restarts
-	// (the aggregate extended under load, a node lost) can store a host's
-	// record again (a host's first record twice, after the aggregate
-	// gained that host as a source). A host's records arrive in its journal's
-	// order, so one at or below the last yielded for its host is such a
-	// copy, and each host record is yielded once.
+	// (the aggregate extended under load, a node lost, a mirror re-created
+	// past its resume point) can store a host's record again. A host's
+	// records arrive in its journal's order, so one at or below the last
+	// yielded for its host is such a copy, and each host record is
+	// yielded once.
 	seen := hostSeqs{}
 	return journal.ScanStream(ctx, s, r, func(rec journal.Record) error {
-		host, _, _ := strings.Cut(rec.Subject, ".")
-		seq := sourceSeq(rec.Source)
-		if !seen.fresh(host, seq) {
+		src, err := checkSource(rec.Subject, rec.Source)
+		if err != nil {
+			if f.Reject != nil {
+				f.Reject(Rejected{Stream: AggregateStream, Seq: rec.Seq, Subject: rec.Subject, Reason: err.Error()})
+			}
 			return nil
 		}
-		return fn(Record{Record: rec, Host: host, HostSeq: seq})
+		if !seen.fresh(src.host, src.seq) {
+			return nil
+		}
+		return fn(Record{Record: rec, Host: src.host, HostSeq: src.seq})
 	})
 }
 
@@ -194,11 +257,8 @@ func (f *Auditor) Scan(ctx context.Context, r journal.Range, fn func(Record) err
 type hostSeqs map[string]uint64
 
 // fresh says whether host's record at seq comes after the last one
-// yielded (and records it); a record without a host sequence always does.
+// yielded (and records it).
 func (h hostSeqs) fresh(host string, seq uint64) bool {
-	if seq == 0 {
-		return true
-	}
 	if seq <= h[host] {
 		return false
 	}
@@ -206,13 +266,44 @@ func (h hostSeqs) fresh(host string, seq uint64) bool {
 	return true
 }
 
-// sourceSeq is the sequence in a Nats-Stream-Source header ("<stream
-// index> <seq> ..."), 0 if there is none.
-func sourceSeq(h string) uint64 {
-	fields := strings.Fields(h)
-	if len(fields) < 2 {
-		return 0
-	}
-	n, _ := strconv.ParseUint(fields[1], 10, 64)
-	return n
+// aggSource is where an aggregate record came from: its host and its
+// sequence there.
+type aggSource struct {
+	host string
+	seq  uint64
 }
+
+// checkSource checks an aggregate record against the Nats-Stream-Source
+// header JetStream adds to each sourced record ("<stream>[:<api hash>]
+// <seq> <filter> <destination> <original subject> [<identity>]"): the
+// record must come from the mirror of the host its subject names, with a
+// host sequence, under the subject it had there (the aggregate transforms
+// none). Anything else was put there by other means than the sourcing.
+func checkSource(subject, header string) (aggSource, error) {
+	host, _, _ := strings.Cut(subject, ".")
+	if err := ValidHostName(host); err != nil {
+		return aggSource{}, fmt.Errorf("subject names no host: %v", err)
+	}
+	if header == "" {
+		return aggSource{}, fmt.Errorf("no source: not sourced from a host's mirror")
+	}
+	f := strings.Fields(header)
+	if len(f) < 5 {
+		return aggSource{}, fmt.Errorf("source %q: malformed", header)
+	}
+	stream, _, _ := strings.Cut(f[0], ":")
+	if stream != MirrorStream(host) {
+		return aggSource{}, fmt.Errorf("sourced from %s, but the subject names host %s", stream, host)
+	}
+	seq, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil || seq == 0 {
+		return aggSource{}, fmt.Errorf("source %q: no host sequence", header)
+	}
+	if f[4] != subject {
+		return aggSource{}, fmt.Errorf("stored as %s, but %s holds it as %s", subject, stream, f[4])
+	}
+	return aggSource{host: host, seq: seq}, nil
+}
+
+// sourceHeader is the header JetStream adds to each sourced record.
+const sourceHeader = "Nats-Stream-Source"

@@ -143,9 +143,9 @@ func (c *fleetCluster) urls(user, pass string) []*url.URL {
 	return out
 }
 
-func openFleetHost(t testing.TB, c *fleetCluster, name, pass string) (*journal.Journal, *Mirror) {
+func openFleetHost(t testing.TB, c *fleetCluster, name, pass string, check time.Duration) (*journal.Journal, *Mirror) {
 	t.Helper()
-	m := &Mirror{URLs: c.urls(name, pass), Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), StartWait: 20 * time.Second}
+	m := &Mirror{URLs: c.urls(name, pass), Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), StartWait: 20 * time.Second, Check: check}
 	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
 	if err != nil {
 		t.Fatal(err)
@@ -160,7 +160,12 @@ func openFleetHost(t testing.TB, c *fleetCluster, name, pass string) (*journal.J
 type templateFleet struct {
 	*fleetCluster
 	hosts []string
+	// check is the hosts' Mirror.Check (0: its default).
+	check time.Duration
 }
+
+// testMaxBytes is each host account's storage in these tests.
+const testMaxBytes = 256 << 20
 
 // fleetPass is a fleet user's password in these tests.
 func fleetPass(user string) string { return "pw-" + user }
@@ -172,10 +177,10 @@ func startTemplateFleet(t testing.TB, hosts []string, edit func(string) string) 
 	if testing.Short() {
 		t.Skip("starts a fleet cluster; make test runs it, -short does not")
 	}
-	for _, u := range append([]string{"auditor"}, hosts...) {
+	for _, u := range append([]string{"auditor", "aggregator", "operator"}, hosts...) {
 		t.Setenv(PasswordVar(u), fleetPass(u))
 	}
-	tmpl, err := Template{Hosts: hosts, Auditor: "auditor"}.Config(fleetDomain)
+	tmpl, err := Template{Hosts: hosts, Auditor: "auditor", MaxStreams: hostStreams, MaxBytes: testMaxBytes}.Config(fleetDomain)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +196,7 @@ func (f *templateFleet) openHosts(t testing.TB, events int) ([]*journal.Journal,
 	t.Helper()
 	js, ms := make([]*journal.Journal, len(f.hosts)), make([]*Mirror, len(f.hosts))
 	for i, h := range f.hosts {
-		js[i], ms[i] = openFleetHost(t, f.fleetCluster, h, fleetPass(h))
+		js[i], ms[i] = openFleetHost(t, f.fleetCluster, h, fleetPass(h), f.check)
 		if events > 0 {
 			appendN(t, js[i], 0, events)
 		}
@@ -217,8 +222,11 @@ func mirrorIsJournal(t *testing.T, audit jetstream.JetStream, host string, j *jo
 }
 
 // auditorURL is node's client URL with the auditor's credentials.
-func (f *templateFleet) auditorURL(node int) string {
-	return fmt.Sprintf("nats://auditor:%s@%s", fleetPass("auditor"), strings.TrimPrefix(f.nodes[node].ClientURL(), "nats://"))
+func (f *templateFleet) auditorURL(node int) string { return f.userURL("auditor", node) }
+
+// userURL is node's client URL with user's credentials.
+func (f *templateFleet) userURL(user string, node int) string {
+	return fmt.Sprintf("nats://%s:%s@%s", user, fleetPass(user), strings.TrimPrefix(f.nodes[node].ClientURL(), "nats://"))
 }
 
 // auditor is the auditor's JetStream at node, through the audit API
@@ -242,7 +250,7 @@ func (f *templateFleet) auditor(t testing.TB, node int) jetstream.JetStream {
 // the test.
 func (f *templateFleet) attacker(t *testing.T, host string) *nats.Conn {
 	t.Helper()
-	ao := &server.Options{ServerName: "attacker", DontListen: true, NoLog: true, NoSigs: true}
+	ao := &server.Options{ServerName: "attacker-" + host, DontListen: true, NoLog: true, NoSigs: true}
 	ao.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: f.urls(host, fleetPass(host))}}
 	atk, err := server.NewServer(ao)
 	if err != nil {
@@ -316,6 +324,7 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	skipInShort(t, "runs a three-node fleet cluster")
 	c := startTemplateFleet(t, []string{"host-a", "host-b"}, nil)
+	c.check = time.Second // the hosts report within a second
 	js, ms := c.openHosts(t, 0)
 	a, b, ma, mb := js[0], js[1], ms[0], ms[1]
 	appendN(t, a, 0, 4)
@@ -387,6 +396,28 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 		}
 	}
 	x5()
+	// A may not update its mirror (cutting it to its last 5 records), nor
+	// its report stream, nor delete that, nor make a stream of another name.
+	refusedAll(t, map[string]func(context.Context) error{
+		"A updated its own mirror's limits": func(ctx context.Context) error {
+			cfg := mirrorConfig(t, ajs, ma.StreamName())
+			cfg.MaxMsgs = 5
+			_, err := fjs.UpdateStream(ctx, cfg)
+			return err
+		},
+		"A updated its report stream": func(ctx context.Context) error {
+			_, err := fjs.UpdateStream(ctx, jetstream.StreamConfig{Name: ReportStream("host-a"), Subjects: []string{ReportSubject}, MaxMsgsPerSubject: 1000})
+			return err
+		},
+		"A deleted its report stream": func(ctx context.Context) error { return fjs.DeleteStream(ctx, ReportStream("host-a")) },
+		"A made a stream of its own": func(ctx context.Context) error {
+			_, err := fjs.CreateStream(ctx, jetstream.StreamConfig{Name: "EXTRA", Subjects: []string{"extra"}})
+			return err
+		},
+	})
+	if cfg := mirrorConfig(t, ajs, ma.StreamName()); cfg.MaxMsgs != -1 {
+		t.Fatalf("A's mirror limits changed: max msgs %d", cfg.MaxMsgs)
+	}
 
 	// B keeps appending; its mirror, as the auditor reads it, is exactly
 	// B's journal, and A's is intact.
@@ -403,7 +434,7 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	if err := ReadMirror(ctx, auditURL, "", AuditAPIPrefix, mb.StreamName(), func(r journal.Record) error {
 		recs = append(recs, r)
 		return nil
-	}); err != nil {
+	}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if len(recs) != 8 || recs[0].Seq != 1 || recs[0].MsgID != "m-100" || recs[7].MsgID != "m-107" {
@@ -413,11 +444,60 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 	if n := seenB.Load(); n != 0 {
 		t.Fatalf("A's link saw %d of B's messages", n)
 	}
-	// Status from each host: linked, current, three replicas.
-	st := mb.State(context.Background())
-	if !st.Connected || !st.Exists || st.LagEvents != 0 || st.MirrorLastSeq != 8 || st.Replicas != 3 {
-		t.Fatalf("B's mirror state: %+v", st)
+	// Status from each host: linked, current, three replicas, its report
+	// read from its report stream.
+	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
+	for {
+		st := mb.State(context.Background())
+		if st.Connected && st.Exists && st.LagEvents == 0 && st.MirrorLastSeq == 8 && st.MirrorFirstSeq == 1 && st.Replicas == 3 && st.ReportedSeq == 8 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("B's mirror state: %+v", st)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
+	// The auditor reads the same report, through its imports.
+	if rep, err := readReport(ctx, ajs, "host-b", mb.HostID); err != nil || rep.LastSeq != 8 {
+		t.Fatalf("B's report as the auditor reads it: %+v, %v", rep, err)
+	}
+}
+
+// refusedAll runs every attempt at once and fails unless each is
+// refused. A request the permissions refuse goes unanswered, so each
+// waits a few seconds at most; at once, the whole costs that once.
+func refusedAll(t *testing.T, attempts map[string]func(context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(3*time.Second))
+	defer cancel()
+	type result struct {
+		what string
+		err  error
+	}
+	done := make(chan result, len(attempts))
+	for what, do := range attempts {
+		go func() { done <- result{what, do(ctx)} }()
+	}
+	for range attempts {
+		if r := <-done; r.err == nil {
+			t.Errorf("%s", r.what)
+		}
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// mirrorConfig is stream's configuration as js reads it.
+func mirrorConfig(t *testing.T, js jetstream.JetStream, stream string) jetstream.StreamConfig {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(10*time.Second))
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatalf("%s: %v", stream, err)
+	}
+	return s.CachedInfo().Config
 }
 
 // TestFleetNodeLoss: with replicas 3, killing the node each host is linked

@@ -289,7 +289,7 @@ func TestReadMirrorRefusesAnEmptyMirror(t *testing.T) {
 	defer fleet.Shutdown()
 	_, m := openMirrored(t, leafPort)
 	awaitCreated(t, fleet, m.StreamName())
-	err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(journal.Record) error { return nil })
+	err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "empty") {
 		t.Fatalf("an empty mirror read without complaint: %v", err)
 	}

@@ -6,12 +6,12 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -78,13 +78,6 @@ var ErrHostTaken = errors.New("fleet: mirror stream belongs to another host")
 const (
 	metaHostID = "nexus_host_id"
 	metaHost   = "nexus_host"
-	// metaLastSeq and metaReported are the host's report of its journal:
-	// the last sequence it held and when. The host writes them into the
-	// mirror's own metadata, which an auditor reads with the stream info
-	// it is allowed, so a mirror shorter than its host's word is seen
-	// without asking the host.
-	metaLastSeq  = "nexus_journal_last_seq"
-	metaReported = "nexus_journal_reported"
 )
 
 var (
@@ -270,6 +263,9 @@ type run struct {
 	seen     bool
 	creating bool
 	drift    string
+	// reported is the journal sequence this run last reported.
+	reported     uint64
+	reportedOnce bool
 }
 
 // Start keeps the mirror from now until Stop (journal.LeafMirror), afresh for
@@ -364,9 +360,9 @@ func (m *Mirror) keep(ctx context.Context, r *run, first chan<- error) {
 }
 
 // ensure is one check of the mirror on the fleet. It creates a
-// missing mirror with the settings, and never rewrites one that exists:
-// replicas or limits an operator changed stay (a difference is logged),
-// only an explicit request for more replicas is applied.
+// missing mirror with the settings, and never rewrites one that exists (a
+// host may not: the fleet's operator changes replicas or limits, and a
+// difference from the settings is logged and reported).
 func (m *Mirror) ensure(ctx context.Context, r *run, fleet jetstream.JetStream) error {
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -389,15 +385,6 @@ func (m *Mirror) ensure(ctx context.Context, r *run, fleet jetstream.JetStream) 
 		// This host's own create, whose answer did not come back.
 		m.made(r, cfg.Replicas)
 	}
-	if m.Replicas > cfg.Replicas {
-		was := cfg.Replicas
-		cfg.Replicas = m.Replicas
-		if _, err := fleet.UpdateStream(actx, cfg); err != nil {
-			return fmt.Errorf("mirror %s: raise replicas %d to %d: %w", m.StreamName(), was, m.Replicas, err)
-		}
-		r.link.Log.Info("mirror.updated", "stream", m.StreamName(), "replicas", m.Replicas, "was", was)
-		return nil
-	}
 	var drift []string
 	if m.Replicas > 0 && cfg.Replicas != m.Replicas {
 		drift = append(drift, fmt.Sprintf("replicas %d (nexus asks %d)", cfg.Replicas, m.Replicas))
@@ -414,67 +401,125 @@ func (m *Mirror) ensure(ctx context.Context, r *run, fleet jetstream.JetStream) 
 		r.link.Log.Warn("mirror.settings-differ", "stream", m.StreamName(), "kept", d)
 		m.reportChange(r, MirrorChange{Kind: "settings_differ", Detail: d, Replicas: cfg.Replicas})
 	}
-	// The report is for auditors; failing it (an account that refuses
-	// stream updates) leaves the mirror itself healthy, so it is logged,
-	// not returned.
-	if err := m.reportLastSeq(actx, r, fleet, cfg); err != nil {
+	// The report is for auditors; failing it (an account out of streams)
+	// leaves the mirror itself healthy, so it is logged, not returned.
+	if err := m.report(actx, r, fleet, cfg.Replicas); err != nil {
 		r.link.Log.Warn("mirror.report-failed", "stream", m.StreamName(), "err", err)
 	}
 	return nil
 }
 
-// reportLastSeq records the journal's last sequence in the mirror's
-// metadata when it moved since the last report. Everything else in the
-// configuration is written back as read, so operator settings stay.
-func (m *Mirror) reportLastSeq(ctx context.Context, r *run, fleet jetstream.JetStream, cfg jetstream.StreamConfig) error {
+// ReportSubject is where a host publishes its report, in its own account
+// (the template lets only that host's link publish there).
+const ReportSubject = "$NEXUS.REPORT"
+
+// ReportStream keeps a host's last report, next to its mirror in the
+// host's account. The '-' keeps it apart from every MirrorStream.
+func ReportStream(host string) string {
+	return "NEXUS-REPORT_" + strings.TrimPrefix(MirrorStream(host), journal.StreamName+"_")
+}
+
+// reportMaxBytes bounds the report stream: it keeps one small message.
+const reportMaxBytes = 64 << 10
+
+// HostReport is a host's word on its journal: the last sequence it held
+// and when, published to its report stream, which only that host
+// publishes to and auditors read; a mirror shorter than that word is seen
+// without asking the host. It lives outside the mirror's configuration because a
+// host may not update its mirror.
+type HostReport struct {
+	HostID   string    `json:"host_id"`
+	LastSeq  uint64    `json:"last_seq"`
+	Reported time.Time `json:"reported"`
+}
+
+// report publishes the journal's last sequence to the report stream
+// (made when missing) when it moved since this run last published it.
+func (m *Mirror) report(ctx context.Context, r *run, fleet jetstream.JetStream, replicas int) error {
 	last, err := r.link.Journal.LastSeq(ctx)
 	if err != nil {
 		return err
 	}
-	seq := strconv.FormatUint(last, 10)
-	if cfg.Metadata[metaLastSeq] == seq {
+	r.mu.Lock()
+	done := r.reported == last && r.reportedOnce
+	r.mu.Unlock()
+	if done {
 		return nil
 	}
-	// A stream update writes the whole configuration and JetStream has no
-	// compare-and-set for it, so write back what the fleet holds now, not
-	// what this check read earlier: an operator's change made meanwhile
-	// (a max bytes set between the read and this write would be reverted)
-	// is kept, and the window left is one round trip.
-	s, err := fleet.Stream(ctx, cfg.Name)
-	if err != nil {
-		return fmt.Errorf("mirror %s: re-read before reporting: %w", cfg.Name, err)
+	name := ReportStream(m.Host)
+	if _, err := fleet.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = fleet.CreateStream(ctx, jetstream.StreamConfig{
+			Name:              name,
+			Description:       fmt.Sprintf("nexus: host %s's last report of its journal", m.Host),
+			Subjects:          []string{ReportSubject},
+			Storage:           jetstream.FileStorage,
+			Replicas:          replicas,
+			MaxMsgsPerSubject: 1,
+			MaxBytes:          reportMaxBytes,
+			DenyDelete:        true,
+			DenyPurge:         true,
+		})
+		if err != nil {
+			return fmt.Errorf("report %s: create: %w", name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("report %s: %w", name, err)
 	}
-	cfg = s.CachedInfo().Config
-	if cfg.Metadata[metaLastSeq] == seq {
-		return nil
-	}
-	md := make(map[string]string, len(cfg.Metadata)+2)
-	for k, v := range cfg.Metadata {
-		// The server's own keys (_nats.*) are its to set.
-		if !strings.HasPrefix(k, "_nats.") {
-			md[k] = v
+	data, _ := json.Marshal(HostReport{HostID: m.HostID, LastSeq: last, Reported: time.Now().UTC()})
+	// A stream just made takes a moment to reach the link as interest in
+	// its subject; until then a publish finds no stream to answer it.
+	for try := 1; ; try++ {
+		_, err := fleet.Publish(ctx, ReportSubject, data)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) || try == 10 {
+			return fmt.Errorf("report %s: journal sequence %d: %w", name, last, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
-	md[metaLastSeq], md[metaReported] = seq, time.Now().UTC().Format(time.RFC3339Nano)
-	cfg.Metadata = md
-	if _, err := fleet.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("mirror %s: report journal sequence %d: %w", cfg.Name, last, err)
-	}
+	r.mu.Lock()
+	r.reported, r.reportedOnce = last, true
+	r.mu.Unlock()
 	return nil
 }
 
-// HostReport is what a host last reported of its journal in its mirror's
-// metadata (zero when it never did).
-type HostReport struct {
-	LastSeq  uint64
-	Reported time.Time
+// streamGetter is a stream lookup: jetstream.JetStream, or a caller's
+// own view of one.
+type streamGetter interface {
+	Stream(ctx context.Context, name string) (jetstream.Stream, error)
 }
 
-func hostReport(md map[string]string) HostReport {
-	var r HostReport
-	r.LastSeq, _ = strconv.ParseUint(md[metaLastSeq], 10, 64)
-	r.Reported, _ = time.Parse(time.RFC3339Nano, md[metaReported])
-	return r
+// readReport is host's last report (zero when it never made one). A
+// report naming another host identity than the mirror's is not this
+// mirror's host's word, and is an error.
+func readReport(ctx context.Context, js streamGetter, host, hostID string) (HostReport, error) {
+	var rep HostReport
+	s, err := js.Stream(ctx, ReportStream(host))
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return rep, nil
+	}
+	if err != nil {
+		return rep, fmt.Errorf("report %s: %w", ReportStream(host), err)
+	}
+	msg, err := s.GetLastMsgForSubject(ctx, ReportSubject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return rep, nil
+	}
+	if err != nil {
+		return rep, fmt.Errorf("report %s: %w", ReportStream(host), err)
+	}
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return HostReport{}, fmt.Errorf("report %s: undecodable: %w", ReportStream(host), err)
+	}
+	if hostID != "" && rep.HostID != hostID {
+		return HostReport{}, fmt.Errorf("report %s is from host identity %s, the mirror's is %s", ReportStream(host), rep.HostID, hostID)
+	}
+	return rep, nil
 }
 
 // checkMirrorSpan refuses a mirror that cannot be its host's whole
@@ -487,6 +532,8 @@ func checkMirrorSpan(stream string, st jetstream.StreamState, rep HostReport) er
 		return fmt.Errorf("fleet: mirror %s is empty: it holds none of the host's journal", stream)
 	case st.FirstSeq != 1:
 		return fmt.Errorf("fleet: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
+	case st.Msgs != st.LastSeq-st.FirstSeq+1:
+		return fmt.Errorf("fleet: mirror %s holds %d records from 1 to %d: %d of the journal's are missing from it", stream, st.Msgs, st.LastSeq, st.LastSeq-st.Msgs)
 	case st.LastSeq < rep.LastSeq:
 		return fmt.Errorf("fleet: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
 			stream, st.LastSeq, rep.LastSeq, rep.Reported.Format(time.RFC3339))
@@ -670,16 +717,34 @@ func (m *Mirror) Status() (ok bool, lastErr string) {
 	return r.set, ""
 }
 
+// Rejected is a record a reader skipped and reports: one that does not
+// match the stream it was read from (another host's subject, no or a
+// wrong source, a sequence not its host's, undecodable data).
+type Rejected struct {
+	Stream  string `json:"stream"`
+	Seq     uint64 `json:"seq"` // in Stream
+	Subject string `json:"subject"`
+	Reason  string `json:"reason"`
+}
+
+func (r Rejected) String() string {
+	if r.Subject == "" {
+		return fmt.Sprintf("%s sequence %d: %s", r.Stream, r.Seq, r.Reason)
+	}
+	return fmt.Sprintf("%s sequence %d (%s): %s", r.Stream, r.Seq, r.Subject, r.Reason)
+}
+
 // ReadMirror reads every record of a mirror stream on the fleet (or any
 // JetStream holding nexus events) at natsURL, in order, for replay. It only
 // reads: an ordered consumer, or, with apiPrefix (an auditor of the fleet
 // template, allowed stream info and get only), each message by sequence;
 // nothing is acknowledged or deleted. Subjects keep the mirror's host
-// prefix. An empty mirror, or one whose first sequence is not 1, is an
-// error: a journal starts at 1 and never loses its head, so either means
-// the audit copy is not the journal; so is one that ends before the last
-// sequence its host reported in the mirror's metadata.
-func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(journal.Record) error) error {
+// prefix; a record whose subject is not the host's is given to reject
+// (nil: dropped) and the read goes on. An empty mirror, or one whose first
+// sequence is not 1, is an error: a journal starts at 1 and never loses
+// its head, so either means the audit copy is not the journal; so is one
+// that ends before the last sequence its host reported (ReportStream).
+func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(journal.Record) error, reject func(Rejected)) error {
 	opts := []nats.Option{nats.Name("nexus replay"), nats.Timeout(connectTimeout)}
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
@@ -704,18 +769,32 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	}
 	info := s.CachedInfo()
 	st := info.State
-	if err := checkMirrorSpan(stream, st, hostReport(info.Config.Metadata)); err != nil {
+	host := hostOfStream(stream)
+	rep, err := readReport(ctx, js, host, info.Config.Metadata[metaHostID])
+	if err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	if err := checkMirrorSpan(stream, st, rep); err != nil {
 		return err
 	}
+	pass := func(rec journal.Record) error {
+		if !strings.HasPrefix(rec.Subject, host+".") {
+			if reject != nil {
+				reject(Rejected{Stream: stream, Seq: rec.Seq, Subject: rec.Subject, Reason: fmt.Sprintf("not a subject of host %s", host)})
+			}
+			return nil
+		}
+		return fn(rec)
+	}
 	if apiPrefix == "" {
-		return journal.ScanStream(ctx, s, journal.Range{}, fn)
+		return journal.ScanStream(ctx, s, journal.Range{}, pass)
 	}
 	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)
 		if err != nil {
 			return fmt.Errorf("fleet: %s sequence %d: %w", stream, seq, err)
 		}
-		if err := fn(journal.Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
+		if err := pass(journal.Record{Seq: m.Sequence, Subject: m.Subject, MsgID: m.Header.Get(jetstream.MsgIDHeader), Time: m.Time, Data: m.Data}); err != nil {
 			return err
 		}
 	}

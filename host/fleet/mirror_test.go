@@ -136,13 +136,8 @@ func awaitCreated(t *testing.T, fleet *server.Server, stream string) {
 	})
 }
 
-// awaitReported waits until the mirror's metadata holds the host's report
-// of journal sequence seq. The report rewrites the mirror's configuration
-// as the fleet holds it, and JetStream has no compare-and-set for that, so
-// an operator's change landing between the host's re-read and its write is
-// lost (a window of one round trip, wide on a loaded machine). A test that
-// plays the operator therefore changes a setting once the host has nothing
-// left to report, as the code promises only then to keep it.
+// awaitReported waits until the host's report stream holds its report of
+// journal sequence seq.
 func awaitReported(t *testing.T, fleet *server.Server, stream string, seq uint64) {
 	t.Helper()
 	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
@@ -154,11 +149,11 @@ func awaitReported(t *testing.T, fleet *server.Server, stream string, seq uint64
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitUntil(t, 20*time.Second, fmt.Sprintf("reported sequence %d in %s's metadata", seq, stream), func() bool {
+	testutil.WaitUntil(t, 20*time.Second, fmt.Sprintf("sequence %d in %s's report", seq, stream), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		s, err := js.Stream(ctx, stream)
-		return err == nil && hostReport(s.CachedInfo().Config.Metadata).LastSeq == seq
+		rep, err := readReport(ctx, js, hostOfStream(stream), "")
+		return err == nil && rep.LastSeq == seq
 	})
 }
 
@@ -230,7 +225,7 @@ func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
 	if err := ReadMirror(context.Background(), fleet.ClientURL(), "", "", m.StreamName(), func(r journal.Record) error {
 		recs = append(recs, r)
 		return nil
-	}); err != nil {
+	}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if len(recs) != 12 || recs[0].MsgID != "m-0" || recs[11].MsgID != "m-11" || recs[11].Seq != 12 {

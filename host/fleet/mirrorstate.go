@@ -20,13 +20,21 @@ type MirrorState struct {
 	Exists   bool `json:"exists"`
 	Replicas int  `json:"replicas,omitempty"`
 	// JournalLastSeq and MirrorLastSeq are the last sequence of each; the
-	// mirror keeps the journal's sequences, so LagEvents is their difference.
+	// mirror keeps the journal's sequences, so LagEvents is their
+	// difference, plus MissingEvents.
 	JournalLastSeq uint64 `json:"journal_last_seq"`
 	MirrorLastSeq  uint64 `json:"mirror_last_seq"`
 	LagEvents      uint64 `json:"lag_events"`
+	// MirrorFirstSeq and MirrorMsgs: where the mirror starts and how many
+	// records it holds; MissingEvents is how many of the journal's records
+	// up to MirrorLastSeq it lacks (a head cut off, a gap), which the lag
+	// counts too.
+	MirrorFirstSeq uint64 `json:"mirror_first_seq"`
+	MirrorMsgs     uint64 `json:"mirror_msgs"`
+	MissingEvents  uint64 `json:"missing_events"`
 	// ReportedSeq is the journal's last sequence as this host last
-	// recorded it in the mirror's metadata, which `replay` holds the
-	// mirror to (0: not yet).
+	// published it to its report stream (ReportStream), which `replay`
+	// holds the mirror to (0: not yet).
 	ReportedSeq uint64 `json:"reported_seq"`
 	// LagSeconds is how much older the mirror's newest event is than the
 	// journal's (0 when current).
@@ -80,9 +88,18 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 	st.Exists = true
 	st.Replicas = info.Config.Replicas
 	st.MirrorLastSeq = info.State.LastSeq
-	st.ReportedSeq = hostReport(info.Config.Metadata).LastSeq
+	st.MirrorFirstSeq, st.MirrorMsgs = info.State.FirstSeq, info.State.Msgs
+	if st.MirrorMsgs < st.MirrorLastSeq {
+		st.MissingEvents = st.MirrorLastSeq - st.MirrorMsgs
+	}
+	if rep, err := readReport(qctx, fleet, m.Host, m.HostID); err == nil {
+		st.ReportedSeq = rep.LastSeq
+	} else if st.LastError == "" {
+		st.LastError = err.Error()
+	}
+	st.LagEvents = st.MissingEvents
 	if st.JournalLastSeq > st.MirrorLastSeq {
-		st.LagEvents = st.JournalLastSeq - st.MirrorLastSeq
+		st.LagEvents += st.JournalLastSeq - st.MirrorLastSeq
 		if !info.State.LastTime.IsZero() && lastTime.After(info.State.LastTime) {
 			st.LagSeconds = lastTime.Sub(info.State.LastTime).Seconds()
 		} else if info.State.LastTime.IsZero() && !lastTime.IsZero() {

@@ -9,28 +9,42 @@ import (
 // Template is what `nexus fleet template` prints: the accounts block a
 // fleet operator adds to every node's nats-server configuration.
 //
-// Each host gets an account of its own, so isolation is by construction,
-// not by subject filters: a host's identity sees only its own account,
-// where the only stream is its mirror, and may not delete or purge even
-// that. Its user is for leaf-node links only, so its password is useless
-// as a client. Auditors get one account that imports, from every host
-// account, only the requests that read a stream (info, get by sequence,
-// and the consumer the aggregate sources through): they can read every
-// mirror and change none. Their own JetStream holds only the aggregate
-// (AggregateStream), which they may create and extend but not delete or purge.
+// Each identity can do its part and nothing more:
+//
+//   - A host has an account of its own, so isolation is by construction.
+//     Its user links as a leaf node only and may publish only what its
+//     mirror needs: the creation and info of its mirror and of its report
+//     stream (ReportStream), its report, and the mirror's deliveries. It
+//     can neither update nor delete either stream, and the account's
+//     JetStream limits (streams, storage) bound it even where a
+//     permission would not.
+//   - Auditors read: every mirror and report through imports of the read
+//     requests only (info, get by sequence, the consumer the aggregate
+//     sources through), and the aggregate by info, get, direct get and
+//     ordered consumers. No stream create, update, delete or purge.
+//   - The aggregator creates the aggregate (AggregateStream), adds hosts
+//     to it and keeps its sources' resume points; it cannot delete or
+//     purge it, nor touch a mirror.
+//   - The operator repairs: it may update or delete the aggregate and,
+//     through imports of those requests, each host's mirror and report.
 type Template struct {
 	// Hosts are the fleet's host names (ValidHostName).
 	Hosts []string
-	// Auditor is the auditors' user name.
-	Auditor string
+	// Auditor, Aggregator and Operator are those users' names; empty
+	// Aggregator and Operator are "aggregator" and "operator".
+	Auditor, Aggregator, Operator string
 	// MaxBytes limits each host account's JetStream storage (0: none).
 	MaxBytes int64
+	// MaxStreams limits each host account's streams (0: none); a host
+	// needs 2, its mirror and its report.
+	MaxStreams int
 }
 
 // HostAccount is the fleet account a host's link is bound to.
 func HostAccount(host string) string { return MirrorStream(host) }
 
-// AuditAccount holds the auditors.
+// AuditAccount holds the auditors, the aggregator, the operator and the
+// aggregate.
 const AuditAccount = "NEXUS_AUDIT"
 
 // PasswordVar is the environment variable the template reads a user's
@@ -40,35 +54,48 @@ func PasswordVar(user string) string {
 	return "NEXUS_" + strings.ToUpper(strings.ReplaceAll(user, "-", "_")) + "_PASSWORD"
 }
 
-// hostDenied: what a host may not ask of its own account's JetStream. The
-// same API is reachable without a domain and through the fleet's domain,
-// so both spellings are denied.
-func hostDenied(domain string) []string {
-	var deny []string
+// hostStreams is how many streams a host makes: its mirror and its report.
+const hostStreams = 2
+
+// hostAllowed: all a host's link may publish into its account. The same
+// JetStream API is reachable without a domain and through the fleet's
+// domain, so both spellings name the host's two streams. $JS.M and $JSC.R
+// are the mirror's deliveries and the answers to the fleet's consumer
+// requests, which cross the link from the host's journal.
+func hostAllowed(host, domain string) []string {
+	var allow []string
 	for _, prefix := range []string{"$JS.API.", "$JS." + domain + ".API."} {
-		for _, api := range []string{
-			"STREAM.DELETE.>", "STREAM.PURGE.>", "STREAM.MSG.DELETE.>", "STREAM.RESTORE.>",
-			"STREAM.SNAPSHOT.>", "STREAM.PEER.>", "CONSUMER.DELETE.>", "ACCOUNT.>", "META.>", "SERVER.>",
-		} {
-			deny = append(deny, prefix+api)
-		}
+		m, r := MirrorStream(host), ReportStream(host)
+		allow = append(allow, prefix+"STREAM.CREATE."+m, prefix+"STREAM.INFO."+m,
+			prefix+"STREAM.CREATE."+r, prefix+"STREAM.INFO."+r, prefix+"STREAM.MSG.GET."+r)
 	}
-	// The aggregate's deliveries come from the account's JetStream; a
-	// host publishing there itself would forge its part of the aggregate.
-	return append(deny, "$NEXUS.AGG.>")
+	return append(allow, ReportSubject, "$JS.M.>", "$JSC.R.>")
 }
 
 // AuditAPIPrefix is the JetStream API prefix auditors use
 // (jetstream.NewWithAPIPrefix, natscli --js-api-prefix). The imports land
-// there, not on $JS.API, where the audit account's own (disabled)
-// JetStream would answer the same request first.
+// there, not on $JS.API, where the audit account's own JetStream would
+// answer the same request first.
 const AuditAPIPrefix = "$NEXUS.AUDIT.API"
 
-// readAPIs are the JetStream requests an auditor may send for a stream:
-// info, get by sequence, and the consumer the aggregate sources through
-// (a consumer reads; nothing in a mirror can be changed through one).
-func readAPIs(stream string) []string {
-	return []string{"STREAM.INFO." + stream, "STREAM.MSG.GET." + stream, "CONSUMER.CREATE." + stream}
+// OperatorAPIPrefix is where the operator reaches the requests that
+// repair a host's mirror and report (update, delete), imported from each
+// host account; only the operator may publish there.
+const OperatorAPIPrefix = "$NEXUS.OPERATOR.API"
+
+// readAPIs are the JetStream requests an auditor may send for a host:
+// info and get by sequence of its mirror and its report, and the consumer
+// the aggregate sources the mirror through (a consumer reads; nothing in a
+// mirror can be changed through one).
+func readAPIs(host string) []string {
+	m, r := MirrorStream(host), ReportStream(host)
+	return []string{"STREAM.INFO." + m, "STREAM.MSG.GET." + m, "CONSUMER.CREATE." + m, "STREAM.INFO." + r, "STREAM.MSG.GET." + r}
+}
+
+// repairAPIs are the requests the operator may send for a host's streams.
+func repairAPIs(host string) []string {
+	m, r := MirrorStream(host), ReportStream(host)
+	return []string{"STREAM.UPDATE." + m, "STREAM.DELETE." + m, "STREAM.UPDATE." + r, "STREAM.DELETE." + r}
 }
 
 // aggregateFlowControl is the flow-control reply subject of the source
@@ -76,17 +103,36 @@ func readAPIs(stream string) []string {
 // which the aggregate answers from the auditors' account.
 func aggregateFlowControl(stream string) string { return "$JS.FC." + stream + ".>" }
 
-// auditorAllowed: what an auditor may publish: the imported reads, and in
-// its own account only the requests that create, extend and read the
-// aggregate; never its delete or purge.
-func auditorAllowed() []string {
-	js := "$JS.API."
+// aggregateReads are the requests that read the aggregate: info, get,
+// direct get, and the ordered consumers reads make (created, asked for
+// messages, deleted when the read ends).
+func aggregateReads() []string {
+	js, a := "$JS.API.", AggregateStream
 	return []string{
-		AuditAPIPrefix + ".>",
-		js + "STREAM.CREATE." + AggregateStream, js + "STREAM.UPDATE." + AggregateStream, js + "STREAM.INFO." + AggregateStream,
-		js + "STREAM.MSG.GET." + AggregateStream, js + "DIRECT.GET." + AggregateStream, js + "DIRECT.GET." + AggregateStream + ".>",
-		js + "CONSUMER.*." + AggregateStream, js + "CONSUMER.*." + AggregateStream + ".>", js + "CONSUMER.MSG.NEXT." + AggregateStream + ".>",
+		js + "STREAM.INFO." + a, js + "STREAM.MSG.GET." + a, js + "DIRECT.GET." + a, js + "DIRECT.GET." + a + ".>",
+		js + "CONSUMER.CREATE." + a, js + "CONSUMER.CREATE." + a + ".>", js + "CONSUMER.INFO." + a + ".>",
+		js + "CONSUMER.DELETE." + a + ".>", js + "CONSUMER.MSG.NEXT." + a + ".>",
 	}
+}
+
+// auditorAllowed: the imported reads of the mirrors and reports, and the
+// reads of the aggregate.
+func auditorAllowed() []string {
+	return append([]string{AuditAPIPrefix + ".>"}, aggregateReads()...)
+}
+
+// aggregatorAllowed: the aggregate's creation and updates (its sources
+// and their resume points), and its reads; never its delete or purge.
+func aggregatorAllowed() []string {
+	js, a := "$JS.API.", AggregateStream
+	return append([]string{js + "STREAM.CREATE." + a, js + "STREAM.UPDATE." + a}, auditorAllowed()...)
+}
+
+// operatorAllowed: every request on the aggregate, the repairs of every
+// host's streams, and the auditors' reads.
+func operatorAllowed() []string {
+	js, a := "$JS.API.", AggregateStream
+	return append([]string{js + "STREAM.*." + a, js + "STREAM.MSG.*." + a, js + "CONSUMER.>", OperatorAPIPrefix + ".>"}, auditorAllowed()...)
 }
 
 // Config renders the template for the fleet's JetStream domain.
@@ -94,8 +140,24 @@ func (t Template) Config(domain string) (string, error) {
 	if len(t.Hosts) == 0 {
 		return "", fmt.Errorf("fleet template: name at least one host")
 	}
-	if err := ValidHostName(t.Auditor); err != nil {
-		return "", fmt.Errorf("fleet template: auditor %w", err)
+	if t.Aggregator == "" {
+		t.Aggregator = "aggregator"
+	}
+	if t.Operator == "" {
+		t.Operator = "operator"
+	}
+	if t.MaxStreams != 0 && t.MaxStreams < hostStreams {
+		return "", fmt.Errorf("fleet template: max streams %d: a host needs %d (its mirror and its report)", t.MaxStreams, hostStreams)
+	}
+	roles := map[string]string{}
+	for role, name := range map[string]string{"auditor": t.Auditor, "aggregator": t.Aggregator, "operator": t.Operator} {
+		if err := ValidHostName(name); err != nil {
+			return "", fmt.Errorf("fleet template: %s %w", role, err)
+		}
+		if other, ok := roles[name]; ok {
+			return "", fmt.Errorf("fleet template: %q is both the %s and the %s", name, other, role)
+		}
+		roles[name] = role
 	}
 	hosts := append([]string(nil), t.Hosts...)
 	sort.Strings(hosts)
@@ -106,42 +168,58 @@ func (t Template) Config(domain string) (string, error) {
 		if i > 0 && hosts[i-1] == h {
 			return "", fmt.Errorf("fleet template: host %q named twice", h)
 		}
-		if h == t.Auditor {
-			return "", fmt.Errorf("fleet template: %q is both a host and the auditor", h)
+		if role, ok := roles[h]; ok {
+			return "", fmt.Errorf("fleet template: %q is both a host and the %s", h, role)
 		}
 	}
-	js := "enabled"
+	var limits []string
 	if t.MaxBytes > 0 {
-		js = fmt.Sprintf("{ max_file: %d, max_mem: 0 }", t.MaxBytes)
+		limits = append(limits, fmt.Sprintf("max_file: %d, max_mem: 0", t.MaxBytes))
+	}
+	if t.MaxStreams > 0 {
+		limits = append(limits, fmt.Sprintf("max_streams: %d", t.MaxStreams))
+	}
+	js := "enabled"
+	if len(limits) > 0 {
+		js = "{ " + strings.Join(limits, ", ") + " }"
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# nexus fleet template: merge into every node's configuration (jetstream { domain: %s }).\n", domain)
 	b.WriteString("# Passwords come from each node's environment; set every variable named below.\n")
-	fmt.Fprintf(&b, "# Host users link as leaf nodes only; auditors read with the JetStream API prefix %s.\n", AuditAPIPrefix)
+	fmt.Fprintf(&b, "# Host users link as leaf nodes only; the auditor, aggregator and operator use the JetStream API prefix %s for the hosts' streams,\n", AuditAPIPrefix)
+	fmt.Fprintf(&b, "# and the operator %s to repair them.\n", OperatorAPIPrefix)
 	b.WriteString("accounts {\n")
 	for _, h := range hosts {
-		acc, stream := HostAccount(h), MirrorStream(h)
+		acc := HostAccount(h)
 		fmt.Fprintf(&b, "  %s: {\n    jetstream: %s\n", acc, js)
 		fmt.Fprintf(&b, "    users: [{\n      user: %q, password: $%s\n", h, PasswordVar(h))
 		b.WriteString("      allowed_connection_types: [\"LEAFNODE\"]\n")
-		fmt.Fprintf(&b, "      permissions: { publish: { deny: %s } }\n    }]\n", list(hostDenied(domain)))
+		fmt.Fprintf(&b, "      permissions: { publish: { allow: %s } }\n    }]\n", list(hostAllowed(h, domain)))
 		b.WriteString("    exports: [\n")
-		for _, s := range readAPIs(stream) {
+		for _, s := range append(readAPIs(h), repairAPIs(h)...) {
 			fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", "$JS.API."+s, AuditAccount)
 		}
-		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", aggregateFlowControl(stream), AuditAccount)
+		fmt.Fprintf(&b, "      { service: %q, accounts: [%s] }\n", aggregateFlowControl(MirrorStream(h)), AuditAccount)
 		fmt.Fprintf(&b, "      { stream: %q, accounts: [%s] }\n", aggregateDeliver(h)+".>", AuditAccount)
 		b.WriteString("    ]\n  }\n")
 	}
-	// The auditors' account holds the aggregate (AggregateStream) and nothing
-	// else its users may write.
-	fmt.Fprintf(&b, "  %s: {\n    jetstream: enabled\n", AuditAccount)
-	fmt.Fprintf(&b, "    users: [{ user: %q, password: $%s, permissions: { publish: { allow: %s }, subscribe: { allow: [\"_INBOX.>\"] } } }]\n",
-		t.Auditor, PasswordVar(t.Auditor), list(auditorAllowed()))
-	b.WriteString("    imports: [\n")
+	// The auditors' account holds the aggregate (AggregateStream) and no
+	// other stream its users may make.
+	fmt.Fprintf(&b, "  %s: {\n    jetstream: enabled\n    users: [\n", AuditAccount)
+	for _, u := range []struct {
+		name  string
+		allow []string
+	}{{t.Auditor, auditorAllowed()}, {t.Aggregator, aggregatorAllowed()}, {t.Operator, operatorAllowed()}} {
+		fmt.Fprintf(&b, "      { user: %q, password: $%s, permissions: { publish: { allow: %s }, subscribe: { allow: [\"_INBOX.>\"] } } }\n",
+			u.name, PasswordVar(u.name), list(u.allow))
+	}
+	b.WriteString("    ]\n    imports: [\n")
 	for _, h := range hosts {
-		for _, s := range readAPIs(MirrorStream(h)) {
+		for _, s := range readAPIs(h) {
 			fmt.Fprintf(&b, "      { service: { account: %s, subject: %q }, to: %q }\n", HostAccount(h), "$JS.API."+s, AuditAPIPrefix+"."+s)
+		}
+		for _, s := range repairAPIs(h) {
+			fmt.Fprintf(&b, "      { service: { account: %s, subject: %q }, to: %q }\n", HostAccount(h), "$JS.API."+s, OperatorAPIPrefix+"."+s)
 		}
 		fc := aggregateFlowControl(MirrorStream(h))
 		fmt.Fprintf(&b, "      { service: { account: %s, subject: %q } }\n", HostAccount(h), fc)
