@@ -3,10 +3,11 @@
 
 GO        ?= go
 BIN       := bin/nexus
+AGENT     := bin/nexus-agent
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
 
-.PHONY: all setup setup-fast setup-test build demo test test-fast bench soak fuzz clean
+.PHONY: all setup setup-fast setup-test build install install-files demo test test-fast bench soak fuzz clean
 
 all: build
 
@@ -27,12 +28,13 @@ setup-fast: setup
 
 # What only the tests need: QEMU and a Debian cloud kernel (real guests
 # boot in the suite), xfsprogs (reflink tests loop-mount an XFS made
-# with reflink=1), Node.js and the example subscriber's npm packages (a
+# with reflink=1), man (the installed pages are read back), Node.js and the example subscriber's npm packages (a
 # subscriber in another language runs in the suite).
 setup-test: setup-fast
 	@missing=""; command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
 	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
+	command -v man >/dev/null 2>&1 || missing="$$missing man-db"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
@@ -43,7 +45,21 @@ setup-test: setup-fast
 
 build:
 	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(BIN) ./cmd/nexus
-	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o bin/nexus-agent ./cmd/nexus-agent
+	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(AGENT) ./cmd/nexus-agent
+
+# Installs as a system's tools are: the binaries, a man page per command
+# and the shell completions, under $(DESTDIR)$(PREFIX).
+PREFIX ?= /usr/local
+install: build install-files
+install-files:
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
+	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
+	install -m 0755 $(BIN) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
+	$(BIN) docs man $(DESTDIR)$(PREFIX)/share/man/man1 >/dev/null
+	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nexus
+	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nexus
+	$(BIN) completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/nexus.fish
 
 # The main job on the embedded default journal, with the process driver.
 # The main job, for real with the process driver: a sandbox from a sparse

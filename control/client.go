@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -131,19 +132,7 @@ func (e notAwaited) Unwrap() []error { return []error{e.cause, e.ctxErr} }
 // Retire asks a daemon started on demand to stop accepting and exit once
 // its clients are done.
 func (c *Client) Retire(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wire.PathRetire, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("daemon: retire: %s", resp.Status)
-	}
-	return nil
+	return c.post(ctx, wire.PathRetire, nil)
 }
 
 // Stop asks the daemon, however it was started, to finish with the
@@ -153,7 +142,12 @@ func (c *Client) Stop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wire.PathStop, bytes.NewReader(body))
+	return c.post(ctx, wire.PathStop, body)
+}
+
+// post sends body (nil: none) to path and wants 200 OK.
+func (c *Client) post(ctx context.Context, path string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -163,7 +157,7 @@ func (c *Client) Stop(ctx context.Context) error {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("stop: %s", resp.Status)
+		return fmt.Errorf("daemon: %s: %s", strings.TrimPrefix(path, "/v1/"), resp.Status)
 	}
 	return nil
 }
