@@ -9,12 +9,20 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// Every `nexus ...` command line the README shows (in code blocks and in
-// inline code) names a real command, and every flag on it is one that
-// command has.
+// Every `nexus ...` command line the README and the command reference show
+// (in code blocks and in inline code) names a real command, and every flag
+// on it is one that command has.
 func TestReadmeCommandsAndFlagsExist(t *testing.T) {
 	t.Parallel()
-	data, err := os.ReadFile("../../README.md")
+	for _, doc := range []string{"README.md", "docs/commands.md"} {
+		t.Run(doc, func(t *testing.T) { checkDocCommands(t, doc) })
+	}
+}
+
+// checkDocCommands checks the nexus command lines of one file of the
+// repository, named from its root.
+func checkDocCommands(t *testing.T, doc string) {
+	data, err := os.ReadFile("../../" + doc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,9 +43,14 @@ func TestReadmeCommandsAndFlagsExist(t *testing.T) {
 			lines = append(lines, m[1])
 		}
 	}
-	checked := 0
+	// Commands joined with ";" on one line are checked one by one.
+	var commands []string
 	for _, line := range lines {
 		line, _, _ = strings.Cut(line, "#") // a comment
+		commands = append(commands, strings.Split(line, ";")...)
+	}
+	checked := 0
+	for _, line := range commands {
 		words := strings.Fields(line)
 		at := -1
 		for i, w := range words {
@@ -51,15 +64,18 @@ func TestReadmeCommandsAndFlagsExist(t *testing.T) {
 		}
 		cmd, rest := findCommand(root, words[at+1:])
 		if cmd == nil {
-			t.Errorf("README: %q names no nexus command", line)
+			t.Errorf("%s: %q names no nexus command", doc, line)
 			continue
 		}
 		checked++
 		for _, w := range rest {
+			if w == "--" {
+				break // what follows is the guest command's, not nexus's
+			}
 			w = strings.Trim(w, "[](){},.;:")
 			w = strings.TrimSuffix(w, "...")
 			w = strings.Trim(w, "[]")
-			if !strings.HasPrefix(w, "-") || w == "-" || w == "--" {
+			if !strings.HasPrefix(w, "-") || w == "-" {
 				continue
 			}
 			name, _, _ := strings.Cut(w, "=")
@@ -72,12 +88,12 @@ func TestReadmeCommandsAndFlagsExist(t *testing.T) {
 				continue // not a flag: a negative number or a dash in prose
 			}
 			if !ok {
-				t.Errorf("README: %q: nexus %s has no flag %s", line, commandKey(cmd), name)
+				t.Errorf("%s: %q: nexus %s has no flag %s", doc, line, commandKey(cmd), name)
 			}
 		}
 	}
 	if checked < 10 {
-		t.Fatalf("only %d README command lines checked: the parser is broken", checked)
+		t.Fatalf("only %d command lines checked in %s: the parser is broken", checked, doc)
 	}
 }
 
