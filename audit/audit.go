@@ -22,6 +22,9 @@ import (
 // permission template reads mirrors through.
 const AuditorAPIPrefix = fleet.AuditAPIPrefix
 
+// Rejected is a record of a mirror that is not its host's.
+type Rejected = fleet.Rejected
+
 // Source is the journal an audit reads: the mirror Stream on the NATS
 // server at NATS when NATS is set, else the journal directory Dir (the
 // journal of the state root Root when Dir is empty), read from a copy.
@@ -31,7 +34,7 @@ type Source struct {
 	NATS, Stream, Creds, APIPrefix string
 	// Rejected gets each record of a mirror that is not its host's, which
 	// the audit skips (nil: dropped silently).
-	Rejected func(fleet.Rejected)
+	Rejected func(Rejected)
 }
 
 // Each calls fn with every record of the source, in order. A journal

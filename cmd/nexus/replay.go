@@ -13,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/audit"
-	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -58,7 +57,7 @@ func (f *replayFlags) source(g *globals) (audit.Source, error) {
 		return audit.Source{}, usageError{errors.New("--nats needs --stream, and excludes --journal")}
 	}
 	return audit.Source{Root: g.stateDir, Dir: f.journalDir, NATS: f.natsURL, Stream: f.stream, Creds: f.natsCreds, APIPrefix: f.natsPrefix,
-		Rejected: func(r fleet.Rejected) { fmt.Fprintf(os.Stderr, "nexus: warning: skipped %s\n", r) }}, nil
+		Rejected: func(r audit.Rejected) { fmt.Fprintf(os.Stderr, "nexus: warning: skipped %s\n", r) }}, nil
 }
 
 // eachRecord calls fn with every record of the audited journal, in order.
