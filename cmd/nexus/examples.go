@@ -34,6 +34,7 @@ var examples = map[string][]string{
 		"nexus events --sandbox web/1 --tail 20 --follow --json",
 	},
 	"daemon status": {"nexus daemon status", "nexus daemon status --json"},
+	"daemon stop":   {"nexus daemon stop", "nexus daemon stop --timeout 30s"},
 	"daemon": {
 		"nexus daemon --idle 10m",
 		"nexus daemon --listen 127.0.0.1:4222",
