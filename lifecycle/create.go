@@ -94,9 +94,11 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 		return projections.Sandbox{}, err
 	}
 	defer releaseAll(held)
+	m.published(events.SagaCreate)
 
 	tee := &teedDisk{path: m.Root.RawDisk(id)}
-	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan, tee))
+	var journaled bool
+	s.Steps = append(s.Steps, m.intentsStep(held, intents, &journaled), m.imageCacheStep(plan, tee))
 	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan, tee)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
 		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot}
@@ -111,7 +113,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	s.Steps = append(s.Steps, m.attachSteps(spec.Volumes, false)...)
 	s.Steps = append(s.Steps, m.bootSteps(id, "")...)
 	if err := s.Run(ctx, m.B); err != nil {
-		if errors.Is(err, sagas.ErrNotStarted) {
+		if !journaled {
 			dropIntents(m, held, intents)
 		}
 		return projections.Sandbox{}, m.handleTaken(ctx, spec.Handle, id, err)
@@ -343,11 +345,14 @@ func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*i
 }
 
 // intentsStep journals intents already published and leased; its undo
-// releases and retires them, after every later step has been undone.
-func (m *Manager) intentsStep(held []*intent.Held, intents []publishedIntent) sagas.Step {
+// releases and retires them, after every later step has been undone. It
+// sets *ran once it has run: from then on a failure's compensation retires
+// the intents, and before it the caller must (dropIntents).
+func (m *Manager) intentsStep(held []*intent.Held, intents []publishedIntent, ran *bool) sagas.Step {
 	return sagas.Step{
 		Name: "intents",
 		Do: func(context.Context) ([]events.Payload, error) {
+			*ran = true
 			var ps []events.Payload
 			for _, in := range intents {
 				ps = append(ps, events.IntentWrittenEvent{Resource: in.res, Covers: in.covers})

@@ -42,9 +42,16 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expec
 // decided runs the manager's hook between a create-like command's
 // decision and its first write (the tests stall a create there, as a
 // loaded machine might).
-func (m *Manager) decided(kind events.SagaKind) {
+func (m *Manager) decided(kind events.SagaKind) { m.at(kind, "decided") }
+
+// published runs the manager's hook once a create-like command's intents
+// are on disk and before its saga.started is journaled: the window in
+// which only the command itself can retire them.
+func (m *Manager) published(kind events.SagaKind) { m.at(kind, "intents-published") }
+
+func (m *Manager) at(kind events.SagaKind, point string) {
 	if m.Hook != nil {
-		m.Hook(string(kind), "decided", sagas.AfterRecord)
+		m.Hook(string(kind), point, sagas.AfterRecord)
 	}
 }
 
@@ -65,8 +72,10 @@ func (m *Manager) handleTaken(ctx context.Context, handle, id string, err error)
 	return fmt.Errorf("%w: handle %q is held by sandbox %s (%w)", ErrRefused, handle, sb.ID, err)
 }
 
-// dropIntents retires the intents of a saga the journal refused to start:
-// nothing names them, and nothing of the command may be left.
+// dropIntents retires the intents of a saga that ended before its intents
+// step ran: refused or interrupted before saga.started, or interrupted
+// right after it. No event names them, so no undo would retire them, and
+// nothing of the command may be left.
 func dropIntents(m *Manager, held []*intent.Held, intents []publishedIntent) {
 	releaseAll(held)
 	for _, in := range intents {

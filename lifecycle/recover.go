@@ -65,10 +65,15 @@ func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 }
 
 // RecoverSagas resumes or compensates the open sagas whose runner lease is
-// free, and nothing else: what a daemon does as it starts.
+// free, and removes the intents of creates that died before their saga
+// started (a handle is never blocked by a create that no longer runs):
+// what a daemon does as it starts.
 func (m *Manager) RecoverSagas(ctx context.Context) (RecoverReport, error) {
-	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Skipped: []Skipped{}}
-	return rep, m.recoverSagas(ctx, &rep)
+	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Intents: []string{}, Skipped: []Skipped{}}
+	if err := m.recoverSagas(ctx, &rep); err != nil {
+		return rep, err
+	}
+	return rep, m.sweepIntents(ctx, &rep)
 }
 
 func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) error {
@@ -537,6 +542,40 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 			return err
 		}
 		rep.Intents = append(rep.Intents, id)
+	}
+	return m.sweepShadowIntents(known, rep)
+}
+
+// sweepShadowIntents retires a shadow intent left alone by a creator that
+// died before its saga started (between publishing it and the create
+// intent, or after the create intent was swept): its lease is free, the
+// journal knows no sandbox of its name, and no create intent answers for
+// it. It covers nothing, so the marker is all there is to remove.
+func (m *Manager) sweepShadowIntents(known map[string]bool, rep *RecoverReport) error {
+	entries, err := m.readDir(m.Root.Disks())
+	if err != nil {
+		return nil
+	}
+	for _, e := range entries {
+		n := layout.ParseEntry("disks", e.Name(), e.IsDir())
+		if n.Kind != events.KindShadowIntent || n.Staged || n.Unparsed {
+			continue
+		}
+		path := filepath.Join(m.Root.Disks(), e.Name())
+		if held, err := intent.LeaseHeld(path); err != nil || held {
+			continue
+		}
+		in, err := intent.Read(path)
+		if err != nil || in.Sandbox == "" || known[in.Sandbox] || layout.SafeHandle(in.Handle) != n.Handle {
+			continue
+		}
+		if ok, err := fsx.Lexists(string(m.Root), layout.CreateIntentRel(in.Sandbox)); err != nil || ok {
+			continue
+		}
+		if err := intent.Retire(path); err != nil {
+			return err
+		}
+		rep.Intents = append(rep.Intents, e.Name())
 	}
 	return nil
 }

@@ -117,6 +117,7 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 		if err := s.record(ctx, j, true, string(events.SagaStarted), events.SagaStartedEvent{Kind: s.Kind, Steps: names}); err != nil {
 			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, err)
 		}
+		s.hook(string(events.SagaStarted), AfterRecord)
 	}
 	if s.Forward {
 		// Teardown runs to its end once begun; a second signal (which
