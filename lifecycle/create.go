@@ -149,14 +149,13 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if spec.Image == "" {
 		return refuse("--image is required")
 	}
-	image, err := filepath.Abs(spec.Image)
+	// Judged once: from here on the image is the resolved path, read and
+	// recorded as such.
+	image, err := fsx.Input(string(m.Root), spec.Image)
 	if err != nil {
-		return refuse("image %q: %v", spec.Image, err)
-	}
-	plan.image = image
-	if err := fsx.RegularFile(image); err != nil {
 		return refuse("image: %v", err)
 	}
+	plan.image = image
 	if spec.ID != "" {
 		if !layout.IsULID(spec.ID) {
 			return refuse("id %q is not a canonical ULID", spec.ID)
