@@ -86,7 +86,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 	}
 	sock := filepath.Join(root, wire.SocketName)
 	c, st, err := dialStatus(ctx, sock)
-	if errors.Is(err, ErrForeignSocket) {
+	if final(err) {
 		return nil, err
 	}
 	if err == nil {
@@ -126,7 +126,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		return b, nil
 	}
 	c, st, err = dialStatus(ctx, sock)
-	if errors.Is(err, ErrForeignSocket) {
+	if final(err) {
 		return nil, err
 	}
 	if err != nil {
@@ -237,7 +237,7 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 		o.Auto.Locked()
 	}
 	c, st, err := dialStatus(ctx, sock)
-	if errors.Is(err, ErrForeignSocket) {
+	if final(err) {
 		return err
 	}
 	if err == nil {
@@ -545,7 +545,7 @@ func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend
 			return nil, err
 		}
 		c, st, derr := dialStatus(ctx, sock)
-		if errors.Is(derr, ErrForeignSocket) {
+		if final(derr) {
 			return nil, derr
 		}
 		if derr == nil {

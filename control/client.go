@@ -17,11 +17,14 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
@@ -93,11 +96,56 @@ func (c *Client) connect(ctx context.Context) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	// A stopped daemon's socket still accepts (the kernel queues the
+	// connection) and nothing ever answers: asked first, the kernel says
+	// who is on the other end and /proc whether it runs.
+	if err := stoppedPeer(conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	if err := c.prove(ctx, conn); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return conn, nil
+}
+
+// ErrDaemonStopped means the daemon holding the root is stopped (SIGSTOP,
+// Ctrl-Z, a debugger): its socket accepts, nothing answers, and no other
+// daemon can take the root until it runs again.
+var ErrDaemonStopped = errors.New("stopped")
+
+// stoppedPeer is the error for a connection whose daemon did not answer
+// because it is stopped, or nil: the kernel names the peer of a unix
+// socket (SO_PEERCRED), and /proc says whether it runs.
+func stoppedPeer(conn net.Conn) error {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return nil
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cred == nil || cred.Pid <= 0 {
+		return nil
+	}
+	pid := int(cred.Pid)
+	switch st, _ := proc.State(pid); st {
+	case 'T':
+		return fmt.Errorf("the daemon serving this state root (pid %d) is %w (SIGSTOP or Ctrl-Z) and answers nothing: resume it with `kill -CONT %d`", pid, ErrDaemonStopped, pid)
+	case 't':
+		return fmt.Errorf("the daemon serving this state root (pid %d) is %w by a debugger and answers nothing: detach the debugger or run `kill -CONT %d`", pid, ErrDaemonStopped, pid)
+	}
+	return nil
+}
+
+// final is a dial error no retry, daemon start or fallback may pass: the
+// socket is another root's, or its daemon is stopped.
+func final(err error) bool {
+	return errors.Is(err, ErrForeignSocket) || errors.Is(err, ErrDaemonStopped)
 }
 
 // prove asks the daemon on conn which root it serves (wire.PathIdentity)
@@ -198,7 +246,7 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 		// transport was posting to.
 		return nil, notAwaited{cause: context.Cause(req.Context()), ctxErr: req.Context().Err()}
 	}
-	if ue := (*url.Error)(nil); errors.Is(err, ErrForeignSocket) && errors.As(err, &ue) {
+	if ue := (*url.Error)(nil); final(err) && errors.As(err, &ue) {
 		// The refusal is the whole story: not which URL was being asked.
 		return nil, ue.Err
 	}
@@ -492,7 +540,7 @@ func (c *Client) getJSON(ctx context.Context, path string, v any) error {
 		return err
 	}
 	resp, err := c.do(hreq)
-	if errors.Is(err, ErrForeignSocket) {
+	if final(err) {
 		return err
 	}
 	if err != nil {

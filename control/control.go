@@ -129,7 +129,7 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 	backoff := 5 * time.Millisecond
 	for {
 		c, st, err := dialStatus(ctx, sock)
-		if errors.Is(err, ErrForeignSocket) {
+		if final(err) {
 			return nil, err
 		}
 		if err == nil {

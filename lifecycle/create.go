@@ -329,6 +329,13 @@ func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*i
 				intent.Retire(m.Root.Abs(in.res.Path))
 			}
 			if errors.Is(err, fs.ErrExist) {
+				// What is there may be no intent at all: a link or a
+				// special file is named as what it is, not as a create.
+				if fi, serr := fsx.Stat(filepath.Dir(w.path), filepath.Base(w.path)); serr != nil {
+					return nil, nil, fmt.Errorf("%w: %v; it is not an intent nexus wrote: remove it", ErrRefused, serr)
+				} else if !fi.Mode().IsRegular() {
+					return nil, nil, fmt.Errorf("%w: %s is a %s, not an intent nexus wrote: remove it", ErrRefused, w.path, strings.TrimPrefix(fsx.TypeOf(fi.Mode()), "a "))
+				}
 				by := ""
 				if in, rerr := intent.Read(w.path); rerr == nil && in.Sandbox != "" {
 					by = "sandbox " + in.Sandbox + "; "

@@ -44,7 +44,7 @@ func Input(root, path string) (string, error) {
 		return "", err
 	}
 	if !info.Mode().IsRegular() {
-		return "", fmt.Errorf("%s is not a regular file (%s)", name, typeOf(info.Mode()))
+		return "", fmt.Errorf("%s is not a regular file (%s)", name, TypeOf(info.Mode()))
 	}
 	if info.Size() == 0 {
 		return "", fmt.Errorf("%s is empty (0 bytes)", name)
@@ -67,7 +67,8 @@ func within(root, path string) (bool, string) {
 	return false, ""
 }
 
-func typeOf(m os.FileMode) string {
+// TypeOf names a file's type for a person: "a directory", "a fifo", ...
+func TypeOf(m os.FileMode) string {
 	switch {
 	case m&os.ModeSymlink != 0:
 		return "a symbolic link"
@@ -81,6 +82,8 @@ func typeOf(m os.FileMode) string {
 		return "a character device"
 	case m&os.ModeDevice != 0:
 		return "a block device"
+	case m.IsRegular():
+		return "a regular file"
 	}
 	return "a special file"
 }
