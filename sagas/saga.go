@@ -74,8 +74,9 @@ type Saga struct {
 	// stop it between steps, and a failed step leaves it open for recover
 	// to finish rather than closing it half done.
 	Forward bool
-	// Hook, if set, runs around each step. The crash tests use it to SIGKILL
-	// the process at an exact point.
+	// Hook, if set, runs around each step, and once saga.started is
+	// journaled (step "saga.started", AfterRecord). The crash tests use it
+	// to SIGKILL the process at an exact point.
 	Hook func(kind, step string, phase Phase)
 	// Now is the clock stamped on events (time.Now if nil).
 	Now func() time.Time
