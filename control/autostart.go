@@ -85,7 +85,11 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		return connectLocal(ctx, root, o.Wait)
 	}
 	sock := filepath.Join(root, wire.SocketName)
-	if c, st, err := dialStatus(ctx, sock); err == nil {
+	c, st, err := dialStatus(ctx, sock)
+	if final(err) {
+		return nil, err
+	}
+	if err == nil {
 		if sameBuild(st) {
 			c.ensure = redial(root, o)
 			return c, nil
@@ -121,7 +125,10 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		}
 		return b, nil
 	}
-	c, st, err := dialStatus(ctx, sock)
+	c, st, err = dialStatus(ctx, sock)
+	if final(err) {
+		return nil, err
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the daemon started for %s stopped answering: %w (see %s)", root, err, filepath.Join(root, DaemonLog))
 	}
@@ -229,7 +236,11 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 	if o.Auto.Locked != nil {
 		o.Auto.Locked()
 	}
-	if c, st, err := dialStatus(ctx, sock); err == nil {
+	c, st, err := dialStatus(ctx, sock)
+	if final(err) {
+		return err
+	}
+	if err == nil {
 		defer c.Close()
 		switch {
 		case sameBuild(st):
@@ -533,7 +544,11 @@ func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend
 		if !errors.Is(err, journal.ErrLocked) {
 			return nil, err
 		}
-		if c, st, derr := dialStatus(ctx, sock); derr == nil {
+		c, st, derr := dialStatus(ctx, sock)
+		if final(derr) {
+			return nil, derr
+		}
+		if derr == nil {
 			if !st.Auto {
 				if !sameBuild(st) {
 					c.Close()

@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,10 +20,14 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fsx"
+	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
@@ -29,8 +35,8 @@ import (
 
 // Client talks to a daemon over its control socket.
 type Client struct {
-	sock string
-	http *http.Client
+	root, sock string
+	http       *http.Client
 	// stream carries appends (appendstream.go); opened on the first.
 	smu    sync.Mutex
 	stream *appendStream
@@ -43,9 +49,10 @@ type Client struct {
 	lost atomic.Pointer[replacedError]
 }
 
-// NewClient returns a client for the daemon socket at sock.
+// NewClient returns a client for the daemon socket at sock, directly
+// under its state root.
 func NewClient(sock string) *Client {
-	c := &Client{sock: sock}
+	c := &Client{root: filepath.Dir(sock), sock: sock}
 	c.http = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
 	}}
@@ -57,7 +64,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	if re := c.lost.Load(); re != nil {
 		return nil, re
 	}
-	conn, err := unixsock.Dial(ctx, c.sock)
+	conn, err := c.connect(ctx)
 	if err != nil && c.ensure != nil && gone(err) {
 		if err := c.ensure(ctx); err != nil {
 			if re := (*replacedError)(nil); errors.As(err, &re) {
@@ -65,9 +72,146 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 			}
 			return nil, err
 		}
-		conn, err = unixsock.Dial(ctx, c.sock)
+		conn, err = c.connect(ctx)
 	}
 	return conn, err
+}
+
+// ErrForeignSocket means the root's control socket is not its daemon's:
+// a link, not a socket, or answered by a daemon serving another root (a
+// hard link or bind mount can put one there). Nothing is sent through it.
+var ErrForeignSocket = errors.New("refusing the daemon socket")
+
+// connect opens the root's socket under the rules of every other file
+// under the root (host/fsx: no link anywhere), and proves, before the
+// connection carries a request, that the daemon answering serves this
+// root.
+func (c *Client) connect(ctx context.Context) (net.Conn, error) {
+	f, err := fsx.OpenSocket(c.root, filepath.Base(c.sock))
+	if err != nil {
+		if errors.Is(err, fsx.ErrSymlink) || errors.Is(err, fsx.ErrNotSocket) || errors.Is(err, fsx.ErrEscapes) {
+			return nil, fmt.Errorf("%w: %w (a state root's control socket is its daemon's own; remove what is there)", ErrForeignSocket, err)
+		}
+		return nil, err
+	}
+	defer f.Close()
+	conn, err := unixsock.DialFile(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	// A stopped daemon's socket still accepts (the kernel queues the
+	// connection) and nothing ever answers: asked first, the kernel says
+	// who is on the other end and /proc whether it runs.
+	if err := stoppedPeer(conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if err := c.prove(ctx, conn); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return conn, nil
+}
+
+// ErrDaemonStopped means the daemon holding the root is stopped (SIGSTOP,
+// Ctrl-Z, a debugger): its socket accepts, nothing answers, and no other
+// daemon can take the root until it runs again.
+var ErrDaemonStopped = errors.New("stopped")
+
+// stoppedPeer is the error for a connection whose daemon did not answer
+// because it is stopped, or nil: the kernel names the peer of a unix
+// socket (SO_PEERCRED), and /proc says whether it runs.
+func stoppedPeer(conn net.Conn) error {
+	uc, ok := conn.(*net.UnixConn)
+	if !ok {
+		return nil
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	var cred *unix.Ucred
+	raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cred == nil || cred.Pid <= 0 {
+		return nil
+	}
+	pid := int(cred.Pid)
+	switch st, _ := proc.State(pid); st {
+	case 'T':
+		return fmt.Errorf("the daemon serving this state root (pid %d) is %w (SIGSTOP or Ctrl-Z) and answers nothing: resume it with `kill -CONT %d`", pid, ErrDaemonStopped, pid)
+	case 't':
+		return fmt.Errorf("the daemon serving this state root (pid %d) is %w by a debugger and answers nothing: detach the debugger or run `kill -CONT %d`", pid, ErrDaemonStopped, pid)
+	}
+	return nil
+}
+
+// final is a dial error no retry, daemon start or fallback may pass: the
+// socket is another root's, or its daemon is stopped.
+func final(err error) bool {
+	return errors.Is(err, ErrForeignSocket) || errors.Is(err, ErrDaemonStopped)
+}
+
+// prove asks the daemon on conn which root it serves (wire.PathIdentity)
+// and refuses a daemon of another root, naming both. A daemon of a build
+// from before the question answers 404 and is let through: a client uses
+// another build's daemon for nothing but its status and retirement.
+func (c *Client) prove(ctx context.Context, conn net.Conn) error {
+	want, err := fsx.RootID(c.root)
+	if err != nil {
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	resp, body, err := identityExchange(conn)
+	if !stop() {
+		return notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+	}
+	if err != nil {
+		return fmt.Errorf("the daemon on %s did not say which root it serves: %w", c.sock, err)
+	}
+	switch resp.StatusCode {
+	case http.StatusNotFound:
+		return nil
+	case http.StatusOK:
+		var got wire.RootIdentity
+		if err := json.Unmarshal(body, &got); err != nil {
+			return fmt.Errorf("the daemon on %s: its root identity: %w", c.sock, err)
+		}
+		if !got.Same(wire.RootIdentity{Dev: want.Dev, Ino: want.Ino}) {
+			self := wire.RootIdentity{Root: c.root, Dev: want.Dev, Ino: want.Ino}
+			return fmt.Errorf("%w: the daemon answering on %s (pid %d) serves the state root %s, not %s", ErrForeignSocket, c.sock, got.Pid, got, self)
+		}
+		return nil
+	default:
+		var ea wire.ErrorAnswer
+		json.Unmarshal(body, &ea)
+		if ea.Error == "" {
+			ea.Error = resp.Status
+		}
+		return fmt.Errorf("%w: the daemon on %s: %s", ErrForeignSocket, c.sock, ea.Error)
+	}
+}
+
+// identityExchange sends the identity question on a fresh connection and
+// reads the whole answer, leaving the connection at a request boundary
+// for the transport that takes it next.
+func identityExchange(conn net.Conn) (*http.Response, []byte, error) {
+	if _, err := io.WriteString(conn, "GET "+wire.PathIdentity+" HTTP/1.1\r\nHost: nexus\r\n\r\n"); err != nil {
+		return nil, nil, err
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if err != nil {
+		return nil, nil, err
+	}
+	if br.Buffered() > 0 {
+		return nil, nil, errors.New("it sent more than its answer")
+	}
+	return resp, body, nil
 }
 
 // afterBreak runs when this client's connection to its daemon broke and
@@ -104,6 +248,10 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 		// Interrupted or timed out: say that, not which URL the
 		// transport was posting to.
 		return nil, notAwaited{cause: context.Cause(req.Context()), ctxErr: req.Context().Err()}
+	}
+	if ue := (*url.Error)(nil); final(err) && errors.As(err, &ue) {
+		// The refusal is the whole story: not which URL was being asked.
+		return nil, ue.Err
 	}
 	if err == nil || c.ensure == nil {
 		return resp, err
@@ -436,6 +584,9 @@ func (c *Client) getJSON(ctx context.Context, path string, v any) error {
 		return err
 	}
 	resp, err := c.do(hreq)
+	if final(err) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}

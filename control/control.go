@@ -128,7 +128,11 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
 	for {
-		if c, st, err := dialStatus(ctx, sock); err == nil {
+		c, st, err := dialStatus(ctx, sock)
+		if final(err) {
+			return nil, err
+		}
+		if err == nil {
 			if sameBuild(st) {
 				return c, nil
 			}

@@ -22,9 +22,9 @@ func recoverSagas(ctx context.Context, log *slog.Logger, newManager func(control
 	switch {
 	case err != nil:
 		return func() { log.Error("finishing interrupted sagas failed; run `nexus recover`", "err", err) }
-	case len(rep.Compensated)+len(rep.Resumed) > 0:
+	case len(rep.Compensated)+len(rep.Resumed)+len(rep.Intents) > 0:
 		return func() {
-			log.Info("finished interrupted sagas", "compensated", len(rep.Compensated), "resumed", len(rep.Resumed))
+			log.Info("finished interrupted sagas", "compensated", len(rep.Compensated), "resumed", len(rep.Resumed), "intents_removed", len(rep.Intents))
 		}
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
@@ -152,6 +153,10 @@ func (cl *clients) stop(ln net.Listener, ifIdle time.Duration) bool {
 func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	// Holding the journal lock, we know any socket file there is a dead
 	// daemon's; Listen replaces it because it refuses connections.
+	self, err := fsx.RootID(n.Root())
+	if err != nil {
+		return fmt.Errorf("control socket: %w", err)
+	}
 	ln, err := unixsock.Listen(filepath.Join(n.Root(), wire.SocketName))
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
@@ -168,7 +173,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	streams := &streamSet{}
 	defer streams.closeAll()
 	srv := &http.Server{
-		Handler:     handler(n, o.auto, o.mirror, retire, fs, cl, streams),
+		Handler:     handler(n, self, o.auto, o.mirror, retire, fs, cl, streams),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -264,7 +269,7 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
 	local := control.Local{Store: n}
 	var served, most atomic.Int64
@@ -275,6 +280,12 @@ func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- stri
 	}
 	mux.HandleFunc("GET "+wire.PathStats, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wire.Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
+	})
+	// A client asks on each connection which root this daemon serves (a
+	// hard link or bind mount can put another root's socket at its path):
+	// the directory as the daemon opened it.
+	mux.HandleFunc("GET "+wire.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, wire.RootIdentity{Root: n.Root(), Dev: self.Dev, Ino: self.Ino, Pid: os.Getpid()})
 	})
 	mux.HandleFunc("GET "+wire.PathStatus, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring()})

@@ -98,9 +98,11 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 		return projections.Sandbox{}, err
 	}
 	defer releaseAll(held)
+	m.published(events.SagaCreate)
 
 	tee := &teedDisk{path: m.Root.RawDisk(id)}
-	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan, tee))
+	var journaled bool
+	s.Steps = append(s.Steps, m.intentsStep(held, intents, &journaled), m.imageCacheStep(plan, tee))
 	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan, tee)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
 		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot,
@@ -116,7 +118,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	s.Steps = append(s.Steps, m.attachSteps(spec.Volumes, false)...)
 	s.Steps = append(s.Steps, m.bootSteps(id, "")...)
 	if err := s.Run(ctx, m.B); err != nil {
-		if errors.Is(err, sagas.ErrNotStarted) {
+		if !journaled {
 			dropIntents(m, held, intents)
 		}
 		return projections.Sandbox{}, m.handleTaken(ctx, spec.Handle, id, err)
@@ -152,14 +154,13 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if spec.Image == "" {
 		return refuse("--image is required")
 	}
-	image, err := filepath.Abs(spec.Image)
+	// Judged once: from here on the image is the resolved path, read and
+	// recorded as such.
+	image, err := fsx.Input(string(m.Root), spec.Image)
 	if err != nil {
-		return refuse("image %q: %v", spec.Image, err)
-	}
-	plan.image = image
-	if err := fsx.RegularFile(image); err != nil {
 		return refuse("image: %v", err)
 	}
+	plan.image = image
 	if spec.ID != "" {
 		if !layout.IsULID(spec.ID) {
 			return refuse("id %q is not a canonical ULID", spec.ID)
@@ -333,6 +334,13 @@ func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*i
 				intent.Retire(m.Root.Abs(in.res.Path))
 			}
 			if errors.Is(err, fs.ErrExist) {
+				// What is there may be no intent at all: a link or a
+				// special file is named as what it is, not as a create.
+				if fi, serr := fsx.Stat(filepath.Dir(w.path), filepath.Base(w.path)); serr != nil {
+					return nil, nil, fmt.Errorf("%w: %v; it is not an intent nexus wrote: remove it", ErrRefused, serr)
+				} else if !fi.Mode().IsRegular() {
+					return nil, nil, fmt.Errorf("%w: %s is a %s, not an intent nexus wrote: remove it", ErrRefused, w.path, strings.TrimPrefix(fsx.TypeOf(fi.Mode()), "a "))
+				}
 				by := ""
 				if in, rerr := intent.Read(w.path); rerr == nil && in.Sandbox != "" {
 					by = "sandbox " + in.Sandbox + "; "
@@ -348,11 +356,14 @@ func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*i
 }
 
 // intentsStep journals intents already published and leased; its undo
-// releases and retires them, after every later step has been undone.
-func (m *Manager) intentsStep(held []*intent.Held, intents []publishedIntent) sagas.Step {
+// releases and retires them, after every later step has been undone. It
+// sets *ran once it has run: from then on a failure's compensation retires
+// the intents, and before it the caller must (dropIntents).
+func (m *Manager) intentsStep(held []*intent.Held, intents []publishedIntent, ran *bool) sagas.Step {
 	return sagas.Step{
 		Name: "intents",
 		Do: func(context.Context) ([]events.Payload, error) {
+			*ran = true
 			var ps []events.Payload
 			for _, in := range intents {
 				ps = append(ps, events.IntentWrittenEvent{Resource: in.res, Covers: in.covers})

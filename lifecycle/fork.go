@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -308,7 +307,9 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 		return err
 	}
 	defer releaseAll(held)
-	s.Steps = append(s.Steps, m.intentsStep(held, intents))
+	m.published(kind)
+	var journaled bool
+	s.Steps = append(s.Steps, m.intentsStep(held, intents, &journaled))
 	for i, c := range copies {
 		st := m.diskStep(c.name, m.res(c.kind, c.dst), func(dst string) (disk.Method, error) {
 			return m.clone(c.name+" of "+child, c.src, dst)
@@ -335,7 +336,7 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 	s.Steps = append(s.Steps, m.attachSteps(mounts, readOnly)...)
 	s.Steps = append(s.Steps, m.bootSteps(child, restoreFrom)...)
 	if err := s.Run(ctx, m.B); err != nil {
-		if errors.Is(err, sagas.ErrNotStarted) {
+		if !journaled {
 			dropIntents(m, held, intents)
 		}
 		if len(handle) > 0 {

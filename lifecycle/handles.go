@@ -10,6 +10,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/sagas"
 )
 
@@ -25,6 +26,25 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expec
 	}
 	if !handleRE.MatchString(handle) || strings.Contains(handle, "..") {
 		return nil, fmt.Errorf("%w: handle %q: use letters, digits, '.', '_', '-', '/'", ErrRefused, handle)
+	}
+	// A reference is an ID, a handle or an ID prefix (projections.Match):
+	// a handle that reads as an ID, or as a prefix of a live sandbox's ID,
+	// would make one name mean two sandboxes.
+	if layout.IsULID(strings.ToUpper(handle)) {
+		return nil, fmt.Errorf("%w: handle %q reads as a sandbox ID; choose a handle that does not", ErrRefused, handle)
+	}
+	if projections.IDPrefixLike(handle) {
+		list, err := m.B.Sandboxes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		refs := make([]projections.Ref, len(list))
+		for i, sb := range list {
+			refs[i] = projections.Ref{ID: sb.ID, Handle: sb.Handle}
+		}
+		if ids := projections.IDsNamedBy(refs, handle); len(ids) > 0 {
+			return nil, fmt.Errorf("%w: handle %q is a prefix of the ID of sandbox %s; choose a handle that is not", ErrRefused, handle, strings.Join(ids, ", "))
+		}
 	}
 	// The claim is read before the holder: a claim between the two reads
 	// then shows as a holder, never as a free handle expected at a
@@ -42,9 +62,16 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expec
 // decided runs the manager's hook between a create-like command's
 // decision and its first write (the tests stall a create there, as a
 // loaded machine might).
-func (m *Manager) decided(kind events.SagaKind) {
+func (m *Manager) decided(kind events.SagaKind) { m.at(kind, "decided") }
+
+// published runs the manager's hook once a create-like command's intents
+// are on disk and before its saga.started is journaled: the window in
+// which only the command itself can retire them.
+func (m *Manager) published(kind events.SagaKind) { m.at(kind, "intents-published") }
+
+func (m *Manager) at(kind events.SagaKind, point string) {
 	if m.Hook != nil {
-		m.Hook(string(kind), "decided", sagas.AfterRecord)
+		m.Hook(string(kind), point, sagas.AfterRecord)
 	}
 }
 
@@ -65,8 +92,10 @@ func (m *Manager) handleTaken(ctx context.Context, handle, id string, err error)
 	return fmt.Errorf("%w: handle %q is held by sandbox %s (%w)", ErrRefused, handle, sb.ID, err)
 }
 
-// dropIntents retires the intents of a saga the journal refused to start:
-// nothing names them, and nothing of the command may be left.
+// dropIntents retires the intents of a saga that ended before its intents
+// step ran: refused or interrupted before saga.started, or interrupted
+// right after it. No event names them, so no undo would retire them, and
+// nothing of the command may be left.
 func dropIntents(m *Manager, held []*intent.Held, intents []publishedIntent) {
 	releaseAll(held)
 	for _, in := range intents {

@@ -81,11 +81,15 @@ func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 }
 
 // RecoverSagas resumes or compensates the open sagas whose runner lease is
-// free, and nothing else: what a daemon does as it starts.
+// free, and removes the intents of creates that died before their saga
+// started (a handle is never blocked by a create that no longer runs):
+// what a daemon does as it starts.
 func (m *Manager) RecoverSagas(ctx context.Context) (RecoverReport, error) {
-	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Skipped: []Skipped{}}
-	_, err := m.recoverSagas(ctx, &rep)
-	return rep, err
+	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Intents: []string{}, Skipped: []Skipped{}}
+	if _, err := m.recoverSagas(ctx, &rep); err != nil {
+		return rep, err
+	}
+	return rep, m.sweepIntents(ctx, &rep)
 }
 
 // recoverSagas finishes the open sagas; it returns the sandboxes they
@@ -573,6 +577,46 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 			return err
 		}
 		rep.Intents = append(rep.Intents, id)
+	}
+	return m.sweepShadowIntents(ctx, rep)
+}
+
+// sweepShadowIntents retires a shadow intent left alone by a creator that
+// died before its saga started (between publishing it and the create
+// intent, or after the create intent was swept): its lease is free, the
+// journal knows no sandbox of its name, and no create intent answers for
+// it. It covers nothing, so the marker is all there is to remove.
+func (m *Manager) sweepShadowIntents(ctx context.Context, rep *RecoverReport) error {
+	entries, err := m.readDir(m.Root.Disks())
+	if err != nil {
+		return nil
+	}
+	for _, e := range entries {
+		n := layout.ParseEntry("disks", e.Name(), e.IsDir())
+		if n.Kind != events.KindShadowIntent || n.Staged || n.Unparsed {
+			continue
+		}
+		path := filepath.Join(m.Root.Disks(), e.Name())
+		if held, err := intent.LeaseHeld(path); err != nil || held {
+			continue
+		}
+		in, err := intent.Read(path)
+		if err != nil || in.Sandbox == "" || layout.SafeHandle(in.Handle) != n.Handle {
+			continue
+		}
+		if _, known, err := m.B.Sandbox(ctx, in.Sandbox); err != nil || known {
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if ok, err := fsx.Lexists(string(m.Root), layout.CreateIntentRel(in.Sandbox)); err != nil || ok {
+			continue
+		}
+		if err := intent.Retire(path); err != nil {
+			return err
+		}
+		rep.Intents = append(rep.Intents, e.Name())
 	}
 	return nil
 }

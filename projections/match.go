@@ -3,6 +3,7 @@ package projections
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -107,4 +108,41 @@ func MatchSnapshot(list []Sandbox, ref string) (string, Sandbox, error) {
 		return "", Sandbox{}, err
 	}
 	return id, list[owner[id]], nil
+}
+
+// ulidAlphabet is Crockford's base32, the characters a ULID is written in.
+const ulidAlphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+// IDsNamedBy lists the IDs among refs that ref names by Match's ID rules
+// alone (an exact ID or an ID prefix of at least MinPrefix characters,
+// any case), whatever handles say. A new handle that names any is
+// refused: Match would then give the handle's sandbox for a prefix the
+// operator took from another sandbox's ID. A ref that cannot be an ID
+// prefix (too short, or a character no ULID has) names none, and refs is
+// then not read, so a caller may skip fetching it (IDPrefixLike).
+func IDsNamedBy(refs []Ref, ref string) []string {
+	if !IDPrefixLike(ref) {
+		return nil
+	}
+	upper := strings.ToUpper(ref)
+	var out []string
+	for _, r := range refs {
+		if strings.HasPrefix(r.ID, upper) && !slices.Contains(out, r.ID) {
+			out = append(out, r.ID)
+		}
+	}
+	return out
+}
+
+// IDPrefixLike reports whether ref could be an ID prefix Match accepts.
+func IDPrefixLike(ref string) bool {
+	if len(ref) < MinPrefix {
+		return false
+	}
+	for _, c := range strings.ToUpper(ref) {
+		if !strings.ContainsRune(ulidAlphabet, c) {
+			return false
+		}
+	}
+	return true
 }

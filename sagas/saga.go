@@ -74,8 +74,9 @@ type Saga struct {
 	// stop it between steps, and a failed step leaves it open for recover
 	// to finish rather than closing it half done.
 	Forward bool
-	// Hook, if set, runs around each step. The crash tests use it to SIGKILL
-	// the process at an exact point.
+	// Hook, if set, runs around each step, and once saga.started is
+	// journaled (step "saga.started", AfterRecord). The crash tests use it
+	// to SIGKILL the process at an exact point.
 	Hook func(kind, step string, phase Phase)
 	// Now is the clock stamped on events (time.Now if nil).
 	Now func() time.Time
@@ -117,6 +118,7 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 		if err := s.record(ctx, j, true, string(events.SagaStarted), events.SagaStartedEvent{Kind: s.Kind, Steps: names}); err != nil {
 			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, err)
 		}
+		s.hook(string(events.SagaStarted), AfterRecord)
 	}
 	if s.Forward {
 		// Teardown runs to its end once begun; a second signal (which

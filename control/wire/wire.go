@@ -45,7 +45,28 @@ const (
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap
 	PathSagas         = "/v1/sagas"          // []projections.OpenSaga
 	PathRev           = "/v1/rev"            // entity; RevAnswer
+	// PathIdentity is what a client asks first on every connection: the
+	// root the daemon serves (RootIdentity).
+	PathIdentity = "/v1/identity"
 )
+
+// RootIdentity names the state root a daemon serves: the directory's
+// device and inode as the daemon opened it, and the path it was given.
+// Two roots are the same directory only if device and inode agree; the
+// path is for people.
+type RootIdentity struct {
+	Root string `json:"root"`
+	Dev  uint64 `json:"dev"`
+	Ino  uint64 `json:"ino"`
+	Pid  int    `json:"pid"`
+}
+
+// Same reports whether a and b name one directory.
+func (a RootIdentity) Same(b RootIdentity) bool { return a.Dev == b.Dev && a.Ino == b.Ino }
+
+func (a RootIdentity) String() string {
+	return fmt.Sprintf("%s (device %d, inode %d)", a.Root, a.Dev, a.Ino)
+}
 
 // Status describes a running daemon.
 type Status struct {

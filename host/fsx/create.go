@@ -26,6 +26,13 @@ func EnsureFile(root, rel string, perm os.FileMode) error {
 		return fmt.Errorf("%s: %w", filepath.Join(root, rel), ErrSymlink)
 	}
 	if err != nil {
+		// A FIFO with no reader or a socket fails the open itself
+		// (ENXIO), a directory too (EISDIR): say what is there, not
+		// the errno.
+		var st unix.Stat_t
+		if serr := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); serr == nil && st.Mode&unix.S_IFMT != unix.S_IFREG {
+			return fmt.Errorf("%s is a %s: %w", filepath.Join(root, rel), kind(st.Mode&unix.S_IFMT), ErrNotRegular)
+		}
 		return fmt.Errorf("open %s: %w", filepath.Join(root, rel), err)
 	}
 	defer unix.Close(fd)
@@ -33,8 +40,8 @@ func EnsureFile(root, rel string, perm os.FileMode) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("%s is not a regular file", filepath.Join(root, rel))
+	if mode := st.Mode & unix.S_IFMT; mode != unix.S_IFREG {
+		return fmt.Errorf("%s is a %s: %w", filepath.Join(root, rel), kind(mode), ErrNotRegular)
 	}
 	return nil
 }

@@ -156,6 +156,19 @@ func Dial(ctx context.Context, path string) (net.Conn, error) {
 	return conn, err
 }
 
+// DialFile connects to the socket an O_PATH descriptor names (one
+// fsx.OpenSocket opened), through /proc/self/fd: the kernel resolves that
+// magic link to the socket itself, so a link or rename at the socket's
+// path after the open cannot send the connection elsewhere.
+func DialFile(ctx context.Context, f *os.File) (net.Conn, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(int(f.Fd())))
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", f.Name(), err)
+	}
+	return c, nil
+}
+
 // clearStale removes a socket file nobody listens on, which is what a
 // SIGKILLed server leaves behind; bind would fail on it forever.
 func clearStale(path string) error {

@@ -1,0 +1,63 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
+)
+
+// Each odd input is judged once, before anything is written: an image
+// must be a regular file with data, outside the state root, and a link to
+// one outside the root is resolved and the resolved path recorded; a
+// handle must not read as a sandbox ID or as a prefix of a live one's.
+func TestOddInputsAreRefusedOrResolved(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	image := makeImage(t)
+	first := createJSON(t, root, "--image", image)
+
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.raw")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ownDisk := filepath.Join(root, "disks", first.ID+".raw")
+	linkIn := filepath.Join(dir, "own.raw")
+	if err := os.Symlink(ownDisk, linkIn); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args    []string
+		mention string
+	}{
+		{[]string{"--image", empty}, "empty (0 bytes)"},
+		{[]string{"--image", "/proc/self/mem"}, "kernel pseudo-file"},
+		{[]string{"--image", dir}, "not a regular file (a directory)"},
+		{[]string{"--image", ownDisk}, "inside the state root"},
+		{[]string{"--image", linkIn}, "inside the state root"},
+		{[]string{"--image", image, "--handle", first.ID[:8]}, "is a prefix of the ID of sandbox " + first.ID},
+		{[]string{"--image", image, "--handle", strings.ToLower(first.ID[:6])}, "is a prefix of the ID of sandbox " + first.ID},
+		{[]string{"--image", image, "--handle", first.ID[:25] + "Z"}, "reads as a sandbox ID"},
+	} {
+		r := proc(t, root, append([]string{"create"}, c.args...)...)
+		wantFailure(t, r, 1, c.mention)
+	}
+	if n := len(sandboxes(t, root)); n != 1 {
+		t.Fatalf("refused creates left %d sandboxes", n)
+	}
+
+	// images/current -> base.raw, the common layout: resolved once.
+	current := filepath.Join(filepath.Dir(image), "current")
+	if err := os.Symlink(filepath.Base(image), current); err != nil {
+		t.Fatal(err)
+	}
+	sb := createJSON(t, root, "--image", current)
+	if sb.Image != image {
+		t.Fatalf("a linked image is recorded as %q, want the resolved %q", sb.Image, image)
+	}
+	journalMatchesDisk(t, root)
+}
