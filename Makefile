@@ -26,6 +26,7 @@ setup:
 setup-test: setup
 	@missing=""; command -v cpio >/dev/null 2>&1 || missing="$$missing cpio"; \
 	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
+	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
 	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
 	if [ -n "$$missing" ]; then \
