@@ -66,6 +66,8 @@ var registry = map[Type]typeSpec{
 	SandboxForked:      withUpcast(spec(SandboxForkedEvent{}, 2), 1, addedFields[SandboxForkedEvent]),
 	SandboxRestored:    withUpcast(spec(SandboxRestoredEvent{}, 2), 1, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
+	SandboxReady:       spec(SandboxReadyEvent{}, 1),
+	SandboxNotReady:    spec(SandboxNotReadyEvent{}, 1),
 	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
 	SandboxFailed:      spec(SandboxFailedEvent{}, 1),
 	SandboxRemoved:     spec(SandboxRemovedEvent{}, 1),

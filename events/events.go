@@ -23,6 +23,8 @@ const (
 	SandboxForked   Type = "sandbox.forked"
 	SandboxRestored Type = "sandbox.restored"
 	SandboxStarted  Type = "sandbox.started"
+	SandboxReady    Type = "sandbox.ready"
+	SandboxNotReady Type = "sandbox.not_ready"
 	SandboxStopped  Type = "sandbox.stopped"
 	SandboxFailed   Type = "sandbox.failed"
 	SandboxRemoved  Type = "sandbox.removed"

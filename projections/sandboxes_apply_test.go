@@ -163,8 +163,45 @@ func applyCases() []applyCase {
 			want: func(sb *Sandbox) *Sandbox {
 				sb.State, sb.VMM, sb.LastRun, sb.Conditions = StateRunning, &Process{Pid: 101, StartTicks: 7}, "r1", nil
 				sb.Resources = append(sb.Resources, resSock)
+				sb.BootAt = applyAt
 				return touched(sb)
 			}},
+		{name: "started forgets the previous run's Ready",
+			given: func() *Sandbox {
+				sb := stoppedSB()
+				sb.BootAt, sb.ReadyAt = t0, t0
+				return sb
+			},
+			event: events.SandboxStartedEvent{Driver: "process", VMMPid: 101, VMMStart: 7, RunMarker: "r2"},
+			want: func(sb *Sandbox) *Sandbox {
+				sb.State, sb.VMM, sb.LastRun = StateRunning, &Process{Pid: 101, StartTicks: 7}, "r2"
+				sb.BootAt, sb.ReadyAt = applyAt, time.Time{}
+				return touched(sb)
+			}},
+		{name: "ready of the current run makes it Ready and drops AgentNotReady",
+			given: func() *Sandbox {
+				sb := runningSB()
+				sb.Conditions = []Condition{{Type: ConditionReady, Status: "False", Reason: ReasonAgentNotReady}}
+				return sb
+			},
+			event: events.SandboxReadyEvent{Run: "r1", By: "agent"},
+			want: func(sb *Sandbox) *Sandbox {
+				sb.ReadyAt, sb.Conditions = applyAt, nil
+				return touched(sb)
+			}},
+		touchOnly("ready of an older run changes nothing", runningSB, events.SandboxReadyEvent{Run: "r0", By: "agent"}),
+		touchOnly("ready of a stopped sandbox changes nothing", stoppedSB, events.SandboxReadyEvent{Run: "", By: "agent"}),
+		{name: "not ready of the current run says why", given: runningSB,
+			event: events.SandboxNotReadyEvent{Run: "r1", Reason: ReasonAgentNotReady, Message: "m"},
+			want: func(sb *Sandbox) *Sandbox {
+				sb.Conditions = []Condition{{Type: ConditionReady, Status: "False", Reason: ReasonAgentNotReady, Message: "m"}}
+				return touched(sb)
+			}},
+		touchOnly("not ready after ready changes nothing", func() *Sandbox {
+			sb := runningSB()
+			sb.ReadyAt = t0
+			return sb
+		}, events.SandboxNotReadyEvent{Run: "r1", Reason: ReasonAgentNotReady}),
 		{name: "started of an unseen sandbox adds nothing", given: none,
 			event: events.SandboxStartedEvent{VMMPid: 101, Sockets: []events.Resource{resSock}}, want: unchanged},
 		{name: "stopped drops the VMM and keeps every resource", given: runningSB,

@@ -31,7 +31,7 @@ func fullSandbox() projections.Sandbox {
 		Resources:  []events.Resource{{Kind: "disk", Path: "disks/01JF00000000000000000000AA.raw"}},
 		Bootstrap:  events.Bootstrap{CacheID: "c1", Identity: "i1"},
 		LastRun:    "01JF00000000000000000000R1", FlushedRun: "01JF00000000000000000000R0",
-		Seq: 77, Rev: 76,
+		Seq: 77, Rev: 76, BootAt: at.Add(2 * time.Second), ReadyAt: at.Add(9 * time.Second),
 	}
 }
 

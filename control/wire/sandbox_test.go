@@ -29,7 +29,7 @@ func TestSandboxCrossesTheWireWhole(t *testing.T) {
 		Resources:  []events.Resource{{Kind: "disk", Path: "disks/01JF00000000000000000000AA.raw"}},
 		Bootstrap:  events.Bootstrap{CacheID: "c1", Identity: "i1"},
 		LastRun:    "01JF00000000000000000000R1", FlushedRun: "01JF00000000000000000000R0",
-		Seq: 77, Rev: 76,
+		Seq: 77, Rev: 76, BootAt: at.Add(2 * time.Second), ReadyAt: at.Add(9 * time.Second),
 	}
 	v := reflect.ValueOf(full)
 	for i := range v.NumField() {
