@@ -522,3 +522,33 @@ func TestSandboxesAndOwnershipAgree(t *testing.T) {
 		}
 	})
 }
+
+// Readiness is what inspect, ls and --json show: Ready only for the
+// running run that reported it, else why not.
+func TestReadiness(t *testing.T) {
+	ready := func() *Sandbox { sb := runningSB(); sb.ReadyAt = t0; return sb }
+	for _, c := range []struct {
+		name  string
+		sb    *Sandbox
+		ready bool
+		why   string
+	}{
+		{"running, reported Ready", ready(), true, ""},
+		{"running, not reported", runningSB(), false, ReasonBooting},
+		{"running, not Ready in time", func() *Sandbox {
+			sb := runningSB()
+			sb.Conditions = []Condition{{Type: ConditionReady, Status: "False", Reason: ReasonAgentNotReady}}
+			return sb
+		}(), false, ReasonAgentNotReady},
+		{"its VMM exited", func() *Sandbox {
+			sb := ready()
+			sb.vmmExited(events.ProcessExit{Pid: 101, StartTicks: 7, Status: events.ExitUnknown}, "")
+			return sb
+		}(), false, ReasonVMMExited},
+		{"stopped after a Ready run", func() *Sandbox { sb := stoppedSB(); sb.ReadyAt = t0; return sb }(), false, ReasonNotRunning},
+	} {
+		if ok, why := c.sb.Readiness(); ok != c.ready || why != c.why {
+			t.Errorf("%s: Readiness %v %q, want %v %q", c.name, ok, why, c.ready, c.why)
+		}
+	}
+}

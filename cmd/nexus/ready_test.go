@@ -71,6 +71,22 @@ func TestCreateAndStartReturnOnceReady(t *testing.T) {
 		t.Errorf("ls of a Ready sandbox:\n%s", r.stdout)
 	}
 
+	// fork and restore return their children Ready too.
+	var kids []jsonSandbox
+	if err := json.Unmarshal([]byte(mustOK(t, proc(t, root, "fork", "--json", "--count", "2", sb.ID), "fork").stdout), &kids); err != nil || len(kids) != 2 {
+		t.Fatalf("fork --json: %v (%d children)", err, len(kids))
+	}
+	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot").stdout)
+	var restored jsonSandbox
+	if err := json.Unmarshal([]byte(mustOK(t, proc(t, root, "restore", "--json", snap), "restore").stdout), &restored); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(kids, restored) {
+		if !c.Ready || c.ReadyAt == nil {
+			t.Errorf("fork or restore returned %s ready=%v reason %q", c.ID, c.Ready, c.ReadyReason)
+		}
+	}
+
 	// --no-wait: running, not Ready yet, nothing journaled.
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
 	var s jsonSandbox
