@@ -6,7 +6,7 @@ BIN       := bin/nexus
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
 
-.PHONY: all setup setup-test build demo test test-fast bench soak fuzz clean
+.PHONY: all setup setup-fast setup-test build demo test test-fast bench soak fuzz clean
 
 all: build
 
@@ -19,13 +19,19 @@ setup:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq e2fsprogs; fi
 	$(GO) mod download
 
-# What only the tests need: QEMU, a Debian cloud kernel and cpio (real
-# guests boot in the suite), xfsprogs (reflink tests loop-mount an XFS made
+# What the unit tests need beyond setup: cpio, which reads back the guest
+# initramfs nexus writes.
+setup-fast: setup
+	@command -v cpio >/dev/null 2>&1 || { echo "installing cpio"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cpio; }
+
+# What only the tests need: QEMU and a Debian cloud kernel (real guests
+# boot in the suite), strace (the snapshot-durability test reads nexus's
+# fsyncs from it), xfsprogs (reflink tests loop-mount an XFS made
 # with reflink=1), Node.js and the example subscriber's npm packages (a
 # subscriber in another language runs in the suite).
-setup-test: setup
-	@missing=""; command -v cpio >/dev/null 2>&1 || missing="$$missing cpio"; \
-	command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
+setup-test: setup-fast
+	@missing=""; command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
 	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
@@ -78,7 +84,7 @@ test: setup-test
 # but the end-to-end ones (cmd/nexus, client), under -short, which skips
 # the fleet cluster and long crash-loop tests. `make test` runs everything.
 FAST_PKGS = $(shell $(GO) list ./... | grep -v -e '/cmd/nexus$$' -e '/client$$')
-test-fast: setup
+test-fast: setup-fast
 	$(GO) test -short -count=1 $(FAST_PKGS)
 
 # The model-based crash harnesses with a long budget (the test suite runs

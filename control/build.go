@@ -105,3 +105,31 @@ func DaemonStatus(ctx context.Context, root string) (wire.Status, error) {
 	}
 	return st, nil
 }
+
+// StopDaemon asks root's daemon, however it was started, to finish with
+// the commands it has and exit, and waits until it no longer answers (or
+// ctx ends). It returns the daemon's status from before the request.
+func StopDaemon(ctx context.Context, root string) (wire.Status, error) {
+	st, err := DaemonStatus(ctx, root)
+	if err != nil {
+		return st, err
+	}
+	c := NewClient(filepath.Join(st.Root, wire.SocketName))
+	err = c.Stop(ctx)
+	c.Close()
+	if err != nil {
+		return st, fmt.Errorf("daemon pid %d: %w", st.Pid, err)
+	}
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := DaemonStatus(ctx, root); errors.Is(err, ErrNoDaemon) {
+			return st, nil
+		}
+		select {
+		case <-ctx.Done():
+			return st, fmt.Errorf("the daemon (pid %d) is still finishing its commands and exits once they end (kill %d stops it now): %w", st.Pid, st.Pid, context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+}

@@ -2,6 +2,7 @@ package control
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -144,6 +146,28 @@ func (c *Client) Retire(ctx context.Context) error {
 	return nil
 }
 
+// Stop asks the daemon, however it was started, to finish with the
+// commands it has and exit.
+func (c *Client) Stop(ctx context.Context) error {
+	body, err := json.Marshal(wire.StopRequest{Pid: os.Getpid()})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+wire.PathStop, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("stop: %s", resp.Status)
+	}
+	return nil
+}
+
 const base = "http://nexus"
 
 func (c *Client) Close() error {
@@ -191,6 +215,12 @@ func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]pr
 	return wire.Views(list), err
 }
 
+func (c *Client) WithProcesses(ctx context.Context) ([]projections.Sandbox, error) {
+	var list []wire.Sandbox
+	err := c.getJSON(ctx, wire.PathWithProcesses, &list)
+	return wire.Views(list), err
+}
+
 func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
 	var out wire.SandboxAnswer
 	err := c.getJSON(ctx, wire.PathSandbox+"?ref="+url.QueryEscape(ref), &out)
@@ -202,6 +232,26 @@ func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (st
 	var out wire.OwnerAnswer
 	err := c.getJSON(ctx, wire.PathOwner+"?"+q.Encode(), &out)
 	return out.Sandbox, out.Path, out.Found, err
+}
+
+// pathOwnersChunk bounds the paths of one request (its URL).
+const pathOwnersChunk = 256
+
+func (c *Client) PathOwners(ctx context.Context, paths []string) ([]string, error) {
+	out := make([]string, 0, len(paths))
+	for len(paths) > 0 {
+		chunk := paths[:min(pathOwnersChunk, len(paths))]
+		paths = paths[len(chunk):]
+		var got []string
+		if err := c.getJSON(ctx, wire.PathPathOwners+"?"+url.Values{"path": chunk}.Encode(), &got); err != nil {
+			return nil, err
+		}
+		if len(got) != len(chunk) {
+			return nil, fmt.Errorf("daemon: %s: %d answers for %d paths", wire.PathPathOwners, len(got), len(chunk))
+		}
+		out = append(out, got...)
+	}
+	return out, nil
 }
 
 func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {

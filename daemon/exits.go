@@ -59,7 +59,7 @@ func (w *exitWatcher) run(ctx context.Context) {
 	var since uint64
 	var initial []projections.Watched
 	w.n.View(func(v store.Views) { since = v.Seq() })
-	live, err := w.n.Live(ctx)
+	live, err := w.n.WithProcesses(ctx)
 	if err != nil {
 		// Without the list the watcher cannot tell which exits are due;
 		// the daemon goes on serving, and says why exits go unjournaled.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -47,6 +48,8 @@ type serveOptions struct {
 	auto bool
 	// mirror is the journal's fleet mirror (nil: none).
 	mirror *fleet.Mirror
+	// log says why serving ended (nil: not said).
+	log *slog.Logger
 }
 
 // clients counts the open connections. A command keeps its connection for
@@ -154,7 +157,13 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 		return fmt.Errorf("control socket: %w", err)
 	}
 	cl := &clients{since: time.Now(), none: make(chan struct{})}
-	retire := make(chan struct{}, 1)
+	// retire carries why the daemon is asked to finish.
+	retire := make(chan string, 1)
+	stopping := func(reason string) {
+		if o.log != nil {
+			o.log.Info("stopping", "reason", reason)
+		}
+	}
 	fs := &followers{m: map[int]context.CancelFunc{}}
 	streams := &streamSet{}
 	defer streams.closeAll()
@@ -178,6 +187,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 		case err := <-served:
 			ln.Close()
 			if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) && ctx.Err() != nil {
+				stopping(fmt.Sprint(context.Cause(ctx)))
 				return nil
 			}
 			if cl.isStopping() {
@@ -186,9 +196,11 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 			return err
 		case <-tick:
 			if cl.stop(ln, o.idle) {
+				stopping(fmt.Sprintf("no command for %s", o.idle))
 				return finish(ctx, srv, cl)
 			}
-		case <-retire:
+		case reason := <-retire:
+			stopping(reason)
 			cl.drain()
 			// Followers would keep a retiring daemon forever; they resume
 			// from their last sequence through the next daemon.
@@ -252,7 +264,7 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- struct{}, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
 	local := control.Local{Store: n}
 	var served, most atomic.Int64
@@ -283,7 +295,21 @@ func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- stru
 			return
 		}
 		select {
-		case retire <- struct{}{}:
+		case retire <- "retired for a command that owns the journal itself":
+		default:
+		}
+		writeJSON(w, http.StatusOK, struct{}{})
+	})
+	// `nexus daemon stop`: however the daemon was started, it finishes
+	// with the commands it has and exits.
+	mux.HandleFunc("POST "+wire.PathStop, func(w http.ResponseWriter, r *http.Request) {
+		var req wire.StopRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			writeJSON(w, http.StatusBadRequest, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		select {
+		case retire <- fmt.Sprintf("asked to stop by `nexus daemon stop` (pid %d)", req.Pid):
 		default:
 		}
 		writeJSON(w, http.StatusOK, struct{}{})
@@ -343,6 +369,15 @@ func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- stru
 		count(len(list))
 		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
 	})
+	mux.HandleFunc("GET "+wire.PathWithProcesses, func(w http.ResponseWriter, r *http.Request) {
+		list, err := local.WithProcesses(r.Context())
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		count(len(list))
+		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
+	})
 	mux.HandleFunc("GET "+wire.PathSandbox, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.Sandbox(r.Context(), r.URL.Query().Get("ref"))
 		if found {
@@ -354,6 +389,14 @@ func handler(n *store.Store, auto bool, mirror *fleet.Mirror, retire chan<- stru
 		q := r.URL.Query()
 		id, path, found, _ := local.OwnerOf(r.Context(), q["path"], q.Get("except"))
 		writeJSON(w, http.StatusOK, wire.OwnerAnswer{Found: found, Sandbox: id, Path: path})
+	})
+	mux.HandleFunc("GET "+wire.PathPathOwners, func(w http.ResponseWriter, r *http.Request) {
+		owners, err := local.PathOwners(r.Context(), r.URL.Query()["path"])
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, owners)
 	})
 	mux.HandleFunc("GET "+wire.PathSnapshotOwner, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.SnapshotOwner(r.Context(), r.URL.Query().Get("snap"))

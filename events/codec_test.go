@@ -22,9 +22,10 @@ var (
 // samples holds one non-trivial payload per registered type, so a new type
 // without a sample fails TestEveryTypeRoundTrips.
 var samples = []Payload{
-	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}, Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}},
-	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}},
-	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}},
+	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}, Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"},
+		Boot: BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30}},
+	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}, Boot: BootConfig{Cpus: 2}},
+	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}, Boot: BootConfig{MemoryBytes: 1 << 30}},
 	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
 	SandboxReadyEvent{Run: "01J0RUN", By: "agent", BootAtMs: 1700000000000, ReadyAtMs: 1700000009000},
 	SandboxNotReadyEvent{Run: "01J0RUN", Reason: "AgentNotReady", Message: "no answer", WaitedMs: 180000},
@@ -170,8 +171,8 @@ func TestUpcastSandboxCreatedV1(t *testing.T) {
 	if !reflect.DeepEqual(got.Payload, want) {
 		t.Fatalf("upcast = %+v, want %+v", got.Payload, want)
 	}
-	if got.Schema != 3 {
-		t.Fatalf("upcast event reports schema %d, want the current 3", got.Schema)
+	if got.Schema != 4 {
+		t.Fatalf("upcast event reports schema %d, want the current 4", got.Schema)
 	}
 }
 
@@ -206,7 +207,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 2 {
+	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 3 {
 		t.Fatalf("forked v1 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV1 struct {
@@ -221,7 +222,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 2 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 3 {
 		t.Fatalf("restored v1 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded bootstrap is not written at all, so the bytes stay what
@@ -232,6 +233,65 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	}
 	if bytes.Contains(data, []byte("bootstrap")) {
 		t.Fatal("a zero bootstrap was encoded")
+	}
+}
+
+// TestUpcastAddedBoot: sandbox.created v3 and sandbox.forked and
+// sandbox.restored v2 were written before a sandbox recorded how it boots;
+// they decode with no boot configuration, which a boot reads as "the
+// booting command's settings, 1 vCPU and 512 MiB", as those boots ran.
+func TestUpcastAddedBoot(t *testing.T) {
+	type createdV3 struct {
+		Handle    string     `msgpack:"handle,omitempty"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty"`
+	}
+	v3 := payloadBytes(t, createdV3{Image: "img", Driver: "qemu", Bootstrap: Bootstrap{CacheID: "img-1"}})
+	got, err := Decode(rawEvent(t, wire{Type: string(SandboxCreated), Schema: 3, Sandbox: testSandbox, Payload: v3}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != 4 {
+		t.Fatalf("created v3 upcast = %+v (schema %d)", c, got.Schema)
+	}
+	type forkedV2 struct {
+		Parent    string     `msgpack:"parent"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty"`
+	}
+	got, err = Decode(rawEvent(t, wire{Type: string(SandboxForked), Schema: 2, Sandbox: testSandbox, Payload: payloadBytes(t, forkedV2{Parent: testSandbox, Image: "img", Driver: "qemu"})}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != 3 {
+		t.Fatalf("forked v2 upcast = %+v (schema %d)", f, got.Schema)
+	}
+	type restoredV2 struct {
+		Snapshot  string     `msgpack:"snapshot"`
+		Source    string     `msgpack:"source"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty"`
+	}
+	got, err = Decode(rawEvent(t, wire{Type: string(SandboxRestored), Schema: 2, Sandbox: testSandbox, Payload: payloadBytes(t, restoredV2{Snapshot: "s", Source: testSandbox, Image: "img", Driver: "qemu"})}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != 3 {
+		t.Fatalf("restored v2 upcast = %+v (schema %d)", r, got.Schema)
+	}
+	// An unrecorded boot configuration is not written at all.
+	data, err := Encode(New(testID, testTime, testSandbox, SandboxCreatedEvent{Image: "img", Driver: "process"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, []byte("boot")) {
+		t.Fatal("a zero boot configuration was encoded")
 	}
 }
 

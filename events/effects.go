@@ -2,9 +2,9 @@ package events
 
 // Effects is what e says about resource ownership: the resources its
 // sandbox claims and the ones it gives back. It is the one statement of
-// which event claims or releases what; every fold that tracks ownership
-// (projections.Sandboxes, projections.Ownership) applies it, so the two
-// cannot drift apart. A claim or release names resources of e.Sandbox;
+// which event claims or releases what; the fold that tracks ownership
+// (projections.Sandboxes, whose indexes the store persists) applies it,
+// so no other statement of it can drift. A claim or release names resources of e.Sandbox;
 // whether the sandbox is known, and what an already-owned path means, is
 // the fold's business.
 //

@@ -272,6 +272,25 @@ func FilterSubject(t string, sandbox string) (string, error) {
 	return SubjectPrefix + "." + category + "." + action + "." + token, nil
 }
 
+// notable are the facts a person acting on sandboxes asked for or must
+// know about. The other types (intents, resources, flushes, finished
+// sagas, image-cache use, mirror links) are the bookkeeping that makes
+// those facts safe to act on after a crash.
+var notable = []Type{
+	SandboxCreated, SandboxForked, SandboxRestored, SandboxStarted, SandboxStopped, SandboxFailed, SandboxRemoved,
+	VMMExited, SnapshotTaken, VolumeCreated, VolumeAttached, VolumeDetached, VolumeRemoved,
+	OverlayRecovered, WarningRaised, ReapApplied, ImageCachePruned, SagaCompensated,
+}
+
+// Notable lists the notable types, for a query's Types.
+func Notable() []string {
+	out := make([]string, len(notable))
+	for i, t := range notable {
+		out[i] = string(t)
+	}
+	return out
+}
+
 // FilterSubjects is the set of subject filters selecting events of any of
 // types (full types or categories; none selects all) and of one sandbox
 // ("" for all); nil means every event, so a reader needs no filter at all.

@@ -46,17 +46,36 @@ type Resource struct {
 	Path string       `msgpack:"path" json:"path"`
 }
 
-// SandboxCreatedEvent (schema 3) says: the sandbox is
+// SandboxCreatedEvent (schema 4) says: the sandbox is
 // committed, and it owns every resource listed. Bootstrap names the image
 // cache entry its OS disk was cloned from (schema 3); a sandbox without it
-// predates the image cache and protects every entry from prune.
+// predates the image cache and protects every entry from prune. Driver and
+// Boot (schema 4) are how every boot of the sandbox runs.
 type SandboxCreatedEvent struct {
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
 	Image     string     `msgpack:"image" json:"image"`
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
 	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
+	Boot      BootConfig `msgpack:"boot,omitempty" json:"boot,omitempty"`
 }
+
+// BootConfig is how a sandbox boots, beside its Driver: every later boot
+// of the sandbox (start, recover) and of its fork and restore children
+// uses it, whatever the booting command's settings. A zero field was not
+// recorded (a sandbox created before schema 4 of sandbox.created): its
+// boot uses the booting command's kernel, initramfs and command line, and
+// 1 vCPU and 512 MiB, as every boot did then.
+type BootConfig struct {
+	Kernel      string `msgpack:"kernel,omitempty" json:"kernel,omitempty"`
+	Initramfs   string `msgpack:"initramfs,omitempty" json:"initramfs,omitempty"`
+	Cmdline     string `msgpack:"cmdline,omitempty" json:"cmdline,omitempty"`
+	Cpus        int    `msgpack:"cpus,omitempty" json:"cpus,omitempty"`
+	MemoryBytes int64  `msgpack:"memory_bytes,omitempty" json:"memory_bytes,omitempty"`
+}
+
+// IsZero lets msgpack and encoding/json omit an unrecorded boot configuration.
+func (b BootConfig) IsZero() bool { return b == BootConfig{} }
 
 // Bootstrap is the image cache entry a sandbox's OS disk came from: its
 // cache ID and the identity of the image it was prepared from. The zero
@@ -71,7 +90,7 @@ func (b Bootstrap) IsZero() bool { return b == Bootstrap{} }
 
 // SandboxForkedEvent: a child sandbox was committed from a running parent.
 // Bootstrap (schema 2) is the parent's: the child's OS disk descends from
-// the same image cache entry.
+// the same image cache entry. Driver and Boot (schema 3) are the parent's.
 type SandboxForkedEvent struct {
 	Parent    string     `msgpack:"parent" json:"parent"`
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
@@ -79,11 +98,13 @@ type SandboxForkedEvent struct {
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
 	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
+	Boot      BootConfig `msgpack:"boot,omitempty" json:"boot,omitempty"`
 }
 
 // SandboxRestoredEvent: a sandbox was committed from a snapshot.
 // Bootstrap (schema 2) comes from the snapshot's manifest; a snapshot taken
-// before the image cache has none.
+// before the image cache has none. Driver and Boot (schema 3) are the
+// snapshotted sandbox's.
 type SandboxRestoredEvent struct {
 	Snapshot  string     `msgpack:"snapshot" json:"snapshot"`
 	Source    string     `msgpack:"source" json:"source"`
@@ -92,6 +113,7 @@ type SandboxRestoredEvent struct {
 	Driver    string     `msgpack:"driver" json:"driver"`
 	Resources []Resource `msgpack:"resources" json:"resources"`
 	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
+	Boot      BootConfig `msgpack:"boot,omitempty" json:"boot,omitempty"`
 }
 
 // SandboxStartedEvent: the VMM answered on its API socket. The pid and its

@@ -30,15 +30,17 @@ import (
 // ignores it and finds its disks by serial.
 const DefaultCmdline = "console=ttyS0 root=/dev/vda rw"
 
-// vmConfig is vm.create's body for d. The guest kernel logs to ttyS0, CH's serial
+// vmConfig is vm.create's body for d, sized by b. The guest kernel logs to ttyS0, CH's serial
 // port, whose default mode (Null) drops every line: it goes to serialLog.
 // mounts are appended to the kernel command line (guestMounts): the agent
 // as PID 1 reads them there to mount volumes at their guest paths.
-func vmConfig(d driver.Driver, disks []vmm.Disk, mounts []string, vsock, serialLog string) vmm.Config {
+func vmConfig(d driver.Driver, b events.BootConfig, disks []vmm.Disk, mounts []string, vsock, serialLog string) vmm.Config {
 	c := vmm.Config{
 		Disks:  disks,
-		Memory: vmm.Memory{Size: guestMemory},
-		Cpus:   vmm.Cpus{BootVcpus: 1, MaxVcpus: 1},
+		Memory: vmm.Memory{Size: b.MemoryBytes},
+		// CH's serde requires both counts once cpus is given; nexus
+		// hot-plugs none, so the guest's maximum is what it boots with.
+		Cpus:   vmm.Cpus{BootVcpus: b.Cpus, MaxVcpus: b.Cpus},
 		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
 		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: serialLog},
 		// The process driver boots no kernel; it still names one, as the
@@ -56,10 +58,6 @@ func vmConfig(d driver.Driver, disks []vmm.Disk, mounts []string, vsock, serialL
 	}
 	return c
 }
-
-// guestMemory is every cold-booted guest's RAM, and so the size of the
-// memory-ranges file a snapshot of it writes.
-const guestMemory = 512 << 20
 
 func nowUTC() time.Time { return time.Now().UTC() }
 
@@ -161,8 +159,9 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if err := m.checkDisks(m.vmDisks(ctx, sb)); err != nil {
 				return nil, err
 			}
+			d, boot := m.bootOf(sb)
 			c := vmm.NewClient(api)
-			if vm, err = m.launch(ctx, "VMM", m.Driver.Argv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
+			if vm, err = m.launch(ctx, "VMM", d.Argv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err
 			}
 			// CH opens the serial log by name and follows symlinks: make it
@@ -179,7 +178,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				if err == nil {
 					err = c.Resume(ctx)
 				}
-			} else if err = c.Create(ctx, vmConfig(m.Driver, m.vmDisks(ctx, sb), guestMounts(sb), vsock, m.Root.ConsoleLog(id))); err == nil {
+			} else if err = c.Create(ctx, vmConfig(d, boot, m.vmDisks(ctx, sb), guestMounts(sb), vsock, m.Root.ConsoleLog(id))); err == nil {
 				err = c.Boot(ctx)
 			}
 			if err != nil {
@@ -192,7 +191,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if fi, err := fsx.Stat(string(m.Root), m.Root.APISocketLock(id)); err == nil && fi.Mode().IsRegular() {
 				sockets = append(sockets, m.res(events.KindAPISocketLock, m.Root.APISocketLock(id)))
 			}
-			return sagas.One(events.SandboxStartedEvent{Driver: m.Driver.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
+			return sagas.One(events.SandboxStartedEvent{Driver: d.Name, VMMPid: vm.Pid, VMMStart: vm.StartTicks,
 				RunMarker: run, Sockets: sockets}), nil
 		},
 		Undo: func(ctx context.Context) ([]events.Payload, error) {
@@ -416,8 +415,8 @@ func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (
 		}
 	}
 	sb := c.sb
-	if err := m.Driver.Preflight(); err != nil {
-		return sb, fmt.Errorf("%w: %v", ErrRefused, err)
+	if err := m.bootable(core.Start, sb); err != nil {
+		return sb, err
 	}
 	if err := m.refuseVolumesReadLocked(ctx, sb); err != nil {
 		return sb, err

@@ -31,7 +31,7 @@ func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
 	for _, d := range []driver.Driver{{Name: driver.Process}, {Name: driver.CloudHypervisor, Kernel: "/boot/vmlinux"}, {Name: driver.QEMU, Kernel: "/boot/vmlinuz"}} {
 		disks := (&Manager{Root: root}).vmDisks(context.Background(), sandboxWithDisksAndVolume())
-		body, err := json.Marshal(vmConfig(d, disks, guestMounts(sandboxWithDisksAndVolume()), root.VsockSocket(id), root.ConsoleLog(id)))
+		body, err := json.Marshal(vmConfig(d, events.BootConfig{Cpus: 2, MemoryBytes: 1 << 30}, disks, guestMounts(sandboxWithDisksAndVolume()), root.VsockSocket(id), root.ConsoleLog(id)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,6 +61,10 @@ func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 		num(cpus, "boot_vcpus", 1)
 		num(cpus, "max_vcpus", 1)
 		num(obj(cfg, "memory"), "size", 1)
+		// The sandbox's size, as CH reads it: both vCPU counts, bytes.
+		if cpus["boot_vcpus"] != 2.0 || cpus["max_vcpus"] != 2.0 || obj(cfg, "memory")["size"] != float64(1<<30) {
+			t.Fatalf("%s: cpus %v memory %v, want 2 vCPUs and 1 GiB: %s", d.Name, cpus, cfg["memory"], body)
+		}
 		vsock := obj(cfg, "vsock")
 		num(vsock, "cid", 3)
 		if s, _ := vsock["socket"].(string); s != root.VsockSocket(id) {
@@ -123,7 +127,7 @@ func TestCmdlineMountsVolumesAtTheirGuestPaths(t *testing.T) {
 	sb.Volumes = append(sb.Volumes, projections.Attachment{Name: "cache", GuestPath: "/var/cache/x", ReadOnly: true})
 	disks := (&Manager{Root: layout.Root("/state")}).vmDisks(context.Background(), sb)
 	for _, d := range []driver.Driver{{Name: driver.Process}, {Name: driver.CloudHypervisor, Kernel: "/boot/vmlinux", Cmdline: "console=ttyS0 quiet"}, {Name: driver.QEMU, Kernel: "/boot/vmlinuz"}} {
-		c := vmConfig(d, disks, guestMounts(sb), "/state/run/v.vsock", "/state/logs/c.log")
+		c := vmConfig(d, events.BootConfig{Cpus: 1, MemoryBytes: DefaultMemory}, disks, guestMounts(sb), "/state/run/v.vsock", "/state/logs/c.log")
 		base := d.Cmdline
 		if base == "" {
 			base = DefaultCmdline
@@ -148,7 +152,7 @@ func TestCmdlineMountsVolumesAtTheirGuestPaths(t *testing.T) {
 	}
 	// Without volumes the command line is the configured one, untouched.
 	sb.Volumes = nil
-	if c := vmConfig(driver.Driver{Name: driver.Process}, nil, guestMounts(sb), "v", "c"); c.Payload.Cmdline != DefaultCmdline {
+	if c := vmConfig(driver.Driver{Name: driver.Process}, events.BootConfig{Cpus: 1, MemoryBytes: DefaultMemory}, nil, guestMounts(sb), "v", "c"); c.Payload.Cmdline != DefaultCmdline {
 		t.Fatalf("cmdline without volumes %q", c.Payload.Cmdline)
 	}
 }
@@ -173,7 +177,7 @@ func TestBootAssetsReachThePayload(t *testing.T) {
 		{Name: driver.Process, Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
 		{Name: driver.CloudHypervisor, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
 	} {
-		p := vmConfig(d, nil, nil, "/v", "/c").Payload
+		p := vmConfig(d, events.BootConfig{Cpus: 1, MemoryBytes: DefaultMemory}, nil, nil, "/v", "/c").Payload
 		if p.Initramfs != d.Initramfs || p.Cmdline != d.Cmdline {
 			t.Errorf("%s: payload %+v, want initramfs %s cmdline %q", d.Name, p, d.Initramfs, d.Cmdline)
 		}
@@ -181,7 +185,7 @@ func TestBootAssetsReachThePayload(t *testing.T) {
 			t.Errorf("%s: kernel %q, want %q", d.Name, p.Kernel, d.Kernel)
 		}
 		d.Cmdline, d.Initramfs = "", ""
-		if p := vmConfig(d, nil, nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
+		if p := vmConfig(d, events.BootConfig{Cpus: 1, MemoryBytes: DefaultMemory}, nil, nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
 			t.Errorf("%s: payload without assets %+v, want cmdline %q and no initramfs", d.Name, p, DefaultCmdline)
 		}
 	}

@@ -40,6 +40,10 @@ type CreateSpec struct {
 	Shadows   []Shadow
 	Volumes   []Mount
 	Force     bool // skip the disk-space preflight
+	// Cpus and MemoryBytes size the guest (zero: DefaultCpus,
+	// DefaultMemory); the caller has checked them against the host.
+	Cpus        int
+	MemoryBytes int64
 	// ID, when set, is the new sandbox's ULID, chosen by the caller so it
 	// can be written to a client ledger before the create starts.
 	ID string
@@ -99,7 +103,8 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	s.Steps = append(s.Steps, m.intentsStep(held, intents), m.imageCacheStep(plan, tee))
 	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan, tee)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
-		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot}
+		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot,
+			Boot: m.newBoot(spec.Cpus, spec.MemoryBytes)}
 	}))
 	retire := m.retireStep(held, intents)
 	retireDo := retire.Do

@@ -41,7 +41,13 @@ type ExecStartError struct {
 }
 
 func (e *ExecStartError) Error() string {
-	return "exec: the guest could not start the command: " + e.Reason
+	// An older agent prefixes its reason with os/exec's "exec: ", once or
+	// twice.
+	reason := e.Reason
+	for strings.HasPrefix(reason, "exec: ") {
+		reason = strings.TrimPrefix(reason, "exec: ")
+	}
+	return "exec: the guest could not start " + reason
 }
 
 // running resolves ref to a sandbox whose guest is running.
@@ -67,7 +73,7 @@ func (m *Manager) agent(ctx context.Context, ref string) (projections.Sandbox, *
 	}
 	// A guest booted without the agent is Ready as its VMM runs: an
 	// agent in it is dialled as in any Ready sandbox.
-	if !sb.IsReady() && guestHasAgent(m.Driver) {
+	if !sb.IsReady() && m.guestHasAgent(sb) {
 		_, why := sb.Readiness()
 		timeout := m.ReadyTimeout
 		if timeout <= 0 {

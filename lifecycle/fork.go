@@ -91,6 +91,9 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	if err := refuseLockedVolumes(parent); err != nil {
 		return nil, err
 	}
+	if err := m.bootable(core.Fork, parent); err != nil {
+		return nil, err
+	}
 	sources := m.parentDisks(parent)
 	if err := m.preflightCopies(sources, spec.Count, 0, spec.Force); err != nil {
 		return nil, err
@@ -153,7 +156,7 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 			child := ids[i]
 			copies := m.childCopies(parent, child, sources)
 			committed := func(rs []events.Resource) events.Payload {
-				return events.SandboxForkedEvent{Parent: parent.ID, Handle: spec.Handle, Image: parent.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: boot}
+				return events.SandboxForkedEvent{Parent: parent.ID, Handle: spec.Handle, Image: parent.Image, Driver: parent.Driver, Resources: rs, Bootstrap: boot, Boot: parent.BootConfig}
 			}
 			if errs[i] = m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied, handle); errs[i] != nil {
 				failed.Store(true)
@@ -510,6 +513,11 @@ func (m *Manager) Restore(ctx context.Context, snap string, o RestoreOptions) (p
 	if !hasSnapshot(c.sb, snap) {
 		return projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q (removed meanwhile)", ErrNotFound, snap)
 	}
+	// The child boots as the snapshotted sandbox does: its VM state, if
+	// any, was made by that driver at that size.
+	if err := m.bootable(core.Restore, *source); err != nil {
+		return projections.Sandbox{}, err
+	}
 	dir := m.Root.Snapshot(source.ID, strings.ToUpper(snap))
 	data, err := fsx.ReadFile(string(m.Root), filepath.Join(dir, "manifest.json"))
 	if err != nil {
@@ -576,7 +584,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, o RestoreOptions) (p
 		}
 	}
 	committed := func(rs []events.Resource) events.Payload {
-		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Handle: o.Handle, Image: man.Image, Driver: m.Driver.Name, Resources: rs, Bootstrap: man.Bootstrap}
+		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Handle: o.Handle, Image: man.Image, Driver: source.Driver, Resources: rs, Bootstrap: man.Bootstrap, Boot: source.BootConfig}
 	}
 	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil, handle); err != nil {
 		return projections.Sandbox{}, err

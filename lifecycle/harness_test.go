@@ -256,6 +256,18 @@ func (j *memJournal) Sandboxes(context.Context) ([]projections.Sandbox, error) {
 	return out, nil
 }
 
+func (j *memJournal) WithProcesses(context.Context) ([]projections.Sandbox, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out []projections.Sandbox
+	for _, sb := range j.sandboxes.List() {
+		if sb.HasProcess() {
+			out = append(out, clone(*sb))
+		}
+	}
+	return out, nil
+}
+
 func (j *memJournal) Sandbox(_ context.Context, ref string) (projections.Sandbox, bool, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -322,6 +334,16 @@ func (j *memJournal) OwnerOf(_ context.Context, paths []string, except string) (
 	defer j.mu.Unlock()
 	sb, p, found := j.sandboxes.OwnerOf(paths, except)
 	return sb, p, found, nil
+}
+
+func (j *memJournal) PathOwners(_ context.Context, paths []string) ([]string, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		out[i], _ = j.sandboxes.PathOwner(p)
+	}
+	return out, nil
 }
 
 // since returns the events journaled after mark (a len of the journal).

@@ -48,6 +48,9 @@ type Backend interface {
 	AppendExpect(ctx context.Context, expect []core.Expect, evs ...events.Event) ([]uint64, error)
 	Events(ctx context.Context, q events.Query, fn func(events.Record) error) error
 	Sandboxes(ctx context.Context) ([]projections.Sandbox, error)
+	// WithProcesses is every sandbox that records a process, running or
+	// exited: an index of the store, so recover costs what runs.
+	WithProcesses(ctx context.Context) ([]projections.Sandbox, error)
 	// Sandbox is one sandbox by id or handle; found is false if there is none.
 	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
@@ -59,6 +62,10 @@ type Backend interface {
 	// OwnerOf names the sandbox other than except whose resources include
 	// one of paths (found false if none): one answer, not the sandbox list.
 	OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error)
+	// PathOwners is, for each of paths, the sandbox owning it by
+	// projections.PathOwner's rule ("" for none): point lookups in the
+	// store's ownership index, what the reaper marks from.
+	PathOwners(ctx context.Context, paths []string) ([]string, error)
 	// Rev is the sequence of the last event about entity (0: none): what
 	// a decision about it expects (for a handle, its last claim).
 	Rev(ctx context.Context, entity core.Entity) (uint64, error)
@@ -81,9 +88,20 @@ const DefaultFlushDeadline = vmm.DefaultFlushDeadline
 
 // Manager runs flows against one state root.
 type Manager struct {
-	Root   layout.Root
-	B      Backend
+	Root layout.Root
+	B    Backend
+	// Driver is what a new sandbox is made with (its name, kernel,
+	// initramfs and command line, which its record keeps) and this host's
+	// binaries. A sandbox already made boots as its record says (bootOf).
 	Driver driver.Driver
+	// AskedDriver is the driver the command named explicitly (--driver),
+	// "" if none: a sandbox recorded with another one is refused
+	// (core.DecideDriver) rather than booted under either.
+	AskedDriver string
+	// Cpus and MemoryBytes size a new sandbox whose create names no size
+	// (config cpus, memory; zero: DefaultCpus, DefaultMemory).
+	Cpus        int
+	MemoryBytes int64
 	// Launcher starts the supervisors and VMMs (Spawner in production); a
 	// flow that would start one without it is refused (ErrNoLauncher).
 	Launcher Launcher

@@ -52,6 +52,9 @@ func New(cfg Manager) (*Manager, error) {
 	if cfg.WarnFillRatio != 0 {
 		errs = append(errs, CheckWarnFillRatio(cfg.WarnFillRatio))
 	}
+	if cfg.Cpus < 0 || cfg.MemoryBytes < 0 {
+		errs = append(errs, fmt.Errorf("negative size: %d vCPUs, %d bytes", cfg.Cpus, cfg.MemoryBytes))
+	}
 	for name, d := range map[string]int64{
 		"start timeout": int64(cfg.StartTimeout), "flush deadline": int64(cfg.FlushDeadline), "freeze deadline": int64(cfg.FreezeDeadline),
 	} {

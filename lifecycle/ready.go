@@ -11,7 +11,6 @@ import (
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -49,13 +48,15 @@ func (e *NotReadyError) Error() string {
 		e.ID, e.Waited.Round(time.Second), e.Last, e.ConsoleLog, e.ID)
 }
 
-// guestHasAgent says whether a guest booted by d runs nexus's agent: the
-// process driver's guest always does, and a kernel's does when it boots
-// an initramfs (`nexus guest initramfs` puts the agent, or nexus-init,
-// which answers its hello, at /init). A kernel booted without one mounts
-// the image's root and runs the image's init, which nexus cannot know to
-// run an agent: that guest is Ready once its VMM runs.
-func guestHasAgent(d driver.Driver) bool {
+// guestHasAgent says whether sb's guest, booted as its record says, runs
+// nexus's agent: the process driver's guest always does, and a kernel's
+// does when it boots an initramfs (`nexus guest initramfs` puts the
+// agent, or nexus-init, which answers its hello, at /init). A kernel
+// booted without one mounts the image's root and runs the image's init,
+// which nexus cannot know to run an agent: that guest is Ready once its
+// VMM runs.
+func (m *Manager) guestHasAgent(sb projections.Sandbox) bool {
+	d, _ := m.bootOf(sb)
 	return !d.BootsKernel() || d.Initramfs != ""
 }
 
@@ -89,7 +90,7 @@ func (m *Manager) WaitReady(ctx context.Context, ref string, timeout time.Durati
 // answer of the run as its Ready.
 func (m *Manager) awaitAgent(ctx context.Context, sb projections.Sandbox, timeout time.Duration, record bool) (*agentproto.Client, error) {
 	run := sb.LastRun
-	if !guestHasAgent(m.Driver) {
+	if !m.guestHasAgent(sb) {
 		return nil, m.markReady(ctx, sb.ID, run, ReadyByVMM)
 	}
 	if timeout <= 0 {

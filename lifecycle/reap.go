@@ -117,27 +117,23 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	}); err != nil {
 		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
 	}
-	sbs, err := m.B.Sandboxes(ctx)
+	j, err := m.journalIndex(ctx, sc.Entries)
 	if err != nil {
 		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
 	}
-	open, err := m.B.OpenSagas(ctx)
-	if err != nil {
-		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
-	}
-	j := reaper.NewJournal(sbs, open)
 	if ref := o.Filter.Sandbox; ref != "" && !layout.IsULID(ref) {
 		// --sandbox HANDLE: the sandbox's ULID if it still exists, and the
 		// handle itself for its shadow disks either way.
 		o.Filter.Sandbox, o.Filter.Handle = "", layout.SafeHandle(ref)
-		for _, sb := range sbs {
-			if sb.Handle == ref {
-				o.Filter.Sandbox = sb.ID
-			}
+		if id, ok := j.Handle(o.Filter.Handle); ok {
+			o.Filter.Sandbox = id
 		}
 	}
 	entries := append(sc.Entries, supervisorEntries(sups.Gone(j))...)
-	rep := m.judge(o, entries, leases, j, sc)
+	rep := m.judge(o, entries, leases, j, "", sc)
+	if j.err != nil {
+		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, j.err)
+	}
 	if o.Plan != "" {
 		if err := m.bindToPlan(ctx, o.Plan, &rep); err != nil {
 			return rep, err
@@ -168,6 +164,110 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	return rep, nil
 }
 
+// journalIndex is the reaper's view of the journal over the backend's
+// indexes: the owners of every scanned path asked up front, in batches,
+// and each sandbox or handle a name carries asked when the reaper needs
+// it (only for what the journal gives no owner), once. Nothing lists
+// every sandbox.
+func (m *Manager) journalIndex(ctx context.Context, entries []reaper.Entry) (*journalIndex, error) {
+	open, err := m.B.OpenSagas(ctx)
+	if err != nil {
+		return nil, err
+	}
+	j := &journalIndex{ctx: ctx, b: m.B, owners: make(map[string]string, len(entries)), open: map[string]string{},
+		sandboxes: map[string]bool{}, handles: map[string]string{}}
+	for _, sg := range open {
+		if sg.Sandbox != "" {
+			j.open[sg.Sandbox] = string(sg.Kind)
+		}
+	}
+	const batch = 4096
+	for i := 0; i < len(entries); i += batch {
+		paths := make([]string, 0, batch)
+		for _, e := range entries[i:min(i+batch, len(entries))] {
+			paths = append(paths, e.Rel)
+		}
+		owners, err := m.B.PathOwners(ctx, paths)
+		if err != nil {
+			return nil, err
+		}
+		for k, p := range paths {
+			j.owners[p] = owners[k]
+		}
+	}
+	return j, nil
+}
+
+// journalIndex implements reaper.Journal over a Backend. A lookup that
+// fails answers "owned" (ambiguity keeps) and is kept in err, which makes
+// the whole reap fail as unreadable.
+type journalIndex struct {
+	ctx       context.Context
+	b         Backend
+	owners    map[string]string
+	open      map[string]string
+	sandboxes map[string]bool
+	handles   map[string]string
+	err       error
+}
+
+func (j *journalIndex) fail(err error) {
+	if j.err == nil {
+		j.err = err
+	}
+}
+
+func (j *journalIndex) Owner(rel string) (string, bool) {
+	id, asked := j.owners[rel]
+	if !asked {
+		got, err := j.b.PathOwners(j.ctx, []string{rel})
+		if err != nil {
+			j.fail(err)
+			return "", true
+		}
+		id = got[0]
+		j.owners[rel] = id
+	}
+	return id, id != ""
+}
+
+func (j *journalIndex) Sandbox(id string) bool {
+	known, asked := j.sandboxes[id]
+	if !asked {
+		sb, found, err := j.b.Sandbox(j.ctx, id)
+		if err != nil {
+			j.fail(err)
+			return true
+		}
+		known = found && sb.ID == id
+		j.sandboxes[id] = known
+	}
+	return known
+}
+
+func (j *journalIndex) Handle(h string) (string, bool) {
+	id, asked := j.handles[h]
+	if !asked {
+		if handle, ok := layout.HandleOf(h); ok {
+			sb, found, err := j.b.Sandbox(j.ctx, handle)
+			if err != nil {
+				j.fail(err)
+				return "", true
+			}
+			if found && sb.Handle == handle {
+				id = sb.ID
+			}
+		}
+		j.handles[h] = id
+	}
+	return id, id != ""
+}
+
+func (j *journalIndex) OpenSaga(id string) (string, bool) {
+	kind, ok := j.open[id]
+	return kind, ok
+}
+
 // ReapUnreadable reports a state root whose journal cannot be fully read:
 // everything is kept, since ownership cannot be known, and the report says
 // why.
@@ -177,7 +277,7 @@ func ReapUnreadable(root string, why string, o ReapOptions) (ReapReport, error) 
 		return ReapReport{}, err
 	}
 	m := &Manager{Root: layout.Root(root)}
-	rep := m.judge(o, sc.Entries, probeLeases(root, sc.Entries), reaper.UnreadableJournal(why), sc)
+	rep := m.judge(o, sc.Entries, probeLeases(root, sc.Entries), nil, why, sc)
 	rep.Journal = why
 	return rep, nil
 }
@@ -224,7 +324,7 @@ func supervisorEntries(recorded []reaper.Recorded) []reaper.Entry {
 	return out
 }
 
-func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string]reaper.Lease, j *reaper.Journal, sc scan.Result) ReapReport {
+func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string]reaper.Lease, j reaper.Journal, unreadable string, sc scan.Result) ReapReport {
 	rep := ReapReport{Apply: o.Apply, Orphans: []ReapItem{}, Kept: []ReapItem{}, Deleted: []ReapItem{}, Failed: []ReapItem{}, ScanErrors: sc.Errors}
 	var procs *liveness.Procs
 	for i := 0; i < procScanAttempts; i++ {
@@ -236,7 +336,7 @@ func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string
 		}
 	}
 	gate := &liveness.Gate{Root: string(m.Root), Procs: procs, Timeout: o.SocketTimeout}
-	ds := reaper.Classify(reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Gate: gate})
+	ds := reaper.Classify(reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Unreadable: unreadable, Gate: gate})
 	reaper.Order(ds)
 	rep.Scanned = len(sc.Entries)
 	if o.Filter.OlderThan > 0 && o.Filter.NowUnix == 0 {

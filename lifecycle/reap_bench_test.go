@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,8 +14,6 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/scan"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/projections"
-	"github.com/nexus-sandbox/nexus/reaper"
 )
 
 // perSandbox is how many reapable resources one committed sandbox leaves:
@@ -24,7 +23,7 @@ const perSandbox = 9
 
 // benchTree lays out `resources` resources: 90% of them the full set of
 // sandboxes the returned view owns, 10% orphaned raw disks of gone ULIDs.
-func benchTree(b *testing.B, resources int) (string, []projections.Sandbox) {
+func benchTree(b *testing.B, resources int) (string, *memJournal) {
 	b.Helper()
 	root := b.TempDir()
 	for _, d := range layout.Dirs {
@@ -33,7 +32,8 @@ func benchTree(b *testing.B, resources int) (string, []projections.Sandbox) {
 	r := layout.Root(root)
 	sandboxes := resources * 9 / 10 / perSandbox
 	orphans := resources - sandboxes*perSandbox
-	view := projections.NewSandboxes()
+	j := newMemJournal()
+	view := j.sandboxes
 	touch := func(p string) {
 		if err := os.WriteFile(p, nil, 0o600); err != nil {
 			b.Fatal(err)
@@ -69,11 +69,7 @@ func benchTree(b *testing.B, resources int) (string, []projections.Sandbox) {
 	for i := 0; i < orphans; i++ {
 		touch(r.RawDisk(ulid.Make().String()))
 	}
-	var list []projections.Sandbox
-	for _, sb := range view.List() {
-		list = append(list, *sb)
-	}
-	return root, list
+	return root, j
 }
 
 func countProcs() int {
@@ -88,8 +84,8 @@ func countProcs() int {
 func BenchmarkReapScanClassify(b *testing.B) {
 	for _, n := range []int{1000, 10000, 100000} {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
-			root, sbs := benchTree(b, n)
-			m := &Manager{Root: layout.Root(root)}
+			root, j := benchTree(b, n)
+			m := &Manager{Root: layout.Root(root), B: j}
 			var reapT, findT time.Duration
 			var reads, procs, orphans int
 			b.ResetTimer()
@@ -100,7 +96,11 @@ func BenchmarkReapScanClassify(b *testing.B) {
 					b.Fatal(err)
 				}
 				leases := probeLeases(root, sc.Entries)
-				rep := m.judge(ReapOptions{}, sc.Entries, leases, reaper.NewJournal(sbs, nil), sc)
+				idx, err := m.journalIndex(context.Background(), sc.Entries)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rep := m.judge(ReapOptions{}, sc.Entries, leases, idx, "", sc)
 				reapT += time.Since(t0)
 				reads, orphans = rep.ProcReads/rep.ProcScans, len(rep.Orphans)
 				procs = countProcs()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -38,6 +39,12 @@ type RecoverReport struct {
 	// Skipped lists what recover left alone because a live process holds
 	// its runner lease, or because a live VMM did not answer in time.
 	Skipped []Skipped `json:"skipped"`
+	// Checked counts the sandboxes checked against their processes: those
+	// the store records a process of, and those an open saga concerned.
+	// A stopped sandbox with neither is not looked at.
+	Checked int `json:"checked"`
+	// Leases counts the lease files no runner held that were removed.
+	Leases int `json:"leases_cleared"`
 }
 
 // Skipped is a saga or sandbox recover did not touch, and why.
@@ -50,33 +57,49 @@ type Skipped struct {
 
 // Recover brings the state root back to what the journal says, after any
 // crash: every unfinished saga is resumed or compensated, every sandbox the
-// journal calls running is checked by pid + start time and API socket, and
-// supervisors are restarted or, when orphaned, killed.
+// journal records a process of is checked by pid + start time and API
+// socket, and supervisors are restarted or, when orphaned, killed. What it
+// looks at comes from the store's indexes (open sagas, recorded
+// processes), so it costs what is in flight, not the sandboxes the root
+// holds. Lease files no runner holds are removed.
 func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Stopped: []string{},
 		Restarted: []string{}, Killed: []string{}, Unpaused: []string{}, Intents: []string{}, Skipped: []Skipped{}}
-	if err := m.recoverSagas(ctx, &rep); err != nil {
+	concerned, err := m.recoverSagas(ctx, &rep)
+	if err != nil {
 		return rep, err
 	}
 	if err := m.sweepIntents(ctx, &rep); err != nil {
 		return rep, err
 	}
-	return rep, m.recoverSandboxes(ctx, &rep)
+	if err := m.recoverSandboxes(ctx, &rep, concerned); err != nil {
+		return rep, err
+	}
+	// Last, so the leases recover took and released above are gone too.
+	rep.Leases, err = sagalease.Clear(string(m.Root))
+	return rep, err
 }
 
 // RecoverSagas resumes or compensates the open sagas whose runner lease is
 // free, and nothing else: what a daemon does as it starts.
 func (m *Manager) RecoverSagas(ctx context.Context) (RecoverReport, error) {
 	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Skipped: []Skipped{}}
-	return rep, m.recoverSagas(ctx, &rep)
+	_, err := m.recoverSagas(ctx, &rep)
+	return rep, err
 }
 
-func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) error {
+// recoverSagas finishes the open sagas; it returns the sandboxes they
+// concerned, which recover then checks against their processes.
+func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) ([]string, error) {
 	open, err := m.B.OpenSagas(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var concerned []string
 	for _, sg := range open {
+		if sg.Sandbox != "" {
+			concerned = append(concerned, sg.Sandbox)
+		}
 		// Only a saga whose runner lease is free is resumed or
 		// compensated, and recover holds the lease while it does.
 		entity := core.Reap
@@ -94,41 +117,54 @@ func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) error {
 			continue
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		err = m.recoverSaga(ctx, sg, rep)
 		l.Release()
 		if err != nil {
-			return fmt.Errorf("recover saga %s (%s of %s): %w", sg.ID, sg.Kind, sg.Sandbox, err)
+			return nil, fmt.Errorf("recover saga %s (%s of %s): %w", sg.ID, sg.Kind, sg.Sandbox, err)
 		}
 	}
-	return nil
+	return concerned, nil
 }
 
-// recoverSandboxes checks every sandbox against its processes, each under
-// its runner lease (one a command holds is skipped).
-func (m *Manager) recoverSandboxes(ctx context.Context, rep *RecoverReport) error {
-	list, err := m.sandboxes(ctx)
+// recoverSandboxes checks against its processes each sandbox the store
+// records a process of (its index, not a walk of every sandbox) and each
+// of concerned, under its runner lease (one a command holds is skipped).
+// A sandbox with neither has nothing recover could find: no process to
+// judge, and whatever a crash left of a flow is its open saga's.
+func (m *Manager) recoverSandboxes(ctx context.Context, rep *RecoverReport, concerned []string) error {
+	live, err := m.B.WithProcesses(ctx)
 	if err != nil {
 		return err
 	}
-	for _, sb := range list {
-		l, err := sagalease.Acquire(ctx, string(m.Root), string(core.Sandbox(sb.ID)), sagalease.Holder{Kind: "recover"}, false)
+	ids := make([]string, 0, len(live)+len(concerned))
+	for _, sb := range live {
+		ids = append(ids, sb.ID)
+	}
+	for _, id := range concerned {
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	for _, id := range ids {
+		l, err := sagalease.Acquire(ctx, string(m.Root), string(core.Sandbox(id)), sagalease.Holder{Kind: "recover"}, false)
 		var held *sagalease.HeldError
 		if errors.As(err, &held) {
-			rep.Skipped = append(rep.Skipped, Skipped{Sandbox: sb.ID, Reason: "a command is running on it: " + held.By.String()})
+			rep.Skipped = append(rep.Skipped, Skipped{Sandbox: id, Reason: "a command is running on it: " + held.By.String()})
 			continue
 		}
 		if err != nil {
 			return err
 		}
-		// Read again under the lease: a command that just ended changed it.
-		if fresh, ferr := m.Find(ctx, sb.ID); ferr == nil {
+		// Read under the lease: a command that just ended changed it.
+		if fresh, ferr := m.Find(ctx, id); ferr == nil {
+			rep.Checked++
 			err = m.recoverSandbox(ctx, fresh, rep)
 		}
 		l.Release()
 		if err != nil {
-			return fmt.Errorf("recover sandbox %s: %w", sb.ID, err)
+			return fmt.Errorf("recover sandbox %s: %w", id, err)
 		}
 	}
 	return nil
@@ -509,14 +545,6 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 	if err != nil {
 		return nil
 	}
-	list, err := m.sandboxes(ctx)
-	if err != nil {
-		return err
-	}
-	known := map[string]bool{}
-	for _, sb := range list {
-		known[sb.ID] = true
-	}
 	for _, e := range entries {
 		n := layout.ParseEntry("disks", e.Name(), e.IsDir())
 		if n.Staged {
@@ -526,7 +554,15 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 			continue
 		}
 		id := n.ID
-		if n.Kind != events.KindCreateIntent || known[id] || m.creatorAlive(id) {
+		if n.Kind != events.KindCreateIntent {
+			continue
+		}
+		// One point lookup per intent found: a journaled sandbox is its
+		// saga's (or done), not this sweep's.
+		if _, known, err := m.B.Sandbox(ctx, id); err != nil || known || m.creatorAlive(id) {
+			if err != nil {
+				return err
+			}
 			continue
 		}
 		s := &sagas.Saga{ID: ulid.Make().String(), Kind: events.SagaRecover, Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}

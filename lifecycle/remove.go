@@ -65,11 +65,10 @@ func (m *Manager) RemoveWith(ctx context.Context, ref string, opt RemoveOptions)
 		rep.AllocatedBytes += allocated(string(m.Root), rel)
 	}
 	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga { return m.saga(events.SagaRm, sb.ID, m.removeSteps(sb)) })
+	c.release()
 	if err != nil {
-		c.release()
 		return Removed{}, err
 	}
-	c.lease.Remove() // the sandbox is gone; so is its lease file
 	return rep, nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/dustin/go-humanize"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/core"
@@ -45,7 +46,7 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		return projections.Volume{}, fmt.Errorf("%w: volume name %q: want lowercase letters, digits, '-', '_'", ErrRefused, name)
 	}
 	if size < 8<<20 {
-		return projections.Volume{}, fmt.Errorf("%w: volume size %d: at least 8 MiB", ErrRefused, size)
+		return projections.Volume{}, fmt.Errorf("%w: volume size %d bytes: at least 8 MiB (a size takes a unit: 64M, 10G)", ErrRefused, size)
 	}
 	l, err := m.lease(ctx, core.Volume(name), "volume create")
 	if err != nil {
@@ -89,6 +90,9 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 		fsx.Remove(string(m.Root), m.rel(dir))
 		return projections.Volume{}, err
 	}
+	if free, err := disk.FreeBytes(dir); err == nil && size > free {
+		m.notice("volume %s is %s, more than the %s free where it lives: it is sparse, and the guest's writes fail once that space is used", name, humanize.IBytes(uint64(size)), humanize.IBytes(uint64(free)))
+	}
 	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeCreatedEvent{Name: name, Path: m.rel(m.Root.VolumeDisk(name)), SizeBytes: size})
 	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []core.Expect{{Entity: core.Volume(name), Seq: rev}}, e); err != nil {
 		return projections.Volume{}, err
@@ -122,12 +126,12 @@ func (m *Manager) VolumeRemove(ctx context.Context, name string) error {
 		return err
 	}
 	defer l.Release()
-	return m.volumeRemoveHeld(ctx, name, nil, l)
+	return m.volumeRemoveHeld(ctx, name, nil)
 }
 
 // volumeRemoveHeld deletes a volume whose lease the caller holds, deciding
 // on a fresh read; live, if set, names the sandboxes that still exist.
-func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[string]bool, l *sagalease.Lease) error {
+func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[string]bool) error {
 	v, err := m.findVolume(ctx, name)
 	if err != nil {
 		return err
@@ -147,11 +151,7 @@ func (m *Manager) volumeRemoveHeld(ctx context.Context, name string, live map[st
 	// expectation makes the journal say so too.
 	s := m.volumeRmSaga(name)
 	s.Expect = []core.Expect{{Entity: core.Volume(name), Seq: v.Rev}}
-	if err := s.Run(ctx, m.B); err != nil {
-		return err
-	}
-	l.Remove()
-	return nil
+	return s.Run(ctx, m.B)
 }
 
 // volumeRmStep prefixes the one step of a volume-rm saga; the volume's name
@@ -208,14 +208,14 @@ func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool, 
 		// A dry run changes nothing and takes no lease; --apply judges
 		// each volume under its lease, on a fresh read of the volume and
 		// of the sandboxes (one finishing a create just now is live).
-		l := &sagalease.Lease{}
+		var l *sagalease.Lease
 		if apply {
 			if l, err = m.lease(ctx, core.Volume(v.Name), "volume prune"); err != nil {
 				return rep, err
 			}
 		}
 		del := includeDetached && (only == nil || slices.Contains(only, v.Name))
-		err = m.pruneOne(ctx, v.Name, apply, del, &rep, l)
+		err = m.pruneOne(ctx, v.Name, apply, del, &rep)
 		l.Release()
 		if err != nil {
 			return rep, err
@@ -225,7 +225,7 @@ func (m *Manager) VolumePrune(ctx context.Context, apply, includeDetached bool, 
 }
 
 // pruneOne judges one volume (under its lease when applying).
-func (m *Manager) pruneOne(ctx context.Context, name string, apply, includeDetached bool, rep *PruneReport, l *sagalease.Lease) error {
+func (m *Manager) pruneOne(ctx context.Context, name string, apply, includeDetached bool, rep *PruneReport) error {
 	fresh, err := m.findVolume(ctx, name)
 	if err != nil || fresh == nil {
 		return err
@@ -259,7 +259,7 @@ func (m *Manager) pruneOne(ctx context.Context, name string, apply, includeDetac
 		if attached == 0 {
 			rep.Detached = append(rep.Detached, v.Name)
 			if apply && includeDetached {
-				if err := m.volumeRemoveHeld(ctx, v.Name, live, l); err != nil {
+				if err := m.volumeRemoveHeld(ctx, v.Name, live); err != nil {
 					return err
 				}
 				rep.Removed = append(rep.Removed, v.Name)

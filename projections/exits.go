@@ -38,6 +38,10 @@ type Watched struct {
 
 // Watched lists the recorded processes of sb that the journal says still
 // run: what an exit watcher watches.
+// HasProcess says the sandbox records a VMM or a supervisor, running or
+// exited: what recover checks against the host (a stop clears both).
+func (sb *Sandbox) HasProcess() bool { return sb.VMM != nil || sb.Supervisor != nil }
+
 func (sb *Sandbox) Watched() []Watched {
 	var out []Watched
 	if sb.VMM != nil && !sb.VMM.Exited {

@@ -11,7 +11,7 @@ func FuzzUnmarshalState(f *testing.F) {
 	f.Add([]byte{0x80})
 	f.Add([]byte{0xc0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		for _, p := range []Projection{NewSandboxes(), NewOwnership(), NewSagas(), NewVolumes()} {
+		for _, p := range []Projection{NewSandboxes(), NewSagas(), NewVolumes()} {
 			_ = p.UnmarshalState(1, data)
 		}
 	})

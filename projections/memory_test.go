@@ -3,6 +3,7 @@ package projections_test
 import (
 	"math/rand"
 	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -19,8 +20,9 @@ const (
 )
 
 // TestOwnershipMemory100k folds the lifecycle of 100,000 live sandboxes, each
-// owning four resources, into one Ownership view and checks what the view
-// keeps on the heap stays under 200 MiB.
+// owning four resources, into one Sandboxes view held whole in memory (the
+// ownership index a store falls back on without its bbolt file) and checks
+// what the view keeps on the heap stays under 200 MiB.
 //
 // Events are generated and applied one at a time, so only the view is live
 // at the second measurement. Every event builds its own path strings, as
@@ -33,7 +35,7 @@ func TestOwnershipMemory100k(t *testing.T) {
 
 	before := heapAfterGC()
 	start := time.Now()
-	o := projections.NewOwnership()
+	o := projections.NewSandboxes()
 	seq := uint64(0)
 	apply := func(at time.Time, sb string, p events.Payload) {
 		seq++
@@ -48,7 +50,7 @@ func TestOwnershipMemory100k(t *testing.T) {
 		apply(at, sb, events.DiskMaterialisedEvent{
 			Resource: events.Resource{Kind: events.KindWorkspaceDisk, Path: "disks/" + sb + "-workspace.ext4"},
 			Method:   "mkfs", AllocatedBytes: 64 << 20, ApparentBytes: 4 << 30})
-		apply(at, sb, events.SandboxCreatedEvent{Handle: "sb", Image: "ghcr.io/nexus/base:24.04", Driver: "firecracker",
+		apply(at, sb, events.SandboxCreatedEvent{Handle: "sb-" + strconv.Itoa(i), Image: "ghcr.io/nexus/base:24.04", Driver: "firecracker",
 			Resources: []events.Resource{
 				{Kind: events.KindRawDisk, Path: "disks/" + sb + ".raw"},
 				{Kind: events.KindWorkspaceDisk, Path: "disks/" + sb + "-workspace.ext4"},
@@ -61,16 +63,19 @@ func TestOwnershipMemory100k(t *testing.T) {
 	folded := time.Since(start)
 	after := heapAfterGC()
 
-	if got, want := o.Len(), memSandboxes*memPerSandbox; got != want {
-		t.Fatalf("ownership holds %d paths, want %d", got, want)
+	if got := o.Len(); got != memSandboxes {
+		t.Fatalf("the view holds %d sandboxes, want %d", got, memSandboxes)
+	}
+	if id, ok := o.PathOwner("supervisors/" + o.List()[0].ID); !ok || id != o.List()[0].ID {
+		t.Fatalf("the first sandbox's supervisor state is owned by %q, %v", id, ok)
 	}
 	inuse := int64(after.HeapInuse) - int64(before.HeapInuse)
 	alloc := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	t.Logf("ownership of %d sandboxes (%d paths, %d events folded in %v): heap in use +%.1f MiB, live objects +%.1f MiB (%.0f B/sandbox), budget %d MiB",
-		memSandboxes, o.Len(), seq, folded.Round(time.Millisecond),
+	t.Logf("sandboxes view of %d sandboxes (%d paths each, %d events folded in %v): heap in use +%.1f MiB, live objects +%.1f MiB (%.0f B/sandbox), budget %d MiB",
+		memSandboxes, memPerSandbox, seq, folded.Round(time.Millisecond),
 		float64(inuse)/(1<<20), float64(alloc)/(1<<20), float64(alloc)/memSandboxes, memBudgetBytes>>20)
 	if inuse > memBudgetBytes {
-		t.Errorf("ownership of %d sandboxes uses %.1f MiB of heap, budget %d MiB", memSandboxes, float64(inuse)/(1<<20), memBudgetBytes>>20)
+		t.Errorf("the sandboxes view of %d sandboxes uses %.1f MiB of heap, budget %d MiB", memSandboxes, float64(inuse)/(1<<20), memBudgetBytes>>20)
 	}
 	runtime.KeepAlive(o)
 }

@@ -96,7 +96,6 @@ func fold(p Projection, evs []events.Event, from int) {
 func TestSnapshotThenTailEqualsFullFold(t *testing.T) {
 	makers := []func() Projection{
 		func() Projection { return NewSandboxes() },
-		func() Projection { return NewOwnership() },
 		func() Projection { return NewSagas() },
 		func() Projection { return NewVolumes() },
 	}
@@ -133,9 +132,13 @@ func TestSnapshotThenTailEqualsFullFold(t *testing.T) {
 }
 
 func TestDamagedSnapshotIsRefusedAndStateKept(t *testing.T) {
-	p := NewOwnership()
+	p := NewSandboxes()
 	id := ulid.MustParse("01JDQ4Z6X1M9A3Y0C5TB2R8NKW")
-	p.Apply(1, events.New(id, t0, id.String(), events.DiskMaterialisedEvent{Resource: events.Resource{Kind: events.KindRawDisk, Path: "disks/a.raw"}}))
+	created := func(disk string) events.Event {
+		return events.New(id, t0, id.String(), events.SandboxCreatedEvent{Image: "i", Driver: "process",
+			Resources: []events.Resource{{Kind: events.KindRawDisk, Path: disk}}})
+	}
+	p.Apply(1, created("disks/a.raw"))
 	good, err := EncodeSnapshot(p, id)
 	if err != nil {
 		t.Fatal(err)
@@ -149,30 +152,28 @@ func TestDamagedSnapshotIsRefusedAndStateKept(t *testing.T) {
 		"empty":     nil,
 	}
 	for name, data := range cases {
-		target := NewOwnership()
-		target.Apply(7, events.New(id, t0, id.String(), events.DiskMaterialisedEvent{Resource: events.Resource{Kind: events.KindRawDisk, Path: "disks/b.raw"}}))
+		target := NewSandboxes()
+		target.Apply(7, created("disks/b.raw"))
 		if _, err := DecodeSnapshot(data, target); !errors.Is(err, ErrBadSnapshot) {
 			t.Errorf("%s: DecodeSnapshot = %v, want ErrBadSnapshot", name, err)
 		}
-		if _, ok := target.Owner("disks/b.raw"); !ok || target.Seq() != 7 {
+		if _, ok := target.PathOwner("disks/b.raw"); !ok || target.Seq() != 7 {
 			t.Errorf("%s: a refused snapshot changed the projection", name)
 		}
 	}
-	if _, err := DecodeSnapshot(good, NewSandboxes()); !errors.Is(err, ErrBadSnapshot) {
-		t.Errorf("an ownership snapshot loaded into the sandboxes projection: %v", err)
+	if _, err := DecodeSnapshot(good, NewVolumes()); !errors.Is(err, ErrBadSnapshot) {
+		t.Errorf("a sandboxes snapshot loaded into the volumes projection: %v", err)
 	}
 }
 
 func TestOwnershipFollowsLifecycle(t *testing.T) {
 	id := ulid.MustParse("01JDQ4Z6X1M9A3Y0C5TB2R8NKW")
 	sb := id.String()
-	o, s := NewOwnership(), NewSandboxes()
+	s := NewSandboxes()
 	seq := uint64(0)
 	apply := func(p events.Payload) {
 		seq++
-		e := events.New(id, t0, sb, p)
-		o.Apply(seq, e)
-		s.Apply(seq, e)
+		s.Apply(seq, events.New(id, t0, sb, p))
 	}
 	apply(events.SagaStartedEvent{Kind: "create"})
 	if got := s.Get(sb); got == nil || got.State != StateCreating {
@@ -180,20 +181,32 @@ func TestOwnershipFollowsLifecycle(t *testing.T) {
 	}
 	apply(events.IntentWrittenEvent{Resource: events.Resource{Kind: events.KindCreateIntent, Path: "disks/" + sb + ".create-intent.json"}})
 	apply(events.DiskMaterialisedEvent{Resource: events.Resource{Kind: events.KindRawDisk, Path: "disks/" + sb + ".raw"}})
-	if owner, ok := o.Owner("disks/" + sb + ".raw"); !ok || owner.Sandbox != id || owner.Kind != events.KindRawDisk {
-		t.Fatalf("materialised disk owner = %+v, %v", owner, ok)
+	if owner, ok := s.PathOwner("disks/" + sb + ".raw"); !ok || owner != sb {
+		t.Fatalf("materialised disk owner = %q, %v", owner, ok)
 	}
 	apply(events.SandboxCreatedEvent{Handle: "dev", Image: "base", Driver: "process"})
 	apply(events.IntentRetiredEvent{Resource: events.Resource{Kind: events.KindCreateIntent, Path: "disks/" + sb + ".create-intent.json"}})
-	if _, ok := o.Owner("disks/" + sb + ".create-intent.json"); ok {
+	if _, ok := s.PathOwner("disks/" + sb + ".create-intent.json"); ok {
 		t.Fatal("retired intent still owned")
+	}
+	apply(events.SnapshotTakenEvent{SnapshotID: "S1", Dir: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + sb + "/S1"}})
+	for _, p := range []string{"snapshots/" + sb, "snapshots/" + sb + "/S1", "snapshots/" + sb + "/S1/memory-ranges"} {
+		if owner, ok := s.PathOwner(p); !ok || owner != sb {
+			t.Fatalf("PathOwner(%s) = %q, %v: want %s (the path, one below it, or one above it)", p, owner, ok, sb)
+		}
+	}
+	if _, ok := s.PathOwner("snapshots"); ok {
+		t.Fatal("a top-level directory is owned")
 	}
 	apply(events.SandboxStartedEvent{VMMPid: 10, VMMStart: 20})
 	if got := s.Get(sb); got.State != StateRunning || got.VMM.Pid != 10 || got.Handle != "dev" {
 		t.Fatalf("after start: %+v", got)
 	}
 	apply(events.SandboxRemovedEvent{})
-	if o.Len() != 0 || s.Len() != 0 {
-		t.Fatalf("after remove: %d owned, %d sandboxes", o.Len(), s.Len())
+	if len(s.Owned()) != 0 || s.Len() != 0 {
+		t.Fatalf("after remove: %d owned, %d sandboxes", len(s.Owned()), s.Len())
+	}
+	if _, ok := s.PathOwner("snapshots/" + sb); ok {
+		t.Fatal("a removed sandbox's snapshot directory is still owned")
 	}
 }

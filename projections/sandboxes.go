@@ -75,10 +75,13 @@ type Sandbox struct {
 	// (zero if its create recorded none), for the cache's references: kept
 	// with the sandbox, so a cache question about one sandbox reads one
 	// record.
-	Bootstrap  events.Bootstrap `msgpack:"boot,omitempty"`
-	LastRun    string           `msgpack:"run,omitempty"`
-	FlushedRun string           `msgpack:"flushed,omitempty"`
-	Seq        uint64           `msgpack:"seq"`
+	Bootstrap events.Bootstrap `msgpack:"boot,omitempty"`
+	// BootConfig is how the sandbox boots besides its Driver (zero fields:
+	// not recorded, events.BootConfig).
+	BootConfig events.BootConfig `msgpack:"bootcfg,omitempty"`
+	LastRun    string            `msgpack:"run,omitempty"`
+	FlushedRun string            `msgpack:"flushed,omitempty"`
+	Seq        uint64            `msgpack:"seq"`
 	// Rev is the sequence of the last event about this sandbox (any event
 	// carrying its id): the entity sequence a decision expects (core.Expect).
 	Rev uint64 `msgpack:"rev"`
@@ -104,6 +107,7 @@ type Sandboxes struct {
 	// (reindex); UnmarshalState rebuilds them.
 	handles multimap // handle → ids carrying it (one, unless a history was made by hand)
 	owners  multimap // path → ids owning it
+	dirs    multimap // directory below the top level → ids owning a path under it
 	// snaps indexes the view by snapshot ID, so restore and snapshot rm
 	// find a snapshot's sandbox without the list (SnapshotOwner).
 	snaps multimap // snapshot → ids holding it
@@ -179,7 +183,7 @@ func NewSandboxes() *Sandboxes { return NewSandboxesAt(0) }
 // seq: the overlay a store keeps over its stored records, which holds only
 // the sandboxes touched since.
 func NewSandboxesAt(seq uint64) *Sandboxes {
-	return &Sandboxes{seq: seq, byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), snaps: newMultimap()}
+	return &Sandboxes{seq: seq, byID: map[string]*Sandbox{}, handles: newMultimap(), owners: newMultimap(), dirs: newMultimap(), snaps: newMultimap()}
 }
 
 // Put adds sb to the view as it is, replacing any record of its ID: a
@@ -235,6 +239,9 @@ func (s *Sandboxes) reindexAll(id string, before indexed) {
 	for _, r := range before.resources {
 		s.owners.del(r.Path, id)
 	}
+	for _, d := range ownedDirs(before.resources) {
+		s.dirs.del(d, id)
+	}
 	for _, snap := range before.snapshots {
 		s.snaps.del(snap, id)
 	}
@@ -247,6 +254,9 @@ func (s *Sandboxes) index(id string, x indexed) {
 	}
 	for _, r := range x.resources {
 		s.owners.add(r.Path, id)
+	}
+	for _, d := range ownedDirs(x.resources) {
+		s.dirs.add(d, id)
 	}
 	for _, snap := range x.snapshots {
 		s.snaps.add(snap, id)
@@ -286,6 +296,25 @@ func (s *Sandboxes) OwnerOf(paths []string, except string) (id, path string, fou
 		}
 	}
 	return "", "", false // unreachable: id owns one of paths
+}
+
+// PathOwner is the sandbox the view gives rel to, by PathOwner's rule.
+func (s *Sandboxes) PathOwner(rel string) (string, bool) {
+	id, ok, _ := PathOwner(rel, s.OwnerExact, s.OwnerBelow)
+	return id, ok
+}
+
+// OwnerExact is the first sandbox, in List order, owning exactly path p.
+func (s *Sandboxes) OwnerExact(p string) (string, bool, error) {
+	id, ok := s.owners.least(p, "")
+	return id, ok, nil
+}
+
+// OwnerBelow is the first sandbox, in List order, owning a path under
+// directory dir (not one of the root's top-level directories).
+func (s *Sandboxes) OwnerBelow(dir string) (string, bool, error) {
+	id, ok := s.dirs.least(dir, "")
+	return id, ok, nil
 }
 
 // SnapshotOwner returns the sandbox holding snapshot snap (the oldest,
@@ -369,16 +398,16 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		return
 	case events.SandboxCreatedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Bootstrap = p.Bootstrap
+		sb.Bootstrap, sb.BootConfig = p.Bootstrap, p.Boot
 	case events.SandboxForkedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Bootstrap = p.Parent, p.Bootstrap
+		sb.Parent, sb.Bootstrap, sb.BootConfig = p.Parent, p.Bootstrap, p.Boot
 	case events.SandboxRestoredEvent:
 		// The bootstrap is from the snapshot's manifest; a snapshot older
 		// than the cache records none, and the sandbox then protects every
 		// entry.
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Snapshot, sb.Bootstrap = p.Source, p.Snapshot, p.Bootstrap
+		sb.Parent, sb.Snapshot, sb.Bootstrap, sb.BootConfig = p.Source, p.Snapshot, p.Bootstrap, p.Boot
 	case events.SandboxRemovedEvent:
 		delete(s.byID, e.Sandbox)
 		s.ids = nil
@@ -388,7 +417,7 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		return // an event about a sandbox the view has not seen committed
 	}
 	// Which resources an event claims or releases is events.Effects's
-	// rule, shared with Ownership; this fold only scopes it to the sandbox.
+	// rule; this fold only scopes it to the sandbox.
 	claimed, released := events.Effects(e)
 	sb.claim(claimed...)
 	for _, r := range released {
@@ -580,7 +609,7 @@ func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
 		byID[sb.ID] = sb
 	}
 	s.seq, s.byID, s.ids = seq, byID, nil
-	s.handles, s.owners, s.snaps = newMultimap(), newMultimap(), newMultimap()
+	s.handles, s.owners, s.dirs, s.snaps = newMultimap(), newMultimap(), newMultimap(), newMultimap()
 	for id := range byID {
 		s.index(id, s.indexedOf(id))
 	}

@@ -1,8 +1,10 @@
 package projections
 
 import (
+	"path"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -501,23 +503,58 @@ func checkIndexes(t *testing.T, view *Sandboxes, before, want *Sandbox) {
 	}
 }
 
-// TestSandboxesAndOwnershipAgree folds random histories into both views:
-// every resource a sandbox holds, Ownership gives to it. Both read
-// events.Effects; this keeps either fold from growing its own rule again.
-// The converse is not a rule: Ownership claims for sandboxes the view does
-// not hold (in-flight or compensated creates, and genHistory reuses IDs),
-// so it may own more.
-func TestSandboxesAndOwnershipAgree(t *testing.T) {
+// TestPathOwnerIsTheRuleOverTheList folds random histories, restored from
+// a snapshot or not, and asks PathOwner about every owned path, each
+// directory holding one, each directory above one, and paths no one owns:
+// its indexes answer what the rule says over the list of sandboxes.
+func TestPathOwnerIsTheRuleOverTheList(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		evs := genHistory(t)
-		s, o := NewSandboxes(), NewOwnership()
+		s := NewSandboxes()
 		fold(s, evs, 0)
-		fold(o, evs, 0)
-		for _, sb := range s.List() {
-			for _, r := range sb.Resources {
-				if owner, ok := o.Owner(r.Path); !ok || owner.Sandbox.String() != sb.ID || owner.Kind != r.Kind {
-					t.Fatalf("%s holds %s, Ownership says %+v %v", sb.ID, r.Path, owner, ok)
+		if rapid.Bool().Draw(t, "restored") {
+			data, _ := s.MarshalState()
+			r := NewSandboxes()
+			if err := r.UnmarshalState(s.Seq(), data); err != nil {
+				t.Fatal(err)
+			}
+			s = r
+		}
+		list := s.List()
+		rule := func(rel string) (string, bool) {
+			id, ok, _ := PathOwner(rel, func(p string) (string, bool, error) {
+				for _, sb := range list {
+					if sb.Owns(p) {
+						return sb.ID, true, nil
+					}
 				}
+				return "", false, nil
+			}, func(dir string) (string, bool, error) {
+				if !strings.Contains(dir, "/") {
+					return "", false, nil
+				}
+				for _, sb := range list {
+					for _, r := range sb.Resources {
+						if strings.HasPrefix(r.Path, dir+"/") {
+							return sb.ID, true, nil
+						}
+					}
+				}
+				return "", false, nil
+			})
+			return id, ok
+		}
+		asked := []string{"disks/nobody.raw", "snapshots/nobody", "disks", "snapshots"}
+		for _, sb := range list {
+			for _, r := range sb.Resources {
+				asked = append(asked, r.Path, r.Path+"/below", path.Dir(r.Path))
+			}
+		}
+		for _, p := range asked {
+			gid, gok := s.PathOwner(p)
+			wid, wok := rule(p)
+			if gid != wid || gok != wok {
+				t.Fatalf("PathOwner(%s) = %q %v, the rule over the list says %q %v", p, gid, gok, wid, wok)
 			}
 		}
 	})

@@ -7,7 +7,6 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // Verdict is the reaper's judgement of one resource.
@@ -79,70 +78,21 @@ type Gate interface {
 	RunRecord(run string) Probe
 }
 
-// Journal is the ownership view the reaper marks from, built from the
-// Sandboxes projection (every committed and in-flight sandbox with the
-// resources the journal says it owns) and the open sagas.
-type Journal struct {
-	owner    map[string]string // owned path -> sandbox
-	below    map[string]string // directory with an owned path below it -> sandbox
-	sandbox  map[string]bool
-	handle   map[string]string // safe handle -> sandbox
-	openSaga map[string]string // sandbox -> kind of an open saga
-	// Unreadable, if set, says why the journal could not be fully read:
-	// every resource is then kept.
-	Unreadable string
-}
-
-// NewJournal indexes the projections for lookups by path, id and handle.
-func NewJournal(sbs []projections.Sandbox, open []projections.OpenSaga) *Journal {
-	j := &Journal{owner: map[string]string{}, below: map[string]string{}, sandbox: map[string]bool{},
-		handle: map[string]string{}, openSaga: map[string]string{}}
-	for i := range sbs {
-		sb := &sbs[i]
-		j.sandbox[sb.ID] = true
-		if sb.Handle != "" {
-			j.handle[layout.SafeHandle(sb.Handle)] = sb.ID
-		}
-		for _, r := range sb.Resources {
-			p := path.Clean(r.Path)
-			j.owner[p] = sb.ID
-			for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
-				if _, seen := j.below[d]; seen {
-					break
-				}
-				j.below[d] = sb.ID
-			}
-		}
-	}
-	for _, sg := range open {
-		if sg.Sandbox != "" {
-			j.openSaga[sg.Sandbox] = string(sg.Kind)
-		}
-	}
-	return j
-}
-
-// UnreadableJournal is the view of a journal that could not be fully read.
-func UnreadableJournal(why string) *Journal { return &Journal{Unreadable: why} }
-
-// HasSandbox reports whether the journal knows sandbox id (committed or in flight).
-func (j *Journal) HasSandbox(id string) bool { return j.sandbox[id] }
-
-// ownerOf finds the sandbox the journal attributes p to: p itself, a
-// directory above it, or (for a directory) anything below it.
-func (j *Journal) ownerOf(p string) (string, bool) {
-	if id, ok := j.owner[p]; ok {
-		return id, true
-	}
-	if id, ok := j.below[p]; ok {
-		return id, true
-	}
-	for d := path.Dir(p); d != "." && d != "/"; d = path.Dir(d) {
-		if id, ok := j.owner[d]; ok {
-			return id, true
-		}
-	}
-	return "", false
+// Journal is the journal's ownership as the reaper asks it: one question
+// per entry judged, each answered by point lookups in the store's indexes
+// (projections.PathOwner's rule for a path), so a reap costs what it
+// scanned, not the sandboxes the root holds. An index that fails to
+// answer must answer "owned" or "exists" (ambiguity keeps) and report the
+// failure to its caller, who then trusts no verdict of the run.
+type Journal interface {
+	// Owner is the sandbox the journal gives path rel to.
+	Owner(rel string) (id string, ok bool)
+	// Sandbox says whether sandbox id exists, committed or in flight.
+	Sandbox(id string) bool
+	// Handle is the sandbox holding the safe handle h (layout.SafeHandle).
+	Handle(h string) (id string, ok bool)
+	// OpenSaga is the kind of a saga of sandbox id that is open.
+	OpenSaga(id string) (kind string, ok bool)
 }
 
 // Inputs are everything one classification looks at.
@@ -153,8 +103,11 @@ type Inputs struct {
 	// only after its create's commit is journaled, so a create that lets go
 	// between the two observations is in the journal read afterwards.
 	Leases  map[string]Lease
-	Journal *Journal
-	Gate    Gate
+	Journal Journal
+	// Unreadable, if set, says why the journal could not be fully read:
+	// every entry is then kept.
+	Unreadable string
+	Gate       Gate
 }
 
 // Classify judges every entry. It is pure: all evidence comes from in.
@@ -206,10 +159,10 @@ func (c *classifier) decide(e Entry) Decision {
 		owner = e.Handle
 	}
 	switch {
-	case j == nil || j.Unreadable != "":
+	case j == nil || c.in.Unreadable != "":
 		why := "no journal view"
-		if j != nil {
-			why = j.Unreadable
+		if c.in.Unreadable != "" {
+			why = c.in.Unreadable
 		}
 		return keep(e, owner, Ambiguous, "journal cannot be fully read, so nothing is reaped: %s", why)
 	case e.Symlink:
@@ -219,7 +172,7 @@ func (c *classifier) decide(e Entry) Decision {
 	}
 	// Owner from the journal first: this attributes even a name that does
 	// not parse, and closes the readdir residual for anything journaled.
-	if id, ok := j.ownerOf(e.Rel); ok {
+	if id, ok := j.Owner(e.Rel); ok {
 		return keep(e, id, Owned, "the journal attributes it to sandbox %s", id)
 	}
 	// Leases, probed before the journal was read: a held create intent
@@ -234,16 +187,16 @@ func (c *classifier) decide(e Entry) Decision {
 	if e.Kind == events.KindWatchdogLog {
 		return c.watchdogLog(e)
 	}
-	if e.ID != "" && j.sandbox[e.ID] {
+	if e.ID != "" && j.Sandbox(e.ID) {
 		return keep(e, e.ID, Owned, "sandbox %s exists (owner from the name)", e.ID)
 	}
 	if e.Handle != "" {
-		if id, ok := j.handle[e.Handle]; ok {
+		if id, ok := j.Handle(e.Handle); ok {
 			return keep(e, id, Owned, "sandbox %s has handle %s", id, e.Handle)
 		}
 	}
 	if e.ID != "" {
-		if kind, ok := j.openSaga[e.ID]; ok {
+		if kind, ok := j.OpenSaga(e.ID); ok {
 			return keep(e, e.ID, Live, "a %s saga of %s is open (recover finishes it)", kind, e.ID)
 		}
 	}

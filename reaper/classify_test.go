@@ -53,8 +53,8 @@ func (g *fakeGate) SupervisorSocket(id string) Probe { return g.sups[id] }
 func (g *fakeGate) Intent(rel string) Lease          { g.asked["intent "+rel]++; return g.intents[rel] }
 func (g *fakeGate) RunRecord(run string) Probe       { g.asked["run "+run]++; return g.runs[run] }
 
-func journal() *Journal {
-	return NewJournal([]projections.Sandbox{{
+func journal() Journal {
+	return foldOf([]projections.Sandbox{{
 		ID: idA, Handle: "team/web",
 		Resources: []events.Resource{
 			{Kind: events.KindRawDisk, Path: "disks/" + idA + ".raw"},
@@ -110,7 +110,7 @@ func TestWatchdogLogFollowsItsRun(t *testing.T) {
 	g := newGate()
 	g.runs["r1"] = Probe{State: Dead}
 	want(t, one(t, Inputs{Gate: g}, entry("logs", "run-a.b.watchdog.log")), Ambiguous, "", "does not parse")
-	want(t, one(t, Inputs{Gate: g, Journal: UnreadableJournal("torn")}, entry("logs", "run-r1.watchdog.log")), Ambiguous, "", "torn")
+	want(t, one(t, Inputs{Gate: g, Unreadable: "torn"}, entry("logs", "run-r1.watchdog.log")), Ambiguous, "", "torn")
 }
 
 // Owner from the journal first, even for a name that does not parse.
@@ -128,7 +128,7 @@ func TestOwnerFromJournalFirst(t *testing.T) {
 
 // RL-14: a fork child's shadow copy belongs to the child.
 func TestForkChildShadowCopy(t *testing.T) {
-	j := NewJournal([]projections.Sandbox{{ID: idC, Parent: idA}}, nil)
+	j := foldOf([]projections.Sandbox{{ID: idC, Parent: idA}}, nil)
 	want(t, one(t, Inputs{Journal: j}, entry("disks", idC+"-team_web.shadow.cfg.ext4")), Owned, idC, "exists")
 	// Child gone: reclaimable like anything else, through the ULID gate.
 	g := newGate()
@@ -234,7 +234,7 @@ func TestAmbiguityKeeps(t *testing.T) {
 	want(t, one(t, Inputs{}, ln), Ambiguous, idB, "symbolic link")
 	// A journal that cannot be fully read keeps everything, even the legacy kind.
 	for _, e := range []Entry{entry("disks", "old.shadow.ext4"), entry("disks", idB+".raw")} {
-		d := one(t, Inputs{Journal: UnreadableJournal("event 7: schema 9 is newer than supported 1")}, e)
+		d := one(t, Inputs{Unreadable: "event 7: schema 9 is newer than supported 1"}, e)
 		if d.Verdict != Ambiguous || !strings.Contains(d.Reason, "schema 9") {
 			t.Fatalf("unreadable journal: %+v", d)
 		}

@@ -50,10 +50,10 @@ type Recorded struct {
 
 // Gone lists the supervisors recorded running for sandboxes the journal no
 // longer knows: the candidates for killing as orphans.
-func (s *Supervisors) Gone(j *Journal) []Recorded {
+func (s *Supervisors) Gone(j Journal) []Recorded {
 	var out []Recorded
 	for id, list := range s.running {
-		if j != nil && j.HasSandbox(id) {
+		if j != nil && j.Sandbox(id) {
 			continue // recover judges the supervisors of existing sandboxes
 		}
 		for _, p := range list {

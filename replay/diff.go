@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"path/filepath"
 	"sort"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -55,16 +54,15 @@ func Diff(records []Record, onDisk []string, present func(rel string) bool) (Div
 		// Judge a reap's deletions against ownership as it stood just
 		// before the reap recorded them.
 		for _, path := range reapDeletions(e.ev) {
-			if owner := ownerOf(ownerIndex(sbs), path); owner != "" {
+			if owner, ok := sbs.PathOwner(path); ok {
 				d.ReapedOwned = append(d.ReapedOwned, ReapedOwned{Seq: e.seq, Path: path, Owner: owner})
 			}
 		}
 		sbs.Apply(e.seq, e.ev)
 		sagas.Apply(e.seq, e.ev)
 	}
-	owners := ownerIndex(sbs)
 	for _, rel := range onDisk {
-		if ownerOf(owners, rel) == "" {
+		if _, ok := sbs.PathOwner(rel); !ok {
 			d.Untracked = append(d.Untracked, rel)
 		}
 	}
@@ -94,24 +92,4 @@ func reapDeletions(e events.Event) []string {
 		}
 	}
 	return nil
-}
-
-func ownerIndex(sbs *projections.Sandboxes) map[string]string {
-	idx := map[string]string{}
-	for _, sb := range sbs.List() {
-		for _, r := range sb.Resources {
-			idx[r.Path] = sb.ID
-		}
-	}
-	return idx
-}
-
-// ownerOf finds the sandbox owning path or a directory above it.
-func ownerOf(idx map[string]string, path string) string {
-	for p := filepath.Clean(path); p != "." && p != "/"; p = filepath.Dir(p) {
-		if owner, ok := idx[p]; ok {
-			return owner
-		}
-	}
-	return ""
 }

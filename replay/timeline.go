@@ -157,18 +157,17 @@ func At(records []Record, p Point) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	sbs, own, vols, sg := projections.NewSandboxes(), projections.NewOwnership(), projections.NewVolumes(), projections.NewSagas()
+	sbs, vols, sg := projections.NewSandboxes(), projections.NewVolumes(), projections.NewSagas()
 	var st State
 	for _, d := range evs {
 		if (p.Seq != 0 && d.seq > p.Seq) || (!p.Time.IsZero() && d.ev.Time.After(p.Time)) {
 			break
 		}
 		sbs.Apply(d.seq, d.ev)
-		own.Apply(d.seq, d.ev)
 		vols.Apply(d.seq, d.ev)
 		sg.Apply(d.seq, d.ev)
 		st.Seq, st.Time = d.seq, d.ev.Time
 	}
-	st.Sandboxes, st.Ownership, st.Volumes, st.OpenSagas = sbs.List(), own.List(), vols.List(), sg.Open()
+	st.Sandboxes, st.Ownership, st.Volumes, st.OpenSagas = sbs.List(), sbs.Owned(), vols.List(), sg.Open()
 	return st, nil
 }

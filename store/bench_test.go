@@ -270,7 +270,7 @@ func (f *startupFixture) timedJournalOpen(b *testing.B) time.Duration {
 
 // snapshotViews are fresh projections for every snapshot the store writes.
 func snapshotViews() []projections.Projection {
-	return []projections.Projection{projections.NewSandboxes(), projections.NewOwnership(),
+	return []projections.Projection{projections.NewSandboxes(),
 		projections.NewSagas(), projections.NewVolumes()}
 }
 

@@ -31,7 +31,7 @@ const storeFile = "sandboxes.db"
 
 // storeFormat is the version of the store's layout and records. A store of
 // another format is rebuilt from the journal, never read.
-const storeFormat = 1
+const storeFormat = 2
 
 var (
 	bucketMeta    = []byte("meta")
@@ -41,7 +41,10 @@ var (
 	bucketHandles = []byte("handles")   // handle
 	bucketOwners  = []byte("owners")    // resource path
 	bucketSnaps   = []byte("snapshots") // snapshot ID
-	bucketLive    = []byte("live")      // "" for each sandbox with a process recorded running
+	bucketProcs   = []byte("processes") // "" for each sandbox that records a process (HasProcess)
+
+	// retiredBuckets are older formats' buckets, dropped when the store is rebuilt.
+	retiredBuckets = [][]byte{[]byte("live")}
 
 	metaFormat = []byte("format")
 	metaSeq    = []byte("seq")
@@ -129,6 +132,26 @@ func (s *sandboxStore) ids(index []byte, key string) (out []string, err error) {
 		c := b.Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			out = append(out, string(k[len(prefix):]))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// idsBelow are the sandboxes the owners index holds for a path under
+// directory dir: one seek, then the keys under it.
+func (s *sandboxStore) idsBelow(dir string) (out []string, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketOwners)
+		if b == nil {
+			return nil
+		}
+		prefix := []byte(dir + "/")
+		c := b.Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			if i := bytes.IndexByte(k, 0); i >= 0 {
+				out = append(out, string(k[i+1:]))
+			}
 		}
 		return nil
 	})
@@ -226,7 +249,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range [][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketLive} {
+		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs}, retiredBuckets...) {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
@@ -246,7 +269,7 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketLive, bucketRecords} {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketRecords} {
 		b, err := tx.CreateBucketIfNotExists(name)
 		if err != nil {
 			return nil, err
@@ -313,8 +336,8 @@ func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []b
 			return err
 		}
 	}
-	if len(sb.Watched()) > 0 {
-		return entry(bucketLive, "")
+	if sb.HasProcess() {
+		return entry(bucketProcs, "")
 	}
 	return nil
 }

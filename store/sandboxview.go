@@ -159,6 +159,33 @@ func (v *sandboxView) ownerOf(paths []string, except string) (id, path string, f
 	return "", "", false, nil // unreachable: the index named it for one of paths
 }
 
+// pathOwner is projections.PathOwner over the whole view: the overlay's
+// indexes and the store's, point lookups that decode no record.
+func (v *sandboxView) pathOwner(rel string) (string, bool, error) {
+	exact := func(p string) (string, bool, error) {
+		over, _, _ := v.overlay.OwnerExact(p)
+		id, err := v.least(over, bucketOwners, p, "")
+		return id, id != "", err
+	}
+	below := func(dir string) (string, bool, error) {
+		id, _, _ := v.overlay.OwnerBelow(dir)
+		if v.store == nil {
+			return id, id != "", nil
+		}
+		ids, err := v.store.idsBelow(dir)
+		if err != nil {
+			return "", false, err
+		}
+		for _, s := range ids {
+			if v.fromStore(s) && (id == "" || s < id) {
+				id = s
+			}
+		}
+		return id, id != "", nil
+	}
+	return projections.PathOwner(rel, exact, below)
+}
+
 // page is Sandboxes.Page over the whole view: the overlay's page and the
 // store's, merged in ID order.
 func (v *sandboxView) page(after string, limit int) ([]*projections.Sandbox, error) {
@@ -211,18 +238,18 @@ func (v *sandboxView) count() int {
 	return n
 }
 
-// live is every sandbox with a process recorded running (Watched).
-func (v *sandboxView) live() ([]*projections.Sandbox, error) {
+// withProcesses is every sandbox that records a process (HasProcess).
+func (v *sandboxView) withProcesses() ([]*projections.Sandbox, error) {
 	var out []*projections.Sandbox
 	for _, sb := range v.overlay.List() {
-		if len(sb.Watched()) > 0 {
+		if sb.HasProcess() {
 			out = append(out, sb)
 		}
 	}
 	if v.store == nil {
 		return out, nil
 	}
-	ids, err := v.store.ids(bucketLive, "")
+	ids, err := v.store.ids(bucketProcs, "")
 	if err != nil {
 		return nil, err
 	}

@@ -179,13 +179,13 @@ func compareViews(rt *rapid.T, full *projections.Sandboxes, view *sandboxView, i
 	if got := view.count(); got != full.Len() {
 		rt.Fatalf("count %d, want %d", got, full.Len())
 	}
-	live, err := view.live()
+	live, err := view.withProcesses()
 	if err != nil {
 		rt.Fatal(err)
 	}
 	var want []string
 	for _, sb := range full.List() {
-		if len(sb.Watched()) > 0 {
+		if sb.HasProcess() {
 			want = append(want, sb.ID)
 		}
 	}

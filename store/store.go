@@ -223,10 +223,11 @@ func (n *Store) SandboxPage(ctx context.Context, after string, limit int) ([]pro
 	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) { return v.page(after, limit) })
 }
 
-// Live is every sandbox with a process recorded running (an index of the
-// store, not a scan): what the daemon's exit watcher starts from.
-func (n *Store) Live(ctx context.Context) ([]projections.Sandbox, error) {
-	return n.sandboxList(ctx, (*sandboxView).live)
+// WithProcesses is every sandbox that records a process, running or
+// exited (an index of the store, not a scan): what the daemon's exit
+// watcher starts from and what recover checks.
+func (n *Store) WithProcesses(ctx context.Context) ([]projections.Sandbox, error) {
+	return n.sandboxList(ctx, (*sandboxView).withProcesses)
 }
 
 func (n *Store) sandboxList(ctx context.Context, read func(*sandboxView) ([]*projections.Sandbox, error)) ([]projections.Sandbox, error) {
@@ -255,6 +256,27 @@ func (n *Store) OwnerOf(ctx context.Context, paths []string, except string) (id,
 		return "", "", false, err
 	}
 	return n.sandboxes.ownerOf(paths, except)
+}
+
+// PathOwners is, for each of paths, the sandbox that owns it by
+// projections.PathOwner's rule ("" for none): point lookups in the
+// store's ownership index, so a reap costs the paths it scanned, not the
+// sandboxes the root holds.
+func (n *Store) PathOwners(ctx context.Context, paths []string) ([]string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]string, len(paths))
+	for i, p := range paths {
+		id, _, err := n.sandboxes.pathOwner(p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = id
+	}
+	return out, nil
 }
 
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID).
@@ -338,12 +360,15 @@ func PrepareRoot(root string) (string, error) {
 		return "", fmt.Errorf("%w: %s: %v", ErrStateRoot, abs, err)
 	}
 	switch {
+	case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+		to, _ := filepath.EvalSymlinks(abs)
+		return "", fmt.Errorf("%w: %s is a symlink (to %s), and nexus follows none in its root: give the directory itself (--state-dir %s)", ErrStateRoot, abs, to, to)
 	case st.Mode&unix.S_IFMT != unix.S_IFDIR:
 		return "", fmt.Errorf("%w: %s is not a directory", ErrStateRoot, abs)
 	case st.Uid != uint32(os.Geteuid()):
 		return "", fmt.Errorf("%w: %s belongs to uid %d, not %d", ErrStateRoot, abs, st.Uid, os.Geteuid())
 	case st.Mode&0o022 != 0:
-		return "", fmt.Errorf("%w: %s is writable by group or others (mode %04o)", ErrStateRoot, abs, st.Mode&0o7777)
+		return "", fmt.Errorf("%w: %s is writable by group or others (mode %04o; chmod 700 %s)", ErrStateRoot, abs, st.Mode&0o7777, abs)
 	}
 	if err := unix.Access(abs, unix.W_OK); err != nil {
 		return "", fmt.Errorf("%w: %s is not writable: %v", ErrStateRoot, abs, err)

@@ -259,7 +259,7 @@ func TestRacingFirstCommandsStartOneDaemon(t *testing.T) {
 func TestAutoDaemonExitsWhenIdle(t *testing.T) {
 	root := shortRoot(t)
 	t.Setenv("NEXUS_DAEMON_IDLE", "1s")
-	f := exec.Command(nexusBin, "--state-dir", root, "events", "--follow")
+	f := exec.Command(nexusBin, "--state-dir", root, "events", "--all", "--follow", "-q")
 	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
 	out, _ := f.StdoutPipe()
 	if err := f.Start(); err != nil {
@@ -284,7 +284,7 @@ func TestAutoDaemonExitsWhenIdle(t *testing.T) {
 	if _, err := os.Lstat(filepath.Join(root, "nexus.sock")); !os.IsNotExist(err) {
 		t.Fatalf("socket left by the idle daemon: %v", err)
 	}
-	if r := mustOK(t, nexus(t, root, "events"), "events after idle exit"); strings.Count(r.stdout, "\n") != 10 {
+	if r := mustOK(t, nexus(t, root, "events", "--all", "-q"), "events after idle exit"); strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events after the idle exit: %q", r.stdout)
 	}
 	if now := daemonPids(root); len(now) != 1 || now[0] == pids[0] {
@@ -502,7 +502,7 @@ func TestHandDaemonTakesOver(t *testing.T) {
 	}
 	d := startDaemon(t, root)
 	waitUntil(t, "retired", func() bool { return !slices.Contains(daemonPids(root), auto[0]) })
-	if r := mustOK(t, nexus(t, root, "events"), "events"); strings.Count(r.stdout, "\n") != 10 {
+	if r := mustOK(t, nexus(t, root, "events", "--all", "-q"), "events"); strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events through the hand-started daemon: %q", r.stdout)
 	}
 	if pids := daemonPids(root); len(pids) != 1 || pids[0] != d.Cmd.Process.Pid {

@@ -216,7 +216,7 @@ func BenchmarkLifecycle100(b *testing.B) {
 
 func countEvents(b *testing.B, root string) int {
 	b.Helper()
-	return strings.Count(mustOK(b, nexus(b, root, "events"), "events").stdout, "\n")
+	return strings.Count(mustOK(b, nexus(b, root, "events", "--all", "-q"), "events").stdout, "\n")
 }
 
 // BenchmarkFork16VsCreates compares one `fork --count 16` of a running

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -111,6 +113,31 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 	wantFailure(t, nexus(t, root, "daemon", "--listen", "0.0.0.0:0"), 1, "loopback")
 }
 
+// What people type from other tools: aliases, docker's named formats,
+// short flags, a word that is not a verb here, and a missing argument,
+// which prints the usage line.
+func TestWordsFromOtherTools(t *testing.T) {
+	t.Parallel()
+	root := t.TempDir()
+	wantFailure(t, nexus(t, root, "rm"), 2, "usage: nexus rm ID... [flags] (see `nexus rm --help`)")
+	wantFailure(t, nexus(t, root, "snapshot", "create", "web"), 2, "there is no `nexus snapshot create`: `nexus snapshot web` snapshots a sandbox")
+	wantFailure(t, nexus(t, root, "snapshot", "lss"), 1, "did you mean `nexus snapshot ls`?")
+	for _, alias := range []string{"remove", "delete"} {
+		wantFailure(t, nexus(t, root, alias, "nosuch"), 1, `no sandbox "nosuch"`)
+	}
+	for _, args := range [][]string{{"ps"}, {"list"}, {"ls", "--format", "table"}} {
+		if r := nexus(t, root, args...); r.code != 0 || !strings.HasPrefix(r.stdout, "ID ") {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	if r := nexus(t, root, "ls", "--format", "json"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Errorf("ls --format json: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if r := nexus(t, root, "events", "-n", "1"); r.code != 0 {
+		t.Errorf("events -n 1: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
 // TestReleaseBuildHasNoTestHooks builds nexus as a user would (no build
 // tags) and checks that nothing of the failure injection or the made-up
 // demo events is in it: not the environment variables' names, not the
@@ -185,7 +212,7 @@ func TestDemoEventsLsInspect(t *testing.T) {
 	if _, err := ulid.ParseStrict(id); err != nil {
 		t.Fatalf("demo printed %q, no sandbox id", r.stdout)
 	}
-	r = nexus(t, root, "events", "--json")
+	r = nexus(t, root, "events", "--all", "--json")
 	var types []string
 	sc := bufio.NewScanner(strings.NewReader(r.stdout))
 	for sc.Scan() {
@@ -250,7 +277,7 @@ func TestDaemonServesCommands(t *testing.T) {
 	if r := nexus(t, root, "demo"); r.code != 0 {
 		t.Fatalf("demo through daemon: %+v", r)
 	}
-	if r := nexus(t, root, "events"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
+	if r := nexus(t, root, "events", "--all", "-q"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events through daemon: %+v", r)
 	}
 	if code := d.Stop(t); code != 0 {
@@ -259,7 +286,7 @@ func TestDaemonServesCommands(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(root, "nexus.sock")); !os.IsNotExist(err) {
 		t.Fatalf("control socket left behind: %v", err)
 	}
-	if r := nexus(t, root, "events"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
+	if r := nexus(t, root, "events", "--all", "-q"); r.code != 0 || strings.Count(r.stdout, "\n") != 10 {
 		t.Fatalf("events after the daemon stopped: %+v", r)
 	}
 }
@@ -412,7 +439,12 @@ func TestUnusableStateRoot(t *testing.T) {
 	open := filepath.Join(dir, "open")
 	os.Mkdir(open, 0o777)
 	os.Chmod(open, 0o777)
-	wantFailure(t, nexus(t, open, "ls"), 1, "writable by group or others")
+	wantFailure(t, nexus(t, open, "ls"), 1, "writable by group or others (mode 0777; chmod 700 "+open+")")
+
+	real, link := filepath.Join(dir, "real"), filepath.Join(dir, "link")
+	os.Mkdir(real, 0o700)
+	os.Symlink(real, link)
+	wantFailure(t, nexus(t, link, "ls"), 1, "is a symlink (to "+real+"), and nexus follows none in its root: give the directory itself (--state-dir "+real+")")
 
 	// A read-only mount is unwritable even for root; mode bits are not.
 	ro := filepath.Join(dir, "ro")
@@ -423,4 +455,23 @@ func TestUnusableStateRoot(t *testing.T) {
 	}
 	defer exec.Command("umount", ro).Run()
 	wantFailure(t, nexus(t, ro, "ls"), 1, "not writable")
+}
+
+// pflag takes a flag's first `quoted` word as the name of its value in
+// --help; a quoted command in a flag's text would print as that name.
+func TestFlagValueNamesAreWords(t *testing.T) {
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, fs := range []*pflag.FlagSet{c.LocalFlags(), c.PersistentFlags()} {
+			fs.VisitAll(func(f *pflag.Flag) {
+				if name, _ := pflag.UnquoteUsage(f); strings.ContainsAny(name, " /") {
+					t.Errorf("%s --%s: --help names its value %q", c.CommandPath(), f.Name, name)
+				}
+			})
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(newRoot())
 }

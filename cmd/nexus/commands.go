@@ -1,19 +1,23 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
@@ -171,7 +175,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
 	c.Flags().IntVar(&m.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
 	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
-	c.AddCommand(daemonStatusCmd(g))
+	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g))
 	return c
 }
 
@@ -207,22 +211,45 @@ func mirrorFlags(m *fleet.Mirror, urls []string, maxBytes string) error {
 func eventsCmd(g *globals) *cobra.Command {
 	var q events.Query
 	var since, until string
+	var all bool
 	var o *output
 	c := &cobra.Command{
 		Use:   "events",
-		Short: "Print the journal, one event a line",
-		Args:  noArgs,
+		Short: "Print what happened, one event a line: sandboxes, snapshots, volumes, exits, warnings (--all: the bookkeeping too)",
+		Long: "Print the journal's events, one a line, oldest first, with a header on a terminal.\n" +
+			"By default only what a person acts on or must know (sandboxes, snapshots, volumes, exits, warnings,\n" +
+			"reaps, undone commands), each sandbox by its handle and each payload's plain fields.\n" +
+			"--all adds the bookkeeping (intents, resources, flushes, sagas); --all and --type print whole payloads.",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := eventsQuery(&q, since, until, time.Now()); err != nil {
 				return usageError{err}
 			}
+			// The default view: the notable events, each payload's plain
+			// fields. A selection of types or --all prints whole payloads.
+			whole := all || q.Type != "" || len(q.Types) > 0
+			if !whole {
+				q.Types = events.Notable()
+			}
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
+				ref := q.Sandbox
 				if err := resolveEventSandbox(cmd.Context(), b, &q); err != nil {
 					return err
 				}
 				out := cmd.OutOrStdout()
+				names := eventNames{b: b, handles: map[string]string{}}
+				if ref != q.Sandbox && !strings.HasPrefix(q.Sandbox, ref) {
+					names.handles[q.Sandbox] = ref // a removed sandbox, named by its handle
+				}
+				header := o.human() && isTerminal(out)
 				err := b.Events(cmd.Context(), q, func(r events.Record) error {
-					return printStreamed(out, o, eventJSON(r), r.Event.ID.String(), func() string { return eventLine(r) })
+					if header {
+						fmt.Fprintln(out, eventHeader)
+						header = false
+					}
+					return printStreamed(out, o, eventJSON(r), r.Event.ID.String(), func() string {
+						return eventLine(r, names.of(cmd.Context(), r.Event), whole)
+					})
 				})
 				if q.Follow && errors.Is(err, context.Canceled) {
 					return nil // interrupted by the user: the normal end of --follow
@@ -231,12 +258,13 @@ func eventsCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
-	c.Flags().BoolVar(&q.Follow, "follow", false, "keep printing new events")
+	c.Flags().BoolVarP(&q.Follow, "follow", "f", false, "keep printing new events")
 	c.Flags().StringVar(&since, "since", "", "start at a journal sequence (42), a time (RFC 3339) or an age (10m, 7d)")
 	c.Flags().StringVar(&until, "until", "", "end at a journal sequence, a time or an age, as --since")
-	c.Flags().IntVar(&q.Tail, "tail", 0, "only the last N events selected")
+	c.Flags().IntVarP(&q.Tail, "tail", "n", 0, "only the last N events selected")
 	c.Flags().StringVar(&q.Sandbox, "sandbox", "", "only events of this sandbox (ID or handle)")
 	c.Flags().StringArrayVar(&q.Types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. reap); repeats")
+	c.Flags().BoolVar(&all, "all", false, "every event, the bookkeeping too (intents, resources, flushes, sagas); like --type, prints whole payloads with their saga and step")
 	o = addOutput(c, true)
 	c.Flags().Lookup("json").Usage = "one JSON object a line (see docs/json.md)"
 	return c
@@ -260,18 +288,76 @@ func eventJSON(r events.Record) jsonEvent {
 		Time: e.Time, Saga: e.Saga, Step: e.Step, Data: e.Payload}
 }
 
-func eventLine(r events.Record) string {
+const eventHeader = "   SEQ  TIME                      TYPE                 SANDBOX                    DATA"
+
+// eventLine is one event for people: its sandbox by handle when it has
+// one; whole, its payload as JSON and its saga and step, else the
+// payload's plain fields as key=value.
+func eventLine(r events.Record, sandbox string, whole bool) string {
 	e := r.Event
-	sb := e.Sandbox
-	if sb == "" {
-		sb = "-"
-	}
 	data, _ := json.Marshal(e.Payload)
-	line := fmt.Sprintf("%6d  %s  %-20s %-26s %s", r.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), e.Type, sb, data)
-	if e.Saga != "" {
+	if !whole {
+		data = []byte(plainFields(data))
+	}
+	line := fmt.Sprintf("%6d  %s  %-20s %-26s %s", r.Seq, e.Time.UTC().Format("2006-01-02T15:04:05.000Z"), e.Type, sandbox, data)
+	if whole && e.Saga != "" {
 		line += "  saga=" + e.Saga + " step=" + e.Step
 	}
 	return line
+}
+
+// plainFields is a JSON object's strings, numbers and booleans as
+// key=value in key order; lists and objects (resources, sockets) are left
+// to --all and --json.
+func plainFields(object []byte) string {
+	var m map[string]any
+	d := json.NewDecoder(bytes.NewReader(object))
+	d.UseNumber()
+	if d.Decode(&m) != nil {
+		return string(object)
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		switch v := m[k].(type) {
+		case string, json.Number, bool:
+			out = append(out, fmt.Sprintf("%s=%v", k, v))
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// isTerminal says w is a terminal, where a stream of lines gets a header.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// eventNames names the sandboxes of printed events: a handle the event
+// itself gives, else the sandbox's as the backend knows it (looked up
+// once per sandbox), else its ID.
+type eventNames struct {
+	b       control.Backend
+	handles map[string]string // sandbox ID -> handle, "" for none
+}
+
+func (n eventNames) of(ctx context.Context, e events.Event) string {
+	if e.Sandbox == "" {
+		return "-"
+	}
+	if h := events.HandleOf(e); h != "" {
+		n.handles[e.Sandbox] = h
+	}
+	h, known := n.handles[e.Sandbox]
+	if !known {
+		if sb, found, err := n.b.Sandbox(ctx, e.Sandbox); err == nil && found {
+			h = sb.Handle
+		}
+		n.handles[e.Sandbox] = h
+	}
+	if h == "" {
+		return e.Sandbox
+	}
+	return h
 }
 
 // lsPage is how many sandboxes ls asks the backend for at a time: what
@@ -283,8 +369,9 @@ func lsCmd(g *globals) *cobra.Command {
 	var limit int
 	var after string
 	c := &cobra.Command{
-		Use:   "ls",
-		Short: "List sandboxes",
+		Use:     "ls",
+		Aliases: []string{"ps", "list"},
+		Short:   "List sandboxes",
 		Long: "List sandboxes in ID order (oldest first), read a page at a time.\n" +
 			"--limit N prints at most N; --after ID continues after the last ID a page printed.\n" +
 			"--json, --format and -q print each page as it arrives; the table is aligned over all rows.",
@@ -437,6 +524,14 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "ID:\t%s\nHandle:\t%s\nState:\t%s\nImage:\t%s\nDriver:\t%s\nCreated:\t%s\nUpdated:\t%s\n",
 		sb.ID, dash(sb.Handle), sb.State, dash(sb.Image), dash(sb.Driver), sb.CreatedAt.UTC().Format(time.RFC3339Nano), sb.UpdatedAt.UTC().Format(time.RFC3339Nano))
+	if b := sb.BootConfig; !b.IsZero() {
+		fmt.Fprintf(tw, "Size:\t%d vCPUs, %s\n", b.Cpus, formatSize(b.MemoryBytes))
+		fmt.Fprintf(tw, "Kernel:\t%s\n", dash(b.Kernel))
+		if b.Initramfs != "" {
+			fmt.Fprintf(tw, "Initramfs:\t%s\n", b.Initramfs)
+		}
+		fmt.Fprintf(tw, "Cmdline:\t%s\n", dash(b.Cmdline))
+	}
 	if sb.Parent != "" {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
 	}
@@ -510,6 +605,35 @@ func daemonStatusCmd(g *globals) *cobra.Command {
 			return printValue(cmd, o, v, nil, func(w io.Writer) { printDaemonStatus(w, st, self, serr) })
 		},
 	}
+	o = addOutput(c, false)
+	return c
+}
+
+// daemonStopped is `daemon stop --json`.
+type daemonStopped struct {
+	Pid  int    `json:"pid"`
+	Root string `json:"root"`
+}
+
+func daemonStopCmd(g *globals) *cobra.Command {
+	var o *output
+	var timeout time.Duration
+	c := &cobra.Command{
+		Use:   "stop",
+		Short: "Stop the state root's daemon once it has finished the commands it is running (however it was started)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			st, err := control.StopDaemon(ctx, g.stateDir)
+			if err != nil {
+				return err
+			}
+			v := daemonStopped{Pid: st.Pid, Root: st.Root}
+			return printValue(cmd, o, v, nil, func(w io.Writer) { fmt.Fprintf(w, "stopped the daemon of %s (pid %d)\n", st.Root, st.Pid) })
+		},
+	}
+	c.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the daemon's running commands to end")
 	o = addOutput(c, false)
 	return c
 }

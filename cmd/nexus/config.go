@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -17,32 +18,52 @@ import (
 // Config is nexus's config file: $NEXUS_CONFIG, else <state-root>/config.toml.
 // A missing default file means every default; a named file must exist.
 //
+// The boot settings (driver, kernel, initramfs, cmdline, cpus, memory) are
+// what a NEW sandbox records; every later boot of it, and of its fork and
+// restore children, uses its record.
+//
 //	[vm]
 //	overlay_disk_mib = 256          # size of a NEW sandbox's overlay; existing ones keep theirs
 //	overlay_warn_fill_ratio = 0.9   # start warns (OverlayNearlyFull) at this fill ratio
+//	driver = "qemu"                 # VMM driver (env NEXUS_DRIVER, then --driver, win)
+//	kernel = "/path/vmlinuz"        # guest kernel (env NEXUS_KERNEL_PATH wins)
 //	initramfs = "/path/initrd"      # guest initramfs (env NEXUS_INITRAMFS_PATH wins)
 //	cmdline = "console=ttyS0 ..."   # guest kernel command line (env NEXUS_KERNEL_CMDLINE wins)
+//	cpus = 2                        # vCPUs (create --cpus wins)
+//	memory = "1G"                   # guest memory (create --memory wins)
 type Config struct {
 	VM struct {
 		OverlayDiskMiB       int64   `toml:"overlay_disk_mib"`
 		OverlayWarnFillRatio float64 `toml:"overlay_warn_fill_ratio"`
+		Driver               string  `toml:"driver"`
+		Kernel               string  `toml:"kernel"`
 		Initramfs            string  `toml:"initramfs"`
 		Cmdline              string  `toml:"cmdline"`
+		Cpus                 int     `toml:"cpus"`
+		Memory               string  `toml:"memory"`
 	} `toml:"vm"`
 }
 
-// bootAssets is the initramfs and command line a cold boot hands the VMM:
-// the environment overrides the file, as NEXUS_KERNEL_PATH is the
-// kernel's only source.
-func bootAssets(cfg Config) (initramfs, cmdline string) {
-	initramfs, cmdline = cfg.VM.Initramfs, cfg.VM.Cmdline
+// bootAssets is the kernel, initramfs and command line a new sandbox
+// records: the environment overrides the file.
+func bootAssets(cfg Config) (kernel, initramfs, cmdline string) {
+	kernel, initramfs, cmdline = cfg.VM.Kernel, cfg.VM.Initramfs, cfg.VM.Cmdline
+	if v := os.Getenv("NEXUS_KERNEL_PATH"); v != "" {
+		kernel = v
+	}
 	if v := os.Getenv("NEXUS_INITRAMFS_PATH"); v != "" {
 		initramfs = v
 	}
 	if v := os.Getenv("NEXUS_KERNEL_CMDLINE"); v != "" {
 		cmdline = v
 	}
-	return initramfs, cmdline
+	return kernel, initramfs, cmdline
+}
+
+// driverName is the driver a new sandbox is made with: --driver, else
+// NEXUS_DRIVER (both in g.driver), else [vm] driver, else the default.
+func driverName(g *globals, cfg Config) string {
+	return cmp.Or(g.driver, cfg.VM.Driver, driver.Default)
 }
 
 // configReaders are the commands that read a config setting (both size
@@ -50,7 +71,7 @@ func bootAssets(cfg Config) (initramfs, cmdline string) {
 // boot assets to every cold boot, a fork of a stopped parent's too). Only
 // they are refused by a broken config file: a typo in a setting for new
 // sandboxes must not stop stop, rm, recover or ls.
-var configReaders = map[string]bool{"create": true, "start": true, "fork": true}
+var configReaders = map[string]bool{"create": true, "start": true, "fork": true, "restore": true}
 
 // configFile is where the config came from: the file and which of its
 // keys it set (the rest are defaults).
@@ -107,10 +128,33 @@ func loadConfigFile(root string) (Config, configFile, error) {
 	if v := c.VM.OverlayWarnFillRatio; md.IsDefined("vm", "overlay_warn_fill_ratio") && lifecycle.CheckWarnFillRatio(v) != nil {
 		return c, src, fmt.Errorf("config %s: [vm] overlay_warn_fill_ratio = %g: want a ratio in (0, 1]", path, v)
 	}
-	if v := c.VM.Initramfs; md.IsDefined("vm", "initramfs") && !filepath.IsAbs(v) {
-		return c, src, fmt.Errorf("config %s: [vm] initramfs = %q: want an absolute path", path, v)
+	for key, v := range map[string]string{"initramfs": c.VM.Initramfs, "kernel": c.VM.Kernel} {
+		if md.IsDefined("vm", key) && !filepath.IsAbs(v) {
+			return c, src, fmt.Errorf("config %s: [vm] %s = %q: want an absolute path", path, key, v)
+		}
+	}
+	if v := c.VM.Driver; md.IsDefined("vm", "driver") && !driver.Known(v) {
+		return c, src, fmt.Errorf("config %s: [vm] driver = %q: want %s", path, v, oneOf(driver.Names))
+	}
+	if v := c.VM.Cpus; md.IsDefined("vm", "cpus") && v < 1 {
+		return c, src, fmt.Errorf("config %s: [vm] cpus = %d: want at least 1", path, v)
+	}
+	if v := c.VM.Memory; md.IsDefined("vm", "memory") {
+		if _, err := parseSize(v); err != nil {
+			return c, src, fmt.Errorf("config %s: [vm] memory = %q: %v", path, v, err)
+		}
 	}
 	return c, src, nil
+}
+
+// memoryBytes is [vm] memory in bytes (0: not set); loadConfigFile has
+// checked that it parses.
+func (c Config) memoryBytes() int64 {
+	if c.VM.Memory == "" {
+		return 0
+	}
+	n, _ := parseSize(c.VM.Memory)
+	return n
 }
 
 // setting is one effective setting and where its value came from.
@@ -176,8 +220,11 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		stateDir.Source = "env XDG_STATE_HOME"
 	}
 	drv := fromEnv("driver", "NEXUS_DRIVER", driver.Default, "default")
-	if cmd.Flags().Changed("driver") {
+	switch {
+	case cmd.Flags().Changed("driver"):
 		drv = setting{"driver", g.driver, "flag --driver"}
+	case drv.Source == "default" && file.Defined["vm.driver"]:
+		drv = setting{"driver", cfg.VM.Driver, "file " + file.Path}
 	}
 	configPath := setting{"config_file", file.Path, "default (absent: every default)"}
 	switch {
@@ -198,9 +245,11 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		configPath,
 		fromFile("vm.overlay_disk_mib", cfg.VM.OverlayDiskMiB, lifecycle.DefaultOverlayMiB),
 		fromFile("vm.overlay_warn_fill_ratio", cfg.VM.OverlayWarnFillRatio, lifecycle.DefaultWarnFillRatio),
+		fileOrEnv("vm.kernel", "NEXUS_KERNEL_PATH", cfg.VM.Kernel, ""),
 		fileOrEnv("vm.initramfs", "NEXUS_INITRAMFS_PATH", cfg.VM.Initramfs, ""),
 		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
-		fromEnv("kernel_path", "NEXUS_KERNEL_PATH", "", "unset (the cloud-hypervisor and qemu drivers need it)"),
+		fromFile("vm.cpus", cfg.VM.Cpus, lifecycle.DefaultCpus),
+		fromFile("vm.memory", cfg.VM.Memory, formatSize(lifecycle.DefaultMemory)),
 		fromEnv("ch_binary", "NEXUS_CH_BINARY", driver.DefaultCHBinary, "default (looked up in PATH)"),
 		fromEnv("qemu_binary", "NEXUS_QEMU_BINARY", driver.DefaultQEMUBinary, "default (looked up in PATH)"),
 		fromEnv("qemu_accel", "NEXUS_QEMU_ACCEL", "", "unset (kvm when /dev/kvm answers, else tcg)"),

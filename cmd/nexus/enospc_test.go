@@ -36,7 +36,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	}
 	a := createJSON(t, root, "--image", image)
 	b := createJSON(t, root, "--image", image)
-	eventsBefore := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n")
+	eventsBefore := strings.Count(mustOK(t, nexus(t, root, "events", "--all", "-q"), "events").stdout, "\n")
 
 	filler := smallfs.Fill(t, mnt, 8<<20)
 	defer os.Remove(filler)
@@ -51,7 +51,7 @@ func fullDisk(t *testing.T, withDaemon bool) {
 	if sb := inspectJSON(t, root, a.ID); sb.State != projections.StateRunning {
 		t.Fatalf("inspect on a full disk: %+v", sb)
 	}
-	if n := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n"); n != eventsBefore {
+	if n := strings.Count(mustOK(t, nexus(t, root, "events", "--all", "-q"), "events").stdout, "\n"); n != eventsBefore {
 		t.Fatalf("events on a full disk: %d lines, want the %d from before the refusals", n, eventsBefore)
 	}
 

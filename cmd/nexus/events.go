@@ -56,8 +56,9 @@ func eventsQuery(q *events.Query, since, until string, now time.Time) error {
 	return err
 }
 
-// resolveEventSandbox turns a handle into its sandbox's id. A ULID is taken
-// as is, so the events of a removed sandbox stay reachable by id.
+// resolveEventSandbox turns a handle into its sandbox's id: the live
+// sandbox's, else the newest removed one's. A ULID is taken as is, so the
+// events of a removed sandbox stay reachable by id.
 func resolveEventSandbox(ctx context.Context, b control.Backend, q *events.Query) error {
 	if q.Sandbox == "" {
 		return nil
@@ -67,6 +68,22 @@ func resolveEventSandbox(ctx context.Context, b control.Backend, q *events.Query
 		return nil
 	}
 	sb, err := lifecycle.Lookup(ctx, b, q.Sandbox)
+	if errors.Is(err, lifecycle.ErrNotFound) {
+		// A removed sandbox's handle: the newest sandbox that claimed it.
+		claimed := ""
+		if cerr := b.Events(ctx, events.Query{Type: string(events.HandleClaimed)}, func(r events.Record) error {
+			if p, ok := r.Event.Payload.(events.HandleClaimedEvent); ok && p.Handle == q.Sandbox {
+				claimed = p.Sandbox
+			}
+			return nil
+		}); cerr != nil {
+			return cerr
+		}
+		if claimed != "" {
+			q.Sandbox = claimed
+			return nil
+		}
+	}
 	if err != nil {
 		return err
 	}

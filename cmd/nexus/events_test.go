@@ -19,7 +19,7 @@ type eventRow struct {
 
 func eventRows(t *testing.T, root string, args ...string) []eventRow {
 	t.Helper()
-	r := mustOK(t, nexus(t, root, append([]string{"events", "--json"}, args...)...), "events "+strings.Join(args, " "))
+	r := mustOK(t, nexus(t, root, append([]string{"events", "--all", "--json"}, args...)...), "events "+strings.Join(args, " "))
 	var out []eventRow
 	sc := bufio.NewScanner(strings.NewReader(r.stdout))
 	for sc.Scan() {

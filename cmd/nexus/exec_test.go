@@ -61,7 +61,7 @@ func TestExecStatusStreamsAndStdin(t *testing.T) {
 	if r := proc(t, root, "exec", sb.ID, "--", "sh", "-c", "kill -TERM $$"); r.code != 128+int(syscall.SIGTERM) {
 		t.Errorf("killed by SIGTERM: exit %d (stderr %q), want %d", r.code, r.stderr, 128+int(syscall.SIGTERM))
 	}
-	wantFailure(t, proc(t, root, "exec", sb.ID, "--", "no-such-program-nexus"), 127, "could not start")
+	wantFailure(t, proc(t, root, "exec", sb.ID, "--", "no-such-program-nexus"), 127, `nexus: exec: the guest could not start "no-such-program-nexus": executable file not found in $PATH`)
 	wantFailure(t, proc(t, root, "exec", sb.ID, "sh"), 2, "nexus exec ID -- CMD")
 	wantFailure(t, proc(t, root, "exec", sb.ID, "--env", "NOEQUALS", "--", "true"), 2, "K=V")
 	// -t: a terminal in the guest, which turns the command's "\n" into
@@ -156,6 +156,15 @@ func TestCpBothWays(t *testing.T) {
 	// Refusals: one line each, naming the cause; no partial file left.
 	wantFailure(t, proc(t, root, "cp", sub, sb.ID+":/workspace/d"), 1, "not a regular file")
 	wantFailure(t, proc(t, root, "cp", sb.ID+":/workspace/nosuch", filepath.Join(dir, "x")), 1, "no such file")
+	// A missing directory is named, never a temporary file's or the
+	// stand-in's own path.
+	for _, c := range [][]string{{local, sb.ID + ":/workspace/nodir/x", "no such directory /workspace/nodir"}, {sb.ID + ":/workspace/s", filepath.Join(dir, "nodir", "x"), "no such directory " + filepath.Join(dir, "nodir")}} {
+		r := proc(t, root, "cp", c[0], c[1])
+		wantFailure(t, r, 1, c[2])
+		if strings.Contains(r.stderr, ".nexus-") || strings.Count(r.stderr, "/workspace/nodir/x") > 1 {
+			t.Errorf("cp %s %s: %q", c[0], c[1], r.stderr)
+		}
+	}
 	if exists(filepath.Join(dir, "x")) {
 		t.Error("a failed cp out left its destination")
 	}

@@ -151,7 +151,7 @@ func fleetEventsCmd() *cobra.Command {
 		},
 	}
 	conn.flags(c)
-	c.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events")
 	c.Flags().StringVar(&since, "since", "", "start at an aggregate sequence (42), a time (RFC 3339) or an age (10m, 7d)")
 	c.Flags().StringArrayVar(&hosts, "host", nil, "only this host's events; repeats")
 	c.Flags().StringVar(&sandbox, "sandbox", "", "only events of this sandbox (ID, or a handle on whichever hosts have it)")

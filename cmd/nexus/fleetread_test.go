@@ -138,7 +138,7 @@ func TestFleetWideReads(t *testing.T) {
 	// Every event of both journals, each with its host and its sequence
 	// there, once the mirrors and the aggregate have them.
 	journalLen := func(h string) int {
-		return strings.Count(mustOK(t, nexus(t, roots[h], "events"), "events").stdout, "\n")
+		return strings.Count(mustOK(t, nexus(t, roots[h], "events", "--all", "-q"), "events").stdout, "\n")
 	}
 	var all []fleetRow
 	waitUntil(t, "the aggregate holds both journals", func() bool {
@@ -202,11 +202,11 @@ func TestFleetWideReads(t *testing.T) {
 	if err := json.Unmarshal([]byte(tlOut), &tl); err != nil {
 		t.Fatal(err)
 	}
-	local := strings.Count(mustOK(t, nexus(t, roots["host-b"], "events", "--sandbox", web["host-b"]), "local events").stdout, "\n")
+	local := strings.Count(mustOK(t, nexus(t, roots["host-b"], "events", "--all", "-q", "--sandbox", web["host-b"]), "local events").stdout, "\n")
 	if len(tl) != local || tl[0].Host != "host-b" || tl[0].Type != "saga.started" {
 		t.Fatalf("timeline of B's web: %d entries (journal has %d), first %+v", len(tl), local, tl[0])
 	}
-	if r := mustOK(t, fleet("timeline", "web", "--format", "{{.Host}} {{.Seq}} {{.Type}}"), "timeline --format"); strings.Count(r.stdout, "\n") != len(tl)+strings.Count(mustOK(t, nexus(t, roots["host-a"], "events", "--sandbox", web["host-a"]), "local events").stdout, "\n") ||
+	if r := mustOK(t, fleet("timeline", "web", "--format", "{{.Host}} {{.Seq}} {{.Type}}"), "timeline --format"); strings.Count(r.stdout, "\n") != len(tl)+strings.Count(mustOK(t, nexus(t, roots["host-a"], "events", "--all", "-q", "--sandbox", web["host-a"]), "local events").stdout, "\n") ||
 		!strings.Contains(r.stdout, "host-a ") || !strings.Contains(r.stdout, "host-b ") || !strings.Contains(r.stdout, " saga.started\n") {
 		t.Fatalf("timeline web --format: %q", r.stdout)
 	}

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 
+	"github.com/dustin/go-humanize/english"
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/lifecycle"
@@ -59,9 +59,9 @@ func imageCacheCmd(g *globals) *cobra.Command {
 						verb = "would remove"
 					}
 					for _, r := range rep.Removed {
-						fmt.Fprintf(w, "%s\t%s\t%d\n", verb, r.CacheID, r.Allocated)
+						fmt.Fprintf(w, "%s\t%s\t%s\n", verb, r.CacheID, formatSize(r.Allocated))
 					}
-					fmt.Fprintf(w, "%s %d entries, %d allocated bytes\n", verb, len(rep.Removed), rep.AllocatedBytes)
+					fmt.Fprintf(w, "%s %s, %s allocated\n", verb, english.Plural(len(rep.Removed), "entry", "entries"), formatSize(rep.AllocatedBytes))
 				})
 			})
 		}}
@@ -84,7 +84,7 @@ var cacheTable = table[lifecycle.CacheListing]{
 		if r.Layout != nil {
 			layout = strconv.Itoa(*r.Layout)
 		}
-		return []string{r.CacheID, deref(r.Ref), formatSize(r.Allocated), formatSize(r.Apparent), last, layout, strings.Join(r.Sandboxes, ",")}
+		return []string{r.CacheID, deref(r.Ref), formatSize(r.Allocated), formatSize(r.Apparent), last, layout, strconv.Itoa(len(r.Sandboxes))}
 	},
 }
 

@@ -135,14 +135,14 @@ func TestImageCacheReferencesProtectStoppedSandboxes(t *testing.T) {
 
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	r := mustOK(t, nexus(t, root, "image-cache", "prune", "--unused", "--dry-run"), "dry run")
-	if want := fmt.Sprintf("would remove 1 entries, %d allocated bytes", e.Allocated); !strings.Contains(r.stdout, want) {
+	if want := "would remove 1 entry, " + formatSize(e.Allocated) + " allocated"; !strings.Contains(r.stdout, want) {
 		t.Fatalf("dry run said %q, want %q", r.stdout, want)
 	}
 	if _, err := os.Stat(disk); err != nil {
 		t.Fatal("dry run deleted:", err)
 	}
 	r = mustOK(t, nexus(t, root, "image-cache", "prune", "--unused"), "prune")
-	if want := fmt.Sprintf("removed 1 entries, %d allocated bytes", e.Allocated); !strings.Contains(r.stdout, want) {
+	if want := "removed 1 entry, " + formatSize(e.Allocated) + " allocated"; !strings.Contains(r.stdout, want) {
 		t.Fatalf("prune said %q, want %q", r.stdout, want)
 	}
 	if _, err := os.Lstat(filepath.Join(root, "images", e.CacheID)); !os.IsNotExist(err) {
@@ -640,7 +640,7 @@ func TestCreateMissCopiesOnce(t *testing.T) {
 			t.Fatalf("%s: %s differs from the image", c.name, raw)
 		}
 		var methods []string
-		for _, line := range strings.Split(mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb.ID), "events").stdout, "\n") {
+		for _, line := range strings.Split(mustOK(t, nexus(t, root, "events", "--all", "--json", "--sandbox", sb.ID), "events").stdout, "\n") {
 			if strings.Contains(line, `"disk.materialised"`) && strings.Contains(line, `"raw-disk"`) {
 				methods = append(methods, line)
 			}
@@ -680,7 +680,7 @@ func TestWorkspaceFromTemplate(t *testing.T) {
 		if out, err := exec.Command("e2fsck", "-fn", ws).CombinedOutput(); err != nil {
 			t.Fatalf("e2fsck -fn %s: %v\n%s", ws, err, out)
 		}
-		events := mustOK(t, nexus(t, root, "events", "--json", "--sandbox", sb), "events").stdout
+		events := mustOK(t, nexus(t, root, "events", "--all", "--json", "--sandbox", sb), "events").stdout
 		if !strings.Contains(events, `"workspace-disk"`) || strings.Contains(events, `"method":"mkfs"`) {
 			t.Fatalf("workspace of %s not cloned from the template:\n%s", sb, events)
 		}

@@ -29,7 +29,7 @@ func TestJournalRepair(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()
 	mustOK(t, nexus(t, root, "demo"), "demo")
-	n := strings.Count(mustOK(t, nexus(t, root, "events"), "events").stdout, "\n")
+	n := strings.Count(mustOK(t, nexus(t, root, "events", "--all", "-q"), "events").stdout, "\n")
 	stopDaemons(root)                                // the store is edited behind nexus's back below
 	os.RemoveAll(filepath.Join(root, "projections")) // force a full read of the journal
 	block := blockFile(t, root)
@@ -68,7 +68,7 @@ func TestJournalRepair(t *testing.T) {
 	}
 	// Read in process: a daemon would first finish the saga whose end the
 	// cut took (that is its job), adding an event.
-	after := mustOK(t, nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "events"), "events after repair").stdout
+	after := mustOK(t, nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "events", "--all", "-q"), "events after repair").stdout
 	if got := strings.Count(after, "\n"); got != n-1 {
 		t.Fatalf("%d events after the repair, want %d", got, n-1)
 	}

@@ -32,6 +32,7 @@ import (
 var jsonResources = map[string]reflect.Type{
 	"Sandbox":           reflect.TypeFor[jsonSandbox](),
 	"Process":           reflect.TypeFor[jsonProcess](),
+	"Boot":              reflect.TypeFor[jsonBoot](),
 	"Attachment":        reflect.TypeFor[jsonAttachment](),
 	"Condition":         reflect.TypeFor[jsonCondition](),
 	"Resource":          reflect.TypeFor[events.Resource](),
@@ -55,6 +56,7 @@ var jsonResources = map[string]reflect.Type{
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
 	"DaemonStatus":      reflect.TypeFor[daemonStatus](),
+	"DaemonStopped":     reflect.TypeFor[daemonStopped](),
 	"Build":             reflect.TypeFor[wire.Build](),
 	"ReplayEntry":       reflect.TypeFor[replay.Entry](),
 	"FleetEntry":        reflect.TypeFor[replay.FleetEntry](),

@@ -66,12 +66,14 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		}
 		cfg = Config{} // this command reads no setting: defaults are never used
 	}
-	initramfs, cmdline := bootAssets(cfg)
+	kernel, initramfs, cmdline := bootAssets(cfg)
 	return func(b control.Backend) (*lifecycle.Manager, error) {
 		return lifecycle.New(lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
-			Driver: driver.Driver{Name: driverOf(g), Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: os.Getenv("NEXUS_KERNEL_PATH"),
+			Driver: driver.Driver{Name: driverName(g, cfg), Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: kernel,
 				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
+			AskedDriver: g.askedDriver,
+			Cpus:        cfg.VM.Cpus, MemoryBytes: cfg.memoryBytes(),
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),
@@ -106,6 +108,7 @@ func createCmd(g *globals) *cobra.Command {
 	var spec lifecycle.CreateSpec
 	var shadows, volumes []string
 	var journalKeptIn bool
+	var memory string
 	var o *output
 	c := &cobra.Command{
 		Use:   "create --image IMG",
@@ -129,6 +132,16 @@ func createCmd(g *globals) *cobra.Command {
 			if spec.Image == "" {
 				return usageError{fmt.Errorf("--image is required")}
 			}
+			if cmd.Flags().Changed("cpus") && spec.Cpus < 1 {
+				return usageError{fmt.Errorf("--cpus %d: want at least 1", spec.Cpus)}
+			}
+			if memory != "" {
+				n, err := parseSize(memory)
+				if err != nil {
+					return usageError{fmt.Errorf("--memory %q: %v", memory, err)}
+				}
+				spec.MemoryBytes = n
+			}
 			var kept []events.RunKeptEvent
 			if journalKeptIn {
 				var err error
@@ -144,6 +157,10 @@ func createCmd(g *globals) *cobra.Command {
 				}
 				if err := session.BindToRun(m, os.Getenv(client.EnvRunID), &spec); err != nil {
 					return err
+				}
+				var err error
+				if spec.Cpus, spec.MemoryBytes, err = m.Sizing(spec.Cpus, spec.MemoryBytes); err != nil {
+					return usageError{err}
 				}
 				sb, err := m.Create(cmd.Context(), spec)
 				if err != nil {
@@ -165,6 +182,8 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVar(&shadows, "shadow", nil, "NAME=SRC: a per-sandbox copy of SRC (needs --handle)")
 	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
+	c.Flags().IntVar(&spec.Cpus, "cpus", 0, "vCPUs (default [vm] cpus, else 1; at most the host's CPUs)")
+	c.Flags().StringVar(&memory, "memory", "", "guest memory, e.g. 1G or 768M (default [vm] memory, else 512M; at most the host's)")
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&journalKeptIn, "journal-kept", false, "first journal the run.kept events (a JSON array) on stdin")
 	c.Flags().MarkHidden("journal-kept")
@@ -332,7 +351,7 @@ func rmCmd(g *globals) *cobra.Command {
 	var dryRun bool
 	var o *output
 	c := &cobra.Command{
-		Use: "rm ID...", Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
+		Use: "rm ID...", Aliases: []string{"remove", "delete"}, Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				var done []lifecycle.Removed
@@ -379,11 +398,18 @@ func snapshotCmd(g *globals) *cobra.Command {
 	var opt lifecycle.SnapshotOptions
 	var freezeTimeout time.Duration
 	c := &cobra.Command{
-		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: exactArgs(1),
+		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: snapshotArgs,
+		SuggestionsMinimumDistance: 2,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				m.FreezeDeadline = freezeTimeout
 				snap, err := m.SnapshotWith(cmd.Context(), args[0], opt)
+				if suggest := cmd.SuggestionsFor(args[0]); errors.Is(err, lifecycle.ErrNotFound) && len(suggest) > 0 {
+					for i, v := range suggest {
+						suggest[i] = "`" + cmd.CommandPath() + " " + v + "`"
+					}
+					return fmt.Errorf("%w (did you mean %s?)", err, oneOf(suggest))
+				}
 				if err != nil {
 					return err
 				}
@@ -396,6 +422,15 @@ func snapshotCmd(g *globals) *cobra.Command {
 	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for a running sandbox's guest agent to freeze its filesystems")
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
+}
+
+// snapshotArgs takes one sandbox. Two words starting with a verb of
+// another tool (`snapshot create X`) are refused with the one this takes.
+func snapshotArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 2 && slices.Contains([]string{"create", "take", "new", "save"}, args[0]) {
+		return usageError{fmt.Errorf("there is no `%s %s`: `%s %s` snapshots a sandbox", cmd.CommandPath(), args[0], cmd.CommandPath(), args[1])}
+	}
+	return exactArgs(1)(cmd, args)
 }
 
 // snapshotTaken is what `snapshot ID --json` prints.
@@ -457,15 +492,6 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be removed; change nothing")
 	o = addOutput(c, true)
 	return c
-}
-
-func maxArgs(n int) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.MaximumNArgs(n)(cmd, args); err != nil {
-			return usageError{err}
-		}
-		return nil
-	}
 }
 
 func restoreCmd(g *globals) *cobra.Command {
@@ -692,13 +718,4 @@ func logsCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
 	return c
-}
-
-func minArgs(n int) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.MinimumNArgs(n)(cmd, args); err != nil {
-			return usageError{err}
-		}
-		return nil
-	}
 }

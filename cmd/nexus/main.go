@@ -38,7 +38,10 @@ func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", e.code
 type globals struct {
 	stateDir string
 	driver   string
-	wait     bool
+	// askedDriver is --driver when given on the command line: a sandbox
+	// recorded with another driver is refused, not booted under it.
+	askedDriver string
+	wait        bool
 	// readsConfig is set for the commands that read config settings:
 	// only they are refused by a config file nexus cannot use.
 	readsConfig bool
@@ -122,6 +125,9 @@ func newRoot() *cobra.Command {
 			if g.driver != "" && !driver.Known(g.driver) {
 				return usageError{fmt.Errorf("--driver %q: want %s", g.driver, oneOf(driver.Names))}
 			}
+			if cmd.Flags().Changed("driver") {
+				g.askedDriver = g.driver
+			}
 			g.readsConfig = configReaders[strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")]
 			return nil
 		},
@@ -163,11 +169,18 @@ func defaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("nexus-%d", os.Getuid()))
 }
 
-// exactArgs is cobra.ExactArgs reporting a usage error.
-func exactArgs(n int) cobra.PositionalArgs {
+// exactArgs, minArgs, maxArgs and noArgs are cobra's argument checks
+// reporting a usage error (exit 2) that carries the command's usage line.
+func exactArgs(n int) cobra.PositionalArgs { return argsUsage(cobra.ExactArgs(n)) }
+func minArgs(n int) cobra.PositionalArgs   { return argsUsage(cobra.MinimumNArgs(n)) }
+func maxArgs(n int) cobra.PositionalArgs   { return argsUsage(cobra.MaximumNArgs(n)) }
+
+func noArgs(cmd *cobra.Command, args []string) error { return argsUsage(cobra.NoArgs)(cmd, args) }
+
+func argsUsage(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
-		if err := cobra.ExactArgs(n)(cmd, args); err != nil {
-			return usageError{err}
+		if err := check(cmd, args); err != nil {
+			return usageError{fmt.Errorf("%w; usage: %s (see `%s --help`)", err, cmd.UseLine(), cmd.CommandPath())}
 		}
 		return nil
 	}
@@ -189,13 +202,6 @@ func requireFlags(c *cobra.Command, names ...string) {
 		}
 		return nil
 	}
-}
-
-func noArgs(cmd *cobra.Command, args []string) error {
-	if err := cobra.NoArgs(cmd, args); err != nil {
-		return usageError{err}
-	}
-	return nil
 }
 
 // helpCmd is cobra's help command, except that an unknown topic is a usage

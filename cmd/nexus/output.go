@@ -37,7 +37,7 @@ type output struct {
 func addOutput(c *cobra.Command, quiet bool) *output {
 	o := &output{}
 	c.Flags().BoolVar(&o.json, "json", false, "print JSON (see docs/json.md)")
-	c.Flags().StringVar(&o.format, "format", "", "print each item through a Go template over the JSON values' Go fields, e.g. '{{.ID}}' ('{{json .}}' for one JSON line)")
+	c.Flags().StringVar(&o.format, "format", "", "table (the default), json (as --json), or a Go template over the JSON values' Go fields, e.g. '{{.ID}}' ('{{json .}}' for one JSON line)")
 	if quiet {
 		c.Flags().BoolVarP(&o.quiet, "quiet", "q", false, "print only IDs (names for volumes, paths for reap), one a line")
 	}
@@ -55,6 +55,13 @@ func addOutput(c *cobra.Command, quiet bool) *output {
 }
 
 func (o *output) check() error {
+	// docker's two named formats: the default table, and --json.
+	switch o.format {
+	case "table":
+		o.format = ""
+	case "json":
+		o.format, o.json = "", true
+	}
 	n := 0
 	for _, set := range []bool{o.json, o.format != "", o.quiet} {
 		if set {

@@ -98,7 +98,7 @@ func (q *realGuest) cat(id, path string) []byte {
 // the channel as the daemon publishes them.
 func (q *realGuest) follow(id string) <-chan string {
 	q.t.Helper()
-	f := exec.Command(nexusBin, "--state-dir", q.root, "events", "--follow", "--sandbox", id)
+	f := exec.Command(nexusBin, "--state-dir", q.root, "events", "--all", "--follow", "--sandbox", id)
 	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
 	out, err := f.StdoutPipe()
 	if err != nil {

@@ -233,7 +233,7 @@ func TestQEMUBootsARealGuest(t *testing.T) {
 	// nexus-init is no agent: it answers flush "unsupported", so stop
 	// journals no flush acknowledgement.
 	mustOK(t, qemu("stop", id), "stop")
-	if ev := mustOK(t, nexus(t, root, "events", "--sandbox", id, "--json"), "events").stdout; strings.Contains(ev, "flush.acknowledged") {
+	if ev := mustOK(t, nexus(t, root, "events", "--all", "--sandbox", id, "--json"), "events").stdout; strings.Contains(ev, "flush.acknowledged") {
 		t.Error("a flush was acknowledged by a guest without an agent")
 	}
 	if left := testutil.ProcessesUnder(root); len(left) > 0 {

@@ -617,7 +617,7 @@ func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 		t.Fatalf("reap deleted %v of a create that committed between its observations", paths(rep.Deleted))
 	}
 	if k := has(rep.Kept, filepath.Join(root, "disks", sb.ID+".raw")); k == nil || k.Verdict != "owned" {
-		t.Fatalf("the committed disk: %+v\nreport: %s\nls: %+v\nevents:\n%s", k, reapOut.String(), sandboxes(t, root), nexus(t, root, "events").stdout)
+		t.Fatalf("the committed disk: %+v\nreport: %s\nls: %+v\nevents:\n%s", k, reapOut.String(), sandboxes(t, root), nexus(t, root, "events", "--all").stdout)
 	}
 	assertClean(t, root)
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")

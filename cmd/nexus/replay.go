@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -44,7 +43,7 @@ func replayCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().StringVar(&f.natsURL, "nats", "", "audit a mirror stream on this NATS server (a fleet's, see daemon --mirror) instead")
 	c.PersistentFlags().StringVar(&f.stream, "stream", "", "the mirror stream to read with --nats (NEXUS_<HOST>)")
 	c.PersistentFlags().StringVar(&f.natsCreds, "nats-creds", "", "NATS .creds file for --nats")
-	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of `nexus fleet template`: "+audit.AuditorAPIPrefix+")")
+	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of nexus fleet template: "+audit.AuditorAPIPrefix+")")
 	c.PersistentFlags().BoolVar(&f.asJSON, "json", false, "print JSON")
 	c.AddCommand(replayTimelineCmd(g, f), replayAtCmd(g, f), replayVerifyCmd(g, f), replayDiffCmd(g, f))
 	return c
@@ -112,11 +111,11 @@ func printTimeline(out io.Writer, entries []replay.Entry) error {
 
 func replayAtCmd(g *globals, f *replayFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "at SEQ|TIME",
-		Short: "The projections (sandboxes, ownership, volumes, open sagas) as they stood at a sequence or RFC 3339 time",
+		Use:   "at SEQ|TIME|AGE",
+		Short: "The projections (sandboxes, ownership, volumes, open sagas) as they stood at a sequence, an RFC 3339 time or an age (10m, 7d)",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			p, err := parsePoint(args[0])
+			p, err := parsePoint(args[0], time.Now())
 			if err != nil {
 				return usageError{err}
 			}
@@ -136,18 +135,16 @@ func replayAtCmd(g *globals, f *replayFlags) *cobra.Command {
 	}
 }
 
-func parsePoint(s string) (replay.Point, error) {
-	if n, err := strconv.ParseUint(s, 10, 64); err == nil {
-		if n == 0 {
-			return replay.Point{}, errors.New("sequence numbers start at 1")
-		}
-		return replay.Point{Seq: n}, nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
+// parsePoint reads a point of the journal the way --since reads one.
+func parsePoint(s string, now time.Time) (replay.Point, error) {
+	seq, t, err := parsePosition("at", s, now)
 	if err != nil {
-		return replay.Point{}, fmt.Errorf("%q is neither a journal sequence nor an RFC 3339 time", s)
+		return replay.Point{}, err
 	}
-	return replay.Point{Time: t}, nil
+	if seq == 0 && t.IsZero() {
+		return replay.Point{}, errors.New("sequence numbers start at 1")
+	}
+	return replay.Point{Seq: seq, Time: t}, nil
 }
 
 func printState(out io.Writer, st replay.State) error {

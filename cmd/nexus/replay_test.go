@@ -90,7 +90,12 @@ func TestReplayAuditsACrashedCreate(t *testing.T) {
 	if treeSum(t, journalDir) != before || treeSum(t, copyDir) != copySum {
 		t.Fatal("replay modified a journal it audited")
 	}
-	wantFailure(t, nexus(t, root, "replay", "at", "yesterday"), 2, "neither a journal sequence")
+	wantFailure(t, nexus(t, root, "replay", "at", "yesterday"), 2, "want a sequence (42), an RFC 3339 time")
+	// An age reads as --since reads one: a day ago is before the first event.
+	dayAgo := mustOK(t, nexus(t, root, "replay", "at", "1d", "--json"), "at 1d")
+	if err := json.Unmarshal([]byte(dayAgo.stdout), &st); err != nil || st.Seq != 0 || len(st.Sandboxes) != 0 {
+		t.Fatalf("at 1d: %v %+v", err, st)
+	}
 	wantFailure(t, nexus(t, root, "replay", "verify", "--journal", t.TempDir()), 1, "not a nexus journal")
 
 	wantFailure(t, nexus(t, root, "replay", "diff"), 1, "disagree")

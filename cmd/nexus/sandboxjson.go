@@ -18,6 +18,7 @@ type jsonSandbox struct {
 	Handle     string            `json:"handle,omitempty"`
 	Image      string            `json:"image,omitempty"`
 	Driver     string            `json:"driver,omitempty"`
+	Boot       *jsonBoot         `json:"boot,omitempty"`
 	Parent     string            `json:"parent,omitempty"`
 	Snapshot   string            `json:"snapshot,omitempty"`
 	State      projections.State `json:"state"`
@@ -40,6 +41,24 @@ type jsonSandbox struct {
 	ReadyReason string     `json:"ready_reason,omitempty"`
 	BootAt      *time.Time `json:"boot_at,omitempty"`
 	ReadyAt     *time.Time `json:"ready_at,omitempty"`
+}
+
+// jsonBoot is how a sandbox boots besides its driver, as its record keeps
+// it (docs/json.md's Boot).
+type jsonBoot struct {
+	Kernel      string `json:"kernel,omitempty"`
+	Initramfs   string `json:"initramfs,omitempty"`
+	Cmdline     string `json:"cmdline,omitempty"`
+	Cpus        int    `json:"cpus"`
+	MemoryBytes int64  `json:"memory_bytes"`
+}
+
+// bootJSON is nil for a sandbox whose record predates boot configurations.
+func bootJSON(b events.BootConfig) *jsonBoot {
+	if b.IsZero() {
+		return nil
+	}
+	return &jsonBoot{Kernel: b.Kernel, Initramfs: b.Initramfs, Cmdline: b.Cmdline, Cpus: b.Cpus, MemoryBytes: b.MemoryBytes}
 }
 
 // jsonProcess is a recorded host process (docs/json.md's Process).
@@ -69,7 +88,7 @@ type jsonCondition struct {
 // what --json and --format show.
 func sandboxJSON(sb projections.Sandbox) jsonSandbox {
 	out := jsonSandbox{
-		ID: sb.ID, Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Parent: sb.Parent, Snapshot: sb.Snapshot,
+		ID: sb.ID, Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Boot: bootJSON(sb.BootConfig), Parent: sb.Parent, Snapshot: sb.Snapshot,
 		State: sb.State, Saga: sb.Saga, CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 		VMM: processJSON(sb.VMM), Supervisor: processJSON(sb.Supervisor),
 		Snapshots: sb.Snapshots, Resources: sb.Resources,

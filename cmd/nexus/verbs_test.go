@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -68,6 +70,25 @@ func TestIDPrefixAndHandleEverywhere(t *testing.T) {
 		t.Fatalf("timeline of a removed sandbox by prefix: %q", r.stdout)
 	}
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", "web"), "rm by handle")
+	// And a removed sandbox's events by its handle, as its timeline.
+	if r := mustOK(t, proc(t, root, "events", "--sandbox", "web", "--type", "sandbox.removed"), "events --sandbox of a removed handle"); strings.Count(r.stdout, "\n") != 1 || !strings.Contains(r.stdout, " web ") {
+		t.Fatalf("events --sandbox web after its removal: %q", r.stdout)
+	}
+	// The default view: what happened to web, by its handle, without the
+	// bookkeeping --all adds.
+	story := strings.Split(strings.TrimSpace(mustOK(t, proc(t, root, "events", "--sandbox", "web"), "events --sandbox web").stdout), "\n")
+	all := strings.Count(mustOK(t, proc(t, root, "events", "--all", "-q", "--sandbox", "web"), "events --all").stdout, "\n")
+	var types []string
+	for _, line := range story {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[3] != "web" || !slices.Contains(events.Notable(), f[2]) {
+			t.Fatalf("events --sandbox web: line %q is not a notable event of web", line)
+		}
+		types = append(types, f[2])
+	}
+	if want := "sandbox.created,sandbox.started,snapshot.taken,sandbox.stopped,sandbox.removed"; strings.Join(types, ",") != want || all <= 2*len(story) {
+		t.Fatalf("events --sandbox web: %v (of %d with --all), want %s", types, all, want)
+	}
 }
 
 // Several IDs per stop/start/rm/inspect: each is reported, the others are

@@ -3,10 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -98,4 +101,25 @@ func TestVolumePruneClearsStaleAttachments(t *testing.T) {
 		t.Fatalf("the attached volume went missing: %v", err)
 	}
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", live.ID), "rm")
+}
+
+// A volume size without a unit is bytes, so `--size 64` is refused with
+// the hint; one larger than the free space is made (sparse) with a
+// warning saying when the guest's writes will fail.
+func TestVolumeSizesPeopleMistype(t *testing.T) {
+	t.Parallel()
+	root := shortRoot(t)
+	wantFailure(t, nexus(t, root, "volume", "create", "tiny", "--size", "64"), 1, "a size takes a unit")
+	var fs syscall.Statfs_t
+	if err := syscall.Statfs(root, &fs); err != nil {
+		t.Fatal(err)
+	}
+	past := fmt.Sprintf("%dG", 2*int64(fs.Bavail)*fs.Bsize>>30+1)
+	r := mustOK(t, nexus(t, root, "volume", "create", "huge", "--size", past), "volume create "+past)
+	if !strings.Contains(r.stderr, "nexus: warning: volume huge is ") || !strings.Contains(r.stderr, "free where it lives: it is sparse") {
+		t.Fatalf("a volume past the free space made without a warning: %q", r.stderr)
+	}
+	if r := mustOK(t, nexus(t, root, "volume", "create", "small", "--size", "16M"), "volume create 16M"); r.stderr != "" {
+		t.Fatalf("a volume that fits warned: %q", r.stderr)
+	}
 }

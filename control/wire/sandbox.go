@@ -29,6 +29,7 @@ type Sandbox struct {
 	Snapshots  []string          `json:"snapshots"`
 	Resources  []events.Resource `json:"resources"`
 	Bootstrap  events.Bootstrap  `json:"bootstrap,omitzero"`
+	BootConfig events.BootConfig `json:"boot,omitzero"`
 	LastRun    string            `json:"last_run,omitempty"`
 	FlushedRun string            `json:"flushed_run,omitempty"`
 	Seq        uint64            `json:"seq"`
@@ -64,7 +65,7 @@ func SandboxOf(sb projections.Sandbox) Sandbox {
 	out := Sandbox{
 		ID: sb.ID, Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Parent: sb.Parent, Snapshot: sb.Snapshot,
 		State: sb.State, Saga: sb.Saga, CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
-		Snapshots: sb.Snapshots, Resources: sb.Resources, Bootstrap: sb.Bootstrap,
+		Snapshots: sb.Snapshots, Resources: sb.Resources, Bootstrap: sb.Bootstrap, BootConfig: sb.BootConfig,
 		LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Seq: sb.Seq, Rev: sb.Rev,
 	}
 	if p := sb.VMM; p != nil {
@@ -88,7 +89,7 @@ func (s Sandbox) View() projections.Sandbox {
 	sb := projections.Sandbox{
 		ID: s.ID, Handle: s.Handle, Image: s.Image, Driver: s.Driver, Parent: s.Parent, Snapshot: s.Snapshot,
 		State: s.State, Saga: s.Saga, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt,
-		Snapshots: s.Snapshots, Resources: s.Resources, Bootstrap: s.Bootstrap,
+		Snapshots: s.Snapshots, Resources: s.Resources, Bootstrap: s.Bootstrap, BootConfig: s.BootConfig,
 		LastRun: s.LastRun, FlushedRun: s.FlushedRun, Seq: s.Seq, Rev: s.Rev,
 	}
 	if p := s.VMM; p != nil {

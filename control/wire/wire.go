@@ -25,6 +25,9 @@ const (
 	PathMirror = "/v1/mirror" // MirrorAnswer
 	// PathRetire (POST) asks a daemon started on demand to retire.
 	PathRetire = "/v1/retire"
+	// PathStop (POST, a StopRequest) asks any daemon to finish with the
+	// commands it has and exit.
+	PathStop = "/v1/stop"
 	// PathAppendJSON (POST) is where an older client posted appends; it is
 	// refused with AppendOverHTTPRefusal in an ErrorAnswer.
 	PathAppendJSON = "/v1/append"
@@ -33,8 +36,10 @@ const (
 	PathEvents        = "/v1/events"         // ParseQuery's parameters; one Record a line
 	PathSandboxes     = "/v1/sandboxes"      // after, limit (none: every sandbox); []Sandbox
 	PathSandbox       = "/v1/sandbox"        // ref; SandboxAnswer
+	PathWithProcesses = "/v1/with-processes" // []Sandbox: those that record a process
 	PathOwner         = "/v1/owner"          // path (repeated), except; OwnerAnswer
 	PathSnapshotOwner = "/v1/snapshot-owner" // snap; SandboxAnswer
+	PathPathOwners    = "/v1/path-owners"    // path (repeated); []string, "" for none
 	PathVolumes       = "/v1/volumes"        // []projections.Volume
 	PathImageCache    = "/v1/imagecache"     // projections.ImageCacheState
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap
@@ -172,4 +177,9 @@ func ParseQuery(v url.Values) (events.Query, error) {
 		q.Tail = n
 	}
 	return q, nil
+}
+
+// StopRequest names who asked a daemon to stop, for its log.
+type StopRequest struct {
+	Pid int `json:"pid"`
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"os"
 	"os/exec"
@@ -123,7 +124,8 @@ const stdinQueue = 64
 type upload struct {
 	id   uint32
 	f    *os.File
-	path string
+	path string // where the file is written
+	name string // the path the host gave, which errors name
 	mode os.FileMode
 	ch   chan []byte // nil: the last byte arrived; closed: abandoned
 }
@@ -286,7 +288,7 @@ func (s *session) exec(m *agentproto.Message) {
 		if pty != nil {
 			pty.Close()
 		}
-		s.send(agentproto.Errorf(m.ID, "exec: %v", err))
+		s.send(agentproto.Errorf(m.ID, "%s", startError(m.Argv[0], err)))
 		return
 	}
 	p := &proc{cmd: cmd}
@@ -412,7 +414,7 @@ func (s *session) data(m *agentproto.Message) {
 func (s *session) read(m *agentproto.Message) {
 	f, err := os.Open(s.a.guestPath(m.Path))
 	if err != nil {
-		s.send(agentproto.Errorf(m.ID, "read: %v", err))
+		s.send(agentproto.Errorf(m.ID, "%s", fileError(err, m.Path)))
 		return
 	}
 	defer f.Close()
@@ -432,7 +434,7 @@ func (s *session) read(m *agentproto.Message) {
 			break
 		}
 		if err != nil {
-			s.send(agentproto.Errorf(m.ID, "read %s: %v", m.Path, err))
+			s.send(agentproto.Errorf(m.ID, "%s", fileError(err, m.Path)))
 			return
 		}
 	}
@@ -444,7 +446,7 @@ func (s *session) startWrite(m *agentproto.Message) {
 	if mode == 0 {
 		mode = 0o644
 	}
-	u := &upload{id: m.ID, path: s.a.guestPath(m.Path), mode: mode, ch: make(chan []byte, stdinQueue)}
+	u := &upload{id: m.ID, path: s.a.guestPath(m.Path), name: m.Path, mode: mode, ch: make(chan []byte, stdinQueue)}
 	s.mu.Lock()
 	s.writes[m.ID] = u
 	s.mu.Unlock()
@@ -466,7 +468,7 @@ func (s *session) runWrite(u *upload) {
 	if werr != nil {
 		for b := range u.ch {
 			if b == nil {
-				s.send(agentproto.Errorf(u.id, "write %s: %v", u.path, werr))
+				s.send(agentproto.Errorf(u.id, "%s", fileError(werr, u.name)))
 				return
 			}
 		}
@@ -495,7 +497,7 @@ func (s *session) finishWrite(u *upload, size int64, werr error) {
 	fail := func(err error) {
 		u.f.Close()
 		os.Remove(u.f.Name())
-		s.send(agentproto.Errorf(u.id, "write %s: %v", u.path, err))
+		s.send(agentproto.Errorf(u.id, "%s", fileError(err, u.name)))
 	}
 	if werr != nil {
 		fail(werr)
@@ -515,7 +517,7 @@ func (s *session) finishWrite(u *upload, size int64, werr error) {
 	}
 	if err := os.Rename(u.f.Name(), u.path); err != nil {
 		os.Remove(u.f.Name())
-		s.send(agentproto.Errorf(u.id, "write %s: %v", u.path, err))
+		s.send(agentproto.Errorf(u.id, "%s", fileError(err, u.name)))
 		return
 	}
 	if d, err := os.Open(filepath.Dir(u.path)); err == nil {
@@ -551,3 +553,32 @@ func (a *Agent) ServeListener(ctx context.Context, accept func() (io.ReadWriteCl
 type nopCloser struct{ io.Writer }
 
 func (nopCloser) Close() error { return nil }
+
+// fileError words err for the host about the file at name (the path the
+// host gave, which the host's message names): without the paths the agent
+// used for it (a temporary file, a stand-in's root), and naming a missing
+// directory as such.
+func fileError(err error, name string) string {
+	var pe *fs.PathError
+	if !errors.As(err, &pe) {
+		return err.Error()
+	}
+	if errors.Is(pe.Err, fs.ErrNotExist) && filepath.Base(pe.Path) != filepath.Base(name) {
+		return "no such directory " + filepath.Dir(name)
+	}
+	return pe.Err.Error()
+}
+
+// startError words a command that could not be started: the program as
+// the host named it and why, without os/exec's own prefixes.
+func startError(argv0 string, err error) string {
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		return fmt.Sprintf("%q: %v", argv0, ee.Err)
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return fmt.Sprintf("%q: %v", argv0, pe.Err)
+	}
+	return fmt.Sprintf("%q: %v", argv0, err)
+}

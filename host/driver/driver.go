@@ -8,7 +8,10 @@ package driver
 import (
 	"fmt"
 	"os/exec"
+	"runtime"
 	"slices"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
@@ -161,4 +164,15 @@ func VMMs(apiSocket string) []int {
 		}
 		return false
 	})
+}
+
+// HostSize is what a guest's size is checked against: the CPUs this
+// process may run on (its affinity, as runtime.NumCPU reads it) and the
+// host's total memory.
+func HostSize() (cpus int, memory int64, err error) {
+	var si unix.Sysinfo_t
+	if err := unix.Sysinfo(&si); err != nil {
+		return 0, 0, fmt.Errorf("host memory: %w", err)
+	}
+	return runtime.NumCPU(), int64(si.Totalram) * int64(si.Unit), nil
 }

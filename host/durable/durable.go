@@ -5,7 +5,9 @@
 package durable
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -35,8 +37,15 @@ func Publish(path string, perm os.FileMode, fill func(*os.File) error) error {
 		dir = "."
 	}
 	f, err := os.CreateTemp(dir, "."+base+".nexus-*")
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%s: no such directory %s", path, filepath.Clean(dir))
+	}
 	if err != nil {
-		return err
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the temporary file's name says nothing to the caller
+		}
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	defer os.Remove(f.Name()) // a no-op once renamed
 	err = fill(f)

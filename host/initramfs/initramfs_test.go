@@ -77,7 +77,7 @@ func TestClosureOrdersDependencies(t *testing.T) {
 // decompressed, and the module list names them in load order.
 func TestBuildIsANewcArchiveCpioReads(t *testing.T) {
 	if _, err := exec.LookPath("cpio"); err != nil {
-		t.Fatal("cpio is not installed (make setup installs it)")
+		t.Fatal("cpio is not installed (make setup-fast installs it)")
 	}
 	dir := t.TempDir()
 	mods := filepath.Join(dir, "6.1.0-test")

@@ -125,7 +125,11 @@ func (j *Journal) AppendBatch(ctx context.Context, msgs []Message) ([]Ack, error
 			continue
 		}
 		hdr.Set(batchCommitHeader, "1")
-		resp, err := j.nc.RequestMsgWithContext(ctx, msg)
+		var resp *nats.Msg
+		err := j.awaitAnswer(ctx, func(ctx context.Context) (err error) {
+			resp, err = j.nc.RequestMsgWithContext(ctx, msg)
+			return err
+		})
 		if err != nil {
 			return nil, j.failedAppend(m.ID, err)
 		}

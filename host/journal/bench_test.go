@@ -339,7 +339,7 @@ const replayEvents = 100_000
 //
 //	raw:    journal.Read, counting bytes only (the consumer floor)
 //	decode: events.Decode of the same 100,000 payloads from memory (no journal)
-//	fold:   journal.Read + events.Decode + projections.NewOwnership().Apply
+//	fold:   journal.Read + events.Decode + projections.NewSandboxes().Apply
 //	ratio:  raw then fold each op; ratio = fold events/s ÷ raw events/s (target ≥ 0.8)
 func BenchmarkReplay100k(b *testing.B) {
 	dir := filepath.Join(b.TempDir(), "journal")
@@ -362,8 +362,8 @@ func BenchmarkReplay100k(b *testing.B) {
 			b.Fatalf("raw read %d events, %d bytes; want %d, %d", n, size, replayEvents, total)
 		}
 	}
-	readFold := func(b *testing.B) *projections.Ownership {
-		o := projections.NewOwnership()
+	readFold := func(b *testing.B) *projections.Sandboxes {
+		o := projections.NewSandboxes()
 		if err := j.Read(ctx, 1, journal.Subjects, func(r journal.Record) error {
 			e, err := events.Decode(r.Data)
 			if err != nil {

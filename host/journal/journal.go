@@ -150,6 +150,8 @@ type Record struct {
 // defaults (2 s to authenticate, 5 s per request) are for a remote server
 // on a quiet network; here the server shares a host whose CPU and disk may
 // be busy elsewhere, and a journal that gives up early fails the command.
+// An append to a store that failed a write is not kept waiting that long
+// (awaitAnswer).
 const slowHostTimeout = 30 * time.Second
 
 // Open takes the store's lock, verifies the message blocks (those an earlier
@@ -428,7 +430,11 @@ func (j *Journal) Append(ctx context.Context, m Message) (Ack, error) {
 	if m.ExpectLastSeq != nil {
 		popts = append(popts, jetstream.WithExpectLastSequence(*m.ExpectLastSeq))
 	}
-	ack, err := j.js.PublishMsg(ctx, msg, popts...)
+	var ack *jetstream.PubAck
+	err := j.awaitAnswer(ctx, func(ctx context.Context) (err error) {
+		ack, err = j.js.PublishMsg(ctx, msg, popts...)
+		return err
+	})
 	if err == nil {
 		// The server wrote it; the ack waits for the fsync (sync.go).
 		if err := j.syncStore(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"golang.org/x/sys/unix"
@@ -98,6 +99,38 @@ func (j *Journal) storeFailure() string {
 		return ""
 	}
 	return h.Error
+}
+
+// storeProbeInterval is how often a publish still waiting for its answer
+// asks whether the store has failed.
+const storeProbeInterval = 100 * time.Millisecond
+
+// awaitAnswer runs publish, which waits for the server's answer, under a
+// context that ends when ctx does, after slowHostTimeout when ctx sets no
+// deadline, or as soon as the store reports a failed write: a failed store
+// never answers until it is reopened, while a slow one only needs time.
+func (j *Journal) awaitAnswer(ctx context.Context, publish func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if _, ok := ctx.Deadline(); !ok {
+		ctx, cancel = context.WithTimeout(ctx, slowHostTimeout)
+		defer cancel()
+	}
+	probe := time.NewTicker(storeProbeInterval)
+	defer probe.Stop()
+	done := make(chan error, 1)
+	go func() { done <- publish(ctx) }()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-probe.C:
+			if j.storeFailure() != "" {
+				cancel()
+				return <-done
+			}
+		}
+	}
 }
 
 // failedAppend turns a publish that failed on a broken store into an

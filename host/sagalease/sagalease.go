@@ -4,6 +4,13 @@
 // the saga's end. The kernel drops it however the runner dies, so a free
 // lease is the proof recover needs before it resumes or compensates a saga,
 // and a held one names the live saga that refuses a second command.
+//
+// A lease file exists only while its lease is held (or its holder died
+// holding it): the holder unlinks it before it unlocks, and whoever takes
+// a lease checks, once it holds the flock, that the path still names the
+// file it locked, retrying on the new one otherwise. So leases/ holds no
+// more files than there are runners, live or dead, whatever the number of
+// entities.
 package sagalease
 
 import (
@@ -99,9 +106,11 @@ func Acquire(ctx context.Context, root, entity string, h Holder, wait bool) (*Le
 	}
 }
 
-// try takes the lease once. A file unlinked by a holder that removed it
-// (Remove) between our open and our flock is a lock nobody else can see,
-// so the inode we locked must still be the one the path names.
+// try takes the lease once. A file its holder unlinked (Release) between
+// our open and our flock is a lock nobody else can see, so the inode we
+// locked must still be the one the path names. While we hold it nobody
+// else passes that check, so nobody else unlinks the path: it names our
+// file until we release it.
 func try(path string, h Holder) (*Lease, error) {
 	for {
 		f, err := fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR|os.O_CREATE, 0o600) // no link, no FIFO hang
@@ -137,25 +146,53 @@ func (l *Lease) Set(h Holder) {
 	}
 }
 
-// Release drops the lease.
+// Release unlinks the lease file, then drops the lock: removed under the
+// lock, the path is never unlinked from under another holder, and a waiter
+// that opened the old file finds it unlinked once it locks it and retries
+// on a new one.
 func (l *Lease) Release() {
 	if l == nil || l.f == nil {
 		return
 	}
+	os.Remove(l.path)
 	lease.Drop(l.f)
 	l.f = nil
 }
 
-// Remove deletes the lease file and drops the lease: for an entity that no
-// longer exists (a removed sandbox or volume), so leases/ does not grow
-// with every sandbox ever made. Waiters that opened the old file notice
-// the unlink and retry on a new one.
-func (l *Lease) Remove() {
-	if l == nil || l.f == nil {
-		return
+// Clear removes the lease files under root that no process holds: those a
+// runner left by dying while it held them, and those of a root written
+// before released leases took their files with them. A held one is left
+// to its holder. It returns how many it removed; its cost is the files in
+// leases/, never the entities of the root.
+func Clear(root string) (int, error) {
+	d, err := fsx.OpenDir(root, Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
 	}
-	os.Remove(l.path)
-	l.Release()
+	if err != nil {
+		return 0, err
+	}
+	names, err := d.Readdirnames(-1)
+	d.Close()
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", filepath.Join(root, Dir), err)
+	}
+	removed := 0
+	for _, name := range names {
+		if !strings.HasSuffix(name, ".lease") {
+			continue
+		}
+		l, err := try(filepath.Join(root, Dir, name), Holder{Kind: "recover"})
+		if errors.Is(err, ErrHeld) {
+			continue
+		}
+		if err != nil {
+			return removed, err
+		}
+		l.Release()
+		removed++
+	}
+	return removed, nil
 }
 
 func readHolder(path string) Holder {

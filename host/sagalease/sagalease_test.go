@@ -4,8 +4,14 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -63,7 +69,7 @@ func TestLeaseDiesWithItsHolder(t *testing.T) {
 	l.Release()
 }
 
-func TestRemovedLeaseIsNotSharedWithAWaiter(t *testing.T) {
+func TestReleasedLeaseIsNotSharedWithAWaiter(t *testing.T) {
 	root := t.TempDir()
 	ent := "volume/v"
 	a, err := Acquire(context.Background(), root, ent, Holder{Kind: "volume rm"}, false)
@@ -77,13 +83,113 @@ func TestRemovedLeaseIsNotSharedWithAWaiter(t *testing.T) {
 		got <- l
 	}()
 	time.Sleep(20 * time.Millisecond)
-	a.Remove()
+	a.Release()
 	b := <-got
 	defer b.Release()
 	// A third process must see b's lease: b holds the file the path names.
 	_, err = Acquire(context.Background(), root, ent, Holder{Kind: "rm"}, false)
 	var he *HeldError
 	if !errors.As(err, &he) || he.By.Kind != "create" {
-		t.Fatalf("after remove, b's lease is invisible: %v", err)
+		t.Fatalf("after release, b's lease is invisible: %v", err)
+	}
+}
+
+// leaseFiles lists what leases/ holds.
+func leaseFiles(t *testing.T, root string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(root, Dir))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// A released lease leaves no file: leases/ holds the held leases only,
+// however many entities ever had one.
+func TestReleaseLeavesNoFile(t *testing.T) {
+	root := t.TempDir()
+	held, err := Acquire(context.Background(), root, "sandbox/HELD", Holder{Kind: "start"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	for i := range 20 {
+		l, err := Acquire(context.Background(), root, fmt.Sprintf("sandbox/S%d", i), Holder{Kind: "stop"}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release()
+	}
+	if got := leaseFiles(t, root); !slices.Equal(got, []string{"sandbox.HELD.lease"}) {
+		t.Fatalf("leases/ holds %v, want the held lease's file alone", got)
+	}
+}
+
+// Many runners taking and releasing one entity's lease at once: at no time
+// do two hold it, although each release unlinks the file the others may
+// have opened (a runner that locked an unlinked file must retry).
+func TestReleaseUnderContentionKeepsOneHolder(t *testing.T) {
+	root := t.TempDir()
+	var inside, overlaps atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				l, err := Acquire(context.Background(), root, "sandbox/X", Holder{Kind: "start"}, true)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if inside.Add(1) != 1 {
+					overlaps.Add(1)
+				}
+				runtime.Gosched()
+				inside.Add(-1)
+				l.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	if n := overlaps.Load(); n > 0 {
+		t.Fatalf("two runners held the lease at once %d times", n)
+	}
+	if got := leaseFiles(t, root); len(got) != 0 {
+		t.Fatalf("leases/ holds %v after every runner released", got)
+	}
+}
+
+// Clear removes the files no one holds (a dead holder's, an older root's)
+// and leaves a held one, still held, to its holder.
+func TestClearRemovesFreeLeaseFilesOnly(t *testing.T) {
+	root := t.TempDir()
+	held, err := Acquire(context.Background(), root, "sandbox/HELD", Holder{Kind: "start"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	for _, name := range []string{"sandbox.OLD1.lease", "sandbox.OLD2.lease", "volume.v.lease", "notes.txt"} {
+		if err := os.WriteFile(filepath.Join(root, Dir, name), []byte("{}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := Clear(root)
+	if err != nil || n != 3 {
+		t.Fatalf("Clear = %d, %v; want the 3 free lease files", n, err)
+	}
+	if got := leaseFiles(t, root); !slices.Equal(got, []string{"notes.txt", "sandbox.HELD.lease"}) {
+		t.Fatalf("leases/ holds %v after Clear", got)
+	}
+	var he *HeldError
+	if _, err := Acquire(context.Background(), root, "sandbox/HELD", Holder{Kind: "rm"}, false); !errors.As(err, &he) {
+		t.Fatalf("the held lease after Clear: %v, want still held", err)
+	}
+	if n, err := Clear(t.TempDir()); n != 0 || err != nil {
+		t.Fatalf("Clear of a root without leases/ = %d, %v", n, err)
 	}
 }

@@ -95,15 +95,18 @@ const (
 	ConsoleTty  ConsoleMode = "Tty"
 )
 
-// Memory is CH's MemoryConfig; Size is in bytes.
+// Memory is CH's MemoryConfig; Size is in bytes. As with Cpus, a given
+// memory needs its size (a body without memory gets CH's 512 MiB).
 type Memory struct {
 	Size int64 `json:"size"`
 }
 
-// Cpus is CH's CpusConfig. CH sets MaxVcpus to BootVcpus when absent.
+// Cpus is CH's CpusConfig. CH's serde (vm_config.rs at v53.0) requires
+// both counts once cpus is given, and refuses the body (400) without
+// either; only a body without cpus at all is given CH's default, 1 and 1.
 type Cpus struct {
 	BootVcpus int `json:"boot_vcpus"`
-	MaxVcpus  int `json:"max_vcpus,omitempty"`
+	MaxVcpus  int `json:"max_vcpus"`
 }
 
 // Vsock is CH's VsockConfig: Socket is the host-side unix socket CH proxies

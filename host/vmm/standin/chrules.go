@@ -69,6 +69,17 @@ func parseVMConfig(data []byte) (*vmConfig, error) {
 	if raw == nil {
 		return nil, errors.New("configuration is not a JSON object")
 	}
+	// CH's serde: a given cpus needs both counts and a given memory its
+	// size (no serde default on them, vm_config.rs at v53.0); only an
+	// absent cpus or memory takes CH's default.
+	for obj, keys := range map[string][]string{"cpus": {"boot_vcpus", "max_vcpus"}, "memory": {"size"}} {
+		m, given := raw[obj].(map[string]any)
+		for _, k := range keys {
+			if _, ok := m[k]; given && !ok {
+				return nil, fmt.Errorf("%s: missing field `%s`", obj, k)
+			}
+		}
+	}
 	vc := &vmConfig{raw: raw}
 	if err := vc.sync(); err != nil {
 		return nil, err

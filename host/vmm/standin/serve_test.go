@@ -299,7 +299,7 @@ func TestLifecycle(t *testing.T) {
 		Payload: vmm.Payload{Kernel: "/boot/vmlinux", Cmdline: "console=hvc0"},
 		Disks:   []vmm.Disk{{Path: rw}, {Path: ro, Readonly: true}},
 		Memory:  vmm.Memory{Size: 256 << 20},
-		Cpus:    vmm.Cpus{BootVcpus: 2},
+		Cpus:    vmm.Cpus{BootVcpus: 2, MaxVcpus: 2},
 		Vsock:   &vmm.Vsock{Cid: 3, Socket: vsock},
 	}
 	if err := c.Create(ctx, cfg); err != nil {
@@ -334,7 +334,6 @@ func TestLifecycle(t *testing.T) {
 	// vm.info shows what CH filled in: device ids from one counter, disks
 	// before vsock, and the probed image type.
 	want := cfg
-	want.Cpus.MaxVcpus = 2
 	want.Disks = []vmm.Disk{{Path: rw, ImageType: vmm.ImageRaw, ID: "_disk0"}, {Path: ro, Readonly: true, ImageType: vmm.ImageRaw, ID: "_disk1"}}
 	want.Vsock = &vmm.Vsock{Cid: 3, Socket: vsock, ID: "_vsock2"}
 	if fmt.Sprint(info.Config.Payload, info.Config.Disks, info.Config.Memory, info.Config.Cpus, *info.Config.Vsock) !=
@@ -549,6 +548,12 @@ func TestBadRequests(t *testing.T) {
 	wantRaw(t, p.sock, http.MethodPut, "vm.nonesuch", nil, http.StatusNotFound)
 	wantRaw(t, p.sock, http.MethodGet, vmm.OpBoot, nil, http.StatusBadRequest)
 	wantRaw(t, p.sock, http.MethodPut, vmm.OpCreate, "not a config", http.StatusBadRequest)
+	// CH's serde (v53.0) has no default for a given cpus's counts or a
+	// given memory's size: such a body is refused before any VM exists.
+	payload := map[string]any{"kernel": "k"}
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpCreate, map[string]any{"payload": payload, "cpus": map[string]any{"boot_vcpus": 2}}, http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpCreate, map[string]any{"payload": payload, "cpus": map[string]any{"max_vcpus": 2}}, http.StatusBadRequest)
+	wantRaw(t, p.sock, http.MethodPut, vmm.OpCreate, map[string]any{"payload": payload, "memory": map[string]any{"mergeable": true}}, http.StatusBadRequest)
 	// A body that parses but names a URL CH cannot use fails the action.
 	wantRaw(t, p.sock, http.MethodPut, vmm.OpRestore, vmm.RestoreRequest{SourceURL: "http://example/snap"}, http.StatusInternalServerError)
 	wantRaw(t, p.sock, http.MethodPut, vmm.OpRestore, "not a restore config", http.StatusBadRequest)

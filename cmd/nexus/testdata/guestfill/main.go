@@ -5,6 +5,7 @@
 //	guestfill fill PATH                     write until ENOSPC, print the size
 //	guestfill churn DIR                     write files without syncing, forever
 //	guestfill statfs PATH                   print the bytes available
+//	guestfill cat PATH                      print a file (/proc's too)
 //
 // Build it static: CGO_ENABLED=0.
 package main
@@ -27,7 +28,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) < 2 {
-		return errors.New("usage: guestfill write|fill|churn|statfs PATH ...")
+		return errors.New("usage: guestfill write|fill|churn|statfs|cat PATH ...")
 	}
 	switch args[0] {
 	case "write":
@@ -87,6 +88,13 @@ func run(args []string) error {
 				return err
 			}
 		}
+	case "cat":
+		b, err := os.ReadFile(args[1])
+		if err != nil {
+			return err
+		}
+		_, err = os.Stdout.Write(b)
+		return err
 	case "statfs":
 		var st syscall.Statfs_t
 		if err := syscall.Statfs(args[1], &st); err != nil {

@@ -1,0 +1,86 @@
+package store_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/store"
+)
+
+// snapshotTaken is sandbox id's snapshot snap, in snapshots/<id>/<snap>.
+func snapshotTaken(id, snap string) events.Event {
+	return events.New(ulid.Make(), time.Now(), id, events.SnapshotTakenEvent{SnapshotID: snap,
+		Dir: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + id + "/" + snap}})
+}
+
+// Who owns a path is a point lookup in the store's index: asked about
+// every disk of a root of 1,000 sandboxes, and about directories holding
+// owned paths and paths below owned directories (answered from the
+// records at rest and from those an event touched since), PathOwners
+// answers each by projections.PathOwner's rule and decodes no record. An
+// owner found by reading the sandboxes would count 1,000.
+func TestPathOwnersArePointLookups(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	nd, err := store.Open(ctx, root, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	var evs []events.Event
+	for range 1000 {
+		id := ulid.Make().String()
+		ids = append(ids, id)
+		evs = append(evs, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{Image: "i", Driver: "process",
+			Resources: []events.Resource{{Kind: events.KindRawDisk, Path: "disks/" + id + ".raw"}, {Kind: events.KindWorkspaceDisk, Path: "disks/" + id + "-workspace.ext4"}}}))
+	}
+	stored, touched := ids[7], ids[9]
+	evs = append(evs, snapshotTaken(stored, "S1"))
+	if _, err := nd.Append(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.Close(); err != nil { // the first Close writes the records at rest
+		t.Fatal(err)
+	}
+	nd, err = store.Open(ctx, root, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Close()
+	if _, err := nd.Append(ctx, snapshotTaken(touched, "S2")); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"snapshots/" + stored:                stored, // a path below it is owned
+		"snapshots/" + touched:               touched,
+		"snapshots/" + stored + "/S1/memory": stored, // a directory above it is owned
+		"snapshots/" + touched + "/S2":       touched,
+		"disks/nobody.raw":                   "",
+		"snapshots":                          "",
+	}
+	for _, id := range ids {
+		want["disks/"+id+".raw"] = id
+		want["disks/"+id+"-workspace.ext4"] = id
+	}
+	var paths []string
+	for p := range want {
+		paths = append(paths, p)
+	}
+	before := nd.Decoded()
+	got, err := nd.PathOwners(ctx, paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := nd.Decoded() - before; n != 0 {
+		t.Fatalf("PathOwners of %d paths decoded %d records, want none", len(paths), n)
+	}
+	for i, p := range paths {
+		if got[i] != want[p] {
+			t.Errorf("owner of %s = %q, want %q", p, got[i], want[p])
+		}
+	}
+}
