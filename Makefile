@@ -27,11 +27,13 @@ setup-fast: setup
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cpio; }
 
 # What only the tests need: QEMU and a Debian cloud kernel (real guests
-# boot in the suite), xfsprogs (reflink tests loop-mount an XFS made
+# boot in the suite), strace (the snapshot-durability test reads nexus's
+# fsyncs from it), xfsprogs (reflink tests loop-mount an XFS made
 # with reflink=1), man (the installed pages are read back), Node.js and the example subscriber's npm packages (a
 # subscriber in another language runs in the suite).
 setup-test: setup-fast
 	@missing=""; command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
+	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
 	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
 	command -v man >/dev/null 2>&1 || missing="$$missing man-db"; \

@@ -66,6 +66,8 @@ var registry = map[Type]typeSpec{
 	SandboxForked:      withUpcast(withUpcast(spec(SandboxForkedEvent{}, 3), 1, addedFields[SandboxForkedEvent]), 2, addedFields[SandboxForkedEvent]),
 	SandboxRestored:    withUpcast(withUpcast(spec(SandboxRestoredEvent{}, 3), 1, addedFields[SandboxRestoredEvent]), 2, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
+	SandboxReady:       spec(SandboxReadyEvent{}, 1),
+	SandboxNotReady:    spec(SandboxNotReadyEvent{}, 1),
 	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
 	SandboxFailed:      spec(SandboxFailedEvent{}, 1),
 	SandboxRemoved:     spec(SandboxRemovedEvent{}, 1),

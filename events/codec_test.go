@@ -27,6 +27,8 @@ var samples = []Payload{
 	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}, Boot: BootConfig{Cpus: 2}},
 	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}, Boot: BootConfig{MemoryBytes: 1 << 30}},
 	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
+	SandboxReadyEvent{Run: "01J0RUN", By: "agent", BootAtMs: 1700000000000, ReadyAtMs: 1700000009000},
+	SandboxNotReadyEvent{Run: "01J0RUN", Reason: "AgentNotReady", Message: "no answer", WaitedMs: 180000},
 	SandboxStoppedEvent{Reason: "user"},
 	SandboxFailedEvent{Reason: "OverlayDiskFull", Message: "no space"},
 	SandboxRemovedEvent{},

@@ -20,6 +20,8 @@ func TestEffectsOfEveryType(t *testing.T) {
 		SandboxForked:   {claims: "Resources"},
 		SandboxRestored: {claims: "Resources"},
 		SandboxStarted:  {claims: "Sockets"},
+		SandboxReady:    {},
+		SandboxNotReady: {},
 		SandboxStopped:  {},
 		SandboxFailed:   {},
 		// sandbox.removed releases what its sandbox owns, which it does

@@ -23,6 +23,8 @@ const (
 	SandboxForked   Type = "sandbox.forked"
 	SandboxRestored Type = "sandbox.restored"
 	SandboxStarted  Type = "sandbox.started"
+	SandboxReady    Type = "sandbox.ready"
+	SandboxNotReady Type = "sandbox.not_ready"
 	SandboxStopped  Type = "sandbox.stopped"
 	SandboxFailed   Type = "sandbox.failed"
 	SandboxRemoved  Type = "sandbox.removed"
@@ -275,7 +277,7 @@ func FilterSubject(t string, sandbox string) (string, error) {
 // sagas, image-cache use, mirror links) are the bookkeeping that makes
 // those facts safe to act on after a crash.
 var notable = []Type{
-	SandboxCreated, SandboxForked, SandboxRestored, SandboxStarted, SandboxStopped, SandboxFailed, SandboxRemoved,
+	SandboxCreated, SandboxForked, SandboxRestored, SandboxStarted, SandboxReady, SandboxNotReady, SandboxStopped, SandboxFailed, SandboxRemoved,
 	VMMExited, SnapshotTaken, VolumeCreated, VolumeAttached, VolumeDetached, VolumeRemoved,
 	OverlayRecovered, WarningRaised, ReapApplied, ImageCachePruned, SagaCompensated,
 }

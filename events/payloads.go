@@ -127,6 +127,28 @@ type SandboxStartedEvent struct {
 	RunMarker string     `msgpack:"run,omitempty" json:"run,omitempty"`
 }
 
+// SandboxReadyEvent: the guest of run Run is Ready: its guest agent
+// answered a session (By "agent"), or, for a guest booted without the
+// agent, its VMM runs (By "vmm"). BootAtMs is the run's sandbox.started
+// time and ReadyAtMs this one (Unix ms), so the time to Ready is audited
+// from this event alone.
+type SandboxReadyEvent struct {
+	Run       string `msgpack:"run" json:"run"`
+	By        string `msgpack:"by" json:"by"`
+	BootAtMs  int64  `msgpack:"boot_at_ms" json:"boot_at_ms"`
+	ReadyAtMs int64  `msgpack:"ready_at_ms" json:"ready_at_ms"`
+}
+
+// SandboxNotReadyEvent: the guest of run Run did not become Ready within
+// WaitedMs; the sandbox is left running with Ready=False and Reason
+// (AgentNotReady). A later sandbox.ready of the same run supersedes it.
+type SandboxNotReadyEvent struct {
+	Run      string `msgpack:"run" json:"run"`
+	Reason   string `msgpack:"reason" json:"reason"`
+	Message  string `msgpack:"message" json:"message"`
+	WaitedMs int64  `msgpack:"waited_ms" json:"waited_ms"`
+}
+
 type SandboxStoppedEvent struct {
 	Reason string `msgpack:"reason,omitempty" json:"reason,omitempty"`
 }
@@ -405,6 +427,8 @@ func (SandboxCreatedEvent) EventType() Type     { return SandboxCreated }
 func (SandboxForkedEvent) EventType() Type      { return SandboxForked }
 func (SandboxRestoredEvent) EventType() Type    { return SandboxRestored }
 func (SandboxStartedEvent) EventType() Type     { return SandboxStarted }
+func (SandboxReadyEvent) EventType() Type       { return SandboxReady }
+func (SandboxNotReadyEvent) EventType() Type    { return SandboxNotReady }
 func (SandboxStoppedEvent) EventType() Type     { return SandboxStopped }
 func (SandboxFailedEvent) EventType() Type      { return SandboxFailed }
 func (SandboxRemovedEvent) EventType() Type     { return SandboxRemoved }

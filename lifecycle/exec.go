@@ -62,11 +62,26 @@ func (m *Manager) running(ctx context.Context, ref string) (projections.Sandbox,
 	return sb, nil
 }
 
-// agent opens a session with the guest agent of a running sandbox.
+// agent opens a session with the guest agent of a running sandbox. A
+// sandbox that is not Ready yet (booting) is waited for, up to
+// ReadyTimeout, and the operator told so: the guest agent of a booting
+// guest does not answer yet, which is no failure of the guest.
 func (m *Manager) agent(ctx context.Context, ref string) (projections.Sandbox, *agentproto.Client, error) {
 	sb, err := m.running(ctx, ref)
 	if err != nil {
 		return sb, nil, err
+	}
+	// A guest booted without the agent is Ready as its VMM runs: an
+	// agent in it is dialled as in any Ready sandbox.
+	if !sb.IsReady() && m.guestHasAgent(sb) {
+		_, why := sb.Readiness()
+		timeout := m.ReadyTimeout
+		if timeout <= 0 {
+			timeout = DefaultReadyTimeout
+		}
+		m.status("sandbox %s is not Ready (%s): waiting up to %s for its guest agent", sb.ID, why, timeout)
+		c, err := m.awaitAgent(ctx, sb, timeout, false)
+		return sb, c, err
 	}
 	c, err := vmm.DialAgent(ctx, m.Root.VsockSocket(sb.ID))
 	if err != nil {
@@ -76,7 +91,8 @@ func (m *Manager) agent(ctx context.Context, ref string) (projections.Sandbox, *
 }
 
 // Exec runs a command in a running sandbox's guest through its agent,
-// streaming its output, and returns how it ended. It journals nothing: a
+// streaming its output, and returns how it ended. It journals nothing but,
+// for a sandbox not Ready yet, its Ready once the agent answers: a
 // command is the guest's business, not a change of the sandbox's state.
 func (m *Manager) Exec(ctx context.Context, ref string, o ExecOptions) (agentproto.ExitStatus, error) {
 	if len(o.Argv) == 0 {

@@ -16,6 +16,7 @@ import (
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/disk"
+	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/vmm"
@@ -454,6 +455,12 @@ func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOpti
 			data, _ := json.MarshalIndent(man, "", "  ")
 			if err := fsx.WriteFile(string(m.Root), filepath.Join(dir, "manifest.json"), data, 0o600); err != nil {
 				return nil, err
+			}
+			// The VMM's files are not synced by the VMM (CH never syncs
+			// them): a snapshot is journaled only once all of it, and its
+			// entry in the sandbox's snapshots directory, are durable.
+			if err := durable.SyncDirFiles(dir); err != nil {
+				return nil, fmt.Errorf("snapshot %s: %w", snap, err)
 			}
 			ps := []events.Payload{events.SnapshotTakenEvent{SnapshotID: snap, Dir: r, AllocatedBytes: allocated}}
 			if parent := m.res(events.KindSnapshot, m.Root.SnapshotsOf(sb.ID)); !sb.Owns(parent.Path) {

@@ -127,6 +127,17 @@ type Manager struct {
 	// Notice, if set, tells the operator something that did not fail the
 	// command but changes what comes next (a stop without a flush).
 	Notice func(msg string)
+	// ReadyTimeout bounds how long exec and cp wait for a sandbox that is
+	// not Ready yet (0: DefaultReadyTimeout).
+	ReadyTimeout time.Duration
+	// Status, if set, tells the operator what a command is waiting for.
+	Status func(msg string)
+}
+
+func (m *Manager) status(format string, args ...any) {
+	if m.Status != nil {
+		m.Status(fmt.Sprintf(format, args...))
+	}
 }
 
 func (m *Manager) notice(format string, args ...any) {

@@ -6,12 +6,19 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 )
 
-// Condition types and reasons an exit sets.
+// Condition types, and the reasons an exit or a readiness wait sets.
 const (
 	ConditionReady      = "Ready"
 	ConditionSupervisor = "Supervisor"
 	ReasonVMMExited     = "VMMExited"
 	ReasonSupExited     = "SupervisorExited"
+	// ReasonAgentNotReady: the guest agent did not answer in time; the
+	// sandbox runs on (sandbox.not_ready).
+	ReasonAgentNotReady = "AgentNotReady"
+	// ReasonBooting and ReasonNotRunning are Readiness's answers for a
+	// sandbox without a Ready=False condition: they are never journaled.
+	ReasonBooting    = "Booting"
+	ReasonNotRunning = "NotRunning"
 )
 
 // Role names which recorded process of a sandbox ended.

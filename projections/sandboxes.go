@@ -85,6 +85,11 @@ type Sandbox struct {
 	// Rev is the sequence of the last event about this sandbox (any event
 	// carrying its id): the entity sequence a decision expects (core.Expect).
 	Rev uint64 `msgpack:"rev"`
+	// BootAt is when the last run's VMM answered (sandbox.started), and
+	// ReadyAt when that run's guest became Ready (sandbox.ready; zero:
+	// not yet). IsReady says whether the sandbox is Ready now.
+	BootAt  time.Time `msgpack:"boot_at,omitempty"`
+	ReadyAt time.Time `msgpack:"ready_at,omitempty"`
 }
 
 // Sandboxes is every sandbox that exists or is being created. Removed
@@ -424,6 +429,18 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		sb.VMM = &Process{Pid: p.VMMPid, StartTicks: p.VMMStart}
 		sb.LastRun = p.RunMarker
 		sb.Conditions = nil
+		sb.BootAt, sb.ReadyAt = e.Time, time.Time{}
+	case events.SandboxReadyEvent:
+		// Only the current run's guest can be Ready; a late report of an
+		// older run, or of one that ended, says nothing about this one.
+		if sb.currentRun(p.Run) {
+			sb.ReadyAt = e.Time
+			sb.dropCondition(ConditionReady)
+		}
+	case events.SandboxNotReadyEvent:
+		if sb.currentRun(p.Run) && sb.ReadyAt.IsZero() {
+			sb.setCondition(Condition{Type: ConditionReady, Status: "False", Reason: p.Reason, Message: p.Message})
+		}
 	case events.SandboxStoppedEvent:
 		sb.State = StateStopped
 		sb.VMM = nil
@@ -473,6 +490,36 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		}
 	}
 	touch()
+}
+
+// currentRun says whether run is the sandbox's running run.
+func (sb *Sandbox) currentRun(run string) bool {
+	return sb.State == StateRunning && sb.VMM != nil && !sb.VMM.Exited && run == sb.LastRun
+}
+
+// IsReady says whether the sandbox is Ready: running, and its current
+// run's guest reported Ready (its agent answered, or, booted without
+// one, its VMM runs).
+func (sb Sandbox) IsReady() bool {
+	return sb.currentRun(sb.LastRun) && !sb.ReadyAt.IsZero()
+}
+
+// Readiness is IsReady with, when not Ready, why: the Ready=False
+// condition's reason (AgentNotReady, VMMExited, ...), ReasonBooting for a
+// running guest not Ready yet, else ReasonNotRunning.
+func (sb Sandbox) Readiness() (bool, string) {
+	if sb.IsReady() {
+		return true, ""
+	}
+	for _, c := range sb.Conditions {
+		if c.Type == ConditionReady && c.Status == "False" {
+			return false, c.Reason
+		}
+	}
+	if sb.currentRun(sb.LastRun) {
+		return false, ReasonBooting
+	}
+	return false, ReasonNotRunning
 }
 
 // dropSnapshot forgets snapshot id (its directory, snapshots/<sandbox>/<id>,
@@ -543,7 +590,7 @@ func DecodeSandbox(data []byte) (*Sandbox, error) {
 	if err := events.StrictUnmarshal(data, &sb); err != nil {
 		return nil, err
 	}
-	sb.CreatedAt, sb.UpdatedAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC()
+	sb.CreatedAt, sb.UpdatedAt, sb.BootAt, sb.ReadyAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC(), sb.BootAt.UTC(), sb.ReadyAt.UTC()
 	return &sb, nil
 }
 
@@ -558,7 +605,7 @@ func (s *Sandboxes) UnmarshalState(seq uint64, data []byte) error {
 	}
 	byID := make(map[string]*Sandbox, len(list))
 	for _, sb := range list {
-		sb.CreatedAt, sb.UpdatedAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC()
+		sb.CreatedAt, sb.UpdatedAt, sb.BootAt, sb.ReadyAt = sb.CreatedAt.UTC(), sb.UpdatedAt.UTC(), sb.BootAt.UTC(), sb.ReadyAt.UTC()
 		byID[sb.ID] = sb
 	}
 	s.seq, s.byID, s.ids = seq, byID, nil

@@ -165,8 +165,45 @@ func applyCases() []applyCase {
 			want: func(sb *Sandbox) *Sandbox {
 				sb.State, sb.VMM, sb.LastRun, sb.Conditions = StateRunning, &Process{Pid: 101, StartTicks: 7}, "r1", nil
 				sb.Resources = append(sb.Resources, resSock)
+				sb.BootAt = applyAt
 				return touched(sb)
 			}},
+		{name: "started forgets the previous run's Ready",
+			given: func() *Sandbox {
+				sb := stoppedSB()
+				sb.BootAt, sb.ReadyAt = t0, t0
+				return sb
+			},
+			event: events.SandboxStartedEvent{Driver: "process", VMMPid: 101, VMMStart: 7, RunMarker: "r2"},
+			want: func(sb *Sandbox) *Sandbox {
+				sb.State, sb.VMM, sb.LastRun = StateRunning, &Process{Pid: 101, StartTicks: 7}, "r2"
+				sb.BootAt, sb.ReadyAt = applyAt, time.Time{}
+				return touched(sb)
+			}},
+		{name: "ready of the current run makes it Ready and drops AgentNotReady",
+			given: func() *Sandbox {
+				sb := runningSB()
+				sb.Conditions = []Condition{{Type: ConditionReady, Status: "False", Reason: ReasonAgentNotReady}}
+				return sb
+			},
+			event: events.SandboxReadyEvent{Run: "r1", By: "agent"},
+			want: func(sb *Sandbox) *Sandbox {
+				sb.ReadyAt, sb.Conditions = applyAt, nil
+				return touched(sb)
+			}},
+		touchOnly("ready of an older run changes nothing", runningSB, events.SandboxReadyEvent{Run: "r0", By: "agent"}),
+		touchOnly("ready of a stopped sandbox changes nothing", stoppedSB, events.SandboxReadyEvent{Run: "", By: "agent"}),
+		{name: "not ready of the current run says why", given: runningSB,
+			event: events.SandboxNotReadyEvent{Run: "r1", Reason: ReasonAgentNotReady, Message: "m"},
+			want: func(sb *Sandbox) *Sandbox {
+				sb.Conditions = []Condition{{Type: ConditionReady, Status: "False", Reason: ReasonAgentNotReady, Message: "m"}}
+				return touched(sb)
+			}},
+		touchOnly("not ready after ready changes nothing", func() *Sandbox {
+			sb := runningSB()
+			sb.ReadyAt = t0
+			return sb
+		}, events.SandboxNotReadyEvent{Run: "r1", Reason: ReasonAgentNotReady}),
 		{name: "started of an unseen sandbox adds nothing", given: none,
 			event: events.SandboxStartedEvent{VMMPid: 101, Sockets: []events.Resource{resSock}}, want: unchanged},
 		{name: "stopped drops the VMM and keeps every resource", given: runningSB,
@@ -521,4 +558,34 @@ func TestPathOwnerIsTheRuleOverTheList(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Readiness is what inspect, ls and --json show: Ready only for the
+// running run that reported it, else why not.
+func TestReadiness(t *testing.T) {
+	ready := func() *Sandbox { sb := runningSB(); sb.ReadyAt = t0; return sb }
+	for _, c := range []struct {
+		name  string
+		sb    *Sandbox
+		ready bool
+		why   string
+	}{
+		{"running, reported Ready", ready(), true, ""},
+		{"running, not reported", runningSB(), false, ReasonBooting},
+		{"running, not Ready in time", func() *Sandbox {
+			sb := runningSB()
+			sb.Conditions = []Condition{{Type: ConditionReady, Status: "False", Reason: ReasonAgentNotReady}}
+			return sb
+		}(), false, ReasonAgentNotReady},
+		{"its VMM exited", func() *Sandbox {
+			sb := ready()
+			sb.vmmExited(events.ProcessExit{Pid: 101, StartTicks: 7, Status: events.ExitUnknown}, "")
+			return sb
+		}(), false, ReasonVMMExited},
+		{"stopped after a Ready run", func() *Sandbox { sb := stoppedSB(); sb.ReadyAt = t0; return sb }(), false, ReasonNotRunning},
+	} {
+		if ok, why := c.sb.Readiness(); ok != c.ready || why != c.why {
+			t.Errorf("%s: Readiness %v %q, want %v %q", c.name, ok, why, c.ready, c.why)
+		}
+	}
 }

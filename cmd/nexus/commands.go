@@ -487,10 +487,22 @@ func lsCmd(g *globals) *cobra.Command {
 func sandboxID(sb jsonSandbox) string { return sb.ID }
 
 var sandboxTable = table[jsonSandbox]{
-	header: []string{"ID", "HANDLE", "STATE", "IMAGE", "DRIVER", "CREATED"},
+	header: []string{"ID", "HANDLE", "STATE", "READY", "IMAGE", "DRIVER", "CREATED"},
 	row: func(sb jsonSandbox) []string {
-		return []string{sb.ID, sb.Handle, string(sb.State), sb.Image, sb.Driver, age(sb.CreatedAt)}
+		return []string{sb.ID, sb.Handle, string(sb.State), readyCell(sb), sb.Image, sb.Driver, age(sb.CreatedAt)}
 	},
+}
+
+// readyCell is the READY column: true, the reason a running sandbox is
+// not Ready, or empty (a dash) for one that does not run.
+func readyCell(sb jsonSandbox) string {
+	switch {
+	case sb.Ready:
+		return "true"
+	case sb.ReadyReason == projections.ReasonNotRunning:
+		return ""
+	}
+	return "false:" + sb.ReadyReason
 }
 
 func inspectCmd(g *globals) *cobra.Command {
@@ -561,6 +573,12 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 	}
 	if sb.Supervisor != nil {
 		fmt.Fprintf(tw, "Supervisor:\tpid %d (start %d)%s\n", sb.Supervisor.Pid, sb.Supervisor.StartTicks, exitedNote(sb.Supervisor))
+	}
+	switch ready, why := sb.Readiness(); {
+	case ready:
+		fmt.Fprintf(tw, "Ready:\tTrue (booted %s, Ready %s later)\n", sb.BootAt.UTC().Format(time.RFC3339Nano), sb.ReadyAt.Sub(sb.BootAt).Round(time.Millisecond))
+	default:
+		fmt.Fprintf(tw, "Ready:\tFalse reason=%s\n", why)
 	}
 	for _, v := range sb.Volumes {
 		fmt.Fprintf(tw, "Volume:\t%s at %s\n", v.Name, v.GuestPath)

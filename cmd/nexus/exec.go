@@ -8,6 +8,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
@@ -16,6 +17,7 @@ import (
 )
 
 func execCmd(g *globals) *cobra.Command {
+	var wait *time.Duration
 	var stdin, tty bool
 	var env []string
 	var workdir string
@@ -70,6 +72,7 @@ stdout); with -i -t on a local terminal, keys reach it as typed.`,
 			ctx := context.WithoutCancel(cmd.Context())
 			var st struct{ code, sig int }
 			err := withManager(ctx, g, func(m *lifecycle.Manager) error {
+				m.ReadyTimeout = *wait
 				s, err := m.Exec(ctx, args[0], o)
 				st.code, st.sig = s.Code, s.Signal
 				return err
@@ -96,11 +99,13 @@ stdout); with -i -t on a local terminal, keys reach it as typed.`,
 	c.Flags().BoolVarP(&tty, "tty", "t", false, "run the command on a terminal in the guest (stderr then arrives on stdout)")
 	c.Flags().StringArrayVar(&env, "env", nil, "K=V added to the command's environment (repeatable)")
 	c.Flags().StringVarP(&workdir, "workdir", "w", "", "the command's working directory in the guest")
+	wait = addExecWait(c)
 	return c
 }
 
 func cpCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var wait *time.Duration
+	c := &cobra.Command{
 		Use:   "cp ID:PATH LOCAL | LOCAL ID:PATH",
 		Short: "Copy one file out of or into a running sandbox's guest",
 		Long: `Copy one file out of or into a running sandbox's guest, through its agent.
@@ -118,6 +123,7 @@ out is published the same way on the host. Directories are refused.`,
 			}
 			ctx := cmd.Context()
 			return withManager(ctx, g, func(m *lifecycle.Manager) error {
+				m.ReadyTimeout = *wait
 				if sIn {
 					_, err := m.CopyOut(ctx, sref, spath, dst, cmd.OutOrStdout())
 					return err
@@ -127,4 +133,6 @@ out is published the same way on the host. Directories are refused.`,
 			})
 		},
 	}
+	wait = addExecWait(c)
+	return c
 }

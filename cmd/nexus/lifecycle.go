@@ -78,6 +78,7 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),
 			Notice: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg)) },
+			Status: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg)) },
 		})
 	}, nil
 }
@@ -103,6 +104,7 @@ func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
 }
 
 func createCmd(g *globals) *cobra.Command {
+	var ready *readyWait
 	var spec lifecycle.CreateSpec
 	var shadows, volumes []string
 	var journalKeptIn bool
@@ -164,10 +166,16 @@ func createCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
+				// A sandbox that is not Ready in time is kept, and printed.
+				sb, werr := ready.await(cmd.Context(), m, sb)
+				if err := printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) }); err != nil {
+					return err
+				}
+				return werr
 			})
 		},
 	}
+	ready = addReadyFlags(c)
 	c.Flags().StringVar(&spec.Image, "image", "", "OS disk image to copy (a regular file)")
 	c.Flags().StringVar(&spec.Handle, "handle", "", "human handle for the sandbox (unique)")
 	c.Flags().StringVar(&spec.Workspace, "workspace", "", "directory to build the workspace disk from")
@@ -183,6 +191,7 @@ func createCmd(g *globals) *cobra.Command {
 }
 
 func forkCmd(g *globals) *cobra.Command {
+	var ready *readyWait
 	spec := lifecycle.ForkSpec{Count: 1}
 	var o *output
 	var freezeTimeout time.Duration
@@ -204,6 +213,12 @@ func forkCmd(g *globals) *cobra.Command {
 				if err != nil && len(children) == 0 {
 					return err
 				}
+				var werr error
+				for i := range children {
+					var e error
+					children[i], e = ready.await(cmd.Context(), m, children[i])
+					werr = errors.Join(werr, e)
+				}
 				// Children made before a failure or an interruption are
 				// committed and kept: say which, then why the rest are not.
 				if perr := printResult(cmd, o, sandboxesJSON(children), sandboxIDs(children...), func() {
@@ -214,12 +229,13 @@ func forkCmd(g *globals) *cobra.Command {
 					return perr
 				}
 				if err != nil {
-					return fmt.Errorf("%d of %d children made and kept (printed above); the next was not: %w", len(children), spec.Count, err)
+					return errors.Join(fmt.Errorf("%d of %d children made and kept (printed above); the next was not: %w", len(children), spec.Count, err), werr)
 				}
-				return nil
+				return werr
 			})
 		},
 	}
+	ready = addReadyFlags(c)
 	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
 	c.Flags().StringVar(&spec.Handle, "handle", "", "human handle for the child (unique; with --count 1)")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
@@ -307,9 +323,15 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 
 func startCmd(g *globals) *cobra.Command {
 	var opt lifecycle.StartOptions
+	var ready *readyWait
 	c := simpleCmd(g, "start", "Boot stopped sandboxes (a running one is reported and left alone)", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
-		return m.StartWith(ctx, ref, opt)
+		sb, err := m.StartWith(ctx, ref, opt)
+		if err != nil {
+			return sb, err
+		}
+		return ready.await(ctx, m, sb)
 	})
+	ready = addReadyFlags(c)
 	c.Flags().BoolVar(&opt.AcceptUnflushed, "accept-unflushed", false, "prepare an overlay whose last run has no flush acknowledgement (replay its journal on a private copy, publish only after the checks)")
 	return c
 }
@@ -473,6 +495,7 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 }
 
 func restoreCmd(g *globals) *cobra.Command {
+	var ready *readyWait
 	var force bool
 	var handle string
 	var o *output
@@ -484,10 +507,15 @@ func restoreCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
+				sb, werr := ready.await(cmd.Context(), m, sb)
+				if err := printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) }); err != nil {
+					return err
+				}
+				return werr
 			})
 		},
 	}
+	ready = addReadyFlags(c)
 	c.Flags().BoolVar(&force, "force", false, "skip the disk-space preflight")
 	c.Flags().StringVar(&handle, "handle", "", "human handle for the new sandbox (unique)")
 	o = addOutput(c, true)

@@ -323,7 +323,13 @@ func TestQEMUGuestThatCannotBootSaysWhy(t *testing.T) {
 		t.Helper()
 		return nexusEnv(t, root, env, append([]string{"--driver", "qemu"}, args...)...)
 	}
-	id := strings.Fields(mustOK(t, qemu("create", "--image", makeImage(t)), "create").stdout)[0]
+	// create waits for Ready: a guest whose VMM ends first fails it,
+	// naming the console log, and the sandbox is kept.
+	r := qemu("create", "--image", makeImage(t))
+	if r.code != 1 || !strings.Contains(r.stderr, "exited before the guest was Ready") || !strings.Contains(r.stderr, "console.log") {
+		t.Fatalf("create of a guest that cannot boot: exit %d, stderr %q: want 1, its VMM exited, the console log named", r.code, r.stderr)
+	}
+	id := strings.Fields(r.stdout)[0]
 	testutil.WaitUntil(t, 60*time.Second, "the sandbox seen exited", func() bool {
 		for _, sb := range sandboxes(t, root) {
 			if sb.ID == id {

@@ -35,6 +35,12 @@ type jsonSandbox struct {
 	FlushedRun string            `json:"flushed_run,omitempty"`
 	Seq        uint64            `json:"seq"`
 	Rev        uint64            `json:"rev"`
+	// Ready, and when it is not, why (Booting, AgentNotReady, VMMExited,
+	// NotRunning, ...): projections.Sandbox.Readiness.
+	Ready       bool       `json:"ready"`
+	ReadyReason string     `json:"ready_reason,omitempty"`
+	BootAt      *time.Time `json:"boot_at,omitempty"`
+	ReadyAt     *time.Time `json:"ready_at,omitempty"`
 }
 
 // jsonBoot is how a sandbox boots besides its driver, as its record keeps
@@ -88,6 +94,8 @@ func sandboxJSON(sb projections.Sandbox) jsonSandbox {
 		Snapshots: sb.Snapshots, Resources: sb.Resources,
 		LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Seq: sb.Seq, Rev: sb.Rev,
 	}
+	out.Ready, out.ReadyReason = sb.Readiness()
+	out.BootAt, out.ReadyAt = timeOrNil(sb.BootAt), timeOrNil(sb.ReadyAt)
 	for _, v := range sb.Volumes {
 		out.Volumes = append(out.Volumes, jsonAttachment{Name: v.Name, GuestPath: v.GuestPath, ReadOnly: v.ReadOnly})
 	}
@@ -95,6 +103,13 @@ func sandboxJSON(sb projections.Sandbox) jsonSandbox {
 		out.Conditions = append(out.Conditions, jsonCondition{Type: c.Type, Status: c.Status, Reason: c.Reason, Message: c.Message})
 	}
 	return out
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 func processJSON(p *projections.Process) *jsonProcess {

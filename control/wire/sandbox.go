@@ -34,6 +34,8 @@ type Sandbox struct {
 	FlushedRun string            `json:"flushed_run,omitempty"`
 	Seq        uint64            `json:"seq"`
 	Rev        uint64            `json:"rev"`
+	BootAt     time.Time         `json:"boot_at,omitzero"`
+	ReadyAt    time.Time         `json:"ready_at,omitzero"`
 }
 
 // Process is projections.Process on the wire.
@@ -72,6 +74,7 @@ func SandboxOf(sb projections.Sandbox) Sandbox {
 	if p := sb.Supervisor; p != nil {
 		out.Supervisor = &Process{Pid: p.Pid, StartTicks: p.StartTicks, Exited: p.Exited}
 	}
+	out.BootAt, out.ReadyAt = sb.BootAt, sb.ReadyAt
 	out.Volumes = each(sb.Volumes, func(v projections.Attachment) Attachment {
 		return Attachment{Name: v.Name, GuestPath: v.GuestPath, ReadOnly: v.ReadOnly}
 	})
@@ -95,6 +98,7 @@ func (s Sandbox) View() projections.Sandbox {
 	if p := s.Supervisor; p != nil {
 		sb.Supervisor = &projections.Process{Pid: p.Pid, StartTicks: p.StartTicks, Exited: p.Exited}
 	}
+	sb.BootAt, sb.ReadyAt = s.BootAt, s.ReadyAt
 	sb.Volumes = each(s.Volumes, func(v Attachment) projections.Attachment {
 		return projections.Attachment{Name: v.Name, GuestPath: v.GuestPath, ReadOnly: v.ReadOnly}
 	})

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // SyncDir fsyncs a directory so the entries renamed into it survive power
@@ -64,4 +65,41 @@ func Publish(path string, perm os.FileMode, fill func(*os.File) error) error {
 		return err
 	}
 	return SyncDir(dir)
+}
+
+// SyncDirFiles makes a directory a VMM or a copy filled durable before it
+// is recorded: every regular file directly in dir is fsynced, then dir,
+// then its parent (which holds dir's own entry). The VMM that wrote some
+// of them may not have synced them (Cloud Hypervisor writes a snapshot's
+// files and never syncs them), so whoever journals the directory syncs
+// it. Links and other non-regular entries are not followed or synced.
+func SyncDirFiles(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("fsync %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if err := syncFile(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	if err := SyncDir(dir); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(dir))
+}
+
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("fsync %s: %w", path, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", path, err)
+	}
+	return nil
 }

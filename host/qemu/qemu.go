@@ -278,14 +278,6 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 	if err := s.vm.migrated(); err != nil {
 		return nil, failed("snapshot: %v", err)
 	}
-	f, err := os.OpenFile(mem, os.O_RDONLY, 0)
-	if err == nil {
-		err = f.Sync()
-		f.Close()
-	}
-	if err != nil {
-		return nil, failed("snapshot: %v", err)
-	}
 	return nil, nil
 }
 
@@ -389,16 +381,14 @@ func fileURLDir(r *http.Request, field string) (string, error) {
 	return dir, nil
 }
 
-// writeNew creates name exclusively (CH's snapshot files are) and syncs it.
+// writeNew creates name exclusively and leaves it unsynced, as CH does
+// its snapshot files: whoever records the snapshot syncs it.
 func writeNew(name string, data []byte) error {
 	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return err
 	}
 	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}

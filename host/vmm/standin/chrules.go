@@ -37,7 +37,8 @@ import (
 //   - snapshots (vmm/src/vm.rs, memory_manager.rs): config.json, state.json
 //     and memory-ranges, each created exclusively (O_EXCL) in a directory
 //     that must exist; memory-ranges is sized to the sum of the saved
-//     memory ranges and may be sparse. Restore reads all three.
+//     memory ranges and may be sparse. None is synced, nor the directory:
+//     whoever records a snapshot syncs it. Restore reads all three.
 //
 // One rule is stricter than CH: a restore whose configured device ids do
 // not match the saved device state is refused. CH would create fresh
@@ -323,7 +324,7 @@ type vmState struct {
 }
 
 // writeSnapshot writes CH's three snapshot files into dir, which must
-// exist; each is created exclusively, as CH does.
+// exist; each is created exclusively and left unsynced, as CH does.
 func writeSnapshot(dir string, vc *vmConfig, st vmState) error {
 	fi, err := os.Stat(dir)
 	if err != nil {
@@ -369,10 +370,7 @@ func writeSnapshot(dir string, vc *vmConfig, st vmState) error {
 	// wrote, as CH's sparse layout leaves them; the stand-in's guest has
 	// written its first page.
 	page := bytes.Repeat([]byte("nexus stand-in guest memory\n"), 4096/28+1)[:4096]
-	if err := createExclusive(filepath.Join(dir, vmm.SnapshotMemoryFile), page, int64(mem.MemoryRanges[0].Length)); err != nil {
-		return err
-	}
-	return syncDir(dir)
+	return createExclusive(filepath.Join(dir, vmm.SnapshotMemoryFile), page, int64(mem.MemoryRanges[0].Length))
 }
 
 func createExclusive(path string, data []byte, size int64) error {
@@ -390,20 +388,7 @@ func createExclusive(path string, data []byte, size int64) error {
 		f.Close()
 		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
 	return f.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // readSnapshot reads what CH's vm.restore reads: the configuration, the
