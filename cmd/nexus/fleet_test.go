@@ -229,7 +229,7 @@ func TestDaemonRefusesAnotherHostsName(t *testing.T) {
 // TestDaemonRefusesAnotherHostsNameWheneverItJoins: daemons of one host
 // name join a fleet at offsets around the first one's mirror creation:
 // before its link is up, while it is linked but the mirror not yet made,
-// as the mirror appears, and after its first report into the mirror. Two
+// as the mirror appears, and after its first report (its report stream). Two
 // daemons starting before the name is taken race for it fairly, so the
 // rule held is: of the daemons of one name on a fleet, the one whose
 // identity the mirror holds serves, and every other exits 1 with the
@@ -250,6 +250,9 @@ func TestDaemonRefusesAnotherHostsNameWheneverItJoins(t *testing.T) {
 		})
 	}
 }
+
+// hostAReport is the stream host-a's reports go to.
+var hostAReport = fleet.ReportStream("host-a")
 
 // nameRace is one round: a fleet, a first daemon and ten more of its
 // name, each offset moved later by shift.
@@ -314,8 +317,10 @@ func nameRace(t *testing.T, shift time.Duration) {
 	// The owner reports its journal's last sequence on its first check
 	// after creating the mirror.
 	when("the owner's first report", func() bool {
-		m := mirror()
-		return m != nil && m.Metadata["nexus_journal_last_seq"] != ""
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, hostAReport)
+		return err == nil && s.CachedInfo().State.Msgs > 0
 	})
 	join("as the first report appeared")
 	time.Sleep(shift)
