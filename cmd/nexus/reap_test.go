@@ -327,6 +327,10 @@ func TestReapFilters(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
 	root := shortRoot(t)
+	// A daemon that starts after the planting would finish the planted
+	// create intent itself (as it starts, it retires intents of creates
+	// that never started); the filters are what is under test here.
+	testutil.StartDaemon(t, nexusBin, root)
 	a, plantedA := orphansOf(t, root)
 	b := ulid.Make().String()
 	old := filepath.Join(root, "disks", b+".raw")

@@ -86,7 +86,7 @@ func TestIDPrefixAndHandleEverywhere(t *testing.T) {
 		}
 		types = append(types, f[2])
 	}
-	if want := "sandbox.created,sandbox.started,snapshot.taken,sandbox.stopped,sandbox.removed"; strings.Join(types, ",") != want || all <= 2*len(story) {
+	if want := "sandbox.created,sandbox.started,sandbox.ready,snapshot.taken,sandbox.stopped,sandbox.removed"; strings.Join(types, ",") != want || all <= 2*len(story) {
 		t.Fatalf("events --sandbox web: %v (of %d with --all), want %s", types, all, want)
 	}
 }

@@ -88,11 +88,13 @@ func (j *Journal) checkSpace(reserve bool) error {
 	return &SpaceError{Mount: mountPoint(j.dir), Path: j.dir, Free: free, Need: need, Floor: j.space.Floor}
 }
 
+const jetStreamDisabled = "JetStream is disabled"
+
 // storeFailure reports why JetStream no longer takes writes, or "" if it
 // does: JetStream shut down, or the stream holding a write error.
 func (j *Journal) storeFailure() string {
 	if !j.srv.JetStreamEnabled() {
-		return "JetStream is disabled"
+		return jetStreamDisabled
 	}
 	h := j.srv.Healthz(&server.HealthzOptions{Account: account, Stream: StreamName})
 	if h == nil || h.Error == "" {
@@ -109,6 +111,8 @@ const storeProbeInterval = 100 * time.Millisecond
 // context that ends when ctx does, after slowHostTimeout when ctx sets no
 // deadline, or as soon as the store reports a failed write: a failed store
 // never answers until it is reopened, while a slow one only needs time.
+// Only a write error (or JetStream shut down) ends the wait: the health
+// check's other complaints come and go on a busy server.
 func (j *Journal) awaitAnswer(ctx context.Context, publish func(context.Context) error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -125,7 +129,7 @@ func (j *Journal) awaitAnswer(ctx context.Context, publish func(context.Context)
 		case err := <-done:
 			return err
 		case <-probe.C:
-			if j.storeFailure() != "" {
+			if cause := j.storeFailure(); strings.Contains(cause, "write error") || cause == jetStreamDisabled {
 				cancel()
 				return <-done
 			}
