@@ -365,9 +365,9 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// eventNames names the sandboxes of printed events: a handle the event
-// itself gives, else the sandbox's as the backend knows it (looked up
-// once per sandbox), else its ID.
+// eventNames names the sandboxes of printed events: the handle the event
+// that made the sandbox gave, else the sandbox's as the backend knows it
+// (looked up once per sandbox), else its ID.
 type eventNames struct {
 	b       control.Backend
 	handles map[string]string // sandbox ID -> handle, "" for none
@@ -377,8 +377,11 @@ func (n eventNames) of(ctx context.Context, e events.Event) string {
 	if e.Sandbox == "" {
 		return "-"
 	}
-	if h := events.HandleOf(e); h != "" {
-		n.handles[e.Sandbox] = h
+	switch e.Type {
+	case events.SandboxCreated, events.SandboxForked, events.SandboxRestored:
+		// The event that makes a sandbox gives its handle, or none: a
+		// read from the start looks no sandbox up.
+		n.handles[e.Sandbox] = events.HandleOf(e)
 	}
 	h, known := n.handles[e.Sandbox]
 	if !known {
