@@ -195,7 +195,10 @@ func fleetFromConfig(cmd *cobra.Command, g *globals, m *fleet.Mirror, maxBytes *
 	}
 	cfg, err := loadConfig(root)
 	if err != nil || len(cfg.Fleet.URLs) == 0 {
-		return nil, err
+		// A file nexus cannot use refuses only the commands that read
+		// their settings from it, which say why; the daemon serves them
+		// all.
+		return nil, nil
 	}
 	f := cfg.Fleet
 	for flag, set := range map[string]func(){

@@ -439,7 +439,9 @@ func TestBadConfigBlocksOnlyItsReaders(t *testing.T) {
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mb = 64\n"), 0o600)
+	stopDaemons(root) // the next command starts a daemon under the broken file
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop under a broken config")
+	mustOK(t, nexus(t, root, "daemon", "status"), "a daemon started under a broken config")
 	wantFailure(t, proc(t, root, "start", sb.ID), 1, "unknown key vm.overlay_disk_mb")
 	wantFailure(t, proc(t, root, "fork", sb.ID), 1, "unknown key vm.overlay_disk_mb")
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot under a broken config")
