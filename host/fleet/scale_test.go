@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // fleetBurst links hosts nexus hosts to a 3-node cluster run from the
@@ -47,7 +48,7 @@ func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 	}
 	start := time.Now()
 	burst = start.Sub(began)
-	deadline := start.Add(2 * time.Minute)
+	deadline := start.Add(testutil.Scale(2 * time.Minute))
 	for _, m := range ms {
 		for {
 			leaves := 0
@@ -64,7 +65,7 @@ func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 				break
 			}
 			if time.Now().After(deadline) {
-				tb.Fatalf("%s not current after 2 min (%v)", m.StreamName(), err)
+				tb.Fatalf("%s not current after %v (%v)", m.StreamName(), testutil.Scale(2*time.Minute), err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
