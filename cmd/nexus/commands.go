@@ -362,7 +362,8 @@ func plainFields(object []byte) string {
 	return strings.Join(out, " ")
 }
 
-// isTerminal says w is a terminal, where a stream of lines gets a header.
+// isTerminal says w is a terminal: the daemon's log is text there, and a
+// stream of events gets a header.
 func isTerminal(w io.Writer) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))

@@ -6,8 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-
-	"golang.org/x/term"
 )
 
 // daemonLogger is the daemon's structured log: key=value text for a person
@@ -22,7 +20,7 @@ func daemonLogger(w io.Writer) (*slog.Logger, error) {
 		}
 	}
 	opts := &slog.HandlerOptions{Level: level}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if isTerminal(w) {
 		return slog.New(slog.NewTextHandler(w, opts)), nil
 	}
 	return slog.New(slog.NewJSONHandler(w, opts)), nil
