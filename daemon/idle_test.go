@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -104,7 +105,7 @@ func TestRetire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := b.(control.Local); !ok {
+	if _, ok := b.(local.Backend); !ok {
 		t.Fatalf("exclusive connect beside an on-demand daemon gave %T", b)
 	}
 	b.Close()

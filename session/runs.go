@@ -102,7 +102,7 @@ func (a SweepActions) finishStranded(ctx context.Context, id string) error {
 		if sg.Sandbox != id {
 			continue
 		}
-		if _, local := a.m.B.(control.Local); !local {
+		if _, remote := a.m.B.(*control.Client); remote {
 			return fmt.Errorf("sandbox %s has an unfinished %s saga and a daemon serves the state root: run `nexus recover`", id, sg.Kind)
 		}
 		if _, err := a.m.Recover(ctx); err != nil {

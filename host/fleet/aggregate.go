@@ -9,16 +9,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
-// AggregateStream is the fleet's aggregate: one stream in the auditors'
-// account sourced from every host's mirror, so the fleet reads as one
-// journal. No host name maps to it: MirrorStream never makes a '-'.
-const AggregateStream = "NEXUS-FLEET"
+// AggregateStream is the fleet's aggregate (fleetstate.AggregateStream).
+const AggregateStream = fleetstate.AggregateStream
 
 // aggregateDeliver is where a host account delivers its mirror's messages
 // to the aggregate's source (exported to the auditors' account only).

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
@@ -717,22 +719,8 @@ func (m *Mirror) Status() (ok bool, lastErr string) {
 	return r.set, ""
 }
 
-// Rejected is a record a reader skipped and reports: one that does not
-// match the stream it was read from (another host's subject, no or a
-// wrong source, a sequence not its host's, undecodable data).
-type Rejected struct {
-	Stream  string `json:"stream"`
-	Seq     uint64 `json:"seq"` // in Stream
-	Subject string `json:"subject"`
-	Reason  string `json:"reason"`
-}
-
-func (r Rejected) String() string {
-	if r.Subject == "" {
-		return fmt.Sprintf("%s sequence %d: %s", r.Stream, r.Seq, r.Reason)
-	}
-	return fmt.Sprintf("%s sequence %d (%s): %s", r.Stream, r.Seq, r.Subject, r.Reason)
-}
+// Rejected is a record a read skipped (fleetstate.Rejected).
+type Rejected = fleetstate.Rejected
 
 // ReadMirror reads every record of a mirror stream on the fleet (or any
 // JetStream holding nexus events) at natsURL, in order, for replay. It only

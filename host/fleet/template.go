@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 )
 
 // Template is what `nexus fleet template` prints: the accounts block a
@@ -73,10 +75,8 @@ func hostAllowed(host, domain string) []string {
 }
 
 // AuditAPIPrefix is the JetStream API prefix auditors use
-// (jetstream.NewWithAPIPrefix, natscli --js-api-prefix). The imports land
-// there, not on $JS.API, where the audit account's own JetStream would
-// answer the same request first.
-const AuditAPIPrefix = "$NEXUS.AUDIT.API"
+// (fleetstate.AuditAPIPrefix).
+const AuditAPIPrefix = fleetstate.AuditAPIPrefix
 
 // OperatorAPIPrefix is where the operator reaches the requests that
 // repair a host's mirror and report (update, delete), imported from each
