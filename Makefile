@@ -3,6 +3,9 @@
 
 GO        ?= go
 BIN       := bin/nexus
+# nexusd, the daemon's binary (cmd/nexus built with -tags nexusd): the CLI
+# finds it beside itself.
+DAEMON    := bin/nexusd
 AGENT     := bin/nexus-agent
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
@@ -47,6 +50,7 @@ setup-test: setup-fast
 
 build:
 	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(BIN) ./cmd/nexus
+	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -tags nexusd -o $(DAEMON) ./cmd/nexus
 	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(AGENT) ./cmd/nexus-agent
 
 # Installs as a system's tools are: the binaries, a man page per command
@@ -57,7 +61,7 @@ install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
 	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
-	install -m 0755 $(BIN) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN) $(DAEMON) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
 	$(BIN) docs man $(DESTDIR)$(PREFIX)/share/man/man1 >/dev/null
 	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nexus
 	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nexus
@@ -94,6 +98,7 @@ demo: setup build
 # or the kernel is missing.
 test: setup-test
 	$(GO) vet ./...
+	$(GO) vet -tags nexusd ./cmd/nexus
 	NEXUS_REQUIRE_QEMU=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 # The unit tests, for the edit-test loop (under a minute): every package

@@ -55,7 +55,7 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 	if err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
+	exe, err := daemonBinary()
 	if err != nil {
 		return nil, err
 	}

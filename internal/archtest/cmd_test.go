@@ -4,6 +4,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -19,13 +20,12 @@ import (
 // listed here. An entry that no file imports any more fails the test, so
 // it goes with the import it allowed.
 var cmdNexusImports = map[string]string{
-	"audit":              "replay's journal copy, mirror read and state-root scan",
 	"client":             "the run id variable a client sets",
-	"control":            "connecting to a state root, journal repair, the errors that map to exit codes",
+	"control":            "connecting to a state root, the errors that map to exit codes",
 	"control/wire":       "the daemon status it prints",
-	"daemon":             "nexus daemon",
 	"events":             "the events it prints and the query it parses",
 	"host/driver":        "driver names, flags and defaults",
+	"host/fleetstate":    "the fleet mirror's state, records skipped and names it prints",
 	"host/initramfs":     "nexus guest initramfs builds one",
 	"host/ledger":        "the run outcomes it prints",
 	"host/qemu":          "nexus vmm-qemu is the qemu driver's VMM",
@@ -41,11 +41,25 @@ var cmdNexusImports = map[string]string{
 	"session":            "run, ledger sweeps and reap",
 }
 
-// cmdNexusFleetFiles may import host/fleet, and only they: mirror flags,
-// fleet status and template, fleet reads. The fleet commands dial the
+// cmdNexusdImports are what the files of nexusd alone (-tags nexusd: a
+// name ending _nexusd.go, or nexusd.go) may import besides: the daemon,
+// the store opened in process and the journal and fleet readers, which
+// the CLI never links (TestCLILinksNoStore).
+var cmdNexusdImports = map[string]string{
+	"audit":         "replay's journal copy, mirror read and state-root scan",
+	"control/local": "the store opened in process, journal repair",
+	"daemon":        "nexus daemon",
+}
+
+// cmdNexusFleetFiles may import host/fleet, and only they (nexusd's): the
+// mirror flags, fleet template, fleet reads. The fleet commands dial the
 // fleet through that adapter until they have a command-facing package of
 // their own; host/journal, like the store, cmd/nexus never imports.
-var cmdNexusFleetFiles = []string{"commands.go", "fleet.go", "fleetread.go"}
+var cmdNexusFleetFiles = []string{"daemon_nexusd.go", "fleet_nexusd.go", "fleetread_nexusd.go"}
+
+func nexusdFile(name string) bool {
+	return name == "nexusd.go" || strings.HasSuffix(name, "_nexusd.go")
+}
 
 // cmdNexusImportsOf lists, file by file, the nexus packages cmd/nexus's
 // code imports (test files aside), under every build tag: the files are
@@ -100,9 +114,15 @@ func TestCmdNexusImportsOnlyCommandFacingPackages(t *testing.T) {
 				if !slices.Contains(cmdNexusFleetFiles, name) {
 					t.Errorf("cmd/nexus/%s imports host/fleet: only the fleet commands' files may", name)
 				}
+			case nexusdFile(name) && cmdNexusdImports[pkg] != "":
 			case cmdNexusImports[pkg] == "":
 				t.Errorf("cmd/nexus/%s imports %s: cmd/nexus parses, calls one command-facing package and prints; move what needs %s behind one", name, pkg, pkg)
 			}
+		}
+	}
+	for pkg := range cmdNexusdImports {
+		if !used[pkg] {
+			t.Errorf("cmd/nexus no longer imports %s: drop it from cmdNexusdImports", pkg)
 		}
 	}
 	for pkg := range cmdNexusImports {
@@ -110,4 +130,39 @@ func TestCmdNexusImportsOnlyCommandFacingPackages(t *testing.T) {
 			t.Errorf("cmd/nexus no longer imports %s: drop it from cmdNexusImports", pkg)
 		}
 	}
+}
+
+// TestCLILinksNoStore: the CLI (cmd/nexus built without -tags nexusd)
+// links no store, journal, daemon, fleet adapter or nats-server, whose
+// package initialisation every command would pay; nexusd links them, so
+// the check is not blind.
+func TestCLILinksNoStore(t *testing.T) {
+	banned := []string{module + "store", module + "host/journal", module + "daemon", module + "control/local", module + "host/fleet", module + "audit", "github.com/nats-io/nats-server/"}
+	for _, tags := range []string{"", "nexustest"} {
+		deps := goListDeps(t, tags)
+		for _, d := range deps {
+			for _, b := range banned {
+				if d == b || strings.HasSuffix(b, "/") && strings.HasPrefix(d, b) {
+					t.Errorf("cmd/nexus (tags %q) links %s", tags, d)
+				}
+			}
+		}
+	}
+	deps := goListDeps(t, "nexusd")
+	for _, want := range []string{module + "store", module + "daemon", "github.com/nats-io/nats-server/v2/server"} {
+		if !slices.Contains(deps, want) {
+			t.Errorf("nexusd (cmd/nexus -tags nexusd) does not link %s: the check above is blind", want)
+		}
+	}
+}
+
+func goListDeps(t *testing.T, tags string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-tags", tags, "-deps", "./cmd/nexus")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -tags %q -deps ./cmd/nexus: %v", tags, err)
+	}
+	return strings.Fields(string(out))
 }
