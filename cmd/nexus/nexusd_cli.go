@@ -16,6 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/host/driver"
+	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -100,4 +102,19 @@ func readJournal(context.Context, *globals, *replayFlags) ([]replay.Record, erro
 
 func diffRoot(string, []replay.Record) (replay.Divergence, error) {
 	return replay.Divergence{}, execNexusd()
+}
+
+func buildInitramfs(*cobra.Command, string, initramfsFlags) error { return execNexusd() }
+
+func writeManPages(*cobra.Command, string) error { return execNexusd() }
+
+// The sandboxes' processes (hidden_nexusd.go) run from nexusd: their
+// names here hand a command line given to the CLI over to it.
+func vmmProcessCmd() *cobra.Command { return inNexusdOnly(driver.ProcessCommand) }
+func vmmQEMUCmd() *cobra.Command    { return inNexusdOnly(driver.QEMUCommand) }
+func supervisorCmd() *cobra.Command { return inNexusdOnly(supervisor.Command) }
+
+func inNexusdOnly(use string) *cobra.Command {
+	return &cobra.Command{Use: use, Hidden: true, DisableFlagParsing: true,
+		RunE: func(*cobra.Command, []string) error { return execNexusd() }}
 }

@@ -26,11 +26,8 @@ var cmdNexusImports = map[string]string{
 	"events":             "the events it prints and the query it parses",
 	"host/driver":        "driver names, flags and defaults",
 	"host/fleetstate":    "the fleet mirror's state, records skipped and names it prints",
-	"host/initramfs":     "nexus guest initramfs builds one",
 	"host/ledger":        "the run outcomes it prints",
-	"host/qemu":          "nexus vmm-qemu is the qemu driver's VMM",
-	"host/supervisor":    "the hidden supervisor command is the supervisor",
-	"host/vmm/standin":   "nexus vmm-process is the process driver's VMM",
+	"host/supervisor":    "the supervisor command's name; nexusd's hidden command is the supervisor",
 	"internal/testhooks": "failure injection, in a -tags nexustest build only",
 	"layout":             "run and sandbox ids checked at parse time",
 	"ledger":             "the sweep's caller and verdicts",
@@ -46,9 +43,12 @@ var cmdNexusImports = map[string]string{
 // the store opened in process and the journal and fleet readers, which
 // the CLI never links (TestCLILinksNoStore).
 var cmdNexusdImports = map[string]string{
-	"audit":         "replay's journal copy, mirror read and state-root scan",
-	"control/local": "the store opened in process, journal repair",
-	"daemon":        "nexus daemon",
+	"audit":            "replay's journal copy, mirror read and state-root scan",
+	"control/local":    "the store opened in process, journal repair",
+	"daemon":           "nexus daemon",
+	"host/initramfs":   "nexus guest initramfs builds one",
+	"host/qemu":        "vmm-qemu is the qemu driver's VMM",
+	"host/vmm/standin": "vmm-process is the process driver's VMM",
 }
 
 // cmdNexusFleetFiles may import host/fleet, and only they (nexusd's): the

@@ -1,3 +1,5 @@
+//go:build nexusd
+
 package main
 
 import (
