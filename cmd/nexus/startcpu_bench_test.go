@@ -27,7 +27,8 @@ func cpuOf(b *testing.B, env []string, bin string, args ...string) time.Duration
 // `nexus version`, and `nexus ls` on an empty root through its (already
 // started) daemon, each against a minimal Go program built in the same run,
 // interleaved per op. The ratios are the CPU of each over the minimal
-// program's.
+// program's. NEXUS_BENCH_OTHER_NEXUS names another nexus (an older build)
+// measured the same way in the same ops, on a root of its own.
 func BenchmarkCLIStartCPU(b *testing.B) {
 	dir := b.TempDir()
 	src := filepath.Join(dir, "main.go")
@@ -43,12 +44,22 @@ func BenchmarkCLIStartCPU(b *testing.B) {
 	env := []string{"NEXUS_STATE_DIR="}
 	// The first command starts the daemon; the ops measure the CLI alone.
 	cpuOf(b, env, nexusBin, "--state-dir", root, "ls")
-	var base, version, ls time.Duration
+	other := os.Getenv("NEXUS_BENCH_OTHER_NEXUS")
+	otherRoot := filepath.Join(dir, "other-root")
+	if other != "" {
+		stopDaemonsAtEnd(b, otherRoot)
+		cpuOf(b, env, other, "--state-dir", otherRoot, "ls")
+	}
+	var base, version, ls, otherVersion, otherLs time.Duration
 	b.ResetTimer()
 	for range b.N {
 		base += cpuOf(b, env, minimal)
 		version += cpuOf(b, env, nexusBin, "version")
 		ls += cpuOf(b, env, nexusBin, "--state-dir", root, "ls")
+		if other != "" {
+			otherVersion += cpuOf(b, env, other, "version")
+			otherLs += cpuOf(b, env, other, "--state-dir", otherRoot, "ls")
+		}
 	}
 	n := float64(b.N)
 	b.ReportMetric(float64(base.Microseconds())/n, "minimal-cpu-us")
@@ -56,4 +67,8 @@ func BenchmarkCLIStartCPU(b *testing.B) {
 	b.ReportMetric(float64(ls.Microseconds())/n, "ls-cpu-us")
 	b.ReportMetric(float64(version)/float64(base), "version/minimal")
 	b.ReportMetric(float64(ls)/float64(base), "ls/minimal")
+	if other != "" {
+		b.ReportMetric(float64(otherVersion)/float64(base), "other-version/minimal")
+		b.ReportMetric(float64(otherLs)/float64(base), "other-ls/minimal")
+	}
 }
