@@ -124,7 +124,7 @@ func TestRetiringDaemonServesItsClients(t *testing.T) {
 	defer b.Close()
 	owned := make(chan control.Backend, 1)
 	go func() {
-		o, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
+		o, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}, InProcess: local.InProcess{}})
 		if err != nil {
 			t.Error(err)
 		}

@@ -101,7 +101,7 @@ func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
 // store in process; a hand-started daemon is used as it is.
 func TestRetire(t *testing.T) {
 	root, done := runDaemon(t, daemon.Options{Auto: true})
-	b, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
+	b, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}, InProcess: local.InProcess{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ func TestRetire(t *testing.T) {
 	wantExit(t, done, "retired")
 
 	hand := startDaemon(t, "")
-	b, err = control.ConnectWith(context.Background(), hand.root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
+	b, err = control.ConnectWith(context.Background(), hand.root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}, InProcess: local.InProcess{}})
 	if err != nil {
 		t.Fatal(err)
 	}
