@@ -700,22 +700,25 @@ var volumeTable = table[projections.Volume]{
 }
 
 func logsCmd(g *globals) *cobra.Command {
-	var kind string
-	var follow bool
+	var opt lifecycle.LogOptions
 	c := &cobra.Command{
 		Use:   "logs ID|HANDLE",
 		Short: "Print a sandbox's console, VMM or supervisor log",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !slices.Contains(lifecycle.LogKinds, kind) {
-				return usageError{fmt.Errorf("--log %q: want one of %v", kind, lifecycle.LogKinds)}
+			if !slices.Contains(lifecycle.LogKinds, opt.Kind) {
+				return usageError{fmt.Errorf("--log %q: want one of %v", opt.Kind, lifecycle.LogKinds)}
+			}
+			if opt.Tail < 0 {
+				return usageError{fmt.Errorf("--tail %d: want a number of lines, 0 for all", opt.Tail)}
 			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				return m.Logs(cmd.Context(), args[0], kind, follow, cmd.OutOrStdout())
+				return m.Logs(cmd.Context(), args[0], opt, cmd.OutOrStdout())
 			})
 		},
 	}
-	c.Flags().StringVar(&kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
-	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
+	c.Flags().StringVar(&opt.Kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
+	c.Flags().IntVarP(&opt.Tail, "tail", "n", 0, "print only the last N lines (0: the whole log)")
+	c.Flags().BoolVarP(&opt.Follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
 	return c
 }
