@@ -160,6 +160,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				return nil, err
 			}
 			d, boot := m.bootOf(sb)
+			m.noticeHostGuest(sb)
 			c := vmm.NewClient(api)
 			if vm, err = m.launch(ctx, "VMM", d.Argv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err

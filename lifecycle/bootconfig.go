@@ -68,6 +68,17 @@ func (m *Manager) bootOf(sb projections.Sandbox) (driver.Driver, events.BootConf
 	return d, b
 }
 
+// HostGuestNotice is what a command that boots or reaches a sandbox of a
+// driver without a VM tells its operator (once per command: the notice is
+// the same for every such sandbox).
+const HostGuestNotice = "the process driver runs a sandbox's guest as a process on this host, not in a VM: exec and cp act on this host's files as the user nexus runs as"
+
+func (m *Manager) noticeHostGuest(sb projections.Sandbox) {
+	if d, _ := m.bootOf(sb); !d.IsolatesGuest() {
+		m.notice("%s", HostGuestNotice)
+	}
+}
+
 // bootable refuses cmd's boot of sb (its start, or a fork or restore child
 // of it) under a driver other than its record's (core.DecideDriver), or
 // under one this host cannot run, before anything is written.

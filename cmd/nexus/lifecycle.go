@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -67,6 +68,14 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		cfg = Config{} // this command reads no setting: defaults are never used
 	}
 	kernel, initramfs, cmdline := bootAssets(cfg)
+	warn := onceEach(func(msg string) {
+		if msg == lifecycle.HostGuestNotice && !isTerminal(os.Stderr) {
+			// A person's reminder: a script keeps its one-line errors
+			// and exec's stderr holds only the guest command's.
+			return
+		}
+		fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg))
+	})
 	return func(b control.Backend) (*lifecycle.Manager, error) {
 		return lifecycle.New(lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
@@ -77,10 +86,25 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),
-			Notice: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg)) },
+			Notice: warn,
 			Status: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg)) },
 		})
 	}, nil
+}
+
+// onceEach calls say once per distinct message: a command that boots or
+// reaches several sandboxes tells a notice that concerns them all once.
+func onceEach(say func(string)) func(string) {
+	var mu sync.Mutex
+	said := map[string]bool{}
+	return func(msg string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !said[msg] {
+			said[msg] = true
+			say(msg)
+		}
+	}
 }
 
 // printResult prints one command's result through the output layer; ids

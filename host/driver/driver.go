@@ -61,6 +61,11 @@ type Driver struct {
 // process driver boots none).
 func (d Driver) BootsKernel() bool { return d.Name != Process }
 
+// IsolatesGuest reports whether the driver's guest runs in a VM. The
+// process driver's "guest" is a process on this host: its commands run
+// with the host's files and the user nexus runs as.
+func (d Driver) IsolatesGuest() bool { return d.Name != Process }
+
 // Preflight refuses a driver that cannot boot anything, before any byte
 // of a sandbox is written.
 func (d Driver) Preflight() error {
