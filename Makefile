@@ -37,6 +37,7 @@ setup-test: setup-fast
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
 	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
 	command -v man >/dev/null 2>&1 || missing="$$missing man-db"; \
+	command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-socket-activate >/dev/null 2>&1 || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
@@ -55,6 +56,7 @@ PREFIX ?= /usr/local
 install: build install-files
 install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/lib/systemd/system \
 	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	install -m 0755 $(BIN) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
@@ -62,6 +64,8 @@ install-files:
 	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nexus
 	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nexus
 	$(BIN) completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/nexus.fish
+	install -m 0644 dist/systemd/nexus.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
+	sed 's#@BINDIR@#$(PREFIX)/bin#' dist/systemd/nexus.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/nexus.service
 
 # The main job on the embedded default journal, with the process driver.
 # The main job, for real with the process driver: a sandbox from a sparse

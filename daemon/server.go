@@ -150,6 +150,15 @@ func (cl *clients) stop(ln net.Listener, ifIdle time.Duration) bool {
 	return true
 }
 
+// listen takes the socket a service manager passed (socket activation),
+// or else binds its own.
+func listen(path string) (*unixsock.Listener, error) {
+	if ln, err := unixsock.Passed(path); ln != nil || err != nil {
+		return ln, err
+	}
+	return unixsock.Listen(path)
+}
+
 func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	// Holding the journal lock, we know any socket file there is a dead
 	// daemon's; Listen replaces it because it refuses connections.
@@ -157,7 +166,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
-	ln, err := unixsock.Listen(filepath.Join(n.Root(), wire.SocketName))
+	ln, err := listen(filepath.Join(n.Root(), wire.SocketName))
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
