@@ -280,7 +280,7 @@ func (f *templateFleet) attacker(t *testing.T, host string) *nats.Conn {
 // sequence, the only requests the template lets an auditor send.
 func auditorRead(t *testing.T, js jetstream.JetStream, stream string) (jetstream.StreamConfig, []string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(60*time.Second))
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -302,7 +302,7 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 	t.Helper()
 	deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(10*time.Second))
 		s, err := js.Stream(ctx, stream)
 		cancel()
 		if err == nil && s.CachedInfo().State.Msgs >= uint64(n) {
