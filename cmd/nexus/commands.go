@@ -169,6 +169,7 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
+	c.Flags().StringVar(&o.MetricsListen, "metrics-listen", "", "also serve the Prometheus metrics (always at /metrics on nexus.sock) on HOST:PORT")
 	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback (needs --tls-cert and --tls-key)")
 	c.Flags().StringVar(&tlsOpts.CertFile, "tls-cert", "", "PEM certificate of the --listen port (TLS only, with --tls-key)")
 	c.Flags().StringVar(&tlsOpts.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
