@@ -22,8 +22,8 @@ import (
 
 // A scrape of the daemon's metrics through nexus.sock during a
 // create/fork/rm run shows each saga counted as it ends and the sandboxes
-// by state and Ready as `ls` shows them; --metrics-listen serves the same
-// metrics over TCP.
+// by state and Ready as `ls` shows them; `nexus daemon metrics` prints
+// them, and --metrics-listen serves the same metrics over TCP.
 func TestMetricsFollowSagasAndSandboxes(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
@@ -93,6 +93,9 @@ func TestMetricsFollowSagasAndSandboxes(t *testing.T) {
 		t.Errorf("journal and append metrics missing:\n%s", dumpSeries(got, "nexus_"))
 	}
 
+	if out := mustOK(t, nexus(t, root, "daemon", "metrics"), "daemon metrics").stdout; !strings.Contains(out, removed+" 1\n") {
+		t.Errorf("nexus daemon metrics does not count the rm:\n%s", out)
+	}
 	tcp := scrape(t, http.DefaultClient, url)
 	for _, series := range []string{created, forked, removed} {
 		if tcp[series] != got[series] {
