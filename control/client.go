@@ -337,6 +337,24 @@ func (c *Client) Stats(ctx context.Context) (wire.Stats, error) {
 	return st, err
 }
 
+// Metrics copies the daemon's Prometheus metrics, as it serves them, to w.
+func (c *Client) Metrics(ctx context.Context, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+wire.PathMetrics, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon: %s: %s", wire.PathMetrics, resp.Status)
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
 // Mirror asks the daemon for its fleet mirror's state (nil: none).
 func (c *Client) Mirror(ctx context.Context) (*fleet.MirrorState, error) {
 	var out wire.MirrorAnswer

@@ -51,6 +51,8 @@ type serveOptions struct {
 	mirror *fleet.Mirror
 	// log says why serving ended (nil: not said).
 	log *slog.Logger
+	// metrics are served at wire.PathMetrics (nil: not served).
+	metrics *metrics
 }
 
 // clients counts the open connections. A command keeps its connection for
@@ -182,7 +184,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	streams := &streamSet{}
 	defer streams.closeAll()
 	srv := &http.Server{
-		Handler:     handler(n, self, o.auto, o.mirror, retire, fs, cl, streams),
+		Handler:     handler(n, self, o.auto, o.mirror, o.metrics, retire, fs, cl, streams),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -278,8 +280,11 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m *metrics, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
+	if m != nil {
+		mux.Handle("GET "+wire.PathMetrics, m.handler())
+	}
 	local := control.Local{Store: n}
 	var served, most atomic.Int64
 	count := func(n int) {

@@ -31,7 +31,7 @@ const storeFile = "sandboxes.db"
 
 // storeFormat is the version of the store's layout and records. A store of
 // another format is rebuilt from the journal, never read.
-const storeFormat = 2
+const storeFormat = 3
 
 var (
 	bucketMeta    = []byte("meta")
@@ -42,6 +42,8 @@ var (
 	bucketOwners  = []byte("owners")    // resource path
 	bucketSnaps   = []byte("snapshots") // snapshot ID
 	bucketProcs   = []byte("processes") // "" for each sandbox that records a process (HasProcess)
+	// bucketStates counts the records by state: StateKey.bytes → u64.
+	bucketStates = []byte("states")
 
 	// retiredBuckets are older formats' buckets, dropped when the store is rebuilt.
 	retiredBuckets = [][]byte{[]byte("live")}
@@ -214,6 +216,9 @@ func (s *sandboxStore) write(pos storePosition, changed map[string]*projections.
 				if err := indexRecord(tx, old, (*bolt.Bucket).Delete); err != nil {
 					return err
 				}
+				if err := addState(tx, StateOf(old), -1); err != nil {
+					return err
+				}
 				count--
 			}
 			if sb == nil {
@@ -249,7 +254,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs}, retiredBuckets...) {
+		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketStates}, retiredBuckets...) {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
@@ -269,7 +274,7 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketRecords} {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketStates, bucketRecords} {
 		b, err := tx.CreateBucketIfNotExists(name)
 		if err != nil {
 			return nil, err
@@ -296,6 +301,9 @@ func putRecord(tx *bolt.Tx, b *bolt.Bucket, sb *projections.Sandbox) error {
 		return err
 	}
 	if err := b.Put([]byte(sb.ID), data); err != nil {
+		return err
+	}
+	if err := addState(tx, StateOf(sb), 1); err != nil {
 		return err
 	}
 	return indexRecord(tx, sb, func(b *bolt.Bucket, k []byte) error { return b.Put(k, nil) })
@@ -340,4 +348,66 @@ func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []b
 		return entry(bucketProcs, "")
 	}
 	return nil
+}
+
+// StateKey is what the sandboxes are counted by: state, and Ready.
+type StateKey struct {
+	State projections.State
+	Ready bool
+}
+
+// StateOf is sb's StateKey.
+func StateOf(sb *projections.Sandbox) StateKey {
+	return StateKey{State: sb.State, Ready: sb.IsReady()}
+}
+
+func (k StateKey) bytes() []byte {
+	r := byte('0')
+	if k.Ready {
+		r = '1'
+	}
+	return append(append([]byte(k.State), 0), r)
+}
+
+func parseStateKey(b []byte) (StateKey, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 || len(b) != i+2 {
+		return StateKey{}, false
+	}
+	return StateKey{State: projections.State(b[:i]), Ready: b[i+1] == '1'}, true
+}
+
+// addState moves the count of records in state k by d.
+func addState(tx *bolt.Tx, k StateKey, d int64) error {
+	b := tx.Bucket(bucketStates)
+	key := k.bytes()
+	var c uint64
+	if v := b.Get(key); len(v) == 8 {
+		c = binary.BigEndian.Uint64(v)
+	}
+	c = uint64(int64(c) + d)
+	if c == 0 {
+		return b.Delete(key)
+	}
+	return b.Put(key, u64(c))
+}
+
+// stateCounts is the number of records in each state.
+func (s *sandboxStore) stateCounts() (map[StateKey]uint64, error) {
+	out := map[StateKey]uint64{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketStates)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			key, ok := parseStateKey(k)
+			if !ok || len(v) != 8 {
+				return fmt.Errorf("%w: sandbox store state count is damaged", projections.ErrBadSnapshot)
+			}
+			out[key] = binary.BigEndian.Uint64(v)
+			return nil
+		})
+	})
+	return out, err
 }

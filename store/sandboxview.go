@@ -27,19 +27,20 @@ type sandboxView struct {
 	pos     storePosition // what the store holds
 	overlay *projections.Sandboxes
 	// touched: the sandboxes with an event since pos, each mapped to
-	// whether the store holds a record of it (for count).
-	touched map[string]bool
+	// whether the store holds a record of it and that record's state (for
+	// count and states).
+	touched map[string]storedAs
 	decoded *atomic.Uint64 // records decoded from the store, for Decoded
 }
 
 func newSandboxView(store *sandboxStore, pos storePosition, decoded *atomic.Uint64) *sandboxView {
 	return &sandboxView{store: store, pos: pos, overlay: projections.NewSandboxesAt(pos.Seq),
-		touched: map[string]bool{}, decoded: decoded}
+		touched: map[string]storedAs{}, decoded: decoded}
 }
 
 // completeView is a view held whole in memory: full is every sandbox.
 func completeView(full *projections.Sandboxes, decoded *atomic.Uint64) *sandboxView {
-	return &sandboxView{overlay: full, touched: map[string]bool{}, decoded: decoded}
+	return &sandboxView{overlay: full, touched: map[string]storedAs{}, decoded: decoded}
 }
 
 // Seq is the last event folded.
@@ -64,7 +65,11 @@ func (v *sandboxView) apply(seq uint64, e events.Event) error {
 			if sb != nil {
 				v.overlay.Put(sb)
 			}
-			v.touched[id] = sb != nil
+			at := storedAs{}
+			if sb != nil {
+				at = storedAs{in: true, key: StateOf(sb)}
+			}
+			v.touched[id] = at
 		}
 	}
 	v.overlay.Apply(seq, e)
@@ -230,12 +235,48 @@ func (v *sandboxView) each(fn func([]*projections.Sandbox)) error {
 // count is the number of sandboxes in the view.
 func (v *sandboxView) count() int {
 	n := int(v.pos.Count) + v.overlay.Len()
-	for _, inStore := range v.touched {
-		if inStore {
+	for _, at := range v.touched {
+		if at.in {
 			n--
 		}
 	}
 	return n
+}
+
+// storedAs is what the store holds of a touched sandbox.
+type storedAs struct {
+	in  bool     // the store holds a record of it
+	key StateKey // that record's state
+}
+
+// states counts the view's sandboxes by state: the store's counts as of
+// its position, less the touched records it holds, plus the overlay. It
+// reads the counts index and the overlay, never the records.
+func (v *sandboxView) states() (map[StateKey]int, error) {
+	out := map[StateKey]int{}
+	if v.store != nil {
+		stored, err := v.store.stateCounts()
+		if err != nil {
+			return nil, err
+		}
+		for k, c := range stored {
+			out[k] += int(c)
+		}
+		for _, at := range v.touched {
+			if at.in {
+				out[at.key]--
+			}
+		}
+	}
+	for _, sb := range v.overlay.List() {
+		out[StateOf(sb)]++
+	}
+	for k, c := range out {
+		if c == 0 {
+			delete(out, k)
+		}
+	}
+	return out, nil
 }
 
 // withProcesses is every sandbox that records a process (HasProcess).

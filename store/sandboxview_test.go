@@ -95,7 +95,7 @@ func drawEvent(rt *rapid.T, ids []string, seq uint64) events.Event {
 	}
 	var p events.Payload
 	saga := ""
-	switch rapid.IntRange(0, 11).Draw(rt, "event") {
+	switch rapid.IntRange(0, 12).Draw(rt, "event") {
 	case 0:
 		p, saga = events.SagaStartedEvent{Kind: events.SagaCreate}, "saga-"+id
 	case 1:
@@ -105,7 +105,9 @@ func drawEvent(rt *rapid.T, ids []string, seq uint64) events.Event {
 	case 3:
 		p = events.SandboxForkedEvent{Parent: ids[0], Handle: rapid.SampledFrom(viewHandles).Draw(rt, "handle"), Image: "img", Driver: "process", Resources: res("forked")}
 	case 4:
-		p = events.SandboxStartedEvent{Driver: "process", VMMPid: int(seq), VMMStart: seq, Sockets: res("sockets")}
+		p = events.SandboxStartedEvent{Driver: "process", VMMPid: int(seq), VMMStart: seq, Sockets: res("sockets"), RunMarker: "run"}
+	case 11:
+		p = events.SandboxReadyEvent{Run: "run", By: "agent"}
 	case 5:
 		p = events.SandboxStoppedEvent{}
 	case 6:
@@ -143,6 +145,13 @@ func compareViews(rt *rapid.T, full *projections.Sandboxes, view *sandboxView, i
 		if want := full.Get(id); !reflect.DeepEqual(got, want) {
 			rt.Fatalf("get %s:\n got %+v\nwant %+v", id, got, want)
 		}
+	}
+	wantStates := map[StateKey]int{}
+	for _, sb := range full.List() {
+		wantStates[StateOf(sb)]++
+	}
+	if got, err := view.states(); err != nil || !reflect.DeepEqual(got, wantStates) {
+		rt.Fatalf("states: %v (%v), want %v", got, err, wantStates)
 	}
 	for _, h := range viewHandles {
 		got, err := view.byHandle(h)

@@ -57,6 +57,8 @@ type Options struct {
 	// from the journal. A command without a daemon that reads one sandbox
 	// then decodes one sandbox, not every projection of the root.
 	Lazy bool
+	// Observer, if set, hears each stored event and each append.
+	Observer Observer
 }
 
 // Record is one journal event with its sequence.
@@ -68,6 +70,7 @@ type Store struct {
 	j    *journal.Journal
 	mu   sync.Mutex // serialises appends so expected-sequence checks hold
 	gc   groupCommit
+	obs  Observer // nil: none
 
 	// views are the projections snapshotted whole; the sandboxes, which
 	// grow with the root, live in the store under an overlay (sandboxView).
@@ -101,7 +104,7 @@ func Open(ctx context.Context, root string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	n := &Store{
-		root: root, j: j, gc: newGroupCommit(),
+		root: root, j: j, gc: newGroupCommit(), obs: opts.Observer,
 	}
 	n.resetViews()
 	if opts.Lazy {
@@ -901,6 +904,10 @@ func (n *Store) journalRefusal(ctx context.Context, msgs []journal.Message, evs 
 // foldLocked applies a newly stored event to every view and writes the
 // snapshots when enough events have been folded since the last ones.
 func (n *Store) foldLocked(seq uint64, e events.Event) {
+	if n.obs != nil {
+		// Before the views fold it: a saga's last event closes it there.
+		n.obs.Stored(e, n.sagaKind(e))
+	}
 	if !n.loaded.Load() {
 		return // dropped after a fold failed: the next call loads them again
 	}

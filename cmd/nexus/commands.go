@@ -169,6 +169,7 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
+	c.Flags().StringVar(&o.MetricsListen, "metrics-listen", "", "also serve the Prometheus metrics (always at /metrics on nexus.sock) on HOST:PORT")
 	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback (needs --tls-cert and --tls-key)")
 	c.Flags().StringVar(&tlsOpts.CertFile, "tls-cert", "", "PEM certificate of the --listen port (TLS only, with --tls-key)")
 	c.Flags().StringVar(&tlsOpts.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
@@ -182,7 +183,7 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
 	c.Flags().IntVar(&m.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
 	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
-	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g))
+	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g), daemonMetricsCmd(g))
 	return c
 }
 
@@ -647,6 +648,17 @@ func daemonStatusCmd(g *globals) *cobra.Command {
 	}
 	o = addOutput(c, false)
 	return c
+}
+
+func daemonMetricsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "metrics",
+		Short: "Print the daemon's Prometheus metrics, as a scrape of /metrics on nexus.sock gets them (docs/metrics.md)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return control.DaemonMetrics(cmd.Context(), g.stateDir, cmd.OutOrStdout())
+		},
+	}
 }
 
 // daemonStopped is `daemon stop --json`.

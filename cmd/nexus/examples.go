@@ -34,8 +34,9 @@ var examples = map[string][]string{
 		"nexus events --since 10m --type sandbox --type vmm.exited",
 		"nexus events --sandbox web/1 --tail 20 --follow --json",
 	},
-	"daemon status": {"nexus daemon status", "nexus daemon status --json"},
-	"daemon stop":   {"nexus daemon stop", "nexus daemon stop --timeout 30s"},
+	"daemon status":  {"nexus daemon status", "nexus daemon status --json"},
+	"daemon stop":    {"nexus daemon stop", "nexus daemon stop --timeout 30s"},
+	"daemon metrics": {"nexus daemon metrics", "nexus daemon metrics | grep nexus_sagas_total"},
 	"daemon": {
 		"nexus daemon --idle 10m",
 		"nexus daemon --listen 127.0.0.1:4222",

@@ -21,6 +21,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/oneline"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // usageError marks bad input: exit 2, not 1.
@@ -69,7 +70,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nexus: aborted; anything this command left unfinished is finished by `nexus recover`")
 		os.Exit(130)
 	}()
-	os.Exit(exitCode(execute(ctx, newRoot(), os.Args[1:])))
+	flush := session.StartTracing(ctx)
+	err := execute(ctx, newRoot(), os.Args[1:])
+	flush()
+	os.Exit(exitCode(err))
 }
 
 // execute runs the command line. cobra reports an unknown command as an

@@ -45,6 +45,9 @@ const (
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap
 	PathSagas         = "/v1/sagas"          // []projections.OpenSaga
 	PathRev           = "/v1/rev"            // entity; RevAnswer
+	// PathMetrics is the daemon's Prometheus metrics, in the text
+	// exposition format (docs/metrics.md).
+	PathMetrics = "/metrics"
 	// PathIdentity is what a client asks first on every connection: the
 	// root the daemon serves (RootIdentity).
 	PathIdentity = "/v1/identity"
