@@ -171,8 +171,8 @@ func TestUpcastSandboxCreatedV1(t *testing.T) {
 	if !reflect.DeepEqual(got.Payload, want) {
 		t.Fatalf("upcast = %+v, want %+v", got.Payload, want)
 	}
-	if got.Schema != 4 {
-		t.Fatalf("upcast event reports schema %d, want the current 4", got.Schema)
+	if got.Schema != CurrentSchema(SandboxCreated) {
+		t.Fatalf("upcast event reports schema %d, want the current %d", got.Schema, CurrentSchema(SandboxCreated))
 	}
 }
 
@@ -207,7 +207,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != CurrentSchema(SandboxForked) {
 		t.Fatalf("forked v1 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV1 struct {
@@ -222,7 +222,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != CurrentSchema(SandboxRestored) {
 		t.Fatalf("restored v1 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded bootstrap is not written at all, so the bytes stay what
@@ -253,7 +253,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != 4 {
+	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != CurrentSchema(SandboxCreated) {
 		t.Fatalf("created v3 upcast = %+v (schema %d)", c, got.Schema)
 	}
 	type forkedV2 struct {
@@ -267,7 +267,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != CurrentSchema(SandboxForked) {
 		t.Fatalf("forked v2 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV2 struct {
@@ -282,7 +282,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != CurrentSchema(SandboxRestored) {
 		t.Fatalf("restored v2 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded boot configuration is not written at all.
@@ -292,6 +292,68 @@ func TestUpcastAddedBoot(t *testing.T) {
 	}
 	if bytes.Contains(data, []byte("boot")) {
 		t.Fatal("a zero boot configuration was encoded")
+	}
+}
+
+// TestUpcastAddedLabels: sandbox.created v4, sandbox.forked and
+// sandbox.restored v3 and volume.created v1 were written before labels;
+// they decode with none, and no labels are encoded as no key at all.
+func TestUpcastAddedLabels(t *testing.T) {
+	type createdV4 struct {
+		Handle    string     `msgpack:"handle,omitempty"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty"`
+		Boot      BootConfig `msgpack:"boot,omitempty"`
+	}
+	old := map[Type]any{
+		SandboxCreated:  createdV4{Handle: "h", Image: "img", Driver: "qemu", Boot: BootConfig{Cpus: 2}},
+		SandboxForked:   map[string]any{"parent": testSandbox, "image": "img", "driver": "qemu", "resources": []Resource{}, "boot": BootConfig{Cpus: 2}},
+		SandboxRestored: map[string]any{"snapshot": "s", "source": testSandbox, "image": "img", "driver": "qemu", "resources": []Resource{}},
+		VolumeCreated:   map[string]any{"name": "v", "path": "volumes/v/disk.ext4", "size": 1 << 20},
+	}
+	for typ, p := range old {
+		got, err := Decode(rawEvent(t, wire{Type: string(typ), Schema: CurrentSchema(typ) - 1, Sandbox: testSandbox, Payload: payloadBytes(t, p)}))
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		var labels Labels
+		switch p := got.Payload.(type) {
+		case SandboxCreatedEvent:
+			if p.Handle != "h" || p.Boot.Cpus != 2 {
+				t.Fatalf("created upcast = %+v", p)
+			}
+			labels = p.Labels
+		case SandboxForkedEvent:
+			labels = p.Labels
+		case SandboxRestoredEvent:
+			labels = p.Labels
+		case VolumeCreatedEvent:
+			if p.SizeBytes != 1<<20 {
+				t.Fatalf("volume upcast = %+v", p)
+			}
+			labels = p.Labels
+		}
+		if labels != nil || got.Schema != CurrentSchema(typ) {
+			t.Fatalf("%s upcast: labels %v, schema %d", typ, labels, got.Schema)
+		}
+	}
+	data, err := Encode(New(testID, testTime, testSandbox, SandboxCreatedEvent{Image: "img", Driver: "process"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, []byte("labels")) {
+		t.Fatal("no labels were encoded as a key")
+	}
+	e := New(testID, testTime, testSandbox, SandboxCreatedEvent{Image: "img", Driver: "process", Labels: Labels{"team": "web"}})
+	data, err = Encode(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Decode(data)
+	if err != nil || !reflect.DeepEqual(back.Payload, e.Payload) {
+		t.Fatalf("labels round trip: %+v, %v", back.Payload, err)
 	}
 }
 

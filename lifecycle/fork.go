@@ -31,6 +31,9 @@ type ForkSpec struct {
 	Count  int
 	// Handle names the child (only with Count 1).
 	Handle string
+	// Labels are every child's labels; a child does not inherit its
+	// parent's.
+	Labels events.Labels
 	Force  bool
 	// ReadOnlyVolumes attaches the parent's named volumes to every child
 	// read-only. Without it a parent with volumes is refused: a writable
@@ -155,7 +158,7 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 			child := ids[i]
 			copies := m.childCopies(parent, child, sources)
 			committed := func(rs []events.Resource) events.Payload {
-				return events.SandboxForkedEvent{Parent: parent.ID, Handle: spec.Handle, Image: parent.Image, Driver: parent.Driver, Resources: rs, Bootstrap: boot, Boot: parent.BootConfig}
+				return events.SandboxForkedEvent{Parent: parent.ID, Handle: spec.Handle, Image: parent.Image, Driver: parent.Driver, Resources: rs, Bootstrap: boot, Boot: parent.BootConfig, Labels: spec.Labels}
 			}
 			if errs[i] = m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied, handle); errs[i] != nil {
 				failed.Store(true)
@@ -491,8 +494,9 @@ func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOpti
 
 // RestoreOptions are `nexus restore`'s choices.
 type RestoreOptions struct {
-	Force  bool   // skip the disk-space preflight
-	Handle string // names the new sandbox
+	Force  bool          // skip the disk-space preflight
+	Handle string        // names the new sandbox
+	Labels events.Labels // the new sandbox's labels
 }
 
 // Restore creates a new sandbox from a snapshot, through the fork path.
@@ -585,7 +589,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, o RestoreOptions) (p
 		}
 	}
 	committed := func(rs []events.Resource) events.Payload {
-		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Handle: o.Handle, Image: man.Image, Driver: source.Driver, Resources: rs, Bootstrap: man.Bootstrap, Boot: source.BootConfig}
+		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Handle: o.Handle, Image: man.Image, Driver: source.Driver, Resources: rs, Bootstrap: man.Bootstrap, Boot: source.BootConfig, Labels: o.Labels}
 	}
 	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil, handle); err != nil {
 		return projections.Sandbox{}, err

@@ -90,7 +90,7 @@ func TestForkRefusals(t *testing.T) {
 	parent := f.create(CreateSpec{})
 	exited := f.create(CreateSpec{})
 	kill(t, exited.VMM)
-	if _, err := f.m.VolumeCreate(f.ctx, "data", 8<<20); err != nil {
+	if _, err := f.m.VolumeCreate(f.ctx, "data", 8<<20, nil); err != nil {
 		t.Fatal(err)
 	}
 	withVol := f.create(CreateSpec{Volumes: []Mount{{"data", "/data"}}})

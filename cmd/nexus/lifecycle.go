@@ -103,10 +103,25 @@ func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
 	fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", sb.ID, sb.State, dash(sb.Handle))
 }
 
+// addLabelFlag adds the repeatable --label KEY=VALUE of a command that
+// makes something labelled (what).
+func addLabelFlag(c *cobra.Command, to *[]string, what string) {
+	c.Flags().StringArrayVar(to, "label", nil, "KEY=VALUE: a label of "+what+" (repeatable)")
+}
+
+// parseLabels reads --label flags; a bad one is a usage error.
+func parseLabels(flags []string) (events.Labels, error) {
+	labels, err := projections.ParseLabels(flags)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--%w", err)}
+	}
+	return labels, nil
+}
+
 func createCmd(g *globals) *cobra.Command {
 	var ready *readyWait
 	var spec lifecycle.CreateSpec
-	var shadows, volumes []string
+	var shadows, volumes, labels []string
 	var journalKeptIn bool
 	var memory string
 	var o *output
@@ -132,6 +147,10 @@ func createCmd(g *globals) *cobra.Command {
 			if spec.Image == "" {
 				return usageError{fmt.Errorf("--image is required")}
 			}
+			var err error
+			if spec.Labels, err = parseLabels(labels); err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("cpus") && spec.Cpus < 1 {
 				return usageError{fmt.Errorf("--cpus %d: want at least 1", spec.Cpus)}
 			}
@@ -144,7 +163,6 @@ func createCmd(g *globals) *cobra.Command {
 			}
 			var kept []events.RunKeptEvent
 			if journalKeptIn {
-				var err error
 				if kept, err = readKept(cmd.InOrStdin()); err != nil {
 					return err
 				}
@@ -181,6 +199,7 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&spec.Workspace, "workspace", "", "directory to build the workspace disk from")
 	c.Flags().StringArrayVar(&shadows, "shadow", nil, "NAME=SRC: a per-sandbox copy of SRC (needs --handle)")
 	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
+	addLabelFlag(c, &labels, "the sandbox")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	c.Flags().IntVar(&spec.Cpus, "cpus", 0, "vCPUs (default [vm] cpus, else 1; at most the host's CPUs)")
 	c.Flags().StringVar(&memory, "memory", "", "guest memory, e.g. 1G or 768M (default [vm] memory, else 512M; at most the host's)")
@@ -193,6 +212,7 @@ func createCmd(g *globals) *cobra.Command {
 func forkCmd(g *globals) *cobra.Command {
 	var ready *readyWait
 	spec := lifecycle.ForkSpec{Count: 1}
+	var labels []string
 	var o *output
 	var freezeTimeout time.Duration
 	c := &cobra.Command{
@@ -206,6 +226,10 @@ func forkCmd(g *globals) *cobra.Command {
 			}
 			if spec.Handle != "" && spec.Count != 1 {
 				return usageError{fmt.Errorf("--handle names one child: not with --count %d", spec.Count)}
+			}
+			var err error
+			if spec.Labels, err = parseLabels(labels); err != nil {
+				return err
 			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				m.FreezeDeadline = freezeTimeout
@@ -239,6 +263,7 @@ func forkCmd(g *globals) *cobra.Command {
 	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
 	c.Flags().StringVar(&spec.Handle, "handle", "", "human handle for the child (unique; with --count 1)")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
+	addLabelFlag(c, &labels, "every child (not inherited from the parent)")
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&spec.CrashConsistent, "crash-consistent", false, "fork a running parent whose guest agent does not freeze its filesystems anyway (children get what a power cut would leave)")
@@ -498,12 +523,17 @@ func restoreCmd(g *globals) *cobra.Command {
 	var ready *readyWait
 	var force bool
 	var handle string
+	var labels []string
 	var o *output
 	c := &cobra.Command{
 		Use: "restore SNAPSHOT", Short: "Create a new sandbox from a snapshot", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			parsed, err := parseLabels(labels)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				sb, err := m.Restore(cmd.Context(), args[0], lifecycle.RestoreOptions{Force: force, Handle: handle})
+				sb, err := m.Restore(cmd.Context(), args[0], lifecycle.RestoreOptions{Force: force, Handle: handle, Labels: parsed})
 				if err != nil {
 					return err
 				}
@@ -518,6 +548,7 @@ func restoreCmd(g *globals) *cobra.Command {
 	ready = addReadyFlags(c)
 	c.Flags().BoolVar(&force, "force", false, "skip the disk-space preflight")
 	c.Flags().StringVar(&handle, "handle", "", "human handle for the new sandbox (unique)")
+	addLabelFlag(c, &labels, "the new sandbox (not the snapshotted sandbox's)")
 	o = addOutput(c, true)
 	return c
 }
@@ -558,6 +589,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			return usageError{fmt.Errorf("volume needs a subcommand: create, ls, rm, prune")}
 		}}
 	var size string
+	var volLabels []string
 	var createOut *output
 	create := &cobra.Command{Use: "create NAME --size S", Short: "Create a named ext4 volume", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -565,8 +597,12 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return usageError{fmt.Errorf("--size %q: %v", size, err)}
 			}
+			labels, err := parseLabels(volLabels)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				v, err := m.VolumeCreate(cmd.Context(), args[0], n)
+				v, err := m.VolumeCreate(cmd.Context(), args[0], n, labels)
 				if err != nil {
 					return err
 				}
@@ -574,6 +610,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			})
 		}}
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M, 1.5G or 2GiB; K, M, G, T alone are binary, KB, MB, GB decimal (required)")
+	addLabelFlag(create, &volLabels, "the volume")
 	createOut = addOutput(create, true)
 	requireFlags(create, "size")
 	var lsOut *output
