@@ -408,6 +408,7 @@ func lsCmd(g *globals) *cobra.Command {
 	var o *output
 	var limit int
 	var after string
+	var filterFlags []string
 	c := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"ps", "list"},
@@ -421,6 +422,10 @@ func lsCmd(g *globals) *cobra.Command {
 				return usageError{fmt.Errorf("--limit %d: not a count", limit)}
 			}
 			after = strings.ToUpper(after) // IDs are ULIDs, any case
+			filters, err := parseFilters(filterFlags, projections.SandboxFilters)
+			if err != nil {
+				return err
+			}
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				out := cmd.OutOrStdout()
 				var rows []jsonSandbox // the table's, aligned once
@@ -430,17 +435,25 @@ func lsCmd(g *globals) *cobra.Command {
 				}
 				for {
 					want := lsPage
-					if limit > 0 {
+					if limit > 0 && len(filters) == 0 {
 						want = min(want, limit-printed)
 					}
-					if want == 0 {
+					if limit > 0 && printed == limit {
 						break
 					}
 					page, err := b.SandboxPage(cmd.Context(), after, want)
 					if err != nil {
 						return err
 					}
-					shown := sandboxesJSON(lifecycle.ObserveExits(page))
+					// Filtered after the exits are observed: state and
+					// ready are what the row shows.
+					var kept []projections.Sandbox
+					for _, sb := range lifecycle.ObserveExits(page) {
+						if filters.Match(projections.SandboxFacts(sb)) && (limit == 0 || printed+len(kept) < limit) {
+							kept = append(kept, sb)
+						}
+					}
+					shown := sandboxesJSON(kept)
 					switch {
 					case o.json:
 						for _, sb := range shown {
@@ -459,12 +472,12 @@ func lsCmd(g *globals) *cobra.Command {
 						}
 					case o.human():
 						rows = append(rows, shown...)
-						printed += len(page)
+						printed += len(shown)
 					default:
 						if err := printList(cmd, o, shown, sandboxID, sandboxTable); err != nil {
 							return err
 						}
-						printed += len(page)
+						printed += len(shown)
 					}
 					if len(page) < want {
 						break
@@ -488,10 +501,30 @@ func lsCmd(g *globals) *cobra.Command {
 	o = addOutput(c, true)
 	c.Flags().IntVar(&limit, "limit", 0, "print at most this many sandboxes (0: all)")
 	c.Flags().StringVar(&after, "after", "", "start after this sandbox ID (the last one a --limit page printed)")
+	addFilterFlag(c, &filterFlags, projections.SandboxFilters)
 	return c
 }
 
 func sandboxID(sb jsonSandbox) string { return sb.ID }
+
+// addFilterFlag adds the repeatable --filter KEY=VALUE of a listing that
+// takes the keys valid (projections.ParseFilters).
+func addFilterFlag(c *cobra.Command, to *[]string, valid []projections.FilterKey) {
+	keys := make([]string, len(valid))
+	for i, k := range valid {
+		keys[i] = string(k) + "=..."
+	}
+	c.Flags().StringArrayVar(to, "filter", nil, "list only what matches KEY=VALUE ("+strings.Join(keys, ", ")+"; label=K or label=K=V); several must all match")
+}
+
+// parseFilters reads --filter flags; a bad one is a usage error.
+func parseFilters(flags []string, valid []projections.FilterKey) (projections.Filters, error) {
+	fs, err := projections.ParseFilters(flags, valid)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--%w", err)}
+	}
+	return fs, nil
+}
 
 var sandboxTable = table[jsonSandbox]{
 	header: []string{"ID", "HANDLE", "STATE", "READY", "IMAGE", "DRIVER", "CREATED"},

@@ -465,19 +465,28 @@ type snapshotTaken struct {
 
 func snapshotLsCmd(g *globals) *cobra.Command {
 	var o *output
+	var filterFlags []string
 	c := &cobra.Command{
 		Use: "ls [ID]", Short: "List snapshots, of every sandbox or of one", Args: maxArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			filters, err := parseFilters(filterFlags, projections.SnapshotFilters)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				snaps, err := m.Snapshots(cmd.Context(), strings.Join(args, ""))
 				if err != nil {
 					return err
 				}
+				snaps = slices.DeleteFunc(snaps, func(s lifecycle.SnapshotInfo) bool {
+					return !filters.Match(projections.Facts{Handle: s.Handle, Labels: s.Labels})
+				})
 				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable)
 			})
 		},
 	}
 	o = addOutput(c, true)
+	addFilterFlag(c, &filterFlags, projections.SnapshotFilters)
 	return c
 }
 
@@ -614,17 +623,24 @@ func volumeCmd(g *globals) *cobra.Command {
 	createOut = addOutput(create, true)
 	requireFlags(create, "size")
 	var lsOut *output
+	var volFilters []string
 	ls := &cobra.Command{Use: "ls", Short: "List named volumes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			filters, err := parseFilters(volFilters, projections.VolumeFilters)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				vols, err := m.Volumes(cmd.Context())
 				if err != nil {
 					return err
 				}
+				vols = slices.DeleteFunc(vols, func(v projections.Volume) bool { return !filters.Match(projections.VolumeFacts(v)) })
 				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable)
 			})
 		}}
 	lsOut = addOutput(ls, true)
+	addFilterFlag(ls, &volFilters, projections.VolumeFilters)
 	var rmYes, rmDry bool
 	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
