@@ -71,6 +71,7 @@ var registry = map[Type]typeSpec{
 	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
 	SandboxFailed:      spec(SandboxFailedEvent{}, 1),
 	SandboxRemoved:     spec(SandboxRemovedEvent{}, 1),
+	SandboxRenamed:     spec(SandboxRenamedEvent{}, 1),
 	DiskMaterialised:   spec(DiskMaterialisedEvent{}, 1),
 	IntentWritten:      spec(IntentWrittenEvent{}, 1),
 	IntentRetired:      spec(IntentRetiredEvent{}, 1),

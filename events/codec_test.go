@@ -23,7 +23,7 @@ var (
 // without a sample fails TestEveryTypeRoundTrips.
 var samples = []Payload{
 	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}, Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"},
-		Boot: BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30}},
+		Boot: BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30}, Labels: Labels{"team": "web"}},
 	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}, Boot: BootConfig{Cpus: 2}},
 	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}, Boot: BootConfig{MemoryBytes: 1 << 30}},
 	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
@@ -32,6 +32,7 @@ var samples = []Payload{
 	SandboxStoppedEvent{Reason: "user"},
 	SandboxFailedEvent{Reason: "OverlayDiskFull", Message: "no space"},
 	SandboxRemovedEvent{},
+	SandboxRenamedEvent{Old: "dev/a", Handle: "dev/b"},
 	DiskMaterialisedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, Method: "reflink", AllocatedBytes: 4096, ApparentBytes: 1 << 30},
 	IntentWrittenEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}, Covers: []string{"disks/x.raw"}},
 	IntentRetiredEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}},

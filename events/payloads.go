@@ -423,14 +423,23 @@ type SagaStartedEvent struct {
 type SagaFinishedEvent struct{}
 
 // HandleClaimedEvent: Sandbox took Handle. It is appended right after the
-// event that gives the sandbox its handle (sandbox.created, .forked or
-// .restored), in the same atomic batch, on the handle's own subject
-// (HandleSubject), expecting the last claim of the handle the decision
-// saw: of two claims decided on the same state, the journal takes one.
-// A handle is free again once its holder is removed; no event releases it.
+// event that gives the sandbox its handle (sandbox.created, .forked,
+// .restored or .renamed), in the same atomic batch, on the handle's own
+// subject (HandleSubject), expecting the last claim of the handle the
+// decision saw: of two claims decided on the same state, the journal
+// takes one. A handle is free again once its holder is removed or
+// renamed; no event on the handle's subject releases it.
 type HandleClaimedEvent struct {
 	Sandbox string `msgpack:"sandbox" json:"sandbox"`
 	Handle  string `msgpack:"handle" json:"handle"`
+}
+
+// SandboxRenamedEvent: the sandbox's handle is Handle now, no longer Old
+// ("" for none). It is appended with the handle.claimed of Handle, as a
+// sandbox.created is; Old is free from here on.
+type SandboxRenamedEvent struct {
+	Old    string `msgpack:"old,omitempty" json:"old,omitempty"`
+	Handle string `msgpack:"handle" json:"handle"`
 }
 
 type SagaCompensatedEvent struct {
@@ -446,6 +455,7 @@ func (SandboxNotReadyEvent) EventType() Type    { return SandboxNotReady }
 func (SandboxStoppedEvent) EventType() Type     { return SandboxStopped }
 func (SandboxFailedEvent) EventType() Type      { return SandboxFailed }
 func (SandboxRemovedEvent) EventType() Type     { return SandboxRemoved }
+func (SandboxRenamedEvent) EventType() Type     { return SandboxRenamed }
 func (DiskMaterialisedEvent) EventType() Type   { return DiskMaterialised }
 func (IntentWrittenEvent) EventType() Type      { return IntentWritten }
 func (IntentRetiredEvent) EventType() Type      { return IntentRetired }

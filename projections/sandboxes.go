@@ -478,6 +478,8 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		if p.Resource.Kind == events.KindSnapshot {
 			sb.dropSnapshot(path.Base(p.Resource.Path))
 		}
+	case events.SandboxRenamedEvent:
+		sb.Handle = p.Handle
 	case events.FlushPendingEvent:
 		sb.LastRun = p.Run
 	case events.FlushAcknowledgedEvent:

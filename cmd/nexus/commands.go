@@ -382,9 +382,9 @@ func (n eventNames) of(ctx context.Context, e events.Event) string {
 		return "-"
 	}
 	switch e.Type {
-	case events.SandboxCreated, events.SandboxForked, events.SandboxRestored:
-		// The event that makes a sandbox gives its handle, or none: a
-		// read from the start looks no sandbox up.
+	case events.SandboxCreated, events.SandboxForked, events.SandboxRestored, events.SandboxRenamed:
+		// The event that makes a sandbox gives its handle, or none, and
+		// a rename its next: a read from the start looks no sandbox up.
 		n.handles[e.Sandbox] = events.HandleOf(e)
 	}
 	h, known := n.handles[e.Sandbox]

@@ -32,6 +32,7 @@ var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"snapshot":        sandboxRefs,
 	"replay timeline": sandboxRefs,
 	"restore":         snapshotIDs,
+	"rename":          firstArg(sandboxRefs),
 	"snapshot rm":     snapshotIDs,
 	"snapshot ls":     sandboxRefs,
 	"volume rm":       volumeNames,

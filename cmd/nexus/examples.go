@@ -17,6 +17,7 @@ var examples = map[string][]string{
 	"fork":        {"nexus fork web/1 --count 4", "nexus fork web/1 --readonly-volumes --json"},
 	"snapshot":    {"snap=$(nexus snapshot web/1)", "nexus snapshot web/1 --json"},
 	"restore":     {"nexus restore \"$snap\"", "nexus restore \"$snap\" --json"},
+	"rename":      {"nexus rename web/1 web/old", "nexus rename 01JF3QK2 api --json"},
 	"start":       {"nexus start web/1", "nexus start web/1 --accept-unflushed", "nexus start --wait-timeout 10m web/1"},
 	"stop":        {"nexus stop web/1", "nexus stop web/1 web/2 01JF3QK2"},
 	"wait":        {"nexus wait web/1", "nexus wait --for stopped --timeout 30s web/1 web/2", "nexus create --image os.raw --no-wait -q | xargs nexus wait --for ready"},

@@ -562,6 +562,27 @@ func restoreCmd(g *globals) *cobra.Command {
 	return c
 }
 
+func renameCmd(g *globals) *cobra.Command {
+	var o *output
+	c := &cobra.Command{
+		Use: "rename ID NEW", Short: "Give a sandbox a new handle (unique; its old one is free after)", Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[1] == "" {
+				return usageError{errors.New("rename needs a new handle")}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				sb, err := m.Rename(cmd.Context(), args[0], args[1])
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
+			})
+		},
+	}
+	o = addOutput(c, true)
+	return c
+}
+
 func recoverCmd(g *globals) *cobra.Command {
 	var o *output
 	c := &cobra.Command{
