@@ -14,7 +14,7 @@ var examples = map[string][]string{
 		"nexus create --image debian.raw --handle web/1",
 		"nexus create --image debian.raw --workspace ./src --volume cache:/var/cache --json",
 	},
-	"fork":        {"nexus fork web/1 --count 4", "nexus fork web/1 --readonly-volumes --json"},
+	"fork":        {"nexus fork web/1 --count 4", "nexus fork web/1 --count 3 --handle 'web/child-{n}'", "nexus fork web/1 --readonly-volumes --json"},
 	"snapshot":    {"snap=$(nexus snapshot web/1)", "nexus snapshot web/1 --json"},
 	"restore":     {"nexus restore \"$snap\"", "nexus restore \"$snap\" --json"},
 	"rename":      {"nexus rename web/1 web/old", "nexus rename 01JF3QK2 api --json"},

@@ -224,8 +224,8 @@ func forkCmd(g *globals) *cobra.Command {
 			if err := lifecycle.CheckForkCount(spec.Count); err != nil {
 				return usageError{err}
 			}
-			if spec.Handle != "" && spec.Count != 1 {
-				return usageError{fmt.Errorf("--handle names one child: not with --count %d", spec.Count)}
+			if _, err := lifecycle.ChildHandles(spec.Handle, spec.Count); err != nil {
+				return usageError{err}
 			}
 			var err error
 			if spec.Labels, err = parseLabels(labels); err != nil {
@@ -261,7 +261,7 @@ func forkCmd(g *globals) *cobra.Command {
 	}
 	ready = addReadyFlags(c)
 	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
-	c.Flags().StringVar(&spec.Handle, "handle", "", "human handle for the child (unique; with --count 1)")
+	c.Flags().StringVar(&spec.Handle, "handle", "", "handle of the child, or of each child with {n} for its number 1..count (web/{n}); unique")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	addLabelFlag(c, &labels, "every child (not inherited from the parent)")
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
