@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -60,6 +62,15 @@ func TestRename(t *testing.T) {
 	if len(lines) != 1 || !strings.Contains(lines[0], "handle=web/old") || !strings.Contains(lines[0], "old=web") {
 		t.Fatalf("events shows the rename as %q:\n%s", lines, events)
 	}
+	// Shadow disks are named by the handle: their sandbox keeps it.
+	src := filepath.Join(t.TempDir(), "cfg.img")
+	if err := os.WriteFile(src, []byte("shadow source"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	createJSON(t, root, "--image", image, "--no-wait", "--handle", "sh", "--shadow", "cfg="+src)
+	wantFailure(t, proc(t, root, "rename", "sh", "sh2"), 1, `its shadow disk disks/sh.shadow.cfg.ext4 is named by its handle "sh"`)
+	mustOK(t, proc(t, root, "rm", "-f", "sh"), "rm")
+
 	// A stop and rm of the renamed sandbox by its new handle; its old
 	// handle is another sandbox's now and stays so.
 	mustOK(t, proc(t, root, "rm", "-f", "web/old"), "rm")
