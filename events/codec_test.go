@@ -23,7 +23,7 @@ var (
 // without a sample fails TestEveryTypeRoundTrips.
 var samples = []Payload{
 	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}, Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"},
-		Boot: BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30}},
+		Boot: BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30}, Labels: Labels{"team": "web"}},
 	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}, Boot: BootConfig{Cpus: 2}},
 	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}, Boot: BootConfig{MemoryBytes: 1 << 30}},
 	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
@@ -32,6 +32,7 @@ var samples = []Payload{
 	SandboxStoppedEvent{Reason: "user"},
 	SandboxFailedEvent{Reason: "OverlayDiskFull", Message: "no space"},
 	SandboxRemovedEvent{},
+	SandboxRenamedEvent{Old: "dev/a", Handle: "dev/b"},
 	DiskMaterialisedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, Method: "reflink", AllocatedBytes: 4096, ApparentBytes: 1 << 30},
 	IntentWrittenEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}, Covers: []string{"disks/x.raw"}},
 	IntentRetiredEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}},
@@ -171,8 +172,8 @@ func TestUpcastSandboxCreatedV1(t *testing.T) {
 	if !reflect.DeepEqual(got.Payload, want) {
 		t.Fatalf("upcast = %+v, want %+v", got.Payload, want)
 	}
-	if got.Schema != 4 {
-		t.Fatalf("upcast event reports schema %d, want the current 4", got.Schema)
+	if got.Schema != CurrentSchema(SandboxCreated) {
+		t.Fatalf("upcast event reports schema %d, want the current %d", got.Schema, CurrentSchema(SandboxCreated))
 	}
 }
 
@@ -207,7 +208,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != CurrentSchema(SandboxForked) {
 		t.Fatalf("forked v1 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV1 struct {
@@ -222,7 +223,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != CurrentSchema(SandboxRestored) {
 		t.Fatalf("restored v1 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded bootstrap is not written at all, so the bytes stay what
@@ -253,7 +254,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != 4 {
+	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != CurrentSchema(SandboxCreated) {
 		t.Fatalf("created v3 upcast = %+v (schema %d)", c, got.Schema)
 	}
 	type forkedV2 struct {
@@ -267,7 +268,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != CurrentSchema(SandboxForked) {
 		t.Fatalf("forked v2 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV2 struct {
@@ -282,7 +283,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != CurrentSchema(SandboxRestored) {
 		t.Fatalf("restored v2 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded boot configuration is not written at all.
@@ -292,6 +293,68 @@ func TestUpcastAddedBoot(t *testing.T) {
 	}
 	if bytes.Contains(data, []byte("boot")) {
 		t.Fatal("a zero boot configuration was encoded")
+	}
+}
+
+// TestUpcastAddedLabels: sandbox.created v4, sandbox.forked and
+// sandbox.restored v3 and volume.created v1 were written before labels;
+// they decode with none, and no labels are encoded as no key at all.
+func TestUpcastAddedLabels(t *testing.T) {
+	type createdV4 struct {
+		Handle    string     `msgpack:"handle,omitempty"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty"`
+		Boot      BootConfig `msgpack:"boot,omitempty"`
+	}
+	old := map[Type]any{
+		SandboxCreated:  createdV4{Handle: "h", Image: "img", Driver: "qemu", Boot: BootConfig{Cpus: 2}},
+		SandboxForked:   map[string]any{"parent": testSandbox, "image": "img", "driver": "qemu", "resources": []Resource{}, "boot": BootConfig{Cpus: 2}},
+		SandboxRestored: map[string]any{"snapshot": "s", "source": testSandbox, "image": "img", "driver": "qemu", "resources": []Resource{}},
+		VolumeCreated:   map[string]any{"name": "v", "path": "volumes/v/disk.ext4", "size": 1 << 20},
+	}
+	for typ, p := range old {
+		got, err := Decode(rawEvent(t, wire{Type: string(typ), Schema: CurrentSchema(typ) - 1, Sandbox: testSandbox, Payload: payloadBytes(t, p)}))
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		var labels Labels
+		switch p := got.Payload.(type) {
+		case SandboxCreatedEvent:
+			if p.Handle != "h" || p.Boot.Cpus != 2 {
+				t.Fatalf("created upcast = %+v", p)
+			}
+			labels = p.Labels
+		case SandboxForkedEvent:
+			labels = p.Labels
+		case SandboxRestoredEvent:
+			labels = p.Labels
+		case VolumeCreatedEvent:
+			if p.SizeBytes != 1<<20 {
+				t.Fatalf("volume upcast = %+v", p)
+			}
+			labels = p.Labels
+		}
+		if labels != nil || got.Schema != CurrentSchema(typ) {
+			t.Fatalf("%s upcast: labels %v, schema %d", typ, labels, got.Schema)
+		}
+	}
+	data, err := Encode(New(testID, testTime, testSandbox, SandboxCreatedEvent{Image: "img", Driver: "process"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, []byte("labels")) {
+		t.Fatal("no labels were encoded as a key")
+	}
+	e := New(testID, testTime, testSandbox, SandboxCreatedEvent{Image: "img", Driver: "process", Labels: Labels{"team": "web"}})
+	data, err = Encode(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Decode(data)
+	if err != nil || !reflect.DeepEqual(back.Payload, e.Payload) {
+		t.Fatalf("labels round trip: %+v, %v", back.Payload, err)
 	}
 }
 

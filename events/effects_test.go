@@ -61,6 +61,7 @@ func TestEffectsOfEveryType(t *testing.T) {
 		ImageCacheUsed:     {},
 		ImageCachePruned:   {},
 		HandleClaimed:      {},
+		SandboxRenamed:     {},
 
 		MirrorCreated:        {},
 		MirrorRecreated:      {},

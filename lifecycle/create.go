@@ -40,6 +40,8 @@ type CreateSpec struct {
 	Shadows   []Shadow
 	Volumes   []Mount
 	Force     bool // skip the disk-space preflight
+	// Labels are the sandbox's labels (checked by projections.ParseLabels).
+	Labels events.Labels
 	// Cpus and MemoryBytes size the guest (zero: DefaultCpus,
 	// DefaultMemory); the caller has checked them against the host.
 	Cpus        int
@@ -106,7 +108,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan, tee)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
 		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot,
-			Boot: m.newBoot(spec.Cpus, spec.MemoryBytes)}
+			Boot: m.newBoot(spec.Cpus, spec.MemoryBytes), Labels: spec.Labels}
 	}))
 	retire := m.retireStep(held, intents)
 	retireDo := retire.Do

@@ -383,9 +383,9 @@ func (n eventNames) of(ctx context.Context, e events.Event) string {
 		return "-"
 	}
 	switch e.Type {
-	case events.SandboxCreated, events.SandboxForked, events.SandboxRestored:
-		// The event that makes a sandbox gives its handle, or none: a
-		// read from the start looks no sandbox up.
+	case events.SandboxCreated, events.SandboxForked, events.SandboxRestored, events.SandboxRenamed:
+		// The event that makes a sandbox gives its handle, or none, and
+		// a rename its next: a read from the start looks no sandbox up.
 		n.handles[e.Sandbox] = events.HandleOf(e)
 	}
 	h, known := n.handles[e.Sandbox]
@@ -409,6 +409,7 @@ func lsCmd(g *globals) *cobra.Command {
 	var o *output
 	var limit int
 	var after string
+	var filterFlags []string
 	c := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"ps", "list"},
@@ -422,6 +423,10 @@ func lsCmd(g *globals) *cobra.Command {
 				return usageError{fmt.Errorf("--limit %d: not a count", limit)}
 			}
 			after = strings.ToUpper(after) // IDs are ULIDs, any case
+			filters, err := parseFilters(filterFlags, projections.SandboxFilters)
+			if err != nil {
+				return err
+			}
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				out := cmd.OutOrStdout()
 				var rows []jsonSandbox // the table's, aligned once
@@ -431,17 +436,25 @@ func lsCmd(g *globals) *cobra.Command {
 				}
 				for {
 					want := lsPage
-					if limit > 0 {
+					if limit > 0 && len(filters) == 0 {
 						want = min(want, limit-printed)
 					}
-					if want == 0 {
+					if limit > 0 && printed == limit {
 						break
 					}
 					page, err := b.SandboxPage(cmd.Context(), after, want)
 					if err != nil {
 						return err
 					}
-					shown := sandboxesJSON(lifecycle.ObserveExits(page))
+					// Filtered after the exits are observed: state and
+					// ready are what the row shows.
+					var kept []projections.Sandbox
+					for _, sb := range lifecycle.ObserveExits(page) {
+						if filters.Match(projections.SandboxFacts(sb)) && (limit == 0 || printed+len(kept) < limit) {
+							kept = append(kept, sb)
+						}
+					}
+					shown := sandboxesJSON(kept)
 					switch {
 					case o.json:
 						for _, sb := range shown {
@@ -460,12 +473,12 @@ func lsCmd(g *globals) *cobra.Command {
 						}
 					case o.human():
 						rows = append(rows, shown...)
-						printed += len(page)
+						printed += len(shown)
 					default:
 						if err := printList(cmd, o, shown, sandboxID, sandboxTable); err != nil {
 							return err
 						}
-						printed += len(page)
+						printed += len(shown)
 					}
 					if len(page) < want {
 						break
@@ -489,10 +502,30 @@ func lsCmd(g *globals) *cobra.Command {
 	o = addOutput(c, true)
 	c.Flags().IntVar(&limit, "limit", 0, "print at most this many sandboxes (0: all)")
 	c.Flags().StringVar(&after, "after", "", "start after this sandbox ID (the last one a --limit page printed)")
+	addFilterFlag(c, &filterFlags, projections.SandboxFilters)
 	return c
 }
 
 func sandboxID(sb jsonSandbox) string { return sb.ID }
+
+// addFilterFlag adds the repeatable --filter KEY=VALUE of a listing that
+// takes the keys valid (projections.ParseFilters).
+func addFilterFlag(c *cobra.Command, to *[]string, valid []projections.FilterKey) {
+	keys := make([]string, len(valid))
+	for i, k := range valid {
+		keys[i] = string(k) + "=..."
+	}
+	c.Flags().StringArrayVar(to, "filter", nil, "list only what matches KEY=VALUE ("+strings.Join(keys, ", ")+"; label=K or label=K=V); several must all match")
+}
+
+// parseFilters reads --filter flags; a bad one is a usage error.
+func parseFilters(flags []string, valid []projections.FilterKey) (projections.Filters, error) {
+	fs, err := projections.ParseFilters(flags, valid)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--%w", err)}
+	}
+	return fs, nil
+}
 
 var sandboxTable = table[jsonSandbox]{
 	header: []string{"ID", "HANDLE", "STATE", "READY", "IMAGE", "DRIVER", "CREATED"},

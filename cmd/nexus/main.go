@@ -147,7 +147,7 @@ func newRoot() *cobra.Command {
 		eventsCmd(g),
 		lsCmd(g),
 		inspectCmd(g),
-		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g), waitCmd(g),
+		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), renameCmd(g), startCmd(g), stopCmd(g), waitCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), vmmQEMUCmd(), supervisorCmd(),
 		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(), execCmd(g), cpCmd(g),
 	)

@@ -18,6 +18,7 @@ type jsonSandbox struct {
 	Handle     string            `json:"handle,omitempty"`
 	Image      string            `json:"image,omitempty"`
 	Driver     string            `json:"driver,omitempty"`
+	Labels     events.Labels     `json:"labels,omitempty"`
 	Boot       *jsonBoot         `json:"boot,omitempty"`
 	Parent     string            `json:"parent,omitempty"`
 	Snapshot   string            `json:"snapshot,omitempty"`
@@ -94,6 +95,7 @@ func sandboxJSON(sb projections.Sandbox) jsonSandbox {
 		Snapshots: sb.Snapshots, Resources: sb.Resources,
 		LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Seq: sb.Seq, Rev: sb.Rev,
 	}
+	out.Labels = sb.Labels
 	out.Ready, out.ReadyReason = sb.Readiness()
 	out.BootAt, out.ReadyAt = timeOrNil(sb.BootAt), timeOrNil(sb.ReadyAt)
 	for _, v := range sb.Volumes {

@@ -33,6 +33,7 @@ func fullSandbox() projections.Sandbox {
 		BootConfig: events.BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd.img", Cmdline: "console=ttyS0 root=/dev/vda rw", Cpus: 2, MemoryBytes: 1 << 30},
 		LastRun:    "01JF00000000000000000000R1", FlushedRun: "01JF00000000000000000000R0",
 		Seq: 77, Rev: 76, BootAt: at.Add(2 * time.Second), ReadyAt: at.Add(9 * time.Second),
+		Labels: events.Labels{"team": "web", "tier": "front"},
 	}
 }
 
