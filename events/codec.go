@@ -62,9 +62,9 @@ func spec(p Payload, current uint16) typeSpec {
 }
 
 var registry = map[Type]typeSpec{
-	SandboxCreated:     withUpcast(withUpcast(withUpcast(spec(SandboxCreatedEvent{}, 4), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]), 3, addedFields[SandboxCreatedEvent]),
-	SandboxForked:      withUpcast(withUpcast(spec(SandboxForkedEvent{}, 3), 1, addedFields[SandboxForkedEvent]), 2, addedFields[SandboxForkedEvent]),
-	SandboxRestored:    withUpcast(withUpcast(spec(SandboxRestoredEvent{}, 3), 1, addedFields[SandboxRestoredEvent]), 2, addedFields[SandboxRestoredEvent]),
+	SandboxCreated:     withUpcast(withUpcast(withUpcast(withUpcast(spec(SandboxCreatedEvent{}, 5), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]), 3, addedFields[SandboxCreatedEvent]), 4, addedFields[SandboxCreatedEvent]),
+	SandboxForked:      withUpcast(withUpcast(withUpcast(spec(SandboxForkedEvent{}, 4), 1, addedFields[SandboxForkedEvent]), 2, addedFields[SandboxForkedEvent]), 3, addedFields[SandboxForkedEvent]),
+	SandboxRestored:    withUpcast(withUpcast(withUpcast(spec(SandboxRestoredEvent{}, 4), 1, addedFields[SandboxRestoredEvent]), 2, addedFields[SandboxRestoredEvent]), 3, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
 	SandboxReady:       spec(SandboxReadyEvent{}, 1),
 	SandboxNotReady:    spec(SandboxNotReadyEvent{}, 1),

@@ -171,8 +171,8 @@ func TestUpcastSandboxCreatedV1(t *testing.T) {
 	if !reflect.DeepEqual(got.Payload, want) {
 		t.Fatalf("upcast = %+v, want %+v", got.Payload, want)
 	}
-	if got.Schema != 4 {
-		t.Fatalf("upcast event reports schema %d, want the current 4", got.Schema)
+	if got.Schema != 5 {
+		t.Fatalf("upcast event reports schema %d, want the current 5", got.Schema)
 	}
 }
 
@@ -207,7 +207,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 4 {
 		t.Fatalf("forked v1 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV1 struct {
@@ -222,7 +222,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 4 {
 		t.Fatalf("restored v1 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded bootstrap is not written at all, so the bytes stay what
@@ -253,7 +253,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != 4 {
+	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != 5 {
 		t.Fatalf("created v3 upcast = %+v (schema %d)", c, got.Schema)
 	}
 	type forkedV2 struct {
@@ -267,7 +267,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != 4 {
 		t.Fatalf("forked v2 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV2 struct {
@@ -282,7 +282,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != 4 {
 		t.Fatalf("restored v2 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded boot configuration is not written at all.
@@ -292,6 +292,64 @@ func TestUpcastAddedBoot(t *testing.T) {
 	}
 	if bytes.Contains(data, []byte("boot")) {
 		t.Fatal("a zero boot configuration was encoded")
+	}
+}
+
+// TestUpcastAddedRoot: sandbox.created v4 and sandbox.forked and
+// sandbox.restored v3 were written before a sandbox recorded how its root
+// is made; they decode with Root empty, which is a private copy of the OS
+// disk, as every sandbox had then.
+func TestUpcastAddedRoot(t *testing.T) {
+	type bootV4 struct {
+		Kernel string `msgpack:"kernel,omitempty"`
+		Cpus   int    `msgpack:"cpus,omitempty"`
+	}
+	type createdV4 struct {
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Boot      bootV4     `msgpack:"boot,omitempty"`
+	}
+	old := payloadBytes(t, createdV4{Image: "img", Driver: "qemu", Boot: bootV4{Kernel: "/k", Cpus: 2}})
+	for _, tc := range []struct {
+		typ    Type
+		schema uint16
+	}{{SandboxCreated, 4}, {SandboxForked, 3}, {SandboxRestored, 3}} {
+		raw := old
+		if tc.typ != SandboxCreated {
+			type child struct {
+				Parent    string     `msgpack:"parent,omitempty"`
+				Snapshot  string     `msgpack:"snapshot,omitempty"`
+				Source    string     `msgpack:"source,omitempty"`
+				Image     string     `msgpack:"image"`
+				Driver    string     `msgpack:"driver"`
+				Resources []Resource `msgpack:"resources"`
+				Boot      bootV4     `msgpack:"boot,omitempty"`
+			}
+			c := child{Image: "img", Driver: "qemu", Boot: bootV4{Kernel: "/k", Cpus: 2}}
+			if tc.typ == SandboxForked {
+				c.Parent = testSandbox
+			} else {
+				c.Snapshot, c.Source = "s", testSandbox
+			}
+			raw = payloadBytes(t, c)
+		}
+		got, err := Decode(rawEvent(t, wire{Type: string(tc.typ), Schema: tc.schema, Sandbox: testSandbox, Payload: raw}))
+		if err != nil {
+			t.Fatalf("%s v%d: %v", tc.typ, tc.schema, err)
+		}
+		var b BootConfig
+		switch p := got.Payload.(type) {
+		case SandboxCreatedEvent:
+			b = p.Boot
+		case SandboxForkedEvent:
+			b = p.Boot
+		case SandboxRestoredEvent:
+			b = p.Boot
+		}
+		if b.Kernel != "/k" || b.Cpus != 2 || b.Root != "" || b.RootMode() != RootCopy || got.Schema != CurrentSchema(tc.typ) {
+			t.Fatalf("%s v%d upcast: boot %+v (root mode %s), schema %d", tc.typ, tc.schema, b, b.RootMode(), got.Schema)
+		}
 	}
 }
 
