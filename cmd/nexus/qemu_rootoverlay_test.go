@@ -48,7 +48,8 @@ func sha256File(t *testing.T, path string) string {
 }
 
 // TestQEMUOverlayRootKeepsTheImage: two real guests, with the agent as
-// PID 1, boot on one image's cache entry under overlay roots: each sees
+// PID 1, boot on one image's cache entry under overlay roots (each QEMU
+// given the entry file read-only): each sees
 // the image's files at /, a file one writes to / is on its own workspace
 // disk (the overlay's upper layer, read back from the stopped disk with
 // debugfs) and not in the other guest, and the entry and the image keep
@@ -72,6 +73,11 @@ func TestQEMUOverlayRootKeepsTheImage(t *testing.T) {
 	for _, id := range []string{a, b} {
 		if got := inspectJSON(t, q.root, id).Root; got != "overlay" {
 			t.Fatalf("%s: root %q, want overlay", id, got)
+		}
+		// Both QEMUs are given the one entry file, read-only.
+		vmmLog, _ := os.ReadFile(filepath.Join(q.root, "logs", id+".vmm.log"))
+		if want := "file=" + entry + ",format=raw,if=none,id=disk0,readonly=on"; !strings.Contains(string(vmmLog), want) {
+			t.Fatalf("%s: QEMU was not given %s:\n%s", id, want, vmmLog)
 		}
 		q.ready(id) // guestfill lands in the overlay root
 		if got := string(q.cat(id, "/etc/nexus-image")); got != imageMarker {

@@ -180,7 +180,7 @@ func TestOverlayRootSharesTheCacheEntry(t *testing.T) {
 	mustOK(t, run("rm", "-f", "--with-snapshots", b.ID, kids[0].ID, restored.ID), "rm")
 	mustOK(t, run("stop", a.ID), "stop")
 	rep := pruneJSON(t, root)
-	if len(rep.Removed) != 0 || len(rep.Kept) != 1 || !strings.Contains(rep.Kept[0].Reason, a.ID) {
+	if len(rep.Removed) != 0 || len(rep.Kept) != 1 || !strings.Contains(rep.Kept[0].Reason, "the OS disk of "+a.ID) {
 		t.Fatalf("prune with a stopped sandbox booting on the entry: %+v", rep)
 	}
 	if !sameBytes(t, entry, image) {
