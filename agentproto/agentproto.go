@@ -442,6 +442,12 @@ const (
 	SerialBytes = 20
 )
 
+// CmdlineRootOverlay on the guest kernel's command line tells the agent as
+// PID 1 that the OS disk (SerialOS) is shared and read-only: it mounts
+// the guest's root as an overlay over it, upper layer on the workspace
+// disk (docs/guest-agent.md).
+const CmdlineRootOverlay = "nexus.root=overlay"
+
 // DiskSerial is the serial of a named disk (prefix SerialShadow or
 // SerialVolume). One that fits in SerialBytes-1 bytes is the prefix and the
 // name; a longer one is the prefix and the SHA-256 of the name in hex, cut to

@@ -62,9 +62,9 @@ func spec(p Payload, current uint16) typeSpec {
 }
 
 var registry = map[Type]typeSpec{
-	SandboxCreated:     addedSince(withUpcast(spec(SandboxCreatedEvent{}, 5), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]),
-	SandboxForked:      addedSince(spec(SandboxForkedEvent{}, 4), 1, addedFields[SandboxForkedEvent]),
-	SandboxRestored:    addedSince(spec(SandboxRestoredEvent{}, 4), 1, addedFields[SandboxRestoredEvent]),
+	SandboxCreated:     addedSince(withUpcast(spec(SandboxCreatedEvent{}, 6), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]),
+	SandboxForked:      addedSince(spec(SandboxForkedEvent{}, 5), 1, addedFields[SandboxForkedEvent]),
+	SandboxRestored:    addedSince(spec(SandboxRestoredEvent{}, 5), 1, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
 	SandboxReady:       spec(SandboxReadyEvent{}, 1),
 	SandboxNotReady:    spec(SandboxNotReadyEvent{}, 1),

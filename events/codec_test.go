@@ -314,8 +314,9 @@ func TestUpcastAddedLabels(t *testing.T) {
 		SandboxRestored: map[string]any{"snapshot": "s", "source": testSandbox, "image": "img", "driver": "qemu", "resources": []Resource{}},
 		VolumeCreated:   map[string]any{"name": "v", "path": "volumes/v/disk.ext4", "size": 1 << 20},
 	}
+	preLabels := map[Type]uint16{SandboxCreated: 4, SandboxForked: 3, SandboxRestored: 3, VolumeCreated: 1}
 	for typ, p := range old {
-		got, err := Decode(rawEvent(t, wire{Type: string(typ), Schema: CurrentSchema(typ) - 1, Sandbox: testSandbox, Payload: payloadBytes(t, p)}))
+		got, err := Decode(rawEvent(t, wire{Type: string(typ), Schema: preLabels[typ], Sandbox: testSandbox, Payload: payloadBytes(t, p)}))
 		if err != nil {
 			t.Fatalf("%s: %v", typ, err)
 		}
@@ -355,6 +356,64 @@ func TestUpcastAddedLabels(t *testing.T) {
 	back, err := Decode(data)
 	if err != nil || !reflect.DeepEqual(back.Payload, e.Payload) {
 		t.Fatalf("labels round trip: %+v, %v", back.Payload, err)
+	}
+}
+
+// TestUpcastAddedRoot: sandbox.created v5 and sandbox.forked and
+// sandbox.restored v4 (and earlier) were written before a sandbox recorded how its root
+// is made; they decode with Root empty, which is a private copy of the OS
+// disk, as every sandbox had then.
+func TestUpcastAddedRoot(t *testing.T) {
+	type bootV4 struct {
+		Kernel string `msgpack:"kernel,omitempty"`
+		Cpus   int    `msgpack:"cpus,omitempty"`
+	}
+	type createdV4 struct {
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Boot      bootV4     `msgpack:"boot,omitempty"`
+	}
+	old := payloadBytes(t, createdV4{Image: "img", Driver: "qemu", Boot: bootV4{Kernel: "/k", Cpus: 2}})
+	for _, tc := range []struct {
+		typ    Type
+		schema uint16
+	}{{SandboxCreated, 4}, {SandboxForked, 3}, {SandboxRestored, 3}, {SandboxCreated, 5}, {SandboxForked, 4}, {SandboxRestored, 4}} {
+		raw := old
+		if tc.typ != SandboxCreated {
+			type child struct {
+				Parent    string     `msgpack:"parent,omitempty"`
+				Snapshot  string     `msgpack:"snapshot,omitempty"`
+				Source    string     `msgpack:"source,omitempty"`
+				Image     string     `msgpack:"image"`
+				Driver    string     `msgpack:"driver"`
+				Resources []Resource `msgpack:"resources"`
+				Boot      bootV4     `msgpack:"boot,omitempty"`
+			}
+			c := child{Image: "img", Driver: "qemu", Boot: bootV4{Kernel: "/k", Cpus: 2}}
+			if tc.typ == SandboxForked {
+				c.Parent = testSandbox
+			} else {
+				c.Snapshot, c.Source = "s", testSandbox
+			}
+			raw = payloadBytes(t, c)
+		}
+		got, err := Decode(rawEvent(t, wire{Type: string(tc.typ), Schema: tc.schema, Sandbox: testSandbox, Payload: raw}))
+		if err != nil {
+			t.Fatalf("%s v%d: %v", tc.typ, tc.schema, err)
+		}
+		var b BootConfig
+		switch p := got.Payload.(type) {
+		case SandboxCreatedEvent:
+			b = p.Boot
+		case SandboxForkedEvent:
+			b = p.Boot
+		case SandboxRestoredEvent:
+			b = p.Boot
+		}
+		if b.Kernel != "/k" || b.Cpus != 2 || b.Root != "" || b.RootMode() != RootCopy || got.Schema != CurrentSchema(tc.typ) {
+			t.Fatalf("%s v%d upcast: boot %+v (root mode %s), schema %d", tc.typ, tc.schema, b, b.RootMode(), got.Schema)
+		}
 	}
 }
 

@@ -51,7 +51,9 @@ type Resource struct {
 // cache entry its OS disk was cloned from (schema 3); a sandbox without it
 // predates the image cache and protects every entry from prune. Driver and
 // Boot (schema 4) are how every boot of the sandbox runs. Labels (schema 5)
-// are the operator's key=value labels.
+// are the operator's key=value labels. Boot's Root (schema 6) says whether
+// its guest boots on the entry itself, read-only under an overlay, or on a
+// private copy.
 type SandboxCreatedEvent struct {
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
 	Image     string     `msgpack:"image" json:"image"`
@@ -74,6 +76,30 @@ type BootConfig struct {
 	Cmdline     string `msgpack:"cmdline,omitempty" json:"cmdline,omitempty"`
 	Cpus        int    `msgpack:"cpus,omitempty" json:"cpus,omitempty"`
 	MemoryBytes int64  `msgpack:"memory_bytes,omitempty" json:"memory_bytes,omitempty"`
+	// Root is RootOverlay or RootCopy; empty (recorded before
+	// sandbox.created schema 5, forked and restored schema 4) is RootCopy,
+	// as every OS disk was then.
+	Root string `msgpack:"root,omitempty" json:"root,omitempty"`
+}
+
+// How a guest's root is made, BootConfig.Root.
+const (
+	// RootOverlay: the OS disk is the image cache entry itself, attached
+	// read-only and shared by every sandbox booted on it; the guest agent,
+	// as PID 1, puts an overlay over it whose upper layer is on the
+	// sandbox's workspace disk, so every guest write lands there.
+	RootOverlay = "overlay"
+	// RootCopy: the OS disk is the sandbox's own writable copy of the
+	// entry (a guest booted without nexus's agent as its init).
+	RootCopy = "copy"
+)
+
+// RootMode is b's Root, RootCopy when it was not recorded.
+func (b BootConfig) RootMode() string {
+	if b.Root == "" {
+		return RootCopy
+	}
+	return b.Root
 }
 
 // IsZero lets msgpack and encoding/json omit an unrecorded boot configuration.
@@ -98,7 +124,7 @@ func (b Bootstrap) IsZero() bool { return b == Bootstrap{} }
 // Bootstrap (schema 2) is the parent's: the child's OS disk descends from
 // the same image cache entry. Driver and Boot (schema 3) are the parent's.
 // Labels (schema 4) are the child's own, given to the fork; a child does
-// not inherit its parent's.
+// not inherit its parent's. Boot's Root is schema 5.
 type SandboxForkedEvent struct {
 	Parent    string     `msgpack:"parent" json:"parent"`
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
@@ -114,7 +140,7 @@ type SandboxForkedEvent struct {
 // Bootstrap (schema 2) comes from the snapshot's manifest; a snapshot taken
 // before the image cache has none. Driver and Boot (schema 3) are the
 // snapshotted sandbox's. Labels (schema 4) are the new sandbox's own,
-// given to the restore.
+// given to the restore. Boot's Root is schema 5.
 type SandboxRestoredEvent struct {
 	Snapshot  string     `msgpack:"snapshot" json:"snapshot"`
 	Source    string     `msgpack:"source" json:"source"`

@@ -265,6 +265,13 @@ func (m *Manager) logResources(id string) []events.Resource {
 // (docs/guest-agent.md).
 func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
 	var disks []vmm.Disk
+	if sb.BootConfig.RootMode() == events.RootOverlay {
+		// The entry itself, shared by every sandbox booted on it: read-only
+		// (CH opens it O_RDONLY under a shared lock, QEMU readonly=on), so
+		// no guest can write it; its writes go to the overlay's upper layer
+		// on the workspace disk.
+		disks = append(disks, vmm.Disk{Path: m.Root.ImageDisk(sb.Bootstrap.CacheID), Readonly: true, ImageType: vmm.ImageRaw, Serial: agentproto.SerialOS})
+	}
 	for _, r := range sb.Resources {
 		var serial string
 		switch r.Kind {
@@ -287,12 +294,16 @@ func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Dis
 	return disks
 }
 
-// guestMounts are the kernel command-line entries that mount each volume
-// at its guest path, nexus.mount=SERIAL:/path (docs/guest-agent.md), in
-// the order the volumes were attached. Create refuses a guest path the
+// guestMounts are the kernel command-line entries that make the guest's
+// root an overlay (nexus.root=overlay) and mount each volume at its guest
+// path, nexus.mount=SERIAL:/path (docs/guest-agent.md), in the order the
+// volumes were attached. Create refuses a guest path the
 // command line cannot carry.
 func guestMounts(sb projections.Sandbox) []string {
 	var ms []string
+	if sb.BootConfig.RootMode() == events.RootOverlay {
+		ms = append(ms, agentproto.CmdlineRootOverlay)
+	}
 	for _, v := range sb.Volumes {
 		if v.GuestPath == "" {
 			continue

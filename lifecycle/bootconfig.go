@@ -37,13 +37,18 @@ func (m *Manager) Sizing(cpus int, memory int64) (int, int64, error) {
 // newBoot is the boot configuration a new sandbox records: this manager's
 // kernel, initramfs and command line, and the size asked for (zero: the
 // manager's setting, else the default). Driver is recorded beside it, in the commit event.
-func (m *Manager) newBoot(cpus int, memory int64) events.BootConfig {
+func (m *Manager) newBoot(cpus int, memory int64) (events.BootConfig, error) {
 	b := events.BootConfig{Kernel: m.Driver.Kernel, Initramfs: m.Driver.Initramfs, Cmdline: m.Driver.Cmdline}
 	if b.Cmdline == "" {
 		b.Cmdline = DefaultCmdline
 	}
 	b.Cpus, b.MemoryBytes = cmp.Or(cpus, m.Cpus, DefaultCpus), cmp.Or(memory, m.MemoryBytes, DefaultMemory)
-	return b
+	root, err := core.RootMode(m.RootMode, agentIsInit(m.Driver))
+	if err != nil {
+		return b, fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	b.Root = root
+	return b, nil
 }
 
 // bootOf is how sb boots: the driver and boot configuration its record

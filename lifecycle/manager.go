@@ -102,6 +102,10 @@ type Manager struct {
 	// (config cpus, memory; zero: DefaultCpus, DefaultMemory).
 	Cpus        int
 	MemoryBytes int64
+	// RootMode is how a new sandbox's root is made (config root; "":
+	// an overlay when its guest runs nexus's agent as init, else a copy:
+	// core.RootMode).
+	RootMode string
 	// Launcher starts the supervisors and VMMs (Spawner in production); a
 	// flow that would start one without it is refused (ErrNoLauncher).
 	Launcher Launcher

@@ -18,9 +18,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/guest/agent"
-	"golang.org/x/sys/unix"
 )
 
 // agentPort is the virtio-serial port name the agent serves on when the
@@ -223,7 +224,14 @@ func pid1() {
 	// and the volumes in it. Its disk is there by now when attached (the
 	// virtio disks probe together), so a short wait suffices; without
 	// one, exec runs in the initramfs as before.
-	if err := agent.MountOSRoot(agentproto.SerialOS, agent.SysRoot, mounts, 2*time.Second); err != nil {
+	// An overlay root keeps its writes on the workspace disk, beside
+	// /workspace: the one disk of the sandbox's own whose fullness start
+	// checks, recovers and warns about, and which a flush freezes.
+	upperOn := ""
+	if agent.RootOverlay(string(cmdline)) {
+		upperOn = mounts[agentproto.SerialWorkspace]
+	}
+	if err := agent.MountOSRoot(agentproto.SerialOS, agent.SysRoot, mounts, upperOn, 2*time.Second); err != nil {
 		logger.Printf("init: no OS root, exec runs in the initramfs: %v", err)
 		if imageInit != "" {
 			logger.Printf("init: %s%s ignored: no OS root to run it in", agent.CmdlineInit, imageInit)

@@ -606,6 +606,7 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 		}
 		fmt.Fprintf(tw, "Cmdline:\t%s\n", dash(b.Cmdline))
 	}
+	fmt.Fprintf(tw, "Root:\t%s\n", rootLine(sb.BootConfig.RootMode()))
 	if sb.Parent != "" {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
 	}
@@ -756,4 +757,12 @@ func printDaemonStatus(w io.Writer, st wire.Status, self wire.Build, selfErr err
 		fmt.Fprintf(tw, "subscribers\t%s\n", st.SubscriberURL)
 	}
 	tw.Flush()
+}
+
+// rootLine says how a sandbox's guest root is made, for inspect.
+func rootLine(mode string) string {
+	if mode == events.RootOverlay {
+		return "overlay (the image cache entry, shared read-only; writes on the workspace disk)"
+	}
+	return "copy (a private copy of the OS disk)"
 }
