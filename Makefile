@@ -28,12 +28,14 @@ setup-fast: setup
 
 # What only the tests need: QEMU and a Debian cloud kernel (real guests
 # boot in the suite), strace (the snapshot-durability test reads nexus's
-# fsyncs from it), xfsprogs (reflink tests loop-mount an XFS made
+# fsyncs from it), fuse3 unless root (the power-loss tests mount a FUSE
+# filesystem; root mounts it without fusermount3), xfsprogs (reflink tests loop-mount an XFS made
 # with reflink=1), man (the installed pages are read back), Node.js and the example subscriber's npm packages (a
 # subscriber in another language runs in the suite).
 setup-test: setup-fast
 	@missing=""; command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
+	command -v fusermount3 >/dev/null 2>&1 || [ "$$(id -u)" = 0 ] || missing="$$missing fuse3"; \
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
 	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
 	command -v man >/dev/null 2>&1 || missing="$$missing man-db"; \
