@@ -108,11 +108,14 @@ test-fast: setup-fast
 # The model-based crash harnesses with a long budget (the test suite runs
 # short ones): random lifecycles, SIGKILL at random saga steps, and rounds
 # of operations at once with SIGINT/SIGKILL of clients and the daemon;
-# invariants after every operation. NEXUS_MODEL_SEED=N replays one sequence.
+# invariants after every operation; and power cuts under real commands on
+# a FUSE root that drops what was not fsynced (NEXUS_POWERCUT_CUTS).
+# NEXUS_MODEL_SEED=N replays one sequence, NEXUS_POWERCUT_SEED=N one run of cuts.
 soak: setup
 	NEXUS_MODEL_RUNS=$${NEXUS_MODEL_RUNS:-40} NEXUS_MODEL_OPS=$${NEXUS_MODEL_OPS:-30} \
 	NEXUS_MODEL_CONC_RUNS=$${NEXUS_MODEL_CONC_RUNS:-30} NEXUS_MODEL_ROUNDS=$${NEXUS_MODEL_ROUNDS:-12} \
-	  $(GO) test -run 'TestModelRandomLifecycles|TestModelConcurrentLifecycles' -count=1 -v -timeout 3h ./cmd/nexus/
+	NEXUS_POWERCUT_CUTS=$${NEXUS_POWERCUT_CUTS:-60} \
+	  $(GO) test -run 'TestModelRandomLifecycles|TestModelConcurrentLifecycles|TestPowerCut$$' -count=1 -v -timeout 3h ./cmd/nexus/
 
 # Every fuzz target for FUZZTIME each; their seed corpora are checked in
 # under testdata/fuzz and also run by `make test`.
