@@ -5,15 +5,17 @@
 //
 // The backing directory holds only durable data: one object file per inode
 // (objects/<ino>), written at the file's fsync. The durable namespace is
-// each directory's entries as of its last fsync; a file's data is durable
-// at its own fsync, its name at its directory's. After Cut the mount shows
-// exactly what a machine would find after the cut: the entries reachable
-// from the root through fsynced directories, each file with the data its
-// last fsync made durable.
+// each directory's entries as of its last fsync, kept by the FS value (so
+// a cut is replayed by the process that mounted it); a file's data is
+// durable at its own fsync, its name at its directory's. After Cut the
+// mount shows what a machine would find after the cut: the entries
+// reachable from the root through fsynced directories, each file with the
+// data its last fsync made durable.
 //
-// syncfs(2) does not reach a FUSE server (the kernel sends SYNCFS only to
-// virtiofs), so a program relying on it would lose data here; Sync is the
-// test's own syncfs.
+// It has no hard links, symbolic links or extended attributes, which a
+// state root does not use. syncfs(2) does not reach a FUSE server (the
+// kernel sends SYNCFS only to virtiofs), so a program relying on it would
+// lose data here; Sync is the test's own syncfs.
 package powerfs
 
 import (
