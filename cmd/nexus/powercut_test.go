@@ -404,7 +404,7 @@ func checkAfterCut(t *testing.T, w *powerWorker, root string) []string {
 	// A removal's unlinks are not fsynced: what a cut brings back is an
 	// orphan, which reap reclaims, and which replay diff then no longer
 	// lists.
-	rep, r := reapOnce(t, root, "--apply")
+	rep, r := reapRun(t, root, "--apply")
 	if r.code != 0 || len(rep.Failed) > 0 {
 		problems = append(problems, fmt.Sprintf("reap --apply: exit %d: %s %+v", r.code, r.stderr, rep.Failed))
 	}
@@ -416,7 +416,7 @@ func checkAfterCut(t *testing.T, w *powerWorker, root string) []string {
 			problems = append(problems, fmt.Sprintf("%v: exit %d: %s%s", args, r.code, r.stdout, r.stderr))
 		}
 	}
-	if rep, _ := reapOnce(t, root); len(rep.Orphans) > 0 {
+	if rep, _ := reapRun(t, root); len(rep.Orphans) > 0 {
 		problems = append(problems, fmt.Sprintf("reap still finds %+v", rep.Orphans))
 	}
 	return problems
@@ -497,13 +497,13 @@ func TestReapAndDiffAgreeOnALeftSocket(t *testing.T) {
 	if r := nexus(t, root, "replay", "diff"); r.code != 1 || !strings.Contains(r.stdout, rel) {
 		t.Fatalf("replay diff: exit %d, want 1 listing %s:\n%s%s", r.code, rel, r.stdout, r.stderr)
 	}
-	rep, _ := reapOnce(t, root)
+	rep, _ := reapRun(t, root)
 	if len(rep.Orphans) != 1 || !strings.HasSuffix(rep.Orphans[0].Path, rel) {
 		t.Fatalf("reap: orphans %+v, kept %+v; want %s alone", rep.Orphans, rep.Kept, rel)
 	}
-	rep, r := reapOnce(t, root, "--apply")
+	rep, r := reapRun(t, root, "--apply")
 	if r.code != 0 || len(rep.Deleted) != 1 {
-		t.Fatalf("reap --apply: exit %d, deleted %+v: %s", r.code, rep.Deleted, r.stderr)
+		t.Fatalf("reap --apply: exit %d, deleted %+v, kept %+v: %s", r.code, rep.Deleted, rep.Kept, r.stderr)
 	}
 	mustOK(t, nexus(t, root, "replay", "diff"), "replay diff after the reap")
 	mustOK(t, proc(t, root, "start", sb.ID), "start after the reap")
