@@ -40,7 +40,7 @@ func serverOptions(dir string, opts Options, internalPass string) (*server.Optio
 		// journal itself so that appends published together share one
 		// fsync (sync.go). The server's own periodic sync stays on as a
 		// backstop; SyncAlways would fsync every message on its own.
-		SyncAlways: false,
+		SyncAlways: testSyncAlways,
 		// A fixed limit: left unset, the server caps the store at 75% of
 		// the space free when it starts, and a journal that outgrows that
 		// cap is refused ("insufficient resources") until a restart, even
