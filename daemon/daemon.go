@@ -160,7 +160,7 @@ func Run(ctx context.Context, root string, o Options) error {
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
 		return err
 	}
-	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef()}
+	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef(), Fleet: o.Mirror.Fingerprint()}
 	log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
 	if recovered != nil {
 		recovered()

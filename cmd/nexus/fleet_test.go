@@ -418,3 +418,62 @@ func TestFleetFromConfig(t *testing.T) {
 		t.Fatalf("config show:\n%s", show)
 	}
 }
+
+// A changed [fleet] section replaces the on-demand daemon at the next
+// plain command, as a new build does: the new daemon mirrors with the new
+// name, and the command after it keeps that daemon.
+func TestFleetConfigChangeReplacesDaemon(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	_, leaf := startFleetServer(t)
+	root := shortRoot(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(root, "logs", "daemon.log"))
+			t.Logf("daemon log:\n%s", b)
+		}
+	})
+	writeCfg := func(host string) {
+		t.Helper()
+		cfg := fmt.Sprintf("[fleet]\nurls = [%q]\nhost = %q\nreplicas = 1\n", leaf, host)
+		if err := os.WriteFile(filepath.Join(root, "config.toml"), []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	daemonPid := func() int {
+		t.Helper()
+		r := mustOK(t, nexus(t, root, "daemon", "status", "--json"), "daemon status")
+		var st struct {
+			Pid int `json:"pid"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Pid <= 0 {
+			t.Fatalf("daemon status --json: %v %q", err, r.stdout)
+		}
+		return st.Pid
+	}
+	current := func(s fleet.MirrorState) bool {
+		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq
+	}
+
+	writeCfg("first-name")
+	mustOK(t, nexus(t, root, "demo"), "demo")
+	if st := fleetStatus(t, root, current); st.Host != "first-name" {
+		t.Fatalf("the on-demand daemon mirrors as %+v, want host first-name", st)
+	}
+	first := daemonPid()
+
+	writeCfg("second-name")
+	mustOK(t, nexus(t, root, "demo"), "demo after the config changed")
+	second := daemonPid()
+	if second == first {
+		t.Fatalf("the daemon (pid %d) started with the old [fleet] section still serves", first)
+	}
+	if st := fleetStatus(t, root, current); st.Host != "second-name" || st.Stream != "NEXUS_SECOND_NAME" {
+		t.Fatalf("after the config changed the daemon mirrors as %+v, want host second-name", st)
+	}
+	// Its fleet settings are the configuration's: nothing replaces it.
+	mustOK(t, nexus(t, root, "ls"), "ls")
+	if pid := daemonPid(); pid != second {
+		t.Fatalf("a daemon with the configured fleet settings (pid %d) was replaced by pid %d", second, pid)
+	}
+}
