@@ -46,6 +46,9 @@ func printMirrorState(w io.Writer, st *fleet.MirrorState) {
 		link = "connected"
 	}
 	fmt.Fprintf(tw, "host\t%s (%s)\n", st.Host, st.HostID)
+	if st.LinkedNode != "" {
+		link += fmt.Sprintf(" to %s at %s", st.LinkedNode, st.LinkedAddr)
+	}
 	fmt.Fprintf(tw, "link\t%s via %s\n", link, strings.Join(st.URLs, ", "))
 	switch {
 	case st.Exists:

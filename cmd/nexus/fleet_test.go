@@ -108,12 +108,17 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	if st.Host != "host-a" || st.Stream != "NEXUS_HOST_A" || st.LagEvents != 0 || st.Replicas != 1 {
 		t.Fatalf("status of a current mirror on a one-node fleet: %+v", st)
 	}
+	// It names the node the link is up to, as the embedded server sees
+	// it, not only the URLs it was given.
+	if u, err := fleet.ParseFleetURL(leaf); err != nil || st.LinkedNode != "fleet" || st.LinkedAddr != u.Host {
+		t.Fatalf("linked to %q at %q, want the fleet server at %s (%v)", st.LinkedNode, st.LinkedAddr, leaf, err)
+	}
 	id, err := os.ReadFile(filepath.Join(root, "host-id"))
 	if err != nil || strings.TrimSpace(string(id)) != st.HostID {
 		t.Fatalf("status host id %q, root's host-id %q (%v)", st.HostID, id, err)
 	}
 	text := mustOK(t, nexus(t, root, "fleet", "status"), "fleet status")
-	if !strings.Contains(text.stdout, "connected") || !strings.Contains(text.stdout, "lag") {
+	if !strings.Contains(text.stdout, "connected to fleet at "+st.LinkedAddr) || !strings.Contains(text.stdout, "lag") {
 		t.Fatalf("fleet status text: %q", text.stdout)
 	}
 

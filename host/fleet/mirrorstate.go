@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -16,6 +17,10 @@ type MirrorState struct {
 	Domain    string   `json:"domain"`
 	URLs      []string `json:"urls"` // without passwords
 	Connected bool     `json:"connected"`
+	// LinkedNode and LinkedAddr are the fleet node the link is up to now:
+	// its server name and the address it was reached at ("" while down).
+	LinkedNode string `json:"linked_node,omitempty"`
+	LinkedAddr string `json:"linked_addr,omitempty"`
 	// Exists: the fleet answered and holds the mirror.
 	Exists   bool `json:"exists"`
 	Replicas int  `json:"replicas,omitempty"`
@@ -61,6 +66,13 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 	r.mu.Unlock()
 	l := r.link
 	st.Connected = l.Up()
+	if l.Peers != nil {
+		var names, addrs []string
+		for _, p := range l.Peers() {
+			names, addrs = append(names, p.Name), append(addrs, p.Addr)
+		}
+		st.LinkedNode, st.LinkedAddr = strings.Join(names, ","), strings.Join(addrs, ",")
+	}
 
 	var lastTime time.Time
 	if last, err := l.Journal.LastSeq(ctx); err == nil {
