@@ -61,6 +61,11 @@ type Options struct {
 	TLS *TLS
 	// Mirror, if set, replicates the journal to a fleet's JetStream.
 	Mirror *fleet.Mirror
+	// DigestEvery and DigestInterval space a mirroring daemon's
+	// journal.digest events: after that many events, or that long with
+	// any (0: 1000 events, 1 minute).
+	DigestEvery    int
+	DigestInterval time.Duration
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket, after
@@ -154,6 +159,9 @@ func Run(ctx context.Context, root string, o Options) error {
 	// Exits are facts (exits.go): stopped before the store closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n, o.Mirror)()
+	if o.Mirror != nil {
+		defer journalDigests(sctx, n, o.DigestEvery, o.DigestInterval)()
+	}
 	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log}) }()
 	// Serve creates the socket almost at once; wait until it answers so
 	// "serving" (and Ready) means a client can connect.

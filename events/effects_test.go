@@ -68,6 +68,7 @@ func TestEffectsOfEveryType(t *testing.T) {
 		MirrorUnlinked:       {},
 		MirrorSettingsDiffer: {},
 		MirrorRefused:        {},
+		JournalDigest:        {},
 
 		SagaStarted:     {},
 		SagaFinished:    {},

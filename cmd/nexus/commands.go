@@ -126,6 +126,13 @@ func daemonCmd(g *globals) *cobra.Command {
 				return err
 			}
 			o.LockWait = lockWait
+			if s := os.Getenv("NEXUS_FLEET_DIGEST_INTERVAL"); s != "" {
+				d, err := time.ParseDuration(s)
+				if err != nil || d <= 0 {
+					return usageError{fmt.Errorf("NEXUS_FLEET_DIGEST_INTERVAL=%q: want a positive duration such as 1m", s)}
+				}
+				o.DigestInterval = d
+			}
 			switch {
 			case tlsOpts != (daemon.TLS{}) && (tlsOpts.CertFile == "" || tlsOpts.KeyFile == ""):
 				return usageError{errors.New("--tls-cert and --tls-key go together")}

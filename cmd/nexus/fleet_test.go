@@ -97,14 +97,22 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	t.Parallel()
 	hub, leaf := startFleetServer(t)
 	root := shortRoot(t)
-	d := mirroringDaemon(t, root, "host-a", leaf)
+	d := mirroringDaemon(t, root, "host-a", leaf, "NEXUS_FLEET_DIGEST_INTERVAL=200ms")
 	d.WaitLog(t, 2*time.Minute, `"serving"`)
 	logs := &d.Stderr
 	mustOK(t, nexus(t, root, "demo"), "demo")
 
+	// The daemon journals its running digest, and the mirror is held to
+	// it record by record.
 	st := fleetStatus(t, root, func(s fleet.MirrorState) bool {
-		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq
+		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq && s.DigestSeq > 0
 	})
+	if len(st.FailedChecks) != 0 {
+		t.Fatalf("a true mirror failed %v", st.FailedChecks)
+	}
+	if r := mustOK(t, nexus(t, root, "events"), "events"); strings.Contains(r.stdout, "journal.digest") {
+		t.Fatalf("the notable events show the digest:\n%s", r.stdout)
+	}
 	if st.Host != "host-a" || st.Stream != "NEXUS_HOST_A" || st.LagEvents != 0 || st.Replicas != 1 {
 		t.Fatalf("status of a current mirror on a one-node fleet: %+v", st)
 	}
@@ -118,7 +126,7 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 		t.Fatalf("status host id %q, root's host-id %q (%v)", st.HostID, id, err)
 	}
 	text := mustOK(t, nexus(t, root, "fleet", "status"), "fleet status")
-	if !strings.Contains(text.stdout, "connected to fleet at "+st.LinkedAddr) || !strings.Contains(text.stdout, "lag") {
+	if !strings.Contains(text.stdout, "connected to fleet at "+st.LinkedAddr) || !strings.Contains(text.stdout, "lag") || !strings.Contains(text.stdout, "digest: ok") {
 		t.Fatalf("fleet status text: %q", text.stdout)
 	}
 
@@ -166,10 +174,10 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 // mirroringDaemon starts `nexus daemon --mirror-host host` on root, the
 // fleet's URLs (with their passwords) in NEXUS_MIRROR; it is stopped when
 // the test ends, and each wait on it is bounded.
-func mirroringDaemon(t *testing.T, root, host, urls string) *testutil.Proc {
+func mirroringDaemon(t *testing.T, root, host, urls string, env ...string) *testutil.Proc {
 	t.Helper()
 	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", host)
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+urls)
+	d.Env = append(append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+urls), env...)
 	return testutil.Start(t, d)
 }
 
