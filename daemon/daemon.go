@@ -64,6 +64,11 @@ type Options struct {
 	TLS *TLS
 	// Mirror, if set, replicates the journal to a fleet's JetStream.
 	Mirror *fleet.Mirror
+	// DigestEvery and DigestInterval space a mirroring daemon's
+	// journal.digest events: after that many events, or that long with
+	// any (0: 1000 events, 1 minute).
+	DigestEvery    int
+	DigestInterval time.Duration
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket, after
@@ -167,6 +172,9 @@ func Run(ctx context.Context, root string, o Options) error {
 	// Exits are facts (exits.go): stopped before the store closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n, o.Mirror)()
+	if o.Mirror != nil {
+		defer journalDigests(sctx, n, o.DigestEvery, o.DigestInterval)()
+	}
 	go func() {
 		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m})
 	}()
@@ -175,7 +183,7 @@ func Run(ctx context.Context, root string, o Options) error {
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
 		return err
 	}
-	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef()}
+	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef(), Fleet: o.Mirror.Fingerprint()}
 	log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
 	if recovered != nil {
 		recovered()

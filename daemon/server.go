@@ -301,8 +301,9 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 	mux.HandleFunc("GET "+wire.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wire.RootIdentity{Root: n.Root(), Dev: self.Dev, Ino: self.Ino, Pid: os.Getpid()})
 	})
+	fleetPrint := mirror.Fingerprint()
 	mux.HandleFunc("GET "+wire.PathStatus, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring()})
+		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint})
 	})
 	mux.HandleFunc("GET "+wire.PathMirror, func(w http.ResponseWriter, r *http.Request) {
 		var st *fleet.MirrorState

@@ -110,6 +110,9 @@ var registry = map[Type]typeSpec{
 	MirrorUnlinked:       spec(MirrorUnlinkedEvent{}, 1),
 	MirrorSettingsDiffer: spec(MirrorSettingsDifferEvent{}, 1),
 	MirrorRefused:        spec(MirrorRefusedEvent{}, 1),
+
+	// The host's running digest of its journal (Chain).
+	JournalDigest: spec(JournalDigestEvent{}, 1),
 }
 
 func withUpcast(s typeSpec, from uint16, f func([]byte) (Payload, error)) typeSpec {

@@ -65,6 +65,7 @@ var samples = []Payload{
 	MirrorUnlinkedEvent{Stream: "NEXUS_HOST_A", URLs: []string{"nats-leaf://n1:7422"}},
 	MirrorSettingsDifferEvent{Stream: "NEXUS_HOST_A", Kept: "replicas 1 (nexus asks 3)"},
 	MirrorRefusedEvent{Stream: "NEXUS_HOST_A", Reason: "another host's"},
+	JournalDigestEvent{Seq: 7, Digest: "00"},
 	SagaStartedEvent{Kind: "create", Steps: []string{"intent", "disk", "commit"}},
 	SagaFinishedEvent{},
 	SagaCompensatedEvent{Reason: "ENOSPC"},

@@ -69,6 +69,7 @@ func TestEffectsOfEveryType(t *testing.T) {
 		MirrorUnlinked:       {},
 		MirrorSettingsDiffer: {},
 		MirrorRefused:        {},
+		JournalDigest:        {},
 
 		SagaStarted:     {},
 		SagaFinished:    {},

@@ -74,6 +74,8 @@ const (
 	MirrorSettingsDiffer Type = "mirror.settings_differ"
 	MirrorRefused        Type = "mirror.refused"
 
+	JournalDigest Type = "journal.digest"
+
 	SagaStarted     Type = "saga.started"
 	SagaFinished    Type = "saga.finished"
 	SagaCompensated Type = "saga.compensated"

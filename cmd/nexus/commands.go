@@ -45,7 +45,7 @@ func withBackend(ctx context.Context, g *globals, fn func(control.Backend) error
 // withBackendOwned with owned set asks for the journal in this process (an
 // on-demand daemon retires for it); see control.ConnectOptions.Exclusive.
 func withBackendOwned(ctx context.Context, g *globals, owned bool, fn func(control.Backend) error) error {
-	o, err := connectOptions()
+	o, err := connectOptions(g)
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func withBackendOwned(ctx context.Context, g *globals, owned bool, fn func(contr
 
 // connectOptions: with no daemon answering, start one on demand, unless
 // NEXUS_NO_AUTO_DAEMON=1 asks for the journal in this process.
-func connectOptions() (control.ConnectOptions, error) {
+func connectOptions(g *globals) (control.ConnectOptions, error) {
 	o := control.ConnectOptions{Wait: lockWait}
 	if os.Getenv("NEXUS_NO_AUTO_DAEMON") == "1" {
 		return o, nil
@@ -77,6 +77,7 @@ func connectOptions() (control.ConnectOptions, error) {
 	}, LockWait: wait, Locked: spawnLockHook(), Notice: func(line string) {
 		fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(line))
 	}}
+	o.Auto.Fleet, o.Auto.CompareFleet = configuredFleet(g)
 	return o, nil
 }
 
@@ -120,22 +121,18 @@ func daemonCmd(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// NEXUS_MIRROR keeps a fleet password out of /proc/<pid>/cmdline.
 			passOnCmdline := strings.Contains(strings.Join(mirrorURLs, ","), "@")
-			if len(mirrorURLs) == 0 && os.Getenv("NEXUS_MIRROR") != "" {
-				mirrorURLs = []string{os.Getenv("NEXUS_MIRROR")}
-			}
-			if len(mirrorURLs) == 0 {
-				var err error
-				if mirrorURLs, err = fleetFromConfig(cmd, g, m, &mirrorBytes); err != nil {
-					return err
-				}
-			}
-			if len(mirrorURLs) > 0 {
-				if err := mirrorFlags(m, mirrorURLs, mirrorBytes); err != nil {
-					return usageError{err}
-				}
-				o.Mirror = m
+			var err error
+			if o.Mirror, err = daemonMirror(g, mirrorURLs, m, mirrorBytes, cmd.Flags().Changed); err != nil {
+				return err
 			}
 			o.LockWait = lockWait
+			if s := os.Getenv("NEXUS_FLEET_DIGEST_INTERVAL"); s != "" {
+				d, err := time.ParseDuration(s)
+				if err != nil || d <= 0 {
+					return usageError{fmt.Errorf("NEXUS_FLEET_DIGEST_INTERVAL=%q: want a positive duration such as 1m", s)}
+				}
+				o.DigestInterval = d
+			}
 			switch {
 			case tlsOpts != (daemon.TLS{}) && (tlsOpts.CertFile == "" || tlsOpts.KeyFile == ""):
 				return usageError{errors.New("--tls-cert and --tls-key go together")}
@@ -178,18 +175,58 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
 	c.Flags().MarkHidden("auto")
 	c.Flags().StringArrayVar(&mirrorURLs, "mirror", nil, "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT); repeat it or separate with commas for several nodes (default $NEXUS_MIRROR, which keeps a password off the command line)")
-	c.Flags().StringVar(&m.Domain, "mirror-domain", "fleet", "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
+	c.Flags().StringVar(&m.Domain, "mirror-domain", defaultMirrorDomain, "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
 	c.Flags().StringVar(&m.Host, "mirror-host", "", "this host's name in the fleet, [a-z0-9-]: subject prefix and stream suffix (default: the hostname, lower-cased)")
 	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
 	c.Flags().IntVar(&m.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
-	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
+	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", defaultMirrorMaxBytes, "byte limit of the mirror when nexus creates it (0: none)")
 	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g), daemonMetricsCmd(g))
 	return c
 }
 
+// The defaults of the daemon's --mirror-domain and --mirror-max-bytes.
+const (
+	defaultMirrorDomain   = "fleet"
+	defaultMirrorMaxBytes = "0"
+)
+
+// daemonMirror is the one place a daemon's fleet settings are decided, for
+// the daemon and for a command about to use an on-demand one: the
+// --mirror flags (urls, and m and maxBytes where changed says a flag was
+// given), else NEXUS_MIRROR, else the config file's [fleet] section. Nil:
+// the daemon mirrors nothing.
+func daemonMirror(g *globals, urls []string, m *fleet.Mirror, maxBytes string, changed func(flag string) bool) (*fleet.Mirror, error) {
+	if len(urls) == 0 && os.Getenv("NEXUS_MIRROR") != "" {
+		urls = []string{os.Getenv("NEXUS_MIRROR")}
+	}
+	if len(urls) == 0 {
+		var err error
+		if urls, err = fleetFromConfig(changed, g, m, &maxBytes); err != nil {
+			return nil, err
+		}
+	}
+	if len(urls) == 0 {
+		return nil, nil
+	}
+	if err := mirrorFlags(m, urls, maxBytes); err != nil {
+		return nil, usageError{err}
+	}
+	return m, nil
+}
+
+// configuredFleet is the fingerprint of the fleet settings an on-demand
+// daemon started now would mirror with, and whether they could be read.
+func configuredFleet(g *globals) (string, bool) {
+	m, err := daemonMirror(g, nil, &fleet.Mirror{Domain: defaultMirrorDomain}, defaultMirrorMaxBytes, func(string) bool { return false })
+	if err != nil {
+		return "", false
+	}
+	return m.Fingerprint(), true
+}
+
 // fleetFromConfig is the config file's [fleet] section for a daemon given
 // no fleet URL: its URLs, and each setting its flag does not set.
-func fleetFromConfig(cmd *cobra.Command, g *globals, m *fleet.Mirror, maxBytes *string) ([]string, error) {
+func fleetFromConfig(changed func(flag string) bool, g *globals, m *fleet.Mirror, maxBytes *string) ([]string, error) {
 	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
@@ -209,7 +246,7 @@ func fleetFromConfig(cmd *cobra.Command, g *globals, m *fleet.Mirror, maxBytes *
 		"mirror-replicas":  func() { m.Replicas = cmp.Or(f.Replicas, m.Replicas) },
 		"mirror-max-bytes": func() { *maxBytes = cmp.Or(f.MaxBytes, *maxBytes) },
 	} {
-		if !cmd.Flags().Changed(flag) {
+		if !changed(flag) {
 			set()
 		}
 	}

@@ -25,7 +25,7 @@ func journalCmd(g *globals) *cobra.Command {
 				return usageError{errors.New("--backup DIR is required: repair copies the store there before cutting anything")}
 			}
 			// Settings that cannot start a daemon leave none to retire.
-			co, _ := connectOptions()
+			co, _ := connectOptions(g)
 			rep, err := control.RepairJournal(cmd.Context(), g.stateDir, backup, co)
 			if err != nil {
 				return err

@@ -86,6 +86,11 @@ type Status struct {
 	// that were talking to it, new connections of theirs included, and
 	// every other client goes elsewhere.
 	Retiring bool `json:"retiring,omitempty"`
+	// Fleet is the fingerprint of the fleet settings the daemon mirrors
+	// with (fleet.Mirror.Fingerprint; empty: it mirrors nothing). A
+	// command whose configuration gives another replaces an on-demand
+	// daemon as it replaces one of another build.
+	Fleet string `json:"fleet,omitempty"`
 }
 
 // Stats counts what the daemon has served since it started. Sandboxes is

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -431,6 +432,10 @@ type HostReport struct {
 	HostID   string    `json:"host_id"`
 	LastSeq  uint64    `json:"last_seq"`
 	Reported time.Time `json:"reported"`
+	// DigestSeq and Digest are the host's last journal.digest then: its
+	// journal's records 1 to DigestSeq hash to Digest (0: none yet).
+	DigestSeq uint64 `json:"digest_seq,omitempty"`
+	Digest    string `json:"digest,omitempty"`
 }
 
 // report publishes the journal's last sequence to the report stream
@@ -465,7 +470,11 @@ func (m *Mirror) report(ctx context.Context, r *run, fleet jetstream.JetStream, 
 	} else if err != nil {
 		return fmt.Errorf("report %s: %w", name, err)
 	}
-	data, _ := json.Marshal(HostReport{HostID: m.HostID, LastSeq: last, Reported: time.Now().UTC()})
+	d, err := lastDigest(ctx, r.link.Journal)
+	if err != nil {
+		return err
+	}
+	data, _ := json.Marshal(HostReport{HostID: m.HostID, LastSeq: last, Reported: time.Now().UTC(), DigestSeq: d.Seq, Digest: d.Digest})
 	// A stream just made takes a moment to reach the link as interest in
 	// its subject; until then a publish finds no stream to answer it.
 	for try := 1; ; try++ {
@@ -520,25 +529,6 @@ func readReport(ctx context.Context, js streamGetter, host, hostID string) (Host
 		return HostReport{}, fmt.Errorf("report %s is from host identity %s, the mirror's is %s", ReportStream(host), rep.HostID, hostID)
 	}
 	return rep, nil
-}
-
-// checkMirrorSpan refuses a mirror that cannot be its host's whole
-// journal: empty, missing its head (a journal starts at 1 and is never
-// purged), or ending before the last sequence its host reported (cut
-// short, or not caught up).
-func checkMirrorSpan(stream string, st jetstream.StreamState, rep HostReport) error {
-	switch {
-	case st.Msgs == 0:
-		return fmt.Errorf("fleet: mirror %s is empty: it holds none of the host's journal", stream)
-	case st.FirstSeq != 1:
-		return fmt.Errorf("fleet: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
-	case st.Msgs != st.LastSeq-st.FirstSeq+1:
-		return fmt.Errorf("fleet: mirror %s holds %d records from 1 to %d: %d of the journal's are missing from it", stream, st.Msgs, st.LastSeq, st.LastSeq-st.Msgs)
-	case st.LastSeq < rep.LastSeq:
-		return fmt.Errorf("fleet: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
-			stream, st.LastSeq, rep.LastSeq, rep.Reported.Format(time.RFC3339))
-	}
-	return nil
 }
 
 func maxBytes(n int64) int64 {
@@ -743,7 +733,10 @@ func (r Rejected) String() string {
 // (nil: dropped) and the read goes on. An empty mirror, or one whose first
 // sequence is not 1, is an error: a journal starts at 1 and never loses
 // its head, so either means the audit copy is not the journal; so is one
-// that ends before the last sequence its host reported (ReportStream).
+// that ends before the last sequence its host reported (ReportStream), and
+// one whose records up to the host's reported digest hash to another
+// (found once they are read). Each refusal is ErrMirrorCheck and names the
+// check that failed (CheckFirstSeq, CheckCount, CheckLastSeq, CheckDigest).
 func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(journal.Record) error, reject func(Rejected)) error {
 	opts := []nats.Option{nats.Name("nexus replay"), nats.Timeout(connectTimeout)}
 	if credsFile != "" {
@@ -774,10 +767,17 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	if err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
-	if err := checkMirrorSpan(stream, st, rep); err != nil {
+	word := hostWord{lastSeq: rep.LastSeq, digest: events.JournalDigestEvent{Seq: rep.DigestSeq, Digest: rep.Digest}}
+	if err := checksError(stream, spanChecks(st, word)); err != nil {
 		return err
 	}
+	// The digest covers every record, a rejected one too: it is the
+	// host's word on what its journal holds.
+	var chain events.Chain
 	pass := func(rec journal.Record) error {
+		if rec.Seq <= word.digest.Seq {
+			chain.Add(rec.Seq, rec.Data)
+		}
 		if !strings.HasPrefix(rec.Subject, host+".") {
 			if reject != nil {
 				reject(Rejected{Stream: stream, Seq: rec.Seq, Subject: rec.Subject, Reason: fmt.Sprintf("not a subject of host %s", host)})
@@ -787,7 +787,10 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 		return fn(rec)
 	}
 	if apiPrefix == "" {
-		return journal.ScanStream(ctx, s, journal.Range{}, pass)
+		if err := journal.ScanStream(ctx, s, journal.Range{}, pass); err != nil {
+			return err
+		}
+		return checksError(stream, digestCheck(chain, word))
 	}
 	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)
@@ -798,5 +801,5 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 			return err
 		}
 	}
-	return nil
+	return checksError(stream, digestCheck(chain, word))
 }

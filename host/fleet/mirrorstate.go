@@ -1,10 +1,15 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // MirrorState is the mirror as the host sees it now: the link, the
@@ -16,6 +21,10 @@ type MirrorState struct {
 	Domain    string   `json:"domain"`
 	URLs      []string `json:"urls"` // without passwords
 	Connected bool     `json:"connected"`
+	// LinkedNode and LinkedAddr are the fleet node the link is up to now:
+	// its server name and the address it was reached at ("" while down).
+	LinkedNode string `json:"linked_node,omitempty"`
+	LinkedAddr string `json:"linked_addr,omitempty"`
 	// Exists: the fleet answered and holds the mirror.
 	Exists   bool `json:"exists"`
 	Replicas int  `json:"replicas,omitempty"`
@@ -43,12 +52,19 @@ type MirrorState struct {
 	LastError string `json:"last_error,omitempty"`
 	// Drift lists settings an operator changed on the fleet that nexus keeps.
 	Drift string `json:"drift,omitempty"`
+	// DigestSeq is the host's last journaled digest (journal.digest) the
+	// mirror was checked against (0: none yet, or not mirrored that far).
+	DigestSeq uint64 `json:"digest_seq"`
+	// FailedChecks are the checks the mirror failed against the journal:
+	// first sequence, count, last sequence, digest. None: it is a true
+	// copy of the journal as far as it goes.
+	FailedChecks []FailedCheck `json:"failed_checks"`
 }
 
 // State reports the mirror now. It asks the fleet, so it waits at most a
 // few seconds.
 func (m *Mirror) State(ctx context.Context) *MirrorState {
-	st := &MirrorState{Host: m.Host, HostID: m.HostID, Stream: m.StreamName(), Domain: m.Domain, URLs: m.Redacted()}
+	st := &MirrorState{Host: m.Host, HostID: m.HostID, Stream: m.StreamName(), Domain: m.Domain, URLs: m.Redacted(), FailedChecks: []FailedCheck{}}
 	r := m.current()
 	if r == nil {
 		return st // not started
@@ -61,6 +77,13 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 	r.mu.Unlock()
 	l := r.link
 	st.Connected = l.Up()
+	if l.Peers != nil {
+		var names, addrs []string
+		for _, p := range l.Peers() {
+			names, addrs = append(names, p.Name), append(addrs, p.Addr)
+		}
+		st.LinkedNode, st.LinkedAddr = strings.Join(names, ","), strings.Join(addrs, ",")
+	}
 
 	var lastTime time.Time
 	if last, err := l.Journal.LastSeq(ctx); err == nil {
@@ -109,8 +132,43 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 			}
 		}
 	}
+	st.FailedChecks = contentChecks(ctx, l.Journal, s, info.State, st)
 	if info.Mirror != nil && info.Mirror.Error != nil && st.LastError == "" {
 		st.LastError = info.Mirror.Error.Error()
 	}
 	return st
+}
+
+// contentChecks holds the mirror (stream s, in state ms) to the journal j:
+// its span, and its records up to the journal's last digest, which it
+// reads from the fleet. It sets st.DigestSeq to the digest checked.
+func contentChecks(ctx context.Context, j *journal.Journal, s jetstream.Stream, ms jetstream.StreamState, st *MirrorState) []FailedCheck {
+	out := []FailedCheck{}
+	// The journal's last sequence read after the mirror's: a record
+	// appended meanwhile may be in the mirror already.
+	last, err := j.LastSeq(ctx)
+	if err != nil {
+		return out
+	}
+	d, err := lastDigest(ctx, j)
+	if err != nil {
+		st.LastError = cmp.Or(st.LastError, err.Error())
+		return out
+	}
+	word := hostWord{lastSeq: last, mayTrail: true, digest: d}
+	out = append(out, spanChecks(ms, word)...)
+	if d.Seq == 0 || d.Seq > ms.LastSeq {
+		return out
+	}
+	// The whole mirror up to the digest is read on each status: bounded
+	// on its own, not by the few seconds the stream info gets.
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	chain, err := chainTo(rctx, s, d.Seq)
+	if err != nil {
+		st.LastError = cmp.Or(st.LastError, fmt.Sprintf("read the mirror to check its digest: %v", err))
+		return out
+	}
+	st.DigestSeq = d.Seq
+	return append(out, digestCheck(chain, word)...)
 }

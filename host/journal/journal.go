@@ -258,7 +258,8 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		j.mirror = m
 		return m.Start(ctx, Linked{
 			Journal: j, Conn: j.nc, Log: j.log, Refused: j.srvLog.linkRefused,
-			Up: func() bool { return j.srv.NumLeafNodes() > 0 },
+			Up:    func() bool { return j.srv.NumLeafNodes() > 0 },
+			Peers: func() []LeafPeer { return leafPeers(j.srv) },
 		})
 	}
 	return nil
