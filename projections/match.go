@@ -160,3 +160,26 @@ func IDPrefixLike(ref string) bool {
 	}
 	return true
 }
+
+// Named is the refs of the view's sandboxes that ref could name by Match:
+// the handle's holder and those IDsNamedBy names. A store asks it of the
+// overlay it keeps over its records, which holds only the sandboxes
+// touched since its last checkpoint; its records answer from their own
+// indexes.
+func (s *Sandboxes) Named(ref string) []Ref {
+	var out []Ref
+	if sb := s.ByHandle(ref); sb != nil {
+		out = append(out, Ref{ID: sb.ID, Handle: sb.Handle})
+	}
+	if !IDPrefixLike(ref) {
+		return out
+	}
+	all := make([]Ref, 0, len(s.byID))
+	for _, sb := range s.List() {
+		all = append(all, Ref{ID: sb.ID})
+	}
+	for _, id := range IDsNamedBy(all, ref) {
+		out = append(out, Ref{ID: id, Handle: s.byID[id].Handle})
+	}
+	return out
+}
