@@ -448,19 +448,22 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable)
+				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable(o))
 			})
 		},
 	}
 	o = addOutput(c, true)
+	addNoTrunc(c, o)
 	return c
 }
 
-var snapshotTable = table[lifecycle.SnapshotInfo]{
-	header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
-	row: func(s lifecycle.SnapshotInfo) []string {
-		return []string{s.ID, s.Sandbox, s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
-	},
+func snapshotTable(o *output) table[lifecycle.SnapshotInfo] {
+	return table[lifecycle.SnapshotInfo]{
+		header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
+		row: func(s lifecycle.SnapshotInfo) []string {
+			return []string{o.id(s.ID), o.id(s.Sandbox), s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
+		},
+	}
 }
 
 func snapshotRmCmd(g *globals) *cobra.Command {
@@ -584,10 +587,11 @@ func volumeCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable)
+				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable(lsOut))
 			})
 		}}
 	lsOut = addOutput(ls, true)
+	addNoTrunc(ls, lsOut)
 	var rmYes, rmDry bool
 	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -692,11 +696,17 @@ func volumePruneHuman(w io.Writer, rep lifecycle.PruneReport, detached bool) {
 	fmt.Fprintf(w, "%s %d stale attachment(s); %s %d volume(s)\n", clear, len(rep.Stale), del, len(deleted))
 }
 
-var volumeTable = table[projections.Volume]{
-	header: []string{"NAME", "SIZE", "ATTACHED"},
-	row: func(v projections.Volume) []string {
-		return []string{v.Name, formatSize(v.SizeBytes), strings.Join(v.AttachedTo, ",")}
-	},
+func volumeTable(o *output) table[projections.Volume] {
+	return table[projections.Volume]{
+		header: []string{"NAME", "SIZE", "ATTACHED"},
+		row: func(v projections.Volume) []string {
+			ids := make([]string, len(v.AttachedTo))
+			for i, id := range v.AttachedTo {
+				ids[i] = o.id(id)
+			}
+			return []string{v.Name, formatSize(v.SizeBytes), strings.Join(ids, ",")}
+		},
+	}
 }
 
 func logsCmd(g *globals) *cobra.Command {

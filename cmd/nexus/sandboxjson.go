@@ -15,6 +15,7 @@ import (
 // printed only once it is added here.
 type jsonSandbox struct {
 	ID         string            `json:"id"`
+	ShortID    string            `json:"short_id"`
 	Handle     string            `json:"handle,omitempty"`
 	Image      string            `json:"image,omitempty"`
 	Driver     string            `json:"driver,omitempty"`
@@ -88,7 +89,7 @@ type jsonCondition struct {
 // what --json and --format show.
 func sandboxJSON(sb projections.Sandbox) jsonSandbox {
 	out := jsonSandbox{
-		ID: sb.ID, Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Boot: bootJSON(sb.BootConfig), Parent: sb.Parent, Snapshot: sb.Snapshot,
+		ID: sb.ID, ShortID: projections.ShortID(sb.ID), Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Boot: bootJSON(sb.BootConfig), Parent: sb.Parent, Snapshot: sb.Snapshot,
 		State: sb.State, Saga: sb.Saga, CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 		VMM: processJSON(sb.VMM), Supervisor: processJSON(sb.Supervisor),
 		Snapshots: sb.Snapshots, Resources: sb.Resources,
