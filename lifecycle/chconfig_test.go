@@ -25,7 +25,8 @@ import (
 // ConsoleMode's enum; DiskConfig's image_type from ImageType's enum and its
 // serial a string. And
 // nexus's own rules on top: every disk typed Raw (CH v51+ refuses sector-0
-// writes on a probed raw disk), serial to a File under logs/.
+// writes on a probed raw disk), serial to a File under logs/, the
+// virtio-console Off.
 func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 	root := layout.Root("/state")
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
@@ -73,6 +74,10 @@ func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 		serial := obj(cfg, "serial")
 		if mode, _ := serial["mode"].(string); !slices.Contains([]string{"Off", "Pty", "Tty", "File", "Socket", "Null"}, mode) || mode != "File" || serial["file"] != root.ConsoleLog(id) {
 			t.Fatalf("%s: serial %v, want mode File to %s", d.Name, serial, root.ConsoleLog(id))
+		}
+		// The virtio-console explicitly Off (CH's default is Tty).
+		if console := obj(cfg, "console"); console["mode"] != "Off" {
+			t.Fatalf("%s: console %v, want mode Off", d.Name, console)
 		}
 		list, _ := cfg["disks"].([]any)
 		if len(list) != 3 || len(list) != len(disks) {

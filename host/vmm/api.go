@@ -34,6 +34,10 @@ type Config struct {
 	Cpus    Cpus     `json:"cpus,omitzero"`
 	Vsock   *Vsock   `json:"vsock,omitempty"`
 	Serial  *Console `json:"serial,omitempty"`
+	// Console is the virtio-console. CH's default is Tty: the VMM's own
+	// terminal, which a daemon-started VMM does not have, and a second
+	// console the guest would probe for nothing.
+	Console *Console `json:"console,omitempty"`
 }
 
 // Payload is CH's PayloadConfig.
