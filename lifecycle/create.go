@@ -160,6 +160,9 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err != nil {
 		return refuse("image: %v", err)
 	}
+	if err := imagecache.CheckRaw(image); err != nil {
+		return refuse("image: %v", err)
+	}
 	plan.image = image
 	if spec.ID != "" {
 		if !layout.IsULID(spec.ID) {
