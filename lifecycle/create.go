@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -232,7 +233,8 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err := m.checkVolumes(ctx, spec.Volumes); err != nil {
 		return plan, err
 	}
-	if err := m.Driver.Preflight(); err != nil {
+	// Every sandbox's API socket has the length of any other's.
+	if err := m.Driver.Preflight(m.Root.APISocket(cmp.Or(spec.ID, ulid.Make().String()))); err != nil {
 		return plan, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs", "images"); err != nil {

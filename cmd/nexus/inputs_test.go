@@ -67,3 +67,21 @@ func TestOddInputsAreRefusedOrResolved(t *testing.T) {
 	}
 	journalMatchesDisk(t, root)
 }
+
+// Cloud Hypervisor binds its API socket by name: a state root too deep
+// for run/sb-<ID>.sock to fit sun_path is refused before anything is
+// written, naming the limit, whether or not CH is installed.
+func TestCHRefusesAnAPISocketPathTooLong(t *testing.T) {
+	t.Parallel()
+	base := shortRoot(t)
+	root := filepath.Join(base, strings.Repeat("d", 100))
+	if err := os.Mkdir(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testutil.StopDaemons(root) })
+	r := nexusEnv(t, root, []string{"NEXUS_KERNEL_PATH=" + makeImage(t)}, "--driver", "cloud-hypervisor", "create", "--image", makeImage(t))
+	wantFailure(t, r, 1, "sun_path")
+	if n := len(sandboxes(t, root)); n != 0 {
+		t.Fatalf("a refused create left %d sandboxes", n)
+	}
+}
