@@ -56,6 +56,12 @@ func vmConfig(d driver.Driver, b events.BootConfig, disks []vmm.Disk, mounts []s
 	if len(mounts) > 0 {
 		c.Payload.Cmdline += " " + strings.Join(mounts, " ")
 	}
+	// CH gives the guest a vsock device and no virtio-serial port: the
+	// agent is told so, and serves vsock at once rather than wait for a
+	// port (QEMU's adapter gives it one).
+	if d.Name == driver.CloudHypervisor {
+		c.Payload.Cmdline += " " + agentproto.CmdlineVsockOnly
+	}
 	if d.BootsKernel() {
 		c.Payload.Kernel = d.Kernel
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/agentproto"
 )
 
 // Kernel command-line keys PID 1 mode reads (from /proc/cmdline, where
@@ -25,6 +27,12 @@ const (
 	// nexus.init=/sbin/init.
 	CmdlineInit = "nexus.init="
 )
+
+// VsockOnly reports whether a kernel command line carries
+// agentproto.CmdlineVsockOnly.
+func VsockOnly(cmdline string) bool {
+	return slices.Contains(strings.Fields(cmdline), agentproto.CmdlineVsockOnly)
+}
 
 // InitPath returns the init a kernel command line hands PID 1 to, "" when
 // it names none.
