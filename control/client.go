@@ -387,6 +387,12 @@ func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, 
 	return out.Sandbox.View(), out.Found, err
 }
 
+func (c *Client) Named(ctx context.Context, ref string) ([]projections.Ref, error) {
+	var out []projections.Ref
+	err := c.getJSON(ctx, wire.PathNamed+"?ref="+url.QueryEscape(ref), &out)
+	return out, err
+}
+
 func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (string, string, bool, error) {
 	q := url.Values{"path": paths, "except": {except}}
 	var out wire.OwnerAnswer

@@ -411,6 +411,14 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 		}
 		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: wire.SandboxOf(sb)})
 	})
+	mux.HandleFunc("GET "+wire.PathNamed, func(w http.ResponseWriter, r *http.Request) {
+		refs, err := local.Named(r.Context(), r.URL.Query().Get("ref"))
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, refs)
+	})
 	mux.HandleFunc("GET "+wire.PathOwner, func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		id, path, found, _ := local.OwnerOf(r.Context(), q["path"], q.Get("except"))

@@ -43,6 +43,9 @@ func vmConfig(d driver.Driver, b events.BootConfig, disks []vmm.Disk, mounts []s
 		Cpus:   vmm.Cpus{BootVcpus: b.Cpus, MaxVcpus: b.Cpus},
 		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
 		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: serialLog},
+		// Off, not CH's default Tty: the guest logs to the serial port,
+		// and the VMM runs without a terminal.
+		Console: &vmm.Console{Mode: vmm.ConsoleOff},
 		// The process driver boots no kernel; it still names one, as the
 		// API requires a payload, and is handed the rest as a VMM is.
 		Payload: vmm.Payload{Kernel: "process-driver", Initramfs: d.Initramfs, Cmdline: d.Cmdline},
@@ -52,6 +55,12 @@ func vmConfig(d driver.Driver, b events.BootConfig, disks []vmm.Disk, mounts []s
 	}
 	if len(mounts) > 0 {
 		c.Payload.Cmdline += " " + strings.Join(mounts, " ")
+	}
+	// CH gives the guest a vsock device and no virtio-serial port: the
+	// agent is told so, and serves vsock at once rather than wait for a
+	// port (QEMU's adapter gives it one).
+	if d.Name == driver.CloudHypervisor {
+		c.Payload.Cmdline += " " + agentproto.CmdlineVsockOnly
 	}
 	if d.BootsKernel() {
 		c.Payload.Kernel = d.Kernel

@@ -92,7 +92,8 @@ func (m *Manager) bootable(cmd core.Command, sb projections.Sandbox) error {
 		return err
 	}
 	d, _ := m.bootOf(sb)
-	if err := d.Preflight(); err != nil {
+	// A child's API socket has the length of its parent's.
+	if err := d.Preflight(m.Root.APISocket(sb.ID)); err != nil {
 		return fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	return nil

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -177,6 +178,9 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err != nil {
 		return refuse("image: %v", err)
 	}
+	if err := imagecache.CheckRaw(image); err != nil {
+		return refuse("image: %v", err)
+	}
 	plan.image = image
 	if spec.ID != "" {
 		if !layout.IsULID(spec.ID) {
@@ -246,7 +250,8 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err := m.checkVolumes(ctx, spec.Volumes); err != nil {
 		return plan, err
 	}
-	if err := m.Driver.Preflight(); err != nil {
+	// Every sandbox's API socket has the length of any other's.
+	if err := m.Driver.Preflight(m.Root.APISocket(cmp.Or(spec.ID, ulid.Make().String()))); err != nil {
 		return plan, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs", "images"); err != nil {

@@ -281,6 +281,12 @@ func (j *memJournal) Sandbox(_ context.Context, ref string) (projections.Sandbox
 	return clone(*sb), true, nil
 }
 
+func (j *memJournal) Named(_ context.Context, ref string) ([]projections.Ref, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.sandboxes.Named(ref), nil
+}
+
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID): the
 // per-entity read control's backends serve and lifecycle asserts for.
 func (j *memJournal) SnapshotOwner(_ context.Context, snap string) (projections.Sandbox, bool, error) {

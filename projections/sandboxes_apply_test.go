@@ -405,6 +405,7 @@ func applyCases() []applyCase {
 		elsewhere("mirror refused", events.MirrorRefusedEvent{Stream: "m"}),
 		// A claim is the handle's event: the commit beside it gave the handle.
 		elsewhere("handle claimed", events.HandleClaimedEvent{Sandbox: applyID, Handle: "web"}),
+		elsewhere("journal digest", events.JournalDigestEvent{Seq: 7, Digest: "00"}),
 	}
 }
 

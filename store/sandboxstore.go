@@ -17,8 +17,8 @@ import (
 
 // sandboxStore is the Sandboxes view at rest: one record per sandbox in a
 // bbolt file (projections/sandboxes.db), keyed by ID, the indexes the
-// per-entity questions need (handle, owned path, snapshot, recorded
-// processes), and the journal position the records reflect. A store reads
+// per-entity questions need (handle, short ID, owned path, snapshot,
+// recorded processes), and the journal position the records reflect. A store reads
 // the records it is asked about, not the file, and a checkpoint rewrites
 // the records touched since the last one, not every record: what a
 // command costs does not grow with the sandboxes it does not name.
@@ -31,7 +31,7 @@ const storeFile = "sandboxes.db"
 
 // storeFormat is the version of the store's layout and records. A store of
 // another format is rebuilt from the journal, never read.
-const storeFormat = 3
+const storeFormat = 4
 
 var (
 	bucketMeta    = []byte("meta")
@@ -39,6 +39,7 @@ var (
 	// Index buckets hold key 0x00 id → nothing, so a key with several
 	// sandboxes (a history made by hand) keeps them all, in ID order.
 	bucketHandles = []byte("handles")   // handle
+	bucketShort   = []byte("short")     // projections.ShortID
 	bucketOwners  = []byte("owners")    // resource path
 	bucketSnaps   = []byte("snapshots") // snapshot ID
 	bucketProcs   = []byte("processes") // "" for each sandbox that records a process (HasProcess)
@@ -134,6 +135,35 @@ func (s *sandboxStore) ids(index []byte, key string) (out []string, err error) {
 		c := b.Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			out = append(out, string(k[len(prefix):]))
+		}
+		return nil
+	})
+	return out, err
+}
+
+// named are at most limit sandboxes, in key order, whose ID begins with
+// idPrefix or whose short ID begins with shortPrefix, each found by one
+// seek in the records or the short-ID index and read as keys alone, and
+// accepted by keep (a record still current).
+func (s *sandboxStore) named(idPrefix, shortPrefix string, limit int, keep func(id string) bool) (out []string, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketRecords); b != nil {
+			prefix, n := []byte(idPrefix), 0
+			c := b.Cursor()
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && n < limit; k, _ = c.Next() {
+				if keep(string(k)) {
+					out, n = append(out, string(k)), n+1
+				}
+			}
+		}
+		if b := tx.Bucket(bucketShort); b != nil {
+			prefix, n := []byte(shortPrefix), 0
+			c := b.Cursor()
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && n < limit; k, _ = c.Next() {
+				if i := bytes.IndexByte(k, 0); i >= 0 && keep(string(k[i+1:])) {
+					out, n = append(out, string(k[i+1:])), n+1
+				}
+			}
 		}
 		return nil
 	})
@@ -254,7 +284,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketStates}, retiredBuckets...) {
+		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates}, retiredBuckets...) {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
@@ -274,7 +304,7 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketStates, bucketRecords} {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates, bucketRecords} {
 		b, err := tx.CreateBucketIfNotExists(name)
 		if err != nil {
 			return nil, err
@@ -282,9 +312,9 @@ func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
 		// Records, owned paths (disks/<ID>...) and snapshots are keyed by
 		// ULIDs that grow with time, so they are mostly appended: a page
 		// split then keeps the old page nearly full, not half (bbolt's
-		// default, made for random inserts, such as handles). FillPercent
-		// holds for this transaction.
-		if !bytes.Equal(name, bucketHandles) {
+		// default, made for random inserts, such as handles and short
+		// IDs). FillPercent holds for this transaction.
+		if !bytes.Equal(name, bucketHandles) && !bytes.Equal(name, bucketShort) {
 			b.FillPercent = appendFill
 		}
 	}
@@ -333,6 +363,9 @@ func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []b
 		if err := entry(bucketHandles, sb.Handle); err != nil {
 			return err
 		}
+	}
+	if err := entry(bucketShort, projections.ShortID(sb.ID)); err != nil {
+		return err
 	}
 	for _, r := range sb.Resources {
 		if err := entry(bucketOwners, r.Path); err != nil {

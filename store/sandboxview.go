@@ -2,6 +2,7 @@ package store
 
 import (
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/oklog/ulid/v2"
@@ -126,6 +127,39 @@ func (v *sandboxView) byHandle(handle string) (*projections.Sandbox, error) {
 		return nil, err
 	}
 	return v.get(id)
+}
+
+// named is Sandboxes.Named over the whole view, in ID order: the
+// overlay's answer and the store's, each of the store's by a seek in an
+// index (handle, ID, short ID), at most limit of each kind.
+func (v *sandboxView) named(ref string, limit int) (out []projections.Ref, err error) {
+	defer func() {
+		slices.SortStableFunc(out, func(a, b projections.Ref) int { return strings.Compare(a.ID, b.ID) })
+	}()
+	out = v.overlay.Named(ref)
+	if v.store == nil {
+		return out, nil
+	}
+	ids, err := v.store.ids(bucketHandles, ref)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if v.fromStore(id) {
+			out = append(out, projections.Ref{ID: id, Handle: ref})
+		}
+	}
+	if !projections.IDPrefixLike(ref) {
+		return out, nil
+	}
+	ids, err = v.store.named(strings.ToUpper(ref), strings.ToLower(ref), limit, v.fromStore)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		out = append(out, projections.Ref{ID: id})
+	}
+	return out, nil
 }
 
 // snapshotOwner is Sandboxes.SnapshotOwner over the whole view.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -157,6 +158,23 @@ func compareViews(rt *rapid.T, full *projections.Sandboxes, view *sandboxView, i
 		got, err := view.byHandle(h)
 		if err != nil || ref(got) != ref(full.ByHandle(h)) {
 			rt.Fatalf("byHandle %s: %s (%v), want %s", h, ref(got), err, ref(full.ByHandle(h)))
+		}
+	}
+	// What a reference names (projections.Match over named): an ID, a
+	// prefix of one, a short ID or a prefix of one, a handle.
+	refs := slices.Clone(viewHandles)
+	for _, id := range ids {
+		refs = append(refs, id, id[:len(id)-1], projections.ShortID(id), projections.ShortID(id)[:4], id[:10])
+	}
+	for _, r := range refs {
+		named, err := view.named(r, 16)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		got, gerr := projections.Match(named, r)
+		want, werr := projections.Match(full.Named(r), r)
+		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
+			rt.Fatalf("Match(named %q) = %q, %v; want %q, %v", r, got, gerr, want, werr)
 		}
 	}
 	for _, s := range viewSnaps {

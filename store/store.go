@@ -282,6 +282,26 @@ func (n *Store) PathOwners(ctx context.Context, paths []string) ([]string, error
 	return out, nil
 }
 
+// NamedLimit bounds how many sandboxes Named reads of each kind (ID
+// prefix, short-ID prefix): two already make a reference ambiguous, and
+// the rest are a list for the operator to pick from.
+const NamedLimit = 16
+
+// Named is the sandboxes ref could name by projections.Match (its
+// handle's holder, those whose ID or short ID it is a prefix of), in ID
+// order, for Match to choose from: point lookups and seeks in the store's
+// indexes, not a read of every sandbox. A handle a sandbox held twice (a
+// history made by hand) lists it once; a prefix of many lists at most
+// NamedLimit of each kind.
+func (n *Store) Named(ctx context.Context, ref string) ([]projections.Ref, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return nil, err
+	}
+	return n.sandboxes.named(ref, NamedLimit)
+}
+
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID).
 func (n *Store) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
 	n.mu.Lock()

@@ -272,11 +272,17 @@ func handOver(logger *log.Logger, init string) {
 }
 
 // serveGuest serves the host from inside the guest: on the virtio-serial
-// port named nexus.agent or, without one, on vsock port 1024.
+// port named nexus.agent or, without one, on vsock port 1024. The port may
+// appear a moment after boot, so it is waited for, unless the kernel
+// command line says the VMM gives none (nexus.agent=vsock: Cloud
+// Hypervisor).
 func serveGuest(ctx context.Context, a *agent.Agent, logger *log.Logger) error {
-	if port, err := agent.PortByName(agentPort, time.Now().Add(2*time.Second)); err == nil {
-		logger.Printf("serving on virtio-serial port %s", port)
-		return serveSerial(ctx, a, port)
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	if !agent.VsockOnly(string(cmdline)) {
+		if port, err := agent.PortByName(agentPort, time.Now().Add(2*time.Second)); err == nil {
+			logger.Printf("serving on virtio-serial port %s", port)
+			return serveSerial(ctx, a, port)
+		}
 	}
 	l, err := listenVsock(agentproto.Port)
 	if err != nil {

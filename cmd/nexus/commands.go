@@ -311,7 +311,7 @@ func eventsCmd(g *globals) *cobra.Command {
 					return err
 				}
 				out := cmd.OutOrStdout()
-				names := eventNames{b: b, handles: map[string]string{}}
+				names := eventNames{b: b, o: o, handles: map[string]string{}}
 				if ref != q.Sandbox && !strings.HasPrefix(q.Sandbox, ref) {
 					names.handles[q.Sandbox] = ref // a removed sandbox, named by its handle
 				}
@@ -340,6 +340,7 @@ func eventsCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVar(&q.Types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. reap); repeats")
 	c.Flags().BoolVar(&all, "all", false, "every event, the bookkeeping too (intents, resources, flushes, sagas); like --type, prints whole payloads with their saga and step")
 	o = addOutput(c, true)
+	addNoTrunc(c, o)
 	c.Flags().Lookup("json").Usage = "one JSON object a line (see docs/json.md)"
 	return c
 }
@@ -409,9 +410,10 @@ func isTerminal(w io.Writer) bool {
 
 // eventNames names the sandboxes of printed events: the handle the event
 // that made the sandbox gave, else the sandbox's as the backend knows it
-// (looked up once per sandbox), else its ID.
+// (looked up once per sandbox), else its ID as tables print IDs.
 type eventNames struct {
 	b       control.Backend
+	o       *output
 	handles map[string]string // sandbox ID -> handle, "" for none
 }
 
@@ -433,7 +435,7 @@ func (n eventNames) of(ctx context.Context, e events.Event) string {
 		n.handles[e.Sandbox] = h
 	}
 	if h == "" {
-		return e.Sandbox
+		return n.o.id(e.Sandbox)
 	}
 	return h
 }
@@ -512,7 +514,7 @@ func lsCmd(g *globals) *cobra.Command {
 						rows = append(rows, shown...)
 						printed += len(shown)
 					default:
-						if err := printList(cmd, o, shown, sandboxID, sandboxTable); err != nil {
+						if err := printList(cmd, o, shown, sandboxID, sandboxTable(o, nil)); err != nil {
 							return err
 						}
 						printed += len(shown)
@@ -530,13 +532,14 @@ func lsCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if o.human() {
-					return printList(cmd, o, rows, sandboxID, sandboxTable)
+					return printList(cmd, o, rows, sandboxID, sandboxTable(o, rows))
 				}
 				return nil
 			})
 		},
 	}
 	o = addOutput(c, true)
+	addNoTrunc(c, o)
 	c.Flags().IntVar(&limit, "limit", 0, "print at most this many sandboxes (0: all)")
 	c.Flags().StringVar(&after, "after", "", "start after this sandbox ID (the last one a --limit page printed)")
 	addFilterFlag(c, &filterFlags, projections.SandboxFilters)
@@ -564,11 +567,26 @@ func parseFilters(flags []string, valid []projections.FilterKey) (projections.Fi
 	return fs, nil
 }
 
-var sandboxTable = table[jsonSandbox]{
-	header: []string{"ID", "HANDLE", "STATE", "READY", "IMAGE", "DRIVER", "CREATED"},
-	row: func(sb jsonSandbox) []string {
-		return []string{sb.ID, sb.Handle, string(sb.State), readyCell(sb), sb.Image, sb.Driver, age(sb.CreatedAt)}
-	},
+// sandboxTable is ls's table. PARENT is the sandbox a fork or restore
+// child came from: its handle when it is among rows and has one, else its
+// ID as the table prints IDs.
+func sandboxTable(o *output, rows []jsonSandbox) table[jsonSandbox] {
+	handles := map[string]string{}
+	for _, sb := range rows {
+		if sb.Handle != "" {
+			handles[sb.ID] = sb.Handle
+		}
+	}
+	return table[jsonSandbox]{
+		header: []string{"ID", "HANDLE", "STATE", "READY", "IMAGE", "DRIVER", "PARENT", "CREATED"},
+		row: func(sb jsonSandbox) []string {
+			parent := handles[sb.Parent]
+			if parent == "" {
+				parent = o.id(sb.Parent)
+			}
+			return []string{o.id(sb.ID), sb.Handle, string(sb.State), readyCell(sb), sb.Image, sb.Driver, parent, age(sb.CreatedAt)}
+		},
+	}
 }
 
 // readyCell is the READY column: true, the reason a running sandbox is
@@ -591,31 +609,18 @@ func inspectCmd(g *globals) *cobra.Command {
 		Args:  minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
-				// Each sandbox by its ID or handle, not the list of all of
-				// them; the list only for a reference that is neither (an
-				// ID prefix, or an ID in another case).
-				var list []projections.Sandbox
+				// Each sandbox by its own lookup, not the list of all of them.
 				found := []projections.Sandbox{}
 				err := eachRef(cmd, args, func(ref string) error {
-					sb, ok, err := b.Sandbox(cmd.Context(), ref)
+					sb, err := lifecycle.Lookup(cmd.Context(), b, ref)
 					if err != nil {
 						return err
-					}
-					if !ok {
-						if list == nil {
-							if list, err = b.Sandboxes(cmd.Context()); err != nil {
-								return err
-							}
-						}
-						if sb, err = projections.MatchSandbox(list, ref); err != nil {
-							return err
-						}
 					}
 					found = append(found, lifecycle.ObserveExits([]projections.Sandbox{sb})[0])
 					return nil
 				})
 				if !o.human() {
-					return errors.Join(err, printList(cmd, o, sandboxesJSON(found), sandboxID, sandboxTable))
+					return errors.Join(err, printList(cmd, o, sandboxesJSON(found), sandboxID, sandboxTable(o, nil)))
 				}
 				for i, sb := range found {
 					if i > 0 {

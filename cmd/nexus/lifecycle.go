@@ -505,20 +505,23 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 				snaps = slices.DeleteFunc(snaps, func(s lifecycle.SnapshotInfo) bool {
 					return !filters.Match(projections.Facts{Handle: s.Handle, Labels: s.Labels})
 				})
-				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable)
+				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable(o))
 			})
 		},
 	}
 	o = addOutput(c, true)
 	addFilterFlag(c, &filterFlags, projections.SnapshotFilters)
+	addNoTrunc(c, o)
 	return c
 }
 
-var snapshotTable = table[lifecycle.SnapshotInfo]{
-	header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
-	row: func(s lifecycle.SnapshotInfo) []string {
-		return []string{s.ID, s.Sandbox, s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
-	},
+func snapshotTable(o *output) table[lifecycle.SnapshotInfo] {
+	return table[lifecycle.SnapshotInfo]{
+		header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
+		row: func(s lifecycle.SnapshotInfo) []string {
+			return []string{o.id(s.ID), o.id(s.Sandbox), s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
+		},
+	}
 }
 
 func snapshotRmCmd(g *globals) *cobra.Command {
@@ -681,11 +684,12 @@ func volumeCmd(g *globals) *cobra.Command {
 					return err
 				}
 				vols = slices.DeleteFunc(vols, func(v projections.Volume) bool { return !filters.Match(projections.VolumeFacts(v)) })
-				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable)
+				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable(lsOut))
 			})
 		}}
 	lsOut = addOutput(ls, true)
 	addFilterFlag(ls, &volFilters, projections.VolumeFilters)
+	addNoTrunc(ls, lsOut)
 	var rmYes, rmDry bool
 	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -790,11 +794,17 @@ func volumePruneHuman(w io.Writer, rep lifecycle.PruneReport, detached bool) {
 	fmt.Fprintf(w, "%s %d stale attachment(s); %s %d volume(s)\n", clear, len(rep.Stale), del, len(deleted))
 }
 
-var volumeTable = table[projections.Volume]{
-	header: []string{"NAME", "SIZE", "ATTACHED"},
-	row: func(v projections.Volume) []string {
-		return []string{v.Name, formatSize(v.SizeBytes), strings.Join(v.AttachedTo, ",")}
-	},
+func volumeTable(o *output) table[projections.Volume] {
+	return table[projections.Volume]{
+		header: []string{"NAME", "SIZE", "ATTACHED"},
+		row: func(v projections.Volume) []string {
+			ids := make([]string, len(v.AttachedTo))
+			for i, id := range v.AttachedTo {
+				ids[i] = o.id(id)
+			}
+			return []string{v.Name, formatSize(v.SizeBytes), strings.Join(ids, ",")}
+		},
+	}
 }
 
 func logsCmd(g *globals) *cobra.Command {

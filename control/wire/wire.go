@@ -36,6 +36,7 @@ const (
 	PathEvents        = "/v1/events"         // ParseQuery's parameters; one Record a line
 	PathSandboxes     = "/v1/sandboxes"      // after, limit (none: every sandbox); []Sandbox
 	PathSandbox       = "/v1/sandbox"        // ref; SandboxAnswer
+	PathNamed         = "/v1/named"          // ref; []projections.Ref
 	PathWithProcesses = "/v1/with-processes" // []Sandbox: those that record a process
 	PathOwner         = "/v1/owner"          // path (repeated), except; OwnerAnswer
 	PathSnapshotOwner = "/v1/snapshot-owner" // snap; SandboxAnswer

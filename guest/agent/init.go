@@ -28,6 +28,12 @@ const (
 	CmdlineInit = "nexus.init="
 )
 
+// VsockOnly reports whether a kernel command line carries
+// agentproto.CmdlineVsockOnly.
+func VsockOnly(cmdline string) bool {
+	return slices.Contains(strings.Fields(cmdline), agentproto.CmdlineVsockOnly)
+}
+
 // InitPath returns the init a kernel command line hands PID 1 to, "" when
 // it names none.
 func InitPath(cmdline string) (string, error) {
