@@ -31,15 +31,18 @@ setup-fast: setup
 
 # What only the tests need: QEMU and a Debian cloud kernel (real guests
 # boot in the suite), strace (the snapshot-durability test reads nexus's
-# fsyncs from it), xfsprogs (reflink tests loop-mount an XFS made
+# fsyncs from it), fuse3 unless root (the power-loss tests mount a FUSE
+# filesystem; root mounts it without fusermount3), xfsprogs (reflink tests loop-mount an XFS made
 # with reflink=1), man (the installed pages are read back), Node.js and the example subscriber's npm packages (a
 # subscriber in another language runs in the suite).
 setup-test: setup-fast
 	@missing=""; command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$$missing qemu-system-x86"; \
 	command -v strace >/dev/null 2>&1 || missing="$$missing strace"; \
+	command -v fusermount3 >/dev/null 2>&1 || [ "$$(id -u)" = 0 ] || missing="$$missing fuse3"; \
 	ls /boot/vmlinuz-*-cloud-amd64 >/dev/null 2>&1 || missing="$$missing linux-image-cloud-amd64"; \
 	command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || missing="$$missing xfsprogs"; \
 	command -v man >/dev/null 2>&1 || missing="$$missing man-db"; \
+	command -v systemd-analyze >/dev/null 2>&1 && command -v systemd-socket-activate >/dev/null 2>&1 || missing="$$missing systemd"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
@@ -59,6 +62,7 @@ PREFIX ?= /usr/local
 install: build install-files
 install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	  $(DESTDIR)$(PREFIX)/lib/systemd/system \
 	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
 	install -m 0755 $(BIN) $(DAEMON) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
@@ -66,6 +70,8 @@ install-files:
 	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nexus
 	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nexus
 	$(BIN) completion fish > $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/nexus.fish
+	install -m 0644 dist/systemd/nexus.socket $(DESTDIR)$(PREFIX)/lib/systemd/system/
+	sed 's#@BINDIR@#$(PREFIX)/bin#' dist/systemd/nexus.service > $(DESTDIR)$(PREFIX)/lib/systemd/system/nexus.service
 
 # The main job on the embedded default journal, with the process driver.
 # The main job, for real with the process driver: a sandbox from a sparse
@@ -111,11 +117,14 @@ test-fast: setup-fast
 # The model-based crash harnesses with a long budget (the test suite runs
 # short ones): random lifecycles, SIGKILL at random saga steps, and rounds
 # of operations at once with SIGINT/SIGKILL of clients and the daemon;
-# invariants after every operation. NEXUS_MODEL_SEED=N replays one sequence.
+# invariants after every operation; and power cuts under real commands on
+# a FUSE root that drops what was not fsynced (NEXUS_POWERCUT_CUTS).
+# NEXUS_MODEL_SEED=N replays one sequence, NEXUS_POWERCUT_SEED=N one run of cuts.
 soak: setup
 	NEXUS_MODEL_RUNS=$${NEXUS_MODEL_RUNS:-40} NEXUS_MODEL_OPS=$${NEXUS_MODEL_OPS:-30} \
 	NEXUS_MODEL_CONC_RUNS=$${NEXUS_MODEL_CONC_RUNS:-30} NEXUS_MODEL_ROUNDS=$${NEXUS_MODEL_ROUNDS:-12} \
-	  $(GO) test -run 'TestModelRandomLifecycles|TestModelConcurrentLifecycles' -count=1 -v -timeout 3h ./cmd/nexus/
+	NEXUS_POWERCUT_CUTS=$${NEXUS_POWERCUT_CUTS:-60} \
+	  $(GO) test -run 'TestModelRandomLifecycles|TestModelConcurrentLifecycles|TestPowerCut$$' -count=1 -v -timeout 3h ./cmd/nexus/
 
 # Every fuzz target for FUZZTIME each; their seed corpora are checked in
 # under testdata/fuzz and also run by `make test`.

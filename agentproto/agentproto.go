@@ -25,6 +25,12 @@ const Version = 1
 // Port is the guest vsock port the agent listens on.
 const Port = 1024
 
+// CmdlineVsockOnly, on the guest kernel's command line, tells the agent
+// that the VMM gives it a vsock device and no virtio-serial port (Cloud
+// Hypervisor), so it serves vsock at once instead of waiting for a port
+// that never comes (QEMU's adapter gives one).
+const CmdlineVsockOnly = "nexus.agent=vsock"
+
 // MaxData bounds the bytes one data-carrying frame holds; MaxFrame is the
 // largest frame either end accepts (MaxData plus room for the other fields),
 // refused before its body is read.
@@ -441,6 +447,12 @@ const (
 	// SerialBytes is what a virtio-blk serial can hold (VIRTIO_BLK_ID_BYTES).
 	SerialBytes = 20
 )
+
+// CmdlineRootOverlay on the guest kernel's command line tells the agent as
+// PID 1 that the OS disk (SerialOS) is shared and read-only: it mounts
+// the guest's root as an overlay over it, upper layer on the workspace
+// disk (docs/guest-agent.md).
+const CmdlineRootOverlay = "nexus.root=overlay"
 
 // DiskSerial is the serial of a named disk (prefix SerialShadow or
 // SerialVolume). One that fits in SerialBytes-1 bytes is the prefix and the

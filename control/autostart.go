@@ -44,6 +44,20 @@ type AutoStart struct {
 	// Locked, if set, runs with the spawn lock just taken: the tests'
 	// way to stop a real command while it holds the lock.
 	Locked func()
+	// Fleet is the fingerprint of the fleet settings a daemon started now
+	// would mirror with (wire.Status.Fleet, "" for none). With
+	// CompareFleet set, an on-demand daemon reporting another is stale
+	// and replaced like a daemon of another build; unset (the settings
+	// could not be read), any is taken.
+	Fleet        string
+	CompareFleet bool
+}
+
+// current is whether a daemon reporting st serves a new command: it runs
+// this build and, if it was started on demand, this configuration's fleet
+// settings. A daemon started by hand keeps the settings it was given.
+func (a *AutoStart) current(st wire.Status) bool {
+	return sameBuild(st) && (!st.Auto || !a.CompareFleet || st.Fleet == a.Fleet)
 }
 
 // DefaultLockGrace and DefaultLockWait are the spawn lock waits unless
@@ -93,7 +107,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		return nil, err
 	}
 	if err == nil {
-		if sameBuild(st) {
+		if o.Auto.current(st) {
 			c.ensure = redial(root, o)
 			return c, nil
 		}
@@ -101,7 +115,8 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		if !st.Auto {
 			return nil, otherBuild(root, st)
 		}
-		// Another build's daemon started on demand: ensureDaemon replaces
+		// A daemon started on demand of another build, or with other
+		// fleet settings than the configuration's: ensureDaemon replaces
 		// it under the spawn lock, so racing commands replace it once.
 	}
 	if err := ensureDaemon(ctx, root, o, false); err != nil {
@@ -146,6 +161,14 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 	}
 	c.ensure = redial(root, o)
 	return c, nil
+}
+
+// staleWhy says why an on-demand daemon reporting st is replaced.
+func staleWhy(st wire.Status) string {
+	if sameBuild(st) {
+		return "other fleet settings than the configuration's"
+	}
+	return "another nexus build"
 }
 
 // startFailed is a started daemon that exited before it answered.
@@ -198,7 +221,7 @@ func (a *AutoStart) ready() time.Duration {
 
 // waitGone returns once no daemon answers on sock at all (a retiring one
 // included), or fails after d.
-func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error {
+func waitGone(ctx context.Context, sock string, st wire.Status, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
 		if _, err := os.Lstat(sock); err != nil {
@@ -213,7 +236,7 @@ func waitGone(ctx context.Context, sock string, pid int, d time.Duration) error 
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: the daemon on %s (pid %d), of another nexus build, retires but still serves its commands after %s; try again once they are done", ErrBusy, filepath.Dir(sock), pid, d)
+			return fmt.Errorf("%w: the daemon on %s (pid %d), of %s, retires but still serves its commands after %s; try again once they are done", ErrBusy, filepath.Dir(sock), st.Pid, staleWhy(st), d)
 		}
 		select {
 		case <-ctx.Done():
@@ -246,7 +269,12 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 	if err == nil {
 		defer c.Close()
 		switch {
-		case sameBuild(st):
+		case o.Auto.current(st):
+			return nil
+		case running && sameBuild(st):
+			// A running command goes on with whatever fleet settings
+			// the daemon answering now has: they change only what is
+			// mirrored, not what the command is told.
 			return nil
 		case running:
 			return &replacedError{root: root, st: st, running: true}
@@ -258,9 +286,9 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 		// below (which gives up on a held journal after its lock wait),
 		// gives an old command as long as a daemon has to answer.
 		if err := c.Retire(ctx); err != nil {
-			return fmt.Errorf("retire the daemon of another nexus build on %s (pid %d): %w", root, st.Pid, err)
+			return fmt.Errorf("retire the daemon on %s (pid %d), of %s: %w", root, st.Pid, staleWhy(st), err)
 		}
-		if err := waitGone(ctx, sock, st.Pid, o.Auto.ready()); err != nil {
+		if err := waitGone(ctx, sock, st, o.Auto.ready()); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -116,6 +117,18 @@ func DaemonStatus(ctx context.Context, root string) (wire.Status, error) {
 		return wire.Status{}, fmt.Errorf("%w %s: %v", ErrNoDaemon, abs, err)
 	}
 	return st, nil
+}
+
+// DaemonMetrics copies root's daemon's Prometheus metrics (the text
+// exposition of wire.PathMetrics) to w.
+func DaemonMetrics(ctx context.Context, root string, w io.Writer) error {
+	st, err := DaemonStatus(ctx, root)
+	if err != nil {
+		return err
+	}
+	c := NewClient(filepath.Join(st.Root, wire.SocketName))
+	defer c.Close()
+	return c.Metrics(ctx, w)
 }
 
 // StopDaemon asks root's daemon, however it was started, to finish with

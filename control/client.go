@@ -336,6 +336,24 @@ func (c *Client) Stats(ctx context.Context) (wire.Stats, error) {
 	return st, err
 }
 
+// Metrics copies the daemon's Prometheus metrics, as it serves them, to w.
+func (c *Client) Metrics(ctx context.Context, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+wire.PathMetrics, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(req)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon: %s: %s", wire.PathMetrics, resp.Status)
+	}
+	_, err = io.Copy(w, resp.Body)
+	return err
+}
+
 // Mirror asks the daemon for its fleet mirror's state (nil: none).
 func (c *Client) Mirror(ctx context.Context) (*fleetstate.MirrorState, error) {
 	var out wire.MirrorAnswer
@@ -366,6 +384,12 @@ func (c *Client) Sandbox(ctx context.Context, ref string) (projections.Sandbox, 
 	var out wire.SandboxAnswer
 	err := c.getJSON(ctx, wire.PathSandbox+"?ref="+url.QueryEscape(ref), &out)
 	return out.Sandbox.View(), out.Found, err
+}
+
+func (c *Client) Named(ctx context.Context, ref string) ([]projections.Ref, error) {
+	var out []projections.Ref
+	err := c.getJSON(ctx, wire.PathNamed+"?ref="+url.QueryEscape(ref), &out)
+	return out, err
 }
 
 func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (string, string, bool, error) {

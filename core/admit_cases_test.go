@@ -30,7 +30,7 @@ import (
 //	state                    the sandboxes, handles, volumes and open sagas
 //
 // An input event is `<sandbox>|- <type> [saga=] [kind=] [handle=]
-// [volume=] [parent=] [snapshot=]`. An append that goes in moves w's
+// [old=] [volume=] [parent=] [snapshot=]`. An append that goes in moves w's
 // expectations to what it wrote (Advance), as a saga's next step expects.
 func TestAdmitCases(t *testing.T) {
 	var j *memJournal
@@ -270,7 +270,7 @@ func parseEvents(t *testing.T, c testCase) []events.Event {
 		a := map[string]string{}
 		for _, f := range fields[2:] {
 			k, v, _ := strings.Cut(f, "=")
-			if !slices.Contains([]string{"saga", "kind", "handle", "volume", "parent", "snapshot"}, k) {
+			if !slices.Contains([]string{"saga", "kind", "handle", "old", "volume", "parent", "snapshot"}, k) {
 				t.Fatalf("%s: event %q: unknown key %q", c.pos, l, k)
 			}
 			a[k] = v
@@ -295,6 +295,8 @@ func parseEvents(t *testing.T, c testCase) []events.Event {
 			p = events.SandboxStoppedEvent{}
 		case events.SandboxRemoved:
 			p = events.SandboxRemovedEvent{}
+		case events.SandboxRenamed:
+			p = events.SandboxRenamedEvent{Old: a["old"], Handle: a["handle"]}
 		case events.HandleClaimed:
 			p = events.HandleClaimedEvent{Sandbox: sb, Handle: a["handle"]}
 		case events.SnapshotTaken:

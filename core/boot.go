@@ -3,6 +3,7 @@ package core
 import (
 	"fmt"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -54,4 +55,25 @@ func mib(n int64) string {
 		return fmt.Sprintf("%d GiB", n>>30)
 	}
 	return fmt.Sprintf("%d MiB", n>>20)
+}
+
+// RootMode is how a new sandbox's root is made (events.BootConfig.Root),
+// from the setting asked ("" for none, else events.RootOverlay or
+// events.RootCopy) and whether its guest runs nexus's agent as init. Only
+// that agent, as PID 1, puts an overlay over the read-only OS disk, so a
+// guest that boots without it gets a private copy, and an overlay asked
+// for it is refused; with the agent, a copy is made only when asked.
+func RootMode(asked string, agentIsInit bool) (string, error) {
+	switch {
+	case asked == events.RootCopy:
+		return events.RootCopy, nil
+	case asked != "" && asked != events.RootOverlay:
+		return "", fmt.Errorf("root %q: want %s or %s", asked, events.RootOverlay, events.RootCopy)
+	case agentIsInit:
+		return events.RootOverlay, nil
+	case asked == events.RootOverlay:
+		return "", fmt.Errorf("root %s needs nexus's agent as the guest's init (an initramfs from `nexus guest initramfs`): this guest boots its kernel without one, and would write its root directly", events.RootOverlay)
+	default:
+		return events.RootCopy, nil
+	}
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -47,4 +48,29 @@ func TestBootCases(t *testing.T) {
 		t.Fatalf("%s: unknown command %q", c.pos, c.cmd)
 		return ""
 	})
+}
+
+// TestRootMode: an overlay root wherever the guest runs nexus's agent as
+// init, unless a copy is asked; a private copy for a guest without it, and
+// an overlay asked for such a guest, or an unknown mode, refused.
+func TestRootMode(t *testing.T) {
+	for _, c := range []struct {
+		asked   string
+		agent   bool
+		want    string
+		refused bool
+	}{
+		{"", true, events.RootOverlay, false},
+		{"", false, events.RootCopy, false},
+		{events.RootCopy, true, events.RootCopy, false},
+		{events.RootCopy, false, events.RootCopy, false},
+		{events.RootOverlay, true, events.RootOverlay, false},
+		{events.RootOverlay, false, "", true},
+		{"shared", true, "", true},
+	} {
+		got, err := RootMode(c.asked, c.agent)
+		if got != c.want || (err != nil) != c.refused {
+			t.Errorf("RootMode(%q, agent %v) = %q, %v; want %q, refused %v", c.asked, c.agent, got, err, c.want, c.refused)
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -22,6 +23,7 @@ const (
 	Snapshot       Command = "snapshot"
 	Fork           Command = "fork"
 	Restore        Command = "restore" // restoring a snapshot of this sandbox
+	Rename         Command = "rename"  // giving it another handle
 )
 
 // ErrRefused marks a command the sandbox's state does not allow.
@@ -107,6 +109,15 @@ func Decide(cmd Command, sb projections.Sandbox, open []projections.OpenSaga) er
 	case Remove:
 		if sb.State == projections.StateRunning {
 			return refuse("it is running (stop it first, or use `nexus rm -f`)")
+		}
+	case Rename:
+		// Shadow disks and their intent are named by the handle
+		// (layout's <safeHandle>.shadow.*): a new handle would leave them
+		// named for one the sandbox no longer holds.
+		for _, r := range sb.Resources {
+			if r.Kind == events.KindShadowDisk || r.Kind == events.KindShadowIntent {
+				return refuse("its shadow disk %s is named by its handle %q", r.Path, sb.Handle)
+			}
 		}
 	case ForceRemove, Restore, SnapshotRemove:
 	default:

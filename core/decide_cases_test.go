@@ -14,7 +14,7 @@ import (
 // volume in a given state, with the sagas the journal shows open, and what
 // the decision is.
 //
-//	decide cmd=<command> state=<state> [vmm=none|live|exited] [open=<kind>] [open-elsewhere=<kind>]
+//	decide cmd=<command> state=<state> [vmm=none|live|exited] [open=<kind>] [open-elsewhere=<kind>] [shadow]
 //	snapshots [snapshots=S1,S2] [with]
 //	volume-rm [missing] [attached=A,B] [live=A,...]
 //	attach [missing] [attached=A]
@@ -29,12 +29,16 @@ func TestDecideCases(t *testing.T) {
 	runCases(t, "testdata/decide.txt", func(t *testing.T, c testCase) string {
 		switch c.cmd {
 		case "decide":
-			c.only(t, "cmd", "state", "vmm", "open", "open-elsewhere")
+			c.only(t, "cmd", "state", "vmm", "open", "open-elsewhere", "shadow")
 			cmd, st := Command(c.args["cmd"]), projections.State(c.args["state"])
 			if cmd == "" || st == "" {
 				t.Fatalf("%s: decide needs cmd= and state=", c.pos)
 			}
 			sb := projections.Sandbox{ID: "A", State: st}
+			if _, ok := c.arg("shadow"); ok {
+				sb.Handle = "web"
+				sb.Resources = []events.Resource{{Kind: events.KindShadowDisk, Path: "disks/web.shadow.cfg.ext4"}}
+			}
 			vmm, ok := c.arg("vmm")
 			if !ok {
 				vmm = map[projections.State]string{projections.StateRunning: "live", projections.StateExited: "exited"}[st]

@@ -38,11 +38,38 @@ type KeptEntry struct {
 	Reason  string
 }
 
+// referenceReason says why sandboxes keep an entry: the ones booted on it
+// (an overlay root: the entry is their OS disk, read-only) and the ones
+// whose private copy came from it.
+func referenceReason(st projections.ImageCacheState, sandboxes []string) string {
+	bootsOn := map[string]bool{}
+	for _, u := range st.Users {
+		bootsOn[u.Sandbox] = u.BootsOn()
+	}
+	var on, from []string
+	for _, sb := range sandboxes {
+		if bootsOn[sb] {
+			on = append(on, sb)
+		} else {
+			from = append(from, sb)
+		}
+	}
+	var parts []string
+	if len(on) > 0 {
+		parts = append(parts, "the OS disk of "+strings.Join(on, ", ")+" (booted on read-only)")
+	}
+	if len(from) > 0 {
+		parts = append(parts, "referenced by "+strings.Join(from, ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
 // PrunePlan decides which entries an unused-prune removes, least recently
 // used first, and why it keeps each other one (sorted by id): nothing
 // while a create, fork or restore is unfinished (ErrIncomplete); nothing
 // while a persisted sandbox records no bootstrap (it may use any entry);
-// never an entry a persisted sandbox references; with OlderThan only
+// never an entry a persisted sandbox references (its OS disk, for one
+// booted on it under an overlay root, or the source of its copy); with OlderThan only
 // entries unused for that long; with MaxBytes only until the whole cache
 // fits.
 func PrunePlan(entries []CachedImage, st projections.ImageCacheState, limits PruneLimits, nowMs int64) (remove []string, kept []KeptEntry, err error) {
@@ -62,7 +89,7 @@ func PrunePlan(entries []CachedImage, st projections.ImageCacheState, limits Pru
 		case len(unattributed) > 0:
 			kept = append(kept, KeptEntry{e.CacheID, "sandbox " + strings.Join(unattributed, ", ") + " records no bootstrap identity and protects every entry"})
 		case len(refs[e.CacheID]) > 0:
-			kept = append(kept, KeptEntry{e.CacheID, "referenced by " + strings.Join(refs[e.CacheID], ", ")})
+			kept = append(kept, KeptEntry{e.CacheID, referenceReason(st, refs[e.CacheID])})
 		case limits.OlderThan > 0 && e.UsedMs > nowMs-limits.OlderThan.Milliseconds():
 			kept = append(kept, KeptEntry{e.CacheID, "used within " + limits.OlderThan.String()})
 		default:

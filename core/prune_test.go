@@ -16,10 +16,11 @@ import (
 // disk, what the journal knows of their users and open sagas, and the
 // limits of an unused-prune, and the plan expected.
 //
-//	prune [entries=<id>/<bytes>/<unused for>,...] [users=<sandbox>:<cache id>,...]
+//	prune [entries=<id>/<bytes>/<unused for>,...] [users=<sandbox>:<cache id>[:overlay],...]
 //	      [pending=<kind>:<saga>:<sandbox>,...] [older-than=<duration>] [max-bytes=<n>]
 //
-// A user with no cache id records no bootstrap. Without max-bytes there is
+// A user with no cache id records no bootstrap; one marked overlay boots
+// on its entry. Without max-bytes there is
 // no size target. The output is the entries removed, in order, then each
 // kept entry and why; or the refusal.
 func TestPrunePlan(t *testing.T) {
@@ -50,9 +51,10 @@ func TestPrunePlan(t *testing.T) {
 		for _, u := range list(c, "users") {
 			sb, id, ok := strings.Cut(u, ":")
 			if !ok {
-				t.Fatalf("%s: user %q is not <sandbox>:<cache id>", c.pos, u)
+				t.Fatalf("%s: user %q is not <sandbox>:<cache id>[:overlay]", c.pos, u)
 			}
-			st.Users = append(st.Users, projections.CacheUser{Sandbox: sb, Bootstrap: events.Bootstrap{CacheID: id}})
+			id, root, _ := strings.Cut(id, ":")
+			st.Users = append(st.Users, projections.CacheUser{Sandbox: sb, Bootstrap: events.Bootstrap{CacheID: id}, Root: root})
 		}
 		for _, p := range list(c, "pending") {
 			f := strings.Split(p, ":")

@@ -55,6 +55,9 @@ type TLS = journal.TLS
 type Options struct {
 	// Listen exposes NATS to subscribers on this TCP address ("" = none).
 	Listen string
+	// MetricsListen also serves the Prometheus metrics (served on the
+	// control socket at wire.PathMetrics) on this TCP address ("" = none).
+	MetricsListen string
 	// AllowRemote permits a Listen address that is not loopback; such an
 	// address also needs TLS.
 	AllowRemote bool
@@ -62,6 +65,11 @@ type Options struct {
 	TLS *TLS
 	// Mirror, if set, replicates the journal to a fleet's JetStream.
 	Mirror *fleet.Mirror
+	// DigestEvery and DigestInterval space a mirroring daemon's
+	// journal.digest events: after that many events, or that long with
+	// any (0: 1000 events, 1 minute).
+	DigestEvery    int
+	DigestInterval time.Duration
 	// LockWait is how long to wait for a command that holds the journal.
 	LockWait time.Duration
 	// Ready, if set, is called once the daemon serves its socket, after
@@ -130,7 +138,8 @@ func Run(ctx context.Context, root string, o Options) error {
 		jo.TLS = o.TLS
 		jo.Subscriber = &journal.Credentials{User: creds.User, PasswordHash: string(hash)}
 	}
-	n, err := openWaiting(ctx, root, jo, o.LockWait, !o.Auto)
+	m := newMetrics()
+	n, err := openWaiting(ctx, root, store.Options{Journal: jo, Observer: m}, o.LockWait, !o.Auto)
 	if errors.Is(err, errServedElsewhere) {
 		log.Info("not needed", "reason", err.Error())
 		return nil
@@ -139,6 +148,15 @@ func Run(ctx context.Context, root string, o Options) error {
 		return err
 	}
 	defer n.Close()
+	m.reg.MustRegister(newStoreCollector(n, o.Mirror))
+	if o.MetricsListen != "" {
+		addr, stop, err := serveMetrics(ctx, o.MetricsListen, m)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		log.Info("metrics", "url", "http://"+addr+wire.PathMetrics)
+	}
 	if creds != nil {
 		creds.URL = n.Journal().ClientURL()
 		if err := writeSubscriber(root, creds); err != nil {
@@ -155,13 +173,18 @@ func Run(ctx context.Context, root string, o Options) error {
 	// Exits are facts (exits.go): stopped before the store closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n, o.Mirror)()
-	go func() { served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log}) }()
+	if o.Mirror != nil {
+		defer journalDigests(sctx, n, o.DigestEvery, o.DigestInterval)()
+	}
+	go func() {
+		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m})
+	}()
 	// Serve creates the socket almost at once; wait until it answers so
 	// "serving" (and Ready) means a client can connect.
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
 		return err
 	}
-	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef()}
+	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef(), Fleet: o.Mirror.Fingerprint()}
 	log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
 	if recovered != nil {
 		recovered()
@@ -200,10 +223,10 @@ var errServedElsewhere = errors.New("another daemon serves the state root")
 // journal to let go. A daemon started by hand (takeOver) asks a daemon
 // started on demand to retire, so `nexus daemon` works whatever commands
 // ran before it.
-func openWaiting(ctx context.Context, root string, jo journal.Options, wait time.Duration, takeOver bool) (*store.Store, error) {
+func openWaiting(ctx context.Context, root string, so store.Options, wait time.Duration, takeOver bool) (*store.Store, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		n, err := store.Open(ctx, root, store.Options{Journal: jo})
+		n, err := store.Open(ctx, root, so)
 		if !errors.Is(err, journal.ErrLocked) || time.Now().After(deadline) {
 			return n, err
 		}

@@ -52,6 +52,8 @@ type serveOptions struct {
 	mirror *fleet.Mirror
 	// log says why serving ended (nil: not said).
 	log *slog.Logger
+	// metrics are served at wire.PathMetrics (nil: not served).
+	metrics *metrics
 }
 
 // clients counts the open connections. A command keeps its connection for
@@ -151,6 +153,15 @@ func (cl *clients) stop(ln net.Listener, ifIdle time.Duration) bool {
 	return true
 }
 
+// listen takes the socket a service manager passed (socket activation),
+// or else binds its own.
+func listen(path string) (*unixsock.Listener, error) {
+	if ln, err := unixsock.Passed(path); ln != nil || err != nil {
+		return ln, err
+	}
+	return unixsock.Listen(path)
+}
+
 func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	// Holding the journal lock, we know any socket file there is a dead
 	// daemon's; Listen replaces it because it refuses connections.
@@ -158,7 +169,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
-	ln, err := unixsock.Listen(filepath.Join(n.Root(), wire.SocketName))
+	ln, err := listen(filepath.Join(n.Root(), wire.SocketName))
 	if err != nil {
 		return fmt.Errorf("control socket: %w", err)
 	}
@@ -174,7 +185,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	streams := &streamSet{}
 	defer streams.closeAll()
 	srv := &http.Server{
-		Handler:     handler(n, self, o.auto, o.mirror, retire, fs, cl, streams),
+		Handler:     handler(n, self, o.auto, o.mirror, o.metrics, retire, fs, cl, streams),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -270,8 +281,11 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m *metrics, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
 	mux := http.NewServeMux()
+	if m != nil {
+		mux.Handle("GET "+wire.PathMetrics, m.handler())
+	}
 	local := local.Backend{Store: n}
 	var served, most atomic.Int64
 	count := func(n int) {
@@ -288,8 +302,9 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, re
 	mux.HandleFunc("GET "+wire.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, wire.RootIdentity{Root: n.Root(), Dev: self.Dev, Ino: self.Ino, Pid: os.Getpid()})
 	})
+	fleetPrint := mirror.Fingerprint()
 	mux.HandleFunc("GET "+wire.PathStatus, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring()})
+		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint})
 	})
 	mux.HandleFunc("GET "+wire.PathMirror, func(w http.ResponseWriter, r *http.Request) {
 		var st *fleet.MirrorState
@@ -396,6 +411,14 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, re
 			count(1)
 		}
 		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: wire.SandboxOf(sb)})
+	})
+	mux.HandleFunc("GET "+wire.PathNamed, func(w http.ResponseWriter, r *http.Request) {
+		refs, err := local.Named(r.Context(), r.URL.Query().Get("ref"))
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, refs)
 	})
 	mux.HandleFunc("GET "+wire.PathOwner, func(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()

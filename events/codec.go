@@ -62,15 +62,16 @@ func spec(p Payload, current uint16) typeSpec {
 }
 
 var registry = map[Type]typeSpec{
-	SandboxCreated:     withUpcast(withUpcast(withUpcast(spec(SandboxCreatedEvent{}, 4), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]), 3, addedFields[SandboxCreatedEvent]),
-	SandboxForked:      withUpcast(withUpcast(spec(SandboxForkedEvent{}, 3), 1, addedFields[SandboxForkedEvent]), 2, addedFields[SandboxForkedEvent]),
-	SandboxRestored:    withUpcast(withUpcast(spec(SandboxRestoredEvent{}, 3), 1, addedFields[SandboxRestoredEvent]), 2, addedFields[SandboxRestoredEvent]),
+	SandboxCreated:     addedSince(withUpcast(spec(SandboxCreatedEvent{}, 6), 1, upcastSandboxCreatedV1), 2, addedFields[SandboxCreatedEvent]),
+	SandboxForked:      addedSince(spec(SandboxForkedEvent{}, 5), 1, addedFields[SandboxForkedEvent]),
+	SandboxRestored:    addedSince(spec(SandboxRestoredEvent{}, 5), 1, addedFields[SandboxRestoredEvent]),
 	SandboxStarted:     spec(SandboxStartedEvent{}, 1),
 	SandboxReady:       spec(SandboxReadyEvent{}, 1),
 	SandboxNotReady:    spec(SandboxNotReadyEvent{}, 1),
 	SandboxStopped:     spec(SandboxStoppedEvent{}, 1),
 	SandboxFailed:      spec(SandboxFailedEvent{}, 1),
 	SandboxRemoved:     spec(SandboxRemovedEvent{}, 1),
+	SandboxRenamed:     spec(SandboxRenamedEvent{}, 1),
 	DiskMaterialised:   spec(DiskMaterialisedEvent{}, 1),
 	IntentWritten:      spec(IntentWrittenEvent{}, 1),
 	IntentRetired:      spec(IntentRetiredEvent{}, 1),
@@ -79,7 +80,7 @@ var registry = map[Type]typeSpec{
 	SupervisorExited:   spec(SupervisorExitedEvent{}, 1),
 	VMMExited:          spec(VMMExitedEvent{}, 1),
 	SnapshotTaken:      spec(SnapshotTakenEvent{}, 1),
-	VolumeCreated:      spec(VolumeCreatedEvent{}, 1),
+	VolumeCreated:      addedSince(spec(VolumeCreatedEvent{}, 2), 1, addedFields[VolumeCreatedEvent]),
 	VolumeAttached:     spec(VolumeAttachedEvent{}, 1),
 	VolumeDetached:     spec(VolumeDetachedEvent{}, 1),
 	VolumeRemoved:      spec(VolumeRemovedEvent{}, 1),
@@ -109,6 +110,9 @@ var registry = map[Type]typeSpec{
 	MirrorUnlinked:       spec(MirrorUnlinkedEvent{}, 1),
 	MirrorSettingsDiffer: spec(MirrorSettingsDifferEvent{}, 1),
 	MirrorRefused:        spec(MirrorRefusedEvent{}, 1),
+
+	// The host's running digest of its journal (Chain).
+	JournalDigest: spec(JournalDigestEvent{}, 1),
 }
 
 func withUpcast(s typeSpec, from uint16, f func([]byte) (Payload, error)) typeSpec {
@@ -116,6 +120,16 @@ func withUpcast(s typeSpec, from uint16, f func([]byte) (Payload, error)) typeSp
 		s.upcast = map[uint16]func([]byte) (Payload, error){}
 	}
 	s.upcast[from] = f
+	return s
+}
+
+// addedSince registers f as the upcast of every schema from from up to
+// the current one: each differs from the current only by fields added
+// since.
+func addedSince(s typeSpec, from uint16, f func([]byte) (Payload, error)) typeSpec {
+	for v := from; v < s.current; v++ {
+		s = withUpcast(s, v, f)
+	}
 	return s
 }
 

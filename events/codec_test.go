@@ -23,7 +23,7 @@ var (
 // without a sample fails TestEveryTypeRoundTrips.
 var samples = []Payload{
 	SandboxCreatedEvent{Handle: "dev/a", Image: "base.raw", Driver: "process", Resources: []Resource{{KindRawDisk, "disks/x.raw"}}, Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"},
-		Boot: BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30}},
+		Boot: BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30}, Labels: Labels{"team": "web"}},
 	SandboxForkedEvent{Parent: testSandbox, Image: "base.raw", Driver: "process", Resources: []Resource{{KindWorkspaceDisk, "disks/y-workspace.ext4"}}, Bootstrap: Bootstrap{CacheID: "img-1"}, Boot: BootConfig{Cpus: 2}},
 	SandboxRestoredEvent{Snapshot: "s1", Source: testSandbox, Image: "i", Driver: "process", Bootstrap: Bootstrap{CacheID: "img-1", Identity: "stat-sha256:ab"}, Boot: BootConfig{MemoryBytes: 1 << 30}},
 	SandboxStartedEvent{Driver: "process", VMMPid: 42, VMMStart: 9000, Sockets: []Resource{{KindAPISocket, "run/sb-x.sock"}}},
@@ -32,6 +32,7 @@ var samples = []Payload{
 	SandboxStoppedEvent{Reason: "user"},
 	SandboxFailedEvent{Reason: "OverlayDiskFull", Message: "no space"},
 	SandboxRemovedEvent{},
+	SandboxRenamedEvent{Old: "dev/a", Handle: "dev/b"},
 	DiskMaterialisedEvent{Resource: Resource{KindRawDisk, "disks/x.raw"}, Method: "reflink", AllocatedBytes: 4096, ApparentBytes: 1 << 30},
 	IntentWrittenEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}, Covers: []string{"disks/x.raw"}},
 	IntentRetiredEvent{Resource: Resource{KindCreateIntent, "disks/x.create-intent.json"}},
@@ -64,6 +65,7 @@ var samples = []Payload{
 	MirrorUnlinkedEvent{Stream: "NEXUS_HOST_A", URLs: []string{"nats-leaf://n1:7422"}},
 	MirrorSettingsDifferEvent{Stream: "NEXUS_HOST_A", Kept: "replicas 1 (nexus asks 3)"},
 	MirrorRefusedEvent{Stream: "NEXUS_HOST_A", Reason: "another host's"},
+	JournalDigestEvent{Seq: 7, Digest: "00"},
 	SagaStartedEvent{Kind: "create", Steps: []string{"intent", "disk", "commit"}},
 	SagaFinishedEvent{},
 	SagaCompensatedEvent{Reason: "ENOSPC"},
@@ -171,8 +173,8 @@ func TestUpcastSandboxCreatedV1(t *testing.T) {
 	if !reflect.DeepEqual(got.Payload, want) {
 		t.Fatalf("upcast = %+v, want %+v", got.Payload, want)
 	}
-	if got.Schema != 4 {
-		t.Fatalf("upcast event reports schema %d, want the current 4", got.Schema)
+	if got.Schema != CurrentSchema(SandboxCreated) {
+		t.Fatalf("upcast event reports schema %d, want the current %d", got.Schema, CurrentSchema(SandboxCreated))
 	}
 }
 
@@ -207,7 +209,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Parent != testSandbox || !f.Bootstrap.IsZero() || got.Schema != CurrentSchema(SandboxForked) {
 		t.Fatalf("forked v1 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV1 struct {
@@ -222,7 +224,7 @@ func TestUpcastAddedBootstrap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Snapshot != "s" || !r.Bootstrap.IsZero() || got.Schema != CurrentSchema(SandboxRestored) {
 		t.Fatalf("restored v1 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded bootstrap is not written at all, so the bytes stay what
@@ -253,7 +255,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != 4 {
+	if c := got.Payload.(SandboxCreatedEvent); c.Driver != "qemu" || c.Bootstrap.CacheID != "img-1" || !c.Boot.IsZero() || got.Schema != CurrentSchema(SandboxCreated) {
 		t.Fatalf("created v3 upcast = %+v (schema %d)", c, got.Schema)
 	}
 	type forkedV2 struct {
@@ -267,7 +269,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != 3 {
+	if f := got.Payload.(SandboxForkedEvent); f.Driver != "qemu" || !f.Boot.IsZero() || got.Schema != CurrentSchema(SandboxForked) {
 		t.Fatalf("forked v2 upcast = %+v (schema %d)", f, got.Schema)
 	}
 	type restoredV2 struct {
@@ -282,7 +284,7 @@ func TestUpcastAddedBoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != 3 {
+	if r := got.Payload.(SandboxRestoredEvent); r.Driver != "qemu" || !r.Boot.IsZero() || got.Schema != CurrentSchema(SandboxRestored) {
 		t.Fatalf("restored v2 upcast = %+v (schema %d)", r, got.Schema)
 	}
 	// An unrecorded boot configuration is not written at all.
@@ -292,6 +294,127 @@ func TestUpcastAddedBoot(t *testing.T) {
 	}
 	if bytes.Contains(data, []byte("boot")) {
 		t.Fatal("a zero boot configuration was encoded")
+	}
+}
+
+// TestUpcastAddedLabels: sandbox.created v4, sandbox.forked and
+// sandbox.restored v3 and volume.created v1 were written before labels;
+// they decode with none, and no labels are encoded as no key at all.
+func TestUpcastAddedLabels(t *testing.T) {
+	type createdV4 struct {
+		Handle    string     `msgpack:"handle,omitempty"`
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty"`
+		Boot      BootConfig `msgpack:"boot,omitempty"`
+	}
+	old := map[Type]any{
+		SandboxCreated:  createdV4{Handle: "h", Image: "img", Driver: "qemu", Boot: BootConfig{Cpus: 2}},
+		SandboxForked:   map[string]any{"parent": testSandbox, "image": "img", "driver": "qemu", "resources": []Resource{}, "boot": BootConfig{Cpus: 2}},
+		SandboxRestored: map[string]any{"snapshot": "s", "source": testSandbox, "image": "img", "driver": "qemu", "resources": []Resource{}},
+		VolumeCreated:   map[string]any{"name": "v", "path": "volumes/v/disk.ext4", "size": 1 << 20},
+	}
+	preLabels := map[Type]uint16{SandboxCreated: 4, SandboxForked: 3, SandboxRestored: 3, VolumeCreated: 1}
+	for typ, p := range old {
+		got, err := Decode(rawEvent(t, wire{Type: string(typ), Schema: preLabels[typ], Sandbox: testSandbox, Payload: payloadBytes(t, p)}))
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		var labels Labels
+		switch p := got.Payload.(type) {
+		case SandboxCreatedEvent:
+			if p.Handle != "h" || p.Boot.Cpus != 2 {
+				t.Fatalf("created upcast = %+v", p)
+			}
+			labels = p.Labels
+		case SandboxForkedEvent:
+			labels = p.Labels
+		case SandboxRestoredEvent:
+			labels = p.Labels
+		case VolumeCreatedEvent:
+			if p.SizeBytes != 1<<20 {
+				t.Fatalf("volume upcast = %+v", p)
+			}
+			labels = p.Labels
+		}
+		if labels != nil || got.Schema != CurrentSchema(typ) {
+			t.Fatalf("%s upcast: labels %v, schema %d", typ, labels, got.Schema)
+		}
+	}
+	data, err := Encode(New(testID, testTime, testSandbox, SandboxCreatedEvent{Image: "img", Driver: "process"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(data, []byte("labels")) {
+		t.Fatal("no labels were encoded as a key")
+	}
+	e := New(testID, testTime, testSandbox, SandboxCreatedEvent{Image: "img", Driver: "process", Labels: Labels{"team": "web"}})
+	data, err = Encode(e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := Decode(data)
+	if err != nil || !reflect.DeepEqual(back.Payload, e.Payload) {
+		t.Fatalf("labels round trip: %+v, %v", back.Payload, err)
+	}
+}
+
+// TestUpcastAddedRoot: sandbox.created v5 and sandbox.forked and
+// sandbox.restored v4 (and earlier) were written before a sandbox recorded how its root
+// is made; they decode with Root empty, which is a private copy of the OS
+// disk, as every sandbox had then.
+func TestUpcastAddedRoot(t *testing.T) {
+	type bootV4 struct {
+		Kernel string `msgpack:"kernel,omitempty"`
+		Cpus   int    `msgpack:"cpus,omitempty"`
+	}
+	type createdV4 struct {
+		Image     string     `msgpack:"image"`
+		Driver    string     `msgpack:"driver"`
+		Resources []Resource `msgpack:"resources"`
+		Boot      bootV4     `msgpack:"boot,omitempty"`
+	}
+	old := payloadBytes(t, createdV4{Image: "img", Driver: "qemu", Boot: bootV4{Kernel: "/k", Cpus: 2}})
+	for _, tc := range []struct {
+		typ    Type
+		schema uint16
+	}{{SandboxCreated, 4}, {SandboxForked, 3}, {SandboxRestored, 3}, {SandboxCreated, 5}, {SandboxForked, 4}, {SandboxRestored, 4}} {
+		raw := old
+		if tc.typ != SandboxCreated {
+			type child struct {
+				Parent    string     `msgpack:"parent,omitempty"`
+				Snapshot  string     `msgpack:"snapshot,omitempty"`
+				Source    string     `msgpack:"source,omitempty"`
+				Image     string     `msgpack:"image"`
+				Driver    string     `msgpack:"driver"`
+				Resources []Resource `msgpack:"resources"`
+				Boot      bootV4     `msgpack:"boot,omitempty"`
+			}
+			c := child{Image: "img", Driver: "qemu", Boot: bootV4{Kernel: "/k", Cpus: 2}}
+			if tc.typ == SandboxForked {
+				c.Parent = testSandbox
+			} else {
+				c.Snapshot, c.Source = "s", testSandbox
+			}
+			raw = payloadBytes(t, c)
+		}
+		got, err := Decode(rawEvent(t, wire{Type: string(tc.typ), Schema: tc.schema, Sandbox: testSandbox, Payload: raw}))
+		if err != nil {
+			t.Fatalf("%s v%d: %v", tc.typ, tc.schema, err)
+		}
+		var b BootConfig
+		switch p := got.Payload.(type) {
+		case SandboxCreatedEvent:
+			b = p.Boot
+		case SandboxForkedEvent:
+			b = p.Boot
+		case SandboxRestoredEvent:
+			b = p.Boot
+		}
+		if b.Kernel != "/k" || b.Cpus != 2 || b.Root != "" || b.RootMode() != RootCopy || got.Schema != CurrentSchema(tc.typ) {
+			t.Fatalf("%s v%d upcast: boot %+v (root mode %s), schema %d", tc.typ, tc.schema, b, b.RootMode(), got.Schema)
+		}
 	}
 }
 

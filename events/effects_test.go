@@ -61,6 +61,7 @@ func TestEffectsOfEveryType(t *testing.T) {
 		ImageCacheUsed:     {},
 		ImageCachePruned:   {},
 		HandleClaimed:      {},
+		SandboxRenamed:     {},
 
 		MirrorCreated:        {},
 		MirrorRecreated:      {},
@@ -68,6 +69,7 @@ func TestEffectsOfEveryType(t *testing.T) {
 		MirrorUnlinked:       {},
 		MirrorSettingsDiffer: {},
 		MirrorRefused:        {},
+		JournalDigest:        {},
 
 		SagaStarted:     {},
 		SagaFinished:    {},

@@ -28,6 +28,7 @@ const (
 	SandboxStopped  Type = "sandbox.stopped"
 	SandboxFailed   Type = "sandbox.failed"
 	SandboxRemoved  Type = "sandbox.removed"
+	SandboxRenamed  Type = "sandbox.renamed"
 
 	DiskMaterialised Type = "disk.materialised"
 	IntentWritten    Type = "intent.written"
@@ -72,6 +73,8 @@ const (
 	MirrorUnlinked       Type = "mirror.unlinked"
 	MirrorSettingsDiffer Type = "mirror.settings_differ"
 	MirrorRefused        Type = "mirror.refused"
+
+	JournalDigest Type = "journal.digest"
 
 	SagaStarted     Type = "saga.started"
 	SagaFinished    Type = "saga.finished"
@@ -210,8 +213,8 @@ func subjectToken(prefix, s string) string {
 
 // HandleOf is the handle e gives its sandbox: the handle of a
 // sandbox.created, sandbox.forked or sandbox.restored that names one, or
-// "". Such an event is appended with the handle.claimed of the same
-// handle right after it, in one batch.
+// the new handle of a sandbox.renamed, or "". Such an event is appended
+// with the handle.claimed of the same handle right after it, in one batch.
 func HandleOf(e Event) string {
 	switch p := e.Payload.(type) {
 	case SandboxCreatedEvent:
@@ -219,6 +222,8 @@ func HandleOf(e Event) string {
 	case SandboxForkedEvent:
 		return p.Handle
 	case SandboxRestoredEvent:
+		return p.Handle
+	case SandboxRenamedEvent:
 		return p.Handle
 	}
 	return ""
@@ -278,7 +283,7 @@ func FilterSubject(t string, sandbox string) (string, error) {
 // those facts safe to act on after a crash.
 var notable = []Type{
 	SandboxCreated, SandboxForked, SandboxRestored, SandboxStarted, SandboxReady, SandboxNotReady, SandboxStopped, SandboxFailed, SandboxRemoved,
-	VMMExited, SnapshotTaken, VolumeCreated, VolumeAttached, VolumeDetached, VolumeRemoved,
+	SandboxRenamed, VMMExited, SnapshotTaken, VolumeCreated, VolumeAttached, VolumeDetached, VolumeRemoved,
 	OverlayRecovered, WarningRaised, ReapApplied, ImageCachePruned, SagaCompensated,
 }
 

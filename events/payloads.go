@@ -46,11 +46,14 @@ type Resource struct {
 	Path string       `msgpack:"path" json:"path"`
 }
 
-// SandboxCreatedEvent (schema 4) says: the sandbox is
+// SandboxCreatedEvent (schema 5) says: the sandbox is
 // committed, and it owns every resource listed. Bootstrap names the image
 // cache entry its OS disk was cloned from (schema 3); a sandbox without it
 // predates the image cache and protects every entry from prune. Driver and
-// Boot (schema 4) are how every boot of the sandbox runs.
+// Boot (schema 4) are how every boot of the sandbox runs. Labels (schema 5)
+// are the operator's key=value labels. Boot's Root (schema 6) says whether
+// its guest boots on the entry itself, read-only under an overlay, or on a
+// private copy.
 type SandboxCreatedEvent struct {
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
 	Image     string     `msgpack:"image" json:"image"`
@@ -58,6 +61,7 @@ type SandboxCreatedEvent struct {
 	Resources []Resource `msgpack:"resources" json:"resources"`
 	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 	Boot      BootConfig `msgpack:"boot,omitempty" json:"boot,omitempty"`
+	Labels    Labels     `msgpack:"labels,omitempty" json:"labels,omitempty"`
 }
 
 // BootConfig is how a sandbox boots, beside its Driver: every later boot
@@ -72,10 +76,38 @@ type BootConfig struct {
 	Cmdline     string `msgpack:"cmdline,omitempty" json:"cmdline,omitempty"`
 	Cpus        int    `msgpack:"cpus,omitempty" json:"cpus,omitempty"`
 	MemoryBytes int64  `msgpack:"memory_bytes,omitempty" json:"memory_bytes,omitempty"`
+	// Root is RootOverlay or RootCopy; empty (recorded before
+	// sandbox.created schema 5, forked and restored schema 4) is RootCopy,
+	// as every OS disk was then.
+	Root string `msgpack:"root,omitempty" json:"root,omitempty"`
+}
+
+// How a guest's root is made, BootConfig.Root.
+const (
+	// RootOverlay: the OS disk is the image cache entry itself, attached
+	// read-only and shared by every sandbox booted on it; the guest agent,
+	// as PID 1, puts an overlay over it whose upper layer is on the
+	// sandbox's workspace disk, so every guest write lands there.
+	RootOverlay = "overlay"
+	// RootCopy: the OS disk is the sandbox's own writable copy of the
+	// entry (a guest booted without nexus's agent as its init).
+	RootCopy = "copy"
+)
+
+// RootMode is b's Root, RootCopy when it was not recorded.
+func (b BootConfig) RootMode() string {
+	if b.Root == "" {
+		return RootCopy
+	}
+	return b.Root
 }
 
 // IsZero lets msgpack and encoding/json omit an unrecorded boot configuration.
 func (b BootConfig) IsZero() bool { return b == BootConfig{} }
+
+// Labels are an operator's key=value labels on a sandbox or a volume,
+// given when it is made (projections.ParseLabels says which are valid).
+type Labels map[string]string
 
 // Bootstrap is the image cache entry a sandbox's OS disk came from: its
 // cache ID and the identity of the image it was prepared from. The zero
@@ -91,6 +123,8 @@ func (b Bootstrap) IsZero() bool { return b == Bootstrap{} }
 // SandboxForkedEvent: a child sandbox was committed from a running parent.
 // Bootstrap (schema 2) is the parent's: the child's OS disk descends from
 // the same image cache entry. Driver and Boot (schema 3) are the parent's.
+// Labels (schema 4) are the child's own, given to the fork; a child does
+// not inherit its parent's. Boot's Root is schema 5.
 type SandboxForkedEvent struct {
 	Parent    string     `msgpack:"parent" json:"parent"`
 	Handle    string     `msgpack:"handle,omitempty" json:"handle,omitempty"`
@@ -99,12 +133,14 @@ type SandboxForkedEvent struct {
 	Resources []Resource `msgpack:"resources" json:"resources"`
 	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 	Boot      BootConfig `msgpack:"boot,omitempty" json:"boot,omitempty"`
+	Labels    Labels     `msgpack:"labels,omitempty" json:"labels,omitempty"`
 }
 
 // SandboxRestoredEvent: a sandbox was committed from a snapshot.
 // Bootstrap (schema 2) comes from the snapshot's manifest; a snapshot taken
 // before the image cache has none. Driver and Boot (schema 3) are the
-// snapshotted sandbox's.
+// snapshotted sandbox's. Labels (schema 4) are the new sandbox's own,
+// given to the restore. Boot's Root is schema 5.
 type SandboxRestoredEvent struct {
 	Snapshot  string     `msgpack:"snapshot" json:"snapshot"`
 	Source    string     `msgpack:"source" json:"source"`
@@ -114,6 +150,7 @@ type SandboxRestoredEvent struct {
 	Resources []Resource `msgpack:"resources" json:"resources"`
 	Bootstrap Bootstrap  `msgpack:"bootstrap,omitempty" json:"bootstrap,omitempty"`
 	Boot      BootConfig `msgpack:"boot,omitempty" json:"boot,omitempty"`
+	Labels    Labels     `msgpack:"labels,omitempty" json:"labels,omitempty"`
 }
 
 // SandboxStartedEvent: the VMM answered on its API socket. The pid and its
@@ -232,10 +269,13 @@ type SnapshotTakenEvent struct {
 	AllocatedBytes int64    `msgpack:"allocated" json:"allocated"`
 }
 
+// VolumeCreatedEvent: a named volume exists. Labels (schema 2) are the
+// operator's key=value labels.
 type VolumeCreatedEvent struct {
 	Name      string `msgpack:"name" json:"name"`
 	Path      string `msgpack:"path" json:"path"`
 	SizeBytes int64  `msgpack:"size" json:"size"`
+	Labels    Labels `msgpack:"labels,omitempty" json:"labels,omitempty"`
 }
 
 type VolumeAttachedEvent struct {
@@ -409,14 +449,23 @@ type SagaStartedEvent struct {
 type SagaFinishedEvent struct{}
 
 // HandleClaimedEvent: Sandbox took Handle. It is appended right after the
-// event that gives the sandbox its handle (sandbox.created, .forked or
-// .restored), in the same atomic batch, on the handle's own subject
-// (HandleSubject), expecting the last claim of the handle the decision
-// saw: of two claims decided on the same state, the journal takes one.
-// A handle is free again once its holder is removed; no event releases it.
+// event that gives the sandbox its handle (sandbox.created, .forked,
+// .restored or .renamed), in the same atomic batch, on the handle's own
+// subject (HandleSubject), expecting the last claim of the handle the
+// decision saw: of two claims decided on the same state, the journal
+// takes one. A handle is free again once its holder is removed or
+// renamed; no event on the handle's subject releases it.
 type HandleClaimedEvent struct {
 	Sandbox string `msgpack:"sandbox" json:"sandbox"`
 	Handle  string `msgpack:"handle" json:"handle"`
+}
+
+// SandboxRenamedEvent: the sandbox's handle is Handle now, no longer Old
+// ("" for none). It is appended with the handle.claimed of Handle, as a
+// sandbox.created is; Old is free from here on.
+type SandboxRenamedEvent struct {
+	Old    string `msgpack:"old,omitempty" json:"old,omitempty"`
+	Handle string `msgpack:"handle" json:"handle"`
 }
 
 type SagaCompensatedEvent struct {
@@ -432,6 +481,7 @@ func (SandboxNotReadyEvent) EventType() Type    { return SandboxNotReady }
 func (SandboxStoppedEvent) EventType() Type     { return SandboxStopped }
 func (SandboxFailedEvent) EventType() Type      { return SandboxFailed }
 func (SandboxRemovedEvent) EventType() Type     { return SandboxRemoved }
+func (SandboxRenamedEvent) EventType() Type     { return SandboxRenamed }
 func (DiskMaterialisedEvent) EventType() Type   { return DiskMaterialised }
 func (IntentWrittenEvent) EventType() Type      { return IntentWritten }
 func (IntentRetiredEvent) EventType() Type      { return IntentRetired }

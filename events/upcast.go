@@ -24,7 +24,10 @@ func upcastSandboxCreatedV1(raw []byte) (Payload, error) {
 
 // addedFields upcasts a schema that differs from the current one only by
 // fields added since (sandbox.created v2, sandbox.forked v1 lack
-// Bootstrap; sandbox.created v3, forked and restored v2 lack Boot): the old bytes decode strictly into the current type, and the
+// Bootstrap; sandbox.created v3, forked and restored v2 lack Boot;
+// sandbox.created v4, forked and restored v3, volume.created v1 lack
+// Labels; sandbox.created v5, forked and restored v4 lack Boot's Root):
+// the old bytes decode strictly into the current type, and the
 // new fields stay zero.
 func addedFields[P Payload](raw []byte) (Payload, error) {
 	var p P

@@ -61,6 +61,8 @@ func msgpackType(t reflect.Type, nested map[reflect.Type]bool) string {
 			return "bin"
 		}
 		return "array of " + msgpackType(t.Elem(), nested)
+	case reflect.Map:
+		return "map of " + msgpackType(t.Key(), nested) + " to " + msgpackType(t.Elem(), nested)
 	case reflect.Struct:
 		nested[t] = true
 		return "map " + t.Name()

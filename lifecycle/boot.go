@@ -43,6 +43,9 @@ func vmConfig(d driver.Driver, b events.BootConfig, disks []vmm.Disk, mounts []s
 		Cpus:   vmm.Cpus{BootVcpus: b.Cpus, MaxVcpus: b.Cpus},
 		Vsock:  &vmm.Vsock{Cid: 3, Socket: vsock},
 		Serial: &vmm.Console{Mode: vmm.ConsoleFile, File: serialLog},
+		// Off, not CH's default Tty: the guest logs to the serial port,
+		// and the VMM runs without a terminal.
+		Console: &vmm.Console{Mode: vmm.ConsoleOff},
 		// The process driver boots no kernel; it still names one, as the
 		// API requires a payload, and is handed the rest as a VMM is.
 		Payload: vmm.Payload{Kernel: "process-driver", Initramfs: d.Initramfs, Cmdline: d.Cmdline},
@@ -52,6 +55,12 @@ func vmConfig(d driver.Driver, b events.BootConfig, disks []vmm.Disk, mounts []s
 	}
 	if len(mounts) > 0 {
 		c.Payload.Cmdline += " " + strings.Join(mounts, " ")
+	}
+	// CH gives the guest a vsock device and no virtio-serial port: the
+	// agent is told so, and serves vsock at once rather than wait for a
+	// port (QEMU's adapter gives it one).
+	if d.Name == driver.CloudHypervisor {
+		c.Payload.Cmdline += " " + agentproto.CmdlineVsockOnly
 	}
 	if d.BootsKernel() {
 		c.Payload.Kernel = d.Kernel
@@ -160,6 +169,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 				return nil, err
 			}
 			d, boot := m.bootOf(sb)
+			m.noticeHostGuest(sb)
 			c := vmm.NewClient(api)
 			if vm, err = m.launch(ctx, "VMM", d.Argv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err
@@ -264,6 +274,13 @@ func (m *Manager) logResources(id string) []events.Resource {
 // (docs/guest-agent.md).
 func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Disk {
 	var disks []vmm.Disk
+	if sb.BootConfig.RootMode() == events.RootOverlay {
+		// The entry itself, shared by every sandbox booted on it: read-only
+		// (CH opens it O_RDONLY under a shared lock, QEMU readonly=on), so
+		// no guest can write it; its writes go to the overlay's upper layer
+		// on the workspace disk.
+		disks = append(disks, vmm.Disk{Path: m.Root.ImageDisk(sb.Bootstrap.CacheID), Readonly: true, ImageType: vmm.ImageRaw, Serial: agentproto.SerialOS})
+	}
 	for _, r := range sb.Resources {
 		var serial string
 		switch r.Kind {
@@ -286,12 +303,16 @@ func (m *Manager) vmDisks(ctx context.Context, sb projections.Sandbox) []vmm.Dis
 	return disks
 }
 
-// guestMounts are the kernel command-line entries that mount each volume
-// at its guest path, nexus.mount=SERIAL:/path (docs/guest-agent.md), in
-// the order the volumes were attached. Create refuses a guest path the
+// guestMounts are the kernel command-line entries that make the guest's
+// root an overlay (nexus.root=overlay) and mount each volume at its guest
+// path, nexus.mount=SERIAL:/path (docs/guest-agent.md), in the order the
+// volumes were attached. Create refuses a guest path the
 // command line cannot carry.
 func guestMounts(sb projections.Sandbox) []string {
 	var ms []string
+	if sb.BootConfig.RootMode() == events.RootOverlay {
+		ms = append(ms, agentproto.CmdlineRootOverlay)
+	}
 	for _, v := range sb.Volumes {
 		if v.GuestPath == "" {
 			continue

@@ -37,13 +37,18 @@ func (m *Manager) Sizing(cpus int, memory int64) (int, int64, error) {
 // newBoot is the boot configuration a new sandbox records: this manager's
 // kernel, initramfs and command line, and the size asked for (zero: the
 // manager's setting, else the default). Driver is recorded beside it, in the commit event.
-func (m *Manager) newBoot(cpus int, memory int64) events.BootConfig {
+func (m *Manager) newBoot(cpus int, memory int64) (events.BootConfig, error) {
 	b := events.BootConfig{Kernel: m.Driver.Kernel, Initramfs: m.Driver.Initramfs, Cmdline: m.Driver.Cmdline}
 	if b.Cmdline == "" {
 		b.Cmdline = DefaultCmdline
 	}
 	b.Cpus, b.MemoryBytes = cmp.Or(cpus, m.Cpus, DefaultCpus), cmp.Or(memory, m.MemoryBytes, DefaultMemory)
-	return b
+	root, err := core.RootMode(m.RootMode, agentIsInit(m.Driver))
+	if err != nil {
+		return b, fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	b.Root = root
+	return b, nil
 }
 
 // bootOf is how sb boots: the driver and boot configuration its record
@@ -68,6 +73,17 @@ func (m *Manager) bootOf(sb projections.Sandbox) (driver.Driver, events.BootConf
 	return d, b
 }
 
+// HostGuestNotice is what a command that boots or reaches a sandbox of a
+// driver without a VM tells its operator (once per command: the notice is
+// the same for every such sandbox).
+const HostGuestNotice = "the process driver runs a sandbox's guest as a process on this host, not in a VM: exec and cp act on this host's files as the user nexus runs as"
+
+func (m *Manager) noticeHostGuest(sb projections.Sandbox) {
+	if d, _ := m.bootOf(sb); !d.IsolatesGuest() {
+		m.notice("%s", HostGuestNotice)
+	}
+}
+
 // bootable refuses cmd's boot of sb (its start, or a fork or restore child
 // of it) under a driver other than its record's (core.DecideDriver), or
 // under one this host cannot run, before anything is written.
@@ -76,7 +92,8 @@ func (m *Manager) bootable(cmd core.Command, sb projections.Sandbox) error {
 		return err
 	}
 	d, _ := m.bootOf(sb)
-	if err := d.Preflight(); err != nil {
+	// A child's API socket has the length of its parent's.
+	if err := d.Preflight(m.Root.APISocket(sb.ID)); err != nil {
 		return fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	return nil

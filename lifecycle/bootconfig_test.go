@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -27,10 +28,24 @@ func TestBootOf(t *testing.T) {
 	}
 	// A new sandbox records the manager's settings, its size from the
 	// create, else the manager's, else the default.
-	if b := m.newBoot(0, 0); b != (events.BootConfig{Kernel: "/cmd/vmlinuz", Initramfs: "/cmd/initrd", Cmdline: "console=ttyS0 cmd", Cpus: 4, MemoryBytes: 2 << 30}) {
-		t.Fatalf("newBoot(0, 0) = %+v", b)
+	if b, err := m.newBoot(0, 0); err != nil || b != (events.BootConfig{Kernel: "/cmd/vmlinuz", Initramfs: "/cmd/initrd", Cmdline: "console=ttyS0 cmd", Cpus: 4, MemoryBytes: 2 << 30, Root: events.RootOverlay}) {
+		t.Fatalf("newBoot(0, 0) = %+v, %v", b, err)
 	}
-	if b := (&Manager{}).newBoot(3, 0); b.Cpus != 3 || b.MemoryBytes != DefaultMemory || b.Cmdline != DefaultCmdline {
-		t.Fatalf("newBoot(3, 0) of a manager without settings = %+v", b)
+	if b, err := (&Manager{}).newBoot(3, 0); err != nil || b.Cpus != 3 || b.MemoryBytes != DefaultMemory || b.Cmdline != DefaultCmdline {
+		t.Fatalf("newBoot(3, 0) of a manager without settings = %+v, %v", b, err)
+	}
+	// A kernel booted without an initramfs runs no nexus agent as init:
+	// its root is a private copy, and an overlay asked for it is refused.
+	bare := &Manager{Driver: driver.Driver{Name: driver.QEMU, Kernel: "/k"}}
+	if b, err := bare.newBoot(0, 0); err != nil || b.Root != events.RootCopy {
+		t.Fatalf("newBoot of a guest without the agent = %+v, %v", b, err)
+	}
+	bare.RootMode = events.RootOverlay
+	if _, err := bare.newBoot(0, 0); !errors.Is(err, ErrRefused) {
+		t.Fatalf("an overlay root for a guest without the agent: %v, want refused", err)
+	}
+	m.RootMode = events.RootCopy
+	if b, _ := m.newBoot(0, 0); b.Root != events.RootCopy {
+		t.Fatalf("newBoot with root = copy: %+v", b)
 	}
 }

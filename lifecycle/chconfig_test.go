@@ -25,7 +25,8 @@ import (
 // ConsoleMode's enum; DiskConfig's image_type from ImageType's enum and its
 // serial a string. And
 // nexus's own rules on top: every disk typed Raw (CH v51+ refuses sector-0
-// writes on a probed raw disk), serial to a File under logs/.
+// writes on a probed raw disk), serial to a File under logs/, the
+// virtio-console Off.
 func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 	root := layout.Root("/state")
 	id := "01JDQ4Z6X1M9A3Y0C5TB2R8NKW"
@@ -73,6 +74,10 @@ func TestCreateBodyConformsToCHOpenAPI(t *testing.T) {
 		serial := obj(cfg, "serial")
 		if mode, _ := serial["mode"].(string); !slices.Contains([]string{"Off", "Pty", "Tty", "File", "Socket", "Null"}, mode) || mode != "File" || serial["file"] != root.ConsoleLog(id) {
 			t.Fatalf("%s: serial %v, want mode File to %s", d.Name, serial, root.ConsoleLog(id))
+		}
+		// The virtio-console explicitly Off (CH's default is Tty).
+		if console := obj(cfg, "console"); console["mode"] != "Off" {
+			t.Fatalf("%s: console %v, want mode Off", d.Name, console)
 		}
 		list, _ := cfg["disks"].([]any)
 		if len(list) != 3 || len(list) != len(disks) {
@@ -133,8 +138,15 @@ func TestCmdlineMountsVolumesAtTheirGuestPaths(t *testing.T) {
 			base = DefaultCmdline
 		}
 		want := base + " nexus.mount=nexus-vol-data:/data nexus.mount=nexus-vol-cache:/var/cache/x"
+		if d.Name == driver.CloudHypervisor {
+			want += " " + agentproto.CmdlineVsockOnly
+		}
 		if c.Payload.Cmdline != want {
 			t.Fatalf("%s: cmdline %q, want %q", d.Name, c.Payload.Cmdline, want)
+		}
+		// The agent waits for a virtio-serial port except under CH, which gives none.
+		if only := agent.VsockOnly(c.Payload.Cmdline); only != (d.Name == driver.CloudHypervisor) {
+			t.Fatalf("%s: the agent reads vsock-only %v from %q", d.Name, only, c.Payload.Cmdline)
 		}
 		mounts, err := agent.ParseCmdline(c.Payload.Cmdline, agentproto.SerialWorkspace)
 		if err != nil {
@@ -171,22 +183,29 @@ func sandboxWithDisksAndVolume() projections.Sandbox {
 
 // TestBootAssetsReachThePayload: the initramfs and command line reach
 // vm.create's payload for every driver, the kernel for every driver that
-// boots one, and an unset command line is the default.
+// boots one, and an unset command line is the default. Under Cloud
+// Hypervisor the command line also tells the agent that it has vsock and
+// no virtio-serial port, so it does not wait for one.
 func TestBootAssetsReachThePayload(t *testing.T) {
 	for _, d := range []driver.Driver{
 		{Name: driver.Process, Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
 		{Name: driver.CloudHypervisor, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
+		{Name: driver.QEMU, Kernel: "/boot/vmlinuz", Initramfs: "/i.cpio.gz", Cmdline: "console=ttyS0 quiet"},
 	} {
+		tail := ""
+		if d.Name == driver.CloudHypervisor {
+			tail = " " + agentproto.CmdlineVsockOnly
+		}
 		p := vmConfig(d, events.BootConfig{Cpus: 1, MemoryBytes: DefaultMemory}, nil, nil, "/v", "/c").Payload
-		if p.Initramfs != d.Initramfs || p.Cmdline != d.Cmdline {
-			t.Errorf("%s: payload %+v, want initramfs %s cmdline %q", d.Name, p, d.Initramfs, d.Cmdline)
+		if p.Initramfs != d.Initramfs || p.Cmdline != d.Cmdline+tail {
+			t.Errorf("%s: payload %+v, want initramfs %s cmdline %q", d.Name, p, d.Initramfs, d.Cmdline+tail)
 		}
 		if d.Kernel != "" && p.Kernel != d.Kernel {
 			t.Errorf("%s: kernel %q, want %q", d.Name, p.Kernel, d.Kernel)
 		}
 		d.Cmdline, d.Initramfs = "", ""
-		if p := vmConfig(d, events.BootConfig{Cpus: 1, MemoryBytes: DefaultMemory}, nil, nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline || p.Initramfs != "" {
-			t.Errorf("%s: payload without assets %+v, want cmdline %q and no initramfs", d.Name, p, DefaultCmdline)
+		if p := vmConfig(d, events.BootConfig{Cpus: 1, MemoryBytes: DefaultMemory}, nil, nil, "/v", "/c").Payload; p.Cmdline != DefaultCmdline+tail || p.Initramfs != "" {
+			t.Errorf("%s: payload without assets %+v, want cmdline %q and no initramfs", d.Name, p, DefaultCmdline+tail)
 		}
 	}
 }

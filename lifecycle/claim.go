@@ -29,18 +29,33 @@ type claim struct {
 // lease takes entity's runner lease for kind, waiting if the manager was
 // asked to (--wait) and refusing at once, naming the holder, otherwise.
 func (m *Manager) lease(ctx context.Context, entity core.Entity, kind string) (*sagalease.Lease, error) {
-	l, err := sagalease.Acquire(ctx, string(m.Root), string(entity), sagalease.Holder{Kind: kind}, m.Wait)
+	l, err := sagalease.Acquire(ctx, string(m.Root), string(entity), sagalease.Holder{Kind: kind}, false)
+	var held *sagalease.HeldError
+	if errors.As(err, &held) && m.Wait {
+		m.status("%s is busy: %s is running on it; waiting for it to end (--wait)", held.Entity, held.By)
+		l, err = sagalease.Acquire(ctx, string(m.Root), string(entity), sagalease.Holder{Kind: kind}, true)
+	}
 	if errors.Is(err, sagalease.ErrHeld) {
 		return nil, fmt.Errorf("%w: %w", ErrRefused, err)
 	}
-	return l, err
+	return l, notStarted(ctx, kind, err)
+}
+
+// notStarted words an interruption that ends a command before its saga
+// started (waiting for a lease, reading the state): nothing was done, and
+// the error says so the way the saga's own refusal to start does.
+func notStarted(ctx context.Context, kind string, err error) error {
+	if err == nil || ctx.Err() == nil || errors.Is(err, sagas.ErrNotStarted) {
+		return err
+	}
+	return fmt.Errorf("%s: %w: %w", kind, sagas.ErrNotStarted, context.Cause(ctx))
 }
 
 // claim resolves ref, takes its lease and decides cmd on the fresh state.
 func (m *Manager) claim(ctx context.Context, ref string, cmd core.Command) (*claim, error) {
 	sb, err := m.Lookup(ctx, ref)
 	if err != nil {
-		return nil, err
+		return nil, notStarted(ctx, string(cmd), err)
 	}
 	l, err := m.lease(ctx, core.Sandbox(sb.ID), string(cmd))
 	if err != nil {
@@ -49,7 +64,7 @@ func (m *Manager) claim(ctx context.Context, ref string, cmd core.Command) (*cla
 	c := &claim{cmd: cmd, lease: l}
 	if err := c.decide(ctx, m, sb.ID); err != nil {
 		l.Release()
-		return nil, err
+		return nil, notStarted(ctx, string(cmd), err)
 	}
 	return c, nil
 }

@@ -1,6 +1,7 @@
 package lifecycle
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -41,6 +42,8 @@ type CreateSpec struct {
 	Shadows   []Shadow
 	Volumes   []Mount
 	Force     bool // skip the disk-space preflight
+	// Labels are the sandbox's labels (checked by projections.ParseLabels).
+	Labels events.Labels
 	// Cpus and MemoryBytes size the guest (zero: DefaultCpus,
 	// DefaultMemory); the caller has checked them against the host.
 	Cpus        int
@@ -104,13 +107,18 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	defer releaseAll(held)
 	m.published(events.SagaCreate)
 
-	tee := &teedDisk{path: m.Root.RawDisk(id)}
+	// An overlay root boots on the cache entry itself: no OS disk of the
+	// sandbox's own is written, on a miss or a hit.
+	var tee *teedDisk
+	if plan.bootCfg.Root == events.RootCopy {
+		tee = &teedDisk{path: m.Root.RawDisk(id)}
+	}
 	var journaled bool
 	s.Steps = append(s.Steps, m.intentsStep(held, intents, &journaled), m.imageCacheStep(plan, tee))
 	s.Steps = append(s.Steps, m.materialiseSteps(id, spec, plan, tee)...)
 	s.Steps = append(s.Steps, m.commitStep(id, func(resources []events.Resource) events.Payload {
 		return events.SandboxCreatedEvent{Handle: spec.Handle, Image: plan.image, Driver: m.Driver.Name, Resources: resources, Bootstrap: plan.boot,
-			Boot: m.newBoot(spec.Cpus, spec.MemoryBytes)}
+			Boot: plan.bootCfg, Labels: spec.Labels}
 	}))
 	retire := m.retireStep(held, intents)
 	retireDo := retire.Do
@@ -139,13 +147,18 @@ type createPlan struct {
 	// decision saw it (none without a handle).
 	handle         []core.Expect
 	image          string
-	boot           events.Bootstrap // the cache entry the OS disk is cloned from
+	boot           events.Bootstrap // the cache entry the OS disk is (or is cloned from)
+	bootCfg        events.BootConfig
 	workspaceBytes int64
 	shadowIsDir    map[string]bool
 }
 
 func (p createPlan) covers(m *Manager, id string) []string {
-	return []string{m.rel(m.Root.RawDisk(id)), m.rel(m.Root.WorkspaceDisk(id)), m.rel(m.Root.SupervisorDir(id)), m.rel(filepath.Dir(m.Root.Record(id)))}
+	covers := []string{m.rel(m.Root.WorkspaceDisk(id)), m.rel(m.Root.SupervisorDir(id)), m.rel(filepath.Dir(m.Root.Record(id)))}
+	if p.bootCfg.Root == events.RootCopy {
+		covers = append(covers, m.rel(m.Root.RawDisk(id)))
+	}
+	return covers
 }
 
 // planCreate checks everything it can before anything is written:
@@ -155,13 +168,21 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	refuse := func(format string, a ...any) (createPlan, error) {
 		return plan, fmt.Errorf("%w: %s", ErrRefused, fmt.Sprintf(format, a...))
 	}
+	var err error
+	if plan.bootCfg, err = m.newBoot(spec.Cpus, spec.MemoryBytes); err != nil {
+		return plan, err
+	}
 	if spec.Image == "" {
 		return refuse("--image is required")
 	}
 	// Judged once: from here on the image is the resolved path, read and
 	// recorded as such.
-	image, err := fsx.Input(string(m.Root), spec.Image)
+	var image string
+	image, err = fsx.Input(string(m.Root), spec.Image)
 	if err != nil {
+		return refuse("image: %v", err)
+	}
+	if err := imagecache.CheckRaw(image); err != nil {
 		return refuse("image: %v", err)
 	}
 	plan.image = image
@@ -233,7 +254,8 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 	if err := m.checkVolumes(ctx, spec.Volumes); err != nil {
 		return plan, err
 	}
-	if err := m.Driver.Preflight(); err != nil {
+	// Every sandbox's API socket has the length of any other's.
+	if err := m.Driver.Preflight(m.Root.APISocket(cmp.Or(spec.ID, ulid.Make().String()))); err != nil {
 		return plan, fmt.Errorf("%w: %v", ErrRefused, err)
 	}
 	if err := m.ensureDirs("disks", "run", "supervisors", "sandboxes", "logs", "images"); err != nil {
@@ -244,7 +266,7 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 		return refuse("image: %v", err)
 	}
 	hit, _ := fsx.Lexists(string(m.Root), m.rel(m.Root.ImageEntry(plan.boot.CacheID)))
-	need += osDiskCost(m.Root, image, imageSize.Allocated, hit)
+	need += osDiskCost(m.Root, image, imageSize.Allocated, hit, plan.bootCfg.Root == events.RootOverlay)
 	if !spec.Force {
 		if err := disk.Preflight(m.Root.Disks(), need); err != nil {
 			return plan, fmt.Errorf("%w: %v (--force skips this check)", ErrRefused, err)
@@ -254,15 +276,23 @@ func (m *Manager) planCreate(ctx context.Context, spec CreateSpec) (createPlan, 
 }
 
 // osDiskCost is the data blocks an OS disk of an image allocating
-// imageBytes takes: on a hit the disk is a clone of the entry, on a miss
-// the entry and the disk are both clones of the image (disk.CloneEach).
-// A FICLONE shares extents and allocates none, so where the state root's
-// filesystem reflinks (probed once per filesystem) a clone is charged
-// nothing: a create there is not refused for space it will not use. The
-// image itself reflinks only when it is on that filesystem too.
-func osDiskCost(root layout.Root, image string, imageBytes int64, hit bool) int64 {
+// imageBytes takes. An overlay root boots on the entry: a hit writes
+// nothing, a miss the entry alone. A private copy is a clone of the entry
+// on a hit; on a miss the entry and the disk are both clones of the image
+// (disk.CloneEach). A FICLONE shares extents and allocates none, so where
+// the state root's filesystem reflinks (probed once per filesystem) a
+// clone is charged nothing: a create there is not refused for space it
+// will not use. The image itself reflinks only when it is on that
+// filesystem too.
+func osDiskCost(root layout.Root, image string, imageBytes int64, hit, overlay bool) int64 {
 	cow := disk.Reflinks(root.Disks()) && disk.SameFilesystem(root.Disks(), root.Images())
 	switch {
+	case overlay && hit:
+		return 0
+	case overlay && disk.Reflinks(root.Images()) && disk.SameFilesystem(image, root.Images()):
+		return 0
+	case overlay:
+		return imageBytes
 	case hit && cow:
 		return 0
 	case hit:
@@ -428,8 +458,11 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan, 
 		}
 		return cloneUndo(ctx)
 	}
-	steps := []sagas.Step{
-		osDisk,
+	var steps []sagas.Step
+	if plan.bootCfg.Root == events.RootCopy {
+		steps = append(steps, osDisk)
+	}
+	steps = append(steps,
 		m.diskStep("workspace-disk", ws, func(dst string) (disk.Method, error) {
 			if spec.Workspace != "" {
 				return disk.MethodMkfs, disk.MakeExt4(dst, plan.workspaceBytes, spec.Workspace)
@@ -443,8 +476,7 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan, 
 				return "", err
 			}
 			return disk.Clone(tmpl, dst)
-		}),
-	}
+		}))
 	for _, sh := range spec.Shadows {
 		sh := sh
 		r := m.res(events.KindShadowDisk, m.Root.ShadowDisk(spec.Handle, sh.Name))

@@ -292,3 +292,45 @@ func TestSpawnerNamesWhatItCouldNotSpawn(t *testing.T) {
 		t.Fatalf("%+v: want the committed sandbox, stopped", sb)
 	}
 }
+
+// TestCreateOverlayRootWritesNoOSDisk: a sandbox whose guest runs the
+// agent as init (the process driver's) boots on the cache entry: its
+// create journals no OS disk step and owns no raw disk, its boot
+// configuration says overlay, and its VM is given the entry read-only,
+// first, with nexus.root=overlay on the command line. Its fork child boots
+// on the same entry and copies only the workspace.
+func TestCreateOverlayRootWritesNoOSDisk(t *testing.T) {
+	t.Parallel()
+	f := overlayFlow(t)
+	sb := f.create(CreateSpec{})
+	if sb.BootConfig.Root != events.RootOverlay {
+		t.Fatalf("boot configuration %+v: want root overlay", sb.BootConfig)
+	}
+	for _, e := range f.j.since(0) {
+		if d, ok := e.Payload.(events.DiskMaterialisedEvent); ok && d.Resource.Kind == events.KindRawDisk {
+			t.Fatalf("an overlay root's create materialised an OS disk: %+v", d)
+		}
+	}
+	if f.exists("disks/" + sb.ID + ".raw") {
+		t.Fatal("an OS disk of the sandbox's own was written")
+	}
+	entry := f.m.Root.ImageDisk(sb.Bootstrap.CacheID)
+	disks := f.m.vmDisks(f.ctx, sb)
+	if len(disks) == 0 || disks[0].Path != entry || !disks[0].Readonly || disks[0].Serial != "nexus-os" {
+		t.Fatalf("VM disks %+v: want the cache entry %s first, read-only, as nexus-os", disks, entry)
+	}
+	if m := guestMounts(sb); !slices.Contains(m, "nexus.root=overlay") {
+		t.Fatalf("guest command line additions %v lack nexus.root=overlay", m)
+	}
+	kids, err := f.m.Fork(f.ctx, ForkSpec{Parent: sb.ID, Count: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kid := kids[0]
+	if kid.BootConfig.Root != events.RootOverlay || kid.Bootstrap != sb.Bootstrap || f.exists("disks/"+kid.ID+".raw") {
+		t.Fatalf("fork child %+v: want an overlay root on the parent's entry, no OS disk copy", kid)
+	}
+	if d := f.m.vmDisks(f.ctx, kid); d[0].Path != entry || !d[0].Readonly {
+		t.Fatalf("fork child's VM disks %+v", d)
+	}
+}

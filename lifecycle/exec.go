@@ -71,6 +71,7 @@ func (m *Manager) agent(ctx context.Context, ref string) (projections.Sandbox, *
 	if err != nil {
 		return sb, nil, err
 	}
+	m.noticeHostGuest(sb)
 	// A guest booted without the agent is Ready as its VMM runs: an
 	// agent in it is dialled as in any Ready sandbox.
 	if !sb.IsReady() && m.guestHasAgent(sb) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,8 +30,12 @@ import (
 type ForkSpec struct {
 	Parent string
 	Count  int
-	// Handle names the child (only with Count 1).
+	// Handle names the children: a template whose {n} is each child's
+	// number, 1..Count (ChildHandles); without {n} it names one child.
 	Handle string
+	// Labels are every child's labels; a child does not inherit its
+	// parent's.
+	Labels events.Labels
 	Force  bool
 	// ReadOnlyVolumes attaches the parent's named volumes to every child
 	// read-only. Without it a parent with volumes is refused: a writable
@@ -61,6 +66,28 @@ func CheckForkCount(n int) error {
 	return nil
 }
 
+// HandleNumber is what a fork's --handle template holds where each
+// child's number goes.
+const HandleNumber = "{n}"
+
+// ChildHandles are the handles of a fork's count children from template:
+// {n} replaced by 1..count ("web/{n}" gives web/1, web/2, ...). A template
+// without {n} names one child, so it is refused with a count above 1. No
+// template, no handles ("" each).
+func ChildHandles(template string, count int) ([]string, error) {
+	out := make([]string, count)
+	if template == "" {
+		return out, nil
+	}
+	if !strings.Contains(template, HandleNumber) && count != 1 {
+		return nil, fmt.Errorf("%w: --handle %q names one child: with --count %d it needs %s, the child's number (e.g. web/%s)", ErrRefused, template, count, HandleNumber, HandleNumber)
+	}
+	for i := range out {
+		out[i] = strings.ReplaceAll(template, HandleNumber, strconv.Itoa(i+1))
+	}
+	return out, nil
+}
+
 // Fork creates Count children of a committed sandbox, each a full set of
 // copy-on-write disks owned by the child, one saga per child.
 func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbox, error) {
@@ -73,12 +100,17 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 	if err := CheckForkCount(spec.Count); err != nil {
 		return nil, err
 	}
-	if spec.Handle != "" && spec.Count != 1 {
-		return nil, fmt.Errorf("%w: --handle names one child: not with --count %d", ErrRefused, spec.Count)
-	}
-	handle, err := m.decideHandle(ctx, spec.Handle)
+	handles, err := ChildHandles(spec.Handle, spec.Count)
 	if err != nil {
 		return nil, err
+	}
+	// Every child's handle is decided before anything is copied: a fork
+	// one of whose handles is taken makes no child.
+	handleExpects := make([][]core.Expect, spec.Count)
+	for i, h := range handles {
+		if handleExpects[i], err = m.decideHandle(ctx, h); err != nil {
+			return nil, err
+		}
 	}
 	if len(parent.Volumes) > 0 && !spec.ReadOnlyVolumes {
 		names := make([]string, len(parent.Volumes))
@@ -155,9 +187,9 @@ func (m *Manager) Fork(ctx context.Context, spec ForkSpec) ([]projections.Sandbo
 			child := ids[i]
 			copies := m.childCopies(parent, child, sources)
 			committed := func(rs []events.Resource) events.Payload {
-				return events.SandboxForkedEvent{Parent: parent.ID, Handle: spec.Handle, Image: parent.Image, Driver: parent.Driver, Resources: rs, Bootstrap: boot, Boot: parent.BootConfig}
+				return events.SandboxForkedEvent{Parent: parent.ID, Handle: handles[i], Image: parent.Image, Driver: parent.Driver, Resources: rs, Bootstrap: boot, Boot: parent.BootConfig, Labels: spec.Labels}
 			}
-			if errs[i] = m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied, handle); errs[i] != nil {
+			if errs[i] = m.runChild(ctx, events.SagaFork, child, parent.ID, copies, committed, mounts, true, "", nil, copied, handleExpects[i]); errs[i] != nil {
 				failed.Store(true)
 			}
 		}()
@@ -491,8 +523,9 @@ func (m *Manager) SnapshotWith(ctx context.Context, ref string, opt SnapshotOpti
 
 // RestoreOptions are `nexus restore`'s choices.
 type RestoreOptions struct {
-	Force  bool   // skip the disk-space preflight
-	Handle string // names the new sandbox
+	Force  bool          // skip the disk-space preflight
+	Handle string        // names the new sandbox
+	Labels events.Labels // the new sandbox's labels
 }
 
 // Restore creates a new sandbox from a snapshot, through the fork path.
@@ -585,7 +618,7 @@ func (m *Manager) Restore(ctx context.Context, snap string, o RestoreOptions) (p
 		}
 	}
 	committed := func(rs []events.Resource) events.Payload {
-		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Handle: o.Handle, Image: man.Image, Driver: source.Driver, Resources: rs, Bootstrap: man.Bootstrap, Boot: source.BootConfig}
+		return events.SandboxRestoredEvent{Snapshot: strings.ToUpper(snap), Source: source.ID, Handle: o.Handle, Image: man.Image, Driver: source.Driver, Resources: rs, Bootstrap: man.Bootstrap, Boot: source.BootConfig, Labels: o.Labels}
 	}
 	if err := m.runChild(ctx, events.SagaRestore, child, source.ID, copies, committed, nil, false, restoreFrom, stage, nil, handle); err != nil {
 		return projections.Sandbox{}, err

@@ -73,10 +73,10 @@ func TestExecCopyAndLogsOfARunningGuest(t *testing.T) {
 	}
 
 	var log bytes.Buffer
-	if err := f.m.Logs(f.ctx, "g", "vmm", false, &log); err != nil || !strings.Contains(log.String(), "vm.boot: ok") {
+	if err := f.m.Logs(f.ctx, "g", LogOptions{Kind: "vmm"}, &log); err != nil || !strings.Contains(log.String(), "vm.boot: ok") {
 		t.Fatalf("vmm log %q, %v", log.String(), err)
 	}
-	if err := f.m.Logs(f.ctx, "g", "kernel", false, &log); err == nil || !strings.Contains(err.Error(), "want one of") {
+	if err := f.m.Logs(f.ctx, "g", LogOptions{Kind: "kernel"}, &log); err == nil || !strings.Contains(err.Error(), "want one of") {
 		t.Fatalf("log of an unknown kind: %v", err)
 	}
 	// The first session of a run not yet Ready journals its Ready, once.
@@ -87,7 +87,7 @@ func TestExecCopyAndLogsOfARunningGuest(t *testing.T) {
 	// Followed, a log is copied until its sandbox is removed.
 	followed := make(chan error, 1)
 	tail := &testutil.Buffer{}
-	go func() { followed <- f.m.Logs(f.ctx, sb.ID, "supervisor", true, tail) }()
+	go func() { followed <- f.m.Logs(f.ctx, sb.ID, LogOptions{Kind: "supervisor", Follow: true}, tail) }()
 	testutil.WaitUntil(t, 10*time.Second, "following the supervisor's log", func() bool { return tail.Len() > 0 })
 	if _, err := f.m.RemoveWith(f.ctx, sb.ID, RemoveOptions{Force: true}); err != nil {
 		t.Fatal(err)
@@ -113,7 +113,7 @@ func TestExecRefusesAGuestThatDoesNotRun(t *testing.T) {
 	wantErr(t, err, ErrRefused, "not running")
 	// A stopped sandbox's log is still there to read.
 	var log bytes.Buffer
-	if err := f.m.Logs(context.Background(), sb.ID, "supervisor", false, &log); err != nil || log.Len() == 0 {
+	if err := f.m.Logs(context.Background(), sb.ID, LogOptions{Kind: "supervisor"}, &log); err != nil || log.Len() == 0 {
 		t.Fatalf("log of a stopped sandbox: %q, %v", log.String(), err)
 	}
 }

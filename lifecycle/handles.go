@@ -27,23 +27,20 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expec
 	if !handleRE().MatchString(handle) || strings.Contains(handle, "..") {
 		return nil, fmt.Errorf("%w: handle %q: use letters, digits, '.', '_', '-', '/'", ErrRefused, handle)
 	}
-	// A reference is an ID, a handle or an ID prefix (projections.Match):
-	// a handle that reads as an ID, or as a prefix of a live sandbox's ID,
-	// would make one name mean two sandboxes.
+	// A reference is an ID, a handle or a prefix of an ID or short ID
+	// (projections.Match): a handle that reads as an ID, or as a prefix of
+	// a live sandbox's ID or short ID, would make one name mean two
+	// sandboxes.
 	if layout.IsULID(strings.ToUpper(handle)) {
 		return nil, fmt.Errorf("%w: handle %q reads as a sandbox ID; choose a handle that does not", ErrRefused, handle)
 	}
 	if projections.IDPrefixLike(handle) {
-		list, err := m.B.Sandboxes(ctx)
+		refs, err := m.B.Named(ctx, handle)
 		if err != nil {
 			return nil, err
 		}
-		refs := make([]projections.Ref, len(list))
-		for i, sb := range list {
-			refs[i] = projections.Ref{ID: sb.ID, Handle: sb.Handle}
-		}
 		if ids := projections.IDsNamedBy(refs, handle); len(ids) > 0 {
-			return nil, fmt.Errorf("%w: handle %q is a prefix of the ID of sandbox %s; choose a handle that is not", ErrRefused, handle, strings.Join(ids, ", "))
+			return nil, fmt.Errorf("%w: handle %q is a prefix of the ID or short ID of sandbox %s; choose a handle that is not", ErrRefused, handle, strings.Join(ids, ", "))
 		}
 	}
 	// The claim is read before the holder: a claim between the two reads

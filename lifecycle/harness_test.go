@@ -281,6 +281,12 @@ func (j *memJournal) Sandbox(_ context.Context, ref string) (projections.Sandbox
 	return clone(*sb), true, nil
 }
 
+func (j *memJournal) Named(_ context.Context, ref string) ([]projections.Ref, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.sandboxes.Named(ref), nil
+}
+
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID): the
 // per-entity read control's backends serve and lifecycle asserts for.
 func (j *memJournal) SnapshotOwner(_ context.Context, snap string) (projections.Sandbox, bool, error) {
@@ -430,7 +436,10 @@ func newFlow(t *testing.T) *flow {
 	l := &testLauncher{refuse: map[string]error{}, die: map[string]bool{}}
 	m := &Manager{Root: layout.Root(root), B: j, Launcher: l,
 		Driver:     driver.Driver{Name: driver.Process, Exe: "/nonexistent/nexus"},
-		OverlayMiB: 32, StartTimeout: testutil.Scale(10 * time.Second)}
+		OverlayMiB: 32, StartTimeout: testutil.Scale(10 * time.Second),
+		// Most flows here walk the private copy's steps (os-disk and its
+		// undo); overlayFlow makes a manager whose roots are overlays.
+		RootMode: events.RootCopy}
 	f := &flow{t: t, m: m, j: j, l: l, root: root, ctx: context.Background()}
 	// Stop what the journal says runs, so it cleans up after itself
 	// (ShortRoot's cleanup, which runs after this, SIGKILLs the rest).
@@ -440,6 +449,15 @@ func newFlow(t *testing.T) *flow {
 			f.killProcesses(sb.ID)
 		}
 	})
+	return f
+}
+
+// overlayFlow is newFlow whose new sandboxes boot on the shared cache
+// entry under an overlay root, as the process driver's guests do by
+// default.
+func overlayFlow(t *testing.T) *flow {
+	f := newFlow(t)
+	f.m.RootMode = ""
 	return f
 }
 

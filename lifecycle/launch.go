@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
@@ -68,6 +69,11 @@ func spawnLogged(root string, argv []string, logPath string) (proc.Identity, err
 		return proc.Identity{}, fmt.Errorf("log: %w", err)
 	}
 	defer logf.Close() // the child holds its own copy
+	// The log is journaled as the sandbox's: its name must outlive a
+	// power cut as the event does.
+	if err := syncDirOf(root, logPath); err != nil {
+		return proc.Identity{}, fmt.Errorf("log: %w", err)
+	}
 	return proc.SpawnDetachedTo(argv, os.Environ(), logf)
 }
 
@@ -77,4 +83,14 @@ func (m *Manager) launch(ctx context.Context, what string, argv []string, log st
 		return proc.Identity{}, ErrNoLauncher
 	}
 	return m.Launcher.Launch(ctx, Launch{What: what, Argv: argv, Root: string(m.Root), Log: log, Timeout: m.startTimeout(), Ready: ready})
+}
+
+// syncDirOf fsyncs the directory holding path, beneath root.
+func syncDirOf(root, path string) error {
+	d, err := fsx.OpenDir(root, filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }

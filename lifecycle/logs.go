@@ -30,11 +30,23 @@ func (m *Manager) LogPath(id, kind string) (string, error) {
 	return "", fmt.Errorf("log %q: want one of %v", kind, LogKinds)
 }
 
-// Logs copies one of a sandbox's logs to w. With follow it keeps copying
-// what is appended until ctx ends or the log is removed (the sandbox was),
-// the way tail -f does. A sandbox that never booted has no log yet: that
-// is an empty log, not an error.
-func (m *Manager) Logs(ctx context.Context, ref, kind string, follow bool, w io.Writer) error {
+// LogOptions choose what Logs prints.
+type LogOptions struct {
+	// Kind is one of LogKinds.
+	Kind string
+	// Tail, when positive, starts at the log's last Tail lines instead of
+	// its beginning.
+	Tail int
+	// Follow keeps copying what is appended, the way tail -f does.
+	Follow bool
+}
+
+// Logs copies one of a sandbox's logs to w. With Follow it keeps copying
+// what is appended until ctx ends or the log is removed (the sandbox was).
+// A sandbox that never booted has no log yet: that is an empty log, not an
+// error.
+func (m *Manager) Logs(ctx context.Context, ref string, opt LogOptions, w io.Writer) error {
+	kind, follow := opt.Kind, opt.Follow
 	sb, err := m.Find(ctx, ref)
 	if err != nil {
 		return err
@@ -54,7 +66,10 @@ func (m *Manager) Logs(ctx context.Context, ref, kind string, follow bool, w io.
 			f = nil
 			return nil
 		}
-		return err
+		if err != nil || opt.Tail <= 0 {
+			return err
+		}
+		return seekLastLines(f, opt.Tail)
 	}
 	defer func() {
 		if f != nil {
@@ -85,4 +100,38 @@ func (m *Manager) Logs(ctx context.Context, ref, kind string, follow bool, w io.
 		case <-time.After(followPoll):
 		}
 	}
+}
+
+// tailChunk is how much of a log's end is read at a time to find its last
+// lines.
+const tailChunk = 64 << 10
+
+// seekLastLines leaves f positioned at the start of its last n lines, read
+// backwards from the end a chunk at a time so a long log costs what its
+// tail holds. A final line without a newline counts as a line.
+func seekLastLines(f *os.File, n int) error {
+	end, err := f.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
+	pos, newlines := end, 0
+	buf := make([]byte, tailChunk)
+	for pos > 0 {
+		size := min(int64(len(buf)), pos)
+		pos -= size
+		if _, err := f.ReadAt(buf[:size], pos); err != nil {
+			return err
+		}
+		for i := size - 1; i >= 0; i-- {
+			if buf[i] != '\n' || pos+i == end-1 {
+				continue
+			}
+			if newlines++; newlines == n {
+				_, err := f.Seek(pos+i+1, io.SeekStart)
+				return err
+			}
+		}
+	}
+	_, err = f.Seek(0, io.SeekStart)
+	return err
 }

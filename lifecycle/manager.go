@@ -53,6 +53,11 @@ type Backend interface {
 	WithProcesses(ctx context.Context) ([]projections.Sandbox, error)
 	// Sandbox is one sandbox by id or handle; found is false if there is none.
 	Sandbox(ctx context.Context, ref string) (sb projections.Sandbox, found bool, err error)
+	// Named is the sandboxes ref could name by projections.Match (its
+	// handle's holder, those whose ID or short ID it is a prefix of), in
+	// ID order, for Match to choose from: the store's indexes, not the
+	// sandbox list.
+	Named(ctx context.Context, ref string) ([]projections.Ref, error)
 	OpenSagas(ctx context.Context) ([]projections.OpenSaga, error)
 	Volumes(ctx context.Context) ([]projections.Volume, error)
 	ImageCache(ctx context.Context) (projections.ImageCacheState, error)
@@ -102,6 +107,10 @@ type Manager struct {
 	// (config cpus, memory; zero: DefaultCpus, DefaultMemory).
 	Cpus        int
 	MemoryBytes int64
+	// RootMode is how a new sandbox's root is made (config root; "":
+	// an overlay when its guest runs nexus's agent as init, else a copy:
+	// core.RootMode).
+	RootMode string
 	// Launcher starts the supervisors and VMMs (Spawner in production); a
 	// flow that would start one without it is refused (ErrNoLauncher).
 	Launcher Launcher
@@ -196,20 +205,28 @@ func (m *Manager) Lookup(ctx context.Context, ref string) (projections.Sandbox, 
 }
 
 // Lookup is Manager.Lookup for commands that only read. An exact ID or
-// handle is one per-entity read; only a reference that is neither (an ID
-// prefix) fetches the list to match against, so
-// a command naming its sandbox costs the same at 10 sandboxes and 100,000.
+// handle is one per-entity read; any other reference (a short ID, or a
+// prefix of one or of an ID) asks the store's indexes for the sandboxes
+// it could name (Named) and lets projections.Match choose, so a command
+// naming its sandbox costs the same at 10 sandboxes and 100,000.
 func Lookup(ctx context.Context, b Backend, ref string) (projections.Sandbox, error) {
 	if sb, found, err := b.Sandbox(ctx, ref); err != nil || found {
 		return sb, err
 	}
-	list, err := b.Sandboxes(ctx)
+	refs, err := b.Named(ctx, ref)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	sb, err := projections.MatchSandbox(list, ref)
+	id, err := projections.Match(refs, ref)
 	if errors.Is(err, projections.ErrNoMatch) {
 		return projections.Sandbox{}, fmt.Errorf("%w: no sandbox %q", ErrNotFound, ref)
+	}
+	if err != nil {
+		return projections.Sandbox{}, err
+	}
+	sb, found, err := b.Sandbox(ctx, id)
+	if err == nil && !found {
+		err = fmt.Errorf("%w: no sandbox %q (%s is gone)", ErrNotFound, ref, id)
 	}
 	return sb, err
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -57,8 +58,12 @@ func (e *NotReadyError) Error() string {
 // VMM runs.
 func (m *Manager) guestHasAgent(sb projections.Sandbox) bool {
 	d, _ := m.bootOf(sb)
-	return !d.BootsKernel() || d.Initramfs != ""
+	return agentIsInit(d)
 }
+
+// agentIsInit is guestHasAgent's rule for a guest d boots: it is also
+// what makes a new sandbox's root an overlay (newBoot).
+func agentIsInit(d driver.Driver) bool { return !d.BootsKernel() || d.Initramfs != "" }
 
 // WaitReady waits up to timeout for sandbox ref's guest to become Ready,
 // and journals it (sandbox.ready) the first time it is seen. With record,

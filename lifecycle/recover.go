@@ -123,13 +123,37 @@ func (m *Manager) recoverSagas(ctx context.Context, rep *RecoverReport) ([]strin
 		if err != nil {
 			return nil, err
 		}
-		err = m.recoverSaga(ctx, sg, rep)
+		// Read again under the lease: another recover may have finished
+		// it between the list and the lease, or moved it on a step.
+		fresh, still, err := m.openSaga(ctx, sg.ID)
+		if err != nil || !still {
+			l.Release()
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
+		err = m.recoverSaga(ctx, fresh, rep)
 		l.Release()
 		if err != nil {
 			return nil, fmt.Errorf("recover saga %s (%s of %s): %w", sg.ID, sg.Kind, sg.Sandbox, err)
 		}
 	}
 	return concerned, nil
+}
+
+// openSaga is saga id as the journal has it now, if it is still open.
+func (m *Manager) openSaga(ctx context.Context, id string) (projections.OpenSaga, bool, error) {
+	open, err := m.B.OpenSagas(ctx)
+	if err != nil {
+		return projections.OpenSaga{}, false, err
+	}
+	for _, sg := range open {
+		if sg.ID == id {
+			return sg, true, nil
+		}
+	}
+	return projections.OpenSaga{}, false, nil
 }
 
 // recoverSandboxes checks against its processes each sandbox the store

@@ -388,3 +388,44 @@ func (f *flow) waitNoProcesses() {
 		return len(testutil.ProcessesUnder(f.root)) == 0
 	})
 }
+
+// staleSagas answers OpenSagas once with the list it was given: what a
+// recover read before another recover closed those sagas.
+type staleSagas struct {
+	*memJournal
+	first []projections.OpenSaga
+}
+
+func (s *staleSagas) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
+	if first := s.first; first != nil {
+		s.first = nil
+		return first, nil
+	}
+	return s.memJournal.OpenSagas(ctx)
+}
+
+// Two recovers at once: the one that takes a saga's lease after the other
+// closed it reads the saga again under the lease and leaves it, rather
+// than failing on a closed saga.
+func TestRecoverReadsASagaAgainUnderItsLease(t *testing.T) {
+	f := newFlow(t)
+	sb := f.create(CreateSpec{})
+	f.crashAt(events.SagaStop, "vmm-stop", sagas.AfterRecord, func() { f.m.Stop(f.ctx, sb.ID) })
+	before, err := f.j.OpenSagas(f.ctx)
+	if err != nil || len(before) != 1 {
+		t.Fatalf("open sagas after the crash: %v, %v", before, err)
+	}
+	f.recover() // the other recover, done first
+	mark := f.j.mark()
+	f.m.B = &staleSagas{memJournal: f.j, first: before}
+	rep, err := f.m.RecoverSagas(f.ctx)
+	if err != nil {
+		t.Fatalf("a recover that listed a saga another recover then closed: %v", err)
+	}
+	if len(rep.Resumed)+len(rep.Compensated) != 0 {
+		t.Fatalf("recover finished a closed saga again: %+v", rep)
+	}
+	if got := f.j.since(mark); len(got) > 0 {
+		t.Fatalf("recover journaled %v about a closed saga", types(got))
+	}
+}

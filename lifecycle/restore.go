@@ -66,6 +66,12 @@ func (m *Manager) restoreEdit(dir string, man manifest, child string, copies []s
 			volumes = append(volumes, strings.SplitN(rel, string(filepath.Separator), 2)[0])
 			continue
 		}
+		if d.Readonly && man.Bootstrap.CacheID != "" && d.Path == m.Root.ImageDisk(man.Bootstrap.CacheID) {
+			// An overlay root's OS disk: the shared cache entry, which the
+			// child boots on too (the snapshot holds no copy of it).
+			edit.Disks[d.Path] = d.Path
+			continue
+		}
 		found := false
 		for i, md := range man.Disks {
 			if md.File == filepath.Base(d.Path) && i < len(copies) {

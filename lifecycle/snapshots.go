@@ -21,6 +21,8 @@ type SnapshotInfo struct {
 	ID      string `json:"id"`
 	Sandbox string `json:"sandbox"`
 	Handle  string `json:"handle,omitempty"`
+	// Labels are that sandbox's labels.
+	Labels events.Labels `json:"labels,omitempty"`
 	// CreatedAt is the time in the snapshot's ULID, when it was taken.
 	CreatedAt time.Time `json:"created_at"`
 	// AllocatedBytes is what its directory holds on disk now.
@@ -53,7 +55,7 @@ func (m *Manager) Snapshots(ctx context.Context, ref string) ([]SnapshotInfo, er
 }
 
 func (m *Manager) snapshotInfo(sb projections.Sandbox, snap string) SnapshotInfo {
-	info := SnapshotInfo{ID: snap, Sandbox: sb.ID, Handle: sb.Handle,
+	info := SnapshotInfo{ID: snap, Sandbox: sb.ID, Handle: sb.Handle, Labels: sb.Labels,
 		AllocatedBytes: scan.TreeAllocated(string(m.Root), m.rel(m.Root.Snapshot(sb.ID, snap)))}
 	if u, err := ulid.ParseStrict(snap); err == nil {
 		info.CreatedAt = ulid.Time(u.Time()).UTC()

@@ -39,9 +39,9 @@ func (m *Manager) attachSteps(mounts []Mount, readOnly bool) []sagas.Step {
 }
 
 // VolumeCreate makes a named, user-owned ext4 volume under
-// volumes/<name>/. Volume files sit outside the intent system: they are
+// volumes/<name>/, with labels (checked by projections.ParseLabels). Volume files sit outside the intent system: they are
 // created under a per-volume lock, and the reaper never looks at volumes/.
-func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (projections.Volume, error) {
+func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64, labels events.Labels) (projections.Volume, error) {
 	if !ValidName(name) {
 		return projections.Volume{}, fmt.Errorf("%w: volume name %q: want lowercase letters, digits, '-', '_'", ErrRefused, name)
 	}
@@ -93,7 +93,7 @@ func (m *Manager) VolumeCreate(ctx context.Context, name string, size int64) (pr
 	if free, err := disk.FreeBytes(dir); err == nil && size > free {
 		m.notice("volume %s is %s, more than the %s free where it lives: it is sparse, and the guest's writes fail once that space is used", name, humanize.IBytes(uint64(size)), humanize.IBytes(uint64(free)))
 	}
-	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeCreatedEvent{Name: name, Path: m.rel(m.Root.VolumeDisk(name)), SizeBytes: size})
+	e := events.New(ulid.Make(), nowUTC(), "", events.VolumeCreatedEvent{Name: name, Path: m.rel(m.Root.VolumeDisk(name)), SizeBytes: size, Labels: labels})
 	if _, err := m.B.AppendExpect(context.WithoutCancel(ctx), []core.Expect{{Entity: core.Volume(name), Seq: rev}}, e); err != nil {
 		return projections.Volume{}, err
 	}

@@ -18,7 +18,7 @@ import (
 func TestVolumeCreateAndItsRefusals(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t)
-	v, err := f.m.VolumeCreate(f.ctx, "data", 8<<20)
+	v, err := f.m.VolumeCreate(f.ctx, "data", 8<<20, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +42,7 @@ func TestVolumeCreateAndItsRefusals(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			mark := f.j.mark()
-			_, err := f.m.VolumeCreate(f.ctx, c.vol, c.size)
+			_, err := f.m.VolumeCreate(f.ctx, c.vol, c.size, nil)
 			wantErr(t, err, ErrRefused, c.says)
 			if f.j.mark() != mark {
 				t.Fatalf("a refused volume create journaled %v", types(f.j.since(mark)))
@@ -61,7 +61,7 @@ func TestVolumeAttachDetachAndRemove(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t)
 	for _, name := range []string{"data", "spare"} {
-		if _, err := f.m.VolumeCreate(f.ctx, name, 8<<20); err != nil {
+		if _, err := f.m.VolumeCreate(f.ctx, name, 8<<20, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -117,7 +117,7 @@ func TestVolumePrune(t *testing.T) {
 	t.Parallel()
 	f := newFlow(t)
 	for _, name := range []string{"stale", "free", "used"} {
-		if _, err := f.m.VolumeCreate(f.ctx, name, 8<<20); err != nil {
+		if _, err := f.m.VolumeCreate(f.ctx, name, 8<<20, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -154,7 +154,7 @@ func TestRecoverFinishesAnInterruptedVolumeRemove(t *testing.T) {
 	for _, phase := range []sagas.Phase{sagas.BeforeRecord, sagas.AfterRecord} {
 		t.Run(string(phase), func(t *testing.T) {
 			f := newFlow(t)
-			if _, err := f.m.VolumeCreate(f.ctx, "data", 8<<20); err != nil {
+			if _, err := f.m.VolumeCreate(f.ctx, "data", 8<<20, nil); err != nil {
 				t.Fatal(err)
 			}
 			f.crashAt(events.SagaVolumeRm, volumeRmStep+"data", phase, func() { f.m.VolumeRemove(f.ctx, "data") })

@@ -20,6 +20,8 @@ func TestIDsNamedBy(t *testing.T) {
 		{"01M92I", nil},   // neither is I
 		{"01M92F", nil},   // the alphabet, but no ID begins so
 		{refs[1].ID, []string{refs[1].ID}},
+		{"128A04", []string{refs[1].ID}}, // a prefix of its short ID, 128a04b7acd2
+		{"1c79be038922", []string{refs[2].ID}},
 	} {
 		if got := IDsNamedBy(refs, c.ref); !slices.Equal(got, c.want) {
 			t.Errorf("IDsNamedBy(%q) = %v, want %v", c.ref, got, c.want)

@@ -20,10 +20,16 @@ type CacheEntry struct {
 
 // CacheUser is a persisted sandbox and the cache entry its OS disk came
 // from. A zero Bootstrap means the sandbox predates the cache metadata.
+// Root is its root mode (events.BootConfig.Root): with RootOverlay the
+// entry is its OS disk, booted on read-only; else it holds a copy.
 type CacheUser struct {
 	Sandbox   string           `msgpack:"sb" json:"sandbox"`
 	Bootstrap events.Bootstrap `msgpack:"boot,omitempty" json:"bootstrap,omitempty"`
+	Root      string           `msgpack:"root,omitempty" json:"root,omitempty"`
 }
+
+// BootsOn says whether the user's guest boots on the entry itself.
+func (u CacheUser) BootsOn() bool { return u.Root == events.RootOverlay }
 
 // PendingSaga is a create, fork or restore the journal shows started and
 // not yet finished or compensated: the sandbox state it will leave is not
@@ -65,7 +71,7 @@ func CacheUsers(list []*Sandbox) []CacheUser {
 	out := make([]CacheUser, 0, len(list))
 	for _, sb := range list {
 		if sb.State != StateCreating {
-			out = append(out, CacheUser{Sandbox: sb.ID, Bootstrap: sb.Bootstrap})
+			out = append(out, CacheUser{Sandbox: sb.ID, Bootstrap: sb.Bootstrap, Root: sb.BootConfig.Root})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Sandbox < out[j].Sandbox })
@@ -131,9 +137,10 @@ func (c *ImageCache) Entry(cacheID string) *CacheEntry {
 	return nil
 }
 
-// References maps each cache ID to the sandboxes whose disk came from it;
-// Unattributed lists the sandboxes that recorded no entry and so
-// conservatively reference all of them.
+// References maps each cache ID to the sandboxes whose disk came from it
+// or is it (an overlay root boots on the entry); Unattributed lists the
+// sandboxes that recorded no entry and so conservatively reference all
+// of them.
 func (st ImageCacheState) References() (byID map[string][]string, unattributed []string) {
 	byID = map[string][]string{}
 	for _, u := range st.Users {

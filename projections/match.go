@@ -1,9 +1,10 @@
 package projections
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 )
 
@@ -11,6 +12,21 @@ import (
 // would match almost anything by accident (every ULID of a year shares its
 // first characters).
 const MinPrefix = 4
+
+// ShortLen is the length of a short ID.
+const ShortLen = 12
+
+// ShortID is the short form of a sandbox or snapshot ID that tables show:
+// the first ShortLen hex digits of the SHA-256 of the ID (upper case, as
+// ULIDs are written). A ULID's first characters are its timestamp, so
+// sandboxes made together (a fork's children) share them; its random part
+// is incremented, not redrawn, within one millisecond, so its head is
+// shared as well. A hash of the whole ID differs for any two IDs. Match
+// accepts it, or a prefix of it, wherever an ID is accepted.
+func ShortID(id string) string {
+	sum := sha256.Sum256([]byte(strings.ToUpper(id)))
+	return hex.EncodeToString(sum[:])[:ShortLen]
+}
 
 // ErrNoMatch: no sandbox answers to the reference.
 var ErrNoMatch = errors.New("no sandbox")
@@ -32,9 +48,12 @@ type Ref struct{ ID, Handle string }
 
 // Match is the one rule for turning what an operator typed into a sandbox
 // ID, in docker's order: an exact ID (any case, ULIDs are case-free), then
-// an exact handle, then a unique ID prefix of at least MinPrefix
-// characters. A handle wins over a prefix because the operator chose it.
-// It returns the matched ID, ErrNoMatch, or an *AmbiguousError.
+// an exact handle, then a unique prefix of at least MinPrefix characters
+// of an ID or of a short ID (ShortID, any case; a whole short ID is its
+// own prefix). A handle wins over a prefix because the operator chose it.
+// A prefix that names two sandboxes, whether by their IDs or their short
+// IDs, is ambiguous. It returns the matched ID, ErrNoMatch, or an
+// *AmbiguousError.
 func Match(refs []Ref, ref string) (string, error) {
 	if ref == "" {
 		return "", fmt.Errorf("%w %q", ErrNoMatch, ref)
@@ -50,16 +69,7 @@ func Match(refs []Ref, ref string) (string, error) {
 			return r.ID, nil
 		}
 	}
-	var found []string
-	if len(ref) >= MinPrefix {
-		seen := map[string]bool{}
-		for _, r := range refs {
-			if strings.HasPrefix(r.ID, upper) && !seen[r.ID] {
-				seen[r.ID] = true
-				found = append(found, r.ID)
-			}
-		}
-	}
+	found := IDsNamedBy(refs, ref)
 	switch len(found) {
 	case 0:
 		return "", fmt.Errorf("%w %q", ErrNoMatch, ref)
@@ -114,27 +124,31 @@ func MatchSnapshot(list []Sandbox, ref string) (string, Sandbox, error) {
 const ulidAlphabet = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
 // IDsNamedBy lists the IDs among refs that ref names by Match's ID rules
-// alone (an exact ID or an ID prefix of at least MinPrefix characters,
-// any case), whatever handles say. A new handle that names any is
-// refused: Match would then give the handle's sandbox for a prefix the
-// operator took from another sandbox's ID. A ref that cannot be an ID
+// alone (an exact ID, or a prefix of at least MinPrefix characters of an
+// ID or of a short ID, any case), whatever handles say, in refs' order.
+// A new handle that names any is refused: Match would then give the
+// handle's sandbox for a prefix the operator took from another sandbox's
+// ID. A ref that cannot be an ID
 // prefix (too short, or a character no ULID has) names none, and refs is
 // then not read, so a caller may skip fetching it (IDPrefixLike).
 func IDsNamedBy(refs []Ref, ref string) []string {
 	if !IDPrefixLike(ref) {
 		return nil
 	}
-	upper := strings.ToUpper(ref)
+	upper, lower := strings.ToUpper(ref), strings.ToLower(ref)
 	var out []string
+	seen := map[string]bool{}
 	for _, r := range refs {
-		if strings.HasPrefix(r.ID, upper) && !slices.Contains(out, r.ID) {
+		if !seen[r.ID] && (strings.HasPrefix(r.ID, upper) || strings.HasPrefix(ShortID(r.ID), lower)) {
+			seen[r.ID] = true
 			out = append(out, r.ID)
 		}
 	}
 	return out
 }
 
-// IDPrefixLike reports whether ref could be an ID prefix Match accepts.
+// IDPrefixLike reports whether ref could be an ID prefix Match accepts
+// (a short ID's hex digits are ULID characters too).
 func IDPrefixLike(ref string) bool {
 	if len(ref) < MinPrefix {
 		return false
@@ -145,4 +159,27 @@ func IDPrefixLike(ref string) bool {
 		}
 	}
 	return true
+}
+
+// Named is the refs of the view's sandboxes that ref could name by Match:
+// the handle's holder and those IDsNamedBy names. A store asks it of the
+// overlay it keeps over its records, which holds only the sandboxes
+// touched since its last checkpoint; its records answer from their own
+// indexes.
+func (s *Sandboxes) Named(ref string) []Ref {
+	var out []Ref
+	if sb := s.ByHandle(ref); sb != nil {
+		out = append(out, Ref{ID: sb.ID, Handle: sb.Handle})
+	}
+	if !IDPrefixLike(ref) {
+		return out
+	}
+	all := make([]Ref, 0, len(s.byID))
+	for _, sb := range s.List() {
+		all = append(all, Ref{ID: sb.ID})
+	}
+	for _, id := range IDsNamedBy(all, ref) {
+		out = append(out, Ref{ID: id, Handle: s.byID[id].Handle})
+	}
+	return out
 }

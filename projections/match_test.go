@@ -2,8 +2,13 @@ package projections
 
 import (
 	"errors"
+	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
 )
@@ -14,6 +19,7 @@ func TestMatch(t *testing.T) {
 		{ID: "01KAAAAAAAAAAAAAAAAAAAAAA2", Handle: "01KB"}, // a handle that looks like a prefix
 		{ID: "01KBBBBBBBBBBBBBBBBBBBBBB3"},
 		{ID: "01KCCCCCCCCCCCCCCCCCCCCCC4", Handle: "01KAAAAAAAAAAAAAAAAAAAAAA1"},
+		{ID: "555C0000000000000000000005"}, // an ID that begins as the first one's short ID
 	}
 	cases := []struct {
 		ref, want  string
@@ -32,6 +38,17 @@ func TestMatch(t *testing.T) {
 		{ref: "01KD", noMatch: true},
 		{ref: "", noMatch: true},
 		{ref: "we", noMatch: true}, // no handle prefixes
+		// Short IDs: ShortID of the first four is 555c0ca8df38,
+		// 3a15dcd3e0ef, 56c050b6b4c5, b67dac3c2c71.
+		{ref: "3a15dcd3e0ef", want: "01KAAAAAAAAAAAAAAAAAAAAAA2"}, // a whole short ID
+		{ref: "3A15DC", want: "01KAAAAAAAAAAAAAAAAAAAAAA2"},       // any case
+		{ref: "b67d", want: "01KCCCCCCCCCCCCCCCCCCCCCC4"},         // a unique prefix of one
+		{ref: "3a1", noMatch: true},                               // shorter than MinPrefix
+		{ref: "56c0", want: "01KBBBBBBBBBBBBBBBBBBBBBB3"},
+		{ref: "3a15dcd3e0ef0", noMatch: true}, // longer than a short ID
+		// One sandbox's short ID, another's ID: both named, so neither.
+		{ref: "555c", candidates: []string{"01KAAAAAAAAAAAAAAAAAAAAAA1", "555C0000000000000000000005"}},
+		{ref: "555c0c", want: "01KAAAAAAAAAAAAAAAAAAAAAA1"},
 	}
 	for _, c := range cases {
 		got, err := Match(refs, c.ref)
@@ -109,5 +126,39 @@ func TestReclaimedSnapshotLeavesTheView(t *testing.T) {
 	))
 	if sb.Snapshots != nil {
 		t.Fatalf("last snapshot reclaimed: %#v, want nil", sb.Snapshots)
+	}
+}
+
+func TestShortID(t *testing.T) {
+	// The form is what operators type and scripts keep: pinned.
+	for id, want := range map[string]string{
+		"01KAAAAAAAAAAAAAAAAAAAAAA1": "555c0ca8df38",
+		"01kaaaaaaaaaaaaaaaaaaaaaa1": "555c0ca8df38", // IDs are case-free
+		"01KBBBBBBBBBBBBBBBBBBBBBB3": "56c050b6b4c5",
+	} {
+		if got := ShortID(id); got != want {
+			t.Errorf("ShortID(%s) = %s, want %s", id, got, want)
+		}
+	}
+	// Sandboxes made in one millisecond (a fork's children) share the
+	// ULID's timestamp and, as ulid.Make increments its entropy within a
+	// millisecond, most of its random part: their short IDs still differ.
+	ms := ulid.Timestamp(time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC))
+	entropy := ulid.Monotonic(rand.NewChaCha8([32]byte{1}), 0)
+	seen := map[string]string{}
+	first := ulid.MustNew(ms, entropy).String()
+	for range 1000 {
+		id := ulid.MustNew(ms, entropy).String()
+		s := ShortID(id)
+		if len(s) != ShortLen || strings.Trim(s, "0123456789abcdef") != "" {
+			t.Fatalf("ShortID(%s) = %q: want %d hex digits", id, s, ShortLen)
+		}
+		if other, dup := seen[s]; dup {
+			t.Fatalf("ShortID(%s) = ShortID(%s) = %s", id, other, s)
+		}
+		seen[s] = id
+		if id[:ShortLen] != first[:ShortLen] {
+			t.Fatalf("%s and %s differ in their first %d characters: the case this test is for is not made", first, id, ShortLen)
+		}
 	}
 }

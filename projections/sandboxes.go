@@ -90,6 +90,8 @@ type Sandbox struct {
 	// not yet). IsReady says whether the sandbox is Ready now.
 	BootAt  time.Time `msgpack:"boot_at,omitempty"`
 	ReadyAt time.Time `msgpack:"ready_at,omitempty"`
+	// Labels are the operator's, given when the sandbox was made.
+	Labels events.Labels `msgpack:"labels,omitempty"`
 }
 
 // Sandboxes is every sandbox that exists or is being created. Removed
@@ -398,16 +400,16 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		return
 	case events.SandboxCreatedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Bootstrap, sb.BootConfig = p.Bootstrap, p.Boot
+		sb.Bootstrap, sb.BootConfig, sb.Labels = p.Bootstrap, p.Boot, p.Labels
 	case events.SandboxForkedEvent:
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Bootstrap, sb.BootConfig = p.Parent, p.Bootstrap, p.Boot
+		sb.Parent, sb.Bootstrap, sb.BootConfig, sb.Labels = p.Parent, p.Bootstrap, p.Boot, p.Labels
 	case events.SandboxRestoredEvent:
 		// The bootstrap is from the snapshot's manifest; a snapshot older
 		// than the cache records none, and the sandbox then protects every
 		// entry.
 		sb = s.commit(e, p.Handle, p.Image, p.Driver)
-		sb.Parent, sb.Snapshot, sb.Bootstrap, sb.BootConfig = p.Source, p.Snapshot, p.Bootstrap, p.Boot
+		sb.Parent, sb.Snapshot, sb.Bootstrap, sb.BootConfig, sb.Labels = p.Source, p.Snapshot, p.Bootstrap, p.Boot, p.Labels
 	case events.SandboxRemovedEvent:
 		delete(s.byID, e.Sandbox)
 		s.ids = nil
@@ -476,6 +478,8 @@ func (s *Sandboxes) apply(seq uint64, e events.Event) {
 		if p.Resource.Kind == events.KindSnapshot {
 			sb.dropSnapshot(path.Base(p.Resource.Path))
 		}
+	case events.SandboxRenamedEvent:
+		sb.Handle = p.Handle
 	case events.FlushPendingEvent:
 		sb.LastRun = p.Run
 	case events.FlushAcknowledgedEvent:

@@ -124,6 +124,17 @@ func applyCases() []applyCase {
 			event: events.SagaCompensatedEvent{Reason: "ENOSPC"}, want: revOnly},
 		touchOnly("finished saga changes nothing", runningSB, events.SagaFinishedEvent{}),
 
+		// A rename changes the handle and nothing else: labels, state and
+		// resources stay.
+		{name: "renamed takes the new handle", given: runningSB,
+			event: events.SandboxRenamedEvent{Old: "web", Handle: "web/old"},
+			want: func(sb *Sandbox) *Sandbox {
+				sb.Handle = "web/old"
+				return touched(sb)
+			}},
+		{name: "renamed of an unseen sandbox adds nothing", given: none,
+			event: events.SandboxRenamedEvent{Old: "web", Handle: "web/old"}, want: unchanged},
+
 		// Commits claim their resources and settle the sandbox stopped.
 		{name: "created commits a creating sandbox and claims", given: creating, saga: "s1",
 			event: events.SandboxCreatedEvent{Handle: "web", Image: "base", Driver: "process", Resources: []events.Resource{resIntent, resWS}},
@@ -394,6 +405,7 @@ func applyCases() []applyCase {
 		elsewhere("mirror refused", events.MirrorRefusedEvent{Stream: "m"}),
 		// A claim is the handle's event: the commit beside it gave the handle.
 		elsewhere("handle claimed", events.HandleClaimedEvent{Sandbox: applyID, Handle: "web"}),
+		elsewhere("journal digest", events.JournalDigestEvent{Seq: 7, Digest: "00"}),
 	}
 }
 

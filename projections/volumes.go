@@ -17,6 +17,8 @@ type Volume struct {
 	// Rev is the sequence of the last event naming this volume: the
 	// entity sequence a decision about it expects (core.Expect).
 	Rev uint64 `msgpack:"rev" json:"rev"`
+	// Labels are the operator's, given when the volume was created.
+	Labels events.Labels `msgpack:"labels,omitempty" json:"labels,omitempty"`
 }
 
 // Volumes is every named volume. Attachments end when the sandbox detaches
@@ -47,7 +49,7 @@ func (v *Volumes) Apply(seq uint64, e events.Event) {
 	v.seq = seq
 	switch p := e.Payload.(type) {
 	case events.VolumeCreatedEvent:
-		v.byName[p.Name] = &Volume{Name: p.Name, Path: p.Path, SizeBytes: p.SizeBytes, Rev: seq}
+		v.byName[p.Name] = &Volume{Name: p.Name, Path: p.Path, SizeBytes: p.SizeBytes, Rev: seq, Labels: p.Labels}
 	case events.VolumeRemovedEvent:
 		delete(v.byName, p.Name)
 	case events.VolumeAttachedEvent:

@@ -187,6 +187,16 @@ func (c *classifier) decide(e Entry) Decision {
 	if e.Kind == events.KindWatchdogLog {
 		return c.watchdogLog(e)
 	}
+	if e.ID != "" && j.Sandbox(e.ID) && runtimeSocket(e.Kind) {
+		// A sandbox owns its VMM's sockets only while the journal records
+		// them (from its start to its stop), the rule replay diff applies:
+		// one a VMM left without that record (a start cut short) is
+		// judged by liveness, so a dead one is reclaimed.
+		if kind, ok := j.OpenSaga(e.ID); ok {
+			return keep(e, e.ID, Live, "a %s saga of %s is open (recover finishes it)", kind, e.ID)
+		}
+		return c.liveness(e)
+	}
 	if e.ID != "" && j.Sandbox(e.ID) {
 		return keep(e, e.ID, Owned, "sandbox %s exists (owner from the name)", e.ID)
 	}
@@ -391,4 +401,14 @@ func (f Filter) Match(d Decision) bool {
 		return false
 	}
 	return true
+}
+
+// runtimeSocket is a socket under run/ that a sandbox's VMM makes at each
+// start and that its stop releases.
+func runtimeSocket(k events.ResourceKind) bool {
+	switch k {
+	case events.KindAPISocket, events.KindAPISocketLock, events.KindVsockSocket, events.KindIIDSocket:
+		return true
+	}
+	return false
 }

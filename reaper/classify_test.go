@@ -120,7 +120,16 @@ func TestOwnerFromJournalFirst(t *testing.T) {
 	// A directory holding a journaled path is owned by that path's sandbox.
 	want(t, one(t, Inputs{}, Identify("snapshots", idA, true)), Owned, idA, "journal")
 	// Not journaled, but the name's ULID is a known sandbox.
-	want(t, one(t, Inputs{}, entry("run", "sb-"+idA+".iid")), Owned, idA, "owner from the name")
+	want(t, one(t, Inputs{}, entry("disks", idA+"-workspace.ext4")), Owned, idA, "owner from the name")
+	// Its VMM's sockets are its own only while the journal records them,
+	// as replay diff judges them: one left by a start cut short is judged
+	// by liveness.
+	for _, name := range []string{"sb-" + idA + ".sock", "sb-" + idA + ".iid", "sb-" + idA + ".vsock"} {
+		want(t, one(t, Inputs{}, entry("run", name)), Orphan, idA, "API socket dead")
+		g := newGate()
+		g.procs[idA] = Probe{State: Alive, Detail: "pid 7 names " + idA}
+		want(t, one(t, Inputs{Gate: g}, entry("run", name)), Live, idA, "pid 7")
+	}
 	want(t, one(t, Inputs{}, entry("disks", "team_web.shadow.cfg.ext4")), Owned, idA, "handle team_web")
 	// An unparsed, unjournaled name is kept (RL-3).
 	want(t, one(t, Inputs{}, entry("disks", "notes.txt")), Ambiguous, "", "does not parse")

@@ -91,7 +91,7 @@ func FleetLocate(read FleetReader, ref string) ([]Located, error) {
 		return out, err
 	}
 	var filters []string
-	for _, t := range []events.Type{events.SandboxCreated, events.SandboxForked, events.SandboxRestored} {
+	for _, t := range []events.Type{events.SandboxCreated, events.SandboxForked, events.SandboxRestored, events.SandboxRenamed} {
 		f, err := events.FilterSubject(string(t), "")
 		if err != nil {
 			return nil, err

@@ -57,7 +57,7 @@ func Resolve(records []Record, ref string) (string, error) {
 
 func resolve(evs []decoded, ref string) (string, error) {
 	// Every sandbox the journal names, each handle on the newest sandbox
-	// committed with it, then the CLI's one matching rule.
+	// committed or renamed with it, then the CLI's one matching rule.
 	var refs []projections.Ref
 	at := map[string]int{}
 	for _, d := range evs {
@@ -86,17 +86,9 @@ func resolve(evs []decoded, ref string) (string, error) {
 	return id, err
 }
 
-func handleOf(p events.Payload) string {
-	switch p := p.(type) {
-	case events.SandboxCreatedEvent:
-		return p.Handle
-	case events.SandboxForkedEvent:
-		return p.Handle
-	case events.SandboxRestoredEvent:
-		return p.Handle
-	}
-	return ""
-}
+// handleOf is the handle p gives its sandbox (events.HandleOf): at its
+// commit, or by a rename.
+func handleOf(p events.Payload) string { return events.HandleOf(events.Event{Payload: p}) }
 
 // Timeline returns every event of sandbox id, in journal order, including
 // those of sagas run on its behalf.

@@ -88,6 +88,37 @@ type Saga struct {
 	CompensateTimeout time.Duration
 }
 
+// Tracer hears each saga run and each of its steps begin and end: a
+// trace exporter's hook, set by the command's process (SetTracer). Start
+// returns the context the saga or step runs under and the function that
+// ends it with the run's error (nil: it succeeded).
+type Tracer interface {
+	Start(ctx context.Context, span Span) (context.Context, func(error))
+}
+
+// Span names what a Tracer is told of: a saga (Step "") or one of its
+// steps, an undo's named undo.<step>.
+type Span struct {
+	Kind    events.SagaKind
+	Saga    string // the saga's ID
+	Sandbox string
+	Step    string
+}
+
+// tracer is the process's Tracer; nil traces nothing.
+var tracer Tracer
+
+// SetTracer makes t hear every saga this process runs (nil: none). Call it
+// before any saga runs.
+func SetTracer(t Tracer) { tracer = t }
+
+func (s *Saga) trace(ctx context.Context, step string) (context.Context, func(error)) {
+	if tracer == nil {
+		return ctx, func(error) {}
+	}
+	return tracer.Start(ctx, Span{Kind: s.Kind, Saga: s.ID, Sandbox: s.Sandbox, Step: step})
+}
+
 var (
 	// ErrCompensated wraps the error of a step that failed and was undone.
 	ErrCompensated = errors.New("saga compensated")
@@ -103,10 +134,12 @@ var (
 // step is taken), it undoes the completed steps after the last pivot in
 // reverse and returns an error wrapping ErrCompensated and the cause, or
 // ErrLeftOpen if the compensation could not finish.
-func (s *Saga) Run(ctx context.Context, j Journal) error {
+func (s *Saga) Run(ctx context.Context, j Journal) (err error) {
 	if s.ID == "" {
 		s.ID = ulid.Make().String()
 	}
+	ctx, end := s.trace(ctx, "")
+	defer func() { end(err) }()
 	if len(s.Done) == 0 {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("%s: %w: %w", s.Kind, ErrNotStarted, context.Cause(ctx))
@@ -136,11 +169,13 @@ func (s *Saga) Run(ctx context.Context, j Journal) error {
 		if ctx.Err() != nil {
 			return s.compensate(ctx, j, i-1, pivot, fmt.Errorf("%s: interrupted before %s: %w", s.Kind, st.Name, context.Cause(ctx)))
 		}
-		ps, err := st.Do(ctx)
+		sctx, endStep := s.trace(ctx, st.Name)
+		ps, err := st.Do(sctx)
 		if err == nil {
 			s.hook(st.Name, BeforeRecord)
-			err = s.record(ctx, j, true, st.Name, ps...)
+			err = s.record(sctx, j, true, st.Name, ps...)
 		}
+		endStep(err)
 		if err != nil && s.Forward {
 			return fmt.Errorf("%w: %s: %s: %w", ErrLeftOpen, s.Kind, st.Name, err)
 		}
@@ -182,8 +217,10 @@ func (s *Saga) Begin(ctx context.Context, j Journal) error {
 
 // Compensate undoes every step (newest first) and closes the saga as
 // compensated. Recovery calls it for a saga whose process died.
-func (s *Saga) Compensate(ctx context.Context, j Journal, reason string) error {
-	err := s.compensate(ctx, j, len(s.Steps)-1, -1, errors.New(reason))
+func (s *Saga) Compensate(ctx context.Context, j Journal, reason string) (err error) {
+	ctx, end := s.trace(ctx, "")
+	defer func() { end(err) }()
+	err = s.compensate(ctx, j, len(s.Steps)-1, -1, errors.New(reason))
 	if errors.Is(err, ErrCompensated) {
 		return nil
 	}
@@ -206,10 +243,12 @@ func (s *Saga) compensate(ctx context.Context, j Journal, failed, pivot int, cau
 		if st.Undo == nil {
 			continue
 		}
-		ps, err := st.Undo(cctx)
+		uctx, endUndo := s.trace(cctx, "undo."+st.Name)
+		ps, err := st.Undo(uctx)
 		if err == nil {
-			err = s.record(cctx, j, false, "undo."+st.Name, ps...)
+			err = s.record(uctx, j, false, "undo."+st.Name, ps...)
 		}
+		endUndo(err)
 		if err != nil {
 			return fmt.Errorf("%w: %w (undo %s: %w; %d step(s) undone before it)", ErrLeftOpen, cause, st.Name, err, undone)
 		}

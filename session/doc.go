@@ -2,6 +2,7 @@
 // state root (control) and the flows it runs (lifecycle): `nexus run` and
 // binding sandboxes to a client's run, the ledger sweeps and their actions
 // (which may recover only while this process owns the journal), and the
-// reaper's fallback when the journal cannot be fully read. cmd/nexus
+// reaper's fallback when the journal cannot be fully read, and the
+// export of the sagas' trace spans when the environment asks for it. cmd/nexus
 // parses and prints around these.
 package session

@@ -57,6 +57,10 @@ func (r *appendReq) finish(seqs []uint64, err error) {
 
 func (n *Store) groupAppend(ctx context.Context, expect []core.Expect, evs []events.Event, data [][]byte) ([]uint64, error) {
 	r := &appendReq{expect: expect, evs: evs, data: data, done: make(chan struct{})}
+	if n.obs != nil {
+		start := time.Now()
+		defer func() { n.obs.Appended(time.Since(start), r.err) }()
+	}
 	n.gc.mu.Lock()
 	n.gc.queue = append(n.gc.queue, r)
 	n.gc.mu.Unlock()
@@ -129,6 +133,9 @@ func (n *Store) commitQueued(ctx context.Context) (turn func() (answer func())) 
 		group = append(group, r)
 		r.taken.Store(true)
 		size += len(r.evs)
+	}
+	if n.obs != nil && len(group) > 0 {
+		n.obs.Grouped(len(group), size)
 	}
 	if len(later) > 0 {
 		n.gc.mu.Lock()

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
@@ -113,6 +114,22 @@ func TestLazyOpenDecodesOnlyTheSandboxAsked(t *testing.T) {
 	}
 	if d := lazy.Decoded() - before; d > 3+2+1 {
 		t.Fatalf("a read by handle decoded %d records, want the tail's 5 and the one it names", d)
+	}
+	// A short ID, or a prefix of one, is found by a seek in the store's
+	// short-ID index, which holds keys alone: no record is decoded.
+	short := projections.ShortID(target)
+	for _, ref := range []string{short, short[:6], strings.ToUpper(short[:8])} {
+		before := lazy.Decoded()
+		refs, err := lazy.Named(ctx, ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id, err := projections.Match(refs, ref); err != nil || id != target {
+			t.Fatalf("Match(Named(%q)) = %q, %v; want %s", ref, id, err, target)
+		}
+		if d := lazy.Decoded() - before; d != 0 {
+			t.Fatalf("naming a sandbox by its short ID %q decoded %d records, want none", ref, d)
+		}
 	}
 	// Once loaded, an append and a read still agree with the journal.
 	if _, err := lazy.Append(ctx, events.New(ulid.Make(), time.Now(), target, events.SandboxStartedEvent{VMMPid: 44, VMMStart: 9})); err != nil {

@@ -17,8 +17,8 @@ import (
 
 // sandboxStore is the Sandboxes view at rest: one record per sandbox in a
 // bbolt file (projections/sandboxes.db), keyed by ID, the indexes the
-// per-entity questions need (handle, owned path, snapshot, recorded
-// processes), and the journal position the records reflect. A store reads
+// per-entity questions need (handle, short ID, owned path, snapshot,
+// recorded processes), and the journal position the records reflect. A store reads
 // the records it is asked about, not the file, and a checkpoint rewrites
 // the records touched since the last one, not every record: what a
 // command costs does not grow with the sandboxes it does not name.
@@ -31,7 +31,7 @@ const storeFile = "sandboxes.db"
 
 // storeFormat is the version of the store's layout and records. A store of
 // another format is rebuilt from the journal, never read.
-const storeFormat = 2
+const storeFormat = 4
 
 var (
 	bucketMeta    = []byte("meta")
@@ -39,9 +39,12 @@ var (
 	// Index buckets hold key 0x00 id → nothing, so a key with several
 	// sandboxes (a history made by hand) keeps them all, in ID order.
 	bucketHandles = []byte("handles")   // handle
+	bucketShort   = []byte("short")     // projections.ShortID
 	bucketOwners  = []byte("owners")    // resource path
 	bucketSnaps   = []byte("snapshots") // snapshot ID
 	bucketProcs   = []byte("processes") // "" for each sandbox that records a process (HasProcess)
+	// bucketStates counts the records by state: StateKey.bytes → u64.
+	bucketStates = []byte("states")
 
 	// retiredBuckets are older formats' buckets, dropped when the store is rebuilt.
 	retiredBuckets = [][]byte{[]byte("live")}
@@ -138,6 +141,35 @@ func (s *sandboxStore) ids(index []byte, key string) (out []string, err error) {
 	return out, err
 }
 
+// named are at most limit sandboxes, in key order, whose ID begins with
+// idPrefix or whose short ID begins with shortPrefix, each found by one
+// seek in the records or the short-ID index and read as keys alone, and
+// accepted by keep (a record still current).
+func (s *sandboxStore) named(idPrefix, shortPrefix string, limit int, keep func(id string) bool) (out []string, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(bucketRecords); b != nil {
+			prefix, n := []byte(idPrefix), 0
+			c := b.Cursor()
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && n < limit; k, _ = c.Next() {
+				if keep(string(k)) {
+					out, n = append(out, string(k)), n+1
+				}
+			}
+		}
+		if b := tx.Bucket(bucketShort); b != nil {
+			prefix, n := []byte(shortPrefix), 0
+			c := b.Cursor()
+			for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && n < limit; k, _ = c.Next() {
+				if i := bytes.IndexByte(k, 0); i >= 0 && keep(string(k[i+1:])) {
+					out, n = append(out, string(k[i+1:])), n+1
+				}
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
 // idsBelow are the sandboxes the owners index holds for a path under
 // directory dir: one seek, then the keys under it.
 func (s *sandboxStore) idsBelow(dir string) (out []string, err error) {
@@ -214,6 +246,9 @@ func (s *sandboxStore) write(pos storePosition, changed map[string]*projections.
 				if err := indexRecord(tx, old, (*bolt.Bucket).Delete); err != nil {
 					return err
 				}
+				if err := addState(tx, StateOf(old), -1); err != nil {
+					return err
+				}
 				count--
 			}
 			if sb == nil {
@@ -249,7 +284,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketOwners, bucketSnaps, bucketProcs}, retiredBuckets...) {
+		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates}, retiredBuckets...) {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
@@ -269,7 +304,7 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketOwners, bucketSnaps, bucketProcs, bucketRecords} {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates, bucketRecords} {
 		b, err := tx.CreateBucketIfNotExists(name)
 		if err != nil {
 			return nil, err
@@ -277,9 +312,9 @@ func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
 		// Records, owned paths (disks/<ID>...) and snapshots are keyed by
 		// ULIDs that grow with time, so they are mostly appended: a page
 		// split then keeps the old page nearly full, not half (bbolt's
-		// default, made for random inserts, such as handles). FillPercent
-		// holds for this transaction.
-		if !bytes.Equal(name, bucketHandles) {
+		// default, made for random inserts, such as handles and short
+		// IDs). FillPercent holds for this transaction.
+		if !bytes.Equal(name, bucketHandles) && !bytes.Equal(name, bucketShort) {
 			b.FillPercent = appendFill
 		}
 	}
@@ -296,6 +331,9 @@ func putRecord(tx *bolt.Tx, b *bolt.Bucket, sb *projections.Sandbox) error {
 		return err
 	}
 	if err := b.Put([]byte(sb.ID), data); err != nil {
+		return err
+	}
+	if err := addState(tx, StateOf(sb), 1); err != nil {
 		return err
 	}
 	return indexRecord(tx, sb, func(b *bolt.Bucket, k []byte) error { return b.Put(k, nil) })
@@ -326,6 +364,9 @@ func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []b
 			return err
 		}
 	}
+	if err := entry(bucketShort, projections.ShortID(sb.ID)); err != nil {
+		return err
+	}
 	for _, r := range sb.Resources {
 		if err := entry(bucketOwners, r.Path); err != nil {
 			return err
@@ -340,4 +381,66 @@ func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []b
 		return entry(bucketProcs, "")
 	}
 	return nil
+}
+
+// StateKey is what the sandboxes are counted by: state, and Ready.
+type StateKey struct {
+	State projections.State
+	Ready bool
+}
+
+// StateOf is sb's StateKey.
+func StateOf(sb *projections.Sandbox) StateKey {
+	return StateKey{State: sb.State, Ready: sb.IsReady()}
+}
+
+func (k StateKey) bytes() []byte {
+	r := byte('0')
+	if k.Ready {
+		r = '1'
+	}
+	return append(append([]byte(k.State), 0), r)
+}
+
+func parseStateKey(b []byte) (StateKey, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 || len(b) != i+2 {
+		return StateKey{}, false
+	}
+	return StateKey{State: projections.State(b[:i]), Ready: b[i+1] == '1'}, true
+}
+
+// addState moves the count of records in state k by d.
+func addState(tx *bolt.Tx, k StateKey, d int64) error {
+	b := tx.Bucket(bucketStates)
+	key := k.bytes()
+	var c uint64
+	if v := b.Get(key); len(v) == 8 {
+		c = binary.BigEndian.Uint64(v)
+	}
+	c = uint64(int64(c) + d)
+	if c == 0 {
+		return b.Delete(key)
+	}
+	return b.Put(key, u64(c))
+}
+
+// stateCounts is the number of records in each state.
+func (s *sandboxStore) stateCounts() (map[StateKey]uint64, error) {
+	out := map[StateKey]uint64{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketStates)
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			key, ok := parseStateKey(k)
+			if !ok || len(v) != 8 {
+				return fmt.Errorf("%w: sandbox store state count is damaged", projections.ErrBadSnapshot)
+			}
+			out[key] = binary.BigEndian.Uint64(v)
+			return nil
+		})
+	})
+	return out, err
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"slices"
+	"strings"
 	"sync/atomic"
 
 	"github.com/oklog/ulid/v2"
@@ -27,19 +28,20 @@ type sandboxView struct {
 	pos     storePosition // what the store holds
 	overlay *projections.Sandboxes
 	// touched: the sandboxes with an event since pos, each mapped to
-	// whether the store holds a record of it (for count).
-	touched map[string]bool
+	// whether the store holds a record of it and that record's state (for
+	// count and states).
+	touched map[string]storedAs
 	decoded *atomic.Uint64 // records decoded from the store, for Decoded
 }
 
 func newSandboxView(store *sandboxStore, pos storePosition, decoded *atomic.Uint64) *sandboxView {
 	return &sandboxView{store: store, pos: pos, overlay: projections.NewSandboxesAt(pos.Seq),
-		touched: map[string]bool{}, decoded: decoded}
+		touched: map[string]storedAs{}, decoded: decoded}
 }
 
 // completeView is a view held whole in memory: full is every sandbox.
 func completeView(full *projections.Sandboxes, decoded *atomic.Uint64) *sandboxView {
-	return &sandboxView{overlay: full, touched: map[string]bool{}, decoded: decoded}
+	return &sandboxView{overlay: full, touched: map[string]storedAs{}, decoded: decoded}
 }
 
 // Seq is the last event folded.
@@ -64,7 +66,11 @@ func (v *sandboxView) apply(seq uint64, e events.Event) error {
 			if sb != nil {
 				v.overlay.Put(sb)
 			}
-			v.touched[id] = sb != nil
+			at := storedAs{}
+			if sb != nil {
+				at = storedAs{in: true, key: StateOf(sb)}
+			}
+			v.touched[id] = at
 		}
 	}
 	v.overlay.Apply(seq, e)
@@ -121,6 +127,39 @@ func (v *sandboxView) byHandle(handle string) (*projections.Sandbox, error) {
 		return nil, err
 	}
 	return v.get(id)
+}
+
+// named is Sandboxes.Named over the whole view, in ID order: the
+// overlay's answer and the store's, each of the store's by a seek in an
+// index (handle, ID, short ID), at most limit of each kind.
+func (v *sandboxView) named(ref string, limit int) (out []projections.Ref, err error) {
+	defer func() {
+		slices.SortStableFunc(out, func(a, b projections.Ref) int { return strings.Compare(a.ID, b.ID) })
+	}()
+	out = v.overlay.Named(ref)
+	if v.store == nil {
+		return out, nil
+	}
+	ids, err := v.store.ids(bucketHandles, ref)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if v.fromStore(id) {
+			out = append(out, projections.Ref{ID: id, Handle: ref})
+		}
+	}
+	if !projections.IDPrefixLike(ref) {
+		return out, nil
+	}
+	ids, err = v.store.named(strings.ToUpper(ref), strings.ToLower(ref), limit, v.fromStore)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		out = append(out, projections.Ref{ID: id})
+	}
+	return out, nil
 }
 
 // snapshotOwner is Sandboxes.SnapshotOwner over the whole view.
@@ -230,12 +269,48 @@ func (v *sandboxView) each(fn func([]*projections.Sandbox)) error {
 // count is the number of sandboxes in the view.
 func (v *sandboxView) count() int {
 	n := int(v.pos.Count) + v.overlay.Len()
-	for _, inStore := range v.touched {
-		if inStore {
+	for _, at := range v.touched {
+		if at.in {
 			n--
 		}
 	}
 	return n
+}
+
+// storedAs is what the store holds of a touched sandbox.
+type storedAs struct {
+	in  bool     // the store holds a record of it
+	key StateKey // that record's state
+}
+
+// states counts the view's sandboxes by state: the store's counts as of
+// its position, less the touched records it holds, plus the overlay. It
+// reads the counts index and the overlay, never the records.
+func (v *sandboxView) states() (map[StateKey]int, error) {
+	out := map[StateKey]int{}
+	if v.store != nil {
+		stored, err := v.store.stateCounts()
+		if err != nil {
+			return nil, err
+		}
+		for k, c := range stored {
+			out[k] += int(c)
+		}
+		for _, at := range v.touched {
+			if at.in {
+				out[at.key]--
+			}
+		}
+	}
+	for _, sb := range v.overlay.List() {
+		out[StateOf(sb)]++
+	}
+	for k, c := range out {
+		if c == 0 {
+			delete(out, k)
+		}
+	}
+	return out, nil
 }
 
 // withProcesses is every sandbox that records a process (HasProcess).

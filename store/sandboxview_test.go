@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -95,7 +96,7 @@ func drawEvent(rt *rapid.T, ids []string, seq uint64) events.Event {
 	}
 	var p events.Payload
 	saga := ""
-	switch rapid.IntRange(0, 11).Draw(rt, "event") {
+	switch rapid.IntRange(0, 12).Draw(rt, "event") {
 	case 0:
 		p, saga = events.SagaStartedEvent{Kind: events.SagaCreate}, "saga-"+id
 	case 1:
@@ -105,7 +106,9 @@ func drawEvent(rt *rapid.T, ids []string, seq uint64) events.Event {
 	case 3:
 		p = events.SandboxForkedEvent{Parent: ids[0], Handle: rapid.SampledFrom(viewHandles).Draw(rt, "handle"), Image: "img", Driver: "process", Resources: res("forked")}
 	case 4:
-		p = events.SandboxStartedEvent{Driver: "process", VMMPid: int(seq), VMMStart: seq, Sockets: res("sockets")}
+		p = events.SandboxStartedEvent{Driver: "process", VMMPid: int(seq), VMMStart: seq, Sockets: res("sockets"), RunMarker: "run"}
+	case 11:
+		p = events.SandboxReadyEvent{Run: "run", By: "agent"}
 	case 5:
 		p = events.SandboxStoppedEvent{}
 	case 6:
@@ -144,10 +147,34 @@ func compareViews(rt *rapid.T, full *projections.Sandboxes, view *sandboxView, i
 			rt.Fatalf("get %s:\n got %+v\nwant %+v", id, got, want)
 		}
 	}
+	wantStates := map[StateKey]int{}
+	for _, sb := range full.List() {
+		wantStates[StateOf(sb)]++
+	}
+	if got, err := view.states(); err != nil || !reflect.DeepEqual(got, wantStates) {
+		rt.Fatalf("states: %v (%v), want %v", got, err, wantStates)
+	}
 	for _, h := range viewHandles {
 		got, err := view.byHandle(h)
 		if err != nil || ref(got) != ref(full.ByHandle(h)) {
 			rt.Fatalf("byHandle %s: %s (%v), want %s", h, ref(got), err, ref(full.ByHandle(h)))
+		}
+	}
+	// What a reference names (projections.Match over named): an ID, a
+	// prefix of one, a short ID or a prefix of one, a handle.
+	refs := slices.Clone(viewHandles)
+	for _, id := range ids {
+		refs = append(refs, id, id[:len(id)-1], projections.ShortID(id), projections.ShortID(id)[:4], id[:10])
+	}
+	for _, r := range refs {
+		named, err := view.named(r, 16)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		got, gerr := projections.Match(named, r)
+		want, werr := projections.Match(full.Named(r), r)
+		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
+			rt.Fatalf("Match(named %q) = %q, %v; want %q, %v", r, got, gerr, want, werr)
 		}
 	}
 	for _, s := range viewSnaps {

@@ -56,6 +56,8 @@ type Options struct {
 	// from the journal. A command without a daemon that reads one sandbox
 	// then decodes one sandbox, not every projection of the root.
 	Lazy bool
+	// Observer, if set, hears each stored event and each append.
+	Observer Observer
 }
 
 // Record is one journal event with its sequence.
@@ -67,6 +69,7 @@ type Store struct {
 	j    *journal.Journal
 	mu   sync.Mutex // serialises appends so expected-sequence checks hold
 	gc   groupCommit
+	obs  Observer // nil: none
 
 	// views are the projections snapshotted whole; the sandboxes, which
 	// grow with the root, live in the store under an overlay (sandboxView).
@@ -100,7 +103,7 @@ func Open(ctx context.Context, root string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	n := &Store{
-		root: root, j: j, gc: newGroupCommit(),
+		root: root, j: j, gc: newGroupCommit(), obs: opts.Observer,
 	}
 	n.resetViews()
 	if opts.Lazy {
@@ -276,6 +279,26 @@ func (n *Store) PathOwners(ctx context.Context, paths []string) ([]string, error
 		out[i] = id
 	}
 	return out, nil
+}
+
+// NamedLimit bounds how many sandboxes Named reads of each kind (ID
+// prefix, short-ID prefix): two already make a reference ambiguous, and
+// the rest are a list for the operator to pick from.
+const NamedLimit = 16
+
+// Named is the sandboxes ref could name by projections.Match (its
+// handle's holder, those whose ID or short ID it is a prefix of), in ID
+// order, for Match to choose from: point lookups and seeks in the store's
+// indexes, not a read of every sandbox. A handle a sandbox held twice (a
+// history made by hand) lists it once; a prefix of many lists at most
+// NamedLimit of each kind.
+func (n *Store) Named(ctx context.Context, ref string) ([]projections.Ref, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return nil, err
+	}
+	return n.sandboxes.named(ref, NamedLimit)
 }
 
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID).
@@ -869,6 +892,10 @@ func (n *Store) journalRefusal(ctx context.Context, msgs []journal.Message, evs 
 // foldLocked applies a newly stored event to every view and writes the
 // snapshots when enough events have been folded since the last ones.
 func (n *Store) foldLocked(seq uint64, e events.Event) {
+	if n.obs != nil {
+		// Before the views fold it: a saga's last event closes it there.
+		n.obs.Stored(e, n.sagaKind(e))
+	}
 	if !n.loaded.Load() {
 		return // dropped after a fold failed: the next call loads them again
 	}

@@ -18,9 +18,10 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/guest/agent"
-	"golang.org/x/sys/unix"
 )
 
 // agentPort is the virtio-serial port name the agent serves on when the
@@ -223,7 +224,14 @@ func pid1() {
 	// and the volumes in it. Its disk is there by now when attached (the
 	// virtio disks probe together), so a short wait suffices; without
 	// one, exec runs in the initramfs as before.
-	if err := agent.MountOSRoot(agentproto.SerialOS, agent.SysRoot, mounts, 2*time.Second); err != nil {
+	// An overlay root keeps its writes on the workspace disk, beside
+	// /workspace: the one disk of the sandbox's own whose fullness start
+	// checks, recovers and warns about, and which a flush freezes.
+	upperOn := ""
+	if agent.RootOverlay(string(cmdline)) {
+		upperOn = mounts[agentproto.SerialWorkspace]
+	}
+	if err := agent.MountOSRoot(agentproto.SerialOS, agent.SysRoot, mounts, upperOn, 2*time.Second); err != nil {
 		logger.Printf("init: no OS root, exec runs in the initramfs: %v", err)
 		if imageInit != "" {
 			logger.Printf("init: %s%s ignored: no OS root to run it in", agent.CmdlineInit, imageInit)
@@ -264,11 +272,17 @@ func handOver(logger *log.Logger, init string) {
 }
 
 // serveGuest serves the host from inside the guest: on the virtio-serial
-// port named nexus.agent or, without one, on vsock port 1024.
+// port named nexus.agent or, without one, on vsock port 1024. The port may
+// appear a moment after boot, so it is waited for, unless the kernel
+// command line says the VMM gives none (nexus.agent=vsock: Cloud
+// Hypervisor).
 func serveGuest(ctx context.Context, a *agent.Agent, logger *log.Logger) error {
-	if port, err := agent.PortByName(agentPort, time.Now().Add(2*time.Second)); err == nil {
-		logger.Printf("serving on virtio-serial port %s", port)
-		return serveSerial(ctx, a, port)
+	cmdline, _ := os.ReadFile("/proc/cmdline")
+	if !agent.VsockOnly(string(cmdline)) {
+		if port, err := agent.PortByName(agentPort, time.Now().Add(2*time.Second)); err == nil {
+			logger.Printf("serving on virtio-serial port %s", port)
+			return serveSerial(ctx, a, port)
+		}
 	}
 	l, err := listenVsock(agentproto.Port)
 	if err != nil {

@@ -49,6 +49,11 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	nexusBin = bin
+	// The suite's process-driver sandboxes keep a private copy of their
+	// OS disk, whose steps (os-disk, its crash points, the reaper's view
+	// of it) most tests here walk; a test of the overlay root, the
+	// default, runs its commands with sharedRootEnv.
+	os.Setenv("NEXUS_VM_ROOT", "copy")
 	code := m.Run()
 	removeGuestAssets()
 	if left := stopBinaryDaemons(nexusBin); len(left) > 0 {
@@ -57,6 +62,11 @@ func TestMain(m *testing.M) {
 	remove()
 	os.Exit(code)
 }
+
+// sharedRootEnv is the environment of a command whose new sandboxes get
+// the default root: an overlay over the shared cache entry wherever the
+// guest runs nexus's agent as init.
+var sharedRootEnv = []string{"NEXUS_VM_ROOT="}
 
 type result struct {
 	code           int

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -21,6 +22,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -41,7 +43,7 @@ func withBackend(ctx context.Context, g *globals, fn func(control.Backend) error
 // withBackendOwned with owned set asks for the journal in this process (an
 // on-demand daemon retires for it); see control.ConnectOptions.Exclusive.
 func withBackendOwned(ctx context.Context, g *globals, owned bool, fn func(control.Backend) error) error {
-	o, err := connectOptions()
+	o, err := connectOptions(g)
 	if err != nil {
 		return err
 	}
@@ -55,7 +57,7 @@ func withBackendOwned(ctx context.Context, g *globals, owned bool, fn func(contr
 
 // connectOptions: with no daemon answering, start one on demand, unless
 // NEXUS_NO_AUTO_DAEMON=1 asks for the journal in this process.
-func connectOptions() (control.ConnectOptions, error) {
+func connectOptions(g *globals) (control.ConnectOptions, error) {
 	o := control.ConnectOptions{Wait: lockWait, InProcess: inProcess()}
 	if os.Getenv("NEXUS_NO_AUTO_DAEMON") == "1" {
 		return o, nil
@@ -73,6 +75,7 @@ func connectOptions() (control.ConnectOptions, error) {
 	}, LockWait: wait, Locked: spawnLockHook(), Notice: func(line string) {
 		fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(line))
 	}}
+	o.Auto.Fleet, o.Auto.CompareFleet = configuredFleet(g)
 	return o, nil
 }
 
@@ -114,6 +117,7 @@ func daemonCmd(g *globals) *cobra.Command {
 		},
 	}
 	c.Flags().StringVar(&f.listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
+	c.Flags().StringVar(&f.metricsListen, "metrics-listen", "", "also serve the Prometheus metrics (always at /metrics on nexus.sock) on HOST:PORT")
 	c.Flags().BoolVar(&f.allowRemote, "allow-remote", false, "allow a --listen address beyond loopback (needs --tls-cert and --tls-key)")
 	c.Flags().StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate of the --listen port (TLS only, with --tls-key)")
 	c.Flags().StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
@@ -122,24 +126,129 @@ func daemonCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&f.auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
 	c.Flags().MarkHidden("auto")
 	c.Flags().StringArrayVar(&f.mirrorURLs, "mirror", nil, "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT); repeat it or separate with commas for several nodes (default $NEXUS_MIRROR, which keeps a password off the command line)")
-	c.Flags().StringVar(&f.mirrorDomain, "mirror-domain", "fleet", "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
-	c.Flags().StringVar(&f.mirrorHost, "mirror-host", "", "this host's name in the fleet, [a-z0-9-]: subject prefix and stream suffix (default: the hostname, lower-cased)")
-	c.Flags().StringVar(&f.mirrorCreds, "mirror-creds", "", "NATS .creds file for the fleet link")
-	c.Flags().IntVar(&f.mirrorReplicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
-	c.Flags().StringVar(&f.mirrorBytes, "mirror-max-bytes", "0", "byte limit of the mirror when nexus creates it (0: none)")
-	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g))
+	c.Flags().StringVar(&f.mirror.Domain, "mirror-domain", defaultMirrorDomain, "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
+	c.Flags().StringVar(&f.mirror.Host, "mirror-host", "", "this host's name in the fleet, [a-z0-9-]: subject prefix and stream suffix (default: the hostname, lower-cased)")
+	c.Flags().StringVar(&f.mirror.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
+	c.Flags().IntVar(&f.mirror.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
+	c.Flags().StringVar(&f.mirrorBytes, "mirror-max-bytes", defaultMirrorMaxBytes, "byte limit of the mirror when nexus creates it (0: none)")
+	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g), daemonMetricsCmd(g))
 	return c
 }
 
 // daemonFlags are nexus daemon's flags, as given.
 type daemonFlags struct {
-	listen, tlsCert, tlsKey, tlsClientCA string
-	allowRemote, auto                    bool
-	idle                                 time.Duration
-	mirrorURLs                           []string
-	mirrorDomain, mirrorHost             string
-	mirrorCreds, mirrorBytes             string
-	mirrorReplicas                       int
+	listen, metricsListen        string
+	tlsCert, tlsKey, tlsClientCA string
+	allowRemote, auto            bool
+	idle                         time.Duration
+	mirrorURLs                   []string
+	mirror                       fleetstate.Settings
+	mirrorBytes                  string
+}
+
+// The defaults of the daemon's --mirror-domain and --mirror-max-bytes.
+const (
+	defaultMirrorDomain   = "fleet"
+	defaultMirrorMaxBytes = "0"
+)
+
+// daemonMirror is the one place a daemon's fleet settings are decided, for
+// the daemon and for a command about to use an on-demand one: the
+// --mirror flags (urls, and m and maxBytes where changed says a flag was
+// given), else NEXUS_MIRROR, else the config file's [fleet] section. Nil:
+// the daemon mirrors nothing.
+func daemonMirror(g *globals, urls []string, m *fleetstate.Settings, maxBytes string, changed func(flag string) bool) (*fleetstate.Settings, error) {
+	if len(urls) == 0 && os.Getenv("NEXUS_MIRROR") != "" {
+		urls = []string{os.Getenv("NEXUS_MIRROR")}
+	}
+	if len(urls) == 0 {
+		var err error
+		if urls, err = fleetFromConfig(changed, g, m, &maxBytes); err != nil {
+			return nil, err
+		}
+	}
+	if len(urls) == 0 {
+		return nil, nil
+	}
+	if err := mirrorFlags(m, urls, maxBytes); err != nil {
+		return nil, usageError{err}
+	}
+	return m, nil
+}
+
+// configuredFleet is the fingerprint of the fleet settings an on-demand
+// daemon started now would mirror with, and whether they could be read.
+func configuredFleet(g *globals) (string, bool) {
+	m, err := daemonMirror(g, nil, &fleetstate.Settings{Domain: defaultMirrorDomain}, defaultMirrorMaxBytes, func(string) bool { return false })
+	if err != nil {
+		return "", false
+	}
+	if m == nil {
+		return "", true
+	}
+	var creds []byte
+	if m.Credentials != "" {
+		creds, _ = os.ReadFile(m.Credentials) // unreadable: the daemon refuses it, naming it
+	}
+	return m.Fingerprint(creds), true
+}
+
+// fleetFromConfig is the config file's [fleet] section for a daemon given
+// no fleet URL: its URLs, and each setting its flag does not set.
+func fleetFromConfig(changed func(flag string) bool, g *globals, m *fleetstate.Settings, maxBytes *string) ([]string, error) {
+	root, err := control.PrepareRoot(g.stateDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := loadConfig(root)
+	if err != nil || len(cfg.Fleet.URLs) == 0 {
+		// A file nexus cannot use refuses only the commands that read
+		// their settings from it, which say why; the daemon serves them
+		// all.
+		return nil, nil
+	}
+	f := cfg.Fleet
+	for flag, set := range map[string]func(){
+		"mirror-host":      func() { m.Host = cmp.Or(f.Host, m.Host) },
+		"mirror-creds":     func() { m.Credentials = cmp.Or(f.Credentials, m.Credentials) },
+		"mirror-domain":    func() { m.Domain = cmp.Or(f.Domain, m.Domain) },
+		"mirror-replicas":  func() { m.Replicas = cmp.Or(f.Replicas, m.Replicas) },
+		"mirror-max-bytes": func() { *maxBytes = cmp.Or(f.MaxBytes, *maxBytes) },
+	} {
+		if !changed(flag) {
+			set()
+		}
+	}
+	return f.URLs, nil
+}
+
+// mirrorFlags fills m from the daemon's --mirror flags. Its errors never
+// repeat a password.
+func mirrorFlags(m *fleetstate.Settings, urls []string, maxBytes string) error {
+	for _, arg := range urls {
+		for _, s := range strings.Split(arg, ",") {
+			u, err := fleetstate.ParseURL(strings.TrimSpace(s))
+			if err != nil {
+				return fmt.Errorf("--mirror: %w", err)
+			}
+			m.URLs = append(m.URLs, u)
+		}
+	}
+	if m.Host == "" {
+		h, _ := os.Hostname()
+		m.Host = fleetstate.HostNameFrom(h)
+	} else if err := fleetstate.ValidHostName(m.Host); err != nil {
+		return fmt.Errorf("--mirror-host: %w", err)
+	}
+	if m.Replicas < 0 || m.Replicas > 5 {
+		return fmt.Errorf("--mirror-replicas %d: want 1 to 5", m.Replicas)
+	}
+	n, err := parseBytes(maxBytes)
+	if err != nil {
+		return fmt.Errorf("--mirror-max-bytes %q: %w", maxBytes, err)
+	}
+	m.MaxBytes = n
+	return nil
 }
 
 func eventsCmd(g *globals) *cobra.Command {
@@ -171,7 +280,7 @@ func eventsCmd(g *globals) *cobra.Command {
 					return err
 				}
 				out := cmd.OutOrStdout()
-				names := eventNames{b: b, handles: map[string]string{}}
+				names := eventNames{b: b, o: o, handles: map[string]string{}}
 				if ref != q.Sandbox && !strings.HasPrefix(q.Sandbox, ref) {
 					names.handles[q.Sandbox] = ref // a removed sandbox, named by its handle
 				}
@@ -200,6 +309,7 @@ func eventsCmd(g *globals) *cobra.Command {
 	c.Flags().StringArrayVar(&q.Types, "type", nil, "only this event type (e.g. sandbox.created) or category (e.g. reap); repeats")
 	c.Flags().BoolVar(&all, "all", false, "every event, the bookkeeping too (intents, resources, flushes, sagas); like --type, prints whole payloads with their saga and step")
 	o = addOutput(c, true)
+	addNoTrunc(c, o)
 	c.Flags().Lookup("json").Usage = "one JSON object a line (see docs/json.md)"
 	return c
 }
@@ -269,9 +379,10 @@ func isTerminal(w io.Writer) bool {
 
 // eventNames names the sandboxes of printed events: the handle the event
 // that made the sandbox gave, else the sandbox's as the backend knows it
-// (looked up once per sandbox), else its ID.
+// (looked up once per sandbox), else its ID as tables print IDs.
 type eventNames struct {
 	b       control.Backend
+	o       *output
 	handles map[string]string // sandbox ID -> handle, "" for none
 }
 
@@ -280,9 +391,9 @@ func (n eventNames) of(ctx context.Context, e events.Event) string {
 		return "-"
 	}
 	switch e.Type {
-	case events.SandboxCreated, events.SandboxForked, events.SandboxRestored:
-		// The event that makes a sandbox gives its handle, or none: a
-		// read from the start looks no sandbox up.
+	case events.SandboxCreated, events.SandboxForked, events.SandboxRestored, events.SandboxRenamed:
+		// The event that makes a sandbox gives its handle, or none, and
+		// a rename its next: a read from the start looks no sandbox up.
 		n.handles[e.Sandbox] = events.HandleOf(e)
 	}
 	h, known := n.handles[e.Sandbox]
@@ -293,7 +404,7 @@ func (n eventNames) of(ctx context.Context, e events.Event) string {
 		n.handles[e.Sandbox] = h
 	}
 	if h == "" {
-		return e.Sandbox
+		return n.o.id(e.Sandbox)
 	}
 	return h
 }
@@ -306,6 +417,7 @@ func lsCmd(g *globals) *cobra.Command {
 	var o *output
 	var limit int
 	var after string
+	var filterFlags []string
 	c := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"ps", "list"},
@@ -319,6 +431,10 @@ func lsCmd(g *globals) *cobra.Command {
 				return usageError{fmt.Errorf("--limit %d: not a count", limit)}
 			}
 			after = strings.ToUpper(after) // IDs are ULIDs, any case
+			filters, err := parseFilters(filterFlags, projections.SandboxFilters)
+			if err != nil {
+				return err
+			}
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				out := cmd.OutOrStdout()
 				var rows []jsonSandbox // the table's, aligned once
@@ -328,17 +444,25 @@ func lsCmd(g *globals) *cobra.Command {
 				}
 				for {
 					want := lsPage
-					if limit > 0 {
+					if limit > 0 && len(filters) == 0 {
 						want = min(want, limit-printed)
 					}
-					if want == 0 {
+					if limit > 0 && printed == limit {
 						break
 					}
 					page, err := b.SandboxPage(cmd.Context(), after, want)
 					if err != nil {
 						return err
 					}
-					shown := sandboxesJSON(lifecycle.ObserveExits(page))
+					// Filtered after the exits are observed: state and
+					// ready are what the row shows.
+					var kept []projections.Sandbox
+					for _, sb := range lifecycle.ObserveExits(page) {
+						if filters.Match(projections.SandboxFacts(sb)) && (limit == 0 || printed+len(kept) < limit) {
+							kept = append(kept, sb)
+						}
+					}
+					shown := sandboxesJSON(kept)
 					switch {
 					case o.json:
 						for _, sb := range shown {
@@ -357,12 +481,12 @@ func lsCmd(g *globals) *cobra.Command {
 						}
 					case o.human():
 						rows = append(rows, shown...)
-						printed += len(page)
+						printed += len(shown)
 					default:
-						if err := printList(cmd, o, shown, sandboxID, sandboxTable); err != nil {
+						if err := printList(cmd, o, shown, sandboxID, sandboxTable(o, nil)); err != nil {
 							return err
 						}
-						printed += len(page)
+						printed += len(shown)
 					}
 					if len(page) < want {
 						break
@@ -377,25 +501,61 @@ func lsCmd(g *globals) *cobra.Command {
 					return err
 				}
 				if o.human() {
-					return printList(cmd, o, rows, sandboxID, sandboxTable)
+					return printList(cmd, o, rows, sandboxID, sandboxTable(o, rows))
 				}
 				return nil
 			})
 		},
 	}
 	o = addOutput(c, true)
+	addNoTrunc(c, o)
 	c.Flags().IntVar(&limit, "limit", 0, "print at most this many sandboxes (0: all)")
 	c.Flags().StringVar(&after, "after", "", "start after this sandbox ID (the last one a --limit page printed)")
+	addFilterFlag(c, &filterFlags, projections.SandboxFilters)
 	return c
 }
 
 func sandboxID(sb jsonSandbox) string { return sb.ID }
 
-var sandboxTable = table[jsonSandbox]{
-	header: []string{"ID", "HANDLE", "STATE", "READY", "IMAGE", "DRIVER", "CREATED"},
-	row: func(sb jsonSandbox) []string {
-		return []string{sb.ID, sb.Handle, string(sb.State), readyCell(sb), sb.Image, sb.Driver, age(sb.CreatedAt)}
-	},
+// addFilterFlag adds the repeatable --filter KEY=VALUE of a listing that
+// takes the keys valid (projections.ParseFilters).
+func addFilterFlag(c *cobra.Command, to *[]string, valid []projections.FilterKey) {
+	keys := make([]string, len(valid))
+	for i, k := range valid {
+		keys[i] = string(k) + "=..."
+	}
+	c.Flags().StringArrayVar(to, "filter", nil, "list only what matches KEY=VALUE ("+strings.Join(keys, ", ")+"; label=K or label=K=V); several must all match")
+}
+
+// parseFilters reads --filter flags; a bad one is a usage error.
+func parseFilters(flags []string, valid []projections.FilterKey) (projections.Filters, error) {
+	fs, err := projections.ParseFilters(flags, valid)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--%w", err)}
+	}
+	return fs, nil
+}
+
+// sandboxTable is ls's table. PARENT is the sandbox a fork or restore
+// child came from: its handle when it is among rows and has one, else its
+// ID as the table prints IDs.
+func sandboxTable(o *output, rows []jsonSandbox) table[jsonSandbox] {
+	handles := map[string]string{}
+	for _, sb := range rows {
+		if sb.Handle != "" {
+			handles[sb.ID] = sb.Handle
+		}
+	}
+	return table[jsonSandbox]{
+		header: []string{"ID", "HANDLE", "STATE", "READY", "IMAGE", "DRIVER", "PARENT", "CREATED"},
+		row: func(sb jsonSandbox) []string {
+			parent := handles[sb.Parent]
+			if parent == "" {
+				parent = o.id(sb.Parent)
+			}
+			return []string{o.id(sb.ID), sb.Handle, string(sb.State), readyCell(sb), sb.Image, sb.Driver, parent, age(sb.CreatedAt)}
+		},
+	}
 }
 
 // readyCell is the READY column: true, the reason a running sandbox is
@@ -418,31 +578,18 @@ func inspectCmd(g *globals) *cobra.Command {
 		Args:  minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
-				// Each sandbox by its ID or handle, not the list of all of
-				// them; the list only for a reference that is neither (an
-				// ID prefix, or an ID in another case).
-				var list []projections.Sandbox
+				// Each sandbox by its own lookup, not the list of all of them.
 				found := []projections.Sandbox{}
 				err := eachRef(cmd, args, func(ref string) error {
-					sb, ok, err := b.Sandbox(cmd.Context(), ref)
+					sb, err := lifecycle.Lookup(cmd.Context(), b, ref)
 					if err != nil {
 						return err
-					}
-					if !ok {
-						if list == nil {
-							if list, err = b.Sandboxes(cmd.Context()); err != nil {
-								return err
-							}
-						}
-						if sb, err = projections.MatchSandbox(list, ref); err != nil {
-							return err
-						}
 					}
 					found = append(found, lifecycle.ObserveExits([]projections.Sandbox{sb})[0])
 					return nil
 				})
 				if !o.human() {
-					return errors.Join(err, printList(cmd, o, sandboxesJSON(found), sandboxID, sandboxTable))
+					return errors.Join(err, printList(cmd, o, sandboxesJSON(found), sandboxID, sandboxTable(o, nil)))
 				}
 				for i, sb := range found {
 					if i > 0 {
@@ -470,6 +617,7 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 		}
 		fmt.Fprintf(tw, "Cmdline:\t%s\n", dash(b.Cmdline))
 	}
+	fmt.Fprintf(tw, "Root:\t%s\n", rootLine(sb.BootConfig.RootMode()))
 	if sb.Parent != "" {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
 	}
@@ -547,6 +695,17 @@ func daemonStatusCmd(g *globals) *cobra.Command {
 	return c
 }
 
+func daemonMetricsCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "metrics",
+		Short: "Print the daemon's Prometheus metrics, as a scrape of /metrics on nexus.sock gets them (docs/metrics.md)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return control.DaemonMetrics(cmd.Context(), g.stateDir, cmd.OutOrStdout())
+		},
+	}
+}
+
 // daemonStopped is `daemon stop --json`.
 type daemonStopped struct {
 	Pid  int    `json:"pid"`
@@ -609,4 +768,12 @@ func printDaemonStatus(w io.Writer, st wire.Status, self wire.Build, selfErr err
 		fmt.Fprintf(tw, "subscribers\t%s\n", st.SubscriberURL)
 	}
 	tw.Flush()
+}
+
+// rootLine says how a sandbox's guest root is made, for inspect.
+func rootLine(mode string) string {
+	if mode == events.RootOverlay {
+		return "overlay (the image cache entry, shared read-only; writes on the workspace disk)"
+	}
+	return "copy (a private copy of the OS disk)"
 }

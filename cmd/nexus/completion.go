@@ -32,6 +32,7 @@ var argCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"snapshot":        sandboxRefs,
 	"replay timeline": sandboxRefs,
 	"restore":         snapshotIDs,
+	"rename":          firstArg(sandboxRefs),
 	"snapshot rm":     snapshotIDs,
 	"snapshot ls":     sandboxRefs,
 	"volume rm":       volumeNames,
@@ -60,6 +61,7 @@ var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"kind":    reapKindValues,
 	"sandbox": sandboxRefs,
 	"log":     fixedValues(lifecycle.LogKinds...),
+	"filter":  filterKeys,
 }
 
 func addCompletions(root *cobra.Command, g *globals) {
@@ -226,4 +228,32 @@ func reapKindValues(*globals) cobra.CompletionFunc {
 		values[i] = string(k)
 	}
 	return cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp)
+}
+
+// filterKeys offers the --filter keys the command takes, each up to its
+// '=' (the value is the user's), and the values of state= and ready=.
+func filterKeys(*globals) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, _ []string, _ string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		valid := projections.SandboxFilters
+		switch commandKey(cmd) {
+		case "volume ls":
+			valid = projections.VolumeFilters
+		case "snapshot ls":
+			valid = projections.SnapshotFilters
+		}
+		var out []cobra.Completion
+		for _, k := range valid {
+			switch k {
+			case projections.FilterState:
+				for _, s := range []projections.State{projections.StateRunning, projections.StateStopped, projections.StateExited, projections.StateError, projections.StateCreating} {
+					out = append(out, "state="+string(s))
+				}
+			case projections.FilterReady:
+				out = append(out, "ready=true", "ready=false")
+			default:
+				out = append(out, string(k)+"=")
+			}
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp | cobra.ShellCompDirectiveNoSpace
+	}
 }

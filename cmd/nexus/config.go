@@ -12,6 +12,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
@@ -32,6 +33,7 @@ import (
 //	cmdline = "console=ttyS0 ..."   # guest kernel command line (env NEXUS_KERNEL_CMDLINE wins)
 //	cpus = 2                        # vCPUs (create --cpus wins)
 //	memory = "1G"                   # guest memory (create --memory wins)
+//	root = "copy"                   # a private copy of the OS disk, not the overlay root (env NEXUS_VM_ROOT wins)
 //
 // The fleet settings are what every daemon of the root mirrors with, the
 // ones commands start on demand included (the daemon's flags and
@@ -54,6 +56,7 @@ type Config struct {
 		Cmdline              string  `toml:"cmdline"`
 		Cpus                 int     `toml:"cpus"`
 		Memory               string  `toml:"memory"`
+		Root                 string  `toml:"root"`
 	} `toml:"vm"`
 	Fleet struct {
 		URLs        []string `toml:"urls"`
@@ -63,6 +66,15 @@ type Config struct {
 		Replicas    int      `toml:"replicas"`
 		MaxBytes    string   `toml:"max_bytes"`
 	} `toml:"fleet"`
+}
+
+// rootMode is how a new sandbox's root is made, as asked ("": as its
+// guest allows, core.RootMode): the environment overrides the file.
+func rootMode(cfg Config) string {
+	if v := os.Getenv("NEXUS_VM_ROOT"); v != "" {
+		return v
+	}
+	return cfg.VM.Root
 }
 
 // bootAssets is the kernel, initramfs and command line a new sandbox
@@ -159,6 +171,9 @@ func loadConfigFile(root string) (Config, configFile, error) {
 	}
 	if v := c.VM.Cpus; md.IsDefined("vm", "cpus") && v < 1 {
 		return c, src, fmt.Errorf("config %s: [vm] cpus = %d: want at least 1", path, v)
+	}
+	if v := c.VM.Root; md.IsDefined("vm", "root") && v != events.RootOverlay && v != events.RootCopy {
+		return c, src, fmt.Errorf("config %s: [vm] root = %q: want %s", path, v, oneOf([]string{events.RootOverlay, events.RootCopy}))
 	}
 	if v := c.VM.Memory; md.IsDefined("vm", "memory") {
 		if _, err := parseSize(v); err != nil {
@@ -271,6 +286,7 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 		fileOrEnv("vm.cmdline", "NEXUS_KERNEL_CMDLINE", cfg.VM.Cmdline, lifecycle.DefaultCmdline),
 		fromFile("vm.cpus", cfg.VM.Cpus, lifecycle.DefaultCpus),
 		fromFile("vm.memory", cfg.VM.Memory, formatSize(lifecycle.DefaultMemory)),
+		fileOrEnv("vm.root", "NEXUS_VM_ROOT", cfg.VM.Root, "overlay when the guest runs nexus's agent as init, else copy"),
 		fromFile("fleet.urls", redactedURLs(cfg.Fleet.URLs), "none (the daemon mirrors only with --mirror or NEXUS_MIRROR)"),
 		fromFile("fleet.host", cfg.Fleet.Host, "the hostname"),
 		fromFile("fleet.credentials", cfg.Fleet.Credentials, ""),

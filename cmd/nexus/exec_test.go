@@ -14,6 +14,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
 // procStdin is proc with stdin.
@@ -223,4 +224,31 @@ func pauseVM(t *testing.T, root, id string) {
 	if err := vmm.NewClient(filepath.Join(root, "run", "sb-"+id+".sock")).Pause(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The process driver's "guest" is a process on this host: a command that
+// boots or reaches one tells a person so, once; a script (stderr not a
+// terminal) keeps exec's stderr and its one-line errors as they were.
+func TestProcessDriverSaysItsGuestRunsOnTheHost(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	img := makeImage(t)
+	for _, args := range [][]string{
+		{"create", "--image", img, "--handle", "onhost"},
+		{"fork", "onhost", "--count", "2"}, // two boots, one notice
+		{"exec", "onhost", "--", "true"},
+	} {
+		out, code := onTerminal(t, root, "", args...)
+		if n := strings.Count(strings.ReplaceAll(out, "\r\n", " "), lifecycle.HostGuestNotice); code != 0 || n != 1 {
+			t.Errorf("nexus %s on a terminal: exit %d, told the host-guest notice %d time(s), want once: %q", args[0], code, n, out)
+		}
+	}
+	if r := mustOK(t, proc(t, root, "create", "--image", img), "create, stderr piped"); strings.Contains(r.stderr, lifecycle.HostGuestNotice) {
+		t.Errorf("create with stderr piped told the notice: %q", r.stderr)
+	}
+	if r := mustOK(t, proc(t, root, "exec", "onhost", "--", "sh", "-c", "echo err >&2"), "exec"); r.stderr != "err\n" {
+		t.Errorf("exec's piped stderr = %q, want only the guest command's", r.stderr)
+	}
+	wantFailure(t, proc(t, root, "exec", "onhost", "--", "no-such-program-nexus"), 127, "could not start")
 }

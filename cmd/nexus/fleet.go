@@ -46,6 +46,9 @@ func printMirrorState(w io.Writer, st *fleetstate.MirrorState) {
 		link = "connected"
 	}
 	fmt.Fprintf(tw, "host\t%s (%s)\n", st.Host, st.HostID)
+	if st.LinkedNode != "" {
+		link += fmt.Sprintf(" to %s at %s", st.LinkedNode, st.LinkedAddr)
+	}
 	fmt.Fprintf(tw, "link\t%s via %s\n", link, strings.Join(st.URLs, ", "))
 	switch {
 	case st.Exists:
@@ -58,6 +61,18 @@ func printMirrorState(w io.Writer, st *fleetstate.MirrorState) {
 	default:
 		fmt.Fprintf(tw, "mirror\t%s in domain %s: not seen on the fleet\n", st.Stream, st.Domain)
 		fmt.Fprintf(tw, "sequence\tjournal %d\n", st.JournalLastSeq)
+	}
+	if st.Exists {
+		checked := "no digest journaled yet"
+		if st.DigestSeq > 0 {
+			checked = fmt.Sprintf("records 1 to %d hashed against the journal's digest", st.DigestSeq)
+		}
+		if len(st.FailedChecks) == 0 {
+			fmt.Fprintf(tw, "checks\tfirst sequence, count, last sequence, digest: ok (%s)\n", checked)
+		}
+		for _, f := range st.FailedChecks {
+			fmt.Fprintf(tw, "FAILED\t%s\n", f)
+		}
 	}
 	if st.Drift != "" {
 		fmt.Fprintf(tw, "kept\t%s\n", st.Drift)

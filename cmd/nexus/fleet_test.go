@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -97,23 +98,36 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	t.Parallel()
 	hub, leaf := startFleetServer(t)
 	root := shortRoot(t)
-	d := mirroringDaemon(t, root, "host-a", leaf)
+	d := mirroringDaemon(t, root, "host-a", leaf, "NEXUS_FLEET_DIGEST_INTERVAL=200ms")
 	d.WaitLog(t, 2*time.Minute, `"serving"`)
 	logs := &d.Stderr
 	mustOK(t, nexus(t, root, "demo"), "demo")
 
+	// The daemon journals its running digest, and the mirror is held to
+	// it record by record.
 	st := fleetStatus(t, root, func(s fleet.MirrorState) bool {
-		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq
+		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq && s.DigestSeq > 0
 	})
+	if len(st.FailedChecks) != 0 {
+		t.Fatalf("a true mirror failed %v", st.FailedChecks)
+	}
+	if r := mustOK(t, nexus(t, root, "events"), "events"); strings.Contains(r.stdout, "journal.digest") {
+		t.Fatalf("the notable events show the digest:\n%s", r.stdout)
+	}
 	if st.Host != "host-a" || st.Stream != "NEXUS_HOST_A" || st.LagEvents != 0 || st.Replicas != 1 {
 		t.Fatalf("status of a current mirror on a one-node fleet: %+v", st)
+	}
+	// It names the node the link is up to, as the embedded server sees
+	// it, not only the URLs it was given.
+	if u, err := fleetstate.ParseURL(leaf); err != nil || st.LinkedNode != "fleet" || st.LinkedAddr != u.Host {
+		t.Fatalf("linked to %q at %q, want the fleet server at %s (%v)", st.LinkedNode, st.LinkedAddr, leaf, err)
 	}
 	id, err := os.ReadFile(filepath.Join(root, "host-id"))
 	if err != nil || strings.TrimSpace(string(id)) != st.HostID {
 		t.Fatalf("status host id %q, root's host-id %q (%v)", st.HostID, id, err)
 	}
 	text := mustOK(t, nexus(t, root, "fleet", "status"), "fleet status")
-	if !strings.Contains(text.stdout, "connected") || !strings.Contains(text.stdout, "lag") {
+	if !strings.Contains(text.stdout, "connected to fleet at "+st.LinkedAddr) || !strings.Contains(text.stdout, "lag") || !strings.Contains(text.stdout, "digest: ok") {
 		t.Fatalf("fleet status text: %q", text.stdout)
 	}
 
@@ -161,10 +175,10 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 // mirroringDaemon starts `nexus daemon --mirror-host host` on root, the
 // fleet's URLs (with their passwords) in NEXUS_MIRROR; it is stopped when
 // the test ends, and each wait on it is bounded.
-func mirroringDaemon(t *testing.T, root, host, urls string) *testutil.Proc {
+func mirroringDaemon(t *testing.T, root, host, urls string, env ...string) *testutil.Proc {
 	t.Helper()
 	d := exec.Command(nexusBin, "--state-dir", root, "daemon", "--mirror-host", host)
-	d.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+urls)
+	d.Env = append(append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_MIRROR="+urls), env...)
 	return testutil.Start(t, d)
 }
 
@@ -416,5 +430,64 @@ func TestFleetFromConfig(t *testing.T) {
 	show := mustOK(t, nexus(t, root, "config", "show"), "config show").stdout
 	if strings.Contains(show, "fleet-secret") || !strings.Contains(show, "fleet.host") || !strings.Contains(show, "from-config") {
 		t.Fatalf("config show:\n%s", show)
+	}
+}
+
+// A changed [fleet] section replaces the on-demand daemon at the next
+// plain command, as a new build does: the new daemon mirrors with the new
+// name, and the command after it keeps that daemon.
+func TestFleetConfigChangeReplacesDaemon(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	_, leaf := startFleetServer(t)
+	root := shortRoot(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(root, "logs", "daemon.log"))
+			t.Logf("daemon log:\n%s", b)
+		}
+	})
+	writeCfg := func(host string) {
+		t.Helper()
+		cfg := fmt.Sprintf("[fleet]\nurls = [%q]\nhost = %q\nreplicas = 1\n", leaf, host)
+		if err := os.WriteFile(filepath.Join(root, "config.toml"), []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	daemonPid := func() int {
+		t.Helper()
+		r := mustOK(t, nexus(t, root, "daemon", "status", "--json"), "daemon status")
+		var st struct {
+			Pid int `json:"pid"`
+		}
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Pid <= 0 {
+			t.Fatalf("daemon status --json: %v %q", err, r.stdout)
+		}
+		return st.Pid
+	}
+	current := func(s fleet.MirrorState) bool {
+		return s.Connected && s.Exists && s.JournalLastSeq > 0 && s.MirrorLastSeq == s.JournalLastSeq
+	}
+
+	writeCfg("first-name")
+	mustOK(t, nexus(t, root, "demo"), "demo")
+	if st := fleetStatus(t, root, current); st.Host != "first-name" {
+		t.Fatalf("the on-demand daemon mirrors as %+v, want host first-name", st)
+	}
+	first := daemonPid()
+
+	writeCfg("second-name")
+	mustOK(t, nexus(t, root, "demo"), "demo after the config changed")
+	second := daemonPid()
+	if second == first {
+		t.Fatalf("the daemon (pid %d) started with the old [fleet] section still serves", first)
+	}
+	if st := fleetStatus(t, root, current); st.Host != "second-name" || st.Stream != "NEXUS_SECOND_NAME" {
+		t.Fatalf("after the config changed the daemon mirrors as %+v, want host second-name", st)
+	}
+	// Its fleet settings are the configuration's: nothing replaces it.
+	mustOK(t, nexus(t, root, "ls"), "ls")
+	if pid := daemonPid(); pid != second {
+		t.Fatalf("a daemon with the configured fleet settings (pid %d) was replaced by pid %d", second, pid)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -51,7 +52,7 @@ func fleetReader(ctx context.Context, f *fleet.Auditor, r fleet.Range) replay.Fl
 // fleetAggregate creates or extends the fleet's aggregate stream.
 func fleetAggregate(cmd *cobra.Command, conn *fleetConn, names []string, replicas int) error {
 	for _, h := range names {
-		if err := fleet.ValidHostName(h); err != nil {
+		if err := fleetstate.ValidHostName(h); err != nil {
 			return usageError{fmt.Errorf("--host: %w", err)}
 		}
 	}
@@ -86,7 +87,7 @@ func fleetEvents(cmd *cobra.Command, conn *fleetConn, hosts, types []string, san
 		return usageError{err}
 	}
 	for _, h := range hosts {
-		if err := fleet.ValidHostName(h); err != nil {
+		if err := fleetstate.ValidHostName(h); err != nil {
 			return usageError{fmt.Errorf("--host: %w", err)}
 		}
 	}

@@ -78,7 +78,7 @@ func TestCreatesOfOneHandleAtOnce(t *testing.T) {
 	wantFailure(t, proc(t, root, "fork", winner, "--handle", "d9"), 1, "already in use by sandbox "+winner)
 	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", winner), "snapshot").stdout)
 	wantFailure(t, proc(t, root, "restore", snap, "--handle", "d9"), 1, "already in use by sandbox "+winner)
-	wantFailure(t, proc(t, root, "fork", winner, "--handle", "x", "--count", "2"), 2, "--handle names one child")
+	wantFailure(t, proc(t, root, "fork", winner, "--handle", "x", "--count", "2"), 2, `--handle "x" names one child`)
 	var child []projections.Sandbox
 	json.Unmarshal([]byte(mustOK(t, proc(t, root, "fork", winner, "--handle", "d9-fork", "--json"), "fork").stdout), &child)
 	var restored projections.Sandbox

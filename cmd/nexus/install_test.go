@@ -10,10 +10,11 @@ import (
 
 // `make install` puts what a system looks for where it looks: the
 // binaries, a man page per command that man(1) finds, and the shell
-// completions. (install-files is install without the build.)
+// completions, and systemd units that systemd-analyze accepts.
+// (install-files is install without the build.)
 func TestMakeInstallLaysOutATool(t *testing.T) {
 	t.Parallel()
-	for _, tool := range []string{"make", "man"} {
+	for _, tool := range []string{"make", "man", "systemd-analyze"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is not installed (make setup-test installs it): %v", tool, err)
 		}
@@ -26,6 +27,7 @@ func TestMakeInstallLaysOutATool(t *testing.T) {
 		t.Fatalf("make install-files: %v\n%s", err, out)
 	}
 	for _, f := range []string{"bin/nexus", "bin/nexusd", "bin/nexus-agent", "share/man/man1/nexus.1", "share/man/man1/nexus-create.1",
+		"lib/systemd/system/nexus.socket", "lib/systemd/system/nexus.service",
 		"share/bash-completion/completions/nexus", "share/zsh/site-functions/_nexus", "share/fish/vendor_completions.d/nexus.fish"} {
 		if st, err := os.Stat(filepath.Join(prefix, f)); err != nil || st.Size() == 0 {
 			t.Errorf("%s: %v", f, err)
@@ -34,5 +36,17 @@ func TestMakeInstallLaysOutATool(t *testing.T) {
 	out, err := exec.Command("man", "-M", filepath.Join(prefix, "share", "man"), "-P", "cat", "nexus-create").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "nexus create --image IMG") {
 		t.Fatalf("man -M PREFIX/share/man nexus-create: %v\n%s", err, out)
+	}
+	units := filepath.Join(prefix, "lib", "systemd", "system")
+	service, err := os.ReadFile(filepath.Join(units, "nexus.service"))
+	if err != nil || !strings.Contains(string(service), "ExecStart="+filepath.Join(prefix, "bin", "nexus")+" ") {
+		t.Fatalf("nexus.service does not start the installed binary: %v\n%s", err, service)
+	}
+	// verify loads each unit, checks its executables and runs man(1) for
+	// its Documentation= pages.
+	verify := exec.Command("systemd-analyze", "verify", filepath.Join(units, "nexus.socket"), filepath.Join(units, "nexus.service"))
+	verify.Env = append(os.Environ(), "MANPATH="+filepath.Join(prefix, "share", "man"))
+	if out, err := verify.CombinedOutput(); err != nil {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }

@@ -2,9 +2,12 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
@@ -51,5 +54,32 @@ func TestInterruptedForkReportsChildrenKept(t *testing.T) {
 	}
 	if left := untracked(t, root); len(left) > 0 {
 		t.Fatalf("the undone child left %v", left)
+	}
+}
+
+// Ctrl-C of a command still waiting for another command's saga (--wait)
+// ends it before its own saga starts: it says what it waited for, then
+// that nothing was started, and exits 130.
+func TestInterruptBeforeTheSagaStartsSaysSo(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", makeImage(t))
+	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
+	p := pauseAt(t, root, "start.supervisor", "start", sb.ID)
+	w := exec.Command(nexusBin, "--state-dir", root, "--driver", "process", "--wait", "stop", sb.ID)
+	w.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	waiter := testutil.Start(t, w)
+	waiter.WaitLog(t, time.Minute, "waiting for it to end (--wait)")
+	w.Process.Signal(syscall.SIGINT)
+	if code := waiter.Wait(t, testutil.Scale(time.Minute)); code != 130 {
+		t.Fatalf("interrupted stop --wait exited %d: %s", code, waiter.Stderr.String())
+	}
+	lines := strings.Split(strings.TrimSpace(waiter.Stderr.String()), "\n")
+	if last := lines[len(lines)-1]; !strings.HasPrefix(last, "nexus: stop: saga not started: interrupted") {
+		t.Fatalf("interrupted stop --wait said %q, want that its saga never started", last)
+	}
+	if code := p.resume(t, 0); code != 0 {
+		t.Fatalf("start exit %d: %s", code, p.stderr)
 	}
 }

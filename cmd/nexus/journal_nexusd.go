@@ -13,7 +13,7 @@ import (
 // repairJournal repairs the journal in this process, which holds the store.
 func repairJournal(cmd *cobra.Command, g *globals, backup string, o *output) error {
 	// Settings that cannot start a daemon leave none to retire.
-	co, _ := connectOptions()
+	co, _ := connectOptions(g)
 	rep, err := local.RepairJournal(cmd.Context(), g.stateDir, backup, co)
 	if err != nil {
 		return err

@@ -53,6 +53,7 @@ var jsonResources = map[string]reflect.Type{
 	"Event":             reflect.TypeFor[jsonEvent](),
 	"Setting":           reflect.TypeFor[setting](),
 	"MirrorState":       reflect.TypeFor[fleet.MirrorState](),
+	"FailedCheck":       reflect.TypeFor[fleet.FailedCheck](),
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),
 	"Version":           reflect.TypeFor[versionInfo](),
 	"DaemonStatus":      reflect.TypeFor[daemonStatus](),

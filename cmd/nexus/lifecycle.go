@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -67,20 +68,43 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		cfg = Config{} // this command reads no setting: defaults are never used
 	}
 	kernel, initramfs, cmdline := bootAssets(cfg)
+	warn := onceEach(func(msg string) {
+		if msg == lifecycle.HostGuestNotice && !isTerminal(os.Stderr) {
+			// A person's reminder: a script keeps its one-line errors
+			// and exec's stderr holds only the guest command's.
+			return
+		}
+		fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg))
+	})
 	return func(b control.Backend) (*lifecycle.Manager, error) {
 		return lifecycle.New(lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
 			Driver: driver.Driver{Name: driverName(g, cfg), Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: kernel,
 				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
 			AskedDriver: g.askedDriver,
-			Cpus:        cfg.VM.Cpus, MemoryBytes: cfg.memoryBytes(),
+			Cpus:        cfg.VM.Cpus, MemoryBytes: cfg.memoryBytes(), RootMode: rootMode(cfg),
 			Hook:       testHooks(),
 			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
 			Wait: g.wait, Progress: progressFor(),
-			Notice: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg)) },
+			Notice: warn,
 			Status: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg)) },
 		})
 	}, nil
+}
+
+// onceEach calls say once per distinct message: a command that boots or
+// reaches several sandboxes tells a notice that concerns them all once.
+func onceEach(say func(string)) func(string) {
+	var mu sync.Mutex
+	said := map[string]bool{}
+	return func(msg string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !said[msg] {
+			said[msg] = true
+			say(msg)
+		}
+	}
 }
 
 // printResult prints one command's result through the output layer; ids
@@ -103,10 +127,25 @@ func sandboxLine(cmd *cobra.Command, sb projections.Sandbox) {
 	fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", sb.ID, sb.State, dash(sb.Handle))
 }
 
+// addLabelFlag adds the repeatable --label KEY=VALUE of a command that
+// makes something labelled (what).
+func addLabelFlag(c *cobra.Command, to *[]string, what string) {
+	c.Flags().StringArrayVar(to, "label", nil, "KEY=VALUE: a label of "+what+" (repeatable)")
+}
+
+// parseLabels reads --label flags; a bad one is a usage error.
+func parseLabels(flags []string) (events.Labels, error) {
+	labels, err := projections.ParseLabels(flags)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--%w", err)}
+	}
+	return labels, nil
+}
+
 func createCmd(g *globals) *cobra.Command {
 	var ready *readyWait
 	var spec lifecycle.CreateSpec
-	var shadows, volumes []string
+	var shadows, volumes, labels []string
 	var journalKeptIn bool
 	var memory string
 	var o *output
@@ -132,6 +171,10 @@ func createCmd(g *globals) *cobra.Command {
 			if spec.Image == "" {
 				return usageError{fmt.Errorf("--image is required")}
 			}
+			var err error
+			if spec.Labels, err = parseLabels(labels); err != nil {
+				return err
+			}
 			if cmd.Flags().Changed("cpus") && spec.Cpus < 1 {
 				return usageError{fmt.Errorf("--cpus %d: want at least 1", spec.Cpus)}
 			}
@@ -144,7 +187,6 @@ func createCmd(g *globals) *cobra.Command {
 			}
 			var kept []events.RunKeptEvent
 			if journalKeptIn {
-				var err error
 				if kept, err = readKept(cmd.InOrStdin()); err != nil {
 					return err
 				}
@@ -181,6 +223,7 @@ func createCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&spec.Workspace, "workspace", "", "directory to build the workspace disk from")
 	c.Flags().StringArrayVar(&shadows, "shadow", nil, "NAME=SRC: a per-sandbox copy of SRC (needs --handle)")
 	c.Flags().StringArrayVar(&volumes, "volume", nil, "NAME:GUESTPATH: attach a named volume")
+	addLabelFlag(c, &labels, "the sandbox")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
 	c.Flags().IntVar(&spec.Cpus, "cpus", 0, "vCPUs (default [vm] cpus, else 1; at most the host's CPUs)")
 	c.Flags().StringVar(&memory, "memory", "", "guest memory, e.g. 1G or 768M (default [vm] memory, else 512M; at most the host's)")
@@ -193,6 +236,7 @@ func createCmd(g *globals) *cobra.Command {
 func forkCmd(g *globals) *cobra.Command {
 	var ready *readyWait
 	spec := lifecycle.ForkSpec{Count: 1}
+	var labels []string
 	var o *output
 	var freezeTimeout time.Duration
 	c := &cobra.Command{
@@ -204,8 +248,12 @@ func forkCmd(g *globals) *cobra.Command {
 			if err := lifecycle.CheckForkCount(spec.Count); err != nil {
 				return usageError{err}
 			}
-			if spec.Handle != "" && spec.Count != 1 {
-				return usageError{fmt.Errorf("--handle names one child: not with --count %d", spec.Count)}
+			if _, err := lifecycle.ChildHandles(spec.Handle, spec.Count); err != nil {
+				return usageError{err}
+			}
+			var err error
+			if spec.Labels, err = parseLabels(labels); err != nil {
+				return err
 			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				m.FreezeDeadline = freezeTimeout
@@ -237,8 +285,9 @@ func forkCmd(g *globals) *cobra.Command {
 	}
 	ready = addReadyFlags(c)
 	c.Flags().IntVar(&spec.Count, "count", 1, "number of children")
-	c.Flags().StringVar(&spec.Handle, "handle", "", "human handle for the child (unique; with --count 1)")
+	c.Flags().StringVar(&spec.Handle, "handle", "", "handle of the child, or of each child with {n} for its number 1..count (web/{n}); unique")
 	c.Flags().BoolVar(&spec.Force, "force", false, "skip the disk-space preflight")
+	addLabelFlag(c, &labels, "every child (not inherited from the parent)")
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&spec.CrashConsistent, "crash-consistent", false, "fork a running parent whose guest agent does not freeze its filesystems anyway (children get what a power cut would leave)")
@@ -440,27 +489,39 @@ type snapshotTaken struct {
 
 func snapshotLsCmd(g *globals) *cobra.Command {
 	var o *output
+	var filterFlags []string
 	c := &cobra.Command{
 		Use: "ls [ID]", Short: "List snapshots, of every sandbox or of one", Args: maxArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			filters, err := parseFilters(filterFlags, projections.SnapshotFilters)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				snaps, err := m.Snapshots(cmd.Context(), strings.Join(args, ""))
 				if err != nil {
 					return err
 				}
-				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable)
+				snaps = slices.DeleteFunc(snaps, func(s lifecycle.SnapshotInfo) bool {
+					return !filters.Match(projections.Facts{Handle: s.Handle, Labels: s.Labels})
+				})
+				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable(o))
 			})
 		},
 	}
 	o = addOutput(c, true)
+	addFilterFlag(c, &filterFlags, projections.SnapshotFilters)
+	addNoTrunc(c, o)
 	return c
 }
 
-var snapshotTable = table[lifecycle.SnapshotInfo]{
-	header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
-	row: func(s lifecycle.SnapshotInfo) []string {
-		return []string{s.ID, s.Sandbox, s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
-	},
+func snapshotTable(o *output) table[lifecycle.SnapshotInfo] {
+	return table[lifecycle.SnapshotInfo]{
+		header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
+		row: func(s lifecycle.SnapshotInfo) []string {
+			return []string{o.id(s.ID), o.id(s.Sandbox), s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
+		},
+	}
 }
 
 func snapshotRmCmd(g *globals) *cobra.Command {
@@ -498,12 +559,17 @@ func restoreCmd(g *globals) *cobra.Command {
 	var ready *readyWait
 	var force bool
 	var handle string
+	var labels []string
 	var o *output
 	c := &cobra.Command{
 		Use: "restore SNAPSHOT", Short: "Create a new sandbox from a snapshot", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			parsed, err := parseLabels(labels)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				sb, err := m.Restore(cmd.Context(), args[0], lifecycle.RestoreOptions{Force: force, Handle: handle})
+				sb, err := m.Restore(cmd.Context(), args[0], lifecycle.RestoreOptions{Force: force, Handle: handle, Labels: parsed})
 				if err != nil {
 					return err
 				}
@@ -518,6 +584,28 @@ func restoreCmd(g *globals) *cobra.Command {
 	ready = addReadyFlags(c)
 	c.Flags().BoolVar(&force, "force", false, "skip the disk-space preflight")
 	c.Flags().StringVar(&handle, "handle", "", "human handle for the new sandbox (unique)")
+	addLabelFlag(c, &labels, "the new sandbox (not the snapshotted sandbox's)")
+	o = addOutput(c, true)
+	return c
+}
+
+func renameCmd(g *globals) *cobra.Command {
+	var o *output
+	c := &cobra.Command{
+		Use: "rename ID NEW", Short: "Give a sandbox a new handle (unique; its old one is free after)", Args: exactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[1] == "" {
+				return usageError{errors.New("rename needs a new handle")}
+			}
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+				sb, err := m.Rename(cmd.Context(), args[0], args[1])
+				if err != nil {
+					return err
+				}
+				return printResult(cmd, o, sandboxJSON(sb), sandboxIDs(sb), func() { sandboxLine(cmd, sb) })
+			})
+		},
+	}
 	o = addOutput(c, true)
 	return c
 }
@@ -558,6 +646,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			return usageError{fmt.Errorf("volume needs a subcommand: create, ls, rm, prune")}
 		}}
 	var size string
+	var volLabels []string
 	var createOut *output
 	create := &cobra.Command{Use: "create NAME --size S", Short: "Create a named ext4 volume", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -565,8 +654,12 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return usageError{fmt.Errorf("--size %q: %v", size, err)}
 			}
+			labels, err := parseLabels(volLabels)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				v, err := m.VolumeCreate(cmd.Context(), args[0], n)
+				v, err := m.VolumeCreate(cmd.Context(), args[0], n, labels)
 				if err != nil {
 					return err
 				}
@@ -574,20 +667,29 @@ func volumeCmd(g *globals) *cobra.Command {
 			})
 		}}
 	create.Flags().StringVar(&size, "size", "", "size, e.g. 512M, 1.5G or 2GiB; K, M, G, T alone are binary, KB, MB, GB decimal (required)")
+	addLabelFlag(create, &volLabels, "the volume")
 	createOut = addOutput(create, true)
 	requireFlags(create, "size")
 	var lsOut *output
+	var volFilters []string
 	ls := &cobra.Command{Use: "ls", Short: "List named volumes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			filters, err := parseFilters(volFilters, projections.VolumeFilters)
+			if err != nil {
+				return err
+			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				vols, err := m.Volumes(cmd.Context())
 				if err != nil {
 					return err
 				}
-				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable)
+				vols = slices.DeleteFunc(vols, func(v projections.Volume) bool { return !filters.Match(projections.VolumeFacts(v)) })
+				return printList(cmd, lsOut, vols, func(v projections.Volume) string { return v.Name }, volumeTable(lsOut))
 			})
 		}}
 	lsOut = addOutput(ls, true)
+	addFilterFlag(ls, &volFilters, projections.VolumeFilters)
+	addNoTrunc(ls, lsOut)
 	var rmYes, rmDry bool
 	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -692,30 +794,39 @@ func volumePruneHuman(w io.Writer, rep lifecycle.PruneReport, detached bool) {
 	fmt.Fprintf(w, "%s %d stale attachment(s); %s %d volume(s)\n", clear, len(rep.Stale), del, len(deleted))
 }
 
-var volumeTable = table[projections.Volume]{
-	header: []string{"NAME", "SIZE", "ATTACHED"},
-	row: func(v projections.Volume) []string {
-		return []string{v.Name, formatSize(v.SizeBytes), strings.Join(v.AttachedTo, ",")}
-	},
+func volumeTable(o *output) table[projections.Volume] {
+	return table[projections.Volume]{
+		header: []string{"NAME", "SIZE", "ATTACHED"},
+		row: func(v projections.Volume) []string {
+			ids := make([]string, len(v.AttachedTo))
+			for i, id := range v.AttachedTo {
+				ids[i] = o.id(id)
+			}
+			return []string{v.Name, formatSize(v.SizeBytes), strings.Join(ids, ",")}
+		},
+	}
 }
 
 func logsCmd(g *globals) *cobra.Command {
-	var kind string
-	var follow bool
+	var opt lifecycle.LogOptions
 	c := &cobra.Command{
 		Use:   "logs ID|HANDLE",
 		Short: "Print a sandbox's console, VMM or supervisor log",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !slices.Contains(lifecycle.LogKinds, kind) {
-				return usageError{fmt.Errorf("--log %q: want one of %v", kind, lifecycle.LogKinds)}
+			if !slices.Contains(lifecycle.LogKinds, opt.Kind) {
+				return usageError{fmt.Errorf("--log %q: want one of %v", opt.Kind, lifecycle.LogKinds)}
+			}
+			if opt.Tail < 0 {
+				return usageError{fmt.Errorf("--tail %d: want a number of lines, 0 for all", opt.Tail)}
 			}
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				return m.Logs(cmd.Context(), args[0], kind, follow, cmd.OutOrStdout())
+				return m.Logs(cmd.Context(), args[0], opt, cmd.OutOrStdout())
 			})
 		},
 	}
-	c.Flags().StringVar(&kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
-	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
+	c.Flags().StringVar(&opt.Kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
+	c.Flags().IntVarP(&opt.Tail, "tail", "n", 0, "print only the last N lines (0: the whole log)")
+	c.Flags().BoolVarP(&opt.Follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
 	return c
 }

@@ -51,6 +51,18 @@ func TestLogsAreOwnedShownAndRemoved(t *testing.T) {
 	if n != 1 {
 		t.Errorf("the VMM log is owned %d times after a restart", n)
 	}
+	whole := mustOK(t, proc(t, root, "logs", sb.ID, "--log", "vmm"), "logs --log vmm").stdout
+	lines := strings.SplitAfter(whole, "\n")
+	if lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
+	}
+	if len(lines) < 3 {
+		t.Fatalf("the VMM log after a restart has %d line(s), too few to tail: %q", len(lines), whole)
+	}
+	if got, want := mustOK(t, proc(t, root, "logs", sb.ID, "--log", "vmm", "--tail", "2"), "logs --tail 2").stdout, strings.Join(lines[len(lines)-2:], ""); got != want {
+		t.Errorf("logs --tail 2 = %q, want the log's last two lines %q", got, want)
+	}
+	wantFailure(t, proc(t, root, "logs", sb.ID, "--tail", "-1"), 2, "--tail")
 
 	mustOK(t, proc(t, root, "rm", "-f", sb.ID), "rm")
 	for _, l := range logs {

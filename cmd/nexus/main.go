@@ -20,6 +20,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/oneline"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // usageError marks bad input: exit 2, not 1.
@@ -69,7 +70,10 @@ func main() {
 		os.Exit(130)
 	}()
 	identify()
-	os.Exit(exitCode(execute(ctx, newRoot(), os.Args[1:])))
+	flush := session.StartTracing(ctx)
+	err := execute(ctx, newRoot(), os.Args[1:])
+	flush()
+	os.Exit(exitCode(err))
 }
 
 // execute runs the command line. cobra reports an unknown command as an
@@ -141,7 +145,7 @@ func newRoot() *cobra.Command {
 		eventsCmd(g),
 		lsCmd(g),
 		inspectCmd(g),
-		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), startCmd(g), stopCmd(g), waitCmd(g),
+		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), renameCmd(g), startCmd(g), stopCmd(g), waitCmd(g),
 		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), vmmQEMUCmd(), supervisorCmd(),
 		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(), execCmd(g), cpCmd(g),
 	)

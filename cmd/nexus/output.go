@@ -22,14 +22,17 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
+
+	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // output is a command's choice of printing: at most one of the three.
 type output struct {
-	json   bool
-	format string
-	quiet  bool
-	tmpl   *template.Template // format, parsed once by check
+	json    bool
+	format  string
+	quiet   bool
+	noTrunc bool               // tables print whole IDs (addNoTrunc)
+	tmpl    *template.Template // format, parsed once by check
 }
 
 // addOutput gives c --json and --format, and -q/--quiet when the command
@@ -52,6 +55,22 @@ func addOutput(c *cobra.Command, quiet bool) *output {
 		return nil
 	}
 	return o
+}
+
+// addNoTrunc gives a command whose table shows sandbox or snapshot IDs
+// --no-trunc: its table then prints them whole, not short.
+func addNoTrunc(c *cobra.Command, o *output) {
+	c.Flags().BoolVar(&o.noTrunc, "no-trunc", false, "print whole IDs in the table, not their short form (--json, --format and -q always do)")
+}
+
+// id is a sandbox or snapshot ID as a table shows it: its short form
+// (projections.ShortID; every command accepts it), or whole with
+// --no-trunc. JSON, templates and -q print IDs whole.
+func (o *output) id(id string) string {
+	if id == "" || o != nil && o.noTrunc {
+		return id
+	}
+	return projections.ShortID(id)
 }
 
 func (o *output) check() error {

@@ -112,7 +112,7 @@ func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecyc
 	if err != nil {
 		return nil, err
 	}
-	co, err := connectOptions()
+	co, err := connectOptions(g)
 	if err != nil {
 		return nil, err
 	}

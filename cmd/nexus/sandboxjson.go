@@ -14,11 +14,17 @@ import (
 // changes without changing what scripts read: a field the view gains is
 // printed only once it is added here.
 type jsonSandbox struct {
-	ID         string            `json:"id"`
-	Handle     string            `json:"handle,omitempty"`
-	Image      string            `json:"image,omitempty"`
-	Driver     string            `json:"driver,omitempty"`
-	Boot       *jsonBoot         `json:"boot,omitempty"`
+	ID      string        `json:"id"`
+	ShortID string        `json:"short_id"`
+	Handle  string        `json:"handle,omitempty"`
+	Image   string        `json:"image,omitempty"`
+	Driver  string        `json:"driver,omitempty"`
+	Labels  events.Labels `json:"labels,omitempty"`
+	Boot    *jsonBoot     `json:"boot,omitempty"`
+	// Root is how the guest's root is made: "overlay" (the shared,
+	// read-only image cache entry under an overlay on the workspace disk)
+	// or "copy" (a private copy of the OS disk).
+	Root       string            `json:"root"`
 	Parent     string            `json:"parent,omitempty"`
 	Snapshot   string            `json:"snapshot,omitempty"`
 	State      projections.State `json:"state"`
@@ -88,12 +94,13 @@ type jsonCondition struct {
 // what --json and --format show.
 func sandboxJSON(sb projections.Sandbox) jsonSandbox {
 	out := jsonSandbox{
-		ID: sb.ID, Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Boot: bootJSON(sb.BootConfig), Parent: sb.Parent, Snapshot: sb.Snapshot,
+		ID: sb.ID, ShortID: projections.ShortID(sb.ID), Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Boot: bootJSON(sb.BootConfig), Root: sb.BootConfig.RootMode(), Parent: sb.Parent, Snapshot: sb.Snapshot,
 		State: sb.State, Saga: sb.Saga, CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 		VMM: processJSON(sb.VMM), Supervisor: processJSON(sb.Supervisor),
 		Snapshots: sb.Snapshots, Resources: sb.Resources,
 		LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Seq: sb.Seq, Rev: sb.Rev,
 	}
+	out.Labels = sb.Labels
 	out.Ready, out.ReadyReason = sb.Readiness()
 	out.BootAt, out.ReadyAt = timeOrNil(sb.BootAt), timeOrNil(sb.ReadyAt)
 	for _, v := range sb.Volumes {

@@ -30,9 +30,10 @@ func fullSandbox() projections.Sandbox {
 		Snapshots:  []string{"01JF00000000000000000000S1"},
 		Resources:  []events.Resource{{Kind: "disk", Path: "disks/01JF00000000000000000000AA.raw"}},
 		Bootstrap:  events.Bootstrap{CacheID: "c1", Identity: "i1"},
-		BootConfig: events.BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd.img", Cmdline: "console=ttyS0 root=/dev/vda rw", Cpus: 2, MemoryBytes: 1 << 30},
+		BootConfig: events.BootConfig{Kernel: "/boot/vmlinuz", Initramfs: "/boot/initrd.img", Cmdline: "console=ttyS0 root=/dev/vda rw", Cpus: 2, MemoryBytes: 1 << 30, Root: events.RootOverlay},
 		LastRun:    "01JF00000000000000000000R1", FlushedRun: "01JF00000000000000000000R0",
 		Seq: 77, Rev: 76, BootAt: at.Add(2 * time.Second), ReadyAt: at.Add(9 * time.Second),
+		Labels: events.Labels{"team": "web", "tier": "front"},
 	}
 }
 

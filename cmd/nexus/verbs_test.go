@@ -191,7 +191,7 @@ func TestSnapshotLsRmAndRmWithSnapshots(t *testing.T) {
 	if len(ls()) != 2 {
 		t.Fatal("snapshot ls lists other than the two snapshots")
 	}
-	if r := mustOK(t, proc(t, root, "snapshot", "ls"), "snapshot ls"); !strings.Contains(r.stdout, s1) || !strings.HasPrefix(r.stdout, "SNAPSHOT") {
+	if r := mustOK(t, proc(t, root, "snapshot", "ls"), "snapshot ls"); !strings.Contains(r.stdout, projections.ShortID(s1)) || !strings.HasPrefix(r.stdout, "SNAPSHOT") {
 		t.Fatalf("snapshot ls table: %q", r.stdout)
 	}
 

@@ -36,6 +36,7 @@ type Sandbox struct {
 	Rev        uint64            `json:"rev"`
 	BootAt     time.Time         `json:"boot_at,omitzero"`
 	ReadyAt    time.Time         `json:"ready_at,omitzero"`
+	Labels     events.Labels     `json:"labels,omitempty"`
 }
 
 // Process is projections.Process on the wire.
@@ -66,7 +67,7 @@ func SandboxOf(sb projections.Sandbox) Sandbox {
 		ID: sb.ID, Handle: sb.Handle, Image: sb.Image, Driver: sb.Driver, Parent: sb.Parent, Snapshot: sb.Snapshot,
 		State: sb.State, Saga: sb.Saga, CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt,
 		Snapshots: sb.Snapshots, Resources: sb.Resources, Bootstrap: sb.Bootstrap, BootConfig: sb.BootConfig,
-		LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Seq: sb.Seq, Rev: sb.Rev,
+		LastRun: sb.LastRun, FlushedRun: sb.FlushedRun, Seq: sb.Seq, Rev: sb.Rev, Labels: sb.Labels,
 	}
 	if p := sb.VMM; p != nil {
 		out.VMM = &Process{Pid: p.Pid, StartTicks: p.StartTicks, Exited: p.Exited}
@@ -90,7 +91,7 @@ func (s Sandbox) View() projections.Sandbox {
 		ID: s.ID, Handle: s.Handle, Image: s.Image, Driver: s.Driver, Parent: s.Parent, Snapshot: s.Snapshot,
 		State: s.State, Saga: s.Saga, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt,
 		Snapshots: s.Snapshots, Resources: s.Resources, Bootstrap: s.Bootstrap, BootConfig: s.BootConfig,
-		LastRun: s.LastRun, FlushedRun: s.FlushedRun, Seq: s.Seq, Rev: s.Rev,
+		LastRun: s.LastRun, FlushedRun: s.FlushedRun, Seq: s.Seq, Rev: s.Rev, Labels: s.Labels,
 	}
 	if p := s.VMM; p != nil {
 		sb.VMM = &projections.Process{Pid: p.Pid, StartTicks: p.StartTicks, Exited: p.Exited}

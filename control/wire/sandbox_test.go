@@ -30,7 +30,7 @@ func TestSandboxCrossesTheWireWhole(t *testing.T) {
 		Bootstrap:  events.Bootstrap{CacheID: "c1", Identity: "i1"},
 		BootConfig: events.BootConfig{Kernel: "/k", Initramfs: "/i", Cmdline: "console=ttyS0", Cpus: 2, MemoryBytes: 1 << 30},
 		LastRun:    "01JF00000000000000000000R1", FlushedRun: "01JF00000000000000000000R0",
-		Seq: 77, Rev: 76, BootAt: at.Add(2 * time.Second), ReadyAt: at.Add(9 * time.Second),
+		Seq: 77, Rev: 76, BootAt: at.Add(2 * time.Second), ReadyAt: at.Add(9 * time.Second), Labels: events.Labels{"team": "web"},
 	}
 	v := reflect.ValueOf(full)
 	for i := range v.NumField() {

@@ -36,6 +36,7 @@ const (
 	PathEvents        = "/v1/events"         // ParseQuery's parameters; one Record a line
 	PathSandboxes     = "/v1/sandboxes"      // after, limit (none: every sandbox); []Sandbox
 	PathSandbox       = "/v1/sandbox"        // ref; SandboxAnswer
+	PathNamed         = "/v1/named"          // ref; []projections.Ref
 	PathWithProcesses = "/v1/with-processes" // []Sandbox: those that record a process
 	PathOwner         = "/v1/owner"          // path (repeated), except; OwnerAnswer
 	PathSnapshotOwner = "/v1/snapshot-owner" // snap; SandboxAnswer
@@ -45,6 +46,9 @@ const (
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap
 	PathSagas         = "/v1/sagas"          // []projections.OpenSaga
 	PathRev           = "/v1/rev"            // entity; RevAnswer
+	// PathMetrics is the daemon's Prometheus metrics, in the text
+	// exposition format (docs/metrics.md).
+	PathMetrics = "/metrics"
 	// PathIdentity is what a client asks first on every connection: the
 	// root the daemon serves (RootIdentity).
 	PathIdentity = "/v1/identity"
@@ -83,6 +87,11 @@ type Status struct {
 	// that were talking to it, new connections of theirs included, and
 	// every other client goes elsewhere.
 	Retiring bool `json:"retiring,omitempty"`
+	// Fleet is the fingerprint of the fleet settings the daemon mirrors
+	// with (fleet.Mirror.Fingerprint; empty: it mirrors nothing). A
+	// command whose configuration gives another replaces an on-demand
+	// daemon as it replaces one of another build.
+	Fleet string `json:"fleet,omitempty"`
 }
 
 // Stats counts what the daemon has served since it started. Sandboxes is

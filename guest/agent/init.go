@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/agentproto"
 )
 
 // Kernel command-line keys PID 1 mode reads (from /proc/cmdline, where
@@ -25,6 +27,12 @@ const (
 	// nexus.init=/sbin/init.
 	CmdlineInit = "nexus.init="
 )
+
+// VsockOnly reports whether a kernel command line carries
+// agentproto.CmdlineVsockOnly.
+func VsockOnly(cmdline string) bool {
+	return slices.Contains(strings.Fields(cmdline), agentproto.CmdlineVsockOnly)
+}
 
 // InitPath returns the init a kernel command line hands PID 1 to, "" when
 // it names none.
@@ -138,22 +146,53 @@ func readOnlyFlag(dev string) uintptr {
 // the one a handed-over init gets.
 const SysRoot = "/sysroot"
 
+// RootOverlay says whether a kernel command line asks for the guest's root
+// as an overlay over the read-only OS disk (agentproto.CmdlineRootOverlay).
+func RootOverlay(cmdline string) bool {
+	return slices.Contains(strings.Fields(cmdline), agentproto.CmdlineRootOverlay)
+}
+
+// OverlayDir is the directory, at the top of the writable disk an overlay
+// root keeps its writes on (the workspace disk), that holds the overlay's
+// upper layer (upper/) and overlayfs's work directory (work/). The guest
+// sees it in the workspace as an empty, read-only directory: its content
+// is the root's, reached through /.
+const OverlayDir = ".nexus-root"
+
+// overlayLower is where the read-only OS disk is mounted below an overlay
+// root, in the initramfs: out of reach of the root's programs.
+const overlayLower = "/run/nexus/lower"
+
 // MountOSRoot mounts the disk whose serial is serial (the OS disk) at root,
 // read-write unless the VMM attached it read-only, and makes visible inside
 // it the kernel's filesystems (/dev, /proc, /sys) and every nexus mount at
 // its path, so a program run in that root sees what the initramfs sees. It
-// waits up to wait for the disk. On an error nothing stays mounted at
+// waits up to wait for the disk. With upperOn set (the mount point of a
+// writable disk, the workspace's) the root is an overlay instead: the OS
+// disk, read-only, below; OverlayDir on upperOn above, so every write to
+// the root lands on that disk. On an error nothing stays mounted at
 // root: a disk with no ext4 on it (an image nexus only copies) or a
 // read-only root without a mount point is a guest without an OS root, not
 // a failed boot.
-func MountOSRoot(serial, root string, mounts map[string]string, wait time.Duration) error {
+func MountOSRoot(serial, root string, mounts map[string]string, upperOn string, wait time.Duration) error {
 	dev, err := waitDisk(serial, time.Now().Add(wait))
 	if err != nil {
 		return err
 	}
 	os.MkdirAll(root, 0o755)
-	if err := unix.Mount(dev, root, "ext4", readOnlyFlag(dev), ""); err != nil {
-		return fmt.Errorf("mount %s (%s) on %s: %w", dev, serial, root, err)
+	if upperOn == "" {
+		if err := unix.Mount(dev, root, "ext4", readOnlyFlag(dev), ""); err != nil {
+			return fmt.Errorf("mount %s (%s) on %s: %w", dev, serial, root, err)
+		}
+	} else if err := mountOverlay(dev, serial, root, upperOn); err != nil {
+		return err
+	}
+	undo := func() {
+		unix.Unmount(root, unix.MNT_DETACH)
+		if upperOn != "" {
+			unix.Unmount(filepath.Join(upperOn, OverlayDir), unix.MNT_DETACH)
+			unix.Unmount(overlayLower, unix.MNT_DETACH)
+		}
 	}
 	binds := []string{"/dev", "/proc", "/sys"}
 	for _, s := range byDepth(mounts) {
@@ -168,15 +207,58 @@ func MountOSRoot(serial, root string, mounts map[string]string, wait time.Durati
 		bound = append(bound, dir)
 		at := filepath.Join(root, dir)
 		if err := os.MkdirAll(at, 0o755); err != nil {
-			unix.Unmount(root, unix.MNT_DETACH)
+			undo()
 			return fmt.Errorf("mount point %s in the OS root: %w", dir, err)
 		}
 		// Recursive, so /dev/pts (the terminals exec with tty uses) and
 		// anything mounted below a nexus mount come along.
 		if err := unix.Mount(dir, at, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-			unix.Unmount(root, unix.MNT_DETACH)
+			undo()
 			return fmt.Errorf("bind %s into the OS root: %w", dir, err)
 		}
+	}
+	return nil
+}
+
+// mountOverlay mounts at root an overlay of the OS disk dev (read-only,
+// at overlayLower) under OverlayDir on upperOn, then covers OverlayDir in
+// upperOn with an empty read-only tmpfs: the layers are overlayfs's alone
+// (a guest editing them directly would corrupt its root), and a copy of
+// the workspace does not carry the root's files. The cover is mounted
+// before the workspace is bound into the root, so the bind brings it.
+func mountOverlay(dev, serial, root, upperOn string) error {
+	dir := filepath.Join(upperOn, OverlayDir)
+	// overlayfs splits its options on commas and its lower layers on
+	// colons, and nexus puts none in these paths: one given on the kernel
+	// command line (nexus.workspace=) is refused, not misread.
+	if strings.ContainsAny(dir, ",:\\") {
+		return fmt.Errorf("overlay root: %s has a comma, colon or backslash, which overlayfs options cannot carry", dir)
+	}
+	upper, work := filepath.Join(dir, "upper"), filepath.Join(dir, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return fmt.Errorf("overlay root: %w", err)
+		}
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("overlay root: %w", err)
+	}
+	os.MkdirAll(overlayLower, 0o755)
+	// Read-only whatever the VMM says: the entry is shared by every
+	// sandbox of the image, and a lower layer must not change under an
+	// overlay.
+	if err := unix.Mount(dev, overlayLower, "ext4", unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("mount %s (%s) on %s: %w", dev, serial, overlayLower, err)
+	}
+	opts := "lowerdir=" + overlayLower + ",upperdir=" + upper + ",workdir=" + work
+	if err := unix.Mount("overlay", root, "overlay", 0, opts); err != nil {
+		unix.Unmount(overlayLower, 0)
+		return fmt.Errorf("mount the overlay root (%s) on %s: %w", opts, root, err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0500"); err != nil {
+		unix.Unmount(root, 0)
+		unix.Unmount(overlayLower, 0)
+		return fmt.Errorf("cover %s: %w", dir, err)
 	}
 	return nil
 }

@@ -112,3 +112,21 @@ func TestServeSerialSessionBoundaries(t *testing.T) {
 func brief(m *agentproto.Message) string {
 	return fmt.Sprintf("%s id %d nonce %d (%d data bytes) %s", m.Type, m.ID, m.Nonce, len(m.Data), m.Error)
 }
+
+// The agent skips its wait for a virtio-serial port only when the kernel
+// command line carries nexus.agent=vsock as a word of its own.
+func TestVsockOnly(t *testing.T) {
+	for cmdline, want := range map[string]bool{
+		"console=ttyS0 root=/dev/vda rw nexus.agent=vsock": true,
+		"nexus.agent=vsock":                                    true,
+		"console=ttyS0 root=/dev/vda rw":                       false,
+		"console=ttyS0 nexus.agent=vsockx":                     false,
+		"console=ttyS0 xnexus.agent=vsock":                     false,
+		"nexus.mount=nexus-vol-data:/data nexus.agent=vsock\n": true, // /proc/cmdline ends in a newline
+		"": false,
+	} {
+		if got := VsockOnly(cmdline); got != want {
+			t.Errorf("VsockOnly(%q) = %v, want %v", cmdline, got, want)
+		}
+	}
+}

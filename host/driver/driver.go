@@ -8,6 +8,7 @@ package driver
 import (
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 
@@ -61,13 +62,22 @@ type Driver struct {
 // process driver boots none).
 func (d Driver) BootsKernel() bool { return d.Name != Process }
 
-// Preflight refuses a driver that cannot boot anything, before any byte
-// of a sandbox is written.
-func (d Driver) Preflight() error {
+// IsolatesGuest reports whether the driver's guest runs in a VM. The
+// process driver's "guest" is a process on this host: its commands run
+// with the host's files and the user nexus runs as.
+func (d Driver) IsolatesGuest() bool { return d.Name != Process }
+
+// Preflight refuses a driver that cannot boot anything, or cannot serve
+// its API on apiSocket (the sandbox's, layout.Root.APISocket), before any
+// byte of a sandbox is written.
+func (d Driver) Preflight(apiSocket string) error {
 	switch d.Name {
 	case Process:
 		return nil
 	case CloudHypervisor:
+		if err := CHAPISocket(apiSocket); err != nil {
+			return err
+		}
 		if err := d.assets(); err != nil {
 			return err
 		}
@@ -86,6 +96,28 @@ func (d Driver) Preflight() error {
 	default:
 		return fmt.Errorf("unknown driver %q", d.Name)
 	}
+}
+
+// sunPathMax is the room in sockaddr_un.sun_path for a path and its NUL.
+const sunPathMax = len(unix.RawSockaddrUnix{}.Path)
+
+// CHAPISocket refuses an API socket path Cloud Hypervisor cannot serve on.
+// CH binds the path as given, without the detour through a directory
+// descriptor that nexus's own sockets take (host/unixsock), so the path
+// and its NUL must fit sun_path. CH v53 reads --api-socket as options
+// (path=..., fd=...) and takes the whole argument as the path only when
+// that parse fails (parse_api_socket, option_parser): an absolute path
+// fails it at its first item, as "/..." names no option, whatever commas
+// or '=' follow; a relative one (fd=3, path=x,...) could be read as
+// options. So the path must be absolute and short enough.
+func CHAPISocket(path string) error {
+	if !filepath.IsAbs(path) {
+		return fmt.Errorf("cloud-hypervisor driver: API socket %s is not an absolute path: cloud-hypervisor could read it as its path=/fd= options", path)
+	}
+	if len(path) >= sunPathMax {
+		return fmt.Errorf("cloud-hypervisor driver: API socket %s is %d bytes, and cloud-hypervisor binds it by name, which holds at most %d (sun_path): use a state root at least %d bytes shorter (--state-dir)", path, len(path), sunPathMax-1, len(path)-sunPathMax+1)
+	}
+	return nil
 }
 
 // assets checks the kernel (required) and the initramfs (if any) of a

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -73,5 +74,31 @@ func TestKnown(t *testing.T) {
 	}
 	if Known("") || Known("firecracker") {
 		t.Error("Known accepts a name that is no driver")
+	}
+}
+
+// Cloud Hypervisor binds its API socket by name, and reads --api-socket
+// as path=/fd= options unless that parse fails, as it does for an
+// absolute path.
+func TestCHAPISocket(t *testing.T) {
+	long := "/" + strings.Repeat("d", 60) + "/run/sb-01KAAAAAAAAAAAAAAAAAAAAAA1.sock"
+	for _, c := range []struct {
+		path, refusal string
+	}{
+		{"/var/lib/nexus/run/sb-01KAAAAAAAAAAAAAAAAAAAAAA1.sock", ""},
+		{"/tmp/a,b=c/run/sb-01KAAAAAAAAAAAAAAAAAAAAAA1.sock", ""}, // "/tmp/a" is no option: the whole argument is the path
+		{"/" + strings.Repeat("x", 106), ""},                      // 107 bytes and the NUL: sun_path exactly
+		{"/" + strings.Repeat("x", 107), "108 bytes"},
+		{long + strings.Repeat("z", 108-len(long)), "holds at most 107"},
+		{"fd=3", "not an absolute path"},
+		{"path=x,y", "not an absolute path"},
+	} {
+		err := CHAPISocket(c.path)
+		if c.refusal == "" && err != nil || c.refusal != "" && (err == nil || !strings.Contains(err.Error(), c.refusal)) {
+			t.Errorf("CHAPISocket(%q) = %v, want %q", c.path, err, c.refusal)
+		}
+		if c.refusal != "" && (Driver{Name: CloudHypervisor}).Preflight(c.path) == nil {
+			t.Errorf("Preflight(%q) passes a socket CH cannot serve on", c.path)
+		}
 	}
 }

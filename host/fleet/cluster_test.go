@@ -78,19 +78,29 @@ func tryCluster(t testing.TB, tmpl string) (*fleetCluster, error) {
 	}
 	c := &fleetCluster{leafPorts: leaf}
 	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "accounts.conf"), []byte(tmpl), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	doc := docNodeConf(t)
 	for i := range n {
-		var routes []string
-		for k := range n {
-			if k != i {
-				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", route[k]))
-			}
+		edits := []string{
+			"server_name: fleet-0", fmt.Sprintf("server_name: node-%d", i),
+			"listen: 0.0.0.0:4222", fmt.Sprintf("listen: 127.0.0.1:%d", client[i]),
+			`store_dir: "/var/lib/nats/jetstream"`, fmt.Sprintf("store_dir: %q", filepath.Join(dir, fmt.Sprint(i))),
+			"domain: fleet", "domain: " + fleetDomain,
+			"listen: 0.0.0.0:6222", fmt.Sprintf("listen: 127.0.0.1:%d", route[i]),
+			"listen: 0.0.0.0:7422", fmt.Sprintf("listen: 127.0.0.1:%d", leaf[i]),
 		}
-		conf := fmt.Sprintf(`server_name: node-%d
-listen: 127.0.0.1:%d
-jetstream { store_dir: %q, domain: %s }
-cluster { name: fleet, listen: 127.0.0.1:%d, routes: [%s] }
-leafnodes { listen: 127.0.0.1:%d }
-%s`, i, client[i], filepath.Join(dir, fmt.Sprint(i)), fleetDomain, route[i], strings.Join(routes, ", "), leaf[i], tmpl)
+		for k := range n {
+			edits = append(edits, fmt.Sprintf("fleet-%d:6222", k), fmt.Sprintf("127.0.0.1:%d", route[k]))
+		}
+		conf := doc
+		for e := 0; e < len(edits); e += 2 {
+			if !strings.Contains(conf, edits[e]) {
+				t.Fatalf("%s's node configuration no longer has %q, which the fleet tests replace", fleetDoc, edits[e])
+			}
+			conf = strings.ReplaceAll(conf, edits[e], edits[e+1])
+		}
 		path := filepath.Join(dir, fmt.Sprintf("node-%d.conf", i))
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)
@@ -131,6 +141,30 @@ leafnodes { listen: 127.0.0.1:%d }
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// fleetDoc is the operator's page whose node configuration the fleet
+// tests run, so the page cannot drift from a configuration that works.
+const fleetDoc = "../../docs/fleet.md"
+
+// docNodeConf is the code block of fleetDoc that follows its marker line
+// "<!-- nexus-test: node.conf -->".
+func docNodeConf(t testing.TB) string {
+	t.Helper()
+	b, err := os.ReadFile(fleetDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "<!-- nexus-test: node.conf -->\n")
+	if !ok {
+		t.Fatalf("%s has no node configuration marked for the tests", fleetDoc)
+	}
+	rest, ok = strings.CutPrefix(rest, "```conf\n")
+	block, _, closed := strings.Cut(rest, "\n```")
+	if !ok || !closed {
+		t.Fatalf("%s: the marked node configuration is not a ```conf block", fleetDoc)
+	}
+	return block + "\n"
 }
 
 // urls are the leaf URLs of every node for user:pass.
@@ -280,7 +314,7 @@ func (f *templateFleet) attacker(t *testing.T, host string) *nats.Conn {
 // sequence, the only requests the template lets an auditor send.
 func auditorRead(t *testing.T, js jetstream.JetStream, stream string) (jetstream.StreamConfig, []string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(60*time.Second))
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -302,7 +336,7 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 	t.Helper()
 	deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(10*time.Second))
 		s, err := js.Stream(ctx, stream)
 		cancel()
 		if err == nil && s.CachedInfo().State.Msgs >= uint64(n) {

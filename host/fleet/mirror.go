@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -84,53 +85,18 @@ const (
 
 var (
 	hostToken = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-	hostName  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 )
-
-// ValidHostName checks a fleet host name: 1-63 of a-z, 0-9 and '-', not
-// starting or ending with '-'. Upper case and '_' are refused rather than
-// folded, so two names an operator typed differently never name one stream
-// (the stream name upper-cases and turns '-' into '_').
-func ValidHostName(name string) error {
-	if !hostName.MatchString(name) {
-		return fmt.Errorf("host name %q: want 1-63 of a-z, 0-9 and '-', not starting or ending with '-'", name)
-	}
-	return nil
-}
-
-// HostNameFrom turns an OS hostname into a valid host name: the first
-// label, lower-cased, every other character '-'. Distinct hostnames may
-// fold into one name; the identity check on the fleet catches that.
-func HostNameFrom(hostname string) string {
-	h, _, _ := strings.Cut(hostname, ".")
-	h = strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			return r
-		case r >= 'A' && r <= 'Z':
-			return r + 'a' - 'A'
-		}
-		return '-'
-	}, h)
-	if len(h) > 63 {
-		h = h[:63]
-	}
-	if h = strings.Trim(h, "-"); h == "" {
-		return "host"
-	}
-	return h
-}
 
 func (m *Mirror) validate() error {
 	if len(m.URLs) == 0 {
 		return errors.New("fleet: mirror needs a fleet URL")
 	}
 	for _, u := range m.URLs {
-		if err := checkFleetURL(u); err != nil {
+		if err := fleetstate.CheckURL(u); err != nil {
 			return err
 		}
 	}
-	if err := ValidHostName(m.Host); err != nil {
+	if err := fleetstate.ValidHostName(m.Host); err != nil {
 		return fmt.Errorf("fleet: mirror %w", err)
 	}
 	if _, err := ulid.ParseStrict(m.HostID); err != nil {
@@ -154,56 +120,6 @@ func (m *Mirror) validate() error {
 		}
 	}
 	return nil
-}
-
-// checkFleetURL refuses what the link could never dial, naming the URL
-// without its password.
-func checkFleetURL(u *url.URL) error {
-	if u == nil || u.Hostname() == "" {
-		return errors.New("fleet: mirror URL needs a host")
-	}
-	switch u.Scheme {
-	case "nats-leaf", "nats", "tls":
-	default:
-		return fmt.Errorf("fleet: mirror URL %s: scheme %q: want nats-leaf, nats or tls", u.Redacted(), u.Scheme)
-	}
-	if p := u.Port(); p != "" {
-		var n int
-		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("fleet: mirror URL %s: bad port", u.Redacted())
-		}
-	}
-	return nil
-}
-
-// ParseFleetURL parses one fleet URL; its errors never repeat a password.
-func ParseFleetURL(s string) (*url.URL, error) {
-	u, err := url.Parse(s)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("mirror URL %s: want nats-leaf://[user:pass@]HOST:PORT", RedactURL(s))
-	}
-	if err := checkFleetURL(u); err != nil {
-		return nil, errors.New(strings.TrimPrefix(err.Error(), "fleet: "))
-	}
-	return u, nil
-}
-
-// RedactURL hides the user information of a URL that may not parse.
-func RedactURL(s string) string {
-	if u, err := url.Parse(s); err == nil {
-		return u.Redacted()
-	}
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		rest, scheme = s, ""
-	}
-	if i := strings.LastIndex(rest, "@"); i >= 0 {
-		rest = "xxxxx@" + rest[i+1:]
-	}
-	if scheme != "" {
-		return scheme + "://" + rest
-	}
-	return rest
 }
 
 // Redacted lists the fleet URLs without passwords, for logs and status.
@@ -433,6 +349,10 @@ type HostReport struct {
 	HostID   string    `json:"host_id"`
 	LastSeq  uint64    `json:"last_seq"`
 	Reported time.Time `json:"reported"`
+	// DigestSeq and Digest are the host's last journal.digest then: its
+	// journal's records 1 to DigestSeq hash to Digest (0: none yet).
+	DigestSeq uint64 `json:"digest_seq,omitempty"`
+	Digest    string `json:"digest,omitempty"`
 }
 
 // report publishes the journal's last sequence to the report stream
@@ -467,7 +387,11 @@ func (m *Mirror) report(ctx context.Context, r *run, fleet jetstream.JetStream, 
 	} else if err != nil {
 		return fmt.Errorf("report %s: %w", name, err)
 	}
-	data, _ := json.Marshal(HostReport{HostID: m.HostID, LastSeq: last, Reported: time.Now().UTC()})
+	d, err := lastDigest(ctx, r.link.Journal)
+	if err != nil {
+		return err
+	}
+	data, _ := json.Marshal(HostReport{HostID: m.HostID, LastSeq: last, Reported: time.Now().UTC(), DigestSeq: d.Seq, Digest: d.Digest})
 	// A stream just made takes a moment to reach the link as interest in
 	// its subject; until then a publish finds no stream to answer it.
 	for try := 1; ; try++ {
@@ -522,25 +446,6 @@ func readReport(ctx context.Context, js streamGetter, host, hostID string) (Host
 		return HostReport{}, fmt.Errorf("report %s is from host identity %s, the mirror's is %s", ReportStream(host), rep.HostID, hostID)
 	}
 	return rep, nil
-}
-
-// checkMirrorSpan refuses a mirror that cannot be its host's whole
-// journal: empty, missing its head (a journal starts at 1 and is never
-// purged), or ending before the last sequence its host reported (cut
-// short, or not caught up).
-func checkMirrorSpan(stream string, st jetstream.StreamState, rep HostReport) error {
-	switch {
-	case st.Msgs == 0:
-		return fmt.Errorf("fleet: mirror %s is empty: it holds none of the host's journal", stream)
-	case st.FirstSeq != 1:
-		return fmt.Errorf("fleet: mirror %s starts at sequence %d: the journal's head is missing from it", stream, st.FirstSeq)
-	case st.Msgs != st.LastSeq-st.FirstSeq+1:
-		return fmt.Errorf("fleet: mirror %s holds %d records from 1 to %d: %d of the journal's are missing from it", stream, st.Msgs, st.LastSeq, st.LastSeq-st.Msgs)
-	case st.LastSeq < rep.LastSeq:
-		return fmt.Errorf("fleet: mirror %s ends at sequence %d, but its host reported its journal at %d (%s): the mirror is truncated or behind",
-			stream, st.LastSeq, rep.LastSeq, rep.Reported.Format(time.RFC3339))
-	}
-	return nil
 }
 
 func maxBytes(n int64) int64 {
@@ -731,7 +636,10 @@ type Rejected = fleetstate.Rejected
 // (nil: dropped) and the read goes on. An empty mirror, or one whose first
 // sequence is not 1, is an error: a journal starts at 1 and never loses
 // its head, so either means the audit copy is not the journal; so is one
-// that ends before the last sequence its host reported (ReportStream).
+// that ends before the last sequence its host reported (ReportStream), and
+// one whose records up to the host's reported digest hash to another
+// (found once they are read). Each refusal is ErrMirrorCheck and names the
+// check that failed (CheckFirstSeq, CheckCount, CheckLastSeq, CheckDigest).
 func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream string, fn func(journal.Record) error, reject func(Rejected)) error {
 	opts := []nats.Option{nats.Name("nexus replay"), nats.Timeout(connectTimeout)}
 	if credsFile != "" {
@@ -739,7 +647,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	}
 	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("fleet: connect to %s: %w", RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: connect to %s: %w", fleetstate.RedactURL(natsURL), err)
 	}
 	defer nc.Close()
 	var js jetstream.JetStream
@@ -753,7 +661,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return fmt.Errorf("fleet: stream %s at %s: %w", stream, RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: stream %s at %s: %w", stream, fleetstate.RedactURL(natsURL), err)
 	}
 	info := s.CachedInfo()
 	st := info.State
@@ -762,10 +670,17 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	if err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
-	if err := checkMirrorSpan(stream, st, rep); err != nil {
+	word := hostWord{lastSeq: rep.LastSeq, digest: events.JournalDigestEvent{Seq: rep.DigestSeq, Digest: rep.Digest}}
+	if err := checksError(stream, spanChecks(st, word)); err != nil {
 		return err
 	}
+	// The digest covers every record, a rejected one too: it is the
+	// host's word on what its journal holds.
+	var chain events.Chain
 	pass := func(rec journal.Record) error {
+		if rec.Seq <= word.digest.Seq {
+			chain.Add(rec.Seq, rec.Data)
+		}
 		if !strings.HasPrefix(rec.Subject, host+".") {
 			if reject != nil {
 				reject(Rejected{Stream: stream, Seq: rec.Seq, Subject: rec.Subject, Reason: fmt.Sprintf("not a subject of host %s", host)})
@@ -775,7 +690,10 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 		return fn(rec)
 	}
 	if apiPrefix == "" {
-		return journal.ScanStream(ctx, s, journal.Range{}, pass)
+		if err := journal.ScanStream(ctx, s, journal.Range{}, pass); err != nil {
+			return err
+		}
+		return checksError(stream, digestCheck(chain, word))
 	}
 	for seq := st.FirstSeq; seq <= st.LastSeq; seq++ {
 		m, err := s.GetMsg(ctx, seq)
@@ -786,5 +704,5 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 			return err
 		}
 	}
-	return nil
+	return checksError(stream, digestCheck(chain, word))
 }

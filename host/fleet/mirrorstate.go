@@ -1,12 +1,17 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // MirrorState is the mirror as the host sees it now (host/fleetstate,
@@ -16,7 +21,7 @@ type MirrorState = fleetstate.MirrorState
 // State reports the mirror now. It asks the fleet, so it waits at most a
 // few seconds.
 func (m *Mirror) State(ctx context.Context) *MirrorState {
-	st := &MirrorState{Host: m.Host, HostID: m.HostID, Stream: m.StreamName(), Domain: m.Domain, URLs: m.Redacted()}
+	st := &MirrorState{Host: m.Host, HostID: m.HostID, Stream: m.StreamName(), Domain: m.Domain, URLs: m.Redacted(), FailedChecks: []FailedCheck{}}
 	r := m.current()
 	if r == nil {
 		return st // not started
@@ -29,6 +34,13 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 	r.mu.Unlock()
 	l := r.link
 	st.Connected = l.Up()
+	if l.Peers != nil {
+		var names, addrs []string
+		for _, p := range l.Peers() {
+			names, addrs = append(names, p.Name), append(addrs, p.Addr)
+		}
+		st.LinkedNode, st.LinkedAddr = strings.Join(names, ","), strings.Join(addrs, ",")
+	}
 
 	var lastTime time.Time
 	if last, err := l.Journal.LastSeq(ctx); err == nil {
@@ -77,8 +89,43 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 			}
 		}
 	}
+	st.FailedChecks = contentChecks(ctx, l.Journal, s, info.State, st)
 	if info.Mirror != nil && info.Mirror.Error != nil && st.LastError == "" {
 		st.LastError = info.Mirror.Error.Error()
 	}
 	return st
+}
+
+// contentChecks holds the mirror (stream s, in state ms) to the journal j:
+// its span, and its records up to the journal's last digest, which it
+// reads from the fleet. It sets st.DigestSeq to the digest checked.
+func contentChecks(ctx context.Context, j *journal.Journal, s jetstream.Stream, ms jetstream.StreamState, st *MirrorState) []FailedCheck {
+	out := []FailedCheck{}
+	// The journal's last sequence read after the mirror's: a record
+	// appended meanwhile may be in the mirror already.
+	last, err := j.LastSeq(ctx)
+	if err != nil {
+		return out
+	}
+	d, err := lastDigest(ctx, j)
+	if err != nil {
+		st.LastError = cmp.Or(st.LastError, err.Error())
+		return out
+	}
+	word := hostWord{lastSeq: last, mayTrail: true, digest: d}
+	out = append(out, spanChecks(ms, word)...)
+	if d.Seq == 0 || d.Seq > ms.LastSeq {
+		return out
+	}
+	// The whole mirror up to the digest is read on each status: bounded
+	// on its own, not by the few seconds the stream info gets.
+	rctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	chain, err := chainTo(rctx, s, d.Seq)
+	if err != nil {
+		st.LastError = cmp.Or(st.LastError, fmt.Sprintf("read the mirror to check its digest: %v", err))
+		return out
+	}
+	st.DigestSeq = d.Seq
+	return append(out, digestCheck(chain, word)...)
 }

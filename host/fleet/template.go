@@ -151,7 +151,7 @@ func (t Template) Config(domain string) (string, error) {
 	}
 	roles := map[string]string{}
 	for role, name := range map[string]string{"auditor": t.Auditor, "aggregator": t.Aggregator, "operator": t.Operator} {
-		if err := ValidHostName(name); err != nil {
+		if err := fleetstate.ValidHostName(name); err != nil {
 			return "", fmt.Errorf("fleet template: %s %w", role, err)
 		}
 		if other, ok := roles[name]; ok {
@@ -162,7 +162,7 @@ func (t Template) Config(domain string) (string, error) {
 	hosts := append([]string(nil), t.Hosts...)
 	sort.Strings(hosts)
 	for i, h := range hosts {
-		if err := ValidHostName(h); err != nil {
+		if err := fleetstate.ValidHostName(h); err != nil {
 			return "", fmt.Errorf("fleet template: %w", err)
 		}
 		if i > 0 && hosts[i-1] == h {

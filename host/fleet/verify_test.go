@@ -98,7 +98,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 		}
 	}
 	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
-	if err == nil || !strings.Contains(err.Error(), "ends at sequence 3, but its host reported its journal at 5") {
+	if err == nil || !strings.Contains(err.Error(), "last_seq check failed: the mirror ends at 3, but its host reported its journal at 5") {
 		t.Fatalf("a mirror cut short of its host's report: %v", err)
 	}
 }

@@ -25,6 +25,10 @@ type MirrorState struct {
 	Domain    string   `json:"domain"`
 	URLs      []string `json:"urls"` // without passwords
 	Connected bool     `json:"connected"`
+	// LinkedNode and LinkedAddr are the fleet node the link is up to now:
+	// its server name and the address it was reached at ("" while down).
+	LinkedNode string `json:"linked_node,omitempty"`
+	LinkedAddr string `json:"linked_addr,omitempty"`
 	// Exists: the fleet answered and holds the mirror.
 	Exists   bool `json:"exists"`
 	Replicas int  `json:"replicas,omitempty"`
@@ -52,7 +56,22 @@ type MirrorState struct {
 	LastError string `json:"last_error,omitempty"`
 	// Drift lists settings an operator changed on the fleet that nexus keeps.
 	Drift string `json:"drift,omitempty"`
+	// DigestSeq is the host's last journaled digest (journal.digest) the
+	// mirror was checked against (0: none yet, or not mirrored that far).
+	DigestSeq uint64 `json:"digest_seq"`
+	// FailedChecks are the checks the mirror failed against the journal:
+	// first sequence, count, last sequence, digest. None: it is a true
+	// copy of the journal as far as it goes.
+	FailedChecks []FailedCheck `json:"failed_checks"`
 }
+
+// FailedCheck is one check a mirror failed, and what each side holds.
+type FailedCheck struct {
+	Check  string `json:"check"`
+	Detail string `json:"detail"`
+}
+
+func (f FailedCheck) String() string { return f.Check + " check failed: " + f.Detail }
 
 // Rejected is a record a reader skipped and reports: one that does not
 // match the stream it was read from (another host's subject, no or a

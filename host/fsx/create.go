@@ -43,5 +43,9 @@ func EnsureFile(root, rel string, perm os.FileMode) error {
 	if mode := st.Mode & unix.S_IFMT; mode != unix.S_IFREG {
 		return fmt.Errorf("%s is a %s: %w", filepath.Join(root, rel), kind(mode), ErrNotRegular)
 	}
+	// Its name outlives a power cut once this returns.
+	if err := unix.Fsync(pfd); err != nil {
+		return fmt.Errorf("fsync the directory of %s: %w", filepath.Join(root, rel), err)
+	}
 	return nil
 }

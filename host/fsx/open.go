@@ -284,7 +284,8 @@ func publish(root, name string, data []byte, perm os.FileMode, noReplace, durabl
 
 // MkdirAll creates the directory name beneath root and any missing parents
 // (mkdirat by descriptor, perm for the new ones), refusing a symlink or a
-// non-directory at any level. It returns nil if the directory exists.
+// non-directory at any level. It returns nil if the directory exists. Each
+// directory it makes is durable when it returns: its parent is fsynced.
 func MkdirAll(root, name string, perm os.FileMode) error {
 	rel, err := relTo(root, name)
 	if err != nil {
@@ -301,7 +302,11 @@ func MkdirAll(root, name string, perm os.FileMode) error {
 	cur := root
 	for _, part := range strings.Split(rel, "/") {
 		cur = filepath.Join(cur, part)
-		if err := unix.Mkdirat(fd, part, uint32(perm.Perm())); err != nil && !errors.Is(err, unix.EEXIST) {
+		err := unix.Mkdirat(fd, part, uint32(perm.Perm()))
+		if err == nil {
+			err = unix.Fsync(fd)
+		}
+		if err != nil && !errors.Is(err, unix.EEXIST) {
 			unix.Close(fd)
 			return &os.PathError{Op: "mkdir", Path: cur, Err: err}
 		}
@@ -322,7 +327,8 @@ func MkdirAll(root, name string, perm os.FileMode) error {
 // Mkdir creates the single directory name beneath root (its parent must
 // exist and be reached without links). os.ErrExist is returned as is, so a
 // caller that must make the directory itself (O_EXCL for directories) can
-// tell.
+// tell. The new directory is durable when it returns: its parent is
+// fsynced.
 func Mkdir(root, name string, perm os.FileMode) error {
 	rel, err := relTo(root, name)
 	if err != nil {
@@ -335,6 +341,9 @@ func Mkdir(root, name string, perm os.FileMode) error {
 	defer d.Close()
 	if err := unix.Mkdirat(int(d.Fd()), filepath.Base(rel), uint32(perm.Perm())); err != nil {
 		return &os.PathError{Op: "mkdir", Path: filepath.Join(root, rel), Err: err}
+	}
+	if err := d.Sync(); err != nil {
+		return &os.PathError{Op: "fsync", Path: filepath.Join(root, filepath.Dir(rel)), Err: err}
 	}
 	return nil
 }

@@ -119,6 +119,11 @@ func PrepareAlso(root layout.Root, src string, id Identity, also string, progres
 	if made {
 		alsoMethod = methods[1]
 	}
+	// Sandboxes boot on the entry itself, shared and read-only: nothing
+	// opens it for writing again, and its mode says so.
+	if err := os.Chmod(dsts[0], 0o400); err != nil {
+		return false, "", "", fmt.Errorf("image cache: prepare %s: %w", id.CacheID, err)
+	}
 	committed, err = publish(root, src, id, prep)
 	if err != nil {
 		return committed, "", "", err

@@ -32,9 +32,10 @@ import (
 const ModuleList = "etc/nexus/modules"
 
 // Wanted are the modules a guest needs to reach its disks and the host:
-// virtio over PCI, the block and console (virtio-serial) drivers, and
-// ext4. A kernel that builds one in needs nothing for it.
-var Wanted = []string{"virtio_pci", "virtio_blk", "virtio_console", "ext4"}
+// virtio over PCI, the block and console (virtio-serial) drivers, ext4,
+// and overlay (an overlay root over the shared read-only OS disk). A
+// kernel that builds one in needs nothing for it.
+var Wanted = []string{"virtio_pci", "virtio_blk", "virtio_console", "ext4", "overlay"}
 
 // Optional are loaded when the kernel has them: the vsock transport
 // (Cloud Hypervisor's agent channel; QEMU here uses virtio-serial).

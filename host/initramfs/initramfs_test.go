@@ -105,7 +105,7 @@ func TestBuildIsANewcArchiveCpioReads(t *testing.T) {
 		}
 	}
 	os.WriteFile(filepath.Join(mods, "modules.dep"), []byte(depText), 0o644)
-	os.WriteFile(filepath.Join(mods, "modules.builtin"), []byte("kernel/fs/ext4/ext4.ko\n"), 0o644)
+	os.WriteFile(filepath.Join(mods, "modules.builtin"), []byte("kernel/fs/ext4/ext4.ko\nkernel/fs/overlayfs/overlay.ko\n"), 0o644)
 	init := staticInit(t)
 	out := filepath.Join(dir, "initrd.gz")
 	res, err := Build(Options{ModulesDir: mods, Init: init, Out: out, Wanted: Wanted, Optional: Optional})

@@ -163,7 +163,7 @@ func Open(ctx context.Context, opts Options) (*Journal, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := mkdirDurable(dir); err != nil {
 		return nil, fmt.Errorf("journal %s: %w", dir, err)
 	}
 	l, err := lease.TryAcquire(filepath.Join(dir, lockFile))
@@ -243,6 +243,9 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("journal: open stream %s: %w", StreamName, err)
 	}
+	if err := j.syncStreamFiles(); err != nil {
+		return err
+	}
 	if err := writeFormat(j.dir); err != nil {
 		return err
 	}
@@ -255,7 +258,8 @@ func (j *Journal) start(ctx context.Context, opts Options) error {
 		j.mirror = m
 		return m.Start(ctx, Linked{
 			Journal: j, Conn: j.nc, Log: j.log, Refused: j.srvLog.linkRefused,
-			Up: func() bool { return j.srv.NumLeafNodes() > 0 },
+			Up:    func() bool { return j.srv.NumLeafNodes() > 0 },
+			Peers: func() []LeafPeer { return leafPeers(j.srv) },
 		})
 	}
 	return nil
@@ -301,8 +305,10 @@ func streamConfig(dedupe time.Duration) jetstream.StreamConfig {
 		Replicas:         1,
 		Duplicates:       dedupe,
 		// The journal is append-only: nothing, not even nexus, deletes or
-		// purges history. PersistMode stays default: async would turn the
-		// server's SyncAlways off for this stream.
+		// purges history. PersistMode stays default: async persistence
+		// acknowledges a publish before the message is written to its
+		// block, and the journal's fsync (sync.go) covers only what the
+		// server has written.
 		DenyDelete:  true,
 		DenyPurge:   true,
 		AllowDirect: true,

@@ -3,7 +3,9 @@ package journal
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/url"
+	"strconv"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -48,11 +50,36 @@ type Linked struct {
 	Conn *nats.Conn
 	// Up says whether the leaf link is up now.
 	Up func() bool
+	// Peers are the nodes the link is up to now, as the embedded server
+	// sees them (none while it is down).
+	Peers func() []LeafPeer
 	// Refused gets the other side's refusal of the link's credentials,
 	// which the server only logs.
 	Refused <-chan string
 	// Log is Options.Logger (discarding if nil).
 	Log *slog.Logger
+}
+
+// LeafPeer is a node at the other end of an up leaf-node link.
+type LeafPeer struct {
+	// Name is the node's server name, Addr the address it was reached at.
+	Name string `json:"name"`
+	Addr string `json:"addr"`
+	// RTT is the link's last measured round trip ("" before the first).
+	RTT string `json:"rtt,omitempty"`
+}
+
+// leafPeers lists the nodes srv's leaf links are up to.
+func leafPeers(srv *server.Server) []LeafPeer {
+	lz, err := srv.Leafz(nil)
+	if err != nil || lz == nil {
+		return nil
+	}
+	out := make([]LeafPeer, 0, len(lz.Leafs))
+	for _, l := range lz.Leafs {
+		out = append(out, LeafPeer{Name: l.Name, Addr: net.JoinHostPort(l.IP, strconv.Itoa(l.Port)), RTT: l.RTT})
+	}
+	return out
 }
 
 // leafRemote is the embedded server's side of the link: everything the

@@ -212,3 +212,25 @@ func mountPoint(dir string) string {
 	}
 	return cur
 }
+
+// Usage is what the stream holds and the room its filesystem has left.
+type Usage struct {
+	Bytes   uint64 // the stream's stored bytes
+	Records uint64
+	Free    int64 // bytes free to unprivileged writers
+	Space   Space // the policy appends are held to
+}
+
+// Usage measures the stream and the free space of the filesystem holding
+// it.
+func (j *Journal) Usage(ctx context.Context) (Usage, error) {
+	info, err := j.currentStream().Info(ctx)
+	if err != nil {
+		return Usage{}, fmt.Errorf("journal: %w", err)
+	}
+	free, err := disk.FreeBytes(j.dir)
+	if err != nil {
+		return Usage{}, fmt.Errorf("journal: %w", err)
+	}
+	return Usage{Bytes: info.State.Bytes, Records: info.State.Msgs, Free: free, Space: j.space}, nil
+}

@@ -143,6 +143,9 @@ func (j *Journal) syncAllBlocksLocked(covers uint64) error {
 }
 
 func fsyncPath(path string) error {
+	if testNoFsync {
+		return nil
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return err
@@ -315,4 +318,47 @@ func publishArgs(m Message) (*nats.Msg, []jetstream.PublishOpt) {
 		hdr.Set(expectedLastSubjSeqSubjHeader, m.ExpectSubjects)
 	}
 	return &nats.Msg{Subject: AppendSubject(m.Subject), Data: m.Data, Header: hdr}, popts
+}
+
+// syncStreamFiles makes the stream itself durable once it is created or
+// updated. Without SyncAlways the server writes the stream's meta.inf and
+// meta.sum with no fsync, and creates the directories down to msgs/ with
+// none: a power cut could leave the files empty or the directories
+// missing, and the server would then skip or never find the stream.
+// Children are synced before the directories that hold them.
+func (j *Journal) syncStreamFiles() error {
+	stream := filepath.Dir(j.msgsDir())
+	paths := []string{filepath.Join(stream, "meta.inf"), filepath.Join(stream, "meta.sum")}
+	for dir := j.msgsDir(); ; dir = filepath.Dir(dir) {
+		paths = append(paths, dir)
+		if dir == j.dir {
+			break
+		}
+	}
+	for _, p := range append(paths, filepath.Dir(j.dir)) {
+		if err := fsyncPath(p); err != nil {
+			return fmt.Errorf("journal: sync the stream's files: %w", err)
+		}
+	}
+	return nil
+}
+
+// mkdirDurable creates dir and any missing parents, fsyncing the parent
+// of each one it creates.
+func mkdirDurable(dir string) error {
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	if parent := filepath.Dir(dir); parent != dir {
+		if err := mkdirDurable(parent); err != nil {
+			return err
+		}
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil
+		}
+		return err
+	}
+	return fsyncPath(filepath.Dir(dir))
 }

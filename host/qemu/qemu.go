@@ -858,8 +858,17 @@ func (r *relay) serve(c net.Conn) {
 		r.log.Printf("agent port: %v", err)
 		return
 	}
+	// The host sends nothing until it reads "OK": a read that ends first
+	// means it gave up, and its turn goes to the next session.
+	left := make(chan error, 1)
+	go func() {
+		_, err := br.Peek(1)
+		left <- err
+	}()
 	select {
 	case <-synced:
+	case <-left:
+		return
 	case <-time.After(connectWait):
 		return // no agent answered: CH closes, as for no listener
 	}
@@ -868,6 +877,9 @@ func (r *relay) serve(c net.Conn) {
 	n := r.n
 	r.mu.Unlock()
 	if _, err := fmt.Fprintf(c, "OK %d\n", n); err != nil {
+		return
+	}
+	if err := <-left; err != nil {
 		return
 	}
 	for {
@@ -883,8 +895,11 @@ func (r *relay) serve(c net.Conn) {
 
 // connectWait bounds the wait for the agent's echo: a guest that is
 // booting, paused or has no agent gets the connection closed, as CH does
-// with no listener, and the caller's retry sends another reset.
-const connectWait = 5 * time.Second
+// with no listener, and the caller's retry sends another reset. It is
+// long because the echo queues behind what the guest was still sending
+// for an abandoned session, through an emulated serial port on a loaded
+// host; a caller that gives up sooner frees its turn at once.
+const connectWait = 30 * time.Second
 
 func (r *relay) close() {
 	if r == nil {

@@ -157,7 +157,8 @@ func TestAdapterDrivesQEMU(t *testing.T) {
 	}
 	conn, err := unixsock.Dial(ctx, vsock)
 	must("dial vsock", err)
-	conn.SetDeadline(time.Now().Add(testutil.Scale(10 * time.Second)))
+	// The relay closes a CONNECT no agent answers once connectWait ends.
+	conn.SetDeadline(time.Now().Add(connectWait + testutil.Scale(10*time.Second)))
 	conn.Write([]byte("CONNECT 1024\n"))
 	if line, err := bufio.NewReader(conn).ReadString('\n'); err == nil {
 		t.Fatalf("CONNECT answered %q with no agent port open in the guest", line)

@@ -261,7 +261,7 @@ func TestRelayFramesAndBoundariesWithoutQEMU(t *testing.T) {
 	})
 	dial := func() *agentproto.Client {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
 		defer cancel()
 		a, err := vmm.DialAgent(ctx, vsock)
 		if err != nil {
@@ -282,7 +282,7 @@ func TestRelayFramesAndBoundariesWithoutQEMU(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.SetDeadline(time.Now().Add(testutil.Scale(30 * time.Second)))
 		fmt.Fprintf(c, "CONNECT 1024\n")
 		if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.HasPrefix(line, "OK ") {
 			t.Fatalf("CONNECT: %q %v", line, err)
@@ -292,7 +292,7 @@ func TestRelayFramesAndBoundariesWithoutQEMU(t *testing.T) {
 
 		a = dial()
 		h := sha256.New()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
 		n, err := a.ReadFile(ctx, "/big", h)
 		want := sha256.Sum256(data)
 		if err != nil || n != int64(len(data)) || !bytes.Equal(h.Sum(nil), want[:]) {

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	"golang.org/x/sys/unix"
 )
 
@@ -43,6 +44,9 @@ const probeTimeout = 2 * time.Second
 type Listener struct {
 	net.Listener
 	path string
+	// id is the socket file this listener bound, unlinked at close while
+	// the path still names it; zero for a socket passed in, whose file is
+	// the service manager's.
 	id   fileID
 	once sync.Once
 	err  error
@@ -111,8 +115,46 @@ func Listen(path string) (*Listener, error) {
 	return &Listener{Listener: ln, path: path, id: id}, nil
 }
 
+// Passed is the listening socket a service manager handed this process
+// (systemd's socket activation: LISTEN_PID and LISTEN_FDS), or nil if it
+// was handed none. A socket bound anywhere but path is refused: the
+// manager's unit and the command line name different places. The
+// variables are cleared so no child takes the socket for its own.
+func Passed(path string) (*Listener, error) {
+	lns, err := activation.Listeners()
+	if err != nil {
+		return nil, fmt.Errorf("socket passed by the service manager: %w", err)
+	}
+	var ln net.Listener
+	for _, l := range lns {
+		if l == nil {
+			continue
+		}
+		if ln != nil {
+			l.Close()
+			ln.Close()
+			return nil, fmt.Errorf("the service manager passed more than one socket; %s takes one", path)
+		}
+		ln = l
+	}
+	if ln == nil {
+		return nil, nil
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	if got := ln.Addr().String(); ln.Addr().Network() != "unix" || filepath.Clean(got) != abs {
+		ln.Close()
+		return nil, fmt.Errorf("the service manager passed a socket bound at %s (%s), not at %s: its unit's ListenStream must name this root's socket", got, ln.Addr().Network(), abs)
+	}
+	return &Listener{Listener: ln, path: path}, nil
+}
+
 // Close stops listening and removes the socket file, unless another
-// listener has since put its own socket at the path.
+// listener has since put its own socket at the path. A socket passed in
+// stays: the service manager keeps listening on it.
 func (l *Listener) Close() error {
 	l.once.Do(func() {
 		// Unlink first, so no new client finds the path while we close.

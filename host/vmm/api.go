@@ -22,8 +22,9 @@ const (
 	OpRestore     = "vm.restore"
 )
 
-// Config is the subset of CH's VmConfig that nexus sets. Unknown fields in a
-// request are ignored, as CH's serde does for optional ones. It is for
+// Config is the subset of CH's VmConfig that nexus sets. CH ignores fields
+// it does not know (no config uses deny_unknown_fields), and gives an
+// absent optional one its default. It is for
 // building vm.create bodies and reading vm.info: a configuration CH wrote
 // (a snapshot's config.json) carries many more fields, and is edited as
 // generic JSON (EditSnapshotConfig), never round-tripped through Config.
@@ -34,6 +35,10 @@ type Config struct {
 	Cpus    Cpus     `json:"cpus,omitzero"`
 	Vsock   *Vsock   `json:"vsock,omitempty"`
 	Serial  *Console `json:"serial,omitempty"`
+	// Console is the virtio-console. CH's default is Tty: the VMM's own
+	// terminal, which a daemon-started VMM does not have, and a second
+	// console the guest would probe for nothing.
+	Console *Console `json:"console,omitempty"`
 }
 
 // Payload is CH's PayloadConfig.
@@ -95,15 +100,18 @@ const (
 	ConsoleTty  ConsoleMode = "Tty"
 )
 
-// Memory is CH's MemoryConfig; Size is in bytes. As with Cpus, a given
-// memory needs its size (a body without memory gets CH's 512 MiB).
+// Memory is CH's MemoryConfig; Size is in bytes. As with Cpus, a memory
+// object without size does not deserialize (vm.create answers 400); a
+// body without memory gets CH's 512 MiB.
 type Memory struct {
 	Size int64 `json:"size"`
 }
 
-// Cpus is CH's CpusConfig. CH's serde (vm_config.rs at v53.0) requires
-// both counts once cpus is given, and refuses the body (400) without
-// either; only a body without cpus at all is given CH's default, 1 and 1.
+// Cpus is CH's CpusConfig. Neither count has a serde default
+// (vm_config.rs at v53.0): a cpus object missing boot_vcpus or max_vcpus
+// does not deserialize, and vm.create answers 400; only a body without
+// cpus at all gets CH's default, 1 and 1. Whether the counts make sense
+// (max_vcpus >= boot_vcpus) is validated later, at vm.boot.
 type Cpus struct {
 	BootVcpus int `json:"boot_vcpus"`
 	MaxVcpus  int `json:"max_vcpus"`

@@ -1,0 +1,510 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/internal/powerfs"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
+)
+
+// powerRoot is a state root on powerfs: what nexus did not fsync is lost
+// at each cut, directory entries included.
+type powerRoot struct {
+	root string // the mount, nexus's state root
+	fs   *powerfs.FS
+}
+
+func mountPowerRoot(t *testing.T) *powerRoot {
+	t.Helper()
+	dir := shortRoot(t)
+	root := filepath.Join(dir, "r")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	p, err := powerfs.Mount(filepath.Join(dir, "backing"), root)
+	if err != nil {
+		t.Skipf("no FUSE here: %v", err)
+	}
+	// Runs before shortRoot's cleanup: the processes first, then the mount.
+	t.Cleanup(func() {
+		killRootProcesses(root)
+		if err := p.Unmount(); err != nil {
+			t.Error(err)
+		}
+	})
+	return &powerRoot{root: root, fs: p}
+}
+
+// rootProcesses are the live processes naming root in their command line:
+// its daemon (--state-dir root), its commands, its supervisors and VMMs.
+func rootProcesses(root string) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			continue
+		}
+		for _, arg := range bytes.Split(data, []byte{0}) {
+			if a := string(arg); a == root || strings.HasPrefix(a, root+"/") || strings.Contains(a, "="+root+"/") {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
+}
+
+func killRootProcesses(root string) int {
+	pids := rootProcesses(root)
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return len(pids)
+}
+
+// powerWorker drives real commands on a power root until stopped, and
+// remembers what each acknowledged command (exit 0) claimed.
+type powerWorker struct {
+	root, image string
+	env         []string
+	rng         *rand.Rand
+	stop        atomic.Bool
+	done        chan struct{}
+
+	mu      sync.Mutex
+	present map[string]bool // sandboxes an acknowledged create or fork made
+	removed map[string]bool // sandboxes an acknowledged rm removed
+	snaps   map[string]string
+	acked   int
+	checked int
+	// reclaimed counts what reap deleted after the cuts.
+	reclaimed int
+	failed    []string // commands that failed without being killed
+}
+
+func (w *powerWorker) run(args ...string) (string, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), commandWait)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nexusBin, append([]string{"--state-dir", w.root, "--driver", "process"}, args...)...)
+	cmd.Env = append(append(os.Environ(), "NEXUS_STATE_DIR="), w.env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err == nil {
+		w.mu.Lock()
+		w.acked++
+		w.mu.Unlock()
+		return stdout.String(), true
+	}
+	if !w.stop.Load() {
+		w.mu.Lock()
+		w.failed = append(w.failed, fmt.Sprintf("%v: %v: %s", args, err, strings.TrimSpace(stderr.String())))
+		w.mu.Unlock()
+	}
+	return "", false
+}
+
+// forget marks ids as neither surely present nor surely removed: a command
+// on them did not return.
+func (w *powerWorker) forget(ids ...string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		delete(w.present, id)
+		delete(w.removed, id)
+		for s, of := range w.snaps {
+			if of == id {
+				delete(w.snaps, s)
+			}
+		}
+	}
+}
+
+func (w *powerWorker) made(ids ...string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		w.present[id] = true
+	}
+}
+
+func (w *powerWorker) gone(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.present, id)
+	w.removed[id] = true
+	for s, of := range w.snaps {
+		if of == id {
+			delete(w.snaps, s)
+		}
+	}
+}
+
+func (w *powerWorker) loop() {
+	defer close(w.done)
+	for !w.stop.Load() {
+		out, ok := w.run("create", "--image", w.image, "-q")
+		if !ok {
+			continue
+		}
+		a := strings.TrimSpace(out)
+		w.made(a)
+		if w.stop.Load() {
+			return
+		}
+		var b string
+		if out, ok := w.run("fork", a, "-q"); ok {
+			b = strings.TrimSpace(out)
+			w.made(b)
+		}
+		if w.stop.Load() {
+			return
+		}
+		if out, ok := w.run("snapshot", a, "-q"); ok {
+			w.mu.Lock()
+			w.snaps[strings.TrimSpace(out)] = a
+			w.mu.Unlock()
+		} else {
+			w.forget(a)
+		}
+		if w.stop.Load() {
+			return
+		}
+		if _, ok := w.run("stop", a); !ok {
+			w.forget(a)
+		}
+		if w.stop.Load() {
+			return
+		}
+		if b != "" {
+			if _, ok := w.run("rm", "-f", b); ok {
+				w.gone(b)
+			} else {
+				w.forget(b)
+			}
+		}
+		if w.stop.Load() {
+			return
+		}
+		// Every other sandbox lives on into the next cut.
+		if w.rng.IntN(2) == 0 {
+			if _, ok := w.run("rm", "-f", "--with-snapshots", a); ok {
+				w.gone(a)
+			} else {
+				w.forget(a)
+			}
+		}
+		if w.stop.Load() {
+			return
+		}
+		w.run("reap", "--apply")
+	}
+}
+
+// smallImage is a sparse 8 MiB image with 1 MiB of data: a clone writes
+// it through the FUSE mount, held in memory until its fsync.
+func smallImage(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "small.raw")
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i*7 + i>>11)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(data, 2<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(8 << 20); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// powerCutFigures is what a run of cuts found.
+type powerCutFigures struct {
+	cuts, acked, checked, lost, unopened, reclaimed int
+}
+
+// powerCutRun says how cutPower runs: how many cuts, each round's
+// environment for the commands (and the daemons they start), and, for a
+// negative control, how many commands to let succeed in a round before
+// cutting at once (0: cut at a random instant).
+type powerCutRun struct {
+	cuts      int
+	env       func(round int) []string
+	afterAcks int
+}
+
+// cutPower runs rounds on one root: commands in the background, a power
+// cut at a random instant (every process of the root SIGKILLed,
+// everything not fsynced dropped), a remount, then the checks. It
+// returns what it found instead of failing, so a negative control can
+// assert the failure.
+func cutPower(t *testing.T, run powerCutRun) (powerCutFigures, []string) {
+	pr := mountPowerRoot(t)
+	root := pr.root
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("NEXUS_POWERCUT_SEED"); s != "" {
+		seed, _ = strconv.ParseUint(s, 10, 64)
+	}
+	t.Logf("NEXUS_POWERCUT_SEED=%d", seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	w := &powerWorker{root: root, image: smallImage(t), rng: rng,
+		present: map[string]bool{}, removed: map[string]bool{}, snaps: map[string]string{}}
+	var fig powerCutFigures
+	var problems []string
+	for i := range run.cuts {
+		w.done = make(chan struct{})
+		w.stop.Store(false)
+		if run.env != nil {
+			w.env = run.env(i)
+		}
+		w.mu.Lock()
+		before := w.acked
+		w.mu.Unlock()
+		go w.loop()
+		// Instants spread over whole command lifecycles, however slow the
+		// machine: after a random number of the round's commands were
+		// acknowledged (none: during the first, which starts the daemon),
+		// a random delay into the ones under way.
+		acks := rng.IntN(4)
+		at := time.Duration(rng.Int64N(int64(testutil.Scale(2 * time.Second))))
+		if run.afterAcks > 0 {
+			acks, at = run.afterAcks, 0
+		}
+		testutil.WaitUntil(t, 5*time.Minute, "commands acknowledged before the cut", func() bool {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			// A command that failed uncut ends the wait: the problems
+			// below carry its error.
+			return w.acked-before >= acks || len(w.failed) > 0
+		})
+		select {
+		case <-time.After(at):
+		case <-w.done:
+		}
+		w.stop.Store(true)
+		testutil.WaitUntil(t, 2*time.Minute, "every process of the root killed at the cut", func() bool {
+			n := killRootProcesses(root)
+			select {
+			case <-w.done:
+				return n == 0
+			default:
+				return false
+			}
+		})
+		if err := pr.fs.Cut(); err != nil {
+			t.Fatalf("cut %d: %v", i, err)
+		}
+		fig.cuts++
+		w.mu.Lock()
+		t.Logf("cut %d (%v): %d commands acknowledged so far", i, w.env, w.acked)
+		w.mu.Unlock()
+		p := checkAfterCut(t, w, root)
+		if len(p) > 0 {
+			problems = append(problems, fmt.Sprintf("cut %d: %s", i, strings.Join(p, "; ")))
+			if slices.ContainsFunc(p, func(s string) bool { return strings.HasPrefix(s, "root does not open") }) {
+				fig.unopened++
+				break
+			}
+		}
+		fig.lost += countLost(p)
+	}
+	w.mu.Lock()
+	fig.acked, fig.checked, fig.reclaimed = w.acked, w.checked, w.reclaimed
+	if len(w.failed) > 0 {
+		problems = append(problems, "commands failed before any cut: "+strings.Join(w.failed, "; "))
+	}
+	w.mu.Unlock()
+	return fig, problems
+}
+
+func countLost(problems []string) int {
+	n := 0
+	for _, p := range problems {
+		if strings.HasPrefix(p, "acknowledged") {
+			n++
+		}
+	}
+	return n
+}
+
+// checkAfterCut checks a root after a cut and returns what is wrong: every
+// acknowledged sandbox and snapshot is there and every acknowledged
+// removal holds; the root opens; recover, then replay verify and replay
+// diff are clean; reap finds nothing owned to delete.
+func checkAfterCut(t *testing.T, w *powerWorker, root string) []string {
+	t.Helper()
+	var problems []string
+	lsq := nexus(t, root, "ls", "-q")
+	if lsq.code != 0 {
+		return []string{fmt.Sprintf("root does not open: ls: exit %d: %s", lsq.code, lsq.stderr)}
+	}
+	if r := proc(t, root, "recover"); r.code != 0 {
+		problems = append(problems, fmt.Sprintf("recover: exit %d: %s", r.code, r.stderr))
+	}
+	lsq = nexus(t, root, "ls", "-q")
+	have := map[string]bool{}
+	for _, id := range strings.Fields(lsq.stdout) {
+		have[id] = true
+	}
+	snq := nexus(t, root, "snapshot", "ls", "-q")
+	haveSnap := map[string]bool{}
+	for _, id := range strings.Fields(snq.stdout) {
+		haveSnap[id] = true
+	}
+	w.mu.Lock()
+	for id := range w.present {
+		w.checked++
+		if !have[id] {
+			problems = append(problems, "acknowledged sandbox "+id+" is gone")
+		}
+	}
+	for id := range w.removed {
+		w.checked++
+		if have[id] {
+			problems = append(problems, "acknowledged removal of "+id+" undone")
+		}
+	}
+	for s := range w.snaps {
+		w.checked++
+		if !haveSnap[s] {
+			problems = append(problems, "acknowledged snapshot "+s+" is gone")
+		}
+	}
+	w.mu.Unlock()
+	// A removal's unlinks are not fsynced: what a cut brings back is an
+	// orphan, which reap reclaims, and which replay diff then no longer
+	// lists.
+	rep, r := reapRun(t, root, "--apply")
+	if r.code != 0 || len(rep.Failed) > 0 {
+		problems = append(problems, fmt.Sprintf("reap --apply: exit %d: %s %+v", r.code, r.stderr, rep.Failed))
+	}
+	w.mu.Lock()
+	w.reclaimed += len(rep.Deleted)
+	w.mu.Unlock()
+	for _, args := range [][]string{{"replay", "verify"}, {"replay", "diff"}} {
+		if r := nexus(t, root, args...); r.code != 0 {
+			problems = append(problems, fmt.Sprintf("%v: exit %d: %s%s", args, r.code, r.stdout, r.stderr))
+		}
+	}
+	if rep, _ := reapRun(t, root); len(rep.Orphans) > 0 {
+		problems = append(problems, fmt.Sprintf("reap still finds %+v", rep.Orphans))
+	}
+	return problems
+}
+
+// TestPowerCut cuts power under real commands on the process driver, at
+// random instants, and checks that nothing acknowledged was lost and
+// that the root opens and audits clean. NEXUS_POWERCUT_CUTS sizes it
+// (make soak raises it); NEXUS_POWERCUT_SEED replays one run.
+func TestPowerCut(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	// Every other round runs the server with SyncAlways, the journal's
+	// configuration before group commit.
+	fig, problems := cutPower(t, powerCutRun{cuts: envInt("NEXUS_POWERCUT_CUTS", 6), env: func(round int) []string {
+		if round%2 == 1 {
+			return []string{"NEXUS_JOURNAL_SYNC_ALWAYS=1"}
+		}
+		return nil
+	}})
+	t.Logf("cuts %d, acknowledged commands %d, acknowledged facts checked %d, lost %d, roots that would not open %d, orphans reaped %d",
+		fig.cuts, fig.acked, fig.checked, fig.lost, fig.unopened, fig.reclaimed)
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// The harness's negative control: with the journal's fsyncs removed, a
+// cut after acknowledged commands loses them.
+func TestPowerCutLosesAcknowledgedEventsWithoutTheJournalsFsync(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	fig, problems := cutPower(t, powerCutRun{cuts: 1, afterAcks: 2, env: func(int) []string {
+		return []string{"NEXUS_JOURNAL_NO_FSYNC=1"}
+	}})
+	t.Logf("cuts %d, acknowledged commands %d, lost %d: %v", fig.cuts, fig.acked, fig.lost, problems)
+	if fig.lost == 0 {
+		t.Fatalf("no acknowledged sandbox or snapshot lost with the journal's fsyncs removed: the harness cannot see the failure")
+	}
+}
+
+// The harness's negative control: with host/durable's directory fsync
+// removed, a cut loses a published file's name (a disk renamed into
+// place, an intent), which the journal still claims.
+func TestPowerCutLosesPublishedFilesWithoutTheDirectoryFsync(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	fig, problems := cutPower(t, powerCutRun{cuts: 1, afterAcks: 3, env: func(int) []string {
+		return []string{"NEXUS_DURABLE_NO_DIR_FSYNC=1"}
+	}})
+	t.Logf("cuts %d, acknowledged commands %d: %v", fig.cuts, fig.acked, problems)
+	if !slices.ContainsFunc(problems, func(p string) bool { return strings.Contains(p, "missing on disk") }) {
+		t.Fatalf("no owned file missing after the cut with the directory fsync removed: the harness cannot see the failure")
+	}
+}
+
+// A VMM socket a cut start left behind, of a sandbox that exists but is
+// stopped, with no event recording it: replay diff lists it, reap calls it
+// an orphan (not owned), and reap --apply reclaims it, after which both
+// are clean.
+func TestReapAndDiffAgreeOnALeftSocket(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", smallImage(t))
+	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
+	sock := filepath.Join(root, "run", "sb-"+sb.ID+".sock")
+	if _, err := os.Lstat(sock); err == nil {
+		t.Fatalf("stop left %s", sock)
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	rel := "run/sb-" + sb.ID + ".sock"
+	if r := nexus(t, root, "replay", "diff"); r.code != 1 || !strings.Contains(r.stdout, rel) {
+		t.Fatalf("replay diff: exit %d, want 1 listing %s:\n%s%s", r.code, rel, r.stdout, r.stderr)
+	}
+	rep, _ := reapRun(t, root)
+	if len(rep.Orphans) != 1 || !strings.HasSuffix(rep.Orphans[0].Path, rel) {
+		t.Fatalf("reap: orphans %+v, kept %+v; want %s alone", rep.Orphans, rep.Kept, rel)
+	}
+	rep, r := reapRun(t, root, "--apply")
+	if r.code != 0 || len(rep.Deleted) != 1 {
+		t.Fatalf("reap --apply: exit %d, deleted %+v, kept %+v: %s", r.code, rep.Deleted, rep.Kept, r.stderr)
+	}
+	mustOK(t, nexus(t, root, "replay", "diff"), "replay diff after the reap")
+	mustOK(t, proc(t, root, "start", sb.ID), "start after the reap")
+}
