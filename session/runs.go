@@ -126,15 +126,5 @@ func (a SweepActions) Record(ctx context.Context, ev events.RunSweptEvent) error
 
 // RecordKept journals one keep decision.
 func (a SweepActions) RecordKept(ctx context.Context, ev events.RunKeptEvent) error {
-	return JournalKept(ctx, a.m, []events.RunKeptEvent{ev})
-}
-
-// JournalKept appends the keep decisions of a sweep.
-func JournalKept(ctx context.Context, m *lifecycle.Manager, evs []events.RunKeptEvent) error {
-	for _, ev := range evs {
-		if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now().UTC(), "", ev)); err != nil {
-			return fmt.Errorf("journal run.kept: %w", err)
-		}
-	}
-	return nil
+	return hostledger.JournalKept(ctx, a.m.B.Append, []events.RunKeptEvent{ev})
 }
