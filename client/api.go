@@ -138,19 +138,29 @@ func (c *Client) disconnect() error {
 	return err
 }
 
+// open is the daemon connection for a call of a client not closed.
+func (c *Client) open(ctx context.Context) (control.Backend, error) {
+	c.mu.Lock()
+	closed := c.closed
+	c.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	return c.backend(ctx)
+}
+
 // manage runs fn with a lifecycle manager over the daemon connection: one
 // per call, so calls on several goroutines set nothing of each other's.
 func (c *Client) manage(ctx context.Context, fn func(*lifecycle.Manager) error) error {
-	c.mu.Lock()
-	closed := c.closed && c.run == nil
-	c.mu.Unlock()
-	if closed {
-		return ErrClosed
-	}
-	b, err := c.backend(ctx)
+	b, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
+	return c.manageOver(b, fn)
+}
+
+// manageOver is manage over b, whether or not the client is closing.
+func (c *Client) manageOver(b control.Backend, fn func(*lifecycle.Manager) error) error {
 	root, err := control.PrepareRoot(c.opts.StateDir)
 	if err != nil {
 		return err
@@ -209,7 +219,7 @@ func (c *Client) List(ctx context.Context, o ListOptions) ([]Sandbox, error) {
 	if err != nil {
 		return nil, wrap("list", "", err)
 	}
-	b, err := c.backend(ctx)
+	b, err := c.open(ctx)
 	if err != nil {
 		return nil, wrap("list", "", err)
 	}
@@ -413,7 +423,7 @@ func (c *Client) Events(ctx context.Context, q EventQuery, fn func(Event) error)
 	if q.Notable {
 		eq.Types = append(eq.Types, events.Notable()...)
 	}
-	b, err := c.backend(ctx)
+	b, err := c.open(ctx)
 	if err != nil {
 		return wrap("events", q.Sandbox, err)
 	}

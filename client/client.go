@@ -466,18 +466,22 @@ func (c *Client) Close(ctx context.Context) error {
 	var errs []error
 	names, _ := run.Names(hostledger.Sandboxes)
 	if len(names) > 0 {
-		errs = append(errs, c.manage(ctx, func(m *lifecycle.Manager) error {
-			var errs []error
-			for _, n := range names {
-				_, err := m.RemoveWith(ctx, n, lifecycle.RemoveOptions{Force: true, WithSnapshots: true})
-				if err != nil && !errors.Is(err, lifecycle.ErrNotFound) {
-					errs = append(errs, err)
-					continue
+		b, err := c.backend(ctx)
+		if err == nil {
+			err = c.manageOver(b, func(m *lifecycle.Manager) error {
+				var errs []error
+				for _, n := range names {
+					_, err := m.RemoveWith(ctx, n, lifecycle.RemoveOptions{Force: true, WithSnapshots: true})
+					if err != nil && !errors.Is(err, lifecycle.ErrNotFound) {
+						errs = append(errs, err)
+						continue
+					}
+					errs = append(errs, run.Drop(hostledger.Sandboxes, n))
 				}
-				errs = append(errs, run.Drop(hostledger.Sandboxes, n))
-			}
-			return errors.Join(errs...)
-		}))
+				return errors.Join(errs...)
+			})
+		}
+		errs = append(errs, err)
 	}
 	errs = append(errs, c.disconnect())
 	c.mu.Lock()
