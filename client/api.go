@@ -119,6 +119,14 @@ func (c *Client) backend(ctx context.Context) (control.Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	if c.root == "" {
+		// The root as ConnectWith prepared and checked it; set once, so
+		// a call that connected reads it without the lock.
+		if c.root, err = control.PrepareRoot(c.opts.StateDir); err != nil {
+			b.Close()
+			return nil, err
+		}
+	}
 	c.conn = b
 	return b, nil
 }
@@ -161,12 +169,8 @@ func (c *Client) manage(ctx context.Context, fn func(*lifecycle.Manager) error) 
 
 // manageOver is manage over b, whether or not the client is closing.
 func (c *Client) manageOver(b control.Backend, fn func(*lifecycle.Manager) error) error {
-	root, err := control.PrepareRoot(c.opts.StateDir)
-	if err != nil {
-		return err
-	}
 	m, err := lifecycle.New(lifecycle.Manager{
-		Root: layout.Root(root), B: b, Launcher: lifecycle.Spawner{},
+		Root: layout.Root(c.root), B: b, Launcher: lifecycle.Spawner{},
 		Driver: driver.Driver{Name: c.opts.Driver, Exe: c.opts.Nexusd},
 	})
 	if err != nil {
@@ -444,4 +448,18 @@ func (c *Client) Events(ctx context.Context, q EventQuery, fn func(Event) error)
 			Saga: e.Saga, Step: e.Step, Data: data})
 	})
 	return wrap("events", q.Sandbox, err)
+}
+
+// StopDaemon asks the state root's daemon to finish with the commands it
+// has and exit (`nexus daemon stop`), and waits until it has. A daemon
+// started on demand also exits by itself once idle.
+func (c *Client) StopDaemon(ctx context.Context) error {
+	if err := c.disconnect(); err != nil {
+		return err
+	}
+	_, err := control.StopDaemon(ctx, c.opts.StateDir)
+	if errors.Is(err, control.ErrNoDaemon) {
+		return nil
+	}
+	return wrap("daemon stop", "", err)
 }

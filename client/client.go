@@ -107,6 +107,7 @@ type Client struct {
 	// call that needs it.
 	cmu  sync.Mutex
 	conn control.Backend
+	root string // the prepared state root, set with conn
 
 	mu       sync.Mutex
 	run      *hostledger.Run

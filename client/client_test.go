@@ -37,6 +37,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	nexusBin = bin
+	// The example finds nexus, and nexusd beside it, on PATH.
+	os.Setenv("PATH", filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
 	code := m.Run()
 	remove()
 	os.Exit(code)
@@ -90,7 +92,7 @@ func clientMain() {
 // test (testutil.ShortRoot).
 var shortRoot = testutil.ShortRoot
 
-func image(t *testing.T) string {
+func image(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "base.raw")
 	if err := os.WriteFile(p, bytes.Repeat([]byte{7}, 1<<20), 0o600); err != nil {
