@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
+	"github.com/nexus-sandbox/nexus/ledger"
 )
 
 // TestAPIOverTheSocket: one client on a root where nobody started a daemon
@@ -214,4 +216,49 @@ func TestDaemonOfAnotherRoot(t *testing.T) {
 func daemonLog(root string) string {
 	data, _ := os.ReadFile(filepath.Join(root, "logs", "daemon.log"))
 	return string(data)
+}
+
+// TestSweepAfterKilledClient: a client program run without a watchdog
+// (NEXUS_REAPER=sweep) is SIGKILLed with live sandboxes, which the daemon
+// it started outlives; the next client's init-time sweep removes them.
+func TestSweepAfterKilledClient(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	root := shortRoot(t)
+	cmd, s := startClient(t, root, 2, "NEXUS_REAPER=sweep")
+	t.Cleanup(func() { syscall.Kill(s.Child, syscall.SIGKILL) })
+	if s.Watchdog != 0 || len(s.IDs) != 2 {
+		t.Fatalf("client started %+v: want 2 sandboxes and no watchdog", s)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	live := liveIDs(t, root)
+	for _, id := range s.IDs {
+		if !live[id] {
+			t.Fatalf("%s gone before any sweep: the test proves nothing", id)
+		}
+	}
+	next, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process", Reaper: ledger.ModeSweep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
+	defer cancel()
+	if err := next.Begin(ctx); err != nil || next.SweepErr() != nil {
+		t.Fatalf("begin: %v, sweep: %v; daemon log:\n%s", err, next.SweepErr(), daemonLog(root))
+	}
+	var swept []string
+	for _, o := range next.Swept() {
+		if o.Run == s.Run {
+			swept = o.Removed
+		}
+	}
+	if len(swept) != 2 {
+		t.Fatalf("sweep of the killed run: %+v, want its 2 sandboxes removed", next.Swept())
+	}
+	if list, err := next.List(ctx, client.ListOptions{}); err != nil || len(list) != 0 {
+		t.Fatalf("after the sweep: %+v %v, want no sandbox", list, err)
+	}
 }
