@@ -504,7 +504,8 @@ func (c *Client) closeWatchdog() {
 	}
 }
 
-// Error is a failed nexus command: its exit code and its one-line error.
+// Error is a failed nexus CLI process (the sweep of a dead run): its exit
+// code and its one-line error.
 type Error struct {
 	Args []string
 	Code int
@@ -528,17 +529,9 @@ func withoutRunEnv(env []string) []string {
 // runNexus runs one nexus command; extra env entries are added to ours
 // without NEXUS_RUN_ID, so only the ones we pass bind a sandbox to a run.
 func runNexus(ctx context.Context, nexus, stateDir, driver string, env []string, args ...string) ([]byte, error) {
-	return runNexusIn(ctx, nexus, stateDir, driver, env, nil, args...)
-}
-
-// runNexusIn is runNexus with stdin (nil: none).
-func runNexusIn(ctx context.Context, nexus, stateDir, driver string, env []string, stdin []byte, args ...string) ([]byte, error) {
 	full := append([]string{"--state-dir", stateDir, "--driver", driver}, args...)
 	cmd := exec.CommandContext(ctx, nexus, full...)
 	cmd.Env = append(withoutRunEnv(os.Environ()), env...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -348,8 +348,8 @@ func keptEvents(t *testing.T, root string) map[string]map[string]string {
 
 // TestKeepDecisionsAreJournaled: the happy-path sweep decides in the
 // client's own process, and its keep decisions reach the journal through
-// the next nexus process the client runs: `ledger journal-kept` for Begin,
-// the first create otherwise. Every kept run is named with its rule.
+// the daemon: at Begin, else with the first create. Every kept run is
+// named with its rule.
 func TestKeepDecisionsAreJournaled(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	root := shortRoot(t)

@@ -133,22 +133,23 @@ func TestCmdNexusImportsOnlyCommandFacingPackages(t *testing.T) {
 }
 
 // TestCLILinksNoStore: the CLI (cmd/nexus built without -tags nexusd)
-// links no store, journal, daemon, fleet adapter or nats-server, whose
-// package initialisation every command would pay; nexusd links them, so
-// the check is not blind.
+// and the public Go client link no store, journal, daemon, fleet adapter
+// or nats-server, whose package initialisation every command (and every
+// program using the client) would pay; nexusd links them, so the check is
+// not blind.
 func TestCLILinksNoStore(t *testing.T) {
 	banned := []string{module + "store", module + "host/journal", module + "daemon", module + "control/local", module + "host/fleet", module + "audit", "github.com/nats-io/nats-server/"}
-	for _, tags := range []string{"", "nexustest"} {
-		deps := goListDeps(t, tags)
+	for _, c := range []struct{ pkg, tags string }{{"./cmd/nexus", ""}, {"./cmd/nexus", "nexustest"}, {"./client", ""}} {
+		deps := goListDeps(t, c.pkg, c.tags)
 		for _, d := range deps {
 			for _, b := range banned {
 				if d == b || strings.HasSuffix(b, "/") && strings.HasPrefix(d, b) {
-					t.Errorf("cmd/nexus (tags %q) links %s", tags, d)
+					t.Errorf("%s (tags %q) links %s", c.pkg, c.tags, d)
 				}
 			}
 		}
 	}
-	deps := goListDeps(t, "nexusd")
+	deps := goListDeps(t, "./cmd/nexus", "nexusd")
 	for _, want := range []string{module + "store", module + "daemon", "github.com/nats-io/nats-server/v2/server"} {
 		if !slices.Contains(deps, want) {
 			t.Errorf("nexusd (cmd/nexus -tags nexusd) does not link %s: the check above is blind", want)
@@ -156,13 +157,13 @@ func TestCLILinksNoStore(t *testing.T) {
 	}
 }
 
-func goListDeps(t *testing.T, tags string) []string {
+func goListDeps(t *testing.T, pkg, tags string) []string {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-tags", tags, "-deps", "./cmd/nexus")
+	cmd := exec.Command("go", "list", "-tags", tags, "-deps", pkg)
 	cmd.Dir = "../.."
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list -tags %q -deps ./cmd/nexus: %v", tags, err)
+		t.Fatalf("go list -tags %q -deps %s: %v", tags, pkg, err)
 	}
 	return strings.Fields(string(out))
 }
