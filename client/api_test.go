@@ -102,6 +102,17 @@ func TestAPIOverTheSocket(t *testing.T) {
 		t.Fatalf("snapshot: %q %v", snap, err)
 	}
 
+	kids, err := c.Fork(ctx, client.ForkSpec{Parent: "web", Count: 2, Handle: "kid/{n}"})
+	if err != nil || len(kids) != 2 || kids[0].Parent != sb.ID || kids[1].Handle != "kid/2" || kids[0].State != "running" {
+		t.Fatalf("fork: %+v %v", kids, err)
+	}
+	bound, _ := os.ReadFile(filepath.Join(root, "runs", c.RunID()+".sandboxes"))
+	for _, k := range kids {
+		if !strings.Contains(string(bound), k.ID) {
+			t.Fatalf("ledger %q does not list the child %s", bound, k.ID)
+		}
+	}
+
 	var types []string
 	err = c.Events(ctx, client.EventQuery{Sandbox: "web", Notable: true}, func(e client.Event) error {
 		if e.Sandbox != sb.ID {
