@@ -161,6 +161,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 	$(GO) test -run '^$$' -bench 'CreateVsCpSparse' -benchtime 5x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'CreateMissHitVsCp' -benchtime 5x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'CreateHitVsReflink|SpawnToReady' -benchtime 10x -timeout 25m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'Lifecycle100|Fork16' -benchtime 1x -timeout 30m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ReapScanClassify' -benchtime 1x -timeout 30m ./lifecycle/
 	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/
