@@ -57,7 +57,7 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 	if err != nil {
 		return nil, err
 	}
-	exe, err := daemonBinary()
+	exe, err := shimBinary()
 	if err != nil {
 		return nil, err
 	}

@@ -47,6 +47,7 @@ var cmdNexusdImports = map[string]string{
 	"control/local":    "the store opened in process, journal repair",
 	"daemon":           "nexus daemon",
 	"host/initramfs":   "nexus guest initramfs builds one",
+	"host/proc":        "the readiness pipe of the VMM and supervisor it serves",
 	"host/qemu":        "vmm-qemu is the qemu driver's VMM",
 	"host/vmm/standin": "vmm-process is the process driver's VMM",
 }
@@ -166,4 +167,29 @@ func goListDeps(t *testing.T, pkg, tags string) []string {
 		t.Fatalf("go list -tags %q -deps %s: %v", tags, pkg, err)
 	}
 	return strings.Fields(string(out))
+}
+
+// TestShimLinksLittle: nexus-shim, which every sandbox start spawns
+// twice, links none of the CLI, the flows, the store or nats-server: its
+// start is a small program's.
+func TestShimLinksLittle(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "./cmd/nexus-shim")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps ./cmd/nexus-shim: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	banned := []string{module + "lifecycle", module + "control", module + "store", module + "host/journal", module + "daemon",
+		"github.com/nats-io/", "github.com/spf13/cobra", "go.etcd.io/bbolt"}
+	for _, d := range deps {
+		for _, b := range banned {
+			if d == b || strings.HasPrefix(d, b+"/") || strings.HasSuffix(b, "/") && strings.HasPrefix(d, b) {
+				t.Errorf("nexus-shim links %s", d)
+			}
+		}
+	}
+	if !slices.Contains(deps, module+"host/supervisor") {
+		t.Error("nexus-shim does not link host/supervisor: the check above is blind")
+	}
 }

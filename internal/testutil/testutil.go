@@ -18,7 +18,8 @@ import (
 	"time"
 )
 
-// BuildNexus builds the nexus CLI and nexusd, the daemon's binary, with
+// BuildNexus builds the nexus CLI, nexusd, the daemon's binary, and
+// nexus-shim, the sandboxes' processes' (BuildNexusIn), with
 // the nexustest tag (their failure hooks) into a fresh temporary
 // directory, side by side as installed, for a TestMain; bin is the CLI.
 // remove deletes the directory.
@@ -35,10 +36,11 @@ func BuildNexus() (bin string, remove func(), err error) {
 }
 
 // BuildNexusIn builds nexus and nexusd (-tags nexustest, and nexusd for
-// the daemon's binary) into dir, with the extra go build flags given.
+// the daemon's binary) and nexus-shim into dir, with the extra go build
+// flags given.
 func BuildNexusIn(dir string, flags ...string) error {
-	for _, b := range []struct{ name, tags string }{{"nexus", "nexustest"}, {"nexusd", "nexustest,nexusd"}} {
-		args := append(append([]string{"build"}, flags...), "-tags", b.tags, "-o", filepath.Join(dir, b.name), "github.com/nexus-sandbox/nexus/cmd/nexus")
+	for _, b := range []struct{ name, tags, pkg string }{{"nexus", "nexustest", "cmd/nexus"}, {"nexusd", "nexustest,nexusd", "cmd/nexus"}, {"nexus-shim", "", "cmd/nexus-shim"}} {
+		args := append(append([]string{"build"}, flags...), "-tags", b.tags, "-o", filepath.Join(dir, b.name), "github.com/nexus-sandbox/nexus/"+b.pkg)
 		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", b.name, err, out)
 		}
