@@ -169,14 +169,16 @@ func (c *Client) manage(ctx context.Context, fn func(*lifecycle.Manager) error) 
 
 // manageOver is manage over b, whether or not the client is closing.
 func (c *Client) manageOver(b control.Backend, fn func(*lifecycle.Manager) error) error {
-	m, err := lifecycle.New(lifecycle.Manager{
+	m := lifecycle.Manager{
 		Root: layout.Root(c.root), B: b, Launcher: lifecycle.Spawner{},
 		Driver: driver.Driver{Name: c.opts.Driver, Exe: c.opts.Nexusd},
-	})
+	}
+	c.cfg.Defaults(&m)
+	mgr, err := lifecycle.New(m)
 	if err != nil {
 		return err
 	}
-	return fn(m)
+	return fn(mgr)
 }
 
 // awaitReady waits for a sandbox a call booted to be Ready, as w says, and

@@ -3,6 +3,7 @@ package client_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -271,5 +272,54 @@ func TestSweepAfterKilledClient(t *testing.T) {
 	}
 	if list, err := next.List(ctx, client.ListOptions{}); err != nil || len(list) != 0 {
 		t.Fatalf("after the sweep: %+v %v, want no sandbox", list, err)
+	}
+}
+
+// TestCreateTakesTheConfigFile: a client given no driver makes its
+// sandbox as the root's config.toml says, as the CLI would: [vm]'s driver
+// and sizing are what the sandbox records.
+func TestCreateTakesTheConfigFile(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Setenv("NEXUS_DRIVER", "")
+	root := shortRoot(t)
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cfg := "[vm]\ndriver = \"process\"\ncpus = 2\nmemory = \"768M\"\n"
+	if err := os.WriteFile(filepath.Join(root, "config.toml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
+	defer cancel()
+	defer c.Close(context.Background())
+	sb, err := c.Create(ctx, client.CreateSpec{Image: image(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Driver != "process" {
+		t.Fatalf("created under %q: want [vm] driver = process", sb.Driver)
+	}
+	var list []struct {
+		Boot struct {
+			Cpus        int   `json:"cpus"`
+			MemoryBytes int64 `json:"memory_bytes"`
+		} `json:"boot"`
+	}
+	if err := json.Unmarshal([]byte(nexus(t, root, "inspect", "--json", sb.ID)), &list); err != nil || len(list) != 1 {
+		t.Fatalf("inspect --json: %v %v", list, err)
+	}
+	if got := list[0].Boot; got.Cpus != 2 || got.MemoryBytes != 768<<20 {
+		t.Fatalf("recorded %d vCPUs and %d bytes: want [vm]'s 2 and 768 MiB", got.Cpus, got.MemoryBytes)
+	}
+
+	if err := os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\ncpus = 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.New(client.Options{Nexus: nexusBin, StateDir: root}); err == nil || !strings.Contains(err.Error(), "cpus = 0") {
+		t.Fatalf("a config file with cpus = 0: %v, want it refused naming the setting", err)
 	}
 }

@@ -31,9 +31,9 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -71,7 +71,7 @@ type Options struct {
 	// made names the build every daemon it talks to must run.
 	Nexusd   string
 	StateDir string      // state root; default: $NEXUS_STATE_DIR, else nexus's own default
-	Driver   string      // VMM driver; default: $NEXUS_DRIVER, else cloud-hypervisor
+	Driver   string      // VMM driver; default: $NEXUS_DRIVER, else the config file's [vm] driver, else cloud-hypervisor
 	Reaper   ledger.Mode // default: ParseMode($NEXUS_REAPER)
 	RunID    string      // default: a new ULID
 }
@@ -108,6 +108,9 @@ type Client struct {
 	cmu  sync.Mutex
 	conn control.Backend
 	root string // the prepared state root, set with conn
+	// cfg is the root's config file as New read it: the defaults of the
+	// sandboxes this client makes, as the CLI's.
+	cfg config.File
 
 	mu       sync.Mutex
 	run      *hostledger.Run
@@ -157,11 +160,12 @@ func New(opts Options) (*Client, error) {
 	if opts.StateDir, err = filepath.Abs(opts.StateDir); err != nil {
 		return nil, err
 	}
-	if opts.Driver == "" {
-		opts.Driver = os.Getenv("NEXUS_DRIVER")
+	cfg, _, err := config.Load(opts.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
 	}
 	if opts.Driver == "" {
-		opts.Driver = driver.Default
+		opts.Driver = cfg.DriverName(os.Getenv("NEXUS_DRIVER"))
 	}
 	if opts.Reaper == "" {
 		opts.Reaper = ledger.ParseMode(os.Getenv(EnvReaper))
@@ -173,7 +177,7 @@ func New(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("client: run id %q: want letters, digits, '_' and '-'", opts.RunID)
 	}
 	identify(opts.Nexusd)
-	return &Client{opts: opts}, nil
+	return &Client{opts: opts, cfg: cfg}, nil
 }
 
 // RunID is this client's run id.

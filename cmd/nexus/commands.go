@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
@@ -243,7 +244,7 @@ func mirrorFlags(m *fleetstate.Settings, urls []string, maxBytes string) error {
 	if m.Replicas < 0 || m.Replicas > 5 {
 		return fmt.Errorf("--mirror-replicas %d: want 1 to 5", m.Replicas)
 	}
-	n, err := parseBytes(maxBytes)
+	n, err := config.ParseBytes(maxBytes)
 	if err != nil {
 		return fmt.Errorf("--mirror-max-bytes %q: %w", maxBytes, err)
 	}

@@ -1,103 +1,22 @@
 package main
 
 import (
-	"cmp"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
-// Config is nexus's config file: $NEXUS_CONFIG, else <state-root>/config.toml.
-// A missing default file means every default; a named file must exist.
-//
-// The boot settings (driver, kernel, initramfs, cmdline, cpus, memory) are
-// what a NEW sandbox records; every later boot of it, and of its fork and
-// restore children, uses its record.
-//
-//	[vm]
-//	overlay_disk_mib = 256          # size of a NEW sandbox's overlay; existing ones keep theirs
-//	overlay_warn_fill_ratio = 0.9   # start warns (OverlayNearlyFull) at this fill ratio
-//	driver = "qemu"                 # VMM driver (env NEXUS_DRIVER, then --driver, win)
-//	kernel = "/path/vmlinuz"        # guest kernel (env NEXUS_KERNEL_PATH wins)
-//	initramfs = "/path/initrd"      # guest initramfs (env NEXUS_INITRAMFS_PATH wins)
-//	cmdline = "console=ttyS0 ..."   # guest kernel command line (env NEXUS_KERNEL_CMDLINE wins)
-//	cpus = 2                        # vCPUs (create --cpus wins)
-//	memory = "1G"                   # guest memory (create --memory wins)
-//	root = "copy"                   # a private copy of the OS disk, not the overlay root (env NEXUS_VM_ROOT wins)
-//
-// The fleet settings are what every daemon of the root mirrors with, the
-// ones commands start on demand included (the daemon's flags and
-// NEXUS_MIRROR win):
-//
-//	[fleet]
-//	urls = ["nats-leaf://fleet-1:7422", "nats-leaf://fleet-2:7422"]
-//	host = "web-7"                  # this host's name in the fleet (default: the hostname)
-//	credentials = "/etc/nexus/fleet.creds"
-//	domain = "fleet"
-//	replicas = 3
-//	max_bytes = "10G"
-type Config struct {
-	VM struct {
-		OverlayDiskMiB       int64   `toml:"overlay_disk_mib"`
-		OverlayWarnFillRatio float64 `toml:"overlay_warn_fill_ratio"`
-		Driver               string  `toml:"driver"`
-		Kernel               string  `toml:"kernel"`
-		Initramfs            string  `toml:"initramfs"`
-		Cmdline              string  `toml:"cmdline"`
-		Cpus                 int     `toml:"cpus"`
-		Memory               string  `toml:"memory"`
-		Root                 string  `toml:"root"`
-	} `toml:"vm"`
-	Fleet struct {
-		URLs        []string `toml:"urls"`
-		Host        string   `toml:"host"`
-		Credentials string   `toml:"credentials"`
-		Domain      string   `toml:"domain"`
-		Replicas    int      `toml:"replicas"`
-		MaxBytes    string   `toml:"max_bytes"`
-	} `toml:"fleet"`
-}
-
-// rootMode is how a new sandbox's root is made, as asked ("": as its
-// guest allows, core.RootMode): the environment overrides the file.
-func rootMode(cfg Config) string {
-	if v := os.Getenv("NEXUS_VM_ROOT"); v != "" {
-		return v
-	}
-	return cfg.VM.Root
-}
-
-// bootAssets is the kernel, initramfs and command line a new sandbox
-// records: the environment overrides the file.
-func bootAssets(cfg Config) (kernel, initramfs, cmdline string) {
-	kernel, initramfs, cmdline = cfg.VM.Kernel, cfg.VM.Initramfs, cfg.VM.Cmdline
-	if v := os.Getenv("NEXUS_KERNEL_PATH"); v != "" {
-		kernel = v
-	}
-	if v := os.Getenv("NEXUS_INITRAMFS_PATH"); v != "" {
-		initramfs = v
-	}
-	if v := os.Getenv("NEXUS_KERNEL_CMDLINE"); v != "" {
-		cmdline = v
-	}
-	return kernel, initramfs, cmdline
-}
-
 // driverName is the driver a new sandbox is made with: --driver, else
 // NEXUS_DRIVER (both in g.driver), else [vm] driver, else the default.
-func driverName(g *globals, cfg Config) string {
-	return cmp.Or(g.driver, cfg.VM.Driver, driver.Default)
-}
+func driverName(g *globals, cfg config.File) string { return cfg.DriverName(g.driver) }
 
 // configReaders are the commands that read a config setting (both size
 // and warn ratio apply to new overlays and to start's overlay check; the
@@ -106,91 +25,9 @@ func driverName(g *globals, cfg Config) string {
 // sandboxes must not stop stop, rm, recover or ls.
 var configReaders = map[string]bool{"create": true, "start": true, "fork": true, "restore": true}
 
-// configFile is where the config came from: the file and which of its
-// keys it set (the rest are defaults).
-type configFile struct {
-	Path    string
-	Named   bool // $NEXUS_CONFIG, which must exist
-	Exists  bool
-	Defined map[string]bool // "vm.overlay_disk_mib" → set in the file
-}
-
-func loadConfig(root string) (Config, error) {
-	c, _, err := loadConfigFile(root)
+func loadConfig(root string) (config.File, error) {
+	c, _, err := config.Load(root)
 	return c, err
-}
-
-func loadConfigFile(root string) (Config, configFile, error) {
-	var c Config
-	path, named := os.Getenv("NEXUS_CONFIG"), true
-	if path == "" {
-		path, named = filepath.Join(root, lifecycle.ConfigFile), false
-	}
-	var md toml.MetaData
-	var err error
-	if named {
-		md, err = toml.DecodeFile(path, &c)
-	} else {
-		// nexus's own file, read as every file under the root is.
-		var data []byte
-		if data, err = lifecycle.ReadConfig(root); err == nil {
-			md, err = toml.Decode(string(data), &c)
-		}
-	}
-	src := configFile{Path: path, Named: named, Defined: map[string]bool{}}
-	switch {
-	case errors.Is(err, os.ErrNotExist) && !named:
-		return Config{}, src, nil
-	case err != nil:
-		return c, src, fmt.Errorf("config %s: %s", path, strings.ReplaceAll(err.Error(), "\n", " "))
-	}
-	src.Exists = true
-	for _, k := range md.Keys() {
-		src.Defined[k.String()] = true
-	}
-	if extra := md.Undecoded(); len(extra) > 0 {
-		keys := make([]string, len(extra))
-		for i, k := range extra {
-			keys[i] = k.String()
-		}
-		return c, src, fmt.Errorf("config %s: unknown key %s", path, strings.Join(keys, ", "))
-	}
-	if v := c.VM.OverlayDiskMiB; md.IsDefined("vm", "overlay_disk_mib") && lifecycle.CheckOverlayMiB(v) != nil {
-		return c, src, fmt.Errorf("config %s: [vm] overlay_disk_mib = %d: want %d to %d", path, v, lifecycle.MinOverlayMiB, lifecycle.MaxOverlayMiB)
-	}
-	if v := c.VM.OverlayWarnFillRatio; md.IsDefined("vm", "overlay_warn_fill_ratio") && lifecycle.CheckWarnFillRatio(v) != nil {
-		return c, src, fmt.Errorf("config %s: [vm] overlay_warn_fill_ratio = %g: want a ratio in (0, 1]", path, v)
-	}
-	for key, v := range map[string]string{"initramfs": c.VM.Initramfs, "kernel": c.VM.Kernel} {
-		if md.IsDefined("vm", key) && !filepath.IsAbs(v) {
-			return c, src, fmt.Errorf("config %s: [vm] %s = %q: want an absolute path", path, key, v)
-		}
-	}
-	if v := c.VM.Driver; md.IsDefined("vm", "driver") && !driver.Known(v) {
-		return c, src, fmt.Errorf("config %s: [vm] driver = %q: want %s", path, v, oneOf(driver.Names))
-	}
-	if v := c.VM.Cpus; md.IsDefined("vm", "cpus") && v < 1 {
-		return c, src, fmt.Errorf("config %s: [vm] cpus = %d: want at least 1", path, v)
-	}
-	if v := c.VM.Root; md.IsDefined("vm", "root") && v != events.RootOverlay && v != events.RootCopy {
-		return c, src, fmt.Errorf("config %s: [vm] root = %q: want %s", path, v, oneOf([]string{events.RootOverlay, events.RootCopy}))
-	}
-	if v := c.VM.Memory; md.IsDefined("vm", "memory") {
-		if _, err := parseSize(v); err != nil {
-			return c, src, fmt.Errorf("config %s: [vm] memory = %q: %v", path, v, err)
-		}
-	}
-	return c, src, nil
-}
-
-// memoryBytes is [vm] memory in bytes (0: not set); loadConfigFile has
-// checked that it parses.
-func (c Config) memoryBytes() int64 {
-	if c.VM.Memory == "" {
-		return 0
-	}
-	n, _ := parseSize(c.VM.Memory)
-	return n
 }
 
 // setting is one effective setting and where its value came from.
@@ -230,7 +67,7 @@ func effectiveSettings(cmd *cobra.Command, g *globals) ([]setting, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, file, err := loadConfigFile(root)
+	cfg, file, err := config.Load(root)
 	if err != nil {
 		return nil, err
 	}

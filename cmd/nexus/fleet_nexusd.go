@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/host/fleet"
 )
 
@@ -17,7 +18,7 @@ func fleetTemplate(cmd *cobra.Command, hosts []string, tf templateFlags, domain,
 	for _, h := range hosts {
 		t.Hosts = append(t.Hosts, strings.Split(h, ",")...)
 	}
-	n, err := parseBytes(maxBytes)
+	n, err := config.ParseBytes(maxBytes)
 	if err != nil {
 		return usageError{fmt.Errorf("--max-bytes %q: %w", maxBytes, err)}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/dustin/go-humanize/english"
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
@@ -108,7 +109,7 @@ func pruneOptions(unused, dryRun bool, olderThan, maxBytes string) (lifecycle.Ca
 		opts.OlderThan = d
 	}
 	if maxBytes != "" {
-		n, err := parseBytes(maxBytes)
+		n, err := config.ParseBytes(maxBytes)
 		if err != nil {
 			return opts, fmt.Errorf("--max-bytes %q: %v", maxBytes, err)
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/client"
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
@@ -66,9 +67,8 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		if g.readsConfig {
 			return nil, err
 		}
-		cfg = Config{} // this command reads no setting: defaults are never used
+		cfg = config.File{} // this command reads no setting: defaults are never used
 	}
-	kernel, initramfs, cmdline := bootAssets(cfg)
 	warn := onceEach(func(msg string) {
 		if msg == lifecycle.HostGuestNotice && !isTerminal(os.Stderr) {
 			// A person's reminder: a script keeps its one-line errors
@@ -78,18 +78,17 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg))
 	})
 	return func(b control.Backend) (*lifecycle.Manager, error) {
-		return lifecycle.New(lifecycle.Manager{
+		m := lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
-			Driver: driver.Driver{Name: driverName(g, cfg), Exe: exe, CHBinary: os.Getenv("NEXUS_CH_BINARY"), Kernel: kernel,
-				Initramfs: initramfs, Cmdline: cmdline, QEMU: os.Getenv("NEXUS_QEMU_BINARY")},
+			Driver:      driver.Driver{Name: driverName(g, cfg), Exe: exe},
 			AskedDriver: g.askedDriver,
-			Cpus:        cfg.VM.Cpus, MemoryBytes: cfg.memoryBytes(), RootMode: rootMode(cfg),
-			Hook:       testHooks(),
-			OverlayMiB: cfg.VM.OverlayDiskMiB, WarnFillRatio: cfg.VM.OverlayWarnFillRatio,
-			Wait: g.wait, Progress: progressFor(),
+			Hook:        testHooks(),
+			Wait:        g.wait, Progress: progressFor(),
 			Notice: warn,
 			Status: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg)) },
-		})
+		}
+		cfg.Defaults(&m)
+		return lifecycle.New(m)
 	}, nil
 }
 
@@ -180,7 +179,7 @@ func createCmd(g *globals) *cobra.Command {
 				return usageError{fmt.Errorf("--cpus %d: want at least 1", spec.Cpus)}
 			}
 			if memory != "" {
-				n, err := parseSize(memory)
+				n, err := config.ParseSize(memory)
 				if err != nil {
 					return usageError{fmt.Errorf("--memory %q: %v", memory, err)}
 				}
@@ -458,7 +457,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 					for i, v := range suggest {
 						suggest[i] = "`" + cmd.CommandPath() + " " + v + "`"
 					}
-					return fmt.Errorf("%w (did you mean %s?)", err, oneOf(suggest))
+					return fmt.Errorf("%w (did you mean %s?)", err, config.OneOf(suggest))
 				}
 				if err != nil {
 					return err
@@ -651,7 +650,7 @@ func volumeCmd(g *globals) *cobra.Command {
 	var createOut *output
 	create := &cobra.Command{Use: "create NAME --size S", Short: "Create a named ext4 volume", Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			n, err := parseSize(size)
+			n, err := config.ParseSize(size)
 			if err != nil {
 				return usageError{fmt.Errorf("--size %q: %v", size, err)}
 			}

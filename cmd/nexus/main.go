@@ -18,6 +18,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/session"
@@ -125,7 +126,7 @@ func newRoot() *cobra.Command {
 		Version:       readVersion().String(),
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if g.driver != "" && !driver.Known(g.driver) {
-				return usageError{fmt.Errorf("--driver %q: want %s", g.driver, oneOf(driver.Names))}
+				return usageError{fmt.Errorf("--driver %q: want %s", g.driver, config.OneOf(driver.Names))}
 			}
 			if cmd.Flags().Changed("driver") {
 				g.askedDriver = g.driver
@@ -138,7 +139,7 @@ func newRoot() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
 	root.PersistentFlags().BoolVar(&g.wait, "wait", false, "wait for another command's saga on the same sandbox or volume to end instead of refusing")
-	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: "+oneOf(driver.Names)+" (env NEXUS_DRIVER)")
+	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: "+config.OneOf(driver.Names)+" (env NEXUS_DRIVER)")
 	root.AddCommand(
 		versionCmd(),
 		daemonCmd(g),
@@ -238,12 +239,4 @@ func versionCmd() *cobra.Command {
 	}
 	o = addOutput(c, false)
 	return c
-}
-
-// oneOf lists names for a person: "a, b or c".
-func oneOf(names []string) string {
-	if len(names) < 2 {
-		return strings.Join(names, "")
-	}
-	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }

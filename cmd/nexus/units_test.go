@@ -3,6 +3,8 @@ package main
 import (
 	"testing"
 	"time"
+
+	"github.com/nexus-sandbox/nexus/config"
 )
 
 func TestParseSize(t *testing.T) {
@@ -23,18 +25,18 @@ func TestParseSize(t *testing.T) {
 		{"1T", 1 << 40},
 		{" 8M ", 8 << 20},
 	} {
-		got, err := parseSize(c.in)
+		got, err := config.ParseSize(c.in)
 		if err != nil || got != c.want {
-			t.Errorf("parseSize(%q) = %d, %v; want %d", c.in, got, err, c.want)
+			t.Errorf("config.ParseSize(%q) = %d, %v; want %d", c.in, got, err, c.want)
 		}
 	}
 	for _, bad := range []string{"", "0", "-1M", "M", "12Q", "1e3", "two", "99999999P"} {
-		if n, err := parseSize(bad); err == nil {
-			t.Errorf("parseSize(%q) = %d, want an error", bad, n)
+		if n, err := config.ParseSize(bad); err == nil {
+			t.Errorf("config.ParseSize(%q) = %d, want an error", bad, n)
 		}
 	}
-	if n, err := parseBytes("0"); err != nil || n != 0 {
-		t.Errorf("parseBytes(0) = %d, %v", n, err)
+	if n, err := config.ParseBytes("0"); err != nil || n != 0 {
+		t.Errorf("config.ParseBytes(0) = %d, %v", n, err)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 // it goes with the import it allowed.
 var cmdNexusImports = map[string]string{
 	"client":             "the run id variable a client sets",
+	"config":             "the config file and environment settings it shows and hands on, sizes as flags spell them",
 	"control":            "connecting to a state root, the errors that map to exit codes",
 	"control/wire":       "the daemon status it prints",
 	"events":             "the events it prints and the query it parses",
