@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -26,17 +27,42 @@ func fleetStatusCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "status",
 		Short: "Show the mirror's link, stream and lag, as the daemon sees them",
-		Args:  noArgs,
+		Long: "Show the mirror's link, stream and lag, as the daemon sees them, and the checks\n" +
+			"that hold the mirror to the journal: first sequence, count, last sequence, digest.\n" +
+			"Exits 1 when the mirror fails a check, naming it on stderr (--json still prints\n" +
+			"the state, failed_checks included).",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			st, err := control.FleetStatus(cmd.Context(), g.stateDir)
 			if err != nil {
 				return err
 			}
-			return printValue(cmd, o, st, nil, func(w io.Writer) { printMirrorState(w, st) })
+			if err := printValue(cmd, o, st, nil, func(w io.Writer) { printMirrorState(w, st) }); err != nil {
+				return err
+			}
+			return failedChecksError(st)
 		},
 	}
 	o = addOutput(c, false)
 	return c
+}
+
+// errMirrorFailedChecks is fleet status's refusal of a mirror that is not
+// its host's journal, after the state has been printed.
+var errMirrorFailedChecks = errors.New("the mirror failed its checks against the journal")
+
+// failedChecksError names each check st's mirror failed (nil: none), so
+// a script or a monitor sees a tampered or truncated mirror by the exit
+// status alone.
+func failedChecksError(st *fleetstate.MirrorState) error {
+	if len(st.FailedChecks) == 0 {
+		return nil
+	}
+	s := make([]string, len(st.FailedChecks))
+	for i, f := range st.FailedChecks {
+		s[i] = f.String()
+	}
+	return fmt.Errorf("%w: mirror %s: %s", errMirrorFailedChecks, st.Stream, strings.Join(s, "; "))
 }
 
 func printMirrorState(w io.Writer, st *fleetstate.MirrorState) {

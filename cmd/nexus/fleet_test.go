@@ -69,14 +69,18 @@ func TestFleetTemplateAndStatusErrors(t *testing.T) {
 	wantFailure(t, nexus(t, root, "fleet", "status"), 1, "no daemon")
 }
 
-// fleetStatus polls `nexus fleet status --json` until ok accepts it.
+// fleetStatus polls `nexus fleet status --json` until ok accepts it; it
+// exits 1 exactly when the state it prints has failed checks.
 func fleetStatus(t *testing.T, root string, ok func(fleet.MirrorState) bool) fleet.MirrorState {
 	t.Helper()
 	deadline := time.Now().Add(testutil.Scale(60 * time.Second))
 	for {
 		r := nexus(t, root, "fleet", "status", "--json")
 		var st fleet.MirrorState
-		if r.code == 0 && json.Unmarshal([]byte(r.stdout), &st) == nil && ok(st) {
+		if json.Unmarshal([]byte(r.stdout), &st) == nil && (r.code == 0) != (len(st.FailedChecks) == 0) {
+			t.Fatalf("fleet status exit %d with failed checks %v: stderr %q", r.code, st.FailedChecks, r.stderr)
+		}
+		if (r.code == 0 || r.code == 1 && len(st.FailedChecks) > 0) && json.Unmarshal([]byte(r.stdout), &st) == nil && ok(st) {
 			if strings.Contains(r.stdout, "fleet-secret") {
 				t.Fatalf("status shows the password: %s", r.stdout)
 			}

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -102,10 +103,19 @@ func fleetEvents(cmd *cobra.Command, conn *fleetConn, hosts, types []string, san
 	if err != nil {
 		return err
 	}
-	out := cmd.OutOrStdout()
+	if follow {
+		err = fleetReader(ctx, f, r)(filters, printFleetEvent(cmd.OutOrStdout(), cmd.ErrOrStderr(), o))
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		return err
+	}
+	// A whole read is written in large writes, not a write per event; a
+	// followed one is written as each event comes.
+	out := bufio.NewWriterSize(cmd.OutOrStdout(), 64<<10)
 	err = fleetReader(ctx, f, r)(filters, printFleetEvent(out, cmd.ErrOrStderr(), o))
-	if follow && errors.Is(err, context.Canceled) {
-		return nil
+	if ferr := out.Flush(); err == nil {
+		err = ferr
 	}
 	return err
 }

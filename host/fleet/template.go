@@ -16,7 +16,9 @@ import (
 //   - A host has an account of its own, so isolation is by construction.
 //     Its user links as a leaf node only and may publish only what its
 //     mirror needs: the creation and info of its mirror and of its report
-//     stream (ReportStream), its report, and the mirror's deliveries. It
+//     stream (ReportStream), its report, the mirror's deliveries, and
+//     the get by sequence that holds its mirror to its journal's digest
+//     (`fleet status`) and reads its last report back. It
 //     can neither update nor delete either stream, and the account's
 //     JetStream limits (streams, storage) bound it even where a
 //     permission would not.
@@ -68,7 +70,7 @@ func hostAllowed(host, domain string) []string {
 	var allow []string
 	for _, prefix := range []string{"$JS.API.", "$JS." + domain + ".API."} {
 		m, r := MirrorStream(host), ReportStream(host)
-		allow = append(allow, prefix+"STREAM.CREATE."+m, prefix+"STREAM.INFO."+m,
+		allow = append(allow, prefix+"STREAM.CREATE."+m, prefix+"STREAM.INFO."+m, prefix+"STREAM.MSG.GET."+m,
 			prefix+"STREAM.CREATE."+r, prefix+"STREAM.INFO."+r, prefix+"STREAM.MSG.GET."+r)
 	}
 	return append(allow, ReportSubject, "$JS.M.>", "$JSC.R.>")

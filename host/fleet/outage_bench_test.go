@@ -1,0 +1,309 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
+)
+
+// appendEvents appends n real events (sandbox.created, each its own
+// sandbox) to j, in batches.
+func appendEvents(tb testing.TB, j *journal.Journal, n int) {
+	tb.Helper()
+	for n > 0 {
+		batch := make([]journal.Message, 0, min(n, 500))
+		for range cap(batch) {
+			e := events.New(ulid.Make(), time.Now(), ulid.Make().String(), events.SandboxCreatedEvent{Image: "bench", Driver: "process"})
+			data, err := events.Encode(e)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			subject, err := events.Subject(e.Type, e.Sandbox)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			batch = append(batch, journal.Message{Subject: subject, ID: e.ID.String(), Data: data})
+		}
+		if _, err := j.AppendBatch(context.Background(), batch); err != nil {
+			tb.Fatal(err)
+		}
+		n -= len(batch)
+	}
+}
+
+// aggregateReader is the auditor's JetStream at node 0 for the
+// aggregate, which is in the auditors' own account (no API prefix).
+func aggregateReader(tb testing.TB, c *templateFleet) jetstream.JetStream {
+	tb.Helper()
+	nc, err := nats.Connect(c.auditorURL(0), nats.Timeout(testutil.Scale(30*time.Second)))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return js
+}
+
+// aggregateHolds waits until the aggregate, read by the auditor, holds n
+// records, and returns when it did.
+func aggregateHolds(tb testing.TB, a jetstream.JetStream, n uint64) time.Time {
+	tb.Helper()
+	deadline := time.Now().Add(testutil.Scale(5 * time.Minute))
+	var last jetstream.StreamState
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s, err := a.Stream(ctx, AggregateStream)
+		cancel()
+		if err == nil {
+			last = s.CachedInfo().State
+			if last.Msgs == n {
+				return time.Now()
+			}
+			if last.Msgs > n {
+				tb.Fatalf("the aggregate holds %d records, want %d", last.Msgs, n)
+			}
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("the aggregate holds %d of %d records (%v)", last.Msgs, n, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// mirrorsHold waits until every mirror in ms holds n records, and returns
+// when the last did.
+func mirrorsHold(tb testing.TB, a jetstream.JetStream, ms []*Mirror, n uint64) time.Time {
+	tb.Helper()
+	deadline := time.Now().Add(testutil.Scale(5 * time.Minute))
+	for _, m := range ms {
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			s, err := a.Stream(ctx, m.StreamName())
+			cancel()
+			if err == nil && s.CachedInfo().State.Msgs == n {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("%s never held %d records (%v)", m.StreamName(), n, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return time.Now()
+}
+
+// BenchmarkFleetAggregateAfterOutage: 4 hosts on a 3-node cluster from
+// the template, their mirrors and the aggregate current; every node is
+// shut down, each host journals 1,000 events meanwhile, and the nodes
+// start again. Reported: how long after the restart every mirror held
+// its journal, how long the aggregate took to hold every host event,
+// and their ratio, which is to stay within 2. "alone" leaves the
+// aggregate's sources to the server's retries; "aggregate-rerun" has the
+// aggregator run `nexus fleet aggregate` (EnsureAggregate) once the
+// mirrors are current, which moves the sources' resume points and so
+// sets them up again at once.
+func BenchmarkFleetAggregateAfterOutage(b *testing.B) {
+	for _, rerun := range []bool{false, true} {
+		name := "alone"
+		if rerun {
+			name = "aggregate-rerun"
+		}
+		b.Run(name, func(b *testing.B) {
+			for range b.N {
+				mirrors, aggregate := aggregateAfterOutage(b, rerun)
+				b.ReportMetric(mirrors.Seconds(), "s-mirrors")
+				b.ReportMetric(aggregate.Seconds(), "s-aggregate")
+				b.ReportMetric(aggregate.Seconds()/mirrors.Seconds(), "aggregate/mirrors")
+			}
+		})
+	}
+}
+
+// aggregateAfterOutage runs one outage and returns how long after the
+// nodes were back every mirror and the aggregate were current.
+func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Duration) {
+	const hosts, before, during = 4, 200, 1000
+	names := make([]string, hosts)
+	for i := range names {
+		names[i] = fmt.Sprintf("host-%d", i)
+	}
+	c := startTemplateFleet(b, names, nil)
+	js, ms := c.openHosts(b, 0)
+	for _, j := range js {
+		appendEvents(b, j, before)
+	}
+	ensure := func() {
+		agg, err := Dial(c.userURL("aggregator", 0), "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer agg.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+		defer cancel()
+		if _, err := agg.EnsureAggregate(ctx, names, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ensure()
+	aggregateHolds(b, aggregateReader(b, c), hosts*before)
+
+	for _, n := range c.nodes {
+		n.Shutdown()
+		n.WaitForShutdown()
+	}
+	for _, j := range js {
+		appendEvents(b, j, during)
+	}
+	for i := range c.nodes {
+		c.start(b, i)
+	}
+	back := time.Now()
+	for _, n := range c.nodes {
+		if !n.ReadyForConnections(testutil.Scale(30 * time.Second)) {
+			b.Fatal("a fleet node not ready after the outage")
+		}
+	}
+	mirrors = mirrorsHold(b, c.auditor(b, 0), ms, before+during).Sub(back)
+	if rerun {
+		ensure()
+	}
+	aggregate = aggregateHolds(b, aggregateReader(b, c), hosts*(before+during)).Sub(back)
+	return mirrors, aggregate
+}
+
+// BenchmarkFleetEventsVsOrderedConsumer: an aggregate of 50,000 events
+// (2 hosts) on a 3-node cluster from the template, read whole by
+// `nexus fleet events` (the binary, its output to a pipe that is
+// drained) and, in the same run, by a raw ordered consumer of the
+// aggregate with the auditor's identity, each message's data only
+// touched. Reported: each in events/s and their ratio, which is to stay
+// at 0.5 or more.
+func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
+	const hosts, each = 2, 25_000
+	dir := b.TempDir()
+	if err := testutil.BuildNexusIn(dir); err != nil {
+		b.Fatal(err)
+	}
+	names := []string{"host-a", "host-b"}
+	c := startTemplateFleet(b, names, nil)
+	js, _ := c.openHosts(b, 0)
+	for _, j := range js {
+		appendEvents(b, j, each)
+	}
+	agg, err := Dial(c.userURL("aggregator", 0), "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+	defer cancel()
+	if _, err := agg.EnsureAggregate(ctx, names, 0); err != nil {
+		b.Fatal(err)
+	}
+	agg.Close()
+	a := aggregateReader(b, c)
+	aggregateHolds(b, a, hosts*each)
+
+	b.ResetTimer()
+	for range b.N {
+		// The raw read: an ordered consumer over the whole aggregate.
+		began := time.Now()
+		s, err := a.Stream(ctx, AggregateStream)
+		if err != nil {
+			b.Fatal(err)
+		}
+		oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		it, err := oc.Messages(jetstream.PullMaxMessages(1024))
+		if err != nil {
+			b.Fatal(err)
+		}
+		var size int
+		for range hosts * each {
+			m, err := it.Next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			size += len(m.Data())
+		}
+		it.Stop()
+		raw := time.Since(began)
+
+		// The read `fleet events` makes, in this process, records
+		// counted only: what the command spends beyond it is decoding
+		// and printing.
+		f, err := Dial(c.auditorURL(0), "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		began = time.Now()
+		scanned := 0
+		if err := f.Scan(ctx, journal.Range{}, func(Record) error { scanned++; return nil }); err != nil || scanned != hosts*each {
+			b.Fatalf("the auditor's scan read %d of %d records (%v)", scanned, hosts*each, err)
+		}
+		scan := time.Since(began)
+		f.Close()
+
+		// The same aggregate through `nexus fleet events`.
+		cmd := exec.Command(filepath.Join(dir, "nexus"), "fleet", "events")
+		cmd.Env = append(os.Environ(), "NEXUS_FLEET_URL="+c.auditorURL(0), "NEXUS_STATE_DIR="+b.TempDir())
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		began = time.Now()
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		lines := countLines(b, out)
+		if err := cmd.Wait(); err != nil {
+			b.Fatalf("fleet events: %v: %s", err, stderr.String())
+		}
+		events := time.Since(began)
+		if lines < hosts*each {
+			b.Fatalf("fleet events printed %d lines for %d events: %s", lines, hosts*each, stderr.String())
+		}
+		b.ReportMetric(float64(hosts*each)/raw.Seconds(), "events/s-raw")
+		b.ReportMetric(float64(hosts*each)/events.Seconds(), "events/s-fleet-events")
+		b.ReportMetric(float64(hosts*each)/scan.Seconds(), "events/s-scan")
+		b.ReportMetric(raw.Seconds()/events.Seconds(), "fleet-events/raw")
+	}
+}
+
+// countLines drains r and counts its lines.
+func countLines(tb testing.TB, r io.Reader) int {
+	tb.Helper()
+	buf := make([]byte, 1<<16)
+	n := 0
+	for {
+		k, err := r.Read(buf)
+		n += strings.Count(string(buf[:k]), "\n")
+		if err == io.EOF {
+			return n
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
