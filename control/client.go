@@ -374,6 +374,30 @@ func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]pr
 	return wire.Views(list), err
 }
 
+func (c *Client) ListJSON(ctx context.Context, w io.Writer, after string, limit int) error {
+	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}}
+	path := wire.PathListJSON + "?" + q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(req)
+	if final(err) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("daemon: %s: %s", wire.PathListJSON, resp.Status)
+	}
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("daemon: %s: %w", wire.PathListJSON, err)
+	}
+	return nil
+}
+
 func (c *Client) WithProcesses(ctx context.Context) ([]projections.Sandbox, error) {
 	var list []wire.Sandbox
 	err := c.getJSON(ctx, wire.PathWithProcesses, &list)

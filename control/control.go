@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -25,6 +26,13 @@ type Backend interface {
 	// ("" from the first), in ID order: `ls` reads a page at a time, so
 	// neither the daemon's answer nor the command holds every sandbox.
 	SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error)
+	// ListJSON writes to w the sandboxes whose IDs sort after after (at
+	// most limit; 0: all) as `ls --json` prints them: an indented JSON
+	// array of projections.ListItem, as the store keeps each stopped
+	// sandbox's, written as it is read (a page at a time), not decoded
+	// and encoded again. A sandbox that records a process is listed with
+	// its exits observed (lifecycle.ObserveExits).
+	ListJSON(ctx context.Context, w io.Writer, after string, limit int) error
 	Close() error
 }
 

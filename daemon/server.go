@@ -294,7 +294,7 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 		}
 	}
 	mux.HandleFunc("GET "+wire.PathStats, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, wire.Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load()})
+		writeJSON(w, http.StatusOK, wire.Stats{Sandboxes: served.Load(), MostInOneAnswer: most.Load(), Decoded: n.Decoded()})
 	})
 	// A client asks on each connection which root this daemon serves (a
 	// hard link or bind mount can put another root's socket at its path):
@@ -395,6 +395,20 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 		}
 		count(len(list))
 		writeJSON(w, http.StatusOK, wire.SandboxesOf(list))
+	})
+	// ls --json: the store's listing bytes streamed as read. A failure
+	// after the first byte aborts the answer, so the client sees a cut
+	// stream, never a short list.
+	mux.HandleFunc("GET "+wire.PathListJSON, func(w http.ResponseWriter, r *http.Request) {
+		limit, err := strconv.Atoi(r.URL.Query().Get("limit"))
+		if err != nil || limit < 0 {
+			writeJSON(w, http.StatusBadRequest, wire.ErrorAnswer{Error: fmt.Sprintf("limit %q: not a count", r.URL.Query().Get("limit"))})
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if err := local.ListJSON(r.Context(), w, r.URL.Query().Get("after"), limit); err != nil {
+			panic(http.ErrAbortHandler)
+		}
 	})
 	mux.HandleFunc("GET "+wire.PathWithProcesses, func(w http.ResponseWriter, r *http.Request) {
 		list, err := local.WithProcesses(r.Context())

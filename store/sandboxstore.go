@@ -31,11 +31,12 @@ const storeFile = "sandboxes.db"
 
 // storeFormat is the version of the store's layout and records. A store of
 // another format is rebuilt from the journal, never read.
-const storeFormat = 4
+const storeFormat = 5
 
 var (
 	bucketMeta    = []byte("meta")
 	bucketRecords = []byte("sandboxes") // id → projections.EncodeSandbox
+	bucketListing = []byte("listing")   // id → projections.ListItem of the record
 	// Index buckets hold key 0x00 id → nothing, so a key with several
 	// sandboxes (a history made by hand) keeps them all, in ID order.
 	bucketHandles = []byte("handles")   // handle
@@ -218,6 +219,61 @@ func (s *sandboxStore) page(after string, limit int, skip func(id string) bool) 
 	return out, err
 }
 
+// Listed is one sandbox of a listing: the bytes the store keeps for it
+// (JSON, projections.ListItem), or, for a record the caller must look at
+// first (one that records a process, whose exit a listing observes, or
+// one changed since the last checkpoint), the record itself.
+type Listed struct {
+	ID      string
+	JSON    []byte
+	Sandbox *projections.Sandbox
+}
+
+// listed is at most limit sandboxes whose IDs sort after after, in ID
+// order, leaving out those skip names: the kept listing bytes of each,
+// decoding only the records that record a process.
+func (s *sandboxStore) listed(after string, limit int, skip func(id string) bool) (out []Listed, decoded int, err error) {
+	err = s.db.View(func(tx *bolt.Tx) error {
+		b, procs := tx.Bucket(bucketListing), tx.Bucket(bucketProcs)
+		if b == nil {
+			return nil
+		}
+		c := b.Cursor()
+		k, v := c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+		for ; k != nil && len(out) < limit; k, v = c.Next() {
+			id := string(k)
+			if skip(id) {
+				continue
+			}
+			if hasKey(procs, append([]byte{0}, k...)) {
+				sb, err := getRecord(tx, id)
+				if err != nil {
+					return err
+				}
+				decoded++
+				out = append(out, Listed{ID: id, Sandbox: sb})
+				continue
+			}
+			out = append(out, Listed{ID: id, JSON: bytes.Clone(v)})
+		}
+		return nil
+	})
+	return out, decoded, err
+}
+
+// hasKey says whether b holds key (an index entry's value is empty, which
+// Get does not tell from a missing key).
+func hasKey(b *bolt.Bucket, key []byte) bool {
+	if b == nil {
+		return false
+	}
+	k, _ := b.Cursor().Seek(key)
+	return bytes.Equal(k, key)
+}
+
 // write makes the store reflect pos: each changed ID's record replaced by
 // the one given, or deleted where that is nil, its index entries moved
 // with it, in one transaction (bbolt syncs it before returning). pos.Count
@@ -255,6 +311,9 @@ func (s *sandboxStore) write(pos storePosition, changed map[string]*projections.
 				if err := b.Delete([]byte(id)); err != nil {
 					return err
 				}
+				if err := tx.Bucket(bucketListing).Delete([]byte(id)); err != nil {
+					return err
+				}
 				continue
 			}
 			if err := putRecord(tx, b, sb); err != nil {
@@ -284,7 +343,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates}, retiredBuckets...) {
+		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketListing, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates}, retiredBuckets...) {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
@@ -304,7 +363,7 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates, bucketRecords} {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates, bucketListing, bucketRecords} {
 		b, err := tx.CreateBucketIfNotExists(name)
 		if err != nil {
 			return nil, err
@@ -331,6 +390,13 @@ func putRecord(tx *bolt.Tx, b *bolt.Bucket, sb *projections.Sandbox) error {
 		return err
 	}
 	if err := b.Put([]byte(sb.ID), data); err != nil {
+		return err
+	}
+	item, err := projections.ListItem(*sb)
+	if err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketListing).Put([]byte(sb.ID), item); err != nil {
 		return err
 	}
 	if err := addState(tx, StateOf(sb), 1); err != nil {

@@ -250,6 +250,26 @@ func (v *sandboxView) page(after string, limit int) ([]*projections.Sandbox, err
 	return out[:min(limit, len(out))], nil
 }
 
+// listed is page for a listing: the overlay's records and the store's
+// kept listing bytes (sandboxStore.listed), merged in ID order.
+func (v *sandboxView) listed(after string, limit int) ([]Listed, error) {
+	var out []Listed
+	for _, sb := range v.overlay.Page(after, limit) {
+		out = append(out, Listed{ID: sb.ID, Sandbox: sb})
+	}
+	if v.store == nil {
+		return out, nil
+	}
+	stored, decoded, err := v.store.listed(after, limit, func(id string) bool { return !v.fromStore(id) })
+	if err != nil {
+		return nil, err
+	}
+	v.decoded.Add(uint64(decoded))
+	out = append(out, stored...)
+	slices.SortFunc(out, func(a, b Listed) int { return strings.Compare(a.ID, b.ID) })
+	return out[:min(limit, len(out))], nil
+}
+
 // each calls fn with every sandbox, a page at a time in ID order.
 func (v *sandboxView) each(fn func([]*projections.Sandbox)) error {
 	const pageSize = 1000

@@ -225,6 +225,27 @@ func (n *Store) SandboxPage(ctx context.Context, after string, limit int) ([]pro
 	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) { return v.page(after, limit) })
 }
 
+// ListedPage is SandboxPage for a listing: at most limit sandboxes after
+// after, in ID order, each as the JSON the store keeps for it, except that
+// a sandbox that records a process, or changed since the store's last
+// checkpoint, comes as its record (Listed). A listing of stopped
+// sandboxes decodes no record.
+func (n *Store) ListedPage(ctx context.Context, after string, limit int) ([]Listed, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return nil, err
+	}
+	list, err := n.sandboxes.listed(after, limit)
+	for i, l := range list {
+		if l.Sandbox != nil {
+			sb := *l.Sandbox // the caller's copy, not the overlay's record
+			list[i].Sandbox = &sb
+		}
+	}
+	return list, err
+}
+
 // WithProcesses is every sandbox that records a process, running or
 // exited (an index of the store, not a scan): what the daemon's exit
 // watcher starts from and what recover checks.

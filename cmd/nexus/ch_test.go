@@ -205,8 +205,8 @@ func TestAPISocketLockIsReclaimed(t *testing.T) {
 	sb := createJSON(t, root, "--image", makeImage(t))
 	lock := filepath.Join(root, "run", "sb-"+sb.ID+".sock.lock")
 	rel := "run/sb-" + sb.ID + ".sock.lock"
-	if _, err := os.Lstat(lock); err != nil || !sb.Owns(rel) {
-		t.Fatalf("lock file %v, owned %v: %+v", err, sb.Owns(rel), sb.Resources)
+	if _, err := os.Lstat(lock); err != nil || !owns(sb, rel) {
+		t.Fatalf("lock file %v, owned %v: %+v", err, owns(sb, rel), sb.Resources)
 	}
 	assertClean(t, root)
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")

@@ -438,6 +438,10 @@ func lsCmd(g *globals) *cobra.Command {
 			}
 			return withBackend(cmd.Context(), g, func(b control.Backend) error {
 				out := cmd.OutOrStdout()
+				if o.json && len(filters) == 0 {
+					// The store's bytes, as they arrive.
+					return b.ListJSON(cmd.Context(), out, after, limit)
+				}
 				var rows []jsonSandbox // the table's, aligned once
 				printed := 0
 				if o.json {

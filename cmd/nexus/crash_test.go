@@ -84,8 +84,8 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 				}
 				sb := list[0]
 				for _, want := range []string{"disks/" + sb.ID + ".raw", "disks/" + sb.ID + "-workspace.ext4", "disks/crash_h.shadow.cfg.ext4"} {
-					if _, err := os.Stat(filepath.Join(root, want)); err != nil || !sb.Owns(want) {
-						t.Fatalf("committed sandbox lost %s: %v (owns=%v)", want, err, sb.Owns(want))
+					if _, err := os.Stat(filepath.Join(root, want)); err != nil || !owns(sb, want) {
+						t.Fatalf("committed sandbox lost %s: %v (owns=%v)", want, err, owns(sb, want))
 					}
 				}
 				if step == "vmm" && phase == "" {
@@ -220,8 +220,8 @@ func TestCrashAtEveryRestoreStep(t *testing.T) {
 						t.Fatalf("restored child's parent = %q", sb.Parent)
 					}
 					for _, want := range []string{"disks/" + sb.ID + ".raw", "disks/" + sb.ID + "-workspace.ext4"} {
-						if _, err := os.Stat(filepath.Join(root, want)); err != nil || !sb.Owns(want) {
-							t.Fatalf("restored child lost %s: %v (owns=%v)", want, err, sb.Owns(want))
+						if _, err := os.Stat(filepath.Join(root, want)); err != nil || !owns(sb, want) {
+							t.Fatalf("restored child lost %s: %v (owns=%v)", want, err, owns(sb, want))
 						}
 					}
 				}

@@ -101,7 +101,7 @@ func assertExitedKeepingEverything(t *testing.T, root string, before jsonSandbox
 		t.Fatalf("conditions %+v, want Ready=False VMMExited", sb.Conditions)
 	}
 	for _, r := range before.Resources {
-		if !sb.Owns(r.Path) {
+		if !owns(sb, r.Path) {
 			t.Errorf("%s no longer owned after the exit", r.Path)
 		}
 		if _, err := os.Lstat(filepath.Join(root, r.Path)); err != nil && r.Kind != events.KindIIDSocket {

@@ -33,7 +33,7 @@ func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
 	}
 	slash := createJSON(t, root, "--image", image, "--handle", "a/b", "--shadow", "cfg="+src)
 	slashDisk := filepath.Join(root, "disks", "a_b.shadow.cfg.ext4") // SPEC.md: "/" -> "_"
-	if !slash.Owns("disks/a_b.shadow.cfg.ext4") {
+	if !owns(slash, "disks/a_b.shadow.cfg.ext4") {
 		t.Fatalf("a/b does not own its shadow disk: %+v", slash.Resources)
 	}
 	before := fileSum(t, slashDisk)
@@ -51,7 +51,7 @@ func TestHandlesDifferingBySlashAndUnderscore(t *testing.T) {
 	}
 
 	under := createJSON(t, root, "--image", image, "--handle", "a_b", "--shadow", "cfg="+src)
-	if !under.Owns("disks/a+b.shadow.cfg.ext4") || under.Owns("disks/a_b.shadow.cfg.ext4") {
+	if !owns(under, "disks/a+b.shadow.cfg.ext4") || owns(under, "disks/a_b.shadow.cfg.ext4") {
 		t.Fatalf("a_b's resources: %+v", under.Resources)
 	}
 	assertClean(t, root)

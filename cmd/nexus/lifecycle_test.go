@@ -205,7 +205,7 @@ func TestLifecycleEndToEnd(t *testing.T) {
 	}
 	for _, c := range children {
 		for _, p := range []string{"disks/" + c.ID + "-workspace.ext4", "disks/" + c.ID + "-dev_one.shadow.cfg.ext4"} {
-			if !c.Owns(p) {
+			if !owns(c, p) {
 				t.Errorf("child %s does not own %s (RL-14): %+v", c.ID, p, c.Resources)
 			}
 		}

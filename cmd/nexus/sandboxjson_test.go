@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"reflect"
 	"slices"
@@ -66,8 +67,28 @@ func TestSandboxJSONKeepsItsBytes(t *testing.T) {
 	}
 }
 
-// Owns reports whether the printed sandbox lists the resource at path, as
+// owns reports whether the printed sandbox lists the resource at path, as
 // projections.Sandbox.Owns does for the view.
-func (sb jsonSandbox) Owns(path string) bool {
+func owns(sb jsonSandbox, path string) bool {
 	return slices.ContainsFunc(sb.Resources, func(r events.Resource) bool { return r.Path == path })
+}
+
+// TestListItemIsASandboxsJSON: the bytes the store keeps for a listing
+// (projections.ListItem) are, for a full sandbox and a bare one, what
+// --json prints for it as one item of an indented array, so `ls --json`
+// copying them prints what every other command prints.
+func TestListItemIsASandboxsJSON(t *testing.T) {
+	for _, sb := range []projections.Sandbox{fullSandbox(), {ID: "01JF00000000000000000000BB", State: projections.StateStopped}} {
+		want, err := json.MarshalIndent(normalize(reflect.ValueOf(sandboxJSON(sb))).Interface(), "  ", "  ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := projections.ListItem(sb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("ListItem of %s:\n%s\nwant\n%s", sb.ID, got, want)
+		}
+	}
 }

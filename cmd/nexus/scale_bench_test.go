@@ -124,7 +124,7 @@ var scaleOpBaseline = map[string]string{
 // command's baseline right after it: `nexus version` (process start, the
 // fixed cost every command pays), `cat` of a file the size of what an ls
 // printed, `nexus version` plus mkfs.ext4 of the volume's size for the
-// one-event append. Fixtures are journaled directly (fillRoot), then the
+// one-event append. Fixtures are built by `nexus testfill`, then the
 // benchmark waits out the journal's 2-minute de-duplication window, as on
 // any root not written to in the last 2 minutes (NEXUS_BENCH_FRESH=1 skips
 // the wait; docs/benchmarks.md section 8 says why it matters). It prints
@@ -148,7 +148,7 @@ func BenchmarkScaleTable(b *testing.B) {
 	for _, n := range sizes {
 		dir := b.TempDir()
 		t0 := time.Now()
-		fillRoot(b, dir, n)
+		runNexus(b, dir, []string{"NEXUS_NO_AUTO_DAEMON=1"}, "testfill", "--sandboxes", strconv.Itoa(n))
 		lastWrite = time.Now()
 		b.Logf("%d-sandbox fixture built in %v", n, lastWrite.Sub(t0).Round(time.Second))
 		fixtures = append(fixtures, scaleFixture{fmt.Sprintf("%dk", n/1000), dir})

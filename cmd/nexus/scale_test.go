@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
+	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
@@ -151,6 +154,7 @@ func TestLsPages(t *testing.T) {
 	if viaDaemon.stdout != local.stdout {
 		t.Fatalf("ls --json through the daemon differs from ls without one")
 	}
+	mustOK(t, nexus(t, root, "ls"), "ls through the daemon")
 	st, err := c.Stats(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -169,4 +173,68 @@ func TestLsPages(t *testing.T) {
 		t.Fatalf("--limit 10 then --after: %d and %d sandboxes, not ls's first 20 in order", len(first), len(second))
 	}
 	wantFailure(t, nexus(t, root, "ls", "--limit", "-1"), 2, "--limit")
+}
+
+// TestLsJSONCopiesStoredRecords: `ls --json` of a root of stopped
+// sandboxes (testfill's, with snapshots and volumes) and one whose VMM was
+// killed prints what the decoding path prints (`--filter driver=process`,
+// every sandbox here), through the daemon and without one, while the
+// daemon decodes no stored record but the one that records a process: the
+// listing is the store's bytes copied, not each record decoded and
+// encoded again. The filtered listing decoding every record shows the
+// counter counts.
+func TestLsJSONCopiesStoredRecords(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	const sandboxes = 1200
+	root := shortRoot(t)
+	noDaemon := []string{"NEXUS_NO_AUTO_DAEMON=1"}
+	mustOK(t, nexusEnv(t, root, noDaemon, "testfill", "--sandboxes", strconv.Itoa(sandboxes)), "testfill")
+	id := strings.TrimSpace(mustOK(t, nexusEnv(t, root, noDaemon, "--driver", "process", "create", "--image", makeImage(t), "-q"), "create").stdout)
+	sb := inspectJSON(t, root, id)
+	if sb.VMM == nil {
+		t.Fatalf("running sandbox %s records no VMM", id)
+	}
+	if err := syscall.Kill(sb.VMM.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitUntil(t, 30*time.Second, "shown exited after its VMM was killed", func() bool {
+		return inspectJSON(t, root, id).State == projections.StateExited
+	})
+	local := mustOK(t, nexusEnv(t, root, noDaemon, "ls", "--json"), "ls --json without a daemon")
+	decodedPath := mustOK(t, nexusEnv(t, root, noDaemon, "ls", "--json", "--filter", "driver=process"), "ls --json --filter")
+	if local.stdout != decodedPath.stdout {
+		t.Fatalf("ls --json differs from the decoding path's listing of the same sandboxes:\n%.600s\nwant\n%.600s", local.stdout, decodedPath.stdout)
+	}
+	var all []jsonSandbox
+	if err := json.Unmarshal([]byte(local.stdout), &all); err != nil || len(all) != sandboxes+1 {
+		t.Fatalf("ls --json: %d sandboxes (%v), want %d", len(all), err, sandboxes+1)
+	}
+	if got := all[len(all)-1]; got.ID != id || got.State != projections.StateExited {
+		t.Fatalf("ls --json lists %s as %s, want %s exited (its VMM was killed)", got.ID, got.State, id)
+	}
+
+	startDaemon(t, root)
+	c := control.NewClient(filepath.Join(root, wire.SocketName))
+	defer c.Close()
+	decoded := func() uint64 {
+		t.Helper()
+		st, err := c.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Decoded
+	}
+	before := decoded()
+	viaDaemon := mustOK(t, nexus(t, root, "ls", "--json"), "ls --json through the daemon")
+	if d := decoded() - before; d > 1 {
+		t.Errorf("ls --json of %d stopped sandboxes and one exited made the daemon decode %d stored records, want at most the one that records a process", sandboxes, d)
+	}
+	if viaDaemon.stdout != local.stdout {
+		t.Fatalf("ls --json through the daemon differs from ls without one")
+	}
+	before = decoded()
+	mustOK(t, nexus(t, root, "ls", "--json", "--filter", "driver=process"), "ls --json --filter through the daemon")
+	if d := decoded() - before; d < sandboxes {
+		t.Fatalf("the filtered listing decoded %d stored records, want at least %d: the counter does not count", d, sandboxes)
+	}
 }

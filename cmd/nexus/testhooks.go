@@ -7,6 +7,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -16,7 +17,7 @@ import (
 )
 
 // testCommands are the commands only a test build has.
-func testCommands(g *globals) []*cobra.Command { return []*cobra.Command{demoCmd(g)} }
+func testCommands(g *globals) []*cobra.Command { return []*cobra.Command{demoCmd(g), testfillCmd(g)} }
 
 func testHooks() lifecycle.Hook { return testhooks.SagaHooks() }
 
@@ -44,4 +45,36 @@ func demoCmd(g *globals) *cobra.Command {
 			})
 		},
 	}
+}
+
+// testfillCmd appends stopped sandboxes with their small sparse files, the
+// fixture benchmarks and outside checks build their roots with
+// (testhooks.Fill), through whatever the command reaches: the daemon, or
+// the store in this process.
+func testfillCmd(g *globals) *cobra.Command {
+	var n, batch int
+	c := &cobra.Command{
+		Use:    "testfill --sandboxes N",
+		Hidden: true,
+		Short:  "Append N stopped sandboxes with small sparse disks, some with snapshots and volumes (test build)",
+		Args:   noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if n < 0 || batch < 0 {
+				return usageError{fmt.Errorf("--sandboxes %d --batch %d: not counts", n, batch)}
+			}
+			return withBackend(cmd.Context(), g, func(b control.Backend) error {
+				t0 := time.Now()
+				ids, err := testhooks.Fill(cmd.Context(), b, g.stateDir, testhooks.FillOptions{Sandboxes: n, Batch: batch})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "appended %d sandboxes in %v\n", len(ids), time.Since(t0).Round(time.Millisecond))
+				return nil
+			})
+		},
+	}
+	c.Flags().IntVar(&n, "sandboxes", 0, "how many sandboxes to append")
+	c.Flags().IntVar(&batch, "batch", 0, "events per append (0: the default)")
+	requireFlags(c, "sandboxes")
+	return c
 }

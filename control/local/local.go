@@ -4,8 +4,10 @@
 package local
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"io"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
@@ -13,6 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/layout"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
 )
@@ -51,6 +54,44 @@ func (l Backend) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 
 func (l Backend) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
 	return l.Store.SandboxPage(ctx, after, limit)
+}
+
+// listPage is how many sandboxes ListJSON reads from the store at a time.
+const listPage = 1000
+
+func (l Backend) ListJSON(ctx context.Context, w io.Writer, after string, limit int) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	lw := projections.NewListWriter(bw)
+	for printed := 0; limit == 0 || printed < limit; {
+		want := listPage
+		if limit > 0 {
+			want = min(want, limit-printed)
+		}
+		page, err := l.Store.ListedPage(ctx, after, want)
+		if err != nil {
+			return err
+		}
+		for _, it := range page {
+			item := it.JSON
+			if it.Sandbox != nil {
+				if item, err = projections.ListItem(lifecycle.ObserveExits([]projections.Sandbox{*it.Sandbox})[0]); err != nil {
+					return err
+				}
+			}
+			if err := lw.Item(item); err != nil {
+				return err
+			}
+		}
+		printed += len(page)
+		if len(page) < want {
+			break
+		}
+		after = page[len(page)-1].ID
+	}
+	if err := lw.Close(); err != nil {
+		return err
+	}
+	return bw.Flush()
 }
 
 func (l Backend) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {

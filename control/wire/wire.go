@@ -35,6 +35,7 @@ const (
 	PathAppendStream  = "/v1/append-stream"
 	PathEvents        = "/v1/events"         // ParseQuery's parameters; one Record a line
 	PathSandboxes     = "/v1/sandboxes"      // after, limit (none: every sandbox); []Sandbox
+	PathListJSON      = "/v1/sandboxes.json" // after, limit (0: all); the bytes of `ls --json`, streamed
 	PathSandbox       = "/v1/sandbox"        // ref; SandboxAnswer
 	PathNamed         = "/v1/named"          // ref; []projections.Ref
 	PathWithProcesses = "/v1/with-processes" // []Sandbox: those that record a process
@@ -104,6 +105,9 @@ type Stats struct {
 	// MostInOneAnswer is the most sandbox records one answer held: a
 	// paged `ls` keeps it at its page size.
 	MostInOneAnswer int64 `json:"most_in_one_answer"`
+	// Decoded is how many records the daemon's store has decoded from
+	// its file since it opened (store.Decoded).
+	Decoded uint64 `json:"records_decoded"`
 }
 
 // Record carries one event as its journal bytes, so the client decodes
