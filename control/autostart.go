@@ -87,8 +87,15 @@ type ConnectOptions struct {
 // Connect. With Auto, a command that finds no daemon starts one and talks to
 // it, so no command ever holds the journal for its whole run and any number
 // of them share the root at once.
-func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, error) {
-	root, err := store.PrepareRoot(root)
+func ConnectWith(ctx context.Context, root string, o ConnectOptions) (b Backend, err error) {
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			// Whatever step the interruption cut short, no command
+			// has begun: say that, not the step's "context canceled".
+			err = fmt.Errorf("%w while reaching the state root %s: nothing was done", context.Cause(ctx), root)
+		}
+	}()
+	root, err = store.PrepareRoot(root)
 	if err != nil {
 		return nil, err
 	}
