@@ -44,6 +44,10 @@ type AutoStart struct {
 	// Locked, if set, runs with the spawn lock just taken: the tests'
 	// way to stop a real command while it holds the lock.
 	Locked func()
+	// Ensured, if set, runs once a daemon was seen answering (or was
+	// started) for this command, before the command dials it: the tests'
+	// way to retire that daemon at this instant.
+	Ensured func()
 	// Fleet is the fingerprint of the fleet settings a daemon started now
 	// would mirror with (wire.Status.Fleet, "" for none). With
 	// CompareFleet set, an on-demand daemon reporting another is stale
@@ -90,8 +94,15 @@ type ConnectOptions struct {
 // Connect. With Auto, a command that finds no daemon starts one and talks to
 // it, so no command ever holds the journal for its whole run and any number
 // of them share the root at once.
-func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, error) {
-	root, err := fsx.PrepareRoot(root)
+func ConnectWith(ctx context.Context, root string, o ConnectOptions) (b Backend, err error) {
+	defer func() {
+		if err != nil && ctx.Err() != nil {
+			// Whatever step the interruption cut short, no command
+			// has begun: say that, not the step's "context canceled".
+			err = fmt.Errorf("%w while reaching the state root %s: nothing was done", context.Cause(ctx), root)
+		}
+	}()
+	root, err = fsx.PrepareRoot(root)
 	if err != nil {
 		return nil, err
 	}
@@ -119,31 +130,43 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		// fleet settings than the configuration's: ensureDaemon replaces
 		// it under the spawn lock, so racing commands replace it once.
 	}
-	if err := ensureDaemon(ctx, root, o, false); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		var ob *OtherBuildError
-		if errors.As(err, &ob) || errors.Is(err, ErrBusy) {
-			// Another build's daemon: refused, or retiring too slowly.
-			// Opening the store here would only wait on it again.
-			return nil, err
-		}
-		// No daemon: it could not open the store (damaged, newer, held by
-		// a command run without auto-start), or could not be started (no
-		// room for its log). Opening the store here gives the same typed
-		// error as without auto-start, or the store if the failure was the
-		// daemon's alone.
-		b, lerr := connectLocal(ctx, root, o.Wait, o.InProcess)
-		if lerr != nil {
-			if errors.Is(lerr, ErrBusy) {
-				return nil, fmt.Errorf("%w; %v", lerr, err)
+	for handedOver := false; ; handedOver = true {
+		if err := ensureDaemon(ctx, root, o, false); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
 			}
-			return nil, lerr
+			var ob *OtherBuildError
+			if errors.As(err, &ob) || errors.Is(err, ErrBusy) {
+				// Another build's daemon: refused, or retiring too slowly.
+				// Opening the store here would only wait on it again.
+				return nil, err
+			}
+			// No daemon: it could not open the store (damaged, newer, held by
+			// a command run without auto-start), or could not be started (no
+			// room for its log). Opening the store here gives the same typed
+			// error as without auto-start, or the store if the failure was the
+			// daemon's alone.
+			b, lerr := connectLocal(ctx, root, o.Wait, o.InProcess)
+			if lerr != nil {
+				if errors.Is(lerr, ErrBusy) {
+					return nil, fmt.Errorf("%w; %v", lerr, err)
+				}
+				return nil, lerr
+			}
+			return b, nil
 		}
-		return b, nil
+		if o.Auto.Ensured != nil {
+			o.Auto.Ensured()
+		}
+		c, st, err = dialStatus(ctx, sock)
+		if !(errors.Is(err, errRetiring) || gone(err)) || handedOver {
+			break
+		}
+		// Retired (or gone) since it was seen answering: a command of
+		// another build, or one that needs the journal to itself, took
+		// the root. This command has asked it nothing yet, so it goes to
+		// the successor, once, after the retiring one has finished.
 	}
-	c, st, err = dialStatus(ctx, sock)
 	if final(err) {
 		return nil, err
 	}
@@ -221,7 +244,7 @@ func (a *AutoStart) ready() time.Duration {
 
 // waitGone returns once no daemon answers on sock at all (a retiring one
 // included), or fails after d.
-func waitGone(ctx context.Context, sock string, st wire.Status, d time.Duration) error {
+func waitGone(ctx context.Context, sock string, st wire.Status, why string, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
 		if _, err := os.Lstat(sock); err != nil {
@@ -236,7 +259,7 @@ func waitGone(ctx context.Context, sock string, st wire.Status, d time.Duration)
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%w: the daemon on %s (pid %d), of %s, retires but still serves its commands after %s; try again once they are done", ErrBusy, filepath.Dir(sock), st.Pid, staleWhy(st), d)
+			return fmt.Errorf("%w: the daemon on %s (pid %d), %s, retires but still serves its commands after %s; try again once they are done", ErrBusy, filepath.Dir(sock), st.Pid, why, d)
 		}
 		select {
 		case <-ctx.Done():
@@ -266,6 +289,19 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 	if final(err) {
 		return err
 	}
+	if errors.Is(err, errRetiring) {
+		// Retiring, retired by another command that may be starting its
+		// successor right now: wait until it has finished with its
+		// clients, or a daemon started now would wait on its journal and
+		// give up.
+		if err := waitGone(ctx, sock, st, "retired by another command", o.Auto.ready()); err != nil {
+			return err
+		}
+		// Its successor may already answer.
+		if c, st, err = dialStatus(ctx, sock); final(err) {
+			return err
+		}
+	}
 	if err == nil {
 		defer c.Close()
 		switch {
@@ -288,7 +324,7 @@ func ensureDaemon(ctx context.Context, root string, o ConnectOptions, running bo
 		if err := c.Retire(ctx); err != nil {
 			return fmt.Errorf("retire the daemon on %s (pid %d), of %s: %w", root, st.Pid, staleWhy(st), err)
 		}
-		if err := waitGone(ctx, sock, st, o.Auto.ready()); err != nil {
+		if err := waitGone(ctx, sock, st, "of "+staleWhy(st), o.Auto.ready()); err != nil {
 			return err
 		}
 	}

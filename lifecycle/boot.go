@@ -443,6 +443,9 @@ func (m *Manager) StartWith(ctx context.Context, ref string, opt StartOptions) (
 		return sb, err
 	}
 	if _, err := ext4.Preflight(ctx); err != nil {
+		if ctx.Err() != nil {
+			return sb, notStarted(ctx, string(core.Start), err)
+		}
 		return sb, fmt.Errorf("%w: start %s: overlay preparation: %v", ErrRefused, sb.ID, err)
 	}
 	err = m.run(ctx, c, func(sb projections.Sandbox) *sagas.Saga {

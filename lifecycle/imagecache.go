@@ -32,8 +32,13 @@ func (m *Manager) shareCache(ctx context.Context) (*lease.Lease, error) {
 	wctx, cancel := context.WithTimeout(ctx, cacheLeaseWait)
 	defer cancel()
 	l, err := lease.AcquireShared(wctx, m.Root.ImageLease())
-	if err != nil {
+	if errors.Is(err, lease.ErrHeld) {
 		return nil, fmt.Errorf("%w: image cache is being pruned: %v", ErrRefused, err)
+	}
+	if err != nil {
+		// Only a held lease is a prune: an I/O error (EIO, a planted
+		// file) is said as what it is, with the path.
+		return nil, fmt.Errorf("image cache lease %s: %w", m.Root.ImageLease(), err)
 	}
 	return l, nil
 }

@@ -79,6 +79,16 @@ type ReapReport struct {
 // caller keeps everything (ReapUnreadable) rather than judging without them.
 var ErrJournalUnreadable = errors.New("journal cannot be fully read")
 
+// journalUnreadable wraps a failed read of the journal's views, unless the
+// reap was interrupted: a read cut short says nothing about the journal,
+// and nothing was deleted.
+func journalUnreadable(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return notStarted(ctx, "reap", err)
+	}
+	return fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
+}
+
 // ErrPlanNotFound means --plan named no recorded reap plan.
 var ErrPlanNotFound = errors.New("no such reap plan")
 
@@ -115,11 +125,11 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 		sups.Apply(r.Event)
 		return nil
 	}); err != nil {
-		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
+		return ReapReport{}, journalUnreadable(ctx, err)
 	}
 	j, err := m.journalIndex(ctx, sc.Entries)
 	if err != nil {
-		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, err)
+		return ReapReport{}, journalUnreadable(ctx, err)
 	}
 	if ref := o.Filter.Sandbox; ref != "" && !layout.IsULID(ref) {
 		// --sandbox HANDLE: the sandbox's ULID if it still exists, and the
@@ -132,7 +142,7 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	entries := append(sc.Entries, supervisorEntries(sups.Gone(j))...)
 	rep := m.judge(o, entries, leases, j, "", sc)
 	if j.err != nil {
-		return ReapReport{}, fmt.Errorf("%w: %w", ErrJournalUnreadable, j.err)
+		return ReapReport{}, journalUnreadable(ctx, j.err)
 	}
 	if o.Plan != "" {
 		if err := m.bindToPlan(ctx, o.Plan, &rep); err != nil {

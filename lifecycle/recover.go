@@ -62,8 +62,9 @@ type Skipped struct {
 // looks at comes from the store's indexes (open sagas, recorded
 // processes), so it costs what is in flight, not the sandboxes the root
 // holds. Lease files no runner holds are removed.
-func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
-	rep := RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Stopped: []string{},
+func (m *Manager) Recover(ctx context.Context) (rep RecoverReport, err error) {
+	defer func() { err = recoverInterrupted(ctx, rep, err) }()
+	rep = RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Stopped: []string{},
 		Restarted: []string{}, Killed: []string{}, Unpaused: []string{}, Intents: []string{}, Skipped: []Skipped{}}
 	concerned, err := m.recoverSagas(ctx, &rep)
 	if err != nil {
@@ -78,6 +79,21 @@ func (m *Manager) Recover(ctx context.Context) (RecoverReport, error) {
 	// Last, so the leases recover took and released above are gone too.
 	rep.Leases, err = sagalease.Clear(string(m.Root))
 	return rep, err
+}
+
+// recoverInterrupted words an error of an interrupted recover: what it
+// finished before the interruption (each saga it took on is resumed to
+// its end or compensated whole), and that the next recover does the rest.
+func recoverInterrupted(ctx context.Context, rep RecoverReport, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	why := ""
+	if errors.Is(err, sagas.ErrLeftOpen) {
+		why = ": " + err.Error()
+	}
+	return fmt.Errorf("recover: %w after %d saga(s) resumed and %d compensated, %d sandbox(es) checked; run `nexus recover` again for the rest%s",
+		context.Cause(ctx), len(rep.Resumed), len(rep.Compensated), rep.Checked, why)
 }
 
 // RecoverSagas resumes or compensates the open sagas whose runner lease is
@@ -264,7 +280,10 @@ func (m *Manager) recoverSaga(ctx context.Context, sg projections.OpenSaga, rep 
 		rep.InFlight = append(rep.InFlight, sg.ID)
 		return nil
 	case core.Resume:
-		s := &sagas.Saga{ID: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Steps: steps, Done: done, Hook: m.Hook}
+		// A resumed saga only goes forward: an interruption or a failed
+		// step leaves it open for the next recover, never closes it as
+		// compensated with nothing undone.
+		s := &sagas.Saga{ID: sg.ID, Kind: sg.Kind, Sandbox: sg.Sandbox, Steps: steps, Done: done, Hook: m.Hook, Forward: true}
 		done[string(events.SagaStarted)] = true // never journal the start twice
 		if err := s.Run(ctx, m.B); err != nil {
 			return err

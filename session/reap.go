@@ -8,6 +8,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/sagas"
 )
 
 // Reap reaches the journal of the prepared state root and reaps. A journal
@@ -46,7 +47,8 @@ func Reap(ctx context.Context, root string, co control.ConnectOptions, hook life
 	switch {
 	case errors.Is(err, lifecycle.ErrJournalUnreadable) && ctx.Err() == nil:
 		return unreadable(err)
-	case errors.Is(err, lifecycle.ErrPlanNotFound):
+	case errors.Is(err, lifecycle.ErrPlanNotFound), errors.Is(err, sagas.ErrNotStarted):
+		// Nothing was judged or deleted: there is no report to print.
 		return nil, err
 	}
 	return &rep, err

@@ -387,3 +387,32 @@ func allThreadsStopped(pid int) bool {
 	}
 	return true
 }
+
+// TestRetiredDaemonHandsTheCommandToItsSuccessor: a command saw the
+// daemon it started answer and, before it asked it anything, the daemon
+// was retired (as a command of another build, or one that needs the
+// journal to itself, does). The command goes to the successor: it starts
+// a new daemon and succeeds through it, instead of failing "the daemon is
+// retiring" (or, once it is gone, "stopped answering").
+func TestRetiredDaemonHandsTheCommandToItsSuccessor(t *testing.T) {
+	t.Parallel()
+	root := shortRoot(t)
+	stopDaemonsAtEnd(t, root)
+	ls := pauseAt(t, root, "daemon.ensured", "ls", "-q")
+	st, err := askDaemon(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := control.NewClient(filepath.Join(root, wire.SocketName))
+	if err := c.Retire(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if code := ls.resume(t, 0); code != 0 {
+		t.Fatalf("ls handed to the successor: exit %d: %s", code, ls.stderr.String())
+	}
+	now, err := askDaemon(root)
+	if err != nil || now.Pid == st.Pid || now.Retiring {
+		t.Fatalf("after the hand-over the daemon is %+v (%v), want a successor of pid %d", now, err, st.Pid)
+	}
+}

@@ -73,7 +73,7 @@ func connectOptions(g *globals) (control.ConnectOptions, error) {
 	}
 	o.Auto = &control.AutoStart{Exe: exe, Args: func(root string) []string {
 		return []string{"--state-dir", root, "daemon", "--auto"}
-	}, LockWait: wait, Locked: spawnLockHook(), Notice: func(line string) {
+	}, LockWait: wait, Locked: spawnLockHook(), Ensured: ensuredHook(), Notice: func(line string) {
 		fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(line))
 	}}
 	o.Auto.Fleet, o.Auto.CompareFleet = configuredFleet(g)

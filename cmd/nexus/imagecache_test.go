@@ -347,6 +347,26 @@ func TestImageCacheLeaseRefusal(t *testing.T) {
 	}
 }
 
+// A cache lease that cannot be opened (an I/O error, or here a directory
+// planted at its name) is no prune: the create says what failed, naming
+// the path, instead of "being pruned", and leaves nothing behind.
+func TestImageCacheLeaseFailureIsNotAPrune(t *testing.T) {
+	t.Parallel()
+	root := shortRoot(t)
+	lease := filepath.Join(root, "images", ".lease")
+	if err := os.MkdirAll(lease, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	r := proc(t, root, "create", "--image", makeImage(t))
+	wantFailure(t, r, 1, lease)
+	if strings.Contains(r.stderr, "pruned") {
+		t.Fatalf("a lease that cannot be opened read as a prune: %q", r.stderr)
+	}
+	if left := untracked(t, root); len(left) > 0 {
+		t.Fatalf("the refused create left %v", left)
+	}
+}
+
 func TestImageCacheCLIParsing(t *testing.T) {
 	t.Parallel()
 	root := t.TempDir()

@@ -83,3 +83,68 @@ func TestInterruptBeforeTheSagaStartsSaysSo(t *testing.T) {
 		t.Fatalf("start exit %d: %s", code, p.stderr)
 	}
 }
+
+// Ctrl-C before a command has reached the state root (here while it
+// holds the spawn lock, starting the daemon) says that nothing was done,
+// not a bare "context canceled".
+func TestInterruptWhileConnectingSaysNothingWasDone(t *testing.T) {
+	t.Parallel()
+	root := shortRoot(t)
+	stopDaemonsAtEnd(t, root)
+	p := pauseAt(t, root, "daemon.spawn-lock", "stop", "nosuch")
+	if code := p.resume(t, syscall.SIGINT); code != 130 {
+		t.Fatalf("interrupted stop exited %d: %s", code, p.stderr.String())
+	}
+	if msg := p.stderr.String(); !strings.Contains(msg, "interrupted by interrupt while reaching the state root") ||
+		!strings.Contains(msg, "nothing was done") || strings.Contains(msg, "context canceled") {
+		t.Fatalf("interrupted while connecting, stop said %q", msg)
+	}
+}
+
+// Ctrl-C of reap while it reads the journal is an interruption with
+// nothing deleted, not a journal that "cannot be fully read"; no report
+// is printed, since nothing was judged.
+func TestInterruptedReapSaysInterrupted(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	createJSON(t, root, "--image", makeImage(t))
+	for _, args := range [][]string{{"reap"}, {"reap", "--apply"}} {
+		p := pauseAt(t, root, "reap.observe-leases", args...)
+		if code := p.resume(t, syscall.SIGINT); code != 130 {
+			t.Fatalf("interrupted %v exited %d: %s", args, code, p.stderr.String())
+		}
+		msg := p.stderr.String()
+		if !strings.Contains(msg, "reap: saga not started: interrupted") || strings.Contains(msg, "cannot be fully read") {
+			t.Fatalf("interrupted %v said %q", args, msg)
+		}
+		if p.out.String() != "" {
+			t.Fatalf("interrupted %v printed a report: %q", args, p.out.String())
+		}
+	}
+}
+
+// Ctrl-C of a recover that is finishing an interrupted rm: the rm only
+// goes forward, so it runs to its end (the sandbox is gone) and is never
+// closed as "compensated" with nothing undone; recover says what it
+// finished.
+func TestInterruptedRecoverFinishesAForwardSaga(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	sb := createJSON(t, root, "--image", makeImage(t))
+	crashAt(t, root, "rm.vmm-stop", "rm", "-f", sb.ID)
+	p := pauseAt(t, root, "rm.reclaim", "recover")
+	code := p.resume(t, syscall.SIGINT)
+	msg := p.stderr.String()
+	if strings.Contains(msg, "saga compensated") {
+		t.Fatalf("interrupted recover closed the forward rm as compensated: %q", msg)
+	}
+	if code != 0 && !strings.Contains(msg, "recover: interrupted by interrupt after 1 saga(s) resumed") {
+		t.Fatalf("interrupted recover exited %d: %q", code, msg)
+	}
+	if list := sandboxes(t, root); len(list) != 0 {
+		t.Fatalf("the resumed rm did not finish: %+v (recover said %q)", list, msg)
+	}
+	recoverClean(t, root)
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -394,22 +395,26 @@ func checkAfterCut(t *testing.T, w *powerWorker, root string) []string {
 			problems = append(problems, "acknowledged removal of "+id+" undone")
 		}
 	}
-	for s := range w.snaps {
+	for s, of := range w.snaps {
 		w.checked++
 		if !haveSnap[s] {
 			problems = append(problems, "acknowledged snapshot "+s+" is gone")
+		} else if why := snapshotWhole(root, of, s); why != "" {
+			problems = append(problems, "acknowledged snapshot "+s+" "+why)
 		}
 	}
 	w.mu.Unlock()
-	// A removal's unlinks are not fsynced: what a cut brings back is an
-	// orphan, which reap reclaims, and which replay diff then no longer
-	// lists.
+	// What a cut brought back of a command cut short is an orphan, which
+	// reap reclaims, and which replay diff then no longer lists. A file
+	// of an acknowledged removal must not be among them: removals are
+	// fsynced before they are journaled.
 	rep, r := reapRun(t, root, "--apply")
 	if r.code != 0 || len(rep.Failed) > 0 {
 		problems = append(problems, fmt.Sprintf("reap --apply: exit %d: %s %+v", r.code, r.stderr, rep.Failed))
 	}
 	w.mu.Lock()
 	w.reclaimed += len(rep.Deleted)
+	problems = append(problems, cameBack(rep.Deleted, w.removed)...)
 	w.mu.Unlock()
 	for _, args := range [][]string{{"replay", "verify"}, {"replay", "diff"}} {
 		if r := nexus(t, root, args...); r.code != 0 {
@@ -420,6 +425,53 @@ func checkAfterCut(t *testing.T, w *powerWorker, root string) []string {
 		problems = append(problems, fmt.Sprintf("reap still finds %+v", rep.Orphans))
 	}
 	return problems
+}
+
+// snapshotWhole says what an acknowledged snapshot lacks on disk ("" if
+// nothing): its manifest, each disk copy it lists and, with VM state, the
+// VMM's files a restore reads, each holding data.
+func snapshotWhole(root, sandbox, snap string) string {
+	dir := filepath.Join(root, "snapshots", sandbox, snap)
+	data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+	if err != nil {
+		return "lost its manifest: " + err.Error()
+	}
+	var man struct {
+		VMState bool `json:"vm_state"`
+		Disks   []struct {
+			File string `json:"file"`
+		} `json:"disks"`
+	}
+	if err := json.Unmarshal(data, &man); err != nil {
+		return "has a damaged manifest: " + err.Error()
+	}
+	var want []string
+	for _, d := range man.Disks {
+		want = append(want, d.File)
+	}
+	if man.VMState {
+		want = append(want, "config.json", "state.json", "memory-ranges")
+	}
+	for _, f := range want {
+		if fi, err := os.Lstat(filepath.Join(dir, f)); err != nil || fi.Size() == 0 {
+			return fmt.Sprintf("lost %s (%v)", f, err)
+		}
+	}
+	return ""
+}
+
+// cameBack lists the reaped files that belong to a sandbox an
+// acknowledged rm removed: a removal a cut undid.
+func cameBack(deleted []reapR, removed map[string]bool) []string {
+	var out []string
+	for _, d := range deleted {
+		for id := range removed {
+			if strings.Contains(d.Path, id) {
+				out = append(out, "acknowledged removal of "+id+" came back: "+d.Path)
+			}
+		}
+	}
+	return out
 }
 
 // TestPowerCut cuts power under real commands on the process driver, at
@@ -507,4 +559,63 @@ func TestReapAndDiffAgreeOnALeftSocket(t *testing.T) {
 	}
 	mustOK(t, nexus(t, root, "replay", "diff"), "replay diff after the reap")
 	mustOK(t, proc(t, root, "start", sb.ID), "start after the reap")
+}
+
+// The harness's negative controls for a removal and for a snapshot, cut
+// at a known instant: with SyncUnlink left out, an acknowledged rm's
+// files come back at the cut (replay diff lists them, reap reclaims them
+// as orphans: nothing owned is touched, but the removal the journal
+// records was undone on disk, which the harness counts as a failure);
+// with the snapshot's SyncDirFiles left out, an acknowledged snapshot
+// loses the VMM's files. With the fsyncs, neither happens.
+func TestPowerCutRemovalsAndSnapshotsAreDurable(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		env  []string
+	}{
+		{"fsynced", nil},
+		{"without the unlink fsync", []string{"NEXUS_DURABLE_NO_UNLINK_FSYNC=1"}},
+		{"without the snapshot fsync", []string{"NEXUS_DURABLE_NO_SNAPSHOT_FSYNC=1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pr := mountPowerRoot(t)
+			root := pr.root
+			run := func(args ...string) string {
+				t.Helper()
+				r := nexusEnv(t, root, c.env, append([]string{"--driver", "process"}, args...)...)
+				return strings.TrimSpace(mustOK(t, r, strings.Join(args, " ")).stdout)
+			}
+			img := smallImage(t)
+			kept := run("create", "--image", img, "-q")
+			snap := run("snapshot", kept, "-q")
+			gone := run("create", "--image", img, "-q")
+			run("rm", "-f", gone)
+			testutil.WaitUntil(t, 2*time.Minute, "every process of the root killed at the cut", func() bool {
+				return killRootProcesses(root) == 0
+			})
+			if err := pr.fs.Cut(); err != nil {
+				t.Fatal(err)
+			}
+			lost := snapshotWhole(root, kept, snap)
+			diff := nexus(t, root, "replay", "diff")
+			mustOK(t, proc(t, root, "recover"), "recover after the cut")
+			rep, r := reapRun(t, root, "--apply")
+			if r.code != 0 {
+				t.Fatalf("reap --apply after the cut: exit %d: %s", r.code, r.stderr)
+			}
+			back := cameBack(rep.Deleted, map[string]bool{gone: true})
+			t.Logf("snapshot: %q; came back: %v; replay diff exit %d", lost, back, diff.code)
+			switch {
+			case c.env == nil && (lost != "" || len(back) > 0 || diff.code != 0):
+				t.Fatalf("with every fsync, the cut lost the snapshot's files (%q) or undid the rm (%v); replay diff exit %d:\n%s", lost, back, diff.code, diff.stdout)
+			case strings.Contains(c.name, "unlink") && (len(back) == 0 || diff.code != 1 || !strings.Contains(diff.stdout, gone)):
+				t.Fatalf("without the unlink fsync no file of the removed sandbox came back (reaped %+v; replay diff exit %d:\n%s): the harness cannot see the failure", rep.Deleted, diff.code, diff.stdout)
+			case strings.Contains(c.name, "snapshot") && lost == "":
+				t.Fatalf("without the snapshot fsync the snapshot kept its files: the harness cannot see the failure")
+			}
+			mustOK(t, nexus(t, root, "replay", "diff"), "replay diff after the reap")
+		})
+	}
 }

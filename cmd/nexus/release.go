@@ -16,6 +16,8 @@ func testHooks() lifecycle.Hook { return nil }
 
 func spawnLockHook() func() { return nil }
 
+func ensuredHook() func() { return nil }
+
 func failAppends(b control.Backend) control.Backend { return b }
 
 func testCommands(*globals) []*cobra.Command { return nil }

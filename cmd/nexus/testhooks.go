@@ -23,6 +23,8 @@ func testHooks() lifecycle.Hook { return testhooks.SagaHooks() }
 
 func spawnLockHook() func() { return testhooks.SpawnLock() }
 
+func ensuredHook() func() { return testhooks.Ensured() }
+
 func failAppends(b control.Backend) control.Backend { return testhooks.FailAppends(b) }
 
 // demoCmd journals the events of one simulated sandbox lifecycle through

@@ -1,7 +1,10 @@
-// Package durable makes renames survive power loss: on Linux a file's fsync
-// does not cover its directory entry, so whoever renames or creates an
-// entry fsyncs the directory. Publishing a file (temp, fsync, rename, dir
-// fsync) is fsx.WriteFile, the one helper every caller uses.
+// Package durable makes directory changes survive power loss: on Linux a
+// file's fsync does not cover its directory entry, so whoever renames,
+// creates or removes an entry fsyncs the directory (SyncDir after a
+// create or rename, SyncUnlink after a removal). Publishing a file (temp,
+// fsync, rename, dir fsync) is fsx.WriteFile, the one helper every caller
+// uses; every delete beneath the root is fsx.Remove or fsx.Batch, which
+// end in SyncUnlinkFd.
 package durable
 
 import (
@@ -25,6 +28,29 @@ func SyncDir(dir string) error {
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// SyncUnlink fsyncs a directory after an entry was removed from it, so
+// the removal survives power loss: a removal the journal records must not
+// come back at a cut. Every delete under the state root ends here or in
+// SyncUnlinkFd.
+func SyncUnlink(dir string) error {
+	if testNoUnlinkFsync {
+		return nil
+	}
+	return SyncDir(dir)
+}
+
+// SyncUnlinkFd is SyncUnlink on an open directory (a delete made by
+// descriptor, beneath the root).
+func SyncUnlinkFd(fd int, dir string) error {
+	if testNoDirFsync || testNoUnlinkFsync {
+		return nil
+	}
+	if err := syscall.Fsync(fd); err != nil {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	return nil
@@ -77,6 +103,9 @@ func Publish(path string, perm os.FileMode, fill func(*os.File) error) error {
 // files and never syncs them), so whoever journals the directory syncs
 // it. Links and other non-regular entries are not followed or synced.
 func SyncDirFiles(dir string) error {
+	if testNoSnapshotFsync {
+		return nil
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("fsync %s: %w", dir, err)

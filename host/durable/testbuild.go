@@ -2,6 +2,10 @@
 
 package durable
 
-// A release build always fsyncs the directory; testbuild_nexustest.go lets
-// a test build leave it out.
-const testNoDirFsync = false
+// A release build always fsyncs; testbuild_nexustest.go lets a test build
+// leave some fsyncs out.
+const (
+	testNoDirFsync      = false
+	testNoUnlinkFsync   = false
+	testNoSnapshotFsync = false
+)

@@ -79,6 +79,10 @@ func Preflight(ctx context.Context) (map[string]string, error) {
 		cmd.Env = toolEnv()
 		text, _ := cmd.CombinedOutput() // resize2fs's probe exits 1 by design
 		banner := versionRE.FindString(string(text))
+		if banner == "" && ctx.Err() != nil {
+			// The probe was killed by the interruption, not found wanting.
+			return out, fmt.Errorf("%s %s: %w", path, strings.Join(t.Probe, " "), context.Cause(ctx))
+		}
 		if banner == "" {
 			return out, fmt.Errorf("%w: %s %s did not print an e2fsprogs version: %s", ErrToolMissing, path, strings.Join(t.Probe, " "), oneline.Of(string(text)))
 		}

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/durable"
 )
 
 // Batch deletes many paths beneath one root with the same guarantees as
@@ -77,6 +79,7 @@ func (b *Batch) Remove(rel string) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
+			b.dirty[pfd] = true // the absence is recorded: make it durable
 			return os.ErrNotExist
 		}
 		return fmt.Errorf("stat %s: %w", filepath.Join(b.root, rel), err)
@@ -115,6 +118,7 @@ func (b *Batch) RemoveFile(rel string) error {
 		b.dirty[pfd] = true
 		return nil
 	case errors.Is(err, unix.ENOENT):
+		b.dirty[pfd] = true
 		return os.ErrNotExist
 	case errors.Is(err, unix.EISDIR), errors.Is(err, unix.EPERM):
 		return b.Remove(rel)
@@ -144,8 +148,12 @@ func (b *Batch) Exists(rel string) (bool, error) {
 // durable before the journal says they happened, and closes them.
 func (b *Batch) Close() error {
 	var errs []error
+	names := map[int]string{b.rootfd: b.root}
+	for dir, fd := range b.dirs {
+		names[fd] = filepath.Join(b.root, dir)
+	}
 	for fd := range b.dirty {
-		if err := unix.Fsync(fd); err != nil {
+		if err := durable.SyncUnlinkFd(fd, names[fd]); err != nil {
 			errs = append(errs, err)
 		}
 	}

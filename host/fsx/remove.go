@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/host/durable"
 )
 
 // ErrSymlink means a path, or one of its parents, is a symbolic link.
@@ -70,6 +72,12 @@ func Remove(root, rel string) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
+			// An absence the caller will record is made durable too:
+			// another process's unlink (a VMM removing its own socket)
+			// may not have been, and a cut would bring the file back.
+			if err := durable.SyncUnlinkFd(pfd, filepath.Dir(filepath.Join(root, rel))); err != nil {
+				return err
+			}
 			return os.ErrNotExist
 		}
 		return fmt.Errorf("stat %s: %w", filepath.Join(root, rel), err)
@@ -86,7 +94,7 @@ func Remove(root, rel string) error {
 			return fmt.Errorf("remove %s: %w", filepath.Join(root, rel), err)
 		}
 	}
-	return unix.Fsync(pfd)
+	return durable.SyncUnlinkFd(pfd, filepath.Dir(filepath.Join(root, rel)))
 }
 
 // RemoveEmptyDir deletes the directory rel beneath root only if it is
@@ -104,7 +112,7 @@ func RemoveEmptyDir(root, rel string) error {
 		}
 		return fmt.Errorf("rmdir %s: %w", filepath.Join(root, rel), err)
 	}
-	return unix.Fsync(pfd)
+	return durable.SyncUnlinkFd(pfd, filepath.Dir(filepath.Join(root, rel)))
 }
 
 // removeTree deletes directory name in dirfd and everything below it, by

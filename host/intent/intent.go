@@ -149,7 +149,7 @@ func Retire(path string) error {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("retire intent %s: %w", path, err)
 	}
-	return durable.SyncDir(filepath.Dir(path))
+	return durable.SyncUnlink(filepath.Dir(path))
 }
 
 // ErrUnreadable means the marker exists but cannot be read or parsed; the

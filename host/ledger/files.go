@@ -283,7 +283,7 @@ func deleteFiles(dir, id string) error {
 			return fmt.Errorf("ledger %s: %w", id, err)
 		}
 	}
-	return durable.SyncDir(dir)
+	return durable.SyncUnlink(dir)
 }
 
 // OwnerOf reads what runs under pid now: whether a process (not a zombie)

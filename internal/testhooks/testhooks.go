@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -110,6 +111,21 @@ func SpawnLock() func() {
 		return nil
 	}
 	return func() { pauseHere(spawnLockPause) }
+}
+
+// ensuredPause is NEXUS_PAUSE_AT=daemon.ensured: the command stops once
+// it has seen the root's daemon answer, before it dials it.
+const ensuredPause = "daemon.ensured"
+
+// Ensured is the hook control.AutoStart runs once a daemon answers for
+// the command, before it dials it: NEXUS_PAUSE_AT=daemon.ensured pauses
+// there (nil: none).
+func Ensured() func() {
+	if os.Getenv("NEXUS_PAUSE_AT") != ensuredPause {
+		return nil
+	}
+	var once sync.Once // a command handed to a successor passes here again
+	return func() { once.Do(func() { pauseHere(ensuredPause) }) }
 }
 
 // pauseHere says so on stderr, then stops this process until SIGCONT.
