@@ -3,6 +3,12 @@
 
 GO        ?= go
 BIN       := bin/nexus
+# nexusd, the daemon's binary (cmd/nexus built with -tags nexusd): the CLI
+# finds it beside itself.
+DAEMON    := bin/nexusd
+# nexus-shim runs the sandboxes' supervisors and the process and qemu
+# drivers' VMMs: a small binary, found beside nexus and nexusd.
+SHIM      := bin/nexus-shim
 AGENT     := bin/nexus-agent
 STATE_DIR ?= $(CURDIR)/.demo-state
 export NEXUS_DRIVER ?= process
@@ -50,6 +56,8 @@ setup-test: setup-fast
 
 build:
 	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(BIN) ./cmd/nexus
+	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -tags nexusd -o $(DAEMON) ./cmd/nexus
+	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(SHIM) ./cmd/nexus-shim
 	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(AGENT) ./cmd/nexus-agent
 
 # Installs as a system's tools are: the binaries, a man page per command
@@ -61,7 +69,7 @@ install-files:
 	  $(DESTDIR)$(PREFIX)/lib/systemd/system \
 	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
-	install -m 0755 $(BIN) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN) $(DAEMON) $(SHIM) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
 	$(BIN) docs man $(DESTDIR)$(PREFIX)/share/man/man1 >/dev/null
 	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nexus
 	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nexus
@@ -100,6 +108,7 @@ demo: setup build
 # or the kernel is missing.
 test: setup-test
 	$(GO) vet ./...
+	$(GO) vet -tags nexusd ./cmd/nexus
 	NEXUS_REQUIRE_QEMU=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 # The unit tests, for the edit-test loop (under a minute): every package
@@ -152,6 +161,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Clone' -benchtime 5x ./host/disk/
 	$(GO) test -run '^$$' -bench 'CreateVsCpSparse' -benchtime 5x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'CreateMissHitVsCp' -benchtime 5x ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'CreateHitVsReflink|SpawnToReady' -benchtime 10x -timeout 25m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'Lifecycle100|Fork16' -benchtime 1x -timeout 30m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ReapScanClassify' -benchtime 1x -timeout 30m ./lifecycle/
 	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/

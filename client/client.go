@@ -1,14 +1,18 @@
-// Package client lets a Go program create and remove nexus sandboxes that
-// are bound to its own process: every sandbox it creates is listed in the
-// program's run ledger (<state-root>/runs/) before the create starts, an
-// init-time sweep reaps the runs of dead processes before the first create,
-// and a watchdog process reaps this run within seconds if the program dies
-// by SIGKILL, OOM or a crashed CI step.
+// Package client lets a Go program run nexus sandboxes that are bound to
+// its own process: every sandbox it creates is listed in the program's run
+// ledger (<state-root>/runs/) before the create starts, an init-time sweep
+// reaps the runs of dead processes before the first create, and a watchdog
+// process reaps this run within seconds if the program dies by SIGKILL,
+// OOM or a crashed CI step.
 //
-// The client reaches nexus by running the nexus binary, one short process
-// per operation; each talks to the state root's daemon (the first starts
-// one on demand), so calls from several goroutines run at once and work the
-// same with or without a hand-started `nexus daemon`.
+// The client talks to the state root's daemon over its socket, as the
+// nexus CLI does, starting one on demand (the nexusd binary) when none
+// answers: it runs each command's flow in this process and journals
+// through the daemon, so calls from several goroutines run at once and
+// work the same with or without a hand-started `nexus daemon`. The nexus
+// CLI is run only for what must outlive or precede this process: the
+// watchdog, and the sweep of a dead run. docs/api.md describes the API
+// and the daemon's socket.
 package client
 
 import (
@@ -27,12 +31,15 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
+	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/projections"
 )
 
 // EnvRunID names the run a `nexus create` or `nexus rm` records its sandbox
@@ -43,22 +50,30 @@ const EnvRunID = "NEXUS_RUN_ID"
 // EnvReaper is the NEXUS_REAPER switch: on (default), sweep, off.
 const EnvReaper = "NEXUS_REAPER"
 
+// EnvNexusd names the nexusd binary, as it does for the CLI.
+const EnvNexusd = "NEXUS_NEXUSD"
+
+// identify makes this process speak for the build of the first nexusd a
+// client names: a daemon of that build is the one its calls use, and one
+// of another build started on demand is replaced (control.IdentifyAs,
+// which holds for the whole process).
+var identify = func() func(string) {
+	var once sync.Once
+	return func(nexusd string) { once.Do(func() { control.IdentifyAs(nexusd) }) }
+}()
+
 // Options configure a Client. Zero values take the environment's choice.
 type Options struct {
-	Nexus    string      // path of the nexus binary; default: "nexus" on PATH
+	Nexus string // path of the nexus CLI; default: "nexus" on PATH
+	// Nexusd is the daemon's binary, which also runs each sandbox's
+	// processes; default: $NEXUS_NEXUSD, else nexusd beside Nexus (where
+	// the CLI finds it). A program uses one nexusd: the first client
+	// made names the build every daemon it talks to must run.
+	Nexusd   string
 	StateDir string      // state root; default: $NEXUS_STATE_DIR, else nexus's own default
 	Driver   string      // VMM driver; default: $NEXUS_DRIVER, else cloud-hypervisor
 	Reaper   ledger.Mode // default: ParseMode($NEXUS_REAPER)
 	RunID    string      // default: a new ULID
-}
-
-// Sandbox is what `nexus create --json` reports, in the fields a caller
-// usually needs.
-type Sandbox struct {
-	ID     string `json:"id"`
-	Handle string `json:"handle,omitempty"`
-	State  string `json:"state"`
-	Driver string `json:"driver"`
 }
 
 // CreateSpec is one sandbox to create.
@@ -66,14 +81,33 @@ type CreateSpec struct {
 	Image     string
 	Handle    string
 	Workspace string
+	Labels    map[string]string
+	// Cpus and MemoryBytes size the guest (0: the host's defaults).
+	Cpus        int
+	MemoryBytes int64
 	// Keep leaves the sandbox out of the ledger: it is never reaped, and
 	// outlives this process (reuse immunity).
 	Keep bool
+	// Ready says how a create waits for the guest to be Ready.
+	Ready ReadyWait
+}
+
+// ReadyWait is how a call that boots a sandbox waits for its guest to be
+// Ready (its agent answering), as the CLI's --no-wait and --wait-timeout.
+type ReadyWait struct {
+	NoWait  bool
+	Timeout time.Duration // 0: lifecycle.DefaultReadyTimeout
 }
 
 // Client is one run. It is safe for concurrent use.
 type Client struct {
 	opts Options
+
+	// cmu guards the connection to the state root, made at the first
+	// call that needs it.
+	cmu  sync.Mutex
+	conn control.Backend
+	root string // the prepared state root, set with conn
 
 	mu       sync.Mutex
 	run      *hostledger.Run
@@ -82,8 +116,8 @@ type Client struct {
 	sweep    []hostledger.Outcome
 	sweepErr error
 	// kept are the init-time sweep's keep decisions, decided in this
-	// process without a journal; the next nexus process we run journals
-	// them (the first create, or Begin's own).
+	// process without a journal; the first create journals them, or
+	// Begin.
 	kept   []events.RunKeptEvent
 	closed bool
 }
@@ -102,6 +136,18 @@ func New(opts Options) (*Client, error) {
 		return nil, err
 	}
 	opts.Nexus = abs
+	if opts.Nexusd == "" {
+		opts.Nexusd = os.Getenv(EnvNexusd)
+	}
+	if opts.Nexusd == "" {
+		opts.Nexusd = filepath.Join(filepath.Dir(opts.Nexus), "nexusd")
+	}
+	if opts.Nexusd, err = filepath.Abs(opts.Nexusd); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(opts.Nexusd); err != nil {
+		return nil, fmt.Errorf("client: nexusd, the daemon's binary (set Options.Nexusd or %s): %w", EnvNexusd, err)
+	}
 	if opts.StateDir == "" {
 		opts.StateDir = os.Getenv("NEXUS_STATE_DIR")
 	}
@@ -126,6 +172,7 @@ func New(opts Options) (*Client, error) {
 	if !layout.ValidRunID(opts.RunID) {
 		return nil, fmt.Errorf("client: run id %q: want letters, digits, '_' and '-'", opts.RunID)
 	}
+	identify(opts.Nexusd)
 	return &Client{opts: opts}, nil
 }
 
@@ -162,9 +209,9 @@ func (c *Client) Env() []string {
 
 // Begin opens the run now instead of at the first Create: the init-time
 // sweep, the record, the watchdog. Calling it again does nothing. With no
-// create to carry them, the sweep's keep decisions are journaled by a
-// `nexus ledger journal-kept` of their own; a failure to do so is reported
-// by SweepErr, and the next Create tries again.
+// create to carry them, the sweep's keep decisions are journaled now; a
+// failure to do so is reported by SweepErr, and the next Create tries
+// again.
 func (c *Client) Begin(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -174,9 +221,9 @@ func (c *Client) Begin(ctx context.Context) error {
 	if len(c.kept) == 0 {
 		return nil
 	}
-	stdin, err := json.Marshal(c.kept)
+	b, err := c.backend(ctx)
 	if err == nil {
-		_, err = runNexusIn(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, nil, stdin, "ledger", "journal-kept")
+		err = hostledger.JournalKept(ctx, b.Append, c.kept)
 	}
 	if err != nil {
 		c.sweepErr = errors.Join(c.sweepErr, fmt.Errorf("client: journal the sweep's keep decisions: %w", err))
@@ -186,8 +233,9 @@ func (c *Client) Begin(ctx context.Context) error {
 	return nil
 }
 
-// takeKept hands the pending keep decisions to one nexus process; putBack
-// returns them if that process failed (they are journaled at least once).
+// takeKept hands the pending keep decisions to one create; putBack
+// returns them if it failed to journal them (they are journaled at least
+// once).
 func (c *Client) takeKept() []events.RunKeptEvent {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -206,7 +254,7 @@ func (c *Client) putBack(k []events.RunKeptEvent) {
 
 func (c *Client) beginLocked(ctx context.Context) error {
 	if c.closed {
-		return errors.New("client: closed")
+		return ErrClosed
 	}
 	if c.run != nil {
 		return nil
@@ -287,7 +335,7 @@ func (c *Client) spawnWatchdog() error {
 // liveness lock, or a record and /proc read) and runs `nexus ledger sweep`
 // only when some run is to be swept, so the common case opens no journal
 // and spawns nothing. Its keep decisions are then not journaled yet: a
-// Client hands them to its next nexus process.
+// Client journals them with its first create.
 func Sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostledger.Outcome, error) {
 	out, _, err := sweep(ctx, nexus, stateDir, driver, self)
 	return out, err
@@ -320,16 +368,12 @@ func sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostled
 }
 
 // Create creates and boots a sandbox; unless spec.Keep, it is listed in
-// this run's ledger before the create starts.
+// this run's ledger before the create starts. Unless spec.Ready.NoWait, it
+// then waits for the guest to be Ready: a sandbox that is not Ready in time
+// is kept, and returned with the wait's error.
 func (c *Client) Create(ctx context.Context, spec CreateSpec) (Sandbox, error) {
-	args := []string{"create", "--json", "--image", spec.Image}
-	if spec.Handle != "" {
-		args = append(args, "--handle", spec.Handle)
-	}
-	if spec.Workspace != "" {
-		args = append(args, "--workspace", spec.Workspace)
-	}
-	var env []string
+	ls := lifecycle.CreateSpec{Image: spec.Image, Handle: spec.Handle, Workspace: spec.Workspace,
+		Labels: events.Labels(spec.Labels), Cpus: spec.Cpus, MemoryBytes: spec.MemoryBytes}
 	if !spec.Keep {
 		c.mu.Lock()
 		err := c.beginLocked(ctx)
@@ -337,64 +381,118 @@ func (c *Client) Create(ctx context.Context, spec CreateSpec) (Sandbox, error) {
 		if err != nil {
 			return Sandbox{}, err
 		}
-		env = []string{EnvRunID + "=" + c.opts.RunID}
 	}
-	var stdin []byte
-	kept := c.takeKept()
-	if len(kept) > 0 {
-		var err error
-		if stdin, err = json.Marshal(kept); err != nil {
-			return Sandbox{}, err
+	var sb projections.Sandbox
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		// The init-time sweep ran before this, our first create: its
+		// decisions go in first.
+		kept := c.takeKept()
+		if err := hostledger.JournalKept(ctx, m.B.Append, kept); err != nil {
+			c.putBack(kept)
+			return err
 		}
-		args = append(args, "--journal-kept")
+		var err error
+		if ls.Cpus, ls.MemoryBytes, err = m.Sizing(ls.Cpus, ls.MemoryBytes); err != nil {
+			return err
+		}
+		if !spec.Keep {
+			// Listed under an id chosen now, the instant before the
+			// create starts: a sweep of this run, should we die, finds
+			// every sandbox the create may have begun.
+			ls.ID = ulid.Make().String()
+			if err := c.bind(ls.ID); err != nil {
+				return err
+			}
+		}
+		if sb, err = m.Create(ctx, ls); err != nil {
+			return err
+		}
+		sb, err = awaitReady(ctx, m, sb, spec.Ready)
+		return err
+	})
+	if sb.ID == "" {
+		return Sandbox{}, wrap("create", spec.Handle, err)
 	}
-	out, err := runNexusIn(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, env, stdin, args...)
-	if err != nil {
-		c.putBack(kept)
-		return Sandbox{}, err
-	}
-	var sb Sandbox
-	if err := json.Unmarshal(out, &sb); err != nil {
-		return Sandbox{}, fmt.Errorf("client: create output: %w", err)
-	}
-	return sb, nil
+	return sandboxOf(sb), wrap("create", spec.Handle, err)
 }
 
-// Remove tears a sandbox down and drops it from the ledger.
+// bind lists id in this run's ledger.
+func (c *Client) bind(id string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || c.run == nil {
+		return ErrClosed
+	}
+	return c.run.Add(hostledger.Sandboxes, id)
+}
+
+// Remove tears a sandbox down, its snapshots with it, and drops it from
+// this run's ledger. A sandbox already gone is dropped too, and reported
+// as ErrNotFound.
 func (c *Client) Remove(ctx context.Context, ref string) error {
-	_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", "-f", "--with-snapshots", ref)
+	return wrap("remove", ref, c.manage(ctx, func(m *lifecycle.Manager) error { return c.remove(ctx, m, ref) }))
+}
+
+func (c *Client) remove(ctx context.Context, m *lifecycle.Manager, ref string) error {
+	id := ref
+	if sb, err := m.Lookup(ctx, ref); err == nil {
+		id = sb.ID
+	}
+	_, err := m.RemoveWith(ctx, ref, lifecycle.RemoveOptions{Force: true, WithSnapshots: true})
+	if err == nil || errors.Is(err, lifecycle.ErrNotFound) {
+		c.mu.Lock()
+		if c.run != nil {
+			err = errors.Join(err, c.run.Drop(hostledger.Sandboxes, id))
+		}
+		c.mu.Unlock()
+	}
 	return err
 }
 
 // Close is the clean shutdown: every sandbox still listed is removed, the
-// ledger files are deleted, and the watchdog's pipe is closed (it finds
-// nothing left and exits).
+// ledger files are deleted, the watchdog's pipe is closed (it finds
+// nothing left and exits), and the connection to the daemon is closed.
 func (c *Client) Close(ctx context.Context) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
-	if c.run == nil {
-		return nil
+	run := c.run
+	c.mu.Unlock()
+	if run == nil {
+		return c.disconnect()
 	}
 	var errs []error
-	names, _ := c.run.Names(hostledger.Sandboxes)
-	for _, n := range names {
-		_, err := runNexus(ctx, c.opts.Nexus, c.opts.StateDir, c.opts.Driver, []string{EnvRunID + "=" + c.opts.RunID}, "rm", "-f", "--with-snapshots", n)
-		if err != nil && !isNotFound(err) {
-			errs = append(errs, err)
-			continue
+	names, _ := run.Names(hostledger.Sandboxes)
+	if len(names) > 0 {
+		b, err := c.backend(ctx)
+		if err == nil {
+			err = c.manageOver(b, func(m *lifecycle.Manager) error {
+				var errs []error
+				for _, n := range names {
+					_, err := m.RemoveWith(ctx, n, lifecycle.RemoveOptions{Force: true, WithSnapshots: true})
+					if err != nil && !errors.Is(err, lifecycle.ErrNotFound) {
+						errs = append(errs, err)
+						continue
+					}
+					errs = append(errs, run.Drop(hostledger.Sandboxes, n))
+				}
+				return errors.Join(errs...)
+			})
 		}
-		errs = append(errs, c.run.Drop(hostledger.Sandboxes, n))
+		errs = append(errs, err)
 	}
+	errs = append(errs, c.disconnect())
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if err := errors.Join(errs...); err != nil {
 		// Leave the ledger: the watchdog, or a later sweep, finishes the job.
 		c.closeWatchdog()
 		return err
 	}
-	err := c.run.Close()
+	err := run.Close()
 	c.closeWatchdog()
 	return err
 }
@@ -406,7 +504,8 @@ func (c *Client) closeWatchdog() {
 	}
 }
 
-// Error is a failed nexus command: its exit code and its one-line error.
+// Error is a failed nexus CLI process (the sweep of a dead run): its exit
+// code and its one-line error.
 type Error struct {
 	Args []string
 	Code int
@@ -415,11 +514,6 @@ type Error struct {
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("nexus %s: exit %d: %s", strings.Join(e.Args, " "), e.Code, e.Msg)
-}
-
-func isNotFound(err error) bool {
-	var e *Error
-	return errors.As(err, &e) && strings.Contains(e.Msg, "not found")
 }
 
 func withoutRunEnv(env []string) []string {
@@ -435,17 +529,9 @@ func withoutRunEnv(env []string) []string {
 // runNexus runs one nexus command; extra env entries are added to ours
 // without NEXUS_RUN_ID, so only the ones we pass bind a sandbox to a run.
 func runNexus(ctx context.Context, nexus, stateDir, driver string, env []string, args ...string) ([]byte, error) {
-	return runNexusIn(ctx, nexus, stateDir, driver, env, nil, args...)
-}
-
-// runNexusIn is runNexus with stdin (nil: none).
-func runNexusIn(ctx context.Context, nexus, stateDir, driver string, env []string, stdin []byte, args ...string) ([]byte, error) {
 	full := append([]string{"--state-dir", stateDir, "--driver", driver}, args...)
 	cmd := exec.CommandContext(ctx, nexus, full...)
 	cmd.Env = append(withoutRunEnv(os.Environ()), env...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()

@@ -37,6 +37,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	nexusBin = bin
+	// The example finds nexus, and nexusd beside it, on PATH.
+	os.Setenv("PATH", filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
 	code := m.Run()
 	remove()
 	os.Exit(code)
@@ -90,7 +92,7 @@ func clientMain() {
 // test (testutil.ShortRoot).
 var shortRoot = testutil.ShortRoot
 
-func image(t *testing.T) string {
+func image(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "base.raw")
 	if err := os.WriteFile(p, bytes.Repeat([]byte{7}, 1<<20), 0o600); err != nil {
@@ -346,8 +348,8 @@ func keptEvents(t *testing.T, root string) map[string]map[string]string {
 
 // TestKeepDecisionsAreJournaled: the happy-path sweep decides in the
 // client's own process, and its keep decisions reach the journal through
-// the next nexus process the client runs: `ledger journal-kept` for Begin,
-// the first create otherwise. Every kept run is named with its rule.
+// the daemon: at Begin, else with the first create. Every kept run is
+// named with its rule.
 func TestKeepDecisionsAreJournaled(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	root := shortRoot(t)

@@ -13,9 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/control/wire"
-	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
-	"github.com/nexus-sandbox/nexus/store"
 )
 
 // SpawnLockName serialises on-demand daemon starts: whoever holds its flock
@@ -81,6 +80,10 @@ type ConnectOptions struct {
 	// is asked to step down once its other clients are done, a hand-started
 	// one is used as it is (it never steps down).
 	Exclusive bool
+	// InProcess opens the store in this process when that is what the
+	// options ask for; without it such a connection fails with
+	// ErrInProcess.
+	InProcess InProcess
 }
 
 // ConnectWith reaches the state root at root as o says. Without Auto it is
@@ -88,15 +91,15 @@ type ConnectOptions struct {
 // it, so no command ever holds the journal for its whole run and any number
 // of them share the root at once.
 func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, error) {
-	root, err := store.PrepareRoot(root)
+	root, err := fsx.PrepareRoot(root)
 	if err != nil {
 		return nil, err
 	}
 	switch {
 	case o.Exclusive && o.Auto != nil:
-		return connectOwned(ctx, root, o.Wait)
+		return connectOwned(ctx, root, o.Wait, o.InProcess)
 	case o.Auto == nil:
-		return connectLocal(ctx, root, o.Wait)
+		return connectLocal(ctx, root, o.Wait, o.InProcess)
 	}
 	sock := filepath.Join(root, wire.SocketName)
 	c, st, err := dialStatus(ctx, sock)
@@ -131,7 +134,7 @@ func ConnectWith(ctx context.Context, root string, o ConnectOptions) (Backend, e
 		// room for its log). Opening the store here gives the same typed
 		// error as without auto-start, or the store if the failure was the
 		// daemon's alone.
-		b, lerr := connectLocal(ctx, root, o.Wait)
+		b, lerr := connectLocal(ctx, root, o.Wait, o.InProcess)
 		if lerr != nil {
 			if errors.Is(lerr, ErrBusy) {
 				return nil, fmt.Errorf("%w; %v", lerr, err)
@@ -560,16 +563,19 @@ func openDaemonLog(root string) (*os.File, error) {
 // holding it is asked to retire: it turns every new command away at once
 // and exits when its last client is done. A hand-started daemon is used as
 // it is, if it runs this build.
-func connectOwned(ctx context.Context, root string, wait time.Duration) (Backend, error) {
+func connectOwned(ctx context.Context, root string, wait time.Duration, ip InProcess) (Backend, error) {
 	sock := filepath.Join(root, wire.SocketName)
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
+	if ip == nil {
+		return nil, ErrInProcess
+	}
 	for {
-		n, err := store.Open(ctx, root, store.Options{Lazy: true})
+		b, err := ip.Open(ctx, root)
 		if err == nil {
-			return Local{n}, nil
+			return b, nil
 		}
-		if !errors.Is(err, journal.ErrLocked) {
+		if !ip.Held(err) {
 			return nil, err
 		}
 		c, st, derr := dialStatus(ctx, sock)

@@ -16,16 +16,28 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 )
 
+// selfExe is the executable whose build this process speaks for: its own
+// (/proc/self/exe), or the daemon binary a command starts (IdentifyAs).
+var selfExe = "/proc/self/exe"
+
+// IdentifyAs makes this process's build the build of the executable at
+// exe: a command that starts its daemon from another binary matches a
+// daemon by that binary. Called before any connection.
+func IdentifyAs(exe string) { selfExe = exe }
+
 // selfBuild is computed once per process. /proc/self/exe is the file this
 // process was executed from, even after it was renamed over or deleted, so
 // a daemon that outlived an upgrade still reports the build it runs.
 var selfBuild = sync.OnceValues(func() (wire.Build, error) {
 	var st unix.Stat_t
-	if err := unix.Stat("/proc/self/exe", &st); err != nil {
+	if err := unix.Stat(selfExe, &st); err != nil {
 		return wire.Build{}, fmt.Errorf("identify this executable: %w", err)
 	}
 	b := wire.Build{Dev: st.Dev, Ino: st.Ino, Size: st.Size, MtimeNs: st.Mtim.Nano()}
-	b.Path, _ = os.Readlink("/proc/self/exe")
+	b.Path = selfExe
+	if selfExe == "/proc/self/exe" {
+		b.Path, _ = os.Readlink(selfExe)
+	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		b.Version = bi.Main.Version
 		if b.Version == "(devel)" {

@@ -25,12 +25,11 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 	"github.com/nexus-sandbox/nexus/projections"
-	"github.com/nexus-sandbox/nexus/store"
 )
 
 // Client talks to a daemon over its control socket.
@@ -356,7 +355,7 @@ func (c *Client) Metrics(ctx context.Context, w io.Writer) error {
 }
 
 // Mirror asks the daemon for its fleet mirror's state (nil: none).
-func (c *Client) Mirror(ctx context.Context) (*fleet.MirrorState, error) {
+func (c *Client) Mirror(ctx context.Context) (*fleetstate.MirrorState, error) {
 	var out wire.MirrorAnswer
 	err := c.getJSON(ctx, wire.PathMirror, &out)
 	return out.Mirror, err
@@ -512,7 +511,7 @@ func (c *Client) appendOnce(ctx context.Context, req *wire.AppendRequest) (*wire
 	return s.call(ctx, req)
 }
 
-func (c *Client) Events(ctx context.Context, q store.Query, fn func(store.Record) error) error {
+func (c *Client) Events(ctx context.Context, q events.Query, fn func(events.Record) error) error {
 	if !q.Follow || c.ensure == nil {
 		_, err := c.events(ctx, q, fn)
 		return err
@@ -523,7 +522,7 @@ func (c *Client) Events(ctx context.Context, q store.Query, fn func(store.Record
 	backoff := 50 * time.Millisecond
 	for {
 		var last uint64
-		broken, err := c.events(ctx, q, func(r store.Record) error {
+		broken, err := c.events(ctx, q, func(r events.Record) error {
 			last = r.Seq
 			return fn(r)
 		})
@@ -561,7 +560,7 @@ func (c *Client) Events(ctx context.Context, q store.Query, fn func(store.Record
 
 // events runs one events request; broken reports a stream that ended
 // without the journal's say (connection lost, or a follow cut short).
-func (c *Client) events(ctx context.Context, q store.Query, fn func(store.Record) error) (broken bool, err error) {
+func (c *Client) events(ctx context.Context, q events.Query, fn func(events.Record) error) (broken bool, err error) {
 	v := wire.QueryValues(q)
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+wire.PathEvents+"?"+v.Encode(), nil)
 	if err != nil {
@@ -589,7 +588,7 @@ func (c *Client) events(ctx context.Context, q store.Query, fn func(store.Record
 		if err != nil {
 			return false, fmt.Errorf("journal event %d: %w", rec.Seq, err)
 		}
-		if err := fn(store.Record{Seq: rec.Seq, Event: e}); err != nil {
+		if err := fn(events.Record{Seq: rec.Seq, Event: e}); err != nil {
 			return false, err
 		}
 	}

@@ -12,12 +12,8 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control/wire"
-	"github.com/nexus-sandbox/nexus/core"
-	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
-	"github.com/nexus-sandbox/nexus/store"
 )
 
 // Backend is what commands need from a state root: what the flows
@@ -32,98 +28,36 @@ type Backend interface {
 	Close() error
 }
 
-// Both of Connect's answers are Backends.
-var (
-	_ Backend = (*Client)(nil)
-	_ Backend = Local{}
-)
+// A daemon's client is a Backend, as is control/local's store.
+var _ Backend = (*Client)(nil)
 
-// Local serves a Backend from a store this process owns. A command's store
-// is opened lazily (store.Options.Lazy): reading one sandbox by ID folds
-// that sandbox's events alone, and anything else loads the projections
-// first (Load), returning the error if they cannot be.
-type Local struct{ *store.Store }
-
-func (l Local) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
-	return l.Store.Sandboxes(ctx)
+// InProcess opens a root's store in this process: control/local, which
+// the daemon's binary links. A build without it (the CLI) reaches a root
+// through a daemon only, and ErrInProcess says a command needs the store in
+// its own process.
+type InProcess interface {
+	// Open opens the store of a prepared root.
+	Open(ctx context.Context, root string) (Backend, error)
+	// Held says an error of Open's is the store being owned by another
+	// process, which a wait may outlast.
+	Held(err error) bool
 }
 
-func (l Local) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
-	return l.Store.SandboxPage(ctx, after, limit)
-}
-
-func (l Local) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
-	return l.Store.Sandbox(ctx, ref)
-}
-
-func (l Local) OwnerOf(ctx context.Context, paths []string, except string) (sandbox, path string, found bool, err error) {
-	return l.Store.OwnerOf(ctx, paths, except)
-}
-
-func (l Local) SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error) {
-	return l.Store.SnapshotOwner(ctx, snap)
-}
-
-func (l Local) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
-	if err := l.Load(ctx); err != nil {
-		return nil, err
-	}
-	var out []projections.OpenSaga
-	l.View(func(v store.Views) {
-		for _, sg := range v.Sagas.Open() {
-			out = append(out, *sg)
-		}
-	})
-	return out, nil
-}
-
-func (l Local) Volumes(ctx context.Context) ([]projections.Volume, error) {
-	if err := l.Load(ctx); err != nil {
-		return nil, err
-	}
-	var out []projections.Volume
-	l.View(func(v store.Views) {
-		for _, vol := range v.Volumes.List() {
-			out = append(out, *vol)
-		}
-	})
-	return out, nil
-}
-
-func (l Local) ImageCache(ctx context.Context) (projections.ImageCacheState, error) {
-	return l.Store.ImageCache(ctx)
-}
-
-// Bootstrap reads the sandbox's own record: on a lazy store, its events
-// alone.
-func (l Local) Bootstrap(ctx context.Context, id string) (events.Bootstrap, error) {
-	sb, found, err := l.Store.Sandbox(ctx, id)
-	if err != nil || !found {
-		return events.Bootstrap{}, err
-	}
-	return sb.Bootstrap, nil
-}
-
-func (l Local) Rev(ctx context.Context, entity core.Entity) (uint64, error) {
-	return l.Store.EntityRev(ctx, entity)
-}
+// ErrInProcess means the command needs the store in its own process and
+// this build cannot open it: the daemon's binary runs the command instead.
+var ErrInProcess = errors.New("this command opens the store in its own process, which this build does not link")
 
 // ErrBusy means the state root stayed owned by another process that serves
 // no control socket (another command running without a daemon) until the
 // wait ran out.
 var ErrBusy = errors.New("state root is busy")
 
-// Connect reaches the state root at root: the daemon if one answers on its
-// socket, else the journal opened in this process. While another process
-// holds the journal without serving a socket (a daemon starting up, or a
-// short command), it retries until wait has passed. It never opens the
-// store while someone else has it.
-func Connect(ctx context.Context, root string, wait time.Duration) (Backend, error) {
-	return ConnectWith(ctx, root, ConnectOptions{Wait: wait})
-}
-
-// connectLocal is Connect on a prepared root.
-func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend, error) {
+// connectLocal reaches a prepared root without starting a daemon: the
+// daemon if one answers on its socket, else the store opened in this
+// process (ip). While another process holds the store without serving a
+// socket (a daemon starting up, or a short command), it retries until wait
+// has passed. It never opens the store while someone else has it.
+func connectLocal(ctx context.Context, root string, wait time.Duration, ip InProcess) (Backend, error) {
 	sock := filepath.Join(root, wire.SocketName)
 	deadline := time.Now().Add(wait)
 	backoff := 5 * time.Millisecond
@@ -146,11 +80,14 @@ func connectLocal(ctx context.Context, root string, wait time.Duration) (Backend
 			c.Retire(ctx)
 			c.Close()
 		}
-		n, err := store.Open(ctx, root, store.Options{Lazy: true})
-		if err == nil {
-			return Local{n}, nil
+		if ip == nil {
+			return nil, ErrInProcess
 		}
-		if !errors.Is(err, journal.ErrLocked) {
+		b, err := ip.Open(ctx, root)
+		if err == nil {
+			return b, nil
+		}
+		if !ip.Held(err) {
 			return nil, err
 		}
 		if time.Now().After(deadline) {

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/nexus-sandbox/nexus/control/wire"
-	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 )
 
 // ErrNotMirroring: no daemon serves the root, or it serves it without a
@@ -16,7 +16,7 @@ import (
 var ErrNotMirroring = errors.New("not mirroring")
 
 // FleetStatus asks the root's daemon for its mirror's state.
-func FleetStatus(ctx context.Context, root string) (*fleet.MirrorState, error) {
+func FleetStatus(ctx context.Context, root string) (*fleetstate.MirrorState, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, err

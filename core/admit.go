@@ -1,6 +1,7 @@
 package core
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -33,6 +34,14 @@ func (e *HandleHeld) Error() string {
 }
 
 func (e *HandleHeld) Unwrap() error { return ErrRefused }
+
+// Is makes every HandleHeld an ErrHandleTaken.
+func (e *HandleHeld) Is(target error) bool { return target == ErrHandleTaken }
+
+// ErrHandleTaken marks every refusal of a handle another live sandbox
+// holds, wherever it was found (a command's decision, or admission): callers
+// branch on it with errors.Is. Such a refusal is also ErrRefused.
+var ErrHandleTaken = errors.New("handle taken")
 
 // Admit decides whether evs may be appended, in order, by a writer whose
 // decision saw expect. It is the one admission rule: the store applies it

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
@@ -112,12 +114,12 @@ func appendOverStream(ctx context.Context, n *store.Store, req *wire.AppendReque
 	for _, data := range req.Events {
 		e, err := events.Decode(data)
 		if err != nil {
-			return wire.Answer(req.ID, nil, err)
+			return wire.Answer(req.ID, nil, err, false)
 		}
 		evs = append(evs, e)
 	}
 	seqs, err := n.AppendDecoded(ctx, req.Expect, evs, req.Events)
-	return wire.Answer(req.ID, seqs, err)
+	return wire.Answer(req.ID, seqs, err, errors.Is(err, journal.ErrConflict))
 }
 
 // streamSet is the open append streams, closed when the daemon stops: the

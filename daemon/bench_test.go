@@ -30,6 +30,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
@@ -235,7 +236,7 @@ func startBenchDaemon(b *testing.B, root string, g int) *benchDaemon {
 		b.Fatalf("daemon exited before it was ready: %v", err)
 	}
 	for w := 0; w < g; w++ {
-		c, err := control.Connect(ctx, root, 5*time.Second)
+		c, err := local.Connect(ctx, root, 5*time.Second)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -259,7 +260,7 @@ func openBenchNode(b *testing.B, root string, g int) *benchDaemon {
 	b.Cleanup(func() { n.Close() })
 	d := &benchDaemon{syncs: n.Journal().Syncs}
 	for w := 0; w < g; w++ {
-		d.clients = append(d.clients, control.Local{Store: n})
+		d.clients = append(d.clients, local.Backend{Store: n})
 	}
 	return d
 }

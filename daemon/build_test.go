@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -116,14 +117,14 @@ func TestCopiedBinaryIsAnotherBuild(t *testing.T) {
 // at once would leave the append no daemon to reach.
 func TestRetiringDaemonServesItsClients(t *testing.T) {
 	root, done := runDaemon(t, daemon.Options{Auto: true})
-	b, err := control.Connect(context.Background(), root, time.Minute)
+	b, err := local.Connect(context.Background(), root, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer b.Close()
 	owned := make(chan control.Backend, 1)
 	go func() {
-		o, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
+		o, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}, InProcess: local.InProcess{}})
 		if err != nil {
 			t.Error(err)
 		}
@@ -152,7 +153,7 @@ func TestRetiringDaemonServesItsClients(t *testing.T) {
 		t.FailNow()
 	}
 	defer o.Close()
-	if _, ok := o.(control.Local); !ok {
+	if _, ok := o.(local.Backend); !ok {
 		t.Fatalf("exclusive connect gave %T", o)
 	}
 	n := 0

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/fsx"
@@ -164,7 +165,7 @@ func Run(ctx context.Context, root string, o Options) error {
 	}
 	var recovered func()
 	if o.Manager != nil {
-		recovered = recoverSagas(ctx, log, o.Manager, control.Local{Store: n})
+		recovered = recoverSagas(ctx, log, o.Manager, local.Backend{Store: n})
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)

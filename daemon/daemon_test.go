@@ -17,6 +17,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
@@ -87,7 +88,7 @@ func (d *running) stop(t *testing.T) error {
 
 func connect(t *testing.T, root string) control.Backend {
 	t.Helper()
-	b, err := control.Connect(context.Background(), root, 5*time.Second)
+	b, err := local.Connect(context.Background(), root, 5*time.Second)
 	if err != nil {
 		t.Fatalf("Connect %s: %v", root, err)
 	}
@@ -439,9 +440,9 @@ func TestDaemonShutdown(t *testing.T) {
 	// With no daemon, Connect owns the store itself, at once: the daemon
 	// released the lock before Run returned.
 	l := connect(t, d.root)
-	local, ok := l.(control.Local)
+	local, ok := l.(local.Backend)
 	if !ok {
-		t.Fatalf("Connect after shutdown returned %T, want control.Local", l)
+		t.Fatalf("Connect after shutdown returned %T, want local.Backend", l)
 	}
 	got := allEvents(t, local)
 	if len(got) != 1 || got[0].Event.ID != e.ID {
@@ -469,7 +470,7 @@ func TestSandboxByRef(t *testing.T) {
 		if _, err := n.Append(context.Background(), e, h); err != nil {
 			t.Fatal(err)
 		}
-		var b control.Backend = control.Local{Store: n}
+		var b control.Backend = local.Backend{Store: n}
 		if viaDaemon {
 			ctx, cancel := context.WithCancel(context.Background())
 			go daemon.Serve(ctx, n)
@@ -576,7 +577,7 @@ func TestDaemonWatchesProcessesRecordedBeforeItStarted(t *testing.T) {
 	early, late := startSleeper(t), startSleeper(t)
 	sbEarly, sbLate := ulid.Make().String(), ulid.Make().String()
 	b := connect(t, root)
-	if _, ok := b.(control.Local); !ok {
+	if _, ok := b.(local.Backend); !ok {
 		t.Fatalf("no daemon yet, but Connect returned %T", b)
 	}
 	for _, s := range []struct {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -100,18 +101,18 @@ func TestIdleDaemonStaysForClientsThenExits(t *testing.T) {
 // store in process; a hand-started daemon is used as it is.
 func TestRetire(t *testing.T) {
 	root, done := runDaemon(t, daemon.Options{Auto: true})
-	b, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
+	b, err := control.ConnectWith(context.Background(), root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}, InProcess: local.InProcess{}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := b.(control.Local); !ok {
+	if _, ok := b.(local.Backend); !ok {
 		t.Fatalf("exclusive connect beside an on-demand daemon gave %T", b)
 	}
 	b.Close()
 	wantExit(t, done, "retired")
 
 	hand := startDaemon(t, "")
-	b, err = control.ConnectWith(context.Background(), hand.root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}})
+	b, err = control.ConnectWith(context.Background(), hand.root, control.ConnectOptions{Wait: time.Minute, Exclusive: true, Auto: &control.AutoStart{}, InProcess: local.InProcess{}})
 	if err != nil {
 		t.Fatal(err)
 	}

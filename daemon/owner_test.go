@@ -12,6 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
@@ -82,7 +83,7 @@ func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { n.Close() })
-		return control.Local{Store: n}
+		return local.Backend{Store: n}
 	}
 	viaDaemon := func(t *testing.T) control.Backend { return connect(t, startDaemon(t, "").root) }
 	for name, open := range map[string]func(*testing.T) control.Backend{"daemon": viaDaemon, "local": local} {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/fleet"
@@ -285,7 +286,7 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 	if m != nil {
 		mux.Handle("GET "+wire.PathMetrics, m.handler())
 	}
-	local := control.Local{Store: n}
+	local := local.Backend{Store: n}
 	var served, most atomic.Int64
 	count := func(n int) {
 		served.Add(int64(n))

@@ -171,7 +171,7 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			d, boot := m.bootOf(sb)
 			m.noticeHostGuest(sb)
 			c := vmm.NewClient(api)
-			if vm, err = m.launch(ctx, "VMM", d.Argv(api), m.Root.VMMLog(id), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
+			if vm, err = m.launch(ctx, "VMM", d.Argv(api), m.Root.VMMLog(id), d.SignalsReady(), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
 				return nil, err
 			}
 			// CH opens the serial log by name and follows symlinks: make it
@@ -325,7 +325,7 @@ func guestMounts(sb projections.Sandbox) []string {
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
 	stateDir := m.Root.SupervisorDir(id)
 	argv := supervisor.Argv(m.Driver.Exe, supervisor.ServeOptions{SandboxID: id, StateDir: stateDir, IIDSocket: m.Root.IIDSocket(id)})
-	who, err := m.launch(ctx, "supervisor", argv, m.Root.SupervisorLog(id), func(ctx context.Context) error {
+	who, err := m.launch(ctx, "supervisor", argv, m.Root.SupervisorLog(id), true, func(ctx context.Context) error {
 		_, err := supervisor.Ping(ctx, stateDir)
 		return err
 	})

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode"
 
 	"github.com/oklog/ulid/v2"
@@ -52,13 +53,16 @@ type CreateSpec struct {
 	ID string
 }
 
+// handleRE and nameRE are compiled on first use: their bounded repeats
+// make large programs, which every process linking lifecycle would
+// otherwise build at start.
 var (
-	handleRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`)
-	nameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	handleRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`) })
+	nameRE   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`) })
 )
 
 // ValidName reports whether s may name a shadow disk or a volume.
-func ValidName(s string) bool { return nameRE.MatchString(s) }
+func ValidName(s string) bool { return nameRE().MatchString(s) }
 
 // workspaceSlack is room left in a workspace image beyond its contents.
 const workspaceSlack = 64 << 20

@@ -24,7 +24,7 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expec
 	if handle == "" {
 		return nil, nil
 	}
-	if !handleRE.MatchString(handle) || strings.Contains(handle, "..") {
+	if !handleRE().MatchString(handle) || strings.Contains(handle, "..") {
 		return nil, fmt.Errorf("%w: handle %q: use letters, digits, '.', '_', '-', '/'", ErrRefused, handle)
 	}
 	// A reference is an ID, a handle or a prefix of an ID or short ID
@@ -51,7 +51,7 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expec
 		return nil, err
 	}
 	if sb, err := m.Find(ctx, handle); err == nil {
-		return nil, fmt.Errorf("%w: handle %q is already in use by sandbox %s", ErrRefused, handle, sb.ID)
+		return nil, handleTakenError{fmt.Errorf("%w: handle %q is already in use by sandbox %s", ErrRefused, handle, sb.ID)}
 	}
 	return []core.Expect{{Entity: core.Handle(handle), Seq: rev}}, nil
 }
@@ -86,8 +86,15 @@ func (m *Manager) handleTaken(ctx context.Context, handle, id string, err error)
 	if ferr != nil || !found || sb.ID == id || sb.Handle != handle {
 		return err
 	}
-	return fmt.Errorf("%w: handle %q is held by sandbox %s (%w)", ErrRefused, handle, sb.ID, err)
+	return handleTakenError{fmt.Errorf("%w: handle %q is held by sandbox %s (%w)", ErrRefused, handle, sb.ID, err)}
 }
+
+// handleTakenError is a refusal, as its message says, of a handle another
+// sandbox holds: errors.Is finds core.ErrHandleTaken in it.
+type handleTakenError struct{ error }
+
+func (e handleTakenError) Unwrap() error        { return e.error }
+func (e handleTakenError) Is(target error) bool { return target == core.ErrHandleTaken }
 
 // dropIntents retires the intents of a saga that ended before its intents
 // step ran: refused or interrupted before saga.started, or interrupted

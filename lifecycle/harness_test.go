@@ -70,10 +70,10 @@ func serveRole(role string, args []string) int {
 				<-ctx.Done()
 				return 0
 			}
-			err = standin.Serve(ctx, *api, os.Stderr)
+			err = standin.Serve(ctx, *api, os.Stderr, proc.ReadyHook())
 		}
 	case supervisor.Command:
-		o := supervisor.ServeOptions{Now: time.Now, Log: os.Stderr}
+		o := supervisor.ServeOptions{Now: time.Now, Log: os.Stderr, Ready: proc.ReadyHook()}
 		fs.StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "")
 		fs.StringVar(&o.StateDir, supervisor.StateDirFlag, "", "")
 		fs.StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "")
@@ -85,6 +85,11 @@ func serveRole(role string, args []string) int {
 			}
 			err = supervisor.Serve(ctx, o)
 		}
+	case "hang":
+		// A process that starts and never serves: it says so, then waits
+		// to be killed.
+		fmt.Fprintln(os.Stderr, "starting, never serving")
+		<-ctx.Done()
 	case "idle":
 		// A process whose command line (the arguments after the role)
 		// names what the test wants named, until SIGTERM; unlike a shell

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/oneline"
 )
 
 // Launcher starts a sandbox's processes: its perimeter supervisor and its
@@ -20,7 +22,8 @@ import (
 // flows' tests start processes of their own, or fail a start on purpose.
 // Spawner is the production one.
 type Launcher interface {
-	// Launch starts l.Argv and returns once l.Ready answers. It returns
+	// Launch starts l.Argv and returns once it serves: once it says so
+	// on its readiness pipe (l.Signals), else once l.Ready answers. It returns
 	// the identity of the process it started (zero if none started) even
 	// with an error: what to do with a process that did not answer is
 	// the flow's decision.
@@ -37,7 +40,12 @@ type Launch struct {
 	Root, Log string
 	// Timeout bounds how long it may take to answer.
 	Timeout time.Duration
-	// Ready succeeds once the process serves (a socket answering).
+	// Signals says the process is nexus's own and says when it serves on
+	// the readiness pipe it inherits (proc.SpawnReady); Ready is then not
+	// asked.
+	Signals bool
+	// Ready succeeds once the process serves (a socket answering): how a
+	// process that does not signal (cloud-hypervisor) is waited for.
 	Ready func(ctx context.Context) error
 }
 
@@ -51,38 +59,87 @@ type Spawner struct{}
 
 // Launch implements Launcher.
 func (Spawner) Launch(ctx context.Context, l Launch) (proc.Identity, error) {
-	who, err := spawnLogged(l.Root, l.Argv, l.Log)
+	logf, err := openLog(l.Root, l.Log)
 	if err != nil {
 		return proc.Identity{}, fmt.Errorf("spawn %s: %w", l.What, err)
 	}
-	return who, waitFor(ctx, who, l.Timeout, l.What, l.Ready)
+	defer logf.Close() // the child holds its own copy
+	if !l.Signals {
+		who, err := proc.SpawnDetachedTo(l.Argv, os.Environ(), logf)
+		if err != nil {
+			return proc.Identity{}, fmt.Errorf("spawn %s: %w", l.What, err)
+		}
+		return who, waitFor(ctx, who, l.Timeout, l.What, l.Ready)
+	}
+	// What the log holds already is earlier processes' output.
+	var before int64
+	if fi, err := logf.Stat(); err == nil {
+		before = fi.Size()
+	}
+	who, rd, err := proc.SpawnReady(l.Argv, os.Environ(), logf)
+	if err != nil {
+		return who, fmt.Errorf("spawn %s: %w", l.What, err)
+	}
+	defer rd.Close()
+	if err := rd.Wait(ctx, l.Timeout); err != nil {
+		if ctx.Err() != nil {
+			return who, err
+		}
+		return who, fmt.Errorf("%s %v: %s", l.What, err, logTail(l.Root, l.Log, before))
+	}
+	return who, nil
 }
 
-// spawnLogged starts argv detached, appending its output to logPath, a log
-// under root's logs/ opened without following a link (fsx).
-func spawnLogged(root string, argv []string, logPath string) (proc.Identity, error) {
+// openLog opens logPath, a log under root's logs/, for appending, without
+// following a link (fsx).
+func openLog(root, logPath string) (*os.File, error) {
 	if err := fsx.MkdirAll(root, "logs", 0o700); err != nil {
-		return proc.Identity{}, fmt.Errorf("log: %w", err)
+		return nil, fmt.Errorf("log: %w", err)
 	}
 	logf, err := fsx.OpenFile(root, logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
-		return proc.Identity{}, fmt.Errorf("log: %w", err)
+		return nil, fmt.Errorf("log: %w", err)
 	}
-	defer logf.Close() // the child holds its own copy
 	// The log is journaled as the sandbox's: its name must outlive a
 	// power cut as the event does.
 	if err := syncDirOf(root, logPath); err != nil {
-		return proc.Identity{}, fmt.Errorf("log: %w", err)
+		logf.Close()
+		return nil, fmt.Errorf("log: %w", err)
 	}
-	return proc.SpawnDetachedTo(argv, os.Environ(), logf)
+	return logf, nil
+}
+
+// tailBytes bounds what a failed start quotes of its process's log.
+const tailBytes = 2048
+
+// logTail is the end of what a process wrote to its log from offset from
+// on, as one line that names the log: what it said before it failed to
+// serve.
+func logTail(root, logPath string, from int64) string {
+	f, err := fsx.OpenFile(root, logPath, os.O_RDONLY, 0)
+	if err != nil {
+		return fmt.Sprintf("its log %s is unreadable: %v", logPath, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Sprintf("its log %s is unreadable: %v", logPath, err)
+	}
+	off := max(fi.Size()-tailBytes, from, 0)
+	buf := make([]byte, max(fi.Size()-off, 0))
+	n, _ := f.ReadAt(buf, off)
+	if strings.TrimSpace(string(buf[:n])) == "" {
+		return fmt.Sprintf("it wrote nothing to its log %s", logPath)
+	}
+	return fmt.Sprintf("its log %s ends: %s", logPath, oneline.Of(string(buf[:n])))
 }
 
 // launch starts a process through m.Launcher.
-func (m *Manager) launch(ctx context.Context, what string, argv []string, log string, ready func(context.Context) error) (proc.Identity, error) {
+func (m *Manager) launch(ctx context.Context, what string, argv []string, log string, signals bool, ready func(context.Context) error) (proc.Identity, error) {
 	if m.Launcher == nil {
 		return proc.Identity{}, ErrNoLauncher
 	}
-	return m.Launcher.Launch(ctx, Launch{What: what, Argv: argv, Root: string(m.Root), Log: log, Timeout: m.startTimeout(), Ready: ready})
+	return m.Launcher.Launch(ctx, Launch{What: what, Argv: argv, Root: string(m.Root), Log: log, Timeout: m.startTimeout(), Signals: signals, Ready: ready})
 }
 
 // syncDirOf fsyncs the directory holding path, beneath root.

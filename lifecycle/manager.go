@@ -33,6 +33,9 @@ var (
 	// ErrAlready marks a stop of a stopped sandbox or a start of a running
 	// one: the command's end state already holds (core.Already).
 	ErrAlready = core.ErrAlready
+	// ErrHandleTaken marks a refusal of a handle another live sandbox
+	// holds (core.ErrHandleTaken).
+	ErrHandleTaken = core.ErrHandleTaken
 	// ErrNotFound marks an unknown sandbox, snapshot or volume.
 	ErrNotFound = errors.New("not found")
 )

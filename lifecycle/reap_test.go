@@ -13,7 +13,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -37,7 +37,7 @@ func localManager(t *testing.T) (*lifecycle.Manager, string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { n.Close() })
-	return &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Store: n}}, root
+	return &lifecycle.Manager{Root: layout.Root(root), B: local.Backend{Store: n}}, root
 }
 
 // A detached supervisor the journal recorded for a sandbox that is
@@ -203,7 +203,7 @@ func BenchmarkReapApply10k(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m := &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Store: n}}
+		m := &lifecycle.Manager{Root: layout.Root(root), B: local.Backend{Store: n}}
 		other := filepath.Join(b.TempDir(), "disks")
 		os.MkdirAll(filepath.Join(root, "disks"), 0o700)
 		os.MkdirAll(other, 0o700)

@@ -29,9 +29,10 @@ func Reap(ctx context.Context, root string, co control.ConnectOptions, hook life
 	}
 	b, err := control.ConnectWith(ctx, root, co)
 	if err != nil {
-		// A bad root, a busy journal or an interruption says nothing about
-		// whether the journal is readable.
-		if errors.Is(err, control.ErrStateRoot) || errors.Is(err, control.ErrBusy) || ctx.Err() != nil {
+		// A bad root, a busy journal, a build that cannot open the store
+		// or an interruption says nothing about whether the journal is
+		// readable.
+		if errors.Is(err, control.ErrStateRoot) || errors.Is(err, control.ErrBusy) || errors.Is(err, control.ErrInProcess) || ctx.Err() != nil {
 			return nil, err
 		}
 		return unreadable(err)

@@ -2,6 +2,7 @@ package session_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -46,10 +48,17 @@ func TestReapOverUnreadableJournalKeepsEverything(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A caller that cannot open the store in process (the CLI) is told
+	// so, to hand the reap to one that can: the journal was never read,
+	// so this is no verdict on it.
+	if rep, err := session.Reap(ctx, root, control.ConnectOptions{}, nil, lifecycle.ReapOptions{}); !errors.Is(err, control.ErrInProcess) || rep != nil {
+		t.Fatalf("reap without an in-process store: %v %+v, want ErrInProcess", err, rep)
+	}
+
 	// Readable: the orphan is one, so the fallback below is what keeps it.
 	var rep *lifecycle.ReapReport
 	testutil.ReapUntilConclusive(t, "reap over a readable journal", func() (bool, string) {
-		rep, err = session.Reap(ctx, root, control.ConnectOptions{}, nil, lifecycle.ReapOptions{})
+		rep, err = session.Reap(ctx, root, control.ConnectOptions{InProcess: local.InProcess{}}, nil, lifecycle.ReapOptions{})
 		if err != nil || rep == nil {
 			t.Fatalf("readable journal: %v %+v", err, rep)
 		}
@@ -65,11 +74,11 @@ func TestReapOverUnreadableJournalKeepsEverything(t *testing.T) {
 	}
 
 	appendNewerSchema(t, filepath.Join(root, "journal"))
-	rep, err = session.Reap(ctx, root, control.ConnectOptions{}, nil, lifecycle.ReapOptions{})
+	rep, err = session.Reap(ctx, root, control.ConnectOptions{InProcess: local.InProcess{}}, nil, lifecycle.ReapOptions{})
 	if err != nil || rep == nil || rep.Journal == "" || len(rep.Orphans) != 0 || len(rep.Kept) != 1 || rep.Kept[0].Verdict != "ambiguous" {
 		t.Fatalf("dry run over an unreadable journal: %v %+v", err, rep)
 	}
-	rep, err = session.Reap(ctx, root, control.ConnectOptions{}, nil, lifecycle.ReapOptions{Apply: true})
+	rep, err = session.Reap(ctx, root, control.ConnectOptions{InProcess: local.InProcess{}}, nil, lifecycle.ReapOptions{Apply: true})
 	if err == nil || !strings.Contains(err.Error(), "nothing deleted") || rep == nil || len(rep.Deleted) != 0 {
 		t.Fatalf("apply over an unreadable journal: %v %+v", err, rep)
 	}

@@ -102,7 +102,7 @@ func (a SweepActions) finishStranded(ctx context.Context, id string) error {
 		if sg.Sandbox != id {
 			continue
 		}
-		if _, local := a.m.B.(control.Local); !local {
+		if _, remote := a.m.B.(*control.Client); remote {
 			return fmt.Errorf("sandbox %s has an unfinished %s saga and a daemon serves the state root: run `nexus recover`", id, sg.Kind)
 		}
 		if _, err := a.m.Recover(ctx); err != nil {
@@ -126,15 +126,5 @@ func (a SweepActions) Record(ctx context.Context, ev events.RunSweptEvent) error
 
 // RecordKept journals one keep decision.
 func (a SweepActions) RecordKept(ctx context.Context, ev events.RunKeptEvent) error {
-	return JournalKept(ctx, a.m, []events.RunKeptEvent{ev})
-}
-
-// JournalKept appends the keep decisions of a sweep.
-func JournalKept(ctx context.Context, m *lifecycle.Manager, evs []events.RunKeptEvent) error {
-	for _, ev := range evs {
-		if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now().UTC(), "", ev)); err != nil {
-			return fmt.Errorf("journal run.kept: %w", err)
-		}
-	}
-	return nil
+	return hostledger.JournalKept(ctx, a.m.B.Append, []events.RunKeptEvent{ev})
 }

@@ -23,13 +23,22 @@ import (
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// anotherBuild is a copy of the test's nexus with one byte appended: it
-// runs the same (ELF ignores what follows its segments) but is another
-// file, another size and mtime, as an upgraded nexus is another build.
+// anotherBuild is a copy of the test's nexus, nexusd and nexus-shim, side by side,
+// each with one byte appended: they run the same (ELF ignores what follows
+// its segments) but are other files, other sizes and mtimes, as an
+// upgraded installation is another build. It returns the CLI's path.
 func anotherBuild(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "nexus-a")
-	src, err := os.Open(nexusBin)
+	dir := t.TempDir()
+	for _, name := range []string{"nexus", "nexusd", "nexus-shim"} {
+		copyPlusOne(t, filepath.Join(filepath.Dir(nexusBin), name), filepath.Join(dir, name))
+	}
+	return filepath.Join(dir, "nexus")
+}
+
+func copyPlusOne(t *testing.T, from, bin string) {
+	t.Helper()
+	src, err := os.Open(from)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +58,10 @@ func anotherBuild(t *testing.T) string {
 	}
 	// A child another test forked while the copy was open for writing
 	// holds it until its exec: running the copy fails ETXTBSY until then.
-	testutil.WaitUntil(t, time.Minute, "the copied nexus runs", func() bool {
+	testutil.WaitUntil(t, time.Minute, "the copied "+filepath.Base(bin)+" runs", func() bool {
 		err := exec.Command(bin, "version").Run()
 		return !errors.Is(err, syscall.ETXTBSY)
 	})
-	return bin
 }
 
 // commandWait bounds one command of a test (scaled): one that runs
@@ -81,6 +89,10 @@ func askDaemon(root string) (wire.Status, error) {
 	return c.Status(ctx)
 }
 
+// daemonOf is the nexusd installed beside the CLI bin: the daemon's
+// executable.
+func daemonOf(bin string) string { return filepath.Join(filepath.Dir(bin), "nexusd") }
+
 func exeOf(pid int) string {
 	exe, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "exe"))
 	return exe
@@ -106,13 +118,13 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 	img := makeImage(t)
 	mustOK(t, nexusBinEnv(t, binA, root, nil, "demo"), "demo of build A")
 	old := daemonPids(root)
-	if len(old) != 1 || exeOf(old[0]) != binA {
-		t.Fatalf("daemons after A's demo: %v (exe %s), want one of %s", old, exeOf(old[0]), binA)
+	if len(old) != 1 || exeOf(old[0]) != daemonOf(binA) {
+		t.Fatalf("daemons after A's demo: %v (exe %s), want one of %s", old, exeOf(old[0]), daemonOf(binA))
 	}
 	// Asking is not replacing: `daemon status` of build B shows A's
 	// daemon and what B's next command will do.
 	st := mustOK(t, nexus(t, root, "daemon", "status"), "daemon status").stdout
-	for _, want := range []string{" " + strconv.Itoa(old[0]) + "\n", "on demand", binA, "another build; its next command replaces the daemon"} {
+	for _, want := range []string{" " + strconv.Itoa(old[0]) + "\n", "on demand", daemonOf(binA), "another build; its next command replaces the daemon"} {
 		if !strings.Contains(st, want) {
 			t.Fatalf("daemon status of build B lacks %q:\n%s", want, st)
 		}
@@ -160,11 +172,11 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 	}
 	waitUntil(t, "A's daemon exited", func() bool { return !slices.Contains(daemonPids(root), old[0]) })
 	now := daemonPids(root)
-	if len(now) != 1 || exeOf(now[0]) != nexusBin {
-		t.Fatalf("daemons after B's demos: %v (exe %q), want one of build B (%s)", now, exeOf(now[0]), nexusBin)
+	if len(now) != 1 || exeOf(now[0]) != daemonOf(nexusBin) {
+		t.Fatalf("daemons after B's demos: %v (exe %q), want one of build B (%s)", now, exeOf(now[0]), daemonOf(nexusBin))
 	}
 	st = mustOK(t, nexus(t, root, "daemon", "status"), "daemon status").stdout
-	for _, want := range []string{" " + strconv.Itoa(now[0]) + "\n", nexusBin, "the same build"} {
+	for _, want := range []string{" " + strconv.Itoa(now[0]) + "\n", daemonOf(nexusBin), "the same build"} {
 		if !strings.Contains(st, want) {
 			t.Fatalf("daemon status of the new daemon lacks %q:\n%s", want, st)
 		}
@@ -197,7 +209,7 @@ func TestHandDaemonOfAnotherBuildRefused(t *testing.T) {
 	for _, env := range [][]string{nil, {"NEXUS_NO_AUTO_DAEMON=1"}} {
 		r := nexusBinEnv(t, nexusBin, root, env, "ls")
 		wantFailure(t, r, 1, "runs another nexus build")
-		for _, want := range []string{binA, nexusBin, "restart it", "kill " + strconv.Itoa(d.Cmd.Process.Pid)} {
+		for _, want := range []string{daemonOf(binA), daemonOf(nexusBin), "restart it", "kill " + strconv.Itoa(d.Cmd.Process.Pid)} {
 			if !strings.Contains(r.stderr, want) {
 				t.Fatalf("%v: refusal %q does not name %q", env, r.stderr, want)
 			}
@@ -208,7 +220,7 @@ func TestHandDaemonOfAnotherBuildRefused(t *testing.T) {
 	}
 	mustOK(t, nexusBinEnv(t, binA, root, nil, "ls"), "ls of build A")
 	st := mustOK(t, nexus(t, root, "daemon", "status"), "daemon status").stdout
-	for _, want := range []string{"by hand", binA, nexusBin, "another build; its commands refuse the daemon until it is restarted"} {
+	for _, want := range []string{"by hand", daemonOf(binA), daemonOf(nexusBin), "another build; its commands refuse the daemon until it is restarted"} {
 		if !strings.Contains(st, want) {
 			t.Fatalf("daemon status of build B lacks %q:\n%s", want, st)
 		}
@@ -253,7 +265,7 @@ func TestOldFollowerStopsWhenItsDaemonIsReplaced(t *testing.T) {
 	f, ferr := startOldFollower(t, binA, root)
 	mustOK(t, nexus(t, root, "demo"), "demo of build B")
 	now := daemonPids(root)
-	if len(now) != 1 || exeOf(now[0]) != nexusBin {
+	if len(now) != 1 || exeOf(now[0]) != daemonOf(nexusBin) {
 		t.Fatalf("daemons after B's demo: %v, want one of build B", now)
 	}
 	wantFollowerRefused(t, f, ferr, root, now)
@@ -275,7 +287,7 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 	root := shortRoot(t)
 	f, ferr := startOldFollower(t, binA, root)
 	was := daemonPids(root)
-	if len(was) != 1 || exeOf(was[0]) != binA {
+	if len(was) != 1 || exeOf(was[0]) != daemonOf(binA) {
 		t.Fatalf("daemons before: %v, want one of build A", was)
 	}
 	if err := f.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -290,7 +302,7 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 	waitUntil(t, "build A's daemon gone", func() bool { return len(daemonPids(root)) == 0 })
 	mustOK(t, nexus(t, root, "demo"), "demo of build B")
 	now := daemonPids(root)
-	if len(now) != 1 || exeOf(now[0]) != nexusBin {
+	if len(now) != 1 || exeOf(now[0]) != daemonOf(nexusBin) {
 		t.Fatalf("daemons after B's demo: %v, want one of build B", now)
 	}
 	if err := f.Process.Signal(syscall.SIGCONT); err != nil {

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"os"
 	"reflect"
@@ -22,9 +21,8 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
-	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -52,7 +50,7 @@ func withBackendOwned(ctx context.Context, g *globals, owned bool, fn func(contr
 	o.Exclusive = owned
 	b, err := control.ConnectWith(ctx, g.stateDir, o)
 	if err != nil {
-		return err
+		return inNexusd(err)
 	}
 	return errors.Join(fn(b), b.Close())
 }
@@ -60,11 +58,11 @@ func withBackendOwned(ctx context.Context, g *globals, owned bool, fn func(contr
 // connectOptions: with no daemon answering, start one on demand, unless
 // NEXUS_NO_AUTO_DAEMON=1 asks for the journal in this process.
 func connectOptions(g *globals) (control.ConnectOptions, error) {
-	o := control.ConnectOptions{Wait: lockWait}
+	o := control.ConnectOptions{Wait: lockWait, InProcess: inProcess()}
 	if os.Getenv("NEXUS_NO_AUTO_DAEMON") == "1" {
 		return o, nil
 	}
-	exe, err := os.Executable()
+	exe, err := daemonBinary()
 	if err != nil {
 		return o, err
 	}
@@ -109,79 +107,43 @@ func idleFromEnv() (time.Duration, error) {
 }
 
 func daemonCmd(g *globals) *cobra.Command {
-	var o daemon.Options
-	var mirrorURLs []string
-	var mirrorBytes string
-	var tlsOpts daemon.TLS
-	m := &fleet.Mirror{}
+	var f daemonFlags
 	c := &cobra.Command{
 		Use:   "daemon",
 		Short: "Keep the journal open and serve commands (and, with --listen, subscribers)",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			// NEXUS_MIRROR keeps a fleet password out of /proc/<pid>/cmdline.
-			passOnCmdline := strings.Contains(strings.Join(mirrorURLs, ","), "@")
-			var err error
-			if o.Mirror, err = daemonMirror(g, mirrorURLs, m, mirrorBytes, cmd.Flags().Changed); err != nil {
-				return err
-			}
-			o.LockWait = lockWait
-			if s := os.Getenv("NEXUS_FLEET_DIGEST_INTERVAL"); s != "" {
-				d, err := time.ParseDuration(s)
-				if err != nil || d <= 0 {
-					return usageError{fmt.Errorf("NEXUS_FLEET_DIGEST_INTERVAL=%q: want a positive duration such as 1m", s)}
-				}
-				o.DigestInterval = d
-			}
-			switch {
-			case tlsOpts != (daemon.TLS{}) && (tlsOpts.CertFile == "" || tlsOpts.KeyFile == ""):
-				return usageError{errors.New("--tls-cert and --tls-key go together")}
-			case tlsOpts != (daemon.TLS{}) && o.Listen == "":
-				return usageError{errors.New("--tls-cert needs --listen")}
-			case tlsOpts != (daemon.TLS{}):
-				o.TLS = &tlsOpts
-			}
-			if o.Auto && !cmd.Flags().Changed("idle") {
-				d, err := idleFromEnv()
-				if err != nil {
-					return usageError{err}
-				}
-				o.Idle = d
-			}
-			build, err := managerFor(g)
-			if err != nil {
-				return err
-			}
-			log, err := daemonLogger(cmd.ErrOrStderr())
-			if err != nil {
-				return err
-			}
-			slog.SetDefault(log)
-			o.Logger = log
-			if passOnCmdline {
-				log.Warn("the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_MIRROR or use --mirror-creds")
-			}
-			o.Manager = build
-			return daemon.Run(cmd.Context(), g.stateDir, o)
+			return runDaemon(cmd, g, &f)
 		},
 	}
-	c.Flags().StringVar(&o.Listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
-	c.Flags().StringVar(&o.MetricsListen, "metrics-listen", "", "also serve the Prometheus metrics (always at /metrics on nexus.sock) on HOST:PORT")
-	c.Flags().BoolVar(&o.AllowRemote, "allow-remote", false, "allow a --listen address beyond loopback (needs --tls-cert and --tls-key)")
-	c.Flags().StringVar(&tlsOpts.CertFile, "tls-cert", "", "PEM certificate of the --listen port (TLS only, with --tls-key)")
-	c.Flags().StringVar(&tlsOpts.KeyFile, "tls-key", "", "PEM private key of --tls-cert")
-	c.Flags().StringVar(&tlsOpts.ClientCA, "tls-client-ca", "", "PEM CA bundle subscribers' client certificates must chain to (mutual TLS)")
-	c.Flags().DurationVar(&o.Idle, "idle", 0, "exit once no command has been connected for this long (0: never; on-demand daemons default to $NEXUS_DAEMON_IDLE or 30s)")
-	c.Flags().BoolVar(&o.Auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
+	c.Flags().StringVar(&f.listen, "listen", "", "expose NATS to read-only subscribers on HOST:PORT (loopback unless --allow-remote; port 0 picks one)")
+	c.Flags().StringVar(&f.metricsListen, "metrics-listen", "", "also serve the Prometheus metrics (always at /metrics on nexus.sock) on HOST:PORT")
+	c.Flags().BoolVar(&f.allowRemote, "allow-remote", false, "allow a --listen address beyond loopback (needs --tls-cert and --tls-key)")
+	c.Flags().StringVar(&f.tlsCert, "tls-cert", "", "PEM certificate of the --listen port (TLS only, with --tls-key)")
+	c.Flags().StringVar(&f.tlsKey, "tls-key", "", "PEM private key of --tls-cert")
+	c.Flags().StringVar(&f.tlsClientCA, "tls-client-ca", "", "PEM CA bundle subscribers' client certificates must chain to (mutual TLS)")
+	c.Flags().DurationVar(&f.idle, "idle", 0, "exit once no command has been connected for this long (0: never; on-demand daemons default to $NEXUS_DAEMON_IDLE or 30s)")
+	c.Flags().BoolVar(&f.auto, "auto", false, "started on demand by a command (idles out; retires for a removing ledger sweep or a hand-started daemon)")
 	c.Flags().MarkHidden("auto")
-	c.Flags().StringArrayVar(&mirrorURLs, "mirror", nil, "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT); repeat it or separate with commas for several nodes (default $NEXUS_MIRROR, which keeps a password off the command line)")
-	c.Flags().StringVar(&m.Domain, "mirror-domain", defaultMirrorDomain, "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
-	c.Flags().StringVar(&m.Host, "mirror-host", "", "this host's name in the fleet, [a-z0-9-]: subject prefix and stream suffix (default: the hostname, lower-cased)")
-	c.Flags().StringVar(&m.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
-	c.Flags().IntVar(&m.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
-	c.Flags().StringVar(&mirrorBytes, "mirror-max-bytes", defaultMirrorMaxBytes, "byte limit of the mirror when nexus creates it (0: none)")
+	c.Flags().StringArrayVar(&f.mirrorURLs, "mirror", nil, "mirror the journal to a fleet's JetStream through its leaf-node URL (nats-leaf://[user:pass@]HOST:PORT); repeat it or separate with commas for several nodes (default $NEXUS_MIRROR, which keeps a password off the command line)")
+	c.Flags().StringVar(&f.mirror.Domain, "mirror-domain", defaultMirrorDomain, "the fleet's JetStream domain, where the mirror stream NEXUS_<HOST> is made")
+	c.Flags().StringVar(&f.mirror.Host, "mirror-host", "", "this host's name in the fleet, [a-z0-9-]: subject prefix and stream suffix (default: the hostname, lower-cased)")
+	c.Flags().StringVar(&f.mirror.Credentials, "mirror-creds", "", "NATS .creds file for the fleet link")
+	c.Flags().IntVar(&f.mirror.Replicas, "mirror-replicas", 0, "replicas of the mirror when nexus creates it (default 3, or 1 on a fleet that cannot place 3)")
+	c.Flags().StringVar(&f.mirrorBytes, "mirror-max-bytes", defaultMirrorMaxBytes, "byte limit of the mirror when nexus creates it (0: none)")
 	c.AddCommand(daemonStatusCmd(g), daemonStopCmd(g), daemonMetricsCmd(g))
 	return c
+}
+
+// daemonFlags are nexus daemon's flags, as given.
+type daemonFlags struct {
+	listen, metricsListen        string
+	tlsCert, tlsKey, tlsClientCA string
+	allowRemote, auto            bool
+	idle                         time.Duration
+	mirrorURLs                   []string
+	mirror                       fleetstate.Settings
+	mirrorBytes                  string
 }
 
 // The defaults of the daemon's --mirror-domain and --mirror-max-bytes.
@@ -195,7 +157,7 @@ const (
 // --mirror flags (urls, and m and maxBytes where changed says a flag was
 // given), else NEXUS_MIRROR, else the config file's [fleet] section. Nil:
 // the daemon mirrors nothing.
-func daemonMirror(g *globals, urls []string, m *fleet.Mirror, maxBytes string, changed func(flag string) bool) (*fleet.Mirror, error) {
+func daemonMirror(g *globals, urls []string, m *fleetstate.Settings, maxBytes string, changed func(flag string) bool) (*fleetstate.Settings, error) {
 	if len(urls) == 0 && os.Getenv("NEXUS_MIRROR") != "" {
 		urls = []string{os.Getenv("NEXUS_MIRROR")}
 	}
@@ -217,16 +179,23 @@ func daemonMirror(g *globals, urls []string, m *fleet.Mirror, maxBytes string, c
 // configuredFleet is the fingerprint of the fleet settings an on-demand
 // daemon started now would mirror with, and whether they could be read.
 func configuredFleet(g *globals) (string, bool) {
-	m, err := daemonMirror(g, nil, &fleet.Mirror{Domain: defaultMirrorDomain}, defaultMirrorMaxBytes, func(string) bool { return false })
+	m, err := daemonMirror(g, nil, &fleetstate.Settings{Domain: defaultMirrorDomain}, defaultMirrorMaxBytes, func(string) bool { return false })
 	if err != nil {
 		return "", false
 	}
-	return m.Fingerprint(), true
+	if m == nil {
+		return "", true
+	}
+	var creds []byte
+	if m.Credentials != "" {
+		creds, _ = os.ReadFile(m.Credentials) // unreadable: the daemon refuses it, naming it
+	}
+	return m.Fingerprint(creds), true
 }
 
 // fleetFromConfig is the config file's [fleet] section for a daemon given
 // no fleet URL: its URLs, and each setting its flag does not set.
-func fleetFromConfig(changed func(flag string) bool, g *globals, m *fleet.Mirror, maxBytes *string) ([]string, error) {
+func fleetFromConfig(changed func(flag string) bool, g *globals, m *fleetstate.Settings, maxBytes *string) ([]string, error) {
 	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
@@ -255,10 +224,10 @@ func fleetFromConfig(changed func(flag string) bool, g *globals, m *fleet.Mirror
 
 // mirrorFlags fills m from the daemon's --mirror flags. Its errors never
 // repeat a password.
-func mirrorFlags(m *fleet.Mirror, urls []string, maxBytes string) error {
+func mirrorFlags(m *fleetstate.Settings, urls []string, maxBytes string) error {
 	for _, arg := range urls {
 		for _, s := range strings.Split(arg, ",") {
-			u, err := fleet.ParseFleetURL(strings.TrimSpace(s))
+			u, err := fleetstate.ParseURL(strings.TrimSpace(s))
 			if err != nil {
 				return fmt.Errorf("--mirror: %w", err)
 			}
@@ -267,8 +236,8 @@ func mirrorFlags(m *fleet.Mirror, urls []string, maxBytes string) error {
 	}
 	if m.Host == "" {
 		h, _ := os.Hostname()
-		m.Host = fleet.HostNameFrom(h)
-	} else if err := fleet.ValidHostName(m.Host); err != nil {
+		m.Host = fleetstate.HostNameFrom(h)
+	} else if err := fleetstate.ValidHostName(m.Host); err != nil {
 		return fmt.Errorf("--mirror-host: %w", err)
 	}
 	if m.Replicas < 0 || m.Replicas > 5 {

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 )
 
 func fleetCmd(g *globals) *cobra.Command {
@@ -39,7 +39,7 @@ func fleetStatusCmd(g *globals) *cobra.Command {
 	return c
 }
 
-func printMirrorState(w io.Writer, st *fleet.MirrorState) {
+func printMirrorState(w io.Writer, st *fleetstate.MirrorState) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	link := "down"
 	if st.Connected {
@@ -85,35 +85,28 @@ func printMirrorState(w io.Writer, st *fleet.MirrorState) {
 
 func fleetTemplateCmd() *cobra.Command {
 	var hosts []string
-	var t fleet.Template
+	var t templateFlags
 	var domain, maxBytes string
 	c := &cobra.Command{
 		Use:   "template --host NAME [--host NAME...]",
 		Short: "Print the fleet's account and permission configuration: one account per host, a read-only auditor, the aggregator, the operator",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, h := range hosts {
-				t.Hosts = append(t.Hosts, strings.Split(h, ",")...)
-			}
-			n, err := parseBytes(maxBytes)
-			if err != nil {
-				return usageError{fmt.Errorf("--max-bytes %q: %w", maxBytes, err)}
-			}
-			t.MaxBytes = n
-			conf, err := t.Config(domain)
-			if err != nil {
-				return usageError{err}
-			}
-			_, err = fmt.Fprint(cmd.OutOrStdout(), conf)
-			return err
+			return fleetTemplate(cmd, hosts, t, domain, maxBytes)
 		},
 	}
 	c.Flags().StringArrayVar(&hosts, "host", nil, "a host name of the fleet (repeat, or separate with commas)")
-	c.Flags().StringVar(&t.Auditor, "auditor", "auditor", "the auditors' user name (reads only)")
-	c.Flags().StringVar(&t.Aggregator, "aggregator", "aggregator", "the user that creates and keeps the aggregate (nexus fleet aggregate)")
-	c.Flags().StringVar(&t.Operator, "operator", "operator", "the user that repairs mirrors and the aggregate (update, delete)")
-	c.Flags().IntVar(&t.MaxStreams, "max-streams", 2, "JetStream streams of each host's account (a host makes 2: its mirror and its report; 0: no limit)")
+	c.Flags().StringVar(&t.auditor, "auditor", "auditor", "the auditors' user name (reads only)")
+	c.Flags().StringVar(&t.aggregator, "aggregator", "aggregator", "the user that creates and keeps the aggregate (nexus fleet aggregate)")
+	c.Flags().StringVar(&t.operator, "operator", "operator", "the user that repairs mirrors and the aggregate (update, delete)")
+	c.Flags().IntVar(&t.maxStreams, "max-streams", 2, "JetStream streams of each host's account (a host makes 2: its mirror and its report; 0: no limit)")
 	c.Flags().StringVar(&domain, "domain", "fleet", "the fleet's JetStream domain (daemon --mirror-domain)")
 	c.Flags().StringVar(&maxBytes, "max-bytes", "0", "JetStream storage limit of each host's account (0: none)")
 	return c
+}
+
+// templateFlags are fleet template's account names and limit.
+type templateFlags struct {
+	auditor, aggregator, operator string
+	maxStreams                    int
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -118,7 +119,7 @@ func TestFleetStatusThroughDaemon(t *testing.T) {
 	}
 	// It names the node the link is up to, as the embedded server sees
 	// it, not only the URLs it was given.
-	if u, err := fleet.ParseFleetURL(leaf); err != nil || st.LinkedNode != "fleet" || st.LinkedAddr != u.Host {
+	if u, err := fleetstate.ParseURL(leaf); err != nil || st.LinkedNode != "fleet" || st.LinkedAddr != u.Host {
 		t.Fatalf("linked to %q at %q, want the fleet server at %s (%v)", st.LinkedNode, st.LinkedAddr, leaf, err)
 	}
 	id, err := os.ReadFile(filepath.Join(root, "host-id"))

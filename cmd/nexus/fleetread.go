@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"strings"
 	"time"
@@ -14,8 +12,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -30,29 +27,10 @@ func (c *fleetConn) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&c.creds, "nats-creds", "", "NATS .creds file for the auditor")
 }
 
-// dial connects, or says which flag is missing (exit 2). A record a read
-// skips is reported on stderr.
-func (c *fleetConn) dial(cmd *cobra.Command) (*fleet.Auditor, error) {
-	if c.url == "" {
-		c.url = os.Getenv("NEXUS_FLEET_URL")
-	} else if strings.Contains(c.url, "@") {
-		fmt.Fprintln(cmd.ErrOrStderr(), "nexus: warning: the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_FLEET_URL or use --nats-creds")
-	}
-	if c.url == "" {
-		return nil, usageError{errors.New("name the fleet with --nats URL or NEXUS_FLEET_URL")}
-	}
-	f, err := fleet.Dial(c.url, c.creds)
-	if err != nil {
-		return nil, err
-	}
-	f.Reject = func(r fleet.Rejected) { warnSkipped(cmd, r) }
-	return f, nil
-}
-
 // warnSkipped reports a record a fleet read skipped and went past.
-func warnSkipped(cmd *cobra.Command, r fleet.Rejected) { warnSkippedTo(cmd.ErrOrStderr(), r) }
+func warnSkipped(cmd *cobra.Command, r fleetstate.Rejected) { warnSkippedTo(cmd.ErrOrStderr(), r) }
 
-func warnSkippedTo(w io.Writer, r fleet.Rejected) {
+func warnSkippedTo(w io.Writer, r fleetstate.Rejected) {
 	fmt.Fprintf(w, "nexus: warning: skipped %s\n", r)
 }
 
@@ -63,22 +41,10 @@ func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) 
 	return func(rec replay.FleetRecord) error {
 		e, err := replay.DecodeFleet(rec)
 		if err != nil {
-			warnSkippedTo(errOut, fleet.Rejected{Stream: fleet.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
+			warnSkippedTo(errOut, fleetstate.Rejected{Stream: fleetstate.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
 			return nil
 		}
 		return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
-	}
-}
-
-// fleetReader reads the aggregate from r's position, with the filters
-// the caller decides (replay.FleetReader).
-func fleetReader(ctx context.Context, f *fleet.Auditor, r fleet.Range) replay.FleetReader {
-	return func(filters []string, fn func(replay.FleetRecord) error) error {
-		r := r
-		r.Filters = filters
-		return f.Scan(ctx, r, func(rec fleet.Record) error {
-			return fn(replay.FleetRecord{Host: rec.Host, Seq: rec.HostSeq, FleetSeq: rec.Seq, Data: rec.Data})
-		})
 	}
 }
 
@@ -88,7 +54,7 @@ func fleetAggregateCmd() *cobra.Command {
 	var replicas int
 	c := &cobra.Command{
 		Use:   "aggregate --host NAME [--host NAME...]",
-		Short: "As the aggregator: create the fleet's aggregate stream (" + fleet.AggregateStream + ") from the hosts' mirrors, add hosts to it, and set its resume points",
+		Short: "As the aggregator: create the fleet's aggregate stream (" + fleetstate.AggregateStream + ") from the hosts' mirrors, add hosts to it, and set its resume points",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var names []string
@@ -98,29 +64,7 @@ func fleetAggregateCmd() *cobra.Command {
 			if len(names) == 0 {
 				return usageError{errors.New("name at least one --host")}
 			}
-			for _, h := range names {
-				if err := fleet.ValidHostName(h); err != nil {
-					return usageError{fmt.Errorf("--host: %w", err)}
-				}
-			}
-			if replicas < 0 || replicas > 5 {
-				return usageError{fmt.Errorf("--replicas %d: want 1 to 5", replicas)}
-			}
-			f, err := conn.dial(cmd)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			added, err := f.EnsureAggregate(cmd.Context(), names, replicas)
-			if err != nil {
-				return err
-			}
-			all, err := f.AggregateSources(cmd.Context())
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: sourced from %s (added: %s)\n", fleet.AggregateStream, strings.Join(all, ", "), dash(strings.Join(added, ", ")))
-			return nil
+			return fleetAggregate(cmd, &conn, names, replicas)
 		},
 	}
 	conn.flags(c)
@@ -140,36 +84,7 @@ func fleetEventsCmd() *cobra.Command {
 		Short: "Print every host's events from the fleet's aggregate, one a line, each with its host",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var r fleet.Range
-			var err error
-			if r.From, r.FromTime, err = parsePosition("--since", since, time.Now()); err != nil {
-				return usageError{err}
-			}
-			if _, err := events.FilterSubjects(types, ""); err != nil {
-				return usageError{err}
-			}
-			for _, h := range hosts {
-				if err := fleet.ValidHostName(h); err != nil {
-					return usageError{fmt.Errorf("--host: %w", err)}
-				}
-			}
-			r.Follow = follow
-			f, err := conn.dial(cmd)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			ctx := cmd.Context()
-			filters, err := fleetEventFilters(fleetReader(ctx, f, fleet.Range{}), hosts, sandbox, types)
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			err = fleetReader(ctx, f, r)(filters, printFleetEvent(out, cmd.ErrOrStderr(), o))
-			if follow && errors.Is(err, context.Canceled) {
-				return nil
-			}
-			return err
+			return fleetEvents(cmd, &conn, hosts, types, sandbox, since, follow, o)
 		},
 	}
 	conn.flags(c)
@@ -252,16 +167,7 @@ func fleetSandboxCmd[T any](use, short string, read func(replay.FleetReader, str
 	c := &cobra.Command{
 		Use: use, Short: short, Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := conn.dial(cmd)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			rows, err := read(fleetReader(cmd.Context(), f, fleet.Range{}), args[0])
-			if err != nil {
-				return err
-			}
-			return printList(cmd, o, rows, id, t)
+			return fleetSandbox(cmd, &conn, o, read, id, t, args[0])
 		},
 	}
 	conn.flags(c)

@@ -11,7 +11,7 @@ import (
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/client"
-	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/durable"
@@ -137,7 +137,7 @@ func BenchmarkSweepDead1000x10(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		m := &lifecycle.Manager{Root: layout.Root(root), B: control.Local{Store: n}, Driver: driver.Driver{Name: driver.Process}}
+		m := &lifecycle.Manager{Root: layout.Root(root), B: local.Backend{Store: n}, Driver: driver.Driver{Name: driver.Process}}
 		dir := hostledger.Dir(root)
 		writeRuns(b, dir, benchRuns, 1<<22, 1_700_000_000_000) // pid beyond pid_max: never running
 		self := ledger.Self{Run: "bench", Driver: "process"}

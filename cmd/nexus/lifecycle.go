@@ -17,6 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/driver"
+	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
@@ -56,7 +57,7 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 	if err != nil {
 		return nil, err
 	}
-	exe, err := os.Executable()
+	exe, err := shimBinary()
 	if err != nil {
 		return nil, err
 	}
@@ -194,7 +195,7 @@ func createCmd(g *globals) *cobra.Command {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				// The client's init-time sweep ran before this, its first
 				// create: its decisions go in first.
-				if err := session.JournalKept(cmd.Context(), m, kept); err != nil {
+				if err := hostledger.JournalKept(cmd.Context(), m.B.Append, kept); err != nil {
 					return err
 				}
 				if err := session.BindToRun(m, os.Getenv(client.EnvRunID), &spec); err != nil {

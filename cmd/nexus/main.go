@@ -18,7 +18,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/session"
@@ -70,6 +69,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nexus: aborted; anything this command left unfinished is finished by `nexus recover`")
 		os.Exit(130)
 	}()
+	identify()
 	flush := session.StartTracing(ctx)
 	err := execute(ctx, newRoot(), os.Args[1:])
 	flush()
@@ -103,9 +103,7 @@ func exitCode(err error) int {
 		return es.code // a command's own status (run's child, exec's guest command)
 	}
 	msg := err.Error()
-	if ce := (*control.CorruptError)(nil); errors.As(err, &ce) {
-		msg += "; if only the end of the last block is torn, `nexus journal repair --backup DIR` copies the store aside and cuts it"
-	}
+	msg += journalHint(err)
 	fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg))
 	if errors.Is(err, errInterrupted) || interrupted.Load() {
 		return 130

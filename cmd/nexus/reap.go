@@ -116,7 +116,8 @@ func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecyc
 	if err != nil {
 		return nil, err
 	}
-	return session.Reap(ctx, root, co, testHooks(), o)
+	rep, err := session.Reap(ctx, root, co, testHooks(), o)
+	return rep, inNexusd(err)
 }
 
 func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {

@@ -739,10 +739,11 @@ func TestReapConcurrentWithLifecycle(t *testing.T) {
 	t.Parallel()
 	bin := nexusBin
 	if raceEnabled {
-		bin = filepath.Join(t.TempDir(), "nexus-race")
-		if out, err := exec.Command("go", "build", "-race", "-tags", "nexustest", "-o", bin, ".").CombinedOutput(); err != nil {
-			t.Fatalf("build -race: %v\n%s", err, out)
+		dir := t.TempDir()
+		if err := testutil.BuildNexusIn(dir, "-race"); err != nil {
+			t.Fatalf("build -race: %v", err)
 		}
+		bin = filepath.Join(dir, "nexus")
 	}
 	image := makeImage(t)
 	root := shortRoot(t)

@@ -1,18 +1,16 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/audit"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -44,38 +42,10 @@ func replayCmd(g *globals) *cobra.Command {
 	c.PersistentFlags().StringVar(&f.natsURL, "nats", "", "audit a mirror stream on this NATS server (a fleet's, see daemon --mirror) instead")
 	c.PersistentFlags().StringVar(&f.stream, "stream", "", "the mirror stream to read with --nats (NEXUS_<HOST>)")
 	c.PersistentFlags().StringVar(&f.natsCreds, "nats-creds", "", "NATS .creds file for --nats")
-	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of nexus fleet template: "+audit.AuditorAPIPrefix+")")
+	c.PersistentFlags().StringVar(&f.natsPrefix, "nats-api-prefix", "", "JetStream API prefix for --nats (an auditor of nexus fleet template: "+fleetstate.AuditAPIPrefix+")")
 	c.PersistentFlags().BoolVar(&f.asJSON, "json", false, "print JSON")
 	c.AddCommand(replayTimelineCmd(g, f), replayAtCmd(g, f), replayVerifyCmd(g, f), replayDiffCmd(g, f))
 	return c
-}
-
-// source is the journal the flags name; --nats needs --stream and
-// excludes --journal.
-func (f *replayFlags) source(g *globals) (audit.Source, error) {
-	if f.natsURL != "" && (f.stream == "" || f.journalDir != "") {
-		return audit.Source{}, usageError{errors.New("--nats needs --stream, and excludes --journal")}
-	}
-	return audit.Source{Root: g.stateDir, Dir: f.journalDir, NATS: f.natsURL, Stream: f.stream, Creds: f.natsCreds, APIPrefix: f.natsPrefix,
-		Rejected: func(r audit.Rejected) { fmt.Fprintf(os.Stderr, "nexus: warning: skipped %s\n", r) }}, nil
-}
-
-// eachRecord calls fn with every record of the audited journal, in order.
-func eachRecord(ctx context.Context, g *globals, f *replayFlags, fn func(replay.Record)) error {
-	src, err := f.source(g)
-	if err != nil {
-		return err
-	}
-	return audit.Each(ctx, src, fn)
-}
-
-// readJournal returns every record of the audited journal.
-func readJournal(ctx context.Context, g *globals, f *replayFlags) ([]replay.Record, error) {
-	src, err := f.source(g)
-	if err != nil {
-		return nil, err
-	}
-	return audit.Records(ctx, src)
 }
 
 func replayTimelineCmd(g *globals, f *replayFlags) *cobra.Command {
@@ -222,7 +192,7 @@ func replayDiffCmd(g *globals, f *replayFlags) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			d, err := audit.Diff(g.stateDir, recs)
+			d, err := diffRoot(g.stateDir, recs)
 			if err != nil {
 				return err
 			}

@@ -163,7 +163,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return session.JournalKept(cmd.Context(), m, evs) })
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return hostledger.JournalKept(cmd.Context(), m.B.Append, evs) })
 		}}
 
 	var run string

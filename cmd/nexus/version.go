@@ -1,6 +1,7 @@
 package main
 
 import (
+	"debug/buildinfo"
 	"fmt"
 	"runtime/debug"
 	"strings"
@@ -50,15 +51,30 @@ func readVersion() versionInfo {
 			v.CommitTime = s.Value
 		}
 	}
+	v.NATSServer = natsServerOf(bi)
+	if v.NATSServer == "" {
+		// The CLI links no nats-server: the journal's is nexusd's, read
+		// from the build information in its file, without running it.
+		if exe, err := daemonBinary(); err == nil {
+			if dbi, err := buildinfo.ReadFile(exe); err == nil {
+				v.NATSServer = natsServerOf(dbi)
+			}
+		}
+	}
+	return v
+}
+
+// natsServerOf is the nats-server module version linked into a build.
+func natsServerOf(bi *debug.BuildInfo) string {
 	for _, d := range bi.Deps {
 		if d.Path == natsServerModule {
 			if d.Replace != nil {
 				d = d.Replace
 			}
-			v.NATSServer = d.Version
+			return d.Version
 		}
 	}
-	return v
+	return ""
 }
 
 // String is the one-line form: "nexus devel (rev 0123abcd4567, modified) go1.26 nats-server v2.12.0".

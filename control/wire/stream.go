@@ -11,7 +11,6 @@ import (
 
 	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
 // The append stream: appends travel on one connection per client, upgraded
@@ -333,12 +332,19 @@ func noEOF(err error) error {
 	return err
 }
 
-// Answer is the response to request id, whose append returned seqs, err.
-func Answer(id uint64, seqs []uint64, err error) *AppendResponse {
+// ErrConflict is the journal's refusal of an append whose expected last
+// sequence lost a race, as the client sees it; the daemon marks an error
+// that is the journal's own (Answer's conflict).
+var ErrConflict = errors.New("journal moved on: expected last sequence does not match")
+
+// Answer is the response to request id, whose append returned seqs, err;
+// conflict says err is the journal's ErrConflict, which this package, on
+// the client's side of the socket, does not link.
+func Answer(id uint64, seqs []uint64, err error, conflict bool) *AppendResponse {
 	resp := &AppendResponse{ID: id, Seqs: seqs}
 	if err != nil {
 		resp.Error = err.Error()
-		resp.Conflict = errors.Is(err, journal.ErrConflict)
+		resp.Conflict = conflict || errors.Is(err, ErrConflict)
 		resp.SagaClosed = errors.Is(err, core.ErrSagaClosed)
 		errors.As(err, &resp.Stale)
 		errors.As(err, &resp.Held)
@@ -358,7 +364,7 @@ func (resp *AppendResponse) Result() ([]uint64, error) {
 	case resp.SagaClosed:
 		return resp.Seqs, fmt.Errorf("daemon: %w: %s", core.ErrSagaClosed, resp.Error)
 	case resp.Conflict:
-		return resp.Seqs, fmt.Errorf("daemon: %w: %s", journal.ErrConflict, resp.Error)
+		return resp.Seqs, fmt.Errorf("daemon: %w: %s", ErrConflict, resp.Error)
 	case resp.Error != "":
 		return resp.Seqs, fmt.Errorf("daemon: %s", resp.Error)
 	}

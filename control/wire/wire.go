@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/fleet"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 )
 
 // SocketName is the daemon's control socket, directly under the state root.
@@ -117,7 +117,7 @@ type Record struct {
 
 // MirrorAnswer is the daemon's fleet mirror (nil: it mirrors nothing).
 type MirrorAnswer struct {
-	Mirror *fleet.MirrorState `json:"mirror"`
+	Mirror *fleetstate.MirrorState `json:"mirror"`
 }
 
 // RevAnswer is the sequence of the last event about an entity (0: none).

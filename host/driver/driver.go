@@ -50,7 +50,7 @@ const (
 // Driver is the VMM nexus spawns for a sandbox.
 type Driver struct {
 	Name      string // one of Names
-	Exe       string // the nexus binary: the process and qemu drivers' VMM, and every supervisor
+	Exe       string // nexus-shim: the process and qemu drivers' VMM, and every supervisor
 	CHBinary  string // cloud-hypervisor, for the cloud-hypervisor driver
 	Kernel    string // NEXUS_KERNEL_PATH, for the drivers that boot a guest
 	Initramfs string // optional; a distro kernel needs one to load its virtio modules
@@ -150,6 +150,12 @@ func (d Driver) qemuBinary() string {
 	}
 	return DefaultQEMUBinary
 }
+
+// SignalsReady reports whether the driver's VMM is nexus's own, which
+// says when it serves on the readiness pipe it is spawned with
+// (proc.SpawnReady); cloud-hypervisor's is waited for by asking its API
+// socket.
+func (d Driver) SignalsReady() bool { return d.Name != CloudHypervisor }
 
 // Argv is the command line that starts the driver's VMM serving its API
 // on apiSocket.

@@ -9,16 +9,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
-// AggregateStream is the fleet's aggregate: one stream in the auditors'
-// account sourced from every host's mirror, so the fleet reads as one
-// journal. No host name maps to it: MirrorStream never makes a '-'.
-const AggregateStream = "NEXUS-FLEET"
+// AggregateStream is the fleet's aggregate (fleetstate.AggregateStream).
+const AggregateStream = fleetstate.AggregateStream
 
 // aggregateDeliver is where a host account delivers its mirror's messages
 // to the aggregate's source (exported to the auditors' account only).
@@ -54,14 +54,14 @@ func Dial(natsURL, credsFile string) (*Auditor, error) {
 	}
 	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("fleet: connect to %s: %w", RedactURL(natsURL), err)
+		return nil, fmt.Errorf("fleet: connect to %s: %w", fleetstate.RedactURL(natsURL), err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	return &Auditor{nc: nc, js: js, url: RedactURL(natsURL)}, nil
+	return &Auditor{nc: nc, js: js, url: fleetstate.RedactURL(natsURL)}, nil
 }
 
 // Close ends the connection.
@@ -107,7 +107,7 @@ func hostOfStream(stream string) string {
 // after a repair's delete, or on a schedule; readers skip what is left.
 func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas int) (added []string, err error) {
 	for _, h := range hosts {
-		if err := ValidHostName(h); err != nil {
+		if err := fleetstate.ValidHostName(h); err != nil {
 			return nil, err
 		}
 	}
@@ -281,7 +281,7 @@ type aggSource struct {
 // none). Anything else was put there by other means than the sourcing.
 func checkSource(subject, header string) (aggSource, error) {
 	host, _, _ := strings.Cut(subject, ".")
-	if err := ValidHostName(host); err != nil {
+	if err := fleetstate.ValidHostName(host); err != nil {
 		return aggSource{}, fmt.Errorf("subject names no host: %v", err)
 	}
 	if header == "" {

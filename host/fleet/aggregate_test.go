@@ -328,4 +328,3 @@ func TestHostAccountBounds(t *testing.T) {
 		t.Fatalf("a third stream past the account's limit of %d: %v", hostStreams, err)
 	}
 }
-

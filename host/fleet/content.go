@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
@@ -21,12 +22,7 @@ const (
 )
 
 // FailedCheck is one check a mirror failed, and what each side holds.
-type FailedCheck struct {
-	Check  string `json:"check"`
-	Detail string `json:"detail"`
-}
-
-func (f FailedCheck) String() string { return f.Check + " check failed: " + f.Detail }
+type FailedCheck = fleetstate.FailedCheck
 
 // ErrMirrorCheck is a mirror that failed a check against its host.
 var ErrMirrorCheck = errors.New("fleet: the mirror is not its host's journal")
@@ -48,19 +44,19 @@ func spanChecks(st jetstream.StreamState, host hostWord) []FailedCheck {
 		if host.mayTrail {
 			return nil // nothing copied yet
 		}
-		return append(out, FailedCheck{CheckCount, "the mirror is empty: it holds none of the host's journal"})
+		return append(out, FailedCheck{Check: CheckCount, Detail: "the mirror is empty: it holds none of the host's journal"})
 	}
 	if st.FirstSeq != 1 {
-		out = append(out, FailedCheck{CheckFirstSeq, fmt.Sprintf("the mirror starts at %d, the journal at 1: its head is missing", st.FirstSeq)})
+		out = append(out, FailedCheck{Check: CheckFirstSeq, Detail: fmt.Sprintf("the mirror starts at %d, the journal at 1: its head is missing", st.FirstSeq)})
 	}
 	if st.Msgs != st.LastSeq {
-		out = append(out, FailedCheck{CheckCount, fmt.Sprintf("the mirror holds %d records up to %d, the journal %d: %d are missing", st.Msgs, st.LastSeq, st.LastSeq, st.LastSeq-min(st.Msgs, st.LastSeq))})
+		out = append(out, FailedCheck{Check: CheckCount, Detail: fmt.Sprintf("the mirror holds %d records up to %d, the journal %d: %d are missing", st.Msgs, st.LastSeq, st.LastSeq, st.LastSeq-min(st.Msgs, st.LastSeq))})
 	}
 	switch {
 	case st.LastSeq > host.lastSeq && host.mayTrail:
-		out = append(out, FailedCheck{CheckLastSeq, fmt.Sprintf("the mirror ends at %d, after the host's journal (%d)", st.LastSeq, host.lastSeq)})
+		out = append(out, FailedCheck{Check: CheckLastSeq, Detail: fmt.Sprintf("the mirror ends at %d, after the host's journal (%d)", st.LastSeq, host.lastSeq)})
 	case st.LastSeq < host.lastSeq && !host.mayTrail:
-		out = append(out, FailedCheck{CheckLastSeq, fmt.Sprintf("the mirror ends at %d, but its host reported its journal at %d: it is truncated or behind", st.LastSeq, host.lastSeq)})
+		out = append(out, FailedCheck{Check: CheckLastSeq, Detail: fmt.Sprintf("the mirror ends at %d, but its host reported its journal at %d: it is truncated or behind", st.LastSeq, host.lastSeq)})
 	}
 	return out
 }
@@ -73,7 +69,7 @@ func digestCheck(chain events.Chain, host hostWord) []FailedCheck {
 	if d.Seq == 0 || chain.Seq < d.Seq || chain.Digest() == d.Digest {
 		return nil
 	}
-	return []FailedCheck{{CheckDigest, fmt.Sprintf("the mirror's records 1 to %d hash to %.16s…, the host journaled %.16s…", d.Seq, chain.Digest(), d.Digest)}}
+	return []FailedCheck{{Check: CheckDigest, Detail: fmt.Sprintf("the mirror's records 1 to %d hash to %.16s…, the host journaled %.16s…", d.Seq, chain.Digest(), d.Digest)}}
 }
 
 // digestSubject is the journal subject of journal.digest events.

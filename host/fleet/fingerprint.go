@@ -1,34 +1,41 @@
 package fleet
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"fmt"
 	"os"
+
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 )
 
-// Fingerprint names the settings a mirror runs with: its URLs (with their
-// passwords), credentials file and that file's content, domain, host name,
-// replicas and byte limit. Two mirrors with one fingerprint link and
-// mirror alike; a daemon whose fingerprint is not the one its
-// configuration gives is running stale settings. It is a digest, so it
-// repeats no password. A nil Mirror (no mirroring) has the empty one.
+// FromSettings is a Mirror with the settings s.
+func FromSettings(s fleetstate.Settings) *Mirror {
+	return &Mirror{URLs: s.URLs, Credentials: s.Credentials, Domain: s.Domain, Host: s.Host, Replicas: s.Replicas, MaxBytes: s.MaxBytes}
+}
+
+// Settings are the settings m mirrors with.
+func (m *Mirror) Settings() fleetstate.Settings {
+	return fleetstate.Settings{URLs: m.URLs, Credentials: m.Credentials, Domain: m.Domain, Host: m.Host, Replicas: m.Replicas, MaxBytes: m.MaxBytes}
+}
+
+// Fingerprint is the fingerprint of m's settings (fleetstate.Settings),
+// its credentials file read now. A nil Mirror (no mirroring) has the empty
+// one.
 func (m *Mirror) Fingerprint() string {
 	if m == nil {
 		return ""
 	}
-	h := sha256.New()
-	for _, u := range m.URLs {
-		fmt.Fprintf(h, "url %q\n", u.String())
+	s := m.Settings()
+	return s.Fingerprint(readCredentials(s.Credentials))
+}
+
+// readCredentials is a credentials file's content for a fingerprint, nil
+// when there is none or it cannot be read.
+func readCredentials(path string) []byte {
+	if path == "" {
+		return nil
 	}
-	fmt.Fprintf(h, "creds %q\n", m.Credentials)
-	if m.Credentials != "" {
-		// A rotated credentials file is a new setting: a daemon still
-		// linked with the old one is stale.
-		if b, err := os.ReadFile(m.Credentials); err == nil {
-			fmt.Fprintf(h, "creds-content %x\n", sha256.Sum256(b))
-		}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil
 	}
-	fmt.Fprintf(h, "domain %q\nhost %q\nreplicas %d\nmax-bytes %d\n", m.Domain, m.Host, m.Replicas, m.MaxBytes)
-	return hex.EncodeToString(h.Sum(nil)[:12])
+	return b
 }

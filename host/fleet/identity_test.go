@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
@@ -28,8 +29,8 @@ func TestHostNames(t *testing.T) {
 		{"host_a", false}, {"Host-A", false}, {"-a", false}, {"a-", false}, {"", false},
 		{strings.Repeat("a", 64), false}, {"a.b", false}, {"a b", false},
 	} {
-		if err := ValidHostName(c.name); (err == nil) != c.ok {
-			t.Errorf("ValidHostName(%q) = %v, want ok=%v", c.name, err, c.ok)
+		if err := fleetstate.ValidHostName(c.name); (err == nil) != c.ok {
+			t.Errorf("fleetstate.ValidHostName(%q) = %v, want ok=%v", c.name, err, c.ok)
 		}
 	}
 	// Over valid names the stream name is injective: '-' becomes '_',
@@ -46,12 +47,12 @@ func TestHostNames(t *testing.T) {
 		"Host_A.example.com": "host-a", "web01": "web01", "--x--": "x", "": "host", "é": "host",
 		strings.Repeat("b", 70): strings.Repeat("b", 63),
 	} {
-		got := HostNameFrom(in)
+		got := fleetstate.HostNameFrom(in)
 		if got != want {
-			t.Errorf("HostNameFrom(%q) = %q, want %q", in, got, want)
+			t.Errorf("fleetstate.HostNameFrom(%q) = %q, want %q", in, got, want)
 		}
-		if err := ValidHostName(got); err != nil {
-			t.Errorf("HostNameFrom(%q) = %q is not valid: %v", in, got, err)
+		if err := fleetstate.ValidHostName(got); err != nil {
+			t.Errorf("fleetstate.HostNameFrom(%q) = %q is not valid: %v", in, got, err)
 		}
 	}
 }
@@ -247,19 +248,19 @@ func TestMirrorMisconfigurationRefusedAtOpen(t *testing.T) {
 		t.Fatalf("a missing creds file opened: %v", err)
 	}
 	for _, bad := range []string{"http://u:pw@h:1", "nats-leaf://u:pw@:4222", "nats-leaf://u:pw@h:99999", "::nope"} {
-		_, err := ParseFleetURL(bad)
+		_, err := fleetstate.ParseURL(bad)
 		if err == nil {
-			t.Fatalf("ParseFleetURL(%q) accepted", bad)
+			t.Fatalf("fleetstate.ParseURL(%q) accepted", bad)
 		}
 		if strings.Contains(err.Error(), "pw") {
-			t.Fatalf("ParseFleetURL(%q) error shows the password: %v", bad, err)
+			t.Fatalf("fleetstate.ParseURL(%q) error shows the password: %v", bad, err)
 		}
 	}
 }
 
 func openHostCreds(t *testing.T, creds string) (*journal.Journal, *Mirror, error) {
 	t.Helper()
-	u, _ := ParseFleetURL("nats-leaf://127.0.0.1:1")
+	u, _ := fleetstate.ParseURL("nats-leaf://127.0.0.1:1")
 	m := &Mirror{URLs: []*url.URL{u}, Credentials: creds, Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String()}
 	j, err := journal.Open(context.Background(), journal.Options{Dir: t.TempDir() + "/journal", Mirror: m})
 	if err == nil {

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
+
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
@@ -83,53 +85,18 @@ const (
 
 var (
 	hostToken = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-	hostName  = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 )
-
-// ValidHostName checks a fleet host name: 1-63 of a-z, 0-9 and '-', not
-// starting or ending with '-'. Upper case and '_' are refused rather than
-// folded, so two names an operator typed differently never name one stream
-// (the stream name upper-cases and turns '-' into '_').
-func ValidHostName(name string) error {
-	if !hostName.MatchString(name) {
-		return fmt.Errorf("host name %q: want 1-63 of a-z, 0-9 and '-', not starting or ending with '-'", name)
-	}
-	return nil
-}
-
-// HostNameFrom turns an OS hostname into a valid host name: the first
-// label, lower-cased, every other character '-'. Distinct hostnames may
-// fold into one name; the identity check on the fleet catches that.
-func HostNameFrom(hostname string) string {
-	h, _, _ := strings.Cut(hostname, ".")
-	h = strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			return r
-		case r >= 'A' && r <= 'Z':
-			return r + 'a' - 'A'
-		}
-		return '-'
-	}, h)
-	if len(h) > 63 {
-		h = h[:63]
-	}
-	if h = strings.Trim(h, "-"); h == "" {
-		return "host"
-	}
-	return h
-}
 
 func (m *Mirror) validate() error {
 	if len(m.URLs) == 0 {
 		return errors.New("fleet: mirror needs a fleet URL")
 	}
 	for _, u := range m.URLs {
-		if err := checkFleetURL(u); err != nil {
+		if err := fleetstate.CheckURL(u); err != nil {
 			return err
 		}
 	}
-	if err := ValidHostName(m.Host); err != nil {
+	if err := fleetstate.ValidHostName(m.Host); err != nil {
 		return fmt.Errorf("fleet: mirror %w", err)
 	}
 	if _, err := ulid.ParseStrict(m.HostID); err != nil {
@@ -153,56 +120,6 @@ func (m *Mirror) validate() error {
 		}
 	}
 	return nil
-}
-
-// checkFleetURL refuses what the link could never dial, naming the URL
-// without its password.
-func checkFleetURL(u *url.URL) error {
-	if u == nil || u.Hostname() == "" {
-		return errors.New("fleet: mirror URL needs a host")
-	}
-	switch u.Scheme {
-	case "nats-leaf", "nats", "tls":
-	default:
-		return fmt.Errorf("fleet: mirror URL %s: scheme %q: want nats-leaf, nats or tls", u.Redacted(), u.Scheme)
-	}
-	if p := u.Port(); p != "" {
-		var n int
-		if _, err := fmt.Sscanf(p, "%d", &n); err != nil || n < 1 || n > 65535 {
-			return fmt.Errorf("fleet: mirror URL %s: bad port", u.Redacted())
-		}
-	}
-	return nil
-}
-
-// ParseFleetURL parses one fleet URL; its errors never repeat a password.
-func ParseFleetURL(s string) (*url.URL, error) {
-	u, err := url.Parse(s)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("mirror URL %s: want nats-leaf://[user:pass@]HOST:PORT", RedactURL(s))
-	}
-	if err := checkFleetURL(u); err != nil {
-		return nil, errors.New(strings.TrimPrefix(err.Error(), "fleet: "))
-	}
-	return u, nil
-}
-
-// RedactURL hides the user information of a URL that may not parse.
-func RedactURL(s string) string {
-	if u, err := url.Parse(s); err == nil {
-		return u.Redacted()
-	}
-	scheme, rest, ok := strings.Cut(s, "://")
-	if !ok {
-		rest, scheme = s, ""
-	}
-	if i := strings.LastIndex(rest, "@"); i >= 0 {
-		rest = "xxxxx@" + rest[i+1:]
-	}
-	if scheme != "" {
-		return scheme + "://" + rest
-	}
-	return rest
 }
 
 // Redacted lists the fleet URLs without passwords, for logs and status.
@@ -707,22 +624,8 @@ func (m *Mirror) Status() (ok bool, lastErr string) {
 	return r.set, ""
 }
 
-// Rejected is a record a reader skipped and reports: one that does not
-// match the stream it was read from (another host's subject, no or a
-// wrong source, a sequence not its host's, undecodable data).
-type Rejected struct {
-	Stream  string `json:"stream"`
-	Seq     uint64 `json:"seq"` // in Stream
-	Subject string `json:"subject"`
-	Reason  string `json:"reason"`
-}
-
-func (r Rejected) String() string {
-	if r.Subject == "" {
-		return fmt.Sprintf("%s sequence %d: %s", r.Stream, r.Seq, r.Reason)
-	}
-	return fmt.Sprintf("%s sequence %d (%s): %s", r.Stream, r.Seq, r.Subject, r.Reason)
-}
+// Rejected is a record a read skipped (fleetstate.Rejected).
+type Rejected = fleetstate.Rejected
 
 // ReadMirror reads every record of a mirror stream on the fleet (or any
 // JetStream holding nexus events) at natsURL, in order, for replay. It only
@@ -744,7 +647,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	}
 	nc, err := nats.Connect(natsURL, opts...)
 	if err != nil {
-		return fmt.Errorf("fleet: connect to %s: %w", RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: connect to %s: %w", fleetstate.RedactURL(natsURL), err)
 	}
 	defer nc.Close()
 	var js jetstream.JetStream
@@ -758,7 +661,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 	}
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
-		return fmt.Errorf("fleet: stream %s at %s: %w", stream, RedactURL(natsURL), err)
+		return fmt.Errorf("fleet: stream %s at %s: %w", stream, fleetstate.RedactURL(natsURL), err)
 	}
 	info := s.CachedInfo()
 	st := info.State

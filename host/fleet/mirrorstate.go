@@ -7,59 +7,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
+
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
 )
 
-// MirrorState is the mirror as the host sees it now: the link, the
-// stream on the fleet, and how far the fleet's copy trails the journal.
-type MirrorState struct {
-	Host      string   `json:"host"`
-	HostID    string   `json:"host_id"`
-	Stream    string   `json:"stream"`
-	Domain    string   `json:"domain"`
-	URLs      []string `json:"urls"` // without passwords
-	Connected bool     `json:"connected"`
-	// LinkedNode and LinkedAddr are the fleet node the link is up to now:
-	// its server name and the address it was reached at ("" while down).
-	LinkedNode string `json:"linked_node,omitempty"`
-	LinkedAddr string `json:"linked_addr,omitempty"`
-	// Exists: the fleet answered and holds the mirror.
-	Exists   bool `json:"exists"`
-	Replicas int  `json:"replicas,omitempty"`
-	// JournalLastSeq and MirrorLastSeq are the last sequence of each; the
-	// mirror keeps the journal's sequences, so LagEvents is their
-	// difference, plus MissingEvents.
-	JournalLastSeq uint64 `json:"journal_last_seq"`
-	MirrorLastSeq  uint64 `json:"mirror_last_seq"`
-	LagEvents      uint64 `json:"lag_events"`
-	// MirrorFirstSeq and MirrorMsgs: where the mirror starts and how many
-	// records it holds; MissingEvents is how many of the journal's records
-	// up to MirrorLastSeq it lacks (a head cut off, a gap), which the lag
-	// counts too.
-	MirrorFirstSeq uint64 `json:"mirror_first_seq"`
-	MirrorMsgs     uint64 `json:"mirror_msgs"`
-	MissingEvents  uint64 `json:"missing_events"`
-	// ReportedSeq is the journal's last sequence as this host last
-	// published it to its report stream (ReportStream), which `replay`
-	// holds the mirror to (0: not yet).
-	ReportedSeq uint64 `json:"reported_seq"`
-	// LagSeconds is how much older the mirror's newest event is than the
-	// journal's (0 when current).
-	LagSeconds float64 `json:"lag_seconds"`
-	// LastError is the fleet's or the link's last complaint, "" if none.
-	LastError string `json:"last_error,omitempty"`
-	// Drift lists settings an operator changed on the fleet that nexus keeps.
-	Drift string `json:"drift,omitempty"`
-	// DigestSeq is the host's last journaled digest (journal.digest) the
-	// mirror was checked against (0: none yet, or not mirrored that far).
-	DigestSeq uint64 `json:"digest_seq"`
-	// FailedChecks are the checks the mirror failed against the journal:
-	// first sequence, count, last sequence, digest. None: it is a true
-	// copy of the journal as far as it goes.
-	FailedChecks []FailedCheck `json:"failed_checks"`
-}
+// MirrorState is the mirror as the host sees it now (host/fleetstate,
+// which the daemon's clients read without linking the fleet's adapter).
+type MirrorState = fleetstate.MirrorState
 
 // State reports the mirror now. It asks the fleet, so it waits at most a
 // few seconds.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 )
 
 // Template is what `nexus fleet template` prints: the accounts block a
@@ -73,10 +75,8 @@ func hostAllowed(host, domain string) []string {
 }
 
 // AuditAPIPrefix is the JetStream API prefix auditors use
-// (jetstream.NewWithAPIPrefix, natscli --js-api-prefix). The imports land
-// there, not on $JS.API, where the audit account's own JetStream would
-// answer the same request first.
-const AuditAPIPrefix = "$NEXUS.AUDIT.API"
+// (fleetstate.AuditAPIPrefix).
+const AuditAPIPrefix = fleetstate.AuditAPIPrefix
 
 // OperatorAPIPrefix is where the operator reaches the requests that
 // repair a host's mirror and report (update, delete), imported from each
@@ -151,7 +151,7 @@ func (t Template) Config(domain string) (string, error) {
 	}
 	roles := map[string]string{}
 	for role, name := range map[string]string{"auditor": t.Auditor, "aggregator": t.Aggregator, "operator": t.Operator} {
-		if err := ValidHostName(name); err != nil {
+		if err := fleetstate.ValidHostName(name); err != nil {
 			return "", fmt.Errorf("fleet template: %s %w", role, err)
 		}
 		if other, ok := roles[name]; ok {
@@ -162,7 +162,7 @@ func (t Template) Config(domain string) (string, error) {
 	hosts := append([]string(nil), t.Hosts...)
 	sort.Strings(hosts)
 	for i, h := range hosts {
-		if err := ValidHostName(h); err != nil {
+		if err := fleetstate.ValidHostName(h); err != nil {
 			return "", fmt.Errorf("fleet template: %w", err)
 		}
 		if i > 0 && hosts[i-1] == h {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -285,6 +286,17 @@ func Outcomes(plan []Planned) []Outcome {
 // keptPerEvent bounds the runs one run.kept event names (about 30 bytes
 // each), far below the journal's message size limit.
 const keptPerEvent = 2000
+
+// JournalKept appends the keep decisions of a sweep through appendEvents
+// (a journal backend's Append).
+func JournalKept(ctx context.Context, appendEvents func(context.Context, ...events.Event) ([]uint64, error), evs []events.RunKeptEvent) error {
+	for _, ev := range evs {
+		if _, err := appendEvents(ctx, events.New(ulid.Make(), time.Now().UTC(), "", ev)); err != nil {
+			return fmt.Errorf("journal run.kept: %w", err)
+		}
+	}
+	return nil
+}
 
 // KeptEvents renders a sweep's keep decisions as run.kept events: every
 // kept run but the sweeper's own, grouped by reason in the order the

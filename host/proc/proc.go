@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"syscall"
 	"time"
@@ -214,23 +213,7 @@ func SpawnDetachedTo(argv []string, env []string, logf *os.File) (Identity, erro
 	if len(argv) == 0 {
 		return Identity{}, errors.New("spawn: empty argv")
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = env
-	cmd.Stdin = nil // exec.Cmd opens /dev/null
-	cmd.Stdout = logf
-	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return Identity{}, fmt.Errorf("spawn %s: %w", argv[0], err)
-	}
-	// Read the identity before the reaper can run: until Wait, even a child
-	// that already exited keeps its /proc entry as a zombie.
-	id, idErr := Of(cmd.Process.Pid)
-	go cmd.Wait()
-	if idErr != nil {
-		return Identity{}, fmt.Errorf("spawn %s: identity of pid %d: %w", argv[0], cmd.Process.Pid, idErr)
-	}
-	return id, nil
+	return spawn(argv, env, logf, nil, nil)
 }
 
 type stat struct {

@@ -50,6 +50,8 @@ type Options struct {
 	// Accel is "kvm", "tcg" or "" (kvm when /dev/kvm answers, else tcg).
 	Accel string
 	Log   io.Writer
+	// Ready, if set, is called once the API socket accepts connections.
+	Ready func()
 }
 
 // Serve answers the API on apiSocket until vmm.shutdown, ctx's end, or the
@@ -66,7 +68,7 @@ func Serve(ctx context.Context, apiSocket string, o Options) error {
 	var exited string
 	err := vmm.APIServer{Socket: apiSocket, Handler: vmm.Calls[*server]{Routes: routes, VMM: s, Lock: &s.mu, Logf: s.log.Printf,
 		Stopping: func() bool { return s.stopping }, Stop: func() { s.stopOnce.Do(func() { close(s.stop) }) }},
-		Name: Version, Logf: s.log.Printf, ErrorLog: stdlog.New(o.Log, "http: ", 0), Stop: s.stop,
+		Name: Version, Logf: s.log.Printf, ErrorLog: stdlog.New(o.Log, "http: ", 0), Stop: s.stop, Ready: o.Ready,
 		Teardown: func() {
 			s.mu.Lock()
 			s.stopping = true

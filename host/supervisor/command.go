@@ -2,7 +2,8 @@ package supervisor
 
 import "github.com/nexus-sandbox/nexus/host/proc"
 
-// The nexus subcommand that runs a supervisor, and its flags.
+// The command (of nexus-shim, and of nexusd) that runs a supervisor, and
+// its flags.
 const (
 	Command       = "supervisor"
 	SandboxFlag   = "sandbox"
@@ -10,8 +11,7 @@ const (
 	IIDSocketFlag = "iid-socket"
 )
 
-// Argv is the command line that runs o's supervisor from exe, the nexus
-// binary.
+// Argv is the command line that runs o's supervisor from exe, nexus-shim.
 func Argv(exe string, o ServeOptions) []string {
 	return append(append([]string{exe}, naming(o.SandboxID, o.StateDir)...), "--"+IIDSocketFlag, o.IIDSocket)
 }

@@ -31,6 +31,8 @@ type ServeOptions struct {
 	IIDSocket string
 	Now       func() time.Time
 	Log       io.Writer
+	// Ready, if set, is called once both sockets accept connections.
+	Ready func()
 }
 
 // PingInfo is the reply to GET /ping on supervisor.sock.
@@ -126,6 +128,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		go func() { errc <- srv.Serve(listeners[i]) }()
 	}
 	logf("serving pid=%d ca_sha256=%s control=%s identity=%s", pid, fp, ctl.Path(), iid.Path())
+	if o.Ready != nil {
+		o.Ready()
+	}
 
 	var serveErr error
 	select {

@@ -4,6 +4,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -19,18 +20,14 @@ import (
 // listed here. An entry that no file imports any more fails the test, so
 // it goes with the import it allowed.
 var cmdNexusImports = map[string]string{
-	"audit":              "replay's journal copy, mirror read and state-root scan",
 	"client":             "the run id variable a client sets",
-	"control":            "connecting to a state root, journal repair, the errors that map to exit codes",
+	"control":            "connecting to a state root, the errors that map to exit codes",
 	"control/wire":       "the daemon status it prints",
-	"daemon":             "nexus daemon",
 	"events":             "the events it prints and the query it parses",
 	"host/driver":        "driver names, flags and defaults",
-	"host/initramfs":     "nexus guest initramfs builds one",
+	"host/fleetstate":    "the fleet mirror's state, records skipped and names it prints",
 	"host/ledger":        "the run outcomes it prints",
-	"host/qemu":          "nexus vmm-qemu is the qemu driver's VMM",
-	"host/supervisor":    "the hidden supervisor command is the supervisor",
-	"host/vmm/standin":   "nexus vmm-process is the process driver's VMM",
+	"host/supervisor":    "the supervisor command's name; nexusd's hidden command is the supervisor",
 	"internal/testhooks": "failure injection, in a -tags nexustest build only",
 	"layout":             "run and sandbox ids checked at parse time",
 	"ledger":             "the sweep's caller and verdicts",
@@ -41,11 +38,29 @@ var cmdNexusImports = map[string]string{
 	"session":            "run, ledger sweeps and reap",
 }
 
-// cmdNexusFleetFiles may import host/fleet, and only they: mirror flags,
-// fleet status and template, fleet reads. The fleet commands dial the
+// cmdNexusdImports are what the files of nexusd alone (-tags nexusd: a
+// name ending _nexusd.go, or nexusd.go) may import besides: the daemon,
+// the store opened in process and the journal and fleet readers, which
+// the CLI never links (TestCLILinksNoStore).
+var cmdNexusdImports = map[string]string{
+	"audit":            "replay's journal copy, mirror read and state-root scan",
+	"control/local":    "the store opened in process, journal repair",
+	"daemon":           "nexus daemon",
+	"host/initramfs":   "nexus guest initramfs builds one",
+	"host/proc":        "the readiness pipe of the VMM and supervisor it serves",
+	"host/qemu":        "vmm-qemu is the qemu driver's VMM",
+	"host/vmm/standin": "vmm-process is the process driver's VMM",
+}
+
+// cmdNexusFleetFiles may import host/fleet, and only they (nexusd's): the
+// mirror flags, fleet template, fleet reads. The fleet commands dial the
 // fleet through that adapter until they have a command-facing package of
 // their own; host/journal, like the store, cmd/nexus never imports.
-var cmdNexusFleetFiles = []string{"commands.go", "fleet.go", "fleetread.go"}
+var cmdNexusFleetFiles = []string{"daemon_nexusd.go", "fleet_nexusd.go", "fleetread_nexusd.go"}
+
+func nexusdFile(name string) bool {
+	return name == "nexusd.go" || strings.HasSuffix(name, "_nexusd.go")
+}
 
 // cmdNexusImportsOf lists, file by file, the nexus packages cmd/nexus's
 // code imports (test files aside), under every build tag: the files are
@@ -100,14 +115,81 @@ func TestCmdNexusImportsOnlyCommandFacingPackages(t *testing.T) {
 				if !slices.Contains(cmdNexusFleetFiles, name) {
 					t.Errorf("cmd/nexus/%s imports host/fleet: only the fleet commands' files may", name)
 				}
+			case nexusdFile(name) && cmdNexusdImports[pkg] != "":
 			case cmdNexusImports[pkg] == "":
 				t.Errorf("cmd/nexus/%s imports %s: cmd/nexus parses, calls one command-facing package and prints; move what needs %s behind one", name, pkg, pkg)
 			}
+		}
+	}
+	for pkg := range cmdNexusdImports {
+		if !used[pkg] {
+			t.Errorf("cmd/nexus no longer imports %s: drop it from cmdNexusdImports", pkg)
 		}
 	}
 	for pkg := range cmdNexusImports {
 		if !used[pkg] {
 			t.Errorf("cmd/nexus no longer imports %s: drop it from cmdNexusImports", pkg)
 		}
+	}
+}
+
+// TestCLILinksNoStore: the CLI (cmd/nexus built without -tags nexusd)
+// and the public Go client link no store, journal, daemon, fleet adapter
+// or nats-server, whose package initialisation every command (and every
+// program using the client) would pay; nexusd links them, so the check is
+// not blind.
+func TestCLILinksNoStore(t *testing.T) {
+	banned := []string{module + "store", module + "host/journal", module + "daemon", module + "control/local", module + "host/fleet", module + "audit", "github.com/nats-io/nats-server/"}
+	for _, c := range []struct{ pkg, tags string }{{"./cmd/nexus", ""}, {"./cmd/nexus", "nexustest"}, {"./client", ""}} {
+		deps := goListDeps(t, c.pkg, c.tags)
+		for _, d := range deps {
+			for _, b := range banned {
+				if d == b || strings.HasSuffix(b, "/") && strings.HasPrefix(d, b) {
+					t.Errorf("%s (tags %q) links %s", c.pkg, c.tags, d)
+				}
+			}
+		}
+	}
+	deps := goListDeps(t, "./cmd/nexus", "nexusd")
+	for _, want := range []string{module + "store", module + "daemon", "github.com/nats-io/nats-server/v2/server"} {
+		if !slices.Contains(deps, want) {
+			t.Errorf("nexusd (cmd/nexus -tags nexusd) does not link %s: the check above is blind", want)
+		}
+	}
+}
+
+func goListDeps(t *testing.T, pkg, tags string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-tags", tags, "-deps", pkg)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -tags %q -deps %s: %v", tags, pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+// TestShimLinksLittle: nexus-shim, which every sandbox start spawns
+// twice, links none of the CLI, the flows, the store or nats-server: its
+// start is a small program's.
+func TestShimLinksLittle(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", "./cmd/nexus-shim")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps ./cmd/nexus-shim: %v", err)
+	}
+	deps := strings.Fields(string(out))
+	banned := []string{module + "lifecycle", module + "control", module + "store", module + "host/journal", module + "daemon",
+		"github.com/nats-io/", "github.com/spf13/cobra", "go.etcd.io/bbolt"}
+	for _, d := range deps {
+		for _, b := range banned {
+			if d == b || strings.HasPrefix(d, b+"/") || strings.HasSuffix(b, "/") && strings.HasPrefix(d, b) {
+				t.Errorf("nexus-shim links %s", d)
+			}
+		}
+	}
+	if !slices.Contains(deps, module+"host/supervisor") {
+		t.Error("nexus-shim does not link host/supervisor: the check above is blind")
 	}
 }

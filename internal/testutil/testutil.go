@@ -18,21 +18,34 @@ import (
 	"time"
 )
 
-// BuildNexus builds the nexus binary with the nexustest tag (its failure
-// hooks) into a fresh temporary directory, for a TestMain. remove deletes
-// the directory.
+// BuildNexus builds the nexus CLI, nexusd, the daemon's binary, and
+// nexus-shim, the sandboxes' processes' (BuildNexusIn), with
+// the nexustest tag (their failure hooks) into a fresh temporary
+// directory, side by side as installed, for a TestMain; bin is the CLI.
+// remove deletes the directory.
 func BuildNexus() (bin string, remove func(), err error) {
 	dir, err := os.MkdirTemp("", "nexus-test-bin-")
 	if err != nil {
 		return "", nil, err
 	}
-	bin = filepath.Join(dir, "nexus")
-	out, err := exec.Command("go", "build", "-tags", "nexustest", "-o", bin, "github.com/nexus-sandbox/nexus/cmd/nexus").CombinedOutput()
-	if err != nil {
+	if err := BuildNexusIn(dir); err != nil {
 		os.RemoveAll(dir)
-		return "", nil, fmt.Errorf("build nexus: %v\n%s", err, out)
+		return "", nil, err
 	}
-	return bin, func() { os.RemoveAll(dir) }, nil
+	return filepath.Join(dir, "nexus"), func() { os.RemoveAll(dir) }, nil
+}
+
+// BuildNexusIn builds nexus and nexusd (-tags nexustest, and nexusd for
+// the daemon's binary) and nexus-shim into dir, with the extra go build
+// flags given.
+func BuildNexusIn(dir string, flags ...string) error {
+	for _, b := range []struct{ name, tags, pkg string }{{"nexus", "nexustest", "cmd/nexus"}, {"nexusd", "nexustest,nexusd", "cmd/nexus"}, {"nexus-shim", "", "cmd/nexus-shim"}} {
+		args := append(append([]string{"build"}, flags...), "-tags", b.tags, "-o", filepath.Join(dir, b.name), "github.com/nexus-sandbox/nexus/"+b.pkg)
+		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", b.name, err, out)
+		}
+	}
+	return nil
 }
 
 // Process is a process whose command line names a path below a root.
@@ -134,7 +147,8 @@ func StopBinaryDaemons(bin string) []int {
 		if err != nil {
 			continue
 		}
-		if exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); exe != bin {
+		// A daemon runs nexusd, the binary beside the CLI bin.
+		if exe, _ := os.Readlink(filepath.Join("/proc", e.Name(), "exe")); exe != bin && exe != filepath.Join(filepath.Dir(bin), "nexusd") {
 			continue
 		}
 		data, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))

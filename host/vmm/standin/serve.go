@@ -33,13 +33,12 @@ import (
 // Serve returns nil after vmm.shutdown or when ctx is done (SIGTERM handling
 // is the caller's, by cancelling ctx); either way it first releases the disks
 // and vsock socket, then stops answering and removes the API socket, so that
-// a refused API socket never coexists with disks still held.
-func Serve(ctx context.Context, apiSocket string, log io.Writer) error {
-	return serve(ctx, apiSocket, log, nil)
+// a refused API socket never coexists with disks still held. ready, if
+// not nil, is called once the API socket accepts connections.
+func Serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) error {
+	return serve(ctx, apiSocket, log, ready)
 }
 
-// serve is Serve with a hook called once the API socket accepts
-// connections; tests use it to wait on a signal rather than poll.
 func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) error {
 	if log == nil {
 		log = io.Discard

@@ -652,7 +652,7 @@ func TestServeRefusesLiveOrForeignPath(t *testing.T) {
 
 	// In-process: Serve must refuse a socket something answers on, and leave
 	// it be.
-	if err := Serve(ctx, sock, nil); err == nil {
+	if err := Serve(ctx, sock, nil, nil); err == nil {
 		t.Fatal("Serve over a live VMM's socket succeeded")
 	}
 	if _, err := p.client.Ping(ctx); err != nil {
@@ -663,7 +663,7 @@ func TestServeRefusesLiveOrForeignPath(t *testing.T) {
 	if err := os.WriteFile(plain, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := Serve(ctx, plain, nil); err == nil {
+	if err := Serve(ctx, plain, nil, nil); err == nil {
 		t.Fatal("Serve over a regular file succeeded")
 	}
 	if data, err := os.ReadFile(plain); err != nil || string(data) != "keep me" {

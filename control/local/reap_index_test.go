@@ -1,4 +1,4 @@
-package control
+package local
 
 import (
 	"context"
@@ -57,7 +57,7 @@ func TestReapDecodesNoSandboxList(t *testing.T) {
 	}
 	orphan := ulid.Make().String()
 	touch(r.RawDisk(orphan))
-	m := &lifecycle.Manager{Root: r, B: Local{st}}
+	m := &lifecycle.Manager{Root: r, B: Backend{st}}
 	if err := st.Load(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package control
+package local
 
 import (
 	"context"
@@ -53,7 +53,7 @@ func BenchmarkRecoverStopped(b *testing.B) {
 	ctx := context.Background()
 	small, large := stoppedRoot(b, 10), stoppedRoot(b, 1000)
 	run := func(st *store.Store) time.Duration {
-		m := &lifecycle.Manager{Root: layout.Root(st.Root()), B: Local{st}}
+		m := &lifecycle.Manager{Root: layout.Root(st.Root()), B: Backend{st}}
 		t0 := time.Now()
 		rep, err := m.Recover(ctx)
 		if err != nil {

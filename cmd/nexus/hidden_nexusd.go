@@ -1,3 +1,5 @@
+//go:build nexusd
+
 package main
 
 import (
@@ -8,22 +10,26 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/host/driver"
+	hostproc "github.com/nexus-sandbox/nexus/host/proc" // proc is a test helper's name in this package
 	"github.com/nexus-sandbox/nexus/host/qemu"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/host/vmm/standin"
 )
 
+// The sandboxes' processes are spawned from nexus-shim (cmd/nexus-shim);
+// nexusd serves the same command lines, for a process started by hand.
+
 // vmmProcessCmd is the process driver's VMM: a host process serving the
-// Cloud Hypervisor API subset on the sandbox's API socket. nexus spawns it
-// with the driver's command line (host/driver names the command and flags);
-// it also stands in for cloud-hypervisor in the driver's tests.
+// Cloud Hypervisor API subset on the sandbox's API socket, on the driver's
+// command line (host/driver names the command and flags); it also stands
+// in for cloud-hypervisor in the driver's tests.
 func vmmProcessCmd() *cobra.Command {
 	var api string
 	c := &cobra.Command{
 		Use: driver.ProcessCommand + " --" + driver.APISocketFlag + " PATH", Hidden: true, Args: noArgs,
 		Short: "Serve the Cloud Hypervisor API subset as a plain process (process driver)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return standin.Serve(cmd.Context(), api, os.Stderr)
+			return standin.Serve(cmd.Context(), api, os.Stderr, hostproc.ReadyHook())
 		},
 	}
 	c.Flags().StringVar(&api, driver.APISocketFlag, "", "API socket path (required)")
@@ -43,6 +49,7 @@ func vmmQEMUCmd() *cobra.Command {
 			if o.Accel != "" && o.Accel != "kvm" && o.Accel != "tcg" {
 				return usageError{fmt.Errorf("--accel %q: want kvm or tcg", o.Accel)}
 			}
+			o.Ready = hostproc.ReadyHook()
 			return qemu.Serve(cmd.Context(), api, o)
 		},
 	}
@@ -60,7 +67,7 @@ func supervisorCmd() *cobra.Command {
 		Use: supervisor.Command + " --" + supervisor.SandboxFlag + " ID --" + supervisor.StateDirFlag + " DIR --" + supervisor.IIDSocketFlag + " PATH", Hidden: true, Args: noArgs,
 		Short: "Run a sandbox's perimeter supervisor",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			o.Now, o.Log = time.Now, os.Stderr
+			o.Now, o.Log, o.Ready = time.Now, os.Stderr, hostproc.ReadyHook()
 			return supervisor.Serve(cmd.Context(), o)
 		},
 	}
