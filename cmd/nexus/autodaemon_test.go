@@ -125,7 +125,7 @@ func TestParallelCreatesWithoutDaemon(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
 	img := makeImage(t)
-	cmds := pauseAll(t, root, 4, "create.os-disk:before", "--image", img)
+	cmds := pauseAll(t, root, 4, "create.workspace-disk:before", "--image", img)
 	list := sandboxes(t, root)
 	if len(list) != 4 {
 		t.Fatalf("ls during 4 frozen creates listed %d sandboxes", len(list))
@@ -166,7 +166,7 @@ func TestLsAnswersDuringLongCreate(t *testing.T) {
 	f.WriteAt(bytes.Repeat([]byte{1}, 1<<20), 0)
 	f.Truncate(16 << 30)
 	f.Close()
-	frozen := pauseAll(t, root, 1, "create.os-disk:before", "--image", big)
+	frozen := pauseAll(t, root, 1, "create.workspace-disk:before", "--image", big)
 	if list := sandboxes(t, root); len(list) != 1 || list[0].State != projections.StateCreating {
 		t.Fatalf("ls during the copy: %+v", list)
 	}

@@ -119,6 +119,7 @@ func rmAll(b *testing.B, root string) {
 func BenchmarkCreateVsCpSparse(b *testing.B) {
 	image := benchImage1G(b)
 	root := shortRoot(b)
+	copyRoot(b, root) // the OS disk copy is what is compared with cp
 	startDaemon(b, root)
 	cpDir := b.TempDir()
 	var createT, cpT, cpNoSyncT []time.Duration

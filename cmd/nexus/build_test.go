@@ -131,7 +131,7 @@ func TestAutoDaemonOfAnotherBuildIsReplaced(t *testing.T) {
 	}
 
 	create := exec.Command(binA, "--state-dir", root, "--driver", "process", "create", "--json", "--image", img)
-	create.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_PAUSE_AT=create.os-disk:before")
+	create.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_PAUSE_AT=create.workspace-disk:before")
 	var created strings.Builder
 	create.Stdout = &created
 	stderr, err := create.StderrPipe()

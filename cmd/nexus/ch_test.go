@@ -85,7 +85,13 @@ func TestRestoreCarriesWhatCHWrote(t *testing.T) {
 	if len(pd) != len(cd) || len(cd) != 2 {
 		t.Fatalf("disks: parent %v, child %v", pd, cd)
 	}
-	wantPaths := []string{filepath.Join(root, "disks", child.ID+".raw"), filepath.Join(root, "disks", child.ID+"-workspace.ext4")}
+	// The child boots on the parent's image cache entry, shared read-only
+	// (an overlay root), and on its own copy of the workspace.
+	entry, _ := pd[0]["path"].(string)
+	if !strings.HasPrefix(entry, filepath.Join(root, "images")+"/") || pd[0]["readonly"] != true || cd[0]["readonly"] != true {
+		t.Fatalf("the parent's OS disk %v and the child's %v: want the cache entry, read-only", pd[0], cd[0])
+	}
+	wantPaths := []string{entry, filepath.Join(root, "disks", child.ID+"-workspace.ext4")}
 	for i := range cd {
 		if cd[i]["id"] == nil || cd[i]["id"] != pd[i]["id"] || cd[i]["image_type"] != "Raw" || cd[i]["path"] != wantPaths[i] {
 			t.Fatalf("disk %d: parent %v, child %v", i, pd[i], cd[i])

@@ -49,11 +49,6 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	nexusBin = bin
-	// The suite's process-driver sandboxes keep a private copy of their
-	// OS disk, whose steps (os-disk, its crash points, the reaper's view
-	// of it) most tests here walk; a test of the overlay root, the
-	// default, runs its commands with sharedRootEnv.
-	os.Setenv("NEXUS_VM_ROOT", "copy")
 	code := m.Run()
 	removeGuestAssets()
 	if left := stopBinaryDaemons(nexusBin); len(left) > 0 {
@@ -64,9 +59,24 @@ func TestMain(m *testing.M) {
 }
 
 // sharedRootEnv is the environment of a command whose new sandboxes get
-// the default root: an overlay over the shared cache entry wherever the
-// guest runs nexus's agent as init.
+// the default root (an overlay over the shared cache entry wherever the
+// guest runs nexus's agent as init) whatever the caller's environment asks.
 var sharedRootEnv = []string{"NEXUS_VM_ROOT="}
+
+// copyRoot makes the new sandboxes of root keep a private copy of their
+// OS disk (`[vm] root = "copy"` in its config file), for a test of what
+// only that mode has: the os-disk step, its crash points, a sandbox's own
+// disks/<ULID>.raw. Every command on root, a daemon it starts included,
+// reads the file.
+func copyRoot(t testing.TB, root string) {
+	t.Helper()
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\nroot = \"copy\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
 
 type result struct {
 	code           int

@@ -560,6 +560,7 @@ func sandboxTable(o *output, rows []jsonSandbox) table[jsonSandbox] {
 			}
 			return []string{o.id(sb.ID), sb.Handle, string(sb.State), readyCell(sb), sb.Image, sb.Driver, parent, age(sb.CreatedAt)}
 		},
+		labels: func(sb jsonSandbox) events.Labels { return sb.Labels },
 	}
 }
 
@@ -625,6 +626,9 @@ func printSandbox(w io.Writer, sb projections.Sandbox) error {
 	fmt.Fprintf(tw, "Root:\t%s\n", rootLine(sb.BootConfig.RootMode()))
 	if sb.Parent != "" {
 		fmt.Fprintf(tw, "Parent:\t%s\n", sb.Parent)
+	}
+	if len(sb.Labels) > 0 {
+		fmt.Fprintf(tw, "Labels:\t%s\n", labelsText(sb.Labels))
 	}
 	if sb.VMM != nil {
 		fmt.Fprintf(tw, "VMM:\tpid %d (start %d)%s\n", sb.VMM.Pid, sb.VMM.StartTicks, exitedNote(sb.VMM))

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -54,49 +55,130 @@ func assertNothingLeft(t *testing.T, root string) {
 }
 
 // TestCrashAtEveryCreateStep kills `nexus create` right before and right
-// after each step's events are journaled, then checks what recover makes of
-// it: before commit the saga is compensated and nothing is left; after it
-// the sandbox exists, owns everything on disk, and rm removes it all.
+// after each step's events are journaled, under each root mode, then
+// checks what recover makes of it: before commit the saga is compensated
+// and nothing is left; after it the sandbox exists, owns everything on
+// disk, and rm removes it all. Under the overlay root the sandbox never
+// owns an OS disk of its own, and the image cache entry it boots on
+// survives every crash whole: read-only, its bytes the image's, and
+// referenced by the sandbox exactly when the sandbox was committed.
 func TestCrashAtEveryCreateStep(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
+	imageSum := sha256File(t, image)
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
-	steps := []string{"intents", "image-cache", "os-disk", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
-	commitAt := 7
-	for i, step := range steps {
-		for _, phase := range []string{":before", ""} {
-			point := "create." + step + phase
-			t.Run(point, func(t *testing.T) {
-				t.Parallel()
-				root := shortRoot(t)
-				crashAt(t, root, point, "create", "--image", image, "--handle", "crash/h", "--shadow", "cfg="+src)
-				recoverClean(t, root)
-				committed := i > commitAt || (i == commitAt && phase == "")
-				list := sandboxes(t, root)
-				if !committed {
-					assertNothingLeft(t, root)
-					return
-				}
-				if len(list) != 1 {
-					t.Fatalf("committed create: %d sandboxes after recover", len(list))
-				}
-				sb := list[0]
-				for _, want := range []string{"disks/" + sb.ID + ".raw", "disks/" + sb.ID + "-workspace.ext4", "disks/crash_h.shadow.cfg.ext4"} {
-					if _, err := os.Stat(filepath.Join(root, want)); err != nil || !owns(sb, want) {
-						t.Fatalf("committed sandbox lost %s: %v (owns=%v)", want, err, owns(sb, want))
-					}
-				}
-				if step == "vmm" && phase == "" {
-					if sb.State != "running" {
-						t.Fatalf("VMM recorded before the crash, sandbox is %s", sb.State)
-					}
-				}
-				mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
-				assertNothingLeft(t, root)
-			})
+	for _, mode := range []string{"overlay", "copy"} {
+		steps := []string{"intents", "image-cache", "workspace-disk", "shadow.cfg", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
+		if mode == "copy" {
+			steps = slices.Insert(steps, 2, "os-disk")
 		}
+		commitAt := slices.Index(steps, "commit")
+		cacheAt := slices.Index(steps, "image-cache")
+		for i, step := range steps {
+			for _, phase := range []string{":before", ""} {
+				point := "create." + step + phase
+				t.Run(mode+"/"+point, func(t *testing.T) {
+					t.Parallel()
+					root := shortRoot(t)
+					if mode == "copy" {
+						copyRoot(t, root)
+					}
+					crashAt(t, root, point, "create", "--image", image, "--handle", "crash/h", "--shadow", "cfg="+src)
+					recoverClean(t, root)
+					committed := i > commitAt || (i == commitAt && phase == "")
+					list := sandboxes(t, root)
+					if mode == "overlay" {
+						cached := i > cacheAt || (i == cacheAt && phase == "")
+						var users []string
+						if committed && len(list) == 1 {
+							users = []string{list[0].ID}
+						}
+						assertEntryWhole(t, root, image, imageSum, cached, users)
+						assertReapAndDiffClean(t, root)
+					}
+					if !committed {
+						assertNothingLeft(t, root)
+						return
+					}
+					if len(list) != 1 {
+						t.Fatalf("committed create: %d sandboxes after recover", len(list))
+					}
+					sb := list[0]
+					want := []string{"disks/" + sb.ID + "-workspace.ext4", "disks/crash_h.shadow.cfg.ext4"}
+					raw := "disks/" + sb.ID + ".raw"
+					if mode == "copy" {
+						want = append(want, raw)
+					} else if _, err := os.Lstat(filepath.Join(root, raw)); err == nil || owns(sb, raw) {
+						t.Fatalf("an overlay-root sandbox has an OS disk of its own: %s (owns=%v)", raw, owns(sb, raw))
+					}
+					for _, want := range want {
+						if _, err := os.Stat(filepath.Join(root, want)); err != nil || !owns(sb, want) {
+							t.Fatalf("committed sandbox lost %s: %v (owns=%v)", want, err, owns(sb, want))
+						}
+					}
+					if step == "vmm" && phase == "" {
+						if sb.State != "running" {
+							t.Fatalf("VMM recorded before the crash, sandbox is %s", sb.State)
+						}
+					}
+					mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
+					assertNothingLeft(t, root)
+					if mode == "overlay" {
+						assertEntryWhole(t, root, image, imageSum, true, nil)
+					}
+				})
+			}
+		}
+	}
+}
+
+// assertEntryWhole checks root's image cache after a crash and recover:
+// when cached, exactly one entry, read-only (0400), holding the image's
+// bytes (sum), listed with users as the sandboxes booting on it, and kept
+// by a prune while it has any; without cached, any entry left there (one
+// prepared but not journaled) is just as whole and has no users.
+func assertEntryWhole(t *testing.T, root, image, sum string, cached bool, users []string) {
+	t.Helper()
+	rows := cacheList(t, root)
+	if len(rows) > 1 || cached && len(rows) != 1 {
+		t.Fatalf("image cache entries %+v, want %s", rows, map[bool]string{true: "one", false: "at most one"}[cached])
+	}
+	for _, row := range rows {
+		entry := filepath.Join(root, "images", row.CacheID, "disk.raw")
+		fi, err := os.Stat(entry)
+		if err != nil {
+			t.Fatalf("listed entry %s: %v", row.CacheID, err)
+		}
+		if fi.Mode().Perm() != 0o400 {
+			t.Errorf("entry %s has mode %o, want 400", entry, fi.Mode().Perm())
+		}
+		if got := sha256File(t, entry); got != sum {
+			t.Errorf("entry %s has SHA-256 %s, the image %s", entry, got, sum)
+		}
+		if !slices.Equal(row.Sandboxes, users) && (len(row.Sandboxes) != 0 || len(users) != 0) {
+			t.Errorf("entry %s lists sandboxes %v, want %v", row.CacheID, row.Sandboxes, users)
+		}
+	}
+	if len(users) == 0 {
+		return
+	}
+	rep := pruneJSON(t, root, "--dry-run")
+	if len(rep.Removed) != 0 || len(rep.Kept) != 1 || !strings.Contains(rep.Kept[0].Reason, users[0]) {
+		t.Errorf("prune --dry-run with %v booting on the entry: %+v", users, rep)
+	}
+}
+
+// assertReapAndDiffClean checks that the journal and the disk agree
+// (replay diff) and that the reaper would delete nothing.
+func assertReapAndDiffClean(t *testing.T, root string) {
+	t.Helper()
+	if r := nexus(t, root, "replay", "diff"); r.code != 0 {
+		t.Fatalf("replay diff after recover: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if rep, _ := reapRun(t, root); len(rep.Orphans) != 0 {
+		t.Fatalf("reap after recover finds orphans: %+v", rep.Orphans)
 	}
 }
 
@@ -127,6 +209,9 @@ func TestCrashDuringFork(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			root := shortRoot(t)
+			if strings.HasPrefix(point, "fork.os-disk") {
+				copyRoot(t, root) // only a copy root has an OS disk to fork
+			}
 			parent := createJSON(t, root, "--image", image)
 			// Three children, copied concurrently: the others are mid-flight
 			// at any step of the first, and recover must settle them all.
@@ -190,19 +275,28 @@ func TestCrashDuringSnapshot(t *testing.T) {
 // TestCrashAtEveryRestoreStep kills `nexus restore` before and after each
 // step of its fork-path saga. Before commit the child is compensated and
 // only the source remains; after it the restored child exists and owns
-// every file it made.
+// every file it made. Under the overlay root the child boots on the cache
+// entry and has no OS disk to copy; the os-disk step of a copy root is
+// killed around too.
 func TestCrashAtEveryRestoreStep(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
 	steps := []string{"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"}
-	commitAt := 6
+	commitAt := slices.Index(steps, "commit")
 	for i, step := range steps {
+		mode := "overlay"
+		if step == "os-disk" {
+			mode = "copy"
+		}
 		for _, phase := range []string{":before", ""} {
 			point := "restore." + step + phase
-			t.Run(point, func(t *testing.T) {
+			t.Run(mode+"/"+point, func(t *testing.T) {
 				t.Parallel()
 				root := shortRoot(t)
+				if mode == "copy" {
+					copyRoot(t, root)
+				}
 				src := createJSON(t, root, "--image", image)
 				snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", src.ID), "snapshot").stdout)
 				crashAt(t, root, point, "restore", snap)
@@ -219,7 +313,11 @@ func TestCrashAtEveryRestoreStep(t *testing.T) {
 					if sb.Parent != src.ID {
 						t.Fatalf("restored child's parent = %q", sb.Parent)
 					}
-					for _, want := range []string{"disks/" + sb.ID + ".raw", "disks/" + sb.ID + "-workspace.ext4"} {
+					want := []string{"disks/" + sb.ID + "-workspace.ext4"}
+					if mode == "copy" {
+						want = append(want, "disks/"+sb.ID+".raw")
+					}
+					for _, want := range want {
 						if _, err := os.Stat(filepath.Join(root, want)); err != nil || !owns(sb, want) {
 							t.Fatalf("restored child lost %s: %v (owns=%v)", want, err, owns(sb, want))
 						}

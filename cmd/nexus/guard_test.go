@@ -245,7 +245,7 @@ func TestVolumeCannotBeDeletedUnderAnAttachingCreate(t *testing.T) {
 	startDaemon(t, root)
 	mustOK(t, proc(t, root, "volume", "create", "data", "--size", "16M"), "volume create")
 	before := volumeSum(t, root, "data")
-	p := pauseAt(t, root, "create.os-disk", "create", "--image", makeImage(t), "--volume", "data:/data")
+	p := pauseAt(t, root, "create.workspace-disk", "create", "--image", makeImage(t), "--volume", "data:/data")
 	wantFailure(t, proc(t, root, "volume", "rm", "--yes", "data"), 1, "volume/data is busy")
 	r := proc(t, root, "volume", "prune", "--apply", "--include-detached", "--yes")
 	if r.code == 0 {
@@ -426,7 +426,7 @@ func TestDaemonStartFinishesDeadSagas(t *testing.T) {
 	root := shortRoot(t)
 	image := makeImage(t)
 	// Without a daemon the creator owns the journal and dies with it.
-	r := nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1", "NEXUS_CRASH_AT=create.os-disk"}, "--driver", "process", "create", "--image", image)
+	r := nexusEnv(t, root, []string{"NEXUS_NO_AUTO_DAEMON=1", "NEXUS_CRASH_AT=create.workspace-disk"}, "--driver", "process", "create", "--image", image)
 	if r.code != -1 {
 		t.Fatalf("create was not killed at its step: exit %d %s", r.code, r.stderr)
 	}

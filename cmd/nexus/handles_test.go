@@ -103,7 +103,7 @@ func TestRecoverKeepsAShadowDiskAnotherSandboxOwns(t *testing.T) {
 	owner := createJSON(t, root, "--image", image, "--handle", "a/b", "--shadow", "cfg="+src)
 	disk := filepath.Join(root, "disks", "a_b.shadow.cfg.ext4")
 	before := fileSum(t, disk)
-	crashAt(t, root, "create.os-disk", "create", "--image", image)
+	crashAt(t, root, "create.workspace-disk", "create", "--image", image)
 
 	matches, _ := filepath.Glob(filepath.Join(root, "disks", "*.create-intent.json"))
 	if len(matches) != 1 {

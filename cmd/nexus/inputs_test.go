@@ -30,7 +30,7 @@ func TestOddInputsAreRefusedOrResolved(t *testing.T) {
 	if err := os.WriteFile(qcow2, append([]byte("QFI\xfb\x00\x00\x00\x03"), make([]byte, 4096)...), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ownDisk := filepath.Join(root, "disks", first.ID+".raw")
+	ownDisk := filepath.Join(root, "disks", first.ID+"-workspace.ext4")
 	linkIn := filepath.Join(dir, "own.raw")
 	if err := os.Symlink(ownDisk, linkIn); err != nil {
 		t.Fatal(err)

@@ -20,6 +20,8 @@ func ids(t *testing.T, r result, what string) []string {
 
 func sorted(s ...string) []string { slices.Sort(s); return s }
 
+func firstLine(s string) string { line, _, _ := strings.Cut(s, "\n"); return line }
+
 // TestLabelsAndFilters: --label is journaled with what create, fork,
 // restore and volume create make and shown by inspect and --json; ls,
 // volume ls and snapshot ls list only what matches every --filter; a bad
@@ -78,6 +80,20 @@ func TestLabelsAndFilters(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustOK(t, proc(t, root, "ls", "--json", "--filter", "label=tier"), "ls --json").stdout), &listed); err != nil || len(listed) != 1 || listed[0].Labels["team"] != "web" {
 		t.Fatalf("ls --json --filter label=tier: %v %+v", err, listed)
 	}
+	// The table shows a LABELS column only when a row has labels; --format
+	// prints them as the table does.
+	if out := mustOK(t, proc(t, root, "ls"), "ls").stdout; !strings.Contains(firstLine(out), "LABELS") || !strings.Contains(out, "team=web,tier=front") {
+		t.Errorf("ls with labelled sandboxes shows no LABELS column:\n%s", out)
+	}
+	if out := mustOK(t, proc(t, root, "ls", "--filter", "handle=web1", "--format", "{{labels .Labels}}"), "ls --format").stdout; out != "team=web,tier=front\n" {
+		t.Errorf("ls --format '{{labels .Labels}}' = %q", out)
+	}
+	if out := mustOK(t, proc(t, root, "ls", "--filter", "state=stopped", "--filter", "label=team=web"), "ls").stdout; strings.Contains(out, "LABELS") {
+		t.Errorf("ls of no labelled sandbox shows a LABELS column:\n%s", out)
+	}
+	if out := mustOK(t, proc(t, root, "ls", "--filter", "driver=qemu"), "ls").stdout; strings.Contains(out, "LABELS") {
+		t.Errorf("an empty ls shows a LABELS column:\n%s", out)
+	}
 	wantFailure(t, proc(t, root, "ls", "--filter", "name=web1"), 2, `--filter "name=web1": the key is one of label, state, handle, driver or ready`)
 	wantFailure(t, proc(t, root, "ls", "--filter", "state=up"), 2, "the state is one of")
 
@@ -93,12 +109,21 @@ func TestLabelsAndFilters(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustOK(t, proc(t, root, "volume", "ls", "--json"), "volume ls --json").stdout), &vols); err != nil || len(vols) != 2 || vols[0].Labels["team"] != "web" || vols[1].Labels != nil {
 		t.Fatalf("volume ls --json: %v %+v", err, vols)
 	}
+	if out := mustOK(t, proc(t, root, "volume", "ls"), "volume ls").stdout; !strings.Contains(firstLine(out), "LABELS") || !strings.Contains(out, "team=web") {
+		t.Errorf("volume ls with a labelled volume shows no LABELS column:\n%s", out)
+	}
+	if out := mustOK(t, proc(t, root, "volume", "ls", "--filter", "label=none"), "volume ls").stdout; strings.Contains(out, "LABELS") {
+		t.Errorf("volume ls of no labelled volume shows a LABELS column:\n%s", out)
+	}
 	wantFailure(t, proc(t, root, "volume", "ls", "--filter", "state=running"), 2, "the key is one of label")
 
 	snap := strings.TrimSpace(mustOK(t, proc(t, root, "snapshot", db.ID), "snapshot").stdout)
 	mustOK(t, proc(t, root, "snapshot", bare.ID), "snapshot")
 	if got := ids(t, proc(t, root, "snapshot", "ls", "-q", "--filter", "label=team=db"), "snapshot ls"); !slices.Equal(got, []string{snap}) {
 		t.Errorf("snapshot ls --filter label=team=db = %v, want %s", got, snap)
+	}
+	if out := mustOK(t, proc(t, root, "snapshot", "ls"), "snapshot ls").stdout; !strings.Contains(firstLine(out), "LABELS") || !strings.Contains(out, "team=db") {
+		t.Errorf("snapshot ls of a labelled sandbox's snapshot shows no LABELS column:\n%s", out)
 	}
 	wantFailure(t, proc(t, root, "snapshot", "ls", "--filter", "driver=process"), 2, "the key is one of label or handle")
 

@@ -30,7 +30,7 @@ func TestCrashedCreateInDeadRunIsSwept(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
 	img := makeImage(t)
-	for _, point := range []string{"create.intents", "create.os-disk:before", "create.commit", "create.vmm:before", "create.vmm"} {
+	for _, point := range []string{"create.intents", "create.workspace-disk:before", "create.commit", "create.vmm:before", "create.vmm"} {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			root := shortRoot(t)

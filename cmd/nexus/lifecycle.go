@@ -521,6 +521,7 @@ func snapshotTable(o *output) table[lifecycle.SnapshotInfo] {
 		row: func(s lifecycle.SnapshotInfo) []string {
 			return []string{o.id(s.ID), o.id(s.Sandbox), s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
 		},
+		labels: func(s lifecycle.SnapshotInfo) events.Labels { return s.Labels },
 	}
 }
 
@@ -804,6 +805,7 @@ func volumeTable(o *output) table[projections.Volume] {
 			}
 			return []string{v.Name, formatSize(v.SizeBytes), strings.Join(ids, ",")}
 		},
+		labels: func(v projections.Volume) events.Labels { return v.Labels },
 	}
 }
 

@@ -20,9 +20,9 @@ import (
 // Crash points per saga, as the crash tests name them. A random action may
 // kill its command at any of them, before or after the step's events.
 var sagaSteps = map[string][]string{
-	"create":   {"intents", "image-cache", "os-disk", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
-	"fork":     {"intents", "os-disk", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
-	"restore":  {"intents", "os-disk", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
+	"create":   {"intents", "image-cache", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
+	"fork":     {"intents", "workspace-disk", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
+	"restore":  {"intents", "workspace-disk", "stage-restore", "supervisor-state", "record-dir", "commit", "retire-intents", "run-mark", "supervisor", "vmm"},
 	"rm":       {"vmm-stop", "supervisor-stop", "reclaim", "remove"},
 	"snapshot": {"capture"},
 	"start":    {"overlay-check", "run-mark", "supervisor", "vmm"},

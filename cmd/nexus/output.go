@@ -12,8 +12,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"text/template"
@@ -23,6 +25,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
@@ -109,9 +112,10 @@ func (o *output) template() (*template.Template, error) {
 			b, err := json.Marshal(v)
 			return string(b), err
 		},
-		"join":  strings.Join,
-		"size":  func(n int64) string { return formatSize(n) },
-		"upper": strings.ToUpper,
+		"join":   strings.Join,
+		"labels": labelsText,
+		"size":   func(n int64) string { return formatSize(n) },
+		"upper":  strings.ToUpper,
 	}).Parse(o.format)
 }
 
@@ -213,19 +217,41 @@ func (o *output) execute(w io.Writer, v any) error {
 type table[T any] struct {
 	header []string
 	row    func(T) []string
+	// labels, when set, are an item's labels: the table gains a LABELS
+	// column when any item it prints has one, so a listing of unlabelled
+	// things keeps its width.
+	labels func(T) events.Labels
 }
 
 func (t table[T]) print(w io.Writer, items []T) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, strings.Join(t.header, "\t"))
+	withLabels := t.labels != nil && slices.ContainsFunc(items, func(it T) bool { return len(t.labels(it)) > 0 })
+	header := t.header
+	if withLabels {
+		header = append(slices.Clip(header), "LABELS")
+	}
+	fmt.Fprintln(tw, strings.Join(header, "\t"))
 	for _, it := range items {
 		cells := t.row(it)
+		if withLabels {
+			cells = append(cells, labelsText(t.labels(it)))
+		}
 		for i, c := range cells {
 			cells[i] = dash(c)
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
 	return tw.Flush()
+}
+
+// labelsText prints labels as docker's tables do: k=v pairs, sorted by
+// key, joined by commas ("" for none).
+func labelsText(l events.Labels) string {
+	pairs := make([]string, 0, len(l))
+	for _, k := range slices.Sorted(maps.Keys(l)) {
+		pairs = append(pairs, k+"="+l[k])
+	}
+	return strings.Join(pairs, ",")
 }
 
 // age prints how long ago t was for a table ("3 minutes ago"), "-" for

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -27,7 +28,7 @@ func TestEverythingNexusCreatesIsPrivate(t *testing.T) {
 	mustOK(t, proc(t, root, "volume", "create", "v1", "--size", "16M"), "volume create")
 	sb := createJSON(t, root, "--image", image, "--handle", "perm/one", "--workspace", ws, "--shadow", "cfg="+ws, "--volume", "v1:/data")
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")
-	crashAt(t, root, "create.os-disk", "create", "--image", image)
+	crashAt(t, root, "create.workspace-disk", "create", "--image", image)
 
 	d := testutil.Start(t, exec.Command(nexusBin, "--state-dir", root, "daemon", "--listen", "127.0.0.1:0"))
 	d.WaitLog(t, 2*time.Minute, `"serving"`)
@@ -57,9 +58,12 @@ func checkPrivate(t *testing.T, root string) {
 		switch {
 		case mode.IsDir():
 			want = 0o700
-		case mode.IsRegular() && filepath.Base(p) == "disk.raw" && filepath.Base(filepath.Dir(filepath.Dir(p))) == "images":
+		case mode.IsRegular() && filepath.Base(p) == "disk.raw" && filepath.Base(filepath.Dir(filepath.Dir(p))) == "images" &&
+			!strings.HasSuffix(filepath.Base(filepath.Dir(p)), ".template"):
 			// An image cache entry is read-only: sandboxes boot on it
-			// shared, and nothing writes it once prepared.
+			// shared, and nothing writes it once prepared. (An overlay
+			// template, cloned from and never booted, is private like the
+			// rest.)
 			want = 0o400
 		case mode.IsRegular(), mode.Type() == fs.ModeSocket:
 		default:

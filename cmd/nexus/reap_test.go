@@ -522,7 +522,7 @@ func TestReapKeepsInFlightCreate(t *testing.T) {
 	image := makeImage(t)
 	shadowSrc := t.TempDir()
 	os.WriteFile(filepath.Join(shadowSrc, "cfg"), []byte("x"), 0o644)
-	for _, at := range []string{"create.os-disk:before", "create.shadow.cfg:before", "create.commit:before"} {
+	for _, at := range []string{"create.workspace-disk:before", "create.shadow.cfg:before", "create.commit:before"} {
 		t.Run(at, func(t *testing.T) {
 			t.Parallel()
 			root := shortRoot(t)
@@ -532,16 +532,16 @@ func TestReapKeepsInFlightCreate(t *testing.T) {
 			if r.code != 0 || len(rep.Deleted) != 0 {
 				t.Fatalf("reap during a create deleted %v (exit %d, %s)", paths(rep.Deleted), r.code, r.stderr)
 			}
-			var sawRaw bool
+			var sawDisk bool
 			for _, k := range rep.Kept {
-				if strings.HasSuffix(k.Path, ".raw") {
-					sawRaw = true
+				if strings.HasSuffix(k.Path, "-workspace.ext4") {
+					sawDisk = true
 					if k.Verdict != "live" && k.Verdict != "owned" {
 						t.Fatalf("in-flight disk judged %+v", k)
 					}
 				}
 			}
-			if !sawRaw {
+			if !sawDisk {
 				t.Fatalf("the in-flight disk was not even seen: %+v", rep.Kept)
 			}
 			creator.Process.Signal(syscall.SIGCONT)
@@ -576,7 +576,7 @@ func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 	image := makeImage(t)
 	root := shortRoot(t)
 	startDaemon(t, root)
-	creator, out := pausedCreate(t, root, "create.os-disk:before", "--image", image)
+	creator, out := pausedCreate(t, root, "create.workspace-disk:before", "--image", image)
 	reap := exec.Command(nexusBin, "--state-dir", root, "reap", "--apply", "--json")
 	reap.Env = append(os.Environ(), "NEXUS_STATE_DIR=", "NEXUS_PAUSE_AT=reap.observe-leases")
 	var reapOut strings.Builder
@@ -620,7 +620,7 @@ func TestReapLeaseReleasedBetweenObservations(t *testing.T) {
 	if len(rep.Deleted) != 0 {
 		t.Fatalf("reap deleted %v of a create that committed between its observations", paths(rep.Deleted))
 	}
-	if k := has(rep.Kept, filepath.Join(root, "disks", sb.ID+".raw")); k == nil || k.Verdict != "owned" {
+	if k := has(rep.Kept, filepath.Join(root, "disks", sb.ID+"-workspace.ext4")); k == nil || k.Verdict != "owned" {
 		t.Fatalf("the committed disk: %+v\nreport: %s\nls: %+v\nevents:\n%s", k, reapOut.String(), sandboxes(t, root), nexus(t, root, "events", "--all").stdout)
 	}
 	assertClean(t, root)
@@ -633,7 +633,7 @@ func TestReapIdempotentAfterCrash(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
-	for _, point := range []string{"create.os-disk:before", "create.supervisor-state", "create.commit", "create.vmm:before", "rm.reclaim:before", "fork.commit:before", "fork.os-disk", "reap.delete:before", "reap.decide"} {
+	for _, point := range []string{"create.workspace-disk:before", "create.supervisor-state", "create.commit", "create.vmm:before", "rm.reclaim:before", "fork.commit:before", "fork.workspace-disk", "reap.delete:before", "reap.decide"} {
 		t.Run(point, func(t *testing.T) {
 			t.Parallel()
 			root := shortRoot(t)

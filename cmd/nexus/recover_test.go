@@ -157,7 +157,7 @@ func TestRecoverTrustsAnIntentOnlyForItsOwnSandbox(t *testing.T) {
 	image := makeImage(t)
 	mustOK(t, proc(t, root, "volume", "create", "keep", "--size", "16M"), "volume create")
 	other := createJSON(t, root, "--image", image)
-	crashAt(t, root, "create.os-disk", "create", "--image", image)
+	crashAt(t, root, "create.workspace-disk", "create", "--image", image)
 
 	matches, _ := filepath.Glob(filepath.Join(root, "disks", "*.create-intent.json"))
 	if len(matches) != 1 {
@@ -171,7 +171,7 @@ func TestRecoverTrustsAnIntentOnlyForItsOwnSandbox(t *testing.T) {
 	if err := json.Unmarshal(data, &in); err != nil {
 		t.Fatal(err)
 	}
-	in["covers"] = append(in["covers"].([]any), "volumes/keep", "disks/"+other.ID+".raw", "journal")
+	in["covers"] = append(in["covers"].([]any), "volumes/keep", "disks/"+other.ID+"-workspace.ext4", "journal")
 	data, _ = json.Marshal(in)
 	if err := os.WriteFile(matches[0], data, 0o600); err != nil {
 		t.Fatal(err)
@@ -182,7 +182,7 @@ func TestRecoverTrustsAnIntentOnlyForItsOwnSandbox(t *testing.T) {
 	if volumeSum(t, root, "keep") != volBefore {
 		t.Fatal("recover touched a volume an intent claimed to cover")
 	}
-	if _, err := os.Stat(filepath.Join(root, "disks", other.ID+".raw")); err != nil {
+	if _, err := os.Stat(filepath.Join(root, "disks", other.ID+"-workspace.ext4")); err != nil {
 		t.Fatalf("recover deleted another sandbox's disk: %v", err)
 	}
 	if r := nexus(t, root, "events", "--type", "warning.raised"); strings.Count(r.stdout, "ForeignIntentCover") != 3 {

@@ -79,7 +79,7 @@ func TestReplayAuditsACrashedCreate(t *testing.T) {
 	for _, e := range entries {
 		steps = append(steps, e.Step)
 	}
-	if got := strings.Join(steps, ","); got != "saga.started,intents,intents#2,image-cache,image-cache#2,os-disk,workspace-disk,supervisor-state,record-dir" {
+	if got := strings.Join(steps, ","); got != "saga.started,intents,intents#2,image-cache,image-cache#2,workspace-disk,supervisor-state,record-dir" {
 		t.Fatalf("timeline steps of the crashed create: %s", got)
 	}
 	at := mustOK(t, nexus(t, root, "replay", "at", "3", "--json"), "at 3")

@@ -207,16 +207,16 @@ func TestPlantedSymlinksAreRefused(t *testing.T) {
 		}
 		os.Remove(link)
 	})
-	t.Run("disks/<id>.raw", func(t *testing.T) {
-		raw := filepath.Join(root, "disks", sb.ID+".raw")
-		replaceWithLink(t, raw, filepath.Join(outside, "os.raw"))
+	t.Run("disks/<id>-workspace.ext4", func(t *testing.T) {
+		ws := filepath.Join(root, "disks", sb.ID+"-workspace.ext4")
+		replaceWithLink(t, ws, filepath.Join(outside, "ws.ext4"))
 		before := treeDigest(t, outside)
 		refusedOneLine(t, bounded(t, root, "start", sb.ID), "symbolic link")
 		if treeDigest(t, outside) != before {
 			t.Fatal("start wrote outside the state root")
 		}
-		os.Remove(raw)
-		os.Rename(filepath.Join(outside, "os.raw"), raw)
+		os.Remove(ws)
+		os.Rename(filepath.Join(outside, "ws.ext4"), ws)
 	})
 	for _, logName := range []string{sb.ID + ".vmm.log", sb.ID + ".supervisor.log"} {
 		t.Run("logs/"+logName, func(t *testing.T) {

@@ -41,6 +41,10 @@ func BenchmarkCreateHitVsReflink(b *testing.B) {
 		if err := os.Mkdir(s.root, 0o700); err != nil {
 			b.Fatal(err)
 		}
+		// The OS disk's reflink is what is compared with cp's: a copy
+		// root (under the overlay root a hit clones no image at all;
+		// BenchmarkOverlayCreate measures that).
+		copyRoot(b, s.root)
 		// Registered after the mount's cleanup, so it runs before the unmount.
 		b.Cleanup(func() {
 			testutil.StopDaemons(s.root)
