@@ -26,7 +26,7 @@ func TestDaemonStopAndWhyItStopped(t *testing.T) {
 	if want := `"pid": ` + strconv.Itoa(d.Cmd.Process.Pid); !strings.Contains(out, want) {
 		t.Fatalf("daemon stop printed %q, want %s", out, want)
 	}
-	if code := d.Wait(t, time.Minute); code != 0 {
+	if code := d.Wait(t, testutil.Scale(time.Minute)); code != 0 {
 		t.Fatalf("the stopped daemon exited %d", code)
 	}
 	if log := d.Stderr.String(); !strings.Contains(log, "asked to stop by `nexus daemon stop` (pid ") {
@@ -62,7 +62,7 @@ func TestDaemonServesTheSocketSystemdPasses(t *testing.T) {
 		t.Fatalf("daemon status %s: not the activated daemon (pid %d)", out, d.Cmd.Process.Pid)
 	}
 	mustOK(t, nexus(t, root, "daemon", "stop"), "daemon stop")
-	if code := d.Wait(t, time.Minute); code != 0 {
+	if code := d.Wait(t, testutil.Scale(time.Minute)); code != 0 {
 		t.Fatalf("the activated daemon exited %d:\n%s", code, d.Stderr.String())
 	}
 	if st, err := os.Lstat(sock); err != nil || st.Mode().Type() != os.ModeSocket {
@@ -71,11 +71,18 @@ func TestDaemonServesTheSocketSystemdPasses(t *testing.T) {
 
 	elsewhere := filepath.Join(shortRoot(t), "other.sock")
 	d = testutil.Start(t, exec.Command("systemd-socket-activate", "-l", elsewhere, "--", nexusBin, "--state-dir", root, "daemon"))
-	waitFor(t, func() bool { return exists(elsewhere) })
-	if c, err := net.Dial("unix", elsewhere); err == nil {
-		c.Close() // the first connection starts the daemon
-	}
-	if code := d.Wait(t, time.Minute); code != 1 || !strings.Contains(d.Stderr.String(), "ListenStream") {
+	// The first connection starts the daemon. The socket's file exists
+	// from its bind, before the activator listens: until then a connect is
+	// refused.
+	waitFor(t, func() bool {
+		c, err := net.Dial("unix", elsewhere)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+	if code := d.Wait(t, testutil.Scale(time.Minute)); code != 1 || !strings.Contains(d.Stderr.String(), "ListenStream") {
 		t.Fatalf("a daemon passed a socket at %s exited %d, want 1 naming ListenStream:\n%s", elsewhere, code, d.Stderr.String())
 	}
 }

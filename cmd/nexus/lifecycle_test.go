@@ -376,7 +376,7 @@ func TestCloudHypervisorDriverAgainstFakeVMM(t *testing.T) {
 	root := shortRoot(t)
 	bin := t.TempDir()
 	fake := filepath.Join(bin, "cloud-hypervisor")
-	os.WriteFile(fake, []byte("#!/bin/sh\nexec "+nexusBin+" vmm-process \"$@\"\n"), 0o755)
+	testutil.WriteExecutable(t, fake, []byte("#!/bin/sh\nexec "+nexusBin+" vmm-process \"$@\"\n"))
 	kernel := filepath.Join(bin, "vmlinux")
 	os.WriteFile(kernel, []byte("not really a kernel"), 0o600)
 	env := []string{"NEXUS_CH_BINARY=" + fake, "NEXUS_KERNEL_PATH=" + kernel}

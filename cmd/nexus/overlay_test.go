@@ -363,7 +363,7 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 	bin := t.TempDir()
 	fake := filepath.Join(bin, "cloud-hypervisor")
 	good := []byte("#!/bin/sh\nexec " + nexusBin + " vmm-process \"$@\"\n")
-	os.WriteFile(fake, good, 0o755)
+	testutil.WriteExecutable(t, fake, good)
 	kernel := filepath.Join(bin, "vmlinux")
 	os.WriteFile(kernel, []byte("not really a kernel"), 0o600)
 	env := []string{"NEXUS_CH_BINARY=" + fake, "NEXUS_KERNEL_PATH=" + kernel}
@@ -380,7 +380,7 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 	}
 	sum := ext4test.SHA256(t, overlayOf(root, sb.ID))
 	// The binary is there and executable, but exec fails: no VM can exist.
-	os.WriteFile(fake, []byte("#!/nonexistent/interpreter\n"), 0o755)
+	testutil.WriteExecutable(t, fake, []byte("#!/nonexistent/interpreter\n"))
 	if r := ch("start", sb.ID); r.code != 1 || !strings.Contains(r.stderr, "spawn VMM") {
 		t.Fatalf("start with a broken VMM binary: %+v", r)
 	}
@@ -394,7 +394,7 @@ func TestSpawnFailureRestoresRunMarker(t *testing.T) {
 	if ext4test.SHA256(t, overlayOf(root, sb.ID)) != sum {
 		t.Fatal("a failed spawn changed the overlay")
 	}
-	os.WriteFile(fake, good, 0o755)
+	testutil.WriteExecutable(t, fake, good)
 	mustOK(t, ch("start", sb.ID), "start once the VMM binary works again")
 	mustOK(t, ch("rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertNothingLeft(t, root)

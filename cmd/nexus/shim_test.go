@@ -44,9 +44,7 @@ func TestShimKilledAtStartupFailsTheCreateClearly(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
 	shim := filepath.Join(t.TempDir(), "nexus-shim")
-	if err := os.WriteFile(shim, []byte("#!/bin/sh\necho 'shim starting' >&2\nkill -9 $$\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WriteExecutable(t, shim, []byte("#!/bin/sh\necho 'shim starting' >&2\nkill -9 $$\n"))
 	r := nexusEnv(t, root, []string{ShimEnv + "=" + shim}, "--driver", "process", "create", "--image", makeImage(t))
 	wantFailure(t, r, 1, "supervisor exited before answering (signal: killed)")
 	for _, want := range []string{"shim starting", ".supervisor.log"} {

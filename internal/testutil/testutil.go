@@ -209,3 +209,19 @@ func StartChild(t testing.TB, cmd *exec.Cmd) *exec.Cmd {
 	})
 	return cmd
 }
+
+// WriteExecutable writes an executable file at path with data, and only
+// another process ever holds it open for writing. A file this process
+// wrote itself could fail to run with ETXTBSY: a child another test forked
+// meanwhile holds the open descriptor until its own exec.
+func WriteExecutable(t testing.TB, path string, data []byte) {
+	t.Helper()
+	src := path + ".src"
+	if err := os.WriteFile(src, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(src)
+	if out, err := exec.Command("install", "-m", "0755", src, path).CombinedOutput(); err != nil {
+		t.Fatalf("install %s: %v\n%s", path, err, out)
+	}
+}
