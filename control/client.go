@@ -376,23 +376,12 @@ func (c *Client) SandboxPage(ctx context.Context, after string, limit int) ([]pr
 
 func (c *Client) ListJSON(ctx context.Context, w io.Writer, after string, limit int) error {
 	q := url.Values{"after": {after}, "limit": {strconv.Itoa(limit)}}
-	path := wire.PathListJSON + "?" + q.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	body, err := c.get(ctx, wire.PathListJSON+"?"+q.Encode())
 	if err != nil {
 		return err
 	}
-	resp, err := c.do(req)
-	if final(err) {
-		return err
-	}
-	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("daemon: %s: %s", wire.PathListJSON, resp.Status)
-	}
-	if _, err := io.Copy(w, resp.Body); err != nil {
+	defer body.Close()
+	if _, err := io.Copy(w, body); err != nil {
 		return fmt.Errorf("daemon: %s: %w", wire.PathListJSON, err)
 	}
 	return nil
@@ -626,20 +615,31 @@ func (c *Client) events(ctx context.Context, q events.Query, fn func(events.Reco
 }
 
 func (c *Client) getJSON(ctx context.Context, path string, v any) error {
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	body, err := c.get(ctx, path)
 	if err != nil {
 		return err
 	}
-	resp, err := c.do(hreq)
+	defer body.Close()
+	return json.NewDecoder(body).Decode(v)
+}
+
+// get is the body of a GET of path that the daemon answered 200 OK.
+func (c *Client) get(ctx context.Context, path string) (io.ReadCloser, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.do(req)
 	if final(err) {
-		return err
+		return nil, err
 	}
 	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("daemon: %s: %s", path, resp.Status)
+		resp.Body.Close()
+		name, _, _ := strings.Cut(path, "?")
+		return nil, fmt.Errorf("daemon: %s: %s", name, resp.Status)
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return resp.Body, nil
 }

@@ -252,21 +252,7 @@ func benchMissHit(b *testing.B, imageDir, root string) {
 		syscall.Sync() // the deletion's writeback is nobody's cost
 	}
 	cp := func() {
-		dst := filepath.Join(root, "cp.raw")
-		t0 := time.Now()
-		if out, err := exec.Command("cp", "--sparse=always", image, dst).CombinedOutput(); err != nil {
-			b.Fatalf("cp: %v %s", err, out)
-		}
-		g, err := os.Open(dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := g.Sync(); err != nil {
-			b.Fatal(err)
-		}
-		g.Close()
-		cpT = append(cpT, time.Since(t0))
-		os.Remove(dst)
+		cpT = append(cpT, timedCopy(b, "--sparse=always", image, filepath.Join(root, "cp.raw")))
 		syscall.Sync()
 	}
 	steps := []func(){func() { create(&missT) }, func() { create(&hitT) }, cp}
@@ -290,4 +276,25 @@ func benchMissHit(b *testing.B, imageDir, root string) {
 	b.ReportMetric(ms(median(cpT)), "cp-fsync-ms")
 	b.ReportMetric(float64(median(missT))/float64(median(cpT)), "miss/cp")
 	b.ReportMetric(float64(median(hitT))/float64(median(cpT)), "hit/cp")
+}
+
+// timedCopy is how long cp(1) with flag takes to copy src to dst and
+// fsync dst, as a baseline a create is measured against; dst is removed.
+func timedCopy(b *testing.B, flag, src, dst string) time.Duration {
+	b.Helper()
+	t0 := time.Now()
+	if out, err := exec.Command("cp", flag, src, dst).CombinedOutput(); err != nil {
+		b.Fatalf("cp %s: %v %s", flag, err, out)
+	}
+	g, err := os.Open(dst)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := g.Sync(); err != nil {
+		b.Fatal(err)
+	}
+	g.Close()
+	el := time.Since(t0)
+	os.Remove(dst)
+	return el
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"crypto/rand"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -162,22 +161,8 @@ func BenchmarkOverlayCreate(b *testing.B) {
 				mustOK(b, proc(b, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 			}
 			cp := func() {
-				dst := filepath.Join(root, "cp.raw")
 				syscall.Sync()
-				t0 := time.Now()
-				if out, err := exec.Command("cp", "--sparse=always", image, dst).CombinedOutput(); err != nil {
-					b.Fatalf("cp: %v %s", err, out)
-				}
-				g, err := os.Open(dst)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := g.Sync(); err != nil {
-					b.Fatal(err)
-				}
-				g.Close()
-				cpT = append(cpT, time.Since(t0))
-				os.Remove(dst)
+				cpT = append(cpT, timedCopy(b, "--sparse=always", image, filepath.Join(root, "cp.raw")))
 			}
 			miss := func() {
 				now := time.Now()

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -63,21 +62,7 @@ func BenchmarkCreateHitVsReflink(b *testing.B) {
 	}
 	var cpT []time.Duration
 	cp := func() {
-		dst := filepath.Join(mnt, "cp.raw")
-		t0 := time.Now()
-		if out, err := exec.Command("cp", "--reflink=always", image, dst).CombinedOutput(); err != nil {
-			b.Fatalf("cp --reflink=always: %v %s", err, out)
-		}
-		g, err := os.Open(dst)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := g.Sync(); err != nil {
-			b.Fatal(err)
-		}
-		g.Close()
-		cpT = append(cpT, time.Since(t0))
-		os.Remove(dst)
+		cpT = append(cpT, timedCopy(b, "--reflink=always", image, filepath.Join(mnt, "cp.raw")))
 		syscall.Sync()
 	}
 	// The first create of each side fills its cache: every timed one hits.
