@@ -37,6 +37,27 @@ func TestNodeSubscriberFollowsReconnectsAndCatchesUp(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(nodeSubscriber, "node_modules", "nats")); err != nil {
 		t.Fatalf("the Node.js subscriber is not installed (run make setup-test): %v", err)
 	}
+	subscriberFollows(t, func(creds string) *exec.Cmd {
+		return exec.Command("node", filepath.Join(nodeSubscriber, "subscriber.cjs"), creds)
+	})
+}
+
+// TestGoSubscriberFollowsReconnectsAndCatchesUp: the same of
+// examples/subscriber-go, built here.
+func TestGoSubscriberFollowsReconnectsAndCatchesUp(t *testing.T) {
+	t.Parallel()
+	bin := filepath.Join(t.TempDir(), "subscriber-go")
+	if out, err := exec.Command("go", "build", "-o", bin, "../../examples/subscriber-go").CombinedOutput(); err != nil {
+		t.Fatalf("go build examples/subscriber-go: %v\n%s", err, out)
+	}
+	subscriberFollows(t, func(creds string) *exec.Cmd { return exec.Command(bin, creds) })
+}
+
+// subscriberFollows runs the subscriber command(creds) against a daemon
+// listening for subscribers and checks it prints every journaled event
+// once, in order, through history pages, live events, and the daemon
+// stopped, written to without it, and restarted.
+func subscriberFollows(t *testing.T, command func(creds string) *exec.Cmd) {
 	root := shortRoot(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -47,7 +68,7 @@ func TestNodeSubscriberFollowsReconnectsAndCatchesUp(t *testing.T) {
 	stop := listeningDaemon(t, root, addr)
 	mustOK(t, nexus(t, root, "demo"), "demo") // 10 events before it starts
 
-	sub := exec.Command("node", filepath.Join(nodeSubscriber, "subscriber.cjs"), filepath.Join(root, "subscriber.json"))
+	sub := command(filepath.Join(root, "subscriber.json"))
 	sub.Env = append(os.Environ(), "NEXUS_PAGE=4")
 	out, err := sub.StdoutPipe()
 	if err != nil {
