@@ -323,3 +323,66 @@ func TestCreateTakesTheConfigFile(t *testing.T) {
 		t.Fatalf("a config file with cpus = 0: %v, want it refused naming the setting", err)
 	}
 }
+
+// TestAPIRestoreRenameLogsVolumes: the rest of the commands through the
+// client alone: a restore named and bound to the run (Close removes it),
+// a rename that frees the old handle, a log read, and a volume's life.
+func TestAPIRestoreRenameLogsVolumes(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	root := shortRoot(t)
+	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(3*time.Minute))
+	defer cancel()
+	sb, err := c.Create(ctx, client.CreateSpec{Image: image(t), Handle: "src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := c.Snapshot(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := c.Restore(ctx, client.RestoreSpec{Snapshot: snap, Handle: "copy", Labels: map[string]string{"from": "snap"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if child.State != "running" || child.Handle != "copy" || child.Snapshot != snap || child.Labels["from"] != "snap" {
+		t.Fatalf("restored %+v: want running, handle copy, from %s", child, snap)
+	}
+	if _, err := c.Restore(ctx, client.RestoreSpec{Snapshot: snap, Handle: "src"}); !errors.Is(err, client.ErrHandleTaken) {
+		t.Fatalf("a restore named with a taken handle: %v, want ErrHandleTaken", err)
+	}
+	if got, err := c.Rename(ctx, "copy", "copy2"); err != nil || got.Handle != "copy2" {
+		t.Fatalf("rename: %+v %v", got, err)
+	}
+	if _, err := c.Get(ctx, "copy"); !errors.Is(err, client.ErrNotFound) {
+		t.Fatalf("the old handle after a rename: %v, want ErrNotFound", err)
+	}
+	var log bytes.Buffer
+	if err := c.Logs(ctx, "copy2", client.LogOptions{Kind: "supervisor"}, &log); err != nil || log.Len() == 0 {
+		t.Fatalf("supervisor log: %d bytes, %v", log.Len(), err)
+	}
+
+	v, err := c.CreateVolume(ctx, "data", 16<<20, map[string]string{"team": "a"})
+	if err != nil || v.Name != "data" || v.SizeBytes != 16<<20 {
+		t.Fatalf("volume create: %+v %v", v, err)
+	}
+	if list, err := c.Volumes(ctx); err != nil || len(list) != 1 || list[0].Labels["team"] != "a" {
+		t.Fatalf("volumes: %+v %v", list, err)
+	}
+	if err := c.RemoveVolume(ctx, "data"); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := c.Volumes(ctx); err != nil || len(list) != 0 {
+		t.Fatalf("volumes after rm: %+v %v", list, err)
+	}
+
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if live := liveIDs(t, root); len(live) != 0 {
+		t.Fatalf("after Close the CLI lists %v: the restored child was not bound to the run", live)
+	}
+}

@@ -1,0 +1,129 @@
+package client
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"io"
+	"maps"
+
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/projections"
+)
+
+// RestoreSpec is a new sandbox made from a snapshot.
+type RestoreSpec struct {
+	Snapshot string // its ID, or a unique prefix of it
+	Handle   string
+	Labels   map[string]string
+	Ready    ReadyWait
+}
+
+// Restore makes a new running sandbox from a snapshot, bound to this run
+// as a fork's children are: listed once the restore returns it.
+func (c *Client) Restore(ctx context.Context, spec RestoreSpec) (Sandbox, error) {
+	c.mu.Lock()
+	err := c.beginLocked(ctx)
+	c.mu.Unlock()
+	if err != nil {
+		return Sandbox{}, wrap("restore", spec.Snapshot, err)
+	}
+	var sb projections.Sandbox
+	err = c.manage(ctx, func(m *lifecycle.Manager) error {
+		var err error
+		if sb, err = m.Restore(ctx, spec.Snapshot, lifecycle.RestoreOptions{Handle: spec.Handle, Labels: events.Labels(spec.Labels)}); err != nil {
+			return err
+		}
+		err = c.bind(sb.ID)
+		var werr error
+		sb, werr = awaitReady(ctx, m, sb, spec.Ready)
+		return errors.Join(err, werr)
+	})
+	if sb.ID == "" {
+		return Sandbox{}, wrap("restore", spec.Snapshot, err)
+	}
+	return sandboxOf(sb), wrap("restore", spec.Snapshot, err)
+}
+
+// Rename gives a sandbox a new handle; its old one is free once it
+// returns. A handle another sandbox holds is refused (ErrHandleTaken).
+func (c *Client) Rename(ctx context.Context, ref, handle string) (Sandbox, error) {
+	var sb projections.Sandbox
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		var err error
+		sb, err = m.Rename(ctx, ref, handle)
+		return err
+	})
+	return already("rename", ref, sb, err)
+}
+
+// LogOptions selects one of a sandbox's logs: "console" (the guest's
+// console; the default), "vmm" or "supervisor"; Tail starts at its last
+// lines; Follow keeps copying what is appended until ctx ends.
+type LogOptions struct {
+	Kind   string
+	Tail   int
+	Follow bool
+}
+
+// Logs copies a sandbox's log to w.
+func (c *Client) Logs(ctx context.Context, ref string, o LogOptions, w io.Writer) error {
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		return m.Logs(ctx, ref, lifecycle.LogOptions{Kind: cmp.Or(o.Kind, "console"), Tail: o.Tail, Follow: o.Follow}, w)
+	})
+	return wrap("logs", ref, err)
+}
+
+// Volume is a named ext4 disk: never reaped, attached to sandboxes at
+// create, removed only by RemoveVolume.
+type Volume struct {
+	Name       string            `json:"name"`
+	Path       string            `json:"path"`
+	SizeBytes  int64             `json:"size_bytes"`
+	AttachedTo []string          `json:"attached_to"`
+	Labels     map[string]string `json:"labels,omitempty"`
+}
+
+func volumeOf(v projections.Volume) Volume {
+	return Volume{Name: v.Name, Path: v.Path, SizeBytes: v.SizeBytes, AttachedTo: append([]string{}, v.AttachedTo...), Labels: maps.Clone(v.Labels)}
+}
+
+// CreateVolume makes a named volume of size bytes.
+func (c *Client) CreateVolume(ctx context.Context, name string, size int64, labels map[string]string) (Volume, error) {
+	var v projections.Volume
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		var err error
+		v, err = m.VolumeCreate(ctx, name, size, events.Labels(labels))
+		return err
+	})
+	if err != nil {
+		return Volume{}, wrap("volume create", name, err)
+	}
+	return volumeOf(v), nil
+}
+
+// Volumes lists every named volume.
+func (c *Client) Volumes(ctx context.Context) ([]Volume, error) {
+	var list []projections.Volume
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		var err error
+		list, err = m.Volumes(ctx)
+		return err
+	})
+	if err != nil {
+		return nil, wrap("volume ls", "", err)
+	}
+	out := make([]Volume, len(list))
+	for i, v := range list {
+		out[i] = volumeOf(v)
+	}
+	return out, nil
+}
+
+// RemoveVolume deletes a named volume and its data. One attached to a
+// sandbox is refused.
+func (c *Client) RemoveVolume(ctx context.Context, name string) error {
+	err := c.manage(ctx, func(m *lifecycle.Manager) error { return m.VolumeRemove(ctx, name) })
+	return wrap("volume rm", name, err)
+}
