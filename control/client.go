@@ -232,9 +232,12 @@ func (c *Client) afterBreak(ctx context.Context) error {
 	return err
 }
 
-// gone is a dial error that means no daemon listens on the socket.
+// gone is a dial error that means no daemon listens on the socket, or the
+// one that did closed the connection before saying which root it serves
+// (it is retiring, or died).
 func gone(err error) bool {
-	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)
+	return errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)
 }
 
 // do sends req; for a daemon started on demand, a request that got no

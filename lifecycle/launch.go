@@ -64,17 +64,23 @@ func (Spawner) Launch(ctx context.Context, l Launch) (proc.Identity, error) {
 		return proc.Identity{}, fmt.Errorf("spawn %s: %w", l.What, err)
 	}
 	defer logf.Close() // the child holds its own copy
+	// What the log holds already is earlier processes' output.
+	var before int64
+	if fi, err := logf.Stat(); err == nil {
+		before = fi.Size()
+	}
 	if !l.Signals {
 		who, err := proc.SpawnDetachedTo(l.Argv, os.Environ(), logf)
 		if err != nil {
 			return proc.Identity{}, fmt.Errorf("spawn %s: %w", l.What, err)
 		}
-		return who, waitFor(ctx, who, l.Timeout, l.What, l.Ready)
-	}
-	// What the log holds already is earlier processes' output.
-	var before int64
-	if fi, err := logf.Stat(); err == nil {
-		before = fi.Size()
+		if err := waitFor(ctx, who, l.Timeout, l.What, l.Ready); err != nil {
+			if ctx.Err() != nil {
+				return who, err
+			}
+			return who, fmt.Errorf("%w: %s", err, logTail(l.Root, l.Log, before))
+		}
+		return who, nil
 	}
 	who, rd, err := proc.SpawnReady(l.Argv, os.Environ(), logf)
 	if err != nil {

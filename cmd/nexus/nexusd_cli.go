@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -52,6 +53,14 @@ func identify() {
 		control.IdentifyAs(p)
 	}
 }
+
+// The main goroutine, which runs the command and so execNexusd, stays on
+// the process's first thread. An exec from another thread makes the
+// kernel retire the first one, which reads as a zombie in /proc for a
+// moment: a parent watching this process by pid and start time (a
+// sandbox's VMM or supervisor started through this binary) would take it
+// for dead.
+func init() { runtime.LockOSThread() }
 
 // execNexusd replaces this process with nexusd, given the same arguments:
 // it runs the command in full.
