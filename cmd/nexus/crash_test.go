@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -66,7 +67,7 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	t.Parallel()
 	image := makeImage(t)
-	imageSum := sha256File(t, image)
+	imageSum := ext4test.SHA256(t, image)
 	src := t.TempDir()
 	os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644)
 	for _, mode := range []string{"overlay", "copy"} {
@@ -154,7 +155,7 @@ func assertEntryWhole(t *testing.T, root, image, sum string, cached bool, users 
 		if fi.Mode().Perm() != 0o400 {
 			t.Errorf("entry %s has mode %o, want 400", entry, fi.Mode().Perm())
 		}
-		if got := sha256File(t, entry); got != sum {
+		if got := ext4test.SHA256(t, entry); got != sum {
 			t.Errorf("entry %s has SHA-256 %s, the image %s", entry, got, sum)
 		}
 		if !slices.Equal(row.Sandboxes, users) && (len(row.Sandboxes) != 0 || len(users) != 0) {

@@ -1,9 +1,6 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -33,20 +31,6 @@ func ext4Image(t *testing.T) string {
 	return img
 }
 
-func sha256File(t *testing.T, path string) string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		t.Fatal(err)
-	}
-	return hex.EncodeToString(h.Sum(nil))
-}
-
 // TestQEMUOverlayRootKeepsTheImage: two real guests, with the agent as
 // PID 1, boot on one image's cache entry under overlay roots (each QEMU
 // given the entry file read-only): each sees
@@ -61,7 +45,7 @@ func TestQEMUOverlayRootKeepsTheImage(t *testing.T) {
 	q := newRealGuest(t, 32)
 	q.env = append(q.env, sharedRootEnv...)
 	image := ext4Image(t)
-	imageSum := sha256File(t, image)
+	imageSum := ext4test.SHA256(t, image)
 	a := strings.Fields(q.ok("create", "create", "--image", image))[0]
 	b := strings.Fields(q.ok("create", "create", "--image", image))[0]
 	rows := cacheList(t, q.root)
@@ -69,7 +53,7 @@ func TestQEMUOverlayRootKeepsTheImage(t *testing.T) {
 		t.Fatalf("cache entries: %+v", rows)
 	}
 	entry := filepath.Join(q.root, "images", rows[0].CacheID, "disk.raw")
-	entrySum := sha256File(t, entry)
+	entrySum := ext4test.SHA256(t, entry)
 	for _, id := range []string{a, b} {
 		if got := inspectJSON(t, q.root, id).Root; got != "overlay" {
 			t.Fatalf("%s: root %q, want overlay", id, got)
@@ -106,10 +90,10 @@ func TestQEMUOverlayRootKeepsTheImage(t *testing.T) {
 	if err != nil || string(out) != rootText {
 		t.Fatalf("debugfs cat of the upper layer's root-file on %s: %q %v", ws, out, err)
 	}
-	if got := sha256File(t, entry); got != entrySum {
+	if got := ext4test.SHA256(t, entry); got != entrySum {
 		t.Fatal("the cache entry changed under a guest writing to /")
 	}
-	if got := sha256File(t, image); got != imageSum {
+	if got := ext4test.SHA256(t, image); got != imageSum {
 		t.Fatal("the image changed")
 	}
 	before := fileSize(t, ws)
@@ -131,11 +115,11 @@ func TestQEMUOverlayRootKeepsTheImage(t *testing.T) {
 		t.Errorf("/fill after start: %d bytes, want %d", len(filler), fill)
 	}
 	q.exec(a, "write", "/after", "written after the recovery", "sync")
-	if got := sha256File(t, entry); got != entrySum {
+	if got := ext4test.SHA256(t, entry); got != entrySum {
 		t.Fatal("the cache entry changed")
 	}
 	q.finish(a, b)
-	if got := sha256File(t, image); got != imageSum {
+	if got := ext4test.SHA256(t, image); got != imageSum {
 		t.Fatal("the image changed")
 	}
 }
