@@ -251,7 +251,7 @@ func waitGone(ctx context.Context, sock string, st wire.Status, why string, d ti
 			return nil
 		}
 		c := NewClient(sock)
-		sctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		sctx, cancel := context.WithTimeout(ctx, statusWait)
 		_, err := c.Status(sctx)
 		cancel()
 		c.Close()

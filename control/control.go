@@ -120,13 +120,18 @@ func Dial(ctx context.Context, sock string) (*Client, error) {
 	return c, err
 }
 
+// statusWait bounds one Status question. A daemon on a loaded machine can
+// take seconds to answer and is still answering; a stopped one is named at
+// once from its peer's process state, not by this wait running out.
+const statusWait = 15 * time.Second
+
 // dialStatus is dial with the daemon's Status.
 func dialStatus(ctx context.Context, sock string) (*Client, wire.Status, error) {
 	if _, err := os.Lstat(sock); err != nil {
 		return nil, wire.Status{}, err
 	}
 	c := NewClient(sock)
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, statusWait)
 	defer cancel()
 	st, err := c.Status(pctx)
 	if err == nil && st.Retiring {

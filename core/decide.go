@@ -62,6 +62,18 @@ func (a *Already) Error() string {
 
 func (a *Already) Unwrap() error { return ErrAlready }
 
+// SagaOn returns a copy of the saga of open that is on sandbox id, or nil.
+// A sandbox has at most one: its runner lease admits one at a time.
+func SagaOn(open []projections.OpenSaga, id string) *projections.OpenSaga {
+	for i := range open {
+		if open[i].Sandbox == id {
+			sg := open[i]
+			return &sg
+		}
+	}
+	return nil
+}
+
 // Decide says whether cmd may run on sb, given the sagas the journal shows
 // open. It is the one place these rules live: lifecycle calls it once it
 // holds the sandbox's runner lease and has read the sandbox afresh, and
@@ -70,12 +82,9 @@ func Decide(cmd Command, sb projections.Sandbox, open []projections.OpenSaga) er
 	refuse := func(format string, a ...any) error {
 		return &Refusal{Command: cmd, Entity: Sandbox(sb.ID), Reason: fmt.Sprintf(format, a...)}
 	}
-	for i := range open {
-		if open[i].Sandbox == sb.ID {
-			sg := open[i]
-			return &Refusal{Command: cmd, Entity: Sandbox(sb.ID), Saga: &sg,
-				Reason: fmt.Sprintf("its %s saga %s was interrupted and is still open (run `nexus recover`)", sg.Kind, sg.ID)}
-		}
+	if sg := SagaOn(open, sb.ID); sg != nil {
+		return &Refusal{Command: cmd, Entity: Sandbox(sb.ID), Saga: sg,
+			Reason: fmt.Sprintf("its %s saga %s was interrupted and is still open (run `nexus recover`)", sg.Kind, sg.ID)}
 	}
 	if sb.State == projections.StateCreating {
 		return refuse("it is still being created (run `nexus recover` if its creator died)")

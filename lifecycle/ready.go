@@ -183,6 +183,19 @@ func (m *Manager) appendForRun(ctx context.Context, id, run string, event func(p
 		if sb.State != projections.StateRunning || sb.LastRun != run {
 			return nil
 		}
+		// A saga open on the sandbox is changing it, and each of its
+		// steps expects the sandbox as the saga left it: a mark between
+		// two steps would fail the saga. The mark waits for a later
+		// session with the guest (exec, cp, wait). Read after the
+		// sandbox: a saga that starts later moves its revision, and the
+		// append below is refused and judged again.
+		open, err := m.B.OpenSagas(ctx)
+		if err != nil {
+			return err
+		}
+		if core.SagaOn(open, id) != nil {
+			return nil
+		}
 		p := event(sb)
 		if p == nil {
 			return nil

@@ -235,6 +235,26 @@ func TestCommandsOnOneSandboxAreSerialised(t *testing.T) {
 	journalMatchesDisk(t, root)
 }
 
+// A guest seen Ready while another command's saga is changing its
+// sandbox does not journal Ready between two of that saga's steps: the
+// saga, which expects the sandbox as it left it, finishes.
+func TestReadyMarkWaitsForAnOpenSaga(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	startDaemon(t, root)
+	sb := createJSON(t, root, "--image", makeImage(t), "--no-wait")
+	p := pauseAt(t, root, "rm.saga.started", "rm", "-f", sb.ID)
+	mustOK(t, proc(t, root, "wait", sb.ID, "--for", "ready"), "wait for Ready beside an open rm saga")
+	if code := p.resume(t, 0); code != 0 {
+		t.Fatalf("rm exit %d after a Ready was seen during its saga: %s", code, p.stderr)
+	}
+	if listed(t, root, sb.ID) != nil {
+		t.Fatal("sandbox still listed after rm")
+	}
+	journalMatchesDisk(t, root)
+}
+
 // volume rm and volume prune --include-detached racing a create that
 // attaches the volume: the volume is claimed by the create's lease and
 // expectation, so neither deletes it.
