@@ -51,40 +51,18 @@ func mountPowerRoot(t *testing.T) *powerRoot {
 	return &powerRoot{root: root, fs: p}
 }
 
-// rootProcesses are the live processes naming root in their command line:
-// its daemon (--state-dir root), its commands, its supervisors and VMMs.
-func rootProcesses(root string) []int {
-	var out []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil {
-			continue
-		}
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			continue
-		}
-		for _, arg := range bytes.Split(data, []byte{0}) {
-			if a := string(arg); a == root || strings.HasPrefix(a, root+"/") || strings.Contains(a, "="+root+"/") {
-				out = append(out, pid)
-				break
-			}
-		}
-	}
-	return out
-}
-
+// killRootProcesses SIGKILLs the live processes naming root in their
+// command line: its daemon (--state-dir root), its commands, its
+// supervisors and VMMs; it returns how many there were.
 func killRootProcesses(root string) int {
-	pids := rootProcesses(root)
-	for _, pid := range pids {
-		syscall.Kill(pid, syscall.SIGKILL)
+	n := 0
+	for _, p := range testutil.ProcessesOf(root) {
+		if !p.Zombie {
+			syscall.Kill(p.Pid, syscall.SIGKILL)
+			n++
+		}
 	}
-	return len(pids)
+	return n
 }
 
 // powerWorker drives real commands on a power root until stopped, and

@@ -59,6 +59,19 @@ type Process struct {
 // command line names a path below root: the VMMs, supervisors and daemons
 // of the sandboxes under it.
 func ProcessesUnder(root string) []Process {
+	return processesNaming(func(arg string) bool { return strings.Contains(arg, root+"/") })
+}
+
+// ProcessesOf is ProcessesUnder plus the processes given root itself as
+// an argument: a daemon started with `--state-dir root` and the commands
+// run on it.
+func ProcessesOf(root string) []Process {
+	return processesNaming(func(arg string) bool { return arg == root || strings.Contains(arg, root+"/") })
+}
+
+// processesNaming scans /proc for processes (other than this one) with an
+// argument for which names says true.
+func processesNaming(names func(arg string) bool) []Process {
 	var out []Process
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -67,7 +80,7 @@ func ProcessesUnder(root string) []Process {
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !strings.Contains(string(data), root+"/") {
+		if err != nil || !slices.ContainsFunc(strings.Split(string(data), "\x00"), names) {
 			continue
 		}
 		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
