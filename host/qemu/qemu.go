@@ -66,7 +66,7 @@ func Serve(ctx context.Context, apiSocket string, o Options) error {
 	}
 	s := &server{o: o, api: apiSocket, log: stdlog.New(o.Log, "", stdlog.LstdFlags|stdlog.Lmicroseconds), stop: make(chan struct{})}
 	var exited string
-	err := vmm.APIServer{Socket: apiSocket, Handler: vmm.Calls[*server]{Routes: routes, VMM: s, Lock: &s.mu, Logf: s.log.Printf,
+	err := vmm.APIServer{Socket: apiSocket, Handler: vmm.Calls{VMM: s, Lock: &s.mu, Logf: s.log.Printf,
 		Stopping: func() bool { return s.stopping }, Stop: func() { s.stopOnce.Do(func() { close(s.stop) }) }},
 		Name: Version, Logf: s.log.Printf, ErrorLog: stdlog.New(o.Log, "http: ", 0), Stop: s.stop, Ready: o.Ready,
 		Teardown: func() {
@@ -132,31 +132,17 @@ func failed(format string, args ...any) error {
 	return &apiError{status: http.StatusInternalServerError, msg: fmt.Sprintf(format, args...)}
 }
 
-var routes = map[string]vmm.Route[*server]{
-	vmm.OpPing:        {Method: http.MethodGet, Fn: (*server).ping},
-	vmm.OpShutdownVMM: {Method: http.MethodPut, Fn: (*server).shutdownVMM},
-	vmm.OpCreate:      {Method: http.MethodPut, Fn: (*server).create},
-	vmm.OpBoot:        {Method: http.MethodPut, Fn: (*server).boot},
-	vmm.OpShutdown:    {Method: http.MethodPut, Fn: (*server).shutdown},
-	vmm.OpDelete:      {Method: http.MethodPut, Fn: (*server).delete},
-	vmm.OpInfo:        {Method: http.MethodGet, Fn: (*server).info},
-	vmm.OpPause:       {Method: http.MethodPut, Fn: (*server).pause},
-	vmm.OpResume:      {Method: http.MethodPut, Fn: (*server).resume},
-	vmm.OpSnapshot:    {Method: http.MethodPut, Fn: (*server).snapshot},
-	vmm.OpRestore:     {Method: http.MethodPut, Fn: (*server).restore},
+func (s *server) Ping(*http.Request) (any, error) {
+	return vmm.PingResponse{Version: Version, Pid: os.Getpid()}, nil
 }
 
-func (s *server) ping(*http.Request) (any, error) {
-	return map[string]any{"version": Version, "pid": os.Getpid()}, nil
-}
-
-func (s *server) shutdownVMM(*http.Request) (any, error) {
+func (s *server) ShutdownVMM(*http.Request) (any, error) {
 	s.stopping = true
 	s.stopVM()
 	return nil, nil
 }
 
-func (s *server) create(r *http.Request) (any, error) {
+func (s *server) Create(r *http.Request) (any, error) {
 	if s.cfg != nil {
 		return nil, failed("VM is already created")
 	}
@@ -171,7 +157,7 @@ func (s *server) create(r *http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) boot(*http.Request) (any, error) {
+func (s *server) Boot(*http.Request) (any, error) {
 	switch {
 	case s.cfg == nil:
 		return nil, &apiError{status: http.StatusNotFound, msg: "VM is not created"}
@@ -186,7 +172,7 @@ func (s *server) boot(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) shutdown(*http.Request) (any, error) {
+func (s *server) Shutdown(*http.Request) (any, error) {
 	if s.cfg == nil {
 		return nil, &apiError{status: http.StatusNotFound, msg: "VM is not created"}
 	}
@@ -195,13 +181,13 @@ func (s *server) shutdown(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) delete(*http.Request) (any, error) {
+func (s *server) Delete(*http.Request) (any, error) {
 	s.stopVM()
 	s.cfg, s.state = nil, ""
 	return nil, nil
 }
 
-func (s *server) info(*http.Request) (any, error) {
+func (s *server) Info(*http.Request) (any, error) {
 	if s.cfg == nil {
 		return nil, &apiError{status: http.StatusNotFound, msg: "VM is not created"}
 	}
@@ -228,7 +214,7 @@ func (s *server) info(*http.Request) (any, error) {
 	return vmm.Info{State: state, Config: *s.cfg}, nil
 }
 
-func (s *server) pause(*http.Request) (any, error) {
+func (s *server) Pause(*http.Request) (any, error) {
 	if s.vm == nil || s.state != vmm.StateRunning {
 		return nil, failed("VM is not running (%s)", s.state)
 	}
@@ -239,7 +225,7 @@ func (s *server) pause(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) resume(*http.Request) (any, error) {
+func (s *server) Resume(*http.Request) (any, error) {
 	if s.vm == nil || s.state != vmm.StatePaused {
 		return nil, failed("VM is not paused (%s)", s.state)
 	}
@@ -255,7 +241,7 @@ func (s *server) resume(*http.Request) (any, error) {
 // which a restore re-points at its own files), memory-ranges (QEMU's
 // migration stream: guest memory and device state) and state.json (what
 // the stream is). Like CH, it wants the VM paused.
-func (s *server) snapshot(r *http.Request) (any, error) {
+func (s *server) Snapshot(r *http.Request) (any, error) {
 	if s.vm == nil || s.state != vmm.StatePaused {
 		return nil, failed("cannot snapshot: VM is %s, not Paused", s.state)
 	}
@@ -287,7 +273,7 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 // the saved configuration (disks, vsock and console as the restore
 // re-pointed them), waiting for the migration stream, which it reads from
 // memory-ranges. The VM comes back Paused, as from CH; vm.resume runs it.
-func (s *server) restore(r *http.Request) (any, error) {
+func (s *server) Restore(r *http.Request) (any, error) {
 	if s.cfg != nil {
 		return nil, failed("cannot restore: a VM is already created")
 	}

@@ -23,22 +23,51 @@ import (
 // APIRoot is the path every call of CH's API is below.
 const APIRoot = "/api/v1/"
 
-// Route is one call of the API: the method CH's router wants, and what the
-// call does to its VMM S: a value to answer as JSON, nil for 204 No
-// Content, or an error (its HTTPStatus, else 500).
-type Route[S any] struct {
-	Method string
-	Fn     func(S, *http.Request) (any, error)
+// VMM is what a VMM does for each call of the API: a value to answer as
+// JSON, nil for 204 No Content, or an error (its HTTPStatus, else 500).
+type VMM interface {
+	Ping(*http.Request) (any, error)
+	ShutdownVMM(*http.Request) (any, error)
+	Create(*http.Request) (any, error)
+	Boot(*http.Request) (any, error)
+	Shutdown(*http.Request) (any, error)
+	Delete(*http.Request) (any, error)
+	Info(*http.Request) (any, error)
+	Pause(*http.Request) (any, error)
+	Resume(*http.Request) (any, error)
+	Snapshot(*http.Request) (any, error)
+	Restore(*http.Request) (any, error)
 }
 
-// Calls answers the API's calls: Routes by operation (the path below
-// APIRoot: "vm.create"), each run on VMM under Lock, which also
+// route is one call of the API: the method CH's router wants, and the
+// VMM's method that does it.
+type route struct {
+	method string
+	fn     func(VMM, *http.Request) (any, error)
+}
+
+// routes are the calls of CH's API nexus uses, by operation (the path
+// below APIRoot).
+var routes = map[string]route{
+	OpPing:        {http.MethodGet, VMM.Ping},
+	OpShutdownVMM: {http.MethodPut, VMM.ShutdownVMM},
+	OpCreate:      {http.MethodPut, VMM.Create},
+	OpBoot:        {http.MethodPut, VMM.Boot},
+	OpShutdown:    {http.MethodPut, VMM.Shutdown},
+	OpDelete:      {http.MethodPut, VMM.Delete},
+	OpInfo:        {http.MethodGet, VMM.Info},
+	OpPause:       {http.MethodPut, VMM.Pause},
+	OpResume:      {http.MethodPut, VMM.Resume},
+	OpSnapshot:    {http.MethodPut, VMM.Snapshot},
+	OpRestore:     {http.MethodPut, VMM.Restore},
+}
+
+// Calls answers the API's calls, each run on VMM under Lock, which also
 // serialises the VMM's teardown, so every call sees the previous one's
 // files and sockets complete.
-type Calls[S any] struct {
-	Routes map[string]Route[S]
-	VMM    S
-	Lock   sync.Locker
+type Calls struct {
+	VMM  VMM
+	Lock sync.Locker
 	// Stopping, read under Lock, says the VMM is tearing down: calls then
 	// get 503.
 	Stopping func() bool
@@ -48,16 +77,16 @@ type Calls[S any] struct {
 	Stop func()
 }
 
-func (c Calls[S]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (c Calls) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	op, under := strings.CutPrefix(r.URL.Path, APIRoot)
-	rt, ok := c.Routes[op]
+	rt, ok := routes[op]
 	if !ok || !under {
 		http.Error(w, "not found", http.StatusNotFound)
 		return
 	}
 	// CH's router answers a known path with the wrong method 400, not 405.
-	if r.Method != rt.Method {
-		http.Error(w, fmt.Sprintf("%s wants %s", r.URL.Path, rt.Method), http.StatusBadRequest)
+	if r.Method != rt.method {
+		http.Error(w, fmt.Sprintf("%s wants %s", r.URL.Path, rt.method), http.StatusBadRequest)
 		return
 	}
 	c.Lock.Lock()
@@ -66,7 +95,7 @@ func (c Calls[S]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if c.Stopping() {
 		err = stoppingError{}
 	} else {
-		out, err = rt.Fn(c.VMM, r)
+		out, err = rt.fn(c.VMM, r)
 	}
 	c.Lock.Unlock()
 	if err != nil {

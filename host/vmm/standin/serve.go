@@ -51,7 +51,7 @@ func serve(ctx context.Context, apiSocket string, log io.Writer, ready func()) e
 	defer lock.Close() // the file stays, as CH leaves it
 	err = vmm.APIServer{
 		Socket: apiSocket,
-		Handler: vmm.Calls[*server]{Routes: routes, VMM: s, Lock: &s.op, Logf: s.log.Printf,
+		Handler: vmm.Calls{VMM: s, Lock: &s.op, Logf: s.log.Printf,
 			Stopping: func() bool { return s.stopping },
 			Stop:     func() { s.stopOnce.Do(func() { close(s.stop) }) }},
 		Name: Version, Logf: s.log.Printf, ErrorLog: stdlog.New(s.log, "vmm http: ", 0),
@@ -155,32 +155,17 @@ func badRequest(format string, args ...any) error {
 	return &apiError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
 }
 
-// routes are the calls of CH's API the stand-in answers, by operation.
-var routes = map[string]vmm.Route[*server]{
-	vmm.OpPing:        {Method: http.MethodGet, Fn: (*server).ping},
-	vmm.OpShutdownVMM: {Method: http.MethodPut, Fn: (*server).shutdownVMM},
-	vmm.OpCreate:      {Method: http.MethodPut, Fn: (*server).create},
-	vmm.OpBoot:        {Method: http.MethodPut, Fn: (*server).boot},
-	vmm.OpShutdown:    {Method: http.MethodPut, Fn: (*server).shutdown},
-	vmm.OpDelete:      {Method: http.MethodPut, Fn: (*server).delete},
-	vmm.OpInfo:        {Method: http.MethodGet, Fn: (*server).info},
-	vmm.OpPause:       {Method: http.MethodPut, Fn: (*server).pause},
-	vmm.OpResume:      {Method: http.MethodPut, Fn: (*server).resume},
-	vmm.OpSnapshot:    {Method: http.MethodPut, Fn: (*server).snapshot},
-	vmm.OpRestore:     {Method: http.MethodPut, Fn: (*server).restore},
-}
-
-func (s *server) ping(*http.Request) (any, error) {
+func (s *server) Ping(*http.Request) (any, error) {
 	return vmm.PingResponse{Version: Version, Pid: os.Getpid()}, nil
 }
 
-func (s *server) shutdownVMM(*http.Request) (any, error) {
+func (s *server) ShutdownVMM(*http.Request) (any, error) {
 	s.stopping = true
 	s.releaseVM()
 	return nil, nil
 }
 
-func (s *server) create(r *http.Request) (any, error) {
+func (s *server) Create(r *http.Request) (any, error) {
 	if s.vm != nil {
 		return nil, failed("VM is already created")
 	}
@@ -235,7 +220,7 @@ func (v *vm) console(format string, args ...any) {
 	}
 }
 
-func (s *server) boot(*http.Request) (any, error) {
+func (s *server) Boot(*http.Request) (any, error) {
 	v := s.vm
 	if v == nil {
 		return nil, notCreated("cannot boot: VM is not created")
@@ -269,7 +254,7 @@ func (s *server) boot(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) shutdown(*http.Request) (any, error) {
+func (s *server) Shutdown(*http.Request) (any, error) {
 	v := s.vm
 	if v == nil {
 		return nil, failed("cannot shut down: VM is not created")
@@ -282,13 +267,13 @@ func (s *server) shutdown(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) delete(*http.Request) (any, error) {
+func (s *server) Delete(*http.Request) (any, error) {
 	s.releaseVM()
 	s.vm = nil
 	return nil, nil
 }
 
-func (s *server) info(*http.Request) (any, error) {
+func (s *server) Info(*http.Request) (any, error) {
 	if s.vm == nil {
 		return nil, notCreated("VM is not created")
 	}
@@ -297,7 +282,7 @@ func (s *server) info(*http.Request) (any, error) {
 	return map[string]any{"state": s.vm.state, "config": s.vm.config.raw}, nil
 }
 
-func (s *server) pause(*http.Request) (any, error) {
+func (s *server) Pause(*http.Request) (any, error) {
 	v := s.vm
 	if v == nil || v.state != vmm.StateRunning {
 		return nil, failed("cannot pause: VM is %s", stateOf(v))
@@ -309,7 +294,7 @@ func (s *server) pause(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) resume(*http.Request) (any, error) {
+func (s *server) Resume(*http.Request) (any, error) {
 	v := s.vm
 	if v == nil || v.state != vmm.StatePaused {
 		return nil, failed("cannot resume: VM is %s", stateOf(v))
@@ -321,7 +306,7 @@ func (s *server) resume(*http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) snapshot(r *http.Request) (any, error) {
+func (s *server) Snapshot(r *http.Request) (any, error) {
 	v := s.vm
 	// CH snapshots only a paused VM, so a host that forgets to pause fails
 	// here too rather than only on real CH.
@@ -342,7 +327,7 @@ func (s *server) snapshot(r *http.Request) (any, error) {
 	return nil, nil
 }
 
-func (s *server) restore(r *http.Request) (any, error) {
+func (s *server) Restore(r *http.Request) (any, error) {
 	if s.vm != nil {
 		return nil, failed("cannot restore: VM is already created")
 	}
