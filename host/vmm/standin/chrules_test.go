@@ -9,9 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nexus-sandbox/nexus/agentproto"
 	"github.com/nexus-sandbox/nexus/host/vmm"
-	"golang.org/x/sys/unix"
 )
 
 // snapshotVM boots cfg in a fresh stand-in VMM, snapshots it into a new
