@@ -15,10 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nexus-sandbox/nexus/agentproto"
-	"github.com/nexus-sandbox/nexus/host/smallfs"
 	"github.com/vmihailenco/msgpack/v5"
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/host/smallfs"
 )
 
 var agentBin string
