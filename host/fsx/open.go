@@ -60,37 +60,20 @@ func openRoot(root string) (int, error) {
 // a planted FIFO cannot block the open), then fstat to check the type. A
 // regular file gets O_NONBLOCK cleared again.
 func openBeneath(root, name string, flag int, perm os.FileMode, wantDir bool) (*os.File, error) {
-	rel, err := relTo(root, name)
-	if err != nil {
-		return nil, err
-	}
-	full := filepath.Join(root, rel)
-	rootfd, err := openRoot(root)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(rootfd)
-	how := &unix.OpenHow{Flags: uint64(flag) | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY, Resolve: beneath}
+	how := &unix.OpenHow{Flags: uint64(flag) | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOCTTY}
 	if flag&unix.O_CREAT != 0 {
 		how.Mode = uint64(perm.Perm()) // openat2 refuses a mode without O_CREAT
 	}
-	fd, err := unix.Openat2(rootfd, rel, how)
+	fd, full, err := openat2Beneath(root, name, how)
 	if err != nil {
-		return nil, openErr(full, err)
+		return nil, err
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("stat %s: %w", full, err)
+	want, notIt := uint32(unix.S_IFREG), ErrNotRegular
+	if wantDir {
+		want, notIt = unix.S_IFDIR, ErrNotDir
 	}
-	mode := st.Mode & unix.S_IFMT
-	switch {
-	case wantDir && mode != unix.S_IFDIR:
-		unix.Close(fd)
-		return nil, fmt.Errorf("%s is a %s: %w", full, kind(mode), ErrNotDir)
-	case !wantDir && mode != unix.S_IFREG:
-		unix.Close(fd)
-		return nil, fmt.Errorf("%s is a %s: %w", full, kind(mode), ErrNotRegular)
+	if err := wantType(fd, full, want, notIt); err != nil {
+		return nil, err
 	}
 	if !wantDir {
 		if err := unix.SetNonblock(fd, false); err != nil {
@@ -99,6 +82,43 @@ func openBeneath(root, name string, flag int, perm os.FileMode, wantDir bool) (*
 		}
 	}
 	return os.NewFile(uintptr(fd), full), nil
+}
+
+// openat2Beneath opens name beneath root by how, with every component
+// resolved beneath root and no link followed (how.Resolve is set here),
+// and returns the descriptor and the full path it names.
+func openat2Beneath(root, name string, how *unix.OpenHow) (int, string, error) {
+	rel, err := relTo(root, name)
+	if err != nil {
+		return -1, "", err
+	}
+	full := filepath.Join(root, rel)
+	rootfd, err := openRoot(root)
+	if err != nil {
+		return -1, "", err
+	}
+	defer unix.Close(rootfd)
+	how.Resolve = beneath
+	fd, err := unix.Openat2(rootfd, rel, how)
+	if err != nil {
+		return -1, "", openErr(full, err)
+	}
+	return fd, full, nil
+}
+
+// wantType checks that fd, opened at full, is of type want (an S_IFMT
+// value); otherwise it closes fd and returns notIt naming what is there.
+func wantType(fd int, full string, want uint32, notIt error) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("stat %s: %w", full, err)
+	}
+	if mode := st.Mode & unix.S_IFMT; mode != want {
+		unix.Close(fd)
+		return fmt.Errorf("%s is a %s: %w", full, kind(mode), notIt)
+	}
+	return nil
 }
 
 // openErr maps openat2's resolution errors to fsx's sentinels, keeping
@@ -167,20 +187,11 @@ func ReadFile(root, name string) ([]byte, error) {
 
 // Stat is fstat of name beneath root, no link followed anywhere.
 func Stat(root, name string) (os.FileInfo, error) {
-	rel, err := relTo(root, name)
+	fd, full, err := openat2Beneath(root, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC})
 	if err != nil {
 		return nil, err
 	}
-	rootfd, err := openRoot(root)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(rootfd)
-	fd, err := unix.Openat2(rootfd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: beneath})
-	if err != nil {
-		return nil, openErr(filepath.Join(root, rel), err)
-	}
-	f := os.NewFile(uintptr(fd), filepath.Join(root, rel))
+	f := os.NewFile(uintptr(fd), full)
 	defer f.Close()
 	return f.Stat()
 }

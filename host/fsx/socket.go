@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
@@ -19,28 +18,12 @@ var ErrNotSocket = errors.New("not a socket")
 // to /proc/self/fd/<fd> then reaches the socket the descriptor names and
 // no other, whatever is renamed over the path meanwhile.
 func OpenSocket(root, name string) (*os.File, error) {
-	rel, err := relTo(root, name)
+	fd, full, err := openat2Beneath(root, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC})
 	if err != nil {
 		return nil, err
 	}
-	full := filepath.Join(root, rel)
-	rootfd, err := openRoot(root)
-	if err != nil {
+	if err := wantType(fd, full, unix.S_IFSOCK, ErrNotSocket); err != nil {
 		return nil, err
-	}
-	defer unix.Close(rootfd)
-	fd, err := unix.Openat2(rootfd, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_CLOEXEC, Resolve: beneath})
-	if err != nil {
-		return nil, openErr(full, err)
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("stat %s: %w", full, err)
-	}
-	if mode := st.Mode & unix.S_IFMT; mode != unix.S_IFSOCK {
-		unix.Close(fd)
-		return nil, fmt.Errorf("%s is a %s: %w", full, kind(mode), ErrNotSocket)
 	}
 	return os.NewFile(uintptr(fd), full), nil
 }
