@@ -374,7 +374,9 @@ func TestFleetTemplateIsolatesHosts(t *testing.T) {
 		t.Fatalf("B's mirror starts %q", gotB[0])
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// One bound for the rest of the test: the attempts below, B's appends
+	// and the auditor's reads all share it.
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
 	defer cancel()
 	// The auditor is read-only.
 	if err := ajs.DeleteStream(ctx, mb.StreamName()); err == nil {
