@@ -21,7 +21,6 @@ import (
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/oneline"
-	"github.com/nexus-sandbox/nexus/session"
 )
 
 // usageError marks bad input: exit 2, not 1.
@@ -71,7 +70,7 @@ func main() {
 		os.Exit(130)
 	}()
 	identify()
-	flush := session.StartTracing(ctx)
+	flush := startTracing(ctx)
 	err := execute(ctx, newRoot(), os.Args[1:])
 	flush()
 	os.Exit(exitCode(err))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
@@ -61,6 +62,16 @@ func identify() {
 // sandbox's VMM or supervisor started through this binary) would take it
 // for dead.
 func init() { runtime.LockOSThread() }
+
+// startTracing runs a command whose spans the environment asks to export
+// in nexusd, which links the exporter; the CLI does not, so that no other
+// command pays for its start-up.
+func startTracing(context.Context) (flush func()) {
+	if config.TracingRequested() {
+		fmt.Fprintf(os.Stderr, "nexus: traces not exported: %v\n", execNexusd())
+	}
+	return func() {}
+}
 
 // execNexusd replaces this process with nexusd, given the same arguments:
 // it runs the command in full.

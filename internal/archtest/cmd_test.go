@@ -50,6 +50,7 @@ var cmdNexusdImports = map[string]string{
 	"host/initramfs":   "nexus guest initramfs builds one",
 	"host/proc":        "the readiness pipe of the VMM and supervisor it serves",
 	"host/qemu":        "vmm-qemu is the qemu driver's VMM",
+	"session/tracing":  "the sagas' spans, exported when the environment asks",
 	"host/vmm/standin": "vmm-process is the process driver's VMM",
 }
 
@@ -140,7 +141,10 @@ func TestCmdNexusImportsOnlyCommandFacingPackages(t *testing.T) {
 // program using the client) would pay; nexusd links them, so the check is
 // not blind.
 func TestCLILinksNoStore(t *testing.T) {
-	banned := []string{module + "store", module + "host/journal", module + "daemon", module + "control/local", module + "host/fleet", module + "audit", "github.com/nats-io/nats-server/"}
+	banned := []string{module + "store", module + "host/journal", module + "daemon", module + "control/local", module + "host/fleet", module + "audit", "github.com/nats-io/nats-server/",
+		// The trace exporter and what it brings (protobuf, gRPC): a traced
+		// command runs in nexusd.
+		module + "session/tracing", "go.opentelemetry.io/otel/sdk/", "go.opentelemetry.io/otel/exporters/", "google.golang.org/grpc"}
 	for _, c := range []struct{ pkg, tags string }{{"./cmd/nexus", ""}, {"./cmd/nexus", "nexustest"}, {"./client", ""}} {
 		deps := goListDeps(t, c.pkg, c.tags)
 		for _, d := range deps {
@@ -152,7 +156,7 @@ func TestCLILinksNoStore(t *testing.T) {
 		}
 	}
 	deps := goListDeps(t, "./cmd/nexus", "nexusd")
-	for _, want := range []string{module + "store", module + "daemon", "github.com/nats-io/nats-server/v2/server"} {
+	for _, want := range []string{module + "store", module + "daemon", "github.com/nats-io/nats-server/v2/server", module + "session/tracing"} {
 		if !slices.Contains(deps, want) {
 			t.Errorf("nexusd (cmd/nexus -tags nexusd) does not link %s: the check above is blind", want)
 		}

@@ -1,4 +1,7 @@
-package session
+// Package tracing exports a span per saga and per step over OTLP/HTTP,
+// with the OpenTelemetry SDK. Only nexusd links it: the CLI runs a command
+// that is to be traced in nexusd (config.TracingRequested).
+package tracing
 
 import (
 	"context"
@@ -16,33 +19,27 @@ import (
 	"github.com/nexus-sandbox/nexus/sagas"
 )
 
-// traceFlushTimeout bounds the export of a command's spans at its exit.
-const traceFlushTimeout = 5 * time.Second
+// flushTimeout bounds the export of a command's spans at its exit.
+const flushTimeout = 5 * time.Second
 
-// StartTracing makes this process export a span per saga and per step
-// over OTLP/HTTP when the standard OTEL_EXPORTER_OTLP_ENDPOINT (or its
-// traces-only variant) is set; the exporter reads the other OTEL_*
-// settings itself. It returns what sends the spans, at the process's
-// exit. Without the variable nothing is set up.
-func StartTracing(ctx context.Context) (flush func()) {
-	if os.Getenv("OTEL_EXPORTER_OTLP_ENDPOINT") == "" && os.Getenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") == "" {
-		return func() {}
-	}
+// Start makes this process export a span per saga and per step over
+// OTLP/HTTP; the exporter reads the standard OTEL_* settings itself. It
+// returns what sends the spans, at the process's exit.
+func Start(ctx context.Context) (flush func(), err error) {
 	exp, err := otlptracehttp.New(ctx)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "nexus: traces not exported: %v\n", err)
-		return func() {}
+		return nil, err
 	}
 	res := resource.NewSchemaless(attribute.String("service.name", "nexus"))
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	sagas.SetTracer(sagaTracer{tp.Tracer("github.com/nexus-sandbox/nexus/sagas")})
 	return func() {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), traceFlushTimeout)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
 		defer cancel()
 		if err := tp.Shutdown(fctx); err != nil {
 			fmt.Fprintf(os.Stderr, "nexus: exporting traces: %v\n", err)
 		}
-	}
+	}, nil
 }
 
 // sagaTracer makes a saga a span named saga.<kind> and each step a child
