@@ -10,9 +10,9 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -56,7 +56,7 @@ func firstArg(f func(*globals) cobra.CompletionFunc) func(*globals) cobra.Comple
 
 // flagCompleters complete flag values wherever a command has the flag.
 var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
-	"driver":  fixedValues(driver.Names...),
+	"driver":  fixedValues(config.Drivers...),
 	"type":    eventTypes,
 	"kind":    reapKindValues,
 	"sandbox": sandboxRefs,

@@ -25,10 +25,7 @@ var cmdNexusImports = map[string]string{
 	"control":            "connecting to a state root, the errors that map to exit codes",
 	"control/wire":       "the daemon status it prints",
 	"events":             "the events it prints and the query it parses",
-	"host/driver":        "driver names, flags and defaults",
 	"host/fleetstate":    "the fleet mirror's state, records skipped and names it prints",
-	"host/ledger":        "the run outcomes it prints",
-	"host/supervisor":    "the supervisor command's name; nexusd's hidden command is the supervisor",
 	"internal/testhooks": "failure injection, in a -tags nexustest build only",
 	"layout":             "run and sandbox ids checked at parse time",
 	"ledger":             "the sweep's caller and verdicts",
@@ -47,9 +44,11 @@ var cmdNexusdImports = map[string]string{
 	"audit":            "replay's journal copy, mirror read and state-root scan",
 	"control/local":    "the store opened in process, journal repair",
 	"daemon":           "nexus daemon",
+	"host/driver":      "vmm-process and vmm-qemu serve a driver's VMM command line",
 	"host/initramfs":   "nexus guest initramfs builds one",
 	"host/proc":        "the readiness pipe of the VMM and supervisor it serves",
 	"host/qemu":        "vmm-qemu is the qemu driver's VMM",
+	"host/supervisor":  "the supervisor command is the supervisor",
 	"host/vmm/standin": "vmm-process is the process driver's VMM",
 }
 
