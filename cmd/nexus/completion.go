@@ -15,6 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/reaper"
 )
 
 // completionTimeout bounds how long a shell waits for a completion: past
@@ -223,8 +224,8 @@ func eventTypes(*globals) cobra.CompletionFunc {
 }
 
 func reapKindValues(*globals) cobra.CompletionFunc {
-	values := make([]string, len(reapKinds))
-	for i, k := range reapKinds {
+	values := make([]string, len(reaper.Kinds))
+	for i, k := range reaper.Kinds {
 		values[i] = string(k)
 	}
 	return cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp)

@@ -32,6 +32,7 @@ var cmdNexusImports = map[string]string{
 	"lifecycle":          "the flows",
 	"oneline":            "one-line messages",
 	"projections":        "the sandboxes and volumes it prints",
+	"reaper":             "the kinds a reap judges, which --kind takes",
 	"replay":             "the audit it prints",
 	"session":            "run, ledger sweeps and reap",
 }
