@@ -116,7 +116,7 @@ type Client struct {
 	run      *hostledger.Run
 	watchdog *os.File // write end of the watchdog's stdin; only we hold it
 	wdPid    int
-	sweep    []hostledger.Outcome
+	sweep    []ledger.Outcome
 	sweepErr error
 	// kept are the init-time sweep's keep decisions, decided in this
 	// process without a journal; the first create journals them, or
@@ -191,7 +191,7 @@ func (c *Client) WatchdogPid() int {
 }
 
 // Swept is what the init-time sweep did (nil before it ran, or when off).
-func (c *Client) Swept() []hostledger.Outcome {
+func (c *Client) Swept() []ledger.Outcome {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.sweep
@@ -340,14 +340,14 @@ func (c *Client) spawnWatchdog() error {
 // only when some run is to be swept, so the common case opens no journal
 // and spawns nothing. Its keep decisions are then not journaled yet: a
 // Client journals them with its first create.
-func Sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostledger.Outcome, error) {
+func Sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]ledger.Outcome, error) {
 	out, _, err := sweep(ctx, nexus, stateDir, driver, self)
 	return out, err
 }
 
 // sweep is Sweep, also reporting whether the decisions were journaled
 // (by the `nexus ledger sweep` it ran).
-func sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostledger.Outcome, bool, error) {
+func sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]ledger.Outcome, bool, error) {
 	me := ledger.Self{Run: self, Driver: driver}
 	plan, err := hostledger.Plan(hostledger.Dir(stateDir), me, time.Now())
 	if err != nil {
@@ -364,7 +364,7 @@ func sweep(ctx context.Context, nexus, stateDir, driver, self string) ([]hostled
 	if err != nil {
 		return nil, false, fmt.Errorf("client: sweep: %w", err)
 	}
-	var out []hostledger.Outcome
+	var out []ledger.Outcome
 	if err := json.Unmarshal(stdout, &out); err != nil {
 		return nil, true, fmt.Errorf("client: sweep output: %w", err)
 	}

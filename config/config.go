@@ -15,7 +15,6 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
@@ -127,8 +126,10 @@ func Load(root string) (File, Source, error) {
 			return c, src, fmt.Errorf("config %s: [vm] %s = %q: want an absolute path", path, key, v)
 		}
 	}
-	if v := c.VM.Driver; md.IsDefined("vm", "driver") && !driver.Known(v) {
-		return c, src, fmt.Errorf("config %s: [vm] driver = %q: want %s", path, v, OneOf(driver.Names))
+	if v := c.VM.Driver; md.IsDefined("vm", "driver") {
+		if err := CheckDriver(v); err != nil {
+			return c, src, fmt.Errorf("config %s: [vm] driver = %q: %v", path, v, err)
+		}
 	}
 	if v := c.VM.Cpus; md.IsDefined("vm", "cpus") && v < 1 {
 		return c, src, fmt.Errorf("config %s: [vm] cpus = %d: want at least 1", path, v)
@@ -171,7 +172,7 @@ func (c File) BootAssets() (kernel, initramfs, cmdline string) {
 // DriverName is the driver a new sandbox is made with: asked (a flag, or
 // NEXUS_DRIVER), else [vm] driver, else the default.
 func (c File) DriverName(asked string) string {
-	return cmp.Or(asked, c.VM.Driver, driver.Default)
+	return Driver(cmp.Or(asked, c.VM.Driver))
 }
 
 // Defaults sets what a new sandbox of m is made with and every boot of m

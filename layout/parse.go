@@ -14,6 +14,14 @@ import (
 // is listed, so nothing in them is ever named a resource.
 var Dirs = []string{"disks", "run", "supervisors", "builder-supervisors", "snapshots", "sandboxes", "logs"}
 
+// Kinds are every kind a name in Dirs reads as (ParseEntry).
+var Kinds = []events.ResourceKind{
+	events.KindRawDisk, events.KindWorkspaceDisk, events.KindOverlayStaging, events.KindCreateIntent,
+	events.KindShadowIntent, events.KindShadowDisk, events.KindAPISocket, events.KindAPISocketLock,
+	events.KindVsockSocket, events.KindIIDSocket, events.KindSupervisorState, events.KindBuilderSupervisor,
+	events.KindSnapshot, events.KindRecord, events.KindLog, events.KindWatchdogLog,
+}
+
 // NotResource says a name in one of Dirs is nexus's own and no sandbox's
 // resource: the daemon's log (logs/daemon.log). A client run's watchdog log
 // is a resource of its run (events.KindWatchdogLog).

@@ -2,6 +2,7 @@ package layout
 
 import (
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -240,6 +241,7 @@ func TestParseEntryNames(t *testing.T) {
 	}{
 		{"disks", idA + ".raw", events.KindRawDisk, idA, "", false, false},
 		{"disks", idA + "-workspace.ext4", events.KindWorkspaceDisk, idA, "", false, false},
+		{"disks", idA + ".overlay-staging.ext4", events.KindOverlayStaging, idA, "", false, false},
 		{"disks", idA + ".create-intent.json", events.KindCreateIntent, idA, "", false, false},
 		{"disks", "." + idA + ".create-intent.json.stage-123", events.KindCreateIntent, idA, "", false, false},
 		{"disks", "team_web.shadow-intent.json", events.KindShadowIntent, "", "team_web", false, false},
@@ -267,10 +269,20 @@ func TestParseEntryNames(t *testing.T) {
 		{"logs", idA + ".kernel.log", events.KindLog, "", "", false, true},
 		{"logs", "notes.log", events.KindLog, "", "", false, true},
 	}
+	seen := map[events.ResourceKind]bool{events.KindWatchdogLog: true}
 	for _, c := range cases {
 		e := ParseEntry(c.dir, c.name, false)
+		seen[e.Kind] = true
+		if !slices.Contains(Kinds, e.Kind) {
+			t.Errorf("%s/%s reads as %s, which Kinds does not list", c.dir, c.name, e.Kind)
+		}
 		if e.Kind != c.kind || e.ID != c.id || e.Handle != c.h || e.Legacy != c.legacy || e.Unparsed != c.unparsed {
 			t.Errorf("%s/%s: got %+v", c.dir, c.name, e)
+		}
+	}
+	for _, k := range Kinds {
+		if !seen[k] {
+			t.Errorf("Kinds lists %s, which no name above reads as", k)
 		}
 	}
 	for _, c := range []struct {

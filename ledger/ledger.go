@@ -171,3 +171,18 @@ func truncate(s string) string {
 	}
 	return s
 }
+
+// Outcome is what a sweep did with one run.
+type Outcome struct {
+	Run      string   `json:"run"`
+	Verdict  string   `json:"verdict"`
+	Reason   string   `json:"reason"`
+	Removed  []string `json:"removed"`
+	NotFound []string `json:"not_found"`
+	Networks []string `json:"networks"`
+	// WouldRemove is what a sweep of the run would remove (ledger ls and
+	// sweep --dry-run only; host/ledger's ListedSandboxes).
+	WouldRemove []string `json:"would_remove"`
+	Skipped     string   `json:"skipped,omitempty"` // another sweeper has, or had, the run
+	Error       string   `json:"error,omitempty"`
+}

@@ -9,8 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/host/supervisor"
 	"github.com/nexus-sandbox/nexus/oneline"
 )
 
@@ -48,6 +50,11 @@ type Launch struct {
 	// process that does not signal (cloud-hypervisor) is waited for.
 	Ready func(ctx context.Context) error
 }
+
+// ShimCommands are the commands of nexus-shim that run a sandbox's own
+// processes (the supervisor and the process and qemu drivers' VMMs);
+// nexusd serves the same ones, for a process started by hand.
+var ShimCommands = []string{supervisor.Command, driver.ProcessCommand, driver.QEMUCommand}
 
 // ErrNoLauncher refuses a flow that would start a process on a Manager
 // built without a Launcher.

@@ -131,14 +131,7 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	if err != nil {
 		return ReapReport{}, journalUnreadable(ctx, err)
 	}
-	if ref := o.Filter.Sandbox; ref != "" && !layout.IsULID(ref) {
-		// --sandbox HANDLE: the sandbox's ULID if it still exists, and the
-		// handle itself for its shadow disks either way.
-		o.Filter.Sandbox, o.Filter.Handle = "", layout.SafeHandle(ref)
-		if id, ok := j.Handle(o.Filter.Handle); ok {
-			o.Filter.Sandbox = id
-		}
-	}
+	o.Filter = o.Filter.Resolve(j.Handle)
 	entries := append(sc.Entries, supervisorEntries(sups.Gone(j))...)
 	rep := m.judge(o, entries, leases, j, "", sc)
 	if j.err != nil {
@@ -295,20 +288,8 @@ func ReapUnreadable(root string, why string, o ReapOptions) (ReapReport, error) 
 func probeLeases(root string, entries []reaper.Entry) map[string]reaper.Lease {
 	leases := map[string]reaper.Lease{}
 	for _, e := range entries {
-		if e.Kind != events.KindCreateIntent && e.Kind != events.KindShadowIntent {
-			continue
-		}
-		l := liveness.ProbeIntent(filepath.Join(root, e.Rel))
-		leases[e.Rel] = l
-		// A staged marker speaks for the final name too (it is flocked first).
-		final := layout.CreateIntentRel(e.ID)
-		if e.Kind == events.KindShadowIntent {
-			final = layout.ShadowIntentRel(e.Handle)
-		}
-		if final != e.Rel {
-			if prev, ok := leases[final]; !ok || l.State > prev.State {
-				leases[final] = l
-			}
+		if reaper.HasLease(e) {
+			reaper.AddLease(leases, e, liveness.ProbeIntent(filepath.Join(root, e.Rel)))
 		}
 	}
 	return leases
@@ -370,6 +351,17 @@ func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string
 	return rep
 }
 
+// decision is the reaper's verdict it reports.
+func (it ReapItem) decision() reaper.Decision {
+	return reaper.Decision{Entry: it.entry, Owner: it.Owner, Verdict: it.Verdict, Reason: it.Reason}
+}
+
+// with is it reporting d, the reaper's verdict on it judged again.
+func (it ReapItem) with(d reaper.Decision) ReapItem {
+	it.Owner, it.Verdict, it.Reason = d.Owner, d.Verdict, d.Reason
+	return it
+}
+
 func (m *Manager) item(d reaper.Decision) ReapItem {
 	p := d.Entry.Rel
 	if !filepath.IsAbs(p) {
@@ -391,7 +383,7 @@ func (m *Manager) bindToPlan(ctx context.Context, id string, rep *ReapReport) er
 		found = true
 		for _, e := range p.Entries {
 			if e.Verdict == string(reaper.Orphan) {
-				planned[string(e.Kind)+" "+e.Path] = true
+				planned[reaper.PlanKey(e.Kind, e.Path)] = true
 			}
 		}
 		return nil
@@ -403,24 +395,25 @@ func (m *Manager) bindToPlan(ctx context.Context, id string, rep *ReapReport) er
 		return fmt.Errorf("%w: %s", ErrPlanNotFound, id)
 	}
 	rep.Plan = id
-	key := func(it ReapItem) string { return string(it.Kind) + " " + it.entry.Rel }
-	var orphans []ReapItem
+	against := func(it ReapItem) (ReapItem, bool) {
+		d, del := reaper.AgainstPlan(it.decision(), id, planned[reaper.PlanKey(it.Kind, it.entry.Rel)])
+		return it.with(d), del
+	}
+	for i, it := range rep.Kept {
+		rep.Kept[i], _ = against(it)
+	}
+	orphans := []ReapItem{}
 	rep.Allocated = 0
 	for _, it := range rep.Orphans {
-		if planned[key(it)] {
+		it, del := against(it)
+		if del {
 			orphans = append(orphans, it)
 			rep.Allocated += it.Allocated
 			continue
 		}
-		it.Reason = "not in plan " + id + " (an orphan now: " + it.Reason + ")"
 		rep.Kept = append(rep.Kept, it)
 	}
-	for i, it := range rep.Kept {
-		if planned[key(it)] {
-			rep.Kept[i].Reason = "changed since plan " + id + ": now " + string(it.Verdict) + ": " + it.Reason
-		}
-	}
-	rep.Orphans = append([]ReapItem{}, orphans...)
+	rep.Orphans = orphans
 	return nil
 }
 
@@ -486,14 +479,9 @@ func (m *Manager) applyReap(rep *ReapReport) ([]events.Payload, error) {
 			rep.Allocated += it.Allocated
 			continue
 		}
-		// A create reusing a shadow disk's handle publishes its shadow intent
-		// before writing the disk: if one exists now that this reap did not
-		// judge an orphan itself, the name is taken again. (While the judged
-		// one exists, no new one can be published: RENAME_NOREPLACE.)
-		if e.Kind == events.KindShadowDisk && e.Handle != "" && !e.Legacy && !reaping[layout.ShadowIntentRel(e.Handle)] {
-			if ok, _ := b.Exists(layout.ShadowIntentRel(e.Handle)); ok {
-				it.Verdict, it.Reason = reaper.Live, "shadow intent for "+e.Handle+" appeared before the delete"
-				rep.Kept = append(rep.Kept, it)
+		if rel, ok := reaper.IntentBeforeDelete(e, func(rel string) bool { return reaping[rel] }); ok {
+			if ok, _ := b.Exists(rel); ok {
+				rep.Kept = append(rep.Kept, it.with(reaper.IntentAppeared(it.decision())))
 				continue
 			}
 		}

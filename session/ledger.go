@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/control"
+	"github.com/nexus-sandbox/nexus/events"
 	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
@@ -21,7 +22,7 @@ type Manage func(ctx context.Context, owned bool, fn func(*lifecycle.Manager) er
 // SweepRuns sweeps the dead runs of the prepared root (all but self.Run).
 // It plans without the journal and opens it only if there is a decision
 // to journal, so a sweep of an empty ledger costs a scan.
-func SweepRuns(ctx context.Context, root string, self ledger.Self, by string, manage Manage) ([]hostledger.Outcome, error) {
+func SweepRuns(ctx context.Context, root string, self ledger.Self, by string, manage Manage) ([]ledger.Outcome, error) {
 	dir := hostledger.Dir(root)
 	plan, err := hostledger.Plan(dir, self, time.Now())
 	if err != nil {
@@ -30,7 +31,7 @@ func SweepRuns(ctx context.Context, root string, self ledger.Self, by string, ma
 	if !hostledger.AnySweep(plan) && hostledger.KeptEvents(by, self, time.Now(), hostledger.Outcomes(plan)) == nil {
 		return hostledger.Outcomes(plan), nil
 	}
-	var out []hostledger.Outcome
+	var out []ledger.Outcome
 	err = manage(ctx, hostledger.AnySweep(plan), func(m *lifecycle.Manager) error {
 		var err error
 		out, err = hostledger.Apply(ctx, dir, plan, self, by, NewSweepActions(m))
@@ -42,7 +43,7 @@ func SweepRuns(ctx context.Context, root string, self ledger.Self, by string, ma
 // PlanRuns is what a sweep of the prepared root (all but self.Run) would
 // decide, run by run, without the journal and without sweeping: a run to
 // sweep lists the sandboxes it would remove.
-func PlanRuns(root string, self ledger.Self) ([]hostledger.Outcome, error) {
+func PlanRuns(root string, self ledger.Self) ([]ledger.Outcome, error) {
 	dir := hostledger.Dir(root)
 	plan, err := hostledger.Plan(dir, self, time.Now())
 	if err != nil {
@@ -85,4 +86,10 @@ func SweepWatched(ctx context.Context, root, run string, self ledger.Self, manag
 			return err
 		}
 	}
+}
+
+// JournalKept journals the keep decisions a client's own sweep made
+// (run.kept events handed to the command) through m's backend.
+func JournalKept(ctx context.Context, m *lifecycle.Manager, evs []events.RunKeptEvent) error {
+	return hostledger.JournalKept(ctx, m.B.Append, evs)
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/host/vmm"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
@@ -137,21 +138,21 @@ func TestBootSettingsInConfig(t *testing.T) {
 	file := filepath.Join(root, "config.toml")
 	os.WriteFile(file, []byte("[vm]\ndriver = \"qemu\"\nkernel = \"/boot/vmlinuz-x\"\ncpus = 2\nmemory = \"1G\"\n"), 0o600)
 	r := mustOK(t, nexusEnv(t, root, []string{"NEXUS_DRIVER=", "NEXUS_KERNEL_PATH="}, "config", "show", "--json"), "config show")
-	var list []setting
+	var list []config.Setting
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
 		t.Fatalf("config show --json: %v\n%s", err, r.stdout)
 	}
-	got := map[string]setting{}
+	got := map[string]config.Setting{}
 	for _, s := range list {
 		got[s.Name] = s
 	}
-	for name, w := range map[string]setting{
-		"driver":       {"driver", "qemu", "file " + file},
-		"vm.kernel":    {"vm.kernel", "/boot/vmlinuz-x", "file " + file},
-		"vm.cpus":      {"vm.cpus", "2", "file " + file},
-		"vm.memory":    {"vm.memory", "1G", "file " + file},
-		"vm.cmdline":   {"vm.cmdline", "console=ttyS0 root=/dev/vda rw", "default"},
-		"vm.initramfs": {"vm.initramfs", "", "default"},
+	for name, w := range map[string]config.Setting{
+		"driver":       {Name: "driver", Value: "qemu", Source: "file " + file},
+		"vm.kernel":    {Name: "vm.kernel", Value: "/boot/vmlinuz-x", Source: "file " + file},
+		"vm.cpus":      {Name: "vm.cpus", Value: "2", Source: "file " + file},
+		"vm.memory":    {Name: "vm.memory", Value: "1G", Source: "file " + file},
+		"vm.cmdline":   {Name: "vm.cmdline", Value: "console=ttyS0 root=/dev/vda rw", Source: "default"},
+		"vm.initramfs": {Name: "vm.initramfs", Value: "", Source: "default"},
 	} {
 		if got[name] != w {
 			t.Errorf("%s: got %+v, want %+v", name, got[name], w)

@@ -10,11 +10,12 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/reaper"
 )
 
 // completionTimeout bounds how long a shell waits for a completion: past
@@ -56,7 +57,7 @@ func firstArg(f func(*globals) cobra.CompletionFunc) func(*globals) cobra.Comple
 
 // flagCompleters complete flag values wherever a command has the flag.
 var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
-	"driver":  fixedValues(driver.Names...),
+	"driver":  fixedValues(config.Drivers...),
 	"type":    eventTypes,
 	"kind":    reapKindValues,
 	"sandbox": sandboxRefs,
@@ -223,8 +224,8 @@ func eventTypes(*globals) cobra.CompletionFunc {
 }
 
 func reapKindValues(*globals) cobra.CompletionFunc {
-	values := make([]string, len(reapKinds))
-	for i, k := range reapKinds {
+	values := make([]string, len(reaper.Kinds))
+	for i, k := range reaper.Kinds {
 		values[i] = string(k)
 	}
 	return cobra.FixedCompletions(values, cobra.ShellCompDirectiveNoFileComp)

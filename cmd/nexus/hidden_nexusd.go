@@ -18,6 +18,9 @@ import (
 
 // The sandboxes' processes are spawned from nexus-shim (cmd/nexus-shim);
 // nexusd serves the same command lines, for a process started by hand.
+func shimCmds() []*cobra.Command {
+	return []*cobra.Command{supervisorCmd(), vmmProcessCmd(), vmmQEMUCmd()}
+}
 
 // vmmProcessCmd is the process driver's VMM: a host process serving the
 // Cloud Hypervisor API subset on the sandbox's API socket, on the driver's

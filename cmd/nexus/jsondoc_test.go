@@ -15,13 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleet"
 	"github.com/nexus-sandbox/nexus/host/imagecache"
 	"github.com/nexus-sandbox/nexus/host/journal"
-	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
+	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/replay"
@@ -49,9 +50,9 @@ var jsonResources = map[string]reflect.Type{
 	"ReapItem":          reflect.TypeFor[lifecycle.ReapItem](),
 	"RecoverReport":     reflect.TypeFor[lifecycle.RecoverReport](),
 	"RecoverSkipped":    reflect.TypeFor[lifecycle.Skipped](),
-	"LedgerRun":         reflect.TypeFor[hostledger.Outcome](),
+	"LedgerRun":         reflect.TypeFor[ledger.Outcome](),
 	"Event":             reflect.TypeFor[jsonEvent](),
-	"Setting":           reflect.TypeFor[setting](),
+	"Setting":           reflect.TypeFor[config.Setting](),
 	"MirrorState":       reflect.TypeFor[fleet.MirrorState](),
 	"FailedCheck":       reflect.TypeFor[fleet.FailedCheck](),
 	"RepairReport":      reflect.TypeFor[journal.RepairReport](),

@@ -207,9 +207,9 @@ func BenchmarkJournalKept1000(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer n.Close()
-	out := make([]hostledger.Outcome, benchRuns)
+	out := make([]ledger.Outcome, benchRuns)
 	for i := range out {
-		out[i] = hostledger.Outcome{Run: ulid.Make().String(), Verdict: "keep", Reason: ledger.ReasonOwnerLocked}
+		out[i] = ledger.Outcome{Run: ulid.Make().String(), Verdict: "keep", Reason: ledger.ReasonOwnerLocked}
 	}
 	kept := hostledger.KeptEvents("init", ledger.Self{Run: ulid.Make().String(), Driver: "process"}, time.Now(), out)
 	if len(kept) != 1 {

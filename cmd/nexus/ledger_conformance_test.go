@@ -70,21 +70,10 @@ func goneProcessPid(t *testing.T) int {
 	return c.Process.Pid
 }
 
-type sweepOutcome struct {
-	Run      string   `json:"run"`
-	Verdict  string   `json:"verdict"`
-	Reason   string   `json:"reason"`
-	Removed  []string `json:"removed"`
-	NotFound []string `json:"not_found"`
-	Networks []string `json:"networks"`
-	Skipped  string   `json:"skipped"`
-	Error    string   `json:"error"`
-}
-
-func sweepJSON(t *testing.T, root string, args ...string) []sweepOutcome {
+func sweepJSON(t *testing.T, root string, args ...string) []ledger.Outcome {
 	t.Helper()
 	r := mustOK(t, proc(t, root, append([]string{"ledger", "sweep", "--json"}, args...)...), "ledger sweep")
-	var out []sweepOutcome
+	var out []ledger.Outcome
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
 		t.Fatalf("sweep --json %q: %v", r.stdout, err)
 	}
@@ -136,7 +125,7 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 	writeHand(t, dir, "future-run.json", `{"schema":2,"run":"future-run","pid":1,"owner":{"pid":1}}`)
 
 	// ledger ls decides the same and changes nothing.
-	var listed []sweepOutcome
+	var listed []ledger.Outcome
 	r := mustOK(t, proc(t, root, "ledger", "ls", "--json"), "ledger ls")
 	if err := json.Unmarshal([]byte(r.stdout), &listed); err != nil || len(listed) != 7 {
 		t.Fatalf("ledger ls: %v %q", err, r.stdout)
@@ -144,7 +133,7 @@ func TestLedgerConformanceHandWritten(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "dead-run.json")); err != nil {
 		t.Fatal("ledger ls removed a ledger")
 	}
-	got := map[string]sweepOutcome{}
+	got := map[string]ledger.Outcome{}
 	for _, o := range listed {
 		got[o.Run] = o
 	}

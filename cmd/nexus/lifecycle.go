@@ -17,8 +17,6 @@ import (
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/driver"
-	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
@@ -80,13 +78,13 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 	return func(b control.Backend) (*lifecycle.Manager, error) {
 		m := lifecycle.Manager{
 			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
-			Driver:      driver.Driver{Name: driverName(g, cfg), Exe: exe},
 			AskedDriver: g.askedDriver,
 			Hook:        testHooks(),
 			Wait:        g.wait, Progress: progressFor(),
 			Notice: warn,
 			Status: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg)) },
 		}
+		m.Driver.Name, m.Driver.Exe = driverName(g, cfg), exe
 		cfg.Defaults(&m)
 		return lifecycle.New(m)
 	}, nil
@@ -194,7 +192,7 @@ func createCmd(g *globals) *cobra.Command {
 			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
 				// The client's init-time sweep ran before this, its first
 				// create: its decisions go in first.
-				if err := hostledger.JournalKept(cmd.Context(), m.B.Append, kept); err != nil {
+				if err := session.JournalKept(cmd.Context(), m, kept); err != nil {
 					return err
 				}
 				if err := session.BindToRun(m, os.Getenv(client.EnvRunID), &spec); err != nil {

@@ -19,7 +19,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/config"
-	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/oneline"
 )
 
@@ -124,8 +123,10 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		Version:       readVersion().String(),
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if g.driver != "" && !driver.Known(g.driver) {
-				return usageError{fmt.Errorf("--driver %q: want %s", g.driver, config.OneOf(driver.Names))}
+			if g.driver != "" {
+				if err := config.CheckDriver(g.driver); err != nil {
+					return usageError{fmt.Errorf("--driver %q: %v", g.driver, err)}
+				}
 			}
 			if cmd.Flags().Changed("driver") {
 				g.askedDriver = g.driver
@@ -138,7 +139,7 @@ func newRoot() *cobra.Command {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
 	root.PersistentFlags().BoolVar(&g.wait, "wait", false, "wait for another command's saga on the same sandbox or volume to end instead of refusing")
-	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: "+config.OneOf(driver.Names)+" (env NEXUS_DRIVER)")
+	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: "+config.OneOf(config.Drivers)+" (env NEXUS_DRIVER)")
 	root.AddCommand(
 		versionCmd(),
 		daemonCmd(g),
@@ -146,9 +147,10 @@ func newRoot() *cobra.Command {
 		lsCmd(g),
 		inspectCmd(g),
 		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), renameCmd(g), startCmd(g), stopCmd(g), waitCmd(g),
-		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g), vmmProcessCmd(), vmmQEMUCmd(), supervisorCmd(),
+		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g),
 		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(), execCmd(g), cpCmd(g),
 	)
+	root.AddCommand(shimCmds()...)
 	root.AddCommand(testCommands(g)...)
 	root.AddCommand(docsCmd())
 	root.SetHelpCommand(helpCmd())

@@ -18,8 +18,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/host/driver"
-	"github.com/nexus-sandbox/nexus/host/supervisor"
+	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -130,11 +129,11 @@ func writeManPages(*cobra.Command, string) error { return execNexusd() }
 
 // The sandboxes' processes (hidden_nexusd.go) run from nexusd: their
 // names here hand a command line given to the CLI over to it.
-func vmmProcessCmd() *cobra.Command { return inNexusdOnly(driver.ProcessCommand) }
-func vmmQEMUCmd() *cobra.Command    { return inNexusdOnly(driver.QEMUCommand) }
-func supervisorCmd() *cobra.Command { return inNexusdOnly(supervisor.Command) }
-
-func inNexusdOnly(use string) *cobra.Command {
-	return &cobra.Command{Use: use, Hidden: true, DisableFlagParsing: true,
-		RunE: func(*cobra.Command, []string) error { return execNexusd() }}
+func shimCmds() []*cobra.Command {
+	var cmds []*cobra.Command
+	for _, use := range lifecycle.ShimCommands {
+		cmds = append(cmds, &cobra.Command{Use: use, Hidden: true, DisableFlagParsing: true,
+			RunE: func(*cobra.Command, []string) error { return execNexusd() }})
+	}
+	return cmds
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -459,21 +460,21 @@ func TestConfigShowNamesSources(t *testing.T) {
 	root := shortRoot(t)
 	os.WriteFile(filepath.Join(root, "config.toml"), []byte("[vm]\noverlay_disk_mib = 64\ninitramfs = \"/x.cpio\"\ncmdline = \"console=ttyS0 quiet\"\n"), 0o600)
 	r := mustOK(t, nexusEnv(t, root, []string{"NEXUS_LOG_LEVEL=debug", "NEXUS_INITRAMFS_PATH=/boot/initrd.nexus"}, "--driver", "process", "config", "show", "--json"), "config show")
-	var list []setting
+	var list []config.Setting
 	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil {
 		t.Fatalf("config show --json: %v\n%s", err, r.stdout)
 	}
-	got := map[string]setting{}
+	got := map[string]config.Setting{}
 	for _, s := range list {
 		got[s.Name] = s
 	}
-	want := map[string]setting{
-		"vm.overlay_disk_mib":        {"vm.overlay_disk_mib", "64", "file " + filepath.Join(root, "config.toml")},
-		"vm.overlay_warn_fill_ratio": {"vm.overlay_warn_fill_ratio", "0.9", "default"},
-		"vm.initramfs":               {"vm.initramfs", "/boot/initrd.nexus", "env NEXUS_INITRAMFS_PATH"},
-		"vm.cmdline":                 {"vm.cmdline", "console=ttyS0 quiet", "file " + filepath.Join(root, "config.toml")},
-		"driver":                     {"driver", "process", "flag --driver"},
-		"log_level":                  {"log_level", "debug", "env NEXUS_LOG_LEVEL"},
+	want := map[string]config.Setting{
+		"vm.overlay_disk_mib":        {Name: "vm.overlay_disk_mib", Value: "64", Source: "file " + filepath.Join(root, "config.toml")},
+		"vm.overlay_warn_fill_ratio": {Name: "vm.overlay_warn_fill_ratio", Value: "0.9", Source: "default"},
+		"vm.initramfs":               {Name: "vm.initramfs", Value: "/boot/initrd.nexus", Source: "env NEXUS_INITRAMFS_PATH"},
+		"vm.cmdline":                 {Name: "vm.cmdline", Value: "console=ttyS0 quiet", Source: "file " + filepath.Join(root, "config.toml")},
+		"driver":                     {Name: "driver", Value: "process", Source: "flag --driver"},
+		"log_level":                  {Name: "log_level", Value: "debug", Source: "env NEXUS_LOG_LEVEL"},
 	}
 	for name, w := range want {
 		if got[name] != w {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,15 +15,9 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/reaper"
 	"github.com/nexus-sandbox/nexus/session"
 )
-
-var reapKinds = []events.ResourceKind{
-	events.KindRawDisk, events.KindWorkspaceDisk, events.KindCreateIntent, events.KindShadowIntent,
-	events.KindShadowDisk, events.KindAPISocket, events.KindVsockSocket, events.KindIIDSocket,
-	events.KindSupervisorState, events.KindBuilderSupervisor, events.KindSnapshot, events.KindRecord,
-	events.KindSupervisorProcess, events.KindLog, events.KindWatchdogLog,
-}
 
 func reapCmd(g *globals) *cobra.Command {
 	var o lifecycle.ReapOptions
@@ -45,12 +40,8 @@ func reapCmd(g *globals) *cobra.Command {
 			}
 			o.Plan = strings.ToUpper(o.Plan)
 			if kind != "" {
-				known := false
-				for _, k := range reapKinds {
-					known = known || string(k) == kind
-				}
-				if !known {
-					return usageError{fmt.Errorf("--kind %q: want one of %v", kind, reapKinds)}
+				if !slices.Contains(reaper.Kinds, events.ResourceKind(kind)) {
+					return usageError{fmt.Errorf("--kind %q: want one of %v", kind, reaper.Kinds)}
 				}
 				o.Filter.Kind = events.ResourceKind(kind)
 			}

@@ -11,22 +11,16 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/host/driver"
-	hostledger "github.com/nexus-sandbox/nexus/host/ledger"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/session"
 )
 
-func driverOf(g *globals) string {
-	if g.driver == "" {
-		return driver.Default
-	}
-	return g.driver
-}
+func driverOf(g *globals) string { return config.Driver(g.driver) }
 
 // runCmd binds every sandbox its command creates (through NEXUS_RUN_ID) to
 // the command's lifetime.
@@ -163,7 +157,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return hostledger.JournalKept(cmd.Context(), m.B.Append, evs) })
+			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return session.JournalKept(cmd.Context(), m, evs) })
 		}}
 
 	var run string
@@ -179,7 +173,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 }
 
 // sweepRuns sweeps the dead runs of the state root, all but exclude.
-func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]hostledger.Outcome, error) {
+func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]ledger.Outcome, error) {
 	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
@@ -214,10 +208,10 @@ func watchRun(cmd *cobra.Command, g *globals, run string) error {
 }
 
 // printOutcomes prints one line per run; acted adds what a sweep did.
-func printOutcomes(cmd *cobra.Command, o *output, out []hostledger.Outcome, acted bool) error {
-	return printList(cmd, o, out, func(o hostledger.Outcome) string { return o.Run }, table[hostledger.Outcome]{
+func printOutcomes(cmd *cobra.Command, o *output, out []ledger.Outcome, acted bool) error {
+	return printList(cmd, o, out, func(o ledger.Outcome) string { return o.Run }, table[ledger.Outcome]{
 		header: []string{"RUN", "VERDICT", "REASON", "DONE"},
-		row: func(o hostledger.Outcome) []string {
+		row: func(o ledger.Outcome) []string {
 			var done []string
 			if acted && o.Verdict == string(ledger.Sweep) && o.Skipped == "" {
 				done = append(done, fmt.Sprintf("removed %d [%s], not found %d", len(o.Removed), strings.Join(o.Removed, " "), len(o.NotFound)))

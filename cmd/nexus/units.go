@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dustin/go-humanize"
+	"github.com/nexus-sandbox/nexus/config"
 )
 
 // Sizes and ages: every flag that takes one reads it here (a size through
@@ -15,12 +15,7 @@ import (
 
 // formatSize prints bytes in binary units for humans (1.5 GiB); JSON keeps
 // the integer.
-func formatSize(n int64) string {
-	if n < 0 {
-		return "-"
-	}
-	return humanize.IBytes(uint64(n))
-}
+func formatSize(n int64) string { return config.FormatSize(n) }
 
 // parseAge reads a positive age: a Go duration (90m, 36h), whole or
 // fractional days (7d, 1.5d), or days followed by a Go duration (1d12h).

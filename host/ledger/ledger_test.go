@@ -230,7 +230,7 @@ func TestRacingSweepsRemoveEachOnce(t *testing.T) {
 	act := newRecorder(names...)
 	self := format.Self{Run: "ME", Driver: "process"}
 	var wg sync.WaitGroup
-	outs := make([][]Outcome, 4)
+	outs := make([][]format.Outcome, 4)
 	errs := make([]error, 4)
 	for i := range outs {
 		wg.Add(1)
@@ -326,18 +326,18 @@ func TestPlanManyRunsKeepsOrderAndVerdicts(t *testing.T) {
 // together name every kept run exactly once.
 func TestKeptEventsGroupAndSplit(t *testing.T) {
 	self := format.Self{Run: "ME", Driver: "process"}
-	if evs := KeptEvents("init", self, time.Now(), []Outcome{{Run: "ME", Verdict: "keep", Reason: format.ReasonSelf}}); evs != nil {
+	if evs := KeptEvents("init", self, time.Now(), []format.Outcome{{Run: "ME", Verdict: "keep", Reason: format.ReasonSelf}}); evs != nil {
 		t.Fatalf("only our own run: %+v", evs)
 	}
-	var out []Outcome
+	var out []format.Outcome
 	for i := range 2*keptPerEvent + 10 {
 		reason := format.ReasonOwnerLocked
 		if i%3 == 0 {
 			reason = format.ReasonOtherDriver
 		}
-		out = append(out, Outcome{Run: fmt.Sprintf("r%05d", i), Verdict: "keep", Reason: reason})
+		out = append(out, format.Outcome{Run: fmt.Sprintf("r%05d", i), Verdict: "keep", Reason: reason})
 	}
-	out = append(out, Outcome{Run: "gone", Verdict: "sweep", Reason: format.ReasonOwnerGone}, Outcome{Run: "ME", Verdict: "keep", Reason: format.ReasonSelf})
+	out = append(out, format.Outcome{Run: "gone", Verdict: "sweep", Reason: format.ReasonOwnerGone}, format.Outcome{Run: "ME", Verdict: "keep", Reason: format.ReasonSelf})
 	evs := KeptEvents("init", self, time.UnixMilli(42), out)
 	if len(evs) != 3 {
 		t.Fatalf("%d events, want 3", len(evs))

@@ -235,29 +235,14 @@ type Actions interface {
 	RecordKept(ctx context.Context, ev events.RunKeptEvent) error
 }
 
-// Outcome is what a sweep did with one run.
-type Outcome struct {
-	Run      string   `json:"run"`
-	Verdict  string   `json:"verdict"`
-	Reason   string   `json:"reason"`
-	Removed  []string `json:"removed"`
-	NotFound []string `json:"not_found"`
-	Networks []string `json:"networks"`
-	// WouldRemove is what a sweep of the run would remove (ledger ls and
-	// sweep --dry-run only; see ListedSandboxes).
-	WouldRemove []string `json:"would_remove"`
-	Skipped     string   `json:"skipped,omitempty"` // another sweeper has, or had, the run
-	Error       string   `json:"error,omitempty"`
-}
-
 // Apply sweeps every run the plan says to sweep, each under its flock, then
 // journals the keep decisions (KeptEvents), and reports every run. A failed
 // removal leaves that run's ledger in place for the next sweep and is
 // reported, not returned; the error return is for a failure to journal.
-func Apply(ctx context.Context, dir string, plan []Planned, self format.Self, by string, act Actions) ([]Outcome, error) {
-	out := make([]Outcome, 0, len(plan))
+func Apply(ctx context.Context, dir string, plan []Planned, self format.Self, by string, act Actions) ([]format.Outcome, error) {
+	out := make([]format.Outcome, 0, len(plan))
 	for _, p := range plan {
-		o := Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason}
+		o := format.Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason}
 		if p.Verdict == format.Sweep {
 			if err := sweepRun(ctx, dir, p.entry, self, by, false, act, &o); err != nil {
 				return out, err
@@ -275,10 +260,10 @@ func Apply(ctx context.Context, dir string, plan []Planned, self format.Self, by
 
 // Outcomes are a plan's decisions as a sweep that acted on none of them
 // reports them.
-func Outcomes(plan []Planned) []Outcome {
-	out := make([]Outcome, 0, len(plan))
+func Outcomes(plan []Planned) []format.Outcome {
+	out := make([]format.Outcome, 0, len(plan))
 	for _, p := range plan {
-		out = append(out, Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
+		out = append(out, format.Outcome{Run: p.Run, Verdict: string(p.Verdict), Reason: p.Reason})
 	}
 	return out
 }
@@ -302,7 +287,7 @@ func JournalKept(ctx context.Context, appendEvents func(context.Context, ...even
 // kept run but the sweeper's own, grouped by reason in the order the
 // reasons first occur, split into parts of at most keptPerEvent runs. A
 // sweep that kept nothing gives none.
-func KeptEvents(by string, self format.Self, at time.Time, out []Outcome) []events.RunKeptEvent {
+func KeptEvents(by string, self format.Self, at time.Time, out []format.Outcome) []events.RunKeptEvent {
 	var groups []events.KeptRuns
 	index := map[string]int{}
 	n := 0
@@ -348,22 +333,22 @@ func KeptEvents(by string, self format.Self, at time.Time, out []Outcome) []even
 // SweepOwn sweeps one run whatever its owner's state: the watchdog calls it
 // once its owner's pipe has closed. ok false means the run's files were gone
 // already (a clean shutdown, or another sweeper).
-func SweepOwn(ctx context.Context, dir, run string, self format.Self, by string, act Actions) (Outcome, bool, error) {
+func SweepOwn(ctx context.Context, dir, run string, self format.Self, by string, act Actions) (format.Outcome, bool, error) {
 	entries, err := scan(dir)
 	if err != nil {
-		return Outcome{}, false, err
+		return format.Outcome{}, false, err
 	}
 	for _, e := range entries {
 		if e.run == run {
-			o := Outcome{Run: run, Verdict: string(format.Sweep), Reason: format.ReasonWatchdog}
+			o := format.Outcome{Run: run, Verdict: string(format.Sweep), Reason: format.ReasonWatchdog}
 			err := sweepRun(ctx, dir, e, self, by, true, act, &o)
 			return o, o.Skipped == "", err
 		}
 	}
-	return Outcome{Run: run}, false, nil
+	return format.Outcome{Run: run}, false, nil
 }
 
-func sweepRun(ctx context.Context, dir string, e entry, self format.Self, by string, forced bool, act Actions, o *Outcome) error {
+func sweepRun(ctx context.Context, dir string, e entry, self format.Self, by string, forced bool, act Actions, o *format.Outcome) error {
 	target := e.lockTarget(dir)
 	lk, err := lockRecord(target, true)
 	switch {
