@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -30,6 +31,18 @@ func TestMain(m *testing.M) {
 	if os.Getenv("NEXUS_TEST_CLIENT_MAIN") == "1" {
 		clientMain()
 		return
+	}
+	flag.Parse()
+	if testing.Short() {
+		// Every test here starts sandboxes (testutil.StartsSandboxes), and
+		// so does the example, which cannot skip itself: -short runs
+		// neither, nor builds the binaries they would run.
+		set := false
+		flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.run" })
+		if !set {
+			flag.Set("test.run", "^Test")
+		}
+		os.Exit(m.Run())
 	}
 	bin, remove, err := testutil.BuildNexus()
 	if err != nil {
