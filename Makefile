@@ -117,7 +117,8 @@ test: setup-test
 
 # The unit tests, for the edit-test loop (under a minute): every package
 # but the end-to-end ones (cmd/nexus, client), under -short, which skips
-# the fleet cluster and long crash-loop tests. `make test` runs everything.
+# the fleet cluster, the scale tests and long crash-loop tests, and runs a
+# sample of the tables that walk every saga step. `make test` runs everything.
 FAST_PKGS = $(shell $(GO) list ./... | grep -v -e '/cmd/nexus$$' -e '/client$$')
 test-fast: setup-fast
 	$(GO) test -short -count=1 $(FAST_PKGS)
