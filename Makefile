@@ -27,10 +27,14 @@ setup:
 	$(GO) mod download
 
 # What the unit tests need beyond setup: cpio, which reads back the guest
-# initramfs nexus writes.
+# initramfs nexus writes, and flock(1) (util-linux), another process
+# holding a lease.
 setup-fast: setup
-	@command -v cpio >/dev/null 2>&1 || { echo "installing cpio"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cpio; }
+	@missing=""; command -v cpio >/dev/null 2>&1 || missing="$$missing cpio"; \
+	command -v flock >/dev/null 2>&1 || missing="$$missing util-linux"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
 # What only the tests need: QEMU and a Debian cloud kernel (real guests
 # boot in the suite), strace (the snapshot-durability test reads nexus's
@@ -113,7 +117,8 @@ test: setup-test
 
 # The unit tests, for the edit-test loop (under a minute): every package
 # but the end-to-end ones (cmd/nexus, client), under -short, which skips
-# the fleet cluster and long crash-loop tests. `make test` runs everything.
+# the fleet cluster, the scale tests and long crash-loop tests, and runs a
+# sample of the tables that walk every saga step. `make test` runs everything.
 FAST_PKGS = $(shell $(GO) list ./... | grep -v -e '/cmd/nexus$$' -e '/client$$')
 test-fast: setup-fast
 	$(GO) test -short -count=1 $(FAST_PKGS)

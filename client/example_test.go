@@ -6,12 +6,14 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/nexus-sandbox/nexus/client"
 )
 
 // A program creates a sandbox bound to its own process, runs a command in
-// it, snapshots it, lists it and removes it. nexus and nexusd are on PATH;
+// it, copies a file in and back out, snapshots it, lists it and removes
+// it. nexus and nexusd are on PATH;
 // with the process driver the "guest" is the host.
 func Example() {
 	ctx := context.Background()
@@ -42,6 +44,13 @@ func Example() {
 	}
 	fmt.Println("exit", st.Code)
 
+	if _, err := c.CopyIn(ctx, "demo", "/workspace/note.txt", strings.NewReader("copied in\n")); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := c.CopyOut(ctx, "demo", "/workspace/note.txt", os.Stdout); err != nil {
+		log.Fatal(err)
+	}
+
 	if _, err := c.Snapshot(ctx, "demo"); err != nil {
 		log.Fatal(err)
 	}
@@ -51,8 +60,17 @@ func Example() {
 	}
 	fmt.Println(len(list), "sandbox,", len(list[0].Snapshots), "snapshot")
 
-	// Close removes every sandbox this run created; the daemon started on
-	// demand would idle out by itself.
+	if err := c.Remove(ctx, "demo"); err != nil {
+		log.Fatal(err)
+	}
+	list, err = c.List(ctx, client.ListOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(len(list), "sandboxes after remove")
+
+	// Close removes what this run still lists (nothing here); the daemon
+	// started on demand would idle out by itself.
 	if err := c.Close(ctx); err != nil {
 		log.Fatal(err)
 	}
@@ -63,5 +81,7 @@ func Example() {
 	// demo running true
 	// hello from the guest
 	// exit 0
+	// copied in
 	// 1 sandbox, 1 snapshot
+	// 0 sandboxes after remove
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/lifecycle"
@@ -126,4 +127,110 @@ func (c *Client) Volumes(ctx context.Context) ([]Volume, error) {
 func (c *Client) RemoveVolume(ctx context.Context, name string) error {
 	err := c.manage(ctx, func(m *lifecycle.Manager) error { return m.VolumeRemove(ctx, name) })
 	return wrap("volume rm", name, err)
+}
+
+// CopyIn writes what r yields to the absolute path in a sandbox's guest,
+// through its agent; the agent publishes the file only once every byte is
+// durable on the guest's disk. It returns the bytes written.
+func (c *Client) CopyIn(ctx context.Context, ref, path string, r io.Reader) (int64, error) {
+	return c.copyIn(ctx, ref, "-", path, r)
+}
+
+// CopyFileIn copies the local regular file to path in the guest with the
+// file's permission bits (`nexus cp LOCAL ID:PATH`); a path ending in "/"
+// receives it under its local name.
+func (c *Client) CopyFileIn(ctx context.Context, ref, local, path string) (int64, error) {
+	return c.copyIn(ctx, ref, local, path, nil)
+}
+
+func (c *Client) copyIn(ctx context.Context, ref, local, path string, r io.Reader) (int64, error) {
+	var n int64
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		var err error
+		n, err = m.CopyIn(ctx, ref, local, path, r)
+		return err
+	})
+	return n, wrap("cp", ref, err)
+}
+
+// CopyOut writes the guest file at the absolute path to w and returns the
+// bytes written.
+func (c *Client) CopyOut(ctx context.Context, ref, path string, w io.Writer) (int64, error) {
+	return c.copyOut(ctx, ref, path, "-", w)
+}
+
+// CopyFileOut copies the guest file at path to the local file, published as
+// nexus publishes its own (written to a temporary name, fsynced, renamed
+// into place: `nexus cp ID:PATH LOCAL`); a local directory receives it
+// under its guest name.
+func (c *Client) CopyFileOut(ctx context.Context, ref, path, local string) (int64, error) {
+	return c.copyOut(ctx, ref, path, local, nil)
+}
+
+func (c *Client) copyOut(ctx context.Context, ref, path, local string, w io.Writer) (int64, error) {
+	var n int64
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		var err error
+		n, err = m.CopyOut(ctx, ref, path, local, w)
+		return err
+	})
+	return n, wrap("cp", ref, err)
+}
+
+// SnapshotInfo is one snapshot: its ID, the sandbox it was taken of, when,
+// and what its files hold on disk now.
+type SnapshotInfo struct {
+	ID             string            `json:"id"`
+	Sandbox        string            `json:"sandbox"`
+	Handle         string            `json:"handle,omitempty"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	CreatedAt      time.Time         `json:"created_at"`
+	AllocatedBytes int64             `json:"allocated_bytes"`
+}
+
+// Snapshots lists the snapshots of the sandbox ref names, or of every
+// sandbox for "" (`nexus snapshot ls`).
+func (c *Client) Snapshots(ctx context.Context, ref string) ([]SnapshotInfo, error) {
+	var out []SnapshotInfo
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		list, err := m.Snapshots(ctx, ref)
+		for _, s := range list {
+			out = append(out, SnapshotInfo{ID: s.ID, Sandbox: s.Sandbox, Handle: s.Handle, Labels: maps.Clone(s.Labels),
+				CreatedAt: s.CreatedAt, AllocatedBytes: s.AllocatedBytes})
+		}
+		return err
+	})
+	return out, wrap("snapshot ls", ref, err)
+}
+
+// RemoveSnapshot deletes one snapshot (its ID or a unique prefix of it);
+// ErrNotFound when there is none (`nexus snapshot rm --yes`).
+func (c *Client) RemoveSnapshot(ctx context.Context, snap string) error {
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		_, err := m.SnapshotRemove(ctx, snap)
+		return err
+	})
+	return wrap("snapshot rm", snap, err)
+}
+
+// The conditions Wait waits for.
+const (
+	ForReady   = lifecycle.ForReady   // the guest is Ready
+	ForStopped = lifecycle.ForStopped // no VMM runs (stopped, exited or in error)
+	ForExited  = lifecycle.ForExited  // the VMM ended without a stop
+)
+
+// Wait waits up to timeout (0: the default Ready timeout) for a sandbox to
+// reach cond (ForReady, ForStopped or ForExited), as `nexus wait --for`.
+func (c *Client) Wait(ctx context.Context, ref, cond string, timeout time.Duration) (Sandbox, error) {
+	var sb projections.Sandbox
+	err := c.manage(ctx, func(m *lifecycle.Manager) error {
+		var err error
+		sb, err = m.WaitFor(ctx, ref, cond, timeout)
+		return err
+	})
+	if sb.ID == "" {
+		return Sandbox{}, wrap("wait", ref, err)
+	}
+	return sandboxOf(sb), wrap("wait", ref, err)
 }

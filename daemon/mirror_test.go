@@ -22,9 +22,7 @@ import (
 // A daemon whose name the fleet says is another host's only after the
 // daemon began serving stops, with the refusal as its error.
 func TestDaemonStopsOnALateRefusal(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a fleet server; make test runs it, -short does not")
-	}
+	testutil.SkipInShort(t, "starts a fleet server")
 	o := &server.Options{ServerName: "fleet", Host: "127.0.0.1", Port: server.RANDOM_PORT,
 		JetStream: true, JetStreamDomain: "fleet", StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
 		AuthTimeout: testutil.Scale(30 * time.Second).Seconds()}

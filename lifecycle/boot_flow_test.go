@@ -59,6 +59,7 @@ func TestStopAndStartFromEachState(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			testutil.ShortSample(t, c.name == "stop running" || c.name == "start stopped" || c.name == "start exited")
 			f := newFlow(t)
 			sb := f.create(CreateSpec{})
 			if c.setup != nil {
@@ -168,6 +169,7 @@ func TestStartUndoesAFailedBoot(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			testutil.ShortSample(t, c.name != "VMM dies")
 			f := newFlow(t)
 			sb := f.create(CreateSpec{})
 			stop(f, sb)

@@ -146,6 +146,7 @@ func TestCreateUndoesAFailedStep(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			testutil.ShortSample(t, c.name == "intents journaled" || c.name == "commit" || c.name == "VMM dies before answering")
 			f := newFlow(t)
 			if c.journal != "" {
 				f.j.failType(c.journal, boom)

@@ -140,6 +140,7 @@ func TestStartPreparesTheOverlay(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			testutil.ShortSample(t, c.name == "full, flushed" || c.name == "full, unflushed")
 			f := newFlow(t)
 			sb := f.create(CreateSpec{})
 			if c.flushed {

@@ -45,6 +45,7 @@ func TestRemoveFromEachState(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			testutil.ShortSample(t, c.name == "stopped" || c.name == "running, forced")
 			f := newFlow(t)
 			sb := f.create(CreateSpec{Handle: "h"})
 			if c.setup != nil {

@@ -30,6 +30,9 @@ const (
 // and sandbox.created both name a disk, the view holds whatever copies it
 // keeps, as it would after a real replay.
 func TestOwnershipMemory100k(t *testing.T) {
+	if testing.Short() {
+		t.Skip("folds 100,000 sandboxes; make test runs it, -short does not")
+	}
 	entropy := ulid.Monotonic(rand.New(rand.NewSource(3)), 0)
 	t0 := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
@@ -15,6 +16,7 @@ import (
 // sandbox's events or a late start costs the records returned, counted by
 // the journal, not the history before them.
 func TestEventsReadOnlyWhatTheyReturn(t *testing.T) {
+	testutil.SkipInShort(t, "appends tens of thousands of events")
 	const total = 20_000
 	root := filepath.Join(t.TempDir(), "root")
 	if err := os.Mkdir(root, 0o700); err != nil {

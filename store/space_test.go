@@ -15,6 +15,7 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
 	"github.com/nexus-sandbox/nexus/host/smallfs"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 func TestFreesSpace(t *testing.T) {
@@ -108,6 +109,7 @@ func TestReserveAdmitsFreeingSagas(t *testing.T) {
 // (its event is stored and folded), and the snapshot is written once space
 // is back.
 func TestSnapshotOnFullProjectionsKeepsAppending(t *testing.T) {
+	testutil.SkipInShort(t, "appends tens of thousands of events")
 	if os.Geteuid() != 0 {
 		t.Skip("SKIPPED: needs root to mount a full filesystem at projections/; this test did not run")
 	}

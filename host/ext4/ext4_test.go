@@ -14,6 +14,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/ext4"
 	"github.com/nexus-sandbox/nexus/host/ext4/ext4test"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 var ctx = context.Background()
@@ -190,6 +191,8 @@ func TestStaleSuperblockCountsAreNotBelieved(t *testing.T) {
 		for _, reserved := range []string{"5", "20"} {
 			for _, dir := range []string{"claims-free", "claims-full"} {
 				t.Run(bs+"/m"+reserved+"/"+dir, func(t *testing.T) {
+					// The sample has both block sizes and both lies.
+					testutil.ShortSample(t, bs == "1024" && reserved == "5" && dir == "claims-free" || bs == "4096" && reserved == "20" && dir == "claims-full")
 					img := filepath.Join(t.TempDir(), "overlay.ext4")
 					if err := os.WriteFile(img, nil, 0o600); err != nil {
 						t.Fatal(err)

@@ -208,9 +208,7 @@ func fleetPass(user string) string { return "pw-" + user }
 // starts a cluster under their template (after edit, if given, rewrote it).
 func startTemplateFleet(t testing.TB, hosts []string, edit func(string) string) *templateFleet {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts a fleet cluster; make test runs it, -short does not")
-	}
+	testutil.SkipInShort(t, "starts a fleet cluster")
 	for _, u := range append([]string{"auditor", "aggregator", "operator"}, hosts...) {
 		t.Setenv(PasswordVar(u), fleetPass(u))
 	}
@@ -356,7 +354,7 @@ func awaitAudited(t *testing.T, js jetstream.JetStream, stream string, n int) []
 // identity cannot be used as a client, and over a leaf link it cannot
 // read, delete, purge or replace B's mirror, nor delete or purge its own.
 func TestFleetTemplateIsolatesHosts(t *testing.T) {
-	skipInShort(t, "runs a three-node fleet cluster")
+	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	c := startTemplateFleet(t, []string{"host-a", "host-b"}, nil)
 	c.check = time.Second // the hosts report within a second
 	js, ms := c.openHosts(t, 0)
@@ -540,7 +538,7 @@ func mirrorConfig(t *testing.T, js jetstream.JetStream, stream string) jetstream
 // to loses nothing: the links move to the other nodes, the mirrors keep
 // every event, in order, identical to the journals, and status says so.
 func TestFleetNodeLoss(t *testing.T) {
-	skipInShort(t, "runs a three-node fleet cluster")
+	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b", "host-c"}
 	c := startTemplateFleet(t, hosts, nil)
 	js, ms := c.openHosts(t, 5)
@@ -593,7 +591,7 @@ func TestFleetNodeLoss(t *testing.T) {
 // comes back empty and the mirrors, read from that very node, are whole
 // and equal to the journals.
 func TestFleetNodeStoreLoss(t *testing.T) {
-	skipInShort(t, "runs a three-node fleet cluster")
+	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
 	c := startTemplateFleet(t, hosts, nil)
 	js, ms := c.openHosts(t, 20)
@@ -652,7 +650,7 @@ func localMsgs(node *server.Server, account, stream string) uint64 {
 // without waiting on the fleet, status says the link is down, and once the
 // nodes are back the mirrors catch up to exactly the journals.
 func TestFleetWholeClusterOutage(t *testing.T) {
-	skipInShort(t, "runs a three-node fleet cluster")
+	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
 	c := startTemplateFleet(t, hosts, nil)
 	js, ms := c.openHosts(t, 5)

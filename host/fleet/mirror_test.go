@@ -32,7 +32,7 @@ const (
 // the fleet where it was.
 func startFleet(t *testing.T, dir string, clientPort, leafPort int) *server.Server {
 	t.Helper()
-	skipInShort(t, "starts a fleet server")
+	testutil.SkipInShort(t, "starts a fleet server")
 	o := &server.Options{
 		ServerName: "fleet", Host: "127.0.0.1", Port: clientPort,
 		JetStream: true, JetStreamDomain: fleetDomain, StoreDir: dir,
@@ -186,7 +186,7 @@ func openHost(t *testing.T, name, id string, log *slog.Logger, leafPorts ...int)
 }
 
 func TestMirrorToFleetSurvivesAnOutage(t *testing.T) {
-	skipInShort(t, "waits for the leaf link to come back after a fleet outage")
+	testutil.SkipInShort(t, "waits for the leaf link to come back after a fleet outage")
 	fleetDir := t.TempDir()
 	clientPort, leafPort := freePort(t), freePort(t)
 	fleet := startFleet(t, fleetDir, clientPort, leafPort)

@@ -76,7 +76,7 @@ func fleetBurst(tb testing.TB, hosts, events int) (burst, after time.Duration) {
 // TestFleetTwelveHostsOnThreeNodes: more hosts than nodes, none evicts
 // another, every mirror current after a burst.
 func TestFleetTwelveHostsOnThreeNodes(t *testing.T) {
-	skipInShort(t, "runs a three-node fleet cluster")
+	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	burst, after := fleetBurst(t, 12, 100)
 	t.Logf("12 hosts × 100 events: burst %v, every mirror current %v after it", burst, after)
 }

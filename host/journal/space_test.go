@@ -159,7 +159,7 @@ func TestStoreLimitFollowsTheDisk(t *testing.T) {
 // TestFollowSurvivesReopen: a follower started before the store broke
 // receives the records appended after it was reopened.
 func TestFollowSurvivesReopen(t *testing.T) {
-	skipInShort(t, "waits for the ordered consumer to miss heartbeats across a reopen")
+	testutil.SkipInShort(t, "waits for the ordered consumer to miss heartbeats across a reopen")
 	mnt := smallfs.Mount(t, 32<<20)
 	j := openSpace(t, filepath.Join(mnt, "journal"), Space{})
 	if err := appendOne(j, 0, 100, false); err != nil {

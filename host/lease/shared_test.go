@@ -65,7 +65,7 @@ func TestSharedAndExclusive(t *testing.T) {
 func TestHoldersNamesOtherProcess(t *testing.T) {
 	flock, err := exec.LookPath("flock")
 	if err != nil {
-		t.Fatal("flock(1) is needed (util-linux):", err)
+		t.Fatal("flock(1) is not installed (make setup-fast installs util-linux):", err)
 	}
 	path := filepath.Join(t.TempDir(), ".lease")
 	os.WriteFile(path, nil, 0o600)

@@ -31,6 +31,12 @@ func MountXFS(t testing.TB, size int64) string {
 	return mount(t, max(size, 300<<20), "mkfs.xfs", "-q", "-f", "-m", "reflink=1")
 }
 
+// installedBy names the make target that installs each mkfs this package runs.
+var installedBy = map[string]string{
+	"mkfs.ext4": "make setup installs e2fsprogs",
+	"mkfs.xfs":  "make setup-test installs xfsprogs",
+}
+
 func mount(t testing.TB, size int64, mkfs ...string) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -49,7 +55,7 @@ func mount(t testing.TB, size int64, mkfs ...string) string {
 		t.Fatal(err)
 	}
 	if out, err := exec.Command(mkfs[0], append(mkfs[1:], img)...).CombinedOutput(); err != nil {
-		t.Skipf("SKIPPED: %s is unavailable (%v: %s); this test did not run", mkfs[0], err, strings.TrimSpace(string(out)))
+		t.Skipf("SKIPPED: %s is unavailable (%v: %s; %s); this test did not run", mkfs[0], err, strings.TrimSpace(string(out)), installedBy[mkfs[0]])
 	}
 	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
 		t.Skipf("SKIPPED: loop mounts are unavailable here (%v: %s); this test did not run", err, strings.TrimSpace(string(out)))

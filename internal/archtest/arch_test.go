@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -29,11 +30,17 @@ type graph struct {
 	imports, testImports map[string][]string
 }
 
-func loadGraph(t *testing.T) graph {
-	t.Helper()
+// graphOut is go list's answer, asked once for every test that reads the
+// graph (each go list of the module costs seconds of CPU).
+var graphOut = sync.OnceValues(func() ([]byte, error) {
 	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}}|{{join .Imports " "}}|{{join .TestImports " "}} {{join .XTestImports " "}}`, "./...")
 	cmd.Dir = "../.."
-	out, err := cmd.Output()
+	return cmd.Output()
+})
+
+func loadGraph(t *testing.T) graph {
+	t.Helper()
+	out, err := graphOut()
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // RequireQEMUEnv set to 1 makes a missing QEMU or guest kernel a test
-// failure instead of a skip: `make test` sets it (and `make setup`
+// failure instead of a skip: `make test` sets it (and `make setup-test`
 // installs both), so CI never passes by skipping the real-guest tests.
 const RequireQEMUEnv = "NEXUS_REQUIRE_QEMU"
 
@@ -27,16 +27,14 @@ type Guest struct {
 // and logs which it found, so each test says what it ran on.
 func RealGuest(t testing.TB) Guest {
 	t.Helper()
-	if testing.Short() {
-		// A software-emulated boot is seconds of CPU: not a unit test.
-		t.Skip("boots a real guest under QEMU; make test runs it, -short (make test-fast) does not")
-	}
+	// A software-emulated boot is seconds of CPU: not a unit test.
+	SkipInShort(t, "boots a real guest under QEMU")
 	missing := func(what string) {
 		t.Helper()
 		if os.Getenv(RequireQEMUEnv) == "1" {
-			t.Fatalf("%s, and %s=1 (make setup installs qemu-system-x86 and linux-image-cloud-amd64)", what, RequireQEMUEnv)
+			t.Fatalf("%s, and %s=1 (make setup-test installs qemu-system-x86 and linux-image-cloud-amd64)", what, RequireQEMUEnv)
 		}
-		t.Skipf("%s (make setup installs it; %s=1 makes this a failure)", what, RequireQEMUEnv)
+		t.Skipf("%s (make setup-test installs it; %s=1 makes this a failure)", what, RequireQEMUEnv)
 	}
 	q, err := exec.LookPath("qemu-system-x86_64")
 	if err != nil {
@@ -65,7 +63,5 @@ func RealGuest(t testing.TB) Guest {
 // test-fast) leaves it out and make test runs it.
 func StartsSandboxes(t testing.TB) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts sandboxes, guests or a cluster: make test runs it, -short does not")
-	}
+	SkipInShort(t, "starts sandboxes, guests or a cluster")
 }
