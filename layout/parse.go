@@ -177,6 +177,14 @@ func parseDisk(name string) Name {
 	return Name{Kind: events.KindRawDisk, Unparsed: true}
 }
 
+// MayBeIntent reports whether name, found in disks/, can be a create or
+// shadow intent, final or staged: every name parseDisk reads as an intent
+// holds one of the two suffixes. A caller looking for intents among a
+// directory's names parses only these.
+func MayBeIntent(name string) bool {
+	return strings.Contains(name, createIntentSuffix) || strings.Contains(name, shadowIntentSuffix)
+}
+
 // stagedName is the final name in a staged name (".<final>.stage-XXXX").
 func stagedName(name string) (string, bool) {
 	i := strings.LastIndex(name, stageInfix)

@@ -162,6 +162,9 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		n := ParseEntry(dir, name, false)
+		if intent := n.Kind == events.KindCreateIntent || n.Kind == events.KindShadowIntent; intent && dir == "disks" && !MayBeIntent(name) {
+			t.Fatalf("disks/%s parses as an intent (%+v) that MayBeIntent passes over", name, n)
+		}
 		if n.Unparsed || n.Legacy {
 			return
 		}

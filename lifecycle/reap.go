@@ -316,7 +316,12 @@ func supervisorEntries(recorded []reaper.Recorded) []reaper.Entry {
 }
 
 func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string]reaper.Lease, j reaper.Journal, unreadable string, sc scan.Result) ReapReport {
-	rep := ReapReport{Apply: o.Apply, Orphans: []ReapItem{}, Kept: []ReapItem{}, Deleted: []ReapItem{}, Failed: []ReapItem{}, ScanErrors: sc.Errors}
+	// An unfiltered run keeps nearly every entry: its list is sized once.
+	kept := 0
+	if o.Filter == (reaper.Filter{}) {
+		kept = len(entries)
+	}
+	rep := ReapReport{Apply: o.Apply, Orphans: []ReapItem{}, Kept: make([]ReapItem, 0, kept), Deleted: []ReapItem{}, Failed: []ReapItem{}, ScanErrors: sc.Errors}
 	var procs *liveness.Procs
 	for i := 0; i < procScanAttempts; i++ {
 		procs = liveness.ScanProcs(o.ProcRoot)

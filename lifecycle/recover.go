@@ -45,6 +45,10 @@ type RecoverReport struct {
 	Checked int `json:"checked"`
 	// Leases counts the lease files no runner held that were removed.
 	Leases int `json:"leases_cleared"`
+
+	// intentsParsed counts the names of disks/ the intent sweep parsed and
+	// judged: the intents, not every disk.
+	intentsParsed int
 }
 
 // Skipped is a saga or sandbox recover did not touch, and why.
@@ -586,24 +590,34 @@ func (m *Manager) dropEmptySnapshotsDir(sb projections.Sandbox, by string) ([]ev
 
 // sweepIntents handles create intents that reached the disk but not the
 // journal (a crash between publishing the marker and saga.started): their
-// lease is free, no sandbox exists, so what they cover is removed.
+// lease is free, no sandbox exists, so what they cover is removed. Such an
+// intent is in no index (the journal never heard of it), so disks/ is
+// listed, once, by name alone, and only the names that can be intents are
+// parsed and judged: a root's disks cost a directory read, not a sandbox
+// lookup each.
 func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
-	entries, err := m.readDir(m.Root.Disks())
+	names, err := m.intentNames()
 	if err != nil {
 		return nil
 	}
-	for _, e := range entries {
-		n := layout.ParseEntry("disks", e.Name(), e.IsDir())
+	rep.intentsParsed += len(names)
+	var shadows []string
+	for _, name := range names {
+		n := layout.ParseEntry("disks", name, false)
 		if n.Staged {
-			if err := m.sweepStaged(e.Name(), rep); err != nil {
+			if err := m.sweepStaged(name, rep); err != nil {
 				return err
 			}
 			continue
 		}
-		id := n.ID
-		if n.Kind != events.KindCreateIntent {
+		switch {
+		case n.Kind == events.KindShadowIntent && !n.Unparsed:
+			shadows = append(shadows, name)
+			continue
+		case n.Kind != events.KindCreateIntent:
 			continue
 		}
+		id := n.ID
 		// One point lookup per intent found: a journaled sandbox is its
 		// saga's (or done), not this sweep's.
 		if _, known, err := m.B.Sandbox(ctx, id); err != nil || known || m.creatorAlive(id) {
@@ -621,25 +635,31 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		}
 		rep.Intents = append(rep.Intents, id)
 	}
-	return m.sweepShadowIntents(ctx, rep)
+	// After the create intents: one swept above may have taken its shadow
+	// intent with it, and one left answers for its shadow intent.
+	return m.sweepShadowIntents(ctx, rep, shadows)
+}
+
+// intentNames are the names in disks/ that can be intents (final or
+// staged), sorted: the directory read by name, its other entries neither
+// stat'ed, kept nor sorted.
+func (m *Manager) intentNames() ([]string, error) {
+	out, err := fsx.NamesMatching(string(m.Root), m.Root.Disks(), layout.MayBeIntent)
+	slices.Sort(out)
+	return out, err
 }
 
 // sweepShadowIntents retires a shadow intent left alone by a creator that
 // died before its saga started (between publishing it and the create
 // intent, or after the create intent was swept): its lease is free, the
 // journal knows no sandbox of its name, and no create intent answers for
-// it. It covers nothing, so the marker is all there is to remove.
-func (m *Manager) sweepShadowIntents(ctx context.Context, rep *RecoverReport) error {
-	entries, err := m.readDir(m.Root.Disks())
-	if err != nil {
-		return nil
-	}
-	for _, e := range entries {
-		n := layout.ParseEntry("disks", e.Name(), e.IsDir())
-		if n.Kind != events.KindShadowIntent || n.Staged || n.Unparsed {
-			continue
-		}
-		path := filepath.Join(m.Root.Disks(), e.Name())
+// it. It covers nothing, so the marker is all there is to remove. names
+// are the shadow intents sweepIntents found; one gone since is skipped
+// (its lease cannot be probed).
+func (m *Manager) sweepShadowIntents(ctx context.Context, rep *RecoverReport, names []string) error {
+	for _, name := range names {
+		n := layout.ParseEntry("disks", name, false)
+		path := filepath.Join(m.Root.Disks(), name)
 		if held, err := intent.LeaseHeld(path); err != nil || held {
 			continue
 		}
@@ -659,7 +679,7 @@ func (m *Manager) sweepShadowIntents(ctx context.Context, rep *RecoverReport) er
 		if err := intent.Retire(path); err != nil {
 			return err
 		}
-		rep.Intents = append(rep.Intents, e.Name())
+		rep.Intents = append(rep.Intents, name)
 	}
 	return nil
 }

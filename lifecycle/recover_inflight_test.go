@@ -114,3 +114,39 @@ func TestCommandsLeaveNoLeaseFiles(t *testing.T) {
 	}
 	check("rm")
 }
+
+// Recover's sweep of intents the journal never heard of reads disks/ by
+// name and parses only what can be an intent: of a root whose stopped
+// sandboxes have their disks on disk, it judges the one dead staged intent
+// and the one journaled sandbox's create intent, not the disks.
+func TestRecoverParsesOnlyIntentNames(t *testing.T) {
+	f := newFlow(t)
+	ids := f.appendStopped(60)
+	if err := os.MkdirAll(f.m.Root.Disks(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	plant := func(p string) {
+		t.Helper()
+		if err := os.WriteFile(p, []byte(`{"sandbox":"x"}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		plant(f.m.Root.RawDisk(id))
+		plant(f.m.Root.WorkspaceDisk(id))
+	}
+	known := f.m.Root.CreateIntent(ids[0])
+	plant(known)
+	staged := filepath.Join(f.m.Root.Disks(), "."+ulid.Make().String()+".create-intent.json.stage-7")
+	plant(staged)
+	rep := f.recover()
+	if rep.intentsParsed != 2 {
+		t.Fatalf("recover's intent sweep parsed %d names of disks/, want the 2 intents (of %d entries)", rep.intentsParsed, 2*len(ids)+2)
+	}
+	if !slices.Equal(rep.Intents, []string{filepath.Base(staged)}) {
+		t.Fatalf("recover swept %v, want the dead staged intent alone", rep.Intents)
+	}
+	if _, err := os.Lstat(known); err != nil {
+		t.Fatalf("a journaled sandbox's create intent: %v", err)
+	}
+}

@@ -1,9 +1,11 @@
 package reaper
 
 import (
+	"cmp"
 	"fmt"
 	"path"
-	"sort"
+	"slices"
+	"strings"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
@@ -364,13 +366,23 @@ func Order(ds []Decision) {
 		}
 		return 1
 	}
-	sort.SliceStable(ds, func(i, j int) bool {
-		ri, rj := rank(ds[i].Entry.Kind), rank(ds[j].Entry.Kind)
-		if ri != rj {
-			return ri < rj
+	// Sorted by index, then moved once: a decision is a few hundred
+	// bytes, and a root's scan holds one per entry.
+	idx := make([]int, len(ds))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(i, j int) int {
+		if c := cmp.Compare(rank(ds[i].Entry.Kind), rank(ds[j].Entry.Kind)); c != 0 {
+			return c
 		}
-		return ds[i].Entry.Rel < ds[j].Entry.Rel
+		return strings.Compare(ds[i].Entry.Rel, ds[j].Entry.Rel)
 	})
+	sorted := make([]Decision, len(ds))
+	for to, from := range idx {
+		sorted[to] = ds[from]
+	}
+	copy(ds, sorted)
 }
 
 // Filter selects which entries a run reports and may delete.

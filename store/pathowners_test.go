@@ -21,8 +21,9 @@ func snapshotTaken(id, snap string) events.Event {
 // every disk of a root of 1,000 sandboxes, and about directories holding
 // owned paths and paths below owned directories (answered from the
 // records at rest and from those an event touched since), PathOwners
-// answers each by projections.PathOwner's rule and decodes no record. An
-// owner found by reading the sandboxes would count 1,000.
+// answers each by projections.PathOwner's rule and decodes no record, in
+// one read of the store. An owner found by reading the sandboxes would
+// count 1,000.
 func TestPathOwnersArePointLookups(t *testing.T) {
 	ctx := context.Background()
 	root := t.TempDir()
@@ -70,13 +71,17 @@ func TestPathOwnersArePointLookups(t *testing.T) {
 	for p := range want {
 		paths = append(paths, p)
 	}
-	before := nd.Decoded()
+	before, txs := nd.Decoded(), nd.ReadTxs()
 	got, err := nd.PathOwners(ctx, paths)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := nd.Decoded() - before; n != 0 {
 		t.Fatalf("PathOwners of %d paths decoded %d records, want none", len(paths), n)
+	}
+	// One read of the store for the whole batch, not one per path.
+	if n := nd.ReadTxs() - txs; n != 1 {
+		t.Fatalf("PathOwners of %d paths began %d read transactions, want 1", len(paths), n)
 	}
 	for i, p := range paths {
 		if got[i] != want[p] {

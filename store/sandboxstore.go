@@ -128,18 +128,24 @@ func getRecord(tx *bolt.Tx, id string) (*projections.Sandbox, error) {
 // ids are the sandboxes the index holds under key, in ID order.
 func (s *sandboxStore) ids(index []byte, key string) (out []string, err error) {
 	err = s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(index)
-		if b == nil {
-			return nil
-		}
-		prefix := append([]byte(key), 0)
-		c := b.Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			out = append(out, string(k[len(prefix):]))
-		}
+		out = idsIn(tx, index, key)
 		return nil
 	})
 	return out, err
+}
+
+// idsIn is ids within the read transaction tx.
+func idsIn(tx *bolt.Tx, index []byte, key string) (out []string) {
+	b := tx.Bucket(index)
+	if b == nil {
+		return nil
+	}
+	prefix := append([]byte(key), 0)
+	c := b.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		out = append(out, string(k[len(prefix):]))
+	}
+	return out
 }
 
 // named are at most limit sandboxes, in key order, whose ID begins with
@@ -171,24 +177,22 @@ func (s *sandboxStore) named(idPrefix, shortPrefix string, limit int, keep func(
 	return out, err
 }
 
-// idsBelow are the sandboxes the owners index holds for a path under
-// directory dir: one seek, then the keys under it.
-func (s *sandboxStore) idsBelow(dir string) (out []string, err error) {
-	err = s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketOwners)
-		if b == nil {
-			return nil
-		}
-		prefix := []byte(dir + "/")
-		c := b.Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			if i := bytes.IndexByte(k, 0); i >= 0 {
-				out = append(out, string(k[i+1:]))
-			}
-		}
+// idsBelowIn are the sandboxes the owners index holds for a path under
+// directory dir, within the read transaction tx: one seek, then the keys
+// under it.
+func idsBelowIn(tx *bolt.Tx, dir string) (out []string) {
+	b := tx.Bucket(bucketOwners)
+	if b == nil {
 		return nil
-	})
-	return out, err
+	}
+	prefix := []byte(dir + "/")
+	c := b.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		if i := bytes.IndexByte(k, 0); i >= 0 {
+			out = append(out, string(k[i+1:]))
+		}
+	}
+	return out
 }
 
 // page is at most limit records whose IDs sort after after, in ID order,

@@ -6,6 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/oklog/ulid/v2"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
@@ -105,12 +106,18 @@ func (v *sandboxView) least(over string, index []byte, key, except string) (stri
 	if err != nil {
 		return "", err
 	}
+	return v.leastOf(over, ids, except), nil
+}
+
+// leastOf is the least of over and those of the store's ids the overlay
+// does not hold (other than except).
+func (v *sandboxView) leastOf(over string, ids []string, except string) string {
 	for _, id := range ids {
 		if id != except && v.fromStore(id) && (over == "" || id < over) {
 			over = id
 		}
 	}
-	return over, nil
+	return over
 }
 
 // byHandle is Sandboxes.ByHandle over the whole view.
@@ -198,31 +205,39 @@ func (v *sandboxView) ownerOf(paths []string, except string) (id, path string, f
 	return "", "", false, nil // unreachable: the index named it for one of paths
 }
 
-// pathOwner is projections.PathOwner over the whole view: the overlay's
-// indexes and the store's, point lookups that decode no record.
-func (v *sandboxView) pathOwner(rel string) (string, bool, error) {
-	exact := func(p string) (string, bool, error) {
-		over, _, _ := v.overlay.OwnerExact(p)
-		id, err := v.least(over, bucketOwners, p, "")
-		return id, id != "", err
-	}
-	below := func(dir string) (string, bool, error) {
-		id, _, _ := v.overlay.OwnerBelow(dir)
-		if v.store == nil {
+// pathOwners is projections.PathOwner of each of paths over the whole
+// view: the overlay's indexes and the store's, point lookups that decode
+// no record, all in one read transaction of the store.
+func (v *sandboxView) pathOwners(paths []string) ([]string, error) {
+	out := make([]string, len(paths))
+	judge := func(tx *bolt.Tx) error {
+		exact := func(p string) (string, bool, error) {
+			id, _, _ := v.overlay.OwnerExact(p)
+			if tx != nil {
+				id = v.leastOf(id, idsIn(tx, bucketOwners, p), "")
+			}
 			return id, id != "", nil
 		}
-		ids, err := v.store.idsBelow(dir)
-		if err != nil {
-			return "", false, err
-		}
-		for _, s := range ids {
-			if v.fromStore(s) && (id == "" || s < id) {
-				id = s
+		below := func(dir string) (string, bool, error) {
+			id, _, _ := v.overlay.OwnerBelow(dir)
+			if tx != nil {
+				id = v.leastOf(id, idsBelowIn(tx, dir), "")
 			}
+			return id, id != "", nil
 		}
-		return id, id != "", nil
+		for i, rel := range paths {
+			id, _, err := projections.PathOwner(rel, exact, below)
+			if err != nil {
+				return err
+			}
+			out[i] = id
+		}
+		return nil
 	}
-	return projections.PathOwner(rel, exact, below)
+	if v.store == nil {
+		return out, judge(nil)
+	}
+	return out, v.store.db.View(judge)
 }
 
 // page is Sandboxes.Page over the whole view: the overlay's page and the

@@ -291,15 +291,7 @@ func (n *Store) PathOwners(ctx context.Context, paths []string) ([]string, error
 	if err := n.loadLocked(ctx); err != nil {
 		return nil, err
 	}
-	out := make([]string, len(paths))
-	for i, p := range paths {
-		id, _, err := n.sandboxes.pathOwner(p)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = id
-	}
-	return out, nil
+	return n.sandboxes.pathOwners(paths)
 }
 
 // NamedLimit bounds how many sandboxes Named reads of each kind (ID

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -61,6 +62,7 @@ func scanDir(rootfd int, dir string, res *Result) error {
 	if err != nil {
 		return err
 	}
+	res.Entries = slices.Grow(res.Entries, len(names))
 	for _, name := range names {
 		if layout.NotResource(dir, name) {
 			continue
