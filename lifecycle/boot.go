@@ -123,7 +123,13 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 	var vmBegun bool
 	stateDir := m.Root.SupervisorDir(id)
 	api, vsock, iid := m.Root.APISocket(id), m.Root.VsockSocket(id), m.Root.IIDSocket(id)
-	return []sagas.Step{m.logsStep(id), {
+	// The logs are journaled with the run marker, and the supervisor with
+	// the VMM: a crash before either append leaves what recover finds
+	// without the journal, as a crash before the step was journaled does
+	// (logs named for the sandbox, processes by their command lines).
+	logs := m.logsStep(id)
+	logs.Defer = true
+	return []sagas.Step{logs, {
 		// The run marker is journaled before the VMM spawns: a run that
 		// dies without a FlushAcknowledged for it is then known to be
 		// unacknowledged, and its overlay is never edited offline.
@@ -152,7 +158,8 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 		// serves and is journaled. A crash meanwhile leaves a VMM the
 		// journal never heard of, which recover finds by its command line
 		// (killStartingVMM) as it does one the vmm step spawned.
-		Name: "supervisor",
+		Name:  "supervisor",
+		Defer: true,
 		Do: func(ctx context.Context) ([]events.Payload, error) {
 			sb, err := m.Find(ctx, id)
 			if err != nil {
