@@ -301,10 +301,14 @@ func (m *Manager) logsStep(id string) sagas.Step {
 			if err := fsx.MkdirAll(string(m.Root), "logs", 0o700); err != nil {
 				return nil, fmt.Errorf("logs: %w", err)
 			}
+			var rels []string
 			for _, r := range m.logResources(id) {
-				if err := fsx.EnsureFile(string(m.Root), r.Path, 0o600); err != nil {
-					return nil, fmt.Errorf("log: %w", err)
-				}
+				rels = append(rels, r.Path)
+			}
+			// One fsync of logs/ makes all three names durable, before
+			// the journal claims any of them.
+			if err := fsx.EnsureFiles(string(m.Root), rels, 0o600); err != nil {
+				return nil, fmt.Errorf("log: %w", err)
 			}
 			return claims(ctx)
 		},
