@@ -113,13 +113,23 @@ func pollDelay(waited, last time.Duration) time.Duration {
 // restoreFrom set, the VMM restores that snapshot instead of booting cold.
 func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 	var sup, vm proc.Identity
+	// early is the VMM's process, started beside the supervisor; booting
+	// is the sandbox as it was read to start it.
+	var early *vmmLaunch
+	var booting projections.Sandbox
 	// run is this boot's run marker; vmBegun says a VM may exist (vm.create
 	// or vm.restore was sent), after which the overlay may have been used.
 	var run, prevRun, prevFlushed string
 	var vmBegun bool
 	stateDir := m.Root.SupervisorDir(id)
 	api, vsock, iid := m.Root.APISocket(id), m.Root.VsockSocket(id), m.Root.IIDSocket(id)
-	return []sagas.Step{m.logsStep(id), {
+	// The logs are journaled with the run marker, and the supervisor with
+	// the VMM: a crash before either append leaves what recover finds
+	// without the journal, as a crash before the step was journaled does
+	// (logs named for the sandbox, processes by their command lines).
+	logs := m.logsStep(id)
+	logs.Defer = true
+	return []sagas.Step{logs, {
 		// The run marker is journaled before the VMM spawns: a run that
 		// dies without a FlushAcknowledged for it is then known to be
 		// unacknowledged, and its overlay is never edited offline.
@@ -142,24 +152,14 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			return sagas.One(events.FlushRestoredEvent{Run: run, Previous: prevRun, PreviousFlushed: prevFlushed}), nil
 		},
 	}, {
-		Name: "supervisor",
-		Do: func(ctx context.Context) ([]events.Payload, error) {
-			var err error
-			sup, err = m.startSupervisor(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			return sagas.One(events.SupervisorStartedEvent{Pid: sup.Pid, Start: sup.StartTicks,
-				Socket: m.rel(filepath.Join(stateDir, supervisor.SocketName)), StateDir: m.res(events.KindSupervisorState, stateDir)}), nil
-		},
-		Undo: func(context.Context) ([]events.Payload, error) {
-			if sup.Pid == 0 {
-				return nil, nil
-			}
-			return m.stopSupervisor(sup)
-		},
-	}, {
-		Name: "vmm",
+		// The VMM's process starts here, beside the supervisor's: neither
+		// needs the other to start, and each takes a process start. The
+		// VM is created and booted in the next step, once the supervisor
+		// serves and is journaled. A crash meanwhile leaves a VMM the
+		// journal never heard of, which recover finds by its command line
+		// (killStartingVMM) as it does one the vmm step spawned.
+		Name:  "supervisor",
+		Defer: true,
 		Do: func(ctx context.Context) ([]events.Payload, error) {
 			sb, err := m.Find(ctx, id)
 			if err != nil {
@@ -168,10 +168,32 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 			if err := m.checkDisks(m.vmDisks(ctx, sb)); err != nil {
 				return nil, err
 			}
+			booting, early = sb, m.launchVMM(ctx, id, sb)
+			// A supervisor that fails leaves the VMM to this step's undo.
+			if sup, err = m.startSupervisor(ctx, id); err != nil {
+				return nil, err
+			}
+			return sagas.One(events.SupervisorStartedEvent{Pid: sup.Pid, Start: sup.StartTicks,
+				Socket: m.rel(filepath.Join(stateDir, supervisor.SocketName)), StateDir: m.res(events.KindSupervisorState, stateDir)}), nil
+		},
+		Undo: func(ctx context.Context) ([]events.Payload, error) {
+			ps, err := early.drop(ctx, m, id)
+			if err != nil || sup.Pid == 0 {
+				return ps, err
+			}
+			more, err := m.stopSupervisor(sup)
+			return append(ps, more...), err
+		},
+	}, {
+		Name: "vmm",
+		Do: func(ctx context.Context) ([]events.Payload, error) {
+			// The supervisor's start changed none of what the VM is made of.
+			sb := booting
 			d, boot := m.bootOf(sb)
 			m.noticeHostGuest(sb)
 			c := vmm.NewClient(api)
-			if vm, err = m.launch(ctx, "VMM", d.Argv(api), m.Root.VMMLog(id), d.SignalsReady(), func(ctx context.Context) error { _, err := c.Ping(ctx); return err }); err != nil {
+			var err error
+			if vm, err = early.take(); err != nil {
 				return nil, err
 			}
 			// CH opens the serial log by name and follows symlinks: make it
@@ -213,6 +235,53 @@ func (m *Manager) bootSteps(id, restoreFrom string) []sagas.Step {
 	}}
 }
 
+// vmmLaunch is a VMM's process starting in the background while the
+// supervisor starts; the vmm step takes it, and anything that undoes the
+// boot before then drops it.
+type vmmLaunch struct {
+	done  chan struct{}
+	who   proc.Identity
+	err   error
+	taken bool
+}
+
+// launchVMM starts sb's VMM in the background.
+func (m *Manager) launchVMM(ctx context.Context, id string, sb projections.Sandbox) *vmmLaunch {
+	d, _ := m.bootOf(sb)
+	api := m.Root.APISocket(id)
+	c := vmm.NewClient(api)
+	l := &vmmLaunch{done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		l.who, l.err = m.launch(ctx, "VMM", d.Argv(api), m.Root.VMMLog(id), d.SignalsReady(), func(ctx context.Context) error { _, err := c.Ping(ctx); return err })
+	}()
+	return l
+}
+
+// take waits for the launch and hands over its process (with an error,
+// the process that did not answer, if one started), as m.launch does.
+func (l *vmmLaunch) take() (proc.Identity, error) {
+	if l == nil {
+		return proc.Identity{}, errors.New("VMM: not launched")
+	}
+	<-l.done
+	l.taken = true
+	return l.who, l.err
+}
+
+// drop waits for a launch nobody took and stops its process as the vmm
+// step's undo stops one it took.
+func (l *vmmLaunch) drop(ctx context.Context, m *Manager, id string) ([]events.Payload, error) {
+	if l == nil || l.taken {
+		return nil, nil
+	}
+	who, _ := l.take()
+	if who.Pid == 0 {
+		return nil, nil
+	}
+	return m.stopVMM(ctx, id, who, false)
+}
+
 // logsStep makes the sandbox's logs before anything writes to them and
 // journals the ones the journal does not have yet, so rm and the reaper
 // know them from the journal, not only by name. Its undo journals any it
@@ -232,10 +301,14 @@ func (m *Manager) logsStep(id string) sagas.Step {
 			if err := fsx.MkdirAll(string(m.Root), "logs", 0o700); err != nil {
 				return nil, fmt.Errorf("logs: %w", err)
 			}
+			var rels []string
 			for _, r := range m.logResources(id) {
-				if err := fsx.EnsureFile(string(m.Root), r.Path, 0o600); err != nil {
-					return nil, fmt.Errorf("log: %w", err)
-				}
+				rels = append(rels, r.Path)
+			}
+			// One fsync of logs/ makes all three names durable, before
+			// the journal claims any of them.
+			if err := fsx.EnsureFiles(string(m.Root), rels, 0o600); err != nil {
+				return nil, fmt.Errorf("log: %w", err)
 			}
 			return claims(ctx)
 		},

@@ -121,6 +121,10 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 			Boot: plan.bootCfg, Labels: spec.Labels}
 	}))
 	retire := m.retireStep(held, intents)
+	// The markers' removal is journaled with what follows: a crash before
+	// that append is one before retire-intents was journaled, and recover
+	// retires whatever is left (retireLeftoverIntents).
+	retire.Defer = true
 	retireDo := retire.Do
 	retire.Do = func(ctx context.Context) ([]events.Payload, error) {
 		cache.Release() // the commit, and with it the reference, is journaled
@@ -491,7 +495,16 @@ func (m *Manager) materialiseSteps(id string, spec CreateSpec, plan createPlan, 
 			return m.clone("shadow "+sh.Name+" of "+id, sh.Source, dst)
 		}))
 	}
-	return append(steps, m.supervisorStateStep(id, ""), m.recordDirStep(id))
+	// Every one of them is covered by the create intent, published and
+	// leased before the saga: recovering a crash before the journal hears
+	// of them deletes what the intent covers, journaled or not
+	// (undoUncommitted). So their events wait for the record dir's, and
+	// the commit, which reads them back, follows that one append.
+	steps = append(steps, m.supervisorStateStep(id, ""))
+	for i := range steps {
+		steps[i].Defer = true
+	}
+	return append(steps, m.recordDirStep(id))
 }
 
 // diskStep materialises one disk; its undo deletes it, but only if this

@@ -134,12 +134,14 @@ func TestCreateUndoesAFailedStep(t *testing.T) {
 	}{
 		{name: "intents journaled", journal: events.IntentWritten, says: "intents: injected"},
 		{name: "image cache entry", journal: events.ImageCachePrepared, says: "image-cache: injected"},
-		{name: "OS disk", journal: events.DiskMaterialised, says: "os-disk: injected"},
-		{name: "supervisor state", journal: events.ResourceCreated, says: "supervisor-state: injected"},
+		// The disks and the supervisor state are journaled with the record
+		// dir, in one append: a refusal names every step in it.
+		{name: "OS disk", journal: events.DiskMaterialised, says: "os-disk+workspace-disk+supervisor-state+record-dir: injected"},
+		{name: "supervisor state", journal: events.ResourceCreated, says: "os-disk+workspace-disk+supervisor-state+record-dir: injected"},
 		{name: "commit", journal: events.SandboxCreated, says: "commit: injected"},
 		{name: "run marker", journal: events.FlushPending, committed: true, says: "run-mark: injected"},
 		{name: "supervisor start", launcher: "supervisor", committed: true, says: "supervisor: injected"},
-		{name: "supervisor recorded", journal: events.SupervisorStarted, committed: true, says: "supervisor: injected"},
+		{name: "supervisor recorded", journal: events.SupervisorStarted, committed: true, says: "supervisor+vmm: injected"},
 		{name: "VMM start", launcher: "VMM", committed: true, says: "vmm: injected"},
 		{name: "VMM dies before answering", dies: "VMM", committed: true, says: "VMM exited before answering"},
 		{name: "VMM recorded", journal: events.SandboxStarted, committed: true, says: "vmm: injected"},

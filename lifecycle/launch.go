@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -109,7 +110,16 @@ func openLog(root, logPath string) (*os.File, error) {
 	if err := fsx.MkdirAll(root, "logs", 0o700); err != nil {
 		return nil, fmt.Errorf("log: %w", err)
 	}
-	logf, err := fsx.OpenFile(root, logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	logf, err := fsx.OpenFile(root, logPath, os.O_WRONLY|os.O_APPEND, 0)
+	if err == nil {
+		// Made by a boot's logs step, which fsynced logs/ before the
+		// journal claimed it, or created below by an earlier launch.
+		return logf, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("log: %w", err)
+	}
+	logf, err = fsx.OpenFile(root, logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("log: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -39,7 +40,16 @@ type Step struct {
 	// Pivot marks the point of no return (a create's commit): once its
 	// events are journaled the saga only goes forward, so a later failure
 	// undoes the steps after it and keeps this one and everything before.
+	// A pivot's events are never held for a later append.
 	Pivot bool
+	// Defer holds the step's events for the next step's append, which
+	// records both: one fsynced append instead of two. Set it only where
+	// the step's effect need not be durable before the next step runs:
+	// recovering a crash after both ran, neither journaled, must be what
+	// recovering one before this step was journaled is. A step that fails
+	// or an interruption records what is held first, then compensates.
+	// The step's AfterRecord hook runs once the append is acknowledged.
+	Defer bool
 }
 
 // Phase says where a hook runs relative to a step's events.
@@ -159,6 +169,27 @@ func (s *Saga) Run(ctx context.Context, j Journal) (err error) {
 		ctx = context.WithoutCancel(ctx)
 	}
 	pivot := -1
+	// held are steps that ran and whose events wait for the next append.
+	var held []recorded
+	// flush records what is held; it reports the held steps' names with
+	// the error.
+	flush := func(ctx context.Context) error {
+		if len(held) == 0 {
+			return nil
+		}
+		batch := held
+		held = nil
+		if err := s.recordAll(ctx, j, true, batch...); err != nil {
+			return fmt.Errorf("%s: %w", stepNames(batch), err)
+		}
+		for _, r := range batch {
+			if r.pivot {
+				pivot = r.index
+			}
+			s.hook(r.step, AfterRecord)
+		}
+		return nil
+	}
 	for i, st := range s.Steps {
 		if s.Done[st.Name] {
 			if st.Pivot {
@@ -167,25 +198,37 @@ func (s *Saga) Run(ctx context.Context, j Journal) (err error) {
 			continue
 		}
 		if ctx.Err() != nil {
-			return s.compensate(ctx, j, i-1, pivot, fmt.Errorf("%s: interrupted before %s: %w", s.Kind, st.Name, context.Cause(ctx)))
+			cause := fmt.Errorf("%s: interrupted before %s: %w", s.Kind, st.Name, context.Cause(ctx))
+			if err := flush(ctx); err != nil {
+				cause = fmt.Errorf("%w (recording %w)", cause, err)
+			}
+			return s.compensate(ctx, j, i-1, pivot, cause)
 		}
 		sctx, endStep := s.trace(ctx, st.Name)
 		ps, err := st.Do(sctx)
 		if err == nil {
 			s.hook(st.Name, BeforeRecord)
-			err = s.record(sctx, j, true, st.Name, ps...)
+			held = append(held, recorded{step: st.Name, index: i, pivot: st.Pivot, ps: ps})
+			if st.Defer && !st.Pivot && i < len(s.Steps)-1 {
+				endStep(nil)
+				continue
+			}
+			err = flush(sctx)
+		} else {
+			// What ran before this step took effect: it is journaled
+			// before anything is undone.
+			if ferr := flush(sctx); ferr != nil {
+				err = fmt.Errorf("%w (recording %w)", err, ferr)
+			}
+			err = fmt.Errorf("%s: %w", st.Name, err)
 		}
 		endStep(err)
 		if err != nil && s.Forward {
-			return fmt.Errorf("%w: %s: %s: %w", ErrLeftOpen, s.Kind, st.Name, err)
+			return fmt.Errorf("%w: %s: %w", ErrLeftOpen, s.Kind, err)
 		}
 		if err != nil {
-			return s.compensate(ctx, j, i, pivot, fmt.Errorf("%s: %s: %w", s.Kind, st.Name, err))
+			return s.compensate(ctx, j, i, pivot, fmt.Errorf("%s: %w", s.Kind, err))
 		}
-		if st.Pivot {
-			pivot = i
-		}
-		s.hook(st.Name, AfterRecord)
 	}
 	// Every step took effect and is journaled: the end is a fact, not a
 	// decision (and after rm the sandbox has no state left to expect).
@@ -267,25 +310,49 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
+// recorded is one step's events, as record journals them.
+type recorded struct {
+	step  string
+	index int  // the step's place in Steps
+	pivot bool // the step is a pivot
+	ps    []events.Payload
+}
+
+// stepNames names the steps of a batch, joined with "+".
+func stepNames(batch []recorded) string {
+	names := make([]string, len(batch))
+	for i, r := range batch {
+		names[i] = r.step
+	}
+	return strings.Join(names, "+")
+}
+
 // record journals a step's events. Each gets a step name unique within the
 // saga (name, name#2, ...), which is also its de-duplication id.
 // A guarded record carries the saga's expectations and advances them.
 func (s *Saga) record(ctx context.Context, j Journal, guarded bool, step string, ps ...events.Payload) error {
-	if len(ps) == 0 {
-		return nil
-	}
+	return s.recordAll(ctx, j, guarded, recorded{step: step, ps: ps})
+}
+
+// recordAll journals the events of several steps in one append.
+func (s *Saga) recordAll(ctx context.Context, j Journal, guarded bool, batch ...recorded) error {
 	now := time.Now
 	if s.Now != nil {
 		now = s.Now
 	}
-	evs := make([]events.Event, 0, len(ps))
-	for i, p := range ps {
-		e := events.New(ulid.Make(), now(), s.Sandbox, p)
-		e.Saga, e.Step = s.ID, step
-		if i > 0 {
-			e.Step = fmt.Sprintf("%s#%d", step, i+1)
+	var evs []events.Event
+	for _, r := range batch {
+		for i, p := range r.ps {
+			e := events.New(ulid.Make(), now(), s.Sandbox, p)
+			e.Saga, e.Step = s.ID, r.step
+			if i > 0 {
+				e.Step = fmt.Sprintf("%s#%d", r.step, i+1)
+			}
+			evs = append(evs, e)
 		}
-		evs = append(evs, e)
+	}
+	if len(evs) == 0 {
+		return nil
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), orDefault(s.RecordTimeout, time.Minute))
 	defer cancel()

@@ -16,9 +16,16 @@ import (
 type memJournal struct {
 	evs   []events.Event
 	sagas *projections.Sagas
+	// appends holds each append's steps, one slice per call.
+	appends [][]string
 }
 
 func (m *memJournal) Append(_ context.Context, evs ...events.Event) ([]uint64, error) {
+	var call []string
+	for _, e := range evs {
+		call = append(call, e.Step)
+	}
+	m.appends = append(m.appends, call)
 	var seqs []uint64
 	for _, e := range evs {
 		if _, err := events.Encode(e); err != nil {
@@ -310,5 +317,57 @@ func TestForwardSagaIgnoresInterruptionAndStaysOpenOnFailure(t *testing.T) {
 	}
 	if len(j.sagas.Open()) != 1 {
 		t.Fatal("a failed teardown must stay open for recover to finish")
+	}
+}
+
+// A deferred step's events go in the next step's append; its AfterRecord
+// hook waits for that append. A step that fails, or an interruption,
+// records what is held before anything is undone.
+func TestDeferredStepsShareTheNextAppend(t *testing.T) {
+	for _, interrupt := range []bool{false, true} {
+		j := &memJournal{sagas: projections.NewSagas()}
+		ctx, cancel := context.WithCancel(context.Background())
+		var order []string
+		step := func(name string, deferred, fail bool) Step {
+			return Step{Name: name, Defer: deferred,
+				Do: func(context.Context) ([]events.Payload, error) {
+					if name == "d" && interrupt {
+						cancel()
+					}
+					if fail {
+						return nil, errors.New("boom")
+					}
+					if name == "b" {
+						return nil, nil
+					}
+					return One(events.DiskMaterialisedEvent{Resource: res(name)}), nil
+				},
+				Undo: func(context.Context) ([]events.Payload, error) { order = append(order, "undo:"+name); return nil, nil }}
+		}
+		s := &Saga{Kind: "create", Sandbox: "01JDQ4Z6X1M9A3Y0C5TB2R8NKW",
+			Steps: []Step{step("a", true, false), step("b", true, false), step("c", false, false), step("d", true, false), step("e", false, true)},
+			Hook:  func(kind, step string, phase Phase) { order = append(order, string(phase)+":"+step) }}
+		err := s.Run(ctx, j)
+		if !errors.Is(err, ErrCompensated) {
+			t.Fatalf("interrupt=%v: %v, want compensated", interrupt, err)
+		}
+		want := []string{"after:saga.started", "before:a", "before:b", "before:c", "after:a", "after:b", "after:c", "before:d", "after:d"}
+		undoFrom := "undo:e"
+		if interrupt {
+			undoFrom = "undo:d" // e never ran
+		}
+		for _, u := range []string{"undo:e", "undo:d", "undo:c", "undo:b", "undo:a"} {
+			if u == "undo:e" && undoFrom != u {
+				continue
+			}
+			want = append(want, u)
+		}
+		if !reflect.DeepEqual(order, want) {
+			t.Fatalf("interrupt=%v: order\n%v\nwant\n%v", interrupt, order, want)
+		}
+		wantAppends := [][]string{{"saga.started"}, {"a", "c"}, {"d"}, {"saga.compensated"}}
+		if !reflect.DeepEqual(j.appends, wantAppends) {
+			t.Fatalf("interrupt=%v: appends %v, want %v", interrupt, j.appends, wantAppends)
+		}
 	}
 }

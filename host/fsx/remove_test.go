@@ -114,3 +114,27 @@ func TestEnsureFileRefusesSymlinksAndKeepsContent(t *testing.T) {
 		t.Fatal("outside file changed")
 	}
 }
+
+// EnsureFiles makes every path it is given, in more than one directory,
+// and refuses a link among them as EnsureFile does, keeping what it made
+// before it.
+func TestEnsureFilesMakesEachAndRefusesALink(t *testing.T) {
+	root := t.TempDir()
+	os.Mkdir(filepath.Join(root, "logs"), 0o700)
+	os.Mkdir(filepath.Join(root, "run"), 0o700)
+	if err := EnsureFiles(root, []string{"logs/a.log", "run/b", "logs/c.log"}, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, rel := range []string{"logs/a.log", "run/b", "logs/c.log"} {
+		if fi, err := os.Lstat(filepath.Join(root, rel)); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v", rel, fi, err)
+		}
+	}
+	os.Symlink(filepath.Join(t.TempDir(), "target"), filepath.Join(root, "logs", "link.log"))
+	if err := EnsureFiles(root, []string{"logs/d.log", "logs/link.log"}, 0o600); !errors.Is(err, ErrSymlink) {
+		t.Fatalf("a link among them: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "logs", "d.log")); err != nil {
+		t.Fatalf("the file made before the link: %v", err)
+	}
+}
