@@ -52,9 +52,10 @@ func fleetAggregateCmd() *cobra.Command {
 	var conn fleetConn
 	var hosts []string
 	var replicas int
+	var keep bool
 	c := &cobra.Command{
 		Use:   "aggregate --host NAME [--host NAME...]",
-		Short: "As the aggregator: create the fleet's aggregate stream (" + fleetstate.AggregateStream + ") from the hosts' mirrors, add hosts to it, and set its resume points",
+		Short: "As the aggregator: create the fleet's aggregate stream (" + fleetstate.AggregateStream + ") from the hosts' mirrors, add hosts to it, and set its resume points; --keep keeps it current",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var names []string
@@ -64,12 +65,13 @@ func fleetAggregateCmd() *cobra.Command {
 			if len(names) == 0 {
 				return usageError{errors.New("name at least one --host")}
 			}
-			return fleetAggregate(cmd, &conn, names, replicas)
+			return fleetAggregate(cmd, &conn, names, replicas, keep)
 		},
 	}
 	conn.flags(c)
 	c.Flags().StringArrayVar(&hosts, "host", nil, "a host name of the fleet (repeat, or separate with commas)")
 	c.Flags().IntVar(&replicas, "replicas", 0, "replicas when created (0: 3 where the fleet has room, else 1)")
+	c.Flags().BoolVar(&keep, "keep", false, "keep running: set sources that stall behind their mirrors up again (after an outage) and the resume points every minute, until interrupted")
 	return c
 }
 

@@ -47,8 +47,10 @@ type Auditor struct {
 }
 
 // Dial connects as an auditor of `nexus fleet template`.
-func Dial(natsURL, credsFile string) (*Auditor, error) {
-	opts := []nats.Option{nats.Name("nexus fleet"), nats.Timeout(connectTimeout)}
+func Dial(natsURL, credsFile string) (*Auditor, error) { return dial(natsURL, credsFile) }
+
+func dial(natsURL, credsFile string, more ...nats.Option) (*Auditor, error) {
+	opts := append([]nats.Option{nats.Name("nexus fleet"), nats.Timeout(connectTimeout)}, more...)
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
 	}

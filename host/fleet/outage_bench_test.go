@@ -116,19 +116,19 @@ func mirrorsHold(tb testing.TB, a jetstream.JetStream, ms []*Mirror, n uint64) t
 // start again. Reported: how long after the restart every mirror held
 // its journal, how long the aggregate took to hold every host event,
 // and their ratio, which is to stay within 2. "alone" leaves the
-// aggregate's sources to the server's retries; "aggregate-rerun" has the
-// aggregator run `nexus fleet aggregate` (EnsureAggregate) once the
-// mirrors are current, which moves the sources' resume points and so
-// sets them up again at once.
+// aggregate's sources to the server's retries; "kept" has the
+// aggregator keep the aggregate throughout (KeepAggregate, as `nexus
+// fleet aggregate --keep` does), which steps its leader down when
+// sources stall behind their mirrors.
 func BenchmarkFleetAggregateAfterOutage(b *testing.B) {
-	for _, rerun := range []bool{false, true} {
+	for _, keep := range []bool{false, true} {
 		name := "alone"
-		if rerun {
-			name = "aggregate-rerun"
+		if keep {
+			name = "kept"
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
-				mirrors, aggregate := aggregateAfterOutage(b, rerun)
+				mirrors, aggregate := aggregateAfterOutage(b, keep)
 				b.ReportMetric(mirrors.Seconds(), "s-mirrors")
 				b.ReportMetric(aggregate.Seconds(), "s-aggregate")
 				b.ReportMetric(aggregate.Seconds()/mirrors.Seconds(), "aggregate/mirrors")
@@ -139,7 +139,7 @@ func BenchmarkFleetAggregateAfterOutage(b *testing.B) {
 
 // aggregateAfterOutage runs one outage and returns how long after the
 // nodes were back every mirror and the aggregate were current.
-func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Duration) {
+func aggregateAfterOutage(b *testing.B, keep bool) (mirrors, aggregate time.Duration) {
 	const hosts, before, during = 4, 200, 1000
 	names := make([]string, hosts)
 	for i := range names {
@@ -164,6 +164,23 @@ func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Dur
 	}
 	ensure()
 	aggregateHolds(b, aggregateReader(b, c), hosts*before)
+	if keep {
+		agg, err := DialAggregator(c.userURL("aggregator", 0), "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		kept := make(chan struct{})
+		go func() {
+			defer close(kept)
+			agg.KeepAggregate(ctx, names, 0, KeepInterval, KeepResumeEvery, func(s string) { b.Logf("%s keep: %s", time.Now().Format("15:04:05.000"), s) })
+		}()
+		b.Cleanup(func() {
+			cancel()
+			<-kept
+			agg.Close()
+		})
+	}
 
 	for _, n := range c.nodes {
 		n.Shutdown()
@@ -176,15 +193,13 @@ func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Dur
 		c.start(b, i)
 	}
 	back := time.Now()
+	b.Logf("%s the nodes are back", back.Format("15:04:05.000"))
 	for _, n := range c.nodes {
 		if !n.ReadyForConnections(testutil.Scale(30 * time.Second)) {
 			b.Fatal("a fleet node not ready after the outage")
 		}
 	}
 	mirrors = mirrorsHold(b, c.auditor(b, 0), ms, before+during).Sub(back)
-	if rerun {
-		ensure()
-	}
 	aggregate = aggregateHolds(b, aggregateReader(b, c), hosts*(before+during)).Sub(back)
 	return mirrors, aggregate
 }
