@@ -210,13 +210,15 @@ func aggregateAfterOutage(b *testing.B, keep bool) (mirrors, aggregate time.Dura
 // drained) and, in the same run, by a raw ordered consumer of the
 // aggregate with the auditor's identity, each message's data only
 // touched. Reported: each in events/s and their ratio, which is to stay
-// at 0.5 or more.
+// at 0.5 or more. NEXUS_BENCH_OTHER_NEXUS names another nexus (an older
+// build, its nexusd beside it) whose `fleet events` runs in the same ops.
 func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 	const hosts, each = 2, 25_000
 	dir := b.TempDir()
 	if err := testutil.BuildNexusIn(dir); err != nil {
 		b.Fatal(err)
 	}
+	other := os.Getenv("NEXUS_BENCH_OTHER_NEXUS")
 	names := []string{"host-a", "host-b"}
 	c := startTemplateFleet(b, names, nil)
 	js, _ := c.openHosts(b, 0)
@@ -278,32 +280,47 @@ func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 		scan := time.Since(began)
 		f.Close()
 
-		// The same aggregate through `nexus fleet events`.
-		cmd := exec.Command(filepath.Join(dir, "nexus"), "fleet", "events")
-		cmd.Env = append(os.Environ(), "NEXUS_FLEET_URL="+c.auditorURL(0), "NEXUS_STATE_DIR="+b.TempDir())
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		began = time.Now()
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		lines := countLines(b, out)
-		if err := cmd.Wait(); err != nil {
-			b.Fatalf("fleet events: %v: %s", err, stderr.String())
-		}
-		events := time.Since(began)
-		if lines < hosts*each {
-			b.Fatalf("fleet events printed %d lines for %d events: %s", lines, hosts*each, stderr.String())
+		// The same aggregate through `nexus fleet events`, and through
+		// another build's when one is named.
+		events := fleetEventsRun(b, filepath.Join(dir, "nexus"), c.auditorURL(0), hosts*each)
+		if other != "" {
+			o := fleetEventsRun(b, other, c.auditorURL(0), hosts*each)
+			b.ReportMetric(float64(hosts*each)/o.Seconds(), "events/s-other")
+			b.ReportMetric(raw.Seconds()/o.Seconds(), "other/raw")
 		}
 		b.ReportMetric(float64(hosts*each)/raw.Seconds(), "events/s-raw")
 		b.ReportMetric(float64(hosts*each)/events.Seconds(), "events/s-fleet-events")
 		b.ReportMetric(float64(hosts*each)/scan.Seconds(), "events/s-scan")
 		b.ReportMetric(raw.Seconds()/events.Seconds(), "fleet-events/raw")
 	}
+}
+
+// fleetEventsRun runs `nexus fleet events` of the binary bin over the
+// whole aggregate, its output drained, and returns how long it took; it
+// fails unless every one of n events was printed.
+func fleetEventsRun(b *testing.B, bin, url string, n int) time.Duration {
+	b.Helper()
+	cmd := exec.Command(bin, "fleet", "events")
+	cmd.Env = append(os.Environ(), "NEXUS_FLEET_URL="+url, "NEXUS_STATE_DIR="+b.TempDir())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	began := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	lines := countLines(b, out)
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("%s fleet events: %v: %s", bin, err, stderr.String())
+	}
+	took := time.Since(began)
+	if lines < n {
+		b.Fatalf("%s fleet events printed %d lines for %d events: %s", bin, lines, n, stderr.String())
+	}
+	return took
 }
 
 // countLines drains r and counts its lines.
