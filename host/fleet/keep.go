@@ -69,10 +69,10 @@ func stalled(prev map[string]uint64, cur []sourceView) []string {
 // sources' resume points), it looks at the sources every interval, and
 // when some are stalled (stalled) it has the aggregate's leader step
 // down: the new leader sets every source up again at once from what the
-// aggregate holds. Left alone, nats-server retries a source whose setup
-// failed or went unanswered (a fleet coming back from an outage loses
-// such requests) after 5 s times twice its failures, up to 2 minutes,
-// and the aggregate trails its mirrors by that much. Step-downs are
+// aggregate holds. Left alone, nats-server waits 30 s for the answer to
+// a source's setup request (a fleet coming back from an outage loses
+// such requests), then retries after 5 s times twice its failures, up
+// to 2 minutes, and the aggregate trails its mirrors by that much. Step-downs are
 // spaced: after one, the next waits at least 4 intervals, doubling while
 // the same sources stay stalled, up to 2 minutes. A one-replica
 // aggregate has no leader to step down; its stalls are reported and
