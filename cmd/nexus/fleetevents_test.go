@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -37,3 +39,49 @@ func TestFleetEventsSkipsAnUndecodableRecord(t *testing.T) {
 		t.Fatalf("stdout: %q", out.String())
 	}
 }
+
+// A whole read decodes on every core and prints exactly what one
+// goroutine printing record after record prints, in the same order, an
+// undecodable record reported and gone past; a failing write is the
+// read's error.
+func TestFleetEventsOrderedPrintsWhatTheSerialPrints(t *testing.T) {
+	var recs []replay.FleetRecord
+	for i := range 1000 {
+		data, err := events.Encode(events.New(ulid.Make(), time.Unix(int64(i), 0), ulid.Make().String(), events.SandboxCreatedEvent{Image: "i", Driver: "process"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 300 {
+			data = []byte("not an event")
+		}
+		recs = append(recs, replay.FleetRecord{Host: "host-a", Seq: uint64(i + 1), FleetSeq: uint64(i + 1), Data: data})
+	}
+	read := func(fn func(replay.FleetRecord) error) error {
+		for _, r := range recs {
+			if err := fn(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, o := range []*output{{}, {json: true}} {
+		var want, wantErr, got, gotErr bytes.Buffer
+		if err := read(printFleetEvent(&want, &wantErr, o)); err != nil {
+			t.Fatal(err)
+		}
+		if err := printFleetEventsOrdered(&got, &gotErr, o, read); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != want.String() || gotErr.String() != wantErr.String() || strings.Count(got.String(), "\n") != 999 {
+			t.Fatalf("json %v: ordered printed %d lines (stderr %q), the serial %d (stderr %q)", o.json,
+				strings.Count(got.String(), "\n"), gotErr.String(), strings.Count(want.String(), "\n"), wantErr.String())
+		}
+	}
+	if err := printFleetEventsOrdered(failingWriter{}, io.Discard, &output{}, read); err == nil || !strings.Contains(err.Error(), "output closed") {
+		t.Fatalf("a failing output: %v", err)
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("output closed") }

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -52,9 +55,10 @@ func fleetAggregateCmd() *cobra.Command {
 	var conn fleetConn
 	var hosts []string
 	var replicas int
+	var keep bool
 	c := &cobra.Command{
 		Use:   "aggregate --host NAME [--host NAME...]",
-		Short: "As the aggregator: create the fleet's aggregate stream (" + fleetstate.AggregateStream + ") from the hosts' mirrors, add hosts to it, and set its resume points",
+		Short: "As the aggregator: create the fleet's aggregate stream (" + fleetstate.AggregateStream + ") from the hosts' mirrors, add hosts to it, and set its resume points; --keep keeps it current",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var names []string
@@ -64,12 +68,13 @@ func fleetAggregateCmd() *cobra.Command {
 			if len(names) == 0 {
 				return usageError{errors.New("name at least one --host")}
 			}
-			return fleetAggregate(cmd, &conn, names, replicas)
+			return fleetAggregate(cmd, &conn, names, replicas, keep)
 		},
 	}
 	conn.flags(c)
 	c.Flags().StringArrayVar(&hosts, "host", nil, "a host name of the fleet (repeat, or separate with commas)")
 	c.Flags().IntVar(&replicas, "replicas", 0, "replicas when created (0: 3 where the fleet has room, else 1)")
+	c.Flags().BoolVar(&keep, "keep", false, "keep running: set sources that stall behind their mirrors up again (after an outage) and the resume points every minute, until interrupted")
 	return c
 }
 
@@ -173,4 +178,97 @@ func fleetSandboxCmd[T any](use, short string, read func(replay.FleetReader, str
 	conn.flags(c)
 	o = addOutput(c, true)
 	return c
+}
+
+// printFleetEventsOrdered prints what read yields as printFleetEvent
+// does, decoding and formatting batches of records on every core while
+// read goes on, and writing them in the order read yielded them: a
+// whole read of the aggregate spends most of its time decoding and
+// formatting, which one goroutine behind the read would leave to one
+// core. It stops read at the first write or format error and returns
+// it.
+func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(replay.FleetRecord) error) error) error {
+	const batchSize = 256
+	type batch struct {
+		recs      []replay.FleetRecord
+		out, errs bytes.Buffer
+		err       error
+		done      chan struct{}
+	}
+	workers := runtime.GOMAXPROCS(0)
+	jobs := make(chan *batch, workers)
+	order := make(chan *batch, 2*workers)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for b := range jobs {
+				print := printFleetEvent(&b.out, &b.errs, o)
+				for _, r := range b.recs {
+					if b.err = print(r); b.err != nil {
+						break
+					}
+				}
+				close(b.done)
+			}
+		}()
+	}
+	// The writer waits for each batch in turn; after a failure it still
+	// waits for every batch sent, so no worker is left blocked.
+	failed := make(chan struct{})
+	written := make(chan error, 1)
+	go func() {
+		var err error
+		for b := range order {
+			<-b.done
+			if err != nil {
+				continue
+			}
+			if _, werr := errOut.Write(b.errs.Bytes()); werr != nil {
+				err = werr
+			} else if _, werr := out.Write(b.out.Bytes()); werr != nil {
+				err = werr
+			} else {
+				err = b.err
+			}
+			if err != nil {
+				close(failed)
+			}
+		}
+		written <- err
+	}()
+	var cur *batch
+	send := func() {
+		if cur != nil {
+			order <- cur
+			jobs <- cur
+			cur = nil
+		}
+	}
+	errFailed := errors.New("output failed")
+	err := read(func(r replay.FleetRecord) error {
+		select {
+		case <-failed:
+			return errFailed
+		default:
+		}
+		if cur == nil {
+			cur = &batch{recs: make([]replay.FleetRecord, 0, batchSize), done: make(chan struct{})}
+		}
+		cur.recs = append(cur.recs, r)
+		if len(cur.recs) == batchSize {
+			send()
+		}
+		return nil
+	})
+	send()
+	close(order)
+	close(jobs)
+	wg.Wait()
+	werr := <-written
+	if werr != nil {
+		return werr
+	}
+	return err
 }

@@ -3,11 +3,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strings"
 	"time"
 
@@ -22,6 +22,10 @@ import (
 // dial connects, or says which flag is missing (exit 2). A record a read
 // skips is reported on stderr.
 func (c *fleetConn) dial(cmd *cobra.Command) (*fleet.Auditor, error) {
+	return c.dialWith(cmd, fleet.Dial)
+}
+
+func (c *fleetConn) dialWith(cmd *cobra.Command, dial func(url, creds string) (*fleet.Auditor, error)) (*fleet.Auditor, error) {
 	if c.url == "" {
 		c.url = os.Getenv("NEXUS_FLEET_URL")
 	} else if strings.Contains(c.url, "@") {
@@ -30,7 +34,7 @@ func (c *fleetConn) dial(cmd *cobra.Command) (*fleet.Auditor, error) {
 	if c.url == "" {
 		return nil, usageError{errors.New("name the fleet with --nats URL or NEXUS_FLEET_URL")}
 	}
-	f, err := fleet.Dial(c.url, c.creds)
+	f, err := dial(c.url, c.creds)
 	if err != nil {
 		return nil, err
 	}
@@ -50,8 +54,9 @@ func fleetReader(ctx context.Context, f *fleet.Auditor, r fleet.Range) replay.Fl
 	}
 }
 
-// fleetAggregate creates or extends the fleet's aggregate stream.
-func fleetAggregate(cmd *cobra.Command, conn *fleetConn, names []string, replicas int) error {
+// fleetAggregate creates or extends the fleet's aggregate stream, and
+// with keep goes on keeping it until interrupted.
+func fleetAggregate(cmd *cobra.Command, conn *fleetConn, names []string, replicas int, keep bool) error {
 	for _, h := range names {
 		if err := fleetstate.ValidHostName(h); err != nil {
 			return usageError{fmt.Errorf("--host: %w", err)}
@@ -60,7 +65,11 @@ func fleetAggregate(cmd *cobra.Command, conn *fleetConn, names []string, replica
 	if replicas < 0 || replicas > 5 {
 		return usageError{fmt.Errorf("--replicas %d: want 1 to 5", replicas)}
 	}
-	f, err := conn.dial(cmd)
+	dial := fleet.Dial
+	if keep {
+		dial = fleet.DialAggregator
+	}
+	f, err := conn.dialWith(cmd, dial)
 	if err != nil {
 		return err
 	}
@@ -74,7 +83,14 @@ func fleetAggregate(cmd *cobra.Command, conn *fleetConn, names []string, replica
 		return err
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "%s: sourced from %s (added: %s)\n", fleet.AggregateStream, strings.Join(all, ", "), dash(strings.Join(added, ", ")))
-	return nil
+	if !keep {
+		return nil
+	}
+	// Until the first SIGINT or SIGTERM, which cancels the command's
+	// context.
+	return f.KeepAggregate(cmd.Context(), names, replicas, fleet.KeepInterval, fleet.KeepResumeEvery, func(s string) {
+		fmt.Fprintf(cmd.ErrOrStderr(), "nexus: %s %s\n", time.Now().UTC().Format(time.RFC3339), s)
+	})
 }
 
 // fleetEvents prints the aggregate's events from --since, filtered.
@@ -110,14 +126,15 @@ func fleetEvents(cmd *cobra.Command, conn *fleetConn, hosts, types []string, san
 		}
 		return err
 	}
-	// A whole read is written in large writes, not a write per event; a
-	// followed one is written as each event comes.
-	out := bufio.NewWriterSize(cmd.OutOrStdout(), 64<<10)
-	err = fleetReader(ctx, f, r)(filters, printFleetEvent(out, cmd.ErrOrStderr(), o))
-	if ferr := out.Flush(); err == nil {
-		err = ferr
-	}
-	return err
+	// A whole read is decoded on every core and written a batch at a
+	// time; a followed one is written as each event comes. It keeps
+	// little alive (the batches in flight) and allocates for each
+	// record: collecting less often costs little memory and much less
+	// time.
+	debug.SetGCPercent(400)
+	return printFleetEventsOrdered(cmd.OutOrStdout(), cmd.ErrOrStderr(), o, func(fn func(replay.FleetRecord) error) error {
+		return fleetReader(ctx, f, r)(filters, fn)
+	})
 }
 
 // fleetSandbox reads the whole aggregate about one sandbox and prints the

@@ -138,6 +138,37 @@ func TestFleetWideReads(t *testing.T) {
 	if r := mustOK(t, aggregate("--host", "host-b"), "aggregate again"); !strings.Contains(r.stdout, "(added: -)") {
 		t.Fatalf("aggregate again: %q", r.stdout)
 	}
+	// The aggregator keeps the aggregate for the rest of the test, and a
+	// SIGTERM ends that with success.
+	keep := exec.Command(nexusBin, "--state-dir", t.TempDir(), "fleet", "aggregate", "--host", "host-a,host-b", "--keep")
+	keep.Env = append(os.Environ(), aggEnv...)
+	var keepOut, keepErr testutil.Buffer
+	keep.Stdout, keep.Stderr = &keepOut, &keepErr
+	if err := keep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	kept := make(chan error, 1)
+	go func() { kept <- keep.Wait() }()
+	defer func() {
+		keep.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-kept:
+			if err != nil || t.Failed() {
+				t.Errorf("aggregate --keep after SIGTERM: %v\n%s", err, keepErr.String())
+			}
+		case <-time.After(testutil.Scale(30 * time.Second)):
+			keep.Process.Kill()
+			t.Errorf("aggregate --keep still running 30 s after SIGTERM:\n%s", keepErr.String())
+		}
+	}()
+	waitUntil(t, "aggregate --keep's first run", func() bool {
+		select {
+		case err := <-kept:
+			t.Fatalf("aggregate --keep ended: %v\n%s", err, keepErr.String())
+		default:
+		}
+		return strings.Contains(keepOut.String(), "(added: -)")
+	})
 
 	// Every event of both journals, each with its host and its sequence
 	// there, once the mirrors and the aggregate have them.

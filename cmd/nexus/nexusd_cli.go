@@ -101,7 +101,7 @@ func fleetTemplate(*cobra.Command, []string, templateFlags, string, string) erro
 	return execNexusd()
 }
 
-func fleetAggregate(*cobra.Command, *fleetConn, []string, int) error { return execNexusd() }
+func fleetAggregate(*cobra.Command, *fleetConn, []string, int, bool) error { return execNexusd() }
 
 func fleetEvents(*cobra.Command, *fleetConn, []string, []string, string, string, bool, *output) error {
 	return execNexusd()

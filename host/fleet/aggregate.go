@@ -47,8 +47,10 @@ type Auditor struct {
 }
 
 // Dial connects as an auditor of `nexus fleet template`.
-func Dial(natsURL, credsFile string) (*Auditor, error) {
-	opts := []nats.Option{nats.Name("nexus fleet"), nats.Timeout(connectTimeout)}
+func Dial(natsURL, credsFile string) (*Auditor, error) { return dial(natsURL, credsFile) }
+
+func dial(natsURL, credsFile string, more ...nats.Option) (*Auditor, error) {
+	opts := append([]nats.Option{nats.Name("nexus fleet"), nats.Timeout(connectTimeout)}, more...)
 	if credsFile != "" {
 		opts = append(opts, nats.UserCredentials(credsFile))
 	}
@@ -238,8 +240,9 @@ func (f *Auditor) Scan(ctx context.Context, r journal.Range, fn func(Record) err
 	// yielded for its host is such a copy, and each host record is
 	// yielded once.
 	seen := hostSeqs{}
+	check := sourceCheck{}
 	return journal.ScanStream(ctx, s, r, func(rec journal.Record) error {
-		src, err := checkSource(rec.Subject, rec.Source)
+		src, err := check.check(rec.Subject, rec.Source)
 		if err != nil {
 			if f.Reject != nil {
 				f.Reject(Rejected{Stream: AggregateStream, Seq: rec.Seq, Subject: rec.Subject, Reason: err.Error()})
@@ -280,19 +283,35 @@ type aggSource struct {
 // host sequence, under the subject it had there (the aggregate transforms
 // none). Anything else was put there by other means than the sourcing.
 func checkSource(subject, header string) (aggSource, error) {
+	return sourceCheck(nil).check(subject, header)
+}
+
+// sourceCheck is checkSource with, for a read of many records, each
+// valid host name it met and that host's mirror stream: checking a name
+// and spelling its stream once per host, not per record.
+type sourceCheck map[string]string
+
+func (c sourceCheck) check(subject, header string) (aggSource, error) {
 	host, _, _ := strings.Cut(subject, ".")
-	if err := fleetstate.ValidHostName(host); err != nil {
-		return aggSource{}, fmt.Errorf("subject names no host: %v", err)
+	mirror, known := c[host]
+	if !known {
+		if err := fleetstate.ValidHostName(host); err != nil {
+			return aggSource{}, fmt.Errorf("subject names no host: %v", err)
+		}
+		mirror = MirrorStream(host)
+		if c != nil {
+			c[host] = mirror
+		}
 	}
 	if header == "" {
 		return aggSource{}, fmt.Errorf("no source: not sourced from a host's mirror")
 	}
-	f := strings.Fields(header)
-	if len(f) < 5 {
+	f, ok := sourceFields(header)
+	if !ok {
 		return aggSource{}, fmt.Errorf("source %q: malformed", header)
 	}
 	stream, _, _ := strings.Cut(f[0], ":")
-	if stream != MirrorStream(host) {
+	if stream != mirror {
 		return aggSource{}, fmt.Errorf("sourced from %s, but the subject names host %s", stream, host)
 	}
 	seq, err := strconv.ParseUint(f[1], 10, 64)
@@ -303,6 +322,24 @@ func checkSource(subject, header string) (aggSource, error) {
 		return aggSource{}, fmt.Errorf("stored as %s, but %s holds it as %s", subject, stream, f[4])
 	}
 	return aggSource{host: host, seq: seq}, nil
+}
+
+// sourceFields are the first five space-separated fields of a source
+// header; false when it has fewer.
+func sourceFields(header string) (f [5]string, ok bool) {
+	rest := header
+	for i := range f {
+		rest = strings.TrimLeft(rest, " \t")
+		if rest == "" {
+			return f, false
+		}
+		end := strings.IndexAny(rest, " \t")
+		if end < 0 {
+			end = len(rest)
+		}
+		f[i], rest = rest[:end], rest[end:]
+	}
+	return f, true
 }
 
 // sourceHeader is the header JetStream adds to each sourced record.

@@ -30,6 +30,7 @@ func TestHostSeqsYieldEachHostRecordOnce(t *testing.T) {
 // that host's mirror, a host sequence, and the subject it is stored under.
 func TestCheckSource(t *testing.T) {
 	const subj = "host-b.nexus.events.sandbox.created.s1"
+	shared := sourceCheck{}
 	for _, c := range []struct {
 		subject, header string
 		seq             uint64 // 0: rejected
@@ -37,6 +38,7 @@ func TestCheckSource(t *testing.T) {
 	}{
 		{subj, "NEXUS_HOST_B:Xyz12 7 > > " + subj + " ident1", 7, ""},
 		{subj, "NEXUS_HOST_B 7 > > " + subj, 7, ""},
+		{subj, " NEXUS_HOST_B  7 >\t>  " + subj, 7, ""},
 		{subj, "", 0, "no source"},
 		// Host A's record relabelled as B's by a subject transform.
 		{subj, "NEXUS_HOST_A:Xyz12 7 > > host-a.nexus.events.sandbox.created.s1", 0, "subject names host host-b"},
@@ -46,12 +48,16 @@ func TestCheckSource(t *testing.T) {
 		{subj, "NEXUS_HOST_B 7", 0, "malformed"},
 		{"Host_B.nexus.events.x", "NEXUS_HOST_B 7 > > Host_B.nexus.events.x", 0, "names no host"},
 	} {
-		src, err := checkSource(c.subject, c.header)
-		switch {
-		case c.seq != 0 && (err != nil || src.seq != c.seq || src.host != "host-b"):
-			t.Errorf("%q: %+v, %v; want host-b %d", c.header, src, err, c.seq)
-		case c.seq == 0 && (err == nil || !strings.Contains(err.Error(), c.reason)):
-			t.Errorf("%q on %s: %v; want a refusal saying %q", c.header, c.subject, err, c.reason)
+		// Alone, and twice through one read's check, which remembers
+		// the hosts it met.
+		for _, check := range []func(string, string) (aggSource, error){checkSource, shared.check, shared.check} {
+			src, err := check(c.subject, c.header)
+			switch {
+			case c.seq != 0 && (err != nil || src.seq != c.seq || src.host != "host-b"):
+				t.Errorf("%q: %+v, %v; want host-b %d", c.header, src, err, c.seq)
+			case c.seq == 0 && (err == nil || !strings.Contains(err.Error(), c.reason)):
+				t.Errorf("%q on %s: %v; want a refusal saying %q", c.header, c.subject, err, c.reason)
+			}
 		}
 	}
 }

@@ -153,10 +153,11 @@ func TestFleetAggregate(t *testing.T) {
 	cut.MaxMsgs = 10
 	ajs := c.auditor(t, 0)
 	refusedAll(t, map[string]func(context.Context) error{
-		"the auditor cut the aggregate to 10 records": func(c context.Context) error { _, err := f.js.UpdateStream(c, cut); return err },
-		"the auditor deleted the aggregate":           func(c context.Context) error { return f.js.DeleteStream(c, AggregateStream) },
-		"the auditor purged the aggregate":            func(c context.Context) error { return s.Purge(c) },
-		"the auditor deleted a mirror":                func(c context.Context) error { return ajs.DeleteStream(c, mb.StreamName()) },
+		"the auditor cut the aggregate to 10 records":     func(c context.Context) error { _, err := f.js.UpdateStream(c, cut); return err },
+		"the auditor deleted the aggregate":               func(c context.Context) error { return f.js.DeleteStream(c, AggregateStream) },
+		"the auditor purged the aggregate":                func(c context.Context) error { return s.Purge(c) },
+		"the auditor stepped the aggregate's leader down": func(c context.Context) error { return f.stepDown(c) },
+		"the auditor deleted a mirror":                    func(c context.Context) error { return ajs.DeleteStream(c, mb.StreamName()) },
 		"the auditor updated a mirror": func(c context.Context) error {
 			_, err := ajs.UpdateStream(c, mirrorConfig(t, ajs, mb.StreamName()))
 			return err
@@ -173,6 +174,12 @@ func TestFleetAggregate(t *testing.T) {
 	if info, err := s.Info(ctx); err != nil || info.Config.MaxMsgs != -1 || info.State.Msgs != 11 {
 		t.Fatalf("the aggregate after the refusals: %+v, %v", info, err)
 	}
+	// The aggregator may step its leader down (KeepAggregate); what
+	// follows holds across it.
+	if err := agg.stepDown(ctx); err != nil {
+		t.Fatalf("the aggregator's step-down: %v", err)
+	}
+	awaitLeader(t, f)
 
 	// The operator deletes B's mirror (a repair), B makes it again, and
 	// the aggregate goes on from what it held: the aggregator set its
@@ -227,6 +234,24 @@ func TestFleetAggregate(t *testing.T) {
 
 // awaitFleetRecords waits until the aggregate yields n records, and
 // returns them.
+// awaitLeader waits until the aggregate answers its info with a leader.
+func awaitLeader(t *testing.T, f *Auditor) {
+	t.Helper()
+	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s, err := f.js.Stream(ctx, AggregateStream)
+		cancel()
+		if err == nil && s.CachedInfo().Cluster != nil && s.CachedInfo().Cluster.Leader != "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the aggregate has no leader (%v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func awaitFleetRecords(t *testing.T, f *Auditor, n int) []Record {
 	t.Helper()
 	return awaitScan(t, f, 1, n)

@@ -648,7 +648,9 @@ func localMsgs(node *server.Server, account, stream string) uint64 {
 
 // TestFleetWholeClusterOutage: every node down; the hosts keep appending
 // without waiting on the fleet, status says the link is down, and once the
-// nodes are back the mirrors catch up to exactly the journals.
+// nodes are back the mirrors catch up to exactly the journals, and the
+// aggregate, kept by the aggregator throughout, holds each host event
+// once.
 func TestFleetWholeClusterOutage(t *testing.T) {
 	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
@@ -663,6 +665,26 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	// The aggregator keeps the aggregate through the outage.
+	agg, err := DialAggregator(c.userURL("aggregator", 0), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	kept := make(chan struct{})
+	var keepLog testutil.Buffer
+	go func() {
+		defer close(kept)
+		agg.KeepAggregate(ctx, hosts, 0, KeepInterval, KeepResumeEvery, func(s string) { fmt.Fprintf(&keepLog, "%s %s\n", time.Now().Format("15:04:05.000"), s) })
+	}()
+	defer func() {
+		cancel()
+		<-kept
+		agg.Close()
+		t.Logf("the aggregator's reports:\n%s", keepLog.String())
+	}()
+	aggregateHolds(t, aggregateReader(t, c), 10)
+
 	for _, n := range c.nodes {
 		n.Shutdown()
 		n.WaitForShutdown()
@@ -705,4 +727,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	for i, m := range ms {
 		mirrorIsJournal(t, a, hosts[i], js[i], m, 15)
 	}
+	// The aggregate holds each host event once.
+	aggregateHolds(t, aggregateReader(t, c), 30)
+	t.Logf("aggregate current %v after the cluster came back", time.Since(back).Round(time.Millisecond))
 }

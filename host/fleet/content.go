@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -95,13 +97,14 @@ func lastDigest(ctx context.Context, j *journal.Journal) (events.JournalDigestEv
 
 // chainTo is the chain over stream's records 1 to seq.
 func chainTo(ctx context.Context, s jetstream.Stream, seq uint64) (events.Chain, error) {
-	var c events.Chain
-	if seq == 0 {
-		return c, nil
-	}
+	return chainFrom(ctx, s, events.Chain{}, seq)
+}
+
+// chainFrom is c carried on over stream's records after c.Seq up to seq.
+func chainFrom(ctx context.Context, s jetstream.Stream, c events.Chain, seq uint64) (events.Chain, error) {
 	// By sequence, as an auditor reads: the host reaches the fleet's
 	// JetStream API over its leaf link, and no consumer's deliveries.
-	for n := uint64(1); n <= seq; n++ {
+	for n := c.Seq + 1; n <= seq; n++ {
 		m, err := s.GetMsg(ctx, n)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue // a gap, which the count check names
@@ -111,6 +114,33 @@ func chainTo(ctx context.Context, s jetstream.Stream, seq uint64) (events.Chain,
 		}
 		c.Add(m.Sequence, m.Data)
 	}
+	return c, nil
+}
+
+// chainCache is a mirror's chain as far as the last check read it, and
+// which stream that was (its creation time): the next check reads only
+// the records after it. A stream is never rewritten in place: a
+// changed record means a stream made again, which is read from its
+// start; a deleted one is the count check's.
+type chainCache struct {
+	mu      sync.Mutex
+	created time.Time
+	chain   events.Chain
+}
+
+// to is the chain over s's records 1 to seq; s was created at created.
+func (cc *chainCache) to(ctx context.Context, s jetstream.Stream, created time.Time, seq uint64) (events.Chain, error) {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	var from events.Chain
+	if cc.created.Equal(created) && cc.chain.Seq <= seq {
+		from = cc.chain
+	}
+	c, err := chainFrom(ctx, s, from, seq)
+	if err != nil {
+		return c, err
+	}
+	cc.created, cc.chain = created, c
 	return c, nil
 }
 

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -158,5 +159,52 @@ func TestMirrorContentChecks(t *testing.T) {
 	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "first_seq check failed") {
 		t.Fatalf("a mirror with its head purged, read against the report: %v", err)
+	}
+}
+
+// A mirror's chain is read once: a later check reads only the records
+// after the last one it read (a record deleted below that is not read
+// again; the count check names it), and a stream made again is read from
+// its start.
+func TestChainCacheReadsOnlyWhatIsNew(t *testing.T) {
+	srv := startFleet(t, t.TempDir(), freePort(t), freePort(t))
+	nc, err := nats.Connect(srv.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+	defer cancel()
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		if _, err := js.Publish(ctx, "s.x", fmt.Appendf(nil, "record %d", i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	whole, err := chainTo(ctx, s, 10)
+	if err != nil || whole.Seq != 10 {
+		t.Fatalf("chain to 10: %+v %v", whole, err)
+	}
+	created := s.CachedInfo().Created
+	var cc chainCache
+	if c, err := cc.to(ctx, s, created, 5); err != nil || c.Seq != 5 {
+		t.Fatalf("chain to 5: %+v %v", c, err)
+	}
+	if err := s.DeleteMsg(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := cc.to(ctx, s, created, 10); err != nil || c != whole {
+		t.Fatalf("chain to 10 after 5: %+v %v, want %+v (records 1 to 5 read once)", c, err, whole)
+	}
+	gapped, err := chainTo(ctx, s, 10)
+	if err != nil || gapped == whole {
+		t.Fatalf("chain to 10 without record 3: %+v %v", gapped, err)
+	}
+	if c, err := cc.to(ctx, s, created.Add(time.Second), 10); err != nil || c != gapped {
+		t.Fatalf("chain of a stream made again: %+v %v, want %+v (read from its start)", c, err, gapped)
 	}
 }

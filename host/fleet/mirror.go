@@ -71,6 +71,9 @@ type Mirror struct {
 
 	mu  sync.Mutex
 	cur *run
+	// chain is the mirror's digest chain as far as the last status read
+	// it: a status reads only the records the mirror gained since.
+	chain chainCache
 }
 
 // ErrHostTaken is a mirror stream on the fleet that belongs to another

@@ -89,7 +89,7 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 			}
 		}
 	}
-	st.FailedChecks = contentChecks(ctx, l.Journal, s, info.State, st)
+	st.FailedChecks = contentChecks(ctx, l.Journal, s, info.Created, info.State, &m.chain, st)
 	if info.Mirror != nil && info.Mirror.Error != nil && st.LastError == "" {
 		st.LastError = info.Mirror.Error.Error()
 	}
@@ -99,7 +99,7 @@ func (m *Mirror) State(ctx context.Context) *MirrorState {
 // contentChecks holds the mirror (stream s, in state ms) to the journal j:
 // its span, and its records up to the journal's last digest, which it
 // reads from the fleet. It sets st.DigestSeq to the digest checked.
-func contentChecks(ctx context.Context, j *journal.Journal, s jetstream.Stream, ms jetstream.StreamState, st *MirrorState) []FailedCheck {
+func contentChecks(ctx context.Context, j *journal.Journal, s jetstream.Stream, created time.Time, ms jetstream.StreamState, cc *chainCache, st *MirrorState) []FailedCheck {
 	out := []FailedCheck{}
 	// The journal's last sequence read after the mirror's: a record
 	// appended meanwhile may be in the mirror already.
@@ -117,11 +117,12 @@ func contentChecks(ctx context.Context, j *journal.Journal, s jetstream.Stream, 
 	if d.Seq == 0 || d.Seq > ms.LastSeq {
 		return out
 	}
-	// The whole mirror up to the digest is read on each status: bounded
-	// on its own, not by the few seconds the stream info gets.
+	// The records up to the digest that no status read before are read
+	// now (the first status reads them all): bounded on its own, not by
+	// the few seconds the stream info gets.
 	rctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	chain, err := chainTo(rctx, s, d.Seq)
+	chain, err := cc.to(rctx, s, created, d.Seq)
 	if err != nil {
 		st.LastError = cmp.Or(st.LastError, fmt.Sprintf("read the mirror to check its digest: %v", err))
 		return out

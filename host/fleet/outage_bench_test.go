@@ -116,19 +116,19 @@ func mirrorsHold(tb testing.TB, a jetstream.JetStream, ms []*Mirror, n uint64) t
 // start again. Reported: how long after the restart every mirror held
 // its journal, how long the aggregate took to hold every host event,
 // and their ratio, which is to stay within 2. "alone" leaves the
-// aggregate's sources to the server's retries; "aggregate-rerun" has the
-// aggregator run `nexus fleet aggregate` (EnsureAggregate) once the
-// mirrors are current, which moves the sources' resume points and so
-// sets them up again at once.
+// aggregate's sources to the server's retries; "kept" has the
+// aggregator keep the aggregate throughout (KeepAggregate, as `nexus
+// fleet aggregate --keep` does), which steps its leader down when
+// sources stall behind their mirrors.
 func BenchmarkFleetAggregateAfterOutage(b *testing.B) {
-	for _, rerun := range []bool{false, true} {
+	for _, keep := range []bool{false, true} {
 		name := "alone"
-		if rerun {
-			name = "aggregate-rerun"
+		if keep {
+			name = "kept"
 		}
 		b.Run(name, func(b *testing.B) {
 			for range b.N {
-				mirrors, aggregate := aggregateAfterOutage(b, rerun)
+				mirrors, aggregate := aggregateAfterOutage(b, keep)
 				b.ReportMetric(mirrors.Seconds(), "s-mirrors")
 				b.ReportMetric(aggregate.Seconds(), "s-aggregate")
 				b.ReportMetric(aggregate.Seconds()/mirrors.Seconds(), "aggregate/mirrors")
@@ -139,7 +139,7 @@ func BenchmarkFleetAggregateAfterOutage(b *testing.B) {
 
 // aggregateAfterOutage runs one outage and returns how long after the
 // nodes were back every mirror and the aggregate were current.
-func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Duration) {
+func aggregateAfterOutage(b *testing.B, keep bool) (mirrors, aggregate time.Duration) {
 	const hosts, before, during = 4, 200, 1000
 	names := make([]string, hosts)
 	for i := range names {
@@ -164,6 +164,23 @@ func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Dur
 	}
 	ensure()
 	aggregateHolds(b, aggregateReader(b, c), hosts*before)
+	if keep {
+		agg, err := DialAggregator(c.userURL("aggregator", 0), "")
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		kept := make(chan struct{})
+		go func() {
+			defer close(kept)
+			agg.KeepAggregate(ctx, names, 0, KeepInterval, KeepResumeEvery, func(s string) { b.Logf("%s keep: %s", time.Now().Format("15:04:05.000"), s) })
+		}()
+		b.Cleanup(func() {
+			cancel()
+			<-kept
+			agg.Close()
+		})
+	}
 
 	for _, n := range c.nodes {
 		n.Shutdown()
@@ -176,15 +193,13 @@ func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Dur
 		c.start(b, i)
 	}
 	back := time.Now()
+	b.Logf("%s the nodes are back", back.Format("15:04:05.000"))
 	for _, n := range c.nodes {
 		if !n.ReadyForConnections(testutil.Scale(30 * time.Second)) {
 			b.Fatal("a fleet node not ready after the outage")
 		}
 	}
 	mirrors = mirrorsHold(b, c.auditor(b, 0), ms, before+during).Sub(back)
-	if rerun {
-		ensure()
-	}
 	aggregate = aggregateHolds(b, aggregateReader(b, c), hosts*(before+during)).Sub(back)
 	return mirrors, aggregate
 }
@@ -195,13 +210,17 @@ func aggregateAfterOutage(b *testing.B, rerun bool) (mirrors, aggregate time.Dur
 // drained) and, in the same run, by a raw ordered consumer of the
 // aggregate with the auditor's identity, each message's data only
 // touched. Reported: each in events/s and their ratio, which is to stay
-// at 0.5 or more.
+// at 0.5 or more. NEXUS_BENCH_OTHER_NEXUS names another nexus (an older
+// build, its nexusd beside it) whose `fleet events` runs in the same ops.
+// Each `fleet events` also reports the CPU time its processes used, which
+// a loaded machine changes less than their wall time.
 func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 	const hosts, each = 2, 25_000
 	dir := b.TempDir()
 	if err := testutil.BuildNexusIn(dir); err != nil {
 		b.Fatal(err)
 	}
+	other := os.Getenv("NEXUS_BENCH_OTHER_NEXUS")
 	names := []string{"host-a", "host-b"}
 	c := startTemplateFleet(b, names, nil)
 	js, _ := c.openHosts(b, 0)
@@ -263,32 +282,50 @@ func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 		scan := time.Since(began)
 		f.Close()
 
-		// The same aggregate through `nexus fleet events`.
-		cmd := exec.Command(filepath.Join(dir, "nexus"), "fleet", "events")
-		cmd.Env = append(os.Environ(), "NEXUS_FLEET_URL="+c.auditorURL(0), "NEXUS_STATE_DIR="+b.TempDir())
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		began = time.Now()
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		lines := countLines(b, out)
-		if err := cmd.Wait(); err != nil {
-			b.Fatalf("fleet events: %v: %s", err, stderr.String())
-		}
-		events := time.Since(began)
-		if lines < hosts*each {
-			b.Fatalf("fleet events printed %d lines for %d events: %s", lines, hosts*each, stderr.String())
+		// The same aggregate through `nexus fleet events`, and through
+		// another build's when one is named.
+		events, cpu := fleetEventsRun(b, filepath.Join(dir, "nexus"), c.auditorURL(0), hosts*each)
+		b.ReportMetric(cpu.Seconds()*1000, "cpu-ms-fleet-events")
+		if other != "" {
+			o, ocpu := fleetEventsRun(b, other, c.auditorURL(0), hosts*each)
+			b.ReportMetric(float64(hosts*each)/o.Seconds(), "events/s-other")
+			b.ReportMetric(raw.Seconds()/o.Seconds(), "other/raw")
+			b.ReportMetric(ocpu.Seconds()*1000, "cpu-ms-other")
 		}
 		b.ReportMetric(float64(hosts*each)/raw.Seconds(), "events/s-raw")
 		b.ReportMetric(float64(hosts*each)/events.Seconds(), "events/s-fleet-events")
 		b.ReportMetric(float64(hosts*each)/scan.Seconds(), "events/s-scan")
 		b.ReportMetric(raw.Seconds()/events.Seconds(), "fleet-events/raw")
 	}
+}
+
+// fleetEventsRun runs `nexus fleet events` of the binary bin over the
+// whole aggregate, its output drained, and returns how long it took and
+// the CPU time (user and system) it used; it fails unless every one of n
+// events was printed.
+func fleetEventsRun(b *testing.B, bin, url string, n int) (took, cpu time.Duration) {
+	b.Helper()
+	cmd := exec.Command(bin, "fleet", "events")
+	cmd.Env = append(os.Environ(), "NEXUS_FLEET_URL="+url, "NEXUS_STATE_DIR="+b.TempDir())
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	began := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	lines := countLines(b, out)
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("%s fleet events: %v: %s", bin, err, stderr.String())
+	}
+	took = time.Since(began)
+	if lines < n {
+		b.Fatalf("%s fleet events printed %d lines for %d events: %s", bin, lines, n, stderr.String())
+	}
+	return took, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 }
 
 // countLines drains r and counts its lines.

@@ -27,8 +27,9 @@ import (
 //     sources through), and the aggregate by info, get, direct get and
 //     ordered consumers. No stream create, update, delete or purge.
 //   - The aggregator creates the aggregate (AggregateStream), adds hosts
-//     to it and keeps its sources' resume points; it cannot delete or
-//     purge it, nor touch a mirror.
+//     to it, keeps its sources' resume points and may step its leader
+//     down (KeepAggregate); it cannot delete or purge it, nor touch a
+//     mirror.
 //   - The operator repairs: it may update or delete the aggregate and,
 //     through imports of those requests, each host's mirror and report.
 type Template struct {
@@ -124,17 +125,19 @@ func auditorAllowed() []string {
 }
 
 // aggregatorAllowed: the aggregate's creation and updates (its sources
-// and their resume points), and its reads; never its delete or purge.
+// and their resume points), its leader's step-down (which sets its
+// sources up again, KeepAggregate), and its reads; never its delete or
+// purge.
 func aggregatorAllowed() []string {
 	js, a := "$JS.API.", AggregateStream
-	return append([]string{js + "STREAM.CREATE." + a, js + "STREAM.UPDATE." + a}, auditorAllowed()...)
+	return append([]string{js + "STREAM.CREATE." + a, js + "STREAM.UPDATE." + a, stepDownSubject}, auditorAllowed()...)
 }
 
 // operatorAllowed: every request on the aggregate, the repairs of every
 // host's streams, and the auditors' reads.
 func operatorAllowed() []string {
 	js, a := "$JS.API.", AggregateStream
-	return append([]string{js + "STREAM.*." + a, js + "STREAM.MSG.*." + a, js + "CONSUMER.>", OperatorAPIPrefix + ".>"}, auditorAllowed()...)
+	return append([]string{js + "STREAM.*." + a, js + "STREAM.MSG.*." + a, stepDownSubject, js + "CONSUMER.>", OperatorAPIPrefix + ".>"}, auditorAllowed()...)
 }
 
 // Config renders the template for the fleet's JetStream domain.
