@@ -25,10 +25,7 @@ import (
 func TestAPIOverTheSocket(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
-	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := processClient(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(3*time.Minute))
 	defer cancel()
 	defer c.Close(context.Background())
@@ -155,10 +152,7 @@ func TestAPIOverTheSocket(t *testing.T) {
 func TestEventsFollow(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
-	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := processClient(t, root)
 	defer c.Close(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
 	defer cancel()
@@ -330,10 +324,7 @@ func TestCreateTakesTheConfigFile(t *testing.T) {
 func TestAPIRestoreRenameLogsVolumes(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
-	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := processClient(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(3*time.Minute))
 	defer cancel()
 	sb, err := c.Create(ctx, client.CreateSpec{Image: image(t), Handle: "src"})

@@ -18,10 +18,7 @@ import (
 func BenchmarkGetVsCLI(b *testing.B) {
 	testutil.StartsSandboxes(b)
 	root := shortRoot(b)
-	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	c := processClient(b, root)
 	ctx := context.Background()
 	defer c.Close(ctx)
 	sb, err := c.Create(ctx, client.CreateSpec{Image: image(b), Ready: client.ReadyWait{NoWait: true}})

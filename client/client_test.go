@@ -105,6 +105,17 @@ func clientMain() {
 // test (testutil.ShortRoot).
 var shortRoot = testutil.ShortRoot
 
+// processClient is a client of the state root root on the process
+// driver, through the nexus binary the tests built.
+func processClient(t testing.TB, root string) *client.Client {
+	t.Helper()
+	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func image(t testing.TB) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "base.raw")

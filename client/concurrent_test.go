@@ -15,10 +15,7 @@ import (
 func TestCreateFromTwoGoroutines(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
-	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := processClient(t, root)
 	img := image(t)
 	ctx := context.Background()
 	var wg sync.WaitGroup

@@ -23,10 +23,7 @@ import (
 func TestAPICopySnapshotsWait(t *testing.T) {
 	testutil.StartsSandboxes(t)
 	root := shortRoot(t)
-	c, err := client.New(client.Options{Nexus: nexusBin, StateDir: root, Driver: "process"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := processClient(t, root)
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(3*time.Minute))
 	defer cancel()
 	defer c.Close(context.Background())
