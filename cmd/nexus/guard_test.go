@@ -103,6 +103,26 @@ func listed(t *testing.T, root, id string) *jsonSandbox {
 	return nil
 }
 
+// Ctrl-C once a create's saga has finished, while it waits for the guest
+// to be Ready: the sandbox stays as made, and the command says so, and
+// how to wait again.
+func TestInterruptedReadyWaitSaysTheSandboxIsMade(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	root := shortRoot(t)
+	p := pauseAt(t, root, "create.vmm", "create", "--image", makeImage(t), "-q")
+	if code := p.resume(t, syscall.SIGINT); code != 130 {
+		t.Fatalf("create interrupted in its Ready wait exited %d, want 130 (stderr %q)", code, p.stderr)
+	}
+	if msg := p.stderr.String(); !strings.Contains(msg, "interrupted while waiting for its guest to be Ready") || !strings.Contains(msg, "--for ready") {
+		t.Fatalf("create interrupted in its Ready wait said %q", msg)
+	}
+	if list := sandboxes(t, root); len(list) != 1 || list[0].State != "running" {
+		t.Fatalf("after an interrupted Ready wait: %+v, want the one sandbox running", list)
+	}
+	journalMatchesDisk(t, root)
+}
+
 // Ctrl-C during create: before the commit every step is undone and each
 // undo is journaled; after it the sandbox is kept (stopped) with its files,
 // and only the boot steps are undone. Either way the journal matches the
@@ -118,8 +138,11 @@ func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
 	}{
 		{"create.workspace-disk", false, false},
 		{"create.workspace-disk", true, false},
-		{"create.supervisor", false, true},
-		{"create.supervisor", true, true},
+		// Right after the supervisor starts, before the VMM's step: its
+		// events are held for the VMM's append, so :before is the point
+		// between the two.
+		{"create.supervisor:before", false, true},
+		{"create.supervisor:before", true, true},
 	} {
 		name := c.at
 		if c.daemon {

@@ -41,6 +41,11 @@ func (w *readyWait) await(ctx context.Context, m *lifecycle.Manager, sb projecti
 	if now, ferr := m.Find(context.WithoutCancel(ctx), sb.ID); ferr == nil {
 		sb = now
 	}
+	if ctx.Err() != nil {
+		// The command did what it was asked; only the wait was cut short.
+		err = fmt.Errorf("sandbox %s is %s; interrupted while waiting for its guest to be Ready (`nexus wait %s --for ready` waits again): %w",
+			sb.ID, sb.State, sb.ID, context.Cause(ctx))
+	}
 	return sb, err
 }
 
