@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dustin/go-humanize/english"
+
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/client"
@@ -409,7 +411,7 @@ func rmCmd(g *globals) *cobra.Command {
 							done = append(done, rm)
 							if o.human() {
 								w := cmd.OutOrStdout()
-								fmt.Fprintf(w, "would remove %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
+								fmt.Fprintf(w, "would remove %s (%s): %s, %s, %s\n", rm.ID, dash(rm.Handle), english.Plural(rm.Resources, "resource", ""), english.Plural(len(rm.Snapshots), "snapshot", ""), formatSize(rm.AllocatedBytes))
 								for _, p := range paths {
 									fmt.Fprintf(w, "  %s\n", p)
 								}
@@ -424,7 +426,7 @@ func rmCmd(g *globals) *cobra.Command {
 					if err == nil {
 						done = append(done, rm)
 						if o.human() {
-							fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s): %d resources, %d snapshots, %s\n", rm.ID, dash(rm.Handle), rm.Resources, len(rm.Snapshots), formatSize(rm.AllocatedBytes))
+							fmt.Fprintf(cmd.OutOrStdout(), "removed %s (%s): %s, %s, %s\n", rm.ID, dash(rm.Handle), english.Plural(rm.Resources, "resource", ""), english.Plural(len(rm.Snapshots), "snapshot", ""), formatSize(rm.AllocatedBytes))
 						}
 					}
 					return err

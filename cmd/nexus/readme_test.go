@@ -1,12 +1,17 @@
 package main
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // Every `nexus ...` command line the README and the command reference show
@@ -129,4 +134,144 @@ func findCommand(root *cobra.Command, words []string) (*cobra.Command, []string)
 		return nil, nil
 	}
 	return cmd, nil
+}
+
+// TestReadmeQuickstartOutput runs the README's quickstart, command by
+// command, in a fresh directory and state root on the process driver, and
+// compares what each command prints (stdout and stderr) with what the
+// README shows. Values that differ per run compare by shape only: IDs
+// (each README ID stands for one real ID throughout, so a later command
+// that names it runs with the real one), numbers, times, ages and the
+// directory the quickstart ran in. A README line ending in "..." was cut:
+// its words before the dots must begin the real line.
+func TestReadmeQuickstartOutput(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	steps := quickstartSteps(t, "../../README.md")
+	dir, root := t.TempDir(), shortRoot(t)
+	stopDaemonsAtEnd(t, root)
+	ids := map[string]string{} // README ID -> this run's ID
+	for _, s := range steps {
+		if strings.HasPrefix(s.command, "export ") {
+			continue // the environment below is the export's
+		}
+		line := s.command
+		for readme, real := range ids {
+			line = strings.ReplaceAll(line, readme, real)
+		}
+		cmd := exec.Command("sh", "-c", line+" 2>&1")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "NEXUS_DRIVER=process", "NEXUS_STATE_DIR="+root,
+			"PATH="+filepath.Dir(nexusBin)+":"+os.Getenv("PATH"))
+		got := testutil.Run(t, cmd, commandWait).Stdout.String()
+		var lines []string
+		if got != "" {
+			lines = strings.Split(strings.TrimRight(got, "\n"), "\n")
+		}
+		if err := matchQuickstart(s.output, lines, ids, s.ranIn, dir); err != nil {
+			t.Fatalf("README quickstart `%s`: %v\nREADME shows:\n%s\nit printed:\n%s", s.command, err, strings.Join(s.output, "\n"), got)
+		}
+	}
+}
+
+// quickstartStep is one "$ command" of the README's console block and the
+// lines shown under it.
+type quickstartStep struct {
+	command string
+	output  []string
+	ranIn   string // the directory the README's run used, from its paths
+}
+
+// quickstartSteps reads the README's one console block.
+func quickstartSteps(t *testing.T, path string) []quickstartStep {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(data), "```console\n")
+	if !ok {
+		t.Fatalf("%s has no console block", path)
+	}
+	block, _, _ = strings.Cut(block, "```")
+	ranIn := regexp.MustCompile(`(/tmp/[^/\s]+)/img\.raw`).FindStringSubmatch(block)
+	if ranIn == nil {
+		t.Fatalf("%s: no /tmp/DIR/img.raw in the console block to tell where it ran", path)
+	}
+	var steps []quickstartStep
+	for _, line := range strings.Split(strings.TrimRight(block, "\n"), "\n") {
+		if cmd, ok := strings.CutPrefix(line, "$ "); ok {
+			steps = append(steps, quickstartStep{command: cmd, ranIn: ranIn[1]})
+		} else if len(steps) > 0 {
+			steps[len(steps)-1].output = append(steps[len(steps)-1].output, line)
+		}
+	}
+	if len(steps) < 8 {
+		t.Fatalf("%s: only %d quickstart commands found: the parser is broken", path, len(steps))
+	}
+	return steps
+}
+
+var (
+	quickstartULID = regexp.MustCompile(`^([0-9A-HJKMNP-TV-Z]{26}|[0-9a-f]{12})$`)
+	quickstartAge  = regexp.MustCompile(`\b(now|\d+ (second|minute)s? ago)\b`)
+	quickstartNum  = regexp.MustCompile(`\d+(\.\d+)?`)
+)
+
+// quickstartPunct is what may wrap an ID in prose: "rm of ID:", "(web)".
+const quickstartPunct = "():,;."
+
+// matchQuickstart compares the README's lines for one command with what
+// it printed, binding README IDs to real ones as they first appear.
+func matchQuickstart(want, got []string, ids map[string]string, ranIn, dir string) error {
+	if len(want) != len(got) {
+		return fmt.Errorf("%d lines, the README shows %d", len(got), len(want))
+	}
+	for i := range want {
+		w := strings.Fields(quickstartAge.ReplaceAllString(strings.ReplaceAll(want[i], ranIn, dir), "AGO"))
+		g := strings.Fields(quickstartAge.ReplaceAllString(got[i], "AGO"))
+		cut := len(w) > 0 && w[len(w)-1] == "..."
+		if cut {
+			w = w[:len(w)-1]
+		}
+		if len(g) < len(w) || (!cut && len(g) != len(w)) {
+			return fmt.Errorf("line %d has %d words, the README's %d", i+1, len(g), len(w))
+		}
+		for j := range w {
+			if err := matchWord(w[j], g[j], ids); err != nil {
+				return fmt.Errorf("line %d word %d: %v", i+1, j+1, err)
+			}
+		}
+	}
+	return nil
+}
+
+// matchWord compares one word: an ID binds (or must match its binding),
+// and numbers compare as numbers of any value; key=ID words bind too.
+func matchWord(want, got string, ids map[string]string) error {
+	wk, wv, wkv := strings.Cut(want, "=")
+	gk, gv, gkv := strings.Cut(got, "=")
+	if wkv && gkv && wk == gk {
+		want, got = wv, gv
+	}
+	if w, g := strings.Trim(want, quickstartPunct), strings.Trim(got, quickstartPunct); w != want && quickstartULID.MatchString(w) {
+		if strings.ReplaceAll(want, w, "") != strings.ReplaceAll(got, g, "") {
+			return fmt.Errorf("%q, the README shows %q", got, want)
+		}
+		want, got = w, g
+	}
+	if quickstartULID.MatchString(want) {
+		if !quickstartULID.MatchString(got) || len(got) != len(want) {
+			return fmt.Errorf("%q where the README shows an ID", got)
+		}
+		if bound, ok := ids[want]; ok && bound != got {
+			return fmt.Errorf("%s where the README's %s was %s", got, want, bound)
+		}
+		ids[want] = got
+		return nil
+	}
+	if quickstartNum.ReplaceAllString(want, "#") != quickstartNum.ReplaceAllString(got, "#") {
+		return fmt.Errorf("%q, the README shows %q", got, want)
+	}
+	return nil
 }
