@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
@@ -315,22 +316,15 @@ func eventsCmd(g *globals) *cobra.Command {
 	return c
 }
 
+// jsonEvent is client.Event with its payload as a value, so a --format
+// template reaches its fields.
 type jsonEvent struct {
-	Seq     uint64         `json:"seq"`
-	ID      string         `json:"id"`
-	Type    events.Type    `json:"type"`
-	Schema  uint16         `json:"schema"`
-	Sandbox string         `json:"sandbox,omitempty"`
-	Time    time.Time      `json:"time"`
-	Saga    string         `json:"saga,omitempty"`
-	Step    string         `json:"step,omitempty"`
-	Data    events.Payload `json:"data"`
+	client.EventHeader
+	Data events.Payload `json:"data"`
 }
 
 func eventJSON(r events.Record) jsonEvent {
-	e := r.Event
-	return jsonEvent{Seq: r.Seq, ID: e.ID.String(), Type: e.Type, Schema: e.Schema, Sandbox: e.Sandbox,
-		Time: e.Time, Saga: e.Saga, Step: e.Step, Data: e.Payload}
+	return jsonEvent{EventHeader: client.HeaderOf(r), Data: r.Event.Payload}
 }
 
 const eventHeader = "   SEQ  TIME                      TYPE                 SANDBOX                    DATA"
