@@ -25,9 +25,9 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // lockWait is how long a command waits for another command that holds the
@@ -456,7 +456,7 @@ func lsCmd(g *globals) *cobra.Command {
 					// Filtered after the exits are observed: state and
 					// ready are what the row shows.
 					var kept []projections.Sandbox
-					for _, sb := range lifecycle.ObserveExits(page) {
+					for _, sb := range session.ObserveExits(page) {
 						if filters.Match(projections.SandboxFacts(sb)) && (limit == 0 || printed+len(kept) < limit) {
 							kept = append(kept, sb)
 						}
@@ -581,11 +581,11 @@ func inspectCmd(g *globals) *cobra.Command {
 				// Each sandbox by its own lookup, not the list of all of them.
 				found := []projections.Sandbox{}
 				err := eachRef(cmd, args, func(ref string) error {
-					sb, err := lifecycle.Lookup(cmd.Context(), b, ref)
+					sb, err := session.Lookup(cmd.Context(), b, ref)
 					if err != nil {
 						return err
 					}
-					found = append(found, lifecycle.ObserveExits([]projections.Sandbox{sb})[0])
+					found = append(found, session.ObserveExits([]projections.Sandbox{sb})[0])
 					return nil
 				})
 				if !o.human() {
