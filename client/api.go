@@ -147,12 +147,9 @@ func (c *Client) manage(ctx context.Context, fn func(*lifecycle.Manager) error) 
 
 // manageOver is manage over b, whether or not the client is closing.
 func (c *Client) manageOver(b control.Backend, fn func(*lifecycle.Manager) error) error {
-	m := lifecycle.Manager{
-		Root: layout.Root(c.root), B: b, Launcher: lifecycle.Spawner{},
-		Driver: driver.Driver{Name: c.opts.Driver, Exe: c.opts.Nexusd},
-	}
-	c.cfg.Defaults(&m)
-	mgr, err := lifecycle.New(m)
+	mgr, err := c.cfg.Manager(lifecycle.Manager{
+		Root: layout.Root(c.root), B: b, Driver: driver.Driver{Name: c.opts.Driver, Exe: c.opts.Nexusd},
+	})
 	if err != nil {
 		return err
 	}

@@ -60,7 +60,9 @@ func Lookup(ctx context.Context, b control.Backend, ref string) (projections.San
 
 // ObserveExits is list with each sandbox whose VMM ended on its own shown
 // as exited.
-func ObserveExits(list []projections.Sandbox) []projections.Sandbox { return lifecycle.ObserveExits(list) }
+func ObserveExits(list []projections.Sandbox) []projections.Sandbox {
+	return lifecycle.ObserveExits(list)
+}
 
 // CheckForkCount refuses a fork count out of range.
 func CheckForkCount(n int) error { return lifecycle.CheckForkCount(n) }
@@ -89,12 +91,9 @@ type Settings struct {
 // NewManager is the manager of a command's flows over b: real processes,
 // s's driver, and the defaults of s.Config.
 func NewManager(b control.Backend, s Settings) (*Manager, error) {
-	m := lifecycle.Manager{
-		Root: layout.Root(s.Root), B: b, Launcher: lifecycle.Spawner{},
-		Driver:      driver.Driver{Name: s.Driver, Exe: s.Shim},
+	return s.Config.Manager(lifecycle.Manager{
+		Root: layout.Root(s.Root), B: b, Driver: driver.Driver{Name: s.Driver, Exe: s.Shim},
 		AskedDriver: s.AskedDriver, Hook: s.Hook, Wait: s.Wait, Progress: s.Progress,
 		Notice: s.Notice, Status: s.Status,
-	}
-	s.Config.Defaults(&m)
-	return lifecycle.New(m)
+	})
 }
