@@ -71,33 +71,11 @@ func wrap(op, ref string, err error) error {
 	return &OpError{Op: op, Ref: ref, Err: err}
 }
 
-// Sandbox is one sandbox as the journal has it, in the fields a caller
-// uses; the JSON names are those of `nexus inspect --json`.
-type Sandbox struct {
-	ID       string `json:"id"`
-	ShortID  string `json:"short_id"`
-	Handle   string `json:"handle,omitempty"`
-	State    string `json:"state"`
-	Driver   string `json:"driver"`
-	Image    string `json:"image,omitempty"`
-	Parent   string `json:"parent,omitempty"`
-	Snapshot string `json:"snapshot,omitempty"` // the snapshot it was restored from
-	// Ready is the guest's agent answering; ReadyReason says why not.
-	Ready       bool              `json:"ready"`
-	ReadyReason string            `json:"ready_reason,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	Snapshots   []string          `json:"snapshots"`
-	CreatedAt   time.Time         `json:"created_at"`
-	UpdatedAt   time.Time         `json:"updated_at"`
-}
+// Sandbox is one sandbox as the journal has it: the document `nexus
+// inspect --json` prints (docs/json.md's Sandbox), one type for both.
+type Sandbox = projections.SandboxJSON
 
-func sandboxOf(sb projections.Sandbox) Sandbox {
-	out := Sandbox{ID: sb.ID, ShortID: projections.ShortID(sb.ID), Handle: sb.Handle, State: string(sb.State), Driver: sb.Driver,
-		Image: sb.Image, Parent: sb.Parent, Snapshot: sb.Snapshot, Labels: sb.Labels, Snapshots: sb.Snapshots,
-		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt}
-	out.Ready, out.ReadyReason = sb.Readiness()
-	return out
-}
+func sandboxOf(sb projections.Sandbox) Sandbox { return projections.SandboxDocument(sb) }
 
 // backend is the connection to the state root's daemon, made at the first
 // call: a daemon already answering, or one started on demand from nexusd
@@ -169,12 +147,9 @@ func (c *Client) manage(ctx context.Context, fn func(*lifecycle.Manager) error) 
 
 // manageOver is manage over b, whether or not the client is closing.
 func (c *Client) manageOver(b control.Backend, fn func(*lifecycle.Manager) error) error {
-	m := lifecycle.Manager{
-		Root: layout.Root(c.root), B: b, Launcher: lifecycle.Spawner{},
-		Driver: driver.Driver{Name: c.opts.Driver, Exe: c.opts.Nexusd},
-	}
-	c.cfg.Defaults(&m)
-	mgr, err := lifecycle.New(m)
+	mgr, err := c.cfg.Manager(lifecycle.Manager{
+		Root: layout.Root(c.root), B: b, Driver: driver.Driver{Name: c.opts.Driver, Exe: c.opts.Nexusd},
+	})
 	if err != nil {
 		return err
 	}
@@ -392,17 +367,31 @@ func (c *Client) Fork(ctx context.Context, spec ForkSpec) ([]Sandbox, error) {
 	return out, wrap("fork", spec.Parent, err)
 }
 
-// Event is one journaled lifecycle fact.
+// Event is one journaled lifecycle fact, as `nexus events --json` prints
+// it (docs/json.md's Event).
 type Event struct {
+	EventHeader
+	// Data is the payload, as docs/events.md describes each type's.
+	Data json.RawMessage `json:"data"`
+}
+
+// EventHeader is an event but its payload: the fields every event has.
+type EventHeader struct {
 	Seq     uint64    `json:"seq"`
 	ID      string    `json:"id"`
 	Type    string    `json:"type"`
+	Schema  uint16    `json:"schema"`
 	Sandbox string    `json:"sandbox,omitempty"`
 	Time    time.Time `json:"time"`
 	Saga    string    `json:"saga,omitempty"`
 	Step    string    `json:"step,omitempty"`
-	// Data is the payload, as docs/events.md describes each type's.
-	Data json.RawMessage `json:"data"`
+}
+
+// HeaderOf is the header of the record r.
+func HeaderOf(r events.Record) EventHeader {
+	e := r.Event
+	return EventHeader{Seq: r.Seq, ID: e.ID.String(), Type: string(e.Type), Schema: e.Schema, Sandbox: e.Sandbox, Time: e.Time,
+		Saga: e.Saga, Step: e.Step}
 }
 
 // EventQuery selects events.
@@ -445,9 +434,7 @@ func (c *Client) Events(ctx context.Context, q EventQuery, fn func(Event) error)
 		if err != nil {
 			return err
 		}
-		e := r.Event
-		return fn(Event{Seq: r.Seq, ID: e.ID.String(), Type: string(e.Type), Sandbox: e.Sandbox, Time: e.Time,
-			Saga: e.Saga, Step: e.Step, Data: data})
+		return fn(Event{EventHeader: HeaderOf(r), Data: data})
 	})
 	return wrap("events", q.Sandbox, err)
 }

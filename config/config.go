@@ -175,6 +175,16 @@ func (c File) DriverName(asked string) string {
 	return Driver(cmp.Or(asked, c.VM.Driver))
 }
 
+// Manager is the manager of a command's flows: m (its root, backend,
+// driver name and binary, and whatever the command sets) with real
+// processes and the defaults of the file and the environment. The CLI and
+// the Go client build theirs with it.
+func (c File) Manager(m lifecycle.Manager) (*lifecycle.Manager, error) {
+	m.Launcher = lifecycle.Spawner{}
+	c.Defaults(&m)
+	return lifecycle.New(m)
+}
+
 // Defaults sets what a new sandbox of m is made with and every boot of m
 // runs, from the file and the environment: the driver's kernel,
 // initramfs, command line and VMM binaries, the sizing, the root mode and

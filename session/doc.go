@@ -3,6 +3,7 @@
 // binding sandboxes to a client's run, the ledger sweeps and their actions
 // (which may recover only while this process owns the journal), and the
 // reaper's fallback when the journal cannot be fully read, and the
-// export of the sagas' trace spans when the environment asks for it. cmd/nexus
-// parses and prints around these.
+// export of the sagas' trace spans when the environment asks for it. It is
+// cmd/nexus's one door to the flows (flows.go): the CLI parses and prints
+// around these.
 package session

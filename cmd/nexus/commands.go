@@ -19,14 +19,15 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // lockWait is how long a command waits for another command that holds the
@@ -315,22 +316,15 @@ func eventsCmd(g *globals) *cobra.Command {
 	return c
 }
 
+// jsonEvent is client.Event with its payload as a value, so a --format
+// template reaches its fields.
 type jsonEvent struct {
-	Seq     uint64         `json:"seq"`
-	ID      string         `json:"id"`
-	Type    events.Type    `json:"type"`
-	Schema  uint16         `json:"schema"`
-	Sandbox string         `json:"sandbox,omitempty"`
-	Time    time.Time      `json:"time"`
-	Saga    string         `json:"saga,omitempty"`
-	Step    string         `json:"step,omitempty"`
-	Data    events.Payload `json:"data"`
+	client.EventHeader
+	Data events.Payload `json:"data"`
 }
 
 func eventJSON(r events.Record) jsonEvent {
-	e := r.Event
-	return jsonEvent{Seq: r.Seq, ID: e.ID.String(), Type: e.Type, Schema: e.Schema, Sandbox: e.Sandbox,
-		Time: e.Time, Saga: e.Saga, Step: e.Step, Data: e.Payload}
+	return jsonEvent{EventHeader: client.HeaderOf(r), Data: r.Event.Payload}
 }
 
 const eventHeader = "   SEQ  TIME                      TYPE                 SANDBOX                    DATA"
@@ -462,7 +456,7 @@ func lsCmd(g *globals) *cobra.Command {
 					// Filtered after the exits are observed: state and
 					// ready are what the row shows.
 					var kept []projections.Sandbox
-					for _, sb := range lifecycle.ObserveExits(page) {
+					for _, sb := range session.ObserveExits(page) {
 						if filters.Match(projections.SandboxFacts(sb)) && (limit == 0 || printed+len(kept) < limit) {
 							kept = append(kept, sb)
 						}
@@ -587,11 +581,11 @@ func inspectCmd(g *globals) *cobra.Command {
 				// Each sandbox by its own lookup, not the list of all of them.
 				found := []projections.Sandbox{}
 				err := eachRef(cmd, args, func(ref string) error {
-					sb, err := lifecycle.Lookup(cmd.Context(), b, ref)
+					sb, err := session.Lookup(cmd.Context(), b, ref)
 					if err != nil {
 						return err
 					}
-					found = append(found, lifecycle.ObserveExits([]projections.Sandbox{sb})[0])
+					found = append(found, session.ObserveExits([]projections.Sandbox{sb})[0])
 					return nil
 				})
 				if !o.human() {

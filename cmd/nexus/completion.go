@@ -13,9 +13,9 @@ import (
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/reaper"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // completionTimeout bounds how long a shell waits for a completion: past
@@ -61,7 +61,7 @@ var flagCompleters = map[string]func(*globals) cobra.CompletionFunc{
 	"type":    eventTypes,
 	"kind":    reapKindValues,
 	"sandbox": sandboxRefs,
-	"log":     fixedValues(lifecycle.LogKinds...),
+	"log":     fixedValues(session.LogKinds()...),
 	"filter":  filterKeys,
 }
 

@@ -10,9 +10,10 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
+	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // parsePosition reads a journal position: a sequence (digits only), an
@@ -67,8 +68,8 @@ func resolveEventSandbox(ctx context.Context, b control.Backend, q *events.Query
 		q.Sandbox = id.String()
 		return nil
 	}
-	sb, err := lifecycle.Lookup(ctx, b, q.Sandbox)
-	if errors.Is(err, lifecycle.ErrNotFound) {
+	sb, err := session.Lookup(ctx, b, q.Sandbox)
+	if errors.Is(err, client.ErrNotFound) {
 		// A removed sandbox's handle: the newest sandbox that claimed it.
 		claimed := ""
 		if cerr := b.Events(ctx, events.Query{Type: string(events.HandleClaimed)}, func(r events.Record) error {

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 func execCmd(g *globals) *cobra.Command {
@@ -44,7 +44,7 @@ stdout); with -i -t on a local terminal, keys reach it as typed.`,
 					return usageError{fmt.Errorf("--env %q: want K=V", kv)}
 				}
 			}
-			o := lifecycle.ExecOptions{Argv: args[1:], Env: env, Cwd: workdir, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr(), TTY: tty}
+			o := session.ExecOptions{Argv: args[1:], Env: env, Cwd: workdir, Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr(), TTY: tty}
 			if stdin {
 				o.Stdin = cmd.InOrStdin()
 			}
@@ -71,13 +71,13 @@ stdout); with -i -t on a local terminal, keys reach it as typed.`,
 			o.Signals = fwd
 			ctx := context.WithoutCancel(cmd.Context())
 			var st struct{ code, sig int }
-			err := withManager(ctx, g, func(m *lifecycle.Manager) error {
+			err := withManager(ctx, g, func(m *session.Manager) error {
 				m.ReadyTimeout = *wait
 				s, err := m.Exec(ctx, args[0], o)
 				st.code, st.sig = s.Code, s.Signal
 				return err
 			})
-			var se *lifecycle.ExecStartError
+			var se *session.ExecStartError
 			switch {
 			case errors.As(err, &se) && se.NotFound:
 				fmt.Fprintf(os.Stderr, "nexus: %v\n", err)
@@ -122,7 +122,7 @@ out is published the same way on the host. Directories are refused.`,
 				return usageError{errors.New("want exactly one of the two paths as ID:PATH")}
 			}
 			ctx := cmd.Context()
-			return withManager(ctx, g, func(m *lifecycle.Manager) error {
+			return withManager(ctx, g, func(m *session.Manager) error {
 				m.ReadyTimeout = *wait
 				if sIn {
 					_, err := m.CopyOut(ctx, sref, spath, dst, cmd.OutOrStdout())

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/config"
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // imageCacheCmd is `nexus image-cache list|prune`: prepared image disks
@@ -22,12 +22,12 @@ func imageCacheCmd(g *globals) *cobra.Command {
 	var listOut *output
 	list := &cobra.Command{Use: "list", Short: "List cache entries: id, image, allocated and apparent size, last use, layout, sandboxes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				rows, _, err := m.ImageCacheList(cmd.Context())
 				if err != nil {
 					return err
 				}
-				return printList(cmd, listOut, rows, func(r lifecycle.CacheListing) string { return r.CacheID }, cacheTable)
+				return printList(cmd, listOut, rows, func(r session.CacheListing) string { return r.CacheID }, cacheTable)
 			})
 		}}
 	listOut = addOutput(list, true)
@@ -42,7 +42,7 @@ func imageCacheCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return usageError{err}
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				rep, err := m.PruneImageCache(cmd.Context(), opts)
 				if err != nil {
 					return err
@@ -75,9 +75,9 @@ func imageCacheCmd(g *globals) *cobra.Command {
 	return c
 }
 
-var cacheTable = table[lifecycle.CacheListing]{
+var cacheTable = table[session.CacheListing]{
 	header: []string{"CACHE ID", "IMAGE", "ALLOCATED", "APPARENT", "LAST USED", "LAYOUT", "SANDBOXES"},
-	row: func(r lifecycle.CacheListing) []string {
+	row: func(r session.CacheListing) []string {
 		last, layout := "", ""
 		if r.LastUsedAt != nil {
 			last = age(*r.LastUsedAt)
@@ -96,8 +96,8 @@ func deref(s *string) string {
 	return *s
 }
 
-func pruneOptions(unused, dryRun bool, olderThan, maxBytes string) (lifecycle.CachePruneOptions, error) {
-	opts := lifecycle.CachePruneOptions{DryRun: dryRun, MaxBytes: -1}
+func pruneOptions(unused, dryRun bool, olderThan, maxBytes string) (session.CachePruneOptions, error) {
+	opts := session.CachePruneOptions{DryRun: dryRun, MaxBytes: -1}
 	if !unused {
 		return opts, fmt.Errorf("prune needs --unused (the only selection it supports: entries no sandbox references)")
 	}

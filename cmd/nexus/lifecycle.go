@@ -19,8 +19,6 @@ import (
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
-	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/oneline"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/session"
@@ -28,7 +26,7 @@ import (
 
 // withManager connects to the state root and builds the lifecycle manager
 // for the chosen driver.
-func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) error) error {
+func withManager(ctx context.Context, g *globals, fn func(*session.Manager) error) error {
 	return withManagerOwned(ctx, g, false, fn)
 }
 
@@ -37,7 +35,7 @@ func withManager(ctx context.Context, g *globals, fn func(*lifecycle.Manager) er
 // every open saga's runner is dead (a ledger sweep that removes, whose
 // finishStranded recovers only then). recover needs no such thing: it
 // leaves alone every saga whose runner lease is held.
-func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*lifecycle.Manager) error) error {
+func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*session.Manager) error) error {
 	build, err := managerFor(g)
 	if err != nil {
 		return err
@@ -53,7 +51,7 @@ func withManagerOwned(ctx context.Context, g *globals, owned bool, fn func(*life
 
 // managerFor reads what a lifecycle manager needs (root, config, driver)
 // and returns how to build one over a backend.
-func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), error) {
+func managerFor(g *globals) (func(control.Backend) (*session.Manager, error), error) {
 	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
@@ -70,25 +68,19 @@ func managerFor(g *globals) (func(control.Backend) (*lifecycle.Manager, error), 
 		cfg = config.File{} // this command reads no setting: defaults are never used
 	}
 	warn := onceEach(func(msg string) {
-		if msg == lifecycle.HostGuestNotice && !isTerminal(os.Stderr) {
+		if msg == session.HostGuestNotice && !isTerminal(os.Stderr) {
 			// A person's reminder: a script keeps its one-line errors
 			// and exec's stderr holds only the guest command's.
 			return
 		}
 		fmt.Fprintf(os.Stderr, "nexus: warning: %s\n", oneline.Of(msg))
 	})
-	return func(b control.Backend) (*lifecycle.Manager, error) {
-		m := lifecycle.Manager{
-			Root: layout.Root(root), B: failAppends(b), Launcher: lifecycle.Spawner{},
-			AskedDriver: g.askedDriver,
-			Hook:        testHooks(),
-			Wait:        g.wait, Progress: progressFor(),
-			Notice: warn,
+	return func(b control.Backend) (*session.Manager, error) {
+		return session.NewManager(failAppends(b), session.Settings{
+			Root: root, Driver: driverName(g, cfg), Shim: exe, AskedDriver: g.askedDriver, Config: cfg,
+			Hook: testHooks(), Wait: g.wait, Progress: progressFor(), Notice: warn,
 			Status: func(msg string) { fmt.Fprintf(os.Stderr, "nexus: %s\n", oneline.Of(msg)) },
-		}
-		m.Driver.Name, m.Driver.Exe = driverName(g, cfg), exe
-		cfg.Defaults(&m)
-		return lifecycle.New(m)
+		})
 	}, nil
 }
 
@@ -144,7 +136,7 @@ func parseLabels(flags []string) (events.Labels, error) {
 
 func createCmd(g *globals) *cobra.Command {
 	var ready *readyWait
-	var spec lifecycle.CreateSpec
+	var spec session.CreateSpec
 	var shadows, volumes, labels []string
 	var journalKeptIn bool
 	var memory string
@@ -159,14 +151,14 @@ func createCmd(g *globals) *cobra.Command {
 				if !ok || name == "" || src == "" {
 					return usageError{fmt.Errorf("--shadow %q: want NAME=SRC", s)}
 				}
-				spec.Shadows = append(spec.Shadows, lifecycle.Shadow{Name: name, Source: src})
+				spec.Shadows = append(spec.Shadows, session.Shadow{Name: name, Source: src})
 			}
 			for _, v := range volumes {
 				name, guest, ok := strings.Cut(v, ":")
 				if !ok || name == "" || guest == "" {
 					return usageError{fmt.Errorf("--volume %q: want NAME:GUESTPATH", v)}
 				}
-				spec.Volumes = append(spec.Volumes, lifecycle.Mount{Name: name, GuestPath: guest})
+				spec.Volumes = append(spec.Volumes, session.Mount{Name: name, GuestPath: guest})
 			}
 			if spec.Image == "" {
 				return usageError{fmt.Errorf("--image is required")}
@@ -191,7 +183,7 @@ func createCmd(g *globals) *cobra.Command {
 					return err
 				}
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				// The client's init-time sweep ran before this, its first
 				// create: its decisions go in first.
 				if err := session.JournalKept(cmd.Context(), m, kept); err != nil {
@@ -235,7 +227,7 @@ func createCmd(g *globals) *cobra.Command {
 
 func forkCmd(g *globals) *cobra.Command {
 	var ready *readyWait
-	spec := lifecycle.ForkSpec{Count: 1}
+	spec := session.ForkSpec{Count: 1}
 	var labels []string
 	var o *output
 	var freezeTimeout time.Duration
@@ -245,17 +237,17 @@ func forkCmd(g *globals) *cobra.Command {
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			spec.Parent = args[0]
-			if err := lifecycle.CheckForkCount(spec.Count); err != nil {
+			if err := session.CheckForkCount(spec.Count); err != nil {
 				return usageError{err}
 			}
-			if _, err := lifecycle.ChildHandles(spec.Handle, spec.Count); err != nil {
+			if _, err := session.ChildHandles(spec.Handle, spec.Count); err != nil {
 				return usageError{err}
 			}
 			var err error
 			if spec.Labels, err = parseLabels(labels); err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				m.FreezeDeadline = freezeTimeout
 				children, err := m.Fork(cmd.Context(), spec)
 				if err != nil && len(children) == 0 {
@@ -291,7 +283,7 @@ func forkCmd(g *globals) *cobra.Command {
 	c.Flags().BoolVar(&spec.ReadOnlyVolumes, "readonly-volumes", false, "attach the parent's named volumes read-only to the children")
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&spec.CrashConsistent, "crash-consistent", false, "fork a running parent whose guest agent does not freeze its filesystems anyway (children get what a power cut would leave)")
-	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for a running parent's guest agent to freeze its filesystems")
+	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", session.DefaultFlushDeadline, "how long to wait for a running parent's guest agent to freeze its filesystems")
 	return c
 }
 
@@ -338,17 +330,17 @@ func printEach[T any](cmd *cobra.Command, o *output, refs []string, done []T, id
 
 // simpleCmd is a command taking sandbox references and printing each.
 // A sandbox already in the state the command wants is reported and
-// succeeds (lifecycle.ErrAlready).
-func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecycle.Manager, string) (projections.Sandbox, error)) *cobra.Command {
+// succeeds (client.ErrAlready).
+func simpleCmd(g *globals, use, short string, run func(context.Context, *session.Manager, string) (projections.Sandbox, error)) *cobra.Command {
 	var o *output
 	c := &cobra.Command{
 		Use: use + " ID...", Short: short, Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				var done []projections.Sandbox
 				err := eachRef(cmd, args, func(ref string) error {
 					sb, err := run(cmd.Context(), m, ref)
-					var already *lifecycle.Already
+					var already *session.Already
 					if errors.As(err, &already) {
 						if o.human() {
 							fmt.Fprintf(cmd.OutOrStdout(), "%s already %s\n", sb.ID, already.State)
@@ -371,9 +363,9 @@ func simpleCmd(g *globals, use, short string, run func(context.Context, *lifecyc
 }
 
 func startCmd(g *globals) *cobra.Command {
-	var opt lifecycle.StartOptions
+	var opt session.StartOptions
 	var ready *readyWait
-	c := simpleCmd(g, "start", "Boot stopped sandboxes (a running one is reported and left alone)", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+	c := simpleCmd(g, "start", "Boot stopped sandboxes (a running one is reported and left alone)", func(ctx context.Context, m *session.Manager, ref string) (projections.Sandbox, error) {
 		sb, err := m.StartWith(ctx, ref, opt)
 		if err != nil {
 			return sb, err
@@ -387,23 +379,23 @@ func startCmd(g *globals) *cobra.Command {
 
 func stopCmd(g *globals) *cobra.Command {
 	var deadline time.Duration
-	c := simpleCmd(g, "stop", "Stop running sandboxes (a stopped one is reported and left alone)", func(ctx context.Context, m *lifecycle.Manager, ref string) (projections.Sandbox, error) {
+	c := simpleCmd(g, "stop", "Stop running sandboxes (a stopped one is reported and left alone)", func(ctx context.Context, m *session.Manager, ref string) (projections.Sandbox, error) {
 		m.FlushDeadline = deadline
 		return m.Stop(ctx, ref)
 	})
-	c.Flags().DurationVar(&deadline, "flush-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for the guest agent's flush; without one the run stays unacknowledged")
+	c.Flags().DurationVar(&deadline, "flush-timeout", session.DefaultFlushDeadline, "how long to wait for the guest agent's flush; without one the run stays unacknowledged")
 	return c
 }
 
 func rmCmd(g *globals) *cobra.Command {
-	var opt lifecycle.RemoveOptions
+	var opt session.RemoveOptions
 	var dryRun bool
 	var o *output
 	c := &cobra.Command{
 		Use: "rm ID...", Aliases: []string{"remove", "delete"}, Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				var done []lifecycle.Removed
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
+				var done []session.Removed
 				err := eachRef(cmd, args, func(ref string) error {
 					if dryRun {
 						rm, paths, err := m.RemovePlan(cmd.Context(), ref, opt)
@@ -431,7 +423,7 @@ func rmCmd(g *globals) *cobra.Command {
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, o, args, done, func(r lifecycle.Removed) string { return r.ID }))
+				return errors.Join(err, printEach(cmd, o, args, done, func(r session.Removed) string { return r.ID }))
 			})
 		},
 	}
@@ -444,16 +436,16 @@ func rmCmd(g *globals) *cobra.Command {
 
 func snapshotCmd(g *globals) *cobra.Command {
 	var o *output
-	var opt lifecycle.SnapshotOptions
+	var opt session.SnapshotOptions
 	var freezeTimeout time.Duration
 	c := &cobra.Command{
 		Use: "snapshot ID", Short: "Snapshot a sandbox (disks, and VM state when running); ls and rm manage snapshots", Args: snapshotArgs,
 		SuggestionsMinimumDistance: 2,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				m.FreezeDeadline = freezeTimeout
 				snap, err := m.SnapshotWith(cmd.Context(), args[0], opt)
-				if suggest := cmd.SuggestionsFor(args[0]); errors.Is(err, lifecycle.ErrNotFound) && len(suggest) > 0 {
+				if suggest := cmd.SuggestionsFor(args[0]); errors.Is(err, client.ErrNotFound) && len(suggest) > 0 {
 					for i, v := range suggest {
 						suggest[i] = "`" + cmd.CommandPath() + " " + v + "`"
 					}
@@ -468,7 +460,7 @@ func snapshotCmd(g *globals) *cobra.Command {
 	}
 	o = addOutput(c, true)
 	c.Flags().BoolVar(&opt.CrashConsistent, "crash-consistent", false, "snapshot a running sandbox whose guest agent does not freeze its filesystems anyway (its disks hold what a power cut would leave)")
-	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", lifecycle.DefaultFlushDeadline, "how long to wait for a running sandbox's guest agent to freeze its filesystems")
+	c.Flags().DurationVar(&freezeTimeout, "freeze-timeout", session.DefaultFlushDeadline, "how long to wait for a running sandbox's guest agent to freeze its filesystems")
 	c.AddCommand(snapshotLsCmd(g), snapshotRmCmd(g))
 	return c
 }
@@ -497,15 +489,15 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				snaps, err := m.Snapshots(cmd.Context(), strings.Join(args, ""))
 				if err != nil {
 					return err
 				}
-				snaps = slices.DeleteFunc(snaps, func(s lifecycle.SnapshotInfo) bool {
+				snaps = slices.DeleteFunc(snaps, func(s session.SnapshotInfo) bool {
 					return !filters.Match(projections.Facts{Handle: s.Handle, Labels: s.Labels})
 				})
-				return printList(cmd, o, snaps, func(s lifecycle.SnapshotInfo) string { return s.ID }, snapshotTable(o))
+				return printList(cmd, o, snaps, func(s session.SnapshotInfo) string { return s.ID }, snapshotTable(o))
 			})
 		},
 	}
@@ -515,13 +507,13 @@ func snapshotLsCmd(g *globals) *cobra.Command {
 	return c
 }
 
-func snapshotTable(o *output) table[lifecycle.SnapshotInfo] {
-	return table[lifecycle.SnapshotInfo]{
+func snapshotTable(o *output) table[session.SnapshotInfo] {
+	return table[session.SnapshotInfo]{
 		header: []string{"SNAPSHOT", "SANDBOX", "HANDLE", "CREATED", "SIZE"},
-		row: func(s lifecycle.SnapshotInfo) []string {
+		row: func(s session.SnapshotInfo) []string {
 			return []string{o.id(s.ID), o.id(s.Sandbox), s.Handle, age(s.CreatedAt), formatSize(s.AllocatedBytes)}
 		},
-		labels: func(s lifecycle.SnapshotInfo) events.Labels { return s.Labels },
+		labels: func(s session.SnapshotInfo) events.Labels { return s.Labels },
 	}
 }
 
@@ -531,8 +523,8 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use: "rm SNAPSHOT...", Short: "Delete snapshots (an ID or a unique prefix of one)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				var done []lifecycle.SnapshotInfo
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
+				var done []session.SnapshotInfo
 				remove, verb := m.SnapshotRemove, "removed"
 				if dryRun {
 					remove, verb = m.SnapshotRemovePlan, "would remove"
@@ -547,7 +539,7 @@ func snapshotRmCmd(g *globals) *cobra.Command {
 					}
 					return err
 				})
-				return errors.Join(err, printEach(cmd, o, args, done, func(s lifecycle.SnapshotInfo) string { return s.ID }))
+				return errors.Join(err, printEach(cmd, o, args, done, func(s session.SnapshotInfo) string { return s.ID }))
 			})
 		},
 	}
@@ -569,8 +561,8 @@ func restoreCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
-				sb, err := m.Restore(cmd.Context(), args[0], lifecycle.RestoreOptions{Force: force, Handle: handle, Labels: parsed})
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
+				sb, err := m.Restore(cmd.Context(), args[0], session.RestoreOptions{Force: force, Handle: handle, Labels: parsed})
 				if err != nil {
 					return err
 				}
@@ -598,7 +590,7 @@ func renameCmd(g *globals) *cobra.Command {
 			if args[1] == "" {
 				return usageError{errors.New("rename needs a new handle")}
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				sb, err := m.Rename(cmd.Context(), args[0], args[1])
 				if err != nil {
 					return err
@@ -616,7 +608,7 @@ func recoverCmd(g *globals) *cobra.Command {
 	c := &cobra.Command{
 		Use: "recover", Short: "Resume or compensate unfinished sagas; reconcile sandboxes with their processes", Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				rep, err := m.Recover(cmd.Context())
 				if err != nil {
 					return err
@@ -659,7 +651,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				v, err := m.VolumeCreate(cmd.Context(), args[0], n, labels)
 				if err != nil {
 					return err
@@ -679,7 +671,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				vols, err := m.Volumes(cmd.Context())
 				if err != nil {
 					return err
@@ -694,7 +686,7 @@ func volumeCmd(g *globals) *cobra.Command {
 	var rmYes, rmDry bool
 	rm := &cobra.Command{Use: "rm NAME...", Short: "Delete volumes and their files (refused while attached; asks first unless --yes)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				vols, err := m.Volumes(cmd.Context())
 				if err != nil {
 					return err
@@ -737,7 +729,7 @@ func volumeCmd(g *globals) *cobra.Command {
 			if apply && dryRun {
 				return usageError{errors.New("--apply and --dry-run exclude each other")}
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				var only []string
 				if apply && detached {
 					// Name every volume to be deleted before deleting
@@ -774,7 +766,7 @@ func volumeCmd(g *globals) *cobra.Command {
 
 // volumePruneHuman names every attachment and volume the prune cleared,
 // deleted, or (dry) would, and the detached volumes it kept.
-func volumePruneHuman(w io.Writer, rep lifecycle.PruneReport, detached bool) {
+func volumePruneHuman(w io.Writer, rep session.PruneReport, detached bool) {
 	clear, del, deleted := "would clear", "would delete", []string(nil)
 	switch {
 	case rep.Apply:
@@ -810,19 +802,19 @@ func volumeTable(o *output) table[projections.Volume] {
 }
 
 func logsCmd(g *globals) *cobra.Command {
-	var opt lifecycle.LogOptions
+	var opt session.LogOptions
 	c := &cobra.Command{
 		Use:   "logs ID|HANDLE",
 		Short: "Print a sandbox's console, VMM or supervisor log",
 		Args:  exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if !slices.Contains(lifecycle.LogKinds, opt.Kind) {
-				return usageError{fmt.Errorf("--log %q: want one of %v", opt.Kind, lifecycle.LogKinds)}
+			if !slices.Contains(session.LogKinds(), opt.Kind) {
+				return usageError{fmt.Errorf("--log %q: want one of %v", opt.Kind, session.LogKinds())}
 			}
 			if opt.Tail < 0 {
 				return usageError{fmt.Errorf("--tail %d: want a number of lines, 0 for all", opt.Tail)}
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				return m.Logs(cmd.Context(), args[0], opt, cmd.OutOrStdout())
 			})
 		},

@@ -18,8 +18,8 @@ import (
 
 	"github.com/nexus-sandbox/nexus/config"
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/replay"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // NexusdEnv names the nexusd binary the CLI uses instead of the one beside
@@ -131,7 +131,7 @@ func writeManPages(*cobra.Command, string) error { return execNexusd() }
 // names here hand a command line given to the CLI over to it.
 func shimCmds() []*cobra.Command {
 	var cmds []*cobra.Command
-	for _, use := range lifecycle.ShimCommands {
+	for _, use := range session.ShimCommands() {
 		cmds = append(cmds, &cobra.Command{Use: use, Hidden: true, DisableFlagParsing: true,
 			RunE: func(*cobra.Command, []string) error { return execNexusd() }})
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // progressDelay is how long a copy runs before it gets a bar: most copies
@@ -25,7 +25,7 @@ type terminalProgress struct {
 
 // progressFor returns the progress display for this process: a bar on
 // stderr when it is a terminal, nothing otherwise (pipes, logs, CI).
-func progressFor() lifecycle.Progress {
+func progressFor() session.Progress {
 	if !term.IsTerminal(int(os.Stderr.Fd())) {
 		return nil
 	}

@@ -8,8 +8,9 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/client"
 	"github.com/nexus-sandbox/nexus/projections"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // readyWait is how create, start, fork and restore wait for Ready:
@@ -22,7 +23,7 @@ type readyWait struct {
 func addReadyFlags(c *cobra.Command) *readyWait {
 	w := &readyWait{}
 	c.Flags().BoolVar(&w.noWait, "no-wait", false, "return once the VMM boots, without waiting for the guest to be Ready")
-	c.Flags().DurationVar(&w.timeout, "wait-timeout", lifecycle.DefaultReadyTimeout, "how long to wait for the guest to be Ready (its agent answering); past it the sandbox is left running, Ready=False reason=AgentNotReady, and the command fails")
+	c.Flags().DurationVar(&w.timeout, "wait-timeout", session.DefaultReadyTimeout, "how long to wait for the guest to be Ready (its agent answering); past it the sandbox is left running, Ready=False reason=AgentNotReady, and the command fails")
 	return w
 }
 
@@ -30,7 +31,7 @@ func addReadyFlags(c *cobra.Command) *readyWait {
 // as it now stands, with the wait's error (the sandbox is kept either
 // way). A sandbox that is not running (a fork of a stopped parent) is
 // not waited for.
-func (w *readyWait) await(ctx context.Context, m *lifecycle.Manager, sb projections.Sandbox) (projections.Sandbox, error) {
+func (w *readyWait) await(ctx context.Context, m *session.Manager, sb projections.Sandbox) (projections.Sandbox, error) {
 	if w.noWait || sb.State != projections.StateRunning {
 		return sb, nil
 	}
@@ -52,7 +53,7 @@ func (w *readyWait) await(ctx context.Context, m *lifecycle.Manager, sb projecti
 // addExecWait is exec's and cp's bound on waiting for a booting sandbox.
 func addExecWait(c *cobra.Command) *time.Duration {
 	var d time.Duration
-	c.Flags().DurationVar(&d, "wait-timeout", lifecycle.DefaultReadyTimeout, "how long to wait for a sandbox that is not Ready yet (booting) before failing")
+	c.Flags().DurationVar(&d, "wait-timeout", session.DefaultReadyTimeout, "how long to wait for a sandbox that is not Ready yet (booting) before failing")
 	return &d
 }
 
@@ -72,14 +73,14 @@ Fails (exit 1) when one does not within --timeout.`,
 		Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			switch cond {
-			case lifecycle.ForReady, lifecycle.ForStopped, lifecycle.ForExited:
+			case client.ForReady, client.ForStopped, client.ForExited:
 			default:
 				return usageError{fmt.Errorf("--for %q: want ready, stopped or exited", cond)}
 			}
 			if timeout <= 0 {
 				return usageError{fmt.Errorf("--timeout %s: want a positive duration", timeout)}
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error {
+			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				var done []projections.Sandbox
 				err := eachRef(cmd, args, func(ref string) error {
 					sb, err := m.WaitFor(cmd.Context(), ref, cond, timeout)
@@ -95,8 +96,8 @@ Fails (exit 1) when one does not within --timeout.`,
 			})
 		},
 	}
-	c.Flags().StringVar(&cond, "for", lifecycle.ForReady, "ready, stopped or exited")
-	c.Flags().DurationVar(&timeout, "timeout", lifecycle.DefaultReadyTimeout, "how long to wait for each sandbox")
+	c.Flags().StringVar(&cond, "for", client.ForReady, "ready, stopped or exited")
+	c.Flags().DurationVar(&timeout, "timeout", session.DefaultReadyTimeout, "how long to wait for each sandbox")
 	o = addOutput(c, true)
 	return c
 }

@@ -14,13 +14,12 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/reaper"
 	"github.com/nexus-sandbox/nexus/session"
 )
 
 func reapCmd(g *globals) *cobra.Command {
-	var o lifecycle.ReapOptions
+	var o session.ReapOptions
 	var kind, olderThan string
 	var dryRun bool
 	var out *output
@@ -98,7 +97,7 @@ func reapCmd(g *globals) *cobra.Command {
 
 // runReap reaps the state root (session.Reap: a journal that cannot be
 // fully read keeps everything).
-func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecycle.ReapReport, error) {
+func runReap(ctx context.Context, g *globals, o session.ReapOptions) (*session.ReapReport, error) {
 	root, err := control.PrepareRoot(g.stateDir)
 	if err != nil {
 		return nil, err
@@ -111,7 +110,7 @@ func runReap(ctx context.Context, g *globals, o lifecycle.ReapOptions) (*lifecyc
 	return rep, inNexusd(err)
 }
 
-func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
+func reapHuman(cmd *cobra.Command, rep *session.ReapReport) {
 	w := cmd.OutOrStdout()
 	mode := "dry run"
 	if rep.Apply {
@@ -127,7 +126,7 @@ func reapHuman(cmd *cobra.Command, rep *lifecycle.ReapReport) {
 		fmt.Fprintf(w, "journal cannot be fully read, everything is kept: %s\n", rep.Journal)
 	}
 	fmt.Fprintf(w, "reap (%s): %d scanned, %d orphan(s), %d kept (%d owned)\n", mode, rep.Scanned, len(rep.Orphans), len(rep.Kept), owned)
-	line := func(tag string, it lifecycle.ReapItem) {
+	line := func(tag string, it session.ReapItem) {
 		fmt.Fprintf(w, "  %-9s %-18s %s  owner=%s  %s  %s", tag, it.Kind, it.Path, dash(it.Owner), formatSize(it.Allocated), it.Reason)
 		if it.Error != "" {
 			fmt.Fprintf(w, "  error: %s", it.Error)

@@ -6,13 +6,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // A release build has no failure injection and no test-only commands; see
 // testhooks.go, which a build with -tags nexustest uses instead.
 
-func testHooks() lifecycle.Hook { return nil }
+func testHooks() session.Hook { return nil }
 
 func spawnLockHook() func() { return nil }
 

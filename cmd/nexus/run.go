@@ -16,7 +16,6 @@ import (
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/ledger"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/session"
 )
 
@@ -157,7 +156,7 @@ func ledgerCmd(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return withManager(cmd.Context(), g, func(m *lifecycle.Manager) error { return session.JournalKept(cmd.Context(), m, evs) })
+			return withManager(cmd.Context(), g, func(m *session.Manager) error { return session.JournalKept(cmd.Context(), m, evs) })
 		}}
 
 	var run string
@@ -183,7 +182,7 @@ func sweepRuns(ctx context.Context, g *globals, exclude, by string) ([]ledger.Ou
 
 // manage is withManagerOwned for the session package.
 func manage(g *globals) session.Manage {
-	return func(ctx context.Context, owned bool, fn func(*lifecycle.Manager) error) error {
+	return func(ctx context.Context, owned bool, fn func(*session.Manager) error) error {
 		return withManagerOwned(ctx, g, owned, fn)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/replay"
@@ -90,5 +92,31 @@ func TestListItemIsASandboxsJSON(t *testing.T) {
 		if !bytes.Equal(got, want) {
 			t.Errorf("ListItem of %s:\n%s\nwant\n%s", sb.ID, got, want)
 		}
+	}
+}
+
+// TestEventJSONKeepsItsBytes: `events --json` prints each event as the
+// line testdata/events.jsonl holds (docs/json.md's Event), its payload's
+// lists as lists and its times in UTC, whether or not it is of a saga.
+func TestEventJSONKeepsItsBytes(t *testing.T) {
+	at := time.Date(2026, 12, 4, 19, 16, 2, 123456789, time.FixedZone("X", 3600))
+	created := events.New(ulid.MustParse("01JF000000000000000000000E"), at, "01JF00000000000000000000AA",
+		events.SandboxCreatedEvent{Handle: "team/one", Image: "/img/os.raw", Driver: "process", Labels: events.Labels{"team": "web"}})
+	created.Saga, created.Step = "01JF00000000000000000000GG", "create"
+	renamed := events.New(ulid.MustParse("01JF000000000000000000000F"), at.Add(time.Second), "01JF00000000000000000000AA",
+		events.SandboxRenamedEvent{Handle: "team/two"})
+	var got bytes.Buffer
+	for i, e := range []events.Event{created, renamed} {
+		r := events.Record{Seq: uint64(41 + i), Event: e}
+		if err := printStreamed(&got, &output{json: true}, eventJSON(r), e.ID.String(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile("testdata/events.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != string(want) {
+		t.Errorf("events print\n%s\nwant\n%s", got.String(), want)
 	}
 }

@@ -13,13 +13,13 @@ import (
 
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/internal/testhooks"
-	"github.com/nexus-sandbox/nexus/lifecycle"
+	"github.com/nexus-sandbox/nexus/session"
 )
 
 // testCommands are the commands only a test build has.
 func testCommands(g *globals) []*cobra.Command { return []*cobra.Command{demoCmd(g), testfillCmd(g)} }
 
-func testHooks() lifecycle.Hook { return testhooks.SagaHooks() }
+func testHooks() session.Hook { return testhooks.SagaHooks() }
 
 func spawnLockHook() func() { return testhooks.SpawnLock() }
 

@@ -39,27 +39,12 @@ type Sandbox struct {
 	Labels     events.Labels     `json:"labels,omitempty"`
 }
 
-// Process is projections.Process on the wire.
-type Process struct {
-	Pid        int    `json:"pid"`
-	StartTicks uint64 `json:"start_ticks"`
-	Exited     bool   `json:"exited,omitempty"`
-}
-
-// Attachment is projections.Attachment on the wire.
-type Attachment struct {
-	Name      string `json:"name"`
-	GuestPath string `json:"guest_path"`
-	ReadOnly  bool   `json:"read_only,omitempty"`
-}
-
-// Condition is projections.Condition on the wire.
-type Condition struct {
-	Type    string `json:"type"`
-	Status  string `json:"status"`
-	Reason  string `json:"reason"`
-	Message string `json:"message"`
-}
+// Process, Attachment and Condition cross the wire in their --json form.
+type (
+	Process    = projections.ProcessJSON
+	Attachment = projections.AttachmentJSON
+	Condition  = projections.ConditionJSON
+)
 
 // SandboxOf is sb as the daemon sends it.
 func SandboxOf(sb projections.Sandbox) Sandbox {

@@ -210,12 +210,8 @@ func TestFleetAggregate(t *testing.T) {
 
 	// A record stored by hand (a subject added to the aggregate) names
 	// host-b but was never sourced from its mirror: reported and skipped.
-	fnc, err := nats.Connect(c.nodes[1].ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)), nats.UserInfo("forger", "forger"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	fnc, fjs := connectJS(t, c.nodes[1].ClientURL(), nats.UserInfo("forger", "forger"))
 	defer fnc.Close()
-	fjs, _ := jetstream.New(fnc)
 	forged := s.CachedInfo().Config
 	forged.Subjects = []string{"host-b.nexus.events.forged"}
 	if _, err := fjs.UpdateStream(ctx, forged); err != nil {

@@ -177,15 +177,67 @@ func (c *fleetCluster) urls(user, pass string) []*url.URL {
 	return out
 }
 
+// openFleetHost is mirrorTo as the host's own user, closed at the
+// test's end.
 func openFleetHost(t testing.TB, c *fleetCluster, name, pass string, check time.Duration) (*journal.Journal, *Mirror) {
 	t.Helper()
-	m := &Mirror{URLs: c.urls(name, pass), Domain: fleetDomain, Host: name, HostID: ulid.Make().String(), StartWait: 20 * time.Second, Check: check}
+	j, m := mirrorTo(t, c, name, pass, name, check)
+	t.Cleanup(func() { j.Close() })
+	return j, m
+}
+
+// plainTemplate lets user h (password p) into the fleet's account, with
+// no host template.
+const plainTemplate = "accounts { FLEET: { jetstream: enabled, users: [{user: h, password: p}] } }\n"
+
+// mirrorTo opens a fresh journal that mirrors, as host, to every node of
+// c as user:pass, checking its mirror every check; the caller closes it.
+func mirrorTo(t testing.TB, c *fleetCluster, user, pass, host string, check time.Duration) (*journal.Journal, *Mirror) {
+	t.Helper()
+	m := &Mirror{URLs: c.urls(user, pass), Domain: fleetDomain, Host: host, HostID: ulid.Make().String(), StartWait: 20 * time.Second, Check: check}
 	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { j.Close() })
 	return j, m
+}
+
+// clientURL is node's client URL for user:pass.
+func (c *fleetCluster) clientURL(node int, user, pass string) string {
+	u, _ := url.Parse(c.nodes[node].ClientURL())
+	u.User = url.UserPassword(user, pass)
+	return u.String()
+}
+
+// connectJS connects to a fleet server's client URL; the caller closes
+// the connection.
+func connectJS(t testing.TB, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, append([]nats.Option{nats.Timeout(testutil.Scale(30 * time.Second))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// limitMirror is an operator's change to a mirror's settings: a byte
+// limit, which the host must keep and report rather than undo.
+func limitMirror(ctx context.Context, t testing.TB, js jetstream.JetStream, stream string) {
+	t.Helper()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.MaxBytes = 1 << 30
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // templateFleet is a real three-node fleet cluster under the template of

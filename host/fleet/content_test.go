@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -56,14 +54,8 @@ func failedChecks(fs []FailedCheck) []string {
 // in a read against the host's report (`replay verify --nats`); one who
 // purges its head fails the first-sequence and count checks.
 func TestMirrorContentChecks(t *testing.T) {
-	tmpl := "accounts { FLEET: { jetstream: enabled, users: [{user: h, password: p}] } }\n"
-	c := startCluster(t, tmpl)
-	m := &Mirror{URLs: c.urls("h", "p"), Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String(),
-		StartWait: 20 * time.Second, Check: 200 * time.Millisecond}
-	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startCluster(t, plainTemplate)
+	j, m := mirrorTo(t, c, "h", "p", "host-a", 200*time.Millisecond)
 	defer j.Close()
 	appendN(t, j, 0, 5)
 	if seq := journalDigest(t, j); seq != 6 {
@@ -71,14 +63,9 @@ func TestMirrorContentChecks(t *testing.T) {
 	}
 	appendN(t, j, 5, 1)
 
-	u, _ := url.Parse(c.nodes[2].ClientURL())
-	u.User = url.UserPassword("h", "p")
-	operator, err := nats.Connect(u.String(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := c.clientURL(2, "h", "p")
+	operator, js := connectJS(t, u)
 	defer operator.Close()
-	js, _ := jetstream.New(operator)
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
 	defer cancel()
 	var st *MirrorState
@@ -98,7 +85,7 @@ func TestMirrorContentChecks(t *testing.T) {
 	if len(st.FailedChecks) != 0 {
 		t.Fatalf("a true mirror failed %v", st.FailedChecks)
 	}
-	if err := ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { return nil }, nil); err != nil {
+	if err := ReadMirror(ctx, u, "", "", m.StreamName(), func(journal.Record) error { return nil }, nil); err != nil {
 		t.Fatalf("a true mirror read against its report: %v", err)
 	}
 
@@ -142,7 +129,7 @@ func TestMirrorContentChecks(t *testing.T) {
 	if got := failedChecks(st.FailedChecks); !slices.Equal(got, []string{CheckDigest}) || st.MirrorLastSeq != 7 || st.MirrorMsgs != 7 {
 		t.Fatalf("a mirror with one record changed, same span: failed %v (%+v)", st.FailedChecks, st)
 	}
-	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
+	err = ReadMirror(ctx, u, "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "digest check failed") || strings.Contains(err.Error(), "count check") {
 		t.Fatalf("a mirror with one record changed, read against the report: %v", err)
 	}
@@ -156,7 +143,7 @@ func TestMirrorContentChecks(t *testing.T) {
 	if got := failedChecks(st.FailedChecks); !slices.Contains(got, CheckFirstSeq) || !slices.Contains(got, CheckCount) {
 		t.Fatalf("a mirror with its head purged: failed %v (%+v)", st.FailedChecks, st)
 	}
-	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
+	err = ReadMirror(ctx, u, "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "first_seq check failed") {
 		t.Fatalf("a mirror with its head purged, read against the report: %v", err)
 	}
@@ -168,12 +155,8 @@ func TestMirrorContentChecks(t *testing.T) {
 // its start.
 func TestChainCacheReadsOnlyWhatIsNew(t *testing.T) {
 	srv := startFleet(t, t.TempDir(), freePort(t), freePort(t))
-	nc, err := nats.Connect(srv.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectJS(t, srv.ClientURL())
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
 	defer cancel()
 	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
@@ -181,24 +179,12 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	awaitMirrored(t, fleet, m.StreamName(), 4)
 	awaitReported(t, fleet, m.StreamName(), 4)
 
-	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectJS(t, fleet.ClientURL())
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// The operator limits the mirror; the daemon must not undo it.
-	s, err := js.Stream(ctx, m.StreamName())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.MaxBytes = 1 << 30
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	limitMirror(ctx, t, js, m.StreamName())
 	waitLog(t, &logs, "mirror.settings-differ")
 	// A restart of the host (same root, same identity) keeps it too.
 	dir := j.Dir()
@@ -210,7 +196,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	}
 	defer j.Close()
 	waitLog(t, &logs2, "mirror.settings-differ")
-	if s, _ = js.Stream(ctx, m.StreamName()); s.CachedInfo().Config.MaxBytes != 1<<30 {
+	if s, _ := js.Stream(ctx, m.StreamName()); s.CachedInfo().Config.MaxBytes != 1<<30 {
 		t.Fatalf("operator's limit reset to %d", s.CachedInfo().Config.MaxBytes)
 	}
 

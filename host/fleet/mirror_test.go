@@ -67,15 +67,8 @@ func freePort(t testing.TB) int {
 
 func mirrored(t *testing.T, fleet *server.Server, stream string) []*nats.Msg {
 	t.Helper()
-	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectJS(t, fleet.ClientURL())
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s, err := js.Stream(ctx, stream)
@@ -119,15 +112,8 @@ func awaitMirrored(t *testing.T, fleet *server.Server, stream string, n int) []*
 // awaitCreated waits until the fleet holds the mirror stream.
 func awaitCreated(t *testing.T, fleet *server.Server, stream string) {
 	t.Helper()
-	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectJS(t, fleet.ClientURL())
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	testutil.WaitUntil(t, 30*time.Second, stream+" made on the fleet", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -140,15 +126,8 @@ func awaitCreated(t *testing.T, fleet *server.Server, stream string) {
 // journal sequence seq.
 func awaitReported(t *testing.T, fleet *server.Server, stream string, seq uint64) {
 	t.Helper()
-	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectJS(t, fleet.ClientURL())
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	testutil.WaitUntil(t, 20*time.Second, fmt.Sprintf("sequence %d in %s's report", seq, stream), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

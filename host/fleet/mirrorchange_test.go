@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/internal/testutil"
@@ -84,23 +82,11 @@ func TestMirrorChangesReported(t *testing.T) {
 	awaitMirrored(t, fleet, m.StreamName(), 2)
 	awaitReported(t, fleet, m.StreamName(), 2)
 
-	nc, err := nats.Connect(fleet.ClientURL(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectJS(t, fleet.ClientURL())
 	defer nc.Close()
-	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	s, err := js.Stream(ctx, m.StreamName())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.MaxBytes = 1 << 30
-	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	limitMirror(ctx, t, js, m.StreamName())
 	if c := awaitChange(t, m, "settings_differ"); !strings.Contains(c.Detail, "max bytes 1073741824") {
 		t.Fatalf("settings_differ: %+v", c)
 	}

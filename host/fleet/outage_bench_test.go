@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/oklog/ulid/v2"
 
@@ -50,15 +49,8 @@ func appendEvents(tb testing.TB, j *journal.Journal, n int) {
 // aggregate, which is in the auditors' own account (no API prefix).
 func aggregateReader(tb testing.TB, c *templateFleet) jetstream.JetStream {
 	tb.Helper()
-	nc, err := nats.Connect(c.auditorURL(0), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		tb.Fatal(err)
-	}
+	nc, js := connectJS(tb, c.auditorURL(0))
 	tb.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		tb.Fatal(err)
-	}
 	return js
 }
 

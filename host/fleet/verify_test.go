@@ -2,18 +2,14 @@ package fleet
 
 import (
 	"context"
-	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
-	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // TestReadMirrorComparesWithTheHostsReport: on a real three-node fleet the
@@ -22,24 +18,13 @@ import (
 // copy cut short while the host was away) is refused, and the whole
 // mirror reads.
 func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
-	tmpl := "accounts { FLEET: { jetstream: enabled, users: [{user: h, password: p}] } }\n"
-	c := startCluster(t, tmpl)
-	m := &Mirror{URLs: c.urls("h", "p"), Domain: fleetDomain, Host: "host-a", HostID: ulid.Make().String(),
-		StartWait: 20 * time.Second, Check: 200 * time.Millisecond}
-	j, err := journal.Open(context.Background(), journal.Options{Dir: filepath.Join(t.TempDir(), "journal"), Mirror: m})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := startCluster(t, plainTemplate)
+	j, m := mirrorTo(t, c, "h", "p", "host-a", 200*time.Millisecond)
 	appendN(t, j, 0, 5)
 
-	u, _ := url.Parse(c.nodes[2].ClientURL())
-	u.User = url.UserPassword("h", "p")
-	admin, err := nats.Connect(u.String(), nats.Timeout(testutil.Scale(30*time.Second)))
-	if err != nil {
-		t.Fatal(err)
-	}
+	u := c.clientURL(2, "h", "p")
+	admin, js := connectJS(t, u)
 	defer admin.Close()
-	js, _ := jetstream.New(admin)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var info *jetstream.StreamInfo
@@ -65,7 +50,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 		t.Fatalf("report %+v, metadata %v", rep, info.Config.Metadata)
 	}
 	count := 0
-	if err := ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { count++; return nil }, nil); err != nil || count != 5 {
+	if err := ReadMirror(ctx, u, "", "", m.StreamName(), func(journal.Record) error { count++; return nil }, nil); err != nil || count != 5 {
 		t.Fatalf("the whole mirror: %d records, %v", count, err)
 	}
 	if st := m.State(ctx); st.ReportedSeq != 5 || st.MirrorLastSeq != 5 {
@@ -97,7 +82,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err = ReadMirror(ctx, u.String(), "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
+	err := ReadMirror(ctx, u, "", "", m.StreamName(), func(journal.Record) error { return nil }, nil)
 	if err == nil || !strings.Contains(err.Error(), "last_seq check failed: the mirror ends at 3, but its host reported its journal at 5") {
 		t.Fatalf("a mirror cut short of its host's report: %v", err)
 	}

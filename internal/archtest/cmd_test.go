@@ -29,12 +29,11 @@ var cmdNexusImports = map[string]string{
 	"internal/testhooks": "failure injection, in a -tags nexustest build only",
 	"layout":             "run and sandbox ids checked at parse time",
 	"ledger":             "the sweep's caller and verdicts",
-	"lifecycle":          "the flows",
 	"oneline":            "one-line messages",
 	"projections":        "the sandboxes and volumes it prints",
 	"reaper":             "the kinds a reap judges, which --kind takes",
 	"replay":             "the audit it prints",
-	"session":            "run, ledger sweeps and reap",
+	"session":            "the flows a command runs, run, ledger sweeps and reap",
 }
 
 // cmdNexusdImports are what the files of nexusd alone (-tags nexusd: a
