@@ -121,7 +121,9 @@ func newRoot() *cobra.Command {
 		Short:         "Lifecycle manager for microVM sandboxes and the host resources they own",
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		Version:       readVersion().String(),
+		// Any text turns on --version; the template prints the full line,
+		// read only when asked (it opens nexusd's file).
+		Version: "nexus",
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if g.driver != "" {
 				if err := config.CheckDriver(g.driver); err != nil {
@@ -135,7 +137,8 @@ func newRoot() *cobra.Command {
 			return nil
 		},
 	}
-	root.SetVersionTemplate("{{.Version}}\n")
+	cobra.AddTemplateFunc("nexusVersion", func() string { return readVersion().String() })
+	root.SetVersionTemplate("{{nexusVersion}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
 	root.PersistentFlags().BoolVar(&g.wait, "wait", false, "wait for another command's saga on the same sandbox or volume to end instead of refusing")
