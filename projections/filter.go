@@ -79,7 +79,7 @@ func ParseFilters(flags []string, valid []FilterKey) (Filters, error) {
 		case FilterLabel:
 			name, value, has := strings.Cut(v, "=")
 			f.Label, f.Value, f.HasValue = name, value, has
-			if !labelKeyRE.MatchString(name) {
+			if !labelKeyRE().MatchString(name) {
 				return nil, fmt.Errorf("filter %q: want label=KEY or label=KEY=VALUE", s)
 			}
 		case FilterState:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"sync"
 	"unicode"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -19,7 +20,7 @@ const (
 
 // labelKeyRE is what a label key may be: a letter or digit, then letters,
 // digits, '.', '_', '-' and '/' (docker's and Kubernetes' keys fit).
-var labelKeyRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`)
+var labelKeyRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]*$`) })
 
 // ParseLabel reads one KEY=VALUE label. The value may be empty and may
 // hold '=' (the key ends at the first); it holds no control character.
@@ -28,7 +29,7 @@ func ParseLabel(s string) (key, value string, err error) {
 	switch {
 	case !ok:
 		return "", "", fmt.Errorf("label %q: want KEY=VALUE", s)
-	case len(key) > MaxLabelKey || !labelKeyRE.MatchString(key):
+	case len(key) > MaxLabelKey || !labelKeyRE().MatchString(key):
 		return "", "", fmt.Errorf("label %q: the key is a letter or digit, then letters, digits, '.', '_', '-', '/' (at most %d)", s, MaxLabelKey)
 	case len(value) > MaxLabelValue:
 		return "", "", fmt.Errorf("label %q: the value is longer than %d bytes", s, MaxLabelValue)

@@ -71,8 +71,10 @@ func addCompletions(root *cobra.Command, g *globals) {
 		if f, ok := argCompleters[commandKey(c)]; ok {
 			c.ValidArgsFunction = f(g)
 		}
+		// The flags declared on c itself: LocalFlags would merge every
+		// parent's flag set into each command, on every command line.
 		for name, f := range flagCompleters {
-			if c.LocalFlags().Lookup(name) != nil || c == root && c.PersistentFlags().Lookup(name) != nil {
+			if c.Flags().Lookup(name) != nil || c.PersistentFlags().Lookup(name) != nil {
 				_ = c.RegisterFlagCompletionFunc(name, f(g))
 			}
 		}

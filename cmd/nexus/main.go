@@ -70,7 +70,7 @@ func main() {
 	}()
 	identify()
 	flush := startTracing(ctx)
-	err := execute(ctx, newRoot(), os.Args[1:])
+	err := execute(ctx, newRootFor(os.Args[1:]), os.Args[1:])
 	flush()
 	os.Exit(exitCode(err))
 }
@@ -114,14 +114,90 @@ func exitCode(err error) int {
 	return 1
 }
 
-func newRoot() *cobra.Command {
+// topCommand is a command of the root: the name and aliases a command
+// line picks it by, and how it is built.
+type topCommand struct {
+	names []string
+	build func(*globals) *cobra.Command
+}
+
+// topCommands are the root's commands but the hidden ones (shimCmds,
+// testCommands) and docs; a test holds the names to the built commands.
+var topCommands = []topCommand{
+	{[]string{"version"}, func(*globals) *cobra.Command { return versionCmd() }},
+	{[]string{"daemon"}, daemonCmd},
+	{[]string{"events"}, eventsCmd},
+	{[]string{"ls", "ps", "list"}, lsCmd},
+	{[]string{"inspect"}, inspectCmd},
+	{[]string{"create"}, createCmd},
+	{[]string{"fork"}, forkCmd},
+	{[]string{"snapshot"}, snapshotCmd},
+	{[]string{"restore"}, restoreCmd},
+	{[]string{"rename"}, renameCmd},
+	{[]string{"start"}, startCmd},
+	{[]string{"stop"}, stopCmd},
+	{[]string{"wait"}, waitCmd},
+	{[]string{"rm", "remove", "delete"}, rmCmd},
+	{[]string{"recover"}, recoverCmd},
+	{[]string{"volume"}, volumeCmd},
+	{[]string{"replay"}, replayCmd},
+	{[]string{"image-cache"}, imageCacheCmd},
+	{[]string{"reap"}, reapCmd},
+	{[]string{"run"}, runCmd},
+	{[]string{"ledger"}, ledgerCmd},
+	{[]string{"journal"}, journalCmd},
+	{[]string{"config"}, configCmd},
+	{[]string{"logs"}, logsCmd},
+	{[]string{"fleet"}, fleetCmd},
+	{[]string{"guest"}, func(*globals) *cobra.Command { return guestCmd() }},
+	{[]string{"exec"}, execCmd},
+	{[]string{"cp"}, cpCmd},
+}
+
+// newRoot builds the whole command tree.
+func newRoot() *cobra.Command { return newRootOf(nil) }
+
+// newRootFor builds the tree a command line runs: the root and the one
+// command of topCommands the line names, so that no command pays for
+// building every other command and its flags. A line naming none of them
+// (help, a completion request, a hidden command, a typo) gets the whole
+// tree, and with it cobra's help, suggestions and errors.
+func newRootFor(args []string) *cobra.Command {
+	// Which command the line names, by cobra's own lookup over the root's
+	// flags and a stand-in for each command.
+	lookup := newRootOf(&topCommand{})
+	stand := map[*cobra.Command]*topCommand{}
+	for i := range topCommands {
+		t := &topCommands[i]
+		c := &cobra.Command{Use: t.names[0], Aliases: t.names[1:], Run: func(*cobra.Command, []string) {}}
+		stand[c] = t
+		lookup.AddCommand(c)
+	}
+	c, _, err := lookup.Find(args)
+	for err == nil && c.HasParent() && c.Parent() != lookup {
+		c = c.Parent()
+	}
+	if t := stand[c]; err == nil && t != nil {
+		root := newRootOf(t)
+		if c, _, err := root.Find(args); err == nil && c != root {
+			return root
+		}
+	}
+	return newRootOf(nil)
+}
+
+// newRootOf builds the root with one command of topCommands (none when it
+// builds nothing), or with every command when only is nil.
+func newRootOf(only *topCommand) *cobra.Command {
 	g := &globals{}
 	root := &cobra.Command{
 		Use:           "nexus",
 		Short:         "Lifecycle manager for microVM sandboxes and the host resources they own",
 		SilenceErrors: true,
 		SilenceUsage:  true,
-		Version:       readVersion().String(),
+		// Any text turns on --version; the template prints the full line,
+		// read only when asked (it opens nexusd's file).
+		Version: "nexus",
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
 			if g.driver != "" {
 				if err := config.CheckDriver(g.driver); err != nil {
@@ -135,24 +211,23 @@ func newRoot() *cobra.Command {
 			return nil
 		},
 	}
-	root.SetVersionTemplate("{{.Version}}\n")
+	cobra.AddTemplateFunc("nexusVersion", func() string { return readVersion().String() })
+	root.SetVersionTemplate("{{nexusVersion}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
 	root.PersistentFlags().BoolVar(&g.wait, "wait", false, "wait for another command's saga on the same sandbox or volume to end instead of refusing")
 	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: "+config.OneOf(config.Drivers)+" (env NEXUS_DRIVER)")
-	root.AddCommand(
-		versionCmd(),
-		daemonCmd(g),
-		eventsCmd(g),
-		lsCmd(g),
-		inspectCmd(g),
-		createCmd(g), forkCmd(g), snapshotCmd(g), restoreCmd(g), renameCmd(g), startCmd(g), stopCmd(g), waitCmd(g),
-		rmCmd(g), recoverCmd(g), volumeCmd(g), replayCmd(g),
-		imageCacheCmd(g), reapCmd(g), runCmd(g), ledgerCmd(g), journalCmd(g), configCmd(g), logsCmd(g), fleetCmd(g), guestCmd(), execCmd(g), cpCmd(g),
-	)
-	root.AddCommand(shimCmds()...)
-	root.AddCommand(testCommands(g)...)
-	root.AddCommand(docsCmd())
+	switch {
+	case only == nil:
+		for _, t := range topCommands {
+			root.AddCommand(t.build(g))
+		}
+		root.AddCommand(shimCmds()...)
+		root.AddCommand(testCommands(g)...)
+		root.AddCommand(docsCmd())
+	case only.build != nil:
+		root.AddCommand(only.build(g))
+	}
 	root.SetHelpCommand(helpCmd())
 	addExamples(root)
 	addCompletions(root, g)

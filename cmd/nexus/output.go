@@ -224,7 +224,10 @@ type table[T any] struct {
 }
 
 func (t table[T]) print(w io.Writer, items []T) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	// tabwriter writes each cell on its own: one write(2) per cell
+	// without the buffer.
+	bw := bufio.NewWriter(w)
+	tw := tabwriter.NewWriter(bw, 0, 4, 2, ' ', 0)
 	withLabels := t.labels != nil && slices.ContainsFunc(items, func(it T) bool { return len(t.labels(it)) > 0 })
 	header := t.header
 	if withLabels {
@@ -241,7 +244,10 @@ func (t table[T]) print(w io.Writer, items []T) error {
 		}
 		fmt.Fprintln(tw, strings.Join(cells, "\t"))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return bw.Flush()
 }
 
 // labelsText prints labels as docker's tables do: k=v pairs, sorted by

@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/nexus-sandbox/nexus/oneline"
 )
@@ -78,7 +79,7 @@ func Preflight(ctx context.Context) (map[string]string, error) {
 		cmd := exec.CommandContext(ctx, path, t.Probe...)
 		cmd.Env = toolEnv()
 		text, _ := cmd.CombinedOutput() // resize2fs's probe exits 1 by design
-		banner := versionRE.FindString(string(text))
+		banner := versionRE().FindString(string(text))
 		if banner == "" && ctx.Err() != nil {
 			// The probe was killed by the interruption, not found wanting.
 			return out, fmt.Errorf("%s %s: %w", path, strings.Join(t.Probe, " "), context.Cause(ctx))
@@ -91,7 +92,9 @@ func Preflight(ctx context.Context) (map[string]string, error) {
 	return out, nil
 }
 
-var versionRE = regexp.MustCompile(`\b(e2fsck|resize2fs|mke2fs|debugfs|dumpe2fs) \d+\.\d+(\.\d+)?`)
+var versionRE = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`\b(e2fsck|resize2fs|mke2fs|debugfs|dumpe2fs) \d+\.\d+(\.\d+)?`)
+})
 
 // toolEnv fixes the locale (the output is parsed) and keeps a site
 // e2fsck.conf from changing what preen may fix on its own.
@@ -149,7 +152,7 @@ func CheckImage(ctx context.Context, path string) (Check, error) {
 	head, err := run(ctx, "dumpe2fs", "-h", path)
 	if err != nil {
 		if badSuper(head) {
-			return c, fmt.Errorf("%s: %w: %s", path, ErrNotExt4, firstMatch(head, badSuperRE))
+			return c, fmt.Errorf("%s: %w: %s", path, ErrNotExt4, firstMatch(head, badSuperRE()))
 		}
 		return c, fmt.Errorf("dumpe2fs %s: %v: %s", path, err, oneline.Of(head))
 	}
@@ -170,11 +173,11 @@ func CheckImage(ctx context.Context, path string) (Check, error) {
 	code := exitCode(err)
 	if code < 0 || code >= 8 {
 		if badSuper(text) {
-			return c, fmt.Errorf("%s: %w: %s", path, ErrNotExt4, firstMatch(text, badSuperRE))
+			return c, fmt.Errorf("%s: %w: %s", path, ErrNotExt4, firstMatch(text, badSuperRE()))
 		}
 		return c, fmt.Errorf("e2fsck -fn %s: exit %d: %s", path, code, oneline.Of(text))
 	}
-	m := summaryRE.FindStringSubmatch(text)
+	m := summaryRE().FindStringSubmatch(text)
 	if m == nil {
 		return c, fmt.Errorf("e2fsck -fn %s: no summary line in: %s", path, oneline.Of(text))
 	}
@@ -187,18 +190,18 @@ func CheckImage(ctx context.Context, path string) (Check, error) {
 	// agreed with the count and the summary is the counted figure.
 	c.UsedInodes, _ = strconv.ParseInt(m[1], 10, 64)
 	c.UsedBlocks, _ = strconv.ParseInt(m[3], 10, 64)
-	if w := freeBlocksWrongRE.FindStringSubmatch(text); w != nil {
+	if w := freeBlocksWrongRE().FindStringSubmatch(text); w != nil {
 		counted, _ := strconv.ParseInt(w[2], 10, 64)
 		c.UsedBlocks, c.StaleCounts = c.Blocks-counted, true
 	}
-	if w := freeInodesWrongRE.FindStringSubmatch(text); w != nil {
+	if w := freeInodesWrongRE().FindStringSubmatch(text); w != nil {
 		counted, _ := strconv.ParseInt(w[2], 10, 64)
 		c.UsedInodes, c.StaleCounts = c.Inodes-counted, true
 	}
 	if c.UsedBlocks < 0 || c.UsedBlocks > c.Blocks || c.UsedInodes < 0 || c.UsedInodes > c.Inodes {
 		return c, fmt.Errorf("e2fsck -fn %s: counted figures out of range (%d/%d blocks, %d/%d inodes used)", path, c.UsedBlocks, c.Blocks, c.UsedInodes, c.Inodes)
 	}
-	c.Clean = code == 0 && !c.StaleCounts && !countWrongRE.MatchString(text)
+	c.Clean = code == 0 && !c.StaleCounts && !countWrongRE().MatchString(text)
 	if !c.Clean {
 		c.Problems = problems(text)
 	}
@@ -275,7 +278,7 @@ func FileSize(ctx context.Context, image, file string) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("debugfs stat %s: %v: %s", file, err, oneline.Of(text))
 	}
-	m := sizeRE.FindStringSubmatch(text)
+	m := sizeRE().FindStringSubmatch(text)
 	if m == nil {
 		return 0, fmt.Errorf("debugfs stat %s in %s: %w", file, image, os.ErrNotExist)
 	}
@@ -283,18 +286,24 @@ func FileSize(ctx context.Context, image, file string) (int64, error) {
 }
 
 var (
-	summaryRE = regexp.MustCompile(`(\d+)/(\d+) files .*?, (\d+)/(\d+) blocks`)
+	summaryRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(\d+)/(\d+) files .*?, (\d+)/(\d+) blocks`) })
 	// pass 5's whole-file-system totals; the per-group lines read
 	// "... count wrong for group #N (X, counted=Y)".
-	freeBlocksWrongRE = regexp.MustCompile(`(?m)^Free blocks count wrong \((\d+), counted=(\d+)\)`)
-	freeInodesWrongRE = regexp.MustCompile(`(?m)^Free inodes count wrong \((\d+), counted=(\d+)\)`)
+	freeBlocksWrongRE = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?m)^Free blocks count wrong \((\d+), counted=(\d+)\)`)
+	})
+	freeInodesWrongRE = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?m)^Free inodes count wrong \((\d+), counted=(\d+)\)`)
+	})
 	// any count pass 5 found wrong, group ones and directory counts included
-	countWrongRE = regexp.MustCompile(`(?m)count wrong`)
-	badSuperRE   = regexp.MustCompile(`(?i)bad magic number in super-block|superblock is corrupt|couldn't find valid filesystem superblock`)
-	sizeRE       = regexp.MustCompile(`(?m)\bSize: (\d+)`)
+	countWrongRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?m)count wrong`) })
+	badSuperRE   = sync.OnceValue(func() *regexp.Regexp {
+		return regexp.MustCompile(`(?i)bad magic number in super-block|superblock is corrupt|couldn't find valid filesystem superblock`)
+	})
+	sizeRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`(?m)\bSize: (\d+)`) })
 )
 
-func badSuper(text string) bool { return badSuperRE.MatchString(text) }
+func badSuper(text string) bool { return badSuperRE().MatchString(text) }
 
 func firstMatch(text string, re *regexp.Regexp) string {
 	if m := re.FindString(text); m != "" {
@@ -321,7 +330,7 @@ func problems(text string) []string {
 	for _, l := range strings.Split(text, "\n") {
 		l = strings.TrimSpace(l)
 		switch {
-		case l == "", strings.HasPrefix(l, "Pass "), strings.HasPrefix(l, "e2fsck "), summaryRE.MatchString(l),
+		case l == "", strings.HasPrefix(l, "Pass "), strings.HasPrefix(l, "e2fsck "), summaryRE().MatchString(l),
 			strings.Contains(l, "WARNING: Filesystem still has errors"):
 			continue
 		}

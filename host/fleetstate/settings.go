@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 )
 
 // Settings are what a daemon mirrors with, as its flags, NEXUS_MIRROR and
@@ -55,14 +56,14 @@ func (s *Settings) Fingerprint(creds []byte) string {
 	return hex.EncodeToString(h.Sum(nil)[:12])
 }
 
-var hostName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+var hostName = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`) })
 
 // ValidHostName checks a fleet host name: 1-63 of a-z, 0-9 and '-', not
 // starting or ending with '-'. Upper case and '_' are refused rather than
 // folded, so two names an operator typed differently never name one stream
 // (the stream name upper-cases and turns '-' into '_').
 func ValidHostName(name string) error {
-	if !hostName.MatchString(name) {
+	if !hostName().MatchString(name) {
 		return fmt.Errorf("host name %q: want 1-63 of a-z, 0-9 and '-', not starting or ending with '-'", name)
 	}
 	return nil

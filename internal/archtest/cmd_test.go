@@ -1,6 +1,7 @@
 package archtest
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
@@ -196,4 +197,77 @@ func TestShimLinksLittle(t *testing.T) {
 	if !slices.Contains(deps, module+"host/supervisor") {
 		t.Error("nexus-shim does not link host/supervisor: the check above is blind")
 	}
+}
+
+// TestCLICompilesNoPatternAtStart: no package the CLI links compiles a
+// regular expression in a package-level variable or an init function,
+// which every command would pay before it runs (a bounded repeat such as
+// {0,61} compiles to a program that many times longer); a pattern is
+// compiled on first use (sync.OnceValue) instead. nexusd, which links the
+// fleet adapter's pattern, shows that the check sees one.
+func TestCLICompilesNoPatternAtStart(t *testing.T) {
+	if found := patternsAtStart(t, "./cmd/nexus", "nexusd"); len(found) == 0 {
+		t.Error("no pattern compiled at start found in nexusd: the check is blind")
+	}
+	for _, c := range []struct{ pkg, tags string }{{"./cmd/nexus", ""}, {"./client", ""}} {
+		for _, at := range patternsAtStart(t, c.pkg, c.tags) {
+			t.Errorf("%s (tags %q) compiles a pattern at start: %s", c.pkg, c.tags, at)
+		}
+	}
+}
+
+// patternsAtStart lists where the module's packages linked into pkg call
+// regexp's Compile functions outside a function literal, in a
+// package-level variable's value or an init function.
+func patternsAtStart(t *testing.T, pkg, tags string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-tags", tags, "-deps", "-f", "{{.ImportPath}}\t{{.Dir}}\t{{join .GoFiles \" \"}}", pkg)
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	var found []string
+	fset := token.NewFileSet()
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != 3 || !strings.HasPrefix(f[0]+"/", module) {
+			continue
+		}
+		for _, name := range strings.Fields(f[2]) {
+			file, err := parser.ParseFile(fset, filepath.Join(f[1], name), nil, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var roots []ast.Node
+			for _, d := range file.Decls {
+				switch d := d.(type) {
+				case *ast.GenDecl:
+					if d.Tok == token.VAR {
+						roots = append(roots, d)
+					}
+				case *ast.FuncDecl:
+					if d.Recv == nil && d.Name.Name == "init" {
+						roots = append(roots, d.Body)
+					}
+				}
+			}
+			for _, r := range roots {
+				ast.Inspect(r, func(n ast.Node) bool {
+					switch n := n.(type) {
+					case *ast.FuncLit:
+						return false
+					case *ast.CallExpr:
+						if sel, ok := n.Fun.(*ast.SelectorExpr); ok {
+							if x, ok := sel.X.(*ast.Ident); ok && x.Name == "regexp" && strings.Contains(sel.Sel.Name, "Compile") {
+								found = append(found, fset.Position(n.Pos()).String())
+							}
+						}
+					}
+					return true
+				})
+			}
+		}
+	}
+	return found
 }

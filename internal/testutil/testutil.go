@@ -39,9 +39,31 @@ func BuildNexus() (bin string, remove func(), err error) {
 // the daemon's binary) and nexus-shim into dir, with the extra go build
 // flags given.
 func BuildNexusIn(dir string, flags ...string) error {
-	for _, b := range []struct{ name, tags, pkg string }{{"nexus", "nexustest", "cmd/nexus"}, {"nexusd", "nexustest,nexusd", "cmd/nexus"}, {"nexus-shim", "", "cmd/nexus-shim"}} {
+	return buildNexusIn(dir, "nexustest", flags...)
+}
+
+// BuildReleaseIn builds nexus, nexusd and nexus-shim into dir as `make
+// build` does (the CLI static), without the test hooks, with the extra go
+// build flags given: what a user runs.
+func BuildReleaseIn(dir string, flags ...string) error {
+	return buildNexusIn(dir, "", flags...)
+}
+
+func buildNexusIn(dir, tags string, flags ...string) error {
+	withTag := func(t string) string { return strings.Trim(tags+","+t, ",") }
+	// The test build keeps cgo: -race needs it.
+	cliEnv := []string{"CGO_ENABLED=0"}
+	if tags != "" {
+		cliEnv = nil
+	}
+	for _, b := range []struct {
+		name, tags, pkg string
+		env             []string
+	}{{"nexus", tags, "cmd/nexus", cliEnv}, {"nexusd", withTag("nexusd"), "cmd/nexus", nil}, {"nexus-shim", "", "cmd/nexus-shim", nil}} {
 		args := append(append([]string{"build"}, flags...), "-tags", b.tags, "-o", filepath.Join(dir, b.name), "github.com/nexus-sandbox/nexus/"+b.pkg)
-		if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		build := exec.Command("go", args...)
+		build.Env = append(os.Environ(), b.env...)
+		if out, err := build.CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", b.name, err, out)
 		}
 	}
