@@ -61,17 +61,22 @@ func (c *Client) Rename(ctx context.Context, ref, handle string) (Sandbox, error
 
 // LogOptions selects one of a sandbox's logs: "console" (the guest's
 // console; the default), "vmm" or "supervisor"; Tail starts at its last
-// lines; Follow keeps copying what is appended until ctx ends.
+// lines; Follow keeps copying what is appended until ctx ends. Since
+// starts at the first line seen at or after it, Timestamps prefixes each
+// line with when it was seen (to about a second): the console log only,
+// as `nexus logs` says.
 type LogOptions struct {
-	Kind   string
-	Tail   int
-	Follow bool
+	Kind       string
+	Tail       int
+	Follow     bool
+	Since      time.Time
+	Timestamps bool
 }
 
 // Logs copies a sandbox's log to w.
 func (c *Client) Logs(ctx context.Context, ref string, o LogOptions, w io.Writer) error {
 	err := c.manage(ctx, func(m *lifecycle.Manager) error {
-		return m.Logs(ctx, ref, lifecycle.LogOptions{Kind: cmp.Or(o.Kind, "console"), Tail: o.Tail, Follow: o.Follow}, w)
+		return m.Logs(ctx, ref, lifecycle.LogOptions{Kind: cmp.Or(o.Kind, "console"), Tail: o.Tail, Follow: o.Follow, Since: o.Since, Timestamps: o.Timestamps}, w)
 	})
 	return wrap("logs", ref, err)
 }

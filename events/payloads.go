@@ -29,8 +29,9 @@ const (
 	// path in a reap report is /proc/<pid>.
 	KindSupervisorProcess ResourceKind = "supervisor-process"
 	// KindLog is one of a sandbox's logs under logs/ (<id>.vmm.log,
-	// <id>.supervisor.log, <id>.console.log): claimed when a boot first
-	// writes it, removed by rm, reapable once its sandbox is gone.
+	// <id>.supervisor.log, <id>.console.log and the console's time index
+	// <id>.console.idx): claimed when a boot first writes it, removed by
+	// rm, reapable once its sandbox is gone.
 	KindLog ResourceKind = "log"
 	// KindWatchdogLog is a client run's watchdog log under logs/
 	// (run-<run>.watchdog.log): no sandbox's, never journaled; the ledger

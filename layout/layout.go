@@ -66,6 +66,11 @@ func (r Root) SupervisorLog(id string) string { return r.join("logs", id+".super
 // writes; kept with the other logs.
 func (r Root) ConsoleLog(id string) string { return r.join("logs", id+".console.log") }
 
+// ConsoleIndex holds the times the console log grew: the supervisor
+// records the log's size about once a second, so `nexus logs` can place a
+// console line in time (host/logindex). It is one of the sandbox's logs.
+func (r Root) ConsoleIndex(id string) string { return r.join("logs", id+".console.idx") }
+
 // WatchdogLog is the log of client run run's watchdog (its stdout and
 // stderr), beside the sandboxes' logs; the ledger removes it with the run.
 func (r Root) WatchdogLog(run string) string { return r.join("logs", WatchdogLogName(run)) }

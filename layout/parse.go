@@ -77,8 +77,9 @@ var sockets = []struct {
 	kind   events.ResourceKind
 }{{".sock", events.KindAPISocket}, {".sock.lock", events.KindAPISocketLock}, {".vsock", events.KindVsockSocket}, {".iid", events.KindIIDSocket}}
 
-// logSuffixes are a sandbox's logs in logs/ (VMMLog, SupervisorLog, ConsoleLog).
-var logSuffixes = []string{".vmm.log", ".supervisor.log", ".console.log"}
+// logSuffixes are a sandbox's logs in logs/ (VMMLog, SupervisorLog,
+// ConsoleLog, ConsoleIndex).
+var logSuffixes = []string{".vmm.log", ".supervisor.log", ".console.log", ".console.idx"}
 
 // sandboxDirs are the directories whose entries are named by a ULID alone.
 var sandboxDirs = map[string]events.ResourceKind{

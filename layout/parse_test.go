@@ -38,6 +38,7 @@ func built(r Root, id, h, s, run string) []struct {
 		{r.VMMLog(id), Name{Kind: events.KindLog, ID: id}},
 		{r.SupervisorLog(id), Name{Kind: events.KindLog, ID: id}},
 		{r.ConsoleLog(id), Name{Kind: events.KindLog, ID: id}},
+		{r.ConsoleIndex(id), Name{Kind: events.KindLog, ID: id}},
 		{r.WatchdogLog(run), Name{Kind: events.KindWatchdogLog, Run: run}},
 	}
 }
@@ -137,7 +138,7 @@ func rebuilt(r Root, dir string, n Name) []string {
 	case events.KindRecord:
 		return []string{filepath.Dir(r.Record(n.ID))}
 	case events.KindLog:
-		return []string{r.VMMLog(n.ID), r.SupervisorLog(n.ID), r.ConsoleLog(n.ID)}
+		return []string{r.VMMLog(n.ID), r.SupervisorLog(n.ID), r.ConsoleLog(n.ID), r.ConsoleIndex(n.ID)}
 	case events.KindWatchdogLog:
 		return []string{r.WatchdogLog(n.Run)}
 	}
@@ -269,6 +270,8 @@ func TestParseEntryNames(t *testing.T) {
 		{"logs", idA + ".vmm.log", events.KindLog, idA, "", false, false},
 		{"logs", idA + ".supervisor.log", events.KindLog, idA, "", false, false},
 		{"logs", idA + ".console.log", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".console.idx", events.KindLog, idA, "", false, false},
+		{"logs", idA + ".vmm.idx", events.KindLog, "", "", false, true},
 		{"logs", idA + ".kernel.log", events.KindLog, "", "", false, true},
 		{"logs", "notes.log", events.KindLog, "", "", false, true},
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -310,6 +311,12 @@ func (m *Manager) logsStep(id string) sagas.Step {
 			if err := fsx.EnsureFiles(string(m.Root), rels, 0o600); err != nil {
 				return nil, fmt.Errorf("log: %w", err)
 			}
+			// The VMM begins the console log anew (CH's File::create
+			// truncates it): its time index begins anew with it, before
+			// the supervisor that keeps it starts.
+			if err := clearFile(string(m.Root), m.rel(m.Root.ConsoleIndex(id))); err != nil {
+				return nil, fmt.Errorf("console index: %w", err)
+			}
 			return claims(ctx)
 		},
 		Undo: claims,
@@ -336,7 +343,17 @@ func (m *Manager) logResources(id string) []events.Resource {
 		m.res(events.KindLog, m.Root.VMMLog(id)),
 		m.res(events.KindLog, m.Root.SupervisorLog(id)),
 		m.res(events.KindLog, m.Root.ConsoleLog(id)),
+		m.res(events.KindLog, m.Root.ConsoleIndex(id)),
 	}
+}
+
+// clearFile empties the regular file rel beneath root.
+func clearFile(root, rel string) error {
+	f, err := fsx.OpenFile(root, rel, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
 }
 
 // vmDisks lists the disks a sandbox boots with: its own, then its volumes.
@@ -397,7 +414,8 @@ func guestMounts(sb projections.Sandbox) []string {
 
 func (m *Manager) startSupervisor(ctx context.Context, id string) (proc.Identity, error) {
 	stateDir := m.Root.SupervisorDir(id)
-	argv := supervisor.Argv(m.Driver.Exe, supervisor.ServeOptions{SandboxID: id, StateDir: stateDir, IIDSocket: m.Root.IIDSocket(id)})
+	argv := supervisor.Argv(m.Driver.Exe, supervisor.ServeOptions{SandboxID: id, StateDir: stateDir, IIDSocket: m.Root.IIDSocket(id),
+		ConsoleLog: m.Root.ConsoleLog(id), ConsoleIndex: m.Root.ConsoleIndex(id)})
 	who, err := m.launch(ctx, "supervisor", argv, m.Root.SupervisorLog(id), true, func(ctx context.Context) error {
 		_, err := supervisor.Ping(ctx, stateDir)
 		return err

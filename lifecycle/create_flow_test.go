@@ -20,9 +20,9 @@ import (
 )
 
 // bootSteps are the events of a cold boot, as they follow a commit or an
-// overlay preparation: the three logs claimed, the run marked, the
-// supervisor, then the VMM.
-var bootTypes = []string{"resource.created", "resource.created", "resource.created", "flush.pending", "supervisor.started", "sandbox.started"}
+// overlay preparation: the three logs and the console's index claimed,
+// the run marked, the supervisor, then the VMM.
+var bootTypes = []string{"resource.created", "resource.created", "resource.created", "resource.created", "flush.pending", "supervisor.started", "sandbox.started"}
 
 func TestCreateJournalsEveryStepAndBoots(t *testing.T) {
 	t.Parallel()
@@ -43,7 +43,7 @@ func TestCreateJournalsEveryStepAndBoots(t *testing.T) {
 		t.Fatalf("created %+v: want running, with its handle and a live VMM and supervisor", sb)
 	}
 	for _, rel := range []string{"disks/" + sb.ID + ".raw", "disks/" + sb.ID + "-workspace.ext4", "supervisors/" + sb.ID + "/mitm-ca.pem",
-		"sandboxes/" + sb.ID + "/record.json", "logs/" + sb.ID + ".console.log", "run/sb-" + sb.ID + ".sock", "run/sb-" + sb.ID + ".vsock"} {
+		"sandboxes/" + sb.ID + "/record.json", "logs/" + sb.ID + ".console.log", "logs/" + sb.ID + ".console.idx", "run/sb-" + sb.ID + ".sock", "run/sb-" + sb.ID + ".vsock"} {
 		if !f.exists(rel) || !sb.Owns(rel) && !strings.HasSuffix(rel, "record.json") && !strings.HasSuffix(rel, ".pem") {
 			t.Errorf("%s: exists %v, owned %v; want both", rel, f.exists(rel), sb.Owns(rel))
 		}

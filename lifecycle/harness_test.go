@@ -77,6 +77,8 @@ func serveRole(role string, args []string) int {
 		fs.StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "")
 		fs.StringVar(&o.StateDir, supervisor.StateDirFlag, "", "")
 		fs.StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "")
+		fs.StringVar(&o.ConsoleLog, supervisor.ConsoleLogFlag, "", "")
+		fs.StringVar(&o.ConsoleIndex, supervisor.ConsoleIndexFlag, "", "")
 		if err = fs.Parse(args); err == nil {
 			if os.Getenv(slowEnv) != "" {
 				// A supervisor still starting: no socket yet.

@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-func TestSeekLastLines(t *testing.T) {
+func TestLastLinesStart(t *testing.T) {
 	long := strings.Repeat("x", tailChunk-3) // lines that straddle chunk boundaries
 	var many strings.Builder
 	for i := range 5 {
@@ -39,10 +39,11 @@ func TestSeekLastLines(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer f.Close()
-			if err := seekLastLines(f, c.n); err != nil {
+			start, err := lastLinesStart(f, c.n)
+			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := io.ReadAll(f)
+			got, err := io.ReadAll(io.NewSectionReader(f, start, 1<<40))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -58,4 +59,27 @@ func short(s string) string {
 		return fmt.Sprintf("%s...(%d bytes)", s[:40], len(s))
 	}
 	return s
+}
+
+func TestLineStart(t *testing.T) {
+	long := strings.Repeat("y", tailChunk+5) // a line longer than a chunk
+	log := "a\nbb\n" + long + "\nc"
+	path := filepath.Join(t.TempDir(), "log")
+	if err := os.WriteFile(path, []byte(log), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	longAt := int64(len("a\nbb\n"))
+	for _, c := range []struct{ off, want int64 }{
+		{0, 0}, {1, 0}, {2, 2}, {3, 2}, {5, 5}, {longAt + 7, longAt}, {longAt + tailChunk + 3, longAt},
+		{int64(len(log)) - 1, int64(len(log)) - 1}, {int64(len(log)), int64(len(log)) - 1},
+	} {
+		if got, err := lineStart(f, c.off); err != nil || got != c.want {
+			t.Errorf("lineStart(%d) = %d, %v; want %d", c.off, got, err, c.want)
+		}
+	}
 }

@@ -26,8 +26,8 @@ func reclaims(n int) []string {
 
 func TestRemoveFromEachState(t *testing.T) {
 	t.Parallel()
-	stoppedRm := append(append([]string{"saga.started"}, reclaims(7)...), "sandbox.removed", "saga.finished")
-	runningRm := append(append(append([]string{}, stopTypes[:len(stopTypes)-1]...), reclaims(7)...), "sandbox.removed", "saga.finished")
+	stoppedRm := append(append([]string{"saga.started"}, reclaims(8)...), "sandbox.removed", "saga.finished")
+	runningRm := append(append(append([]string{}, stopTypes[:len(stopTypes)-1]...), reclaims(8)...), "sandbox.removed", "saga.finished")
 	cases := []struct {
 		name  string
 		setup func(f *flow, sb projections.Sandbox)
@@ -41,7 +41,7 @@ func TestRemoveFromEachState(t *testing.T) {
 		{name: "running, forced", opt: RemoveOptions{Force: true}, want: runningRm},
 		{name: "with a snapshot", setup: snapshot, opt: RemoveOptions{Force: true}, is: ErrRefused, says: "it has 1 snapshot(s)"},
 		{name: "with a snapshot, and them too", setup: snapshot, opt: RemoveOptions{Force: true, WithSnapshots: true},
-			want: append(append(append([]string{}, stopTypes[:len(stopTypes)-1]...), reclaims(9)...), "sandbox.removed", "saga.finished")},
+			want: append(append(append([]string{}, stopTypes[:len(stopTypes)-1]...), reclaims(10)...), "sandbox.removed", "saga.finished")},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -84,6 +84,8 @@ func run(ctx context.Context, args []string, ready func(), log io.Writer) error 
 		fs.StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "sandbox ULID")
 		fs.StringVar(&o.StateDir, supervisor.StateDirFlag, "", "supervisors/<ULID> directory")
 		fs.StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "instance-identity socket path")
+		fs.StringVar(&o.ConsoleLog, supervisor.ConsoleLogFlag, "", "console log whose time index to keep")
+		fs.StringVar(&o.ConsoleIndex, supervisor.ConsoleIndexFlag, "", "the console log's time index")
 		if err := parse(supervisor.SandboxFlag, supervisor.StateDirFlag, supervisor.IIDSocketFlag); err != nil {
 			return err
 		}

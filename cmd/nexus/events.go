@@ -29,13 +29,22 @@ func parsePosition(flag, s string, now time.Time) (uint64, time.Time, error) {
 		}
 		return n, time.Time{}, nil
 	}
-	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+	if t, ok := parseWhen(s, now); ok {
 		return 0, t, nil
 	}
-	if d, err := parseAge(s); err == nil {
-		return 0, now.Add(-d), nil
-	}
 	return 0, time.Time{}, fmt.Errorf("%s %q: want a sequence (42), an RFC 3339 time (2026-01-02T15:04:05Z) or an age (10m, 36h, 7d)", flag, s)
+}
+
+// parseWhen reads a point in time as an RFC 3339 time or an age before
+// now.
+func parseWhen(s string, now time.Time) (time.Time, bool) {
+	if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+		return t, true
+	}
+	if d, err := parseAge(s); err == nil {
+		return now.Add(-d), true
+	}
+	return time.Time{}, false
 }
 
 // eventsQuery fills q from the flags; every error is a usage error.

@@ -77,6 +77,8 @@ func supervisorCmd() *cobra.Command {
 	c.Flags().StringVar(&o.SandboxID, supervisor.SandboxFlag, "", "sandbox ULID (required)")
 	c.Flags().StringVar(&o.StateDir, supervisor.StateDirFlag, "", "supervisors/<ULID> directory (required)")
 	c.Flags().StringVar(&o.IIDSocket, supervisor.IIDSocketFlag, "", "instance-identity socket path (required)")
+	c.Flags().StringVar(&o.ConsoleLog, supervisor.ConsoleLogFlag, "", "console log whose time index to keep")
+	c.Flags().StringVar(&o.ConsoleIndex, supervisor.ConsoleIndexFlag, "", "the console log's time index")
 	requireFlags(c, supervisor.SandboxFlag, supervisor.StateDirFlag, supervisor.IIDSocketFlag)
 	return c
 }

@@ -803,16 +803,39 @@ func volumeTable(o *output) table[projections.Volume] {
 
 func logsCmd(g *globals) *cobra.Command {
 	var opt session.LogOptions
+	var since string
 	c := &cobra.Command{
 		Use:   "logs ID|HANDLE",
 		Short: "Print a sandbox's console, VMM or supervisor log",
-		Args:  exactArgs(1),
+		Long: `Print a sandbox's console, VMM or supervisor log.
+
+The console log (the guest's serial console) carries no times of its own:
+the sandbox's supervisor notes, about once a second, how far the log has
+grown. --timestamps prefixes each line with the time the supervisor first
+saw it whole, and --since starts at the first line seen at or after a time;
+both are accurate to about a second, and are times the host saw a line, not
+when the guest wrote it. A line the supervisor has not noted (it was
+written while none ran) gets the log's modification time. The VMM and
+supervisor logs have no such index: --since and --timestamps refuse them.`,
+		Example: `  nexus logs web --since 10m --timestamps
+  nexus logs web --since 2026-01-02T15:04:05Z -n 20 -f`,
+		Args: exactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if !slices.Contains(session.LogKinds(), opt.Kind) {
 				return usageError{fmt.Errorf("--log %q: want one of %v", opt.Kind, session.LogKinds())}
 			}
 			if opt.Tail < 0 {
 				return usageError{fmt.Errorf("--tail %d: want a number of lines, 0 for all", opt.Tail)}
+			}
+			if since != "" {
+				t, ok := parseWhen(since, time.Now())
+				if !ok {
+					return usageError{fmt.Errorf("--since %q: want an RFC 3339 time (2026-01-02T15:04:05Z) or an age (10m, 36h, 7d)", since)}
+				}
+				opt.Since = t
+			}
+			if err := opt.Check(); err != nil {
+				return usageError{err}
 			}
 			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				return m.Logs(cmd.Context(), args[0], opt, cmd.OutOrStdout())
@@ -822,5 +845,7 @@ func logsCmd(g *globals) *cobra.Command {
 	c.Flags().StringVar(&opt.Kind, "log", "console", "which log: console (the guest's serial console), vmm or supervisor")
 	c.Flags().IntVarP(&opt.Tail, "tail", "n", 0, "print only the last N lines (0: the whole log)")
 	c.Flags().BoolVarP(&opt.Follow, "follow", "f", false, "keep printing what is appended until interrupted or the sandbox is removed")
+	c.Flags().StringVar(&since, "since", "", "start at the first line seen at or after this RFC 3339 time or age (10m); console log only, to about a second")
+	c.Flags().BoolVarP(&opt.Timestamps, "timestamps", "t", false, "prefix each line with the time the host first saw it (UTC, to about a second); console log only")
 	return c
 }

@@ -101,6 +101,9 @@ func TestRecoverReplacesAKilledSupervisorWithTheSameCA(t *testing.T) {
 	if rep := recoverReport(t, root); len(rep.Restarted)+len(rep.Killed)+len(rep.Stopped) != 0 {
 		t.Fatalf("second recover still had work: %+v", rep)
 	}
+	// The replacement goes on with the console's time index.
+	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")
+	waitIndexed(t, root, sb.ID)
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	assertNothingLeft(t, root)
 }

@@ -273,6 +273,9 @@ func TestRmReportsBytesOnce(t *testing.T) {
 	sb := createJSON(t, root, "--image", makeImage(t))
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")
 	mustOK(t, proc(t, root, "snapshot", sb.ID), "snapshot")
+	// The console's index takes its first block once the supervisor has
+	// seen the console: before the count, not between it and rm's.
+	waitIndexed(t, root, sb.ID)
 	var want int64
 	filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 		rel, _ := filepath.Rel(root, path)

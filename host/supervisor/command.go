@@ -9,11 +9,19 @@ const (
 	SandboxFlag   = "sandbox"
 	StateDirFlag  = "state-dir"
 	IIDSocketFlag = "iid-socket"
+	// ConsoleLogFlag and ConsoleIndexFlag name the console log the
+	// supervisor keeps the time index of, and the index.
+	ConsoleLogFlag   = "console-log"
+	ConsoleIndexFlag = "console-index"
 )
 
 // Argv is the command line that runs o's supervisor from exe, nexus-shim.
 func Argv(exe string, o ServeOptions) []string {
-	return append(append([]string{exe}, naming(o.SandboxID, o.StateDir)...), "--"+IIDSocketFlag, o.IIDSocket)
+	argv := append(append([]string{exe}, naming(o.SandboxID, o.StateDir)...), "--"+IIDSocketFlag, o.IIDSocket)
+	if o.ConsoleLog != "" && o.ConsoleIndex != "" {
+		argv = append(argv, "--"+ConsoleLogFlag, o.ConsoleLog, "--"+ConsoleIndexFlag, o.ConsoleIndex)
+	}
+	return argv
 }
 
 // naming is the part of Argv after the binary that names one supervisor.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/lease"
+	"github.com/nexus-sandbox/nexus/host/logindex"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
 )
 
@@ -33,6 +34,10 @@ type ServeOptions struct {
 	Log       io.Writer
 	// Ready, if set, is called once both sockets accept connections.
 	Ready func()
+	// ConsoleLog and ConsoleIndex, when both are set, are the sandbox's
+	// console log and its time index, which the supervisor keeps while it
+	// runs (host/logindex).
+	ConsoleLog, ConsoleIndex string
 }
 
 // PingInfo is the reply to GET /ping on supervisor.sock.
@@ -128,6 +133,20 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		go func() { errc <- srv.Serve(listeners[i]) }()
 	}
 	logf("serving pid=%d ca_sha256=%s control=%s identity=%s", pid, fp, ctl.Path(), iid.Path())
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	if o.ConsoleLog != "" && o.ConsoleIndex != "" {
+		// The first look comes before the supervisor says it serves, so
+		// before its boot's VMM writes the console anew.
+		w := &logindex.Watcher{Log: o.ConsoleLog, Index: o.ConsoleIndex, Now: o.Now, Logf: logf}
+		w.Look()
+		go func() { defer close(watched); w.Run(watchCtx) }()
+	} else {
+		close(watched)
+	}
+	// The index's last look is taken as the supervisor stops, after the
+	// VMM it outlives has written its last lines.
+	defer func() { stopWatch(); <-watched }()
 	if o.Ready != nil {
 		o.Ready()
 	}
