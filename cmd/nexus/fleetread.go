@@ -11,9 +11,11 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
@@ -145,11 +147,19 @@ func warnSkippedTo(w io.Writer, r fleetstate.Rejected) {
 // not decode is reported on errOut and the read goes on: one bad record
 // must not hide every event after it.
 func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) error {
+	plain := !o.json && o.format == "" && !o.quiet
+	var line []byte
 	return func(rec replay.FleetRecord) error {
 		e, err := replay.DecodeFleet(rec)
 		if err != nil {
 			warnSkippedTo(errOut, fleetstate.Rejected{Stream: fleetstate.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
 			return nil
+		}
+		if plain {
+			// printStreamed's line, written without a string between.
+			line = appendFleetLine(line[:0], e)
+			_, err := out.Write(line)
+			return err
 		}
 		return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
 	}
@@ -238,12 +248,55 @@ func fleetEventFilters(read replay.FleetReader, hosts []string, sandbox string, 
 }
 
 func fleetLine(e replay.FleetEntry) string {
+	return strings.TrimSuffix(string(appendFleetLine(nil, e)), "\n")
+}
+
+// appendFleetLine appends e's line, newline included, without fmt or a
+// string per field: a whole read formats every event of the fleet.
+// Columns: fleet sequence, host, host sequence, time, type, sandbox,
+// payload (JSON), and the saga and step when the event has them.
+func appendFleetLine(b []byte, e replay.FleetEntry) []byte {
+	b = appendNum(b, e.FleetSeq, 6)
+	b = append(b, "  "...)
+	b = appendLeft(b, e.Host, 12)
+	b = append(b, ' ')
+	b = appendNum(b, e.Seq, 6)
+	b = append(b, "  "...)
+	b = e.Time.AppendFormat(b, "2006-01-02T15:04:05.000Z")
+	b = append(b, "  "...)
+	b = appendLeft(b, string(e.Type), 22)
+	b = append(b, ' ')
+	b = appendLeft(b, dash(e.Sandbox), 26)
+	b = append(b, ' ')
 	data, _ := json.Marshal(e.Payload)
-	line := fmt.Sprintf("%6d  %-12s %6d  %s  %-22s %-26s %s", e.FleetSeq, e.Host, e.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type, dash(e.Sandbox), data)
+	b = append(b, data...)
 	if e.Saga != "" {
-		line += "  saga=" + e.Saga + " step=" + e.Step
+		b = append(b, "  saga="...)
+		b = append(b, e.Saga...)
+		b = append(b, " step="...)
+		b = append(b, e.Step...)
 	}
-	return line
+	return append(b, '\n')
+}
+
+// appendNum appends n right-aligned in width columns (fmt's %*d).
+func appendNum(b []byte, n uint64, width int) []byte {
+	var digits [20]byte
+	d := strconv.AppendUint(digits[:0], n, 10)
+	for range width - len(d) {
+		b = append(b, ' ')
+	}
+	return append(b, d...)
+}
+
+// appendLeft appends s left-aligned in width columns (fmt's %-*s, which
+// counts runes).
+func appendLeft(b []byte, s string, width int) []byte {
+	b = append(b, s...)
+	for range width - utf8.RuneCountInString(s) {
+		b = append(b, ' ')
+	}
+	return b
 }
 
 func fleetFindCmd() *cobra.Command {
@@ -308,6 +361,7 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		go func() {
 			defer wg.Done()
 			for b := range jobs {
+				b.out.Grow(len(b.recs) * 192)
 				print := printFleetEvent(&b.out, &b.errs, o)
 				for _, r := range b.recs {
 					if b.err = print(r); b.err != nil {
