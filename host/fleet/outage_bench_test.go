@@ -247,6 +247,8 @@ func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 
 	// raw reads the whole aggregate through an ordered consumer.
 	raw := func() time.Duration {
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+		defer cancel()
 		began := time.Now()
 		s, err := a.Stream(ctx, AggregateStream)
 		if err != nil {
@@ -289,6 +291,7 @@ func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 		// The read `fleet events` makes, in this process, records
 		// counted only: what the command spends beyond it is starting,
 		// decoding and printing.
+		ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
 		f, err := Dial(c.auditorURL(0), "")
 		if err != nil {
 			b.Fatal(err)
@@ -300,6 +303,7 @@ func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 		}
 		scan := time.Since(began)
 		f.Close()
+		cancel()
 
 		ratio := rawTook.Seconds() / run.took.Seconds()
 		b.Logf("op %d, load %s: raw %.0f/s; fleet events %.0f/s, %.2fx, first line after %v, CPU %v; scan %.0f/s",
