@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -85,3 +87,26 @@ func TestFleetEventsOrderedPrintsWhatTheSerialPrints(t *testing.T) {
 type failingWriter struct{}
 
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("output closed") }
+
+// A line of `fleet events` is spelled as fmt spells its columns (padded
+// by runes, numbers right-aligned, a wide value not cut), saga and step
+// last when the event has them.
+func TestFleetLineIsFmtsSpelling(t *testing.T) {
+	sb := ulid.Make().String()
+	at := time.Date(2026, 12, 5, 23, 1, 2, 345_000_000, time.UTC)
+	created := events.SandboxCreatedEvent{Handle: "wéb", Image: "i", Driver: "process"}
+	for _, e := range []replay.FleetEntry{
+		{Host: "host-a", FleetSeq: 1, Entry: replay.Entry{Seq: 1, Time: at, Type: events.SandboxCreated, Sandbox: sb, Payload: created}},
+		{Host: "a-host-name-longer-than-twelve", FleetSeq: 12_345_678, Entry: replay.Entry{Seq: 9_876_543, Time: at.Add(time.Hour), Type: events.SandboxCreated, Payload: created, Saga: "s1", Step: "boot"}},
+		{Host: "hé", FleetSeq: 0, Entry: replay.Entry{Time: at.In(time.FixedZone("x", 3600)), Type: "a.type.name.wider.than.twenty-two", Sandbox: "ünïcode"}},
+	} {
+		data, _ := json.Marshal(e.Payload)
+		want := fmt.Sprintf("%6d  %-12s %6d  %s  %-22s %-26s %s", e.FleetSeq, e.Host, e.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type, dash(e.Sandbox), data)
+		if e.Saga != "" {
+			want += "  saga=" + e.Saga + " step=" + e.Step
+		}
+		if got := string(appendFleetLine([]byte("kept"), e)); got != "kept"+want+"\n" {
+			t.Errorf("line:\n%q\nwant\n%q", got, "kept"+want+"\n")
+		}
+	}
+}

@@ -2,19 +2,26 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fleetread"
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/replay"
 )
@@ -30,6 +37,105 @@ func (c *fleetConn) flags(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&c.creds, "nats-creds", "", "NATS .creds file for the auditor")
 }
 
+// resolve takes the URL from $NEXUS_FLEET_URL when --nats is not given,
+// or says which flag is missing (exit 2).
+func (c *fleetConn) resolve(cmd *cobra.Command) error {
+	if c.url == "" {
+		c.url = os.Getenv("NEXUS_FLEET_URL")
+	} else if strings.Contains(c.url, "@") {
+		fmt.Fprintln(cmd.ErrOrStderr(), "nexus: warning: the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_FLEET_URL or use --nats-creds")
+	}
+	if c.url == "" {
+		return usageError{errors.New("name the fleet with --nats URL or NEXUS_FLEET_URL")}
+	}
+	return nil
+}
+
+// dial connects as an auditor. A record a read skips is reported on
+// stderr.
+func (c *fleetConn) dial(cmd *cobra.Command) (*fleetread.Reader, error) {
+	if err := c.resolve(cmd); err != nil {
+		return nil, err
+	}
+	f, err := fleetread.Dial(c.url, c.creds)
+	if err != nil {
+		return nil, err
+	}
+	f.Reject = func(r fleetstate.Rejected) { warnSkipped(cmd, r) }
+	return f, nil
+}
+
+// fleetReader reads the aggregate from r's position, with the filters
+// the caller decides (replay.FleetReader).
+func fleetReader(ctx context.Context, f *fleetread.Reader, r fleetread.Range) replay.FleetReader {
+	return func(filters []string, fn func(replay.FleetRecord) error) error {
+		r := r
+		r.Filters = filters
+		return f.Scan(ctx, r, func(rec fleetread.Record) error {
+			return fn(replay.FleetRecord{Host: rec.Host, Seq: rec.HostSeq, FleetSeq: rec.Seq, Data: rec.Data})
+		})
+	}
+}
+
+// fleetEvents prints the aggregate's events from --since, filtered.
+func fleetEvents(cmd *cobra.Command, conn *fleetConn, hosts, types []string, sandbox, since string, follow bool, o *output) error {
+	var r fleetread.Range
+	var err error
+	if r.From, r.FromTime, err = parsePosition("--since", since, time.Now()); err != nil {
+		return usageError{err}
+	}
+	if _, err := events.FilterSubjects(types, ""); err != nil {
+		return usageError{err}
+	}
+	for _, h := range hosts {
+		if err := fleetstate.ValidHostName(h); err != nil {
+			return usageError{fmt.Errorf("--host: %w", err)}
+		}
+	}
+	r.Follow = follow
+	f, err := conn.dial(cmd)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ctx := cmd.Context()
+	filters, err := fleetEventFilters(fleetReader(ctx, f, fleetread.Range{}), hosts, sandbox, types)
+	if err != nil {
+		return err
+	}
+	if follow {
+		err = fleetReader(ctx, f, r)(filters, printFleetEvent(cmd.OutOrStdout(), cmd.ErrOrStderr(), o))
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		return err
+	}
+	// A whole read is decoded on every core and written a batch at a
+	// time; a followed one is written as each event comes. It keeps
+	// little alive (the batches in flight) and allocates for each
+	// record: collecting less often costs little memory and much less
+	// time.
+	debug.SetGCPercent(400)
+	return printFleetEventsOrdered(cmd.OutOrStdout(), cmd.ErrOrStderr(), o, func(fn func(replay.FleetRecord) error) error {
+		return fleetReader(ctx, f, r)(filters, fn)
+	})
+}
+
+// fleetSandbox reads the whole aggregate about one sandbox and prints the
+// rows read makes of it.
+func fleetSandbox[T any](cmd *cobra.Command, conn *fleetConn, o *output, read func(replay.FleetReader, string) ([]T, error), id func(T) string, t table[T], ref string) error {
+	f, err := conn.dial(cmd)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rows, err := read(fleetReader(cmd.Context(), f, fleetread.Range{}), ref)
+	if err != nil {
+		return err
+	}
+	return printList(cmd, o, rows, id, t)
+}
+
 // warnSkipped reports a record a fleet read skipped and went past.
 func warnSkipped(cmd *cobra.Command, r fleetstate.Rejected) { warnSkippedTo(cmd.ErrOrStderr(), r) }
 
@@ -41,11 +147,19 @@ func warnSkippedTo(w io.Writer, r fleetstate.Rejected) {
 // not decode is reported on errOut and the read goes on: one bad record
 // must not hide every event after it.
 func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) error {
+	plain := !o.json && o.format == "" && !o.quiet
+	var line []byte
 	return func(rec replay.FleetRecord) error {
 		e, err := replay.DecodeFleet(rec)
 		if err != nil {
 			warnSkippedTo(errOut, fleetstate.Rejected{Stream: fleetstate.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
 			return nil
+		}
+		if plain {
+			// printStreamed's line, written without a string between.
+			line = appendFleetLine(line[:0], e)
+			_, err := out.Write(line)
+			return err
 		}
 		return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
 	}
@@ -134,12 +248,55 @@ func fleetEventFilters(read replay.FleetReader, hosts []string, sandbox string, 
 }
 
 func fleetLine(e replay.FleetEntry) string {
+	return strings.TrimSuffix(string(appendFleetLine(nil, e)), "\n")
+}
+
+// appendFleetLine appends e's line, newline included, without fmt or a
+// string per field: a whole read formats every event of the fleet.
+// Columns: fleet sequence, host, host sequence, time, type, sandbox,
+// payload (JSON), and the saga and step when the event has them.
+func appendFleetLine(b []byte, e replay.FleetEntry) []byte {
+	b = appendNum(b, e.FleetSeq, 6)
+	b = append(b, "  "...)
+	b = appendLeft(b, e.Host, 12)
+	b = append(b, ' ')
+	b = appendNum(b, e.Seq, 6)
+	b = append(b, "  "...)
+	b = e.Time.AppendFormat(b, "2006-01-02T15:04:05.000Z")
+	b = append(b, "  "...)
+	b = appendLeft(b, string(e.Type), 22)
+	b = append(b, ' ')
+	b = appendLeft(b, dash(e.Sandbox), 26)
+	b = append(b, ' ')
 	data, _ := json.Marshal(e.Payload)
-	line := fmt.Sprintf("%6d  %-12s %6d  %s  %-22s %-26s %s", e.FleetSeq, e.Host, e.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type, dash(e.Sandbox), data)
+	b = append(b, data...)
 	if e.Saga != "" {
-		line += "  saga=" + e.Saga + " step=" + e.Step
+		b = append(b, "  saga="...)
+		b = append(b, e.Saga...)
+		b = append(b, " step="...)
+		b = append(b, e.Step...)
 	}
-	return line
+	return append(b, '\n')
+}
+
+// appendNum appends n right-aligned in width columns (fmt's %*d).
+func appendNum(b []byte, n uint64, width int) []byte {
+	var digits [20]byte
+	d := strconv.AppendUint(digits[:0], n, 10)
+	for range width - len(d) {
+		b = append(b, ' ')
+	}
+	return append(b, d...)
+}
+
+// appendLeft appends s left-aligned in width columns (fmt's %-*s, which
+// counts runes).
+func appendLeft(b []byte, s string, width int) []byte {
+	b = append(b, s...)
+	for range width - utf8.RuneCountInString(s) {
+		b = append(b, ' ')
+	}
+	return b
 }
 
 func fleetFindCmd() *cobra.Command {
@@ -204,6 +361,7 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		go func() {
 			defer wg.Done()
 			for b := range jobs {
+				b.out.Grow(len(b.recs) * 192)
 				print := printFleetEvent(&b.out, &b.errs, o)
 				for _, r := range b.recs {
 					if b.err = print(r); b.err != nil {

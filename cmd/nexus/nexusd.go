@@ -1,7 +1,7 @@
 //go:build nexusd
 
 // A binary built with -tags nexusd is nexusd: the daemon, the store opened
-// in process, the journal and fleet readers, and every command of the CLI
+// in process, the journal readers, the fleet adapter, and every command of the CLI
 // besides, so the CLI (built without the tag; see nexusd_cli.go) hands it
 // any command that needs them.
 package main

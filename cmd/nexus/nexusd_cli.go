@@ -103,14 +103,6 @@ func fleetTemplate(*cobra.Command, []string, templateFlags, string, string) erro
 
 func fleetAggregate(*cobra.Command, *fleetConn, []string, int, bool) error { return execNexusd() }
 
-func fleetEvents(*cobra.Command, *fleetConn, []string, []string, string, string, bool, *output) error {
-	return execNexusd()
-}
-
-func fleetSandbox[T any](*cobra.Command, *fleetConn, *output, func(replay.FleetReader, string) ([]T, error), func(T) string, table[T], string) error {
-	return execNexusd()
-}
-
 func eachRecord(context.Context, *globals, *replayFlags, func(replay.Record)) error {
 	return execNexusd()
 }

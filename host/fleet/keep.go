@@ -146,7 +146,7 @@ func (f *Auditor) sourceViews(ctx context.Context, interval time.Duration) ([]so
 	defer cancel()
 	s, err := f.js.Stream(rctx, AggregateStream)
 	if err != nil {
-		return nil, 0, f.noAggregate(err)
+		return nil, 0, f.NoAggregate(err)
 	}
 	info := s.CachedInfo()
 	var mirrors jetstream.JetStream

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
+	"github.com/nexus-sandbox/nexus/host/streamscan"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -149,11 +150,9 @@ func (m *Mirror) serverName() string { return "nexus-" + m.Host + "-" + m.identi
 // StreamName is the mirror stream's name on the fleet.
 func (m *Mirror) StreamName() string { return MirrorStream(m.Host) }
 
-// MirrorStream is the fleet stream a valid host name mirrors into; it is
-// injective over valid names, which hold no '_' and no upper case.
-func MirrorStream(host string) string {
-	return journal.StreamName + "_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
-}
+// MirrorStream is the fleet stream a valid host name mirrors into
+// (fleetstate.MirrorStream).
+func MirrorStream(host string) string { return fleetstate.MirrorStream(host) }
 
 // Leaf is the journal's link to the fleet: its server and JetStream
 // domain named by the host identity.
@@ -693,7 +692,7 @@ func ReadMirror(ctx context.Context, natsURL, credsFile, apiPrefix, stream strin
 		return fn(rec)
 	}
 	if apiPrefix == "" {
-		if err := journal.ScanStream(ctx, s, journal.Range{}, pass); err != nil {
+		if err := streamscan.Scan(ctx, s, streamscan.Range{}, pass); err != nil {
 			return err
 		}
 		return checksError(stream, digestCheck(chain, word))

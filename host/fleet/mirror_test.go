@@ -254,3 +254,11 @@ func TestFleetCannotWriteTheJournal(t *testing.T) {
 		t.Fatalf("journal holds %d records after the fleet's attempts, want 3", len(recs))
 	}
 }
+
+// A mirror's stream is named after the journal's stream it copies
+// (fleetstate spells the name without linking the journal).
+func TestMirrorStreamNamesTheJournalsStream(t *testing.T) {
+	if got, want := MirrorStream("host-b"), journal.StreamName+"_HOST_B"; got != want {
+		t.Fatalf("MirrorStream(host-b) = %s, want %s", got, want)
+	}
+}

@@ -3,12 +3,23 @@
 // fleet adapter (host/fleet) that keeps the mirror.
 package fleetstate
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // AggregateStream is the fleet's aggregate: one stream in the auditors'
 // account sourced from every host's mirror, so the fleet reads as one
 // journal. No host name maps to it: a mirror's stream name never has a '-'.
 const AggregateStream = "NEXUS-FLEET"
+
+// MirrorStream is the fleet stream a valid host name mirrors into: the
+// journal's stream name (NEXUS), '_', the name in upper case with '_' for
+// '-'. It is injective over valid names, which hold no '_' and no upper
+// case.
+func MirrorStream(host string) string {
+	return "NEXUS_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
+}
 
 // AuditAPIPrefix is the JetStream API prefix auditors use
 // (jetstream.NewWithAPIPrefix, natscli --js-api-prefix). The imports land

@@ -11,6 +11,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"github.com/nexus-sandbox/nexus/host/disk"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
+	"github.com/nexus-sandbox/nexus/host/streamscan"
 )
 
 const (
@@ -134,16 +136,14 @@ type Journal struct {
 }
 
 // Record is one stored event, as bytes.
-type Record struct {
-	Seq     uint64
-	Subject string
-	MsgID   string
-	Time    time.Time
-	Data    []byte
-	// Source is a sourced record's Nats-Stream-Source header (the fleet's
-	// aggregate), else "".
-	Source string
-}
+type Record = streamscan.Record
+
+// Range selects records by position (streamscan.Range).
+type Range = streamscan.Range
+
+// ErrFollowBounded refuses a follow with an upper bound
+// (streamscan.ErrFollowBounded).
+var ErrFollowBounded = streamscan.ErrFollowBounded
 
 // slowHostTimeout bounds the in-process handshake (both sides) and every
 // JetStream request made without a deadline of its own. The libraries'
@@ -501,7 +501,7 @@ func (j *Journal) findMsgID(ctx context.Context, from uint64, id string) (uint64
 	return seq, seq != 0, nil
 }
 
-var errStop = errors.New("stop")
+var errStop = streamscan.ErrStop
 
 // expectedLastSubjSeqSubjHeader names the subject filter the server checks
 // Nats-Expected-Last-Subject-Sequence against (nats-server 2.11+; the
@@ -553,9 +553,13 @@ func (j *Journal) Follow(ctx context.Context, from uint64, filter string, fn fun
 	return j.Scan(ctx, Range{From: from, Filters: []string{filter}, Follow: true}, fn)
 }
 
-// Scan calls fn for the records r selects, in journal order.
+// Scan calls fn for the records r selects, in journal order. Filters
+// naming every subject (Subjects) read the whole stream.
 func (j *Journal) Scan(ctx context.Context, r Range, fn func(Record) error) error {
-	return scan(ctx, j.currentStream(), r, &j.read, fn)
+	if slices.Contains(r.Filters, Subjects) {
+		r.Filters = nil
+	}
+	return streamscan.ScanCounting(ctx, j.currentStream(), r, &j.read, fn)
 }
 
 // RecordsRead counts the records this journal has handed to readers since

@@ -26,6 +26,7 @@ var cmdNexusImports = map[string]string{
 	"control":            "connecting to a state root, the errors that map to exit codes",
 	"control/wire":       "the daemon status it prints",
 	"events":             "the events it prints and the query it parses",
+	"host/fleetread":     "the fleet-wide reads of the aggregate, over the NATS client alone",
 	"host/fleetstate":    "the fleet mirror's state, records skipped and names it prints",
 	"internal/testhooks": "failure injection, in a -tags nexustest build only",
 	"layout":             "run and sandbox ids checked at parse time",
@@ -55,9 +56,9 @@ var cmdNexusdImports = map[string]string{
 }
 
 // cmdNexusFleetFiles may import host/fleet, and only they (nexusd's): the
-// mirror flags, fleet template, fleet reads. The fleet commands dial the
-// fleet through that adapter until they have a command-facing package of
-// their own; host/journal, like the store, cmd/nexus never imports.
+// mirror flags, fleet template, fleet aggregate. The fleet-wide reads use
+// host/fleetread, which the CLI links; host/journal, like the store,
+// cmd/nexus never imports.
 var cmdNexusFleetFiles = []string{"daemon_nexusd.go", "fleet_nexusd.go", "fleetread_nexusd.go"}
 
 func nexusdFile(name string) bool {

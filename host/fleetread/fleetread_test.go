@@ -1,4 +1,4 @@
-package fleet
+package fleetread
 
 import (
 	"fmt"
@@ -50,10 +50,10 @@ func TestCheckSource(t *testing.T) {
 	} {
 		// Alone, and twice through one read's check, which remembers
 		// the hosts it met.
-		for _, check := range []func(string, string) (aggSource, error){checkSource, shared.check, shared.check} {
+		for _, check := range []func(string, string) (Source, error){CheckSource, shared.check, shared.check} {
 			src, err := check(c.subject, c.header)
 			switch {
-			case c.seq != 0 && (err != nil || src.seq != c.seq || src.host != "host-b"):
+			case c.seq != 0 && (err != nil || src.Seq != c.seq || src.Host != "host-b"):
 				t.Errorf("%q: %+v, %v; want host-b %d", c.header, src, err, c.seq)
 			case c.seq == 0 && (err == nil || !strings.Contains(err.Error(), c.reason)):
 				t.Errorf("%q on %s: %v; want a refusal saying %q", c.header, c.subject, err, c.reason)

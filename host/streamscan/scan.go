@@ -1,4 +1,8 @@
-package journal
+// Package streamscan reads a range of a JetStream stream of nexus records
+// (a journal, a host's mirror, the fleet's aggregate) through one ordered
+// consumer, over the NATS client alone: a reader of the fleet links it
+// without the embedded server.
+package streamscan
 
 import (
 	"context"
@@ -32,21 +36,36 @@ type Range struct {
 // a record past the bound that may never match.
 var ErrFollowBounded = errors.New("journal: a follow has no upper bound")
 
-// ScanStream reads r from another stream of nexus events (a mirror of a
-// journal, the fleet's aggregate) as Scan reads the journal.
-func ScanStream(ctx context.Context, stream jetstream.Stream, r Range, fn func(Record) error) error {
-	return scan(ctx, stream, r, nil, fn)
+// Record is one stored record.
+type Record struct {
+	Seq     uint64
+	Subject string
+	MsgID   string
+	Time    time.Time
+	Data    []byte
+	// Source is a sourced record's Nats-Stream-Source header (the fleet's
+	// aggregate), else "".
+	Source string
 }
 
-// scan reads r from stream. read, if not nil, counts records received.
-func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Uint64, fn func(Record) error) error {
+// ErrStop, returned by a read's fn, ends the read without an error.
+var ErrStop = errors.New("stop")
+
+// Scan calls fn for the records r selects from stream, in stream order.
+func Scan(ctx context.Context, stream jetstream.Stream, r Range, fn func(Record) error) error {
+	return ScanCounting(ctx, stream, r, nil, fn)
+}
+
+// ScanCounting is Scan that, if read is not nil, counts every record
+// received into it.
+func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Uint64, fn func(Record) error) error {
 	if r.Follow && (r.To != 0 || !r.ToTime.IsZero()) {
 		return ErrFollowBounded
 	}
 	filters := r.Filters
 	all := len(filters) == 0
 	for _, f := range filters {
-		if f == "" || f == Subjects {
+		if f == "" {
 			all = true
 		}
 	}
@@ -190,7 +209,7 @@ func scan(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Ui
 			Time: meta.Timestamp, Data: msg.Data(), Source: msg.Headers().Get("Nats-Stream-Source"),
 		}
 		if err := fn(rec); err != nil {
-			if errors.Is(err, errStop) {
+			if errors.Is(err, ErrStop) {
 				return nil
 			}
 			return err
