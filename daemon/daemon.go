@@ -148,6 +148,7 @@ func Run(ctx context.Context, root string, o Options) error {
 		return err
 	}
 	defer n.Close()
+	defer holdMemory(ctx)()
 	m.reg.MustRegister(newStoreCollector(n, o.Mirror))
 	if o.MetricsListen != "" {
 		addr, stop, err := serveMetrics(ctx, o.MetricsListen, m)
