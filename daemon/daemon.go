@@ -184,6 +184,9 @@ func Run(ctx context.Context, root string, o Options) error {
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {
 		return err
 	}
+	// Set once the daemon serves: the collection the limit may start
+	// then runs beside the first command instead of before it.
+	defer holdMemory(ctx)()
 	st := wire.Status{Pid: os.Getpid(), Root: root, SubscriberURL: n.Journal().ClientURL(), Auto: o.Auto, Build: buildRef(), Fleet: o.Mirror.Fingerprint()}
 	log.Info("serving", "root", st.Root, "pid", st.Pid, "auto", st.Auto)
 	if recovered != nil {

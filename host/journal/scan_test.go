@@ -3,6 +3,7 @@ package journal
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -84,5 +85,37 @@ func TestScanLeavesNoConsumer(t *testing.T) {
 	}
 	if info.State.Consumers != 0 {
 		t.Fatalf("%d consumers left on the journal after three reads", info.State.Consumers)
+	}
+}
+
+// A tail is located by counts that start near the end: a count from a
+// sequence makes the server load every block from there on, so a search
+// that bisected the whole journal loaded half of it on the first count.
+func TestTailCountsFromTheEnd(t *testing.T) {
+	j := openTest(t, t.TempDir())
+	appendN(t, j, 0, 300) // seq = i+1 on subject ...s<i%3>
+	var starts []uint64
+	countedFrom = func(seq uint64) { starts = append(starts, seq) }
+	defer func() { countedFrom = nil }()
+	var got []uint64
+	r := Range{Tail: 3, Filters: []string{"nexus.events.*.*.s1", "nexus.events.*.*.s2"}}
+	if err := j.Scan(context.Background(), r, func(r Record) error {
+		got = append(got, r.Seq)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint64{297, 299, 300}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	// The first count is of the whole range, from its start: the server
+	// answers it from its per-subject totals, loading no block.
+	if len(starts) < 2 || starts[0] != 1 {
+		t.Fatalf("counts started at %v: want the range's start first", starts)
+	}
+	for _, s := range starts[1:] {
+		if s < 300-4*4*3 {
+			t.Errorf("a count started at %d of 300 to find a tail of 3 (all: %v)", s, starts)
+		}
 	}
 }

@@ -119,6 +119,9 @@ func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *a
 			}
 		}
 		count := func(s uint64) (uint64, error) {
+			if countedFrom != nil {
+				countedFrom(s)
+			}
 			p, err := pending(ctx, stream, s, filters)
 			return p - min(p, after), err
 		}
@@ -129,8 +132,27 @@ func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *a
 		want, known = total, true
 		if r.Tail > 0 && total > uint64(r.Tail) {
 			// count is non-increasing in the start: find the last start
-			// that still leaves Tail records, in log2(range) counts.
+			// that still leaves Tail records. A count from s makes the
+			// server load (and index by subject) every block from s on,
+			// so the search gallops back from the end, then bisects
+			// between the last two starts: it loads the tail's blocks,
+			// not half the journal's.
 			lo, hi := from, end
+			for step := uint64(r.Tail); step <= end-from; step *= 4 {
+				if step > (end-from)/4 {
+					step = end - from // the last gallop: no overflow
+				}
+				s := end - step + 1
+				c, err := count(s)
+				if err != nil {
+					return err
+				}
+				if c >= uint64(r.Tail) {
+					lo = s
+					break
+				}
+				hi = s - 1
+			}
 			for lo < hi {
 				mid := lo + (hi-lo+1)/2
 				c, err := count(mid)
@@ -223,6 +245,10 @@ func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *a
 		}
 	}
 }
+
+// countedFrom, if set (by tests), hears the start of every count a
+// bounded read makes to locate its range.
+var countedFrom func(seq uint64)
 
 // seqAt is the first sequence stored at or after t (past the last one if
 // none): the server finds it from its blocks' time ranges, reading nothing.
