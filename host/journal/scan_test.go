@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/nexus-sandbox/nexus/host/streamscan"
 )
 
 // TestScanReadsOnlyTheRange proves reads are positional: each range is
@@ -95,8 +97,8 @@ func TestTailCountsFromTheEnd(t *testing.T) {
 	j := openTest(t, t.TempDir())
 	appendN(t, j, 0, 300) // seq = i+1 on subject ...s<i%3>
 	var starts []uint64
-	countedFrom = func(seq uint64) { starts = append(starts, seq) }
-	defer func() { countedFrom = nil }()
+	streamscan.CountedFrom = func(seq uint64) { starts = append(starts, seq) }
+	defer func() { streamscan.CountedFrom = nil }()
 	var got []uint64
 	r := Range{Tail: 3, Filters: []string{"nexus.events.*.*.s1", "nexus.events.*.*.s2"}}
 	if err := j.Scan(context.Background(), r, func(r Record) error {

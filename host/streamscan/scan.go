@@ -119,8 +119,8 @@ func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *a
 			}
 		}
 		count := func(s uint64) (uint64, error) {
-			if countedFrom != nil {
-				countedFrom(s)
+			if CountedFrom != nil {
+				CountedFrom(s)
 			}
 			p, err := pending(ctx, stream, s, filters)
 			return p - min(p, after), err
@@ -246,9 +246,9 @@ func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *a
 	}
 }
 
-// countedFrom, if set (by tests), hears the start of every count a
-// bounded read makes to locate its range.
-var countedFrom func(seq uint64)
+// CountedFrom, if set (by tests, this package's or a caller's), hears the
+// start of every count a bounded read makes to locate its range.
+var CountedFrom func(seq uint64)
 
 // seqAt is the first sequence stored at or after t (past the last one if
 // none): the server finds it from its blocks' time ranges, reading nothing.
