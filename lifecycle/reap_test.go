@@ -1,11 +1,10 @@
-package lifecycle_test
+package lifecycle
 
 import (
 	"context"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -13,31 +12,20 @@ import (
 
 	"github.com/oklog/ulid/v2"
 
-	"github.com/nexus-sandbox/nexus/control/local"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
-	"github.com/nexus-sandbox/nexus/lifecycle"
-	"github.com/nexus-sandbox/nexus/store"
 )
 
-// shortRoot: a state root whose processes never outlive the test
-// (testutil.ShortRoot).
-var shortRoot = testutil.ShortRoot
-
-// localManager is a Manager on a fresh short root with its own store, closed
-// when the test ends: the reaper's and recover's tests drive them in
-// process, without the binary.
-func localManager(t *testing.T) (*lifecycle.Manager, string) {
+// localManager is a Manager on a fresh short root (testutil.ShortRoot:
+// its processes never outlive the test) with its own in-memory journal:
+// the reaper's and recover's tests drive them in process, without the
+// binary.
+func localManager(t *testing.T) (*Manager, string) {
 	t.Helper()
-	root := shortRoot(t)
-	n, err := store.Open(context.Background(), root, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { n.Close() })
-	return &lifecycle.Manager{Root: layout.Root(root), B: local.Backend{Store: n}}, root
+	root := testutil.ShortRoot(t)
+	return &Manager{Root: layout.Root(root), B: newMemJournal()}, root
 }
 
 // A detached supervisor the journal recorded for a sandbox that is
@@ -83,7 +71,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 	reusedWho := spawn(reused)
 	record(reused, proc.Identity{Pid: reusedWho.Pid, StartTicks: reusedWho.StartTicks + 1})
 
-	dry := reapSettled(t, m, lifecycle.ReapOptions{})
+	dry := reapSettled(t, m, ReapOptions{})
 	var sawProc bool
 	for _, o := range dry.Orphans {
 		if o.Kind == events.KindSupervisorProcess {
@@ -97,7 +85,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 		t.Fatal("dry run killed a process")
 	}
 
-	rep := reapSettled(t, m, lifecycle.ReapOptions{Apply: true})
+	rep := reapSettled(t, m, ReapOptions{Apply: true})
 	if len(rep.Failed) != 0 {
 		t.Fatalf("failed: %+v", rep.Failed)
 	}
@@ -123,7 +111,7 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 		t.Fatalf("state dir of %s not kept live: %+v", reused, rep.Kept)
 	}
 	// Nothing left to do.
-	again, err := m.Reap(ctx, lifecycle.ReapOptions{Apply: true})
+	again, err := m.Reap(ctx, ReapOptions{Apply: true})
 	if err != nil || len(again.Deleted) != 0 {
 		t.Fatalf("second pass deleted %+v (%v)", again.Deleted, err)
 	}
@@ -133,11 +121,11 @@ func TestReapKillsOrphanedSupervisorOnlyOnIdentityMatch(t *testing.T) {
 // scan was inconclusive (testutil.ReapUntilConclusive), and returns that
 // run, with what earlier runs deleted (and its Allocated, for an apply)
 // carried over.
-func reapSettled(t *testing.T, m *lifecycle.Manager, o lifecycle.ReapOptions) lifecycle.ReapReport {
+func reapSettled(t *testing.T, m *Manager, o ReapOptions) ReapReport {
 	t.Helper()
-	var deleted []lifecycle.ReapItem
+	var deleted []ReapItem
 	var freed int64
-	var rep lifecycle.ReapReport
+	var rep ReapReport
 	testutil.ReapUntilConclusive(t, "reap", func() (bool, string) {
 		var err error
 		rep, err = m.Reap(context.Background(), o)
@@ -175,60 +163,15 @@ func TestReapKeepsStateDirWithLiveSupervisorSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := reapSettled(t, m, lifecycle.ReapOptions{Apply: true})
+	rep := reapSettled(t, m, ReapOptions{Apply: true})
 	if len(rep.Kept) != 1 || rep.Kept[0].Verdict != "live" || !strings.Contains(rep.Kept[0].Reason, "supervisor socket answers") {
 		t.Fatalf("kept %+v deleted %+v", rep.Kept, rep.Deleted)
 	}
 	l.Close()
-	if rep = reapSettled(t, m, lifecycle.ReapOptions{Apply: true}); len(rep.Deleted) != 1 {
+	if rep = reapSettled(t, m, ReapOptions{Apply: true}); len(rep.Deleted) != 1 {
 		t.Fatalf("after the supervisor went: %+v", rep)
 	}
 	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
 		t.Fatal("state dir survived")
 	}
-}
-
-// BenchmarkReapApply10k measures `reap --apply` of 10,000 orphans end to
-// end against a real journal (scan, judge, plan and result events, the
-// batched symlink-safe deletes, the verify pass, the directory fsync)
-// against `rm -rf` of the same 10,000 files, in the same run.
-func BenchmarkReapApply10k(b *testing.B) {
-	const orphans = 10000
-	ctx := context.Background()
-	var reapT, rmT time.Duration
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		root := b.TempDir()
-		n, err := store.Open(ctx, root, store.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := &lifecycle.Manager{Root: layout.Root(root), B: local.Backend{Store: n}}
-		other := filepath.Join(b.TempDir(), "disks")
-		os.MkdirAll(filepath.Join(root, "disks"), 0o700)
-		os.MkdirAll(other, 0o700)
-		for k := 0; k < orphans; k++ {
-			name := ulid.Make().String() + ".raw"
-			os.WriteFile(filepath.Join(root, "disks", name), []byte("x"), 0o600)
-			os.WriteFile(filepath.Join(other, name), []byte("x"), 0o600)
-		}
-		b.StartTimer()
-		t0 := time.Now()
-		rep, err := m.Reap(ctx, lifecycle.ReapOptions{Apply: true})
-		reapT += time.Since(t0)
-		b.StopTimer()
-		if err != nil || len(rep.Deleted) != orphans || len(rep.Failed) != 0 {
-			b.Fatalf("apply: %v deleted %d failed %d kept %d", err, len(rep.Deleted), len(rep.Failed), len(rep.Kept))
-		}
-		n.Close()
-		t1 := time.Now()
-		if out, err := exec.Command("rm", "-rf", other).CombinedOutput(); err != nil {
-			b.Fatalf("rm -rf: %v %s", err, out)
-		}
-		rmT += time.Since(t1)
-		b.StartTimer()
-	}
-	b.ReportMetric(float64(reapT.Nanoseconds())/float64(b.N), "reap-ns/op")
-	b.ReportMetric(float64(rmT.Nanoseconds())/float64(b.N), "rm-ns/op")
-	b.ReportMetric(float64(reapT)/float64(rmT), "reap/rm")
 }

@@ -1,4 +1,4 @@
-package lifecycle_test
+package lifecycle
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
-	"github.com/nexus-sandbox/nexus/lifecycle"
 )
 
 // An intent its creator died staging (killed between intent.Publish's
@@ -96,7 +95,7 @@ func TestRecoverStopsAVMMStillStarting(t *testing.T) {
 	if err := held.Release(); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), lifecycle.SlowVMMEnv+"=1")
+	env := append(os.Environ(), slowEnv+"=1")
 	argv := driver.Driver{Name: driver.Process, Exe: os.Args[0]}.Argv(m.Root.APISocket(id))
 	who, err := proc.SpawnDetached(argv, env, filepath.Join(root, "vmm.log"))
 	if err != nil {
@@ -135,7 +134,7 @@ func TestRecoverStopsASupervisorStillStarting(t *testing.T) {
 	if err := held.Release(); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), lifecycle.SlowVMMEnv+"=1")
+	env := append(os.Environ(), slowEnv+"=1")
 	argv := supervisor.Argv(os.Args[0], supervisor.ServeOptions{SandboxID: id, StateDir: m.Root.SupervisorDir(id), IIDSocket: m.Root.IIDSocket(id)})
 	who, err := proc.SpawnDetached(argv, env, filepath.Join(root, "supervisor.log"))
 	if err != nil {

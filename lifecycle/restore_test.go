@@ -36,7 +36,7 @@ func chSnapshotDir(t *testing.T, root string) (string, manifest) {
 	write("config.json", cfg)
 	write("state.json", []byte(`{"snapshots":{"device_manager":{"snapshots":{"_disk0":{},"_disk1":{},"_vsock2":{}}}}}`))
 	write("memory-ranges", []byte("guest page"))
-	os.Truncate(filepath.Join(dir, "memory-ranges"), 64<<20)
+	os.Truncate(filepath.Join(dir, "memory-ranges"), 8<<20)
 	write("future-ch-file", []byte("kept"))
 	man := manifest{Sandbox: parent, VMState: true, Disks: []manifestDisk{
 		{Kind: events.KindRawDisk, File: parent + ".raw"},

@@ -266,6 +266,7 @@ func proceeds(t *testing.T, done <-chan error, what string) {
 }
 
 func TestFreezeBlocksWritesUntilThaw(t *testing.T) {
+	t.Parallel() // each freezes its own filesystem; most of each is waiting
 	mnt, thaw := frozenFS(t)
 	defer thaw()
 	c, _ := startAgent(t, "--freeze-mounts", mnt+","+mnt)
@@ -297,6 +298,7 @@ func TestFreezeBlocksWritesUntilThaw(t *testing.T) {
 }
 
 func TestFreezeDeadlineThaws(t *testing.T) {
+	t.Parallel() // each freezes its own filesystem; most of each is waiting
 	mnt, thaw := frozenFS(t)
 	defer thaw()
 	c, _ := startAgent(t, "--freeze-mounts", mnt)
@@ -313,6 +315,7 @@ func TestFreezeDeadlineThaws(t *testing.T) {
 }
 
 func TestTerminatedAgentThaws(t *testing.T) {
+	t.Parallel() // each freezes its own filesystem; most of each is waiting
 	mnt, thaw := frozenFS(t)
 	defer thaw()
 	c, cmd := startAgent(t, "--freeze-mounts", mnt)
@@ -326,6 +329,7 @@ func TestTerminatedAgentThaws(t *testing.T) {
 }
 
 func TestFreezeFailureThawsAndSays(t *testing.T) {
+	t.Parallel() // each freezes its own filesystem; most of each is waiting
 	mnt, thaw := frozenFS(t)
 	defer thaw()
 	// The second target is not a filesystem that can be frozen (a

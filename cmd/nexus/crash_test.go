@@ -56,7 +56,8 @@ func assertNothingLeft(t *testing.T, root string) {
 }
 
 // TestCrashAtEveryCreateStep kills `nexus create` right before and right
-// after each step's events are journaled, under each root mode, then
+// after each step's events are journaled, under the overlay root (under
+// the private copy, at the step it adds and at the commit), then
 // checks what recover makes of it: before commit the saga is compensated
 // and nothing is left; after it the sandbox exists, owns everything on
 // disk, and rm removes it all. Under the overlay root the sandbox never
@@ -78,6 +79,13 @@ func TestCrashAtEveryCreateStep(t *testing.T) {
 		commitAt := slices.Index(steps, "commit")
 		cacheAt := slices.Index(steps, "image-cache")
 		for i, step := range steps {
+			// The private copy walks the step it adds and the commit
+			// boundary here: its other steps are the overlay's, crashed
+			// here under SIGKILL, and lifecycle's recover tests crash a
+			// private-copy create at every step.
+			if mode == "copy" && step != "os-disk" && step != "commit" {
+				continue
+			}
 			for _, phase := range []string{":before", ""} {
 				point := "create." + step + phase
 				t.Run(mode+"/"+point, func(t *testing.T) {

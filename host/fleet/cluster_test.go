@@ -54,9 +54,12 @@ func (c *fleetCluster) start(t testing.TB, i int) {
 
 // startCluster starts the fleet, on fresh ports each try: a port found
 // free can be taken by a parallel test before the node binds it, and a
-// node that cannot bind one of its listeners never becomes ready.
+// node that cannot bind one of its listeners never becomes ready. A
+// three-node cluster is seconds of waits: -short skips every test that
+// starts one.
 func startCluster(t testing.TB, tmpl string) *fleetCluster {
 	t.Helper()
+	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	var err error
 	for try := 1; try <= 3; try++ {
 		var c *fleetCluster

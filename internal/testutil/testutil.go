@@ -159,6 +159,9 @@ func DaemonPids(root string) []int {
 // caused outlives it. It returns their pids.
 func StopDaemons(root string) []int {
 	pids := DaemonPids(root)
+	if len(pids) == 0 {
+		return nil // most roots never had a daemon: one scan of /proc, not two
+	}
 	for _, pid := range pids {
 		syscall.Kill(pid, syscall.SIGTERM)
 	}
