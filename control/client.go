@@ -46,6 +46,10 @@ type Client struct {
 	// lost is set once ensure found another build's daemon: every later
 	// dial fails with it, so no retry reaches that daemon.
 	lost atomic.Pointer[replacedError]
+	// first is a connection already proven (dialStatus's), which the
+	// transport takes at its first dial instead of opening another.
+	fmu   sync.Mutex
+	first net.Conn
 }
 
 // NewClient returns a client for the daemon socket at sock, directly
@@ -53,9 +57,23 @@ type Client struct {
 func NewClient(sock string) *Client {
 	c := &Client{root: filepath.Dir(sock), sock: sock}
 	c.http = &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return c.dial(ctx) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if conn := c.takeFirst(); conn != nil {
+				return conn, nil
+			}
+			return c.dial(ctx)
+		},
 	}}
 	return c
+}
+
+// takeFirst is the proven connection waiting for the transport, or nil.
+func (c *Client) takeFirst() net.Conn {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	conn := c.first
+	c.first = nil
+	return conn
 }
 
 // dial connects to the daemon, making one answer first if it went away.
@@ -63,7 +81,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 	if re := c.lost.Load(); re != nil {
 		return nil, re
 	}
-	conn, err := c.connect(ctx)
+	conn, _, err := c.connect(ctx)
 	if err != nil && c.ensure != nil && gone(err) {
 		if err := c.ensure(ctx); err != nil {
 			if re := (*replacedError)(nil); errors.As(err, &re) {
@@ -71,7 +89,7 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 			}
 			return nil, err
 		}
-		conn, err = c.connect(ctx)
+		conn, _, err = c.connect(ctx)
 	}
 	return conn, err
 }
@@ -84,32 +102,34 @@ var ErrForeignSocket = errors.New("refusing the daemon socket")
 // connect opens the root's socket under the rules of every other file
 // under the root (host/fsx: no link anywhere), and proves, before the
 // connection carries a request, that the daemon answering serves this
-// root.
-func (c *Client) connect(ctx context.Context) (net.Conn, error) {
+// root. The daemon's Status comes with the proof (nil from a daemon of a
+// build that does not send it).
+func (c *Client) connect(ctx context.Context) (net.Conn, *wire.Status, error) {
 	f, err := fsx.OpenSocket(c.root, filepath.Base(c.sock))
 	if err != nil {
 		if errors.Is(err, fsx.ErrSymlink) || errors.Is(err, fsx.ErrNotSocket) || errors.Is(err, fsx.ErrEscapes) {
-			return nil, fmt.Errorf("%w: %w (a state root's control socket is its daemon's own; remove what is there)", ErrForeignSocket, err)
+			return nil, nil, fmt.Errorf("%w: %w (a state root's control socket is its daemon's own; remove what is there)", ErrForeignSocket, err)
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
 	conn, err := unixsock.DialFile(ctx, f)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// A stopped daemon's socket still accepts (the kernel queues the
 	// connection) and nothing ever answers: asked first, the kernel says
 	// who is on the other end and /proc whether it runs.
 	if err := stoppedPeer(conn); err != nil {
 		conn.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	if err := c.prove(ctx, conn); err != nil {
+	st, err := c.prove(ctx, conn)
+	if err != nil {
 		conn.Close()
-		return nil, err
+		return nil, nil, err
 	}
-	return conn, nil
+	return conn, st, nil
 }
 
 // ErrDaemonStopped means the daemon holding the root is stopped (SIGSTOP,
@@ -153,40 +173,41 @@ func final(err error) bool {
 // prove asks the daemon on conn which root it serves (wire.PathIdentity)
 // and refuses a daemon of another root, naming both. A daemon of a build
 // from before the question answers 404 and is let through: a client uses
-// another build's daemon for nothing but its status and retirement.
-func (c *Client) prove(ctx context.Context, conn net.Conn) error {
+// another build's daemon for nothing but its status and retirement. The
+// Status the answer carries is returned (nil if it carries none).
+func (c *Client) prove(ctx context.Context, conn net.Conn) (*wire.Status, error) {
 	want, err := fsx.RootID(c.root)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	resp, body, err := identityExchange(conn)
 	if !stop() {
-		return notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+		return nil, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
 	}
 	if err != nil {
-		return fmt.Errorf("the daemon on %s did not say which root it serves: %w", c.sock, err)
+		return nil, fmt.Errorf("the daemon on %s did not say which root it serves: %w", c.sock, err)
 	}
 	switch resp.StatusCode {
 	case http.StatusNotFound:
-		return nil
+		return nil, nil
 	case http.StatusOK:
 		var got wire.RootIdentity
 		if err := json.Unmarshal(body, &got); err != nil {
-			return fmt.Errorf("the daemon on %s: its root identity: %w", c.sock, err)
+			return nil, fmt.Errorf("the daemon on %s: its root identity: %w", c.sock, err)
 		}
 		if !got.Same(wire.RootIdentity{Dev: want.Dev, Ino: want.Ino}) {
 			self := wire.RootIdentity{Root: c.root, Dev: want.Dev, Ino: want.Ino}
-			return fmt.Errorf("%w: the daemon answering on %s (pid %d) serves the state root %s, not %s", ErrForeignSocket, c.sock, got.Pid, got, self)
+			return nil, fmt.Errorf("%w: the daemon answering on %s (pid %d) serves the state root %s, not %s", ErrForeignSocket, c.sock, got.Pid, got, self)
 		}
-		return nil
+		return got.Status, nil
 	default:
 		var ea wire.ErrorAnswer
 		json.Unmarshal(body, &ea)
 		if ea.Error == "" {
 			ea.Error = resp.Status
 		}
-		return fmt.Errorf("%w: the daemon on %s: %s", ErrForeignSocket, c.sock, ea.Error)
+		return nil, fmt.Errorf("%w: the daemon on %s: %s", ErrForeignSocket, c.sock, ea.Error)
 	}
 }
 
@@ -321,6 +342,9 @@ func (c *Client) Close() error {
 		c.stream = nil
 	}
 	c.smu.Unlock()
+	if conn := c.takeFirst(); conn != nil {
+		conn.Close()
+	}
 	c.http.CloseIdleConnections()
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -133,7 +134,7 @@ func dialStatus(ctx context.Context, sock string) (*Client, wire.Status, error) 
 	c := NewClient(sock)
 	pctx, cancel := context.WithTimeout(ctx, statusWait)
 	defer cancel()
-	st, err := c.Status(pctx)
+	st, err := c.firstStatus(pctx)
 	if err == nil && st.Retiring {
 		err = errRetiring
 	}
@@ -142,4 +143,27 @@ func dialStatus(ctx context.Context, sock string) (*Client, wire.Status, error) 
 		return nil, st, err
 	}
 	return c, st, nil
+}
+
+// firstStatus opens the client's first connection and returns the Status
+// its proof carried, handing the connection to the transport for the
+// command's requests; a daemon whose proof carries none is asked
+// PathStatus on it. Errors read as Status's.
+func (c *Client) firstStatus(ctx context.Context) (wire.Status, error) {
+	conn, st, err := c.connect(ctx)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return wire.Status{}, notAwaited{cause: context.Cause(ctx), ctxErr: ctx.Err()}
+	case final(err):
+		return wire.Status{}, err
+	case err != nil:
+		return wire.Status{}, fmt.Errorf("daemon: %w", &url.Error{Op: "Get", URL: base + wire.PathStatus, Err: err})
+	}
+	c.fmu.Lock()
+	c.first = conn
+	c.fmu.Unlock()
+	if st == nil {
+		return c.Status(ctx)
+	}
+	return *st, nil
 }

@@ -299,12 +299,18 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 	// A client asks on each connection which root this daemon serves (a
 	// hard link or bind mount can put another root's socket at its path):
 	// the directory as the daemon opened it.
-	mux.HandleFunc("GET "+wire.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, wire.RootIdentity{Root: n.Root(), Dev: self.Dev, Ino: self.Ino, Pid: os.Getpid()})
-	})
+	// The answer carries the daemon's status too: a client decides on
+	// that first exchange whether this daemon serves it.
 	fleetPrint := mirror.Fingerprint()
+	status := func() wire.Status {
+		return wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint}
+	}
+	mux.HandleFunc("GET "+wire.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
+		st := status()
+		writeJSON(w, http.StatusOK, wire.RootIdentity{Root: n.Root(), Dev: self.Dev, Ino: self.Ino, Pid: os.Getpid(), Status: &st})
+	})
 	mux.HandleFunc("GET "+wire.PathStatus, func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint})
+		writeJSON(w, http.StatusOK, status())
 	})
 	mux.HandleFunc("GET "+wire.PathMirror, func(w http.ResponseWriter, r *http.Request) {
 		var st *fleet.MirrorState

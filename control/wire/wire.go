@@ -64,6 +64,11 @@ type RootIdentity struct {
 	Dev  uint64 `json:"dev"`
 	Ino  uint64 `json:"ino"`
 	Pid  int    `json:"pid"`
+	// Status is the daemon's Status as it answers PathStatus, so that a
+	// new connection's first exchange also says whether this daemon
+	// serves the command. An older daemon sends none; its client asks
+	// PathStatus.
+	Status *Status `json:"status,omitempty"`
 }
 
 // Same reports whether a and b name one directory.
