@@ -114,7 +114,17 @@ func TestArgs(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
-	argv, err := Args(cmd.Process.Pid)
+	// Start returns once exec has closed the child's close-on-exec pipe,
+	// which the kernel does before it lays out the new argv: for a moment
+	// the command line reads empty.
+	var argv []string
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		argv, err = Args(cmd.Process.Pid)
+		if err != nil || len(argv) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if err != nil || !slices.Equal(argv, []string{"sleep", "4242.7"}) {
 		t.Fatalf("Args = %q, %v", argv, err)
 	}
