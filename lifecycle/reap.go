@@ -147,6 +147,12 @@ func (m *Manager) Reap(ctx context.Context, o ReapOptions) (ReapReport, error) {
 	if !o.Apply {
 		for _, p := range planEvents(rep, false) {
 			if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now(), "", p)); err != nil {
+				// Interrupted while recording the plan of a dry run: no
+				// reap started and nothing was deleted, as when interrupted
+				// while reading the journal.
+				if ctx.Err() != nil {
+					return rep, notStarted(ctx, "reap", err)
+				}
 				return rep, fmt.Errorf("record reap plan: %w", err)
 			}
 		}
