@@ -39,18 +39,8 @@ var selfBuild = sync.OnceValues(func() (wire.Build, error) {
 		b.Path, _ = os.Readlink(selfExe)
 	}
 	if bi, ok := debug.ReadBuildInfo(); ok {
-		b.Version = bi.Main.Version
-		if b.Version == "(devel)" {
-			b.Version = "devel"
-		}
-		for _, kv := range bi.Settings {
-			switch kv.Key {
-			case "vcs.revision":
-				b.Revision = kv.Value
-			case "vcs.modified":
-				b.Modified = kv.Value == "true"
-			}
-		}
+		st := wire.StampOf(bi)
+		b.Version, b.Revision, b.Modified = st.Version, st.Revision, st.Modified
 	}
 	return b, nil
 })

@@ -12,7 +12,6 @@
 package main
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/agentproto"
+	"github.com/nexus-sandbox/nexus/guest/agent"
 )
 
 const (
@@ -65,18 +65,7 @@ func heartbeat() {
 // Without udev there is no /dev/virtio-ports/ link: the port is found by
 // its name in sysfs, and the link the agent's docs name is made.
 func agentPortDevice() string {
-	var dev string
-	for dev == "" {
-		names, _ := filepath.Glob("/sys/class/virtio-ports/*/name")
-		for _, n := range names {
-			if b, err := os.ReadFile(n); err == nil && strings.TrimSpace(string(b)) == agentPort {
-				dev = "/dev/" + filepath.Base(filepath.Dir(n))
-			}
-		}
-		if dev == "" {
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
+	dev, _ := agent.PortByName(agentPort, time.Now().Add(100*365*24*time.Hour))
 	os.MkdirAll("/dev/virtio-ports", 0o755)
 	os.Symlink("../"+filepath.Base(dev), "/dev/virtio-ports/"+agentPort)
 	return dev
@@ -149,11 +138,10 @@ func setup() error {
 			return fmt.Errorf("mount %s: %w", m.dir, err)
 		}
 	}
-	n, err := loadModules(moduleList)
-	if err != nil {
+	if err := agent.LoadModules(moduleList); err != nil {
 		return err
 	}
-	say("loaded %d modules", n)
+	say("modules loaded")
 	disks, err := waitDisk(serialWorkspace, diskWait)
 	if err != nil {
 		return err
@@ -170,37 +158,6 @@ func setup() error {
 	say("disks %s", strings.Join(names, " "))
 	say("ready")
 	return nil
-}
-
-// loadModules loads each listed module; one the kernel already has is fine.
-func loadModules(list string) (int, error) {
-	f, err := os.Open(list)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	n := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		p := strings.TrimSpace(sc.Text())
-		if p == "" {
-			continue
-		}
-		m, err := os.Open(p)
-		if err != nil {
-			return n, err
-		}
-		err = unix.FinitModule(int(m.Fd()), "", 0)
-		m.Close()
-		if err != nil && !errors.Is(err, unix.EEXIST) {
-			return n, fmt.Errorf("load %s: %w", p, err)
-		}
-		n++
-	}
-	return n, sc.Err()
 }
 
 // waitDisk maps every disk's serial to its device name once the one

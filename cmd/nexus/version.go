@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strings"
+
+	"github.com/nexus-sandbox/nexus/control/wire"
 )
 
 // version may be set at build time with -ldflags "-X main.version=v1.2.3";
@@ -35,21 +37,10 @@ func readVersion() versionInfo {
 		return v
 	}
 	v.Go = bi.GoVersion
+	st := wire.StampOf(bi)
+	v.Revision, v.Modified, v.CommitTime = st.Revision, st.Modified, st.CommitTime
 	if v.Version == "" {
-		v.Version = bi.Main.Version
-	}
-	if v.Version == "" || v.Version == "(devel)" {
-		v.Version = "devel"
-	}
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			v.Revision = s.Value
-		case "vcs.modified":
-			v.Modified = s.Value == "true"
-		case "vcs.time":
-			v.CommitTime = s.Value
-		}
+		v.Version = st.Version
 	}
 	v.NATSServer = natsServerOf(bi)
 	if v.NATSServer == "" {

@@ -3,9 +3,40 @@ package wire
 import (
 	"cmp"
 	"fmt"
+	"runtime/debug"
 	"strings"
 	"time"
 )
+
+// Stamp is what the Go toolchain embedded in a build: the main module's
+// version ("devel" for a build outside a released module), and the
+// revision, its time and whether the work tree was modified, when the
+// build was made from a VCS checkout.
+type Stamp struct {
+	Version    string
+	Revision   string
+	Modified   bool
+	CommitTime string
+}
+
+// StampOf reads the stamp from a build's information.
+func StampOf(bi *debug.BuildInfo) Stamp {
+	st := Stamp{Version: bi.Main.Version}
+	if st.Version == "" || st.Version == "(devel)" {
+		st.Version = "devel"
+	}
+	for _, kv := range bi.Settings {
+		switch kv.Key {
+		case "vcs.revision":
+			st.Revision = kv.Value
+		case "vcs.modified":
+			st.Modified = kv.Value == "true"
+		case "vcs.time":
+			st.CommitTime = kv.Value
+		}
+	}
+	return st
+}
 
 // Build identifies the nexus executable a process runs. A daemon and a
 // command agree only if they run the same file: replacing the binary (an
