@@ -415,7 +415,6 @@ func lsCmd(g *globals) *cobra.Command {
 	var filterFlags []string
 	c := &cobra.Command{
 		Use:     "ls",
-		Aliases: []string{"ps", "list"},
 		Short:   "List sandboxes",
 		Long: "List sandboxes in ID order (oldest first), read a page at a time.\n" +
 			"--limit N prints at most N; --after ID continues after the last ID a page printed.\n" +

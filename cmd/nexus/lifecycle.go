@@ -392,7 +392,7 @@ func rmCmd(g *globals) *cobra.Command {
 	var dryRun bool
 	var o *output
 	c := &cobra.Command{
-		Use: "rm ID...", Aliases: []string{"remove", "delete"}, Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
+		Use: "rm ID...", Short: "Remove sandboxes and every resource they own (never their volumes' files)", Args: minArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withManager(cmd.Context(), g, func(m *session.Manager) error {
 				var done []session.Removed

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 
@@ -117,8 +118,15 @@ func exitCode(err error) int {
 // topCommand is a command of the root: the name and aliases a command
 // line picks it by, and how it is built.
 type topCommand struct {
-	names []string
+	names []string // the command's name, then its aliases
 	build func(*globals) *cobra.Command
+}
+
+// command builds t's command, its aliases set from the table.
+func (t *topCommand) command(g *globals) *cobra.Command {
+	c := t.build(g)
+	c.Aliases = t.names[1:]
+	return c
 }
 
 // topCommands are the root's commands but the hidden ones (shimCmds,
@@ -211,7 +219,7 @@ func newRootOf(only *topCommand) *cobra.Command {
 			return nil
 		},
 	}
-	cobra.AddTemplateFunc("nexusVersion", func() string { return readVersion().String() })
+	addTemplateFuncs()
 	root.SetVersionTemplate("{{nexusVersion}}\n")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&g.stateDir, "state-dir", defaultStateDir(), "state root (env NEXUS_STATE_DIR)")
@@ -219,20 +227,26 @@ func newRootOf(only *topCommand) *cobra.Command {
 	root.PersistentFlags().StringVar(&g.driver, "driver", os.Getenv("NEXUS_DRIVER"), "VMM driver: "+config.OneOf(config.Drivers)+" (env NEXUS_DRIVER)")
 	switch {
 	case only == nil:
-		for _, t := range topCommands {
-			root.AddCommand(t.build(g))
+		for i := range topCommands {
+			root.AddCommand(topCommands[i].command(g))
 		}
 		root.AddCommand(shimCmds()...)
 		root.AddCommand(testCommands(g)...)
 		root.AddCommand(docsCmd())
 	case only.build != nil:
-		root.AddCommand(only.build(g))
+		root.AddCommand(only.command(g))
 	}
 	root.SetHelpCommand(helpCmd())
 	addExamples(root)
 	addCompletions(root, g)
 	return root
 }
+
+// addTemplateFuncs registers, once per process, the functions the
+// templates call: cobra keeps them in one global map.
+var addTemplateFuncs = sync.OnceFunc(func() {
+	cobra.AddTemplateFunc("nexusVersion", func() string { return readVersion().String() })
+})
 
 // defaultStateDir follows NEXUS_STATE_DIR, then the XDG state directory.
 func defaultStateDir() string {
