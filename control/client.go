@@ -465,6 +465,12 @@ func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sa
 	return out.Sandbox.View(), out.Found, err
 }
 
+func (c *Client) SnapshotsNamed(ctx context.Context, ref string) ([]projections.SnapshotRef, error) {
+	var out []projections.SnapshotRef
+	err := c.getJSON(ctx, wire.PathSnapshotsNamed+"?ref="+url.QueryEscape(ref), &out)
+	return out, err
+}
+
 func (c *Client) OpenSagas(ctx context.Context) ([]projections.OpenSaga, error) {
 	var list []projections.OpenSaga
 	err := c.getJSON(ctx, wire.PathSagas, &list)

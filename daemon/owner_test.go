@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/nexus-sandbox/nexus/control/wire"
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/unixsock"
+	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
@@ -73,8 +75,9 @@ func TestOwnerOfAnswersWithoutTheList(t *testing.T) {
 }
 
 // "Which sandbox holds this snapshot?" is one answer too, from the daemon
-// and from a store this process owns alike: restore and snapshot rm ask it
-// instead of fetching every sandbox to search their snapshot lists.
+// and from a store this process owns alike, and so is "which snapshots
+// could this prefix name?": restore and snapshot rm ask them instead of
+// fetching every sandbox to search their snapshot lists.
 func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
 	ctx := context.Background()
 	local := func(t *testing.T) control.Backend {
@@ -109,12 +112,22 @@ func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
 			if sb, found, err := b.SnapshotOwner(ctx, ulid.Make().String()); err != nil || found {
 				t.Fatalf("SnapshotOwner of no snapshot = %s %v %v", sb.ID, found, err)
 			}
+			// A prefix of its ID or of its short ID names it and its holder.
+			for _, ref := range []string{strings.ToLower(snap[:len(snap)-3]), projections.ShortID(snap)[:8]} {
+				refs, err := b.SnapshotsNamed(ctx, ref)
+				if got, merr := projections.MatchSnapshot(refs, ref); err != nil || merr != nil || got != snap || refs[0].Sandbox != holder {
+					t.Fatalf("SnapshotsNamed(%q) = %v, %v; MatchSnapshot %s, %v; want %s of %s", ref, refs, err, got, merr, snap, holder)
+				}
+			}
 			if _, err := b.Append(ctx, events.New(ulid.Make(), time.Now(), holder, events.ResourceReclaimedEvent{
 				Resource: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + holder + "/" + snap}})); err != nil {
 				t.Fatal(err)
 			}
 			if sb, found, err := b.SnapshotOwner(ctx, snap); err != nil || found {
 				t.Fatalf("SnapshotOwner of a removed snapshot = %s %v %v", sb.ID, found, err)
+			}
+			if refs, err := b.SnapshotsNamed(ctx, projections.ShortID(snap)[:8]); err != nil || len(refs) != 0 {
+				t.Fatalf("SnapshotsNamed of a removed snapshot = %v, %v", refs, err)
 			}
 		})
 	}

@@ -460,6 +460,14 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 		}
 		writeJSON(w, http.StatusOK, wire.SandboxAnswer{Found: found, Sandbox: wire.SandboxOf(sb)})
 	})
+	mux.HandleFunc("GET "+wire.PathSnapshotsNamed, func(w http.ResponseWriter, r *http.Request) {
+		refs, err := local.SnapshotsNamed(r.Context(), r.URL.Query().Get("ref"))
+		if err != nil {
+			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, refs)
+	})
 	mux.HandleFunc("GET "+wire.PathVolumes, func(w http.ResponseWriter, r *http.Request) {
 		list, _ := local.Volumes(r.Context())
 		writeJSON(w, http.StatusOK, list)

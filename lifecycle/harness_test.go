@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -122,6 +123,8 @@ type memJournal struct {
 	// fail, if set, is asked before each event is appended; an error is
 	// the append's, as a journal that could not take it returns one.
 	fail func(events.Event) error
+	// lists counts the answers that held every sandbox (Sandboxes).
+	lists atomic.Int64
 }
 
 func newMemJournal() *memJournal {
@@ -254,6 +257,7 @@ func clone[T any](v T) T {
 }
 
 func (j *memJournal) Sandboxes(context.Context) ([]projections.Sandbox, error) {
+	j.lists.Add(1)
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var out []projections.Sandbox
@@ -305,6 +309,12 @@ func (j *memJournal) SnapshotOwner(_ context.Context, snap string) (projections.
 		}
 	}
 	return projections.Sandbox{}, false, nil
+}
+
+func (j *memJournal) SnapshotsNamed(_ context.Context, ref string) ([]projections.SnapshotRef, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.sandboxes.SnapshotsNamed(ref), nil
 }
 
 func (j *memJournal) OpenSagas(context.Context) ([]projections.OpenSaga, error) {

@@ -80,6 +80,11 @@ type Backend interface {
 	// SnapshotOwner is the sandbox holding snapshot snap (an exact ID);
 	// found is false if none does. One answer, not the sandbox list.
 	SnapshotOwner(ctx context.Context, snap string) (sb projections.Sandbox, found bool, err error)
+	// SnapshotsNamed is the snapshots ref could name by
+	// projections.MatchSnapshot (those whose ID or short ID it is a
+	// prefix of), each with its sandbox, for MatchSnapshot to choose
+	// from: the store's snapshot indexes, not the sandbox list.
+	SnapshotsNamed(ctx context.Context, ref string) ([]projections.SnapshotRef, error)
 }
 
 // Already is the ErrAlready of one command: the state its sandbox is

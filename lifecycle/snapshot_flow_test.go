@@ -9,6 +9,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/vmm"
@@ -205,5 +208,70 @@ func TestSnapshotAndRestoreUndoAFailedStep(t *testing.T) {
 				t.Fatalf("an undone restore changed the root:\n%v\nwas\n%v", after, before)
 			}
 		})
+	}
+}
+
+// A snapshot reference that is not an exact ID (a prefix of its ID or of
+// its short ID, any case) is resolved from the snapshots the backend says
+// it could name (SnapshotsNamed), never from the sandbox list; a prefix
+// of two is ambiguous and one of none is not found, as restore and
+// snapshot rm always said.
+func TestSnapshotReferencesReadNoSandboxList(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t)
+	sb := f.create(CreateSpec{Handle: "src"})
+	stop(f, sb)
+	snap, err := f.m.Snapshot(f.ctx, "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two snapshots of another sandbox, journaled as taken, that share a
+	// prefix.
+	other := f.create(CreateSpec{})
+	stop(f, other)
+	const s1, s2 = "01KSSSSSSSSSSSSSSSSSSSSSS1", "01KSSSSSSSSSSSSSSSSSSSSST2"
+	for _, s := range []string{s1, s2} {
+		if _, err := f.j.Append(f.ctx, events.New(ulid.Make(), time.Now(), other.ID, events.SnapshotTakenEvent{SnapshotID: s,
+			Dir: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + other.ID + "/" + s}})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		ref, want, of string
+		says          string // the refusal's end, if any
+	}{
+		{ref: strings.ToLower(snap), want: snap, of: sb.ID},
+		{ref: strings.ToLower(snap[:len(snap)-1]), want: snap, of: sb.ID},
+		{ref: projections.ShortID(snap)[:8], want: snap, of: sb.ID},
+		{ref: strings.ToUpper(projections.ShortID(snap)), want: snap, of: sb.ID},
+		{ref: "01kssssssssssssssssssssst", want: s2, of: other.ID},
+		{ref: "01kss", says: `"01kss" matches 2 snapshots: ` + s1 + ", " + s2},
+		{ref: "01KZZ", says: `no snapshot "01KZZ"`},
+		{ref: sb.ID[:12], says: `no snapshot "` + sb.ID[:12] + `"`}, // a sandbox's prefix names no snapshot
+	}
+	for _, c := range cases {
+		before := f.j.lists.Load()
+		info, err := f.m.SnapshotRemovePlan(f.ctx, c.ref)
+		if c.says != "" {
+			if err == nil || !strings.HasSuffix(err.Error(), c.says) {
+				t.Errorf("snapshot %q: %+v, %v; want %s", c.ref, info, err, c.says)
+			}
+		} else if err != nil || info.ID != c.want || info.Sandbox != c.of {
+			t.Errorf("snapshot %q: %+v, %v; want %s of %s", c.ref, info, err, c.want, c.of)
+		}
+		if n := f.j.lists.Load() - before; n != 0 {
+			t.Errorf("resolving snapshot %q read the sandbox list %d times, want none", c.ref, n)
+		}
+	}
+	var amb *projections.AmbiguousError
+	if _, err := f.m.Restore(f.ctx, "01KSS", RestoreOptions{}); !errors.As(err, &amb) || amb.What != "snapshots" {
+		t.Fatalf("restore of a prefix of two snapshots: %v, want ambiguous", err)
+	}
+	before := f.j.lists.Load()
+	if info, err := f.m.SnapshotRemove(f.ctx, projections.ShortID(snap)[:6]); err != nil || info.ID != snap {
+		t.Fatalf("snapshot rm by a short ID's prefix: %+v, %v", info, err)
+	}
+	if n := f.j.lists.Load() - before; n != 0 {
+		t.Fatalf("snapshot rm by a prefix read the sandbox list %d times, want none", n)
 	}
 }

@@ -63,25 +63,33 @@ func (m *Manager) snapshotInfo(sb projections.Sandbox, snap string) SnapshotInfo
 	return info
 }
 
-// findSnapshot resolves a snapshot reference as projections.Match does (an
-// exact ID, any case, or a unique prefix) to the snapshot and its sandbox.
-// An exact ID is one per-entity read; only a reference that is not one
-// fetches the list to match against, so restore and snapshot rm cost the
-// same at 10 sandboxes and 100,000.
+// findSnapshot resolves a snapshot reference by projections.MatchSnapshot
+// (an exact ID, any case, or a unique prefix of an ID or short ID) to the
+// snapshot and its sandbox. An exact ID is one per-entity read; any other
+// reference asks the store's snapshot indexes for its candidates, never
+// the sandbox list, so restore and snapshot rm cost the same at 10
+// sandboxes and 100,000.
 func (m *Manager) findSnapshot(ctx context.Context, ref string) (string, projections.Sandbox, error) {
 	snap := strings.ToUpper(ref)
 	if sb, found, err := m.B.SnapshotOwner(ctx, snap); err != nil || found {
 		return snap, sb, err
 	}
-	list, err := m.B.Sandboxes(ctx)
+	refs, err := m.B.SnapshotsNamed(ctx, ref)
 	if err != nil {
 		return "", projections.Sandbox{}, err
 	}
-	snap, sb, err := projections.MatchSnapshot(list, ref)
-	if errors.Is(err, projections.ErrNoMatch) {
-		return "", projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, ref)
+	snap, err = projections.MatchSnapshot(refs, ref)
+	if err == nil {
+		sb, found, err := m.B.SnapshotOwner(ctx, snap)
+		if err != nil || found {
+			return snap, sb, err
+		}
+		// Removed since its candidates were read: no snapshot, as if first.
 	}
-	return snap, sb, err
+	if err != nil && !errors.Is(err, projections.ErrNoMatch) {
+		return "", projections.Sandbox{}, err
+	}
+	return "", projections.Sandbox{}, fmt.Errorf("%w: no snapshot %q", ErrNotFound, ref)
 }
 
 // snapshotRmStep names the snapshot a snapshot-rm saga deletes, so that

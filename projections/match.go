@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -97,27 +98,27 @@ func MatchSandbox(list []Sandbox, ref string) (Sandbox, error) {
 	return Sandbox{}, fmt.Errorf("%w %q", ErrNoMatch, ref)
 }
 
-// MatchSnapshot applies Match to the snapshots of every sandbox in list
-// (snapshot IDs are ULIDs too) and returns the snapshot's ID and the
-// sandbox it belongs to.
-func MatchSnapshot(list []Sandbox, ref string) (string, Sandbox, error) {
-	var refs []Ref
-	owner := map[string]int{}
-	for i, sb := range list {
-		for _, snap := range sb.Snapshots {
-			refs = append(refs, Ref{ID: snap})
-			owner[snap] = i
-		}
+// SnapshotRef is a snapshot a reference could name: its ID and the
+// sandbox holding it.
+type SnapshotRef struct{ ID, Sandbox string }
+
+// MatchSnapshot is Match over snapshot IDs (ULIDs too, named as sandbox
+// IDs are: exactly, or by a unique prefix of the ID or of its short ID,
+// any case; a snapshot has no handle): the snapshot among refs that ref
+// names, ErrNoMatch, or an *AmbiguousError of "snapshots". refs are the
+// candidates a view gives for ref (SnapshotsNamed, or a store's seek in
+// its snapshot indexes); a snapshot two sandboxes hold is one candidate.
+func MatchSnapshot(refs []SnapshotRef, ref string) (string, error) {
+	ids := make([]Ref, len(refs))
+	for i, r := range refs {
+		ids[i] = Ref{ID: r.ID}
 	}
-	id, err := Match(refs, ref)
+	id, err := Match(ids, ref)
 	var amb *AmbiguousError
 	if errors.As(err, &amb) {
 		amb.What = "snapshots"
 	}
-	if err != nil {
-		return "", Sandbox{}, err
-	}
-	return id, list[owner[id]], nil
+	return id, err
 }
 
 // ulidAlphabet is Crockford's base32, the characters a ULID is written in.
@@ -180,6 +181,27 @@ func (s *Sandboxes) Named(ref string) []Ref {
 	}
 	for _, id := range IDsNamedBy(all, ref) {
 		out = append(out, Ref{ID: id, Handle: s.byID[id].Handle})
+	}
+	return out
+}
+
+// SnapshotsNamed is the snapshots of the view that ref could name by
+// MatchSnapshot, in snapshot ID order, each with the sandbox that
+// SnapshotOwner gives for it. A store asks it of its overlay, as Named;
+// its records answer from the snapshot indexes.
+func (s *Sandboxes) SnapshotsNamed(ref string) []SnapshotRef {
+	if !IDPrefixLike(ref) {
+		return nil
+	}
+	all := make([]Ref, 0, len(s.snaps.one))
+	for snap := range s.snaps.one {
+		all = append(all, Ref{ID: snap})
+	}
+	slices.SortFunc(all, func(a, b Ref) int { return strings.Compare(a.ID, b.ID) })
+	var out []SnapshotRef
+	for _, snap := range IDsNamedBy(all, ref) {
+		id, _ := s.snaps.least(snap, "")
+		out = append(out, SnapshotRef{ID: snap, Sandbox: id})
 	}
 	return out
 }

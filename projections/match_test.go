@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,20 +83,64 @@ func TestMatchSandbox(t *testing.T) {
 }
 
 func TestMatchSnapshot(t *testing.T) {
-	list := []Sandbox{
-		{ID: "01KAAAAAAAAAAAAAAAAAAAAAA1", Snapshots: []string{"01KSSSSSSSSSSSSSSSSSSSSSS1", "01KSSSSSSSSSSSSSSSSSSSSST2"}},
-		{ID: "01KBBBBBBBBBBBBBBBBBBBBBB3", Snapshots: []string{"01KTTTTTTTTTTTTTTTTTTTTTT3"}},
+	const a, b = "01KAAAAAAAAAAAAAAAAAAAAAA1", "01KBBBBBBBBBBBBBBBBBBBBBB3"
+	refs := []SnapshotRef{
+		{ID: "01KSSSSSSSSSSSSSSSSSSSSSS1", Sandbox: a}, {ID: "01KSSSSSSSSSSSSSSSSSSSSST2", Sandbox: a},
+		{ID: "01KTTTTTTTTTTTTTTTTTTTTTT3", Sandbox: b},
 	}
-	snap, sb, err := MatchSnapshot(list, "01ktt")
-	if err != nil || snap != "01KTTTTTTTTTTTTTTTTTTTTTT3" || sb.ID != list[1].ID {
-		t.Fatalf("MatchSnapshot(01ktt) = %s, %s, %v", snap, sb.ID, err)
+	if snap, err := MatchSnapshot(refs, "01ktt"); err != nil || snap != "01KTTTTTTTTTTTTTTTTTTTTTT3" {
+		t.Fatalf("MatchSnapshot(01ktt) = %s, %v", snap, err)
+	}
+	short := ShortID(refs[1].ID)
+	if snap, err := MatchSnapshot(refs, strings.ToUpper(short[:8])); err != nil || snap != refs[1].ID {
+		t.Fatalf("MatchSnapshot(a short ID's prefix) = %s, %v; want %s", snap, err, refs[1].ID)
 	}
 	var amb *AmbiguousError
-	if _, _, err := MatchSnapshot(list, "01KSS"); !errors.As(err, &amb) || amb.What != "snapshots" || len(amb.Candidates) != 2 {
+	if _, err := MatchSnapshot(refs, "01KSS"); !errors.As(err, &amb) || amb.What != "snapshots" || len(amb.Candidates) != 2 {
 		t.Fatalf("MatchSnapshot(01KSS) = %v; want ambiguous between two snapshots", err)
 	}
-	if _, _, err := MatchSnapshot(list, list[0].ID); !errors.Is(err, ErrNoMatch) {
+	// A snapshot two sandboxes hold (a history made by hand) is one.
+	twice := append(refs, SnapshotRef{ID: refs[2].ID, Sandbox: a})
+	if snap, err := MatchSnapshot(twice, "01KTT"); err != nil || snap != refs[2].ID {
+		t.Fatalf("MatchSnapshot of a snapshot held twice = %s, %v", snap, err)
+	}
+	if _, err := MatchSnapshot(refs, a); !errors.Is(err, ErrNoMatch) {
 		t.Fatalf("a sandbox ID matched a snapshot: %v", err)
+	}
+}
+
+// SnapshotsNamed gives MatchSnapshot what it needs to decide: every
+// snapshot of the view whose ID or short ID the reference begins, with
+// the sandbox SnapshotOwner names, and nothing for a reference no ID
+// prefix can be.
+func TestSnapshotsNamed(t *testing.T) {
+	s := NewSandboxes()
+	const a, b = "01KAAAAAAAAAAAAAAAAAAAAAA1", "01KBBBBBBBBBBBBBBBBBBBBBB3"
+	snaps := map[string][]string{a: {"01KSSSSSSSSSSSSSSSSSSSSSS1", "01KSSSSSSSSSSSSSSSSSSSSST2"}, b: {"01KTTTTTTTTTTTTTTTTTTTTTT3"}}
+	seq := uint64(0)
+	for _, id := range []string{a, b} {
+		seq++
+		s.Apply(seq, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{Image: "i", Driver: "process"}))
+		for _, snap := range snaps[id] {
+			seq++
+			s.Apply(seq, events.New(ulid.Make(), time.Now(), id, events.SnapshotTakenEvent{SnapshotID: snap,
+				Dir: events.Resource{Kind: events.KindSnapshot, Path: "snapshots/" + id + "/" + snap}}))
+		}
+	}
+	for _, c := range []struct {
+		ref  string
+		want []SnapshotRef
+	}{
+		{"01kss", []SnapshotRef{{snaps[a][0], a}, {snaps[a][1], a}}},
+		{snaps[b][0], []SnapshotRef{{snaps[b][0], b}}},
+		{ShortID(snaps[a][1])[:6], []SnapshotRef{{snaps[a][1], a}}},
+		{"01K", nil},    // shorter than MinPrefix
+		{"01KA", nil},   // a sandbox's prefix, no snapshot's
+		{"01KS-S", nil}, // no ULID has '-'
+	} {
+		if got := s.SnapshotsNamed(c.ref); !slices.Equal(got, c.want) {
+			t.Errorf("SnapshotsNamed(%q) = %v, want %v", c.ref, got, c.want)
+		}
 	}
 }
 

@@ -2,12 +2,16 @@ package store_test
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/projections"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
@@ -87,5 +91,81 @@ func TestPathOwnersArePointLookups(t *testing.T) {
 		if got[i] != want[p] {
 			t.Errorf("owner of %s = %q, want %q", p, got[i], want[p])
 		}
+	}
+}
+
+// A snapshot reference's candidates are seeks in the store's snapshot
+// indexes: a prefix of a snapshot's ID or of its short ID, of a sandbox
+// at rest or of one an event touched since, names it and its sandbox
+// without decoding a record, and a prefix of every snapshot lists at most
+// NamedLimit of each kind, still ambiguous.
+func TestSnapshotsNamedAreSeeks(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	nd, err := store.Open(ctx, root, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sandboxes = 500 // with their snapshots, the 1,000 events a Close writes at rest
+	var ids, snaps []string
+	var evs []events.Event
+	for range sandboxes {
+		id, snap := ulid.Make().String(), ulid.Make().String()
+		ids, snaps = append(ids, id), append(snaps, snap)
+		evs = append(evs, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{Image: "i", Driver: "process"}),
+			snapshotTaken(id, snap))
+	}
+	if _, err := nd.Append(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := nd.Close(); err != nil { // the first Close writes the records at rest
+		t.Fatal(err)
+	}
+	nd, err = store.Open(ctx, root, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nd.Close()
+	touched, taken := ids[9], ulid.Make().String()
+	if _, err := nd.Append(ctx, snapshotTaken(touched, taken)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ ref, snap, of string }{
+		{strings.ToLower(snaps[7][:len(snaps[7])-1]), snaps[7], ids[7]},
+		{projections.ShortID(snaps[7])[:8], snaps[7], ids[7]},
+		{strings.ToUpper(projections.ShortID(snaps[9])), snaps[9], touched}, // at rest, its sandbox touched since
+		{projections.ShortID(taken)[:8], taken, touched},
+		{strings.ToLower(taken), taken, touched},
+	} {
+		before := nd.Decoded()
+		refs, err := nd.SnapshotsNamed(ctx, c.ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := nd.Decoded() - before; n != 0 {
+			t.Errorf("SnapshotsNamed(%q) decoded %d records, want none", c.ref, n)
+		}
+		snap, err := projections.MatchSnapshot(refs, c.ref)
+		if err != nil || snap != c.snap {
+			t.Errorf("MatchSnapshot(SnapshotsNamed(%q)) = %s, %v; want %s", c.ref, snap, err, c.snap)
+		}
+		if i := slices.IndexFunc(refs, func(r projections.SnapshotRef) bool { return r.ID == c.snap }); i < 0 || refs[i].Sandbox != c.of {
+			t.Errorf("SnapshotsNamed(%q) = %v: want %s held by %s", c.ref, refs, c.snap, c.of)
+		}
+	}
+	// The records are at rest: reading one decodes it.
+	before := nd.Decoded()
+	if _, found, err := nd.Sandbox(ctx, ids[7]); err != nil || !found || nd.Decoded()-before != 1 {
+		t.Fatalf("reading a sandbox at rest decoded %d records (found %v, %v), want 1", nd.Decoded()-before, found, err)
+	}
+	// Every snapshot here was made within seconds: they share a prefix.
+	all := snaps[0][:projections.MinPrefix]
+	refs, err := nd.SnapshotsNamed(ctx, all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var amb *projections.AmbiguousError
+	if _, err := projections.MatchSnapshot(refs, all); len(refs) > 2*store.NamedLimit+1 || !errors.As(err, &amb) {
+		t.Fatalf("a prefix of every snapshot gave %d candidates (%v), want at most %d, ambiguous", len(refs), err, 2*store.NamedLimit+1)
 	}
 }

@@ -17,8 +17,9 @@ import (
 
 // sandboxStore is the Sandboxes view at rest: one record per sandbox in a
 // bbolt file (projections/sandboxes.db), keyed by ID, the indexes the
-// per-entity questions need (handle, short ID, owned path, snapshot,
-// recorded processes), and the journal position the records reflect. A store reads
+// per-entity questions need (handle, short ID, owned path, snapshot and
+// its short ID, recorded processes), and the journal position the records
+// reflect. A store reads
 // the records it is asked about, not the file, and a checkpoint rewrites
 // the records touched since the last one, not every record: what a
 // command costs does not grow with the sandboxes it does not name.
@@ -31,7 +32,7 @@ const storeFile = "sandboxes.db"
 
 // storeFormat is the version of the store's layout and records. A store of
 // another format is rebuilt from the journal, never read.
-const storeFormat = 5
+const storeFormat = 6
 
 var (
 	bucketMeta    = []byte("meta")
@@ -46,6 +47,10 @@ var (
 	bucketProcs   = []byte("processes") // "" for each sandbox that records a process (HasProcess)
 	// bucketStates counts the records by state: StateKey.bytes → u64.
 	bucketStates = []byte("states")
+	// bucketSnapShort is an index whose key is a snapshot's short ID 0x00
+	// the snapshot's ID, so a seek by a prefix of a short ID reads the
+	// snapshot and its sandbox from the keys alone.
+	bucketSnapShort = []byte("snapshort")
 
 	// retiredBuckets are older formats' buckets, dropped when the store is rebuilt.
 	retiredBuckets = [][]byte{[]byte("live")}
@@ -172,6 +177,39 @@ func (s *sandboxStore) named(idPrefix, shortPrefix string, limit int, keep func(
 				}
 			}
 		}
+		return nil
+	})
+	return out, err
+}
+
+// snapshotsNamed are at most limit snapshots, in key order, whose ID
+// begins with idPrefix and at most limit whose short ID begins with
+// shortPrefix, each with the sandbox holding it, found by one seek in the
+// snapshot or snapshot short-ID index and read from the keys alone, and
+// accepted by keep (the holder's record still current).
+func (s *sandboxStore) snapshotsNamed(idPrefix, shortPrefix string, limit int, keep func(id string) bool) (out []projections.SnapshotRef, err error) {
+	seek := func(tx *bolt.Tx, index []byte, prefix string, parse func(k []byte) (snap, id []byte, ok bool)) {
+		b := tx.Bucket(index)
+		if b == nil {
+			return
+		}
+		c, n := b.Cursor(), 0
+		for k, _ := c.Seek([]byte(prefix)); k != nil && bytes.HasPrefix(k, []byte(prefix)) && n < limit; k, _ = c.Next() {
+			if snap, id, ok := parse(k); ok && keep(string(id)) {
+				out, n = append(out, projections.SnapshotRef{ID: string(snap), Sandbox: string(id)}), n+1
+			}
+		}
+	}
+	err = s.db.View(func(tx *bolt.Tx) error {
+		seek(tx, bucketSnaps, idPrefix, func(k []byte) ([]byte, []byte, bool) { // snapshot 0x00 sandbox
+			snap, id, ok := bytes.Cut(k, []byte{0})
+			return snap, id, ok
+		})
+		seek(tx, bucketSnapShort, shortPrefix, func(k []byte) ([]byte, []byte, bool) { // short 0x00 snapshot 0x00 sandbox
+			_, rest, ok := bytes.Cut(k, []byte{0})
+			snap, id, ok2 := bytes.Cut(rest, []byte{0})
+			return snap, id, ok && ok2
+		})
 		return nil
 	})
 	return out, err
@@ -347,7 +385,7 @@ func storedCount(tx *bolt.Tx) (uint64, error) {
 func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (storePosition, error) {
 	pos.Count = uint64(len(all))
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketListing, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates}, retiredBuckets...) {
+		for _, name := range append([][]byte{bucketMeta, bucketRecords, bucketListing, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketSnapShort, bucketProcs, bucketStates}, retiredBuckets...) {
 			if err := tx.DeleteBucket(name); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
 				return err
 			}
@@ -367,7 +405,7 @@ func (s *sandboxStore) replace(pos storePosition, all []*projections.Sandbox) (s
 }
 
 func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
-	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketProcs, bucketStates, bucketListing, bucketRecords} {
+	for _, name := range [][]byte{bucketMeta, bucketHandles, bucketShort, bucketOwners, bucketSnaps, bucketSnapShort, bucketProcs, bucketStates, bucketListing, bucketRecords} {
 		b, err := tx.CreateBucketIfNotExists(name)
 		if err != nil {
 			return nil, err
@@ -377,7 +415,7 @@ func createBuckets(tx *bolt.Tx) (*bolt.Bucket, error) {
 		// split then keeps the old page nearly full, not half (bbolt's
 		// default, made for random inserts, such as handles and short
 		// IDs). FillPercent holds for this transaction.
-		if !bytes.Equal(name, bucketHandles) && !bytes.Equal(name, bucketShort) {
+		if !bytes.Equal(name, bucketHandles) && !bytes.Equal(name, bucketShort) && !bytes.Equal(name, bucketSnapShort) {
 			b.FillPercent = appendFill
 		}
 	}
@@ -444,6 +482,9 @@ func indexRecord(tx *bolt.Tx, sb *projections.Sandbox, op func(*bolt.Bucket, []b
 	}
 	for _, snap := range sb.Snapshots {
 		if err := entry(bucketSnaps, snap); err != nil {
+			return err
+		}
+		if err := entry(bucketSnapShort, projections.ShortID(snap)+"\x00"+snap); err != nil {
 			return err
 		}
 	}

@@ -182,6 +182,29 @@ func (v *sandboxView) snapshotOwner(snap string) (*projections.Sandbox, error) {
 	return v.get(id)
 }
 
+// snapshotsNamed is Sandboxes.SnapshotsNamed over the whole view, in
+// snapshot ID order: the overlay's answer and the store's, each of the
+// store's by a seek in a snapshot index (ID, short ID), at most limit of
+// each kind.
+func (v *sandboxView) snapshotsNamed(ref string, limit int) (out []projections.SnapshotRef, err error) {
+	out = v.overlay.SnapshotsNamed(ref)
+	if v.store == nil || !projections.IDPrefixLike(ref) {
+		return out, nil
+	}
+	stored, err := v.store.snapshotsNamed(strings.ToUpper(ref), strings.ToLower(ref), limit, v.fromStore)
+	if err != nil {
+		return nil, err
+	}
+	out = append(out, stored...)
+	slices.SortStableFunc(out, func(a, b projections.SnapshotRef) int {
+		if c := strings.Compare(a.ID, b.ID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Sandbox, b.Sandbox)
+	})
+	return out, nil
+}
+
 // ownerOf is Sandboxes.OwnerOf over the whole view.
 func (v *sandboxView) ownerOf(paths []string, except string) (id, path string, found bool, err error) {
 	id, path, found = v.overlay.OwnerOf(paths, except)

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -82,7 +83,8 @@ func TestSandboxViewAnswersAsTheWholeFold(t *testing.T) {
 var (
 	viewHandles = []string{"dev/a", "dev/b", "ci"}
 	viewPaths   = []string{"disks/a.raw", "disks/b.raw", "run/c.sock", "supervisor/d"}
-	viewSnaps   = []string{"S1", "S2", "S3"}
+	// ULIDs, as snapshot IDs are, two sharing a prefix.
+	viewSnaps = []string{"01KSSSSSSSSSSSSSSSSSSSSSS1", "01KSSSSSSSSSSSSSSSSSSSSST2", "01KTTTTTTTTTTTTTTTTTTTTTT3"}
 )
 
 func drawEvent(rt *rapid.T, ids []string, seq uint64) events.Event {
@@ -175,6 +177,37 @@ func compareViews(rt *rapid.T, full *projections.Sandboxes, view *sandboxView, i
 		want, werr := projections.Match(full.Named(r), r)
 		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
 			rt.Fatalf("Match(named %q) = %q, %v; want %q, %v", r, got, gerr, want, werr)
+		}
+	}
+	// What a snapshot reference names (projections.MatchSnapshot over
+	// snapshotsNamed): an ID in any case, a prefix of one, a prefix of
+	// two, a short ID's prefix.
+	var snapRefs []string
+	for _, s := range viewSnaps {
+		snapRefs = append(snapRefs, s, strings.ToLower(s), s[:len(s)-1], s[:5], projections.ShortID(s)[:6])
+	}
+	for _, r := range snapRefs {
+		named, err := view.snapshotsNamed(r, 16)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		var gotIDs, wantIDs []string
+		for _, n := range named {
+			gotIDs = append(gotIDs, n.ID)
+			if sb := full.Get(n.Sandbox); sb == nil || !slices.Contains(sb.Snapshots, n.ID) {
+				rt.Fatalf("snapshotsNamed %q: %s held by %s, which does not hold it", r, n.ID, n.Sandbox)
+			}
+		}
+		for _, n := range full.SnapshotsNamed(r) {
+			wantIDs = append(wantIDs, n.ID)
+		}
+		if gotIDs = slices.Compact(gotIDs); !slices.Equal(gotIDs, wantIDs) {
+			rt.Fatalf("snapshotsNamed %q: %v, want %v", r, gotIDs, wantIDs)
+		}
+		got, gerr := projections.MatchSnapshot(named, r)
+		want, werr := projections.MatchSnapshot(full.SnapshotsNamed(r), r)
+		if got != want || fmt.Sprint(gerr) != fmt.Sprint(werr) {
+			rt.Fatalf("MatchSnapshot(snapshotsNamed %q) = %q, %v; want %q, %v", r, got, gerr, want, werr)
 		}
 	}
 	for _, s := range viewSnaps {

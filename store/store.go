@@ -294,9 +294,10 @@ func (n *Store) PathOwners(ctx context.Context, paths []string) ([]string, error
 	return n.sandboxes.pathOwners(paths)
 }
 
-// NamedLimit bounds how many sandboxes Named reads of each kind (ID
-// prefix, short-ID prefix): two already make a reference ambiguous, and
-// the rest are a list for the operator to pick from.
+// NamedLimit bounds how many sandboxes Named, and snapshots
+// SnapshotsNamed, read of each kind (ID prefix, short-ID prefix): two
+// already make a reference ambiguous, and the rest are a list for the
+// operator to pick from.
 const NamedLimit = 16
 
 // Named is the sandboxes ref could name by projections.Match (its
@@ -326,6 +327,21 @@ func (n *Store) SnapshotOwner(ctx context.Context, snap string) (projections.San
 		return projections.Sandbox{}, false, err
 	}
 	return *sb, true, nil
+}
+
+// SnapshotsNamed is the snapshots ref could name by
+// projections.MatchSnapshot (those whose ID or short ID it is a prefix
+// of), each with the sandbox holding it, in snapshot ID order, for
+// MatchSnapshot to choose from: seeks in the store's snapshot indexes,
+// not a read of every sandbox. A prefix of many lists at most NamedLimit
+// of each kind.
+func (n *Store) SnapshotsNamed(ctx context.Context, ref string) ([]projections.SnapshotRef, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return nil, err
+	}
+	return n.sandboxes.snapshotsNamed(ref, NamedLimit)
 }
 
 // ImageCache is the image cache's state: its entries and open sagas, and

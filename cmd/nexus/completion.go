@@ -133,7 +133,10 @@ func sandboxRefs(g *globals) cobra.CompletionFunc {
 
 // snapshotIDs offers the snapshots that start with what is typed,
 // described by their sandbox: a snapshot ID typed in full is one
-// per-entity read, anything else reads the view a page at a time.
+// per-entity read, a prefix that could be an ID's (projections.MinPrefix
+// characters or more) a seek in the store's snapshot index, which offers
+// at most the first few it names, and anything shorter reads the view a
+// page at a time.
 func snapshotIDs(g *globals) cobra.CompletionFunc {
 	return fromState(g, func(ctx context.Context, b control.Backend, typed string) ([]cobra.Completion, error) {
 		typed = strings.ToUpper(typed)
@@ -152,9 +155,44 @@ func snapshotIDs(g *globals) cobra.CompletionFunc {
 			}
 			return out, err
 		}
+		if projections.IDPrefixLike(typed) {
+			return snapshotsNamed(ctx, b, typed)
+		}
 		err := eachSandbox(ctx, b, "", offer)
 		return out, err
 	})
+}
+
+// snapshotsNamed offers the snapshots whose ID begins with prefix among
+// those the backend names for it, each described by its sandbox (one
+// read per sandbox).
+func snapshotsNamed(ctx context.Context, b control.Backend, prefix string) ([]cobra.Completion, error) {
+	refs, err := b.SnapshotsNamed(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	var out []cobra.Completion
+	seen, names := map[string]bool{}, map[string]string{}
+	for _, r := range refs {
+		if seen[r.ID] || !strings.HasPrefix(r.ID, prefix) {
+			continue
+		}
+		seen[r.ID] = true
+		name, ok := names[r.Sandbox]
+		if !ok {
+			sb, found, err := b.Sandbox(ctx, r.Sandbox)
+			if err != nil {
+				return nil, err
+			}
+			name = r.Sandbox
+			if found {
+				name = sandboxName(sb)
+			}
+			names[r.Sandbox] = name
+		}
+		out = append(out, cobra.CompletionWithDesc(r.ID, "of "+name))
+	}
+	return out, nil
 }
 
 // eachSandbox calls fn with the sandbox whose full ID typed is (one

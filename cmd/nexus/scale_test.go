@@ -51,7 +51,8 @@ func fillRoot(t testing.TB, root string, n int) {
 // TestSingleSandboxCommandsAreConstantCost is the structural O(1) test,
 // counted rather than timed: on a root of 2,000 sandboxes, each
 // single-sandbox command through the daemon (restore and snapshot rm of one
-// snapshot, and completing a full ID, included) makes the daemon encode a
+// snapshot, by its ID or by a prefix of its ID or short ID, and completing
+// a full ID or a prefix, included) makes the daemon encode a
 // bounded number of sandbox records (wire.Stats), however many the root
 // holds. A flow that fetched the sandbox list, or the image cache's list of
 // every user, would encode all 2,000.
@@ -76,7 +77,7 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 		return st.Sandboxes
 	}
 	image := makeImage(t)
-	var snap, restored, forked string
+	var snap, restored, restoredByPrefix, forked string
 	steps := []struct {
 		name string
 		args func() []string
@@ -88,6 +89,12 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 		{"snapshot", func() []string { return []string{"snapshot", "one"} }},
 		{"restore", func() []string { return []string{"restore", snap, "-q"} }},
 		{"completion of a snapshot ID", func() []string { return []string{"__complete", "restore", snap} }},
+		{"completion of a snapshot ID's prefix", func() []string { return []string{"__complete", "restore", strings.ToLower(snap[:len(snap)-2])} }},
+		{"snapshot rm --dry-run by a prefix", func() []string {
+			return []string{"snapshot", "rm", "--dry-run", strings.ToLower(snap[:len(snap)-2])}
+		}},
+		{"snapshot rm --dry-run by a short ID", func() []string { return []string{"snapshot", "rm", "--dry-run", projections.ShortID(snap)} }},
+		{"restore by a prefix of a short ID", func() []string { return []string{"restore", projections.ShortID(snap)[:8], "-q"} }},
 		{"completion of a sandbox ID", func() []string { return []string{"__complete", "inspect", restored} }},
 		{"fork", func() []string { return []string{"fork", "one"} }},
 		{"snapshot rm --dry-run", func() []string { return []string{"snapshot", "rm", "--dry-run", strings.ToLower(snap)} }},
@@ -102,6 +109,16 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 			snap = strings.TrimSpace(r.stdout)
 		case "restore":
 			restored = strings.TrimSpace(r.stdout)
+		case "restore by a prefix of a short ID":
+			restoredByPrefix = strings.TrimSpace(r.stdout)
+		case "completion of a snapshot ID's prefix":
+			if want := snap + "\t"; !strings.HasPrefix(r.stdout, want) {
+				t.Errorf("%s offered %q, want %s first", s.name, r.stdout, want)
+			}
+		case "snapshot rm --dry-run by a prefix", "snapshot rm --dry-run by a short ID":
+			if !strings.Contains(r.stdout, "would remove snapshot "+snap) {
+				t.Errorf("%s printed %q, want it to name %s", s.name, r.stdout, snap)
+			}
 		case "fork":
 			forked = strings.Fields(r.stdout)[0]
 		case "completion of a snapshot ID", "completion of a sandbox ID":
@@ -116,7 +133,7 @@ func TestSingleSandboxCommandsAreConstantCost(t *testing.T) {
 			t.Logf("%s: %d sandbox records encoded", s.name, d)
 		}
 	}
-	mustOK(t, proc(t, root, "rm", "-f", forked, restored), "rm of the fork and restore children")
+	mustOK(t, proc(t, root, "rm", "-f", forked, restored, restoredByPrefix), "rm of the fork and restore children")
 	// The counter counts: a listing encodes every sandbox.
 	before := served()
 	mustOK(t, nexus(t, root, "ls"), "ls")

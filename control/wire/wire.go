@@ -47,6 +47,9 @@ const (
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap
 	PathSagas         = "/v1/sagas"          // []projections.OpenSaga
 	PathRev           = "/v1/rev"            // entity; RevAnswer
+	// PathSnapshotsNamed (ref) answers []projections.SnapshotRef: the
+	// snapshots ref could name, for projections.MatchSnapshot.
+	PathSnapshotsNamed = "/v1/snapshots-named"
 	// PathMetrics is the daemon's Prometheus metrics, in the text
 	// exposition format (docs/metrics.md).
 	PathMetrics = "/metrics"
