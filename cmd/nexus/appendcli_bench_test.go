@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,10 +40,14 @@ const appendingWriters = 8
 //	append: 8 goroutines, each its own connection kept open, appending
 //	        the same 2 events in one request, nothing else
 //
+// and, as the floor of any command, 8 at a time of `nexus version`.
+//
 // Each op runs each side once (renames per writer each), the order
 // rotating. It reports each side's events/s, cli/append and cli/flow
 // (target: cli ≥ 0.5x the in-process clients), the CPU one rename process
-// cost itself (median, wait4), and the daemon's CPU per event on each side.
+// and one version process cost themselves (medians, wait4), the daemon's
+// CPU per event on each side, and the events/s the renames' CPU allows
+// with every core free (cli-cpu-bound-events/s).
 // NEXUS_BENCH_NEXUS names a release build's directory (nexus, nexusd,
 // nexus-shim) to use instead of building one; NEXUS_BENCH_BUILD_FLAGS flags
 // for the build.
@@ -141,7 +146,22 @@ func BenchmarkAppendingCLI8(b *testing.B) {
 			events.New(ulid.Make(), at, ids[w], events.HandleClaimedEvent{Sandbox: ids[w], Handle: handle}))
 		return err
 	}}
-	sides := []*side{cli, flow, appendOnly}
+	// The floor of any command: a process of the same binary that talks
+	// to no daemon, 8 at a time like the renames.
+	version := &side{name: "version"}
+	version.rename = func(int, string) error {
+		cmd := exec.Command(nexus, "version")
+		cmd.Env = env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("nexus version: %v\n%s", err, out)
+		}
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		procMu.Lock()
+		version.procCPU = append(version.procCPU, time.Duration(ru.Utime.Nano()+ru.Stime.Nano()))
+		procMu.Unlock()
+		return nil
+	}
+	sides := []*side{cli, flow, appendOnly, version}
 	runSide := func(s *side, op int) {
 		d0, c0 := processCPU(b, dpid), selfCPU()
 		t0 := time.Now()
@@ -156,7 +176,9 @@ func BenchmarkAppendingCLI8(b *testing.B) {
 						b.Error(err)
 						return
 					}
-					handles[w] = h
+					if s != version {
+						handles[w] = h
+					}
 				}
 			}()
 		}
@@ -182,13 +204,18 @@ func BenchmarkAppendingCLI8(b *testing.B) {
 		b.Fatalf("the daemon changed during the run (pid %d, then %d)", dpid, got)
 	}
 	rate := func(s *side) float64 { return float64(s.events) / s.wall.Seconds() }
-	for _, s := range sides {
+	for _, s := range sides[:3] {
 		b.ReportMetric(rate(s), s.name+"-events/s")
 		b.ReportMetric(float64(s.daemon.Microseconds())/float64(s.events), s.name+"-daemon-cpu-us/event")
 	}
 	b.ReportMetric(rate(cli)/rate(appendOnly), "cli/append")
 	b.ReportMetric(rate(cli)/rate(flow), "cli/flow")
 	b.ReportMetric(float64(median(cli.procCPU).Microseconds()), "cli-proc-cpu-us")
+	b.ReportMetric(float64(median(version.procCPU).Microseconds()), "version-proc-cpu-us")
+	// What the renames could reach with every core to themselves: each
+	// costs its process's CPU and the daemon's share of it.
+	perRename := median(cli.procCPU) + 2*cli.daemon/time.Duration(cli.events)
+	b.ReportMetric(2*float64(runtime.NumCPU())/perRename.Seconds(), "cli-cpu-bound-events/s")
 	b.ReportMetric(float64(flow.self.Microseconds())/float64(flow.events), "flow-self-cpu-us/event")
 	b.ReportMetric(float64(appendOnly.self.Microseconds())/float64(appendOnly.events), "append-self-cpu-us/event")
 	load, _ := os.ReadFile("/proc/loadavg")
