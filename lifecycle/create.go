@@ -8,9 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
-	"sync"
 	"unicode"
 
 	"github.com/oklog/ulid/v2"
@@ -53,16 +51,40 @@ type CreateSpec struct {
 	ID string
 }
 
-// handleRE and nameRE are compiled on first use: their bounded repeats
-// make large programs, which every process linking lifecycle would
-// otherwise build at start.
-var (
-	handleRE = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$`) })
-	nameRE   = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`) })
-)
+// validHandle is the form of a handle, ^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$
+// (the ".." a handle may not hold is decideHandle's), and ValidName the
+// form of a shadow disk's or volume's name, ^[a-z0-9][a-z0-9_-]{0,62}$,
+// each checked byte by byte: compiled, their bounded repeats are large
+// programs, which a command checking one would build first.
+func validHandle(s string) bool {
+	return validForm(s, 128, func(c byte) bool { return isAlnum(c) }, func(c byte) bool {
+		return isAlnum(c) || c == '.' || c == '_' || c == '/' || c == '-'
+	})
+}
 
 // ValidName reports whether s may name a shadow disk or a volume.
-func ValidName(s string) bool { return nameRE().MatchString(s) }
+func ValidName(s string) bool {
+	lowerOrDigit := func(c byte) bool { return 'a' <= c && c <= 'z' || '0' <= c && c <= '9' }
+	return validForm(s, 63, lowerOrDigit, func(c byte) bool { return lowerOrDigit(c) || c == '_' || c == '-' })
+}
+
+// validForm is whether s is one byte that first allows, then at most
+// limit-1 bytes that rest allows.
+func validForm(s string, limit int, first, rest func(byte) bool) bool {
+	if len(s) == 0 || len(s) > limit || !first(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if !rest(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func isAlnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
 
 // workspaceSlack is room left in a workspace image beyond its contents.
 const workspaceSlack = 64 << 20

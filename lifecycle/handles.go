@@ -24,7 +24,7 @@ func (m *Manager) decideHandle(ctx context.Context, handle string) ([]core.Expec
 	if handle == "" {
 		return nil, nil
 	}
-	if !handleRE().MatchString(handle) || strings.Contains(handle, "..") {
+	if !validHandle(handle) || strings.Contains(handle, "..") {
 		return nil, fmt.Errorf("%w: handle %q: use letters, digits, '.', '_', '-', '/'", ErrRefused, handle)
 	}
 	// A reference is an ID, a handle or a prefix of an ID or short ID

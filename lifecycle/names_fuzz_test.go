@@ -19,7 +19,7 @@ func FuzzArgumentsThatBecomePaths(f *testing.F) {
 	root := layout.Root("/state")
 	const child = "01JABCDEFGHJKMNPQRSTVWXYZ0"
 	f.Fuzz(func(t *testing.T, handle, name string) {
-		handleOK := handleRE().MatchString(handle) && !strings.Contains(handle, "..")
+		handleOK := validHandle(handle) && !strings.Contains(handle, "..")
 		if handleOK && ValidName(name) {
 			for _, p := range []string{root.ShadowDisk(handle, name), root.ShadowIntent(handle), root.ForkShadowDisk(child, handle, name)} {
 				if filepath.Dir(p) != root.Disks() || filepath.Clean(p) != p {
