@@ -154,6 +154,7 @@ type wire struct {
 
 	decoded    Payload
 	payloadErr error
+	id         [16]byte // ID's bytes when it has at most 16: no allocation per event
 }
 
 // Encode serialises e. The payload must be the registered type for e.Type
@@ -271,18 +272,26 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 	if err != nil {
 		return err
 	}
+	var key [8]byte
 	for i := 0; i < n; i++ {
-		k, err := d.DecodeString()
+		k, err := readShort(d, key[:])
 		if err != nil {
 			return err
 		}
-		switch k {
+		switch string(k) {
 		case "f":
 			w.Format, err = d.DecodeUint8()
 		case "id":
-			w.ID, err = d.DecodeBytes()
+			var id []byte
+			if id, err = readShort(d, w.id[:]); id != nil {
+				w.ID = id
+			}
 		case "t":
-			w.Type, err = d.DecodeString()
+			var t []byte
+			var name [48]byte
+			if t, err = readShort(d, name[:]); err == nil {
+				w.Type = typeName(t)
+			}
 		case "v":
 			w.Schema, err = d.DecodeUint16()
 		case "sb":
@@ -314,4 +323,38 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 		}
 	}
 	return nil
+}
+
+// readShort reads one string or binary value (what DecodeString and
+// DecodeBytes accept) into buf when it fits, else into a new slice; nil
+// for a msgpack nil. An envelope's keys, its id and its type fit: a
+// whole read decodes every event of a journal or of the fleet, and a
+// string or slice for each of them showed in profiles.
+func readShort(d *msgpack.Decoder, buf []byte) ([]byte, error) {
+	n, err := d.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	if n > len(buf) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	return buf, d.ReadFull(buf)
+}
+
+// typeNames are the registered types by name, for typeName.
+var typeNames = func() map[string]Type {
+	m := make(map[string]Type, len(registry))
+	for t := range registry {
+		m[string(t)] = t
+	}
+	return m
+}()
+
+// typeName is b as a string, the registered type's own when b names one.
+func typeName(b []byte) string {
+	if t, ok := typeNames[string(b)]; ok {
+		return string(t)
+	}
+	return string(b)
 }
