@@ -55,10 +55,15 @@ type typeSpec struct {
 	// upcast decodes an older schema's payload straight into the current
 	// payload type. Missing entries mean that version never existed.
 	upcast map[uint16]func(raw []byte) (Payload, error)
+	// scratch holds pointers (as any) to zero payloads a decode fills: the payload
+	// an event carries is a copy made once it decoded, so a fresh value
+	// per event would allocate it twice.
+	scratch *sync.Pool
 }
 
 func spec(p Payload, current uint16) typeSpec {
-	return typeSpec{current: current, zero: reflect.TypeOf(p)}
+	t := reflect.TypeOf(p)
+	return typeSpec{current: current, zero: t, scratch: &sync.Pool{New: func() any { return reflect.New(t).Interface() }}}
 }
 
 var registry = map[Type]typeSpec{
@@ -306,12 +311,21 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 			w.Cause, err = d.DecodeString()
 		case "p":
 			if s, ok := registry[Type(w.Type)]; ok && w.Schema == s.current && w.Format == EnvelopeFormat {
-				ptr := reflect.New(s.zero)
-				if err = d.DecodeValue(ptr); err != nil {
+				scratch := s.scratch.Get()
+				ptr := reflect.ValueOf(scratch)
+				err = d.DecodeValue(ptr)
+				if err == nil {
+					w.decoded = ptr.Elem().Interface().(Payload)
+				}
+				// Zeroed before it is used again: decoding into a value
+				// fills what was there, and the decoded copy shares
+				// nothing with it but what this decode allocated.
+				ptr.Elem().SetZero()
+				s.scratch.Put(scratch)
+				if err != nil {
 					w.payloadErr = err
 					return nil
 				}
-				w.decoded = ptr.Elem().Interface().(Payload)
 			} else {
 				err = w.Payload.DecodeMsgpack(d)
 			}

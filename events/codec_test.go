@@ -604,3 +604,27 @@ func TestDecodeIgnoresLegacyCause(t *testing.T) {
 		t.Fatal("encode wrote the cause key")
 	}
 }
+
+// A payload decoded after another of its type holds only its own
+// fields, and the first keeps its own: the value a decode fills is used
+// again.
+func TestDecodeKeepsNothingFromThePreviousPayload(t *testing.T) {
+	full := SandboxCreatedEvent{Handle: "web", Image: "i", Driver: "process", Labels: Labels{"k": "v"},
+		Resources: []Resource{{Kind: KindRawDisk, Path: "/d"}}, Boot: BootConfig{Cpus: 2}}
+	bare := SandboxCreatedEvent{Image: "j", Driver: "process"}
+	var got []Payload
+	for _, p := range []Payload{full, bare, full} {
+		data, err := Encode(New(testID, testTime, testSandbox, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := Decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, e.Payload)
+	}
+	if !reflect.DeepEqual(got, []Payload{full, bare, full}) {
+		t.Fatalf("decoded in turn: %+v", got)
+	}
+}
