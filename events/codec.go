@@ -55,10 +55,15 @@ type typeSpec struct {
 	// upcast decodes an older schema's payload straight into the current
 	// payload type. Missing entries mean that version never existed.
 	upcast map[uint16]func(raw []byte) (Payload, error)
+	// scratch holds pointers (as any) to zero payloads a decode fills: the payload
+	// an event carries is a copy made once it decoded, so a fresh value
+	// per event would allocate it twice.
+	scratch *sync.Pool
 }
 
 func spec(p Payload, current uint16) typeSpec {
-	return typeSpec{current: current, zero: reflect.TypeOf(p)}
+	t := reflect.TypeOf(p)
+	return typeSpec{current: current, zero: t, scratch: &sync.Pool{New: func() any { return reflect.New(t).Interface() }}}
 }
 
 var registry = map[Type]typeSpec{
@@ -154,6 +159,7 @@ type wire struct {
 
 	decoded    Payload
 	payloadErr error
+	id         [16]byte // ID's bytes when it has at most 16: no allocation per event
 }
 
 // Encode serialises e. The payload must be the registered type for e.Type
@@ -271,18 +277,26 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 	if err != nil {
 		return err
 	}
+	var key [8]byte
 	for i := 0; i < n; i++ {
-		k, err := d.DecodeString()
+		k, err := readShort(d, key[:])
 		if err != nil {
 			return err
 		}
-		switch k {
+		switch string(k) {
 		case "f":
 			w.Format, err = d.DecodeUint8()
 		case "id":
-			w.ID, err = d.DecodeBytes()
+			var id []byte
+			if id, err = readShort(d, w.id[:]); id != nil {
+				w.ID = id
+			}
 		case "t":
-			w.Type, err = d.DecodeString()
+			var t []byte
+			var name [48]byte
+			if t, err = readShort(d, name[:]); err == nil {
+				w.Type = typeName(t)
+			}
 		case "v":
 			w.Schema, err = d.DecodeUint16()
 		case "sb":
@@ -297,12 +311,21 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 			w.Cause, err = d.DecodeString()
 		case "p":
 			if s, ok := registry[Type(w.Type)]; ok && w.Schema == s.current && w.Format == EnvelopeFormat {
-				ptr := reflect.New(s.zero)
-				if err = d.DecodeValue(ptr); err != nil {
+				scratch := s.scratch.Get()
+				ptr := reflect.ValueOf(scratch)
+				err = d.DecodeValue(ptr)
+				if err == nil {
+					w.decoded = ptr.Elem().Interface().(Payload)
+				}
+				// Zeroed before it is used again: decoding into a value
+				// fills what was there, and the decoded copy shares
+				// nothing with it but what this decode allocated.
+				ptr.Elem().SetZero()
+				s.scratch.Put(scratch)
+				if err != nil {
 					w.payloadErr = err
 					return nil
 				}
-				w.decoded = ptr.Elem().Interface().(Payload)
 			} else {
 				err = w.Payload.DecodeMsgpack(d)
 			}
@@ -314,4 +337,38 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 		}
 	}
 	return nil
+}
+
+// readShort reads one string or binary value (what DecodeString and
+// DecodeBytes accept) into buf when it fits, else into a new slice; nil
+// for a msgpack nil. An envelope's keys, its id and its type fit: a
+// whole read decodes every event of a journal or of the fleet, and a
+// string or slice for each of them showed in profiles.
+func readShort(d *msgpack.Decoder, buf []byte) ([]byte, error) {
+	n, err := d.DecodeBytesLen()
+	if err != nil || n < 0 {
+		return nil, err
+	}
+	if n > len(buf) {
+		buf = make([]byte, n)
+	}
+	buf = buf[:n]
+	return buf, d.ReadFull(buf)
+}
+
+// typeNames are the registered types by name, for typeName.
+var typeNames = func() map[string]Type {
+	m := make(map[string]Type, len(registry))
+	for t := range registry {
+		m[string(t)] = t
+	}
+	return m
+}()
+
+// typeName is b as a string, the registered type's own when b names one.
+func typeName(b []byte) string {
+	if t, ok := typeNames[string(b)]; ok {
+		return string(t)
+	}
+	return string(b)
 }

@@ -132,6 +132,9 @@ func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
 		{"newer envelope", rawEvent(t, wire{Format: EnvelopeFormat + 1, Type: string(SandboxRemoved), Schema: 1, Payload: good}), ErrSchemaTooNew},
 		{"schema zero", rawEvent(t, wire{Type: string(SandboxRemoved), Schema: 0, Payload: good}), ErrMalformed},
 		{"short id", rawEvent(t, wire{ID: []byte{1, 2}, Type: string(SandboxRemoved), Schema: 1, Payload: good}), ErrMalformed},
+		{"long id", rawEvent(t, wire{ID: make([]byte, 17), Type: string(SandboxRemoved), Schema: 1, Payload: good}), ErrMalformed},
+		{"unknown type of a long name", rawEvent(t, wire{Type: strings.Repeat("sandbox.", 8) + "teleported", Schema: 1, Payload: good}), ErrUnknownType},
+		{"unknown envelope field", payloadBytes(t, map[string]any{"f": 1, "id": testID[:], "t": string(SandboxRemoved), "v": 1, "ts": 1, "p": good, "surprise-field": 1}), ErrMalformed},
 		{"unknown payload field", rawEvent(t, wire{Type: string(SandboxRemoved), Schema: 1, Payload: payloadBytes(t, map[string]int{"surprise": 1})}), ErrMalformed},
 		{"payload of wrong shape", rawEvent(t, wire{Type: string(SandboxStopped), Schema: 1, Payload: payloadBytes(t, []int{1, 2})}), ErrMalformed},
 		{"not msgpack", []byte("{\"json\": true}"), ErrMalformed},
@@ -146,6 +149,11 @@ func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
 			var de *DecodeError
 			if !errors.As(err, &de) {
 				t.Fatalf("error %T is not a *DecodeError", err)
+			}
+			// Whatever the envelope names is reported whole.
+			if strings.HasPrefix(c.name, "unknown type") && !strings.HasSuffix(string(de.Type), ".teleported") ||
+				strings.HasPrefix(c.name, "unknown envelope field") && !strings.Contains(err.Error(), `"surprise-field"`) {
+				t.Fatalf("Decode = %v (type %q)", err, de.Type)
 			}
 		})
 	}
@@ -594,5 +602,29 @@ func TestDecodeIgnoresLegacyCause(t *testing.T) {
 	}
 	if bytes.Contains(again, []byte("cause")) {
 		t.Fatal("encode wrote the cause key")
+	}
+}
+
+// A payload decoded after another of its type holds only its own
+// fields, and the first keeps its own: the value a decode fills is used
+// again.
+func TestDecodeKeepsNothingFromThePreviousPayload(t *testing.T) {
+	full := SandboxCreatedEvent{Handle: "web", Image: "i", Driver: "process", Labels: Labels{"k": "v"},
+		Resources: []Resource{{Kind: KindRawDisk, Path: "/d"}}, Boot: BootConfig{Cpus: 2}}
+	bare := SandboxCreatedEvent{Image: "j", Driver: "process"}
+	var got []Payload
+	for _, p := range []Payload{full, bare, full} {
+		data, err := Encode(New(testID, testTime, testSandbox, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := Decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, e.Payload)
+	}
+	if !reflect.DeepEqual(got, []Payload{full, bare, full}) {
+		t.Fatalf("decoded in turn: %+v", got)
 	}
 }

@@ -48,7 +48,7 @@ func TestFleetEventsSkipsAnUndecodableRecord(t *testing.T) {
 // read's error.
 func TestFleetEventsOrderedPrintsWhatTheSerialPrints(t *testing.T) {
 	var recs []replay.FleetRecord
-	for i := range 1000 {
+	for i := range 5000 {
 		data, err := events.Encode(events.New(ulid.Make(), time.Unix(int64(i), 0), ulid.Make().String(), events.SandboxCreatedEvent{Image: "i", Driver: "process"}))
 		if err != nil {
 			t.Fatal(err)
@@ -74,7 +74,7 @@ func TestFleetEventsOrderedPrintsWhatTheSerialPrints(t *testing.T) {
 		if err := printFleetEventsOrdered(&got, &gotErr, o, read); err != nil {
 			t.Fatal(err)
 		}
-		if got.String() != want.String() || gotErr.String() != wantErr.String() || strings.Count(got.String(), "\n") != 999 {
+		if got.String() != want.String() || gotErr.String() != wantErr.String() || strings.Count(got.String(), "\n") != len(recs)-1 {
 			t.Fatalf("json %v: ordered printed %d lines (stderr %q), the serial %d (stderr %q)", o.json,
 				strings.Count(got.String(), "\n"), gotErr.String(), strings.Count(want.String(), "\n"), wantErr.String())
 		}
@@ -89,13 +89,16 @@ type failingWriter struct{}
 func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("output closed") }
 
 // A line of `fleet events` is spelled as fmt spells its columns (padded
-// by runes, numbers right-aligned, a wide value not cut), saga and step
-// last when the event has them.
+// by runes, numbers right-aligned, a wide value not cut), the payload as
+// json.Marshal spells it, saga and step last when the event has them,
+// whichever line the liner wrote before.
 func TestFleetLineIsFmtsSpelling(t *testing.T) {
 	sb := ulid.Make().String()
 	at := time.Date(2026, 12, 5, 23, 1, 2, 345_000_000, time.UTC)
 	created := events.SandboxCreatedEvent{Handle: "wéb", Image: "i", Driver: "process"}
+	var liner fleetLiner
 	for _, e := range []replay.FleetEntry{
+		{Host: "host-a", FleetSeq: 1, Entry: replay.Entry{Seq: 1, Time: at, Type: events.SandboxCreated, Sandbox: sb, Payload: events.SandboxCreatedEvent{Image: "<a&b>", Driver: "process\u2028", Labels: events.Labels{"k": "v"}}}},
 		{Host: "host-a", FleetSeq: 1, Entry: replay.Entry{Seq: 1, Time: at, Type: events.SandboxCreated, Sandbox: sb, Payload: created}},
 		{Host: "a-host-name-longer-than-twelve", FleetSeq: 12_345_678, Entry: replay.Entry{Seq: 9_876_543, Time: at.Add(time.Hour), Type: events.SandboxCreated, Payload: created, Saga: "s1", Step: "boot"}},
 		{Host: "hé", FleetSeq: 0, Entry: replay.Entry{Time: at.In(time.FixedZone("x", 3600)), Type: "a.type.name.wider.than.twenty-two", Sandbox: "ünïcode"}},
@@ -107,6 +110,9 @@ func TestFleetLineIsFmtsSpelling(t *testing.T) {
 		}
 		if got := string(appendFleetLine([]byte("kept"), e)); got != "kept"+want+"\n" {
 			t.Errorf("line:\n%q\nwant\n%q", got, "kept"+want+"\n")
+		}
+		if got := string(liner.append([]byte("kept"), e)); got != "kept"+want+"\n" {
+			t.Errorf("line of a liner used before:\n%q\nwant\n%q", got, "kept"+want+"\n")
 		}
 	}
 }

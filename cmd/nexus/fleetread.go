@@ -149,6 +149,7 @@ func warnSkippedTo(w io.Writer, r fleetstate.Rejected) {
 func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) error {
 	plain := !o.json && o.format == "" && !o.quiet
 	var line []byte
+	var lines fleetLiner
 	return func(rec replay.FleetRecord) error {
 		e, err := replay.DecodeFleet(rec)
 		if err != nil {
@@ -157,7 +158,7 @@ func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) 
 		}
 		if plain {
 			// printStreamed's line, written without a string between.
-			line = appendFleetLine(line[:0], e)
+			line = lines.append(line[:0], e)
 			_, err := out.Write(line)
 			return err
 		}
@@ -251,11 +252,28 @@ func fleetLine(e replay.FleetEntry) string {
 	return strings.TrimSuffix(string(appendFleetLine(nil, e)), "\n")
 }
 
-// appendFleetLine appends e's line, newline included, without fmt or a
-// string per field: a whole read formats every event of the fleet.
-// Columns: fleet sequence, host, host sequence, time, type, sandbox,
-// payload (JSON), and the saga and step when the event has them.
+// appendFleetLine appends e's line, newline included (fleetLiner).
 func appendFleetLine(b []byte, e replay.FleetEntry) []byte {
+	var l fleetLiner
+	return l.append(b, e)
+}
+
+// fleetLiner appends events' lines without fmt or a string per field,
+// its payload encoder and buffer kept from one line to the next: a whole
+// read formats every event of the fleet.
+type fleetLiner struct {
+	payload bytes.Buffer
+	enc     *json.Encoder
+}
+
+// append appends e's line, newline included. Columns: fleet sequence,
+// host, host sequence, time, type, sandbox, payload (JSON, as
+// json.Marshal writes it), and the saga and step when the event has
+// them.
+func (l *fleetLiner) append(b []byte, e replay.FleetEntry) []byte {
+	if l.enc == nil {
+		l.enc = json.NewEncoder(&l.payload)
+	}
 	b = appendNum(b, e.FleetSeq, 6)
 	b = append(b, "  "...)
 	b = appendLeft(b, e.Host, 12)
@@ -268,8 +286,10 @@ func appendFleetLine(b []byte, e replay.FleetEntry) []byte {
 	b = append(b, ' ')
 	b = appendLeft(b, dash(e.Sandbox), 26)
 	b = append(b, ' ')
-	data, _ := json.Marshal(e.Payload)
-	b = append(b, data...)
+	l.payload.Reset()
+	if l.enc.Encode(e.Payload) == nil {
+		b = append(b, bytes.TrimSuffix(l.payload.Bytes(), []byte("\n"))...)
+	}
 	if e.Saga != "" {
 		b = append(b, "  saga="...)
 		b = append(b, e.Saga...)
@@ -350,11 +370,17 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		recs      []replay.FleetRecord
 		out, errs bytes.Buffer
 		err       error
-		done      chan struct{}
+		done      chan struct{} // one token when the batch is formatted
 	}
 	workers := runtime.GOMAXPROCS(0)
 	jobs := make(chan *batch, workers)
 	order := make(chan *batch, 2*workers)
+	// A written batch is used again, its buffers with it: a fresh batch
+	// each time would allocate and clear its output buffer every 256
+	// events. A batch is made only when free is empty, so at most
+	// 2*workers+2 exist (order's, the writer's, the one being filled):
+	// free never blocks.
+	free := make(chan *batch, 3*workers+3)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
@@ -368,7 +394,7 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 						break
 					}
 				}
-				close(b.done)
+				b.done <- struct{}{}
 			}
 		}()
 	}
@@ -380,19 +406,23 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		var err error
 		for b := range order {
 			<-b.done
-			if err != nil {
-				continue
+			if err == nil {
+				if _, werr := errOut.Write(b.errs.Bytes()); werr != nil {
+					err = werr
+				} else if _, werr := out.Write(b.out.Bytes()); werr != nil {
+					err = werr
+				} else {
+					err = b.err
+				}
+				if err != nil {
+					close(failed)
+				}
 			}
-			if _, werr := errOut.Write(b.errs.Bytes()); werr != nil {
-				err = werr
-			} else if _, werr := out.Write(b.out.Bytes()); werr != nil {
-				err = werr
-			} else {
-				err = b.err
-			}
-			if err != nil {
-				close(failed)
-			}
+			clear(b.recs) // no message kept alive by a batch waiting in free
+			b.recs, b.err = b.recs[:0], nil
+			b.out.Reset()
+			b.errs.Reset()
+			free <- b
 		}
 		written <- err
 	}()
@@ -412,7 +442,11 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		default:
 		}
 		if cur == nil {
-			cur = &batch{recs: make([]replay.FleetRecord, 0, batchSize), done: make(chan struct{})}
+			select {
+			case cur = <-free:
+			default:
+				cur = &batch{recs: make([]replay.FleetRecord, 0, batchSize), done: make(chan struct{}, 1)}
+			}
 		}
 		cur.recs = append(cur.recs, r)
 		if len(cur.recs) == batchSize {

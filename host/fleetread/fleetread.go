@@ -113,7 +113,7 @@ func (f *Reader) Scan(ctx context.Context, r Range, fn func(Record) error) error
 	// yielded once.
 	seen := hostSeqs{}
 	check := sourceCheck{}
-	return streamscan.Scan(ctx, s, r, func(rec streamscan.Record) error {
+	return streamscan.ScanLooked(ctx, s, r, func(rec streamscan.Record) error {
 		src, err := check.check(rec.Subject, rec.Source)
 		if err != nil {
 			if f.Reject != nil {

@@ -56,9 +56,22 @@ func Scan(ctx context.Context, stream jetstream.Stream, r Range, fn func(Record)
 	return ScanCounting(ctx, stream, r, nil, fn)
 }
 
+// ScanLooked is Scan of a stream just looked up (jetstream's Stream):
+// its cached state is where the read ends, one request fewer before the
+// first record.
+func ScanLooked(ctx context.Context, stream jetstream.Stream, r Range, fn func(Record) error) error {
+	return scan(ctx, stream, stream.CachedInfo(), r, nil, fn)
+}
+
 // ScanCounting is Scan that, if read is not nil, counts every record
 // received into it.
 func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *atomic.Uint64, fn func(Record) error) error {
+	return scan(ctx, stream, nil, r, read, fn)
+}
+
+// scan is ScanCounting from the stream's state in info, or its state
+// now when info is nil.
+func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamInfo, r Range, read *atomic.Uint64, fn func(Record) error) error {
 	if r.Follow && (r.To != 0 || !r.ToTime.IsZero()) {
 		return ErrFollowBounded
 	}
@@ -72,9 +85,11 @@ func ScanCounting(ctx context.Context, stream jetstream.Stream, r Range, read *a
 	if all {
 		filters = nil // also a mirror's stream, whose subjects carry a host prefix
 	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("journal: %w", err)
+	var err error
+	if info == nil {
+		if info, err = stream.Info(ctx); err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
 	}
 	last := info.State.LastSeq
 	from := max(r.From, 1)
