@@ -215,24 +215,6 @@ func (s *sandboxStore) snapshotsNamed(idPrefix, shortPrefix string, limit int, k
 	return out, err
 }
 
-// idsBelowIn are the sandboxes the owners index holds for a path under
-// directory dir, within the read transaction tx: one seek, then the keys
-// under it.
-func idsBelowIn(tx *bolt.Tx, dir string) (out []string) {
-	b := tx.Bucket(bucketOwners)
-	if b == nil {
-		return nil
-	}
-	prefix := []byte(dir + "/")
-	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		if i := bytes.IndexByte(k, 0); i >= 0 {
-			out = append(out, string(k[i+1:]))
-		}
-	}
-	return out
-}
-
 // page is at most limit records whose IDs sort after after, in ID order,
 // leaving out those skip names (the overlay's).
 func (s *sandboxStore) page(after string, limit int, skip func(id string) bool) (out []*projections.Sandbox, err error) {
