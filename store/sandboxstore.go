@@ -11,6 +11,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -82,6 +83,18 @@ func openSandboxStore(path string) (*sandboxStore, error) {
 }
 
 func (s *sandboxStore) close() error { return s.db.Close() }
+
+// unmapPages drops from this process's mapping the pages of the store's
+// file it has touched: clean pages of the file, which stay in the page
+// cache and fault back in when read again. Called within a read
+// transaction, which holds bbolt's mapping in place. A reap's owner
+// lookups read the whole owned-path index, and without this every page of
+// it stays mapped and counts in the daemon's resident size.
+func unmapPages(tx *bolt.Tx) {
+	if size := tx.Size(); size > 0 {
+		unix.Syscall(unix.SYS_MADVISE, tx.DB().Info().Data, uintptr(size), unix.MADV_DONTNEED)
+	}
+}
 
 // position is what the store reflects; ok is false for a store that holds
 // no position of this format (new, or written by another layout).

@@ -252,6 +252,9 @@ func (v *sandboxView) eachPathOwner(paths []string, fn func(i int, owner []byte)
 			if b := tx.Bucket(bucketOwners); b != nil {
 				l.c = b.Cursor()
 			}
+			// A reap asks batch after batch, in path order: each one's
+			// pages are let go when it is answered.
+			defer unmapPages(tx)
 		}
 		for i, rel := range paths {
 			l.found, l.over = nil, ""

@@ -30,7 +30,7 @@ type Result struct {
 	Errors []string
 }
 
-// Root scans root. A directory entry's Allocated is its own blocks only;
+// Root scans root, each directory's entries in name order. A directory entry's Allocated is its own blocks only;
 // TreeAllocated sums a whole tree for the few entries that need it.
 func Root(root string) (Result, error) {
 	var res Result
@@ -62,6 +62,9 @@ func scanDir(rootfd int, dir string, res *Result) error {
 	if err != nil {
 		return err
 	}
+	// In name order, not the directory's: the owner lookups then walk the
+	// store's path index from one end to the other, batch after batch.
+	slices.Sort(names)
 	res.Entries = slices.Grow(res.Entries, len(names))
 	for _, name := range names {
 		if layout.NotResource(dir, name) {
