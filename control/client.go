@@ -439,24 +439,67 @@ func (c *Client) OwnerOf(ctx context.Context, paths []string, except string) (st
 	return out.Sandbox, out.Path, out.Found, err
 }
 
-// pathOwnersChunk bounds the paths of one request (its URL).
-const pathOwnersChunk = 256
-
+// PathOwners asks the daemon in batches of wire.PathOwnersBatch, each a
+// POST of the paths as they are (wire.AppendPaths) answered one owner a
+// line.
 func (c *Client) PathOwners(ctx context.Context, paths []string) ([]string, error) {
 	out := make([]string, 0, len(paths))
 	for len(paths) > 0 {
-		chunk := paths[:min(pathOwnersChunk, len(paths))]
+		chunk := paths[:min(wire.PathOwnersBatch, len(paths))]
 		paths = paths[len(chunk):]
-		var got []string
-		if err := c.getJSON(ctx, wire.PathPathOwners+"?"+url.Values{"path": chunk}.Encode(), &got); err != nil {
+		// A body of its own: the transport may still hold the last one.
+		size := len(chunk)
+		for _, p := range chunk {
+			size += len(p)
+		}
+		body, err := wire.AppendPaths(make([]byte, 0, size), chunk)
+		if err != nil {
 			return nil, err
 		}
-		if len(got) != len(chunk) {
-			return nil, fmt.Errorf("daemon: %s: %d answers for %d paths", wire.PathPathOwners, len(got), len(chunk))
+		answer, err := c.postRead(ctx, wire.PathPathOwners, body)
+		if err != nil {
+			return nil, err
+		}
+		got, err := wire.SplitOwners(answer, len(chunk))
+		if err != nil {
+			return nil, fmt.Errorf("daemon: %s: %w", wire.PathPathOwners, err)
 		}
 		out = append(out, got...)
 	}
 	return out, nil
+}
+
+// postRead posts body to path and is the answer of a daemon that
+// answered 200 OK; another status is an error naming the daemon's
+// ErrorAnswer.
+func (c *Client) postRead(ctx context.Context, path string, body []byte) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+path, bytes.NewReader(body))
+	if err != nil {
+		return "", err
+	}
+	resp, err := c.do(req)
+	if final(err) {
+		return "", err
+	}
+	if err != nil {
+		return "", fmt.Errorf("daemon: %w", err)
+	}
+	defer resp.Body.Close()
+	var answer strings.Builder
+	if resp.ContentLength > 0 {
+		answer.Grow(int(resp.ContentLength))
+	}
+	if _, err := io.Copy(&answer, resp.Body); err != nil {
+		return "", fmt.Errorf("daemon: %s: %w", path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e wire.ErrorAnswer
+		if json.Unmarshal([]byte(answer.String()), &e) == nil && e.Error != "" {
+			return "", fmt.Errorf("daemon: %s: %s: %s", path, resp.Status, e.Error)
+		}
+		return "", fmt.Errorf("daemon: %s: %s", path, resp.Status)
+	}
+	return answer.String(), nil
 }
 
 func (c *Client) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {

@@ -2,6 +2,8 @@ package daemon_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -130,5 +132,60 @@ func TestSnapshotOwnerAnswersWithoutTheList(t *testing.T) {
 				t.Fatalf("SnapshotsNamed of a removed snapshot = %v, %v", refs, err)
 			}
 		})
+	}
+}
+
+// The reaper asks who owns each scanned path in a POST body, the paths as
+// they are: names with a newline, a percent sign, a query's separators or
+// bytes that are not UTF-8 reach the store unchanged, and the answers
+// come back one per path, in order, a full batch and more. A client that
+// still asks in the URL's query (an older nexus) is refused in the
+// answer it decodes.
+func TestPathOwnersTakesPathsAsTheyAre(t *testing.T) {
+	d := startDaemon(t, "")
+	b := connect(t, d.root)
+	ctx := context.Background()
+	odd := []string{"disks/a\nb.raw", "disks/50%.raw", "disks/x&path=y?z#w.raw", "disks/\xff\xfe.raw", "disks/ spaced .raw"}
+	var evs []events.Event
+	var paths, want []string
+	for i := range wire.PathOwnersBatch + 10 {
+		id := ulid.Make().String()
+		p := "disks/" + id + ".raw"
+		if i < len(odd) {
+			p = odd[i]
+		}
+		evs = append(evs, events.New(ulid.Make(), time.Now(), id, events.SandboxCreatedEvent{Image: "i", Driver: "process",
+			Resources: []events.Resource{{Kind: events.KindRawDisk, Path: p}}}))
+		paths, want = append(paths, p, p+".none"), append(want, id, "")
+	}
+	if _, err := b.Append(ctx, evs...); err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.PathOwners(ctx, paths)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d answers for %d paths", len(got), len(want))
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("owner of %q = %q, want %q", paths[i], got[i], want[i])
+		}
+	}
+	if _, err := b.PathOwners(ctx, []string{"disks/a\x00b"}); !errors.Is(err, wire.ErrPathHasNUL) {
+		t.Fatalf("a path with a NUL byte: %v, want ErrPathHasNUL", err)
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return unixsock.Dial(ctx, filepath.Join(d.root, wire.SocketName))
+	}}}
+	resp, err := hc.Get("http://nexus" + wire.PathPathOwners + "?path=disks/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var refusal wire.ErrorAnswer
+	if err := json.NewDecoder(resp.Body).Decode(&refusal); err != nil || resp.StatusCode != http.StatusUpgradeRequired || refusal.Error != wire.PathOwnersOverGETRefusal {
+		t.Fatalf("GET %s: %s %+v %v; want 426 and the refusal", wire.PathPathOwners, resp.Status, refusal, err)
 	}
 }

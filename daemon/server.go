@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -445,13 +447,13 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 		id, path, found, _ := local.OwnerOf(r.Context(), q["path"], q.Get("except"))
 		writeJSON(w, http.StatusOK, wire.OwnerAnswer{Found: found, Sandbox: id, Path: path})
 	})
+	mux.HandleFunc("POST "+wire.PathPathOwners, func(w http.ResponseWriter, r *http.Request) {
+		servePathOwners(n, w, r)
+	})
+	// An older client asks in the URL's query: refuse it in the answer it
+	// decodes.
 	mux.HandleFunc("GET "+wire.PathPathOwners, func(w http.ResponseWriter, r *http.Request) {
-		owners, err := local.PathOwners(r.Context(), r.URL.Query()["path"])
-		if err != nil {
-			writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
-			return
-		}
-		writeJSON(w, http.StatusOK, owners)
+		writeJSON(w, http.StatusUpgradeRequired, wire.ErrorAnswer{Error: wire.PathOwnersOverGETRefusal})
 	})
 	mux.HandleFunc("GET "+wire.PathSnapshotOwner, func(w http.ResponseWriter, r *http.Request) {
 		sb, found, _ := local.SnapshotOwner(r.Context(), r.URL.Query().Get("snap"))
@@ -495,6 +497,41 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 	})
 	return mux
 }
+
+// servePathOwners answers one batch of path-owner lookups (the paths a
+// reap scanned) with what a batch needs and nothing per path: the body
+// read into one string the paths are slices of, one slice of them, and
+// the answer written into one buffer as the store's one read transaction
+// finds each owner.
+func servePathOwners(n *store.Store, w http.ResponseWriter, r *http.Request) {
+	var body strings.Builder
+	if r.ContentLength > 0 && r.ContentLength <= wire.PathOwnersMaxBody {
+		body.Grow(int(r.ContentLength))
+	}
+	if _, err := io.Copy(&body, http.MaxBytesReader(w, r.Body, wire.PathOwnersMaxBody)); err != nil {
+		writeJSON(w, http.StatusBadRequest, wire.ErrorAnswer{Error: err.Error()})
+		return
+	}
+	paths, err := wire.SplitPaths(body.String())
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, wire.ErrorAnswer{Error: err.Error()})
+		return
+	}
+	answer := make([]byte, 0, len(paths)*(ulidLen+1))
+	err = n.EachPathOwner(r.Context(), paths, func(_ int, owner []byte) {
+		answer = append(append(answer, owner...), '\n')
+	})
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, wire.ErrorAnswer{Error: err.Error()})
+		return
+	}
+	w.Header().Set("Content-Type", wire.PathOwnersType)
+	w.Header().Set("Content-Length", strconv.Itoa(len(answer)))
+	w.Write(answer)
+}
+
+// ulidLen is the length of a sandbox's ID, what an owner's line holds.
+const ulidLen = 26
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")

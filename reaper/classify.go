@@ -175,7 +175,8 @@ func (c *classifier) decide(e Entry) Decision {
 	// Owner from the journal first: this attributes even a name that does
 	// not parse, and closes the readdir residual for anything journaled.
 	if id, ok := j.Owner(e.Rel); ok {
-		return keep(e, id, Owned, "the journal attributes it to sandbox %s", id)
+		// Most of a root's entries end here: no formatting.
+		return Decision{Entry: e, Owner: id, Verdict: Owned, Reason: "the journal attributes it to sandbox " + id}
 	}
 	// Leases, probed before the journal was read: a held create intent
 	// covers its ULID's disks and a held shadow intent its handle's shadow
@@ -366,23 +367,41 @@ func Order(ds []Decision) {
 		}
 		return 1
 	}
-	// Sorted by index, then moved once: a decision is a few hundred
-	// bytes, and a root's scan holds one per entry.
+	// Sorted by index, then moved in place along the permutation's
+	// cycles: a decision is a few hundred bytes and a root's scan holds
+	// one per entry, so neither a copy of them all nor a stable sort's
+	// O(n log² n) moves. The index breaks ties, which keeps the order
+	// stable.
 	idx := make([]int, len(ds))
 	for i := range idx {
 		idx[i] = i
 	}
-	slices.SortStableFunc(idx, func(i, j int) int {
+	slices.SortFunc(idx, func(i, j int) int {
 		if c := cmp.Compare(rank(ds[i].Entry.Kind), rank(ds[j].Entry.Kind)); c != 0 {
 			return c
 		}
-		return strings.Compare(ds[i].Entry.Rel, ds[j].Entry.Rel)
+		if c := strings.Compare(ds[i].Entry.Rel, ds[j].Entry.Rel); c != 0 {
+			return c
+		}
+		return cmp.Compare(i, j)
 	})
-	sorted := make([]Decision, len(ds))
-	for to, from := range idx {
-		sorted[to] = ds[from]
+	// ds[to] takes what was at idx[to]; a visited slot is marked -1.
+	for start := range idx {
+		if idx[start] < 0 {
+			continue
+		}
+		held := ds[start]
+		for to := start; ; {
+			from := idx[to]
+			idx[to] = -1
+			if from == start {
+				ds[to] = held
+				break
+			}
+			ds[to] = ds[from]
+			to = from
+		}
 	}
-	copy(ds, sorted)
 }
 
 // Filter selects which entries a run reports and may delete.

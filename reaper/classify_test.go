@@ -1,6 +1,9 @@
 package reaper
 
 import (
+	"cmp"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -304,5 +307,37 @@ func TestFilterAndOrder(t *testing.T) {
 	Order(ds)
 	if ds[0].Entry.Kind != events.KindSupervisorProcess || ds[2].Entry.Kind != events.KindCreateIntent {
 		t.Fatalf("apply order: %v", ds)
+	}
+}
+
+// Order sorts by kind's rank, then path, keeping equal keys in the order
+// given, and moves the decisions in place: the one allocation it makes is
+// its index, never a second copy of every decision (a root's scan holds
+// one per entry).
+func TestOrderInPlace(t *testing.T) {
+	kinds := []events.ResourceKind{events.KindRawDisk, events.KindCreateIntent, events.KindSupervisorProcess, events.KindSnapshot}
+	var ds []Decision
+	for i := range 500 {
+		// Few paths, so that many decisions share a key.
+		ds = append(ds, Decision{Entry: Entry{Name: layout.Name{Kind: kinds[(i*7)%len(kinds)]}, Rel: "p" + strconv.Itoa((i*31)%23)}, Reason: strconv.Itoa(i)})
+	}
+	rank := map[events.ResourceKind]int{events.KindSupervisorProcess: 0, events.KindRawDisk: 1, events.KindSnapshot: 1, events.KindCreateIntent: 2}
+	want := slices.Clone(ds)
+	slices.SortStableFunc(want, func(a, b Decision) int {
+		if c := cmp.Compare(rank[a.Entry.Kind], rank[b.Entry.Kind]); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Entry.Rel, b.Entry.Rel)
+	})
+	got := slices.Clone(ds)
+	Order(got)
+	for i := range want {
+		if got[i].Reason != want[i].Reason {
+			t.Fatalf("decision %d: %s %s (given %s), want %s %s (given %s)", i, got[i].Entry.Kind, got[i].Entry.Rel, got[i].Reason, want[i].Entry.Kind, want[i].Entry.Rel, want[i].Reason)
+		}
+	}
+	buf := slices.Clone(ds)
+	if n := testing.AllocsPerRun(5, func() { copy(buf, ds); Order(buf) }); n != 1 {
+		t.Fatalf("Order of %d decisions made %v allocations, want 1 (its index)", len(ds), n)
 	}
 }

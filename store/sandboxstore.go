@@ -11,6 +11,7 @@ import (
 
 	"github.com/oklog/ulid/v2"
 	bolt "go.etcd.io/bbolt"
+	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/projections"
 )
@@ -82,6 +83,18 @@ func openSandboxStore(path string) (*sandboxStore, error) {
 }
 
 func (s *sandboxStore) close() error { return s.db.Close() }
+
+// unmapPages drops from this process's mapping the pages of the store's
+// file it has touched: clean pages of the file, which stay in the page
+// cache and fault back in when read again. Called within a read
+// transaction, which holds bbolt's mapping in place. A reap's owner
+// lookups read the whole owned-path index, and without this every page of
+// it stays mapped and counts in the daemon's resident size.
+func unmapPages(tx *bolt.Tx) {
+	if size := tx.Size(); size > 0 {
+		unix.Syscall(unix.SYS_MADVISE, tx.DB().Info().Data, uintptr(size), unix.MADV_DONTNEED)
+	}
+}
 
 // position is what the store reflects; ok is false for a store that holds
 // no position of this format (new, or written by another layout).
@@ -213,24 +226,6 @@ func (s *sandboxStore) snapshotsNamed(idPrefix, shortPrefix string, limit int, k
 		return nil
 	})
 	return out, err
-}
-
-// idsBelowIn are the sandboxes the owners index holds for a path under
-// directory dir, within the read transaction tx: one seek, then the keys
-// under it.
-func idsBelowIn(tx *bolt.Tx, dir string) (out []string) {
-	b := tx.Bucket(bucketOwners)
-	if b == nil {
-		return nil
-	}
-	prefix := []byte(dir + "/")
-	c := b.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		if i := bytes.IndexByte(k, 0); i >= 0 {
-			out = append(out, string(k[i+1:]))
-		}
-	}
-	return out
 }
 
 // page is at most limit records whose IDs sort after after, in ID order,

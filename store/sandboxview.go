@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -84,6 +85,16 @@ func (v *sandboxView) fromStore(id string) bool {
 		return false
 	}
 	_, seen := v.touched[id]
+	return !seen
+}
+
+// storedBytes is fromStore of an ID read from the store's page, without
+// copying it.
+func (v *sandboxView) storedBytes(id []byte) bool {
+	if v.store == nil {
+		return false
+	}
+	_, seen := v.touched[string(id)]
 	return !seen
 }
 
@@ -228,39 +239,111 @@ func (v *sandboxView) ownerOf(paths []string, except string) (id, path string, f
 	return "", "", false, nil // unreachable: the index named it for one of paths
 }
 
-// pathOwners is projections.PathOwner of each of paths over the whole
-// view: the overlay's indexes and the store's, point lookups that decode
-// no record, all in one read transaction of the store.
-func (v *sandboxView) pathOwners(paths []string) ([]string, error) {
-	out := make([]string, len(paths))
+// eachPathOwner calls fn with the index of each of paths and the sandbox
+// owning it by projections.PathOwner's rule (nil for none), over the
+// overlay's indexes and the store's: point lookups that decode no record,
+// all in one read transaction of the store through one cursor, copying
+// no path and no ID (owner is the store's page or the overlay's string,
+// valid during the call).
+func (v *sandboxView) eachPathOwner(paths []string, fn func(i int, owner []byte)) error {
 	judge := func(tx *bolt.Tx) error {
-		exact := func(p string) (string, bool, error) {
-			id, _, _ := v.overlay.OwnerExact(p)
-			if tx != nil {
-				id = v.leastOf(id, idsIn(tx, bucketOwners, p), "")
+		l := ownerLookup{v: v}
+		if tx != nil {
+			if b := tx.Bucket(bucketOwners); b != nil {
+				l.c = b.Cursor()
 			}
-			return id, id != "", nil
-		}
-		below := func(dir string) (string, bool, error) {
-			id, _, _ := v.overlay.OwnerBelow(dir)
-			if tx != nil {
-				id = v.leastOf(id, idsBelowIn(tx, dir), "")
-			}
-			return id, id != "", nil
+			// A reap asks batch after batch, in path order: each one's
+			// pages are let go when it is answered.
+			defer unmapPages(tx)
 		}
 		for i, rel := range paths {
-			id, _, err := projections.PathOwner(rel, exact, below)
-			if err != nil {
+			l.found, l.over = nil, ""
+			if _, ok, err := projections.PathOwner(rel, l.exact, l.below); err != nil {
 				return err
+			} else if !ok {
+				fn(i, nil)
+				continue
 			}
-			out[i] = id
+			if l.found != nil {
+				fn(i, l.found)
+				continue
+			}
+			l.key = append(l.key[:0], l.over...)
+			fn(i, l.key)
 		}
 		return nil
 	}
 	if v.store == nil {
-		return out, judge(nil)
+		return judge(nil)
 	}
-	return out, v.store.db.View(judge)
+	return v.store.db.View(judge)
+}
+
+// ownerLookup answers projections.PathOwner's two questions for
+// eachPathOwner. The owner it finds is left in found (a key of the
+// store's index: a slice of its page) or over (the overlay's), and
+// PathOwner is told only whether there is one, so that no ID is copied
+// into a string.
+type ownerLookup struct {
+	v     *sandboxView
+	c     *bolt.Cursor // the owners index; nil: none
+	key   []byte       // the seek key, reused
+	found []byte
+	over  string
+}
+
+func (l *ownerLookup) exact(p string) (string, bool, error) {
+	l.over, _, _ = l.v.overlay.OwnerExact(p)
+	l.found = nil
+	if l.c != nil {
+		l.key = append(append(l.key[:0], p...), 0)
+		l.least(len(l.key), false)
+	}
+	return "", l.found != nil || l.over != "", nil
+}
+
+func (l *ownerLookup) below(dir string) (string, bool, error) {
+	l.over, _, _ = l.v.overlay.OwnerBelow(dir)
+	l.found = nil
+	if l.c != nil {
+		l.key = append(append(l.key[:0], dir...), '/')
+		l.least(len(l.key), true)
+	}
+	return "", l.found != nil || l.over != "", nil
+}
+
+// least keeps in found the least ID of the index's keys beginning with
+// the seek key (of length n) that the overlay does not hold, if it is
+// less than the overlay's answer (which it then clears). A key is
+// path NUL id; below, the ID is what follows the key's NUL.
+func (l *ownerLookup) least(n int, below bool) {
+	prefix := l.key[:n]
+	for k, _ := l.c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = l.c.Next() {
+		id := k[n:]
+		if below {
+			i := bytes.IndexByte(k, 0)
+			if i < 0 {
+				continue
+			}
+			id = k[i+1:]
+		}
+		if !l.v.storedBytes(id) {
+			continue
+		}
+		switch {
+		case l.found != nil && bytes.Compare(id, l.found) >= 0:
+		case l.found == nil && l.over != "" && string(id) >= l.over:
+		default:
+			l.found, l.over = id, ""
+		}
+	}
+}
+
+// pathOwners is eachPathOwner's answers as strings.
+func (v *sandboxView) pathOwners(paths []string) ([]string, error) {
+	out := make([]string, len(paths))
+	err := v.eachPathOwner(paths, func(i int, owner []byte) { out[i] = string(owner) })
+	return out, err
 }
 
 // page is Sandboxes.Page over the whole view: the overlay's page and the

@@ -294,6 +294,19 @@ func (n *Store) PathOwners(ctx context.Context, paths []string) ([]string, error
 	return n.sandboxes.pathOwners(paths)
 }
 
+// EachPathOwner is PathOwners answered through fn, for the daemon to
+// write each answer as it is found: fn gets the index of each of paths
+// and its owner (nil for none) as bytes valid only during the call, so a
+// batch copies no path and no ID.
+func (n *Store) EachPathOwner(ctx context.Context, paths []string, fn func(i int, owner []byte)) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.loadLocked(ctx); err != nil {
+		return err
+	}
+	return n.sandboxes.eachPathOwner(paths, fn)
+}
+
 // NamedLimit bounds how many sandboxes Named, and snapshots
 // SnapshotsNamed, read of each kind (ID prefix, short-ID prefix): two
 // already make a reference ambiguous, and the rest are a list for the

@@ -41,7 +41,7 @@ const (
 	PathWithProcesses = "/v1/with-processes" // []Sandbox: those that record a process
 	PathOwner         = "/v1/owner"          // path (repeated), except; OwnerAnswer
 	PathSnapshotOwner = "/v1/snapshot-owner" // snap; SandboxAnswer
-	PathPathOwners    = "/v1/path-owners"    // path (repeated); []string, "" for none
+	PathPathOwners    = "/v1/path-owners"    // POST: paths in the body, owners a line (paths.go)
 	PathVolumes       = "/v1/volumes"        // []projections.Volume
 	PathImageCache    = "/v1/imagecache"     // projections.ImageCacheState
 	PathBootstrap     = "/v1/bootstrap"      // id; events.Bootstrap

@@ -30,7 +30,7 @@ type Result struct {
 	Errors []string
 }
 
-// Root scans root. A directory entry's Allocated is its own blocks only;
+// Root scans root, each directory's entries in name order. A directory entry's Allocated is its own blocks only;
 // TreeAllocated sums a whole tree for the few entries that need it.
 func Root(root string) (Result, error) {
 	var res Result
@@ -39,31 +39,64 @@ func Root(root string) (Result, error) {
 		return res, fmt.Errorf("scan %s: %w", root, err)
 	}
 	defer unix.Close(rootfd)
+	// Every directory is listed first, so that the entries are allocated
+	// once, at their number: a root's scan holds hundreds of thousands.
+	var listed []listing
+	total := 0
 	for _, dir := range layout.Dirs {
-		if err := scanDir(rootfd, dir, &res); err != nil {
-			res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", filepath.Join(root, dir), err))
+		l, err := list(rootfd, dir)
+		if l.d != nil {
+			defer l.d.Close()
+			res.Opened = append(res.Opened, dir)
 		}
+		if err != nil {
+			res.Errors = append(res.Errors, fmt.Sprintf("%s: %v", filepath.Join(root, dir), err))
+			continue
+		}
+		if l.d != nil {
+			listed = append(listed, l)
+			total += len(l.names)
+		}
+	}
+	res.Entries = make([]reaper.Entry, 0, total)
+	for _, l := range listed {
+		stat(l, &res)
 	}
 	return res, nil
 }
 
-func scanDir(rootfd int, dir string, res *Result) error {
+// listing is one directory opened and its names read, in name order.
+type listing struct {
+	dir   string
+	d     *os.File
+	names []string
+}
+
+// list opens dir and reads its names; a directory that is not there is
+// no listing and no error.
+func list(rootfd int, dir string) (listing, error) {
 	fd, err := unix.Openat(rootfd, dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return nil
+		return listing{}, nil
 	}
 	if err != nil {
-		return err
+		return listing{}, err
 	}
-	res.Opened = append(res.Opened, dir)
-	d := os.NewFile(uintptr(fd), dir)
-	defer d.Close()
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return err
+	l := listing{dir: dir, d: os.NewFile(uintptr(fd), dir)}
+	if l.names, err = l.d.Readdirnames(-1); err != nil {
+		return l, err
 	}
-	res.Entries = slices.Grow(res.Entries, len(names))
-	for _, name := range names {
+	// In name order, not the directory's: the owner lookups then walk the
+	// store's path index from one end to the other, batch after batch.
+	slices.Sort(l.names)
+	return l, nil
+}
+
+// stat adds the entries of l to res, each stat'ed relative to its
+// directory's descriptor.
+func stat(l listing, res *Result) {
+	fd, dir := int(l.d.Fd()), l.dir
+	for _, name := range l.names {
 		if layout.NotResource(dir, name) {
 			continue
 		}
@@ -86,7 +119,6 @@ func scanDir(rootfd int, dir string, res *Result) error {
 		}
 		res.Entries = append(res.Entries, e)
 	}
-	return nil
 }
 
 // TreeAllocated sums st_blocks*512 of rel and everything below it, by

@@ -1,8 +1,10 @@
 package scan
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -85,5 +87,30 @@ func TestScanStatsWithoutFollowing(t *testing.T) {
 	}
 	if !byRel["supervisors/"+id] {
 		t.Fatal("supervisor dir not listed")
+	}
+}
+
+// A directory's entries are listed in name order, whatever order the
+// directory keeps them in: the reaper asks their owners batch by batch,
+// and in this order each batch reads one stretch of the store's index.
+func TestScanListsInNameOrder(t *testing.T) {
+	root := t.TempDir()
+	var want []string
+	for i := range 200 {
+		rel := fmt.Sprintf("disks/%03d-%d.raw", (i*37)%200, i)
+		touch(t, root, rel)
+		want = append(want, rel)
+	}
+	slices.Sort(want)
+	res, err := Root(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range res.Entries {
+		got = append(got, e.Rel)
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("scan listed disks/ as %v..., want name order", got[:5])
 	}
 }
