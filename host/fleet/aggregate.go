@@ -65,7 +65,8 @@ func (f *Auditor) AggregateSources(ctx context.Context) ([]string, error) {
 }
 
 func hostOfStream(stream string) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(stream, journal.StreamName+"_")), "_", "-")
+	host, _ := fleetstate.HostOfMirror(stream)
+	return host
 }
 
 // EnsureAggregate creates the aggregate sourced from hosts, or adds the

@@ -113,6 +113,9 @@ func (f *Reader) Scan(ctx context.Context, r Range, fn func(Record) error) error
 	// yielded once.
 	seen := hostSeqs{}
 	check := sourceCheck{}
+	if r.From > 1 && r.FromTime.IsZero() && r.Tail == 0 {
+		seenBefore(ctx, s, r.From, check, seen)
+	}
 	return streamscan.ScanLooked(ctx, s, r, func(rec streamscan.Record) error {
 		src, err := check.check(rec.Subject, rec.Source)
 		if err != nil {
@@ -126,6 +129,61 @@ func (f *Reader) Scan(ctx context.Context, r Range, fn func(Record) error) error
 		}
 		return fn(Record{Record: rec, Host: src.Host, HostSeq: src.Seq})
 	})
+}
+
+// seenBefore notes in seen, for each host the aggregate sources, the host
+// sequence of its last record before position from: a read from there on
+// (a follow from the end, --since) then skips the copies stored later of
+// what came before it, as a read from the start does. A failed lookup
+// notes nothing for its host, whose read yields what it would have.
+func seenBefore(ctx context.Context, s jetstream.Stream, from uint64, check sourceCheck, seen hostSeqs) {
+	for _, src := range s.CachedInfo().Config.Sources {
+		host, ok := fleetstate.HostOfMirror(src.Name)
+		if !ok || seen[host] != 0 {
+			continue
+		}
+		m, err := lastBefore(ctx, s, host+".>", from)
+		if err != nil || m == nil {
+			continue
+		}
+		if got, err := check.check(m.Subject, m.Header.Get(SourceHeader)); err == nil && got.Host == host {
+			seen[host] = got.Seq
+		}
+	}
+}
+
+// lastBefore is the last record under subject filter subj stored before
+// position from (nil when there is none), found by bisecting lookups of
+// the next record under subj at a position: O(log from) requests,
+// however long ago the filter's last record came.
+func lastBefore(ctx context.Context, s jetstream.Stream, subj string, from uint64) (*jetstream.RawStreamMsg, error) {
+	next := func(seq uint64) (*jetstream.RawStreamMsg, error) {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil, nil
+		}
+		return m, err
+	}
+	last, err := next(1)
+	if err != nil || last == nil || last.Sequence >= from {
+		return nil, err
+	}
+	// last is the latest record under subj found before from: none lies
+	// in [last+1, lo), nor in [hi+1, from).
+	lo, hi := last.Sequence+1, from-1
+	for lo <= hi {
+		mid := lo + (hi-lo)/2
+		m, err := next(mid)
+		switch {
+		case err != nil:
+			return nil, err
+		case m == nil || m.Sequence >= from:
+			hi = mid - 1
+		default:
+			last, lo = m, m.Sequence+1
+		}
+	}
+	return last, nil
 }
 
 // hostSeqs is the last host sequence yielded per host.

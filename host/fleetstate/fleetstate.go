@@ -21,6 +21,17 @@ func MirrorStream(host string) string {
 	return "NEXUS_" + strings.ToUpper(strings.ReplaceAll(host, "-", "_"))
 }
 
+// HostOfMirror is the host whose mirror stream is named stream, the
+// inverse of MirrorStream; false for a name no host mirrors into.
+func HostOfMirror(stream string) (string, bool) {
+	rest, ok := strings.CutPrefix(stream, "NEXUS_")
+	if !ok || rest == "" {
+		return "", false
+	}
+	host := strings.ReplaceAll(strings.ToLower(rest), "_", "-")
+	return host, MirrorStream(host) == stream
+}
+
 // AuditAPIPrefix is the JetStream API prefix auditors use
 // (jetstream.NewWithAPIPrefix, natscli --js-api-prefix). The imports land
 // there, not on $JS.API, where the audit account's own JetStream would

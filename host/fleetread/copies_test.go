@@ -1,0 +1,136 @@
+package fleetread
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
+	"github.com/nexus-sandbox/nexus/host/streamscan"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
+)
+
+// A read from a position past a host's records skips the copies of them
+// stored after it, as a read from the start does: the aggregate sources
+// at least once, so a source set up again stores records it already held
+// (here a second source of host-b's mirror under a narrower filter, which
+// stores each of its records again), and a follow from the end must not
+// print them as new.
+func TestReadFromAPositionSkipsCopiesOfEarlierRecords(t *testing.T) {
+	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(),
+		DontListen: true, NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Start()
+	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
+	if !srv.ReadyForConnections(testutil.Scale(30 * time.Second)) {
+		t.Fatal("server not ready")
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+	defer cancel()
+	publish := func(host string, n int) {
+		t.Helper()
+		for range n {
+			if _, err := js.Publish(ctx, host+".nexus.events.sandbox.created.x", []byte(host)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var sources []*jetstream.StreamSource
+	for _, host := range []string{"host-a", "host-b"} {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: fleetstate.MirrorStream(host), Subjects: []string{host + ".>"}}); err != nil {
+			t.Fatal(err)
+		}
+		sources = append(sources, &jetstream.StreamSource{Name: fleetstate.MirrorStream(host)})
+	}
+	publish("host-a", 2)
+	publish("host-b", 3)
+	agg, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: fleetstate.AggregateStream, Sources: sources})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holds := func(n uint64) {
+		t.Helper()
+		for deadline := time.Now().Add(testutil.Scale(30 * time.Second)); ; {
+			info, err := agg.Info(ctx)
+			if err == nil && info.State.Msgs == n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the aggregate holds %+v (%v), want %d records", info.State, err, n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	holds(5)
+	from := uint64(6)
+	cfg := agg.CachedInfo().Config
+	cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: fleetstate.MirrorStream("host-b"), FilterSubject: "host-b.nexus.>"})
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	holds(8)
+	publish("host-a", 1)
+	holds(9)
+
+	// The lookup a read starts with finds, for every position, the last
+	// record of a host before it, as a walk of the stream does.
+	for _, host := range []string{"host-a", "host-b"} {
+		var want uint64
+		for from := uint64(1); from <= 10; from++ {
+			got, err := lastBefore(ctx, agg, host+".>", from)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (got == nil) != (want == 0) || got != nil && got.Sequence != want {
+				t.Fatalf("%s's last record before %d: %+v, want position %d", host, from, got, want)
+			}
+			if m, err := agg.GetMsg(ctx, from); err == nil && strings.HasPrefix(m.Subject, host+".") {
+				want = from
+			}
+		}
+	}
+
+	r := &Reader{nc: nc, js: js}
+	for _, follow := range []bool{false, true} {
+		var got []Record
+		rctx, rcancel := context.WithTimeout(ctx, testutil.Scale(10*time.Second))
+		err := r.Scan(rctx, Range{From: from, Follow: follow}, func(rec Record) error {
+			got = append(got, rec)
+			if follow {
+				return streamscan.ErrStop
+			}
+			return nil
+		})
+		rcancel()
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatal(err)
+		}
+		if len(got) != 1 || got[0].Host != "host-a" || got[0].HostSeq != 3 {
+			t.Fatalf("follow %v from %d: %d records, first %+v; want host-a's third alone", follow, from, len(got), first(got))
+		}
+	}
+}
+
+func first(rs []Record) any {
+	if len(rs) == 0 {
+		return nil
+	}
+	return rs[0]
+}
