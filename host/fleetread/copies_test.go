@@ -108,10 +108,15 @@ func TestReadFromAPositionSkipsCopiesOfEarlierRecords(t *testing.T) {
 	}
 
 	r := &Reader{nc: nc, js: js}
-	for _, follow := range []bool{false, true} {
+	at, err := agg.GetMsg(ctx, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rg := range []Range{{From: from}, {From: from, Follow: true}, {FromTime: at.Time}} {
+		follow := rg.Follow
 		var got []Record
 		rctx, rcancel := context.WithTimeout(ctx, testutil.Scale(10*time.Second))
-		err := r.Scan(rctx, Range{From: from, Follow: follow}, func(rec Record) error {
+		err := r.Scan(rctx, rg, func(rec Record) error {
 			got = append(got, rec)
 			if follow {
 				return streamscan.ErrStop
@@ -123,7 +128,7 @@ func TestReadFromAPositionSkipsCopiesOfEarlierRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 		if len(got) != 1 || got[0].Host != "host-a" || got[0].HostSeq != 3 {
-			t.Fatalf("follow %v from %d: %d records, first %+v; want host-a's third alone", follow, from, len(got), first(got))
+			t.Fatalf("a read of %+v: %d records, first %+v; want host-a's third alone", rg, len(got), first(got))
 		}
 	}
 }

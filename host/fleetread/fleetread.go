@@ -113,7 +113,14 @@ func (f *Reader) Scan(ctx context.Context, r Range, fn func(Record) error) error
 	// yielded once.
 	seen := hostSeqs{}
 	check := sourceCheck{}
-	if r.From > 1 && r.FromTime.IsZero() && r.Tail == 0 {
+	if !r.FromTime.IsZero() {
+		at, err := streamscan.SeqAt(ctx, s, r.FromTime)
+		if err != nil {
+			return err
+		}
+		r.From, r.FromTime = max(r.From, at), time.Time{}
+	}
+	if r.From > 1 && r.Tail == 0 {
 		seenBefore(ctx, s, r.From, check, seen)
 	}
 	return streamscan.ScanLooked(ctx, s, r, func(rec streamscan.Record) error {

@@ -94,7 +94,7 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 	last := info.State.LastSeq
 	from := max(r.From, 1)
 	if !r.FromTime.IsZero() {
-		s, err := seqAt(ctx, stream, r.FromTime)
+		s, err := SeqAt(ctx, stream, r.FromTime)
 		if err != nil {
 			return err
 		}
@@ -106,7 +106,7 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 		end = min(end, r.To)
 	}
 	if !r.ToTime.IsZero() {
-		s, err := seqAt(ctx, stream, r.ToTime.Add(time.Nanosecond))
+		s, err := SeqAt(ctx, stream, r.ToTime.Add(time.Nanosecond))
 		if err != nil {
 			return err
 		}
@@ -265,9 +265,9 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 // start of every count a bounded read makes to locate its range.
 var CountedFrom func(seq uint64)
 
-// seqAt is the first sequence stored at or after t (past the last one if
+// SeqAt is the first sequence stored at or after t (past the last one if
 // none): the server finds it from its blocks' time ranges, reading nothing.
-func seqAt(ctx context.Context, stream jetstream.Stream, t time.Time) (uint64, error) {
+func SeqAt(ctx context.Context, stream jetstream.Stream, t time.Time) (uint64, error) {
 	info, err := probe(ctx, stream, jetstream.ConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &t,
 	})
