@@ -102,6 +102,7 @@ func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas 
 			AllowDirect: true,
 			DenyDelete:  true,
 			DenyPurge:   true,
+			Duplicates:  aggregateDuplicates,
 		}
 		for _, h := range hosts {
 			cfg.Sources = append(cfg.Sources, source(h))
@@ -125,6 +126,10 @@ func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas 
 	}
 	cfg := s.CachedInfo().Config
 	changed := false
+	if cfg.Duplicates < aggregateDuplicates {
+		cfg.Duplicates = aggregateDuplicates
+		changed = true
+	}
 	have := map[string]bool{}
 	for _, src := range cfg.Sources {
 		have[src.Name] = true
@@ -156,6 +161,14 @@ func (f *Auditor) EnsureAggregate(ctx context.Context, hosts []string, replicas 
 	}
 	return added, nil
 }
+
+// aggregateDuplicates is the aggregate's de-duplication window. JetStream
+// sources at least once: a source set up again (a leader change, the
+// aggregate extended) can deliver records the aggregate already stored.
+// Each carries its journal event's ID (Nats-Msg-Id), so a copy arriving
+// within the window is not stored; an older one is skipped by every
+// fleet read (fleetread.Reader.Scan).
+const aggregateDuplicates = 2 * time.Minute
 
 // resumeAt is the host sequence after the last record of host the
 // aggregate holds (0 when it holds none).

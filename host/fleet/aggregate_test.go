@@ -171,7 +171,7 @@ func TestFleetAggregate(t *testing.T) {
 			return err
 		},
 	})
-	if info, err := s.Info(ctx); err != nil || info.Config.MaxMsgs != -1 || info.State.Msgs != 11 {
+	if info, err := s.Info(ctx); err != nil || info.Config.MaxMsgs != -1 || info.Config.Duplicates != aggregateDuplicates || info.State.Msgs != 11 {
 		t.Fatalf("the aggregate after the refusals: %+v, %v", info, err)
 	}
 	// The aggregator may step its leader down (KeepAggregate); what
