@@ -710,7 +710,12 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	testutil.SkipInShort(t, "runs a three-node fleet cluster")
 	hosts := []string{"host-a", "host-b"}
 	c := startTemplateFleet(t, hosts, nil)
-	js, ms := c.openHosts(t, 5)
+	// Each host's events have IDs of their own, as journal event IDs
+	// (ULIDs) are: the aggregate de-duplicates by ID.
+	js, ms := c.openHosts(t, 0)
+	for i, j := range js {
+		appendN(t, j, 1000*i, 5)
+	}
 	for i := range js {
 		deadline := time.Now().Add(testutil.Scale(30 * time.Second))
 		for st := ms[i].State(context.Background()); st.MirrorLastSeq != 5; st = ms[i].State(context.Background()) {
@@ -745,8 +750,8 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 		n.WaitForShutdown()
 	}
 	began := time.Now()
-	for _, j := range js {
-		appendN(t, j, 5, 10)
+	for i, j := range js {
+		appendN(t, j, 1000*i+5, 10)
 	}
 	if d := time.Since(began); d > 5*time.Second {
 		t.Fatalf("20 appends took %v with the fleet down: the journal waited on it", d)
