@@ -113,22 +113,43 @@ func (v *sandboxView) least(over string, index []byte, key, except string) (stri
 	if v.store == nil {
 		return over, nil
 	}
-	ids, err := v.store.ids(index, key)
-	if err != nil {
-		return "", err
-	}
-	return v.leastOf(over, ids, except), nil
+	err := v.store.db.View(func(tx *bolt.Tx) error {
+		if b := tx.Bucket(index); b != nil {
+			if id := v.leastCurrent(b.Cursor(), append([]byte(key), 0), false, except, over); id != nil {
+				over = string(id)
+			}
+		}
+		return nil
+	})
+	return over, err
 }
 
-// leastOf is the least of over and those of the store's ids the overlay
-// does not hold (other than except).
-func (v *sandboxView) leastOf(over string, ids []string, except string) string {
-	for _, id := range ids {
-		if id != except && v.fromStore(id) && (over == "" || id < over) {
-			over = id
+// leastCurrent walks the index keys c holds beginning with prefix (a key
+// is a key NUL an ID; below a directory, the ID is what follows the
+// key's NUL) and returns the least ID, other than except, whose stored
+// record is still current and that is less than over (the overlay's
+// answer, "" for none): a slice of the store's page, nil when over
+// stays the least.
+func (v *sandboxView) leastCurrent(c *bolt.Cursor, prefix []byte, below bool, except, over string) (found []byte) {
+	n := len(prefix)
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		id := k[n:]
+		if below {
+			i := bytes.IndexByte(k, 0)
+			if i < 0 {
+				continue
+			}
+			id = k[i+1:]
+		}
+		switch {
+		case string(id) == except || !v.storedBytes(id):
+		case found != nil && bytes.Compare(id, found) >= 0:
+		case found == nil && over != "" && string(id) >= over:
+		default:
+			found = id
 		}
 	}
-	return over
+	return found
 }
 
 // byHandle is Sandboxes.ByHandle over the whole view.
@@ -312,30 +333,12 @@ func (l *ownerLookup) below(dir string) (string, bool, error) {
 	return "", l.found != nil || l.over != "", nil
 }
 
-// least keeps in found the least ID of the index's keys beginning with
-// the seek key (of length n) that the overlay does not hold, if it is
-// less than the overlay's answer (which it then clears). A key is
-// path NUL id; below, the ID is what follows the key's NUL.
+// least keeps in found the least current ID of the index's keys
+// beginning with the seek key (of length n) if it is less than the
+// overlay's answer (which it then clears).
 func (l *ownerLookup) least(n int, below bool) {
-	prefix := l.key[:n]
-	for k, _ := l.c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = l.c.Next() {
-		id := k[n:]
-		if below {
-			i := bytes.IndexByte(k, 0)
-			if i < 0 {
-				continue
-			}
-			id = k[i+1:]
-		}
-		if !l.v.storedBytes(id) {
-			continue
-		}
-		switch {
-		case l.found != nil && bytes.Compare(id, l.found) >= 0:
-		case l.found == nil && l.over != "" && string(id) >= l.over:
-		default:
-			l.found, l.over = id, ""
-		}
+	if id := l.v.leastCurrent(l.c, l.key[:n], below, "", l.over); id != nil {
+		l.found, l.over = id, ""
 	}
 }
 

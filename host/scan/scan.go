@@ -30,8 +30,9 @@ type Result struct {
 	Errors []string
 }
 
-// Root scans root, each directory's entries in name order. A directory entry's Allocated is its own blocks only;
-// TreeAllocated sums a whole tree for the few entries that need it.
+// Root scans root, each directory's entries in name order. A directory
+// entry's Allocated is its own blocks only; TreeAllocated sums a whole
+// tree for the few entries that need it.
 func Root(root string) (Result, error) {
 	var res Result
 	rootfd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
