@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/internal/jstest"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -91,31 +93,11 @@ func startSyncAlwaysJetStream(b *testing.B, dir string, g int) *syncAlwaysJetStr
 	if err := j.Close(); err != nil {
 		b.Fatal(err)
 	}
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "jetstream-alone", JetStream: true, StoreDir: dir,
-		SyncAlways: true, JetStreamMaxStore: 1 << 40,
-		DontListen: true, NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv.Start()
-	b.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(30 * time.Second) {
-		b.Fatal("jetstream server not ready")
-	}
+	srv := jstest.Start(b, server.Options{ServerName: "jetstream-alone", StoreDir: dir,
+		SyncAlways: true, JetStreamMaxStore: 1 << 40})
 	s := &syncAlwaysJetStream{}
 	for range g + 1 {
-		nc, err := nats.Connect("", nats.InProcessServer(srv))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(nc.Close)
-		js, err := jetstream.New(nc, jetstream.WithDefaultTimeout(time.Minute))
-		if err != nil {
-			b.Fatal(err)
-		}
-		s.pubs = append(s.pubs, js)
+		s.pubs = append(s.pubs, jstest.Connect(b, srv, jetstream.WithDefaultTimeout(time.Minute)))
 	}
 	s.js, s.pubs = s.pubs[g], s.pubs[:g]
 	if _, err := s.js.Stream(ctx, journal.StreamName); err != nil {

@@ -7,9 +7,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/nexus-sandbox/nexus/internal/jstest"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -18,25 +18,7 @@ import (
 // keeps its journal event's ID. Here a second source of one mirror, under
 // a narrower filter, delivers each of its records again.
 func TestAggregateStoresASourcedRecordOnce(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(),
-		DontListen: true, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(testutil.Scale(30 * time.Second)) {
-		t.Fatal("server not ready")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jstest.Connect(t, jstest.Start(t, server.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
 	defer cancel()
 	mirror := MirrorStream("host-b")

@@ -8,11 +8,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/host/streamscan"
+	"github.com/nexus-sandbox/nexus/internal/jstest"
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
@@ -23,25 +23,7 @@ import (
 // stores each of its records again), and a follow from the end must not
 // print them as new.
 func TestReadFromAPositionSkipsCopiesOfEarlierRecords(t *testing.T) {
-	srv, err := server.NewServer(&server.Options{JetStream: true, StoreDir: t.TempDir(),
-		DontListen: true, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	t.Cleanup(func() { srv.Shutdown(); srv.WaitForShutdown() })
-	if !srv.ReadyForConnections(testutil.Scale(30 * time.Second)) {
-		t.Fatal("server not ready")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jstest.Connect(t, jstest.Start(t, server.Options{}))
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
 	defer cancel()
 	publish := func(host string, n int) {
@@ -107,7 +89,7 @@ func TestReadFromAPositionSkipsCopiesOfEarlierRecords(t *testing.T) {
 		}
 	}
 
-	r := &Reader{nc: nc, js: js}
+	r := &Reader{nc: js.Conn(), js: js}
 	at, err := agg.GetMsg(ctx, from)
 	if err != nil {
 		t.Fatal(err)

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nexus-sandbox/nexus/internal/jstest"
+
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -122,27 +124,11 @@ func benchBuildJournal(b *testing.B, dir string, n int) (totalBytes int64) {
 	}
 	j.Close()
 
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "nexus-bench-fixture", JetStream: true, StoreDir: dir,
-		DontListen: true, NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv.Start()
-	defer func() { srv.Shutdown(); srv.WaitForShutdown() }()
-	if !srv.ReadyForConnections(30 * time.Second) {
-		b.Fatal("fixture server not ready")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(srv))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		b.Fatal(err)
-	}
+	// The journal opens this root next: the fixture's server is stopped
+	// before the function returns.
+	srv := jstest.Start(b, server.Options{ServerName: "nexus-bench-fixture", StoreDir: dir})
+	defer jstest.Stop(srv)
+	js := jstest.Connect(b, srv, jetstream.WithPublishAsyncMaxPending(4096))
 	var pubErr error
 	benchHistory(n, func(e events.Event) {
 		if pubErr != nil {

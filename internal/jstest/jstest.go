@@ -1,0 +1,58 @@
+// Package jstest runs nats-server with JetStream inside a test's process,
+// for tests and benchmarks of the engine itself, with nothing of nexus in
+// front of it. Tests and benchmarks only.
+package jstest
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
+)
+
+// Start starts a server with o's settings, JetStream on, no listener, no
+// log and no signal handlers, and stops it when the test ends. Stop may
+// stop it before.
+func Start(tb testing.TB, o server.Options) *server.Server {
+	tb.Helper()
+	o.JetStream, o.DontListen, o.NoLog, o.NoSigs = true, true, true, true
+	if o.StoreDir == "" {
+		o.StoreDir = tb.TempDir()
+	}
+	srv, err := server.NewServer(&o)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	srv.Start()
+	tb.Cleanup(func() { Stop(srv) })
+	if !srv.ReadyForConnections(testutil.Scale(30 * time.Second)) {
+		tb.Fatal("jetstream server not ready")
+	}
+	return srv
+}
+
+// Stop shuts srv down and waits until it has; a second Stop returns at once.
+func Stop(srv *server.Server) {
+	srv.Shutdown()
+	srv.WaitForShutdown()
+}
+
+// Connect is a JetStream client of srv over a connection of its own in
+// the process, closed when the test ends.
+func Connect(tb testing.TB, srv *server.Server, opts ...jetstream.JetStreamOpt) jetstream.JetStream {
+	tb.Helper()
+	nc, err := nats.Connect("", nats.InProcessServer(srv))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(nc.Close)
+	js, err := jetstream.New(nc, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return js
+}
