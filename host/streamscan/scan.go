@@ -5,9 +5,11 @@
 package streamscan
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -114,6 +116,11 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 	}
 	if !r.Follow && from > end {
 		return nil
+	}
+	if r.Tail > 0 && !all && !r.Follow {
+		if done, err := tailNearEnd(ctx, stream, info, r, from, end, read, fn); done || err != nil {
+			return err
+		}
 	}
 	// want is how many records a bounded read delivers, when known
 	// without reading; it also caps each pull, so the server sends no more.
@@ -258,6 +265,75 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 		if !r.Follow && (meta.NumPending == 0 || seq == end || known && delivered >= want) {
 			return nil
 		}
+	}
+}
+
+// TailWindow is how many of a range's last records a filtered tail of
+// tail records reads and matches before it is located by counting.
+func TailWindow(tail int) uint64 { return tailWindow(tail) }
+
+var tailWindow = func(tail int) uint64 { return 256 + 32*uint64(tail) }
+
+// tailNearEnd looks for a filtered tail among the range's last records,
+// read unfiltered and matched here, and delivers it when they hold it
+// (or are the whole range). A filtered count makes the server match its
+// filters against every subject of the stream (every sandbox's, for an
+// event type), which at a large journal costs far more than reading a
+// few hundred records; a tail further back is left to the counts.
+func tailNearEnd(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamInfo, r Range, from, end uint64, read *atomic.Uint64, fn func(Record) error) (bool, error) {
+	start := from
+	if w := tailWindow(r.Tail); end-from >= w {
+		start = end - w + 1
+	}
+	var got []Record
+	err := scan(ctx, stream, info, Range{From: start, To: end}, read, func(rec Record) error {
+		for _, f := range r.Filters {
+			if matchSubject(f, rec.Subject) {
+				rec.Data = bytes.Clone(rec.Data)
+				if got = append(got, rec); len(got) > r.Tail {
+					got = got[1:]
+				}
+				break
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return false, err
+	}
+	if len(got) < r.Tail && start > from {
+		return false, nil
+	}
+	if r.Limit > 0 && len(got) > r.Limit {
+		got = got[:r.Limit]
+	}
+	for _, rec := range got {
+		if err := fn(rec); err != nil {
+			if errors.Is(err, ErrStop) {
+				return true, nil
+			}
+			return true, err
+		}
+	}
+	return true, nil
+}
+
+// matchSubject is whether subject matches the subject filter f: "*"
+// stands for one token, a last ">" for one or more.
+func matchSubject(f, subject string) bool {
+	for {
+		ft, frest, fmore := strings.Cut(f, ".")
+		if ft == ">" && !fmore {
+			return subject != ""
+		}
+		st, srest, smore := strings.Cut(subject, ".")
+		if ft != "*" && ft != st {
+			return false
+		}
+		if !fmore || !smore {
+			return fmore == smore
+		}
+		f, subject = frest, srest
 	}
 }
 
