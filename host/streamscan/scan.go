@@ -140,20 +140,41 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 			p, err := pending(ctx, stream, s, filters)
 			return p - min(p, after), err
 		}
-		total, err := count(from)
-		if err != nil {
+		// total counts the whole range. The server answers it from its
+		// per-subject totals, loading no block, but matching the filters
+		// against them costs a step for every subject they match (every
+		// sandbox's, for a type): a tail asks it only when its records are
+		// not near the end.
+		var total uint64
+		counted := false
+		countAll := func() (err error) {
+			total, err = count(from)
+			want, known, counted = total, true, true
 			return err
 		}
-		want, known = total, true
-		if r.Tail > 0 && total > uint64(r.Tail) {
+		if r.Tail == 0 || from > end {
+			if err := countAll(); err != nil {
+				return err
+			}
+		} else {
 			// count is non-increasing in the start: find the last start
 			// that still leaves Tail records. A count from s makes the
 			// server load (and index by subject) every block from s on,
 			// so the search gallops back from the end, then bisects
 			// between the last two starts: it loads the tail's blocks,
 			// not half the journal's.
+			tail := uint64(r.Tail)
 			lo, hi := from, end
-			for step := uint64(r.Tail); step <= end-from; step *= 4 {
+			found := false
+			for step := tail; step <= end-from; step *= 4 {
+				if !counted && step > nearEnd {
+					if err := countAll(); err != nil {
+						return err
+					}
+					if total <= tail {
+						break
+					}
+				}
 				if step > (end-from)/4 {
 					step = end - from // the last gallop: no overflow
 				}
@@ -162,25 +183,32 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 				if err != nil {
 					return err
 				}
-				if c >= uint64(r.Tail) {
-					lo = s
+				if c >= tail {
+					lo, found = s, true
 					break
 				}
 				hi = s - 1
 			}
-			for lo < hi {
-				mid := lo + (hi-lo+1)/2
-				c, err := count(mid)
-				if err != nil {
+			if !found && !counted {
+				if err := countAll(); err != nil {
 					return err
 				}
-				if c >= uint64(r.Tail) {
-					lo = mid
-				} else {
-					hi = mid - 1
-				}
 			}
-			from, want = lo, uint64(r.Tail)
+			if found || total > tail {
+				for lo < hi {
+					mid := lo + (hi-lo+1)/2
+					c, err := count(mid)
+					if err != nil {
+						return err
+					}
+					if c >= tail {
+						lo = mid
+					} else {
+						hi = mid - 1
+					}
+				}
+				from, want, known = lo, tail, true
+			}
 		}
 	}
 	if r.Limit > 0 && (!known || want > uint64(r.Limit)) {
@@ -260,6 +288,12 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 		}
 	}
 }
+
+// nearEnd is how far back from its end a tail is looked for before the
+// whole range is counted: the counts of the gallop load the blocks of
+// these last records (a few MB), which costs less than matching the
+// filters against every subject of a large journal.
+var nearEnd uint64 = 1 << 14
 
 // CountedFrom, if set (by tests, this package's or a caller's), hears the
 // start of every count a bounded read makes to locate its range.
