@@ -404,7 +404,7 @@ func fleetSandboxCmd[T any](use, short string, read func(replay.FleetReader, str
 // core. It stops read at the first write or format error and returns
 // it.
 func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(replay.FleetRecord) error) error) error {
-	const batchSize = 256
+	const batchSize, firstBatch = 256, 16
 	type batch struct {
 		recs      []replay.FleetRecord
 		out, errs bytes.Buffer
@@ -474,6 +474,9 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		}
 	}
 	errFailed := errors.New("output failed")
+	// The first batch is small, so the first lines are written as soon
+	// as the first records are in, not after a full batch.
+	size := firstBatch
 	err := read(func(r replay.FleetRecord) error {
 		select {
 		case <-failed:
@@ -488,8 +491,9 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 			}
 		}
 		cur.recs = append(cur.recs, r)
-		if len(cur.recs) == batchSize {
+		if len(cur.recs) == size {
 			send()
+			size = batchSize
 		}
 		return nil
 	})
