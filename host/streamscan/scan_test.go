@@ -12,40 +12,11 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/nexus-sandbox/nexus/internal/jstest"
 )
 
 const testRecords = 3000
-
-// startServer runs a JetStream server on 127.0.0.1:port (0: any) with
-// its store in dir.
-func startServer(t *testing.T, dir string, port int) *server.Server {
-	t.Helper()
-	if port == 0 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port = l.Addr().(*net.TCPAddr).Port
-		l.Close()
-	}
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "streamscan-test", Host: "127.0.0.1", Port: port,
-		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(time.Minute) {
-		t.Fatal("nats-server not ready within a minute")
-	}
-	return srv
-}
-
-func stop(srv *server.Server) {
-	srv.Shutdown()
-	srv.WaitForShutdown()
-}
 
 // fill makes stream T with testRecords records on t.<i%3>, each 200
 // bytes.
@@ -79,8 +50,9 @@ func fill(t *testing.T, srv *server.Server) {
 }
 
 // interruptedRead reads all of stream T through a connection made with
-// opts; after the 300th record it calls interrupt, then goes on. It
-// returns the sequences read and the read's error.
+// opts; after the 300th record the read waits while the test calls
+// interrupt, then goes on. It returns the sequences read and the read's
+// error.
 func interruptedRead(t *testing.T, url string, opts []nats.Option, interrupt func(jetstream.Stream)) ([]uint64, error) {
 	t.Helper()
 	nc, err := nats.Connect(url, opts...)
@@ -100,14 +72,36 @@ func interruptedRead(t *testing.T, url string, opts []nats.Option, interrupt fun
 	if err != nil {
 		t.Fatal(err)
 	}
+	paused, resume := make(chan struct{}), make(chan struct{})
 	var got []uint64
-	err = Scan(ctx, s, Range{}, func(r Record) error {
-		got = append(got, r.Seq)
-		if len(got) == 300 {
-			interrupt(s)
-		}
-		return nil
-	})
+	read := make(chan error, 1)
+	go func() {
+		read <- Scan(ctx, s, Range{}, func(r Record) error {
+			got = append(got, r.Seq)
+			if len(got) == 300 {
+				close(paused)
+				select {
+				case <-resume:
+				case <-ctx.Done():
+				}
+			}
+			return nil
+		})
+	}()
+	select {
+	case <-paused:
+	case err := <-read:
+		t.Fatalf("the read ended before its 300th record: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the read did not reach its 300th record in 3 minutes")
+	}
+	interrupt(s)
+	close(resume)
+	select {
+	case err = <-read:
+	case <-ctx.Done():
+		t.Fatal("the read neither ended nor failed in 3 minutes")
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("the read neither ended nor failed in 3 minutes (%d records read)", len(got))
 	}
@@ -128,11 +122,10 @@ func checkPrefix(t *testing.T, got []uint64) {
 // A server lost for good in the middle of a read ends it with an error,
 // not with the records received so far as if they were all.
 func TestScanFailsWhenTheServerIsGone(t *testing.T) {
-	srv := startServer(t, t.TempDir(), 0)
-	defer stop(srv)
+	srv := jstest.Listen(t, server.Options{})
 	fill(t, srv)
 	got, err := interruptedRead(t, srv.ClientURL(), []nats.Option{nats.MaxReconnects(2), nats.ReconnectWait(50 * time.Millisecond)},
-		func(jetstream.Stream) { stop(srv) })
+		func(jetstream.Stream) { jstest.Stop(srv) })
 	checkPrefix(t, got)
 	if err == nil {
 		t.Fatalf("the read ended without an error after %d of %d records, the server gone", len(got), testRecords)
@@ -147,14 +140,13 @@ func TestScanFailsWhenTheServerIsGone(t *testing.T) {
 // record once, in order.
 func TestScanCompletesAcrossARestart(t *testing.T) {
 	dir := t.TempDir()
-	srv := startServer(t, dir, 0)
+	srv := jstest.Listen(t, server.Options{StoreDir: dir})
 	port := srv.Addr().(*net.TCPAddr).Port
-	defer func() { stop(srv) }()
 	fill(t, srv)
 	got, err := interruptedRead(t, srv.ClientURL(), []nats.Option{nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond)},
 		func(jetstream.Stream) {
-			stop(srv)
-			srv = startServer(t, dir, port)
+			jstest.Stop(srv)
+			jstest.Listen(t, server.Options{StoreDir: dir, Port: port})
 		})
 	if err != nil {
 		t.Fatalf("after %d records: %v", len(got), err)
@@ -168,8 +160,7 @@ func TestScanCompletesAcrossARestart(t *testing.T) {
 // A read whose consumer is deleted under it makes another from where it
 // was, and delivers every record once, in order.
 func TestScanCompletesWhenItsConsumerIsDeleted(t *testing.T) {
-	srv := startServer(t, t.TempDir(), 0)
-	defer stop(srv)
+	srv := jstest.Listen(t, server.Options{})
 	fill(t, srv)
 	deleted := 0
 	got, err := interruptedRead(t, srv.ClientURL(), nil, func(s jetstream.Stream) {
