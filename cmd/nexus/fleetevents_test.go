@@ -104,7 +104,7 @@ func TestFleetLineIsFmtsSpelling(t *testing.T) {
 		{Host: "hé", FleetSeq: 0, Entry: replay.Entry{Time: at.In(time.FixedZone("x", 3600)), Type: "a.type.name.wider.than.twenty-two", Sandbox: "ünïcode"}},
 	} {
 		data, _ := json.Marshal(e.Payload)
-		want := fmt.Sprintf("%6d  %-12s %6d  %s  %-22s %-26s %s", e.FleetSeq, e.Host, e.Seq, e.Time.Format("2006-01-02T15:04:05.000Z"), e.Type, dash(e.Sandbox), data)
+		want := fmt.Sprintf("%6d  %-12s %6d  %s  %-22s %-26s %s", e.FleetSeq, e.Host, e.Seq, e.Time.Format(stampLayout), e.Type, dash(e.Sandbox), data)
 		if e.Saga != "" {
 			want += "  saga=" + e.Saga + " step=" + e.Step
 		}
@@ -113,6 +113,27 @@ func TestFleetLineIsFmtsSpelling(t *testing.T) {
 		}
 		if got := string(liner.append([]byte("kept"), e)); got != "kept"+want+"\n" {
 			t.Errorf("line of a liner used before:\n%q\nwant\n%q", got, "kept"+want+"\n")
+		}
+	}
+}
+
+// A line's time is spelled as the layout spells it, in the time's own
+// zone, whatever the year and the milliseconds.
+func TestStampIsTheLayoutsSpelling(t *testing.T) {
+	zone := time.FixedZone("x", -5*3600-1800)
+	for _, at := range []time.Time{
+		time.Date(2026, 12, 5, 23, 1, 2, 345_678_901, time.UTC),
+		time.Date(2026, 1, 9, 0, 0, 0, 0, time.UTC),
+		time.Date(1, 1, 1, 1, 1, 1, 1_000_000, time.UTC),
+		time.Date(999, 10, 31, 9, 59, 59, 999_999_999, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 5_000_000, zone),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Unix(0, 1_764_979_200_123_456_789),
+		time.Unix(0, 1_764_979_200_123_456_789).In(zone),
+	} {
+		if got, want := string(appendStamp([]byte("kept"), at)), "kept"+at.Format(stampLayout); got != want {
+			t.Errorf("%v: %q, want %q", at, got, want)
 		}
 	}
 }

@@ -280,7 +280,7 @@ func (l *fleetLiner) append(b []byte, e replay.FleetEntry) []byte {
 	b = append(b, ' ')
 	b = appendNum(b, e.Seq, 6)
 	b = append(b, "  "...)
-	b = e.Time.AppendFormat(b, "2006-01-02T15:04:05.000Z")
+	b = appendStamp(b, e.Time)
 	b = append(b, "  "...)
 	b = appendLeft(b, string(e.Type), 22)
 	b = append(b, ' ')
@@ -297,6 +297,45 @@ func (l *fleetLiner) append(b []byte, e replay.FleetEntry) []byte {
 		b = append(b, e.Step...)
 	}
 	return append(b, '\n')
+}
+
+// stampLayout is how a line spells an event's time.
+const stampLayout = "2006-01-02T15:04:05.000Z"
+
+// appendStamp appends t as t.AppendFormat(b, stampLayout) does (t's own
+// zone's clock, the "Z" as written), without reading the layout for
+// every event.
+func appendStamp(b []byte, t time.Time) []byte {
+	y, mo, d := t.Date()
+	if y < 0 || y > 9999 {
+		return t.AppendFormat(b, stampLayout)
+	}
+	h, mi, s := t.Clock()
+	b = appendDigits(b, y, 4)
+	b = append(b, '-')
+	b = appendDigits(b, int(mo), 2)
+	b = append(b, '-')
+	b = appendDigits(b, d, 2)
+	b = append(b, 'T')
+	b = appendDigits(b, h, 2)
+	b = append(b, ':')
+	b = appendDigits(b, mi, 2)
+	b = append(b, ':')
+	b = appendDigits(b, s, 2)
+	b = append(b, '.')
+	b = appendDigits(b, t.Nanosecond()/1e6, 3)
+	return append(b, 'Z')
+}
+
+// appendDigits appends the last width decimal digits of n (n >= 0),
+// zero-padded.
+func appendDigits(b []byte, n, width int) []byte {
+	b = append(b, make([]byte, width)...)
+	for i := len(b) - 1; i >= len(b)-width; i-- {
+		b[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return b
 }
 
 // appendNum appends n right-aligned in width columns (fmt's %*d).
@@ -365,7 +404,7 @@ func fleetSandboxCmd[T any](use, short string, read func(replay.FleetReader, str
 // core. It stops read at the first write or format error and returns
 // it.
 func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(replay.FleetRecord) error) error) error {
-	const batchSize = 256
+	const batchSize, firstBatch = 256, 16
 	type batch struct {
 		recs      []replay.FleetRecord
 		out, errs bytes.Buffer
@@ -435,6 +474,9 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		}
 	}
 	errFailed := errors.New("output failed")
+	// The first batch is small, so the first lines are written as soon
+	// as the first records are in, not after a full batch.
+	size := firstBatch
 	err := read(func(r replay.FleetRecord) error {
 		select {
 		case <-failed:
@@ -449,8 +491,9 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 			}
 		}
 		cur.recs = append(cur.recs, r)
-		if len(cur.recs) == batchSize {
+		if len(cur.recs) == size {
 			send()
+			size = batchSize
 		}
 		return nil
 	})

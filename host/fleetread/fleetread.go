@@ -265,19 +265,21 @@ func (c sourceCheck) check(subject, header string) (Source, error) {
 }
 
 // sourceFields are the first five space-separated fields of a source
-// header; false when it has fewer.
+// header (spaces and tabs); false when it has fewer.
 func sourceFields(header string) (f [5]string, ok bool) {
-	rest := header
-	for i := range f {
-		rest = strings.TrimLeft(rest, " \t")
-		if rest == "" {
+	i := 0
+	for k := range f {
+		for i < len(header) && (header[i] == ' ' || header[i] == '\t') {
+			i++
+		}
+		if i == len(header) {
 			return f, false
 		}
-		end := strings.IndexAny(rest, " \t")
-		if end < 0 {
-			end = len(rest)
+		start := i
+		for i < len(header) && header[i] != ' ' && header[i] != '\t' {
+			i++
 		}
-		f[i], rest = rest[:end], rest[end:]
+		f[k] = header[start:i]
 	}
 	return f, true
 }

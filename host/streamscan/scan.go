@@ -9,10 +9,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -53,7 +56,11 @@ type Record struct {
 // ErrStop, returned by a read's fn, ends the read without an error.
 var ErrStop = errors.New("stop")
 
-// Scan calls fn for the records r selects from stream, in stream order.
+// Scan calls fn for the records r selects from stream, in stream order,
+// one at a time, most often on the NATS client's goroutine (not the
+// caller's). A
+// read that cannot reach its range's end (the connection closed, its
+// consumer not made again) returns an error, never a short read.
 func Scan(ctx context.Context, stream jetstream.Stream, r Range, fn func(Record) error) error {
 	return ScanCounting(ctx, stream, r, nil, fn)
 }
@@ -197,9 +204,10 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 		return nil
 	}
 	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: filters,
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    from,
+		FilterSubjects:   filters,
+		MaxResetAttempts: resetAttempts,
+		DeliverPolicy:    jetstream.DeliverByStartSequencePolicy,
+		OptStartSeq:      from,
 	}
 	cons, err := stream.OrderedConsumer(ctx, cfg)
 	if err != nil {
@@ -221,51 +229,109 @@ func scan(ctx context.Context, stream jetstream.Stream, info *jetstream.StreamIn
 	if !r.Follow && known {
 		batch = int(min(want, uint64(batch)))
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(batch))
-	if err != nil {
-		return fmt.Errorf("journal: read from %d: %w", from, err)
-	}
-	defer it.Stop()
-	stopOnCancel := context.AfterFunc(ctx, it.Stop)
-	defer stopOnCancel()
 	var delivered uint64
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			return fmt.Errorf("journal: read: %w", err)
-		}
+	return consume(ctx, cons, batch, func(msg jetstream.Msg, meta ackMeta) (bool, error) {
 		if read != nil {
 			read.Add(1)
 		}
-		meta, err := msg.Metadata()
-		if err != nil {
-			return fmt.Errorf("journal: read: %w", err)
-		}
-		seq := meta.Sequence.Stream
+		seq := meta.seq
 		if !r.Follow && seq > end {
-			return nil // appended after the read began
+			return true, nil // appended after the read began
 		}
+		h := msg.Headers()
 		rec := Record{
-			Seq: seq, Subject: msg.Subject(), MsgID: msg.Headers().Get(jetstream.MsgIDHeader),
-			Time: meta.Timestamp, Data: msg.Data(), Source: msg.Headers().Get("Nats-Stream-Source"),
+			Seq: seq, Subject: msg.Subject(), MsgID: h.Get(jetstream.MsgIDHeader),
+			Time: meta.time(), Data: msg.Data(), Source: h.Get("Nats-Stream-Source"),
 		}
 		if err := fn(rec); err != nil {
 			if errors.Is(err, ErrStop) {
-				return nil
+				return true, nil
 			}
-			return err
+			return true, err
 		}
 		delivered++
 		if r.Limit > 0 && delivered >= uint64(r.Limit) {
-			return nil
+			return true, nil
 		}
-		if !r.Follow && (meta.NumPending == 0 || seq == end || known && delivered >= want) {
-			return nil
+		return !r.Follow && (meta.pending == 0 || seq == end || known && delivered >= want), nil
+	})
+}
+
+// resetAttempts bounds how often an ordered consumer tries to make its
+// consumer again after losing it (a lost connection, a node down): its
+// last failure then ends the read, which would otherwise wait forever,
+// also on a connection closed for good.
+const resetAttempts = 5
+
+// consume delivers cons's messages to each, one at a time and in stream
+// order, until each says the read is done (or fails), ctx is done, or the
+// consumer cannot go on. Messages come through the consumer's callback,
+// on the client's goroutine: no per-message hand-off to the caller's, nor
+// a heartbeat timer armed per message by an iterator. The consumer resets
+// itself (a new consumer from its position) where it can; every way it
+// stops short of the read's end is the read's error, never its end.
+func consume(ctx context.Context, cons jetstream.Consumer, batch int, each func(jetstream.Msg, ackMeta) (done bool, err error)) error {
+	var (
+		mu    sync.Mutex
+		ended bool
+		err   error
+		last  uint64 // the stream sequence last delivered
+		done  = make(chan struct{})
+	)
+	end := func(e error) { // mu held
+		if !ended {
+			ended, err = true, e
+			close(done)
 		}
 	}
+	handler := func(msg jetstream.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ended {
+			return
+		}
+		// A reset starts a new subscription while the old one's
+		// callback may still be running: one at a time (mu), and
+		// never a record twice or out of order.
+		meta, ok := parseAck(msg.Reply())
+		if !ok {
+			end(fmt.Errorf("journal: read: %q is not a JetStream delivery", msg.Reply()))
+			return
+		}
+		if meta.seq <= last {
+			end(fmt.Errorf("journal: read: record %d delivered after %d", meta.seq, last))
+			return
+		}
+		last = meta.seq
+		if stop, e := each(msg, meta); stop || e != nil {
+			end(e)
+		}
+	}
+	errHandler := func(_ jetstream.ConsumeContext, e error) {
+		if recovers(e) {
+			return
+		}
+		mu.Lock()
+		end(fmt.Errorf("journal: read: %w", e))
+		mu.Unlock()
+	}
+	cc, cerr := cons.Consume(handler, jetstream.PullMaxMessages(batch), jetstream.ConsumeErrHandler(errHandler))
+	if cerr != nil {
+		return fmt.Errorf("journal: read: %w", cerr)
+	}
+	defer cc.Stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	case <-cc.Closed():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if ctx.Err() != nil {
+		end(ctx.Err())
+	}
+	end(errors.New("journal: read: the consumer stopped before the read's end"))
+	return err
 }
 
 // TailWindow is how many of a range's last records a filtered tail of
@@ -335,6 +401,63 @@ func matchSubject(f, subject string) bool {
 		}
 		f, subject = frest, srest
 	}
+}
+
+// recovers says whether the ordered consumer goes on by itself after an
+// error its callback reports: it makes a new consumer from its position
+// when the heartbeats stop, when its consumer is gone and when JetStream
+// does not answer; a leader change or a server shutting down is followed
+// by one of those, or by a reconnection, which resets it too.
+func recovers(err error) bool {
+	return errors.Is(err, jetstream.ErrNoHeartbeat) ||
+		errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrConsumerLeadershipChanged) ||
+		errors.Is(err, jetstream.ErrServerShutdown)
+}
+
+// ackMeta is what a delivered message's reply subject says of it.
+type ackMeta struct {
+	seq     uint64 // its stream sequence
+	pending uint64 // how many of the consumer's messages follow it
+	nanos   uint64 // when it was stored, in ns since the epoch
+}
+
+func (m ackMeta) time() time.Time { return time.Unix(0, int64(m.nanos)) }
+
+// parseAck reads a delivery's reply subject, without allocating:
+// "$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer
+// seq>.<time>.<pending>", or with "<domain>.<account hash>." before the
+// stream and more tokens after pending. False when it is neither.
+func parseAck(reply string) (ackMeta, bool) {
+	rest, ok := strings.CutPrefix(reply, "$JS.ACK.")
+	if !ok {
+		return ackMeta{}, false
+	}
+	var tok [9]string
+	n, more := 0, true
+	for n < len(tok) && more {
+		tok[n], rest, more = strings.Cut(rest, ".")
+		n++
+	}
+	var f []string // stream, consumer, delivered, stream seq, consumer seq, time, pending
+	switch {
+	case n == 7 && !more:
+		f = tok[:7]
+	case n == 9:
+		f = tok[2:]
+	default:
+		return ackMeta{}, false
+	}
+	var m ackMeta
+	var err [3]error
+	m.seq, err[0] = strconv.ParseUint(f[3], 10, 64)
+	m.nanos, err[1] = strconv.ParseUint(f[5], 10, 64)
+	m.pending, err[2] = strconv.ParseUint(f[6], 10, 64)
+	if err != [3]error{} || m.seq == 0 {
+		return ackMeta{}, false
+	}
+	return m, true
 }
 
 // CountedFrom, if set (by tests, this package's or a caller's), hears the

@@ -19,7 +19,25 @@ import (
 // stop it before.
 func Start(tb testing.TB, o server.Options) *server.Server {
 	tb.Helper()
-	o.JetStream, o.DontListen, o.NoLog, o.NoSigs = true, true, true, true
+	o.DontListen = true
+	return start(tb, o)
+}
+
+// Listen is Start with a client listener on 127.0.0.1:o.Port (any free
+// port when 0), for clients that must reconnect: to the same server
+// started again on its port and store, or not at all.
+func Listen(tb testing.TB, o server.Options) *server.Server {
+	tb.Helper()
+	o.Host = "127.0.0.1"
+	if o.Port == 0 {
+		o.Port = server.RANDOM_PORT
+	}
+	return start(tb, o)
+}
+
+func start(tb testing.TB, o server.Options) *server.Server {
+	tb.Helper()
+	o.JetStream, o.NoLog, o.NoSigs = true, true, true
 	if o.StoreDir == "" {
 		o.StoreDir = tb.TempDir()
 	}
