@@ -57,8 +57,9 @@ var cmdNexusdImports = map[string]string{
 
 // cmdNexusFleetFiles may import host/fleet, and only they (nexusd's): the
 // mirror flags, fleet template, fleet aggregate. The fleet-wide reads use
-// host/fleetread, which the CLI links; host/journal, like the store,
-// cmd/nexus never imports.
+// host/fleetread, which nexus-fleet links and the CLI does not
+// (TestCLILinksNoStore); host/journal, like the store, cmd/nexus never
+// imports.
 var cmdNexusFleetFiles = []string{"daemon_nexusd.go", "fleet_nexusd.go", "fleetread_nexusd.go"}
 
 func nexusdFile(name string) bool {
