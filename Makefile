@@ -6,6 +6,9 @@ BIN       := bin/nexus
 # nexusd, the daemon's binary (cmd/nexus built with -tags nexusd): the CLI
 # finds it beside itself.
 DAEMON    := bin/nexusd
+# nexus-fleet runs the fleet-wide reads (cmd/nexus built with -tags
+# nexusfleet: the CLI and the NATS client): the CLI execs it beside itself.
+FLEET     := bin/nexus-fleet
 # nexus-shim runs the sandboxes' supervisors and the process and qemu
 # drivers' VMMs: a small binary, found beside nexus and nexusd.
 SHIM      := bin/nexus-shim
@@ -58,12 +61,13 @@ setup-test: setup-fast
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm; fi
 	npm ci --prefix examples/subscriber-node --no-audit --no-fund --loglevel=error
 
-# The CLI is built static (CGO_ENABLED=0): it needs no C library, and
-# loading one (the dynamic loader, libc, threads started through pthread)
+# The CLI and nexus-fleet are built static (CGO_ENABLED=0): they need no
+# C library, and loading one (the dynamic loader, libc, threads started through pthread)
 # was a tenth of every command's start-up.
 build:
 	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(BIN) ./cmd/nexus
 	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -tags nexusd -o $(DAEMON) ./cmd/nexus
+	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -tags nexusfleet -o $(FLEET) ./cmd/nexus
 	GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(SHIM) ./cmd/nexus-shim
 	CGO_ENABLED=0 GOFLAGS="$(GOFLAGS) -buildvcs=auto" $(GO) build -o $(AGENT) ./cmd/nexus-agent
 
@@ -76,7 +80,7 @@ install-files:
 	  $(DESTDIR)$(PREFIX)/lib/systemd/system \
 	  $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d
-	install -m 0755 $(BIN) $(DAEMON) $(SHIM) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BIN) $(DAEMON) $(FLEET) $(SHIM) $(AGENT) $(DESTDIR)$(PREFIX)/bin/
 	$(BIN) docs man $(DESTDIR)$(PREFIX)/share/man/man1 >/dev/null
 	$(BIN) completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nexus
 	$(BIN) completion zsh > $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nexus
@@ -119,6 +123,7 @@ demo: setup build
 test: setup-test
 	$(GO) vet ./...
 	$(GO) vet -tags nexusd ./cmd/nexus
+	$(GO) vet -tags nexusfleet ./cmd/nexus
 	NEXUS_REQUIRE_QEMU=1 $(GO) test -race -count=1 -timeout 50m ./...
 
 # The unit tests, for the edit-test loop (under a minute): every package

@@ -23,14 +23,15 @@ import (
 	"github.com/nexus-sandbox/nexus/projections"
 )
 
-// anotherBuild is a copy of the test's nexus, nexusd and nexus-shim, side by side,
-// each with one byte appended: they run the same (ELF ignores what follows
-// its segments) but are other files, other sizes and mtimes, as an
-// upgraded installation is another build. It returns the CLI's path.
+// anotherBuild is a copy of the test's nexus, nexusd, nexus-fleet and
+// nexus-shim, side by side, each with one byte appended: they run the same
+// (ELF ignores what follows its segments) but are other files, other sizes
+// and mtimes, as an upgraded installation is another build. It returns the
+// CLI's path.
 func anotherBuild(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	for _, name := range []string{"nexus", "nexusd", "nexus-shim"} {
+	for _, name := range []string{"nexus", "nexusd", "nexus-fleet", "nexus-shim"} {
 		copyPlusOne(t, filepath.Join(filepath.Dir(nexusBin), name), filepath.Join(dir, name))
 	}
 	return filepath.Join(dir, "nexus")

@@ -299,3 +299,36 @@ func fleetEntries(t *testing.T, r result) []fleetRow {
 	}
 	return out
 }
+
+// TestFleetReadsRunInNexusFleet: the CLI links no NATS client, so a
+// fleet-wide read replaces it with nexus-fleet beside it, the same process
+// given the same arguments; without nexus-fleet it fails in one line that
+// says what is missing, exit 1, having read nothing.
+func TestFleetReadsRunInNexusFleet(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "nexus")
+	copyPlusOne(t, nexusBin, bin)
+	env := []string{"NEXUS_FLEET_URL=nats://auditor:pass@127.0.0.1:1"}
+	reads := [][]string{{"fleet", "events", "--since", "5"}, {"fleet", "find", "web"}, {"fleet", "timeline", "web", "--json"}}
+	for _, args := range reads {
+		r := nexusBinEnv(t, bin, t.TempDir(), env, args...)
+		wantFailure(t, r, 1, "nexus-fleet, which runs the fleet-wide reads, is not beside "+bin)
+		if r.stdout != "" {
+			t.Fatalf("%v without nexus-fleet printed %q", args, r.stdout)
+		}
+	}
+	// A stand-in nexus-fleet that says which process it is and what it
+	// was given.
+	testutil.WriteExecutable(t, filepath.Join(dir, "nexus-fleet"), []byte("#!/bin/sh\necho \"$$ $*\"\n"))
+	for _, args := range reads {
+		root := t.TempDir()
+		cmd := exec.Command(bin, append([]string{"--state-dir", root}, args...)...)
+		cmd.Env = append(os.Environ(), env...)
+		p := testutil.Run(t, cmd, commandWait)
+		want := fmt.Sprintf("%d --state-dir %s %s\n", p.Cmd.Process.Pid, root, strings.Join(args, " "))
+		if code := p.Cmd.ProcessState.ExitCode(); code != 0 || p.Stdout.String() != want {
+			t.Fatalf("%v: exit %d, stdout %q, want %q (stderr %q)", args, code, p.Stdout.String(), want, p.Stderr.String())
+		}
+	}
+}

@@ -22,11 +22,11 @@ func TestMakeInstallLaysOutATool(t *testing.T) {
 	prefix := filepath.Join(t.TempDir(), "usr")
 	agent := filepath.Join(t.TempDir(), "nexus-agent")
 	os.WriteFile(agent, []byte("#!/bin/sh\n"), 0o755)
-	cmd := exec.Command("make", "-C", "../..", "install-files", "PREFIX="+prefix, "BIN="+nexusBin, "DAEMON="+daemonOf(nexusBin), "SHIM="+filepath.Join(filepath.Dir(nexusBin), "nexus-shim"), "AGENT="+agent)
+	cmd := exec.Command("make", "-C", "../..", "install-files", "PREFIX="+prefix, "BIN="+nexusBin, "DAEMON="+daemonOf(nexusBin), "FLEET="+filepath.Join(filepath.Dir(nexusBin), "nexus-fleet"), "SHIM="+filepath.Join(filepath.Dir(nexusBin), "nexus-shim"), "AGENT="+agent)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("make install-files: %v\n%s", err, out)
 	}
-	for _, f := range []string{"bin/nexus", "bin/nexusd", "bin/nexus-shim", "bin/nexus-agent", "share/man/man1/nexus.1", "share/man/man1/nexus-create.1",
+	for _, f := range []string{"bin/nexus", "bin/nexusd", "bin/nexus-fleet", "bin/nexus-shim", "bin/nexus-agent", "share/man/man1/nexus.1", "share/man/man1/nexus-create.1",
 		"lib/systemd/system/nexus.socket", "lib/systemd/system/nexus.service",
 		"share/bash-completion/completions/nexus", "share/zsh/site-functions/_nexus", "share/fish/vendor_completions.d/nexus.fish"} {
 		if st, err := os.Stat(filepath.Join(prefix, f)); err != nil || st.Size() == 0 {

@@ -79,6 +79,13 @@ func execNexusd() error {
 	if err != nil {
 		return err
 	}
+	return execAs(p)
+}
+
+// execAs replaces this process with the binary at p, given the same
+// arguments (the same pid: a parent waiting for the command waits for
+// it, and is charged its CPU).
+func execAs(p string) error {
 	return fmt.Errorf("run %s: %w", p, syscall.Exec(p, append([]string{p}, os.Args[1:]...), os.Environ()))
 }
 

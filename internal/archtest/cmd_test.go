@@ -26,7 +26,7 @@ var cmdNexusImports = map[string]string{
 	"control":            "connecting to a state root, the errors that map to exit codes",
 	"control/wire":       "the daemon status it prints",
 	"events":             "the events it prints and the query it parses",
-	"host/fleetread":     "the fleet-wide reads of the aggregate, over the NATS client alone",
+	"host/fleetread":     "the fleet-wide reads of the aggregate, over the NATS client alone, in nexus-fleet (-tags nexusfleet) and nexusd",
 	"host/fleetstate":    "the fleet mirror's state, records skipped and names it prints",
 	"internal/testhooks": "failure injection, in a -tags nexustest build only",
 	"layout":             "run and sandbox ids checked at parse time",
@@ -57,8 +57,9 @@ var cmdNexusdImports = map[string]string{
 
 // cmdNexusFleetFiles may import host/fleet, and only they (nexusd's): the
 // mirror flags, fleet template, fleet aggregate. The fleet-wide reads use
-// host/fleetread, which the CLI links; host/journal, like the store,
-// cmd/nexus never imports.
+// host/fleetread, which nexus-fleet links and the CLI does not
+// (TestCLILinksNoStore); host/journal, like the store, cmd/nexus never
+// imports.
 var cmdNexusFleetFiles = []string{"daemon_nexusd.go", "fleet_nexusd.go", "fleetread_nexusd.go"}
 
 func nexusdFile(name string) bool {
@@ -137,24 +138,40 @@ func TestCmdNexusImportsOnlyCommandFacingPackages(t *testing.T) {
 }
 
 // TestCLILinksNoStore: the CLI (cmd/nexus built without -tags nexusd)
-// and the public Go client link no store, journal, daemon, fleet adapter
-// or nats-server, whose package initialisation every command (and every
-// program using the client) would pay; nexusd links them, so the check is
-// not blind.
+// and the public Go client link no store, journal, daemon, fleet adapter,
+// nats-server or NATS client, whose package initialisation every command
+// (and every program using the client) would pay; nexus-fleet (-tags
+// nexusfleet), which runs the fleet-wide reads, links the NATS client but
+// nothing else of the list. nexusd links them all, so the check is not
+// blind.
 func TestCLILinksNoStore(t *testing.T) {
 	banned := []string{module + "store", module + "host/journal", module + "daemon", module + "control/local", module + "host/fleet", module + "audit", "github.com/nats-io/nats-server/",
 		// The trace exporter and what it brings (protobuf, gRPC): a traced
 		// command runs in nexusd.
 		module + "session/tracing", "go.opentelemetry.io/otel/sdk/", "go.opentelemetry.io/otel/exporters/", "google.golang.org/grpc"}
-	for _, c := range []struct{ pkg, tags string }{{"./cmd/nexus", ""}, {"./cmd/nexus", "nexustest"}, {"./client", ""}} {
+	// The NATS client and what it brings (jetstream, nkeys, nuid,
+	// klauspost/compress, encoding/gob through its encoders).
+	natsClient := []string{"github.com/nats-io/", module + "host/fleetread", module + "host/streamscan"}
+	for _, c := range []struct {
+		pkg, tags string
+		banned    []string
+	}{
+		{"./cmd/nexus", "", slices.Concat(banned, natsClient)},
+		{"./cmd/nexus", "nexustest", slices.Concat(banned, natsClient)},
+		{"./client", "", slices.Concat(banned, natsClient)},
+		{"./cmd/nexus", "nexusfleet", banned},
+	} {
 		deps := goListDeps(t, c.pkg, c.tags)
 		for _, d := range deps {
-			for _, b := range banned {
+			for _, b := range c.banned {
 				if d == b || strings.HasSuffix(b, "/") && strings.HasPrefix(d, b) {
 					t.Errorf("%s (tags %q) links %s", c.pkg, c.tags, d)
 				}
 			}
 		}
+	}
+	if deps := goListDeps(t, "./cmd/nexus", "nexusfleet"); !slices.Contains(deps, "github.com/nats-io/nats.go") {
+		t.Error("nexus-fleet (cmd/nexus -tags nexusfleet) does not link github.com/nats-io/nats.go: the check above is blind")
 	}
 	deps := goListDeps(t, "./cmd/nexus", "nexusd")
 	for _, want := range []string{module + "store", module + "daemon", "github.com/nats-io/nats-server/v2/server", module + "session/tracing"} {
@@ -210,7 +227,7 @@ func TestCLICompilesNoPatternAtStart(t *testing.T) {
 	if found := patternsAtStart(t, "./cmd/nexus", "nexusd"); len(found) == 0 {
 		t.Error("no pattern compiled at start found in nexusd: the check is blind")
 	}
-	for _, c := range []struct{ pkg, tags string }{{"./cmd/nexus", ""}, {"./client", ""}} {
+	for _, c := range []struct{ pkg, tags string }{{"./cmd/nexus", ""}, {"./cmd/nexus", "nexusfleet"}, {"./client", ""}} {
 		for _, at := range patternsAtStart(t, c.pkg, c.tags) {
 			t.Errorf("%s (tags %q) compiles a pattern at start: %s", c.pkg, c.tags, at)
 		}

@@ -18,11 +18,11 @@ import (
 	"time"
 )
 
-// BuildNexus builds the nexus CLI, nexusd, the daemon's binary, and
-// nexus-shim, the sandboxes' processes' (BuildNexusIn), with
-// the nexustest tag (their failure hooks) into a fresh temporary
-// directory, side by side as installed, for a TestMain; bin is the CLI.
-// remove deletes the directory.
+// BuildNexus builds the nexus CLI, nexusd, the daemon's binary,
+// nexus-fleet, the fleet-wide reads', and nexus-shim, the sandboxes'
+// processes' (BuildNexusIn), with the nexustest tag (their failure hooks)
+// into a fresh temporary directory, side by side as installed, for a
+// TestMain; bin is the CLI. remove deletes the directory.
 func BuildNexus() (bin string, remove func(), err error) {
 	dir, err := os.MkdirTemp("", "nexus-test-bin-")
 	if err != nil {
@@ -35,16 +35,16 @@ func BuildNexus() (bin string, remove func(), err error) {
 	return filepath.Join(dir, "nexus"), func() { os.RemoveAll(dir) }, nil
 }
 
-// BuildNexusIn builds nexus and nexusd (-tags nexustest, and nexusd for
-// the daemon's binary) and nexus-shim into dir, with the extra go build
-// flags given.
+// BuildNexusIn builds nexus, nexusd and nexus-fleet (-tags nexustest,
+// and nexusd or nexusfleet for theirs) and nexus-shim into dir, with the
+// extra go build flags given.
 func BuildNexusIn(dir string, flags ...string) error {
 	return buildNexusIn(dir, "nexustest", flags...)
 }
 
-// BuildReleaseIn builds nexus, nexusd and nexus-shim into dir as `make
-// build` does (the CLI static), without the test hooks, with the extra go
-// build flags given: what a user runs.
+// BuildReleaseIn builds nexus, nexusd, nexus-fleet and nexus-shim into
+// dir as `make build` does (the CLI and nexus-fleet static), without the
+// test hooks, with the extra go build flags given: what a user runs.
 func BuildReleaseIn(dir string, flags ...string) error {
 	return buildNexusIn(dir, "", flags...)
 }
@@ -59,7 +59,8 @@ func buildNexusIn(dir, tags string, flags ...string) error {
 	for _, b := range []struct {
 		name, tags, pkg string
 		env             []string
-	}{{"nexus", tags, "cmd/nexus", cliEnv}, {"nexusd", withTag("nexusd"), "cmd/nexus", nil}, {"nexus-shim", "", "cmd/nexus-shim", nil}} {
+	}{{"nexus", tags, "cmd/nexus", cliEnv}, {"nexusd", withTag("nexusd"), "cmd/nexus", nil},
+		{"nexus-fleet", withTag("nexusfleet"), "cmd/nexus", cliEnv}, {"nexus-shim", "", "cmd/nexus-shim", nil}} {
 		args := append(append([]string{"build"}, flags...), "-tags", b.tags, "-o", filepath.Join(dir, b.name), "github.com/nexus-sandbox/nexus/"+b.pkg)
 		build := exec.Command("go", args...)
 		build.Env = append(os.Environ(), b.env...)
