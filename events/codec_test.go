@@ -134,7 +134,7 @@ func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
 		{"short id", rawEvent(t, wire{ID: []byte{1, 2}, Type: string(SandboxRemoved), Schema: 1, Payload: good}), ErrMalformed},
 		{"long id", rawEvent(t, wire{ID: make([]byte, 17), Type: string(SandboxRemoved), Schema: 1, Payload: good}), ErrMalformed},
 		{"unknown type of a long name", rawEvent(t, wire{Type: strings.Repeat("sandbox.", 8) + "teleported", Schema: 1, Payload: good}), ErrUnknownType},
-		{"unknown envelope field", payloadBytes(t, map[string]any{"f": 1, "id": testID[:], "t": string(SandboxRemoved), "v": 1, "ts": 1, "p": good, "surprise-field": 1}), ErrMalformed},
+		{"unknown envelope field", payloadBytes(t, map[string]any{"f": 1, "id": testID[:], "t": string(SandboxRemoved), "v": 1, "ts": 1, "p": msgpack.RawMessage(good), "surprise-field": 1}), ErrMalformed},
 		{"unknown payload field", rawEvent(t, wire{Type: string(SandboxRemoved), Schema: 1, Payload: payloadBytes(t, map[string]int{"surprise": 1})}), ErrMalformed},
 		{"payload of wrong shape", rawEvent(t, wire{Type: string(SandboxStopped), Schema: 1, Payload: payloadBytes(t, []int{1, 2})}), ErrMalformed},
 		{"not msgpack", []byte("{\"json\": true}"), ErrMalformed},
