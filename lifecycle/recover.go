@@ -626,6 +626,12 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 			}
 			continue
 		}
+		// A marker nexus published is whole (intent.Publish renames it
+		// into place): one that cannot be read is no create's, and it is
+		// left, with every path named after its sandbox, to the reaper.
+		if _, err := intent.Read(filepath.Join(m.Root.Disks(), name)); err != nil {
+			continue
+		}
 		s := &sagas.Saga{ID: ulid.Make().String(), Kind: events.SagaRecover, Sandbox: id, Steps: []sagas.Step{m.undoUncommitted(id)}, Hook: m.Hook}
 		if err := s.Begin(ctx, m.B); err != nil {
 			return err

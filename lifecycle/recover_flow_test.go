@@ -368,6 +368,32 @@ func TestRecoverSweepsAnIntentTheJournalNeverSaw(t *testing.T) {
 	}
 }
 
+// An intent recover cannot read is no create's (one nexus publishes is
+// renamed into place whole): recover removes nothing named after it, a
+// daemon's start included, and leaves it all to the reaper.
+func TestRecoverLeavesAnUnreadableIntent(t *testing.T) {
+	f := newFlow(t)
+	id := ulid.Make().String()
+	paths := []string{f.m.rel(f.m.Root.CreateIntent(id)), f.m.rel(f.m.Root.RawDisk(id)), f.m.rel(f.m.Root.IIDSocket(id))}
+	for _, p := range paths {
+		os.MkdirAll(filepath.Dir(filepath.Join(f.root, p)), 0o700)
+		if err := os.WriteFile(filepath.Join(f.root, p), make([]byte, 64), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := f.m.RecoverSagas(f.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rep := f.recover(); len(rep.Intents) != 0 {
+		t.Fatalf("recover swept %v", rep.Intents)
+	}
+	for _, p := range paths {
+		if !f.exists(p) {
+			t.Fatalf("recover removed %s, named after an intent it cannot read", p)
+		}
+	}
+}
+
 // RecoverSagas (a daemon's start) finishes sagas and nothing else.
 func TestRecoverSagasOnly(t *testing.T) {
 	f := newFlow(t)
