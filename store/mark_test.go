@@ -25,9 +25,13 @@ import (
 // shut reports whether n's journal is still closed: Opened with a done
 // context answers at once.
 func shut(n *store.Store) bool {
+	return errors.Is(n.Opened(canceled()), context.Canceled)
+}
+
+func canceled() context.Context {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	return errors.Is(n.Opened(ctx), context.Canceled)
+	return ctx
 }
 
 // TestEarlyOpenReadsTheStoreBeforeTheJournal: a root its last Close left
@@ -72,6 +76,15 @@ func TestEarlyOpenReadsTheStoreBeforeTheJournal(t *testing.T) {
 		t.Fatal("the journal opened through its gate")
 	}
 	release()
+	// Reads go on while the journal opens and the load replaces the view.
+	for !errors.Is(n.Opened(canceled()), nil) {
+		if sb, found, err := n.Sandbox(ctx, ids[11]); err != nil || !found || sb.Handle != "sb-11" {
+			t.Fatalf("Sandbox while the journal opened: %+v %v %v", sb, found, err)
+		}
+		if page, err := n.ListedPage(ctx, "", 5); err != nil || len(page) != 5 {
+			t.Fatalf("ListedPage while the journal opened: %d %v", len(page), err)
+		}
+	}
 	if err := n.Opened(ctx); err != nil {
 		t.Fatal(err)
 	}

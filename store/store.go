@@ -214,6 +214,11 @@ func (n *Store) Opened(ctx context.Context) error {
 	select {
 	case <-n.opened:
 		return n.openErr
+	default:
+	}
+	select {
+	case <-n.opened:
+		return n.openErr
 	case <-ctx.Done():
 		return ctx.Err()
 	}
