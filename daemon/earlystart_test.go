@@ -1,40 +1,22 @@
 package daemon_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/daemon"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 const earlyLine = "answering reads of the sandbox store while the journal opens"
 
 // startLogged runs a daemon on root and returns it with its log.
-func startLogged(t *testing.T, root string) (*running, *lockedBuffer) {
+func startLogged(t *testing.T, root string) (*running, *testutil.Buffer) {
 	t.Helper()
-	var logs lockedBuffer
+	var logs testutil.Buffer
 	d := startDaemonWith(t, root, daemon.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	return d, &logs
 }

@@ -1,7 +1,6 @@
 package store_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
@@ -181,24 +181,6 @@ func TestEarlyOpenRefusesAJournalChangedBeside(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination the journal's goroutines may write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestEarlyOpenCatchesUpAMarkThatLied: a mark that matches the journal's
 // files but not its last sequence (forged here: an event appended beside
 // the store, then the mark written again for the new files) is said
@@ -211,7 +193,7 @@ func TestEarlyOpenCatchesUpAMarkThatLied(t *testing.T) {
 	if err := store.ForgeMark(root); err != nil {
 		t.Fatal(err)
 	}
-	var logs syncBuffer
+	var logs testutil.Buffer
 	gate := make(chan struct{})
 	o := store.EarlyGated(gate)
 	o.Journal.Logger = slog.New(slog.NewTextHandler(&logs, nil))

@@ -21,13 +21,7 @@ import (
 // records costs what they are. A tail further back, or longer than what
 // matches, is located by counts.
 func TestTailNearTheEndIsReadNotCounted(t *testing.T) {
-	js := jstest.Connect(t, jstest.Start(t, server.Options{}))
-	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
-	defer cancel()
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TAIL", Subjects: []string{"nexus.events.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, stream := tailStream(t)
 	// 1,000 records on s0..s2 in turn; the 5th, 7th and 9th are on a
 	// subject seen nowhere else.
 	const n = 1000
@@ -94,13 +88,7 @@ func TestTailNearTheEndIsReadNotCounted(t *testing.T) {
 func TestTailCountsFromTheEnd(t *testing.T) {
 	defer func(w func(int) uint64) { tailWindow = w }(tailWindow)
 	tailWindow = func(int) uint64 { return 0 }
-	js := jstest.Connect(t, jstest.Start(t, server.Options{}))
-	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
-	defer cancel()
-	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TAIL", Subjects: []string{"nexus.events.>"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, js, stream := tailStream(t)
 	for i := range 300 { // seq i+1 on s<i%3>
 		if _, err := js.Publish(ctx, fmt.Sprintf("nexus.events.sandbox.created.s%d", i%3), nil); err != nil {
 			t.Fatal(err)
@@ -129,6 +117,20 @@ func TestTailCountsFromTheEnd(t *testing.T) {
 			t.Errorf("a count started at %d of 300 to find a tail of 3 (all: %v)", s, starts)
 		}
 	}
+}
+
+// tailStream is a stream of nexus.events.> on a server of the test's own,
+// and a context bounding the test.
+func tailStream(t *testing.T) (context.Context, jetstream.JetStream, jetstream.Stream) {
+	t.Helper()
+	js := jstest.Connect(t, jstest.Start(t, server.Options{}))
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+	t.Cleanup(cancel)
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "TAIL", Subjects: []string{"nexus.events.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ctx, js, stream
 }
 
 // matchesTokens is whether subject matches the filter f, "*" standing for
