@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/nexus-sandbox/nexus/events"
@@ -37,9 +38,13 @@ func TestEventsReadOnlyWhatTheyReturn(t *testing.T) {
 			inWindow++
 		}
 	})
+	var itsSeqs []uint64
+	seq = 0
 	benchHistory(0, total, func(e events.Event) {
+		seq++
 		if e.Sandbox == sandbox {
 			itsEvents++
+			itsSeqs = append(itsSeqs, uint64(seq))
 		}
 	})
 	if itsEvents < 3 || inWindow < 10 {
@@ -88,5 +93,20 @@ func TestEventsReadOnlyWhatTheyReturn(t *testing.T) {
 		if read := n.Journal().RecordsRead() - before; read < uint64(got) || read > most {
 			t.Errorf("%s: read %d records of %d to return %d", c.name, read, total, got)
 		}
+	}
+	// A sandbox's tail is bounded by its last event, which the store
+	// knows: it is found among the records before that one, with no count
+	// (a filtered count matches every sandbox's subjects).
+	var starts, tail []uint64
+	streamscan.CountedFrom = func(seq uint64) { starts = append(starts, seq) }
+	defer func() { streamscan.CountedFrom = nil }()
+	if err := n.Events(context.Background(), store.Query{Sandbox: sandbox, Tail: 2}, func(r store.Record) error {
+		tail = append(tail, r.Seq)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := itsSeqs[len(itsSeqs)-2:]; !slices.Equal(tail, want) || len(starts) > 0 {
+		t.Fatalf("the last 2 of sandbox %s: %v, want %v; counts from %v", sandbox, tail, want, starts)
 	}
 }

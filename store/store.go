@@ -1168,6 +1168,14 @@ func (n *Store) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data
 	}
 	r := journal.Range{From: q.Since, FromTime: q.SinceTime, To: q.Until, ToTime: q.UntilTime,
 		Filters: filters, Tail: q.Tail, Follow: q.Follow}
+	if q.Sandbox != "" && q.Tail > 0 && !q.Follow {
+		// A sandbox's tail ends at its last event, which the store knows:
+		// bounded there, it is found among the journal's records before
+		// that one, not by counts that match every sandbox's subjects.
+		if rev, err := n.EntityRev(ctx, core.Sandbox(q.Sandbox)); err == nil && rev > 0 && (r.To == 0 || rev < r.To) {
+			r.To = rev
+		}
+	}
 	return n.j.Scan(ctx, r, func(r journal.Record) error { return fn(r.Seq, r.Data) })
 }
 
