@@ -202,14 +202,7 @@ func newStoreCollector(n *store.Store, mirror *fleet.Mirror) *storeCollector {
 	}
 }
 
-// Describe sends the descriptions without collecting: registering the
-// collector must not wait for a journal still opening (store.Options.Early).
-func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.sandboxes, c.journalBytes, c.journalRecords, c.storeBytes,
-		c.free, c.reserve, c.floor, c.mirrorLag, c.mirrorUp, c.scrapeErr} {
-		ch <- d
-	}
-}
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx := context.Background()
