@@ -35,20 +35,7 @@ func TestAggregateStoresASourcedRecordOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holds := func(n uint64) {
-		t.Helper()
-		for deadline := time.Now().Add(testutil.Scale(30 * time.Second)); ; {
-			info, err := agg.Info(ctx)
-			if err == nil && info.State.Msgs == n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the aggregate holds %+v (%v), want %d records", info.State, err, n)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	holds(3)
+	jstest.WaitMsgs(t, ctx, agg, 3)
 	cfg := agg.CachedInfo().Config
 	cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: mirror, FilterSubject: "host-b.nexus.>"})
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
@@ -59,7 +46,7 @@ func TestAggregateStoresASourcedRecordOnce(t *testing.T) {
 	if _, err := js.Publish(ctx, "host-b.nexus.events.sandbox.created.x", []byte("b"), jetstream.WithMsgID("event-3")); err != nil {
 		t.Fatal(err)
 	}
-	holds(4)
+	jstest.WaitMsgs(t, ctx, agg, 4)
 	for deadline := time.Now().Add(testutil.Scale(2 * time.Second)); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if info, err := agg.Info(ctx); err != nil || info.State.Msgs != 4 {
 			t.Fatalf("the aggregate holds %+v (%v): a record stored again", info.State, err)

@@ -47,29 +47,16 @@ func TestReadFromAPositionSkipsCopiesOfEarlierRecords(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	holds := func(n uint64) {
-		t.Helper()
-		for deadline := time.Now().Add(testutil.Scale(30 * time.Second)); ; {
-			info, err := agg.Info(ctx)
-			if err == nil && info.State.Msgs == n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the aggregate holds %+v (%v), want %d records", info.State, err, n)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	holds(5)
+	jstest.WaitMsgs(t, ctx, agg, 5)
 	from := uint64(6)
 	cfg := agg.CachedInfo().Config
 	cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: fleetstate.MirrorStream("host-b"), FilterSubject: "host-b.nexus.>"})
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	holds(8)
+	jstest.WaitMsgs(t, ctx, agg, 8)
 	publish("host-a", 1)
-	holds(9)
+	jstest.WaitMsgs(t, ctx, agg, 9)
 
 	// The lookup a read starts with finds, for every position, the last
 	// record of a host before it, as a walk of the stream does.

@@ -119,6 +119,19 @@ func checkPrefix(t *testing.T, got []uint64) {
 	}
 }
 
+// checkWhole fails the test unless the read ended without an error
+// having delivered every record once, in order.
+func checkWhole(t *testing.T, got []uint64, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("after %d records: %v", len(got), err)
+	}
+	checkPrefix(t, got)
+	if len(got) != testRecords {
+		t.Fatalf("read %d records of %d", len(got), testRecords)
+	}
+}
+
 // A server lost for good in the middle of a read ends it with an error,
 // not with the records received so far as if they were all.
 func TestScanFailsWhenTheServerIsGone(t *testing.T) {
@@ -148,13 +161,7 @@ func TestScanCompletesAcrossARestart(t *testing.T) {
 			jstest.Stop(srv)
 			jstest.Listen(t, server.Options{StoreDir: dir, Port: port})
 		})
-	if err != nil {
-		t.Fatalf("after %d records: %v", len(got), err)
-	}
-	checkPrefix(t, got)
-	if len(got) != testRecords {
-		t.Fatalf("read %d records of %d", len(got), testRecords)
-	}
+	checkWhole(t, got, err)
 }
 
 // A read whose consumer is deleted under it makes another from where it
@@ -180,13 +187,7 @@ func TestScanCompletesWhenItsConsumerIsDeleted(t *testing.T) {
 	if deleted == 0 {
 		t.Fatal("the read had no consumer to delete")
 	}
-	if err != nil {
-		t.Fatalf("after %d records: %v", len(got), err)
-	}
-	checkPrefix(t, got)
-	if len(got) != testRecords {
-		t.Fatalf("read %d records of %d", len(got), testRecords)
-	}
+	checkWhole(t, got, err)
 }
 
 func TestParseAck(t *testing.T) {

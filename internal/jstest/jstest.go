@@ -4,6 +4,7 @@
 package jstest
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -73,4 +74,25 @@ func Connect(tb testing.TB, srv *server.Server, opts ...jetstream.JetStreamOpt) 
 		tb.Fatal(err)
 	}
 	return js
+}
+
+// WaitMsgs waits until stream holds n messages (a sourced stream fills
+// behind its sources), and fails the test with what it holds if it does
+// not within a scaled 30 seconds.
+func WaitMsgs(tb testing.TB, ctx context.Context, stream jetstream.Stream, n uint64) {
+	tb.Helper()
+	for deadline := time.Now().Add(testutil.Scale(30 * time.Second)); ; {
+		info, err := stream.Info(ctx)
+		if err == nil && info.State.Msgs == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			var state jetstream.StreamState
+			if info != nil {
+				state = info.State
+			}
+			tb.Fatalf("stream holds %+v (%v), want %d messages", state, err, n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
