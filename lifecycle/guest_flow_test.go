@@ -198,3 +198,35 @@ func hasCondition(sb projections.Sandbox, reason string) bool {
 	}
 	return false
 }
+
+// A log followed before anything wrote it is copied until its sandbox is
+// removed, as an opened log is: rm can remove the sandbox between the
+// copy's lookup and its first open.
+func TestFollowingALogNotYetWrittenEndsWithItsSandbox(t *testing.T) {
+	t.Parallel()
+	f := newFlow(t)
+	sb := f.create(CreateSpec{})
+	stop(f, sb)
+	if err := os.Remove(f.m.Root.ConsoleLog(sb.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	followed := make(chan error, 1)
+	go func() {
+		followed <- f.m.Logs(f.ctx, sb.ID, LogOptions{Kind: "console", Follow: true}, &testutil.Buffer{})
+	}()
+	// Time for the copy to find the sandbox and no log; should the removal
+	// come first on a loaded machine, the copy finds no sandbox, which ends
+	// it as well.
+	time.Sleep(5 * followPoll)
+	if _, err := f.m.RemoveWith(f.ctx, sb.ID, RemoveOptions{Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-followed:
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			t.Fatalf("following a log never written: %v", err)
+		}
+	case <-time.After(testutil.Scale(10 * time.Second)):
+		t.Fatal("following a log never written did not end when its sandbox was removed")
+	}
+}

@@ -104,6 +104,12 @@ func (m *Manager) Logs(ctx context.Context, ref string, opt LogOptions, w io.Wri
 			if _, err := fsx.Stat(string(m.Root), path); errors.Is(err, os.ErrNotExist) {
 				return c.flush()
 			}
+		} else if _, err := m.Find(ctx, sb.ID); errors.Is(err, ErrNotFound) {
+			// No log was opened, and none will be: its sandbox was removed
+			// (rm can remove it between the lookup above and the first open).
+			return c.flush()
+		} else if err != nil && ctx.Err() == nil {
+			return err
 		}
 		select {
 		case <-ctx.Done():
