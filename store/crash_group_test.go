@@ -85,25 +85,7 @@ func TestSIGKILLMidGroupCommit(t *testing.T) {
 			t.Fatalf("cycle %d: open after SIGKILL: %v", cycle, err)
 		}
 		recs := readAll(t, n)
-		seen := map[ulid.ULID]uint64{}
-		for i, r := range recs {
-			if r.Seq != uint64(i+1) {
-				t.Fatalf("cycle %d: record %d has seq %d; sequences are not contiguous", cycle, i, r.Seq)
-			}
-			if prev, dup := seen[r.Event.ID]; dup {
-				t.Fatalf("cycle %d: event %s stored twice, at %d and %d", cycle, r.Event.ID, prev, r.Seq)
-			}
-			seen[r.Event.ID] = r.Seq
-		}
-		for _, a := range known {
-			seq, ok := seen[a.id]
-			if !ok {
-				t.Fatalf("cycle %d: acknowledged event %s (seq %d) is missing after SIGKILL", cycle, a.id, a.seq)
-			}
-			if seq != a.seq {
-				t.Fatalf("cycle %d: acknowledged event %s was acked at %d, is at %d", cycle, a.id, a.seq, seq)
-			}
-		}
+		holdsAcked(t, cycle, recs, known)
 		if extra := len(recs) - len(known); extra < 0 || extra > 3*groupWriters {
 			t.Fatalf("cycle %d: journal has %d events, %d known; at most %d unacknowledged can exist", cycle, len(recs), len(known), 3*groupWriters)
 		}

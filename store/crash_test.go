@@ -203,6 +203,32 @@ func killAfterAcks(t *testing.T, mode, root string, killAt int) []ack {
 	return acks
 }
 
+// holdsAcked fails unless recs are numbered 1, 2, ... with no event
+// stored twice, and hold every acknowledged event at the sequence it was
+// acknowledged at.
+func holdsAcked(t *testing.T, cycle int, recs []store.Record, known []ack) {
+	t.Helper()
+	seen := map[ulid.ULID]uint64{}
+	for i, r := range recs {
+		if r.Seq != uint64(i+1) {
+			t.Fatalf("cycle %d: record %d has seq %d; sequences are not contiguous", cycle, i, r.Seq)
+		}
+		if prev, dup := seen[r.Event.ID]; dup {
+			t.Fatalf("cycle %d: event %s stored twice, at %d and %d", cycle, r.Event.ID, prev, r.Seq)
+		}
+		seen[r.Event.ID] = r.Seq
+	}
+	for _, a := range known {
+		seq, ok := seen[a.id]
+		if !ok {
+			t.Fatalf("cycle %d: acknowledged event %s (seq %d) is missing after SIGKILL", cycle, a.id, a.seq)
+		}
+		if seq != a.seq {
+			t.Fatalf("cycle %d: acknowledged event %s was acked at %d, is at %d", cycle, a.id, a.seq, seq)
+		}
+	}
+}
+
 func readAll(t *testing.T, n *store.Store) []store.Record {
 	t.Helper()
 	var out []store.Record
@@ -234,25 +260,7 @@ func TestSIGKILLMidAppend(t *testing.T) {
 			t.Fatalf("cycle %d: open after SIGKILL: %v", cycle, err)
 		}
 		recs := readAll(t, n)
-		seen := map[ulid.ULID]uint64{}
-		for i, r := range recs {
-			if r.Seq != uint64(i+1) {
-				t.Fatalf("cycle %d: record %d has seq %d; sequences are not contiguous", cycle, i, r.Seq)
-			}
-			if prev, dup := seen[r.Event.ID]; dup {
-				t.Fatalf("cycle %d: event %s stored twice, at %d and %d", cycle, r.Event.ID, prev, r.Seq)
-			}
-			seen[r.Event.ID] = r.Seq
-		}
-		for _, a := range known {
-			seq, ok := seen[a.id]
-			if !ok {
-				t.Fatalf("cycle %d: acknowledged event %s (seq %d) is missing after SIGKILL", cycle, a.id, a.seq)
-			}
-			if seq != a.seq {
-				t.Fatalf("cycle %d: acknowledged event %s was acked at %d, is at %d", cycle, a.id, a.seq, seq)
-			}
-		}
+		holdsAcked(t, cycle, recs, known)
 		// The child has one append in flight when it dies, which may or may
 		// not have been stored; nothing else can be there.
 		if extra := len(recs) - len(known); extra < 0 || extra > 1 {
