@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -190,37 +192,51 @@ func TestEventsFollowDoesNotBlock(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
 	stopDaemonsAtEnd(t, root)
-	f := exec.Command(nexusBin, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
-	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	out, err := f.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Process.Kill(); f.Wait() })
+	_, heard := followCreates(t, nexusBin, root, nil)
 	waitUntil(t, "serving the follower", func() bool { return len(daemonPids(root)) == 1 })
-	heard := make(chan string, 4)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			heard <- sc.Text()
-		}
-	}()
 	for range 2 {
 		mustOK(t, nexus(t, root, "demo"), "demo beside a follower")
 	}
 	mustOK(t, nexus(t, root, "ls"), "ls beside a follower")
 	for i := range 2 {
-		select {
-		case line := <-heard:
-			if !strings.Contains(line, "sandbox.created") {
-				t.Fatalf("follower heard %q", line)
-			}
-		case <-time.After(testutil.Scale(2 * time.Minute)):
-			t.Fatalf("follower heard %d of 2 creates", i)
+		hearCreate(t, heard, fmt.Sprintf("create %d of 2", i+1))
+	}
+}
+
+// followCreates runs bin's `events --follow --type sandbox.created` on
+// root until the test ends, its stderr to stderr (when not nil); heard is
+// its lines, closed when it exits.
+func followCreates(t *testing.T, bin, root string, stderr io.Writer) (f *exec.Cmd, heard <-chan string) {
+	t.Helper()
+	f = exec.Command(bin, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
+	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
+	f.Stderr = stderr
+	out, err := f.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.StartChild(t, f)
+	lines := make(chan string, 64)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			lines <- sc.Text()
 		}
+		close(lines)
+	}()
+	return f, lines
+}
+
+// hearCreate fails unless the follower's next line is a sandbox.created.
+func hearCreate(t *testing.T, heard <-chan string, what string) {
+	t.Helper()
+	select {
+	case line, ok := <-heard:
+		if !ok || !strings.Contains(line, "sandbox.created") {
+			t.Fatalf("%s: follower heard %q (open %v)", what, line, ok)
+		}
+	case <-time.After(testutil.Scale(2 * time.Minute)):
+		t.Fatalf("%s: follower heard nothing", what)
 	}
 }
 
@@ -439,41 +455,13 @@ func TestFollowerSurvivesRetire(t *testing.T) {
 	root := shortRoot(t)
 	// Stop the follower before its daemon: it would start a new one.
 	stopDaemonsAtEnd(t, root)
-	f := exec.Command(nexusBin, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
-	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	out, err := f.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Process.Kill(); f.Wait() })
-	heard := make(chan string, 4)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			heard <- sc.Text()
-		}
-		close(heard)
-	}()
-	hear := func(what string) {
-		t.Helper()
-		select {
-		case line, ok := <-heard:
-			if !ok || !strings.Contains(line, "sandbox.created") {
-				t.Fatalf("%s: follower heard %q (open %v)", what, line, ok)
-			}
-		case <-time.After(testutil.Scale(2 * time.Minute)):
-			t.Fatalf("%s: follower heard nothing", what)
-		}
-	}
+	_, heard := followCreates(t, nexusBin, root, nil)
 	mustOK(t, nexus(t, root, "demo"), "demo")
-	hear("first demo")
+	hearCreate(t, heard, "first demo")
 	before := daemonPids(root)
 	d := startDaemon(t, root) // retires the on-demand daemon, whose follow stream ends
 	mustOK(t, nexus(t, root, "demo"), "demo after the takeover")
-	hear("demo after the takeover")
+	hearCreate(t, heard, "demo after the takeover")
 	// A daemon the follower started on demand while the takeover waited
 	// for the journal finds the hand-started one serving and leaves.
 	waitUntil(t, "served by the hand-started daemon alone", func() bool {

@@ -320,31 +320,9 @@ func TestOldFollowerFindsTheNewDaemonAlreadyUp(t *testing.T) {
 func startOldFollower(t *testing.T, binA, root string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	mustOK(t, nexusBinEnv(t, binA, root, nil, "demo"), "demo of build A")
-	f := exec.Command(binA, "--state-dir", root, "events", "--follow", "--type", "sandbox.created")
-	f.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
 	ferr := new(bytes.Buffer)
-	f.Stderr = ferr
-	out, err := f.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	testutil.StartChild(t, f)
-	heard := make(chan string, 64)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			heard <- sc.Text()
-		}
-		close(heard)
-	}()
-	select {
-	case line := <-heard:
-		if !strings.Contains(line, "sandbox.created") {
-			t.Fatalf("follower heard %q", line)
-		}
-	case <-time.After(testutil.Scale(2 * time.Minute)):
-		t.Fatal("follower heard nothing")
-	}
+	f, heard := followCreates(t, binA, root, ferr)
+	hearCreate(t, heard, "build A's follower")
 	return f, ferr
 }
 
