@@ -1,13 +1,11 @@
 package daemon_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,31 +14,17 @@ import (
 	"github.com/nexus-sandbox/nexus/control"
 	"github.com/nexus-sandbox/nexus/daemon"
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 	"github.com/nexus-sandbox/nexus/layout"
 	"github.com/nexus-sandbox/nexus/lifecycle"
 	"github.com/nexus-sandbox/nexus/store"
 )
 
-// logBuffer collects a daemon's log lines; the daemon and its NATS server
-// write from their own goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// messages are the msg fields of the lines logged so far, in order.
-func (l *logBuffer) messages(t *testing.T) []string {
+// logMessages are the msg fields of the JSON lines in log, in order.
+func logMessages(t *testing.T, log *testutil.Buffer) []string {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	var out []string
-	for _, line := range strings.Split(strings.TrimSpace(l.buf.String()), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(log.String()), "\n") {
 		var rec struct{ Msg string }
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatalf("log line %q: %v", line, err)
@@ -84,7 +68,7 @@ func TestStartFinishesDeadSagas(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			root := t.TempDir()
 			openReapSaga(t, root)
-			var logs logBuffer
+			var logs testutil.Buffer
 			runDaemonAt(t, root, daemon.Options{
 				Logger: slog.New(slog.NewJSONHandler(&logs, nil)),
 				Manager: func(b control.Backend) (*lifecycle.Manager, error) {
@@ -99,9 +83,9 @@ func TestStartFinishesDeadSagas(t *testing.T) {
 				t.Fatal(err)
 			}
 			if len(open) != c.wantOpen {
-				t.Fatalf("%d sagas open once the daemon serves, want %d: %+v (log: %q)", len(open), c.wantOpen, open, logs.messages(t))
+				t.Fatalf("%d sagas open once the daemon serves, want %d: %+v (log: %q)", len(open), c.wantOpen, open, logMessages(t, &logs))
 			}
-			if msgs := logs.messages(t); len(msgs) < 2 || msgs[0] != "serving" || msgs[1] != c.wantLine {
+			if msgs := logMessages(t, &logs); len(msgs) < 2 || msgs[0] != "serving" || msgs[1] != c.wantLine {
 				t.Fatalf("daemon log %q: want \"serving\", then %q", msgs, c.wantLine)
 			}
 		})
