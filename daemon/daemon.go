@@ -139,7 +139,10 @@ func Run(ctx context.Context, root string, o Options) error {
 		jo.Subscriber = &journal.Credentials{User: creds.User, PasswordHash: string(hash)}
 	}
 	m := newMetrics()
-	n, err := openWaiting(ctx, root, store.Options{Journal: jo, Observer: m}, o.LockWait, !o.Auto)
+	// Without a listener or a mirror nothing of the journal is needed
+	// to answer the reads of the sandbox store, which then come first.
+	early := o.Listen == "" && o.Mirror == nil
+	n, err := openWaiting(ctx, root, store.Options{Journal: jo, Observer: m, Early: early}, o.LockWait, !o.Auto)
 	if errors.Is(err, errServedElsewhere) {
 		log.Info("not needed", "reason", err.Error())
 		return nil
@@ -163,22 +166,51 @@ func Run(ctx context.Context, root string, o Options) error {
 			return err
 		}
 	}
+	// The sagas a dead runner left are finished before any command but
+	// the early reads is served: before serving at all, unless the store
+	// opened early, and then once its journal is open.
 	var recovered func()
-	if o.Manager != nil {
-		recovered = recoverSagas(ctx, log, o.Manager, local.Backend{Store: n})
+	recoverOnce := func() {
+		if o.Manager != nil {
+			recovered = recoverSagas(ctx, log, o.Manager, local.Backend{Store: n})
+		}
+	}
+	ready := make(chan struct{})
+	if !n.Early() {
+		recoverOnce()
+		close(ready)
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	go func() {
+		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m, ready: ready})
+	}()
+	if n.Early() {
+		log.Info("answering reads of the sandbox store while the journal opens", "root", root, "pid", os.Getpid())
+		start := time.Now()
+		opened := make(chan error, 1)
+		go func() { opened <- n.Opened(sctx) }()
+		select {
+		case err := <-served:
+			return err
+		case err := <-opened:
+			if err != nil {
+				cancel()
+				<-served
+				return err
+			}
+		}
+		log.Info("journal open", "took", time.Since(start).Round(time.Millisecond).String())
+		recoverOnce()
+		close(ready)
+	}
 	// Exits are facts (exits.go): stopped before the store closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n, o.Mirror)()
 	if o.Mirror != nil {
 		defer journalDigests(sctx, n, o.DigestEvery, o.DigestInterval)()
 	}
-	go func() {
-		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m})
-	}()
 	// Serve creates the socket almost at once; wait until it answers so
 	// "serving" (and Ready) means a client can connect.
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {

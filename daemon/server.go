@@ -56,6 +56,50 @@ type serveOptions struct {
 	log *slog.Logger
 	// metrics are served at wire.PathMetrics (nil: not served).
 	metrics *metrics
+	// ready, if set, is closed once the journal is open and the sagas a
+	// dead runner left are finished: until then only earlyPaths answer.
+	ready <-chan struct{}
+}
+
+// earlyPaths answer while the journal opens behind a store that was left
+// current with it (store.Options.Early): who the daemon is, how to stop
+// it, and the reads of the sandbox store alone. Everything else (appends,
+// events, sagas, rev, owners, volumes) waits for the journal.
+var earlyPaths = map[string]bool{
+	"GET " + wire.PathIdentity: true, "GET " + wire.PathStatus: true, "GET " + wire.PathStats: true,
+	"POST " + wire.PathRetire: true, "POST " + wire.PathStop: true,
+	"GET " + wire.PathSandboxes: true, "GET " + wire.PathListJSON: true, "GET " + wire.PathSandbox: true,
+	"GET " + wire.PathNamed: true, "GET " + wire.PathSnapshotOwner: true, "GET " + wire.PathSnapshotsNamed: true,
+}
+
+// gated holds every request but earlyPaths' until ready is closed.
+func gated(h http.Handler, ready <-chan struct{}) http.Handler {
+	if ready == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !earlyPaths[r.Method+" "+r.URL.Path] {
+			select {
+			case <-ready:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// isClosed says whether ready (nil: always) is closed.
+func isClosed(ready <-chan struct{}) bool {
+	if ready == nil {
+		return true
+	}
+	select {
+	case <-ready:
+		return true
+	default:
+		return false
+	}
 }
 
 // clients counts the open connections. A command keeps its connection for
@@ -187,7 +231,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	streams := &streamSet{}
 	defer streams.closeAll()
 	srv := &http.Server{
-		Handler:     handler(n, self, o.auto, o.mirror, o.metrics, retire, fs, cl, streams),
+		Handler:     gated(handler(n, self, o.auto, o.mirror, o.metrics, retire, fs, cl, streams, o.ready), o.ready),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -283,7 +327,7 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m *metrics, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m *metrics, retire chan<- string, fs *followers, cl *clients, streams *streamSet, ready <-chan struct{}) http.Handler {
 	mux := http.NewServeMux()
 	if m != nil {
 		mux.Handle("GET "+wire.PathMetrics, m.handler())
@@ -305,7 +349,11 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 	// that first exchange whether this daemon serves it.
 	fleetPrint := mirror.Fingerprint()
 	status := func() wire.Status {
-		return wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint}
+		url := "" // a daemon serving early has no listener (store.Options.Early)
+		if isClosed(ready) {
+			url = n.Journal().ClientURL()
+		}
+		return wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: url, Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint}
 	}
 	mux.HandleFunc("GET "+wire.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
 		st := status()
