@@ -25,7 +25,7 @@ func (n *Store) ReadTxs() int {
 // EarlyGated is Options{Early: true} whose early Open starts the journal
 // only once gate is closed.
 func EarlyGated(gate <-chan struct{}) Options {
-	return Options{Early: true, beforeJournal: func() { <-gate }}
+	return Options{Early: true, BeforeJournal: func() { <-gate }}
 }
 
 // MarkHeld says whether the open store's file holds a current mark.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/journal"
@@ -318,4 +319,75 @@ func TestKillsThroughOpenAndClose(t *testing.T) {
 		}
 	}
 	t.Logf("%d kills, %d left a mark that matched the journal", kills, valid)
+}
+
+// TestEarlyOpenTakesTheLoadForAPlantedFile: with a FIFO or a symlink where
+// the load reads its own files (a whole view's snapshot), an open that
+// finds the store marked current does not answer early: it takes the load,
+// which refuses the root naming the file, and never blocks on the FIFO.
+func TestEarlyOpenTakesTheLoadForAPlantedFile(t *testing.T) {
+	for _, plant := range []struct {
+		name string
+		make func(path string) error
+		want string
+	}{
+		{"fifo", func(p string) error { return unix.Mkfifo(p, 0o600) }, "fifo"},
+		{"symlink", func(p string) error { return os.Symlink("/dev/null", p) }, "symbolic link"},
+	} {
+		t.Run(plant.name, func(t *testing.T) {
+			root, _ := markedRoot(t, 5)
+			snap := filepath.Join(root, "projections", "sagas.snap")
+			os.Remove(snap)
+			if err := plant.make(snap); err != nil {
+				t.Fatal(err)
+			}
+			gate := make(chan struct{})
+			close(gate)
+			n, err := store.Open(context.Background(), root, store.EarlyGated(gate))
+			if err == nil {
+				early := n.Early()
+				oerr := n.Opened(context.Background())
+				n.Close()
+				t.Fatalf("opened (early %v, journal %v) with a %s at %s", early, oerr, plant.name, snap)
+			}
+			if !strings.Contains(err.Error(), snap) || !strings.Contains(err.Error(), plant.want) {
+				t.Fatalf("the refusal does not name the %s at %s: %v", plant.name, snap, err)
+			}
+		})
+	}
+}
+
+// TestFailedEarlyOpenLeavesNoMark: a file planted while an early open
+// answers reads fails the journal's open behind them (Opened says so,
+// naming the file); the store's Close then leaves no mark, so the next
+// open takes the load and fails at once, naming the file, instead of
+// answering reads early again.
+func TestFailedEarlyOpenLeavesNoMark(t *testing.T) {
+	ctx := context.Background()
+	root, _ := markedRoot(t, 5)
+	snap := filepath.Join(root, "projections", "sagas.snap")
+	gate := make(chan struct{})
+	n, err := store.Open(ctx, root, store.EarlyGated(gate))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !n.Early() {
+		close(gate)
+		n.Close()
+		t.Fatal("a root closed cleanly did not open early")
+	}
+	os.Remove(snap)
+	if err := unix.Mkfifo(snap, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	close(gate)
+	if err := n.Opened(ctx); err == nil || !strings.Contains(err.Error(), snap) {
+		t.Fatalf("the open behind the early reads, with a FIFO planted: %v", err)
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if marked, _, _, _, _, err := store.MarkTruth(root); err != nil || marked {
+		t.Fatalf("after an open that failed: marked %v (%v)", marked, err)
+	}
 }

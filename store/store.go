@@ -67,9 +67,10 @@ type Options struct {
 	// opens behind them; everything else waits for the journal (Opened).
 	// Close catches the store up to the journal, so the next Open can.
 	Early bool
-	// beforeJournal, if set, runs before an early Open starts the
-	// journal's server (tests hold the journal shut with it).
-	beforeJournal func()
+	// BeforeJournal, if set, runs before an early Open starts the
+	// journal's server, while the early reads are answered (the tests
+	// hold the journal shut with it).
+	BeforeJournal func()
 }
 
 // Record is one journal event with its sequence.
@@ -141,10 +142,12 @@ func Open(ctx context.Context, root string, opts Options) (*Store, error) {
 		n.abandon()
 		return nil, err
 	}
-	if opts.Early && current {
+	// A file the load would refuse is named by the load, before any
+	// read is answered: with one there, the open takes the normal path.
+	if opts.Early && current && n.loadFilesPlain() {
 		n.early = newSandboxView(n.store, pos, &n.decoded)
 		n.mu.Lock()
-		go n.openBehind(ctx, jo, pos.Seq, opts.Lazy, opts.beforeJournal)
+		go n.openBehind(ctx, jo, pos.Seq, opts.Lazy, opts.BeforeJournal)
 		return n, nil
 	}
 	defer close(n.opened)
@@ -599,8 +602,7 @@ func (n *Store) loadOnce(ctx context.Context) error {
 	restored := true
 	for _, v := range n.views {
 		snap, err := n.readSnapshot(ctx, v)
-		if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
-			// Not nexus's file: an operator must look at it, not a rebuild.
+		if refused(err) {
 			return fmt.Errorf("projections: %w", err)
 		}
 		if err != nil {
@@ -677,8 +679,7 @@ func (n *Store) storePath() string { return filepath.Join(n.root, "projections",
 func (n *Store) openSandboxesLocked(ctx context.Context) error {
 	if f, err := fsx.Open(n.root, n.storePath()); err == nil {
 		f.Close()
-	} else if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
-		// Not nexus's file: an operator must look at it, not a rebuild.
+	} else if refused(err) {
 		return fmt.Errorf("projections: %w", err)
 	}
 	err := n.openStoreLocked()
@@ -766,6 +767,39 @@ func (n *Store) snapshotPath(v projections.Projection) string {
 	return filepath.Join(n.root, "projections", v.Name()+".snap")
 }
 
+// The load's rule for its own files under projections/ (each whole view's
+// snapshot, the sandbox store): one that is there but is not a regular
+// file (a FIFO, a link, a device) is not nexus's, and the load refuses the
+// root naming it; an operator must look at it, not a rebuild.
+func refused(err error) bool {
+	return errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink)
+}
+
+// loadFiles are the files under projections/ a load reads.
+func (n *Store) loadFiles() []string {
+	files := []string{n.storePath()}
+	for _, v := range n.views {
+		files = append(files, n.snapshotPath(v))
+	}
+	return files
+}
+
+// loadFilesPlain says whether the load would find none of its files
+// refused: projections/ a directory, each file regular or absent. It
+// looks with lstat alone, opening nothing, so a FIFO cannot block it.
+func (n *Store) loadFilesPlain() bool {
+	if fi, err := os.Lstat(filepath.Join(n.root, "projections")); err != nil || !fi.IsDir() {
+		return false
+	}
+	for _, f := range n.loadFiles() {
+		fi, err := os.Lstat(f)
+		if err != nil && !errors.Is(err, os.ErrNotExist) || err == nil && !fi.Mode().IsRegular() {
+			return false
+		}
+	}
+	return true
+}
+
 func (n *Store) readSnapshot(ctx context.Context, v projections.Projection) (projections.Snapshot, error) {
 	data, err := fsx.ReadFile(n.root, n.snapshotPath(v))
 	if err != nil {
@@ -834,6 +868,10 @@ func (n *Store) Close() error {
 	defer n.mu.Unlock()
 	if n.j == nil { // the journal did not open
 		return errors.Join(n.closeStore(), n.lock.Release())
+	}
+	if n.openErr != nil {
+		// No mark: the next open takes the path that fails naming why.
+		return n.j.CloseThen(n.closeStore)
 	}
 	var err error
 	if n.loaded.Load() && (n.sinceSnap >= closeSnapshotMin || n.sinceSnap > 0 && !n.haveSnapshots()) {
