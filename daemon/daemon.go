@@ -89,6 +89,9 @@ type Options struct {
 	// finishes with it the sagas a dead runner (or a killed daemon) left
 	// open, under their free runner leases.
 	Manager func(control.Backend) (*lifecycle.Manager, error)
+	// BeforeJournal, if set, runs before the journal's open behind the
+	// early reads (store.Options.BeforeJournal): the tests hold it there.
+	BeforeJournal func()
 }
 
 // Run owns the state root until ctx is done: it keeps the journal
@@ -142,7 +145,7 @@ func Run(ctx context.Context, root string, o Options) error {
 	// Without a listener or a mirror nothing of the journal is needed
 	// to answer the reads of the sandbox store, which then come first.
 	early := o.Listen == "" && o.Mirror == nil
-	n, err := openWaiting(ctx, root, store.Options{Journal: jo, Observer: m, Early: early}, o.LockWait, !o.Auto)
+	n, err := openWaiting(ctx, root, store.Options{Journal: jo, Observer: m, Early: early, BeforeJournal: o.BeforeJournal}, o.LockWait, !o.Auto)
 	if errors.Is(err, errServedElsewhere) {
 		log.Info("not needed", "reason", err.Error())
 		return nil
@@ -175,16 +178,17 @@ func Run(ctx context.Context, root string, o Options) error {
 			recovered = recoverSagas(ctx, log, o.Manager, local.Backend{Store: n})
 		}
 	}
-	ready := make(chan struct{})
-	if !n.Early() {
+	var op *opening
+	if n.Early() {
+		op = newOpening()
+	} else {
 		recoverOnce()
-		close(ready)
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m, ready: ready})
+		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m, opening: op})
 	}()
 	if n.Early() {
 		log.Info("answering reads of the sandbox store while the journal opens", "root", root, "pid", os.Getpid())
@@ -196,14 +200,17 @@ func Run(ctx context.Context, root string, o Options) error {
 			return err
 		case err := <-opened:
 			if err != nil {
-				cancel()
+				// Every command, waiting or still to ask, is told why;
+				// serve stops accepting and returns once they are.
+				log.Error("the journal did not open behind the early reads", "err", err.Error())
+				op.fail(err)
 				<-served
 				return err
 			}
 		}
 		log.Info("journal open", "took", time.Since(start).Round(time.Millisecond).String())
 		recoverOnce()
-		close(ready)
+		op.opened()
 	}
 	// Exits are facts (exits.go): stopped before the store closes.
 	defer watchExits(sctx, n)()
