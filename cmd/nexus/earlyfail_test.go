@@ -21,7 +21,8 @@ import (
 	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
-// socketsOf counts the sockets process pid holds open.
+// socketsOf counts the sockets process pid holds open: a command's are
+// its connections to the daemon.
 func socketsOf(pid int) int {
 	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
 	entries, _ := os.ReadDir(dir)
@@ -73,7 +74,6 @@ func TestEarlyDaemonWhoseOpenFailsAnswersEveryCommand(t *testing.T) {
 	}
 
 	// A command that needs the journal: connected, it waits for the open.
-	before := socketsOf(pid)
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
 	defer cancel()
 	waiting := exec.CommandContext(ctx, nexusBin, "--state-dir", root, "events", "-n", "1")
@@ -85,7 +85,7 @@ func TestEarlyDaemonWhoseOpenFailsAnswersEveryCommand(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- waiting.Wait() }()
-	waitUntil(t, "the waiting command connected", func() bool { return socketsOf(pid) > before })
+	waitUntil(t, "the waiting command connected", func() bool { return socketsOf(waiting.Process.Pid) > 0 })
 
 	// A client connected before the failure, asking again after it.
 	c, err := control.Dial(ctx, filepath.Join(root, wire.SocketName))
