@@ -68,6 +68,9 @@ func dialAppendStream(ctx context.Context, dial func(context.Context) (net.Conn,
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
 		conn.Close()
+		if err := openFailed(resp, msg); err != nil {
+			return nil, err
+		}
 		text := strings.TrimSpace(string(msg))
 		if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed {
 			text = "the daemon has no append stream: it runs an older nexus; stop it and retry"

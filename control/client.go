@@ -99,6 +99,31 @@ func (c *Client) dial(ctx context.Context) (net.Conn, error) {
 // hard link or bind mount can put one there). Nothing is sent through it.
 var ErrForeignSocket = errors.New("refusing the daemon socket")
 
+// OpenFailedError is a daemon's answer that the root's journal did not
+// open behind the reads it had begun to answer early
+// (wire.OpenFailedHeader): the open's error, as a command opening the root
+// itself would fail with it. The daemon is exiting; nothing is retried.
+type OpenFailedError struct{ Text string }
+
+func (e *OpenFailedError) Error() string { return e.Text }
+
+// openFailed is the OpenFailedError an answer carries, or nil; it reads
+// the answer's body if it carries one.
+func openFailed(resp *http.Response, body []byte) error {
+	if resp.Header.Get(wire.OpenFailedHeader) == "" {
+		return nil
+	}
+	if body == nil {
+		body, _ = io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+		resp.Body.Close()
+	}
+	var ea wire.ErrorAnswer
+	if json.Unmarshal(body, &ea) != nil || ea.Error == "" {
+		ea.Error = "the daemon could not open the state root: " + resp.Status
+	}
+	return &OpenFailedError{Text: ea.Error}
+}
+
 // connect opens the root's socket under the rules of every other file
 // under the root (host/fsx: no link anywhere), and proves, before the
 // connection carries a request, that the daemon answering serves this
@@ -167,7 +192,8 @@ func stoppedPeer(conn net.Conn) error {
 // final is a dial error no retry, daemon start or fallback may pass: the
 // socket is another root's, or its daemon is stopped.
 func final(err error) bool {
-	return errors.Is(err, ErrForeignSocket) || errors.Is(err, ErrDaemonStopped)
+	var of *OpenFailedError
+	return errors.Is(err, ErrForeignSocket) || errors.Is(err, ErrDaemonStopped) || errors.As(err, &of)
 }
 
 // prove asks the daemon on conn which root it serves (wire.PathIdentity)
@@ -187,6 +213,9 @@ func (c *Client) prove(ctx context.Context, conn net.Conn) (*wire.Status, error)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("the daemon on %s did not say which root it serves: %w", c.sock, err)
+	}
+	if err := openFailed(resp, body); err != nil {
+		return nil, err
 	}
 	switch resp.StatusCode {
 	case http.StatusNotFound:
@@ -266,7 +295,7 @@ func gone(err error) bool {
 // retiring, or died) is sent once more, through a daemon that answers. An
 // append sent twice is harmless: events carry dedup ids.
 func (c *Client) do(req *http.Request) (*http.Response, error) {
-	resp, err := c.http.Do(req)
+	resp, err := c.doOnce(req)
 	if err != nil && req.Context().Err() != nil {
 		// Interrupted or timed out: say that, not which URL the
 		// transport was posting to.
@@ -275,6 +304,9 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 	if ue := (*url.Error)(nil); final(err) && errors.As(err, &ue) {
 		// The refusal is the whole story: not which URL was being asked.
 		return nil, ue.Err
+	}
+	if final(err) {
+		return nil, err
 	}
 	if err == nil || c.ensure == nil {
 		return resp, err
@@ -289,7 +321,20 @@ func (c *Client) do(req *http.Request) (*http.Response, error) {
 		}
 		req.Body = body
 	}
-	return c.http.Do(req)
+	return c.doOnce(req)
+}
+
+// doOnce sends req once; an answer marked wire.OpenFailedHeader is its
+// OpenFailedError.
+func (c *Client) doOnce(req *http.Request) (*http.Response, error) {
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := openFailed(resp, nil); err != nil {
+		return nil, err
+	}
+	return resp, nil
 }
 
 // notAwaited is a request whose context ended first. It reads as the
@@ -322,7 +367,7 @@ func (c *Client) post(ctx context.Context, path string, body []byte) error {
 	if err != nil {
 		return err
 	}
-	resp, err := c.http.Do(req)
+	resp, err := c.doOnce(req)
 	if err != nil {
 		return err
 	}
@@ -659,6 +704,9 @@ func (c *Client) events(ctx context.Context, q events.Query, fn func(events.Reco
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, ctx.Err()
+		}
+		if final(err) {
+			return false, err
 		}
 		return true, fmt.Errorf("daemon: %w", err)
 	}

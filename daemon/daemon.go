@@ -89,6 +89,9 @@ type Options struct {
 	// finishes with it the sagas a dead runner (or a killed daemon) left
 	// open, under their free runner leases.
 	Manager func(control.Backend) (*lifecycle.Manager, error)
+	// BeforeJournal, if set, runs before the journal's open behind the
+	// early reads (store.Options.BeforeJournal): the tests hold it there.
+	BeforeJournal func()
 }
 
 // Run owns the state root until ctx is done: it keeps the journal
@@ -139,7 +142,10 @@ func Run(ctx context.Context, root string, o Options) error {
 		jo.Subscriber = &journal.Credentials{User: creds.User, PasswordHash: string(hash)}
 	}
 	m := newMetrics()
-	n, err := openWaiting(ctx, root, store.Options{Journal: jo, Observer: m}, o.LockWait, !o.Auto)
+	// Without a listener or a mirror nothing of the journal is needed
+	// to answer the reads of the sandbox store, which then come first.
+	early := o.Listen == "" && o.Mirror == nil
+	n, err := openWaiting(ctx, root, store.Options{Journal: jo, Observer: m, Early: early, BeforeJournal: o.BeforeJournal}, o.LockWait, !o.Auto)
 	if errors.Is(err, errServedElsewhere) {
 		log.Info("not needed", "reason", err.Error())
 		return nil
@@ -163,22 +169,55 @@ func Run(ctx context.Context, root string, o Options) error {
 			return err
 		}
 	}
+	// The sagas a dead runner left are finished before any command but
+	// the early reads is served: before serving at all, unless the store
+	// opened early, and then once its journal is open.
 	var recovered func()
-	if o.Manager != nil {
-		recovered = recoverSagas(ctx, log, o.Manager, local.Backend{Store: n})
+	recoverOnce := func() {
+		if o.Manager != nil {
+			recovered = recoverSagas(ctx, log, o.Manager, local.Backend{Store: n})
+		}
+	}
+	var op *opening
+	if n.Early() {
+		op = newOpening()
+	} else {
+		recoverOnce()
 	}
 	served := make(chan error, 1)
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	go func() {
+		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m, opening: op})
+	}()
+	if n.Early() {
+		log.Info("answering reads of the sandbox store while the journal opens", "root", root, "pid", os.Getpid())
+		start := time.Now()
+		opened := make(chan error, 1)
+		go func() { opened <- n.Opened(sctx) }()
+		select {
+		case err := <-served:
+			return err
+		case err := <-opened:
+			if err != nil {
+				// Every command, waiting or still to ask, is told why;
+				// serve stops accepting and returns once they are.
+				log.Error("the journal did not open behind the early reads", "err", err.Error())
+				op.fail(err)
+				<-served
+				return err
+			}
+		}
+		log.Info("journal open", "took", time.Since(start).Round(time.Millisecond).String())
+		recoverOnce()
+		op.opened()
+	}
 	// Exits are facts (exits.go): stopped before the store closes.
 	defer watchExits(sctx, n)()
 	defer journalMirror(sctx, n, o.Mirror)()
 	if o.Mirror != nil {
 		defer journalDigests(sctx, n, o.DigestEvery, o.DigestInterval)()
 	}
-	go func() {
-		served <- serve(sctx, n, serveOptions{idle: o.Idle, auto: o.Auto, mirror: o.Mirror, log: log, metrics: m})
-	}()
 	// Serve creates the socket almost at once; wait until it answers so
 	// "serving" (and Ready) means a client can connect.
 	if err := waitAnswering(ctx, filepath.Join(root, wire.SocketName), served); err != nil {

@@ -202,7 +202,14 @@ func newStoreCollector(n *store.Store, mirror *fleet.Mirror) *storeCollector {
 	}
 }
 
-func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+// Describe sends the descriptions without collecting: registering the
+// collector must not wait for a journal still opening (store.Options.Early).
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.sandboxes, c.journalBytes, c.journalRecords, c.storeBytes,
+		c.free, c.reserve, c.floor, c.mirrorLag, c.mirrorUp, c.scrapeErr} {
+		ch <- d
+	}
+}
 
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx := context.Background()

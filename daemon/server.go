@@ -56,7 +56,107 @@ type serveOptions struct {
 	log *slog.Logger
 	// metrics are served at wire.PathMetrics (nil: not served).
 	metrics *metrics
+	// opening, if set, is the journal's open behind a store that opened
+	// early: until it is done only earlyPaths answer.
+	opening *opening
 }
+
+// earlyPaths answer while the journal opens behind a store that was left
+// current with it (store.Options.Early): who the daemon is, how to stop
+// it, and the reads of the sandbox store alone. Everything else (appends,
+// events, sagas, rev, owners, volumes) waits for the journal.
+var earlyPaths = map[string]bool{
+	"GET " + wire.PathIdentity: true, "GET " + wire.PathStatus: true, "GET " + wire.PathStats: true,
+	"POST " + wire.PathRetire: true, "POST " + wire.PathStop: true,
+	"GET " + wire.PathSandboxes: true, "GET " + wire.PathListJSON: true, "GET " + wire.PathSandbox: true,
+	"GET " + wire.PathNamed: true, "GET " + wire.PathSnapshotOwner: true, "GET " + wire.PathSnapshotsNamed: true,
+}
+
+// opening is the journal's open behind the early reads. It ends opened
+// (ready: the journal is open and the sagas a dead runner left are
+// finished) or failed (err): a daemon whose open failed has nothing to
+// serve, and it answers every request, those waiting and those still to
+// come, with the open's error, the one a command opening the root itself
+// fails with, so no command loses its connection without an answer.
+type opening struct {
+	ready  chan struct{}
+	failed chan struct{}
+	err    error // set before failed is closed
+}
+
+func newOpening() *opening {
+	return &opening{ready: make(chan struct{}), failed: make(chan struct{})}
+}
+
+func (op *opening) opened() { close(op.ready) }
+
+func (op *opening) fail(err error) {
+	op.err = err
+	close(op.failed)
+}
+
+// isOpen says whether the journal is open (nil: opened before serving).
+func (op *opening) isOpen() bool {
+	if op == nil {
+		return true
+	}
+	select {
+	case <-op.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// failure is the open's error once it failed, else nil.
+func (op *opening) failure() error {
+	if op == nil {
+		return nil
+	}
+	select {
+	case <-op.failed:
+		return op.err
+	default:
+		return nil
+	}
+}
+
+// failedC is closed if the open fails (nil: never).
+func (op *opening) failedC() <-chan struct{} {
+	if op == nil {
+		return nil
+	}
+	return op.failed
+}
+
+// gated holds every request but earlyPaths' until the journal is open,
+// and answers every request with the open's error once it failed.
+func gated(h http.Handler, op *opening) http.Handler {
+	if op == nil {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !earlyPaths[r.Method+" "+r.URL.Path] {
+			select {
+			case <-op.ready:
+			case <-op.failed:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if err := op.failure(); err != nil {
+			w.Header().Set(wire.OpenFailedHeader, "1")
+			writeJSON(w, http.StatusServiceUnavailable, wire.ErrorAnswer{Error: err.Error()})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// failedOpenGrace bounds how long a daemon whose open failed, accepting no
+// more, waits for the commands still connected to ask and be told: a
+// command keeps its connection between its requests.
+const failedOpenGrace = 10 * time.Second
 
 // clients counts the open connections. A command keeps its connection for
 // its whole run (between requests too, as HTTP keep-alive), and a follower
@@ -187,7 +287,7 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 	streams := &streamSet{}
 	defer streams.closeAll()
 	srv := &http.Server{
-		Handler:     handler(n, self, o.auto, o.mirror, o.metrics, retire, fs, cl, streams),
+		Handler:     gated(handler(n, self, o.auto, o.mirror, o.metrics, retire, fs, cl, streams, o.opening), o.opening),
 		BaseContext: func(net.Listener) context.Context { return ctx },
 		ConnState:   cl.track,
 	}
@@ -218,6 +318,12 @@ func serve(ctx context.Context, n *store.Store, o serveOptions) error {
 				stopping(fmt.Sprintf("no command for %s", o.idle))
 				return finish(ctx, srv, cl)
 			}
+		case <-o.opening.failedC():
+			stopping("the journal did not open: " + o.opening.err.Error())
+			cl.stop(ln, 0)
+			fctx, cancel := context.WithTimeout(ctx, failedOpenGrace)
+			defer cancel()
+			return finish(fctx, srv, cl)
 		case reason := <-retire:
 			stopping(reason)
 			cl.drain()
@@ -283,7 +389,7 @@ func (f *followers) end() {
 	}
 }
 
-func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m *metrics, retire chan<- string, fs *followers, cl *clients, streams *streamSet) http.Handler {
+func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m *metrics, retire chan<- string, fs *followers, cl *clients, streams *streamSet, op *opening) http.Handler {
 	mux := http.NewServeMux()
 	if m != nil {
 		mux.Handle("GET "+wire.PathMetrics, m.handler())
@@ -305,7 +411,11 @@ func handler(n *store.Store, self fsx.DirID, auto bool, mirror *fleet.Mirror, m 
 	// that first exchange whether this daemon serves it.
 	fleetPrint := mirror.Fingerprint()
 	status := func() wire.Status {
-		return wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: n.Journal().ClientURL(), Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint}
+		url := "" // a daemon serving early has no listener (store.Options.Early)
+		if op.isOpen() {
+			url = n.Journal().ClientURL()
+		}
+		return wire.Status{Pid: os.Getpid(), Root: n.Root(), SubscriberURL: url, Auto: auto, Build: buildRef(), Retiring: cl.isRetiring(), Fleet: fleetPrint}
 	}
 	mux.HandleFunc("GET "+wire.PathIdentity, func(w http.ResponseWriter, r *http.Request) {
 		st := status()

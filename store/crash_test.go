@@ -44,6 +44,9 @@ func TestNodeChild(t *testing.T) {
 		os.Exit(3)
 	}()
 	ctx := context.Background()
+	if mode == "early-cycles" {
+		earlyCycles(os.Getenv(childRootEnv))
+	}
 	n, err := store.Open(ctx, os.Getenv(childRootEnv), store.Options{})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "child: open: %v\n", err)

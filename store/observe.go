@@ -43,6 +43,9 @@ type Usage struct {
 // Usage measures the journal, its filesystem's free space against the
 // append reserve, and the sandbox store's file.
 func (n *Store) Usage(ctx context.Context) (Usage, error) {
+	if err := n.Opened(ctx); err != nil {
+		return Usage{}, err
+	}
 	ju, err := n.j.Usage(ctx)
 	if err != nil {
 		return Usage{}, err

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -58,6 +59,18 @@ type Options struct {
 	Lazy bool
 	// Observer, if set, hears each stored event and each append.
 	Observer Observer
+	// Early, for the daemon: if the last Close left the sandbox store
+	// current with the journal (mark.go), Open returns before the
+	// journal's server starts, and the reads that need only the sandbox
+	// store (Sandbox, SandboxPage, ListedPage, Named, SnapshotOwner,
+	// SnapshotsNamed, SandboxCount) are answered from it while the journal
+	// opens behind them; everything else waits for the journal (Opened).
+	// Close catches the store up to the journal, so the next Open can.
+	Early bool
+	// BeforeJournal, if set, runs before an early Open starts the
+	// journal's server, while the early reads are answered (the tests
+	// hold the journal shut with it).
+	BeforeJournal func()
 }
 
 // Record is one journal event with its sequence.
@@ -66,10 +79,22 @@ type Record = events.Record
 // Store is an open state root.
 type Store struct {
 	root string
-	j    *journal.Journal
-	mu   sync.Mutex // serialises appends so expected-sequence checks hold
-	gc   groupCommit
-	obs  Observer // nil: none
+	j    *journal.Journal // nil until the journal opens (Options.Early)
+	lock *journal.Locked
+	log  *slog.Logger
+	// catchUp: Close checkpoints the sandbox store up to the journal, so
+	// that it can leave the store marked current (Options.Early).
+	catchUp bool
+	// early is the sandbox store as the last Close left it, current with
+	// the journal, while the journal opens (nil otherwise); never changed.
+	// opened is closed once the journal is open and the store loaded (or
+	// that failed: openErr). Until then the opening holds mu.
+	early   *sandboxView
+	opened  chan struct{}
+	openErr error
+	mu      sync.Mutex // serialises appends so expected-sequence checks hold
+	gc      groupCommit
+	obs     Observer // nil: none
 
 	// views are the projections snapshotted whole; the sandboxes, which
 	// grow with the root, live in the store under an overlay (sandboxView).
@@ -98,22 +123,126 @@ func Open(ctx context.Context, root string, opts Options) (*Store, error) {
 	}
 	jo := opts.Journal
 	jo.Dir = filepath.Join(root, "journal")
-	j, err := journal.Open(ctx, jo)
+	lock, err := journal.Lock(jo.Dir)
 	if err != nil {
 		return nil, err
 	}
 	n := &Store{
-		root: root, j: j, gc: newGroupCommit(), obs: opts.Observer,
+		root: root, lock: lock, gc: newGroupCommit(), obs: opts.Observer,
+		log: jo.Logger, catchUp: opts.Early, opened: make(chan struct{}),
+	}
+	if n.log == nil {
+		n.log = slog.New(slog.DiscardHandler)
 	}
 	n.resetViews()
+	// Whoever opens the journal takes the mark first, before its server
+	// can start: from here until a clean Close there is none.
+	pos, current, err := n.takeMark()
+	if err != nil {
+		n.abandon()
+		return nil, err
+	}
+	// A file the load would refuse is named by the load, before any
+	// read is answered: with one there, the open takes the normal path.
+	if opts.Early && current && n.loadFilesPlain() {
+		n.early = newSandboxView(n.store, pos, &n.decoded)
+		n.mu.Lock()
+		go n.openBehind(ctx, jo, pos.Seq, opts.Lazy, opts.BeforeJournal)
+		return n, nil
+	}
+	defer close(n.opened)
+	if n.j, err = lock.Open(ctx, jo); err != nil {
+		n.abandon()
+		return nil, err
+	}
 	if opts.Lazy {
 		return n, nil
 	}
 	if err := n.loadLocked(ctx); err != nil {
-		j.Close()
+		n.closeStore()
+		n.j.Close()
 		return nil, err
 	}
 	return n, nil
+}
+
+// abandon lets go of a store whose journal did not open.
+func (n *Store) abandon() {
+	n.closeStore()
+	n.lock.Release()
+}
+
+func (n *Store) closeStore() error {
+	if n.store == nil {
+		return nil
+	}
+	err := n.store.close()
+	n.store = nil
+	return err
+}
+
+// openBehind opens the journal and loads the store while the early reads
+// are answered, holding mu (taken by Open) until it is done. A journal
+// that does not end where the mark said is a store that answered reads
+// from an older state: said loudly, then caught up by the load as any
+// store behind its journal is.
+func (n *Store) openBehind(ctx context.Context, jo journal.Options, marked uint64, lazy bool, before func()) {
+	defer n.mu.Unlock()
+	defer close(n.opened)
+	if before != nil {
+		before()
+	}
+	j, err := n.lock.Open(ctx, jo)
+	if err != nil {
+		n.openErr = err
+		return
+	}
+	n.j = j
+	last, err := j.LastSeq(ctx)
+	if err != nil || last != marked {
+		n.log.Error("SANDBOX STORE WAS NOT CURRENT: it was marked current at a journal sequence the journal does not end at; reads answered while the journal opened may be stale; catching the store up",
+			"marked_seq", marked, "journal_last_seq", last, "err", err)
+	}
+	if lazy {
+		return
+	}
+	if err := n.loadLocked(ctx); err != nil {
+		n.openErr = err
+	}
+}
+
+// Opened waits until the journal is open (at once unless Options.Early
+// found the store current) and says whether that failed.
+func (n *Store) Opened(ctx context.Context) error {
+	select {
+	case <-n.opened:
+		return n.openErr
+	default:
+	}
+	select {
+	case <-n.opened:
+		return n.openErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Early says whether Open returned before the journal opened (Opened).
+func (n *Store) Early() bool { return n.early != nil }
+
+// earlyView is the store as the last Close left it, while the journal
+// opens behind it; nil once it is open, or when the store was not known
+// to be current.
+func (n *Store) earlyView() *sandboxView {
+	if n.early == nil {
+		return nil
+	}
+	select {
+	case <-n.opened:
+		return nil
+	default:
+		return n.early
+	}
 }
 
 // Load brings the projections up to the journal, if Open was lazy and
@@ -125,6 +254,9 @@ func (n *Store) Load(ctx context.Context) error {
 }
 
 func (n *Store) loadLocked(ctx context.Context) error {
+	if n.openErr != nil {
+		return n.openErr
+	}
 	if n.loaded.Load() {
 		return nil
 	}
@@ -148,6 +280,9 @@ func (n *Store) Decoded() uint64 { return n.decoded.Load() }
 // on its own events, so this is the record a full load would hold, at the
 // cost of that sandbox's history alone. A handle needs the loaded view.
 func (n *Store) Sandbox(ctx context.Context, ref string) (projections.Sandbox, bool, error) {
+	if v := n.earlyView(); v != nil {
+		return found(sandboxIn(v, ref))
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	id := strings.ToUpper(ref)
@@ -157,7 +292,10 @@ func (n *Store) Sandbox(ctx context.Context, ref string) (projections.Sandbox, b
 	if err := n.loadLocked(ctx); err != nil {
 		return projections.Sandbox{}, false, err
 	}
-	sb, err := n.sandboxLocked(ref)
+	return found(sandboxIn(n.sandboxes, ref))
+}
+
+func found(sb *projections.Sandbox, err error) (projections.Sandbox, bool, error) {
 	if err != nil || sb == nil {
 		return projections.Sandbox{}, false, err
 	}
@@ -222,6 +360,9 @@ func (n *Store) usableStoreLocked(ctx context.Context) (storePosition, bool) {
 // SandboxPage is at most limit sandboxes whose IDs sort after after (""
 // from the first), in ID order, read from the store a page at a time.
 func (n *Store) SandboxPage(ctx context.Context, after string, limit int) ([]projections.Sandbox, error) {
+	if v := n.earlyView(); v != nil {
+		return copies(v.page(after, limit))
+	}
 	return n.sandboxList(ctx, func(v *sandboxView) ([]*projections.Sandbox, error) { return v.page(after, limit) })
 }
 
@@ -231,12 +372,16 @@ func (n *Store) SandboxPage(ctx context.Context, after string, limit int) ([]pro
 // checkpoint, comes as its record (Listed). A listing of stopped
 // sandboxes decodes no record.
 func (n *Store) ListedPage(ctx context.Context, after string, limit int) ([]Listed, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if err := n.loadLocked(ctx); err != nil {
-		return nil, err
+	v := n.earlyView()
+	if v == nil {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if err := n.loadLocked(ctx); err != nil {
+			return nil, err
+		}
+		v = n.sandboxes
 	}
-	list, err := n.sandboxes.listed(after, limit)
+	list, err := v.listed(after, limit)
 	for i, l := range list {
 		if l.Sandbox != nil {
 			sb := *l.Sandbox // the caller's copy, not the overlay's record
@@ -259,7 +404,11 @@ func (n *Store) sandboxList(ctx context.Context, read func(*sandboxView) ([]*pro
 	if err := n.loadLocked(ctx); err != nil {
 		return nil, err
 	}
-	list, err := read(n.sandboxes)
+	return copies(read(n.sandboxes))
+}
+
+// copies are the caller's copies of a view's records.
+func copies(list []*projections.Sandbox, err error) ([]projections.Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -320,6 +469,9 @@ const NamedLimit = 16
 // history made by hand) lists it once; a prefix of many lists at most
 // NamedLimit of each kind.
 func (n *Store) Named(ctx context.Context, ref string) ([]projections.Ref, error) {
+	if v := n.earlyView(); v != nil {
+		return v.named(ref, NamedLimit)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -330,16 +482,15 @@ func (n *Store) Named(ctx context.Context, ref string) ([]projections.Ref, error
 
 // SnapshotOwner is the sandbox holding snapshot snap (an exact ID).
 func (n *Store) SnapshotOwner(ctx context.Context, snap string) (projections.Sandbox, bool, error) {
+	if v := n.earlyView(); v != nil {
+		return found(v.snapshotOwner(snap))
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
 		return projections.Sandbox{}, false, err
 	}
-	sb, err := n.sandboxes.snapshotOwner(snap)
-	if err != nil || sb == nil {
-		return projections.Sandbox{}, false, err
-	}
-	return *sb, true, nil
+	return found(n.sandboxes.snapshotOwner(snap))
 }
 
 // SnapshotsNamed is the snapshots ref could name by
@@ -349,6 +500,9 @@ func (n *Store) SnapshotOwner(ctx context.Context, snap string) (projections.San
 // not a read of every sandbox. A prefix of many lists at most NamedLimit
 // of each kind.
 func (n *Store) SnapshotsNamed(ctx context.Context, ref string) ([]projections.SnapshotRef, error) {
+	if v := n.earlyView(); v != nil {
+		return v.snapshotsNamed(ref, NamedLimit)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -388,6 +542,9 @@ func (n *Store) Sandboxes(ctx context.Context) ([]projections.Sandbox, error) {
 
 // SandboxCount is the number of sandboxes the journal shows.
 func (n *Store) SandboxCount(ctx context.Context) (int, error) {
+	if v := n.earlyView(); v != nil {
+		return v.count(), nil
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.loadLocked(ctx); err != nil {
@@ -396,13 +553,13 @@ func (n *Store) SandboxCount(ctx context.Context) (int, error) {
 	return n.sandboxes.count(), nil
 }
 
-// sandboxLocked is the loaded view's sandbox by ID, or by handle.
-func (n *Store) sandboxLocked(ref string) (*projections.Sandbox, error) {
-	sb, err := n.sandboxes.get(strings.ToUpper(ref))
+// sandboxIn is v's sandbox by ID, or by handle.
+func sandboxIn(v *sandboxView, ref string) (*projections.Sandbox, error) {
+	sb, err := v.get(strings.ToUpper(ref))
 	if err != nil || sb != nil || ref == "" {
 		return sb, err
 	}
-	return n.sandboxes.byHandle(ref)
+	return v.byHandle(ref)
 }
 
 // PrepareRoot makes root absolute, creates it 0700 if missing, and refuses
@@ -412,8 +569,12 @@ func PrepareRoot(root string) (string, error) { return fsx.PrepareRoot(root) }
 // Root is the absolute state root.
 func (n *Store) Root() string { return n.root }
 
-// Journal exposes the journal, for the daemon's subscriber listener.
-func (n *Store) Journal() *journal.Journal { return n.j }
+// Journal exposes the journal, for the daemon's subscriber listener and
+// mirror: it waits for the journal to open (nil if that failed).
+func (n *Store) Journal() *journal.Journal {
+	<-n.opened
+	return n.j
+}
 
 // load restores each whole projection from its snapshot when the snapshot
 // still matches the journal, opens the sandbox store, then folds the tail
@@ -441,8 +602,7 @@ func (n *Store) loadOnce(ctx context.Context) error {
 	restored := true
 	for _, v := range n.views {
 		snap, err := n.readSnapshot(ctx, v)
-		if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
-			// Not nexus's file: an operator must look at it, not a rebuild.
+		if refused(err) {
 			return fmt.Errorf("projections: %w", err)
 		}
 		if err != nil {
@@ -519,8 +679,7 @@ func (n *Store) storePath() string { return filepath.Join(n.root, "projections",
 func (n *Store) openSandboxesLocked(ctx context.Context) error {
 	if f, err := fsx.Open(n.root, n.storePath()); err == nil {
 		f.Close()
-	} else if errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink) {
-		// Not nexus's file: an operator must look at it, not a rebuild.
+	} else if refused(err) {
 		return fmt.Errorf("projections: %w", err)
 	}
 	err := n.openStoreLocked()
@@ -608,6 +767,39 @@ func (n *Store) snapshotPath(v projections.Projection) string {
 	return filepath.Join(n.root, "projections", v.Name()+".snap")
 }
 
+// The load's rule for its own files under projections/ (each whole view's
+// snapshot, the sandbox store): one that is there but is not a regular
+// file (a FIFO, a link, a device) is not nexus's, and the load refuses the
+// root naming it; an operator must look at it, not a rebuild.
+func refused(err error) bool {
+	return errors.Is(err, fsx.ErrNotRegular) || errors.Is(err, fsx.ErrSymlink)
+}
+
+// loadFiles are the files under projections/ a load reads.
+func (n *Store) loadFiles() []string {
+	files := []string{n.storePath()}
+	for _, v := range n.views {
+		files = append(files, n.snapshotPath(v))
+	}
+	return files
+}
+
+// loadFilesPlain says whether the load would find none of its files
+// refused: projections/ a directory, each file regular or absent. It
+// looks with lstat alone, opening nothing, so a FIFO cannot block it.
+func (n *Store) loadFilesPlain() bool {
+	if fi, err := os.Lstat(filepath.Join(n.root, "projections")); err != nil || !fi.IsDir() {
+		return false
+	}
+	for _, f := range n.loadFiles() {
+		fi, err := os.Lstat(f)
+		if err != nil && !errors.Is(err, os.ErrNotExist) || err == nil && !fi.Mode().IsRegular() {
+			return false
+		}
+	}
+	return true
+}
+
 func (n *Store) readSnapshot(ctx context.Context, v projections.Projection) (projections.Snapshot, error) {
 	data, err := fsx.ReadFile(n.root, n.snapshotPath(v))
 	if err != nil {
@@ -668,20 +860,35 @@ func (n *Store) writeSnapshots() error {
 }
 
 // Close snapshots the projections, if the tail the next Open would replay
-// has grown past closeSnapshotMin events or there are no snapshots yet, and
-// closes the journal.
+// has grown past closeSnapshotMin events or there are no snapshots yet,
+// catches the sandbox store up to the journal (Options.Early), and closes
+// the journal, leaving the store marked current if it is (mark.go).
 func (n *Store) Close() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	if n.j == nil { // the journal did not open
+		return errors.Join(n.closeStore(), n.lock.Release())
+	}
+	if n.openErr != nil {
+		// No mark: the next open takes the path that fails naming why.
+		return n.j.CloseThen(n.closeStore)
+	}
 	var err error
 	if n.loaded.Load() && (n.sinceSnap >= closeSnapshotMin || n.sinceSnap > 0 && !n.haveSnapshots()) {
 		err = n.writeSnapshots()
+	} else if n.catchUp && n.loaded.Load() && (n.sandboxes.store == nil || n.sandboxes.Seq() != n.sandboxes.pos.Seq) {
+		if err = n.openStoreLocked(); err == nil {
+			err = n.sandboxes.checkpoint(n.store, n.lastID)
+		}
 	}
-	if n.store != nil {
-		err = errors.Join(err, n.store.close())
-		n.store = nil
-	}
-	return errors.Join(err, n.j.Close())
+	last, lastID, lerr := n.lastEvent(context.Background())
+	return errors.Join(err, n.j.CloseThen(func() error {
+		var err error
+		if lerr == nil {
+			err = n.markIfCurrent(last, lastID)
+		}
+		return errors.Join(err, n.closeStore())
+	}))
 }
 
 // haveSnapshots reports whether every whole projection has a snapshot
@@ -986,6 +1193,9 @@ func (n *Store) Events(ctx context.Context, q Query, fn func(Record) error) erro
 // relays the bytes, so a client decodes each event once and the daemon not
 // at all.
 func (n *Store) EventsRaw(ctx context.Context, q Query, fn func(seq uint64, data []byte) error) error {
+	if err := n.Opened(ctx); err != nil {
+		return err
+	}
 	types := q.Types
 	if q.Type != "" || len(types) == 0 {
 		types = append(slices.Clip(types), q.Type)

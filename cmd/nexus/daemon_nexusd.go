@@ -67,5 +67,6 @@ func runDaemon(cmd *cobra.Command, g *globals, f *daemonFlags) error {
 		log.Warn("the fleet credentials are on the command line, readable in /proc/<pid>/cmdline: pass the URL in NEXUS_MIRROR or use --mirror-creds")
 	}
 	o.Manager = build
+	o.BeforeJournal = earlyOpenHook()
 	return daemon.Run(cmd.Context(), g.stateDir, o)
 }

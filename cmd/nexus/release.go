@@ -18,6 +18,8 @@ func spawnLockHook() func() { return nil }
 
 func ensuredHook() func() { return nil }
 
+func earlyOpenHook() func() { return nil }
+
 func failAppends(b control.Backend) control.Backend { return b }
 
 func testCommands(*globals) []*cobra.Command { return nil }

@@ -25,6 +25,8 @@ func spawnLockHook() func() { return testhooks.SpawnLock() }
 
 func ensuredHook() func() { return testhooks.Ensured() }
 
+func earlyOpenHook() func() { return testhooks.EarlyOpen() }
+
 func failAppends(b control.Backend) control.Backend { return testhooks.FailAppends(b) }
 
 // demoCmd journals the events of one simulated sandbox lifecycle through

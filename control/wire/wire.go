@@ -150,6 +150,13 @@ type OwnerAnswer struct {
 	Path    string `json:"path,omitempty"`
 }
 
+// OpenFailedHeader marks the answer of a daemon whose journal failed to
+// open after it had begun answering the sandbox store's reads early: its
+// ErrorAnswer is the open's error, the one a command opening the root
+// itself fails with, and the daemon answers every request so until its
+// commands are gone.
+const OpenFailedHeader = "Nexus-Open-Failed"
+
 // ErrorAnswer is a refusal; its field is the one an older client's append
 // answer carried its error in, so that client prints it.
 type ErrorAnswer struct {

@@ -159,7 +159,29 @@ const slowHostTimeout = 30 * time.Second
 // embedded server. It never creates a second owner: if the lock is held it
 // returns ErrLocked without touching the store.
 func Open(ctx context.Context, opts Options) (*Journal, error) {
-	dir, err := filepath.Abs(opts.Dir)
+	l, err := Lock(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	j, err := l.Open(ctx, opts)
+	if err != nil {
+		l.Release()
+		return nil, err
+	}
+	return j, nil
+}
+
+// Locked is a journal directory whose lock this process holds and whose
+// server it has not started: what the files hold cannot change under it.
+type Locked struct {
+	dir   string
+	lease *lease.Lease
+}
+
+// Lock takes the journal's lock in dir (created if missing) without
+// starting its server; ErrLocked if another process holds it.
+func Lock(dir string) (*Locked, error) {
+	dir, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -173,7 +195,21 @@ func Open(ctx context.Context, opts Options) (*Journal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("journal %s: %w", dir, err)
 	}
-	j := &Journal{dir: dir, lease: l, log: opts.Logger, dedupe: opts.DedupeWindow}
+	return &Locked{dir: dir, lease: l}, nil
+}
+
+// Dir is the journal's directory.
+func (l *Locked) Dir() string { return l.dir }
+
+// Release lets the lock go, for a journal that was not opened (or whose
+// Open failed); an opened journal's Close releases it.
+func (l *Locked) Release() error { return l.lease.Release() }
+
+// Open verifies the blocks and starts the server on the locked directory
+// (opts.Dir is ignored). The Journal owns the lock from then on; if Open
+// fails the lock stays held, for the caller to Release.
+func (l *Locked) Open(ctx context.Context, opts Options) (*Journal, error) {
+	j := &Journal{dir: l.dir, lease: l.lease, log: opts.Logger, dedupe: opts.DedupeWindow}
 	if j.dedupe <= 0 {
 		j.dedupe = DefaultDedupeWindow
 	}
@@ -182,11 +218,11 @@ func Open(ctx context.Context, opts Options) (*Journal, error) {
 	}
 	if opts.Space != nil {
 		j.space = *opts.Space
-	} else if size, err := disk.FilesystemBytes(dir); err == nil {
+	} else if size, err := disk.FilesystemBytes(l.dir); err == nil {
 		j.space = DefaultSpace(size)
 	}
 	if err := j.start(ctx, opts); err != nil {
-		j.Close()
+		j.stop()
 		return nil, err
 	}
 	return j, nil
@@ -369,6 +405,22 @@ func (j *Journal) ClientURL() string {
 // Close stops the server and releases the lock, in that order, so no other
 // process can open the store while this server still has its files open.
 func (j *Journal) Close() error {
+	return j.CloseThen(nil)
+}
+
+// CloseThen stops the server, runs then (if set) while the lock is still
+// held and the files are as the server left them, and releases the lock.
+func (j *Journal) CloseThen(then func() error) error {
+	j.stop()
+	var err error
+	if then != nil {
+		err = then()
+	}
+	return errors.Join(err, j.lease.Release())
+}
+
+// stop stops the server and waits until it has written its files.
+func (j *Journal) stop() {
 	if j.mirror != nil {
 		j.mirror.Stop()
 	}
@@ -380,7 +432,6 @@ func (j *Journal) Close() error {
 		j.srv.Shutdown()
 		j.srv.WaitForShutdown()
 	}
-	return j.lease.Release()
 }
 
 // Message is one append.

@@ -128,6 +128,27 @@ func Ensured() func() {
 	return func() { once.Do(func() { pauseHere(ensuredPause) }) }
 }
 
+// earlyOpenHold is NEXUS_PAUSE_AT=daemon.early-open: a daemon answering
+// the sandbox store's reads early holds its journal's open there.
+const earlyOpenHold = "daemon.early-open"
+
+// EarlyOpen is the hook a daemon runs before the journal's open behind
+// its early reads: NEXUS_PAUSE_AT=daemon.early-open holds the open there,
+// after saying so on stderr, until the daemon is sent SIGCONT; the daemon
+// is not stopped, and goes on answering the early reads (nil: none).
+func EarlyOpen() func() {
+	if os.Getenv("NEXUS_PAUSE_AT") != earlyOpenHold {
+		return nil
+	}
+	return func() {
+		cont := make(chan os.Signal, 1)
+		signal.Notify(cont, syscall.SIGCONT)
+		defer signal.Stop(cont)
+		fmt.Fprintf(os.Stderr, "nexus: holding the journal's open at %s (pid %d)\n", earlyOpenHold, os.Getpid())
+		<-cont
+	}
+}
+
 // pauseHere says so on stderr, then stops this process until SIGCONT.
 func pauseHere(at string) {
 	// A self-sent SIGSTOP may take effect a little after kill(2) returns;
