@@ -160,6 +160,8 @@ type wire struct {
 	decoded    Payload
 	payloadErr error
 	id         [16]byte // ID's bytes when it has at most 16: no allocation per event
+	key        [8]byte  // the key being read, when it has at most 8 bytes
+	typ        [48]byte // the type's bytes, when it has at most 48
 }
 
 // Encode serialises e. The payload must be the registered type for e.Type
@@ -190,8 +192,12 @@ func Encode(e Event) ([]byte, error) {
 // type; an unknown type, a newer schema or damaged bytes return a
 // *DecodeError. It never panics on any input.
 func Decode(data []byte) (Event, error) {
-	var w wire
-	if err := StrictUnmarshal(data, &w); err != nil {
+	w := wirePool.Get().(*wire)
+	defer func() {
+		*w = wire{}
+		wirePool.Put(w)
+	}()
+	if err := strictDecode(data, w.DecodeMsgpack); err != nil {
 		return Event{}, &DecodeError{Err: fmt.Errorf("%w: envelope: %v", ErrMalformed, err)}
 	}
 	if w.Format > EnvelopeFormat {
@@ -258,6 +264,12 @@ var decPool = sync.Pool{New: func() any { p := &pooledDec{}; p.d = msgpack.NewDe
 // their snapshots with it too. checkBounds runs first, so no length the
 // data declares can make decoding allocate more than the data could hold.
 func StrictUnmarshal(data []byte, v any) error {
+	return strictDecode(data, func(d *msgpack.Decoder) error { return d.Decode(v) })
+}
+
+// strictDecode is StrictUnmarshal with decode reading the value from a
+// strict decoder over data.
+func strictDecode(data []byte, decode func(*msgpack.Decoder) error) error {
 	if err := checkBounds(data); err != nil {
 		return err
 	}
@@ -266,8 +278,14 @@ func StrictUnmarshal(data []byte, v any) error {
 	p.r.Reset(data)
 	p.d.Reset(&p.r)
 	p.d.DisallowUnknownFields(true)
-	return p.d.Decode(v)
+	return decode(p.d)
 }
+
+// wirePool holds envelopes Decode reads into, each with its buffers: a
+// whole read decodes every event of a journal or of the fleet, and an
+// envelope and its buffers allocated for each showed in profiles. An
+// envelope goes back zeroed; what Decode returns shares nothing with it.
+var wirePool = sync.Pool{New: func() any { return new(wire) }}
 
 // DecodeMsgpack decodes the envelope in one pass: the payload, written last
 // by Encode, is decoded straight into its registered type once t and v are
@@ -277,9 +295,8 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 	if err != nil {
 		return err
 	}
-	var key [8]byte
 	for i := 0; i < n; i++ {
-		k, err := readShort(d, key[:])
+		k, err := readShort(d, w.key[:])
 		if err != nil {
 			return err
 		}
@@ -293,8 +310,7 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 			}
 		case "t":
 			var t []byte
-			var name [48]byte
-			if t, err = readShort(d, name[:]); err == nil {
+			if t, err = readShort(d, w.typ[:]); err == nil {
 				w.Type = typeName(t)
 			}
 		case "v":

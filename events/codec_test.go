@@ -628,3 +628,38 @@ func TestDecodeKeepsNothingFromThePreviousPayload(t *testing.T) {
 		t.Fatalf("decoded in turn: %+v", got)
 	}
 }
+
+// An envelope decoded after another holds only what its own record
+// says: no sandbox, saga or step the record lacks, no payload of the
+// record before when its own is upcast, and a malformed record is
+// refused whatever came before it. The envelope a decode reads into is
+// used again.
+func TestDecodeKeepsNothingFromThePreviousEnvelope(t *testing.T) {
+	current := New(testID, testTime, testSandbox, SandboxCreatedEvent{Handle: "web", Image: "i", Driver: "process"})
+	current.Saga, current.Step = "01JDQ4Z6X1M9A3Y0C5TB2R8NKX", "boot"
+	full, err := Encode(current)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := rawEvent(t, wire{Type: string(SandboxCreated), Schema: 1, Time: testTime.UnixNano(),
+		Payload: payloadBytes(t, sandboxCreatedV1{Handle: "h", Image: "img", Driver: "process"})})
+	noID := rawEvent(t, wire{ID: []byte{}, Type: string(SandboxRemoved), Schema: 1, Payload: payloadBytes(t, SandboxRemovedEvent{})})
+	for range 2 {
+		if _, err := Decode(full); err != nil {
+			t.Fatal(err)
+		}
+		got, err := Decode(v1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Sandbox != "" || got.Saga != "" || got.Step != "" || got.Payload.(SandboxCreatedEvent).Handle != "h" {
+			t.Fatalf("decoded after a full record: %+v", got)
+		}
+		if _, err := Decode(full); err != nil {
+			t.Fatal(err)
+		}
+		if e, err := Decode(noID); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("a record without an id, decoded after one with it: %+v, %v", e, err)
+		}
+	}
+}

@@ -253,18 +253,22 @@ func appendDigits(b []byte, n, width int) []byte {
 func appendNum(b []byte, n uint64, width int) []byte {
 	var digits [20]byte
 	d := strconv.AppendUint(digits[:0], n, 10)
-	for range width - len(d) {
-		b = append(b, ' ')
-	}
-	return append(b, d...)
+	return append(appendSpaces(b, width-len(d)), d...)
 }
 
 // appendLeft appends s left-aligned in width columns (fmt's %-*s, which
 // counts runes).
 func appendLeft(b []byte, s string, width int) []byte {
-	b = append(b, s...)
-	for range width - utf8.RuneCountInString(s) {
-		b = append(b, ' ')
+	return appendSpaces(append(b, s...), width-utf8.RuneCountInString(s))
+}
+
+// appendSpaces appends n spaces (none when n <= 0).
+func appendSpaces(b []byte, n int) []byte {
+	const spaces = "                                "
+	for n > 0 {
+		k := min(n, len(spaces))
+		b = append(b, spaces[:k]...)
+		n -= k
 	}
 	return b
 }
@@ -357,9 +361,9 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		for b := range order {
 			<-b.done
 			if err == nil {
-				if _, werr := errOut.Write(b.errs.Bytes()); werr != nil {
+				if _, werr := writeSome(errOut, b.errs.Bytes()); werr != nil {
 					err = werr
-				} else if _, werr := out.Write(b.out.Bytes()); werr != nil {
+				} else if _, werr := writeSome(out, b.out.Bytes()); werr != nil {
 					err = werr
 				} else {
 					err = b.err
@@ -417,4 +421,13 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		return werr
 	}
 	return err
+}
+
+// writeSome writes p to w unless it is empty: a batch without a skipped
+// record writes nothing to stderr, not an empty write for each batch.
+func writeSome(w io.Writer, p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	return w.Write(p)
 }
