@@ -210,11 +210,13 @@ func aggregateAfterOutage(b *testing.B, keep bool) (mirrors, aggregate time.Dura
 // NEXUS_BENCH_OTHER_NEXUS names another nexus (an older build, its
 // nexusd beside it) whose `fleet events` runs in the same ops. Each
 // `fleet events` also reports the CPU time its processes used, which a
-// loaded machine changes less than their wall time.
+// loaded machine changes less than their wall time. The binaries are
+// built as `make build` builds them (the CLI and nexus-fleet static, no
+// test hooks): what a user runs.
 func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 	const hosts, each = 2, 25_000
 	dir := b.TempDir()
-	if err := testutil.BuildNexusIn(dir); err != nil {
+	if err := testutil.BuildReleaseIn(dir); err != nil {
 		b.Fatal(err)
 	}
 	other := os.Getenv("NEXUS_BENCH_OTHER_NEXUS")
