@@ -81,16 +81,19 @@ func TestLogsFollowEndsWithTheSandbox(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
 	sb := createJSON(t, root, "--image", makeImage(t))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, nexusBin, "--state-dir", root, "logs", sb.ID, "--follow")
 	cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	var out strings.Builder
+	var out testutil.Buffer
 	cmd.Stdout = &out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	// Stopping writes to the console (the stand-in guest logs its shutdown).
+	// Once the follower has the log open (removed first, there would be
+	// nothing to follow). Stopping writes to the console (the stand-in
+	// guest logs its shutdown).
+	waitUntil(t, "logs --follow printed the boot", func() bool { return strings.Contains(out.String(), "booted") })
 	mustOK(t, proc(t, root, "stop", sb.ID), "stop")
 	mustOK(t, proc(t, root, "rm", sb.ID), "rm")
 	if err := cmd.Wait(); err != nil {
@@ -281,16 +284,20 @@ func TestLogsSinceAndTimestamps(t *testing.T) {
 	recoverClean(t, root)
 	assertReapAndDiffClean(t, root)
 
-	// -f from since: B's lines, stamped, until the sandbox is removed.
+	// -f from since: B's lines, stamped, until the sandbox is removed
+	// (once they are printed: removed first, there is nothing to follow).
 	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(2*time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, nexusBin, "--state-dir", root, "logs", sb.ID, "--since", sinceArg, "--timestamps", "-f")
 	cmd.Env = append(os.Environ(), "NEXUS_STATE_DIR=")
-	var follow strings.Builder
+	var follow testutil.Buffer
 	cmd.Stdout = &follow
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	waitUntil(t, "logs -f printed B's lines", func() bool {
+		return strings.Count(follow.String(), "\n") >= strings.Count(batchB, "\n")
+	})
 	mustOK(t, proc(t, root, "rm", "-f", "--with-snapshots", sb.ID), "rm")
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("logs -f: %v (output %q)", err, follow.String())
