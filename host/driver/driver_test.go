@@ -9,6 +9,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // TestMain lets this test binary stand in for any driver's VMM: started
@@ -57,6 +61,12 @@ func TestVMMsFindsEachDriversVMM(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+		// exec's success reaches the parent a moment before the kernel
+		// has the new command line in place: wait for it to be readable.
+		testutil.WaitUntil(t, 10*time.Second, name+"'s command line", func() bool {
+			args, err := proc.Args(cmd.Process.Pid)
+			return err == nil && slices.Equal(args, argv)
+		})
 		if got := VMMs(api); !slices.Equal(got, []int{cmd.Process.Pid}) {
 			t.Errorf("%s: VMMs(%s) = %v, want [%d]", name, api, got, cmd.Process.Pid)
 		}

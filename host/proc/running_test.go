@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 func TestRunningMatchesOfAndSeesZombiesAsGone(t *testing.T) {
@@ -49,6 +51,12 @@ func TestWithArgsFindsAProcessByItsCommandLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	// exec's success reaches the parent a moment before the kernel has
+	// the new command line in place: wait for it to be readable.
+	testutil.WaitUntil(t, 10*time.Second, "sleep's command line", func() bool {
+		args, err := Args(cmd.Process.Pid)
+		return err == nil && len(args) == 2 && args[1] == "4242.5"
+	})
 	if got := WithArgs("4242.5"); !slices.Contains(got, cmd.Process.Pid) {
 		t.Fatalf("WithArgs(4242.5) = %v, want pid %d among them", got, cmd.Process.Pid)
 	}
