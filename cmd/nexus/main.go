@@ -70,10 +70,12 @@ func main() {
 		os.Exit(130)
 	}()
 	identify()
-	flush := startTracing(ctx)
-	err := execute(ctx, newRootFor(os.Args[1:]), os.Args[1:])
-	flush()
-	os.Exit(exitCode(err))
+	os.Exit(runCommand(func() int {
+		flush := startTracing(ctx)
+		err := execute(ctx, newRootFor(os.Args[1:]), os.Args[1:])
+		flush()
+		return exitCode(err)
+	}))
 }
 
 // execute runs the command line. cobra reports an unknown command as an
