@@ -17,6 +17,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"text/template"
 	"time"
@@ -285,7 +286,9 @@ var (
 // every time is UTC, so no JSON document and no template ever sees a null
 // list or a local time, whichever type a command prints. Unexported
 // fields are not copied: JSON never sees them either. A value that
-// encodes itself (json.Marshaler, encoding.TextMarshaler) is kept as is.
+// encodes itself (json.Marshaler, encoding.TextMarshaler) is kept as is,
+// and so is one whose type holds neither a list nor a time (settled):
+// a long list of such values is not copied.
 func normalize(v reflect.Value) reflect.Value {
 	if !v.IsValid() {
 		return v
@@ -294,8 +297,7 @@ func normalize(v reflect.Value) reflect.Value {
 	if t == timeType {
 		return reflect.ValueOf(v.Interface().(time.Time).UTC())
 	}
-	if t.Kind() != reflect.Pointer && t.Kind() != reflect.Interface &&
-		(t.Implements(marshalerType) || t.Implements(textType) || reflect.PointerTo(t).Implements(marshalerType)) {
+	if encodesItself(t) || settled(t) {
 		return v
 	}
 	switch t.Kind() {
@@ -316,6 +318,9 @@ func normalize(v reflect.Value) reflect.Value {
 	case reflect.Slice:
 		if t.Elem().Kind() == reflect.Uint8 {
 			return v // []byte encodes as base64, never as a list
+		}
+		if !v.IsNil() && settled(t.Elem()) {
+			return v
 		}
 		n := reflect.MakeSlice(t, v.Len(), v.Len())
 		for i := range v.Len() {
@@ -341,6 +346,46 @@ func normalize(v reflect.Value) reflect.Value {
 		return n
 	}
 	return v
+}
+
+// encodesItself reports whether normalize keeps t's values as they are
+// because they encode themselves.
+func encodesItself(t reflect.Type) bool {
+	return t.Kind() != reflect.Pointer && t.Kind() != reflect.Interface &&
+		(t.Implements(marshalerType) || t.Implements(textType) || reflect.PointerTo(t).Implements(marshalerType))
+}
+
+// settledTypes caches settled's answers by type.
+var settledTypes sync.Map
+
+// settled reports whether normalize leaves every value of type t as it
+// is: t reaches, through its exported fields and array elements, no
+// slice other than bytes, no map, pointer, interface or time, unless in
+// a value that encodes itself.
+func settled(t reflect.Type) bool {
+	if ok, known := settledTypes.Load(t); known {
+		return ok.(bool)
+	}
+	ok := t != timeType
+	if ok && !encodesItself(t) {
+		switch t.Kind() {
+		case reflect.Slice:
+			ok = t.Elem().Kind() == reflect.Uint8
+		case reflect.Map, reflect.Pointer, reflect.Interface:
+			ok = false
+		case reflect.Array:
+			ok = settled(t.Elem())
+		case reflect.Struct:
+			for i := range t.NumField() {
+				if f := t.Field(i); f.IsExported() && !settled(f.Type) {
+					ok = false
+					break
+				}
+			}
+		}
+	}
+	settledTypes.Store(t, ok)
+	return ok
 }
 
 // confirmDelete asks before user data (volumes) is deleted, naming every
