@@ -32,6 +32,11 @@ type ReapOptions struct {
 	// ProcRoot is /proc unless a test says otherwise.
 	ProcRoot      string
 	SocketTimeout time.Duration
+	// CountOwned, in a dry run, counts the entries the journal gives a
+	// sandbox in ReapReport.OwnedCounted instead of listing them in Kept:
+	// nearly every entry of a root, one item each, for a report that
+	// shows only their number.
+	CountOwned bool
 }
 
 // ReapItem is one `R` of `nexus reap --json`: the contract in SPEC.md,
@@ -73,6 +78,22 @@ type ReapReport struct {
 	ProcScans int `json:"proc_scans"`
 	// ScanErrors are directories that could not be listed.
 	ScanErrors []string `json:"scan_errors"`
+	// OwnedCounted is how many owned entries were kept and not listed
+	// (ReapOptions.CountOwned).
+	OwnedCounted int `json:"-"`
+}
+
+// KeptCount and OwnedCount are how many entries were kept, and how many
+// of them are owned, listed or counted.
+func (r ReapReport) KeptCount() int { return len(r.Kept) + r.OwnedCounted }
+func (r ReapReport) OwnedCount() int {
+	n := r.OwnedCounted
+	for _, it := range r.Kept {
+		if it.Owned() {
+			n++
+		}
+	}
+	return n
 }
 
 // ErrJournalUnreadable wraps a failure to read the journal's views: the
@@ -323,8 +344,9 @@ func supervisorEntries(recorded []reaper.Recorded) []reaper.Entry {
 
 func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string]reaper.Lease, j reaper.Journal, unreadable string, sc scan.Result) ReapReport {
 	// An unfiltered run keeps nearly every entry: its list is sized once.
+	countOwned := o.CountOwned && !o.Apply
 	kept := 0
-	if o.Filter == (reaper.Filter{}) {
+	if o.Filter == (reaper.Filter{}) && !countOwned {
 		kept = len(entries)
 	}
 	rep := ReapReport{Apply: o.Apply, Orphans: []ReapItem{}, Kept: make([]ReapItem, 0, kept), Deleted: []ReapItem{}, Failed: []ReapItem{}, ScanErrors: sc.Errors}
@@ -346,6 +368,10 @@ func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string
 	}
 	for _, d := range ds {
 		if !o.Filter.Match(d) {
+			continue
+		}
+		if countOwned && d.Verdict == reaper.Owned {
+			rep.OwnedCounted++
 			continue
 		}
 		it := m.item(d)
@@ -435,7 +461,7 @@ func toEntry(it ReapItem) events.ReapEntry {
 // planEvents records every verdict that is not "owned", in parts.
 func planEvents(rep ReapReport, apply bool) []events.Payload {
 	var list []events.ReapEntry
-	owned := 0
+	owned := rep.OwnedCounted
 	for _, it := range rep.Orphans {
 		list = append(list, toEntry(it))
 	}

@@ -175,3 +175,67 @@ func TestReapKeepsStateDirWithLiveSupervisorSocket(t *testing.T) {
 		t.Fatal("state dir survived")
 	}
 }
+
+// A dry run that counts the owned entries (ReapOptions.CountOwned)
+// reports what one that lists them does, every owned entry counted and
+// none listed: the same scan, orphans, other keeps, counts and plan.
+func TestReapCountingOwnedReportsWhatListingDoes(t *testing.T) {
+	ctx := context.Background()
+	m, root := localManager(t)
+	disks := filepath.Join(root, "disks")
+	if err := os.MkdirAll(disks, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const owned = 5
+	for range owned {
+		id := ulid.Make().String()
+		rel := "disks/" + id + ".raw"
+		if err := os.WriteFile(filepath.Join(root, rel), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := events.SandboxCreatedEvent{Image: "img", Driver: "process", Resources: []events.Resource{{Kind: events.KindRawDisk, Path: rel}}}
+		if _, err := m.B.Append(ctx, events.New(ulid.Make(), time.Now(), id, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	orphan := filepath.Join(disks, ulid.Make().String()+".raw")
+	if err := os.WriteFile(orphan, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Kept, and not owned: a name of no sandbox's shape.
+	if err := os.WriteFile(filepath.Join(disks, "stray.bin"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listed := reapSettled(t, m, ReapOptions{})
+	counted := reapSettled(t, m, ReapOptions{CountOwned: true})
+	if listed.OwnedCounted != 0 || listed.OwnedCount() != owned {
+		t.Fatalf("listing: %d counted, %d owned; want 0 and %d", listed.OwnedCounted, listed.OwnedCount(), owned)
+	}
+	if counted.OwnedCounted != owned || counted.OwnedCount() != owned || counted.KeptCount() != listed.KeptCount() {
+		t.Fatalf("counting: %d counted, %d owned, %d kept; want %d, %d and %d",
+			counted.OwnedCounted, counted.OwnedCount(), counted.KeptCount(), owned, owned, listed.KeptCount())
+	}
+	notOwned := func(items []ReapItem) (out []string) {
+		for _, it := range items {
+			if it.Owned() {
+				continue
+			}
+			out = append(out, it.Path+" "+string(it.Verdict)+" "+it.Reason)
+		}
+		return out
+	}
+	if got, want := notOwned(counted.Kept), notOwned(listed.Kept); len(got) != 1 || strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("counting kept, besides the owned:\n%s\nlisting kept:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if len(counted.Kept) != len(notOwned(counted.Kept)) {
+		t.Fatalf("counting listed owned entries: %+v", counted.Kept)
+	}
+	if len(counted.Orphans) != 1 || len(listed.Orphans) != 1 || counted.Orphans[0].Path != orphan || counted.Allocated != listed.Allocated {
+		t.Fatalf("orphans: counting %+v, listing %+v; want %s", counted.Orphans, listed.Orphans, orphan)
+	}
+	for _, r := range []ReapReport{listed, counted} {
+		if planned := planEvents(r, false)[0].(events.ReapDecidedEvent).Owned; planned != owned {
+			t.Fatalf("the plan of %+v records %d owned, want %d", r, planned, owned)
+		}
+	}
+}

@@ -57,6 +57,9 @@ func reapCmd(g *globals) *cobra.Command {
 			if layout.IsULID(strings.ToUpper(o.Filter.Sandbox)) {
 				o.Filter.Sandbox = strings.ToUpper(o.Filter.Sandbox)
 			}
+			// The plain report shows how many owned entries were kept,
+			// not which.
+			o.CountOwned = !out.json && out.format == "" && !out.quiet
 			rep, err := runReap(cmd.Context(), g, o)
 			if rep == nil {
 				return err
@@ -116,16 +119,10 @@ func reapHuman(cmd *cobra.Command, rep *session.ReapReport) {
 	if rep.Apply {
 		mode = "apply"
 	}
-	owned := 0
-	for _, it := range rep.Kept {
-		if it.Owned() {
-			owned++
-		}
-	}
 	if rep.Journal != "" {
 		fmt.Fprintf(w, "journal cannot be fully read, everything is kept: %s\n", rep.Journal)
 	}
-	fmt.Fprintf(w, "reap (%s): %d scanned, %d orphan(s), %d kept (%d owned)\n", mode, rep.Scanned, len(rep.Orphans), len(rep.Kept), owned)
+	fmt.Fprintf(w, "reap (%s): %d scanned, %d orphan(s), %d kept (%d owned)\n", mode, rep.Scanned, len(rep.Orphans), rep.KeptCount(), rep.OwnedCount())
 	line := func(tag string, it session.ReapItem) {
 		fmt.Fprintf(w, "  %-9s %-18s %s  owner=%s  %s  %s", tag, it.Kind, it.Path, dash(it.Owner), formatSize(it.Allocated), it.Reason)
 		if it.Error != "" {
