@@ -360,18 +360,32 @@ func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string
 		}
 	}
 	gate := &liveness.Gate{Root: string(m.Root), Procs: procs, Timeout: o.SocketTimeout}
-	ds := reaper.Classify(reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Unreadable: unreadable, Gate: gate})
-	reaper.Order(ds)
-	rep.Scanned = len(sc.Entries)
 	if o.Filter.OlderThan > 0 && o.Filter.NowUnix == 0 {
 		o.Filter.NowUnix = time.Now().Unix()
 	}
+	in := reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Unreadable: unreadable, Gate: gate}
+	var ds []reaper.Decision
+	if countOwned {
+		// Only what the report lists is kept. Order ranks the recorded
+		// supervisor processes, which ClassifyEach decides first, before
+		// the rest and keeps each rank's order: these sort as they would
+		// among Classify's decisions.
+		reaper.ClassifyEach(in, func(_ int, d reaper.Decision) {
+			switch {
+			case !o.Filter.Match(d):
+			case d.Verdict == reaper.Owned:
+				rep.OwnedCounted++
+			default:
+				ds = append(ds, d)
+			}
+		})
+	} else {
+		ds = reaper.Classify(in)
+	}
+	reaper.Order(ds)
+	rep.Scanned = len(sc.Entries)
 	for _, d := range ds {
 		if !o.Filter.Match(d) {
-			continue
-		}
-		if countOwned && d.Verdict == reaper.Owned {
-			rep.OwnedCounted++
 			continue
 		}
 		it := m.item(d)

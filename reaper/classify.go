@@ -112,8 +112,18 @@ type Inputs struct {
 	Gate       Gate
 }
 
-// Classify judges every entry. It is pure: all evidence comes from in.
+// Classify judges every entry, its decisions in the entries' order. It is
+// pure: all evidence comes from in.
 func Classify(in Inputs) []Decision {
+	out := make([]Decision, len(in.Entries))
+	ClassifyEach(in, func(i int, d Decision) { out[i] = d })
+	return out
+}
+
+// ClassifyEach judges every entry as Classify does and gives each
+// decision to each with its entry's index, as it is made (recorded
+// supervisor processes first), for a caller that keeps only some.
+func ClassifyEach(in Inputs, each func(int, Decision)) {
 	c := classifier{in: in, gate: map[string]Decision{}, late: map[string]Lease{}, orphanPids: map[string][]int{}}
 	c.coveredBy = map[string]string{}
 	for rel, l := range in.Leases {
@@ -123,23 +133,22 @@ func Classify(in Inputs) []Decision {
 			}
 		}
 	}
-	out := make([]Decision, len(in.Entries))
 	// Supervisor processes first: a recorded orphan supervisor is not
 	// evidence that its sandbox lives (it is what the reap will stop).
 	for i, e := range in.Entries {
 		if e.Kind == events.KindSupervisorProcess {
-			out[i] = c.decide(e)
-			if out[i].Verdict == Orphan {
+			d := c.decide(e)
+			if d.Verdict == Orphan {
 				c.orphanPids[e.ID] = append(c.orphanPids[e.ID], e.Pid)
 			}
+			each(i, d)
 		}
 	}
 	for i, e := range in.Entries {
 		if e.Kind != events.KindSupervisorProcess {
-			out[i] = c.decide(e)
+			each(i, c.decide(e))
 		}
 	}
-	return out
 }
 
 type classifier struct {
