@@ -270,10 +270,141 @@ func age(t time.Time) string {
 	return humanize.Time(t)
 }
 
+// printJSON writes v as one indented JSON document. A struct whose
+// fields jsonFieldsOf can name is written a field at a time, and each of
+// its lists an item at a time: encoding/json holds a whole document in
+// memory, twice (compact, then indented), and a reap's report at scale
+// lists hundreds of thousands of entries. The bytes are the same.
 func printJSON(w io.Writer, v any) error {
+	nv := normalize(reflect.ValueOf(v))
+	for nv.Kind() == reflect.Pointer && !nv.IsNil() {
+		nv = nv.Elem()
+	}
+	if fields, ok := jsonFieldsOf(nv); ok {
+		bw := bufio.NewWriter(w)
+		if err := writeJSONStruct(bw, nv, fields); err != nil {
+			return err
+		}
+		return bw.Flush()
+	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(normalize(reflect.ValueOf(v)).Interface())
+	return enc.Encode(nv.Interface())
+}
+
+// encodedField is a field of a struct as encoding/json names it.
+type encodedField struct {
+	index     int
+	key       []byte // the name, encoded
+	omitEmpty bool
+}
+
+// jsonFieldsOf is how encoding/json encodes v's fields, if v is a struct
+// it encodes field by field with nothing but names and omitempty: no
+// embedded field, no other option, no name it would not take as given.
+func jsonFieldsOf(v reflect.Value) ([]encodedField, bool) {
+	if !v.IsValid() || v.Kind() != reflect.Struct || encodesItself(v.Type()) {
+		return nil, false
+	}
+	t := v.Type()
+	var out []encodedField
+	seen := map[string]bool{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous {
+			return nil, false
+		}
+		tag := f.Tag.Get("json")
+		if !f.IsExported() || tag == "-" {
+			continue
+		}
+		name, opt, _ := strings.Cut(tag, ",")
+		if opt != "" && opt != "omitempty" {
+			return nil, false
+		}
+		if name == "" {
+			name = f.Name
+		}
+		if seen[name] || strings.ContainsFunc(name, func(r rune) bool {
+			return !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9')
+		}) {
+			return nil, false
+		}
+		seen[name] = true
+		key, _ := json.Marshal(name)
+		out = append(out, encodedField{index: i, key: key, omitEmpty: opt == "omitempty"})
+	}
+	return out, true
+}
+
+// writeJSONStruct writes struct v as json.Encoder indented by two spaces
+// would, each list an item at a time.
+func writeJSONStruct(w *bufio.Writer, v reflect.Value, fields []encodedField) error {
+	sep := "{\n  "
+	for _, f := range fields {
+		fv := v.Field(f.index)
+		if f.omitEmpty && emptyJSON(fv) {
+			continue
+		}
+		w.WriteString(sep)
+		sep = ",\n  "
+		w.Write(f.key)
+		w.WriteString(": ")
+		if fv.Kind() != reflect.Slice || fv.Len() == 0 || fv.Type().Elem().Kind() == reflect.Uint8 || encodesItself(fv.Type()) {
+			if err := writeIndented(w, fv, "  "); err != nil {
+				return err
+			}
+			continue
+		}
+		for i := range fv.Len() {
+			if i == 0 {
+				w.WriteString("[\n    ")
+			} else {
+				w.WriteString(",\n    ")
+			}
+			if err := writeIndented(w, fv.Index(i), "    "); err != nil {
+				return err
+			}
+		}
+		w.WriteString("\n  ]")
+	}
+	if sep == "{\n  " {
+		w.WriteString("{")
+	} else {
+		w.WriteString("\n")
+	}
+	_, err := w.WriteString("}\n")
+	return err
+}
+
+// writeIndented writes v's JSON indented by two spaces, its lines after
+// the first behind prefix.
+func writeIndented(w *bufio.Writer, v reflect.Value, prefix string) error {
+	b, err := json.MarshalIndent(v.Interface(), prefix, "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(b)
+	return err
+}
+
+// emptyJSON is encoding/json's "empty" for omitempty.
+func emptyJSON(v reflect.Value) bool {
+	switch v.Kind() {
+	case reflect.Array, reflect.Map, reflect.Slice, reflect.String:
+		return v.Len() == 0
+	case reflect.Bool:
+		return !v.Bool()
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return v.Int() == 0
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return v.Uint() == 0
+	case reflect.Float32, reflect.Float64:
+		return v.Float() == 0
+	case reflect.Interface, reflect.Pointer:
+		return v.IsNil()
+	}
+	return false
 }
 
 var (
