@@ -18,7 +18,7 @@ import (
 // fleetRecords scans the whole aggregate (or what filters select).
 func fleetRecords(t *testing.T, f *Auditor, filters ...string) []Record {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(20*time.Second))
 	defer cancel()
 	var out []Record
 	if err := f.Scan(ctx, journal.Range{Filters: filters}, func(r Record) error {

@@ -775,7 +775,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	}
 	back := time.Now()
 	for i := range js {
-		deadline := time.Now().Add(2 * time.Minute)
+		deadline := time.Now().Add(testutil.Scale(2 * time.Minute))
 		for {
 			st := ms[i].State(context.Background())
 			if st.Connected && st.Exists && st.MirrorLastSeq == 15 && st.LagEvents == 0 {
