@@ -334,7 +334,10 @@ func (f *templateFleet) auditor(t testing.TB, node int) jetstream.JetStream {
 
 // attacker is a server of an attacker's own, linked to the fleet as host
 // with the host's stolen identity, and a connection to it; both end with
-// the test.
+// the test. It returns once the link carries the fleet's JetStream API
+// for the host's own mirror: a link counts as up before the hub has sent
+// the interest it serves, and a request sent then finds no responders,
+// which is neither a refusal nor an answer.
 func (f *templateFleet) attacker(t *testing.T, host string) *nats.Conn {
 	t.Helper()
 	ao := &server.Options{ServerName: "attacker-" + host, DontListen: true, NoLog: true, NoSigs: true}
@@ -343,15 +346,17 @@ func (f *templateFleet) attacker(t *testing.T, host string) *nats.Conn {
 	if err != nil {
 		t.Fatal(err)
 	}
+	atk.SetLoggerV2(testutil.KeepServerLog(t, "attacker-"+host), false, false, false)
 	atk.Start()
 	t.Cleanup(atk.Shutdown)
 	if !atk.ReadyForConnections(testutil.Scale(10 * time.Second)) {
 		t.Fatal("attacker server not ready")
 	}
+	api := "$JS." + fleetDomain + ".API.STREAM.INFO." + MirrorStream(host)
 	deadline := time.Now().Add(testutil.Scale(20 * time.Second))
-	for atk.NumLeafNodes() == 0 {
+	for atk.NumLeafNodes() == 0 || !atk.GlobalAccount().SubscriptionInterest(api) {
 		if time.Now().After(deadline) {
-			t.Fatal("attacker never linked")
+			t.Fatalf("attacker linked to %d nodes, the fleet's JetStream API (%s) not reachable over them", atk.NumLeafNodes(), api)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -770,7 +775,7 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 	}
 	back := time.Now()
 	for i := range js {
-		deadline := time.Now().Add(2 * time.Minute)
+		deadline := time.Now().Add(testutil.Scale(2 * time.Minute))
 		for {
 			st := ms[i].State(context.Background())
 			if st.Connected && st.Exists && st.MirrorLastSeq == 15 && st.LagEvents == 0 {

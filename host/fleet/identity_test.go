@@ -181,7 +181,7 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 
 	nc, js := connectJS(t, fleet.ClientURL())
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(30*time.Second))
 	defer cancel()
 	// The operator limits the mirror; the daemon must not undo it.
 	limitMirror(ctx, t, js, m.StreamName())
@@ -196,7 +196,9 @@ func TestMirrorRecreatedAndOperatorSettingsKept(t *testing.T) {
 	}
 	defer j.Close()
 	waitLog(t, &logs2, "mirror.settings-differ")
-	if s, _ := js.Stream(ctx, m.StreamName()); s.CachedInfo().Config.MaxBytes != 1<<30 {
+	if s, err := js.Stream(ctx, m.StreamName()); err != nil {
+		t.Fatal(err)
+	} else if s.CachedInfo().Config.MaxBytes != 1<<30 {
 		t.Fatalf("operator's limit reset to %d", s.CachedInfo().Config.MaxBytes)
 	}
 

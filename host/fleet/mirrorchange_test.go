@@ -84,7 +84,7 @@ func TestMirrorChangesReported(t *testing.T) {
 
 	nc, js := connectJS(t, fleet.ClientURL())
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(20*time.Second))
 	defer cancel()
 	limitMirror(ctx, t, js, m.StreamName())
 	if c := awaitChange(t, m, "settings_differ"); !strings.Contains(c.Detail, "max bytes 1073741824") {

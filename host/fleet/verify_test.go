@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // TestReadMirrorComparesWithTheHostsReport: on a real three-node fleet the
@@ -25,7 +26,7 @@ func TestReadMirrorComparesWithTheHostsReport(t *testing.T) {
 	u := c.clientURL(2, "h", "p")
 	admin, js := connectJS(t, u)
 	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(60*time.Second))
 	defer cancel()
 	var info *jetstream.StreamInfo
 	var rep HostReport
