@@ -754,12 +754,10 @@ func TestFleetWholeClusterOutage(t *testing.T) {
 		n.Shutdown()
 		n.WaitForShutdown()
 	}
-	began := time.Now()
+	// The journal does not wait on the fleet: these appends end while
+	// every node is down (appendN's bound fails the test otherwise).
 	for i, j := range js {
 		appendN(t, j, 1000*i+5, 10)
-	}
-	if d := time.Since(began); d > 5*time.Second {
-		t.Fatalf("20 appends took %v with the fleet down: the journal waited on it", d)
 	}
 	for i := range js {
 		deadline := time.Now().Add(testutil.Scale(10 * time.Second))

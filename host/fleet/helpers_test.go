@@ -5,15 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/nexus-sandbox/nexus/host/journal"
+	"github.com/nexus-sandbox/nexus/internal/testutil"
 )
 
 // appendN appends n events, numbered from, to j: ids m-<i>, data "event <i>".
 func appendN(t testing.TB, j *journal.Journal, from, n int) {
 	t.Helper()
+	// Bounded: an append that waited on something gone (the fleet, in an
+	// outage) fails the test instead of hanging it.
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+	defer cancel()
 	for i := from; i < from+n; i++ {
-		if _, err := j.Append(context.Background(), journal.Message{
+		if _, err := j.Append(ctx, journal.Message{
 			Subject: fmt.Sprintf("nexus.events.sandbox.created.s%d", i%3),
 			ID:      fmt.Sprintf("m-%d", i),
 			Data:    []byte(fmt.Sprintf("event %d", i)),
