@@ -70,12 +70,10 @@ func main() {
 		os.Exit(130)
 	}()
 	identify()
-	os.Exit(runCommand(func() int {
-		flush := startTracing(ctx)
-		err := execute(ctx, newRootFor(os.Args[1:]), os.Args[1:])
-		flush()
-		return exitCode(err)
-	}))
+	flush := startTracing(ctx)
+	err := execute(ctx, newRootFor(os.Args[1:]), os.Args[1:])
+	flush()
+	os.Exit(exitCode(err))
 }
 
 // execute runs the command line. cobra reports an unknown command as an

@@ -24,9 +24,6 @@ func daemonBinary() (string, error) { return os.Executable() }
 // identify: this process is the daemon's binary itself.
 func identify() {}
 
-// runCommand runs the command on the main goroutine: nexusd execs nothing.
-func runCommand(run func() int) int { return run() }
-
 // inNexusd returns err: this process is nexusd already.
 func inNexusd(err error) error { return err }
 

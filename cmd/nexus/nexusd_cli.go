@@ -54,38 +54,13 @@ func identify() {
 	}
 }
 
-// The main goroutine stays on the process's first thread, from which
-// execAs execs: an exec from another thread makes the kernel retire the
-// first one, which reads as a zombie in /proc for a moment, and a parent
-// watching this process by pid and start time (a sandbox's VMM or
-// supervisor started through this binary) would take it for dead.
+// The main goroutine, which runs the command and so execNexusd, stays on
+// the process's first thread. An exec from another thread makes the
+// kernel retire the first one, which reads as a zombie in /proc for a
+// moment: a parent watching this process by pid and start time (a
+// sandbox's VMM or supervisor started through this binary) would take it
+// for dead.
 func init() { runtime.LockOSThread() }
-
-// execs carries execAs's requests to the main goroutine.
-var execs = make(chan execRequest)
-
-type execRequest struct {
-	path string
-	err  chan error // what the exec returned: it returns only when it failed
-}
-
-// runCommand runs the command on a goroutine of its own and returns its
-// exit status, doing its exec, if it asks for one, on the first thread.
-// The command does not run on the main goroutine: locked to its thread,
-// it would hand that thread over to the scheduler and back each time it
-// blocked, and start new ones meanwhile.
-func runCommand(run func() int) int {
-	done := make(chan int, 1)
-	go func() { done <- run() }()
-	for {
-		select {
-		case code := <-done:
-			return code
-		case r := <-execs:
-			r.err <- execHere(r.path)
-		}
-	}
-}
 
 // startTracing runs a command whose spans the environment asks to export
 // in nexusd, which links the exporter; the CLI does not, so that no other
@@ -111,16 +86,6 @@ func execNexusd() error {
 // arguments (the same pid: a parent waiting for the command waits for
 // it, and is charged its CPU).
 func execAs(p string) error {
-	r := execRequest{path: p, err: make(chan error, 1)}
-	execs <- r
-	return <-r.err
-}
-
-// execHere execs p from the calling thread, which must be the first.
-func execHere(p string) error {
-	if tid, pid := syscall.Gettid(), os.Getpid(); tid != pid {
-		return fmt.Errorf("run %s: not from the process's first thread (thread %d of process %d)", p, tid, pid)
-	}
 	return fmt.Errorf("run %s: %w", p, syscall.Exec(p, append([]string{p}, os.Args[1:]...), os.Environ()))
 }
 
