@@ -363,31 +363,24 @@ func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string
 	if o.Filter.OlderThan > 0 && o.Filter.NowUnix == 0 {
 		o.Filter.NowUnix = time.Now().Unix()
 	}
-	in := reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Unreadable: unreadable, Gate: gate}
-	var ds []reaper.Decision
-	if countOwned {
-		// Only what the report lists is kept. Order ranks the recorded
-		// supervisor processes, which ClassifyEach decides first, before
-		// the rest and keeps each rank's order: these sort as they would
-		// among Classify's decisions.
-		reaper.ClassifyEach(in, func(_ int, d reaper.Decision) {
-			switch {
-			case !o.Filter.Match(d):
-			case d.Verdict == reaper.Owned:
-				rep.OwnedCounted++
-			default:
-				ds = append(ds, d)
-			}
-		})
-	} else {
-		ds = reaper.Classify(in)
-	}
+	// Each decision is filtered as it is made, and an owned one only
+	// counted when the report shows their number alone. Order ranks the
+	// recorded supervisor processes, which ClassifyEach decides first,
+	// before the rest and keeps each rank's order: what is kept sorts as
+	// it would among all of Classify's decisions.
+	ds := make([]reaper.Decision, 0, kept)
+	reaper.ClassifyEach(reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Unreadable: unreadable, Gate: gate}, func(_ int, d reaper.Decision) {
+		switch {
+		case !o.Filter.Match(d):
+		case countOwned && d.Verdict == reaper.Owned:
+			rep.OwnedCounted++
+		default:
+			ds = append(ds, d)
+		}
+	})
 	reaper.Order(ds)
 	rep.Scanned = len(sc.Entries)
 	for _, d := range ds {
-		if !o.Filter.Match(d) {
-			continue
-		}
 		it := m.item(d)
 		if d.Verdict == reaper.Orphan {
 			if d.Entry.Dir {
