@@ -367,7 +367,7 @@ func (m *Manager) judge(o ReapOptions, entries []reaper.Entry, leases map[string
 	// counted when the report shows their number alone. Order ranks the
 	// recorded supervisor processes, which ClassifyEach decides first,
 	// before the rest and keeps each rank's order: what is kept sorts as
-	// it would among all of Classify's decisions.
+	// it would among every entry's.
 	ds := make([]reaper.Decision, 0, kept)
 	reaper.ClassifyEach(reaper.Inputs{Entries: entries, Leases: leases, Journal: j, Unreadable: unreadable, Gate: gate}, func(_ int, d reaper.Decision) {
 		switch {

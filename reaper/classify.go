@@ -112,17 +112,10 @@ type Inputs struct {
 	Gate       Gate
 }
 
-// Classify judges every entry, its decisions in the entries' order. It is
-// pure: all evidence comes from in.
-func Classify(in Inputs) []Decision {
-	out := make([]Decision, len(in.Entries))
-	ClassifyEach(in, func(i int, d Decision) { out[i] = d })
-	return out
-}
-
-// ClassifyEach judges every entry as Classify does and gives each
-// decision to each with its entry's index, as it is made (recorded
-// supervisor processes first), for a caller that keeps only some.
+// ClassifyEach judges every entry and gives each decision to each with
+// its entry's index, as it is made (recorded supervisor processes
+// first), so a caller keeps only what it reports. It is pure: all
+// evidence comes from in.
 func ClassifyEach(in Inputs, each func(int, Decision)) {
 	c := classifier{in: in, gate: map[string]Decision{}, late: map[string]Lease{}, orphanPids: map[string][]int{}}
 	c.coveredBy = map[string]string{}

@@ -79,7 +79,7 @@ func one(t *testing.T, in Inputs, e Entry) Decision {
 	if in.Journal == nil {
 		in.Journal = journal()
 	}
-	return Classify(in)[0]
+	return classifyAll(in)[0]
 }
 
 func want(t *testing.T, d Decision, v Verdict, owner, mention string) {
@@ -203,7 +203,7 @@ func TestLivenessGate(t *testing.T) {
 	g := newGate()
 	g.procs[idB] = Probe{State: Alive, Detail: "pid 7 names " + idB}
 	entries := []Entry{entry("disks", idB+".raw"), entry("disks", idB+"-workspace.ext4"), entry("run", "sb-"+idB+".sock")}
-	for _, d := range Classify(Inputs{Entries: entries, Journal: journal(), Gate: g}) {
+	for _, d := range classifyAll(Inputs{Entries: entries, Journal: journal(), Gate: g}) {
 		want(t, d, Live, idB, "pid 7")
 	}
 	if g.asked["proc "+idB] != 1 || g.asked["sock "+idB] != 0 {
@@ -261,12 +261,12 @@ func TestOrphanSupervisorProcess(t *testing.T) {
 	g := newGate()
 	g.procPids[idB] = []int{4242}
 	sup := Entry{Name: layout.Name{Kind: events.KindSupervisorProcess, ID: idB}, Rel: "/proc/4242", Pid: 4242, StartTicks: 99}
-	ds := Classify(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
+	ds := classifyAll(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
 	want(t, ds[1], Orphan, idB, "pid and start time still match")
 	want(t, ds[0], Orphan, idB, "dead")
 	// Another process naming the ULID still keeps the state.
 	g.procPids[idB] = []int{4242, 5000}
-	ds = Classify(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
+	ds = classifyAll(Inputs{Entries: []Entry{Identify("supervisors", idB, true), sup}, Journal: journal(), Gate: g})
 	want(t, ds[0], Live, idB, "pid names it")
 	// A supervisor of a sandbox that still exists is recover's business.
 	want(t, one(t, Inputs{}, Entry{Name: layout.Name{Kind: events.KindSupervisorProcess, ID: idA}, Rel: "/proc/1", Pid: 1}), Owned, idA, "exists")
@@ -340,4 +340,11 @@ func TestOrderInPlace(t *testing.T) {
 	if n := testing.AllocsPerRun(5, func() { copy(buf, ds); Order(buf) }); n != 1 {
 		t.Fatalf("Order of %d decisions made %v allocations, want 1 (its index)", len(ds), n)
 	}
+}
+
+// classifyAll is every entry's decision, in the entries' order.
+func classifyAll(in Inputs) []Decision {
+	out := make([]Decision, len(in.Entries))
+	ClassifyEach(in, func(i int, d Decision) { out[i] = d })
+	return out
 }
