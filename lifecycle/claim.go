@@ -137,39 +137,61 @@ func (m *Manager) run(ctx context.Context, c *claim, build func(projections.Sand
 	}
 }
 
-// holdNew takes the leases a create-like saga needs: the new sandbox's
-// and, for each volume it attaches, the volume's. The volumes are read
-// again under their leases and decided (core.DecideAttach), and their
-// revisions become expectations of the saga, so a `volume rm` decided on
-// the same state can never also succeed: one of the two is refused by the
-// lease or, failing that, by the journal.
-func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, mounts []Mount, readOnly bool) (func(), []core.Expect, error) {
-	var leases []*sagalease.Lease
-	release := func() {
-		for _, l := range leases {
-			l.Release()
+// newHold is the runner leases a create-like saga holds: the new
+// sandbox's first, then its volumes'.
+type newHold struct {
+	leases []*sagalease.Lease
+	// left is set when the flow leaves intents on disk that no event
+	// names: the sandbox's lease file then stays, as a dead runner's
+	// would, for recover's intent sweep to follow.
+	left bool
+}
+
+func (h *newHold) release() {
+	for i, l := range h.leases {
+		if i == 0 && h.left {
+			l.Abandon()
+			continue
 		}
+		l.Release()
 	}
+}
+
+// holdNew takes the leases a create-like saga needs: the new sandbox's
+// and, for each volume it attaches, the volume's. The sandbox's lease
+// file is made durable before the flow publishes an intent: if the flow
+// dies, the file is what leads recover to the intents (sweepIntents). The
+// volumes are read again under their leases and decided
+// (core.DecideAttach), and their revisions become expectations of the
+// saga, so a `volume rm` decided on the same state can never also
+// succeed: one of the two is refused by the lease or, failing that, by
+// the journal.
+func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, mounts []Mount, readOnly bool) (*newHold, []core.Expect, error) {
+	h := &newHold{}
 	l, err := m.lease(ctx, core.Sandbox(id), string(kind))
 	if err != nil {
 		return nil, nil, err
 	}
-	leases = append(leases, l)
+	h.leases = append(h.leases, l)
+	if err := l.Sync(); err != nil {
+		h.release()
+		return nil, nil, err
+	}
 	expect := []core.Expect{{Entity: core.Sandbox(id), Seq: 0}}
 	if len(mounts) == 0 {
-		return release, expect, nil
+		return h, expect, nil
 	}
 	for _, mt := range mounts {
 		l, err := m.lease(ctx, core.Volume(mt.Name), string(kind))
 		if err != nil {
-			release()
+			h.release()
 			return nil, nil, err
 		}
-		leases = append(leases, l)
+		h.leases = append(h.leases, l)
 	}
 	vols, err := m.B.Volumes(ctx)
 	if err != nil {
-		release()
+		h.release()
 		return nil, nil, err
 	}
 	byName := map[string]*projections.Volume{}
@@ -180,14 +202,14 @@ func (m *Manager) holdNew(ctx context.Context, kind events.SagaKind, id string, 
 		v := byName[mt.Name]
 		if !readOnly {
 			if err := core.DecideAttach(v, mt.Name); err != nil {
-				release()
+				h.release()
 				return nil, nil, fmt.Errorf("refused: %w", err)
 			}
 		} else if v == nil {
-			release()
+			h.release()
 			return nil, nil, fmt.Errorf("%w: no volume %q", ErrNotFound, mt.Name)
 		}
 		expect = append(expect, core.Expect{Entity: core.Volume(mt.Name), Seq: v.Rev})
 	}
-	return release, expect, nil
+	return h, expect, nil
 }

@@ -108,11 +108,11 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 		id = ulid.Make().String()
 	}
 	s := m.saga(events.SagaCreate, id, nil)
-	release, expect, err := m.holdNew(ctx, events.SagaCreate, id, spec.Volumes, false)
+	hold, expect, err := m.holdNew(ctx, events.SagaCreate, id, spec.Volumes, false)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
-	defer release()
+	defer hold.release()
 	s.Expect = append(expect, plan.handle...)
 	m.decided(events.SagaCreate)
 
@@ -122,7 +122,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	for _, sh := range spec.Shadows {
 		covers = append(covers, m.rel(m.Root.ShadowDisk(spec.Handle, sh.Name)))
 	}
-	held, intents, err := m.publishIntents(id, s.ID, spec.Handle, covers)
+	held, intents, err := m.publishIntents(hold, id, s.ID, spec.Handle, covers)
 	if err != nil {
 		return projections.Sandbox{}, err
 	}
@@ -157,7 +157,7 @@ func (m *Manager) Create(ctx context.Context, spec CreateSpec) (projections.Sand
 	s.Steps = append(s.Steps, m.bootSteps(id, "")...)
 	if err := s.Run(ctx, m.B); err != nil {
 		if !journaled {
-			dropIntents(m, held, intents)
+			dropIntents(m, hold, held, intents)
 		}
 		return projections.Sandbox{}, m.handleTaken(ctx, spec.Handle, id, err)
 	}
@@ -373,7 +373,7 @@ type publishedIntent struct {
 // before anything else can name them, and the reaper correlates them by
 // handle, which the create intent cannot answer for), then the create
 // intent.
-func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*intent.Held, []publishedIntent, error) {
+func (m *Manager) publishIntents(hold *newHold, id, saga, handle string, covers []string) ([]*intent.Held, []publishedIntent, error) {
 	var held []*intent.Held
 	var out []publishedIntent
 	type want struct {
@@ -389,25 +389,25 @@ func (m *Manager) publishIntents(id, saga, handle string, covers []string) ([]*i
 	for _, w := range wants {
 		h, err := intent.Publish(w.path, intent.Intent{Kind: string(w.kind), Sandbox: id, Handle: handle, Saga: saga, Covers: w.covers})
 		if err != nil {
-			releaseAll(held)
-			for _, in := range out {
-				intent.Retire(m.Root.Abs(in.res.Path))
+			dropIntents(m, hold, held, out)
+			if !errors.Is(err, fs.ErrExist) {
+				// A publish that failed after its link or rename leaves
+				// a marker no one retires: keep the trace to it.
+				hold.left = true
+				return nil, nil, err
 			}
-			if errors.Is(err, fs.ErrExist) {
-				// What is there may be no intent at all: a link or a
-				// special file is named as what it is, not as a create.
-				if fi, serr := fsx.Stat(filepath.Dir(w.path), filepath.Base(w.path)); serr != nil {
-					return nil, nil, fmt.Errorf("%w: %v; it is not an intent nexus wrote: remove it", ErrRefused, serr)
-				} else if !fi.Mode().IsRegular() {
-					return nil, nil, fmt.Errorf("%w: %s is a %s, not an intent nexus wrote: remove it", ErrRefused, w.path, strings.TrimPrefix(fsx.TypeOf(fi.Mode()), "a "))
-				}
-				by := ""
-				if in, rerr := intent.Read(w.path); rerr == nil && in.Sandbox != "" {
-					by = "sandbox " + in.Sandbox + "; "
-				}
-				return nil, nil, fmt.Errorf("%w: %s exists: another create of this handle is in flight or crashed (%srun `nexus recover`)", ErrRefused, w.path, by)
+			// What is there may be no intent at all: a link or a special
+			// file is named as what it is, not as a create.
+			if fi, serr := fsx.Stat(filepath.Dir(w.path), filepath.Base(w.path)); serr != nil {
+				return nil, nil, fmt.Errorf("%w: %v; it is not an intent nexus wrote: remove it", ErrRefused, serr)
+			} else if !fi.Mode().IsRegular() {
+				return nil, nil, fmt.Errorf("%w: %s is a %s, not an intent nexus wrote: remove it", ErrRefused, w.path, strings.TrimPrefix(fsx.TypeOf(fi.Mode()), "a "))
 			}
-			return nil, nil, err
+			by := ""
+			if in, rerr := intent.Read(w.path); rerr == nil && in.Sandbox != "" {
+				by = "sandbox " + in.Sandbox + "; "
+			}
+			return nil, nil, fmt.Errorf("%w: %s exists: another create of this handle is in flight or crashed (%srun `nexus recover`)", ErrRefused, w.path, by)
 		}
 		held = append(held, h)
 		out = append(out, publishedIntent{res: m.res(w.kind, w.path), covers: w.covers})

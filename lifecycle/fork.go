@@ -324,18 +324,18 @@ func (m *Manager) pauseIfRunning(ctx context.Context, sb projections.Sandbox) (f
 func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, seedCA string, copies []sourceDisk,
 	committed func([]events.Resource) events.Payload, mounts []Mount, readOnly bool, restoreFrom string, stage *sagas.Step, copied func(), handle []core.Expect) error {
 	s := m.saga(kind, child, nil)
-	release, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
+	hold, expect, err := m.holdNew(ctx, kind, child, mounts, readOnly)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer hold.release()
 	s.Expect = append(expect, handle...)
 	m.decided(kind)
 	covers := []string{m.rel(m.Root.SupervisorDir(child)), m.rel(filepath.Dir(m.Root.Record(child))), m.rel(m.Root.SnapshotsOf(child))}
 	for _, c := range copies {
 		covers = append(covers, m.rel(c.dst))
 	}
-	held, intents, err := m.publishIntents(child, s.ID, "", covers)
+	held, intents, err := m.publishIntents(hold, child, s.ID, "", covers)
 	if err != nil {
 		return err
 	}
@@ -370,7 +370,7 @@ func (m *Manager) runChild(ctx context.Context, kind events.SagaKind, child, see
 	s.Steps = append(s.Steps, m.bootSteps(child, restoreFrom)...)
 	if err := s.Run(ctx, m.B); err != nil {
 		if !journaled {
-			dropIntents(m, held, intents)
+			dropIntents(m, hold, held, intents)
 		}
 		if len(handle) > 0 {
 			err = m.handleTaken(ctx, handle[0].Entity.Name(), child, err)

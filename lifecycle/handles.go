@@ -99,11 +99,14 @@ func (e handleTakenError) Is(target error) bool { return target == core.ErrHandl
 // dropIntents retires the intents of a saga that ended before its intents
 // step ran: refused or interrupted before saga.started, or interrupted
 // right after it. No event names them, so no undo would retire them, and
-// nothing of the command may be left.
-func dropIntents(m *Manager, held []*intent.Held, intents []publishedIntent) {
+// nothing of the command may be left. One it cannot retire stays, and so
+// does the runner's lease file (hold), which leads recover to it.
+func dropIntents(m *Manager, hold *newHold, held []*intent.Held, intents []publishedIntent) {
 	releaseAll(held)
 	for _, in := range intents {
-		intent.Retire(m.Root.Abs(in.res.Path))
+		if err := intent.Retire(m.Root.Abs(in.res.Path)); err != nil {
+			hold.left = true
+		}
 	}
 }
 

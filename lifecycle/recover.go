@@ -46,9 +46,10 @@ type RecoverReport struct {
 	// Leases counts the lease files no runner held that were removed.
 	Leases int `json:"leases_cleared"`
 
-	// intentsParsed counts the names of disks/ the intent sweep parsed and
-	// judged: the intents, not every disk.
-	intentsParsed int
+	// disksRead counts the intent sweep's reads of disks/ (none when no
+	// runner died), and intentsParsed the names it parsed and judged: the
+	// intents, not every disk.
+	disksRead, intentsParsed int
 }
 
 // Skipped is a saga or sandbox recover did not touch, and why.
@@ -64,8 +65,9 @@ type Skipped struct {
 // journal records a process of is checked by pid + start time and API
 // socket, and supervisors are restarted or, when orphaned, killed. What it
 // looks at comes from the store's indexes (open sagas, recorded
-// processes), so it costs what is in flight, not the sandboxes the root
-// holds. Lease files no runner holds are removed.
+// processes) and from the lease files of runners that died, so it costs
+// what is in flight, not the sandboxes the root holds. The lease files it
+// followed are removed.
 func (m *Manager) Recover(ctx context.Context) (rep RecoverReport, err error) {
 	defer func() { err = recoverInterrupted(ctx, rep, err) }()
 	rep = RecoverReport{InFlight: []string{}, Compensated: []string{}, Resumed: []string{}, Stopped: []string{},
@@ -77,11 +79,7 @@ func (m *Manager) Recover(ctx context.Context) (rep RecoverReport, err error) {
 	if err := m.sweepIntents(ctx, &rep); err != nil {
 		return rep, err
 	}
-	if err := m.recoverSandboxes(ctx, &rep, concerned); err != nil {
-		return rep, err
-	}
-	// Last, so the leases recover took and released above are gone too.
-	rep.Leases, err = sagalease.Clear(string(m.Root))
+	err = m.recoverSandboxes(ctx, &rep, concerned)
 	return rep, err
 }
 
@@ -591,21 +589,40 @@ func (m *Manager) dropEmptySnapshotsDir(sb projections.Sandbox, by string) ([]ev
 // sweepIntents handles create intents that reached the disk but not the
 // journal (a crash between publishing the marker and saga.started): their
 // lease is free, no sandbox exists, so what they cover is removed. Such an
-// intent is in no index (the journal never heard of it), so disks/ is
-// listed, once, by name alone, and only the names that can be intents are
-// parsed and judged: a root's disks cost a directory read, not a sandbox
-// lookup each.
+// intent is in no index (the journal never heard of it), but its creator
+// left a trace: the lease file of the sandbox it was creating, which a
+// creator makes durable before its first intent and removes only once its
+// intents are journaled or retired (holdNew, dropIntents). So disks/ is
+// read only when leases/ holds a file no one holds, a runner that died
+// (or a root from before the rule): with none, no create has left an
+// intent, and the sweep costs the files of leases/, not the disks of the
+// root. Read, disks/ is listed once, by name alone, and only the names
+// that can be intents are parsed and judged. Once every intent is judged,
+// the traces it followed are removed; one whose lease could not be probed
+// keeps them, so the next recover looks again.
 func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
-	names, err := m.intentNames()
+	traces, err := sagalease.Leftovers(string(m.Root))
 	if err != nil {
+		return err
+	}
+	if len(traces) == 0 {
 		return nil
 	}
+	names, err := m.intentNames()
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		names = nil // no disk yet, so no intent
+	case err != nil:
+		return nil // the traces stay for the next recover
+	}
+	rep.disksRead++
 	rep.intentsParsed += len(names)
 	var shadows []string
+	unsure := false
 	for _, name := range names {
 		n := layout.ParseEntry("disks", name, false)
 		if n.Staged {
-			if err := m.sweepStaged(name, rep); err != nil {
+			if err := m.sweepStaged(name, rep, &unsure); err != nil {
 				return err
 			}
 			continue
@@ -620,10 +637,16 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 		id := n.ID
 		// One point lookup per intent found: a journaled sandbox is its
 		// saga's (or done), not this sweep's.
-		if _, known, err := m.B.Sandbox(ctx, id); err != nil || known || m.creatorAlive(id) {
+		if _, known, err := m.B.Sandbox(ctx, id); err != nil || known {
 			if err != nil {
 				return err
 			}
+			continue
+		}
+		// A held lease is a creator still running, which retires its own
+		// intents or, dying, leaves its own trace.
+		if held, err := intent.LeaseHeld(filepath.Join(m.Root.Disks(), name)); err != nil || held {
+			unsure = unsure || (err != nil && !errors.Is(err, os.ErrNotExist))
 			continue
 		}
 		// A marker nexus published is whole (intent.Publish renames it
@@ -643,7 +666,15 @@ func (m *Manager) sweepIntents(ctx context.Context, rep *RecoverReport) error {
 	}
 	// After the create intents: one swept above may have taken its shadow
 	// intent with it, and one left answers for its shadow intent.
-	return m.sweepShadowIntents(ctx, rep, shadows)
+	if err := m.sweepShadowIntents(ctx, rep, shadows, &unsure); err != nil {
+		return err
+	}
+	if unsure {
+		return nil
+	}
+	n, err := sagalease.Clear(string(m.Root), traces)
+	rep.Leases += n
+	return err
 }
 
 // intentNames are the names in disks/ that can be intents (final or
@@ -662,11 +693,12 @@ func (m *Manager) intentNames() ([]string, error) {
 // it. It covers nothing, so the marker is all there is to remove. names
 // are the shadow intents sweepIntents found; one gone since is skipped
 // (its lease cannot be probed).
-func (m *Manager) sweepShadowIntents(ctx context.Context, rep *RecoverReport, names []string) error {
+func (m *Manager) sweepShadowIntents(ctx context.Context, rep *RecoverReport, names []string, unsure *bool) error {
 	for _, name := range names {
 		n := layout.ParseEntry("disks", name, false)
 		path := filepath.Join(m.Root.Disks(), name)
 		if held, err := intent.LeaseHeld(path); err != nil || held {
+			*unsure = *unsure || (err != nil && !errors.Is(err, os.ErrNotExist))
 			continue
 		}
 		in, err := intent.Read(path)
@@ -696,9 +728,10 @@ func (m *Manager) sweepShadowIntents(ctx context.Context, rep *RecoverReport, na
 // a creator makes nothing before its intent is in place. Its flock is
 // taken while staged, so a held lease is a creator still running, and a
 // probe that cannot tell keeps it for the reaper to judge.
-func (m *Manager) sweepStaged(name string, rep *RecoverReport) error {
+func (m *Manager) sweepStaged(name string, rep *RecoverReport, unsure *bool) error {
 	path := filepath.Join(m.Root.Disks(), name)
 	if held, err := intent.LeaseHeld(path); err != nil || held {
+		*unsure = *unsure || (err != nil && !errors.Is(err, os.ErrNotExist))
 		return nil
 	}
 	if err := intent.Retire(path); err != nil {

@@ -337,11 +337,14 @@ func TestRecoverSweepsAnIntentTheJournalNeverSaw(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// While its creator holds the lease, it is alive: left alone.
-	if rep := f.recover(); len(rep.Intents) != 0 || !f.exists(own) {
+	// While its creator holds the lease, it is alive: left alone, by a
+	// sweep another runner's death set off.
+	leaveRunnerTrace(t, f.root, ulid.Make().String())
+	if rep := f.recover(); rep.disksRead != 1 || len(rep.Intents) != 0 || !f.exists(own) {
 		t.Fatalf("recover swept a live creator's intent: %+v", rep)
 	}
 	h.Release()
+	leaveRunnerTrace(t, f.root, id)
 	mark := f.j.mark()
 	rep := f.recover()
 	if !slices.Equal(rep.Intents, []string{id}) || f.exists(own) || f.exists(f.m.rel(f.m.Root.CreateIntent(id))) {

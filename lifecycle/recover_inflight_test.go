@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,10 +116,11 @@ func TestCommandsLeaveNoLeaseFiles(t *testing.T) {
 	check("rm")
 }
 
-// Recover's sweep of intents the journal never heard of reads disks/ by
-// name and parses only what can be an intent: of a root whose stopped
-// sandboxes have their disks on disk, it judges the one dead staged intent
-// and the one journaled sandbox's create intent, not the disks.
+// Recover's sweep of intents the journal never heard of reads disks/ only
+// when a runner died (its lease file is left), and then by name, parsing
+// only what can be an intent: of a root whose stopped sandboxes have their
+// disks on disk, it judges the one dead staged intent and the one
+// journaled sandbox's create intent, not the disks.
 func TestRecoverParsesOnlyIntentNames(t *testing.T) {
 	f := newFlow(t)
 	ids := f.appendStopped(60)
@@ -139,8 +141,14 @@ func TestRecoverParsesOnlyIntentNames(t *testing.T) {
 	plant(known)
 	staged := filepath.Join(f.m.Root.Disks(), "."+ulid.Make().String()+".create-intent.json.stage-7")
 	plant(staged)
+	// No runner died: disks/ is not read at all.
+	if rep := f.recover(); rep.disksRead != 0 || rep.intentsParsed != 0 || len(rep.Intents) != 0 {
+		t.Fatalf("recover with no runner's lease file left read disks/ %d times, parsed %d names, swept %v; want none",
+			rep.disksRead, rep.intentsParsed, rep.Intents)
+	}
+	leaveRunnerTrace(t, f.root, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(staged), "."), ".create-intent.json.stage-7"))
 	rep := f.recover()
-	if rep.intentsParsed != 2 {
+	if rep.disksRead != 1 || rep.intentsParsed != 2 {
 		t.Fatalf("recover's intent sweep parsed %d names of disks/, want the 2 intents (of %d entries)", rep.intentsParsed, 2*len(ids)+2)
 	}
 	if !slices.Equal(rep.Intents, []string{filepath.Base(staged)}) {
@@ -148,5 +156,11 @@ func TestRecoverParsesOnlyIntentNames(t *testing.T) {
 	}
 	if _, err := os.Lstat(known); err != nil {
 		t.Fatalf("a journaled sandbox's create intent: %v", err)
+	}
+	if left := f.leaseFiles(); len(left) != 0 || rep.Leases != 1 {
+		t.Fatalf("after the sweep leases/ holds %v (%d cleared), want the dead runner's file followed and removed", left, rep.Leases)
+	}
+	if rep := f.recover(); rep.disksRead != 0 {
+		t.Fatalf("the next recover read disks/ again (%d)", rep.disksRead)
 	}
 }

@@ -11,9 +11,11 @@ import (
 	"github.com/oklog/ulid/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/core"
 	"github.com/nexus-sandbox/nexus/host/driver"
 	"github.com/nexus-sandbox/nexus/host/intent"
 	"github.com/nexus-sandbox/nexus/host/proc"
+	"github.com/nexus-sandbox/nexus/host/sagalease"
 	"github.com/nexus-sandbox/nexus/host/supervisor"
 )
 
@@ -36,7 +38,9 @@ func TestRecoverSweepsStagedIntents(t *testing.T) {
 		}
 		return p
 	}
-	deadCreate := plant("." + ulid.Make().String() + ".create-intent.json.stage-1445947824")
+	deadID := ulid.Make().String()
+	deadCreate := plant("." + deadID + ".create-intent.json.stage-1445947824")
+	leaveRunnerTrace(t, string(m.Root), deadID)
 	deadShadow := plant(".dev_one.shadow-intent.json.stage-77")
 	liveCreate := plant("." + ulid.Make().String() + ".create-intent.json.stage-12")
 	other := plant(".notes.stage-1")
@@ -95,6 +99,7 @@ func TestRecoverStopsAVMMStillStarting(t *testing.T) {
 	if err := held.Release(); err != nil {
 		t.Fatal(err)
 	}
+	leaveRunnerTrace(t, string(m.Root), id)
 	env := append(os.Environ(), slowEnv+"=1")
 	argv := driver.Driver{Name: driver.Process, Exe: os.Args[0]}.Argv(m.Root.APISocket(id))
 	who, err := proc.SpawnDetached(argv, env, filepath.Join(root, "vmm.log"))
@@ -134,6 +139,7 @@ func TestRecoverStopsASupervisorStillStarting(t *testing.T) {
 	if err := held.Release(); err != nil {
 		t.Fatal(err)
 	}
+	leaveRunnerTrace(t, string(m.Root), id)
 	env := append(os.Environ(), slowEnv+"=1")
 	argv := supervisor.Argv(os.Args[0], supervisor.ServeOptions{SandboxID: id, StateDir: m.Root.SupervisorDir(id), IIDSocket: m.Root.IIDSocket(id)})
 	who, err := proc.SpawnDetached(argv, env, filepath.Join(root, "supervisor.log"))
@@ -152,4 +158,15 @@ func TestRecoverStopsASupervisorStillStarting(t *testing.T) {
 	if alive, _ := proc.Alive(who); alive {
 		t.Fatalf("the supervisor still starting for %s (pid %d) outlived recover", id, who.Pid)
 	}
+}
+
+// leaveRunnerTrace leaves what a create-like runner of sandbox id leaves
+// when it dies: its lease file, no longer held.
+func leaveRunnerTrace(t *testing.T, root, id string) {
+	t.Helper()
+	l, err := sagalease.Acquire(context.Background(), root, string(core.Sandbox(id)), sagalease.Holder{Kind: "create"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Abandon()
 }

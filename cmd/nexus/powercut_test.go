@@ -597,3 +597,29 @@ func TestPowerCutRemovalsAndSnapshotsAreDurable(t *testing.T) {
 		})
 	}
 }
+
+// A create killed between publishing its intents and journaling its
+// saga's start, then a power cut: the creator's lease file, synced before
+// its first intent, survives the cut with the intents, so recover still
+// follows it to them, removes them, and the handle is free.
+func TestPowerCutKeepsADeadCreatorsTrace(t *testing.T) {
+	testutil.StartsSandboxes(t)
+	t.Parallel()
+	pr := mountPowerRoot(t)
+	image := makeImage(t)
+	r := nexusEnv(t, pr.root, []string{"NEXUS_NO_AUTO_DAEMON=1", "NEXUS_CRASH_AT=create.intents-published"}, "--driver", "process", "create", "--image", image, "--handle", "pc")
+	if r.code != -1 {
+		t.Fatalf("create was not killed at its step: exit %d %s", r.code, r.stderr)
+	}
+	if err := pr.fs.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	if left := intentsOnDisk(t, pr.root); len(left) != 2 {
+		t.Fatalf("after the cut disks/ holds the intents %v, want the create and shadow intents (published durably)", left)
+	}
+	mustOK(t, proc(t, pr.root, "recover"), "recover after the cut")
+	if left := intentsOnDisk(t, pr.root); len(left) != 0 {
+		t.Fatalf("recover after the cut left the dead creator's intents %v", left)
+	}
+	handleFree(t, pr.root, image, "pc")
+}

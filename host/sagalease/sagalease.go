@@ -11,6 +11,11 @@
 // file it locked, retrying on the new one otherwise. So leases/ holds no
 // more files than there are runners, live or dead, whatever the number of
 // entities.
+//
+// A file no one holds is therefore what a runner left by dying (or by
+// choosing to, Abandon): the trace recover follows to whatever such a
+// runner may have left elsewhere (Leftovers), instead of looking for it
+// in every directory it could be in.
 package sagalease
 
 import (
@@ -20,11 +25,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nexus-sandbox/nexus/host/durable"
 	"github.com/nexus-sandbox/nexus/host/fsx"
 	"github.com/nexus-sandbox/nexus/host/lease"
 )
@@ -159,31 +166,74 @@ func (l *Lease) Release() {
 	l.f = nil
 }
 
-// Clear removes the lease files under root that no process holds: those a
-// runner left by dying while it held them, and those of a root written
-// before released leases took their files with them. A held one is left
-// to its holder. It returns how many it removed; its cost is the files in
-// leases/, never the entities of the root.
-func Clear(root string) (int, error) {
+// Abandon drops the lock but leaves the file, as a runner that dies does:
+// what a runner does when it leaves something behind that it could not
+// undo, so that recover, following the files no one holds, finds it.
+func (l *Lease) Abandon() {
+	if l == nil || l.f == nil {
+		return
+	}
+	lease.Drop(l.f)
+	l.f = nil
+}
+
+// Sync makes the lease file's entry survive a power cut: a runner that
+// will leave files recover must find if it dies syncs its lease before it
+// writes them, so a cut cannot keep them and lose the lease file.
+func (l *Lease) Sync() error {
+	return durable.SyncDir(filepath.Dir(l.path))
+}
+
+// Leftovers lists the lease files under root that no process holds:
+// those a runner left by dying while it held them (or by Abandon), and
+// those of a root written before released leases took their files with
+// them. A file is probed without being created, and a probe that cannot
+// tell counts it as left over. Its cost is the files in leases/, never the
+// entities of the root.
+func Leftovers(root string) ([]string, error) {
 	d, err := fsx.OpenDir(root, Dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return 0, nil
+		return nil, nil
 	}
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	names, err := d.Readdirnames(-1)
 	d.Close()
 	if err != nil {
-		return 0, fmt.Errorf("list %s: %w", filepath.Join(root, Dir), err)
+		return nil, fmt.Errorf("list %s: %w", filepath.Join(root, Dir), err)
 	}
-	removed := 0
+	var free []string
 	for _, name := range names {
 		if !strings.HasSuffix(name, ".lease") {
 			continue
 		}
-		l, err := try(filepath.Join(root, Dir, name), Holder{Kind: "recover"})
-		if errors.Is(err, ErrHeld) {
+		f, err := fsx.OpenFile(filepath.Join(root, Dir), name, os.O_RDONLY, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // released since the listing
+		}
+		if err != nil {
+			free = append(free, name)
+			continue
+		}
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		f.Close() // and with it the probe's lock
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			free = append(free, name)
+		}
+	}
+	slices.Sort(free)
+	return free, nil
+}
+
+// Clear removes the lease files named (as Leftovers lists them) that no
+// process holds now; one taken since is left to its holder. It returns
+// how many it removed.
+func Clear(root string, names []string) (int, error) {
+	removed := 0
+	for _, name := range names {
+		l, err := take(filepath.Join(root, Dir, name))
+		if errors.Is(err, ErrHeld) || errors.Is(err, os.ErrNotExist) {
 			continue
 		}
 		if err != nil {
@@ -193,6 +243,28 @@ func Clear(root string) (int, error) {
 		removed++
 	}
 	return removed, nil
+}
+
+// take locks an existing lease file that no one holds, without creating
+// one where it is gone.
+func take(path string) (*Lease, error) {
+	f, err := fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, ErrHeld
+		}
+		return nil, fmt.Errorf("flock %s: %w", path, err)
+	}
+	var held, named unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Lstat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
+		f.Close()
+		return nil, os.ErrNotExist // released and taken anew since the open
+	}
+	return &Lease{f: f, path: path}, nil
 }
 
 func readHolder(path string) Holder {

@@ -164,32 +164,49 @@ func TestReleaseUnderContentionKeepsOneHolder(t *testing.T) {
 	}
 }
 
-// Clear removes the files no one holds (a dead holder's, an older root's)
-// and leaves a held one, still held, to its holder.
-func TestClearRemovesFreeLeaseFilesOnly(t *testing.T) {
+// Leftovers lists the files no one holds (a dead holder's, an abandoned
+// one, an older root's) and not a held one; Clear removes those it is
+// given, leaving a held one, still held, to its holder.
+func TestLeftoversAndClear(t *testing.T) {
 	root := t.TempDir()
 	held, err := Acquire(context.Background(), root, "sandbox/HELD", Holder{Kind: "start"}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer held.Release()
-	for _, name := range []string{"sandbox.OLD1.lease", "sandbox.OLD2.lease", "volume.v.lease", "notes.txt"} {
+	abandoned, err := Acquire(context.Background(), root, "sandbox/GAVEUP", Holder{Kind: "create"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	abandoned.Abandon()
+	for _, name := range []string{"sandbox.OLD1.lease", "volume.v.lease", "notes.txt"} {
 		if err := os.WriteFile(filepath.Join(root, Dir, name), []byte("{}\n"), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	n, err := Clear(root)
-	if err != nil || n != 3 {
-		t.Fatalf("Clear = %d, %v; want the 3 free lease files", n, err)
+	free, err := Leftovers(root)
+	want := []string{"sandbox.GAVEUP.lease", "sandbox.OLD1.lease", "volume.v.lease"}
+	if err != nil || !slices.Equal(free, want) {
+		t.Fatalf("Leftovers = %v, %v; want %v", free, err, want)
 	}
-	if got := leaseFiles(t, root); !slices.Equal(got, []string{"notes.txt", "sandbox.HELD.lease"}) {
+	// A file named but taken since, and one gone since, are left alone.
+	taken, err := Acquire(context.Background(), root, "volume/v", Holder{Kind: "volume rm"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Release()
+	n, err := Clear(root, append(free, "sandbox.GONE.lease"))
+	if err != nil || n != 2 {
+		t.Fatalf("Clear = %d, %v; want the 2 files still free", n, err)
+	}
+	if got := leaseFiles(t, root); !slices.Equal(got, []string{"notes.txt", "sandbox.HELD.lease", "volume.v.lease"}) {
 		t.Fatalf("leases/ holds %v after Clear", got)
 	}
 	var he *HeldError
 	if _, err := Acquire(context.Background(), root, "sandbox/HELD", Holder{Kind: "rm"}, false); !errors.As(err, &he) {
 		t.Fatalf("the held lease after Clear: %v, want still held", err)
 	}
-	if n, err := Clear(t.TempDir()); n != 0 || err != nil {
-		t.Fatalf("Clear of a root without leases/ = %d, %v", n, err)
+	if free, err := Leftovers(t.TempDir()); len(free) != 0 || err != nil {
+		t.Fatalf("Leftovers of a root without leases/ = %v, %v", free, err)
 	}
 }
