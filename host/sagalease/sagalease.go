@@ -166,9 +166,9 @@ func (l *Lease) Release() {
 	l.f = nil
 }
 
-// Abandon drops the lock but leaves the file, as a runner that dies does:
-// what a runner does when it leaves something behind that it could not
-// undo, so that recover, following the files no one holds, finds it.
+// Abandon drops the lock and leaves the file, as a dying runner would: a
+// runner that leaves behind something it could not undo abandons its
+// lease, so that recover, which follows the files no one holds, finds it.
 func (l *Lease) Abandon() {
 	if l == nil || l.f == nil {
 		return
@@ -177,9 +177,9 @@ func (l *Lease) Abandon() {
 	l.f = nil
 }
 
-// Sync makes the lease file's entry survive a power cut: a runner that
-// will leave files recover must find if it dies syncs its lease before it
-// writes them, so a cut cannot keep them and lose the lease file.
+// Sync makes the lease file survive a power cut. A runner syncs it before
+// it writes anything recover must find should the runner die, so that a
+// cut cannot keep those files and lose the lease file that leads to them.
 func (l *Lease) Sync() error {
 	return durable.SyncDir(filepath.Dir(l.path))
 }
