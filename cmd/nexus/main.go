@@ -171,8 +171,20 @@ func newRoot() *cobra.Command { return newRootOf(nil) }
 // (help, a completion request, a hidden command, a typo) gets the whole
 // tree, and with it cobra's help, suggestions and errors.
 func newRootFor(args []string) *cobra.Command {
-	// Which command the line names, by cobra's own lookup over the root's
-	// flags and a stand-in for each command.
+	// A line that starts with a command's name or alias (the usual one)
+	// names that command.
+	if len(args) > 0 {
+		for i := range topCommands {
+			if t := &topCommands[i]; slices.Contains(t.names, args[0]) {
+				if root := newRootOf(t); runsOne(root, args) {
+					return root
+				}
+				break
+			}
+		}
+	}
+	// Otherwise which command the line names, by cobra's own lookup over
+	// the root's flags and a stand-in for each command.
 	lookup := newRootOf(&topCommand{})
 	stand := map[*cobra.Command]*topCommand{}
 	for i := range topCommands {
@@ -186,12 +198,17 @@ func newRootFor(args []string) *cobra.Command {
 		c = c.Parent()
 	}
 	if t := stand[c]; err == nil && t != nil {
-		root := newRootOf(t)
-		if c, _, err := root.Find(args); err == nil && c != root {
+		if root := newRootOf(t); runsOne(root, args) {
 			return root
 		}
 	}
 	return newRootOf(nil)
+}
+
+// runsOne says whether args run a command of root, which holds one.
+func runsOne(root *cobra.Command, args []string) bool {
+	c, _, err := root.Find(args)
+	return err == nil && c != root
 }
 
 // newRootOf builds the root with one command of topCommands (none when it
@@ -235,6 +252,9 @@ func newRootOf(only *topCommand) *cobra.Command {
 		root.AddCommand(docsCmd())
 	case only.build != nil:
 		root.AddCommand(only.command(g))
+		// The completion command is asked for by name, and a line naming
+		// it builds the whole tree.
+		root.CompletionOptions.DisableDefaultCmd = true
 	}
 	root.SetHelpCommand(helpCmd())
 	addExamples(root)
