@@ -43,11 +43,8 @@ func costOf(b *testing.B, env []string, bin string, args ...string) startCost {
 // the tests' hooks. Each op runs each program once, interleaved, the order
 // rotating; the ratios are of the medians. NEXUS_BENCH_OTHER_NEXUS names
 // another nexus (an older build, its nexusd beside it) measured the same
-// way in the same ops, on a root of its own. Every binary runs as
-// `make install` leaves it, written by install(1) (installed): one the
-// linker wrote sits in the page cache in a way that costs each start more
-// in the kernel (about a sixth more for nexus, much less for the minimal
-// program), which no installed copy pays.
+// way in the same ops, on a root of its own. Every binary runs as `make
+// install` leaves it, copied (testutil.Install), the minimal program too.
 func BenchmarkCLIStartCPU(b *testing.B) {
 	dir := b.TempDir()
 	flags := strings.Fields(os.Getenv("NEXUS_BENCH_BUILD_FLAGS"))
@@ -55,17 +52,18 @@ func BenchmarkCLIStartCPU(b *testing.B) {
 	if err := os.WriteFile(src, []byte("package main\n\nfunc main() {}\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	built := mkdir(b, filepath.Join(dir, "built"))
-	build := exec.Command("go", append(append([]string{"build"}, flags...), "-o", filepath.Join(built, "minimal"), src)...)
+	built, minimal := filepath.Join(dir, "minimal.built"), filepath.Join(dir, "minimal")
+	build := exec.Command("go", append(append([]string{"build"}, flags...), "-o", built, src)...)
 	if out, err := build.CombinedOutput(); err != nil {
 		b.Fatalf("build the minimal program: %v\n%s", err, out)
 	}
-	release := mkdir(b, filepath.Join(dir, "release"))
-	if err := testutil.BuildReleaseIn(release, flags...); err != nil {
+	if err := testutil.Install(built, minimal); err != nil {
 		b.Fatal(err)
 	}
-	minimal := installed(b, built, mkdir(b, filepath.Join(dir, "installed-minimal")), "minimal")
-	bin := filepath.Dir(installed(b, release, mkdir(b, filepath.Join(dir, "installed")), "nexus", "nexusd", "nexus-fleet", "nexus-shim"))
+	bin := filepath.Join(dir, "release")
+	if err := testutil.BuildReleaseIn(mkdir(b, bin), flags...); err != nil {
+		b.Fatal(err)
+	}
 	env := []string{"NEXUS_STATE_DIR="}
 	type prog struct {
 		name string
@@ -107,20 +105,6 @@ func BenchmarkCLIStartCPU(b *testing.B) {
 		b.ReportMetric(float64(m.faults), p.name+"-faults")
 		b.ReportMetric(float64(m.cpu)/float64(base.cpu), p.name+"/minimal")
 	}
-}
-
-// installed copies the named binaries of dir into to with install(1), as
-// `make install` does, and returns the first copy's path.
-func installed(b *testing.B, dir, to string, names ...string) string {
-	b.Helper()
-	args := []string{"-m", "0755"}
-	for _, n := range names {
-		args = append(args, filepath.Join(dir, n))
-	}
-	if out, err := exec.Command("install", append(args, to)...).CombinedOutput(); err != nil {
-		b.Fatalf("install %v: %v\n%s", names, err, out)
-	}
-	return filepath.Join(to, names[0])
 }
 
 // medianCost is the median CPU and, apart, the median page faults.
