@@ -43,8 +43,7 @@ func costOf(b *testing.B, env []string, bin string, args ...string) startCost {
 // the tests' hooks. Each op runs each program once, interleaved, the order
 // rotating; the ratios are of the medians. NEXUS_BENCH_OTHER_NEXUS names
 // another nexus (an older build, its nexusd beside it) measured the same
-// way in the same ops, on a root of its own. Every binary runs as `make
-// install` leaves it, copied (testutil.Install), the minimal program too.
+// way in the same ops, on a root of its own.
 func BenchmarkCLIStartCPU(b *testing.B) {
 	dir := b.TempDir()
 	flags := strings.Fields(os.Getenv("NEXUS_BENCH_BUILD_FLAGS"))
@@ -52,13 +51,10 @@ func BenchmarkCLIStartCPU(b *testing.B) {
 	if err := os.WriteFile(src, []byte("package main\n\nfunc main() {}\n"), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	built, minimal := filepath.Join(dir, "minimal.built"), filepath.Join(dir, "minimal")
-	build := exec.Command("go", append(append([]string{"build"}, flags...), "-o", built, src)...)
+	minimal := filepath.Join(dir, "minimal")
+	build := exec.Command("go", append(append([]string{"build"}, flags...), "-o", minimal, src)...)
 	if out, err := build.CombinedOutput(); err != nil {
 		b.Fatalf("build the minimal program: %v\n%s", err, out)
-	}
-	if err := testutil.Install(built, minimal); err != nil {
-		b.Fatal(err)
 	}
 	bin := filepath.Join(dir, "release")
 	if err := testutil.BuildReleaseIn(mkdir(b, bin), flags...); err != nil {

@@ -61,32 +61,14 @@ func buildNexusIn(dir, tags string, flags ...string) error {
 		env             []string
 	}{{"nexus", tags, "cmd/nexus", cliEnv}, {"nexusd", withTag("nexusd"), "cmd/nexus", nil},
 		{"nexus-fleet", withTag("nexusfleet"), "cmd/nexus", cliEnv}, {"nexus-shim", "", "cmd/nexus-shim", nil}} {
-		built := filepath.Join(dir, "."+b.name+".built")
-		args := append(append([]string{"build"}, flags...), "-tags", b.tags, "-o", built, "github.com/nexus-sandbox/nexus/"+b.pkg)
+		args := append(append([]string{"build"}, flags...), "-tags", b.tags, "-o", filepath.Join(dir, b.name), "github.com/nexus-sandbox/nexus/"+b.pkg)
 		build := exec.Command("go", args...)
 		build.Env = append(os.Environ(), b.env...)
 		if out, err := build.CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", b.name, err, out)
 		}
-		if err := Install(built, filepath.Join(dir, b.name)); err != nil {
-			return err
-		}
-		os.Remove(built)
 	}
 	return nil
-}
-
-// Install copies the binary src to dst with write(2), as install(1) and
-// `make install` do: what a user runs. A file the Go linker has just
-// written sits in the page cache in a way that costs each of its starts
-// more kernel time (about a sixth more for nexus) for as long as those
-// pages stay cached; a copy does not.
-func Install(src, dst string) error {
-	data, err := os.ReadFile(src)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(dst, data, 0o755)
 }
 
 // Process is a process whose command line names a path below a root.
