@@ -329,7 +329,11 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 			if s, ok := registry[Type(w.Type)]; ok && w.Schema == s.current && w.Format == EnvelopeFormat {
 				scratch := s.scratch.Get()
 				ptr := reflect.ValueOf(scratch)
-				err = d.DecodeValue(ptr)
+				// Into the value, not through the pointer: msgpack's pointer
+				// decoder would set the pointer it was handed to nil for a nil
+				// payload, which it cannot (a panic). Into the value, nil is
+				// the zero payload, as StrictUnmarshal reads it.
+				err = d.DecodeValue(ptr.Elem())
 				if err == nil {
 					w.decoded = ptr.Elem().Interface().(Payload)
 				}
