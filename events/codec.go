@@ -162,6 +162,12 @@ type wire struct {
 	id         [16]byte // ID's bytes when it has at most 16: no allocation per event
 	key        [8]byte  // the key being read, when it has at most 8 bytes
 	typ        [48]byte // the type's bytes, when it has at most 48
+
+	// toJSON, when set, reads the envelope's strings into its buffers
+	// and writes the payload as JSON (JSONDecoder) instead of decoding it.
+	toJSON                     *JSONDecoder
+	transcoded                 bool
+	sbJSON, sagaJSON, stepJSON []byte
 }
 
 // Encode serialises e. The payload must be the registered type for e.Type
@@ -316,20 +322,43 @@ func (w *wire) DecodeMsgpack(d *msgpack.Decoder) error {
 		case "v":
 			w.Schema, err = d.DecodeUint16()
 		case "sb":
-			w.Sandbox, err = d.DecodeString()
+			if w.toJSON != nil {
+				w.sbJSON, err = w.toJSON.envelopeString(w.toJSON.sb[:])
+			} else {
+				w.Sandbox, err = d.DecodeString()
+			}
 		case "ts":
 			w.Time, err = d.DecodeInt64()
 		case "saga":
-			w.Saga, err = d.DecodeString()
+			if w.toJSON != nil {
+				w.sagaJSON, err = w.toJSON.envelopeString(w.toJSON.saga[:])
+			} else {
+				w.Saga, err = d.DecodeString()
+			}
 		case "step":
-			w.Step, err = d.DecodeString()
+			if w.toJSON != nil {
+				w.stepJSON, err = w.toJSON.envelopeString(w.toJSON.step[:])
+			} else {
+				w.Step, err = d.DecodeString()
+			}
 		case "cause":
 			w.Cause, err = d.DecodeString()
 		case "p":
-			if s, ok := registry[Type(w.Type)]; ok && w.Schema == s.current && w.Format == EnvelopeFormat {
+			if w.toJSON != nil {
+				// Only a payload of the current schema, after the
+				// envelope that names it, and once.
+				if s, ok := registry[Type(w.Type)]; !ok || w.Schema != s.current || w.Format != EnvelopeFormat || w.transcoded || !w.toJSON.payload(Type(w.Type)) {
+					return errShape
+				}
+				w.transcoded = true
+			} else if s, ok := registry[Type(w.Type)]; ok && w.Schema == s.current && w.Format == EnvelopeFormat {
 				scratch := s.scratch.Get()
 				ptr := reflect.ValueOf(scratch)
-				err = d.DecodeValue(ptr)
+				// Into the value, not through the pointer: msgpack's pointer
+				// decoder would set the pointer it was handed to nil for a nil
+				// payload, which it cannot (a panic). Into the value, nil is
+				// the zero payload, as StrictUnmarshal reads it.
+				err = d.DecodeValue(ptr.Elem())
 				if err == nil {
 					w.decoded = ptr.Elem().Interface().(Payload)
 				}

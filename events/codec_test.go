@@ -663,3 +663,19 @@ func TestDecodeKeepsNothingFromThePreviousEnvelope(t *testing.T) {
 		}
 	}
 }
+
+// A payload that is msgpack's nil decodes as the zero payload, as a
+// payload decoded on its own (StrictUnmarshal) reads it, in either order
+// of the envelope's keys; it never panics.
+func TestDecodeNilPayloadIsTheZeroPayload(t *testing.T) {
+	nilPayload := []byte{0xc0}
+	for name, data := range map[string][]byte{
+		"payload last":  rawEvent(t, wire{Type: string(SandboxStopped), Schema: 1, Time: 1, Payload: nilPayload}),
+		"payload first": payloadBytes(t, map[string]any{"p": msgpack.RawMessage(nilPayload), "f": 1, "id": testID[:], "t": string(SandboxStopped), "v": 1, "ts": 1}),
+	} {
+		e, err := Decode(data)
+		if err != nil || e.Payload != (SandboxStoppedEvent{}) {
+			t.Errorf("%s: %+v, %v", name, e.Payload, err)
+		}
+	}
+}

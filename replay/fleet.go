@@ -33,11 +33,16 @@ type FleetEntry struct {
 	ev events.Event
 }
 
+// Unreadable is the error of r, whose event did not decode with err.
+func (r FleetRecord) Unreadable(err error) error {
+	return fmt.Errorf("%w: host %s seq %d: %v", ErrUnreadable, r.Host, r.Seq, err)
+}
+
 // DecodeFleet decodes one aggregate record.
 func DecodeFleet(r FleetRecord) (FleetEntry, error) {
 	e, err := events.Decode(r.Data)
 	if err != nil {
-		return FleetEntry{}, fmt.Errorf("%w: host %s seq %d: %v", ErrUnreadable, r.Host, r.Seq, err)
+		return FleetEntry{}, r.Unreadable(err)
 	}
 	return FleetEntry{Host: r.Host, FleetSeq: r.FleetSeq, Entry: Entry{Seq: r.Seq, Time: e.Time, Type: e.Type,
 		Sandbox: e.Sandbox, Saga: e.Saga, Step: e.Step, ID: e.ID.String(), Payload: e.Payload}, ev: e}, nil

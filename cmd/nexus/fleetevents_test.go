@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/nexus-sandbox/nexus/events"
+	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/replay"
 )
 
@@ -111,7 +113,8 @@ func TestFleetLineIsFmtsSpelling(t *testing.T) {
 		if got := string(appendFleetLine([]byte("kept"), e)); got != "kept"+want+"\n" {
 			t.Errorf("line:\n%q\nwant\n%q", got, "kept"+want+"\n")
 		}
-		if got := string(liner.append([]byte("kept"), e)); got != "kept"+want+"\n" {
+		je := &events.JSONEvent{Type: e.Type, Time: e.Time, Sandbox: []byte(e.Sandbox), Saga: []byte(e.Saga), Step: []byte(e.Step), Payload: data}
+		if got := string(liner.append([]byte("kept"), e.FleetSeq, e.Host, e.Seq, je)); got != "kept"+want+"\n" {
 			t.Errorf("line of a liner used before:\n%q\nwant\n%q", got, "kept"+want+"\n")
 		}
 	}
@@ -135,5 +138,119 @@ func TestStampIsTheLayoutsSpelling(t *testing.T) {
 		if got, want := string(appendStamp([]byte("kept"), at)), "kept"+at.Format(stampLayout); got != want {
 			t.Errorf("%v: %q, want %q", at, got, want)
 		}
+	}
+}
+
+// fleetLineOf is the line of `fleet events` for rec as the columns are
+// spelled by fmt and the payload by json.Marshal, from the event Decode
+// gives (replay.DecodeFleet), or the warning of a record that does not
+// decode.
+func fleetLineOf(rec replay.FleetRecord) (line, warning string) {
+	e, err := replay.DecodeFleet(rec)
+	if err != nil {
+		return "", fmt.Sprintf("nexus: warning: skipped %s\n", fleetstate.Rejected{Stream: fleetstate.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
+	}
+	data, _ := json.Marshal(e.Payload)
+	line = fmt.Sprintf("%6d  %-12s %6d  %s  %-22s %-26s %s", e.FleetSeq, e.Host, e.Seq, e.Time.Format(stampLayout), e.Type, dash(e.Sandbox), data)
+	if e.Saga != "" {
+		line += "  saga=" + e.Saga + " step=" + e.Step
+	}
+	return line + "\n", ""
+}
+
+// A plain line of every event type, its payload transcoded from the
+// record, is byte for byte the line of the event Decode gives, its
+// payload marshalled: zero payloads (each field absent), filled ones
+// (labels out of order, strings JSON escapes), with and without sandbox,
+// saga and step, an older schema upcast, records that do not decode; one
+// record at a time and on every core.
+func TestFleetEventsPlainLineIsTheDecodedEvents(t *testing.T) {
+	id := ulid.Make()
+	envelope := func(typ events.Type, schema uint16, sandbox, saga string, payload any) []byte {
+		p, err := msgpack.Marshal(payload)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]any{"f": events.EnvelopeFormat, "id": id[:], "t": string(typ), "v": schema, "ts": int64(1_764_979_200_123_456_789), "p": msgpack.RawMessage(p)}
+		if sandbox != "" {
+			m["sb"] = sandbox
+		}
+		if saga != "" {
+			m["saga"], m["step"] = saga, "commit"
+		}
+		data, err := msgpack.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	sb := ulid.Make().String()
+	var datas [][]byte
+	for i, typ := range events.Types() {
+		saga := ""
+		if i%2 == 0 {
+			saga = ulid.Make().String()
+		}
+		datas = append(datas, envelope(typ, events.CurrentSchema(typ), sb, saga, map[string]any{}))
+	}
+	for _, p := range []events.Payload{
+		events.SandboxCreatedEvent{Handle: "wéb", Image: "<img&>", Driver: "process", Resources: []events.Resource{{Kind: events.KindRawDisk, Path: "disks/x.raw"}},
+			Bootstrap: events.Bootstrap{CacheID: "c"}, Boot: events.BootConfig{Cpus: 2, MemoryBytes: 1 << 30}, Labels: events.Labels{"z": "1", "a": "\u2028", "m": "\xff"}},
+		events.SagaStartedEvent{Kind: events.SagaCreate, Steps: []string{}},
+		events.VolumeAttachedEvent{Name: "v", GuestPath: "/data", ReadOnly: true},
+		events.JournalDigestEvent{Seq: 1<<64 - 1, Digest: "00"},
+		events.OverlayRecoveredEvent{Overlay: "o", OldBytes: -1},
+	} {
+		for _, sandbox := range []string{sb, ""} {
+			data, err := events.Encode(events.New(id, time.Unix(0, 1_764_979_200_123_456_789), sandbox, p).InSaga(sandbox, "step"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			datas = append(datas, data)
+		}
+	}
+	datas = append(datas,
+		envelope(events.SandboxCreated, 1, sb, "", map[string]any{"handle": "h", "image": "i", "driver": "process", "disk": "disks/x.raw"}),
+		envelope(events.SandboxStopped, 1, sb, "", nil),
+		envelope(events.SandboxStopped, 1, sb, "", map[string]any{"surprise": 1}),
+		envelope("sandbox.teleported", 1, sb, "", map[string]any{}),
+		[]byte("not an event"))
+	var recs []replay.FleetRecord
+	var want, wantErr strings.Builder
+	for i, data := range datas {
+		rec := replay.FleetRecord{Host: []string{"host-a", "hé"}[i%2], Seq: uint64(i + 1), FleetSeq: uint64(1000 + i), Data: data}
+		recs = append(recs, rec)
+		line, warning := fleetLineOf(rec)
+		want.WriteString(line)
+		wantErr.WriteString(warning)
+	}
+	if n := strings.Count(wantErr.String(), "\n"); n != 3 {
+		t.Fatalf("%d records do not decode, want 3: %s", n, wantErr.String())
+	}
+	var out, errOut bytes.Buffer
+	print := printFleetEvent(&out, &errOut, &output{})
+	for _, rec := range recs {
+		if err := print(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out.String() != want.String() || errOut.String() != wantErr.String() {
+		t.Fatalf("one at a time:\n%s\n%s\nwant\n%s\n%s", out.String(), errOut.String(), want.String(), wantErr.String())
+	}
+	out.Reset()
+	errOut.Reset()
+	read := func(fn func(replay.FleetRecord) error) error {
+		for _, r := range recs {
+			if err := fn(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := printFleetEventsOrdered(&out, &errOut, &output{}, read); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != want.String() || errOut.String() != wantErr.String() {
+		t.Fatalf("on every core:\n%s\n%s\nwant\n%s\n%s", out.String(), errOut.String(), want.String(), wantErr.String())
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/oklog/ulid/v2"
 	"github.com/spf13/cobra"
 
+	"github.com/nexus-sandbox/nexus/events"
 	"github.com/nexus-sandbox/nexus/host/fleetstate"
 	"github.com/nexus-sandbox/nexus/replay"
 )
@@ -58,23 +59,45 @@ func warnSkippedTo(w io.Writer, r fleetstate.Rejected) {
 // not decode is reported on errOut and the read goes on: one bad record
 // must not hide every event after it.
 func printFleetEvent(out, errOut io.Writer, o *output) func(replay.FleetRecord) error {
-	plain := !o.json && o.format == "" && !o.quiet
-	var line []byte
-	var lines fleetLiner
-	return func(rec replay.FleetRecord) error {
-		e, err := replay.DecodeFleet(rec)
-		if err != nil {
-			warnSkippedTo(errOut, fleetstate.Rejected{Stream: fleetstate.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
-			return nil
-		}
-		if plain {
-			// printStreamed's line, written without a string between.
-			line = lines.append(line[:0], e)
-			_, err := out.Write(line)
-			return err
-		}
-		return printStreamed(out, o, e, e.ID, func() string { return fleetLine(e) })
+	p := newFleetPrinter(o)
+	return func(rec replay.FleetRecord) error { return p.print(out, errOut, rec) }
+}
+
+// fleetPrinter prints records as printFleetEvent does, its decoder and
+// buffers kept from one record to the next. A plain line is written from
+// the record's payload transcoded to JSON (events.JSONDecoder), without
+// the payload's Go value.
+type fleetPrinter struct {
+	o     *output
+	plain bool
+	line  []byte
+	lines fleetLiner
+}
+
+func newFleetPrinter(o *output) *fleetPrinter {
+	return &fleetPrinter{o: o, plain: !o.json && o.format == "" && !o.quiet}
+}
+
+func (p *fleetPrinter) print(out, errOut io.Writer, rec replay.FleetRecord) error {
+	skip := func(err error) error {
+		warnSkippedTo(errOut, fleetstate.Rejected{Stream: fleetstate.AggregateStream, Seq: rec.FleetSeq, Reason: err.Error()})
+		return nil
 	}
+	if p.plain {
+		e, err := p.lines.dec.Decode(rec.Data)
+		if err != nil {
+			return skip(rec.Unreadable(err))
+		}
+		// printStreamed's line, written without a string between.
+		p.line = p.lines.append(p.line[:0], rec.FleetSeq, rec.Host, rec.Seq, e)
+		_, err = out.Write(p.line)
+		return err
+	}
+	e, err := replay.DecodeFleet(rec)
+	if err != nil {
+		return skip(err)
+	}
+	return printStreamed(out, p.o, e, e.ID, func() string { return fleetLine(e) })
 }
 
 func fleetAggregateCmd() *cobra.Command {
@@ -165,43 +188,46 @@ func fleetLine(e replay.FleetEntry) string {
 
 // appendFleetLine appends e's line, newline included (fleetLiner).
 func appendFleetLine(b []byte, e replay.FleetEntry) []byte {
+	payload, err := json.Marshal(e.Payload)
+	if err != nil {
+		payload = nil
+	}
 	var l fleetLiner
-	return l.append(b, e)
+	return l.append(b, e.FleetSeq, e.Host, e.Seq, &events.JSONEvent{Type: e.Type, Time: e.Time,
+		Sandbox: []byte(e.Sandbox), Saga: []byte(e.Saga), Step: []byte(e.Step), Payload: payload})
 }
 
-// fleetLiner appends events' lines without fmt or a string per field,
-// its payload encoder and buffer kept from one line to the next: a whole
-// read formats every event of the fleet.
+// fleetLiner appends events' lines without fmt or a string per field, its
+// decoder and its buffers kept from one line to the next: a whole read
+// formats every event of the fleet.
 type fleetLiner struct {
-	payload bytes.Buffer
-	enc     *json.Encoder
+	dec events.JSONDecoder
 }
 
-// append appends e's line, newline included. Columns: fleet sequence,
+// append appends the line of e, the event of the aggregate's record at
+// fleetSeq from host's seq, newline included. Columns: fleet sequence,
 // host, host sequence, time, type, sandbox, payload (JSON, as
 // json.Marshal writes it), and the saga and step when the event has
 // them.
-func (l *fleetLiner) append(b []byte, e replay.FleetEntry) []byte {
-	if l.enc == nil {
-		l.enc = json.NewEncoder(&l.payload)
-	}
-	b = appendNum(b, e.FleetSeq, 6)
+func (l *fleetLiner) append(b []byte, fleetSeq uint64, host string, seq uint64, e *events.JSONEvent) []byte {
+	b = appendNum(b, fleetSeq, 6)
 	b = append(b, "  "...)
-	b = appendLeft(b, e.Host, 12)
+	b = appendLeft(b, host, 12)
 	b = append(b, ' ')
-	b = appendNum(b, e.Seq, 6)
+	b = appendNum(b, seq, 6)
 	b = append(b, "  "...)
 	b = appendStamp(b, e.Time)
 	b = append(b, "  "...)
 	b = appendLeft(b, string(e.Type), 22)
 	b = append(b, ' ')
-	b = appendLeft(b, dash(e.Sandbox), 26)
-	b = append(b, ' ')
-	l.payload.Reset()
-	if l.enc.Encode(e.Payload) == nil {
-		b = append(b, bytes.TrimSuffix(l.payload.Bytes(), []byte("\n"))...)
+	if len(e.Sandbox) == 0 {
+		b = appendLeft(b, dash(""), 26)
+	} else {
+		b = appendLeftBytes(b, e.Sandbox, 26)
 	}
-	if e.Saga != "" {
+	b = append(b, ' ')
+	b = append(b, e.Payload...)
+	if len(e.Saga) > 0 {
 		b = append(b, "  saga="...)
 		b = append(b, e.Saga...)
 		b = append(b, " step="...)
@@ -260,6 +286,11 @@ func appendNum(b []byte, n uint64, width int) []byte {
 // counts runes).
 func appendLeft(b []byte, s string, width int) []byte {
 	return appendSpaces(append(b, s...), width-utf8.RuneCountInString(s))
+}
+
+// appendLeftBytes is appendLeft of s's bytes.
+func appendLeftBytes(b, s []byte, width int) []byte {
+	return appendSpaces(append(b, s...), width-utf8.RuneCount(s))
 }
 
 // appendSpaces appends n spaces (none when n <= 0).
@@ -340,11 +371,11 @@ func printFleetEventsOrdered(out, errOut io.Writer, o *output, read func(func(re
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			p := newFleetPrinter(o)
 			for b := range jobs {
 				b.out.Grow(len(b.recs) * 192)
-				print := printFleetEvent(&b.out, &b.errs, o)
 				for _, r := range b.recs {
-					if b.err = print(r); b.err != nil {
+					if b.err = p.print(&b.out, &b.errs, r); b.err != nil {
 						break
 					}
 				}
