@@ -204,15 +204,8 @@ func (d *JSONDecoder) peek() (nilValue, ext bool, err error) {
 // slice of it).
 func (d *JSONDecoder) slice(n *jsonNode) error {
 	k, err := d.d.DecodeArrayLen()
-	if err != nil {
+	if more, err := d.opened(k, err); !more {
 		return err
-	}
-	if k == -1 {
-		d.json = append(d.json, "null"...)
-		return nil
-	}
-	if k > d.r.Len() {
-		return errShape
 	}
 	d.json = append(d.json, '[')
 	for i := range k {
@@ -225,6 +218,22 @@ func (d *JSONDecoder) slice(n *jsonNode) error {
 	}
 	d.json = append(d.json, ']')
 	return nil
+}
+
+// opened takes an array's or a map's length k as read: nil (-1) is
+// written as null, and a length the rest of the record cannot hold is not
+// covered. It says whether k elements are still to be read.
+func (d *JSONDecoder) opened(k int, err error) (bool, error) {
+	switch {
+	case err != nil:
+		return false, err
+	case k == -1:
+		d.json = append(d.json, "null"...)
+		return false, nil
+	case k > d.r.Len():
+		return false, errShape
+	}
+	return true, nil
 }
 
 // kvSpan is a map entry's key and value, as offsets into the JSON
@@ -240,15 +249,8 @@ func (d *JSONDecoder) stringMap() error {
 		return errShape
 	}
 	k, err := d.d.DecodeMapLen()
-	if err != nil {
+	if more, err := d.opened(k, err); !more {
 		return err
-	}
-	if k == -1 {
-		d.json = append(d.json, "null"...)
-		return nil
-	}
-	if k > d.r.Len() {
-		return errShape
 	}
 	// The entries are read into the buffer past its end, then sorted
 	// and written in their place.

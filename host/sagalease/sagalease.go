@@ -113,32 +113,49 @@ func Acquire(ctx context.Context, root, entity string, h Holder, wait bool) (*Le
 	}
 }
 
-// try takes the lease once. A file its holder unlinked (Release) between
-// our open and our flock is a lock nobody else can see, so the inode we
-// locked must still be the one the path names. While we hold it nobody
-// else passes that check, so nobody else unlinks the path: it names our
-// file until we release it.
+// try takes the lease once, creating its file if need be.
 func try(path string, h Holder) (*Lease, error) {
 	for {
-		f, err := fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR|os.O_CREATE, 0o600) // no link, no FIFO hang
+		f, err := lockFile(path, os.O_RDWR|os.O_CREATE)
+		if errors.Is(err, errMoved) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-			f.Close()
-			if errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, ErrHeld
-			}
-			return nil, fmt.Errorf("flock %s: %w", path, err)
-		}
-		var held, named unix.Stat_t
-		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Lstat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
-			l := &Lease{f: f, path: path}
-			l.Set(h)
-			return l, nil
-		}
-		f.Close()
+		l := &Lease{f: f, path: path}
+		l.Set(h)
+		return l, nil
 	}
+}
+
+// errMoved: the path no longer names the file locked.
+var errMoved = errors.New("lease file unlinked since it was opened")
+
+// lockFile opens path (flag says whether it may create it), takes the
+// file's flock without waiting, and checks that the path still names the
+// file locked. A file its holder unlinked (Release) between our open and
+// our flock is a lock nobody else can see: errMoved. While we hold it
+// nobody else passes that check, so nobody else unlinks the path: it
+// names our file until we release it.
+func lockFile(path string, flag int) (*os.File, error) {
+	f, err := fsx.OpenFile(filepath.Dir(path), filepath.Base(path), flag, 0o600) // no link, no FIFO hang
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, ErrHeld
+		}
+		return nil, fmt.Errorf("flock %s: %w", path, err)
+	}
+	var held, named unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Lstat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
+		f.Close()
+		return nil, errMoved
+	}
+	return f, nil
 }
 
 // Set rewrites the holder text (for instance once the saga id is known).
@@ -248,21 +265,12 @@ func Clear(root string, names []string) (int, error) {
 // take locks an existing lease file that no one holds, without creating
 // one where it is gone.
 func take(path string) (*Lease, error) {
-	f, err := fsx.OpenFile(filepath.Dir(path), filepath.Base(path), os.O_RDWR, 0)
+	f, err := lockFile(path, os.O_RDWR)
+	if errors.Is(err, errMoved) {
+		return nil, os.ErrNotExist // released, perhaps taken anew, since the open
+	}
 	if err != nil {
 		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, ErrHeld
-		}
-		return nil, fmt.Errorf("flock %s: %w", path, err)
-	}
-	var held, named unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Lstat(path, &named) != nil || held.Ino != named.Ino || held.Dev != named.Dev {
-		f.Close()
-		return nil, os.ErrNotExist // released and taken anew since the open
 	}
 	return &Lease{f: f, path: path}, nil
 }
