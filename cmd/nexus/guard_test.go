@@ -164,7 +164,7 @@ func TestInterruptedCreateUndoesAndJournals(t *testing.T) {
 			list := sandboxes(t, root)
 			if !c.kept {
 				if len(list) != 0 {
-					t.Fatalf("a create interrupted before its commit left %d sandboxes", len(list))
+					t.Fatalf("a create interrupted before its commit left %d sandboxes (stderr %q)", len(list), p.stderr)
 				}
 				assertNothingLeft(t, root)
 			} else {

@@ -69,6 +69,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "nexus: aborted; anything this command left unfinished is finished by `nexus recover`")
 		os.Exit(130)
 	}()
+	watchInterrupt(ctx)
 	identify()
 	flush := startTracing(ctx)
 	err := execute(ctx, newRootFor(os.Args[1:]), os.Args[1:])

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
 
 	"github.com/nexus-sandbox/nexus/control"
@@ -13,6 +15,8 @@ import (
 // testhooks.go, which a build with -tags nexustest uses instead.
 
 func testHooks() session.Hook { return nil }
+
+func watchInterrupt(context.Context) {}
 
 func spawnLockHook() func() { return nil }
 

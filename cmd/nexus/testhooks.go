@@ -6,6 +6,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -20,6 +21,8 @@ import (
 func testCommands(g *globals) []*cobra.Command { return []*cobra.Command{demoCmd(g), testfillCmd(g)} }
 
 func testHooks() session.Hook { return testhooks.SagaHooks() }
+
+func watchInterrupt(ctx context.Context) { testhooks.WatchInterrupt(ctx) }
 
 func spawnLockHook() func() { return testhooks.SpawnLock() }
 

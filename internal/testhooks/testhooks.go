@@ -17,6 +17,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/oklog/ulid/v2"
 
@@ -156,10 +157,37 @@ func pauseHere(at string) {
 	cont := make(chan os.Signal, 1)
 	signal.Notify(cont, syscall.SIGCONT)
 	defer signal.Stop(cont)
+	term := make(chan os.Signal, 1)
+	signal.Notify(term, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(term)
 	fmt.Fprintf(os.Stderr, "nexus: paused at %s (pid %d)\n", at, os.Getpid())
 	syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	<-cont
+	// A SIGINT or SIGTERM sent while the command was stopped is handed
+	// over before the SIGCONT (the kernel and os/signal both take the lower
+	// number first), but the command cancels its context on a goroutine of
+	// its own. The flow waits for that, as if the signal had come between
+	// two steps, instead of racing it to its next step.
+	select {
+	case <-term:
+		if interrupt != nil {
+			select {
+			case <-interrupt.Done():
+			case <-time.After(time.Minute):
+			}
+		}
+	default:
+	}
 }
+
+// interrupt is the command's context, which its first SIGINT or SIGTERM
+// cancels (WatchInterrupt).
+var interrupt context.Context
+
+// WatchInterrupt gives the pause hook the command's context, cancelled by
+// its first SIGINT or SIGTERM, so that a signal sent to a paused command
+// is handled before its flow goes on.
+func WatchInterrupt(ctx context.Context) { interrupt = ctx }
 
 // FailAppends wraps b for the failure-injection tests: with
 // NEXUS_FAIL_APPEND=<event type> set, every append carrying an event of that
