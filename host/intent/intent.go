@@ -180,23 +180,10 @@ func Read(path string) (Intent, error) {
 	return in, nil
 }
 
-// LeaseHeld reports whether some process holds the marker's lease, by
-// trying a non-blocking shared flock on it (never blocking a creator).
-func LeaseHeld(path string) (bool, error) {
-	f, err := openMarker(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
-	if errors.Is(err, unix.EWOULDBLOCK) {
-		return true, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("probe lease %s: %w", path, err)
-	}
-	return false, nil
-}
+// LeaseHeld reports whether some process holds the marker's lease
+// (lease.Held: a shared flock tried without waiting, never blocking a
+// creator).
+func LeaseHeld(path string) (bool, error) { return lease.Held(path) }
 
 // openMarker opens a marker through fsx (beneath its directory): a link or
 // a FIFO planted under a marker's name is an error (so the reaper keeps

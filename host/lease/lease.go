@@ -53,6 +53,27 @@ func TryAcquireFile(f *os.File) (*Lease, error) {
 	return &Lease{f: f}, nil
 }
 
+// Held says whether some process holds a flock on the file at path, by
+// trying a shared one without waiting and dropping it at once (so it
+// never blocks a holder). The file is opened beneath its directory (fsx):
+// a link or a FIFO planted under its name is an error, never followed and
+// never a blocking open.
+func Held(path string) (bool, error) {
+	f, err := fsx.Open(filepath.Dir(path), filepath.Base(path))
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("probe lease %s: %w", path, err)
+	}
+	return false, nil
+}
+
 // openLeaseFile opens (creating 0600) a lease file through fsx, beneath its
 // directory: a link or a FIFO planted under a lease's name is refused, not
 // followed out of the state root or blocked on.

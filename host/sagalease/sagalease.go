@@ -225,17 +225,11 @@ func Leftovers(root string) ([]string, error) {
 		if !strings.HasSuffix(name, ".lease") {
 			continue
 		}
-		f, err := fsx.OpenFile(filepath.Join(root, Dir), name, os.O_RDONLY, 0)
+		held, err := lease.Held(filepath.Join(root, Dir, name))
 		if errors.Is(err, os.ErrNotExist) {
 			continue // released since the listing
 		}
-		if err != nil {
-			free = append(free, name)
-			continue
-		}
-		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		f.Close() // and with it the probe's lock
-		if !errors.Is(err, unix.EWOULDBLOCK) {
+		if err != nil || !held {
 			free = append(free, name)
 		}
 	}
