@@ -607,10 +607,13 @@ func TestPowerCutKeepsADeadCreatorsTrace(t *testing.T) {
 	t.Parallel()
 	pr := mountPowerRoot(t)
 	image := makeImage(t)
-	r := nexusEnv(t, pr.root, []string{"NEXUS_NO_AUTO_DAEMON=1", "NEXUS_CRASH_AT=create.intents-published"}, "--driver", "process", "create", "--image", image, "--handle", "pc")
+	r := nexusEnv(t, pr.root, []string{"NEXUS_CRASH_AT=create.intents-published"}, "--driver", "process", "create", "--image", image, "--handle", "pc")
 	if r.code != -1 {
 		t.Fatalf("create was not killed at its step: exit %d %s", r.code, r.stderr)
 	}
+	testutil.WaitUntil(t, 2*time.Minute, "every process of the root killed at the cut", func() bool {
+		return killRootProcesses(pr.root) == 0
+	})
 	if err := pr.fs.Cut(); err != nil {
 		t.Fatal(err)
 	}
