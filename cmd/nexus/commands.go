@@ -414,8 +414,8 @@ func lsCmd(g *globals) *cobra.Command {
 	var after string
 	var filterFlags []string
 	c := &cobra.Command{
-		Use:     "ls",
-		Short:   "List sandboxes",
+		Use:   "ls",
+		Short: "List sandboxes",
 		Long: "List sandboxes in ID order (oldest first), read a page at a time.\n" +
 			"--limit N prints at most N; --after ID continues after the last ID a page printed.\n" +
 			"--json, --format and -q print each page as it arrives; the table is aligned over all rows.",
