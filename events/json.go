@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -112,7 +113,7 @@ func (d *JSONDecoder) envelopeString(buf []byte) ([]byte, error) {
 // payload writes the payload of a type its plan covers as JSON; false
 // when the type has no plan or the payload is not in a shape it covers.
 func (d *JSONDecoder) payload(t Type) bool {
-	p := jsonPlans[t]
+	p := jsonPlans()[t]
 	if p == nil {
 		return false
 	}
@@ -385,8 +386,10 @@ func appendJSONString(b, s []byte) []byte {
 	return append(b, '"')
 }
 
-// jsonPlans are the payload types the transcoding covers, by event type.
-var jsonPlans = func() map[Type]*jsonNode {
+// jsonPlans are the payload types the transcoding covers, by event type,
+// planned on a process's first transcoding: most processes never
+// transcode, and planning walks every payload type.
+var jsonPlans = sync.OnceValue(func() map[Type]*jsonNode {
 	m := map[Type]*jsonNode{}
 	for t, s := range registry {
 		if n := planJSON(s.zero); n != nil {
@@ -394,7 +397,7 @@ var jsonPlans = func() map[Type]*jsonNode {
 		}
 	}
 	return m
-}()
+})
 
 var (
 	jsonMarshaler    = reflect.TypeFor[json.Marshaler]()

@@ -94,7 +94,7 @@ func TestJSONDecoderIsDecodeForEveryType(t *testing.T) {
 	var d JSONDecoder
 	for _, typ := range Types() {
 		s := registry[typ]
-		if jsonPlans[typ] == nil {
+		if jsonPlans()[typ] == nil {
 			t.Errorf("%s: no JSON plan", typ)
 			continue
 		}
