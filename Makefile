@@ -180,7 +180,7 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'CreateHitVsReflink|SpawnToReady' -benchtime 10x -timeout 25m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'Lifecycle100|Fork16' -benchtime 1x -timeout 30m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ReapScanClassify' -benchtime 1x -timeout 30m ./lifecycle/
-	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./lifecycle/
+	$(GO) test -run '^$$' -bench 'ReapApply10k' -benchtime 2x ./control/local/
 	$(GO) test -run '^$$' -bench 'SweepHappyPath|SweepDead' -benchtime 1x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ConcurrentCreatesAutoVsHand' -benchtime 5x ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'QEMUBootVsHand' -benchtime 3x ./cmd/nexus/
@@ -189,6 +189,16 @@ bench: setup
 	$(GO) test -run '^$$' -bench 'Copy' -benchtime 5x ./guest/agent/
 	$(GO) test -run '^$$' -bench 'Agent(Exec|Cp)/qemu' -benchtime 3x -timeout 30m ./cmd/nexus/
 	$(GO) test -run '^$$' -bench 'ScaleTable|ScaleCreates8' -benchtime 1x -timeout 60m ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'RecoverStopped' -benchtime 20x ./control/local/
+	$(GO) test -run '^$$' -bench 'ScaleOnDemand' -benchtime 1x -timeout 60m ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'CLIStartCPU' -benchtime 80x -timeout 20m ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'GetVsCLI' -benchtime 60x -timeout 15m ./client/
+	$(GO) test -run '^$$' -bench 'AppendVsJetStream' -benchtime 3000x -count 3 ./daemon/
+	$(GO) test -run '^$$' -bench 'AppendingCLI8' -benchtime 8x -timeout 30m ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'OverlayCreate' -benchtime 9x -v -timeout 40m ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'FleetLine' -benchtime 200000x -count 4 -timeout 10m ./cmd/nexus/
+	$(GO) test -run '^$$' -bench 'FleetAggregateAfterOutage' -benchtime 1x -timeout 20m ./host/fleet/
+	$(GO) test -v -run '^$$' -bench 'FleetEventsVsOrderedConsumer' -benchtime 5x -timeout 30m ./host/fleet/
 
 clean:
 	rm -rf bin $(STATE_DIR) $(DEMO_IMAGE) $(STATE_DIR).snap
