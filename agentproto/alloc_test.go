@@ -233,6 +233,11 @@ func overSocket(t testing.TB, m *Message) []byte {
 // payload per frame, which kept a small-heap receiver collecting garbage
 // every few frames.
 func TestReleasedDataIsReused(t *testing.T) {
+	// A buffer put back on one P is found by a Get on another only from
+	// that P's shared list, never its private slot: a goroutine the
+	// scheduler moves between Ps (it does, on a loaded machine) would miss
+	// buffers the pool holds. On one P the test sees the reuse alone.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	m := &Message{Type: TData, ID: 2, Ref: 1, Data: bytes.Repeat([]byte{7}, MaxData)}
 	var wire bytes.Buffer
 	w, r := NewFrameWriter(&wire), NewFrameReader(&wire)
