@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -267,19 +268,39 @@ func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 		it.Stop()
 		return time.Since(began)
 	}
+	// rawProcess is the same read by a program of its own (testdata/rawread),
+	// which starts and connects as the command does: the gap between the
+	// two baselines is what a reader's start and connection cost.
+	rawread := filepath.Join(dir, "rawread")
+	build := exec.Command("go", "build", "-o", rawread, "./testdata/rawread")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		b.Fatalf("build rawread: %v\n%s", err, out)
+	}
+	rawProcess := func() time.Duration {
+		cmd := exec.Command(rawread, c.auditorURL(0), AggregateStream, strconv.Itoa(hosts*each))
+		began := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("rawread: %v: %s", err, out)
+		}
+		return time.Since(began)
+	}
 	perSec := func(d time.Duration) float64 { return float64(hosts*each) / d.Seconds() }
 	m := map[string][]float64{}
 	b.ResetTimer()
 	for op := range b.N {
 		load, _ := os.ReadFile("/proc/loadavg")
-		var rawTook time.Duration
+		var rawTook, procTook time.Duration
 		var run fleetEventsTimes
-		if op%2 == 0 {
-			rawTook = raw()
-			run = fleetEventsRun(b, filepath.Join(dir, "nexus"), c.auditorURL(0), hosts*each)
-		} else {
-			run = fleetEventsRun(b, filepath.Join(dir, "nexus"), c.auditorURL(0), hosts*each)
-			rawTook = raw()
+		// The three reads in a rotating order, so none always runs on
+		// the caches (or the load) another left.
+		reads := []func(){
+			func() { rawTook = raw() },
+			func() { run = fleetEventsRun(b, filepath.Join(dir, "nexus"), c.auditorURL(0), hosts*each) },
+			func() { procTook = rawProcess() },
+		}
+		for i := range reads {
+			reads[(op+i)%len(reads)]()
 		}
 
 		// The read `fleet events` makes, in this process, records
@@ -300,8 +321,11 @@ func BenchmarkFleetEventsVsOrderedConsumer(b *testing.B) {
 		cancel()
 
 		ratio := rawTook.Seconds() / run.took.Seconds()
-		b.Logf("op %d, load %s: raw %.0f/s; fleet events %.0f/s, %.2fx, first line after %v, CPU %v; scan %.0f/s",
-			op, strings.Join(strings.Fields(string(load))[:3], " "), perSec(rawTook), perSec(run.took), ratio, run.first.Round(time.Millisecond), run.cpu.Round(time.Millisecond), perSec(scan))
+		procRatio := procTook.Seconds() / run.took.Seconds()
+		b.Logf("op %d, load %s: raw %.0f/s; fleet events %.0f/s, %.2fx, first line after %v, CPU %v; raw in its own process %.0f/s, %.2fx; scan %.0f/s",
+			op, strings.Join(strings.Fields(string(load))[:3], " "), perSec(rawTook), perSec(run.took), ratio, run.first.Round(time.Millisecond), run.cpu.Round(time.Millisecond), perSec(procTook), procRatio, perSec(scan))
+		m["events/s-raw-process"] = append(m["events/s-raw-process"], perSec(procTook))
+		m["fleet-events/raw-process"] = append(m["fleet-events/raw-process"], procRatio)
 		m["events/s-raw"] = append(m["events/s-raw"], perSec(rawTook))
 		m["events/s-fleet-events"] = append(m["events/s-fleet-events"], perSec(run.took))
 		m["events/s-scan"] = append(m["events/s-scan"], perSec(scan))
