@@ -52,6 +52,11 @@ func TestReplayAuditsACrashedCreate(t *testing.T) {
 	t.Parallel()
 	root := shortRoot(t)
 	crashAt(t, root, "create.commit:before", "create", "--image", makeImage(t), "--handle", "audit/me")
+	// The journal is audited at rest: the create's on-demand daemon writes
+	// the stream's state files when it stops, and idling out it could do
+	// so between the two sums below on a slow machine. None of the replay
+	// commands between them starts one.
+	mustOK(t, nexus(t, root, "daemon", "stop"), "daemon stop")
 	journalDir := filepath.Join(root, "journal")
 	before := treeSum(t, journalDir)
 
